@@ -1,0 +1,58 @@
+"""``sakura`` console script. Each subcommand lives in its own module, imported only when it runs.
+
+A command module defines ``add_arguments(parser)`` and ``run(args) -> int``. Register it in ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+__all__ = ["COMMANDS", "main"]
+
+# words -> (module, one-line help)
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("demo",): ("sakura_core.cli_demo", "run an edit of a demo template end to end; writes images + report.json"),
+}
+
+
+def _usage() -> str:
+    width = max(len(" ".join(k)) for k in COMMANDS)
+    rows = "\n".join(f"  sakura {' '.join(k):<{width}}  {help_}" for k, (_, help_) in sorted(COMMANDS.items()))
+    return f"usage: sakura COMMAND [options]\n\ncommands:\n{rows}\n\nsakura COMMAND --help shows a command's options."
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    match = None
+    for words in sorted(COMMANDS, key=len, reverse=True):
+        if tuple(argv[: len(words)]) == words:
+            match = words
+            break
+    if match is None:
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"sakura: unknown command {' '.join(argv[:2])!r}\n", file=sys.stderr)
+            print(_usage(), file=sys.stderr)
+            return 2
+        print(_usage())
+        return 0
+    module_name, help_ = COMMANDS[match]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog="sakura " + " ".join(match), description=help_)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    module.add_arguments(parser)
+    args = parser.parse_args(argv[len(match) :])
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        print("sakura: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
