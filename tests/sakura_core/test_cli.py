@@ -1,0 +1,30 @@
+"""The ``sakura`` console script and ``sakura demo``."""
+
+import importlib.metadata
+import json
+
+from sakura_core.cli import main
+
+
+def test_demo_writes_images_and_an_exact_report(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--steps", "2"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["exact"] is True
+    assert {r["name"] for r in report["runs"]} >= {"on-device", "fetched-kv", "hybrid"}
+    for name in report["images"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "exact KV reuse: True" in capsys.readouterr().out
+
+
+def test_unknown_command_exits_2_and_lists_commands(capsys):
+    assert main(["frobnicate"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command" in err and "sakura demo" in err
+
+
+def test_installed_distribution_has_no_top_level_nodes_package():
+    top = importlib.metadata.distribution("sakura-kv").read_text("top_level.txt") or ""
+    names = set(top.split())
+    assert "nodes" not in names
+    assert {"sakura_core", "cloud_server", "android_bridge"} <= names
