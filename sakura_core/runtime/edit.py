@@ -46,7 +46,7 @@ def run_edit(
     *,
     steps: int = 8,
     seed: int = 0,
-    split_layer: int = 0,
+    split_layer: int | Callable[[int], bool] = 0,
     kv_source: KVSource | TemplateKV | None = None,
     template_image=None,
     template_every_step: bool = False,
@@ -56,7 +56,8 @@ def run_edit(
     """Edit ``user_image`` (uint8 (S, S, 3)) against a template with the demo model.
 
     Args:
-        split_layer: layers below it run the template on the device at step 0 (needs ``template_image``).
+        split_layer: layers below it run the template on the device at step 0 (needs ``template_image``); or a
+            function ``layer -> bool`` deciding at run time whether to keep running the template (adaptive split).
         kv_source: template KV for layers ``>= split_layer``; a TemplateKV or a ``(layer, step) -> (k, v)`` function
             (the runtime passes one that waits for shards and serves upgraded levels at later steps).
         template_every_step: recompute the template tokens at every step (needs ``split_layer == num_layers``).
@@ -65,7 +66,8 @@ def run_edit(
     adapter = model.adapter
     L = adapter.num_layers
     grid = model.spec.grid
-    if template_every_step and split_layer != L:
+    dynamic = callable(split_layer)
+    if template_every_step and (dynamic or split_layer != L):
         raise ValueError(f"template_every_step recomputes every layer: split_layer must be {L}, got {split_layer}")
     if isinstance(kv_source, TemplateKV):
         adapter.check(kv_source, grid)
@@ -74,7 +76,9 @@ def run_edit(
         def kv_source(layer: int, step: int, _kv=kv_obj):
             return _kv.layer(layer)
 
-    ref = model.template_tokens(template_image) if split_layer > 0 else None
+    if (dynamic or split_layer > 0) and template_image is None:
+        raise ValueError("running template layers on the device needs template_image")
+    ref = model.template_tokens(template_image) if (dynamic or split_layer > 0) else None
     user = model.pack_image(user_image)
     txt = model.encode_prompt(prompt)
     gen = torch.Generator().manual_seed(seed)
@@ -102,7 +106,7 @@ def run_edit(
             ref_tokens=ref if run_template else None,
             ref_grid=grid,
             split_layer=split_layer if run_template else 0,
-            cached=cached if (split_layer < L or not run_template) else None,
+            cached=cached if (dynamic or split_layer < L or not run_template) else None,
             on_layer=hook,
         )
         if step == 0 and not template_every_step:

@@ -126,3 +126,19 @@ def test_bad_arguments_are_explained(adapter):
         TemplateKV(torch.zeros(4, 2, 16, 2, 16), "id", (3, 3), "r")
     with pytest.raises(TypeError, match="joint_approx"):
         Flux2KVAdapter(torch.nn.Linear(2, 2))
+
+
+def test_dynamic_split_decides_per_layer_and_stays_dropped(adapter):
+    ref = torch.randn(1, N, 16, generator=torch.Generator().manual_seed(7))
+    kv = adapter.extract_template_kv(ref, GRID)
+    x, txt, t = _request(11)
+    asked = []
+
+    def keep(layer):
+        asked.append(layer)
+        return layer < 2
+
+    got = adapter.forward(x, txt, t, img_grid=GRID, ref_tokens=ref, ref_grid=GRID, split_layer=keep, cached=kv)
+    fixed = adapter.forward(x, txt, t, img_grid=GRID, ref_tokens=ref, ref_grid=GRID, split_layer=2, cached=kv)
+    assert asked == [0, 1, 2]  # never asked again once dropped
+    assert len(got.extracted) == 2 and torch.equal(got.sample, fixed.sample)

@@ -1,0 +1,64 @@
+"""Throughput estimation from completed transfers (RobustMPC-style, Yin et al. SIGCOMM'15)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = ["EstimatorConfig", "ThroughputEstimator"]
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    """Attributes:
+    window: samples in the harmonic mean (RobustMPC: 5).
+    min_sample_bytes: transfers smaller than this are not samples (latency-dominated).
+    prior_bytes_per_s: estimate before any sample (conservative: 0.5 Mbit/s).
+    """
+
+    window: int = 5
+    min_sample_bytes: int = 16 * 1024
+    prior_bytes_per_s: float = 0.5e6 / 8
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        if self.prior_bytes_per_s <= 0:
+            raise ValueError(f"prior_bytes_per_s must be > 0, got {self.prior_bytes_per_s}")
+
+
+class ThroughputEstimator:
+    """``observe(nbytes, seconds)`` per transfer; ``harmonic()`` and the error-discounted ``robust()`` estimates."""
+
+    def __init__(self, config: EstimatorConfig | None = None):
+        self.config = config or EstimatorConfig()
+        self.reset()
+
+    def reset(self) -> None:
+        self._samples: deque[float] = deque(maxlen=self.config.window)
+        self._errors: deque[float] = deque(maxlen=self.config.window)
+        self._last_prediction: float | None = None
+
+    @property
+    def samples(self) -> int:
+        return len(self._samples)
+
+    def observe(self, nbytes: float, seconds: float) -> None:
+        if nbytes < self.config.min_sample_bytes or seconds <= 0:
+            return
+        rate = nbytes / seconds
+        if self._last_prediction is not None:
+            self._errors.append(abs(self._last_prediction - rate) / rate)
+        self._samples.append(rate)
+        self._last_prediction = self.harmonic()
+
+    def harmonic(self) -> float:
+        """Harmonic mean of the recent samples in bytes/s (the prior before any sample)."""
+        if not self._samples:
+            return self.config.prior_bytes_per_s
+        return len(self._samples) / sum(1.0 / s for s in self._samples)
+
+    def robust(self) -> float:
+        """Harmonic mean divided by (1 + max recent relative prediction error): RobustMPC's conservative estimate."""
+        err = max(self._errors) if self._errors else 0.0
+        return self.harmonic() / (1.0 + err)

@@ -1,0 +1,233 @@
+"""Fetch policies: which representation of each shard to fetch, and where to stop running the template on the device.
+
+All policies answer the same three questions (Puffer-style: state in, decision out, each with a ``reason``):
+
+* ``choose(ctx, layer)`` — at a moment the link is free: fetch shard ``layer`` at which level, skip it (the device
+  will compute it), or stop fetching;
+* ``keep_template(ctx, layer)`` — the compute lane reached ``layer`` with the template tokens still in the sequence:
+  run them through this layer too (compute) or drop them and use the fetched shard;
+* ``upgrade(ctx)`` — during later steps, which shard to refine with a progressive enhancement payload.
+
+A policy is deterministic given the trace (no clocks, no randomness). ``ctx`` is a :class:`~sakura_core.runtime.
+simulate.Context`: the estimator, the ladders, the device profile, the compute progress and ``now``; only the
+oracle reads ``ctx.trace``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["POLICIES", "Decision", "Policy", "make_policy"]
+
+LEVEL_COMPUTE = -1  # pseudo level: the device computes this layer's template KV
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``level``: index into the shard's ladder, LEVEL_COMPUTE, or None = stop fetching."""
+
+    level: int | None
+    reason: str
+
+
+class Policy:
+    """Base: fetch nothing, compute everything once (on-device-cached)."""
+
+    name = "base"
+    family = "sakura"  # which ladder this policy fetches from
+    template_every_step = False  # on-device: recompute the template at every step
+    kv_preloaded = False  # free-kv: the KV is on the device already
+
+    def reset(self) -> None:
+        """Per-run state lives here; the simulator calls it before each run."""
+
+    def choose(self, ctx, layer: int) -> Decision:
+        return Decision(None, "never fetches")
+
+    def keep_template(self, ctx, layer: int) -> bool:
+        return True
+
+    def upgrade(self, ctx):
+        return None
+
+
+class OnDevice(Policy):
+    name = "on-device"
+    template_every_step = True
+
+
+class OnDeviceCached(Policy):
+    name = "on-device-cached"
+
+
+class FreeKV(Policy):
+    """The KV is already on the device (physical lower bound: no transfer, no template compute)."""
+
+    name = "free-kv"
+    family = "fp16"
+    kv_preloaded = True
+
+    def keep_template(self, ctx, layer: int) -> bool:
+        return False
+
+
+class FetchFP16(Policy):
+    name = "fetch-fp16"
+    family = "fp16"
+
+    def choose(self, ctx, layer: int) -> Decision:
+        return Decision(0, "always fp16")
+
+    def keep_template(self, ctx, layer: int) -> bool:
+        return False
+
+
+class CacheGen(Policy):
+    """CacheGen's released selection: per chunk, the first level (high to low) with ``bytes*8/bw < SLO/n_chunks``,
+    else recompute; ``bw`` read from the trace at decision time (no estimator). A chunk here is a shard.
+
+    SLO: the time the device needs to compute the whole template (the recompute alternative).
+    """
+
+    name = "cachegen"
+    family = "cachegen"
+
+    def reset(self) -> None:
+        self.recompute: set[int] = set()
+
+    def choose(self, ctx, layer: int) -> Decision:
+        bw = ctx.trace.rate_at(ctx.now)  # bytes/s, as the released code reads the trace
+        budget = ctx.profile.template_pass_s / ctx.num_layers
+        ladder = ctx.ladder(layer)
+        for idx in range(len(ladder) - 1, -1, -1):
+            if bw > 0 and ladder[idx].nbytes / bw < budget:
+                return Decision(
+                    idx, f"level {ladder[idx].name}: {ladder[idx].nbytes / max(bw, 1):.2f}s < {budget:.2f}s"
+                )
+        if ctx.template_alive:
+            self.recompute.add(layer)
+            return Decision(LEVEL_COMPUTE, f"no level fits {budget:.2f}s at {bw * 8 / 1e6:.2f} Mbit/s: recompute")
+        return Decision(0, "no level fits, recompute impossible (template dropped): lowest level")
+
+    def keep_template(self, ctx, layer: int) -> bool:
+        # keep computing while this or a later chunk is marked recompute, or the link has not decided it yet
+        if any(lay >= layer for lay in self.recompute):
+            return True
+        return ctx.decided_upto <= layer and not ctx.ready(layer)
+
+
+class Throughput(Policy):
+    """Rule-based: harmonic-mean estimate; fetch everything (highest level that meets its deadline, else the
+    lowest) if the lowest ladder at that rate beats computing the template, else compute everything."""
+
+    name = "throughput"
+
+    def reset(self) -> None:
+        self.fetch_all: bool | None = None
+
+    def choose(self, ctx, layer: int) -> Decision:
+        rate = ctx.estimator.harmonic()
+        if self.fetch_all is None:
+            lowest = sum(ctx.ladder(x)[ctx.floor].nbytes for x in range(ctx.num_layers))
+            self.fetch_all = lowest / rate < ctx.profile.template_pass_s
+        if not self.fetch_all:
+            return Decision(None, f"estimate {rate * 8 / 1e6:.2f} Mbit/s: computing the template is faster")
+        ladder = ctx.ladder(layer)
+        slack = ctx.deadline(layer) - ctx.now
+        for idx in range(len(ladder) - 1, ctx.floor - 1, -1):
+            if ladder[idx].nbytes / rate <= slack:
+                return Decision(idx, f"highest level meeting its deadline at {rate * 8 / 1e6:.2f} Mbit/s")
+        return Decision(ctx.floor, "no level meets the deadline: lowest allowed level")
+
+    def keep_template(self, ctx, layer: int) -> bool:
+        return not self.fetch_all if self.fetch_all is not None else not ctx.ready(layer)
+
+
+class Sakura(Policy):
+    """Adaptive hybrid: race the template computation against the fetch.
+
+    * Probe: with no throughput sample yet, the first shard is fetched at the floor level (it is the probe).
+    * Split: whenever the link is free, predict the step-0 finish for every remaining drop point (compute the
+      template up to it, fetch the rest back to back at the floor level) under a conservative (error-discounted)
+      throughput estimate, and skip the shards below the best one — so the split layer ``k`` moves with the link
+      instead of being fixed up front.
+    * Levels: the best level whose predicted ready time meets the shard's deadline while the next ``horizon``
+      shards still meet theirs at the floor level (RobustMPC-style lookahead); never below the quality floor.
+    * Compute: keep the template tokens for this layer if its shard will not be ready before computing it would
+      finish.
+    * Upgrades: while later steps run, spend idle link time on enhancement payloads with the largest distortion
+      drop per byte.
+    """
+
+    name = "sakura"
+    horizon = 5
+
+    def rate(self, ctx) -> float:
+        return ctx.estimator.robust()
+
+    def choose(self, ctx, layer: int) -> Decision:
+        rate = self.rate(ctx)
+        ladder = ctx.ladder(layer)
+        probing = rate is not None and ctx.estimator.samples == 0
+        if ctx.template_alive and not probing:  # with no sample yet, the first shard is the bandwidth probe
+            drop = ctx.best_drop(ctx.compute_layer, rate)
+            if layer < drop:
+                return Decision(
+                    LEVEL_COMPUTE, f"device computes layer {layer} (planned split {drop}, {ctx.fmt_rate(rate)})"
+                )
+        deadline = ctx.deadline(layer)
+        best = ctx.floor
+        for idx in range(ctx.floor + 1, len(ladder)):
+            t = ctx.predict_ready(layer, ladder[idx], rate)
+            if t > deadline:
+                break
+            # lookahead: the next shards must still make their deadlines at the floor level
+            ok, t_next = True, t
+            for nxt in range(layer + 1, min(ctx.num_layers, layer + 1 + self.horizon)):
+                t_next = ctx.transfer_end(t_next, ctx.ladder(nxt)[ctx.floor].nbytes, rate)
+                if t_next > ctx.deadline(nxt):
+                    ok = False
+                    break
+            if not ok:
+                break
+            best = idx
+        reason = f"level {ladder[best].name} fits deadline {deadline - ctx.now:+.2f}s at {ctx.fmt_rate(rate)}"
+        return Decision(best, reason)
+
+    def keep_template(self, ctx, layer: int) -> bool:
+        # Dropping the template is irreversible: keep computing unless dropping here has the earliest predicted
+        # step-0 finish of all drop points from here on.
+        return ctx.best_drop(layer, self.rate(ctx)) != layer
+
+    def upgrade(self, ctx):
+        best, best_gain = None, 0.0
+        for layer, level in ctx.fetched_levels().items():
+            ladder = ctx.ladder(layer)
+            if level + 1 < len(ladder) and ladder[level + 1].progressive:
+                gain = (ladder[level].mse - ladder[level + 1].mse) / max(ladder[level + 1].increment_bytes, 1)
+                if gain > best_gain:
+                    best, best_gain = (layer, level + 1), gain
+        return best
+
+
+class Oracle(Sakura):
+    """Knows the future: transfer times come from the trace itself (ready times are exact, not estimated).
+
+    The simulator additionally tries every fixed split with exact timings and keeps the best run, so the oracle
+    is a lower bound over this policy space.
+    """
+
+    name = "oracle"
+
+    def rate(self, ctx) -> float | None:
+        return None  # None = exact transfer times from the trace
+
+
+POLICIES = {p.name: p for p in (OnDevice, OnDeviceCached, FetchFP16, CacheGen, Throughput, Sakura, Oracle, FreeKV)}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]()
+    except KeyError as e:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)} or 'all'") from e

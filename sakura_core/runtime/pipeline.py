@@ -1,0 +1,417 @@
+"""The pipelined phone runtime: fetch (aiohttp, streaming), decode (thread pool) and compute (torch) concurrently.
+
+Step 0 is a hybrid forward whose split is decided while it runs: before each layer the policy says whether the
+device keeps running the template tokens (compute) or drops them and uses the fetched shard. The fetch lane asks
+the same policy, whenever the link is free, which shard to fetch at which level (or to skip it because the device
+will compute it), and, once every needed shard is fetched, which shard to upgrade with a progressive enhancement
+while later steps run. Policies see the same :class:`~sakura_core.runtime.simulate.Context` as in the simulation.
+
+Failures never produce a silently wrong result: a shard that cannot be fetched or decoded is retried at the floor
+level; if that fails too, the device computes the template KV itself (a template-only pass) and the report says so.
+Every event lands in the timeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..fetch.estimator import ThroughputEstimator
+from ..fetch.policies import LEVEL_COMPUTE, Policy
+from ..fetch.traces import Trace
+from ..models.demo import DemoModel
+from .edit import run_edit
+from .simulate import Context, Level
+
+__all__ = ["Cancelled", "LiveProfile", "RunReport", "RuntimeConfig", "ladders_from_manifest", "run_pipelined_edit"]
+
+logger = logging.getLogger(__name__)
+
+
+class Cancelled(RuntimeError):
+    """The edit was cancelled (between layers or steps)."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Attributes:
+    steps: denoising steps.
+    seed: noise seed.
+    decode_threads: decoder pool size.
+    upgrades: fetch progressive enhancements during later steps (policies that ask for them).
+    shard_wait_s: longest wait for one shard before the device computes the template KV itself.
+    rtt_s: round trip charged per request in the policies' predictions.
+    """
+
+    steps: int = 8
+    seed: int = 0
+    decode_threads: int = 1
+    upgrades: bool = True
+    shard_wait_s: float = 120.0
+    rtt_s: float = 0.04
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.decode_threads < 1 or self.shard_wait_s <= 0:
+            raise ValueError(
+                f"steps and decode_threads must be >= 1 and shard_wait_s > 0, got {self.steps}, "
+                f"{self.decode_threads}, {self.shard_wait_s}"
+            )
+
+
+@dataclass(frozen=True)
+class LiveProfile:
+    """Measured compute costs of the model on this device, which the policies predict with.
+
+    Attributes:
+        layer_full_s: one layer that also runs the template tokens, seconds.
+        layer_cached_s: one layer with the template KV injected, seconds.
+        layers: transformer layers.
+        steps: denoising steps.
+        fixed_s: per-edit work outside the transformer, seconds.
+    """
+
+    layer_full_s: float
+    layer_cached_s: float
+    layers: int
+    steps: int
+    fixed_s: float = 0.0
+
+    @property
+    def template_pass_s(self) -> float:
+        """Extra cost of running the template tokens through every layer."""
+        return (self.layer_full_s - self.layer_cached_s) * self.layers
+
+    @property
+    def model(self) -> LiveProfile:  # the simulation's profiles expose model.steps / model.layers
+        return self
+
+
+@dataclass
+class RunReport:
+    policy: str
+    latency_s: float
+    bytes_fetched: int
+    split_layer: int
+    image: np.ndarray
+    tokens: torch.Tensor
+    events: list[dict] = field(default_factory=list)
+    decisions: list[dict] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)
+    levels_used: dict[int, list[str]] = field(default_factory=dict)
+
+    def busy_s(self, lane: str) -> float:
+        """Total time the lane was busy (overlaps merged)."""
+        spans = sorted((e["start"], e["end"]) for e in self.events if e["lane"] == lane)
+        total, cur_s, cur_e = 0.0, None, None
+        for s, e in spans:
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    total += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        return total + ((cur_e - cur_s) if cur_e is not None else 0.0)
+
+
+def ladders_from_manifest(
+    manifest: dict, decode_bytes_per_s: float, level_psnr_db: dict[str, float] | None = None
+) -> tuple[list[list[Level]], list[list[dict]]]:
+    """Per-layer ladders (cheapest first) for the policies, and the matching manifest representations.
+
+    ``level_psnr_db`` maps a level name to the output PSNR measured with every layer at that level; without it
+    the manifest's distortion orders the levels.
+    """
+    L = manifest["num_layers"]
+    ladders: list[list[Level] | None] = [None] * L
+    reps_out: list[list[dict] | None] = [None] * L
+    for shard in manifest["shards"]:
+        first, last = shard["layers"]
+        if first != last:
+            raise ValueError(f"the live runtime fetches one layer per shard; shard {first}-{last} groups layers")
+        reps = sorted(shard["representations"], key=lambda r: (r["name"] == "fp16", r["level"]))
+        by_digest = {r["digest"]: r for r in reps}
+        levels, prev_bytes = [], 0
+        for r in reps:
+            chain_bytes = sum(by_digest[d]["bytes"] for d in r.get("requires", []) if d in by_digest) + r["bytes"]
+            progressive = bool(r.get("requires"))
+            if level_psnr_db and r["name"] in level_psnr_db:
+                mse = 4 * 10 ** (-level_psnr_db[r["name"]] / 10) / L
+            else:
+                mse = float(r["distortion"]) ** 2 / L
+            fp16_bytes = manifest.get("shard_fp16_bytes") or r["bytes"]
+            levels.append(
+                Level(
+                    name=r["name"],
+                    nbytes=chain_bytes,
+                    increment_bytes=r["bytes"] if progressive else chain_bytes,
+                    decode_s=fp16_bytes / decode_bytes_per_s,
+                    mse=mse,
+                    progressive=progressive and chain_bytes > prev_bytes,
+                )
+            )
+            prev_bytes = chain_bytes
+        ladders[first], reps_out[first] = levels, reps
+    if any(x is None for x in ladders):
+        raise ValueError(f"manifest lacks shards for layers {[i for i, x in enumerate(ladders) if x is None]}")
+    return ladders, reps_out
+
+
+class _LiveState:
+    """What Context reads, kept by the running pipeline (times in seconds since the edit started)."""
+
+    def __init__(self, profile, trace, ladders, floor, estimator, rtt_s):
+        self.profile, self.trace, self.ladders, self.floor = profile, trace, ladders, floor
+        self.L = len(ladders)
+        self.estimator, self.rtt_s = estimator, rtt_s
+        self.t0 = time.monotonic()
+        self.link_free = 0.0
+        self.decoder_free = 0.0
+        self.next_layer = 0
+        self.base_done = False
+        self.got: dict[int, list[tuple[int, float]]] = {}
+        self.in_flight: dict[int, float] = {}
+        self.template_alive = True
+        self.compute_t = 0.0
+        self.compute_layer = 0
+        self.lock = threading.RLock()
+
+    @property
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+
+async def run_pipelined_edit(
+    model: DemoModel,
+    manifest: dict,
+    fetch_blob,
+    user_image: np.ndarray,
+    prompt: str,
+    *,
+    policy: Policy,
+    ladders: list[list[Level]],
+    reps: list[list[dict]],
+    floor: int,
+    profile: LiveProfile,
+    template_image: np.ndarray,
+    trace: Trace | None = None,
+    config: RuntimeConfig | None = None,
+    cancel: threading.Event | None = None,
+) -> RunReport:
+    """Run one edit with the three lanes overlapped.
+
+    Args:
+        fetch_blob: ``async (digest, nbytes) -> bytes`` (a ShardClient's fetch, shaped by the caller).
+        ladders/reps: from :func:`ladders_from_manifest`.
+        floor: index of the cheapest level the policy may pick (quality floor).
+        profile: measured per-layer compute times.
+        template_image: the public template image (for layers the device computes).
+        trace: the link's trace, for the policies that read it (cachegen's rule, the oracle).
+    """
+    cfg = config or RuntimeConfig()
+    cancel = cancel or threading.Event()
+    adapter = model.adapter
+    L = adapter.num_layers
+    if len(ladders) != L:
+        raise ValueError(f"manifest has {len(ladders)} shards, the model {L} layers")
+    estimator = ThroughputEstimator()
+    st = _LiveState(profile, trace or Trace.constant(1e4), ladders, floor, estimator, cfg.rtt_s)
+    ctx = Context(st)
+    policy.reset()
+    events: list[dict] = []
+    decisions: list[dict] = []
+    fallbacks: list[str] = []
+    kv: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}  # layer -> (k, v, level)
+    ready = {layer: threading.Event() for layer in range(L)}
+    failed: set[int] = set()
+    levels_used: dict[int, list[str]] = {}
+    blobs: dict[str, bytes] = {}
+    nbytes = [0]
+    split = [L]
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(max_workers=cfg.decode_threads, thread_name_prefix="sakura-decode")
+    from ..kv import decode_representation
+
+    def event(lane, start, end, layer, level):
+        events.append({"lane": lane, "start": start, "end": end, "layer": layer, "level": level})
+
+    async def get(digest: str, size: int, layer: int, level_name: str) -> bytes:
+        if digest in blobs:
+            return blobs[digest]
+        t0 = st.now
+        data = await fetch_blob(digest, size)
+        t1 = st.now
+        estimator.observe(len(data), max(t1 - t0, 1e-6))
+        nbytes[0] += len(data)
+        event("fetch", t0, t1, layer, level_name)
+        blobs[digest] = data
+        return data
+
+    def decode(layer: int, level: int, chain: list[bytes]):
+        t0 = st.now
+        k, v = decode_representation(chain)
+        t1 = st.now
+        event("decode", t0, t1, layer, ladders[layer][level].name)
+        return k, v
+
+    async def fetch_level(layer: int, level: int) -> None:
+        rep = reps[layer][level]
+        by_digest = {r["digest"]: r for r in reps[layer]}
+        chain = []
+        for d in [*rep.get("requires", []), rep["digest"]]:
+            chain.append(await get(d, by_digest[d]["bytes"], layer, ladders[layer][level].name))
+        k, v = await loop.run_in_executor(pool, decode, layer, level, chain)
+        with st.lock:
+            cur = kv.get(layer)
+            if cur is None or cur[2] < level:
+                kv[layer] = (k[0], v[0], level)
+            st.got.setdefault(layer, []).append((level, st.now))
+            st.in_flight.pop(layer, None)
+            st.decoder_free = st.now
+        ready[layer].set()
+
+    async def fetch_with_fallback(layer: int, level: int) -> None:
+        try:
+            await fetch_level(layer, level)
+        except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
+            if level != floor:
+                fallbacks.append(f"shard {layer} level {ladders[layer][level].name}: {e}; retrying at the floor level")
+                try:
+                    await fetch_level(layer, floor)
+                    return
+                except Exception as e2:  # noqa: BLE001
+                    e = e2
+            fallbacks.append(f"shard {layer}: {e}; the device computes this layer's template KV")
+            failed.add(layer)
+            ready[layer].set()
+
+    async def fetch_lane() -> None:
+        while st.next_layer < L and not cancel.is_set():
+            layer = st.next_layer
+            with st.lock:
+                st.link_free = st.now
+                d = policy.choose(ctx, layer)
+            decisions.append({"t": st.now, "layer": layer, "level": d.level, "reason": d.reason})
+            if d.level is None:
+                break
+            st.next_layer += 1
+            if d.level == LEVEL_COMPUTE:
+                continue
+            with st.lock:
+                st.in_flight[layer] = ctx.predict_ready(layer, ladders[layer][d.level], estimator.robust())
+            await fetch_with_fallback(layer, d.level)
+        st.base_done = True
+        while cfg.upgrades and not cancel.is_set() and not done.is_set():
+            with st.lock:
+                st.link_free = st.now
+                up = policy.upgrade(ctx)
+            if up is None:
+                break
+            layer, level = up
+            decisions.append({"t": st.now, "layer": layer, "level": level, "reason": "upgrade"})
+            try:
+                await fetch_level(layer, level)
+            except Exception as e:  # noqa: BLE001 - an upgrade is optional: report and stop upgrading
+                fallbacks.append(f"upgrade of shard {layer} to {ladders[layer][level].name} failed: {e}")
+                break
+
+    fallback_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def device_kv(layer: int):
+        if not fallback_kv:
+            t0 = st.now
+            tkv = adapter.extract_template_kv(model.template_tokens(template_image), model.spec.grid)
+            event("compute", t0, st.now, -1, "fallback template pass")
+            for i in range(L):
+                fallback_kv[i] = tkv.layer(i)
+        return fallback_kv[layer]
+
+    def kv_source(layer: int, step: int):
+        if not ready[layer].is_set():
+            if layer not in st.in_flight and not st.got.get(layer) and (st.base_done or st.next_layer > layer):
+                # the fetch lane skipped it (a policy may not foresee a drop) — fetch it now at the floor
+                asyncio.run_coroutine_threadsafe(fetch_with_fallback(layer, floor), loop)
+            t0 = st.now
+            if not ready[layer].wait(cfg.shard_wait_s):
+                fallbacks.append(f"shard {layer} not ready after {cfg.shard_wait_s}s; computing it on the device")
+                failed.add(layer)
+            event("stall", t0, st.now, layer, f"step {step}")
+        if layer in failed:
+            k, v = device_kv(layer)
+            levels_used.setdefault(layer, []).append("device")
+            return k, v
+        with st.lock:
+            k, v, level = kv[layer]
+        levels_used.setdefault(layer, []).append(ladders[layer][level].name)
+        return k.unsqueeze(0), v.unsqueeze(0)
+
+    last = {"t": 0.0, "key": None}
+
+    def on_layer(step: int, layer: int) -> None:
+        if cancel.is_set():
+            raise Cancelled(f"edit cancelled at step {step}, layer {layer}")
+        now = st.now
+        if last["key"] is not None:
+            s, lay, lvl = last["key"]
+            event("compute", last["t"], now, lay, lvl)
+        with st.lock:
+            st.compute_layer, st.compute_t = layer, now
+        last["t"] = now
+        last["key"] = (step, layer, "template" if (step == 0 and st.template_alive) else "cached")
+
+    def keep_template(layer: int) -> bool:
+        with st.lock:
+            st.compute_layer, st.compute_t = layer, st.now
+            keep = policy.keep_template(ctx, layer)
+            if not keep:
+                st.template_alive = False
+                split[0] = layer
+        if not keep:
+            decisions.append({"t": st.now, "layer": layer, "level": "drop", "reason": "template dropped"})
+        return keep
+
+    def compute():
+        if policy.kv_preloaded:
+            raise ValueError("free-kv is a simulation-only bound")
+        if policy.template_every_step:
+            st.template_alive = True
+            return run_edit(model, user_image, prompt, steps=cfg.steps, seed=cfg.seed, split_layer=L,
+                            template_image=template_image, template_every_step=True, on_layer=on_layer)  # fmt: skip
+        return run_edit(model, user_image, prompt, steps=cfg.steps, seed=cfg.seed, split_layer=keep_template,
+                        kv_source=kv_source, template_image=template_image, on_layer=on_layer)  # fmt: skip
+
+    done = asyncio.Event()
+    fetch_task = asyncio.create_task(fetch_lane())
+    try:
+        result = await asyncio.to_thread(compute)
+        if last["key"] is not None:
+            event("compute", last["t"], st.now, last["key"][1], last["key"][2])
+    finally:
+        done.set()
+        cancel_fetch = not fetch_task.done()
+        if cancel_fetch:
+            fetch_task.cancel()
+        try:
+            await fetch_task
+        except asyncio.CancelledError:
+            pass
+        pool.shutdown(wait=True)
+    latency = st.now
+    return RunReport(
+        policy=policy.name,
+        latency_s=latency,
+        bytes_fetched=nbytes[0],
+        split_layer=split[0] if not policy.template_every_step else L,
+        image=result.image,
+        tokens=result.tokens,
+        events=events,
+        decisions=decisions,
+        fallbacks=fallbacks,
+        levels_used=levels_used,
+    )

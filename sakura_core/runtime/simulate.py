@@ -1,0 +1,415 @@
+"""Discrete-event simulation of one edit at phone scale: fetch lane, decode lane, compute lane, over a trace.
+
+SIMULATION: device times come from a :class:`~sakura_core.runtime.profiles.DeviceProfile`, shard sizes, decode
+costs and distortions from codec measurements (``Level``); the link from a :class:`~sakura_core.fetch.traces.Trace`.
+The fetch lane is sequential (one request at a time, each paying one RTT); the decode lane is one thread; the
+compute lane runs step 0 layer by layer (template tokens kept while the policy says so), then steps 1..S-1 with
+every layer's KV, using at each step the best level decoded by its start.
+
+Quality is estimated with an additive distortion model: a layer fetched at level ``j`` for a fraction of the steps
+contributes that fraction of ``Level.mse`` (the output MSE measured with every layer at level ``j``, divided by
+the layer count); device-computed layers contribute nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..fetch.estimator import ThroughputEstimator
+from ..fetch.policies import LEVEL_COMPUTE, Policy
+from ..fetch.traces import Trace
+from .profiles import DeviceProfile
+
+__all__ = ["Level", "SimConfig", "SimResult", "simulate", "simulate_oracle", "psnr_from_mse"]
+
+
+@dataclass(frozen=True)
+class Level:
+    """One representation of a shard.
+
+    Attributes:
+        name: level name (e.g. "s2", "fp16").
+        nbytes: bytes to fetch for this level from nothing (base + all enhancements up to it).
+        increment_bytes: bytes beyond the previous level when ``progressive`` (else == nbytes).
+        decode_s: seconds to decode this level (whole chain).
+        mse: output MSE (images in [-1, 1]) if every layer used this level, divided by the layer count.
+        progressive: refines the previous level (an upgrade fetches only ``increment_bytes``).
+    """
+
+    name: str
+    nbytes: int
+    increment_bytes: int
+    decode_s: float
+    mse: float
+    progressive: bool = False
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Attributes:
+    min_rtt_s: round trip charged per request when the trace has no latency (mobile default 40 ms).
+    upgrades: allow progressive upgrades during later steps (policies that support them).
+    """
+
+    min_rtt_s: float = 0.04
+    upgrades: bool = True
+
+
+@dataclass
+class SimResult:
+    policy: str
+    trace: str
+    start_s: float
+    latency_s: float
+    bytes_fetched: int
+    psnr_db: float
+    split_layer: int
+    stall_s: float
+    events: list[dict] = field(default_factory=list)
+    decisions: list[dict] = field(default_factory=list)
+
+
+def psnr_from_mse(mse: float, cap_db: float = 100.0) -> float:
+    """PSNR of images in [-1, 1] (peak-to-peak 2)."""
+    return cap_db if mse <= 4 * 10 ** (-cap_db / 10) else 10 * math.log10(4.0 / mse)
+
+
+class Context:
+    """What a policy may look at (see fetch/policies.py). Times are seconds from the start of the edit."""
+
+    def __init__(self, sim: _Sim):
+        self._s = sim
+
+    # static
+    @property
+    def profile(self) -> DeviceProfile:
+        return self._s.profile
+
+    @property
+    def num_layers(self) -> int:
+        return self._s.L
+
+    @property
+    def floor(self) -> int:
+        return self._s.floor
+
+    @property
+    def estimator(self) -> ThroughputEstimator:
+        return self._s.estimator
+
+    @property
+    def trace(self) -> Trace:
+        return self._s.trace
+
+    def ladder(self, layer: int) -> list[Level]:
+        return self._s.ladders[layer]
+
+    # dynamic
+    @property
+    def now(self) -> float:
+        return self._s.now
+
+    @property
+    def template_alive(self) -> bool:
+        return self._s.template_alive
+
+    @property
+    def compute_layer(self) -> int:
+        return self._s.compute_layer
+
+    @property
+    def decided_upto(self) -> int:
+        return self._s.next_layer
+
+    def ready(self, layer: int) -> bool:
+        got = self._s.got.get(layer)
+        return bool(got) and got[0][1] <= self._s.now
+
+    def fetched_levels(self) -> dict[int, int]:
+        return {layer: max(lv for lv, _ in got) for layer, got in self._s.got.items() if got}
+
+    def fmt_rate(self, rate: float | None) -> str:
+        return "exact trace" if rate is None else f"{rate * 8 / 1e6:.2f} Mbit/s"
+
+    def transfer_end(self, start: float, nbytes: float, rate: float | None) -> float:
+        """When ``nbytes`` requested at ``start`` arrive: RTT + bytes at ``rate`` (None = the real trace)."""
+        t0 = start + self._s.rtt_s
+        return self._s.trace.finish_time(t0, nbytes) if rate is None else t0 + nbytes / rate
+
+    def predict_ready(self, layer: int, level: Level, rate: float | None) -> float:
+        arrive = self.transfer_end(max(self._s.link_free, self._s.now), level.nbytes, rate)
+        return max(arrive, self._s.decoder_free) + level.decode_s
+
+    def expected_ready(self, layer: int, rate: float | None) -> float:
+        """Predicted decode time of ``layer``'s first level (queued behind the shards before it at the floor)."""
+        got = self._s.got.get(layer)
+        if got:
+            return got[0][1]
+        if layer in self._s.in_flight:
+            return self._s.in_flight[layer]
+        t = max(self._s.link_free, self._s.now)
+        for x in range(self._s.next_layer, layer + 1):
+            t = self.transfer_end(t, self.ladder(x)[self.floor].nbytes, rate)
+        return max(t, self._s.decoder_free) + self.ladder(layer)[self.floor].decode_s
+
+    def predicted_step0_finish(self, layer: int, drop: int, rate: float | None) -> float:
+        """Predicted end of step 0 if compute (now at ``layer``) keeps the template up to ``drop`` and then uses
+        shards; shards not yet requested are fetched from ``drop`` on, back to back, at the floor level."""
+        p, s = self.profile, self._s
+        t = s.now + (drop - layer) * p.layer_full_s
+        link = max(s.link_free, s.now)
+        dec = s.decoder_free
+        for x in range(drop, self.num_layers):
+            got = s.got.get(x)
+            if got:
+                ready = got[0][1]
+            elif x in s.in_flight:
+                ready = s.in_flight[x]
+            else:
+                lv = self.ladder(x)[self.floor]
+                link = self.transfer_end(link, lv.nbytes, rate)
+                dec = max(link, dec) + lv.decode_s
+                ready = dec
+            t = max(t, ready) + p.layer_cached_s
+        return t
+
+    def best_drop(self, layer: int, rate: float | None) -> int:
+        """The drop point (>= ``layer``) with the earliest predicted step-0 finish."""
+        finishes = [self.predicted_step0_finish(layer, d, rate) for d in range(layer, self.num_layers + 1)]
+        return layer + min(range(len(finishes)), key=finishes.__getitem__)
+
+    def template_eta(self, layer: int) -> float:
+        """When compute reaches ``layer`` if it keeps running the template tokens from where it is."""
+        return self._s.compute_t + max(0, layer - self._s.compute_layer) * self.profile.layer_full_s
+
+    def deadline(self, layer: int) -> float:
+        """When compute reaches ``layer`` running without the template (no stalls), at step 0."""
+        p = self.profile
+        c = self._s.compute_layer
+        extra = p.layer_full_s if self._s.template_alive else p.layer_cached_s
+        return self._s.compute_t + (extra if layer > c else 0.0) + max(0, layer - c - 1) * p.layer_cached_s
+
+
+class _Sim:
+    def __init__(self, policy, trace, start_s, profile, ladders, floor, config):
+        self.policy, self.trace, self.start_s, self.profile = policy, trace, start_s, profile
+        self.ladders, self.floor, self.config = ladders, floor, config
+        self.L = len(ladders)
+        self.rtt_s = max(config.min_rtt_s, 2 * trace.latency_ms / 1000)
+        self.estimator = ThroughputEstimator()
+        self.now = 0.0
+        self.link_free = 0.0
+        self.decoder_free = 0.0
+        self.next_layer = 0
+        self.base_done = False
+        self.forced: list[int] = []
+        self.skipped: set[int] = set()
+        self.got: dict[int, list[tuple[int, float]]] = {}  # layer -> [(level, ready_t)] in fetch order
+        self.in_flight: dict[int, float] = {}
+        self.template_alive = True
+        self.compute_t = 0.0
+        self.compute_layer = 0
+        self.bytes = 0
+        self.events: list[dict] = []
+        self.decisions: list[dict] = []
+        self.ctx = Context(self)
+
+    # the trace is read at start_s + t
+    def _transfer(self, layer: int, level: int, nbytes: int, kind: str) -> None:
+        t0 = self.link_free + self.rtt_s
+        arrive = self.trace.finish_time(self.start_s + t0, nbytes) - self.start_s
+        self.estimator.observe(nbytes, arrive - t0)
+        lv = self.ladders[layer][level]
+        dec0 = max(arrive, self.decoder_free)
+        dec1 = dec0 + (lv.decode_s if kind == "base" else lv.decode_s - self.ladders[layer][level - 1].decode_s)
+        self.decoder_free = dec1
+        self.got.setdefault(layer, []).append((level, dec1))
+        self.events.append({"lane": "fetch", "start": self.link_free, "end": arrive, "layer": layer, "level": lv.name})
+        self.events.append({"lane": "decode", "start": dec0, "end": dec1, "layer": layer, "level": lv.name})
+        self.bytes += nbytes
+        self.link_free = arrive
+
+    def _link_step(self) -> bool:
+        """One link action at ``link_free``; False when the link has nothing to do."""
+        self.now = self.link_free
+        if self.forced:
+            layer = self.forced.pop(0)
+            self.decisions.append({"t": self.now, "layer": layer, "level": self.floor, "reason": "fallback: needed"})
+            self._transfer(layer, self.floor, self.ladders[layer][self.floor].nbytes, "base")
+            return True
+        if not self.base_done and self.next_layer < self.L:
+            layer = self.next_layer
+            d = self.policy.choose(self.ctx, layer)
+            self.decisions.append({"t": self.now, "layer": layer, "level": d.level, "reason": d.reason})
+            if d.level is None:
+                self.base_done = True
+                return True
+            self.next_layer += 1
+            if d.level == LEVEL_COMPUTE:
+                self.skipped.add(layer)
+            else:
+                self._transfer(layer, d.level, self.ladders[layer][d.level].nbytes, "base")
+            if self.next_layer >= self.L:
+                self.base_done = True
+            return True
+        if self.config.upgrades and self.base_done:
+            up = self.policy.upgrade(self.ctx)
+            if up is not None:
+                layer, level = up
+                lv = self.ladders[layer][level]
+                self.decisions.append({"t": self.now, "layer": layer, "level": level, "reason": "upgrade"})
+                self._transfer(layer, level, lv.increment_bytes, "upgrade")
+                return True
+        return False
+
+    def advance_link(self, until: float) -> None:
+        while self.link_free <= until:
+            if not self._link_step():
+                break
+
+    def wait_for(self, layer: int) -> float:
+        """Run the link until ``layer`` has a decoded level; returns that time."""
+        while not self.got.get(layer):
+            if layer in self.skipped or (self.base_done and self.next_layer <= layer) or self.next_layer > layer:
+                if layer not in self.forced:
+                    self.forced.append(layer)
+            if not self._link_step():
+                raise RuntimeError(f"simulation stuck: no way to obtain shard {layer}")
+        return self.got[layer][0][1]
+
+    def level_at(self, layer: int, t: float) -> int | None:
+        best = None
+        for level, ready in self.got.get(layer, []):
+            if ready <= t and (best is None or level > best):
+                best = level
+        return best
+
+    def run(self) -> SimResult:
+        p, L, S = self.profile, self.L, self.profile.model.steps
+        pol = self.policy
+        pol.reset()
+        if pol.kv_preloaded:
+            for layer in range(L):
+                self.got[layer] = [(len(self.ladders[layer]) - 1, 0.0)]
+            self.base_done = True
+        used: dict[int, list[int]] = {}
+        stall = 0.0
+        split = L
+        # step 0
+        for layer in range(L):
+            self.compute_layer = layer
+            self.advance_link(self.compute_t)
+            self.now = self.compute_t
+            if self.template_alive:
+                keep = layer in self.skipped or pol.keep_template(self.ctx, layer)
+                if keep:
+                    self.events.append(
+                        {
+                            "lane": "compute",
+                            "start": self.compute_t,
+                            "end": self.compute_t + p.layer_full_s,
+                            "layer": layer,
+                            "level": "template",
+                        }
+                    )
+                    self.compute_t += p.layer_full_s
+                    continue
+                self.template_alive = False
+                split = layer
+            ready = self.wait_for(layer)
+            if ready > self.compute_t:
+                stall += ready - self.compute_t
+                self.compute_t = ready
+            used.setdefault(layer, []).append(self.level_at(layer, self.compute_t))
+            self.events.append(
+                {
+                    "lane": "compute",
+                    "start": self.compute_t,
+                    "end": self.compute_t + p.layer_cached_s,
+                    "layer": layer,
+                    "level": "cached",
+                }
+            )
+            self.compute_t += p.layer_cached_s
+        # steps 1..S-1
+        for step in range(1, S):
+            self.advance_link(self.compute_t)
+            cost = L * (p.layer_full_s if pol.template_every_step else p.layer_cached_s)
+            for layer in range(split, L):
+                used[layer].append(self.level_at(layer, self.compute_t))
+            self.events.append(
+                {
+                    "lane": "compute",
+                    "start": self.compute_t,
+                    "end": self.compute_t + cost,
+                    "layer": -1,
+                    "level": f"step {step}",
+                }
+            )
+            self.compute_t += cost
+        mse = 0.0
+        for layer, levels in used.items():
+            for lv in levels:
+                mse += self.ladders[layer][lv].mse / len(levels)
+        return SimResult(
+            policy=pol.name,
+            trace=self.trace.name,
+            start_s=self.start_s,
+            latency_s=self.compute_t + p.fixed_s,
+            bytes_fetched=self.bytes,
+            psnr_db=psnr_from_mse(mse),
+            split_layer=split,
+            stall_s=stall,
+            events=self.events,
+            decisions=self.decisions,
+        )
+
+
+def simulate(
+    policy: Policy,
+    trace: Trace,
+    profile: DeviceProfile,
+    ladders: dict[str, list[list[Level]]],
+    floors: dict[str, int],
+    start_s: float = 0.0,
+    config: SimConfig | None = None,
+) -> SimResult:
+    """Simulate one edit with ``policy``; ``ladders[family][layer]`` lists that shard's levels, cheapest first."""
+    family = policy.family
+    if family not in ladders:
+        raise ValueError(f"policy {policy.name} needs the {family!r} ladder; have {sorted(ladders)}")
+    if len(ladders[family]) != profile.model.layers:
+        raise ValueError(f"{family} ladder has {len(ladders[family])} shards, the model {profile.model.layers} layers")
+    return _Sim(policy, trace, start_s, profile, ladders[family], floors.get(family, 0), config or SimConfig()).run()
+
+
+class _FixedSplit(Policy):
+    """Compute layers < split on the device, fetch the rest at the floor level (used by the oracle search)."""
+
+    family = "sakura"
+
+    def __init__(self, split: int):
+        self.split = split
+        self.name = f"split-{split}"
+
+    def choose(self, ctx, layer):
+        from ..fetch.policies import Decision
+
+        if layer < self.split:
+            return Decision(LEVEL_COMPUTE, "fixed split")
+        return Decision(ctx.floor, "fixed split: floor level")
+
+    def keep_template(self, ctx, layer):
+        return layer < self.split
+
+
+def simulate_oracle(policy: Policy, trace, profile, ladders, floors, start_s=0.0, config=None) -> SimResult:
+    """The oracle: its own adaptive run with exact transfer times, and every fixed split; the fastest wins."""
+    best = simulate(policy, trace, profile, ladders, floors, start_s, config)
+    for split in range(profile.model.layers + 1):
+        r = simulate(_FixedSplit(split), trace, profile, ladders, floors, start_s, config)
+        if r.latency_s < best.latency_s - 1e-9:
+            r.policy = policy.name
+            best = r
+    return best

@@ -1,0 +1,104 @@
+"""Discrete-event simulation of the policies: physical bounds, regimes, determinism, reasons."""
+
+import numpy as np
+import pytest
+
+from sakura_core.fetch.policies import POLICIES, make_policy
+from sakura_core.fetch.traces import Trace
+from sakura_core.runtime.profiles import PHONE_DIT, PROFILES
+from sakura_core.runtime.simulate import Level, simulate, simulate_oracle
+
+FP = PHONE_DIT.shard_bytes_fp16
+CPU, NPU = PROFILES["snapdragon-8-elite-cpu"], PROFILES["snapdragon-8-elite-npu"]
+
+
+def _ladder(ratios, decode_bytes_per_s, mses, progressive):
+    out, prev = [], 0
+    for i, (r, m) in enumerate(zip(ratios, mses)):
+        n = int(FP / r)
+        out.append(Level(f"l{i}", n, n - prev if progressive else n, FP / decode_bytes_per_s, m / 24, progressive))
+        prev = n
+    return out
+
+
+FP16 = Level("fp16", FP, FP, FP / 3e9, 0.0)
+LADDERS = {
+    "sakura": [_ladder([12, 8, 6, 4], 6e8, [4e-3, 1e-3, 3e-4, 1e-4], True) + [FP16]] * 24,
+    "cachegen": [_ladder([4.5, 3.5, 2.8], 2e7, [2e-3, 4e-4, 1e-4], False)] * 24,
+    "fp16": [[FP16]] * 24,
+}
+FLOORS = {"sakura": 1, "cachegen": 0, "fp16": 0}
+
+
+def run(name, trace, profile=CPU, start_s=0.0):
+    pol = make_policy(name)
+    sim = simulate_oracle if name == "oracle" else simulate
+    return sim(pol, trace, profile, LADDERS, FLOORS, start_s)
+
+
+def _varying(seed):
+    rng = np.random.default_rng(seed)
+    return Trace(f"rand{seed}", np.full(200, 1.0), rng.uniform(0.2, 40, 200) * 1e6 / 8)
+
+
+@pytest.mark.parametrize("trace", [Trace.constant(1), Trace.constant(20), _varying(1), _varying(2)])
+def test_physical_bounds_hold_on_every_trace(trace):
+    res = {name: run(name, trace) for name in POLICIES}
+    for name, r in res.items():
+        assert r.latency_s >= res["free-kv"].latency_s - 1e-9, name
+        assert r.decisions is not None
+    assert res["oracle"].latency_s <= res["sakura"].latency_s + 1e-9
+    assert res["sakura"].latency_s <= res["on-device-cached"].latency_s + 1e-9
+    assert res["on-device-cached"].latency_s < res["on-device"].latency_s
+
+
+def test_fast_link_on_a_slow_device_fetches_almost_everything():
+    r = run("sakura", Trace.constant(500))
+    free = run("free-kv", Trace.constant(500))
+    assert r.split_layer <= 2
+    assert r.latency_s < 1.05 * free.latency_s
+    assert r.psnr_db >= 35
+
+
+def test_slow_link_computes_and_npu_never_fetches():
+    slow = run("sakura", Trace.constant(0.2))
+    cached = run("on-device-cached", Trace.constant(0.2))
+    assert slow.split_layer >= 20 and slow.latency_s <= cached.latency_s  # at most the last shards are worth it
+    npu = run("sakura", Trace.constant(50), NPU)
+    assert npu.split_layer == 24
+
+
+def test_hybrid_split_beats_both_extremes_on_a_middling_link():
+    trace = Trace.constant(2)
+    r, cached, fetch = run("oracle", trace), run("on-device-cached", trace), run("fetch-fp16", trace)
+    assert 0 < r.split_layer < 24
+    assert r.latency_s < cached.latency_s and r.latency_s < fetch.latency_s
+
+
+def test_runs_are_deterministic_and_decisions_have_reasons():
+    a, b = run("sakura", _varying(3), start_s=7.0), run("sakura", _varying(3), start_s=7.0)
+    assert a.latency_s == b.latency_s and a.decisions == b.decisions
+    assert all(d["reason"] for d in a.decisions)
+
+
+def test_sakura_upgrades_progressively_while_later_steps_run():
+    r = run("sakura", Trace.constant(8))
+    assert any(d["reason"] == "upgrade" for d in r.decisions)
+    from sakura_core.runtime.simulate import SimConfig
+
+    no_up = simulate(make_policy("sakura"), Trace.constant(8), CPU, LADDERS, FLOORS, config=SimConfig(upgrades=False))
+    assert r.psnr_db > no_up.psnr_db
+    assert r.latency_s == pytest.approx(no_up.latency_s)  # upgrades use idle link time only
+
+
+def test_cachegen_rule_picks_high_levels_on_fast_links_and_recomputes_on_slow_ones():
+    fast = run("cachegen", Trace.constant(1000))
+    assert fast.split_layer == 0
+    assert all(d["level"] == 2 for d in fast.decisions)
+    slow = run("cachegen", Trace.constant(0.5))
+    assert slow.split_layer == 24 and slow.bytes_fetched == 0
+
+
+def test_unknown_policy_is_explained():
+    with pytest.raises(ValueError, match="unknown policy 'x'"):
+        make_policy("x")
