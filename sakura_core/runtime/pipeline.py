@@ -17,6 +17,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -203,6 +204,7 @@ async def run_pipelined_edit(
     trace: Trace | None = None,
     config: RuntimeConfig | None = None,
     cancel: threading.Event | None = None,
+    on_layer: Callable[[int, int], None] | None = None,
 ) -> RunReport:
     """Run one edit with the three lanes overlapped.
 
@@ -213,6 +215,8 @@ async def run_pipelined_edit(
         profile: measured per-layer compute times.
         template_image: the public template image (for layers the device computes).
         trace: the link's trace, for the policies that read it (cachegen's rule, the oracle).
+        cancel: set it to stop between layers (raises :class:`Cancelled`).
+        on_layer: ``(step, layer)`` before each layer (progress reporting).
     """
     cfg = config or RuntimeConfig()
     cancel = cancel or threading.Event()
@@ -353,9 +357,13 @@ async def run_pipelined_edit(
 
     last = {"t": 0.0, "key": None}
 
-    def on_layer(step: int, layer: int) -> None:
+    user_hook = on_layer
+
+    def on_layer(step: int, layer: int) -> None:  # noqa: F811 - wraps the caller's hook
         if cancel.is_set():
             raise Cancelled(f"edit cancelled at step {step}, layer {layer}")
+        if user_hook is not None:
+            user_hook(step, layer)
         now = st.now
         if last["key"] is not None:
             s, lay, lvl = last["key"]

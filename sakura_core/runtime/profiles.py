@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 __all__ = ["PROFILES", "DeviceProfile", "PhoneDiT", "PHONE_DIT", "get_profile"]
 
+_GIB = 2**30  # bytes
+
 # ratios from the CPU measurements in NOTES.md, relative to a step with cached reference KV
 _FULL_OVER_CACHED = 3.45 / 1.73  # a layer that also runs the template tokens (extract mode)
 _TEMPLATE_ONLY_OVER_CACHED = 1.44 / 1.73
@@ -60,6 +62,11 @@ class DeviceProfile:
         fixed_s: per-edit work outside the DiT (VAE encode of the user image + decode), seconds.
         npu_session_bytes: memory one NPU session may hold (0 = no NPU).
         model: the DiT it runs.
+        host_budget_bytes: memory the editing app may use on the application processor when the model runs there
+            (no NPU): phones have 8-16 GB of RAM shared with the OS and other apps; 4 GiB is a safe share.
+        weight_bytes_per_param: bytes per weight where the DiT runs (w8a16 on the NPU: 1; fp16 on the CPU: 2).
+        activation_bytes: bytes per activation / KV value where the DiT runs (a16 or fp16: 2).
+        link_mbit_s: typical downlink of the phone (Mbit/s), the default link of phone-scale simulations.
     """
 
     name: str
@@ -68,10 +75,32 @@ class DeviceProfile:
     fixed_s: float
     npu_session_bytes: int
     model: PhoneDiT = PHONE_DIT
+    host_budget_bytes: int = 4 * _GIB
+    weight_bytes_per_param: int = 2
+    activation_bytes: int = 2
+    link_mbit_s: float = 20.0
 
     def __post_init__(self) -> None:
         if self.step_cached_s <= 0 or self.fixed_s < 0:
             raise ValueError(f"profile {self.name}: step_cached_s must be > 0 and fixed_s >= 0")
+        if self.npu_session_bytes < 0 or self.host_budget_bytes <= 0:
+            raise ValueError(
+                f"profile {self.name}: npu_session_bytes must be >= 0 and host_budget_bytes > 0, got "
+                f"{self.npu_session_bytes}, {self.host_budget_bytes}"
+            )
+        if self.weight_bytes_per_param < 1 or self.activation_bytes < 1 or self.link_mbit_s <= 0:
+            raise ValueError(
+                f"profile {self.name}: weight_bytes_per_param and activation_bytes must be >= 1 and link_mbit_s > 0"
+            )
+
+    @property
+    def has_npu(self) -> bool:
+        return self.npu_session_bytes > 0
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        """What one edit may hold: one NPU session's memory when the DiT runs on the NPU, else the app's share."""
+        return self.npu_session_bytes if self.has_npu else self.host_budget_bytes
 
     @property
     def layer_cached_s(self) -> float:
@@ -95,6 +124,7 @@ PROFILES = {
         step_cached_s=0.062,
         fixed_s=0.225,
         npu_session_bytes=int(3.75 * 2**30),
+        weight_bytes_per_param=1,
     ),
     "snapdragon-8-elite-cpu": DeviceProfile(
         name="snapdragon-8-elite-cpu",
@@ -102,6 +132,24 @@ PROFILES = {
         step_cached_s=0.062 * 400,
         fixed_s=0.5,
         npu_session_bytes=0,
+    ),
+    # Published NPU step times for other SoCs (w8a16 512^2 diffusion step, NOTES.md): 8 Gen 3 ~77 ms,
+    # 8 Elite Gen 5 ~45 ms (the paper's phone).
+    "snapdragon-8-gen-3-npu": DeviceProfile(
+        name="snapdragon-8-gen-3-npu",
+        soc="SM8650 (Snapdragon 8 Gen 3), Hexagon NPU, w8a16",
+        step_cached_s=0.077,
+        fixed_s=0.225,
+        npu_session_bytes=int(3.75 * 2**30),
+        weight_bytes_per_param=1,
+    ),
+    "snapdragon-8-elite-gen-5-npu": DeviceProfile(
+        name="snapdragon-8-elite-gen-5-npu",
+        soc="SM8850 (Snapdragon 8 Elite Gen 5), Hexagon NPU, w8a16",
+        step_cached_s=0.045,
+        fixed_s=0.2,
+        npu_session_bytes=int(3.75 * 2**30),
+        weight_bytes_per_param=1,
     ),
 }
 

@@ -21,7 +21,7 @@ from ..fetch.policies import LEVEL_COMPUTE, Policy
 from ..fetch.traces import Trace
 from .profiles import DeviceProfile
 
-__all__ = ["Level", "SimConfig", "SimResult", "simulate", "simulate_oracle", "psnr_from_mse"]
+__all__ = ["Level", "SimConfig", "SimResult", "fixed_split_policy", "simulate", "simulate_oracle", "psnr_from_mse"]
 
 
 @dataclass(frozen=True)
@@ -319,6 +319,8 @@ class _Sim:
                 split = layer
             ready = self.wait_for(layer)
             if ready > self.compute_t:
+                self.events.append({"lane": "stall", "start": self.compute_t, "end": ready, "layer": layer,
+                                    "level": "waiting for shard"})  # fmt: skip
                 stall += ready - self.compute_t
                 self.compute_t = ready
             used.setdefault(layer, []).append(self.level_at(layer, self.compute_t))
@@ -402,6 +404,11 @@ class _FixedSplit(Policy):
 
     def keep_template(self, ctx, layer):
         return layer < self.split
+
+
+def fixed_split_policy(split: int) -> Policy:
+    """A policy that computes layers < ``split`` on the device and fetches the rest at the floor level."""
+    return _FixedSplit(split)
 
 
 def simulate_oracle(policy: Policy, trace, profile, ladders, floors, start_s=0.0, config=None) -> SimResult:

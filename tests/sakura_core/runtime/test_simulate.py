@@ -14,7 +14,7 @@ CPU, NPU = PROFILES["snapdragon-8-elite-cpu"], PROFILES["snapdragon-8-elite-npu"
 
 def _ladder(ratios, decode_bytes_per_s, mses, progressive):
     out, prev = [], 0
-    for i, (r, m) in enumerate(zip(ratios, mses)):
+    for i, (r, m) in enumerate(zip(ratios, mses, strict=True)):
         n = int(FP / r)
         out.append(Level(f"l{i}", n, n - prev if progressive else n, FP / decode_bytes_per_s, m / 24, progressive))
         prev = n

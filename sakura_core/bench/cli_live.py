@@ -1,0 +1,245 @@
+"""``sakura bench e2e --mode live``: real ``sakura serve``, real shaped transfer, real decode, real compute here.
+
+The live bench model (``live_model.json``: 8 layers, width 512, 1024 template tokens, 16 MiB fp16 KV, random
+weights) is sized so one edit takes seconds on these CPUs. Its template is precomputed into a temporary store with
+the sakura and the CacheGen codecs, served by a ``sakura serve`` subprocess on 127.0.0.1 (or inside a network
+namespace with ``--shaping kernel``), and every policy edits over each trace. Per run: latency, bytes, PSNR vs the
+exact-KV edit, split layer, and the pipeline's efficiency: latency / max(compute, transfer, decode busy time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+
+import torch
+
+from ..fetch.policies import make_policy
+from ..fetch.shaper import ShaperConfig, TraceShaper
+from ..fetch.traces import load_traces
+from ..io_utils import atomic_write_json
+from ..models.demo import DemoSpec, load_demo_model, load_image
+from ..models.kv_types import TemplateKV
+from ..runtime.edit import run_edit
+from ..runtime.pipeline import LiveProfile, RuntimeConfig, ladders_from_manifest, run_pipelined_edit
+from .e2e import PSNR_TARGET_DB, psnr_db
+
+__all__ = ["run_live", "start_server", "measure_profile"]
+
+PROMPT = "place it"
+
+
+def start_server(store: str, host: str = "127.0.0.1", wrap=None) -> tuple[subprocess.Popen, str]:
+    """Start ``sakura serve --model none`` on a free port; returns the process and its base URL."""
+    argv = [sys.executable, "-m", "sakura_core.cli", "serve", "--store", store, "--host", host, "--port", "0",
+            "--model", "none"]  # fmt: skip
+    if wrap is not None:
+        argv = wrap(argv)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        m = re.search(r"serving (http://\S+)", line)
+        if m:
+            return proc, m.group(1).rstrip("/")
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise RuntimeError("sakura serve did not start (no 'serving http://...' line within 60 s)")
+
+
+def measure_profile(model, template, user, steps: int) -> LiveProfile:
+    """Per-layer compute times of this model here: a full-template step and a cached step (after a warm-up)."""
+    a = model.adapter
+    kv = a.extract_template_kv(model.template_tokens(template), model.spec.grid)
+    x = model.request_tokens(torch.zeros(1, model.spec.num_tokens, model.spec.patch_dim), model.pack_image(user))
+    txt, t = model.encode_prompt(PROMPT), torch.tensor([0.5])
+    ref = model.template_tokens(template)
+    best_full = best_cached = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        a.forward(
+            x, txt, t, img_grid=model.spec.grid, ref_tokens=ref, ref_grid=model.spec.grid, split_layer=a.num_layers
+        )
+        t1 = time.perf_counter()
+        a.forward(x, txt, t, img_grid=model.spec.grid, ref_grid=model.spec.grid, cached=kv)
+        t2 = time.perf_counter()
+        best_full, best_cached = min(best_full, t1 - t0), min(best_cached, t2 - t1)
+    L = a.num_layers
+    return LiveProfile(best_full / L, best_cached / L, L, steps)
+
+
+def _decode_level(pre_manifest, blobs, name):
+    from ..kv import decode_representation
+
+    layers = []
+    for shard in pre_manifest["shards"]:
+        rep = next(r for r in shard["representations"] if r["name"] == name)
+        k, v = decode_representation([blobs[d] for d in [*rep.get("requires", []), rep["digest"]]])
+        layers.append(torch.stack([k, v], dim=1))
+    return torch.cat(layers).float()
+
+
+def run_live(args) -> int:
+    from cloud_server.precompute import publish_template
+    from cloud_server.store import LocalStore
+
+    from ..kv import precompute_template
+    from .cli_e2e import _policies, _table
+    from .e2e import summarize
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    spec = DemoSpec.load(str(resources.files("sakura_core.bench").joinpath("live_model.json")))
+    model = load_demo_model(spec, weights=None)
+    size = spec.image_size
+    template, user = load_image("astronaut", size), load_image("chelsea", size)
+    traces = load_traces(args.traces)[: args.max_traces]
+    policies = [p for p in _policies(args.policies, "live")]
+    steps = args.steps
+    print(f"LIVE: model {spec.name} (random weights), {model.adapter.num_layers} layers, "
+          f"{model.adapter.kv_bytes(spec.num_tokens) / 2**20:.0f} MiB fp16 KV; {len(traces)} traces; "
+          f"shaping {args.shaping}")  # fmt: skip
+    profile = measure_profile(model, template, user, steps)
+    print(
+        f"compute here: layer with template {profile.layer_full_s * 1000:.0f} ms, cached {profile.layer_cached_s * 1000:.0f} ms"
+    )
+    exact_kv = model.adapter.extract_template_kv(model.template_tokens(template), model.spec.grid)
+    exact = run_edit(model, user, PROMPT, steps=steps, kv_source=exact_kv).tokens
+
+    with tempfile.TemporaryDirectory(prefix="sakura-live-") as tmp:
+        store = LocalStore(tmp)
+        manifests, level_psnr = {}, {}
+        t0 = time.perf_counter()
+        for codec in ("sakura", "cachegen"):
+            pre = precompute_template(model, template, f"live-{codec}", codec=codec)
+            publish_template(store, model, template, f"live-{codec}", codec=codec,
+                             precompute_fn=lambda *a, _pre=pre, **k: _pre)  # fmt: skip
+            manifests[codec] = pre.manifest
+            for rep in pre.manifest["shards"][0]["representations"]:
+                kvt = TemplateKV(_decode_level(pre.manifest, pre.blobs, rep["name"]), exact_kv.model_id,
+                                 exact_kv.token_grid, exact_kv.rope_layout)  # fmt: skip
+                out = run_edit(model, user, PROMPT, steps=steps, kv_source=kvt).tokens
+                level_psnr[(codec, rep["name"])] = psnr_db(out, exact)
+        print(f"precomputed both ladders in {time.perf_counter() - t0:.1f} s; level PSNR: "
+              + ", ".join(f"{c}/{n} {p:.1f}" for (c, n), p in level_psnr.items()))  # fmt: skip
+
+        link = None
+        if args.shaping == "kernel":
+            from ..fetch.netns import NetnsConfig, NetnsLink, netns_available
+
+            ok, why = netns_available()
+            if not ok:
+                raise SystemExit(f"sakura bench e2e: --shaping kernel unavailable: {why}")
+            link = NetnsLink(NetnsConfig(subnet_index=77)).__enter__()
+        try:
+            if link is not None:
+                proc, url = start_server(tmp, host=link.ns_ip, wrap=link.exec_argv)
+            else:
+                proc, url = start_server(tmp)
+            try:
+                runs = asyncio.run(_run_all(args, model, traces, policies, manifests, level_psnr, profile, template,
+                                            user, exact, url, link))  # fmt: skip
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+        finally:
+            if link is not None:
+                link.__exit__(None, None, None)
+
+    summary, ratios = summarize(runs)
+    print()
+    print(_table(summary, ratios))
+    eff = [r["latency_over_lower_bound"] for r in runs if r["policy"] in ("fetch-fp16", "sakura", "cachegen")]
+    print(f"\npipeline efficiency (latency / max(compute, transfer, decode)), fetching policies: median "
+          f"{statistics.median(eff):.3f}, max {max(eff):.3f}")  # fmt: skip
+    out = {
+        "mode": "live",
+        "model": {
+            "name": spec.name,
+            "weights": "random-init",
+            "layers": model.adapter.num_layers,
+            "kv_bytes_fp16": model.adapter.kv_bytes(spec.num_tokens),
+        },  # fmt: skip
+        "profile": {
+            "name": "this-cpu",
+            "layer_full_s": profile.layer_full_s,
+            "layer_cached_s": profile.layer_cached_s,
+        },
+        "shaping": args.shaping,
+        "runs": runs,
+        "summary": summary,
+        "ratios_vs_sakura": ratios,
+        "pipeline_efficiency": {"median": statistics.median(eff), "max": max(eff)},
+    }
+    atomic_write_json(args.json, json.loads(json.dumps(out, default=float)))
+    print(f"wrote {args.json}")
+    return 0
+
+
+async def _run_all(args, model, traces, policies, manifests, level_psnr, profile, template, user, exact, url, link):
+    from ..fetch.client import ShardClient
+
+    runs = []
+    for trace in traces:
+        for name in policies:
+            policy = make_policy(name)
+            codec = "cachegen" if policy.family == "cachegen" else "sakura"
+            tid = f"live-{codec}"
+            shaper = TraceShaper(trace, ShaperConfig()) if link is None else None
+            follow = None
+            async with ShardClient(url) as client:
+                manifest = await client.get_manifest(tid)
+                psnrs = {n: p for (c, n), p in level_psnr.items() if c == codec}
+                ladders, reps = ladders_from_manifest(manifest, 6e8, psnrs)
+                if policy.family == "fp16":  # fetch-fp16: the exact representation only
+                    idx = [lv.name for lv in ladders[0]].index("fp16")
+                    ladders = [[lad[idx]] for lad in ladders]
+                    reps = [[rp[idx]] for rp in reps]
+                names = [lv.name for lv in ladders[0]]
+                ok = [i for i, n in enumerate(names) if psnrs.get(n, 0) >= PSNR_TARGET_DB]
+                floor = ok[0] if (ok and codec == "sakura" and policy.family != "fp16") else 0
+
+                async def fetch_blob(digest, nbytes, _client=client, _shaper=shaper):
+                    if _shaper is not None:
+                        await _shaper.request_latency()
+                        return await _client.fetch_shard(digest, expected_bytes=nbytes, throttle=_shaper.throttle)
+                    return await _client.fetch_shard(digest, expected_bytes=nbytes)
+
+                if link is not None:
+                    stop = asyncio.Event()
+                    follow = asyncio.create_task(link.follow(trace, 0.0, stop))
+                try:
+                    rep = await run_pipelined_edit(
+                        model, manifest, fetch_blob, user, PROMPT, policy=policy, ladders=ladders, reps=reps,
+                        floor=floor, profile=profile, template_image=template, trace=trace,
+                        config=RuntimeConfig(steps=args.steps),
+                    )  # fmt: skip
+                finally:
+                    if follow is not None:
+                        stop.set()
+                        await follow
+            lb = max(rep.busy_s("compute"), rep.busy_s("fetch"), rep.busy_s("decode"))
+            runs.append(
+                {
+                    "trace": trace.name,
+                    "start_s": 0.0,
+                    "policy": name,
+                    "latency_s": rep.latency_s,
+                    "bytes_fetched": rep.bytes_fetched,
+                    "psnr_db": psnr_db(rep.tokens, exact),
+                    "split_layer": rep.split_layer,
+                    "lower_bound_s": lb,
+                    "latency_over_lower_bound": rep.latency_s / lb if lb > 0 else float("nan"),
+                    "fallbacks": rep.fallbacks,
+                }
+            )
+            print(f"{trace.name:<28} {name:<18} {rep.latency_s:7.2f} s  {rep.bytes_fetched / 2**20:7.2f} MiB  "
+                  f"split {rep.split_layer}  PSNR {runs[-1]['psnr_db']:.1f}")  # fmt: skip
+    return runs

@@ -1,0 +1,183 @@
+"""End-to-end benchmark: every policy over every trace (simulation at phone scale) or over a shaped link (live).
+
+``sim`` mode is a SIMULATION: shard sizes, decode speeds and distortions are measured in the same run on the demo
+model's real KV (every codec, every level), then scaled to the phone-class DiT of
+:mod:`sakura_core.runtime.profiles` and replayed over each trace with a device profile.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from ..fetch.policies import POLICIES, make_policy
+from ..fetch.traces import Trace
+from ..models.demo import DemoModel
+from ..models.kv_types import TemplateKV
+from ..runtime.edit import run_edit
+from ..runtime.profiles import PHONE_DIT, DeviceProfile
+from ..runtime.simulate import Level, psnr_from_mse, simulate, simulate_oracle
+
+__all__ = [
+    "CodecLevel",
+    "build_phone_ladders",
+    "measure_codec_levels",
+    "psnr_db",
+    "run_sim",
+    "summarize",
+]
+
+logger = logging.getLogger(__name__)
+
+PSNR_TARGET_DB = 35.0
+SIM_CODECS = {"sakura": "sakura", "cachegen": "cachegen", "fp16": "fp16"}
+
+
+def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR of two token tensors with values in [-1, 1]."""
+    mse = float(((a.float().clamp(-1, 1) - b.float().clamp(-1, 1)) ** 2).mean())
+    return psnr_from_mse(mse)
+
+
+class CodecLevel(dict):
+    """One measured (codec, level): name, level, ratio_vs_fp16, decode_bytes_per_s, psnr_db, progressive."""
+
+
+def measure_codec_levels(
+    model: DemoModel, template: np.ndarray, user: np.ndarray, prompt: str, steps: int, progress=None
+) -> list[CodecLevel]:
+    """Encode the template's KV with every codec in ``SIM_CODECS``, decode every level (timed, one thread) and
+    run the edit with it; PSNR is against the exact-KV edit."""
+    from ..kv import decode_representation, precompute_template
+
+    torch.set_num_threads(1)
+    exact_kv = model.adapter.extract_template_kv(model.template_tokens(template), model.spec.grid)
+    exact = run_edit(model, user, prompt, steps=steps, kv_source=exact_kv).tokens
+    fp16_bytes = exact_kv.nbytes // (exact_kv.kv.element_size() // 2)
+    rows: list[CodecLevel] = []
+    for family, codec in SIM_CODECS.items():
+        pre = precompute_template(model, template, f"bench-{family}", codec=codec)
+        shards = pre.manifest["shards"]
+        names = [r["name"] for r in sorted(shards[0]["representations"], key=lambda r: r["level"])]
+        for name in names:
+            if family != "fp16" and name == "fp16":
+                continue  # the exact extra representation: measured under the fp16 family
+            layers, total_bytes, decode_s = [], 0, 0.0
+            for shard in shards:
+                by = {r["digest"]: r for r in shard["representations"]}
+                rep = next(r for r in shard["representations"] if r["name"] == name)
+                chain = [pre.blobs[d] for d in [*rep.get("requires", []), rep["digest"]]]
+                total_bytes += sum(by[d]["bytes"] for d in rep.get("requires", [])) + rep["bytes"]
+                t0 = time.perf_counter()
+                k, v = decode_representation(chain)
+                decode_s += time.perf_counter() - t0
+                layers.append(torch.stack([k, v], dim=1))  # (layers_in_shard, 2, tokens, heads, head_dim)
+            kv = TemplateKV(torch.cat(layers).float(), exact_kv.model_id, exact_kv.token_grid, exact_kv.rope_layout)
+            out = run_edit(model, user, prompt, steps=steps, kv_source=kv).tokens
+            row = CodecLevel(
+                family=family,
+                name=name,
+                bytes=total_bytes,
+                ratio_vs_fp16=fp16_bytes / total_bytes,
+                decode_bytes_per_s=fp16_bytes / max(decode_s, 1e-9),
+                psnr_db=psnr_db(out, exact),
+                progressive=any(r.get("requires") for r in shards[0]["representations"]),
+            )
+            rows.append(row)
+            if progress:
+                progress(f"{family}/{name}: ratio {row['ratio_vs_fp16']:.2f}x, PSNR {row['psnr_db']:.1f} dB")
+    return rows
+
+
+def build_phone_ladders(rows: list[CodecLevel], layers: int = PHONE_DIT.layers) -> tuple[dict, dict]:
+    """Per-layer ladders at phone scale from the measured levels; floors = cheapest level meeting the PSNR target
+    (sakura; cachegen and fp16 keep their own rules: floor 0)."""
+    shard_fp16 = PHONE_DIT.shard_bytes_fp16
+    ladders, floors = {}, {}
+    for family in SIM_CODECS:
+        fam = sorted((r for r in rows if r["family"] == family), key=lambda r: -r["ratio_vs_fp16"])
+        if family == "sakura":
+            fam = fam + [r for r in rows if r["family"] == "fp16"]
+        levels, prev = [], 0
+        for r in fam:
+            nbytes = int(round(shard_fp16 / r["ratio_vs_fp16"]))
+            prog = bool(r["progressive"]) and r["family"] == family and nbytes > prev
+            levels.append(
+                Level(
+                    name=r["name"],
+                    nbytes=nbytes,
+                    increment_bytes=nbytes - prev if prog else nbytes,
+                    decode_s=shard_fp16 / r["decode_bytes_per_s"],
+                    mse=4 * 10 ** (-r["psnr_db"] / 10) / layers,
+                    progressive=prog,
+                )
+            )
+            prev = nbytes
+        ladders[family] = [levels] * layers
+        ok = [i for i, r in enumerate(fam) if r["psnr_db"] >= PSNR_TARGET_DB]
+        floors[family] = (ok[0] if ok else len(fam) - 1) if family == "sakura" else 0
+    return ladders, floors
+
+
+def run_sim(
+    traces: list[Trace],
+    policies: list[str],
+    profile: DeviceProfile,
+    ladders: dict,
+    floors: dict,
+    starts_per_trace: int = 3,
+    progress=None,
+) -> list[dict]:
+    """Every policy on every trace at ``starts_per_trace`` evenly spaced start offsets."""
+    runs = []
+    for trace in traces:
+        for i in range(starts_per_trace):
+            start = trace.period_s * i / starts_per_trace
+            for name in policies:
+                pol = make_policy(name)
+                sim = simulate_oracle if name == "oracle" else simulate
+                r = sim(pol, trace, profile, ladders, floors, start)
+                runs.append(
+                    {
+                        "trace": trace.name,
+                        "start_s": round(start, 3),
+                        "policy": name,
+                        "latency_s": float(r.latency_s),
+                        "bytes_fetched": int(r.bytes_fetched),
+                        "psnr_db": float(r.psnr_db),
+                        "split_layer": int(r.split_layer),
+                        "_result": r,
+                    }
+                )
+        if progress:
+            progress(f"trace {trace.name}: {len(policies)} policies x {starts_per_trace} starts")
+    return runs
+
+
+def summarize(runs: list[dict]) -> tuple[dict, dict]:
+    """Per policy: median / p90 latency, median PSNR; and per-run latency ratios vs sakura."""
+    summary, ratios = {}, {}
+    by_key = {(r["trace"], r["start_s"], r["policy"]): r for r in runs}
+    for name in sorted({r["policy"] for r in runs}, key=list(POLICIES).index):
+        lat = [r["latency_s"] for r in runs if r["policy"] == name]
+        summary[name] = {
+            "median_latency_s": statistics.median(lat),
+            "p90_latency_s": float(np.percentile(lat, 90)),
+            "median_psnr_db": statistics.median(r["psnr_db"] for r in runs if r["policy"] == name),
+        }
+        rel = [
+            r["latency_s"] / by_key[(r["trace"], r["start_s"], "sakura")]["latency_s"]
+            for r in runs
+            if r["policy"] == name and (r["trace"], r["start_s"], "sakura") in by_key
+        ]
+        if rel:
+            ratios[name] = {
+                "median_ratio_vs_sakura": statistics.median(rel),
+                "min_ratio_vs_sakura": min(rel),
+                "max_ratio_vs_sakura": max(rel),
+            }
+    return summary, ratios
