@@ -1,3 +1,13 @@
-"""SAKURA cloud server: template catalog, manifests and immutable KV shards over HTTP."""
+"""SAKURA cloud server: template catalog, manifests and immutable KV shards over HTTP.
 
-__all__ = []
+``create_app(ServerConfig(...))`` builds the aiohttp app; ``LocalStore`` is the default storage (``Store`` is the
+interface an object store implements); ``publish_template`` is the precompute glue; ``sakura serve`` /
+``sakura precompute`` / ``sakura bench serve`` are the commands.
+"""
+
+from .app import create_app
+from .config import ServerConfig
+from .precompute import publish_template
+from .store import LocalStore, Store
+
+__all__ = ["LocalStore", "ServerConfig", "Store", "create_app", "publish_template"]

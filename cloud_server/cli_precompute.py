@@ -1,0 +1,106 @@
+"""``sakura precompute``: compute a template's KV ladder and publish it into a store (manifest last)."""
+# ruff: noqa: T201 - a CLI prints
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .config import MODELS
+from .precompute import (
+    ImageError,
+    PrecomputeUnavailableError,
+    TemplateExistsError,
+    decode_image,
+    load_model,
+    publish_template,
+)
+from .store import InvalidNameError, LocalStore, validate_template_id
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--store", required=True, help="store folder (created if missing)")
+    parser.add_argument("--model", default="demo", help=f"model to compute the KV with: {', '.join(MODELS)}")
+    parser.add_argument("--image", required=True, help="template image file (PNG/JPEG/WebP) or a demo sample name")
+    parser.add_argument("--id", required=True, dest="template_id", help="template id, [a-z0-9-]{1,64}")
+    parser.add_argument("--codec", default="sakura", help="codec name (default: %(default)s)")
+    parser.add_argument("--shard-layers", type=int, default=1, help="consecutive layers per shard (default: 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the importance probes (default: 0)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a published template with the same id")
+
+
+def _read_image(source: str) -> tuple:
+    """(image array, (file bytes, ext) or None) from a file, or a demo sample name."""
+    path = Path(source)
+    if path.is_file():
+        data = path.read_bytes()
+        image, ext = decode_image(data, max_pixels=100_000_000)
+        return image, (data, ext)
+    if path.suffix or "/" in source:
+        raise ImageError(f"image file {source!r} not found")
+    from sakura_core.models.demo import DEMO_TEMPLATES, load_image
+
+    if source in DEMO_TEMPLATES:
+        return load_image(source, 512), None
+    raise ImageError(f"image {source!r} is neither a file nor a demo sample ({', '.join(DEMO_TEMPLATES)})")
+
+
+def run(args) -> int:
+    try:
+        if args.model not in MODELS:
+            raise ValueError(f"unknown model {args.model!r}: choose one of {', '.join(MODELS)}")
+        validate_template_id(args.template_id)
+        if args.shard_layers < 1:
+            raise ValueError(f"--shard-layers must be >= 1, got {args.shard_layers}")
+        image, source = _read_image(args.image)
+    except (ValueError, InvalidNameError, ImageError) as e:
+        print(f"sakura precompute: {e}", file=sys.stderr)
+        return 2
+    store = LocalStore(args.store)
+    if not args.overwrite and store.has_template(args.template_id):
+        print(
+            f"sakura precompute: template {args.template_id!r} is already published in {store.root}", file=sys.stderr
+        )
+        return 1
+    t0 = time.perf_counter()
+    model = load_model(args.model)
+    print(f"model {args.model} ({model.model_id[:16]}) loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+    last = {"stage": None}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if stage != last["stage"] or done == total:
+            print(f"  {stage}: {done}/{total}", flush=True)
+            last["stage"] = stage
+
+    t0 = time.perf_counter()
+    try:
+        result = publish_template(
+            store,
+            model,
+            image,
+            args.template_id,
+            codec=args.codec,
+            shard_layers=args.shard_layers,
+            seed=args.seed,
+            source=source,
+            overwrite=args.overwrite,
+            progress=progress,
+        )
+    except (TemplateExistsError, PrecomputeUnavailableError) as e:
+        print(f"sakura precompute: {e}", file=sys.stderr)
+        return 1
+    secs = time.perf_counter() - t0
+    levels: dict[int, int] = {}
+    for shard in result.manifest["shards"]:
+        for rep in shard["representations"]:
+            levels[rep["level"]] = levels.get(rep["level"], 0) + rep["bytes"]
+    print(
+        f"published {result.template_id} in {store.root}: {len(result.manifest['shards'])} shards, "
+        f"{result.shards} blobs, {result.shard_bytes / 2**20:.2f} MiB in {secs:.1f} s"
+    )
+    for level, nbytes in sorted(levels.items()):
+        print(f"  level {level}: {nbytes / 2**10:10.1f} KiB")
+    return 0

@@ -1,0 +1,104 @@
+"""``sakura serve``: run the cloud server until SIGTERM/SIGINT, then shut down gracefully.
+
+Prints ``serving http://HOST:PORT`` once it listens (with ``--port 0`` that line carries the port picked).
+"""
+# ruff: noqa: T201 - a CLI prints
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from .app import bound_port, create_app
+from .config import MODELS, ServerConfig
+
+__all__ = ["add_arguments", "run", "serve"]
+
+logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "SAKURA_TOKEN"
+READ_TOKEN_ENV = "SAKURA_READ_TOKEN"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--store", required=True, help="store folder (created if missing)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback)")
+    parser.add_argument("--port", type=int, default=8080, help="TCP port, 0 = any free port (default: %(default)s)")
+    parser.add_argument(
+        "--token", default=None, help=f"bearer token of the write path (default: ${TOKEN_ENV}; none = read-only)"
+    )
+    parser.add_argument(
+        "--read-token", default=None, help=f"bearer token the read path requires (default: ${READ_TOKEN_ENV}; none)"
+    )
+    parser.add_argument(
+        "--model",
+        default="demo",
+        help=f"served model: {', '.join(MODELS)} or none (templates of any model, read-only) (default: %(default)s)",
+    )
+    parser.add_argument("--max-upload-mib", type=float, default=16.0, help="largest template upload (MiB)")
+    parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (default: %(default)s)")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds to drain on shutdown")
+
+
+def config_from_args(args) -> ServerConfig:
+    model = None if args.model == "none" else args.model
+    return ServerConfig(
+        store_dir=Path(args.store),
+        host=args.host,
+        port=args.port,
+        write_token=args.token or os.environ.get(TOKEN_ENV) or None,
+        read_token=args.read_token or os.environ.get(READ_TOKEN_ENV) or None,
+        model=model,
+        max_upload_bytes=int(args.max_upload_mib * 2**20),
+        backlog=args.backlog,
+        shutdown_timeout_s=args.shutdown_timeout,
+    )
+
+
+async def serve(config: ServerConfig, *, ready=None) -> None:
+    """Serve ``config`` until SIGTERM/SIGINT; ``ready(port)`` is called once listening."""
+    app = create_app(config)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.shutdown_timeout_s, access_log=None)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, config.host, config.port, backlog=config.backlog)
+        await site.start()
+        port = bound_port(runner)
+        if ready is not None:
+            ready(port)
+        await stop.wait()
+        logger.info("shutting down (draining for up to %.0f s)", config.shutdown_timeout_s)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+
+
+def run(args) -> int:
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        print(f"sakura serve: {e}", file=sys.stderr)
+        return 2
+    if config.host not in ("127.0.0.1", "::1") and config.write_token is None and config.read_token is None:
+        logger.warning("serving on %s without any token: anyone who can reach it can read every template", config.host)
+
+    def ready(port: int) -> None:
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        write = "on" if config.write_enabled else "off (no --token)"
+        model = config.model or "none"
+        print(f"serving http://{host}:{port} store={config.store_dir} model={model} write={write}", flush=True)
+
+    asyncio.run(serve(config, ready=ready))
+    print("sakura serve: stopped", flush=True)
+    return 0

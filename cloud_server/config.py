@@ -1,0 +1,92 @@
+"""``ServerConfig``: every knob of the cloud server, validated once."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["MODELS", "ServerConfig"]
+
+# Served models by name. ``None`` (CLI: ``--model none``) serves the templates of any model read-only.
+MODELS = ("demo",)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Configuration of ``create_app`` / ``sakura serve``.
+
+    Attributes:
+        store_dir: folder of the ``LocalStore`` (created if missing).
+        host: address to bind; loopback by default. Use a public address only behind TLS and a token.
+        port: TCP port; 0 picks a free one (the CLI prints it).
+        write_token: bearer token the write path (``POST /v1/templates``, ``GET /v1/jobs/*``) requires.
+            ``None`` disables the write path (403).
+        read_token: when set, read endpoints (catalog, manifests, shards, metrics) require it too (or the write
+            token). ``/healthz`` stays open.
+        model: name of the served model (one of ``MODELS``) or ``None``. The served model's id is checked against
+            every manifest (a template made for another model is refused with 409) and is the model the write path
+            precomputes with. ``None`` serves templates of any model and disables precompute.
+        max_upload_bytes: largest template image accepted by ``POST /v1/templates`` (bytes); larger gets 413.
+        max_image_pixels: largest decoded template image (width * height pixels); guards against decompression bombs.
+        max_header_bytes: longest request line / header field accepted (bytes); longer gets 400/431.
+        max_headers: most header fields per request.
+        max_pending_jobs: precompute jobs queued or running at once; more gets 429.
+        codec: codec name passed to ``precompute_template``.
+        shard_layers: consecutive layers per shard passed to ``precompute_template``.
+        precompute_seed: seed passed to ``precompute_template`` (importance probes).
+        catalog_ttl_s: seconds a built catalog is reused before the store is listed again.
+        backlog: listen backlog (connections waiting for accept); raise it for thousands of concurrent clients.
+        shutdown_timeout_s: seconds in-flight requests get to finish on SIGTERM/SIGINT before they are dropped.
+        send_chunk_bytes: read size when a shard must be streamed instead of sent with sendfile (non-file stores).
+    """
+
+    store_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    write_token: str | None = None
+    read_token: str | None = None
+    model: str | None = "demo"
+    max_upload_bytes: int = 16 * 2**20
+    max_image_pixels: int = 40_000_000
+    max_header_bytes: int = 8190
+    max_headers: int = 64
+    max_pending_jobs: int = 4
+    codec: str = "sakura"
+    shard_layers: int = 1
+    precompute_seed: int = 0
+    catalog_ttl_s: float = 2.0
+    backlog: int = 2048
+    shutdown_timeout_s: float = 10.0
+    send_chunk_bytes: int = 256 * 2**10
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "store_dir", Path(self.store_dir))
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError as e:
+            raise ValueError(f"host must be an IP address such as 127.0.0.1, got {self.host!r}") from e
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535 (0 = any free port), got {self.port}")
+        for name in ("write_token", "read_token"):
+            token = getattr(self, name)
+            if token is not None and (len(token) < 8 or not token.isprintable() or " " in token):
+                raise ValueError(f"{name} must be at least 8 printable characters without spaces, got {len(token)}")
+        if self.model is not None and self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)} (or none)")
+        positive = ("max_upload_bytes", "max_image_pixels", "max_header_bytes", "max_headers", "max_pending_jobs")
+        for name in (*positive, "shard_layers", "backlog", "send_chunk_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_header_bytes < 1024:
+            raise ValueError(f"max_header_bytes must be >= 1024 (requests need room), got {self.max_header_bytes}")
+        if self.catalog_ttl_s < 0 or self.shutdown_timeout_s < 0:
+            raise ValueError(
+                f"catalog_ttl_s and shutdown_timeout_s must be >= 0, got {self.catalog_ttl_s}, {self.shutdown_timeout_s}"
+            )
+        if not self.codec:
+            raise ValueError("codec must be a codec name such as 'sakura'")
+
+    @property
+    def write_enabled(self) -> bool:
+        return self.write_token is not None
