@@ -15,6 +15,17 @@ __all__ = ["COMMANDS", "main"]
 # words -> (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("sakura_core.cli_demo", "run an edit of a demo template end to end; writes images + report.json"),
+    ("train", "demo-model"): ("sakura_core.cli_train", "train the demo editing model on generated pairs"),
+    ("eval", "demo-model"): ("sakura_core.cli_eval", "evaluate the demo model on held-out pairs; writes JSON"),
+    ("serve",): ("cloud_server.cli_serve", "run the template/shard server (catalog, manifests, shards, precompute)"),
+    ("precompute",): ("cloud_server.cli_precompute", "compute a template's KV ladder and publish it into a store"),
+    ("bench", "e2e"): ("sakura_core.bench.cli_e2e", "every fetch policy over every trace (sim or live); JSON + plots"),
+    ("bench", "serve"): ("cloud_server.bench_serve", "load-test the shard server vs nginx over loopback; JSON"),
+    ("phone-agent",): ("android_bridge.cli_phone_agent", "run the (emulated) phone agent"),
+    ("phone", "run"): ("android_bridge.cli_phone_run", "dispatch one edit to a phone agent; writes the image"),
+    ("phone", "devices"): ("android_bridge.cli_phone_devices", "list adb devices, or show a phone agent's info"),
+    ("export",): ("android_bridge.cli_export", "demo DiT (cached KV) to ONNX / QNN; op coverage + parity"),
+    ("bench", "codec"): ("sakura_core.bench.cli_codec", "every KV codec and ladder level: size, error, PSNR, MB/s; JSON"),
 }
 
 
