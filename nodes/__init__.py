@@ -1,0 +1,34 @@
+"""SAKURA's ComfyUI V3 nodes: thin wrappers over ``sakura_core`` (validate, call the core, wrap the result).
+
+Imported by the root ``__init__`` only when ComfyUI's ``comfy_api`` is importable; ``comfy_entrypoint`` hands
+ComfyUI the node list. Nothing here registers anything at import time.
+"""
+
+from __future__ import annotations
+
+from comfy_api.latest import ComfyExtension, io
+
+from .adaptive_fetch import SakuraAdaptiveFetch
+from .model_loader import SakuraModelLoader
+from .phone_device import SakuraPhoneDevice
+from .sampler import SakuraPipelinedSampler
+from .template_loader import SakuraTemplateLoader
+
+__all__ = ["NODES", "SakuraExtension", "comfy_entrypoint"]
+
+NODES: tuple[type[io.ComfyNode], ...] = (
+    SakuraModelLoader,
+    SakuraTemplateLoader,
+    SakuraAdaptiveFetch,
+    SakuraPipelinedSampler,
+    SakuraPhoneDevice,
+)
+
+
+class SakuraExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return list(NODES)
+
+
+async def comfy_entrypoint() -> SakuraExtension:
+    return SakuraExtension()

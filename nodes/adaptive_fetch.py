@@ -1,0 +1,87 @@
+"""Sakura Bandwidth-Adaptive Fetch: policy + link settings for a template; starts the background prefetch and
+outputs the ``SAKURA_KV_STREAM`` the sampler consumes (see ``_stream.KVStream``)."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from comfy_api.latest import io
+
+from ._common import CATEGORY, SakuraKVStream, SakuraNodeError, SakuraTemplate
+from ._stream import FetchSettings, KVStream, runnable_policies
+
+__all__ = ["LIVE", "FIXED", "TRACE", "SakuraAdaptiveFetch", "bundled_traces"]
+
+LIVE = "live"
+FIXED = "fixed Mbit/s"
+TRACE = "trace file"
+
+
+def bundled_traces() -> dict[str, Path]:
+    """The bandwidth traces shipped in ``sakura_core/fetch/traces`` by file name."""
+    folder = resources.files("sakura_core.fetch").joinpath("traces")
+    out = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.is_file() and not entry.name.startswith(".") and not entry.name.endswith((".md", ".txt", ".py")):
+            out[entry.name] = Path(str(entry))
+    return out
+
+
+class SakuraAdaptiveFetch(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        traces = list(bundled_traces())
+        return io.Schema(
+            node_id="SakuraAdaptiveFetch",
+            display_name="Sakura Bandwidth-Adaptive Fetch",
+            category=CATEGORY,
+            description="Chooses how the template's KV reaches the device: a fetch policy and the link it runs over "
+            "(live, a fixed emulated rate, or a recorded trace). Starts prefetching in the background, so the "
+            "transfer overlaps the rest of the graph; the sampler streams the shards the policy picks.",
+            inputs=[
+                SakuraTemplate.Input("template"),
+                io.Combo.Input(
+                    "policy",
+                    options=runnable_policies(),
+                    default="sakura",
+                    tooltip="sakura = adaptive (hybrid split, per-shard levels, upgrades); on-device / "
+                    "on-device-cached compute the template here; fetch-fp16, cachegen, throughput are baselines; "
+                    "oracle reads the (emulated) trace ahead.",
+                ),
+                io.Combo.Input("bandwidth", options=[LIVE, FIXED, TRACE], default=LIVE),
+                io.Float.Input(
+                    "fixed_mbit_s", default=20.0, min=0.05, max=10000.0, step=0.05, tooltip="Emulated link rate."
+                ),
+                io.Combo.Input("trace", options=traces, default=traces[0] if traces else None),
+                io.String.Input(
+                    "trace_path",
+                    default="",
+                    tooltip="A trace file (Pensieve, Sabre JSON or Mahimahi) to use instead of the bundled one.",
+                ),
+            ],
+            outputs=[SakuraKVStream.Output("kv_stream", display_name="SAKURA_KV_STREAM")],
+        )
+
+    @classmethod
+    def execute(
+        cls, template, policy: str, bandwidth: str, fixed_mbit_s: float, trace: str, trace_path: str
+    ) -> io.NodeOutput:
+        if bandwidth == LIVE:
+            spec = "live"
+        elif bandwidth == FIXED:
+            spec = f"fixed:{fixed_mbit_s:g}"
+        elif bandwidth == TRACE:
+            path = Path(trace_path.strip()).expanduser() if trace_path.strip() else bundled_traces().get(trace)
+            if path is None:
+                raise SakuraNodeError(f"unknown bundled trace {trace!r}; choose one of {', '.join(bundled_traces())}")
+            spec = f"trace:{path}"
+        else:
+            raise SakuraNodeError(f"bandwidth must be one of {LIVE!r}, {FIXED!r}, {TRACE!r}; got {bandwidth!r}")
+        try:
+            settings = FetchSettings(policy=policy, bandwidth=spec)
+        except ValueError as e:  # includes TraceFormatError (unreadable or unknown trace file)
+            raise SakuraNodeError(f"fetch settings: {e}") from e
+        stream = KVStream(template, settings)
+        stream.start()
+        return io.NodeOutput(stream)

@@ -1,0 +1,156 @@
+"""Sakura Phone Device: a paired phone agent (adb or LAN) as ``SAKURA_DEVICE``. Given to the sampler, the edit runs
+on the phone (``android_bridge.PhoneClient``): the user image and prompt go to the phone only, and the phone fetches
+the template's KV from the cloud itself."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from comfy_api.latest import io
+
+from ._common import CATEGORY, SakuraDevice, SakuraNodeError, start_async, wait_interruptible
+from ._stream import EditRun, KVStream
+
+__all__ = ["PhoneDevice", "SakuraPhoneDevice", "run_on_phone"]
+
+
+@dataclass(frozen=True)
+class PhoneDevice:
+    """``SAKURA_DEVICE``: how to reach a phone agent; a connection is opened per run and closed after it.
+
+    Attributes:
+        connection: ``http(s)://HOST:PORT`` (LAN or loopback), ``adb`` or ``adb:SERIAL[@PORT]``.
+        token: pairing token (never shown in reprs or reports).
+        cloud_url: the SAKURA server as the phone reaches it; empty = the template's server URL.
+        info_json: the agent's ``/v1/info`` answer when the node ran.
+    """
+
+    connection: str
+    token: str = field(default="", repr=False)
+    cloud_url: str = ""
+    info_json: str = field(default="{}", repr=False)
+
+    def info(self) -> dict:
+        return json.loads(self.info_json)
+
+    def connect(self):
+        from android_bridge import PhoneClient
+
+        return PhoneClient.connect(self.connection, self.token or None, check=False)
+
+
+def _phone_bandwidth(spec: str) -> str | None:
+    if spec == "live":
+        return None
+    if spec.startswith("fixed:"):
+        return spec
+    raise SakuraNodeError(
+        f"bandwidth {spec!r} is emulated on this machine only; a phone run takes 'live' or a fixed Mbit/s"
+    )
+
+
+def run_on_phone(
+    device: PhoneDevice,
+    stream: KVStream,
+    user_image: np.ndarray,
+    prompt: str,
+    *,
+    steps: int,
+    seed: int,
+    run: EditRun,
+    on_tick: Callable[[], None],
+) -> tuple[np.ndarray, dict]:
+    """Run the edit on the phone; progress lands in ``run`` (``on_tick`` shows it); an interrupt cancels the job."""
+    from android_bridge import PhoneError, PhoneJob, TransportError
+
+    template = stream.template
+    cloud_url = device.cloud_url.strip() or template.server_url
+    if cloud_url is None:
+        raise SakuraNodeError(
+            f"template {template.template_id!r} comes from a local store, which the phone cannot reach; serve the "
+            "store with `sakura serve` and load the template from that server"
+        )
+    job = PhoneJob(
+        cloud_url=cloud_url,
+        template_id=template.template_id,
+        prompt=prompt,
+        steps=steps,
+        seed=seed,
+        policy=stream.settings.policy,
+        bandwidth=_phone_bandwidth(stream.settings.bandwidth),
+        cloud_token=template.token,
+        model_id=template.model_id,
+    )
+
+    def on_progress(event: dict) -> None:
+        run.layers_started = int(event.get("done", run.layers_started))
+        run.steps, run.layers = int(event.get("steps", run.steps)), int(event.get("layers", run.layers))
+
+    try:
+        client = device.connect()
+    except (PhoneError, TransportError, ValueError, OSError) as e:
+        raise SakuraNodeError(f"phone {device.connection}: {e}") from e
+    try:
+
+        def stop() -> None:
+            run.cancel.set()
+            client.cancel()
+
+        future = start_async(lambda: client.arun_job(user_image, job, on_progress=on_progress), name="sakura-phone")
+        try:
+            image, report = wait_interruptible(future, on_tick=on_tick, on_interrupt=stop)
+        except PhoneError as e:
+            raise SakuraNodeError(f"phone {device.connection}: {e}") from e
+    finally:
+        client.close()
+    report = dict(report)
+    report["template"] = template.summary()
+    report["executed_on"] = {"kind": "phone", "connection": device.connection, "cloud_url": cloud_url}
+    report["prefetch"] = {"used": False, "why": "the phone fetches the template image and its shards itself"}
+    return image, report
+
+
+class SakuraPhoneDevice(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SakuraPhoneDevice",
+            display_name="Sakura Phone Device",
+            category=CATEGORY,
+            description="A paired phone running the SAKURA agent. Connect it to the sampler to run the edit on the "
+            "phone: the image and prompt go to the phone only; the phone fetches the template KV from the cloud.",
+            inputs=[
+                io.String.Input(
+                    "connection",
+                    default="http://127.0.0.1:8765",
+                    tooltip="Agent URL (LAN or loopback), 'adb' (the only device) or 'adb:SERIAL[@PORT]'.",
+                ),
+                io.String.Input("token", default="", tooltip="Pairing token (empty: $SAKURA_PHONE_TOKEN)."),
+                io.String.Input(
+                    "cloud_url",
+                    default="",
+                    tooltip="The SAKURA server as the phone reaches it (empty: the template's server URL).",
+                ),
+            ],
+            outputs=[SakuraDevice.Output("device", display_name="SAKURA_DEVICE")],
+        )
+
+    @classmethod
+    def execute(cls, connection: str, token: str, cloud_url: str) -> io.NodeOutput:
+        from android_bridge import PhoneError, TransportError
+
+        device = PhoneDevice(connection=connection.strip(), token=token.strip(), cloud_url=cloud_url.strip())
+        try:
+            client = device.connect()
+            try:
+                info = client.info()
+            finally:
+                client.close()
+        except (PhoneError, TransportError, ValueError, OSError) as e:
+            raise SakuraNodeError(f"phone {device.connection}: {e}") from e
+        return io.NodeOutput(
+            PhoneDevice(device.connection, device.token, device.cloud_url, info_json=json.dumps(info))
+        )

@@ -1,0 +1,135 @@
+"""Sakura Pipelined DiT Sampler: the private edit. The user image and prompt stay in this process; shards stream in
+while the DiT runs (fetch, decode and compute overlapped), and the report says what was fetched, when and why."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from comfy_api.latest import io
+
+from ._common import (
+    CATEGORY,
+    SakuraDevice,
+    SakuraKVStream,
+    SakuraModel,
+    SakuraNodeError,
+    image_from_comfy,
+    image_to_comfy,
+    start_async,
+    wait_interruptible,
+)
+from ._stream import EditRun, run_edit
+
+__all__ = ["SakuraPipelinedSampler", "report_json", "timeline_image"]
+
+
+def _json_default(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"report value of type {type(value).__name__} is not JSON serialisable")
+
+
+def report_json(report: dict) -> str:
+    return json.dumps(report, indent=1, default=_json_default)
+
+
+def timeline_image(report: dict) -> np.ndarray:
+    """The run's fetch / decode / compute lanes as an (H, W, 3) uint8 plot."""
+    from PIL import Image
+
+    from sakura_core.bench.plots import plot_timeline
+
+    where = " on the phone" if "executed_on" in report else ""
+    title = (
+        f"{report['policy']} on {report['template']['template_id']}{where}, {report['bandwidth']}: "
+        f"{report['latency_s']:.2f} s, {report['bytes_fetched'] / 2**10:.0f} KiB fetched"
+    )
+    with tempfile.TemporaryDirectory(prefix="sakura-timeline-") as tmp:
+        path = Path(tmp, "timeline.png")
+        try:
+            plot_timeline(report["timeline"], path, title=title)
+        except ImportError as e:
+            raise SakuraNodeError(
+                f"the timeline plot needs matplotlib in ComfyUI's Python: pip install matplotlib ({e})"
+            ) from e
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"))
+
+
+class SakuraPipelinedSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        from sakura_core.models.edit_task import EDIT_PROMPT  # what the demo model was trained with
+
+        return io.Schema(
+            node_id="SakuraPipelinedSampler",
+            display_name="Sakura Pipelined DiT Sampler",
+            category=CATEGORY,
+            description="Edits the image against the template on this machine: template KV shards stream in (as "
+            "the fetch policy decides) while the DiT runs; the image and prompt never leave this process.",
+            inputs=[
+                SakuraModel.Input("model"),
+                SakuraKVStream.Input("kv_stream"),
+                io.Image.Input(
+                    "image",
+                    tooltip="The private user image (stays on this device); centre-cropped to a square and resized "
+                    "to the model's size.",
+                ),
+                io.String.Input("prompt", default=EDIT_PROMPT, multiline=True, tooltip="Stays on this device."),
+                io.Int.Input("steps", default=8, min=1, max=200),
+                io.Int.Input("seed", default=0, min=0, max=2**31 - 1, control_after_generate=True),
+                SakuraDevice.Input(
+                    "device", optional=True, tooltip="A Sakura Phone Device: the edit runs on the phone instead."
+                ),
+            ],
+            outputs=[
+                io.Image.Output("edited", display_name="IMAGE"),
+                io.String.Output("report", display_name="report (JSON)"),
+                io.Image.Output("timeline", display_name="timeline"),
+            ],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, model, kv_stream, image, prompt: str, steps: int, seed: int, device=None) -> io.NodeOutput:
+        import comfy.utils
+
+        from sakura_core.fetch.client import FetchError
+
+        user = image_from_comfy(image, "image")
+        run = EditRun(steps, model.adapter.num_layers)
+        bar = comfy.utils.ProgressBar(run.total, node_id=cls.hidden.unique_id)
+
+        def tick() -> None:
+            bar.update_absolute(min(run.layers_started, run.total), run.total)
+
+        try:
+            if device is not None:
+                from .phone_device import run_on_phone
+
+                edited, report = run_on_phone(
+                    device, kv_stream, user, prompt, steps=steps, seed=seed, run=run, on_tick=tick
+                )
+            else:
+                edited, report = cls._run_here(model, kv_stream, user, prompt, steps, seed, run, tick)
+            bar.update_absolute(run.total, run.total)
+        except (FetchError, ValueError) as e:
+            raise SakuraNodeError(f"edit against template {kv_stream.template.template_id!r} failed: {e}") from e
+        finally:
+            run.reset()
+        return io.NodeOutput(image_to_comfy(edited), report_json(report), image_to_comfy(timeline_image(report)))
+
+    @classmethod
+    def _run_here(cls, model, kv_stream, user, prompt, steps, seed, run, tick):
+        from sakura_core.models.demo import load_image
+
+        user = load_image(user, model.spec.image_size)
+        prefetched = wait_interruptible(kv_stream.join())
+        future = start_async(
+            lambda: run_edit(kv_stream, prefetched, model, user, prompt, steps=steps, seed=seed, run=run),
+            name="sakura-edit",
+        )
+        return wait_interruptible(future, on_tick=tick, on_interrupt=run.cancel.set)

@@ -1,0 +1,104 @@
+"""The templates and user images the example workflows (example_workflows/) edit with, made from the samples that ship
+with scikit-image, for the demo model.
+
+As a script it publishes the templates into a store and writes the user images into ComfyUI's input folder::
+
+    .venv/bin/python tests/nodes/sakura_examples.py --store /tmp/sakura-store --inputs /path/to/ComfyUI/input
+    .venv/bin/sakura serve --store /tmp/sakura-store --port 8080
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger("sakura_examples")
+
+# template id -> (scikit-image sample, region marked for the edit (y0, x0, y1, x1) in pixels of the 64 px demo size)
+TEMPLATES = {
+    "face-swap-astronaut": ("astronaut", (12, 12, 40, 52)),  # the astronaut's face
+    "try-on-astronaut": ("astronaut", (40, 8, 64, 56)),  # the suit's torso
+    "in-context-coffee": ("coffee", (16, 12, 48, 52)),  # the cup
+}
+
+# ComfyUI input file -> how to make it (the private user images)
+USER_IMAGES = {
+    "sakura-face.png": "lfw",  # a face from scikit-image's LFW subset
+    "sakura-garment.png": "immunohistochemistry",  # a patterned "fabric"
+    "sakura-object.png": "chelsea",  # the cat
+}
+
+USER_SIZE = 128  # pixels; the sampler fits any size to the model's
+
+
+def template_image(template_id: str, spec) -> np.ndarray:
+    """The marked template image (``spec.image_size`` square) for ``template_id``."""
+    from sakura_core.models.edit_task import demo_template
+    from sakura_core.models.train_demo import task_for
+
+    sample, box = TEMPLATES[template_id]
+    scale = spec.image_size / 64
+    box = tuple(int(round(v * scale)) for v in box)
+    return demo_template(sample, task_for(spec), box=box)
+
+
+def user_image(name: str) -> np.ndarray:
+    import skimage.data
+
+    from sakura_core.models.demo import load_image
+
+    source = USER_IMAGES[name]
+    if source == "lfw":
+        face = skimage.data.lfw_subset()[0]  # (25, 25) float in [0, 1]
+        return load_image((face * 255).astype(np.uint8), USER_SIZE)
+    return load_image(getattr(skimage.data, source)(), USER_SIZE)
+
+
+def publish_examples(store_dir: str | Path, model=None, template_ids=None) -> list[str]:
+    """Publish the example templates into the store (those already there are kept); returns the ids published."""
+    from cloud_server.precompute import publish_template
+    from cloud_server.store import LocalStore
+    from sakura_core.models.demo import load_demo_model
+
+    store = LocalStore(store_dir)
+    model = model or load_demo_model()
+    done = []
+    for template_id in template_ids or TEMPLATES:
+        if store.has_template(template_id):
+            continue
+        publish_template(store, model, template_image(template_id, model.spec), template_id)
+        logger.info("published %s in %s", template_id, store.root)
+        done.append(template_id)
+    return done
+
+
+def write_user_images(folder: str | Path) -> list[Path]:
+    from PIL import Image
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in USER_IMAGES:
+        Image.fromarray(user_image(name)).save(folder / name)
+        paths.append(folder / name)
+    return paths
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", required=True, help="store folder to publish the example templates into")
+    parser.add_argument("--inputs", help="ComfyUI input folder to write the example user images into")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    publish_examples(args.store)
+    if args.inputs:
+        for path in write_user_images(args.inputs):
+            logger.info("wrote %s", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

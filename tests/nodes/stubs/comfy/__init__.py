@@ -1,0 +1,1 @@
+"""Test stand-in for ComfyUI's ``comfy`` package (only what the Sakura nodes use)."""

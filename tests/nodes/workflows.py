@@ -1,0 +1,193 @@
+"""The example workflows, defined once here and written in both of ComfyUI's formats:
+
+* ``example_workflows/<name>.json`` — UI format (``nodes`` + ``links``), what ComfyUI's template browser opens;
+* ``example_workflows/api/<name>.json`` — API format (``{id: {class_type, inputs}}``), what ``POST /prompt`` takes.
+
+Regenerate after changing a node's inputs (``test_workflows.py`` fails until the files match)::
+
+    .venv/bin/python tests/nodes/workflows.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "example_workflows"
+SERVER_URL = "http://127.0.0.1:8080"
+PHONE_URL = "http://127.0.0.1:8765"
+PROMPT = "place it in the marked region"
+
+# ComfyUI's own nodes used here: (socket inputs [(name, type)], widgets [(name, default)], outputs [(name, type)])
+CORE_NODES = {
+    "LoadImage": ([], [("image", None), ("upload", "image")], [("IMAGE", "IMAGE"), ("MASK", "MASK")]),
+    "SaveImage": ([("images", "IMAGE")], [("filename_prefix", "ComfyUI")], []),
+    "PreviewImage": ([("images", "IMAGE")], [], []),
+    "PreviewAny": ([("source", "*")], [], []),
+}
+API_ONLY_WIDGETS = {"upload"}  # UI-only widget values that /prompt does not take
+
+
+@dataclass
+class Node:
+    id: int
+    type: str
+    title: str
+    pos: tuple[int, int]
+    values: dict = field(default_factory=dict)  # widget values (by input id) and links: ("node id", output slot)
+
+
+def _chain(template_id: str, user_file: str, prefix: str, policy="sakura", bandwidth="live", mbit=20.0,
+           trace="norway_bus_1", phone: bool = False) -> list[Node]:  # fmt: skip
+    nodes = [
+        Node(1, "SakuraModelLoader", "Sakura Model Loader", (40, 60), {"model_name": "demo (embedded)"}),
+        Node(2, "SakuraTemplateLoader", "Sakura Template KV Loader", (380, 60),
+             {"model": (1, 0), "template_id": template_id, "source": "server", "server_url": SERVER_URL,
+              "token": "", "store_dir": ""}),  # fmt: skip
+        Node(3, "SakuraAdaptiveFetch", "Sakura Bandwidth-Adaptive Fetch", (760, 60),
+             {"template": (2, 0), "policy": policy, "bandwidth": bandwidth, "fixed_mbit_s": mbit, "trace": trace,
+              "trace_path": ""}),  # fmt: skip
+        Node(4, "LoadImage", "Private user image", (40, 380), {"image": user_file, "upload": "image"}),
+        Node(5, "SakuraPipelinedSampler", "Sakura Pipelined DiT Sampler", (1140, 60),
+             {"model": (1, 0), "kv_stream": (3, 0), "image": (4, 0), "prompt": PROMPT, "steps": 8, "seed": 0}),
+        Node(6, "SaveImage", "Edited image", (1540, 60), {"images": (5, 0), "filename_prefix": prefix}),
+        Node(7, "PreviewImage", "Pipeline timeline", (1540, 420), {"images": (5, 2)}),
+        Node(8, "PreviewAny", "Report (JSON)", (1140, 520), {"source": (5, 1)}),
+    ]  # fmt: skip
+    if phone:
+        nodes.append(Node(9, "SakuraPhoneDevice", "Sakura Phone Device", (760, 420),
+                          {"connection": PHONE_URL, "token": "", "cloud_url": ""}))  # fmt: skip
+        nodes[4].values["device"] = (9, 0)
+    return nodes
+
+
+WORKFLOWS = {
+    "sakura_face_swap": _chain("face-swap-astronaut", "sakura-face.png", "sakura/face-swap"),
+    "sakura_virtual_try_on": _chain(
+        "try-on-astronaut", "sakura-garment.png", "sakura/try-on", bandwidth="trace file", trace="norway_bus_1"
+    ),  # fmt: skip
+    "sakura_in_context_edit": _chain(
+        "in-context-coffee", "sakura-object.png", "sakura/in-context", bandwidth="fixed Mbit/s", mbit=10.0
+    ),  # fmt: skip
+    "sakura_in_context_edit_on_phone": _chain(
+        "in-context-coffee", "sakura-object.png", "sakura/on-phone", bandwidth="fixed Mbit/s", mbit=10.0, phone=True
+    ),  # fmt: skip
+}
+
+
+def node_interface(class_type: str, schemas: dict) -> tuple[list, list, list]:
+    """(socket inputs [(name, type, optional)], widgets [(name, control_after_generate)], outputs [(name, type)])."""
+    if class_type in CORE_NODES:
+        sockets, widgets, outputs = CORE_NODES[class_type]
+        return [(n, t, False) for n, t in sockets], [(n, False) for n, _ in widgets], outputs
+    schema = schemas[class_type]
+    widget_types = {"INT", "FLOAT", "STRING", "COMBO", "BOOLEAN"}
+    sockets = [(i.id, i.io_type, bool(i.optional)) for i in schema.inputs if i.io_type not in widget_types]
+    widgets = [(i.id, bool(getattr(i, "control_after_generate", False))) for i in schema.inputs
+               if i.io_type in widget_types]  # fmt: skip
+    outputs = [(o.display_name or o.io_type, o.io_type) for o in schema.outputs]
+    return sockets, widgets, outputs
+
+
+def api_format(nodes: list[Node]) -> dict:
+    out = {}
+    for node in nodes:
+        inputs = {}
+        for name, value in node.values.items():
+            if name in API_ONLY_WIDGETS:
+                continue
+            inputs[name] = [str(value[0]), value[1]] if isinstance(value, tuple) else value
+        out[str(node.id)] = {"class_type": node.type, "inputs": inputs, "_meta": {"title": node.title}}
+    return out
+
+
+def ui_format(nodes: list[Node], schemas: dict) -> dict:
+    links: list[list] = []
+    by_id = {n.id: n for n in nodes}
+    out_links: dict[tuple[int, int], list[int]] = {}
+    ui_nodes = []
+    for order, node in enumerate(nodes):
+        sockets, widgets, outputs = node_interface(node.type, schemas)
+        inputs = []
+        for slot, (name, io_type, optional) in enumerate(sockets):
+            link = None
+            if name in node.values:
+                src, src_slot = node.values[name]
+                link = len(links) + 1
+                src_type = node_interface(by_id[src].type, schemas)[2][src_slot][1]
+                links.append([link, src, src_slot, node.id, slot, src_type])
+                out_links.setdefault((src, src_slot), []).append(link)
+            entry = {"name": name, "type": io_type, "link": link}
+            if optional:
+                entry["shape"] = 7  # the frontend's hollow dot for optional inputs
+            inputs.append(entry)
+        values = []
+        for name, control in widgets:
+            values.append(node.values.get(name))
+            if control:
+                values.append("fixed")
+        ui_nodes.append(
+            {
+                "id": node.id,
+                "type": node.type,
+                "pos": list(node.pos),
+                "size": [340, 160],
+                "flags": {},
+                "order": order,
+                "mode": 0,
+                "title": node.title,
+                "inputs": inputs,
+                "outputs": [
+                    {"name": name, "type": io_type, "links": None, "slot_index": slot}
+                    for slot, (name, io_type) in enumerate(outputs)
+                ],
+                "properties": {"Node name for S&R": node.type},
+                "widgets_values": values,
+            }
+        )
+    for ui in ui_nodes:
+        for out in ui["outputs"]:
+            out["links"] = out_links.get((ui["id"], out["slot_index"]))
+    return {
+        "last_node_id": max(n.id for n in nodes),
+        "last_link_id": len(links),
+        "nodes": ui_nodes,
+        "links": links,
+        "groups": [],
+        "config": {},
+        "extra": {},
+        "version": 0.4,
+    }
+
+
+def render_all(schemas: dict) -> dict[Path, str]:
+    """``{path: file text}`` of every example workflow in both formats."""
+    files = {}
+    for name, nodes in WORKFLOWS.items():
+        files[OUT / f"{name}.json"] = json.dumps(ui_format(nodes, schemas), indent=2) + "\n"
+        files[OUT / "api" / f"{name}.json"] = json.dumps(api_format(nodes), indent=2) + "\n"
+    return files
+
+
+def sakura_schemas() -> dict:
+    """The Sakura nodes' schemas, read through the stand-in ComfyUI API in ``tests/nodes/stubs``."""
+    import asyncio
+    import importlib.util
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "stubs"))
+    spec = importlib.util.spec_from_file_location("sakura_custom_node", REPO / "__init__.py",
+                                                  submodule_search_locations=[str(REPO)])  # fmt: skip
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules["sakura_custom_node"] = pkg
+    spec.loader.exec_module(pkg)
+    classes = asyncio.run(asyncio.run(pkg.comfy_entrypoint()).get_node_list())
+    return {c.GET_SCHEMA().node_id: c.GET_SCHEMA() for c in classes}
+
+
+if __name__ == "__main__":
+    for path, text in render_all(sakura_schemas()).items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
