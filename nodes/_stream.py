@@ -234,10 +234,8 @@ async def run_edit(
     """One pipelined edit of ``user_image`` against the stream's template; returns (image, report)."""
     from sakura_core.bench.cli_live import measure_profile
     from sakura_core.fetch.client import ShardClient
-    from sakura_core.fetch.policies import make_policy
-    from sakura_core.fetch.shaper import TraceShaper
-    from sakura_core.runtime.pipeline import RuntimeConfig, ladders_from_manifest, run_pipelined_edit
-    from sakura_core.runtime.session import FLOOR_PSNR_DB, parse_bandwidth, template_image_from_manifest
+    from sakura_core.runtime.pipeline import RuntimeConfig, run_pipelined_edit
+    from sakura_core.runtime.session import parse_bandwidth, plan_fetch, shaped_fetcher, template_image_from_manifest
 
     template = stream.template
     if template.model_id != model.model_id:
@@ -249,29 +247,14 @@ async def run_edit(
     template_image = template_image_from_manifest(prefetched.template_image, model.spec.image_size)
     profile = measure_profile(model, template_image, user_image, steps)
     trace = parse_bandwidth(stream.settings.bandwidth)
-    shaper = TraceShaper(trace) if trace is not None else None
-    policy = make_policy(stream.settings.policy)
-    ladders, reps = ladders_from_manifest(manifest, 6e8)
-    if policy.family == "fp16":  # the exact representation only
-        idx = [lv.name for lv in ladders[0]].index("fp16")
-        ladders, reps = [[lad[idx]] for lad in ladders], [[r[idx]] for r in reps]
-    # quality floor: the cheapest level whose measured output PSNR reaches FLOOR_PSNR_DB, else the exact one (last)
-    psnr = {r["name"]: r.get("psnr_db") for r in reps[0]}
-    names = [lv.name for lv in ladders[0]]
-    floor = next((i for i, n in enumerate(names) if (psnr[n] or 0.0) >= FLOOR_PSNR_DB), len(names) - 1)
+    plan = plan_fetch(manifest, stream.settings.policy)
 
     async with open_base_url(template) as url, ShardClient(url, template.token) as client:
-
-        async def fetch_blob(digest: str, nbytes: int) -> bytes:
-            if shaper is None:
-                return await client.fetch_shard(digest, expected_bytes=nbytes)
-            await shaper.request_latency()
-            return await client.fetch_shard(digest, expected_bytes=nbytes, throttle=shaper.throttle)
-
         t0 = time.monotonic()
         report = await run_pipelined_edit(
-            model, manifest, fetch_blob, user_image, prompt, policy=policy, ladders=ladders, reps=reps,
-            floor=floor, profile=profile, template_image=template_image, trace=trace,
+            model, manifest, shaped_fetcher(client, trace), user_image, prompt, policy=plan.policy,
+            ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template_image,
+            trace=trace,
             config=RuntimeConfig(steps=steps, seed=seed), cancel=run.cancel, on_layer=run.on_layer,
         )  # fmt: skip
     prefetch_event = {
@@ -291,7 +274,7 @@ async def run_edit(
         "bytes_fetched": report.bytes_fetched,
         "split_layer": report.split_layer,
         "levels_used": report.levels_used,
-        "floor_level": names[floor],
+        "floor_level": plan.floor_name,
         "decisions": report.decisions,
         "fallbacks": report.fallbacks,
         "profile": {"layer_full_s": profile.layer_full_s, "layer_cached_s": profile.layer_cached_s},

@@ -17,7 +17,16 @@ from ..fetch.traces import Trace, load_trace
 from ..models.demo import DemoModel
 from .pipeline import LiveProfile, RuntimeConfig, ladders_from_manifest, run_pipelined_edit
 
-__all__ = ["EditOutcome", "EditRequest", "edit_from_server", "parse_bandwidth", "template_image_from_manifest"]
+__all__ = [
+    "EditOutcome",
+    "EditRequest",
+    "FetchPlan",
+    "edit_from_server",
+    "parse_bandwidth",
+    "plan_fetch",
+    "shaped_fetcher",
+    "template_image_from_manifest",
+]
 
 # A level is acceptable as the quality floor when its measured output PSNR (manifest ``psnr_db``) reaches this.
 FLOOR_PSNR_DB = 35.0
@@ -94,6 +103,44 @@ def _floor(ladder_names: list[str], reps: list[dict]) -> int:
     return len(ladder_names) - 1  # no measured level qualifies: the exact one (fp16) is last
 
 
+@dataclass(frozen=True)
+class FetchPlan:
+    """What the runtime needs to fetch a template with one policy: the ladders, manifest entries and floor."""
+
+    policy: object
+    ladders: list
+    reps: list
+    floor: int
+
+    @property
+    def floor_name(self) -> str:
+        return self.ladders[0][self.floor].name
+
+
+def plan_fetch(manifest: dict, policy_name: str, decode_bytes_per_s: float = 6e8) -> FetchPlan:
+    """Ladders for ``policy_name`` (fetch-fp16 sees only the exact representation) and the quality floor: the
+    cheapest level whose measured output PSNR (manifest ``psnr_db``) reaches ``FLOOR_PSNR_DB``."""
+    policy = make_policy(policy_name)
+    ladders, reps = ladders_from_manifest(manifest, decode_bytes_per_s)
+    if policy.family == "fp16":
+        idx = [lv.name for lv in ladders[0]].index("fp16")
+        ladders, reps = [[lad[idx]] for lad in ladders], [[r[idx]] for r in reps]
+    return FetchPlan(policy, ladders, reps, _floor([lv.name for lv in ladders[0]], reps[0]))
+
+
+def shaped_fetcher(client, trace: Trace | None):
+    """``async (digest, nbytes) -> bytes`` over ``client``, paced by ``trace`` (None = the real link)."""
+    shaper = TraceShaper(trace) if trace is not None else None
+
+    async def fetch_blob(digest: str, nbytes: int) -> bytes:
+        if shaper is None:
+            return await client.fetch_shard(digest, expected_bytes=nbytes)
+        await shaper.request_latency()
+        return await client.fetch_shard(digest, expected_bytes=nbytes, throttle=shaper.throttle)
+
+    return fetch_blob
+
+
 async def edit_from_server(
     model: DemoModel,
     request: EditRequest,
@@ -110,7 +157,6 @@ async def edit_from_server(
     from ..fetch.client import ShardClient
 
     trace = parse_bandwidth(request.bandwidth)
-    shaper = TraceShaper(trace) if trace is not None else None
     async with ShardClient(request.server_url, request.token) as client:
         manifest = await client.get_manifest(request.template_id, expected_model_id=model.model_id)
         if tuple(manifest["token_grid"]) != tuple(model.spec.grid):
@@ -123,22 +169,12 @@ async def edit_from_server(
             await client.fetch_shard(tmpl["digest"], expected_bytes=tmpl["bytes"]), model.spec.image_size
         )
 
-        async def fetch_blob(digest: str, nbytes: int) -> bytes:
-            if shaper is None:
-                return await client.fetch_shard(digest, expected_bytes=nbytes)
-            await shaper.request_latency()
-            return await client.fetch_shard(digest, expected_bytes=nbytes, throttle=shaper.throttle)
-
-        policy = make_policy(request.policy)
-        ladders, reps = ladders_from_manifest(manifest, 6e8)
-        if policy.family == "fp16":
-            idx = [lv.name for lv in ladders[0]].index("fp16")
-            ladders, reps = [[lad[idx]] for lad in ladders], [[r[idx]] for r in reps]
-        floor = _floor([lv.name for lv in ladders[0]], reps[0])
+        plan = plan_fetch(manifest, request.policy)
         report = await run_pipelined_edit(
-            model, manifest, fetch_blob, user_image, request.prompt, policy=policy, ladders=ladders, reps=reps,
-            floor=floor, profile=profile, template_image=template, trace=trace,
-            config=RuntimeConfig(steps=request.steps, seed=request.seed), cancel=cancel, on_layer=on_layer,
+            model, manifest, shaped_fetcher(client, trace), user_image, request.prompt, policy=plan.policy,
+            ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template,
+            trace=trace, config=RuntimeConfig(steps=request.steps, seed=request.seed), cancel=cancel,
+            on_layer=on_layer,
         )  # fmt: skip
     return EditOutcome(
         image=report.image,

@@ -1,0 +1,60 @@
+"""``sakura export --target onnx|qnn --out DIR``: the demo DiT in cached-KV mode for the Snapdragon NPU toolchain.
+
+Prints the op coverage and the numerical parity against torch; writes the models, ``io.json`` and
+``export_report.json`` into DIR. ``--target qnn`` needs ``onnxruntime-qnn`` (pip install 'sakura-kv[npu]').
+"""
+# ruff: noqa: T201 - a CLI prints
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--target", choices=("onnx", "qnn"), default="qnn",
+                        help="onnx: fp32 + w8a16 QDQ (ORT CPU checks); qnn: also the HTP context binary (default)")  # fmt: skip
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--soc-model", default="69", help="QNN soc_model (69 = SM8750, Snapdragon 8 Elite)")
+    parser.add_argument("--calibration-steps", type=int, default=4, help="denoising steps per calibration edit")
+    parser.add_argument("--validation-steps", type=int, default=4, help="steps of the held-out validation edit")
+    parser.add_argument("--weights", default="auto", help="demo model weights: auto, none or a path")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+
+
+def _fmt(p: dict) -> str:
+    return f"max abs {p['max_abs']:.3e}  max abs/range {p['max_abs_over_range']:.3e}  rel L2 {p['rel_l2']:.3e}"
+
+
+def run(args) -> int:
+    import logging
+
+    import torch
+
+    from .export import ExportConfig, ExportError, export_demo
+
+    torch.set_num_threads(max(1, args.threads))
+    logging.getLogger("onnx_ir").setLevel(logging.WARNING)  # one INFO line per deduplicated initializer
+    try:
+        config = ExportConfig(out_dir=args.out, target=args.target, soc_model=args.soc_model,
+                              calibration_steps=args.calibration_steps, validation_steps=args.validation_steps,
+                              weights=args.weights)  # fmt: skip
+        report = export_demo(config, progress=lambda msg: print(msg, flush=True))
+    except (ExportError, ValueError) as e:
+        print(f"sakura export: {e}", file=sys.stderr)
+        return 1
+    print()
+    print(f"model {report['model']['name']} ({report['model']['weights']}), {report['model']['layers']} layers, "
+          f"{report['model']['params']:,} params")  # fmt: skip
+    for name, p in report["parity"].items():
+        if isinstance(p, dict) and "max_abs" in p:
+            print(f"  {name:<32} {_fmt(p)}")
+    q = report.get("qnn")
+    if q:
+        print(f"  {'qnn_htp_edit_psnr_db_vs_torch':<32} {report['parity']['qnn_htp_edit_psnr_db_vs_torch']} dB")
+        print(f"QNN HTP (soc_model {q['soc_model']}, CPU fallback {q['cpu_fallback']}): {q['compute_nodes']} compute "
+              f"nodes, {q['qnn_partitions']} QNN partition(s), outside QNN: {q['nodes_outside_qnn'] or 'none'}; "
+              f"op coverage {q['op_coverage']:.1%}")  # fmt: skip
+    print(f"wrote {args.out}/export_report.json")
+    return 0

@@ -1,0 +1,74 @@
+"""``sakura phone run``: dispatch one edit to a phone agent, write the edited image, print the job report."""
+# ruff: noqa: T201 - a CLI prints
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser) -> None:
+    from .client import TOKEN_ENV
+
+    parser.add_argument("--agent", required=True, help="http://HOST:PORT, adb, adb:SERIAL or adb:SERIAL@PORT")
+    parser.add_argument("--token", default=None, help=f"pairing token (default: ${TOKEN_ENV})")
+    parser.add_argument("--cloud", required=True, help="SAKURA cloud server URL, as the phone reaches it")
+    parser.add_argument("--cloud-token", default=None, help="read token of the cloud server, if it has one")
+    parser.add_argument("--template", required=True, help="template id")
+    parser.add_argument("--image", required=True, help="the user image (PNG/JPEG); it goes to the phone only")
+    parser.add_argument("--prompt", required=True, help="edit prompt (goes to the phone only)")
+    parser.add_argument("--out", required=True, help="where to write the edited image (PNG)")
+    parser.add_argument("--policy", default="sakura", help="fetch policy (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bandwidth", default=None, help="link emulation on the phone: live or fixed:<Mbit/s>")
+    parser.add_argument("--report", default=None, help="also write the full report (JSON) here")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _summary(report: dict) -> dict:
+    keep = ("job_id", "policy", "template_id", "steps", "seed", "latency_s", "bytes_fetched", "split_layer",
+            "levels_used", "fallbacks", "bandwidth", "device", "memory", "agent", "simulated_phone", "image_sha256")  # fmt: skip
+    return {k: report[k] for k in keep if k in report}
+
+
+def run(args) -> int:
+    import numpy as np
+    from PIL import Image
+
+    from .client import TOKEN_ENV, PhoneClient, PhoneError, PhoneJob
+
+    token = args.token or os.environ.get(TOKEN_ENV)
+    if not token:
+        print(f"sakura phone run: a pairing token is required (--token or ${TOKEN_ENV})", file=sys.stderr)
+        return 2
+    path = Path(args.image)
+    if not path.is_file():
+        print(f"sakura phone run: image {path} not found", file=sys.stderr)
+        return 2
+    image = np.asarray(Image.open(path).convert("RGB"))
+    job = PhoneJob(cloud_url=args.cloud, template_id=args.template, prompt=args.prompt, steps=args.steps,
+                   seed=args.seed, policy=args.policy, bandwidth=args.bandwidth, cloud_token=args.cloud_token)  # fmt: skip
+
+    def progress(event: dict) -> None:
+        if not args.quiet and event["layer"] == event["layers"] - 1:
+            print(f"  step {event['step'] + 1}/{event['steps']}", file=sys.stderr, flush=True)
+
+    try:
+        with PhoneClient.connect(args.agent, token) as client:
+            edited, report = client.run_job(image, job, on_progress=progress)
+    except PhoneError as e:
+        print(f"sakura phone run: {e}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(edited).save(out)
+    if args.report:
+        Path(args.report).write_text(json.dumps(report, indent=1, default=str))
+    print(json.dumps(_summary(report), indent=1, default=str))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0

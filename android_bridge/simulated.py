@@ -1,0 +1,114 @@
+"""Phone-scale latency of a job, by SIMULATION: what the same policy would take on the profile's phone.
+
+The emulated phone computes with the small demo model on this host, so its measured latency says nothing about a
+phone. This module replays the job at phone scale with :func:`sakura_core.runtime.simulate.simulate`: the template's
+manifest ladder (each level's size relative to fp16, its decode cost and distortion) is scaled to the phone-class
+DiT of the device profile (``profile.model``), the device times come from the profile, and the link is the job's
+bandwidth (a fixed rate or a trace) or, for a live link, the throughput the job measured. Every number it returns
+is labelled as simulated.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sakura_core.fetch.policies import make_policy
+from sakura_core.fetch.traces import Trace
+from sakura_core.runtime.pipeline import ladders_from_manifest
+from sakura_core.runtime.profiles import DeviceProfile
+from sakura_core.runtime.simulate import Level, simulate, simulate_oracle
+
+__all__ = ["SIMULATION_LABEL", "phone_ladder", "simulate_phone_job"]
+
+logger = logging.getLogger(__name__)
+
+SIMULATION_LABEL = (
+    "SIMULATED phone-scale latency (not measured): the job's policy replayed on the device profile's phone-class DiT "
+    "with the template's ladder scaled to it"
+)
+_DECODE_BYTES_PER_S = 6e8  # fp16-equivalent bytes a phone core decodes per second (the live runtime's assumption)
+_FLOOR_PSNR_DB = 35.0
+
+
+def _manifest_fp16_shard_bytes(manifest: dict) -> int:
+    rows, cols = manifest["token_grid"]
+    return 2 * rows * cols * int(manifest["heads"]) * int(manifest["head_dim"]) * 2  # K and V, 2 bytes each
+
+
+def phone_ladder(manifest: dict, profile: DeviceProfile, fp16_only: bool = False) -> tuple[list[list[Level]], int]:
+    """Per phone layer, the manifest's levels scaled to the phone DiT's shard size; and the quality floor index."""
+    ladders, reps = ladders_from_manifest(manifest, _DECODE_BYTES_PER_S)
+    names = [lv.name for lv in ladders[0]]
+    if fp16_only:
+        if "fp16" not in names:
+            raise ValueError(f"template {manifest.get('template_id')!r} has no fp16 representation to replay")
+        idx = names.index("fp16")
+        ladders, reps = [[lad[idx]] for lad in ladders], [[r[idx]] for r in reps]
+    scale = profile.model.shard_bytes_fp16 / _manifest_fp16_shard_bytes(manifest)
+    demo_layers, phone_layers = len(ladders), profile.model.layers
+    out = []
+    for layer in range(phone_layers):
+        src = ladders[layer * demo_layers // phone_layers]  # spread the demo's layers over the phone's
+        out.append(
+            [
+                Level(
+                    name=lv.name,
+                    nbytes=int(round(lv.nbytes * scale)),
+                    increment_bytes=int(round(lv.increment_bytes * scale)),
+                    decode_s=lv.decode_s * scale,
+                    mse=lv.mse * demo_layers / phone_layers,
+                    progressive=lv.progressive,
+                )
+                for lv in src
+            ]
+        )
+    by_name = {r["name"]: r for r in reps[0]}
+    floor = len(out[0]) - 1
+    for i, lv in enumerate(out[0]):
+        psnr = by_name.get(lv.name, {}).get("psnr_db")
+        if psnr is not None and psnr >= _FLOOR_PSNR_DB:
+            floor = i
+            break
+    return out, floor
+
+
+def simulate_phone_job(
+    manifest: dict,
+    policy_name: str,
+    profile: DeviceProfile,
+    *,
+    trace: Trace | None = None,
+    measured_bytes_per_s: float | None = None,
+) -> dict:
+    """The simulated phone-scale run of a job as a report section (see the module doc).
+
+    Args:
+        trace: the job's emulated link; ``None`` for a live link.
+        measured_bytes_per_s: throughput the live job saw; used as a constant link when ``trace`` is None
+            (falls back to ``profile.link_mbit_s``).
+    """
+    if trace is None:
+        if measured_bytes_per_s and measured_bytes_per_s > 0:
+            trace = Trace.constant(measured_bytes_per_s * 8 / 1e6, name="measured-live")
+        else:
+            trace = Trace.constant(profile.link_mbit_s, name=f"{profile.name}-typical")
+    policy = make_policy(policy_name)
+    ladder, floor = phone_ladder(manifest, profile, fp16_only=policy.family == "fp16")
+    ladders = {policy.family: ladder}
+    floors = {policy.family: floor}
+    sim = simulate_oracle if policy.name == "oracle" else simulate
+    result = sim(policy, trace, profile, ladders, floors)
+    return {
+        "label": SIMULATION_LABEL,
+        "profile": profile.name,
+        "soc": profile.soc,
+        "model": f"phone-class DiT: {profile.model.layers} layers, {profile.model.heads}x{profile.model.head_dim} "
+        f"heads, {profile.model.image_tokens} image + {profile.model.template_tokens} template tokens",
+        "link": trace.name,
+        "policy": policy.name,
+        "steps": profile.model.steps,
+        "latency_s": round(float(result.latency_s), 4),
+        "split_layer": int(result.split_layer),
+        "bytes_fetched": int(result.bytes_fetched),
+        "stall_s": round(float(result.stall_s), 4),
+    }

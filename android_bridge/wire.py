@@ -1,0 +1,187 @@
+"""The job body the host POSTs to the phone agent: a JSON header plus zstd-compressed tensor parts. No pickle.
+
+Layout (all integers little-endian)::
+
+    preamble  struct "<4sHHI": magic b"SKPJ", version, flags (0), header_bytes
+    header    header_bytes of UTF-8 JSON: {"job": {...}, "parts": [{"name", "dtype", "shape", "raw_bytes",
+              "zstd_bytes", "sha256"}, ...]}
+    payloads  the parts' zstd frames, concatenated in header order
+
+``sha256`` is the hex digest of a part's raw (decompressed, C-order) tensor bytes; it is checked after
+decompression. Every length is checked against the body and against limits *before* anything is allocated or
+decompressed: a part's ``raw_bytes`` must equal ``prod(shape) * itemsize`` and is the most zstd may produce.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+__all__ = [
+    "CONTENT_TYPE",
+    "MAGIC",
+    "VERSION",
+    "WireError",
+    "WireLimits",
+    "decode_job_body",
+    "encode_job_body",
+]
+
+MAGIC = b"SKPJ"
+VERSION = 1
+CONTENT_TYPE = "application/x-sakura-job"
+_PREAMBLE = struct.Struct("<4sHHI")  # magic, version, flags, header_bytes
+_DTYPES = {"uint8": np.uint8, "float16": np.float16, "float32": np.float32, "int32": np.int32, "int64": np.int64}
+_MAX_NDIM = 4
+
+
+class WireError(ValueError):
+    """A job body is malformed, truncated, of another version, over a limit, or fails its sha256 check."""
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """Limits a decoder enforces before allocating.
+
+    Attributes:
+        max_header_bytes: longest JSON header (bytes).
+        max_parts: most tensor parts.
+        max_part_bytes: largest raw (decompressed) tensor part (bytes).
+        max_total_raw_bytes: sum of all raw parts (bytes).
+    """
+
+    max_header_bytes: int = 64 * 2**10
+    max_parts: int = 8
+    max_part_bytes: int = 64 * 2**20
+    max_total_raw_bytes: int = 128 * 2**20
+
+    def __post_init__(self) -> None:
+        for name in ("max_header_bytes", "max_parts", "max_part_bytes", "max_total_raw_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"WireLimits.{name} must be >= 1, got {getattr(self, name)}")
+
+
+def encode_job_body(job: dict, parts: dict[str, np.ndarray], *, level: int = 3) -> bytes:
+    """``job`` (JSON-serialisable) and named tensors -> one body. Tensors are sent C-contiguous, little-endian."""
+    if not isinstance(job, dict):
+        raise TypeError(f"job must be a dict, got {type(job).__name__}")
+    cctx = zstandard.ZstdCompressor(level=level)
+    metas, payloads = [], []
+    for name, array in parts.items():
+        arr = np.ascontiguousarray(array)
+        dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+        arr = arr.astype(dtype, copy=False)
+        if dtype.name not in _DTYPES:
+            raise WireError(f"part {name!r}: dtype {dtype.name} not allowed; use one of {', '.join(_DTYPES)}")
+        if arr.ndim > _MAX_NDIM:
+            raise WireError(f"part {name!r}: {arr.ndim} dimensions, at most {_MAX_NDIM}")
+        raw = arr.tobytes()
+        frame = cctx.compress(raw)
+        metas.append(
+            {
+                "name": name,
+                "dtype": dtype.name,
+                "shape": list(arr.shape),
+                "raw_bytes": len(raw),
+                "zstd_bytes": len(frame),
+                "sha256": hashlib.sha256(raw).hexdigest(),
+            }
+        )
+        payloads.append(frame)
+    header = json.dumps({"job": job, "parts": metas}, separators=(",", ":")).encode()
+    return _PREAMBLE.pack(MAGIC, VERSION, 0, len(header)) + header + b"".join(payloads)
+
+
+def _int(meta: dict, key: str, name: str) -> int:
+    value = meta.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise WireError(f"part {name!r}: {key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def decode_job_body(body: bytes, limits: WireLimits | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """One body -> (job dict, {name: array}); raises :class:`WireError` naming the problem."""
+    lim = limits or WireLimits()
+    view = memoryview(body)
+    if len(view) < _PREAMBLE.size:
+        raise WireError(f"body is {len(view)} bytes, shorter than the {_PREAMBLE.size}-byte preamble")
+    magic, version, flags, header_bytes = _PREAMBLE.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise WireError(f"bad magic {bytes(magic)!r}: not a SAKURA job body (expected {MAGIC!r})")
+    if version != VERSION:
+        raise WireError(f"job body version {version} is not supported by this agent (it reads version {VERSION})")
+    if flags != 0:
+        raise WireError(f"unknown flags 0x{flags:04x} in the job body")
+    if header_bytes > lim.max_header_bytes:
+        raise WireError(f"header of {header_bytes} bytes is over the limit of {lim.max_header_bytes}")
+    end = _PREAMBLE.size + header_bytes
+    if end > len(view):
+        raise WireError(f"body truncated: the header needs {header_bytes} bytes, {len(view) - _PREAMBLE.size} left")
+    try:
+        header = json.loads(bytes(view[_PREAMBLE.size : end]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WireError(f"header is not UTF-8 JSON: {e}") from e
+    if not isinstance(header, dict) or not isinstance(header.get("job"), dict):
+        raise WireError("header must be a JSON object with a 'job' object")
+    metas = header.get("parts")
+    if not isinstance(metas, list) or len(metas) > lim.max_parts:
+        raise WireError(f"header 'parts' must be a list of at most {lim.max_parts} parts")
+    # check every length first, so nothing is decompressed from a body that cannot be right
+    plan, offset, total_raw = [], end, 0
+    for i, meta in enumerate(metas):
+        if not isinstance(meta, dict):
+            raise WireError(f"parts[{i}] must be an object")
+        name = meta.get("name")
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise WireError(f"parts[{i}].name must be a non-empty string of at most 64 characters")
+        dtype_name = meta.get("dtype")
+        if dtype_name not in _DTYPES:
+            raise WireError(f"part {name!r}: dtype {dtype_name!r} not allowed; use one of {', '.join(_DTYPES)}")
+        shape = meta.get("shape")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > _MAX_NDIM
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in shape)
+        ):
+            raise WireError(f"part {name!r}: shape must be a list of at most {_MAX_NDIM} non-negative ints")
+        raw_bytes, zstd_bytes = _int(meta, "raw_bytes", name), _int(meta, "zstd_bytes", name)
+        itemsize = np.dtype(_DTYPES[dtype_name]).itemsize
+        if raw_bytes != math.prod(shape) * itemsize:
+            raise WireError(f"part {name!r}: raw_bytes {raw_bytes} != prod({shape}) * {itemsize}")
+        if raw_bytes > lim.max_part_bytes:
+            raise WireError(f"part {name!r}: {raw_bytes} bytes is over the limit of {lim.max_part_bytes}")
+        total_raw += raw_bytes
+        if total_raw > lim.max_total_raw_bytes:
+            raise WireError(f"parts total over the limit of {lim.max_total_raw_bytes} bytes")
+        digest = meta.get("sha256")
+        if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise WireError(f"part {name!r}: sha256 must be 64 lowercase hex digits")
+        if offset + zstd_bytes > len(view):
+            raise WireError(f"body truncated: part {name!r} needs {zstd_bytes} bytes, {len(view) - offset} left")
+        plan.append((name, dtype_name, shape, raw_bytes, digest, offset, zstd_bytes))
+        offset += zstd_bytes
+    if offset != len(view):
+        raise WireError(f"{len(view) - offset} trailing bytes after the last part")
+    names = [p[0] for p in plan]
+    if len(set(names)) != len(names):
+        raise WireError(f"duplicate part names in {names}")
+    dctx = zstandard.ZstdDecompressor()
+    parts: dict[str, np.ndarray] = {}
+    for name, dtype_name, shape, raw_bytes, digest, start, size in plan:
+        try:
+            raw = dctx.decompress(bytes(view[start : start + size]), max_output_size=raw_bytes)
+        except zstandard.ZstdError as e:
+            raise WireError(f"part {name!r}: corrupt zstd frame: {e}") from e
+        if len(raw) != raw_bytes:
+            raise WireError(f"part {name!r}: decompressed to {len(raw)} bytes, the header says {raw_bytes}")
+        got = hashlib.sha256(raw).hexdigest()
+        if got != digest:
+            raise WireError(f"part {name!r}: sha256 mismatch (got {got[:16]}…, header {digest[:16]}…)")
+        parts[name] = np.frombuffer(raw, dtype=np.dtype(_DTYPES[dtype_name]).newbyteorder("<")).reshape(shape)
+    return header["job"], parts

@@ -1,0 +1,103 @@
+"""NPU export: the export graph computes what the KV adapter computes; the graph checks refuse what QNN cannot take;
+and the NPU gate (marker ``npu``): the demo DiT compiles to a QNN context binary and runs fully on the emulated
+Hexagon HTP with CPU fallback disabled, close to torch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from android_bridge.npu_graph import CachedKVGraph, graph_input_names, graph_inputs
+
+
+@pytest.fixture(scope="module")
+def step_inputs(demo_model):
+    from sakura_core.models.demo import load_image
+
+    m = demo_model
+    kv = m.adapter.extract_template_kv(m.template_tokens(load_image("coffee", m.spec.image_size)), m.spec.grid)
+    g = torch.Generator().manual_seed(3)
+    x = m.request_tokens(torch.randn(1, m.spec.num_tokens, m.spec.patch_dim, generator=g),
+                         m.pack_image(load_image("chelsea", m.spec.image_size)))  # fmt: skip
+    return x, m.encode_prompt("a red hat"), torch.tensor([0.6]), kv
+
+
+def test_export_graph_matches_the_kv_adapter(demo_model, step_inputs):
+    m = demo_model
+    x, txt, t, kv = step_inputs
+    ref = m.adapter.forward(x, txt, t, img_grid=m.spec.grid, ref_grid=m.spec.grid, cached=kv).sample
+    graph = CachedKVGraph(m.adapter, m.spec.text_tokens, m.spec.num_tokens, m.spec.num_tokens).eval()
+    inputs = graph_inputs(m, x, txt, t, kv)
+    assert len(inputs) == len(graph_input_names(m.adapter.num_layers)) == 5 + 2 * m.adapter.num_layers
+    assert all(i.dtype == torch.float32 for i in inputs)  # no float64 reaches the graph
+    with torch.no_grad():
+        out = graph(*inputs)
+    assert out.shape == ref.shape
+    assert (out - ref).abs().max().item() < 1e-5 * max(1.0, ref.abs().max().item())
+    other = kv.kv.clone()
+    other[-1] += 0.5  # the template K/V inputs are really used: change the last layer's, the output changes
+    from sakura_core.models.kv_types import TemplateKV
+
+    moved = TemplateKV(other, kv.model_id, kv.token_grid, kv.rope_layout)
+    with torch.no_grad():
+        assert (graph(*graph_inputs(m, x, txt, t, moved)) - out).abs().max().item() > 1e-3
+    with pytest.raises(ValueError, match="template K/V inputs"):
+        graph(*inputs[:-1])
+
+
+def test_graph_checks_refuse_single_input_einsum_dynamic_shapes_and_float64(tmp_path):
+    onnx = pytest.importorskip("onnx", reason="onnx is not installed (pip install 'sakura-kv[npu]')")
+    from onnx import TensorProto, helper
+
+    from android_bridge.export import ExportError, _check_graph
+
+    def save(node, in_type=TensorProto.FLOAT, dims=(2, 3)):
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", in_type, list(dims))],
+                              [helper.make_tensor_value_info("b", in_type, None)])  # fmt: skip
+        path = tmp_path / f"{node.op_type}-{in_type}-{dims}.onnx"
+        onnx.save(helper.make_model(g), str(path))
+        return path
+
+    with pytest.raises(ExportError, match="single-input Einsum"):
+        _check_graph(save(helper.make_node("Einsum", ["a"], ["b"], equation="ij->ji")))
+    with pytest.raises(ExportError, match="dynamic dimension"):
+        _check_graph(save(helper.make_node("Relu", ["a"], ["b"]), dims=("n", 3)))
+    with pytest.raises(ExportError, match="float64"):
+        _check_graph(save(helper.make_node("Relu", ["a"], ["b"]), in_type=TensorProto.DOUBLE))
+
+
+@pytest.mark.npu
+def test_npu_gate_demo_dit_runs_fully_on_the_emulated_htp(tmp_path, capsys, record_property):
+    from android_bridge.export import qnn_available
+
+    ok, why = qnn_available()
+    if not ok:
+        pytest.skip(why)
+    from sakura_core.cli import main
+
+    out = tmp_path / "npu"
+    threads = torch.get_num_threads()
+    try:
+        rc = main(["export", "--target", "qnn", "--out", str(out), "--calibration-steps", "2",
+                   "--validation-steps", "2"])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    report = json.loads((out / "export_report.json").read_text())
+    q, p = report["qnn"], report["parity"]
+    # the whole graph is one QNN partition on the HTP; nothing fell back to the CPU (fallback was disabled anyway)
+    assert q["compiled"] and q["cpu_fallback"] == "disabled" and q["soc_model"] == "69"
+    assert q["qnn_partitions"] >= 1 and q["nodes_outside_qnn"] == {} and q["op_coverage"] == 1.0
+    assert q["context_binaries"] and all((out / name).stat().st_size > 0 for name in q["context_binaries"])
+    assert "Einsum" not in report["ops_fp32"]
+    assert p["onnx_fp32_cpu_vs_torch"]["max_abs"] < 1e-4
+    assert p["qnn_htp_vs_torch"]["rel_l2"] < 0.05  # w8a16 on the emulated HTP: measured ~0.006
+    assert p["qnn_htp_edit_psnr_db_vs_torch"] > 35.0  # a whole edit on the HTP vs torch: measured ~55 dB
+    assert "op coverage 100.0%" in printed
+    for key, value in (("op_coverage", q["op_coverage"]), ("qnn_partitions", q["qnn_partitions"]),
+                       ("htp_max_abs", p["qnn_htp_vs_torch"]["max_abs"]), ("htp_rel_l2", p["qnn_htp_vs_torch"]["rel_l2"]),
+                       ("htp_edit_psnr_db", p["qnn_htp_edit_psnr_db_vs_torch"])):  # fmt: skip
+        record_property(key, value)  # in the junit XML; the full numbers are in export_report.json
