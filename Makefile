@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	# CPU torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	# test extras + the NPU toolchain (emulated Hexagon HTP) and adbutils, so CI runs those gates too
+	$(BIN)/pip install -q -e '.[test,npu,phone]'
 	touch $(STAMP)
 
 venv: $(STAMP)
