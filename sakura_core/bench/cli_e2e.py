@@ -45,14 +45,14 @@ def _policies(arg: str, mode: str) -> list[str]:
 
 
 def _table(summary: dict, ratios: dict) -> str:
-    head = f"{'policy':<18}{'median s':>10}{'p90 s':>10}{'PSNR dB':>9}{'x sakura (med)':>16}{'min':>7}{'max':>7}"
+    head = f"{'policy':<18}{'median s':>10}{'p90 s':>10}{'PSNR dB':>9}{'x sakura (med)':>16}{'min':>9}{'max':>9}"
     lines = [head, "-" * len(head)]
     for name, s in summary.items():
         r = ratios.get(name, {})
         lines.append(
             f"{name:<18}{s['median_latency_s']:>10.2f}{s['p90_latency_s']:>10.2f}{s['median_psnr_db']:>9.1f}"
-            f"{r.get('median_ratio_vs_sakura', float('nan')):>16.2f}{r.get('min_ratio_vs_sakura', float('nan')):>7.2f}"
-            f"{r.get('max_ratio_vs_sakura', float('nan')):>7.2f}"
+            f"{r.get('median_ratio_vs_sakura', float('nan')):>16.2f}{r.get('min_ratio_vs_sakura', float('nan')):>9.2f}"
+            f"{r.get('max_ratio_vs_sakura', float('nan')):>9.2f}"
         )
     return "\n".join(lines)
 

@@ -1,0 +1,41 @@
+"""``sakura bench e2e --mode sim``: measured codec levels -> phone-scale simulation -> table, JSON, plots."""
+
+import json
+import shutil
+from importlib import resources
+
+import pytest
+
+from sakura_core.cli import main
+
+
+@pytest.mark.slow
+def test_sim_bench_writes_consistent_json_and_plots(tmp_path, capsys):
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    src = resources.files("sakura_core.fetch").joinpath("traces")
+    shutil.copy(str(src.joinpath("norway_bus_1")), traces / "norway_bus_1")
+    out = tmp_path / "e2e.json"
+    rc = main(["bench", "e2e", "--mode", "sim", "--traces", str(traces), "--policies",
+               "on-device-cached,fetch-fp16,cachegen,sakura,oracle,free-kv", "--json", str(out),
+               "--plots", str(tmp_path / "plots"), "--starts", "2", "--steps", "2"])  # fmt: skip
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["mode"] == "sim" and "SIMULATION" in data["label"]
+    assert {"trace", "policy", "latency_s", "bytes_fetched", "psnr_db", "split_layer"} <= set(data["runs"][0])
+    assert len(data["runs"]) == 6 * 2
+    s = data["summary"]
+    assert set(s) == {"on-device-cached", "fetch-fp16", "cachegen", "sakura", "oracle", "free-kv"}
+    assert s["free-kv"]["median_latency_s"] <= s["oracle"]["median_latency_s"] <= s["sakura"]["median_latency_s"]
+    assert s["sakura"]["median_latency_s"] <= s["on-device-cached"]["median_latency_s"]
+    fams = {r["family"] for r in data["codec_levels"]}
+    assert fams == {"sakura", "cachegen", "fp16"}
+    for name in ("timeline.png", "trace_levels.png", "regime_map.png"):
+        assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+    printed = capsys.readouterr().out
+    assert "x sakura (med)" in printed and "SIMULATION" in printed
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(SystemExit, match="unknown policies"):
+        main(["bench", "e2e", "--policies", "nope", "--json", "/dev/null"])
