@@ -14,6 +14,8 @@ import torch
 
 from .io_utils import atomic_write_json, save_png
 from .models.demo import DEMO_TEMPLATES, load_demo_model, load_image
+from .models.edit_task import EDIT_PROMPT, demo_template
+from .models.train_demo import task_for
 from .runtime.edit import run_edit
 
 __all__ = ["add_arguments", "run"]
@@ -22,10 +24,13 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser) -> None:
     parser.add_argument("--out", default="sakura-demo-out", help="output folder (default: %(default)s)")
     parser.add_argument(
-        "--template", default="astronaut", help=f"template image path or sample ({', '.join(DEMO_TEMPLATES)})"
+        "--template",
+        default="astronaut",
+        help=f"template: a sample ({', '.join(DEMO_TEMPLATES)}) or an image path; its magenta (255, 0, 255) pixels "
+        "mark the region to fill (none: the demo region is marked)",
     )
     parser.add_argument("--user", default="chelsea", help="user image path or sample name (stays on the device)")
-    parser.add_argument("--prompt", default="place it in the marked region", help="edit prompt (stays on the device)")
+    parser.add_argument("--prompt", default=EDIT_PROMPT, help="edit prompt (stays on the device)")
     parser.add_argument("--steps", type=int, default=8, help="denoising steps (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default: %(default)s)")
 
@@ -38,7 +43,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model = load_demo_model()
     size = model.spec.image_size
-    template = load_image(args.template, size)
+    template = demo_template(args.template, task_for(model.spec))
     user = load_image(args.user, size)
     L = model.adapter.num_layers
     print(f"model: {model.spec.name} ({model.weights_source}), id {model.model_id[:16]}, {L} layers, {size}px")

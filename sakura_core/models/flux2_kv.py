@@ -209,11 +209,40 @@ class Flux2KVAdapter:
         img_grid: tuple[int, int],
         ref_tokens: torch.Tensor | None = None,
         ref_grid: tuple[int, int] | None = None,
-        split_layer: int = 0,
+        split_layer: int | Callable[[int], bool] = 0,
+        cached: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | TemplateKV | None = None,
+        on_layer: LayerHook | None = None,
+    ) -> ForwardResult:
+        """One transformer forward without autograd; the arguments are those of :meth:`forward_grad`."""
+        return self.forward_grad(
+            x,
+            txt,
+            timestep,
+            img_grid=img_grid,
+            ref_tokens=ref_tokens,
+            ref_grid=ref_grid,
+            split_layer=split_layer,
+            cached=cached,
+            on_layer=on_layer,
+        )
+
+    def forward_grad(
+        self,
+        x: torch.Tensor,
+        txt: torch.Tensor,
+        timestep: torch.Tensor,
+        *,
+        img_grid: tuple[int, int],
+        ref_tokens: torch.Tensor | None = None,
+        ref_grid: tuple[int, int] | None = None,
+        split_layer: int | Callable[[int], bool] = 0,
         cached: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | TemplateKV | None = None,
         on_layer: LayerHook | None = None,
     ) -> ForwardResult:
         """One transformer forward with template KV computed for layers ``< split_layer`` and injected after.
+
+        :meth:`forward` is this under ``torch.no_grad``; call this one directly to train through the KV path
+        (autograd follows the caller's grad mode).
 
         Args:
             x: (batch, rows*cols, in_channels) request image tokens (noisy latent, plus any request conditioning).
@@ -222,7 +251,9 @@ class Flux2KVAdapter:
             img_grid: (rows, cols) of the request image tokens.
             ref_tokens: (1, ref_tokens, in_channels) template tokens; needed when ``split_layer > 0``.
             ref_grid: (rows, cols) of the template tokens.
-            split_layer: layers ``< split_layer`` run the template tokens here; the rest use ``cached``.
+            split_layer: layers ``< split_layer`` run the template tokens here; the rest use ``cached``. Or a
+                function ``layer -> bool`` asked before each layer while the template tokens are still in the
+                sequence: True keeps computing them, False drops them for good (the runtime's adaptive split).
             cached: per-layer K/V source for layers ``>= split_layer``: a TemplateKV, or a function
                 ``layer -> (k, v)`` (each (1, ref_tokens, heads, head_dim)) — the runtime passes one that waits for
                 the layer's shard. Not needed when ``split_layer == num_layers``.
@@ -230,13 +261,16 @@ class Flux2KVAdapter:
         """
         m = self.model
         L = self.num_layers
-        if not 0 <= split_layer <= L:
+        dynamic = callable(split_layer)
+        if dynamic:
+            keep_template, split_layer = split_layer, L
+        elif not 0 <= split_layer <= L:
             raise ValueError(f"split_layer must be in [0, {L}], got {split_layer}")
         if split_layer > 0 and (ref_tokens is None or ref_grid is None):
             raise ValueError(
                 f"split_layer={split_layer} runs template tokens on the device: pass ref_tokens and ref_grid"
             )
-        if split_layer < L and cached is None:
+        if (dynamic or split_layer < L) and cached is None:
             raise ValueError(f"split_layer={split_layer} < {L} layers: pass cached template KV for the other layers")
         if isinstance(cached, TemplateKV):
             kv_obj = cached
@@ -283,7 +317,7 @@ class Flux2KVAdapter:
         for layer in range(L):
             if on_layer is not None:
                 on_layer(layer)
-            if ref_live and layer >= split_layer:
+            if ref_live and (layer >= split_layer or (dynamic and not keep_template(layer))):
                 hidden = self._drop_ref(hidden, layer, n_txt, n_ref)
                 ref_live = False
             cache = Flux2KVLayerCache()
