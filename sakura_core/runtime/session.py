@@ -122,9 +122,14 @@ def plan_fetch(manifest: dict, policy_name: str, decode_bytes_per_s: float = 6e8
     cheapest level whose measured output PSNR (manifest ``psnr_db``) reaches ``FLOOR_PSNR_DB``."""
     policy = make_policy(policy_name)
     ladders, reps = ladders_from_manifest(manifest, decode_bytes_per_s)
-    if policy.family == "fp16":
-        idx = [lv.name for lv in ladders[0]].index("fp16")
-        ladders, reps = [[lad[idx]] for lad in ladders], [[r[idx]] for r in reps]
+    names = [lv.name for lv in ladders[0]]
+    if policy.family == "fp16":  # the exact representation only
+        keep = [names.index("fp16")]
+    elif policy.family == "cachegen":  # CacheGen's own levels: the extra fp16 reference is not part of its ladder
+        keep = [i for i, n in enumerate(names) if n != "fp16"]
+    else:
+        keep = list(range(len(names)))
+    ladders, reps = [[lad[i] for i in keep] for lad in ladders], [[r[i] for i in keep] for r in reps]
     return FetchPlan(policy, ladders, reps, _floor([lv.name for lv in ladders[0]], reps[0]))
 
 

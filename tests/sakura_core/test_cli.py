@@ -3,12 +3,14 @@
 import importlib.metadata
 import json
 
+import pytest
+
 from sakura_core.cli import main
 
 
 def test_demo_writes_images_and_an_exact_report(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--steps", "2"]) == 0
+    assert main(["demo", "--out", str(out), "--steps", "2", "--no-served"]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["exact"] is True
     assert {r["name"] for r in report["runs"]} >= {"on-device", "fetched-kv", "hybrid"}
@@ -28,3 +30,16 @@ def test_installed_distribution_has_no_top_level_nodes_package():
     names = set(top.split())
     assert "nodes" not in names
     assert {"sakura_core", "cloud_server", "android_bridge"} <= names
+
+
+@pytest.mark.slow
+def test_demo_served_part_runs_every_policy_over_the_shaped_link(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--steps", "2"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    served = {r["policy"]: r for r in report["served"]["runs"]}
+    assert set(served) == {"on-device", "on-device-cached", "fetch-fp16", "cachegen", "throughput", "sakura"}
+    assert served["on-device-cached"]["bytes_fetched"] == 0 and served["fetch-fp16"]["bytes_fetched"] > 0
+    assert served["fetch-fp16"]["psnr_db"] >= 40  # fp16 KV: the exact edit up to rounding
+    assert all(not r["fallbacks"] for r in served.values())
+    assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"

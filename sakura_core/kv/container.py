@@ -1,0 +1,344 @@
+"""Shard container: one immutable, content-addressed blob holding one encoded representation of a shard's KV.
+
+Layout (little endian, no pickle)::
+
+    fixed header   _FIXED (see below): magic "SKKV", format version, header size, flags, dtype, level,
+                   layer range, token grid, heads, head_dim, parent digest (32 bytes, zero for a base),
+                   section count and the lengths of the four strings
+    strings        codec name, model id, template id, RoPE layout (utf-8)
+    section table  one uint32 length per payload section
+    sections       codec-defined payload (zstd frames, raw arrays, ...)
+    trailer        crc32 of everything before it
+
+The blob's name is ``sha256(blob)`` (:func:`shard_digest`); a refinement blob names the blob it refines by that
+digest, so a chain can be checked link by link. :func:`parse_shard` validates every length and limit against the
+blob's actual size before anything is allocated, and raises a specific :class:`ShardFormatError` subclass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_BLOB_BYTES",
+    "MAX_ELEMENTS",
+    "ShardChainError",
+    "ShardCorruptError",
+    "ShardFormatError",
+    "ShardHeader",
+    "ShardMagicError",
+    "ShardOversizedError",
+    "ShardTruncatedError",
+    "ShardVersionError",
+    "UnknownCodecError",
+    "pack_shard",
+    "parse_shard",
+    "shard_digest",
+]
+
+MAGIC = b"SKKV"
+FORMAT_VERSION = 1
+
+#: Largest blob accepted by the decoder (bytes).
+MAX_BLOB_BYTES = 1 << 30
+#: Largest K (or V) tensor a shard may describe, in elements: layers * tokens * heads * head_dim.
+MAX_ELEMENTS = 1 << 28
+MAX_SECTIONS = 32
+_MAX_LAYER = 4095
+_MAX_GRID_SIDE = 4096
+_MAX_HEADS = 1024
+_MAX_HEAD_DIM = 1024
+
+_ID_RE = re.compile(r"^[a-z0-9-]{1,64}$")
+_CODEC_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_HEX_RE = re.compile(r"^[0-9a-f]{1,128}$")
+_ROPE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+# magic, version, header_size, flags, dtype, level, layer_first, layer_last, grid_rows, grid_cols, heads, head_dim,
+# parent digest, n_sections, len(codec), len(model_id), len(template_id), len(rope_layout)
+_FIXED = struct.Struct("<4sHHBBHHHHHHH32sBBBBB")
+_TRAILER = struct.Struct("<I")
+_FLAG_REFINES = 0x01
+_KNOWN_FLAGS = _FLAG_REFINES
+_DTYPES = {1: "float16", 2: "float32"}
+_DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
+_ZERO_DIGEST = bytes(32)
+
+
+class ShardFormatError(ValueError):
+    """A shard blob is not a valid SAKURA shard (base class of every decode-side format error)."""
+
+
+class ShardMagicError(ShardFormatError):
+    """The blob does not start with the SAKURA shard magic (not a shard, or the wrong file)."""
+
+
+class ShardVersionError(ShardFormatError):
+    """The blob's format version is not one this decoder reads."""
+
+
+class ShardTruncatedError(ShardFormatError):
+    """The blob is shorter than its header says (an interrupted download?)."""
+
+
+class ShardCorruptError(ShardFormatError):
+    """The blob's bytes are inconsistent: checksum mismatch, bad field, bad payload."""
+
+
+class ShardOversizedError(ShardFormatError):
+    """The blob, or the tensor it describes, exceeds the decoder's limits."""
+
+
+class ShardChainError(ShardFormatError):
+    """Blobs passed as a refinement chain do not belong together (wrong order, other shard, missing link)."""
+
+
+class UnknownCodecError(ShardFormatError):
+    """The blob names a codec this build does not know."""
+
+
+def shard_digest(blob: bytes) -> str:
+    """Content address of a blob: hex sha256 over every byte of it."""
+    return hashlib.sha256(blob).hexdigest()
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    """What a shard blob says about itself.
+
+    Attributes:
+        codec: codec name (registry key), e.g. ``"sakura"``.
+        level: representation level within the codec's ladder (0 = smallest).
+        model_id: content id of the model the KV belongs to (hex).
+        template_id: template id (``[a-z0-9-]{1,64}``).
+        rope_layout: RoPE position layout of the template tokens.
+        layer_first, layer_last: inclusive range of model layers in the shard.
+        token_grid: (rows, cols) of the template tokens.
+        heads, head_dim: attention geometry.
+        dtype: dtype of the reconstructed tensors (``"float16"`` or ``"float32"``).
+        parent: hex digest of the blob this one refines (a progressive enhancement), or ``None`` for a base.
+    """
+
+    codec: str
+    level: int
+    model_id: str
+    template_id: str
+    rope_layout: str
+    layer_first: int
+    layer_last: int
+    token_grid: tuple[int, int]
+    heads: int
+    head_dim: int
+    dtype: str = "float16"
+    parent: str | None = None
+
+    def __post_init__(self) -> None:
+        problems = _header_problems(self)
+        if problems:
+            raise ValueError(f"invalid shard header: {problems}")
+
+    @property
+    def num_layers(self) -> int:
+        return self.layer_last - self.layer_first + 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_grid[0] * self.token_grid[1]
+
+    @property
+    def tensor_shape(self) -> tuple[int, int, int, int]:
+        """Shape of K (and of V) in this shard: (layers, tokens, heads, head_dim)."""
+        return (self.num_layers, self.num_tokens, self.heads, self.head_dim)
+
+    @property
+    def num_elements(self) -> int:
+        n_l, t, h, d = self.tensor_shape
+        return n_l * t * h * d
+
+    def same_shard(self, other: ShardHeader) -> bool:
+        """True when both headers describe the same KV slice (model, template, layers, geometry, dtype)."""
+        return (
+            self.model_id == other.model_id
+            and self.template_id == other.template_id
+            and self.rope_layout == other.rope_layout
+            and self.layer_first == other.layer_first
+            and self.layer_last == other.layer_last
+            and tuple(self.token_grid) == tuple(other.token_grid)
+            and self.heads == other.heads
+            and self.head_dim == other.head_dim
+            and self.dtype == other.dtype
+        )
+
+
+def _header_problems(h: ShardHeader) -> str:
+    """Empty string when the header is valid, else a message naming the bad field and value."""
+    if not isinstance(h.codec, str) or not _CODEC_RE.match(h.codec):
+        return f"codec {h.codec!r} must match [a-z0-9][a-z0-9_-]{{0,31}}"
+    if not isinstance(h.model_id, str) or not _HEX_RE.match(h.model_id):
+        return f"model_id {h.model_id!r} must be 1-128 lowercase hex characters"
+    if not isinstance(h.template_id, str) or not _ID_RE.match(h.template_id):
+        return f"template_id {h.template_id!r} must match [a-z0-9-]{{1,64}}"
+    if not isinstance(h.rope_layout, str) or not _ROPE_RE.match(h.rope_layout):
+        return f"rope_layout {h.rope_layout!r} must be 1-64 characters of [A-Za-z0-9._-]"
+    if not 0 <= h.level <= 0xFFFF:
+        return f"level {h.level} must be in [0, 65535]"
+    if not 0 <= h.layer_first <= h.layer_last <= _MAX_LAYER:
+        return f"layer range [{h.layer_first}, {h.layer_last}] must satisfy 0 <= first <= last <= {_MAX_LAYER}"
+    rows, cols = h.token_grid
+    if not (1 <= rows <= _MAX_GRID_SIDE and 1 <= cols <= _MAX_GRID_SIDE):
+        return f"token_grid {tuple(h.token_grid)} sides must be in [1, {_MAX_GRID_SIDE}]"
+    if not 1 <= h.heads <= _MAX_HEADS:
+        return f"heads {h.heads} must be in [1, {_MAX_HEADS}]"
+    if not 1 <= h.head_dim <= _MAX_HEAD_DIM:
+        return f"head_dim {h.head_dim} must be in [1, {_MAX_HEAD_DIM}]"
+    if h.dtype not in _DTYPE_CODES:
+        return f"dtype {h.dtype!r} must be one of {sorted(_DTYPE_CODES)}"
+    if h.parent is not None and (not isinstance(h.parent, str) or not re.match(r"^[0-9a-f]{64}$", h.parent)):
+        return f"parent {h.parent!r} must be a 64-character hex sha256 digest or None"
+    return ""
+
+
+def pack_shard(header: ShardHeader, sections: list[bytes]) -> bytes:
+    """Serialise a header and payload sections into one blob (deterministic: same input, same bytes)."""
+    if len(sections) > MAX_SECTIONS:
+        raise ValueError(f"a shard holds at most {MAX_SECTIONS} sections, got {len(sections)}")
+    strings = [s.encode("utf-8") for s in (header.codec, header.model_id, header.template_id, header.rope_layout)]
+    header_size = _FIXED.size + sum(len(s) for s in strings) + 4 * len(sections)
+    fixed = _FIXED.pack(
+        MAGIC,
+        FORMAT_VERSION,
+        header_size,
+        _FLAG_REFINES if header.parent else 0,
+        _DTYPE_CODES[header.dtype],
+        header.level,
+        header.layer_first,
+        header.layer_last,
+        header.token_grid[0],
+        header.token_grid[1],
+        header.heads,
+        header.head_dim,
+        bytes.fromhex(header.parent) if header.parent else _ZERO_DIGEST,
+        len(sections),
+        *(len(s) for s in strings),
+    )
+    table = struct.pack(f"<{len(sections)}I", *(len(s) for s in sections))
+    body = b"".join([fixed, *strings, table, *sections])
+    if len(body) + _TRAILER.size > MAX_BLOB_BYTES:
+        raise ValueError(f"shard of {len(body)} bytes exceeds MAX_BLOB_BYTES={MAX_BLOB_BYTES}")
+    return body + _TRAILER.pack(zlib.crc32(body))
+
+
+def parse_shard(blob: bytes | bytearray | memoryview) -> tuple[ShardHeader, list[memoryview]]:
+    """Validate a blob and split it into its header and payload sections (zero-copy views into ``blob``).
+
+    Raises:
+        ShardOversizedError: blob larger than :data:`MAX_BLOB_BYTES`, or a tensor over :data:`MAX_ELEMENTS`.
+        ShardMagicError, ShardVersionError: not a shard / a format version this build cannot read.
+        ShardTruncatedError: fewer bytes than the header declares.
+        ShardCorruptError: checksum mismatch, trailing bytes, or an invalid field.
+    """
+    view = memoryview(blob).cast("B") if not isinstance(blob, bytes) else memoryview(blob)
+    n = len(view)
+    if n > MAX_BLOB_BYTES:
+        raise ShardOversizedError(f"shard blob of {n} bytes exceeds the limit of {MAX_BLOB_BYTES} bytes")
+    if n < len(MAGIC):
+        raise ShardTruncatedError(f"shard blob of {n} bytes is shorter than the magic")
+    if bytes(view[: len(MAGIC)]) != MAGIC:
+        raise ShardMagicError(f"not a SAKURA shard: starts with {bytes(view[:4])!r}, expected {MAGIC!r}")
+    if n < len(MAGIC) + 2:
+        raise ShardTruncatedError(f"shard blob of {n} bytes ends inside the header")
+    (version,) = struct.unpack_from("<H", view, len(MAGIC))
+    if version != FORMAT_VERSION:
+        raise ShardVersionError(
+            f"shard format version {version} is not supported (this build reads version {FORMAT_VERSION}); "
+            "upgrade the client or re-encode the template"
+        )
+    if n < _FIXED.size + _TRAILER.size:
+        raise ShardTruncatedError(f"shard blob of {n} bytes is shorter than the fixed header ({_FIXED.size} bytes)")
+    (
+        _magic,
+        _version,
+        header_size,
+        flags,
+        dtype_code,
+        level,
+        layer_first,
+        layer_last,
+        rows,
+        cols,
+        heads,
+        head_dim,
+        parent_raw,
+        n_sections,
+        len_codec,
+        len_model,
+        len_template,
+        len_rope,
+    ) = _FIXED.unpack_from(view, 0)
+    if n_sections > MAX_SECTIONS:
+        raise ShardCorruptError(f"shard declares {n_sections} sections, at most {MAX_SECTIONS} are allowed")
+    expected_header = _FIXED.size + len_codec + len_model + len_template + len_rope + 4 * n_sections
+    if header_size != expected_header:
+        raise ShardCorruptError(f"shard header size field {header_size} != {expected_header} computed from its fields")
+    if n < header_size + _TRAILER.size:
+        raise ShardTruncatedError(f"shard blob of {n} bytes ends inside its {header_size}-byte header")
+    lengths = struct.unpack_from(f"<{n_sections}I", view, header_size - 4 * n_sections)
+    total = header_size + sum(lengths) + _TRAILER.size
+    if total > MAX_BLOB_BYTES:
+        raise ShardOversizedError(f"shard declares {total} bytes, over the limit of {MAX_BLOB_BYTES}")
+    if n < total:
+        raise ShardTruncatedError(f"shard blob has {n} bytes but its header declares {total}")
+    if n > total:
+        raise ShardCorruptError(f"shard blob has {n - total} trailing bytes after the declared {total}")
+    (crc,) = _TRAILER.unpack_from(view, n - _TRAILER.size)
+    if zlib.crc32(view[: n - _TRAILER.size]) != crc:
+        raise ShardCorruptError("shard checksum mismatch: the blob was corrupted in storage or transfer")
+    if flags & ~_KNOWN_FLAGS:
+        raise ShardCorruptError(f"shard has unknown flag bits 0x{flags & ~_KNOWN_FLAGS:02x}")
+    if dtype_code not in _DTYPES:
+        raise ShardCorruptError(f"shard has unknown dtype code {dtype_code}")
+    refines = bool(flags & _FLAG_REFINES)
+    if refines == (parent_raw == _ZERO_DIGEST):
+        raise ShardCorruptError("shard refinement flag and parent digest disagree")
+    pos = _FIXED.size
+    strings = []
+    for size in (len_codec, len_model, len_template, len_rope):
+        try:
+            strings.append(bytes(view[pos : pos + size]).decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ShardCorruptError(f"shard header string at byte {pos} is not utf-8") from e
+        pos += size
+    try:
+        header = ShardHeader(
+            codec=strings[0],
+            level=level,
+            model_id=strings[1],
+            template_id=strings[2],
+            rope_layout=strings[3],
+            layer_first=layer_first,
+            layer_last=layer_last,
+            token_grid=(rows, cols),
+            heads=heads,
+            head_dim=head_dim,
+            dtype=_DTYPES[dtype_code],
+            parent=parent_raw.hex() if refines else None,
+        )
+    except ValueError as e:
+        raise ShardCorruptError(f"shard header field out of range: {e}") from e
+    if header.num_elements > MAX_ELEMENTS:
+        raise ShardOversizedError(
+            f"shard describes {header.num_elements} elements per tensor {header.tensor_shape}, "
+            f"over the limit of {MAX_ELEMENTS}"
+        )
+    sections = []
+    pos = header_size
+    for size in lengths:
+        sections.append(view[pos : pos + size])
+        pos += size
+    return header, sections

@@ -1,0 +1,169 @@
+"""Template manifest (JSON, version 1): what a client needs to choose and fetch representations shard by shard.
+
+Schema::
+
+    {
+      "version": 1,
+      "model_id": hex content id of the model,
+      "template_id": "[a-z0-9-]{1,64}",
+      "token_grid": [rows, cols],
+      "rope_layout": str,
+      "num_layers": int, "heads": int, "head_dim": int,
+      "codec": the ladder's codec ("sakura", "cachegen", ...),
+      "distortion_metric": "attn_rel_err" (relative error of the attention output on held-out probe requests),
+      "shards": [                                  # in execution order, covering layers 0..num_layers-1
+        {"layers": [first, last],
+         "representations": [                      # ascending level = ascending size and quality
+           {"level": int, "name": str, "codec": str,
+            "bytes": size of this blob alone,
+            "total_bytes": bytes of this blob plus every blob it requires (what fetching it from nothing costs),
+            "distortion": measured attention-output relative error of the decoded chain (0 = exact),
+            "digest": sha256 hex of the blob (its name: GET /v1/shards/{digest}),
+            "requires": [digests of the lower-level blobs this one refines, base first; [] for a base]}
+         ]}
+      ]
+    }
+
+A progressive representation at level j is decoded from ``requires + [digest]`` in that order. The fp16
+representation (codec "fp16", the highest level, ``requires == []``) is always present, so a client can always get
+the exact KV.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+__all__ = ["MANIFEST_VERSION", "ManifestError", "validate_manifest"]
+
+MANIFEST_VERSION = 1
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_MODEL_ID = re.compile(r"^[0-9a-f]{1,128}$")
+_TEMPLATE_ID = re.compile(r"^[a-z0-9-]{1,64}$")
+
+
+class ManifestError(ValueError):
+    """A manifest does not follow the schema; the message names the offending field (e.g. ``shards[2].layers``)."""
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _pos_int(m: dict, key: str) -> int:
+    value = m.get(key)
+    if not _is_int(value) or value < 1:
+        raise ManifestError(f"manifest field {key!r} must be a positive int, got {value!r}")
+    return value
+
+
+def validate_manifest(manifest: dict) -> None:
+    """Raise :class:`ManifestError` naming the first bad field; return ``None`` for a valid manifest."""
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"manifest must be a JSON object, got {type(manifest).__name__}")
+    if manifest.get("version") != MANIFEST_VERSION:
+        raise ManifestError(f"manifest field 'version' must be {MANIFEST_VERSION}, got {manifest.get('version')!r}")
+    model_id = manifest.get("model_id")
+    if not isinstance(model_id, str) or not _MODEL_ID.match(model_id):
+        raise ManifestError(f"manifest field 'model_id' must be lowercase hex, got {model_id!r}")
+    template_id = manifest.get("template_id")
+    if not isinstance(template_id, str) or not _TEMPLATE_ID.match(template_id):
+        raise ManifestError(f"manifest field 'template_id' must match [a-z0-9-]{{1,64}}, got {template_id!r}")
+    grid = manifest.get("token_grid")
+    if not (isinstance(grid, list) and len(grid) == 2 and all(_is_int(g) and g > 0 for g in grid)):
+        raise ManifestError(f"manifest field 'token_grid' must be [rows, cols] of positive ints, got {grid!r}")
+    if not isinstance(manifest.get("rope_layout"), str) or not manifest["rope_layout"]:
+        raise ManifestError(
+            f"manifest field 'rope_layout' must be a non-empty string, got {manifest.get('rope_layout')!r}"
+        )
+    num_layers = _pos_int(manifest, "num_layers")
+    _pos_int(manifest, "heads")
+    _pos_int(manifest, "head_dim")
+    if not isinstance(manifest.get("codec"), str) or not manifest["codec"]:
+        raise ManifestError(f"manifest field 'codec' must be a non-empty string, got {manifest.get('codec')!r}")
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not shards:
+        raise ManifestError("manifest field 'shards' must be a non-empty list")
+    next_layer = 0
+    seen_digests: set[str] = set()
+    for i, shard in enumerate(shards):
+        where = f"shards[{i}]"
+        if not isinstance(shard, dict):
+            raise ManifestError(f"manifest field {where!r} must be an object")
+        layers = shard.get("layers")
+        if not (isinstance(layers, list) and len(layers) == 2 and all(_is_int(x) for x in layers)):
+            raise ManifestError(f"manifest field '{where}.layers' must be [first, last] ints, got {layers!r}")
+        if layers[0] != next_layer or layers[1] < layers[0] or layers[1] >= num_layers:
+            raise ManifestError(
+                f"manifest field '{where}.layers' is {layers}: shards must cover layers 0..{num_layers - 1} in order "
+                f"without gaps (expected first = {next_layer})"
+            )
+        next_layer = layers[1] + 1
+        _validate_representations(shard.get("representations"), where, seen_digests)
+    if next_layer != num_layers:
+        raise ManifestError(
+            f"manifest field 'shards' covers layers 0..{next_layer - 1}, but num_layers = {num_layers}"
+        )
+
+
+def _validate_representations(reps: Any, where: str, seen_digests: set[str]) -> None:
+    if not isinstance(reps, list) or not reps:
+        raise ManifestError(f"manifest field '{where}.representations' must be a non-empty list")
+    by_digest: dict[str, dict] = {}
+    levels: list[int] = []
+    for j, rep in enumerate(reps):
+        w = f"{where}.representations[{j}]"
+        if not isinstance(rep, dict):
+            raise ManifestError(f"manifest field {w!r} must be an object")
+        level = rep.get("level")
+        if not _is_int(level) or level < 0:
+            raise ManifestError(f"manifest field '{w}.level' must be an int >= 0, got {level!r}")
+        if not isinstance(rep.get("name"), str) or not rep["name"]:
+            raise ManifestError(f"manifest field '{w}.name' must be a non-empty string, got {rep.get('name')!r}")
+        size = rep.get("bytes")
+        if not _is_int(size) or size < 1:
+            raise ManifestError(f"manifest field '{w}.bytes' must be a positive int, got {size!r}")
+        dist = rep.get("distortion")
+        if not isinstance(dist, (int, float)) or isinstance(dist, bool) or not math.isfinite(dist) or dist < 0:
+            raise ManifestError(f"manifest field '{w}.distortion' must be a finite number >= 0, got {dist!r}")
+        digest = rep.get("digest")
+        if not isinstance(digest, str) or not _HEX64.match(digest):
+            raise ManifestError(f"manifest field '{w}.digest' must be 64 lowercase hex characters, got {digest!r}")
+        if digest in by_digest or digest in seen_digests:
+            raise ManifestError(f"manifest field '{w}.digest' {digest[:12]}… appears twice")
+        requires = rep.get("requires")
+        if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
+            raise ManifestError(f"manifest field '{w}.requires' must be a list of digests, got {requires!r}")
+        if "total_bytes" in rep and (not _is_int(rep["total_bytes"]) or rep["total_bytes"] < size):
+            raise ManifestError(
+                f"manifest field '{w}.total_bytes' must be an int >= bytes, got {rep['total_bytes']!r}"
+            )
+        by_digest[digest] = rep
+        levels.append(level)
+    if len(set(levels)) != len(levels):
+        raise ManifestError(f"manifest field '{where}.representations' has repeated levels {sorted(levels)}")
+    if levels != sorted(levels):
+        raise ManifestError(f"manifest field '{where}.representations' must be in ascending level order, got {levels}")
+    for j, rep in enumerate(reps):
+        w = f"{where}.representations[{j}].requires"
+        requires = rep["requires"]
+        for r in requires:
+            if r not in by_digest:
+                raise ManifestError(
+                    f"manifest field {w!r} names {r[:12]}…, which is not a representation of this shard"
+                )
+        if requires:
+            parent = by_digest[requires[-1]]
+            if parent["requires"] + [requires[-1]] != requires:
+                raise ManifestError(f"manifest field {w!r} is not its parent's requires plus the parent")
+            if parent["level"] >= rep["level"]:
+                raise ManifestError(f"manifest field {w!r}: a representation must refine a lower level")
+            total = sum(by_digest[r]["bytes"] for r in requires) + rep["bytes"]
+        else:
+            total = rep["bytes"]
+        if "total_bytes" in rep and rep["total_bytes"] != total:
+            raise ManifestError(
+                f"manifest field '{where}.representations[{j}].total_bytes' is {rep['total_bytes']}, the chain is {total}"
+            )
+    seen_digests.update(by_digest)

@@ -1,0 +1,241 @@
+"""Server side: a template image -> exact KV -> importance -> every representation of every shard + the manifest.
+
+:func:`precompute_template` is what the cloud server's write path calls; :func:`encode_kv` / :func:`decode_kv` are
+the whole-template helpers the codec benchmark uses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from ..models.demo import DemoModel
+from ..models.kv_types import TemplateKV
+from .chain import decode_chain
+from .codecs import ShardInput, ShardMeta, get_codec
+from .container import shard_digest
+from .importance import (
+    ProbeConfig,
+    TokenImportance,
+    attention_error,
+    capture_attention,
+    importance_from_captures,
+    layer_gains,
+    make_probes,
+)
+from .manifest import MANIFEST_VERSION, validate_manifest
+
+__all__ = [
+    "DISTORTION_METRIC",
+    "PrecomputedTemplate",
+    "decode_kv",
+    "encode_kv",
+    "precompute_template",
+    "shard_inputs",
+]
+
+logger = logging.getLogger(__name__)
+
+DISTORTION_METRIC = "attn_rel_err"
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class PrecomputedTemplate:
+    """What the server stores: ``manifest`` (JSON-able dict, see :mod:`.manifest`) and ``blobs`` (digest -> bytes)."""
+
+    manifest: dict
+    blobs: dict[str, bytes]
+
+
+def shard_inputs(
+    kv: TemplateKV,
+    template_id: str,
+    importance: TokenImportance | None = None,
+    shard_layers: int = 1,
+) -> list[ShardInput]:
+    """Split a template's KV into encoder inputs of ``shard_layers`` consecutive layers (the last may be shorter)."""
+    if shard_layers < 1:
+        raise ValueError(f"shard_layers must be >= 1, got {shard_layers}")
+    if importance is not None and importance.k_weight.shape[0] != kv.num_layers:
+        raise ValueError(f"importance covers {importance.k_weight.shape[0]} layers, the KV has {kv.num_layers}")
+    x = kv.kv.detach().float().cpu().numpy()  # (layers, 2, tokens, heads, head_dim)
+    gain = np.ones(kv.num_layers)
+    if importance is not None and importance.layer_gain is not None:
+        gain = np.asarray(importance.layer_gain, dtype=np.float64)
+    out = []
+    for first in range(0, kv.num_layers, shard_layers):
+        last = min(first + shard_layers, kv.num_layers) - 1
+        meta = ShardMeta(kv.model_id, template_id, kv.rope_layout, first, tuple(kv.token_grid), kv.num_layers)
+        s = slice(first, last + 1)
+        out.append(
+            ShardInput(
+                k=np.ascontiguousarray(x[s, 0]),
+                v=np.ascontiguousarray(x[s, 1]),
+                meta=meta,
+                k_weight=None if importance is None else importance.k_weight[s] * _col(gain[s], 4),
+                v_weight=None if importance is None else importance.v_weight[s] * _col(gain[s], 3),
+                k_drop=None if importance is None else importance.k_drop[s] * _col(gain[s], 3),
+            )
+        )
+    return out
+
+
+def _col(gain: np.ndarray, ndim: int) -> np.ndarray:
+    """(layers,) -> broadcastable to an ndim-dimensional (layers, ...) array, float32."""
+    return gain.astype(np.float32).reshape((-1,) + (1,) * (ndim - 1))
+
+
+def encode_kv(
+    name: str,
+    kv: TemplateKV,
+    importance: TokenImportance | None,
+    level: int,
+    *,
+    shard_layers: int = 1,
+    template_id: str = "bench",
+) -> list[list[bytes]]:
+    """Encode a whole template with codec ``name`` at ``level``; per shard, the blob chain that decodes that level
+    (base..level for a progressive codec, one blob otherwise)."""
+    codec = get_codec(name)
+    levels = [lv for lv in codec.levels if lv <= level] if codec.progressive else [level]
+    shards = codec.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers))
+    return [codec.encode(s, levels) for s in shards]
+
+
+def decode_kv(chains: list[list[bytes]]) -> torch.Tensor:
+    """Decode per-shard chains (as :func:`encode_kv` returns them) into a (layers, 2, tokens, heads, head_dim) fp16
+    tensor; the shards must cover the layers in order."""
+    parts = []
+    next_layer = 0
+    for chain in chains:
+        header, k, v = decode_chain(chain)
+        if header.layer_first != next_layer:
+            raise ValueError(f"shards out of order: expected layer {next_layer}, got {header.layer_first}")
+        next_layer = header.layer_last + 1
+        parts.append(torch.stack([torch.from_numpy(k), torch.from_numpy(v)], dim=1))  # (layers, 2, T, H, D)
+    return torch.cat(parts)
+
+
+def precompute_template(
+    model: DemoModel,
+    template_image: np.ndarray,
+    template_id: str,
+    *,
+    codec: str = "sakura",
+    shard_layers: int = 1,
+    seed: int = 0,
+    progress: Progress | None = None,
+    probes: ProbeConfig | None = None,
+    held_out_probes: int = 4,
+) -> PrecomputedTemplate:
+    """Compute a template's exact KV, estimate token importance, encode every shard at every level of ``codec`` plus
+    the fp16 reference, measure each representation's distortion on held-out probes, and build the manifest.
+
+    Args:
+        model: the demo model (anything with ``adapter``, ``spec``, ``template_tokens``, ``pack_image``).
+        template_image: (S, S, 3) uint8 at the model's resolution.
+        template_id: ``[a-z0-9-]{1,64}``.
+        codec: ladder codec: ``"sakura"`` (progressive), ``"cachegen"``, ``"int8"``, ``"int4"`` or ``"fp16"``.
+        shard_layers: consecutive layers per shard.
+        seed: seed of the probe requests (importance and held-out distortion); the result is a pure function of
+            (model, image, id, codec, shard_layers, seed).
+        progress: ``progress(stage, done, total)`` with stages "kv", "importance", "encode".
+        probes: probe settings for importance (``seed`` is overridden by ``seed``).
+        held_out_probes: number of held-out probe requests the distortion is measured on.
+    """
+    ladder = get_codec(codec)
+    report = progress or (lambda stage, done, total: None)
+    image = np.asarray(template_image)
+    size = model.spec.image_size
+    if image.shape != (size, size, 3) or image.dtype != np.uint8:
+        raise ValueError(
+            f"template_image must be ({size}, {size}, 3) uint8 for this model, got {image.shape} {image.dtype}; "
+            "resize it with sakura_core.models.demo.load_image"
+        )
+    report("kv", 0, 1)
+    kv = model.adapter.extract_template_kv(model.template_tokens(image), model.spec.grid)
+    report("kv", 1, 1)
+
+    report("importance", 0, 2)
+    config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
+    packed = model.pack_image(image)
+    fit_probes = make_probes(model, packed, config, stream=0)
+    fit = capture_attention(model, kv, fit_probes)
+    importance = importance_from_captures(fit, kv, seed=seed)
+    if config.gain_steps is not None:
+        gains = layer_gains(model, kv, fit_probes, fit, seed=seed, steps=config.gain_steps)
+        importance = replace(importance, layer_gain=gains)
+    del fit
+    report("importance", 1, 2)
+    held_cfg = replace(config, num_probes=held_out_probes)
+    held = capture_attention(model, kv, make_probes(model, packed, held_cfg, stream=1))
+    report("importance", 2, 2)
+
+    inputs = ladder.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers))
+    blobs: dict[str, bytes] = {}
+    shards = []
+    fp16 = get_codec("fp16")
+    for i, shard in enumerate(inputs):
+        report("encode", i, len(inputs))
+        first, last = shard.meta.layer_first, shard.meta.layer_first + shard.k.shape[0] - 1
+        reps = []
+        if ladder.name != "fp16":
+            encoded = ladder.encode(shard, ladder.levels)
+            chain: list[bytes] = []
+            for level, blob in zip(ladder.levels, encoded, strict=True):
+                chain = chain + [blob] if ladder.progressive else [blob]
+                reps.append(_representation(ladder, level, chain, kv, held, first))
+                blobs[reps[-1]["digest"]] = blob
+        top = (max(ladder.levels) + 1) if ladder.name != "fp16" else 0
+        (fp16_blob,) = fp16.encode(shard, [0])
+        rep = _representation(fp16, 0, [fp16_blob], kv, held, first)
+        rep["level"] = top
+        reps.append(rep)
+        blobs[rep["digest"]] = fp16_blob
+        shards.append({"layers": [first, last], "representations": reps})
+    report("encode", len(inputs), len(inputs))
+
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "model_id": kv.model_id,
+        "template_id": template_id,
+        "token_grid": [int(kv.token_grid[0]), int(kv.token_grid[1])],
+        "rope_layout": kv.rope_layout,
+        "num_layers": kv.num_layers,
+        "heads": kv.num_heads,
+        "head_dim": kv.head_dim,
+        "codec": ladder.name,
+        "distortion_metric": DISTORTION_METRIC,
+        "probes": {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes},
+        "shards": shards,
+    }
+    validate_manifest(manifest)
+    logger.info(
+        "precomputed template %s: %d shards, %d blobs, %d bytes",
+        template_id,
+        len(shards),
+        len(blobs),
+        sum(len(b) for b in blobs.values()),
+    )
+    return PrecomputedTemplate(manifest, blobs)
+
+
+def _representation(codec, level: int, chain: list[bytes], kv: TemplateKV, held, first: int) -> dict:
+    _, k, v = decode_chain(chain)
+    approx = {first + i: (torch.from_numpy(k[i]), torch.from_numpy(v[i])) for i in range(k.shape[0])}
+    digest = shard_digest(chain[-1])
+    return {
+        "level": int(level),
+        "name": codec.level_name(level),
+        "codec": codec.name,
+        "bytes": len(chain[-1]),
+        "total_bytes": sum(len(b) for b in chain),
+        "distortion": round(attention_error(held, kv, approx), 8),
+        "digest": digest,
+        "requires": [shard_digest(b) for b in chain[:-1]],
+    }
