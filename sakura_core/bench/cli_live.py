@@ -22,15 +22,13 @@ from importlib import resources
 
 import torch
 
-from ..fetch.policies import make_policy
-from ..fetch.shaper import ShaperConfig, TraceShaper
 from ..fetch.traces import load_traces
 from ..io_utils import atomic_write_json
 from ..models.demo import DemoSpec, load_demo_model, load_image
-from ..models.kv_types import TemplateKV
 from ..runtime.edit import run_edit
-from ..runtime.pipeline import LiveProfile, RuntimeConfig, ladders_from_manifest, run_pipelined_edit
-from .e2e import PSNR_TARGET_DB, psnr_db
+from ..runtime.pipeline import LiveProfile, RuntimeConfig, run_pipelined_edit
+from ..runtime.session import plan_fetch, shaped_fetcher
+from .e2e import psnr_db
 
 __all__ = ["run_live", "start_server", "measure_profile"]
 
@@ -76,17 +74,6 @@ def measure_profile(model, template, user, steps: int) -> LiveProfile:
     return LiveProfile(best_full / L, best_cached / L, L, steps)
 
 
-def _decode_level(pre_manifest, blobs, name):
-    from ..kv import decode_representation
-
-    layers = []
-    for shard in pre_manifest["shards"]:
-        rep = next(r for r in shard["representations"] if r["name"] == name)
-        k, v = decode_representation([blobs[d] for d in [*rep.get("requires", []), rep["digest"]]])
-        layers.append(torch.stack([k, v], dim=1))
-    return torch.cat(layers).float()
-
-
 def run_live(args) -> int:
     from cloud_server.precompute import publish_template
     from cloud_server.store import LocalStore
@@ -115,20 +102,14 @@ def run_live(args) -> int:
 
     with tempfile.TemporaryDirectory(prefix="sakura-live-") as tmp:
         store = LocalStore(tmp)
-        manifests, level_psnr = {}, {}
         t0 = time.perf_counter()
         for codec in ("sakura", "cachegen"):
             pre = precompute_template(model, template, f"live-{codec}", codec=codec)
             publish_template(store, model, template, f"live-{codec}", codec=codec,
                              precompute_fn=lambda *a, _pre=pre, **k: _pre)  # fmt: skip
-            manifests[codec] = pre.manifest
-            for rep in pre.manifest["shards"][0]["representations"]:
-                kvt = TemplateKV(_decode_level(pre.manifest, pre.blobs, rep["name"]), exact_kv.model_id,
-                                 exact_kv.token_grid, exact_kv.rope_layout)  # fmt: skip
-                out = run_edit(model, user, PROMPT, steps=steps, kv_source=kvt).tokens
-                level_psnr[(codec, rep["name"])] = psnr_db(out, exact)
-        print(f"precomputed both ladders in {time.perf_counter() - t0:.1f} s; level PSNR: "
-              + ", ".join(f"{c}/{n} {p:.1f}" for (c, n), p in level_psnr.items()))  # fmt: skip
+            levels = ", ".join(f"{r['name']} {r['psnr_db']:.1f}" for r in pre.manifest["shards"][0]["representations"])
+            print(f"precomputed {codec} ladder (PSNR per level: {levels})")
+        print(f"precompute took {time.perf_counter() - t0:.1f} s")
 
         link = None
         if args.shaping == "kernel":
@@ -144,8 +125,8 @@ def run_live(args) -> int:
             else:
                 proc, url = start_server(tmp)
             try:
-                runs = asyncio.run(_run_all(args, model, traces, policies, manifests, level_psnr, profile, template,
-                                            user, exact, url, link))  # fmt: skip
+                runs = asyncio.run(_run_all(args, model, traces, policies, profile, template, user, exact, url,
+                                            link))  # fmt: skip
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
@@ -183,41 +164,27 @@ def run_live(args) -> int:
     return 0
 
 
-async def _run_all(args, model, traces, policies, manifests, level_psnr, profile, template, user, exact, url, link):
+async def _run_all(args, model, traces, policies, profile, template, user, exact, url, link):
     from ..fetch.client import ShardClient
 
     runs = []
     for trace in traces:
         for name in policies:
-            policy = make_policy(name)
-            codec = "cachegen" if policy.family == "cachegen" else "sakura"
+            codec = "cachegen" if name == "cachegen" else "sakura"
             tid = f"live-{codec}"
-            shaper = TraceShaper(trace, ShaperConfig()) if link is None else None
             follow = None
             async with ShardClient(url) as client:
                 manifest = await client.get_manifest(tid)
-                psnrs = {n: p for (c, n), p in level_psnr.items() if c == codec}
-                ladders, reps = ladders_from_manifest(manifest, 6e8, psnrs)
-                if policy.family == "fp16":  # fetch-fp16: the exact representation only
-                    idx = [lv.name for lv in ladders[0]].index("fp16")
-                    ladders = [[lad[idx]] for lad in ladders]
-                    reps = [[rp[idx]] for rp in reps]
-                names = [lv.name for lv in ladders[0]]
-                ok = [i for i, n in enumerate(names) if psnrs.get(n, 0) >= PSNR_TARGET_DB]
-                floor = ok[0] if (ok and codec == "sakura" and policy.family != "fp16") else 0
-
-                async def fetch_blob(digest, nbytes, _client=client, _shaper=shaper):
-                    if _shaper is not None:
-                        await _shaper.request_latency()
-                        return await _client.fetch_shard(digest, expected_bytes=nbytes, throttle=_shaper.throttle)
-                    return await _client.fetch_shard(digest, expected_bytes=nbytes)
+                plan = plan_fetch(manifest, name)
+                ladders, reps, floor = plan.ladders, plan.reps, plan.floor
 
                 if link is not None:
                     stop = asyncio.Event()
                     follow = asyncio.create_task(link.follow(trace, 0.0, stop))
                 try:
                     rep = await run_pipelined_edit(
-                        model, manifest, fetch_blob, user, PROMPT, policy=policy, ladders=ladders, reps=reps,
+                        model, manifest, shaped_fetcher(client, trace if link is None else None), user, PROMPT,
+                        policy=plan.policy, ladders=ladders, reps=reps,
                         floor=floor, profile=profile, template_image=template, trace=trace,
                         config=RuntimeConfig(steps=args.steps),
                     )  # fmt: skip

@@ -132,6 +132,7 @@ def precompute_template(
     progress: Progress | None = None,
     probes: ProbeConfig | None = None,
     held_out_probes: int = 4,
+    psnr_steps: int = 4,
 ) -> PrecomputedTemplate:
     """Compute a template's exact KV, estimate token importance, encode every shard at every level of ``codec`` plus
     the fp16 reference, measure each representation's distortion on held-out probes, and build the manifest.
@@ -147,6 +148,8 @@ def precompute_template(
         progress: ``progress(stage, done, total)`` with stages "kv", "importance", "encode".
         probes: probe settings for importance (``seed`` is overridden by ``seed``).
         held_out_probes: number of held-out probe requests the distortion is measured on.
+        psnr_steps: steps of the held-out edit each level's end-to-end PSNR (``psnr_db``) is measured with
+            (every shard at that level, vs the exact-KV edit); 0 skips it. Clients pick their quality floor by it.
     """
     ladder = get_codec(codec)
     report = progress or (lambda stage, done, total: None)
@@ -199,6 +202,8 @@ def precompute_template(
         blobs[rep["digest"]] = fp16_blob
         shards.append({"layers": [first, last], "representations": reps})
     report("encode", len(inputs), len(inputs))
+    if psnr_steps > 0:
+        _add_output_psnr(model, kv, shards, blobs, seed, psnr_steps, report)
 
     manifest = {
         "version": MANIFEST_VERSION,
@@ -212,6 +217,7 @@ def precompute_template(
         "codec": ladder.name,
         "distortion_metric": DISTORTION_METRIC,
         "probes": {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes},
+        "psnr_metric": PSNR_METRIC if psnr_steps > 0 else None,
         "shards": shards,
     }
     validate_manifest(manifest)
@@ -223,6 +229,38 @@ def precompute_template(
         sum(len(b) for b in blobs.values()),
     )
     return PrecomputedTemplate(manifest, blobs)
+
+
+PSNR_METRIC = (
+    "psnr_db: output PSNR (images in [-1, 1]) of a held-out edit (probe user image, generic prompt) with every shard "
+    "at this level, against the same edit with exact KV"
+)
+
+
+def _add_output_psnr(model, kv: TemplateKV, shards: list[dict], blobs: dict[str, bytes], seed: int, steps: int, report):
+    """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards at that level."""
+    from ..runtime.edit import run_edit
+    from .importance import _sample_crop
+
+    rng = np.random.default_rng([seed, 3, 0x5A4B])
+    user = _sample_crop(rng, model.spec.image_size)
+    prompt = "a photo"
+    exact = run_edit(model, user, prompt, steps=steps, seed=seed, kv_source=kv).tokens
+    names = [r["name"] for r in shards[0]["representations"]]
+    for i, name in enumerate(names):
+        report("psnr", i, len(names))
+        layers = []
+        for shard in shards:
+            rep = next(r for r in shard["representations"] if r["name"] == name)
+            _, k, v = decode_chain([blobs[d] for d in [*rep["requires"], rep["digest"]]])
+            layers.append(torch.stack([torch.from_numpy(k), torch.from_numpy(v)], dim=1))  # (n, 2, tok, h, d)
+        approx = TemplateKV(torch.cat(layers).float(), kv.model_id, kv.token_grid, kv.rope_layout)
+        out = run_edit(model, user, prompt, steps=steps, seed=seed, kv_source=approx).tokens
+        mse = float(((out.clamp(-1, 1) - exact.clamp(-1, 1)) ** 2).mean())
+        psnr = 100.0 if mse <= 4e-10 else min(100.0, 10 * float(np.log10(4.0 / mse)))
+        for shard in shards:
+            next(r for r in shard["representations"] if r["name"] == name)["psnr_db"] = round(psnr, 3)
+    report("psnr", len(names), len(names))
 
 
 def _representation(codec, level: int, chain: list[bytes], kv: TemplateKV, held, first: int) -> dict:

@@ -126,8 +126,8 @@ def ladders_from_manifest(
 ) -> tuple[list[list[Level]], list[list[dict]]]:
     """Per-layer ladders (cheapest first) for the policies, and the matching manifest representations.
 
-    ``level_psnr_db`` maps a level name to the output PSNR measured with every layer at that level; without it
-    the manifest's distortion orders the levels.
+    ``level_psnr_db`` maps a level name to the output PSNR measured with every layer at that level (default: the
+    manifest's ``psnr_db``); without either, the manifest's distortion orders the levels.
     """
     L = manifest["num_layers"]
     ladders: list[list[Level] | None] = [None] * L
@@ -142,8 +142,9 @@ def ladders_from_manifest(
         for r in reps:
             chain_bytes = sum(by_digest[d]["bytes"] for d in r.get("requires", []) if d in by_digest) + r["bytes"]
             progressive = bool(r.get("requires"))
-            if level_psnr_db and r["name"] in level_psnr_db:
-                mse = 4 * 10 ** (-level_psnr_db[r["name"]] / 10) / L
+            psnr = (level_psnr_db or {}).get(r["name"], r.get("psnr_db"))
+            if psnr is not None:
+                mse = 4 * 10 ** (-psnr / 10) / L
             else:
                 mse = float(r["distortion"]) ** 2 / L
             fp16_bytes = manifest.get("shard_fp16_bytes") or r["bytes"]
