@@ -62,3 +62,9 @@ class ThroughputEstimator:
         """Harmonic mean divided by (1 + max recent relative prediction error): RobustMPC's conservative estimate."""
         err = max(self._errors) if self._errors else 0.0
         return self.harmonic() / (1.0 + err)
+
+    def worst(self) -> float:
+        """The lower of ``robust()`` and the slowest recent sample: for irreversible decisions."""
+        if not self._samples:
+            return self.config.prior_bytes_per_s
+        return min(self.robust(), min(self._samples))

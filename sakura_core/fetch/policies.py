@@ -50,6 +50,11 @@ class Policy:
     def upgrade(self, ctx):
         return None
 
+    def recompute_late(self, ctx, layer: int) -> bool:
+        """The template is dropped and shard ``layer`` is not ready: give up on the link and run a template-only
+        pass on the device (all layers' KV)? Baselines wait."""
+        return False
+
 
 class OnDevice(Policy):
     name = "on-device"
@@ -155,6 +160,8 @@ class Sakura(Policy):
       shards still meet theirs at the floor level (RobustMPC-style lookahead); never below the quality floor.
     * Compute: keep the template tokens for this layer if its shard will not be ready before computing it would
       finish.
+    * Late shards: once the template is dropped, if waiting for the remaining shards is predicted to take longer
+      than one template-only pass on the device, run that pass instead (the link misled the estimate).
     * Upgrades: while later steps run, spend idle link time on enhancement payloads with the largest distortion
       drop per byte.
     """
@@ -197,7 +204,18 @@ class Sakura(Policy):
     def keep_template(self, ctx, layer: int) -> bool:
         # Dropping the template is irreversible: keep computing unless dropping here has the earliest predicted
         # step-0 finish of all drop points from here on.
-        return ctx.best_drop(layer, self.rate(ctx)) != layer
+        return ctx.best_drop(layer, self.drop_rate(ctx)) != layer
+
+    def drop_rate(self, ctx) -> float | None:
+        """Dropping the template cannot be undone cheaply: decide it on the slowest recent throughput."""
+        return ctx.estimator.worst()
+
+    def recompute_late(self, ctx, layer: int) -> bool:
+        # waiting for every remaining shard vs one template-only pass now and the remaining layers cached
+        p = ctx.profile
+        wait = ctx.predicted_step0_finish(layer, layer, self.rate(ctx))
+        recompute = ctx.now + p.template_pass_s + (ctx.num_layers - layer) * p.layer_cached_s
+        return recompute < wait
 
     def upgrade(self, ctx):
         best, best_gain = None, 0.0
@@ -221,6 +239,9 @@ class Oracle(Sakura):
 
     def rate(self, ctx) -> float | None:
         return None  # None = exact transfer times from the trace
+
+    def drop_rate(self, ctx) -> float | None:
+        return None
 
 
 POLICIES = {p.name: p for p in (OnDevice, OnDeviceCached, FetchFP16, CacheGen, Throughput, Sakura, Oracle, FreeKV)}

@@ -188,6 +188,9 @@ class _LiveState:
     def now(self) -> float:
         return time.monotonic() - self.t0
 
+    def flush_observations(self) -> None:
+        """Live transfers are observed when they complete; nothing is pending."""
+
 
 async def run_pipelined_edit(
     model: DemoModel,

@@ -96,6 +96,7 @@ class Context:
 
     @property
     def estimator(self) -> ThroughputEstimator:
+        self._s.flush_observations()
         return self._s.estimator
 
     @property
@@ -198,6 +199,7 @@ class _Sim:
         self.L = len(ladders)
         self.rtt_s = max(config.min_rtt_s, 2 * trace.latency_ms / 1000)
         self.estimator = ThroughputEstimator()
+        self.pending_obs: list[tuple[float, int, float]] = []
         self.now = 0.0
         self.link_free = 0.0
         self.decoder_free = 0.0
@@ -215,11 +217,19 @@ class _Sim:
         self.decisions: list[dict] = []
         self.ctx = Context(self)
 
+    def flush_observations(self) -> None:
+        """Feed the estimator the transfers that have completed by ``now`` (never one from the future)."""
+        done = [o for o in self.pending_obs if o[0] <= self.now + 1e-12]
+        if done:
+            self.pending_obs = [o for o in self.pending_obs if o[0] > self.now + 1e-12]
+            for _, nbytes, seconds in sorted(done):
+                self.estimator.observe(nbytes, seconds)
+
     # the trace is read at start_s + t
     def _transfer(self, layer: int, level: int, nbytes: int, kind: str) -> None:
         t0 = self.link_free + self.rtt_s
         arrive = self.trace.finish_time(self.start_s + t0, nbytes) - self.start_s
-        self.estimator.observe(nbytes, arrive - t0)
+        self.pending_obs.append((arrive, nbytes, arrive - t0))  # known to the estimator only once it has arrived
         lv = self.ladders[layer][level]
         dec0 = max(arrive, self.decoder_free)
         dec1 = dec0 + (lv.decode_s if kind == "base" else lv.decode_s - self.ladders[layer][level - 1].decode_s)
@@ -278,6 +288,9 @@ class _Sim:
                 raise RuntimeError(f"simulation stuck: no way to obtain shard {layer}")
         return self.got[layer][0][1]
 
+    def ready_by(self, layer: int, t: float) -> bool:
+        return any(ready <= t for _, ready in self.got.get(layer, []))
+
     def level_at(self, layer: int, t: float) -> int | None:
         best = None
         for level, ready in self.got.get(layer, []):
@@ -296,6 +309,7 @@ class _Sim:
         used: dict[int, list[int]] = {}
         stall = 0.0
         split = L
+        device_all = False  # a fallback template pass made every layer's KV on the device
         # step 0
         for layer in range(L):
             self.compute_layer = layer
@@ -317,6 +331,22 @@ class _Sim:
                     continue
                 self.template_alive = False
                 split = layer
+            if not device_all and not self.ready_by(layer, self.compute_t) and pol.recompute_late(self.ctx, layer):
+                # late shards: one template-only pass gives every layer's KV here; stop waiting for the link
+                self.events.append({"lane": "compute", "start": self.compute_t,
+                                    "end": self.compute_t + p.template_pass_s, "layer": -1,
+                                    "level": "fallback template pass"})  # fmt: skip
+                self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
+                                       "reason": "shards late: template pass on the device is sooner"})  # fmt: skip
+                self.compute_t += p.template_pass_s
+                device_all = True
+                self.base_done = True
+                self.next_layer = L
+            if device_all:
+                self.events.append({"lane": "compute", "start": self.compute_t,
+                                    "end": self.compute_t + p.layer_cached_s, "layer": layer, "level": "cached"})  # fmt: skip
+                self.compute_t += p.layer_cached_s
+                continue
             ready = self.wait_for(layer)
             if ready > self.compute_t:
                 self.events.append({"lane": "stall", "start": self.compute_t, "end": ready, "layer": layer,
@@ -339,7 +369,8 @@ class _Sim:
             self.advance_link(self.compute_t)
             cost = L * (p.layer_full_s if pol.template_every_step else p.layer_cached_s)
             for layer in range(split, L):
-                used[layer].append(self.level_at(layer, self.compute_t))
+                if layer in used:
+                    used[layer].append(self.level_at(layer, self.compute_t))
             self.events.append(
                 {
                     "lane": "compute",
