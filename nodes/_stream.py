@@ -125,10 +125,12 @@ class FetchSettings:
     Attributes:
         policy: fetch policy name (one of :func:`runnable_policies`).
         bandwidth: "live" (the real link), "fixed:<Mbit/s>" or "trace:<path>" (emulated link, paced in the client).
+        latency_target_s: the edit's latency target in seconds, or None.
     """
 
     policy: str = "sakura"
     bandwidth: str = "live"
+    latency_target_s: float | None = None
 
     def __post_init__(self) -> None:
         from sakura_core.runtime.session import parse_bandwidth
@@ -255,7 +257,8 @@ async def run_edit(
             model, manifest, shaped_fetcher(client, trace), user_image, prompt, policy=plan.policy,
             ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template_image,
             trace=trace,
-            config=RuntimeConfig(steps=steps, seed=seed), cancel=run.cancel, on_layer=run.on_layer,
+            config=RuntimeConfig(steps=steps, seed=seed, latency_target_s=stream.settings.latency_target_s),
+            cancel=run.cancel, on_layer=run.on_layer,
         )  # fmt: skip
     prefetch_event = {
         "lane": "fetch",
@@ -268,6 +271,7 @@ async def run_edit(
         "policy": report.policy,
         "template": template.summary(),
         "bandwidth": stream.settings.bandwidth,
+        "latency_target_s": stream.settings.latency_target_s,
         "steps": steps,
         "seed": seed,
         "latency_s": report.latency_s,

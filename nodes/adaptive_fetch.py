@@ -59,13 +59,30 @@ class SakuraAdaptiveFetch(io.ComfyNode):
                     default="",
                     tooltip="A trace file (Pensieve, Sabre JSON or Mahimahi) to use instead of the bundled one.",
                 ),
+                io.Float.Input(
+                    "latency_target_s",
+                    default=0.0,
+                    min=0.0,
+                    max=3600.0,
+                    step=0.1,
+                    optional=True,
+                    tooltip="Latency target for the edit in seconds (0 = none). sakura spends the predicted slack "
+                    "under it on better shard levels; cachegen uses it as its SLO.",
+                ),
             ],
             outputs=[SakuraKVStream.Output("kv_stream", display_name="SAKURA_KV_STREAM")],
         )
 
     @classmethod
     def execute(
-        cls, template, policy: str, bandwidth: str, fixed_mbit_s: float, trace: str, trace_path: str
+        cls,
+        template,
+        policy: str,
+        bandwidth: str,
+        fixed_mbit_s: float,
+        trace: str,
+        trace_path: str,
+        latency_target_s: float = 0.0,
     ) -> io.NodeOutput:
         if bandwidth == LIVE:
             spec = "live"
@@ -79,7 +96,9 @@ class SakuraAdaptiveFetch(io.ComfyNode):
         else:
             raise SakuraNodeError(f"bandwidth must be one of {LIVE!r}, {FIXED!r}, {TRACE!r}; got {bandwidth!r}")
         try:
-            settings = FetchSettings(policy=policy, bandwidth=spec)
+            settings = FetchSettings(
+                policy=policy, bandwidth=spec, latency_target_s=latency_target_s if latency_target_s > 0 else None
+            )
         except ValueError as e:  # includes TraceFormatError (unreadable or unknown trace file)
             raise SakuraNodeError(f"fetch settings: {e}") from e
         stream = KVStream(template, settings)

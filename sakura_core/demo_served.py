@@ -45,7 +45,9 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
         try:
             for name in policies:
                 tid = "demo-template-cachegen" if name == "cachegen" else "demo-template"
-                req = EditRequest(url, tid, prompt, steps=steps, seed=seed, policy=name, bandwidth=f"trace:{trace_path}")
+                req = EditRequest(
+                    url, tid, prompt, steps=steps, seed=seed, policy=name, bandwidth=f"trace:{trace_path}"
+                )
                 out = await edit_from_server(model, req, user, profile=profile)
                 r = out.report
                 rows.append({"policy": name, "latency_s": r["latency_s"], "bytes_fetched": r["bytes_fetched"],

@@ -91,7 +91,8 @@ class CacheGen(Policy):
     """CacheGen's released selection: per chunk, the first level (high to low) with ``bytes*8/bw < SLO/n_chunks``,
     else recompute; ``bw`` read from the trace at decision time (no estimator). A chunk here is a shard.
 
-    SLO: the time the device needs to compute the whole template (the recompute alternative).
+    SLO: the latency target when one is set, else the time the device needs to compute the whole template (the
+    recompute alternative).
     """
 
     name = "cachegen"
@@ -102,7 +103,8 @@ class CacheGen(Policy):
 
     def choose(self, ctx, layer: int) -> Decision:
         bw = ctx.trace.rate_at(ctx.now)  # bytes/s, as the released code reads the trace
-        budget = ctx.profile.template_pass_s / ctx.num_layers
+        slo = ctx.latency_target_s if ctx.latency_target_s is not None else ctx.profile.template_pass_s
+        budget = slo / ctx.num_layers
         ladder = ctx.ladder(layer)
         for idx in range(len(ladder) - 1, -1, -1):
             if bw > 0 and ladder[idx].nbytes / bw < budget:
@@ -157,7 +159,8 @@ class Sakura(Policy):
       throughput estimate, and skip the shards below the best one — so the split layer ``k`` moves with the link
       instead of being fixed up front.
     * Levels: the best level whose predicted ready time meets the shard's deadline while the next ``horizon``
-      shards still meet theirs at the floor level (RobustMPC-style lookahead); never below the quality floor.
+      shards still meet theirs at the floor level (RobustMPC-style lookahead); never below the quality floor. With
+      a latency target, the predicted slack under it extends every deadline (quality for time the user allows).
     * Compute: keep the template tokens for this layer if its shard will not be ready before computing it would
       finish.
     * Late shards: once the template is dropped, if waiting for the remaining shards is predicted to take longer
@@ -183,6 +186,8 @@ class Sakura(Policy):
                     LEVEL_COMPUTE, f"device computes layer {layer} (planned split {drop}, {ctx.fmt_rate(rate)})"
                 )
         deadline = ctx.deadline(layer)
+        if ctx.latency_target_s is not None:  # slack under the user's latency target buys quality
+            deadline += max(0.0, ctx.latency_target_s - ctx.predicted_finish(rate))
         best = ctx.floor
         for idx in range(ctx.floor + 1, len(ladder)):
             t = ctx.predict_ready(layer, ladder[idx], rate)

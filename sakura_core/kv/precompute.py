@@ -237,7 +237,9 @@ PSNR_METRIC = (
 )
 
 
-def _add_output_psnr(model, kv: TemplateKV, shards: list[dict], blobs: dict[str, bytes], seed: int, steps: int, report):
+def _add_output_psnr(
+    model, kv: TemplateKV, shards: list[dict], blobs: dict[str, bytes], seed: int, steps: int, report
+):
     """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards at that level."""
     from ..runtime.edit import run_edit
     from .importance import _sample_crop

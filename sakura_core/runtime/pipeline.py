@@ -49,6 +49,8 @@ class RuntimeConfig:
     upgrades: fetch progressive enhancements during later steps (policies that ask for them).
     shard_wait_s: longest wait for one shard before the device computes the template KV itself.
     rtt_s: round trip charged per request in the policies' predictions.
+    latency_target_s: the user's latency target for the edit (seconds) or None; policies trade the slack under it
+        for quality (sakura) or use it as their SLO (cachegen).
     """
 
     steps: int = 8
@@ -57,8 +59,11 @@ class RuntimeConfig:
     upgrades: bool = True
     shard_wait_s: float = 120.0
     rtt_s: float = 0.04
+    latency_target_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.latency_target_s is not None and not self.latency_target_s > 0:
+            raise ValueError(f"latency_target_s must be > 0 seconds or None, got {self.latency_target_s}")
         if self.steps < 1 or self.decode_threads < 1 or self.shard_wait_s <= 0:
             raise ValueError(
                 f"steps and decode_threads must be >= 1 and shard_wait_s > 0, got {self.steps}, "
@@ -168,10 +173,11 @@ def ladders_from_manifest(
 class _LiveState:
     """What Context reads, kept by the running pipeline (times in seconds since the edit started)."""
 
-    def __init__(self, profile, trace, ladders, floor, estimator, rtt_s):
+    def __init__(self, profile, trace, ladders, floor, estimator, rtt_s, latency_target_s=None):
         self.profile, self.trace, self.ladders, self.floor = profile, trace, ladders, floor
         self.L = len(ladders)
         self.estimator, self.rtt_s = estimator, rtt_s
+        self.latency_target_s = latency_target_s
         self.t0 = time.monotonic()
         self.link_free = 0.0
         self.decoder_free = 0.0
@@ -229,7 +235,7 @@ async def run_pipelined_edit(
     if len(ladders) != L:
         raise ValueError(f"manifest has {len(ladders)} shards, the model {L} layers")
     estimator = ThroughputEstimator()
-    st = _LiveState(profile, trace or Trace.constant(1e4), ladders, floor, estimator, cfg.rtt_s)
+    st = _LiveState(profile, trace or Trace.constant(1e4), ladders, floor, estimator, cfg.rtt_s, cfg.latency_target_s)
     ctx = Context(st)
     policy.reset()
     events: list[dict] = []

@@ -60,6 +60,7 @@ class EditRequest:
         policy: fetch policy name (see ``sakura_core.fetch.policies.POLICIES``).
         bandwidth: link emulation: None/"live", "fixed:<Mbit/s>" or "trace:<path>".
         token: bearer token for a server with a read token.
+        latency_target_s: the edit's latency target (seconds) or None (see ``RuntimeConfig``).
     """
 
     server_url: str
@@ -70,6 +71,7 @@ class EditRequest:
     policy: str = "sakura"
     bandwidth: str | None = None
     token: str | None = None
+    latency_target_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES or self.policy == "free-kv":
@@ -178,7 +180,7 @@ async def edit_from_server(
         report = await run_pipelined_edit(
             model, manifest, shaped_fetcher(client, trace), user_image, request.prompt, policy=plan.policy,
             ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template,
-            trace=trace, config=RuntimeConfig(steps=request.steps, seed=request.seed), cancel=cancel,
+            trace=trace, config=RuntimeConfig(steps=request.steps, seed=request.seed, latency_target_s=request.latency_target_s), cancel=cancel,
             on_layer=on_layer,
         )  # fmt: skip
     return EditOutcome(

@@ -50,10 +50,12 @@ class SimConfig:
     """Attributes:
     min_rtt_s: round trip charged per request when the trace has no latency (mobile default 40 ms).
     upgrades: allow progressive upgrades during later steps (policies that support them).
+    latency_target_s: the user's latency target for the edit (seconds), or None.
     """
 
     min_rtt_s: float = 0.04
     upgrades: bool = True
+    latency_target_s: float | None = None
 
 
 @dataclass
@@ -118,6 +120,18 @@ class Context:
     @property
     def compute_layer(self) -> int:
         return self._s.compute_layer
+
+    @property
+    def latency_target_s(self) -> float | None:
+        """The user's latency target for the whole edit (seconds), or None."""
+        return self._s.latency_target_s
+
+    def predicted_finish(self, rate: float | None) -> float:
+        """Predicted end of the whole edit (all steps) from here, shards at the floor level."""
+        p, c = self.profile, self._s.compute_layer
+        drop = self.best_drop(c, rate) if self._s.template_alive else c
+        step0 = self.predicted_step0_finish(c, drop, rate)
+        return step0 + (p.model.steps - 1) * self.num_layers * p.layer_cached_s + p.fixed_s
 
     @property
     def decided_upto(self) -> int:
@@ -198,6 +212,7 @@ class _Sim:
         self.ladders, self.floor, self.config = ladders, floor, config
         self.L = len(ladders)
         self.rtt_s = max(config.min_rtt_s, 2 * trace.latency_ms / 1000)
+        self.latency_target_s = config.latency_target_s
         self.estimator = ThroughputEstimator()
         self.pending_obs: list[tuple[float, int, float]] = []
         self.now = 0.0

@@ -102,3 +102,20 @@ def test_cachegen_rule_picks_high_levels_on_fast_links_and_recomputes_on_slow_on
 def test_unknown_policy_is_explained():
     with pytest.raises(ValueError, match="unknown policy 'x'"):
         make_policy("x")
+
+
+def test_latency_target_buys_quality_with_slack_and_is_cachegens_slo():
+    from sakura_core.runtime.simulate import SimConfig
+
+    trace = Trace.constant(8)
+    strict = simulate(make_policy("sakura"), trace, CPU, LADDERS, FLOORS, config=SimConfig(upgrades=False))
+    target = strict.latency_s * 1.3
+    relaxed = simulate(
+        make_policy("sakura"), trace, CPU, LADDERS, FLOORS, config=SimConfig(upgrades=False, latency_target_s=target)
+    )
+    assert relaxed.psnr_db > strict.psnr_db
+    assert relaxed.latency_s <= target
+    slow = Trace.constant(1)
+    assert run("cachegen", slow).bytes_fetched == 0  # default SLO (the template pass): recompute
+    cg = simulate(make_policy("cachegen"), slow, CPU, LADDERS, FLOORS, config=SimConfig(latency_target_s=2000))
+    assert cg.bytes_fetched > 0  # a generous SLO: its rule fetches
