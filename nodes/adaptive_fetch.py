@@ -82,7 +82,7 @@ class SakuraAdaptiveFetch(io.ComfyNode):
         fixed_mbit_s: float,
         trace: str,
         trace_path: str,
-        latency_target_s: float = 0.0,
+        latency_target_s: float | None = None,
     ) -> io.NodeOutput:
         if bandwidth == LIVE:
             spec = "live"
@@ -97,7 +97,7 @@ class SakuraAdaptiveFetch(io.ComfyNode):
             raise SakuraNodeError(f"bandwidth must be one of {LIVE!r}, {FIXED!r}, {TRACE!r}; got {bandwidth!r}")
         try:
             settings = FetchSettings(
-                policy=policy, bandwidth=spec, latency_target_s=latency_target_s if latency_target_s > 0 else None
+                policy=policy, bandwidth=spec, latency_target_s=latency_target_s if latency_target_s else None
             )
         except ValueError as e:  # includes TraceFormatError (unreadable or unknown trace file)
             raise SakuraNodeError(f"fetch settings: {e}") from e
