@@ -104,7 +104,7 @@ def run(args) -> int:
     atomic_write_json(out / "report.json", report)
     if model.weights_source.startswith("random"):
         print("note: untrained demo weights — the edited image is noise; the KV paths are still exact")
-    print(f"wrote {out}/template.png, user.png, edit.png (4x upscaled), report.json")
+    print(f"wrote {out}/: {', '.join(report['images'])} (images 4x upscaled), report.json")
     return 0
 
 
