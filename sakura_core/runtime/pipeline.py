@@ -250,7 +250,7 @@ async def run_pipelined_edit(
     split = [L]
     loop = asyncio.get_running_loop()
     pool = ThreadPoolExecutor(max_workers=cfg.decode_threads, thread_name_prefix="sakura-decode")
-    from ..kv import decode_representation
+    from ..kv.chain import ChainDecoder
 
     def event(lane, start, end, layer, level):
         events.append({"lane": lane, "start": start, "end": end, "layer": layer, "level": level})
@@ -267,9 +267,21 @@ async def run_pipelined_edit(
         blobs[digest] = data
         return data
 
-    def decode(layer: int, level: int, chain: list[bytes]):
+    decoders: dict[int, tuple[list[str], ChainDecoder]] = {}  # layer -> (digests pushed, its incremental decoder)
+    decoder_lock = threading.Lock()
+
+    def decode(layer: int, level: int, digests: list[str], chain: list[bytes]):
+        """Decode a chain; an upgrade that extends the chain already decoded applies only its new blobs."""
         t0 = st.now
-        k, v = decode_representation(chain)
+        with decoder_lock:
+            done, dec = decoders.pop(layer, ([], None))
+        if dec is None or digests[: len(done)] != done or len(digests) <= len(done):
+            done, dec = [], ChainDecoder()
+        for blob in chain[len(done) :]:  # on an error the half-advanced decoder stays dropped (popped above)
+            dec.push(blob)
+        k, v = dec.tensors()
+        with decoder_lock:
+            decoders[layer] = (list(digests), dec)
         t1 = st.now
         event("decode", t0, t1, layer, ladders[layer][level].name)
         return k, v
@@ -277,10 +289,9 @@ async def run_pipelined_edit(
     async def fetch_level(layer: int, level: int) -> None:
         rep = reps[layer][level]
         by_digest = {r["digest"]: r for r in reps[layer]}
-        chain = []
-        for d in [*rep.get("requires", []), rep["digest"]]:
-            chain.append(await get(d, by_digest[d]["bytes"], layer, ladders[layer][level].name))
-        k, v = await loop.run_in_executor(pool, decode, layer, level, chain)
+        digests = [*rep.get("requires", []), rep["digest"]]
+        chain = [await get(d, by_digest[d]["bytes"], layer, ladders[layer][level].name) for d in digests]
+        k, v = await loop.run_in_executor(pool, decode, layer, level, digests, chain)
         with st.lock:
             cur = kv.get(layer)
             if cur is None or cur[2] < level:

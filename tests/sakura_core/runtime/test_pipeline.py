@@ -36,7 +36,7 @@ def setup():
     return model, tpl, usr, pre, exact, profile
 
 
-def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False):
+def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False, on_layer=None):
     model, tpl, usr, pre, exact, profile = setup
     ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
     if fp16_only:
@@ -109,3 +109,23 @@ def test_cancel_stops_between_layers(setup):
     ev.set()
     with pytest.raises(Cancelled, match="cancelled at step 0"):
         _run(setup, "on-device-cached", cancel=ev)
+
+
+def test_upgrades_refine_shards_during_later_steps(setup):
+    model, tpl, usr, pre, exact, _ = setup
+    L = model.adapter.num_layers
+    slow = LiveProfile(layer_full_s=0.4, layer_cached_s=0.2, layers=L, steps=STEPS)  # device slow: fetching pays
+    import time
+
+    # emulate the slow device for real (20 ms per layer), so later steps leave the link idle time to upgrade
+    rep = _run((model, tpl, usr, pre, exact, slow), "sakura", mbit=30.0, on_layer=lambda step, layer: time.sleep(0.02))
+    ups = [d for d in rep.decisions if d["reason"] == "upgrade"]
+    assert ups and not rep.fallbacks
+    names = [lv.name for lv in ladders_from_manifest(pre.manifest, 6e8)[0][0]]
+    upgraded = {d["layer"] for d in ups}
+    # some upgraded layer was used at a higher level in a later step than at step 0 (incremental chain decode)
+    assert any(
+        names.index(rep.levels_used[layer][-1]) > names.index(rep.levels_used[layer][0])
+        for layer in upgraded
+        if layer in rep.levels_used and "device" not in rep.levels_used[layer]
+    )
