@@ -14,9 +14,9 @@ import logging
 
 from sakura_core.fetch.policies import make_policy
 from sakura_core.fetch.traces import Trace
-from sakura_core.runtime.pipeline import ladders_from_manifest
+from sakura_core.runtime.ladder import Level, ladders_from_manifest
 from sakura_core.runtime.profiles import DeviceProfile
-from sakura_core.runtime.simulate import Level, simulate, simulate_oracle
+from sakura_core.runtime.simulate import simulate, simulate_oracle
 
 __all__ = ["SIMULATION_LABEL", "phone_ladder", "simulate_phone_job"]
 

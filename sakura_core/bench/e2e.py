@@ -19,8 +19,9 @@ from ..fetch.traces import Trace
 from ..models.demo import DemoModel
 from ..models.kv_types import TemplateKV
 from ..runtime.edit import run_edit
+from ..runtime.ladder import Level, psnr_from_mse
 from ..runtime.profiles import PHONE_DIT, DeviceProfile
-from ..runtime.simulate import Level, psnr_from_mse, simulate, simulate_oracle
+from ..runtime.simulate import simulate, simulate_oracle
 
 __all__ = [
     "CodecLevel",

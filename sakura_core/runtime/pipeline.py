@@ -4,7 +4,7 @@ Step 0 is a hybrid forward whose split is decided while it runs: before each lay
 device keeps running the template tokens (compute) or drops them and uses the fetched shard. The fetch lane asks
 the same policy, whenever the link is free, which shard to fetch at which level (or to skip it because the device
 will compute it), and, once every needed shard is fetched, which shard to upgrade with a progressive enhancement
-while later steps run. Policies see the same :class:`~sakura_core.runtime.simulate.Context` as in the simulation.
+while later steps run. Policies see the same :class:`~sakura_core.runtime.context.Context` as in the simulation.
 
 Failures never produce a silently wrong result: a shard that cannot be fetched or decoded is retried at the floor
 level; if that fails too, the device computes the template KV itself (a template-only pass) and the report says so.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,10 +27,11 @@ from ..fetch.estimator import ThroughputEstimator
 from ..fetch.policies import LEVEL_COMPUTE, Policy
 from ..fetch.traces import Trace
 from ..models.demo import DemoModel
+from .context import Context, LiveState
 from .edit import run_edit
-from .simulate import Context, Level
+from .ladder import Level
 
-__all__ = ["Cancelled", "LiveProfile", "RunReport", "RuntimeConfig", "ladders_from_manifest", "run_pipelined_edit"]
+__all__ = ["Cancelled", "LiveProfile", "RunReport", "RuntimeConfig", "run_pipelined_edit"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,78 +126,6 @@ class RunReport:
         return total + ((cur_e - cur_s) if cur_e is not None else 0.0)
 
 
-def ladders_from_manifest(
-    manifest: dict, decode_bytes_per_s: float, level_psnr_db: dict[str, float] | None = None
-) -> tuple[list[list[Level]], list[list[dict]]]:
-    """Per-layer ladders (cheapest first) for the policies, and the matching manifest representations.
-
-    ``level_psnr_db`` maps a level name to the output PSNR measured with every layer at that level (default: the
-    manifest's ``psnr_db``); without either, the manifest's distortion orders the levels.
-    """
-    L = manifest["num_layers"]
-    ladders: list[list[Level] | None] = [None] * L
-    reps_out: list[list[dict] | None] = [None] * L
-    for shard in manifest["shards"]:
-        first, last = shard["layers"]
-        if first != last:
-            raise ValueError(f"the live runtime fetches one layer per shard; shard {first}-{last} groups layers")
-        reps = sorted(shard["representations"], key=lambda r: (r["name"] == "fp16", r["level"]))
-        by_digest = {r["digest"]: r for r in reps}
-        levels, prev_bytes = [], 0
-        for r in reps:
-            chain_bytes = sum(by_digest[d]["bytes"] for d in r.get("requires", []) if d in by_digest) + r["bytes"]
-            progressive = bool(r.get("requires"))
-            psnr = (level_psnr_db or {}).get(r["name"], r.get("psnr_db"))
-            if psnr is not None:
-                mse = 4 * 10 ** (-psnr / 10) / L
-            else:
-                mse = float(r["distortion"]) ** 2 / L
-            fp16_bytes = manifest.get("shard_fp16_bytes") or r["bytes"]
-            levels.append(
-                Level(
-                    name=r["name"],
-                    nbytes=chain_bytes,
-                    increment_bytes=r["bytes"] if progressive else chain_bytes,
-                    decode_s=fp16_bytes / decode_bytes_per_s,
-                    mse=mse,
-                    progressive=progressive and chain_bytes > prev_bytes,
-                )
-            )
-            prev_bytes = chain_bytes
-        ladders[first], reps_out[first] = levels, reps
-    if any(x is None for x in ladders):
-        raise ValueError(f"manifest lacks shards for layers {[i for i, x in enumerate(ladders) if x is None]}")
-    return ladders, reps_out
-
-
-class _LiveState:
-    """What Context reads, kept by the running pipeline (times in seconds since the edit started)."""
-
-    def __init__(self, profile, trace, ladders, floor, estimator, rtt_s, latency_target_s=None):
-        self.profile, self.trace, self.ladders, self.floor = profile, trace, ladders, floor
-        self.L = len(ladders)
-        self.estimator, self.rtt_s = estimator, rtt_s
-        self.latency_target_s = latency_target_s
-        self.t0 = time.monotonic()
-        self.link_free = 0.0
-        self.decoder_free = 0.0
-        self.next_layer = 0
-        self.base_done = False
-        self.got: dict[int, list[tuple[int, float]]] = {}
-        self.in_flight: dict[int, float] = {}
-        self.template_alive = True
-        self.compute_t = 0.0
-        self.compute_layer = 0
-        self.lock = threading.RLock()
-
-    @property
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    def flush_observations(self) -> None:
-        """Live transfers are observed when they complete; nothing is pending."""
-
-
 async def run_pipelined_edit(
     model: DemoModel,
     manifest: dict,
@@ -235,7 +163,7 @@ async def run_pipelined_edit(
     if len(ladders) != L:
         raise ValueError(f"manifest has {len(ladders)} shards, the model {L} layers")
     estimator = ThroughputEstimator()
-    st = _LiveState(profile, trace or Trace.constant(1e4), ladders, floor, estimator, cfg.rtt_s, cfg.latency_target_s)
+    st = LiveState(profile, trace or Trace.constant(1e4), ladders, floor, estimator, cfg.rtt_s, cfg.latency_target_s)
     ctx = Context(st)
     policy.reset()
     events: list[dict] = []

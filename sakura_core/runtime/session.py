@@ -15,7 +15,8 @@ from ..fetch.policies import POLICIES, make_policy
 from ..fetch.shaper import TraceShaper
 from ..fetch.traces import Trace, load_trace
 from ..models.demo import DemoModel
-from .pipeline import LiveProfile, RuntimeConfig, ladders_from_manifest, run_pipelined_edit
+from .ladder import ladders_from_manifest
+from .pipeline import LiveProfile, RuntimeConfig, run_pipelined_edit
 
 __all__ = [
     "EditOutcome",

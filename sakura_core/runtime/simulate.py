@@ -13,36 +13,16 @@ the layer count); device-computed layers contribute nothing.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from ..fetch.estimator import ThroughputEstimator
-from ..fetch.policies import LEVEL_COMPUTE, Policy
+from ..fetch.policies import LEVEL_COMPUTE, Decision, Policy
 from ..fetch.traces import Trace
+from .context import Context
+from .ladder import Level, psnr_from_mse
 from .profiles import DeviceProfile
 
-__all__ = ["Level", "SimConfig", "SimResult", "fixed_split_policy", "simulate", "simulate_oracle", "psnr_from_mse"]
-
-
-@dataclass(frozen=True)
-class Level:
-    """One representation of a shard.
-
-    Attributes:
-        name: level name (e.g. "s2", "fp16").
-        nbytes: bytes to fetch for this level from nothing (base + all enhancements up to it).
-        increment_bytes: bytes beyond the previous level when ``progressive`` (else == nbytes).
-        decode_s: seconds to decode this level (whole chain).
-        mse: output MSE (images in [-1, 1]) if every layer used this level, divided by the layer count.
-        progressive: refines the previous level (an upgrade fetches only ``increment_bytes``).
-    """
-
-    name: str
-    nbytes: int
-    increment_bytes: int
-    decode_s: float
-    mse: float
-    progressive: bool = False
+__all__ = ["SimConfig", "SimResult", "fixed_split_policy", "simulate", "simulate_oracle"]
 
 
 @dataclass(frozen=True)
@@ -70,140 +50,6 @@ class SimResult:
     stall_s: float
     events: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
-
-
-def psnr_from_mse(mse: float, cap_db: float = 100.0) -> float:
-    """PSNR of images in [-1, 1] (peak-to-peak 2)."""
-    return cap_db if mse <= 4 * 10 ** (-cap_db / 10) else 10 * math.log10(4.0 / mse)
-
-
-class Context:
-    """What a policy may look at (see fetch/policies.py). Times are seconds from the start of the edit."""
-
-    def __init__(self, sim: _Sim):
-        self._s = sim
-
-    # static
-    @property
-    def profile(self) -> DeviceProfile:
-        return self._s.profile
-
-    @property
-    def num_layers(self) -> int:
-        return self._s.L
-
-    @property
-    def floor(self) -> int:
-        return self._s.floor
-
-    @property
-    def estimator(self) -> ThroughputEstimator:
-        self._s.flush_observations()
-        return self._s.estimator
-
-    @property
-    def trace(self) -> Trace:
-        return self._s.trace
-
-    def ladder(self, layer: int) -> list[Level]:
-        return self._s.ladders[layer]
-
-    # dynamic
-    @property
-    def now(self) -> float:
-        return self._s.now
-
-    @property
-    def template_alive(self) -> bool:
-        return self._s.template_alive
-
-    @property
-    def compute_layer(self) -> int:
-        return self._s.compute_layer
-
-    @property
-    def latency_target_s(self) -> float | None:
-        """The user's latency target for the whole edit (seconds), or None."""
-        return self._s.latency_target_s
-
-    def predicted_finish(self, rate: float | None) -> float:
-        """Predicted end of the whole edit (all steps) from here, shards at the floor level."""
-        p, c = self.profile, self._s.compute_layer
-        drop = self.best_drop(c, rate) if self._s.template_alive else c
-        step0 = self.predicted_step0_finish(c, drop, rate)
-        return step0 + (p.model.steps - 1) * self.num_layers * p.layer_cached_s + p.fixed_s
-
-    @property
-    def decided_upto(self) -> int:
-        return self._s.next_layer
-
-    def ready(self, layer: int) -> bool:
-        got = self._s.got.get(layer)
-        return bool(got) and got[0][1] <= self._s.now
-
-    def fetched_levels(self) -> dict[int, int]:
-        return {layer: max(lv for lv, _ in got) for layer, got in self._s.got.items() if got}
-
-    def fmt_rate(self, rate: float | None) -> str:
-        return "exact trace" if rate is None else f"{rate * 8 / 1e6:.2f} Mbit/s"
-
-    def transfer_end(self, start: float, nbytes: float, rate: float | None) -> float:
-        """When ``nbytes`` requested at ``start`` arrive: RTT + bytes at ``rate`` (None = the real trace)."""
-        t0 = start + self._s.rtt_s
-        return self._s.trace.finish_time(t0, nbytes) if rate is None else t0 + nbytes / rate
-
-    def predict_ready(self, layer: int, level: Level, rate: float | None) -> float:
-        arrive = self.transfer_end(max(self._s.link_free, self._s.now), level.nbytes, rate)
-        return max(arrive, self._s.decoder_free) + level.decode_s
-
-    def expected_ready(self, layer: int, rate: float | None) -> float:
-        """Predicted decode time of ``layer``'s first level (queued behind the shards before it at the floor)."""
-        got = self._s.got.get(layer)
-        if got:
-            return got[0][1]
-        if layer in self._s.in_flight:
-            return self._s.in_flight[layer]
-        t = max(self._s.link_free, self._s.now)
-        for x in range(self._s.next_layer, layer + 1):
-            t = self.transfer_end(t, self.ladder(x)[self.floor].nbytes, rate)
-        return max(t, self._s.decoder_free) + self.ladder(layer)[self.floor].decode_s
-
-    def predicted_step0_finish(self, layer: int, drop: int, rate: float | None) -> float:
-        """Predicted end of step 0 if compute (now at ``layer``) keeps the template up to ``drop`` and then uses
-        shards; shards not yet requested are fetched from ``drop`` on, back to back, at the floor level."""
-        p, s = self.profile, self._s
-        t = s.now + (drop - layer) * p.layer_full_s
-        link = max(s.link_free, s.now)
-        dec = s.decoder_free
-        for x in range(drop, self.num_layers):
-            got = s.got.get(x)
-            if got:
-                ready = got[0][1]
-            elif x in s.in_flight:
-                ready = s.in_flight[x]
-            else:
-                lv = self.ladder(x)[self.floor]
-                link = self.transfer_end(link, lv.nbytes, rate)
-                dec = max(link, dec) + lv.decode_s
-                ready = dec
-            t = max(t, ready) + p.layer_cached_s
-        return t
-
-    def best_drop(self, layer: int, rate: float | None) -> int:
-        """The drop point (>= ``layer``) with the earliest predicted step-0 finish."""
-        finishes = [self.predicted_step0_finish(layer, d, rate) for d in range(layer, self.num_layers + 1)]
-        return layer + min(range(len(finishes)), key=finishes.__getitem__)
-
-    def template_eta(self, layer: int) -> float:
-        """When compute reaches ``layer`` if it keeps running the template tokens from where it is."""
-        return self._s.compute_t + max(0, layer - self._s.compute_layer) * self.profile.layer_full_s
-
-    def deadline(self, layer: int) -> float:
-        """When compute reaches ``layer`` running without the template (no stalls), at step 0."""
-        p = self.profile
-        c = self._s.compute_layer
-        extra = p.layer_full_s if self._s.template_alive else p.layer_cached_s
-        return self._s.compute_t + (extra if layer > c else 0.0) + max(0, layer - c - 1) * p.layer_cached_s
 
 
 class _Sim:
@@ -442,8 +288,6 @@ class _FixedSplit(Policy):
         self.name = f"split-{split}"
 
     def choose(self, ctx, layer):
-        from ..fetch.policies import Decision
-
         if layer < self.split:
             return Decision(LEVEL_COMPUTE, "fixed split")
         return Decision(ctx.floor, "fixed split: floor level")

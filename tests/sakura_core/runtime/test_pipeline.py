@@ -11,13 +11,8 @@ from sakura_core.fetch.traces import Trace
 from sakura_core.kv import precompute_template
 from sakura_core.models.demo import load_demo_model, load_image
 from sakura_core.runtime.edit import run_edit
-from sakura_core.runtime.pipeline import (
-    Cancelled,
-    LiveProfile,
-    RuntimeConfig,
-    ladders_from_manifest,
-    run_pipelined_edit,
-)
+from sakura_core.runtime.ladder import ladders_from_manifest
+from sakura_core.runtime.pipeline import Cancelled, LiveProfile, RuntimeConfig, run_pipelined_edit
 
 STEPS = 3
 

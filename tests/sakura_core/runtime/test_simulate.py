@@ -5,8 +5,9 @@ import pytest
 
 from sakura_core.fetch.policies import POLICIES, make_policy
 from sakura_core.fetch.traces import Trace
+from sakura_core.runtime.ladder import Level
 from sakura_core.runtime.profiles import PHONE_DIT, PROFILES
-from sakura_core.runtime.simulate import Level, simulate, simulate_oracle
+from sakura_core.runtime.simulate import simulate, simulate_oracle
 
 FP = PHONE_DIT.shard_bytes_fp16
 CPU, NPU = PROFILES["snapdragon-8-elite-cpu"], PROFILES["snapdragon-8-elite-npu"]

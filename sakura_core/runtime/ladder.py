@@ -1,0 +1,79 @@
+"""The ladder model the policies reason about: one :class:`Level` per representation of a shard, built from a
+manifest (live) or from codec measurements (simulation)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["Level", "ladders_from_manifest", "psnr_from_mse"]
+
+
+@dataclass(frozen=True)
+class Level:
+    """One representation of a shard.
+
+    Attributes:
+        name: level name (e.g. "s2", "fp16").
+        nbytes: bytes to fetch for this level from nothing (base + all enhancements up to it).
+        increment_bytes: bytes beyond the previous level when ``progressive`` (else == nbytes).
+        decode_s: seconds to decode this level (whole chain).
+        mse: output MSE (images in [-1, 1]) if every layer used this level, divided by the layer count.
+        progressive: refines the previous level (an upgrade fetches only ``increment_bytes``).
+    """
+
+    name: str
+    nbytes: int
+    increment_bytes: int
+    decode_s: float
+    mse: float
+    progressive: bool = False
+
+
+def psnr_from_mse(mse: float, cap_db: float = 100.0) -> float:
+    """PSNR of images in [-1, 1] (peak-to-peak 2)."""
+    return cap_db if mse <= 4 * 10 ** (-cap_db / 10) else 10 * math.log10(4.0 / mse)
+
+
+def ladders_from_manifest(
+    manifest: dict, decode_bytes_per_s: float, level_psnr_db: dict[str, float] | None = None
+) -> tuple[list[list[Level]], list[list[dict]]]:
+    """Per-layer ladders (cheapest first) for the policies, and the matching manifest representations.
+
+    ``level_psnr_db`` maps a level name to the output PSNR measured with every layer at that level (default: the
+    manifest's ``psnr_db``); without either, the manifest's distortion orders the levels.
+    """
+    L = manifest["num_layers"]
+    ladders: list[list[Level] | None] = [None] * L
+    reps_out: list[list[dict] | None] = [None] * L
+    for shard in manifest["shards"]:
+        first, last = shard["layers"]
+        if first != last:
+            raise ValueError(f"the live runtime fetches one layer per shard; shard {first}-{last} groups layers")
+        reps = sorted(shard["representations"], key=lambda r: (r["name"] == "fp16", r["level"]))
+        by_digest = {r["digest"]: r for r in reps}
+        levels, prev_bytes = [], 0
+        for r in reps:
+            chain_bytes = sum(by_digest[d]["bytes"] for d in r.get("requires", []) if d in by_digest) + r["bytes"]
+            progressive = bool(r.get("requires"))
+            psnr = (level_psnr_db or {}).get(r["name"], r.get("psnr_db"))
+            if psnr is not None:
+                mse = 4 * 10 ** (-psnr / 10) / L
+            else:
+                mse = float(r["distortion"]) ** 2 / L
+            fp16_bytes = manifest.get("shard_fp16_bytes") or r["bytes"]
+            levels.append(
+                Level(
+                    name=r["name"],
+                    nbytes=chain_bytes,
+                    increment_bytes=r["bytes"] if progressive else chain_bytes,
+                    decode_s=fp16_bytes / decode_bytes_per_s,
+                    mse=mse,
+                    progressive=progressive and chain_bytes > prev_bytes,
+                )
+            )
+            prev_bytes = chain_bytes
+        ladders[first], reps_out[first] = levels, reps
+    if any(x is None for x in ladders):
+        raise ValueError(f"manifest lacks shards for layers {[i for i, x in enumerate(ladders) if x is None]}")
+    return ladders, reps_out
