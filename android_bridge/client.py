@@ -104,6 +104,8 @@ def _run_sync(make_coro: Callable[[], Coroutine]) -> Any:
 
 def _fit_image(image: np.ndarray, size: int) -> np.ndarray:
     """(H, W, 3|4) uint8 or float in [0, 1] -> (size, size, 3) uint8 (centre crop, bicubic), unchanged if it fits."""
+    from sakura_core.models.demo import load_image
+
     arr = np.asarray(image)
     if arr.ndim != 3 or arr.shape[2] not in (3, 4):
         raise ValueError(f"image must be (H, W, 3) or (H, W, 4), got shape {arr.shape}")
@@ -112,13 +114,8 @@ def _fit_image(image: np.ndarray, size: int) -> np.ndarray:
     arr = arr[..., :3]
     if arr.shape[:2] == (size, size):
         return np.ascontiguousarray(arr)
-    from PIL import Image
-
-    h, w = arr.shape[:2]
-    s = min(h, w)
-    crop = arr[(h - s) // 2 : (h - s) // 2 + s, (w - s) // 2 : (w - s) // 2 + s]
-    logger.info("image %dx%d fitted to the phone model's %dx%d", w, h, size, size)
-    return np.asarray(Image.fromarray(crop).resize((size, size), Image.BICUBIC))
+    logger.info("image %dx%d fitted to the phone model's %dx%d", arr.shape[1], arr.shape[0], size, size)
+    return load_image(arr, size)
 
 
 async def _raise_for(resp: aiohttp.ClientResponse, what: str) -> None:

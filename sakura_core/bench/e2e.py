@@ -53,7 +53,7 @@ def measure_codec_levels(
 ) -> list[CodecLevel]:
     """Encode the template's KV with every codec in ``SIM_CODECS``, decode every level (timed, one thread) and
     run the edit with it; PSNR is against the exact-KV edit."""
-    from ..kv import decode_representation, precompute_template
+    from ..kv import decode_kv, level_chains, precompute_template
 
     torch.set_num_threads(1)
     exact_kv = model.adapter.extract_template_kv(model.template_tokens(template), model.spec.grid)
@@ -61,23 +61,19 @@ def measure_codec_levels(
     fp16_bytes = exact_kv.nbytes // (exact_kv.kv.element_size() // 2)
     rows: list[CodecLevel] = []
     for family, codec in SIM_CODECS.items():
-        pre = precompute_template(model, template, f"bench-{family}", codec=codec)
+        # psnr_steps=0: this benchmark measures each level's PSNR itself, on its own edit
+        pre = precompute_template(model, template, f"bench-{family}", codec=codec, psnr_steps=0)
         shards = pre.manifest["shards"]
         names = [r["name"] for r in sorted(shards[0]["representations"], key=lambda r: r["level"])]
         for name in names:
             if family != "fp16" and name == "fp16":
                 continue  # the exact extra representation: measured under the fp16 family
-            layers, total_bytes, decode_s = [], 0, 0.0
-            for shard in shards:
-                by = {r["digest"]: r for r in shard["representations"]}
-                rep = next(r for r in shard["representations"] if r["name"] == name)
-                chain = [pre.blobs[d] for d in [*rep.get("requires", []), rep["digest"]]]
-                total_bytes += sum(by[d]["bytes"] for d in rep.get("requires", [])) + rep["bytes"]
-                t0 = time.perf_counter()
-                k, v = decode_representation(chain)
-                decode_s += time.perf_counter() - t0
-                layers.append(torch.stack([k, v], dim=1))  # (layers_in_shard, 2, tokens, heads, head_dim)
-            kv = TemplateKV(torch.cat(layers).float(), exact_kv.model_id, exact_kv.token_grid, exact_kv.rope_layout)
+            chains = level_chains(shards, pre.blobs, name)
+            total_bytes = sum(len(blob) for chain in chains for blob in chain)
+            t0 = time.perf_counter()
+            decoded = decode_kv(chains)  # (layers, 2, tokens, heads, head_dim) fp16
+            decode_s = time.perf_counter() - t0
+            kv = TemplateKV(decoded.float(), exact_kv.model_id, exact_kv.token_grid, exact_kv.rope_layout)
             out = run_edit(model, user, prompt, steps=steps, kv_source=kv).tokens
             row = CodecLevel(
                 family=family,

@@ -28,7 +28,7 @@ from .container import (
 )
 from .importance import ProbeConfig, TokenImportance, attention_error, capture_attention, estimate_importance
 from .manifest import ManifestError, validate_manifest
-from .precompute import PrecomputedTemplate, decode_kv, encode_kv, precompute_template, shard_inputs
+from .precompute import PrecomputedTemplate, decode_kv, encode_kv, level_chains, precompute_template, shard_inputs
 from .sakura_codec import SakuraConfig
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "encode_kv",
     "estimate_importance",
     "get_codec",
+    "level_chains",
     "parse_chain",
     "parse_shard",
     "precompute_template",

@@ -121,6 +121,16 @@ def decode_kv(chains: list[list[bytes]]) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def level_chains(shards: list[dict], blobs: dict[str, bytes], name: str) -> list[list[bytes]]:
+    """Per shard (manifest ``shards``), the chain of blobs (base first) of the representation called ``name`` —
+    what :func:`decode_kv` takes."""
+    chains = []
+    for shard in shards:
+        rep = next(r for r in shard["representations"] if r["name"] == name)
+        chains.append([blobs[d] for d in [*rep.get("requires", []), rep["digest"]]])
+    return chains
+
+
 def precompute_template(
     model: DemoModel,
     template_image: np.ndarray,
@@ -242,6 +252,7 @@ def _add_output_psnr(
 ):
     """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards at that level."""
     from ..runtime.edit import run_edit
+    from ..runtime.ladder import psnr_from_mse
     from .importance import _sample_crop
 
     rng = np.random.default_rng([seed, 3, 0x5A4B])
@@ -251,15 +262,10 @@ def _add_output_psnr(
     names = [r["name"] for r in shards[0]["representations"]]
     for i, name in enumerate(names):
         report("psnr", i, len(names))
-        layers = []
-        for shard in shards:
-            rep = next(r for r in shard["representations"] if r["name"] == name)
-            _, k, v = decode_chain([blobs[d] for d in [*rep["requires"], rep["digest"]]])
-            layers.append(torch.stack([torch.from_numpy(k), torch.from_numpy(v)], dim=1))  # (n, 2, tok, h, d)
-        approx = TemplateKV(torch.cat(layers).float(), kv.model_id, kv.token_grid, kv.rope_layout)
+        decoded = decode_kv(level_chains(shards, blobs, name)).float()  # (layers, 2, tokens, heads, head_dim)
+        approx = TemplateKV(decoded, kv.model_id, kv.token_grid, kv.rope_layout)
         out = run_edit(model, user, prompt, steps=steps, seed=seed, kv_source=approx).tokens
-        mse = float(((out.clamp(-1, 1) - exact.clamp(-1, 1)) ** 2).mean())
-        psnr = 100.0 if mse <= 4e-10 else min(100.0, 10 * float(np.log10(4.0 / mse)))
+        psnr = psnr_from_mse(float(((out.clamp(-1, 1) - exact.clamp(-1, 1)) ** 2).mean()))
         for shard in shards:
             next(r for r in shard["representations"] if r["name"] == name)["psnr_db"] = round(psnr, 3)
     report("psnr", len(names), len(names))
