@@ -51,6 +51,9 @@ def ladders_from_manifest(
         if first != last:
             raise ValueError(f"the live runtime fetches one layer per shard; shard {first}-{last} groups layers")
         reps = sorted(shard["representations"], key=lambda r: (r["name"] == "fp16", r["level"]))
+        rows, cols = manifest["token_grid"]
+        # what every level decodes to: K and V of this shard's layers in fp16, whatever the level's size on the wire
+        fp16_bytes = (last - first + 1) * 2 * rows * cols * manifest["heads"] * manifest["head_dim"] * 2
         by_digest = {r["digest"]: r for r in reps}
         levels, prev_bytes = [], 0
         for r in reps:
@@ -61,7 +64,6 @@ def ladders_from_manifest(
                 mse = 4 * 10 ** (-psnr / 10) / L
             else:
                 mse = float(r["distortion"]) ** 2 / L
-            fp16_bytes = manifest.get("shard_fp16_bytes") or r["bytes"]
             levels.append(
                 Level(
                     name=r["name"],

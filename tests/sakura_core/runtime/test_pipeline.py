@@ -66,6 +66,15 @@ def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False, o
     )
 
 
+def test_ladder_decode_cost_follows_the_decoded_size_not_the_wire_size(setup):
+    model, *_ = setup
+    pre = setup[3]
+    ladders, _ = ladders_from_manifest(pre.manifest, 1e8)
+    a = model.adapter
+    fp16 = 2 * model.spec.num_tokens * a.num_heads * a.head_dim * 2  # one layer's K and V in fp16
+    assert {lv.decode_s for lv in ladders[0]} == {fp16 / 1e8}
+
+
 def test_fetch_fp16_pipeline_reproduces_the_exact_edit(setup):
     rep = _run(setup, "fetch-fp16", fp16_only=True)
     exact = setup[4]
