@@ -17,13 +17,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import numpy as np
 import zstandard
 
 __all__ = [
+    "edit_request_from_header",
     "CONTENT_TYPE",
     "MAGIC",
     "VERSION",
@@ -185,3 +188,48 @@ def decode_job_body(body: bytes, limits: WireLimits | None = None) -> tuple[dict
             raise WireError(f"part {name!r}: sha256 mismatch (got {got[:16]}…, header {digest[:16]}…)")
         parts[name] = np.frombuffer(raw, dtype=np.dtype(_DTYPES[dtype_name]).newbyteorder("<")).reshape(shape)
     return header["job"], parts
+
+
+_MAX_STEPS = 1000
+_TEMPLATE_ID = re.compile(r"[a-z0-9-]{1,64}")
+
+
+def edit_request_from_header(job: dict):
+    """The job header (decoded JSON) as a validated ``EditRequest``; ``ValueError`` names the bad field."""
+    from sakura_core.runtime.session import EditRequest
+
+    required = ("template_id", "cloud_url", "prompt")
+    missing = [k for k in required if k not in job]
+    if missing:
+        raise ValueError(f"job header lacks {', '.join(missing)}")
+    template_id = job["template_id"]
+    if not isinstance(template_id, str) or not _TEMPLATE_ID.fullmatch(template_id):
+        raise ValueError(f"template_id must match [a-z0-9-]{{1,64}}, got {str(template_id)[:80]!r}")
+    url = job["cloud_url"]
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"cloud_url must be an http(s) URL of a SAKURA server, got {str(url)[:100]!r}")
+    if not isinstance(job["prompt"], str) or len(job["prompt"]) > 4096:
+        raise ValueError("prompt must be a string of at most 4096 characters")
+    steps, seed = job.get("steps", 8), job.get("seed", 0)
+    for name, value in (("steps", steps), ("seed", seed)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not 1 <= steps <= _MAX_STEPS:
+        raise ValueError(f"steps must be in 1..{_MAX_STEPS}, got {steps}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be in 0..2**63-1, got {seed}")
+    bandwidth = job.get("bandwidth")
+    if isinstance(bandwidth, str) and bandwidth.startswith("trace:"):
+        raise ValueError("bandwidth 'trace:<path>' reads a file on the phone; send 'live' or 'fixed:<Mbit/s>'")
+    token = job.get("cloud_token")
+    return EditRequest(
+        server_url=url.rstrip("/"),
+        template_id=template_id,
+        prompt=job["prompt"],
+        steps=steps,
+        seed=seed,
+        policy=job.get("policy", "sakura"),
+        bandwidth=bandwidth,
+        token=token if isinstance(token, str) and token else None,
+    )

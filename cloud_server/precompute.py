@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from sakura_core.fetch.client import ManifestError, check_manifest
+from sakura_core.io_utils import png_bytes
 
 from .config import MODELS
 from .store import Store, validate_template_id
@@ -98,14 +99,6 @@ def decode_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, str]:
     return rgb, _FORMATS[fmt]
 
 
-def _encode_png(image: np.ndarray) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def _default_precompute_fn() -> PrecomputeFn:
     kv = importlib.import_module("sakura_core.kv")
     fn = getattr(kv, "precompute_template", None)
@@ -169,7 +162,7 @@ def publish_template(
         raise TemplateExistsError(f"template {template_id!r} is already published; pick another id or overwrite")
     fn = precompute_fn or _default_precompute_fn()
     if source is None:
-        source = (_encode_png(image), "png")
+        source = (png_bytes(image), "png")
     spec = getattr(model, "spec", None)
     if spec is not None:
         from sakura_core.models.demo import load_image
@@ -179,7 +172,7 @@ def publish_template(
     manifest, blobs = _check_result(result, model.model_id, template_id)
     # The device computes the template's first layers itself (hybrid split): it needs the exact image the KV was
     # computed from. Lossless PNG at the model's resolution, content-addressed like a shard.
-    image_png = _encode_png(image)
+    image_png = png_bytes(image)
     image_ref = {"digest": hashlib.sha256(image_png).hexdigest(), "bytes": len(image_png), "format": "png"}
     manifest = {**manifest, "template_image": image_ref}
     digests = [rep["digest"] for shard in manifest["shards"] for rep in shard["representations"]]

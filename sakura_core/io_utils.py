@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "save_png"]
+__all__ = ["atomic_write_bytes", "atomic_write_json", "png_bytes", "save_png"]
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -35,15 +35,20 @@ def atomic_write_json(path: str | Path, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
-def save_png(path: str | Path, image: np.ndarray, scale: int = 1) -> None:
-    """Save (H, W, 3) uint8 as PNG, optionally upscaled ``scale`` x with nearest neighbour (for tiny demo images)."""
+def png_bytes(image: np.ndarray, scale: int = 1) -> bytes:
+    """(H, W, 3) uint8 as PNG bytes, optionally upscaled ``scale`` x with nearest neighbour (for tiny demo images)."""
     import io
 
     from PIL import Image
 
-    img = Image.fromarray(np.asarray(image, dtype=np.uint8))
+    img = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8))
     if scale > 1:
         img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
     buf = io.BytesIO()
     img.save(buf, format="PNG")
-    atomic_write_bytes(path, buf.getvalue())
+    return buf.getvalue()
+
+
+def save_png(path: str | Path, image: np.ndarray, scale: int = 1) -> None:
+    """Save (H, W, 3) uint8 as PNG (see :func:`png_bytes`), atomically."""
+    atomic_write_bytes(path, png_bytes(image, scale))

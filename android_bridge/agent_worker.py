@@ -1,0 +1,139 @@
+"""The phone agent's worker: runs one job at a time through the pipelined runtime and builds its report."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import numpy as np
+
+from sakura_core.io_utils import png_bytes
+
+from .agent_state import AgentState, Job, _cancel, _finish
+
+__all__: list[str] = []  # internal to the agent: _worker runs the queue
+
+logger = logging.getLogger(__name__)
+
+
+# ---- worker ---------------------------------------------------------------------------------------------------
+def _error_code(e: BaseException) -> str:
+    from sakura_core.fetch.client import AuthError, FetchError, ModelMismatchError, TemplateNotFoundError
+
+    for cls, code in (
+        (ModelMismatchError, "model_not_held"),
+        (TemplateNotFoundError, "template_not_found"),
+        (AuthError, "cloud_auth"),
+        (FetchError, "fetch_failed"),
+        (ValueError, "bad_job"),
+    ):
+        if isinstance(e, cls):
+            return code
+    return "internal"
+
+
+async def _run_one(state: AgentState, job: Job) -> None:
+    from sakura_core.runtime.pipeline import Cancelled
+
+    loop = asyncio.get_running_loop()
+    layers = state.model.adapter.num_layers
+    total = job.request.steps * layers
+
+    def on_layer(step: int, layer: int) -> None:  # compute thread
+        event = {"type": "progress", "step": step, "layer": layer, "steps": job.request.steps, "layers": layers,
+                 "done": step * layers + layer + 1, "total": total}  # fmt: skip
+        loop.call_soon_threadsafe(job.emit, event)
+
+    def timeout() -> None:
+        _cancel(state, job, f"job timeout: over {state.config.job_timeout_s:.0f} s")
+
+    job.state, job.started_s = "running", time.monotonic()
+    job.emit({"type": "state", "state": "running"})
+    timer = loop.call_later(state.config.job_timeout_s, timeout)
+    try:
+        outcome = await state.edit_fn(
+            state.model, job.request, job.image, profile=state.live_profile, cancel=job.cancel, on_layer=on_layer
+        )
+        png = await loop.run_in_executor(None, png_bytes, outcome.image)
+        report = await loop.run_in_executor(None, _report, state, job, outcome)
+    except Cancelled:
+        _finish(job, "cancelled", error=job.cancel_reason or "cancelled", code="cancelled")
+    except asyncio.CancelledError:
+        _finish(job, "cancelled", error="the agent is shutting down", code="cancelled")
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure ends this job with its message; the agent keeps serving
+        if job.cancel.is_set():
+            _finish(job, "cancelled", error=job.cancel_reason or "cancelled", code="cancelled")
+        else:
+            code = _error_code(e)
+            if code == "internal":
+                logger.exception("job %s failed", job.job_id)
+            _finish(job, "failed", error=f"{type(e).__name__}: {e}", code=code)
+    else:
+        job.png, job.report = png, report
+        _finish(job, "done")
+    finally:
+        timer.cancel()
+
+
+def _report(state: AgentState, job: Job, outcome) -> dict:
+    import hashlib
+
+    p = state.profile
+    report = dict(outcome.report)
+    report.update(
+        {
+            "job_id": job.job_id,
+            "steps": job.request.steps,
+            "seed": job.request.seed,
+            "image_sha256": hashlib.sha256(np.ascontiguousarray(outcome.image).tobytes()).hexdigest(),
+            "device": {
+                "profile": p.name,
+                "soc": p.soc,
+                "emulated": True,
+                "compute": "this host's CPU running the demo model (emulated phone); latency_s is measured here",
+                "model_id": state.model_id,
+            },
+            "memory": job.memory,
+            "agent": {
+                "queued_s": round((job.started_s or job.created_s) - job.created_s, 4),
+                "run_s": round(time.monotonic() - (job.started_s or job.created_s), 4),
+            },
+        }
+    )
+    if state.config.simulate_phone:
+        report["simulated_phone"] = _simulate(state, job, outcome)
+    return report
+
+
+def _simulate(state: AgentState, job: Job, outcome) -> dict:
+    """The SIMULATED phone-scale latency; a failure here is reported in the section, never fails the job."""
+    from sakura_core.runtime.session import parse_bandwidth
+
+    from .simulated import simulate_phone_job
+
+    try:
+        if job.manifest is None:
+            raise ValueError("no manifest was fetched for this job")
+        fetch_s = sum(e["end"] - e["start"] for e in outcome.report.get("timeline", []) if e.get("lane") == "fetch")
+        measured = outcome.report.get("bytes_fetched", 0) / fetch_s if fetch_s > 0 else None
+        return simulate_phone_job(job.manifest, job.request.policy, state.profile,
+                                  trace=parse_bandwidth(job.request.bandwidth), measured_bytes_per_s=measured)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - the simulation is an annotation; say why it is missing
+        logger.info("job %s: no simulated phone latency: %s", job.job_id, e)
+        return {"label": "SIMULATION unavailable", "error": f"{type(e).__name__}: {e}"}
+
+
+async def _worker(state: AgentState) -> None:
+    while True:
+        job = await state.queue.get()
+        try:
+            if job.finished:  # cancelled while queued
+                continue
+            state.running = job
+            await _run_one(state, job)
+        finally:
+            state.running = None
+            state.queue.task_done()
+            state.forget_old()
