@@ -14,8 +14,7 @@ import torch
 
 from .io_utils import atomic_write_json, save_png
 from .models.demo import DEMO_TEMPLATES, load_demo_model, load_image
-from .models.edit_task import EDIT_PROMPT, demo_template
-from .models.train_demo import task_for
+from .models.edit_task import EDIT_PROMPT, demo_template, task_for
 from .runtime.edit import run_edit
 
 __all__ = ["add_arguments", "run"]

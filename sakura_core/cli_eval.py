@@ -40,7 +40,7 @@ def run(args) -> int:
     from .io_utils import atomic_write_json
     from .models.demo import DemoSpec, load_demo_model
     from .models.edit_task import ImageBank
-    from .models.train_demo import evaluate
+    from .models.eval_demo import evaluate
 
     if args.pairs < 1 or args.steps < 1 or args.probes < 0:
         raise SystemExit("sakura eval demo-model: --pairs and --steps must be >= 1, --probes >= 0")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = [
+    "task_for",
     "DEMO_REGION",
     "EDIT_PROMPT",
     "EditPair",
@@ -343,3 +344,14 @@ def demo_template(source, cfg: EditTaskConfig | None = None, box: tuple[int, int
         k = cfg.image_size / 64
         box = tuple(int(round(v * k / cfg.align_px)) * cfg.align_px for v in DEMO_REGION)
     return mark_template(img, box, cfg)
+
+
+def task_for(spec) -> EditTaskConfig:
+    """The task geometry that fits a model's ``DemoSpec``: same image size, regions aligned to its patches.
+
+    Region sides span 5/16..10/16 of the image and the harmonisation ring 1/8 of it (20..40 px, ring 8 px at 64 px).
+    """
+    s, a = spec.image_size, spec.patch_size
+    lo = max(a, (s * 5 // 16) // a * a)
+    hi = max(lo, (s * 10 // 16) // a * a)
+    return EditTaskConfig(image_size=s, align_px=a, region_min_px=lo, region_max_px=hi, ring_px=max(1, s // 8))

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .demo import DemoModel, DemoSpec, load_demo_model
-from .edit_task import EDIT_PROMPT, EditTaskConfig, ImageBank, make_batch, make_pair, region_mask
+from .edit_task import EDIT_PROMPT, ImageBank, make_batch, task_for
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -37,12 +37,7 @@ __all__ = [
     "DemoTrainer",
     "TrainConfig",
     "default_checkpoint_dir",
-    "evaluate",
-    "gini",
-    "psnr_db",
     "save_weights",
-    "task_for",
-    "template_importance",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,17 +102,6 @@ class TrainConfig:
         for name in ("save_every", "log_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-def task_for(spec: DemoSpec) -> EditTaskConfig:
-    """The task geometry that fits the model: same image size, regions aligned to its patches.
-
-    Region sides span 5/16..10/16 of the image and the harmonisation ring 1/8 of it (20..40 px, ring 8 px at 64 px).
-    """
-    s, a = spec.image_size, spec.patch_size
-    lo = max(a, (s * 5 // 16) // a * a)
-    hi = max(lo, (s * 10 // 16) // a * a)
-    return EditTaskConfig(image_size=s, align_px=a, region_min_px=lo, region_max_px=hi, ring_px=max(1, s // 8))
 
 
 def _step_seed(seed: int, step: int) -> int:
@@ -410,223 +394,3 @@ def save_weights(trainer: DemoTrainer, path: str | Path, summary: dict | None = 
     save_file(tensors, str(tmp), metadata={"training": json.dumps(trainer.record(summary))})
     os.replace(tmp, path)
     return path
-
-
-# ---- evaluation ---------------------------------------------------------------------------------------------
-def psnr_db(a: np.ndarray, b: np.ndarray, cap_db: float = 100.0) -> float:
-    """PSNR of two uint8 images in dB (capped at ``cap_db`` for identical images)."""
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return cap_db if mse == 0 else min(cap_db, 10 * math.log10(255.0**2 / mse))
-
-
-def _ssim(a: np.ndarray, b: np.ndarray) -> float:
-    from skimage.metrics import structural_similarity
-
-    return float(structural_similarity(a, b, channel_axis=-1, data_range=255))
-
-
-def gini(values) -> float:
-    """Gini coefficient of non-negative values: 0 = all equal, -> 1 = all mass on one element."""
-    x = np.sort(np.asarray(values, dtype=np.float64).ravel())
-    if x.size == 0 or np.any(x < 0):
-        raise ValueError("gini needs a non-empty array of non-negative values")
-    total = x.sum()
-    if total == 0:
-        return 0.0
-    n = x.size
-    return float((2 * np.sum(np.arange(1, n + 1) * x)) / (n * total) - (n + 1) / n)
-
-
-def _qk_double(attn, kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Post-RoPE (q, k), each (B, txt + seq, heads, head_dim), as ``Flux2KVAttnProcessor`` computes them."""
-    from diffusers.models.embeddings import apply_rotary_emb
-
-    hs, enc = kwargs["hidden_states"], kwargs["encoder_hidden_states"]
-    q = attn.norm_q(attn.to_q(hs).unflatten(-1, (-1, attn.head_dim)))
-    k = attn.norm_k(attn.to_k(hs).unflatten(-1, (-1, attn.head_dim)))
-    eq = attn.norm_added_q(attn.add_q_proj(enc).unflatten(-1, (-1, attn.head_dim)))
-    ek = attn.norm_added_k(attn.add_k_proj(enc).unflatten(-1, (-1, attn.head_dim)))
-    rope = kwargs["image_rotary_emb"]
-    q = apply_rotary_emb(torch.cat([eq, q], dim=1), rope, sequence_dim=1)
-    k = apply_rotary_emb(torch.cat([ek, k], dim=1), rope, sequence_dim=1)
-    return q, k
-
-
-def _qk_single(attn, kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Post-RoPE (q, k) of a single-stream block, as ``Flux2KVParallelSelfAttnProcessor`` computes them."""
-    from diffusers.models.embeddings import apply_rotary_emb
-
-    proj = attn.to_qkv_mlp_proj(kwargs["hidden_states"])
-    qkv_dim = 3 * attn.inner_dim
-    local_qkv = proj.shape[-1] * qkv_dim // (qkv_dim + attn.mlp_hidden_dim * attn.mlp_mult_factor)
-    q, k, _ = proj[..., :local_qkv].chunk(3, dim=-1)
-    q = attn.norm_q(q.unflatten(-1, (-1, attn.head_dim)))
-    k = attn.norm_k(k.unflatten(-1, (-1, attn.head_dim)))
-    rope = kwargs["image_rotary_emb"]
-    return apply_rotary_emb(q, rope, sequence_dim=1), apply_rotary_emb(k, rope, sequence_dim=1)
-
-
-@torch.no_grad()
-def template_importance(
-    model: DemoModel, template: np.ndarray, user: np.ndarray, target: np.ndarray, times=(0.3, 0.6, 0.9), seed: int = 0
-) -> tuple[np.ndarray, float]:
-    """Attention mass the request queries put on each template token, per layer and head.
-
-    Probe requests: the target noised to each of ``times`` (seeded noise), with the user image and the edit prompt.
-    For every layer, the request image queries' softmax over all keys (text, template, request) is recomputed from
-    the block's inputs exactly as the KV processors compute it, and averaged over queries and probes.
-
-    Returns (importance (layers, heads, template_tokens), template_share = mean total mass on template tokens). The
-    recomputed template keys are checked against the KV the forward extracted (a mismatch raises).
-    """
-    adapter = model.adapter
-    grid, n_ref = model.spec.grid, model.spec.num_tokens
-    L, n_txt = adapter.num_layers, model.spec.text_tokens
-    ref = model.template_tokens(template)
-    u, x0 = model.pack_image(user), model.pack_image(target)
-    txt = model.encode_prompt(EDIT_PROMPT)
-    gen = torch.Generator().manual_seed(seed)
-    acc = torch.zeros(L, adapter.num_heads, n_ref, dtype=torch.float64)  # (layers, heads, ref tokens)
-    keys: dict[int, torch.Tensor] = {}
-
-    def make_hook(layer: int, double: bool):
-        def hook(module, args, kwargs):
-            q, k = (_qk_double if double else _qk_single)(module, kwargs)  # (B, N, H, D)
-            # double blocks: [txt, ref, img] after the text is prepended; single blocks: the same order
-            keys[layer] = k[:, n_txt : n_txt + n_ref]
-            q_img = q[:, n_txt + n_ref :]  # request queries (B, n_img, H, D)
-            scores = torch.einsum("bqhd,bkhd->bhqk", q_img.float(), k.float()) / math.sqrt(q.shape[-1])
-            probs = scores.softmax(dim=-1)[..., n_txt : n_txt + n_ref]  # (B, H, n_img, n_ref)
-            acc[layer] += probs.mean(dim=(0, 2)).double()
-
-        return hook
-
-    blocks = [b.attn for b in adapter.model.transformer_blocks] + [
-        b.attn for b in adapter.model.single_transformer_blocks
-    ]
-    handles = [
-        attn.register_forward_pre_hook(make_hook(i, i < adapter.num_double), with_kwargs=True)
-        for i, attn in enumerate(blocks)
-    ]
-    try:
-        for t_val in times:
-            noise = torch.randn(x0.shape, generator=gen)
-            x_t = (1 - t_val) * x0 + t_val * noise
-            result = adapter.forward(
-                model.request_tokens(x_t, u),
-                txt,
-                torch.full((1,), float(t_val)),
-                img_grid=grid,
-                ref_tokens=ref,
-                ref_grid=grid,
-                split_layer=L,
-            )
-            for layer, (k_ext, _) in enumerate(result.extracted):
-                err = float((keys[layer][:1] - k_ext).abs().max())
-                if err > 1e-4 * max(1.0, float(k_ext.abs().max())):
-                    raise RuntimeError(
-                        f"importance probe: recomputed template keys of layer {layer} differ from the extracted KV "
-                        f"by {err:.3g}; the diffusers attention processors changed — update _qk_double/_qk_single"
-                    )
-    finally:
-        for h in handles:
-            h.remove()
-    imp = (acc / len(times)).numpy()
-    return imp, float(imp.sum(axis=-1).mean())
-
-
-def evaluate(
-    model: DemoModel,
-    bank: ImageBank | None = None,
-    *,
-    pairs: int = 32,
-    seed: int = EVAL_SEED,
-    steps: int = 8,
-    probes: int = 4,
-    reference_model: DemoModel | None = None,
-    on_pair: Callable[[int], None] | None = None,
-) -> dict:
-    """Held-out evaluation of the KV edit path against the ground truth and trivial baselines.
-
-    Each pair: the template's KV is extracted (server side), the edit runs with all template KV injected
-    (``split_layer=0``, the phone path), ``steps`` Euler steps, noise seed = pair index.
-    Baselines: return the template; return the user image; paste the user content into the region without
-    recolouring (the ideal output of a model that composites but does not harmonise).
-    ``importance_gini``: Gini of template-token importance (mean over layers, heads, probe times) per probe template,
-    averaged over the first ``probes`` pairs; with ``reference_model`` (e.g. the random init) the same statistic
-    for it is reported alongside.
-    """
-    from ..runtime.edit import run_edit
-
-    if pairs < 1 or steps < 1 or probes < 0:
-        raise ValueError(f"pairs and steps must be >= 1 and probes >= 0, got {pairs}, {steps}, {probes}")
-    bank = bank or ImageBank.load()
-    task = task_for(model.spec)
-    rows = {k: {"psnr": [], "ssim": []} for k in ("model", "template", "user_image", "naive_composite")}
-    inside, outside = [], []
-    for i in range(pairs):
-        p = make_pair(bank, task, seed, i)
-        kv = model.adapter.extract_template_kv(model.template_tokens(p.template), model.spec.grid)
-        out = run_edit(model, p.user, EDIT_PROMPT, steps=steps, seed=i, split_layer=0, kv_source=kv).image
-        mask = region_mask(p.box, task.image_size)
-        naive = np.where(mask[..., None], p.user, p.scene)
-        for name, img in (
-            ("model", out),
-            ("template", p.template),
-            ("user_image", p.user),
-            ("naive_composite", naive),
-        ):
-            rows[name]["psnr"].append(psnr_db(img, p.target))
-            rows[name]["ssim"].append(_ssim(img, p.target))
-        inside.append(psnr_db(out[mask], p.target[mask]))
-        outside.append(psnr_db(out[~mask], p.target[~mask]))
-        if on_pair is not None:
-            on_pair(i)
-
-    def importance_stats(m: DemoModel) -> dict:
-        ginis, layer_ginis, top10, share = [], [], [], []
-        for i in range(probes):
-            p = make_pair(bank, task, seed, i)
-            imp, tshare = template_importance(m, p.template, p.user, p.target, seed=i)  # (L, H, n_ref)
-            per_token = imp.mean(axis=(0, 1))
-            ginis.append(gini(per_token))
-            layer_ginis.append([gini(imp[layer].mean(axis=0)) for layer in range(imp.shape[0])])
-            k = max(1, per_token.size // 10)
-            top10.append(float(np.sort(per_token)[-k:].sum() / per_token.sum()))
-            share.append(tshare)
-        return {
-            "gini": float(np.mean(ginis)),
-            "gini_per_layer": np.mean(layer_ginis, axis=0).round(4).tolist(),
-            "top10pct_mass": float(np.mean(top10)),
-            "template_share": float(np.mean(share)),
-        }
-
-    result = {
-        "psnr_db": float(np.mean(rows["model"]["psnr"])),
-        "ssim": float(np.mean(rows["model"]["ssim"])),
-        "baselines": {
-            name: {"psnr_db": float(np.mean(rows[name]["psnr"])), "ssim": float(np.mean(rows[name]["ssim"]))}
-            for name in ("template", "user_image", "naive_composite")
-        },
-        "region_psnr_db": {"inside": float(np.mean(inside)), "outside": float(np.mean(outside))},
-        "importance_gini": None,
-        "settings": {
-            "pairs": pairs,
-            "seed": seed,
-            "steps": steps,
-            "probes": probes,
-            "prompt": EDIT_PROMPT,
-            "path": "template KV extracted, then injected at every layer (split_layer=0)",
-        },
-        "model": {"name": model.spec.name, "id": model.model_id, "weights": model.weights_source},
-    }
-    if probes:
-        stats = importance_stats(model)
-        result["importance_gini"] = stats["gini"]
-        result["importance"] = stats
-        if reference_model is not None:
-            result["importance_reference"] = {
-                "weights": reference_model.weights_source,
-                **importance_stats(reference_model),
-            }
-    return result

@@ -36,8 +36,7 @@ USER_SIZE = 128  # pixels; the sampler fits any size to the model's
 
 def template_image(template_id: str, spec) -> np.ndarray:
     """The marked template image (``spec.image_size`` square) for ``template_id``."""
-    from sakura_core.models.edit_task import demo_template
-    from sakura_core.models.train_demo import task_for
+    from sakura_core.models.edit_task import demo_template, task_for
 
     sample, box = TEMPLATES[template_id]
     scale = spec.image_size / 64

@@ -11,14 +11,8 @@ from safetensors import safe_open
 from sakura_core import cli
 from sakura_core.models.demo import DemoSpec, load_demo_model
 from sakura_core.models.edit_task import ImageBank
-from sakura_core.models.train_demo import (
-    DemoTrainer,
-    TrainConfig,
-    evaluate,
-    gini,
-    psnr_db,
-    template_importance,
-)
+from sakura_core.models.eval_demo import evaluate, gini, psnr_db, template_importance
+from sakura_core.models.train_demo import DemoTrainer, TrainConfig
 
 TINY = {
     "patch_size": 1,
