@@ -23,10 +23,22 @@ import logging
 import random
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+from .client_config import ClientConfig, FetchStats
+from .errors import (
+    AuthError,
+    FetchError,
+    ManifestError,
+    ModelMismatchError,
+    ShardIntegrityError,
+    ShardNotFoundError,
+    ShardUnavailableError,
+    TemplateNotFoundError,
+)
+from .manifest_check import DIGEST_RE, TEMPLATE_ID_RE, check_manifest
 
 __all__ = [
     "AuthError",
@@ -45,168 +57,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
-_TEMPLATE_ID_RE = re.compile(r"[a-z0-9-]{1,64}")
 _CONTENT_RANGE_RE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 _RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
-MANIFEST_VERSION = 1
-
-
-# ---- errors ---------------------------------------------------------------------------------------------------
-class FetchError(Exception):
-    """Base class: something went wrong talking to the shard server."""
-
-
-class ShardIntegrityError(FetchError):
-    """The bytes received for a shard do not match its digest (or its announced size); they were discarded."""
-
-    def __init__(self, digest: str, detail: str):
-        super().__init__(f"shard {digest}: {detail}; the bytes were discarded")
-        self.digest = digest
-        self.detail = detail
-
-
-class ShardUnavailableError(FetchError):
-    """A shard could not be fetched: retries exhausted, or the server refused it."""
-
-    def __init__(self, digest: str, detail: str, attempts: int = 0):
-        super().__init__(f"shard {digest} unavailable after {attempts} attempt(s): {detail}")
-        self.digest = digest
-        self.detail = detail
-        self.attempts = attempts
-
-
-class ShardNotFoundError(ShardUnavailableError):
-    """The server has no shard with this digest (404)."""
-
-
-class AuthError(FetchError):
-    """The server wants a (different) bearer token: 401/403."""
-
-
-class ManifestError(FetchError, ValueError):
-    """A manifest is malformed; the message names the offending field."""
-
-
-class ModelMismatchError(ManifestError):
-    """The template's KV was computed for another model than the one asked for."""
-
-
-class TemplateNotFoundError(FetchError, LookupError):
-    """No published template with this id."""
-
-
-# ---- manifest checks ------------------------------------------------------------------------------------------
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def check_manifest(manifest: Any, *, template_id: str | None = None, model_id: str | None = None) -> dict:
-    """Validate a manifest; return it or raise ``ManifestError`` naming the offending field.
-
-    The schema is the codec's (``sakura_core.kv.validate_manifest``: version, ids, grid, shards covering layers
-    0..L-1 in order, representations with level, name, bytes, distortion, digest, requires chains). On top: the
-    template id asked for, the model in use (a different one raises ``ModelMismatchError``), and the optional
-    ``template_image`` blob reference the publisher adds.
-    """
-    if not isinstance(manifest, dict):
-        raise ManifestError(f"manifest must be a JSON object, got {type(manifest).__name__}")
-    if manifest.get("version") != MANIFEST_VERSION:
-        raise ManifestError(
-            f"manifest field 'version' is {manifest.get('version')!r}; this client reads version {MANIFEST_VERSION}"
-        )
-    from sakura_core.kv import validate_manifest  # the schema lives with the codec
-
-    try:
-        validate_manifest(manifest)
-    except ValueError as e:
-        raise ManifestError(f"manifest of template {str(manifest.get('template_id'))[:64]!r}: {e}") from e
-    if template_id is not None and manifest["template_id"] != template_id:
-        raise ManifestError(
-            f"manifest field 'template_id' is {manifest['template_id']!r} but template {template_id!r} was asked for"
-        )
-    if model_id is not None and manifest["model_id"] != model_id:
-        raise ModelMismatchError(
-            f"template {manifest['template_id']!r} was computed for model {manifest['model_id']}, not for the model "
-            f"in use ({model_id}); precompute it for this model"
-        )
-    image = manifest.get("template_image")
-    if image is not None and not (
-        isinstance(image, dict)
-        and isinstance(image.get("digest"), str)
-        and _DIGEST_RE.fullmatch(image["digest"])
-        and _is_int(image.get("bytes"))
-        and image["bytes"] > 0
-    ):
-        raise ManifestError(f"manifest field 'template_image' must be {{digest, bytes}} of a blob, got {image!r}")
-    return manifest
 
 
 # ---- client ---------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ClientConfig:
-    """Timeouts, retries and limits of ``ShardClient``.
-
-    Attributes:
-        connect_timeout_s: seconds to open a connection.
-        read_timeout_s: longest silence (seconds) between two reads of a body before the attempt is abandoned.
-        max_retries: consecutive failed attempts that brought no new bytes before giving up.
-        max_attempts: attempts per shard in all (each resume is an attempt).
-        backoff_initial_s: wait before the first retry (seconds); doubles per consecutive failure.
-        backoff_max_s: cap of the wait between retries (seconds).
-        backoff_jitter: fraction (0..1) of each wait that is randomised, so clients do not retry in lockstep.
-        integrity_retries: full refetches after the assembled bytes fail their digest, before raising.
-        chunk_bytes: largest chunk handed to ``throttle``/``on_chunk`` (bytes).
-        max_shard_bytes: refuse shards larger than this (bytes).
-        max_json_bytes: refuse catalog/manifest bodies larger than this (bytes).
-        max_connections: connection pool size of the client's own session.
-        seed: seed of the backoff jitter.
-    """
-
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 10.0
-    max_retries: int = 4
-    max_attempts: int = 16
-    backoff_initial_s: float = 0.05
-    backoff_max_s: float = 2.0
-    backoff_jitter: float = 0.2
-    integrity_retries: int = 1
-    chunk_bytes: int = 64 * 2**10
-    max_shard_bytes: int = 4 * 2**30
-    max_json_bytes: int = 16 * 2**20
-    max_connections: int = 16
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("connect_timeout_s", "read_timeout_s", "backoff_max_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
-        if self.backoff_initial_s < 0 or not 0 <= self.backoff_jitter <= 1:
-            raise ValueError(
-                f"backoff_initial_s must be >= 0 and backoff_jitter in [0, 1], got {self.backoff_initial_s}, "
-                f"{self.backoff_jitter}"
-            )
-        for name in ("max_retries", "integrity_retries"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("max_attempts", "chunk_bytes", "max_shard_bytes", "max_json_bytes", "max_connections"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-@dataclass
-class FetchStats:
-    """Counters over the client's lifetime (bytes are payload bytes received, including discarded ones)."""
-
-    shards: int = 0
-    bytes_received: int = 0
-    attempts: int = 0
-    resumes: int = 0
-    restarts: int = 0
-    integrity_failures: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-
-
 class _Retry(Exception):
     """An attempt failed in a way another attempt may fix."""
 
@@ -344,7 +199,7 @@ class ShardClient:
 
     async def get_manifest(self, template_id: str, *, expected_model_id: str | None = None) -> dict:
         """``GET /v1/templates/{id}/manifest``, checked with ``check_manifest`` (model id too, when given)."""
-        if not isinstance(template_id, str) or not _TEMPLATE_ID_RE.fullmatch(template_id):
+        if not isinstance(template_id, str) or not TEMPLATE_ID_RE.fullmatch(template_id):
             raise ValueError(f"invalid template id {template_id!r}: use 1-64 characters from a-z, 0-9 and '-'")
         manifest = await self._get_json(f"/v1/templates/{template_id}/manifest", f"manifest of {template_id!r}")
         return check_manifest(manifest, template_id=template_id, model_id=expected_model_id)
@@ -372,7 +227,7 @@ class ShardClient:
             ShardUnavailableError: retries exhausted (the last error is chained).
             AuthError: the server refused the token.
         """
-        if not isinstance(digest, str) or not _DIGEST_RE.fullmatch(digest):
+        if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest):
             raise ValueError(f"invalid shard digest {digest!r}: expected 64 lowercase hex characters")
         cfg = self.config
         if expected_bytes is not None and not 0 <= expected_bytes <= cfg.max_shard_bytes:
