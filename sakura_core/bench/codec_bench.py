@@ -36,7 +36,7 @@ from ..kv import (
     get_codec,
 )
 from ..kv.codecs import ShardInput, ShardMeta
-from ..kv.importance import make_probes
+from ..kv.probes import make_probes
 from ..models.demo import DemoModel, load_demo_model, load_image
 from ..models.kv_types import TemplateKV
 from ..runtime.edit import run_edit

@@ -11,6 +11,7 @@ Public surface (what the cloud server and the runtime call):
 
 from . import cachegen as _cachegen  # noqa: F401  (registers "cachegen")
 from . import sakura_codec as _sakura_codec  # noqa: F401  (registers "sakura")
+from .attention_capture import capture_attention
 from .chain import ChainDecoder, decode_chain, decode_representation, parse_chain
 from .codecs import CODECS, Codec, ShardInput, ShardMeta, get_codec
 from .container import (
@@ -26,9 +27,10 @@ from .container import (
     parse_shard,
     shard_digest,
 )
-from .importance import ProbeConfig, TokenImportance, attention_error, capture_attention, estimate_importance
+from .importance import TokenImportance, attention_error, estimate_importance
 from .manifest import ManifestError, validate_manifest
 from .precompute import PrecomputedTemplate, decode_kv, encode_kv, level_chains, precompute_template, shard_inputs
+from .probes import ProbeConfig
 from .sakura_codec import SakuraConfig
 
 __all__ = [

@@ -15,19 +15,13 @@ import torch
 
 from ..models.demo import DemoModel
 from ..models.kv_types import TemplateKV
+from .attention_capture import capture_attention
 from .chain import decode_chain
 from .codecs import ShardInput, ShardMeta, get_codec
 from .container import shard_digest
-from .importance import (
-    ProbeConfig,
-    TokenImportance,
-    attention_error,
-    capture_attention,
-    importance_from_captures,
-    layer_gains,
-    make_probes,
-)
+from .importance import TokenImportance, attention_error, importance_from_captures, layer_gains
 from .manifest import MANIFEST_VERSION, validate_manifest
+from .probes import ProbeConfig, make_probes
 
 __all__ = [
     "DISTORTION_METRIC",
@@ -253,10 +247,10 @@ def _add_output_psnr(
     """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards at that level."""
     from ..runtime.edit import run_edit
     from ..runtime.ladder import psnr_from_mse
-    from .importance import _sample_crop
+    from .probes import sample_crop
 
     rng = np.random.default_rng([seed, 3, 0x5A4B])
-    user = _sample_crop(rng, model.spec.image_size)
+    user = sample_crop(rng, model.spec.image_size)
     prompt = "a photo"
     exact = run_edit(model, user, prompt, steps=steps, seed=seed, kv_source=kv).tokens
     names = [r["name"] for r in shards[0]["representations"]]

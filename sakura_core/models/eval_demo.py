@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..kv.importance import _qkv_double, _qkv_single
+from ..kv.attention_capture import qkv_double, qkv_single
 from .demo import DemoModel
 from .edit_task import EDIT_PROMPT, ImageBank, make_pair, region_mask, task_for
 from .train_demo import EVAL_SEED
@@ -66,7 +66,7 @@ def template_importance(
 
     def make_hook(layer: int, double: bool):
         def hook(module, args, kwargs):
-            q, k, _, _ = (_qkv_double if double else _qkv_single)(module, kwargs)  # (B, N, H, D) post-RoPE
+            q, k, _, _ = (qkv_double if double else qkv_single)(module, kwargs)  # (B, N, H, D) post-RoPE
             # double blocks: [txt, ref, img] after the text is prepended; single blocks: the same order
             keys[layer] = k[:, n_txt : n_txt + n_ref]
             q_img = q[:, n_txt + n_ref :]  # request queries (B, n_img, H, D)
@@ -101,7 +101,7 @@ def template_importance(
                 if err > 1e-4 * max(1.0, float(k_ext.abs().max())):
                     raise RuntimeError(
                         f"importance probe: recomputed template keys of layer {layer} differ from the extracted KV "
-                        f"by {err:.3g}; the diffusers attention processors changed — update sakura_core.kv.importance._qkv_double/_qkv_single"
+                        f"by {err:.3g}; the diffusers attention processors changed — update sakura_core.kv.importance.qkv_double/qkv_single"
                     )
     finally:
         for h in handles:

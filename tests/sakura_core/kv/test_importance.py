@@ -4,7 +4,8 @@ import numpy as np
 import torch
 
 from sakura_core.kv import ProbeConfig, attention_error, capture_attention, estimate_importance
-from sakura_core.kv.importance import importance_from_captures, make_probes
+from sakura_core.kv.importance import importance_from_captures
+from sakura_core.kv.probes import make_probes
 
 
 def test_captured_attention_equals_what_the_processors_compute(demo_model, demo_kv, demo_template):
