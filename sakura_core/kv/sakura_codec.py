@@ -34,20 +34,31 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import zstandard
 
 from .codecs import (
     Codec,
-    Parsed,
     ShardInput,
     _check_levels,
     _f16_ceil,
     _f16_floor,
-    _unzstd,
     _zstd,
     register_codec,
 )
-from .container import ShardCorruptError, ShardHeader, pack_shard, shard_digest
+from .container import pack_shard, shard_digest
+from .sakura_decode import (  # the encoder measures exactly what the decoder will output
+    _V_RANGE_BITS,
+    _W,
+    WIDTHS,
+    _fine_codes,
+    _finish,
+    _pack_symbols,
+    _Params,
+    _reconstruct,
+    _step,
+    _steps,
+    _transition_groups,
+    decode_sakura,
+)
 
 __all__ = [
     "WIDTHS",
@@ -60,11 +71,6 @@ __all__ = [
 ]
 
 #: Bit widths a unit can take; the codec stores width *indices* into this tuple.
-WIDTHS = (0, 2, 3, 4, 8)
-_W = np.array(WIDTHS, dtype=np.int16)
-_MULT = np.array([256.0] + [float(1 << (8 - w)) for w in WIDTHS[1:]], dtype=np.float32)  # fine codes per bin
-_OFF = (_MULT - 1.0) / 2.0  # bin centre, in fine-code units
-_V_RANGE_BITS = 32  # fp16 (min, max) per (layer, token) of V
 
 
 @dataclass(frozen=True)
@@ -104,48 +110,6 @@ class SakuraConfig:
 
 
 DEFAULT_CONFIG = SakuraConfig()
-
-
-# ---- shared reconstruction (encoder measures exactly what the decoder will output) --------------------------------
-
-
-@dataclass
-class _Params:
-    klo: np.ndarray  # (layers, heads, head_dim) float32, from fp16
-    kstep: np.ndarray  # (layers, heads, head_dim)
-    kmean: np.ndarray  # (layers, heads, head_dim)
-    vmean: np.ndarray  # (layers, heads, head_dim)
-    vlo: np.ndarray  # (layers, tokens) float32; 0 where not yet sent
-    vstep: np.ndarray  # (layers, tokens)
-
-
-def _steps(lo16: np.ndarray, hi16: np.ndarray) -> np.ndarray:
-    return (hi16.astype(np.float32) - lo16.astype(np.float32)) / np.float32(255.0)
-
-
-def _fine_codes(x: np.ndarray, lo: np.ndarray, step: np.ndarray) -> np.ndarray:
-    safe = np.where(step > 0, step, np.float32(1.0)).astype(np.float32)
-    return np.clip(np.rint((x - lo) / safe), 0, 255).astype(np.uint8)
-
-
-def _reconstruct(idx: np.ndarray, acc: torch.Tensor, p: _Params) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dequantise (vectorised torch, in place on one float32 buffer).
-
-    ``idx``: (2, layers, tokens, heads) width indices; ``acc``: (2, layers, tokens, heads, head_dim) uint8, the top
-    ``w`` bits of each fine code. Returns float16 K and V (layers, tokens, heads, head_dim).
-    """
-    code = acc.to(torch.float32)
-    code.mul_(torch.from_numpy(_MULT[idx]).unsqueeze(-1)).add_(torch.from_numpy(_OFF[idx]).unsqueeze(-1))
-    code[0].mul_(torch.from_numpy(p.kstep).unsqueeze(1)).add_(torch.from_numpy(p.klo).unsqueeze(1))
-    code[1].mul_(torch.from_numpy(p.vstep)[..., None, None]).add_(torch.from_numpy(p.vlo)[..., None, None])
-    out = code.to(torch.float16)  # (2, layers, tokens, heads, head_dim)
-    n_l, t, h, d = out.shape[1:]
-    flat = out.numpy().reshape(2, n_l * t * h, d)  # shares memory with ``out``
-    for ti, mean in ((0, p.kmean), (1, p.vmean)):
-        dropped = np.flatnonzero(idx[ti] == 0)  # flat (layer, token, head) units
-        if dropped.size:  # a dropped unit is the mean of its (layer, head) channels
-            flat[ti, dropped] = mean.astype(np.float16).reshape(n_l * h, d)[(dropped // (t * h)) * h + dropped % h]
-    return out[0], out[1]
 
 
 # ---- encoder --------------------------------------------------------------------------------------------------------
@@ -339,63 +303,6 @@ def _plan(shard: ShardInput, config: SakuraConfig) -> _Plan:
     return _Plan(params, meta16, v_range16, fine, level_idx)
 
 
-def _per_byte(m: int) -> int:
-    return {1: 8, 2: 4, 4: 2}.get(m, 1)
-
-
-def _pack_symbols(sym: np.ndarray, m: int) -> bytes:
-    """Pack m-bit symbols whole into bytes. m = 1: ``np.packbits`` (8 per byte, MSB first). m = 2 or 4: planar,
-    ``per`` = 4 or 2 symbols per byte — byte ``j`` holds symbols ``j, j + Q, j + 2Q, ...`` (``Q`` = number of
-    bytes), most significant first, so unpacking is a few contiguous shifts. Other m: one symbol per byte."""
-    flat = sym.reshape(-1).astype(np.uint8)
-    per = _per_byte(m)
-    if m == 1:
-        return np.packbits(flat).tobytes()
-    if per == 1:
-        return flat.tobytes()
-    q = -(-flat.size // per)
-    planes = np.zeros(per * q, np.uint8)
-    planes[: flat.size] = flat
-    planes = planes.reshape(per, q)
-    out = np.zeros(q, np.uint8)
-    for i in range(per):
-        out |= planes[i] << np.uint8(m * (per - 1 - i))
-    return out.tobytes()
-
-
-def _packed_size(n_sym: int, m: int) -> int:
-    return -(-n_sym // _per_byte(m))
-
-
-def _unpack_symbols(raw: bytes, m: int, n_sym: int) -> np.ndarray:
-    """Inverse of :func:`_pack_symbols`; ``raw`` has exactly ``_packed_size(n_sym, m)`` bytes."""
-    b = np.frombuffer(raw, dtype=np.uint8)
-    per = _per_byte(m)
-    if m == 1:
-        return np.unpackbits(b, count=n_sym)
-    if per == 1:
-        if b.max(initial=0) >= (1 << m):
-            raise ShardCorruptError(f"sakura: {m}-bit symbol out of range")
-        return b.copy()
-    q = b.size
-    out = np.empty(per * q, np.uint8)
-    mask = np.uint8((1 << m) - 1)
-    for i in range(per):
-        plane = out[i * q : (i + 1) * q]
-        np.right_shift(b, np.uint8(m * (per - 1 - i)), out=plane)
-        if i:
-            np.bitwise_and(plane, mask, out=plane)
-    return out[:n_sym]
-
-
-def _transition_groups(prev_idx: np.ndarray, new_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """Flat per-unit new widths and added bits, and the sorted list of added-bit counts present."""
-    w_new = _W[new_idx.reshape(-1)]
-    added = w_new - _W[prev_idx.reshape(-1)]
-    counts = np.bincount(added, minlength=9)
-    return w_new, added, [int(m) for m in np.flatnonzero(counts[1:]) + 1]
-
-
 def _level_blob(
     plan: _Plan,
     shard: ShardInput,
@@ -439,112 +346,6 @@ def encode_sakura(
         blobs.append(blob)
         prev_idx, parent = new_idx, shard_digest(blob)
     return blobs
-
-
-# ---- decoder --------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _State:
-    idx: np.ndarray  # (2, layers, tokens, heads) uint8
-    acc: np.ndarray  # (2 * layers * tokens * heads, head_dim) uint8
-    params: _Params
-
-
-def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]) -> _State:
-    n_l, t, h, d = header.tensor_shape
-    n_units = 2 * n_l * t * h
-    base = state is None
-    if base != (header.parent is None):
-        raise ShardCorruptError("sakura: the first blob of a chain must be a base and the others refinements")
-    if not sections:
-        raise ShardCorruptError("sakura: blob has no sections")
-    meta_bytes = 4 * n_l * h * d * 2 if base else 0
-    fixed = meta_bytes + n_units
-    head_section = sections[0]
-    try:
-        declared = zstandard.frame_content_size(head_section)
-    except zstandard.ZstdError as e:
-        raise ShardCorruptError(f"sakura: head section is not a zstd frame ({e})") from e
-    if not fixed <= declared <= fixed + 4 * n_l * t or (declared - fixed) % 4:
-        raise ShardCorruptError(f"sakura: head section declares {declared} bytes, not valid for this geometry")
-    head = _unzstd(head_section, declared, "sakura head")
-    pos = 0
-    if base:
-        meta = np.frombuffer(head, dtype="<f2", count=4 * n_l * h * d).reshape(4, n_l, h, d).astype(np.float32)
-        if not np.isfinite(meta).all() or (meta[1] < meta[0]).any():
-            raise ShardCorruptError("sakura: key ranges / means are not finite or inverted")
-        params = _Params(
-            klo=meta[0],
-            kstep=(meta[1] - meta[0]) / np.float32(255.0),
-            kmean=meta[2],
-            vmean=meta[3],
-            vlo=np.zeros((n_l, t), np.float32),
-            vstep=np.zeros((n_l, t), np.float32),
-        )
-        prev = np.zeros((2, n_l, t, h), np.uint8)
-        acc = np.zeros((n_units, d), dtype=np.uint8)
-        pos = meta_bytes
-    else:
-        params, prev, acc = state.params, state.idx, state.acc
-    delta = np.frombuffer(head, dtype=np.uint8, count=n_units, offset=pos).reshape(2, n_l, t, h)
-    pos += n_units
-    if delta.max(initial=0) >= len(WIDTHS):
-        raise ShardCorruptError("sakura: width delta out of range")
-    new = prev + delta
-    if new.max(initial=0) >= len(WIDTHS):
-        raise ShardCorruptError("sakura: width index out of range")
-    was_active = (prev[1] > 0).any(axis=-1)
-    newly = (new[1] > 0).any(axis=-1) & ~was_active
-    n_new = int(newly.sum())
-    if len(head) - pos != 4 * n_new:
-        raise ShardCorruptError(f"sakura: head has {len(head) - pos} bytes of value ranges, expected {4 * n_new}")
-    if n_new:
-        rng = np.frombuffer(head, dtype="<f2", offset=pos).reshape(n_new, 2).astype(np.float32)
-        if not np.isfinite(rng).all() or (rng[:, 1] < rng[:, 0]).any():
-            raise ShardCorruptError("sakura: value ranges are not finite or inverted")
-        params.vlo[newly] = rng[:, 0]
-        params.vstep[newly] = (rng[:, 1] - rng[:, 0]) / np.float32(255.0)
-    w_new, added, groups = _transition_groups(prev, new)
-    if len(sections) != 1 + len(groups):
-        raise ShardCorruptError(f"sakura: blob has {len(sections)} sections, its widths need {1 + len(groups)}")
-    for m, section in zip(groups, sections[1:], strict=True):
-        units = np.flatnonzero(added == m)
-        n_sym = units.size * d
-        raw = _unzstd(section, _packed_size(n_sym, m), f"sakura {m}-bit group")
-        sym = _unpack_symbols(raw, m, n_sym).reshape(units.size, d)
-        if units.size == n_units:  # every unit gains m bits: no gather/scatter
-            acc <<= np.uint8(m)
-            acc |= sym
-        else:
-            upd = acc[units]
-            upd <<= np.uint8(m)
-            upd |= sym
-            acc[units] = upd
-    return _State(new, acc, params)
-
-
-def decode_sakura(parsed: Parsed) -> tuple[np.ndarray, np.ndarray]:
-    """Decode a validated chain base..level; returns float16 K, V (layers, tokens, heads, head_dim)."""
-    state = None
-    for header, sections in parsed:
-        state = _apply(state, header, sections)
-    return _finish(state, parsed[-1][0])
-
-
-def _finish(state: _State, header: ShardHeader) -> tuple[np.ndarray, np.ndarray]:
-    n_l, t, h, d = header.tensor_shape
-    k, v = _reconstruct(state.idx, torch.from_numpy(state.acc).reshape(2, n_l, t, h, d), state.params)
-    return k.numpy(), v.numpy()
-
-
-def _step(state: _State | None, header: ShardHeader, sections: list[memoryview]) -> _State:
-    """One incremental step that leaves ``state`` untouched (so a rejected blob changes nothing)."""
-    if state is not None:
-        p = state.params
-        params = _Params(p.klo, p.kstep, p.kmean, p.vmean, p.vlo.copy(), p.vstep.copy())
-        state = _State(state.idx.copy(), state.acc.copy(), params)
-    return _apply(state, header, sections)
 
 
 register_codec(
