@@ -51,7 +51,8 @@ def test_graph_checks_refuse_single_input_einsum_dynamic_shapes_and_float64(tmp_
     onnx = pytest.importorskip("onnx", reason="onnx is not installed (pip install 'sakura-kv[npu]')")
     from onnx import TensorProto, helper
 
-    from android_bridge.export import ExportError, _check_graph
+    from android_bridge.export import ExportError
+    from android_bridge.qnn import _check_graph
 
     def save(node, in_type=TensorProto.FLOAT, dims=(2, 3)):
         g = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", in_type, list(dims))],
@@ -70,7 +71,7 @@ def test_graph_checks_refuse_single_input_einsum_dynamic_shapes_and_float64(tmp_
 
 @pytest.mark.npu
 def test_npu_gate_demo_dit_runs_fully_on_the_emulated_htp(tmp_path, capsys, record_property):
-    from android_bridge.export import qnn_available
+    from android_bridge.qnn import qnn_available
 
     ok, why = qnn_available()
     if not ok:
