@@ -321,18 +321,16 @@ def create_app(
 
 
 def _load_model(weights: str):
-    from sakura_core.models.demo import load_demo_model
+    from sakura_core.models.edit_model import load_demo_model
 
     return load_demo_model(weights=None if weights == "none" else weights)
 
 
 def _measure(model):
-    """Per-layer compute times of ``model`` here (the policies predict with them); synthetic images only."""
-    from sakura_core.bench.cli_live import measure_profile
+    """Per-layer compute times of ``model`` here (the policies predict with them); content-free inputs only."""
+    from sakura_core.runtime.live_profile import measure_profile
 
-    s = model.spec.image_size
-    ramp = np.linspace(0, 255, s * s * 3, dtype=np.float32).reshape(s, s, 3).astype(np.uint8)
-    return measure_profile(model, ramp, ramp[::-1].copy(), steps=8)
+    return measure_profile(model, steps=8)
 
 
 async def _lifecycle(app: web.Application):

@@ -68,7 +68,7 @@ class DiTGeometry:
 
     @classmethod
     def of_demo(cls, model) -> DiTGeometry:
-        """The geometry of a :class:`~sakura_core.models.demo.DemoModel` editing at its own resolution."""
+        """The geometry of a :class:`~sakura_core.models.edit_model.EditModel` editing at its own resolution."""
         a = model.adapter
         cfg = model.spec.transformer
         return cls(

@@ -73,7 +73,7 @@ class PhoneJob:
         prompt: edit prompt (stays on the phone).
         steps: denoising steps.
         seed: noise seed (same seed, same image).
-        policy: fetch policy (``sakura_core.fetch.policies.POLICIES``).
+        policy: fetch policy (``sakura_core.policy.policies.POLICIES``).
         bandwidth: link emulation on the phone: None/"live" or "fixed:<Mbit/s>".
         cloud_token: read token of the cloud server, if it has one.
         model_id: the model the template must be for (the phone refuses others); None = not checked up front.
@@ -104,7 +104,7 @@ def _run_sync(make_coro: Callable[[], Coroutine]) -> Any:
 
 def _fit_image(image: np.ndarray, size: int) -> np.ndarray:
     """(H, W, 3|4) uint8 or float in [0, 1] -> (size, size, 3) uint8 (centre crop, bicubic), unchanged if it fits."""
-    from sakura_core.models.demo import load_image
+    from sakura_core.models.edit_model import load_image
 
     arr = np.asarray(image)
     if arr.ndim != 3 or arr.shape[2] not in (3, 4):

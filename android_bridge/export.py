@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sakura_core.metrics import psnr_uint8
+
 from .npu_graph import CachedKVGraph, graph_input_names, graph_inputs
 from .qnn import (
     ExportError,
@@ -103,18 +105,13 @@ def _worst(rows: list[dict]) -> dict:
     return {k: max(r[k] for r in rows) for k in rows[0]} if rows else {}
 
 
-def _psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
-
-
 # ---- samples ----------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def _edit_samples(model, template_name: str, user_name: str, prompt: str, steps: int, seed: int, velocity=None):
     """Run a cached-KV edit; returns (per-step graph inputs, per-step torch velocities, final image).
 
     ``velocity(inputs) -> (1, tokens, out)`` replaces the torch model inside the loop when given (an NPU run)."""
-    from sakura_core.models.demo import load_image
+    from sakura_core.models.edit_model import load_image
     from sakura_core.runtime.sampler import flow_timesteps
 
     a = model.adapter
@@ -146,7 +143,7 @@ def export_demo(config: ExportConfig, model=None, progress: Callable[[str], None
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
     if model is None:
-        from sakura_core.models.demo import load_demo_model
+        from sakura_core.models.edit_model import load_demo_model
 
         model = load_demo_model(weights=None if config.weights == "none" else config.weights)
     a, spec = model.adapter, model.spec
@@ -265,7 +262,7 @@ def export_demo(config: ExportConfig, model=None, progress: Callable[[str], None
         # a whole edit with every step on the HTP, against the same edit in torch
         _, _, htp_image = _edit_samples(model, *_VALIDATION, config.validation_steps, config.seed + 100,
                                         velocity=lambda ins: htp.run(None, _feeds(names, ins))[0])  # fmt: skip
-        report["parity"]["qnn_htp_edit_psnr_db_vs_torch"] = round(float(_psnr(htp_image, val_image)), 2)
+        report["parity"]["qnn_htp_edit_psnr_db_vs_torch"] = round(psnr_uint8(htp_image, val_image), 2)
         report["qnn"] = {
             "compiled": True,
             "soc_model": config.soc_model,

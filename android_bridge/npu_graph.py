@@ -142,7 +142,7 @@ def graph_inputs(model, x: torch.Tensor, txt: torch.Tensor, timestep: torch.Tens
     """The graph's inputs for one denoising step, computed outside the graph in fp32.
 
     Args:
-        model: the DemoModel.
+        model: the EditModel.
         x: (1, image_tokens, in_channels) request tokens; txt: (1, text_tokens, joint_dim); timestep: (1,) in [0, 1].
         kv: a TemplateKV (or anything with ``layer(i) -> (k, v)``).
     """

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 
-from sakura_core.fetch.policies import make_policy
 from sakura_core.fetch.traces import Trace
-from sakura_core.runtime.ladder import Level, ladders_from_manifest
+from sakura_core.policy.ladder import Level, ladders_from_manifest
+from sakura_core.policy.plan import floor_index, policy_levels
+from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.profiles import DeviceProfile
 from sakura_core.runtime.simulate import simulate, simulate_oracle
 
@@ -27,7 +28,6 @@ SIMULATION_LABEL = (
     "with the template's ladder scaled to it"
 )
 _DECODE_BYTES_PER_S = 6e8  # fp16-equivalent bytes a phone core decodes per second (the live runtime's assumption)
-_FLOOR_PSNR_DB = 35.0
 
 
 def _manifest_fp16_shard_bytes(manifest: dict) -> int:
@@ -38,11 +38,8 @@ def _manifest_fp16_shard_bytes(manifest: dict) -> int:
 def phone_ladder(manifest: dict, profile: DeviceProfile, fp16_only: bool = False) -> tuple[list[list[Level]], int]:
     """Per phone layer, the manifest's levels scaled to the phone DiT's shard size; and the quality floor index."""
     ladders, reps = ladders_from_manifest(manifest, _DECODE_BYTES_PER_S)
-    names = [lv.name for lv in ladders[0]]
     if fp16_only:
-        if "fp16" not in names:
-            raise ValueError(f"template {manifest.get('template_id')!r} has no fp16 representation to replay")
-        idx = names.index("fp16")
+        (idx,) = policy_levels([lv.name for lv in ladders[0]], "fp16")
         ladders, reps = [[lad[idx]] for lad in ladders], [[r[idx]] for r in reps]
     scale = profile.model.shard_bytes_fp16 / _manifest_fp16_shard_bytes(manifest)
     demo_layers, phone_layers = len(ladders), profile.model.layers
@@ -62,14 +59,7 @@ def phone_ladder(manifest: dict, profile: DeviceProfile, fp16_only: bool = False
                 for lv in src
             ]
         )
-    by_name = {r["name"]: r for r in reps[0]}
-    floor = len(out[0]) - 1
-    for i, lv in enumerate(out[0]):
-        psnr = by_name.get(lv.name, {}).get("psnr_db")
-        if psnr is not None and psnr >= _FLOOR_PSNR_DB:
-            floor = i
-            break
-    return out, floor
+    return out, floor_index([lv.name for lv in out[0]], reps[0])
 
 
 def simulate_phone_job(

@@ -40,7 +40,7 @@ from .state import CONFIG_KEY, STATE_KEY, Metrics, ServerState
 from .store import InvalidNameError, LocalStore, NotFoundError, Store, validate_digest, validate_template_id
 from .write_path import _MULTIPART_OVERHEAD_BYTES, handle_job, handle_upload
 
-__all__ = ["CONFIG_KEY", "STATE_KEY", "Metrics", "ServerState", "bound_port", "create_app", "parse_range"]
+__all__ = ["CONFIG_KEY", "STATE_KEY", "Metrics", "ServerState", "create_app", "parse_range"]
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ def create_app(
     precompute_fn: PrecomputeFn | None = None,
 ) -> web.Application:
     """Build the app. ``store`` defaults to ``LocalStore(config.store_dir)``; ``model`` (anything with ``model_id``)
-    defaults to loading ``config.model`` at startup; ``precompute_fn`` to ``sakura_core.kv.precompute_template``.
+    defaults to loading ``config.model`` at startup; ``precompute_fn`` to ``sakura_core.precompute.precompute_template``.
     """
     app = web.Application(
         middlewares=[_guard],
@@ -331,11 +331,3 @@ async def _lifecycle(app: web.Application):
             task.cancel()
     state.executor.shutdown(wait=False, cancel_futures=True)
     state.executor = None
-
-
-def bound_port(runner: web.AppRunner) -> int:
-    """The TCP port a started runner listens on (useful with port 0)."""
-    for addr in runner.addresses:
-        if isinstance(addr, tuple) and len(addr) >= 2:
-            return int(addr[1])
-    raise RuntimeError(f"runner has no TCP address: {runner.addresses}")

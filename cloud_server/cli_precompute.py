@@ -10,7 +10,6 @@ from pathlib import Path
 from .config import MODELS
 from .precompute import (
     ImageError,
-    PrecomputeUnavailableError,
     TemplateExistsError,
     decode_image,
     load_model,
@@ -41,7 +40,7 @@ def _read_image(source: str) -> tuple:
         return image, (data, ext)
     if path.suffix or "/" in source:
         raise ImageError(f"image file {source!r} not found")
-    from sakura_core.models.demo import DEMO_TEMPLATES, load_image
+    from sakura_core.models.edit_model import DEMO_TEMPLATES, load_image
 
     if source in DEMO_TEMPLATES:
         return load_image(source, 512), None
@@ -89,7 +88,7 @@ def run(args) -> int:
             overwrite=args.overwrite,
             progress=progress,
         )
-    except (TemplateExistsError, PrecomputeUnavailableError) as e:
+    except TemplateExistsError as e:
         print(f"sakura precompute: {e}", file=sys.stderr)
         return 1
     secs = time.perf_counter() - t0

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .app import bound_port, create_app
+from sakura_core.io_utils import bound_port
+
+from .app import create_app
 from .config import MODELS, ServerConfig
 
 __all__ = ["add_arguments", "run", "serve"]

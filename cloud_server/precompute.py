@@ -1,4 +1,4 @@
-"""Precompute glue: model + template image -> ``sakura_core.kv.precompute_template`` -> store (shards, manifest last).
+"""Precompute glue: model + template image -> ``sakura_core.precompute.precompute_template`` -> store (shards, manifest last).
 
 Shared by ``sakura precompute`` and ``POST /v1/templates``. The codec does the work (importance estimation, every
 ladder level); this module checks what it returns, stores every shard, then the source image, then publishes the
@@ -8,7 +8,6 @@ manifest — so a crash at any point leaves the template unpublished rather than
 from __future__ import annotations
 
 import hashlib
-import importlib
 import io
 import logging
 from collections.abc import Callable
@@ -25,7 +24,6 @@ from .store import Store, validate_template_id
 
 __all__ = [
     "ImageError",
-    "PrecomputeUnavailableError",
     "Progress",
     "PublishResult",
     "TemplateExistsError",
@@ -38,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
 # (model, template_image (S, S, 3) uint8, template_id, *, codec, shard_layers, seed, progress) -> result with
-# ``.manifest`` (dict) and ``.blobs`` (digest -> bytes): the signature of sakura_core.kv.precompute_template.
+# ``.manifest`` (dict) and ``.blobs`` (digest -> bytes): the signature of sakura_core.precompute.precompute_template.
 PrecomputeFn = Callable[..., Any]
 
 _FORMATS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp"}
@@ -50,10 +48,6 @@ class ImageError(ValueError):
 
 class TemplateExistsError(ValueError):
     """A template with this id is already published."""
-
-
-class PrecomputeUnavailableError(RuntimeError):
-    """The KV codec (``sakura_core.kv.precompute_template``) is not available in this build."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +65,7 @@ def load_model(name: str):
     """The served model by name (``MODELS``); ``demo`` is the embedded demo model."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
-    from sakura_core.models.demo import load_demo_model
+    from sakura_core.models.edit_model import load_demo_model
 
     return load_demo_model()
 
@@ -100,13 +94,9 @@ def decode_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, str]:
 
 
 def _default_precompute_fn() -> PrecomputeFn:
-    kv = importlib.import_module("sakura_core.kv")
-    fn = getattr(kv, "precompute_template", None)
-    if fn is None:
-        raise PrecomputeUnavailableError(
-            "this build has no KV codec: sakura_core.kv.precompute_template is missing; install a build with the codec"
-        )
-    return fn
+    from sakura_core.precompute import precompute_template
+
+    return precompute_template
 
 
 def _check_result(result: Any, model_id: str, template_id: str) -> tuple[dict, dict[str, bytes]]:
@@ -155,7 +145,7 @@ def publish_template(
         source: (bytes, ext) of the image file to keep next to the manifest; a PNG of ``image`` when omitted.
         overwrite: replace a published template with the same id (shards are content-addressed; old ones stay).
         progress: ``progress(stage, done, total)``; may raise to abort (nothing is published then).
-        precompute_fn: the codec entry point (default ``sakura_core.kv.precompute_template``).
+        precompute_fn: the codec entry point (default ``sakura_core.precompute.precompute_template``).
     """
     validate_template_id(template_id)
     if not overwrite and store.has_template(template_id):
@@ -165,7 +155,7 @@ def publish_template(
         source = (png_bytes(image), "png")
     spec = getattr(model, "spec", None)
     if spec is not None:
-        from sakura_core.models.demo import load_image
+        from sakura_core.models.edit_model import load_image
 
         image = load_image(image, spec.image_size)
     result = fn(model, image, template_id, codec=codec, shard_layers=shard_layers, seed=seed, progress=progress)

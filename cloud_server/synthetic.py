@@ -1,7 +1,7 @@
 """Synthetic templates: random shard blobs and a well-formed manifest, for tests and ``sakura bench serve``.
 
 The blobs are seeded random bytes (not KV): they exercise storage, serving, caching and fetching without the
-codec. ``synthetic_precompute`` has the signature of ``sakura_core.kv.precompute_template`` so the write path can
+codec. ``synthetic_precompute`` has the signature of ``sakura_core.precompute.precompute_template`` so the write path can
 be tested with it too.
 """
 

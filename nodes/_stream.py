@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sakura_core.policy.plan import runnable_policies
+
 from ._common import start_async
 
 __all__ = [
@@ -34,17 +36,9 @@ __all__ = [
     "Prefetched",
     "TemplateHandle",
     "open_base_url",
-    "runnable_policies",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def runnable_policies() -> list[str]:
-    """Every fetch policy that can run a real edit (the simulation-only bound with preloaded KV is left out)."""
-    from sakura_core.fetch.policies import POLICIES
-
-    return [name for name, cls in POLICIES.items() if not cls.kv_preloaded]
 
 
 @dataclass(frozen=True)
@@ -104,8 +98,9 @@ async def open_base_url(template: TemplateHandle) -> AsyncIterator[str]:
         return
     from aiohttp import web
 
-    from cloud_server.app import bound_port, create_app
+    from cloud_server.app import create_app
     from cloud_server.config import ServerConfig
+    from sakura_core.io_utils import bound_port
 
     config = ServerConfig(store_dir=template.store_dir, host="127.0.0.1", port=0, model=None)
     runner = web.AppRunner(create_app(config), access_log=None)
@@ -234,8 +229,8 @@ async def run_edit(
     run: EditRun,
 ) -> tuple[np.ndarray, dict]:
     """One pipelined edit of ``user_image`` against the stream's template; returns (image, report)."""
-    from sakura_core.bench.cli_live import measure_profile
     from sakura_core.fetch.client import ShardClient
+    from sakura_core.runtime.live_profile import measure_profile
     from sakura_core.runtime.pipeline import RuntimeConfig, run_pipelined_edit
     from sakura_core.runtime.session import parse_bandwidth, plan_fetch, shaped_fetcher, template_image_from_manifest
 
@@ -247,7 +242,7 @@ async def run_edit(
         )
     manifest = template.manifest()
     template_image = template_image_from_manifest(prefetched.template_image, model.spec.image_size)
-    profile = measure_profile(model, template_image, user_image, steps)
+    profile = measure_profile(model, steps)
     trace = parse_bandwidth(stream.settings.bandwidth)
     plan = plan_fetch(manifest, stream.settings.policy)
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from comfy_api.latest import io
 
+from sakura_core.policy.plan import runnable_policies
+
 from ._common import CATEGORY, SakuraKVStream, SakuraNodeError, SakuraTemplate
-from ._stream import FetchSettings, KVStream, runnable_policies
+from ._stream import FetchSettings, KVStream
 
 __all__ = ["LIVE", "FIXED", "TRACE", "SakuraAdaptiveFetch", "bundled_traces"]
 

@@ -4,7 +4,7 @@ Folders are listed the way ComfyUI lists diffusers models: every folder under ``
 ``folder_paths.get_folder_paths("diffusers")``) whose ``config.json`` names ``Flux2Transformer2DModel`` — a
 transformer saved with ``save_pretrained``, or the ``transformer/`` folder of a pipeline.
 
-SAKURA's runtime edits in pixel-patch token space (``sakura_core.models.demo``): a folder also needs
+SAKURA's runtime edits in pixel-patch token space (``sakura_core.models.edit_model``): a folder also needs
 ``sakura_spec.json`` with the image geometry (``image_size``, ``patch_size``, ``text_tokens``, optionally
 ``ref_fixed_timestep``, ``name``), the fields of ``sakura_core/models/demo_model.json`` without ``transformer``.
 """
@@ -60,8 +60,8 @@ def list_transformer_folders() -> dict[str, Path]:
 
 
 def load_model_folder(folder: Path, name: str):
-    """A ``DemoModel`` over the FLUX.2 transformer saved in ``folder`` (see the module doc for ``sakura_spec.json``)."""
-    from sakura_core.models.demo import DemoModel, DemoSpec
+    """A ``EditModel`` over the FLUX.2 transformer saved in ``folder`` (see the module doc for ``sakura_spec.json``)."""
+    from sakura_core.models.edit_model import EditModel, ModelSpec
 
     config = json.loads((folder / "config.json").read_text())
     spec_path = folder / SPEC_FILE
@@ -76,9 +76,9 @@ def load_model_folder(folder: Path, name: str):
     try:
         fields = json.loads(spec_path.read_text())
         if not isinstance(fields, dict) or "transformer" in fields:
-            raise ValueError("expected a JSON object of DemoSpec fields without 'transformer'")
+            raise ValueError("expected a JSON object of ModelSpec fields without 'transformer'")
         transformer_cfg = {k: v for k, v in config.items() if not k.startswith("_")}
-        spec = DemoSpec(**{"name": name, **fields, "transformer": transformer_cfg, "weights": ""})
+        spec = ModelSpec(**{"name": name, **fields, "transformer": transformer_cfg, "weights": ""})
     except (ValueError, TypeError) as e:
         raise SakuraNodeError(f"model folder {name!r}: {SPEC_FILE} does not fit the transformer: {e}") from e
     from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
@@ -87,7 +87,7 @@ def load_model_folder(folder: Path, name: str):
         transformer = Flux2Transformer2DModel.from_pretrained(str(folder)).eval()
     except Exception as e:  # diffusers/safetensors raise many types; all mean the same to the user, chained
         raise SakuraNodeError(f"model folder {name!r}: the transformer weights cannot be loaded: {e}") from e
-    return DemoModel(spec, transformer, f"folder:{name}")
+    return EditModel(spec, transformer, f"folder:{name}")
 
 
 class SakuraModelLoader(io.ComfyNode):
@@ -115,7 +115,7 @@ class SakuraModelLoader(io.ComfyNode):
     def execute(cls, model_name: str) -> io.NodeOutput:
         model = model_name
         if model == DEMO:
-            from sakura_core.models.demo import load_demo_model
+            from sakura_core.models.edit_model import load_demo_model
 
             return io.NodeOutput(load_demo_model())
         folders = list_transformer_folders()

@@ -40,7 +40,7 @@ def timeline_image(report: dict) -> np.ndarray:
     """The run's fetch / decode / compute lanes as an (H, W, 3) uint8 plot."""
     from PIL import Image
 
-    from sakura_core.bench.plots import plot_timeline
+    from sakura_core.runtime.timeline_plot import plot_timeline
 
     where = " on the phone" if "executed_on" in report else ""
     title = (
@@ -62,7 +62,7 @@ def timeline_image(report: dict) -> np.ndarray:
 class SakuraPipelinedSampler(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        from sakura_core.models.edit_task import EDIT_PROMPT  # what the demo model was trained with
+        from sakura_core.demo.edit_task import EDIT_PROMPT  # what the demo model was trained with
 
         return io.Schema(
             node_id="SakuraPipelinedSampler",
@@ -124,7 +124,7 @@ class SakuraPipelinedSampler(io.ComfyNode):
 
     @classmethod
     def _run_here(cls, model, kv_stream, user, prompt, steps, seed, run, tick):
-        from sakura_core.models.demo import load_image
+        from sakura_core.models.edit_model import load_image
 
         user = load_image(user, model.spec.image_size)
         prefetched = wait_interruptible(kv_stream.join())

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
+from .demo.edit_task import EDIT_PROMPT, demo_template, task_for
 from .io_utils import atomic_write_json, save_png
-from .models.demo import DEMO_TEMPLATES, load_demo_model, load_image
-from .models.edit_task import EDIT_PROMPT, demo_template, task_for
+from .models.edit_model import DEMO_TEMPLATES, load_demo_model, load_image
 from .runtime.edit import run_edit
 
 __all__ = ["add_arguments", "run"]
@@ -109,13 +109,13 @@ def run(args) -> int:
 
 def _served(model, template, user, args, exact_tokens, out: Path) -> dict:
     """Server on loopback + shaped link + every fetch policy, on this CPU; prints the table, saves the plot."""
-    from .bench.cli_live import measure_profile
-    from .bench.e2e import psnr_db
-    from .bench.plots import plot_timeline
-    from .demo_served import run_served_demo
+    from .demo.served import run_served_demo
+    from .metrics import psnr_tokens as psnr_db
+    from .runtime.live_profile import measure_profile
+    from .runtime.timeline_plot import plot_timeline
 
     print(f"\nserved: cloud server on 127.0.0.1, link shaped by trace {args.trace}, compute on this CPU")
-    profile = measure_profile(model, template, user, args.steps)
+    profile = measure_profile(model, args.steps)
     rows = run_served_demo(model, template, user, args.prompt, steps=args.steps, seed=args.seed, profile=profile,
                            trace_name=args.trace, progress=print)  # fmt: skip
     print(f"\n{'policy':<18}{'latency s':>10}{'KiB fetched':>13}{'split':>7}{'PSNR dB':>9}")

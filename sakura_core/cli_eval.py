@@ -15,7 +15,7 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser) -> None:
-    from .models.train_demo import EVAL_SEED
+    from .demo.train import EVAL_SEED
 
     parser.add_argument("--json", required=True, help="write the results here")
     parser.add_argument("--weights", default="auto", help="weights file (default: the packaged trained weights)")
@@ -37,14 +37,14 @@ def _training_record(weights_path: Path | None) -> dict | None:
 
 
 def run(args) -> int:
+    from .demo.edit_task import ImageBank
+    from .demo.evaluate import evaluate
     from .io_utils import atomic_write_json
-    from .models.demo import DemoSpec, load_demo_model
-    from .models.edit_task import ImageBank
-    from .models.eval_demo import evaluate
+    from .models.edit_model import ModelSpec, load_demo_model
 
     if args.pairs < 1 or args.steps < 1 or args.probes < 0:
         raise SystemExit("sakura eval demo-model: --pairs and --steps must be >= 1, --probes >= 0")
-    spec = DemoSpec.load()
+    spec = ModelSpec.load()
     if args.weights == "auto":
         path = Path(str(resources.files("sakura_core.models").joinpath(spec.weights)))
         weights_path = path if path.is_file() else None

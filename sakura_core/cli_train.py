@@ -19,7 +19,7 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser) -> None:
-    from .models.train_demo import TrainConfig, default_checkpoint_dir
+    from .demo.train import TrainConfig, default_checkpoint_dir
 
     d = TrainConfig()
     parser.add_argument("--minutes", type=float, default=None, help="wall-clock budget of this run in minutes")
@@ -51,7 +51,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from .models.train_demo import DemoTrainer, TrainConfig, save_weights
+    from .demo.train import DemoTrainer, TrainConfig, save_weights
 
     if args.minutes is None and args.steps is None and args.resume is None:
         raise SystemExit("sakura train demo-model: give --minutes (time budget) and/or --steps (schedule length)")

@@ -6,7 +6,7 @@ import sys
 
 from ..io_utils import atomic_write_json
 from ..kv import CODECS
-from ..models.demo import DEMO_TEMPLATES
+from ..models.edit_model import DEMO_TEMPLATES
 from .codec_bench import DEFAULT_PROMPT, CodecBenchConfig, format_table, run_codec_bench
 
 __all__ = ["add_arguments", "run"]
@@ -47,7 +47,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..models.demo import load_demo_model
+    from ..models.edit_model import load_demo_model
 
     try:
         config = CodecBenchConfig(

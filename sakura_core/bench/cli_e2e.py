@@ -7,11 +7,12 @@ import json
 import time
 from pathlib import Path
 
-from ..fetch.policies import POLICIES
 from ..fetch.traces import Trace, load_traces
 from ..io_utils import atomic_write_json
+from ..policy.policies import POLICIES
 from ..runtime.profiles import PHONE_DIT, PROFILES, DeviceProfile, get_profile
 from ..runtime.simulate import fixed_split_policy, simulate
+from .e2e_report import format_table, select_policies
 
 __all__ = ["add_arguments", "run"]
 
@@ -30,31 +31,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=4, help="edit steps for the codec measurements (sim)")
     parser.add_argument("--max-traces", type=int, default=3, help="live: traces to run (default %(default)s)")
     parser.add_argument("--shaping", choices=["inproc", "kernel"], default="inproc", help="live: link shaper")
-
-
-def _policies(arg: str, mode: str) -> list[str]:
-    names = list(POLICIES) if arg == "all" else [p.strip() for p in arg.split(",") if p.strip()]
-    bad = [p for p in names if p not in POLICIES]
-    if bad:
-        raise SystemExit(f"sakura bench e2e: unknown policies {bad}; choose from {', '.join(POLICIES)} or 'all'")
-    if mode == "live":
-        names = [p for p in names if p not in ("free-kv",)]  # a bound, not something that can run
-    if "sakura" not in names:
-        names.append("sakura")
-    return names
-
-
-def _table(summary: dict, ratios: dict) -> str:
-    head = f"{'policy':<18}{'median s':>10}{'p90 s':>10}{'PSNR dB':>9}{'x sakura (med)':>16}{'min':>9}{'max':>9}"
-    lines = [head, "-" * len(head)]
-    for name, s in summary.items():
-        r = ratios.get(name, {})
-        lines.append(
-            f"{name:<18}{s['median_latency_s']:>10.2f}{s['p90_latency_s']:>10.2f}{s['median_psnr_db']:>9.1f}"
-            f"{r.get('median_ratio_vs_sakura', float('nan')):>16.2f}{r.get('min_ratio_vs_sakura', float('nan')):>9.2f}"
-            f"{r.get('max_ratio_vs_sakura', float('nan')):>9.2f}"
-        )
-    return "\n".join(lines)
 
 
 def _regime(ladders, floors) -> dict:
@@ -78,12 +54,12 @@ def run(args) -> int:
         from .cli_live import run_live
 
         return run_live(args)
-    from ..models.demo import load_demo_model, load_image
+    from ..models.edit_model import load_demo_model, load_image
     from .e2e import build_phone_ladders, measure_codec_levels, run_sim, summarize
 
     profile = get_profile(args.profile)
     traces = load_traces(args.traces)
-    policies = _policies(args.policies, "sim")
+    policies = select_policies(args.policies, "sim")
     t0 = time.perf_counter()
     model = load_demo_model()
     size = model.spec.image_size
@@ -98,7 +74,7 @@ def run(args) -> int:
     runs = run_sim(traces, policies, profile, ladders, floors, args.starts, progress=print)
     summary, ratios = summarize(runs)
     print()
-    print(_table(summary, ratios))
+    print(format_table(summary, ratios))
     out = {
         "mode": "sim",
         "label": "SIMULATION (discrete-event, phone-scale model, codec costs measured in this run)",

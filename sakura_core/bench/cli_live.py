@@ -24,13 +24,16 @@ import torch
 
 from ..fetch.traces import load_traces
 from ..io_utils import atomic_write_json
-from ..models.demo import DemoSpec, load_demo_model, load_image
+from ..metrics import psnr_tokens as psnr_db
+from ..models.edit_model import ModelSpec, load_demo_model, load_image
+from ..policy.plan import plan_fetch
 from ..runtime.edit import run_edit
-from ..runtime.pipeline import LiveProfile, RuntimeConfig, run_pipelined_edit
-from ..runtime.session import plan_fetch, shaped_fetcher
-from .e2e import psnr_db
+from ..runtime.live_profile import measure_profile
+from ..runtime.pipeline import RuntimeConfig, run_pipelined_edit
+from ..runtime.session import shaped_fetcher
+from .e2e_report import format_table, select_policies
 
-__all__ = ["run_live", "start_server", "measure_profile"]
+__all__ = ["run_live", "start_server"]
 
 PROMPT = "place it"
 
@@ -53,47 +56,25 @@ def start_server(store: str, host: str = "127.0.0.1", wrap=None) -> tuple[subpro
     raise RuntimeError("sakura serve did not start (no 'serving http://...' line within 60 s)")
 
 
-def measure_profile(model, template, user, steps: int) -> LiveProfile:
-    """Per-layer compute times of this model here: a full-template step and a cached step (after a warm-up)."""
-    a = model.adapter
-    kv = a.extract_template_kv(model.template_tokens(template), model.spec.grid)
-    x = model.request_tokens(torch.zeros(1, model.spec.num_tokens, model.spec.patch_dim), model.pack_image(user))
-    txt, t = model.encode_prompt(PROMPT), torch.tensor([0.5])
-    ref = model.template_tokens(template)
-    best_full = best_cached = float("inf")
-    for _ in range(2):
-        t0 = time.perf_counter()
-        a.forward(
-            x, txt, t, img_grid=model.spec.grid, ref_tokens=ref, ref_grid=model.spec.grid, split_layer=a.num_layers
-        )
-        t1 = time.perf_counter()
-        a.forward(x, txt, t, img_grid=model.spec.grid, ref_grid=model.spec.grid, cached=kv)
-        t2 = time.perf_counter()
-        best_full, best_cached = min(best_full, t1 - t0), min(best_cached, t2 - t1)
-    L = a.num_layers
-    return LiveProfile(best_full / L, best_cached / L, L, steps)
-
-
 def run_live(args) -> int:
     from cloud_server.precompute import publish_template
     from cloud_server.store import LocalStore
 
-    from ..kv import precompute_template
-    from .cli_e2e import _policies, _table
+    from ..precompute import precompute_template
     from .e2e import summarize
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-    spec = DemoSpec.load(str(resources.files("sakura_core.bench").joinpath("live_model.json")))
+    spec = ModelSpec.load(str(resources.files("sakura_core.bench").joinpath("live_model.json")))
     model = load_demo_model(spec, weights=None)
     size = spec.image_size
     template, user = load_image("astronaut", size), load_image("chelsea", size)
     traces = load_traces(args.traces)[: args.max_traces]
-    policies = [p for p in _policies(args.policies, "live")]
+    policies = [p for p in select_policies(args.policies, "live")]
     steps = args.steps
     print(f"LIVE: model {spec.name} (random weights), {model.adapter.num_layers} layers, "
           f"{model.adapter.kv_bytes(spec.num_tokens) / 2**20:.0f} MiB fp16 KV; {len(traces)} traces; "
           f"shaping {args.shaping}")  # fmt: skip
-    profile = measure_profile(model, template, user, steps)
+    profile = measure_profile(model, steps)
     print(
         f"compute here: layer with template {profile.layer_full_s * 1000:.0f} ms, cached {profile.layer_cached_s * 1000:.0f} ms"
     )
@@ -136,7 +117,7 @@ def run_live(args) -> int:
 
     summary, ratios = summarize(runs)
     print()
-    print(_table(summary, ratios))
+    print(format_table(summary, ratios))
     eff = [r["latency_over_lower_bound"] for r in runs if r["policy"] in ("fetch-fp16", "sakura", "cachegen")]
     print(f"\npipeline efficiency (latency / max(compute, transfer, decode)), fetching policies: median "
           f"{statistics.median(eff):.3f}, max {max(eff):.3f}")  # fmt: skip

@@ -26,19 +26,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..kv import (
-    ProbeConfig,
-    attention_error,
-    capture_attention,
-    decode_kv,
-    encode_kv,
-    estimate_importance,
-    get_codec,
-)
+from ..kv import decode_kv, encode_kv, get_codec
 from ..kv.codecs import ShardInput, ShardMeta
-from ..kv.probes import make_probes
-from ..models.demo import DemoModel, load_demo_model, load_image
+from ..metrics import psnr_tokens
+from ..models.edit_model import EditModel, load_demo_model, load_image
 from ..models.kv_types import TemplateKV
+from ..precompute import ProbeConfig, attention_error, capture_attention, estimate_importance
+from ..precompute.probes import make_probes
 from ..runtime.edit import run_edit
 
 __all__ = ["DEFAULT_PROMPT", "CodecBenchConfig", "format_table", "run_codec_bench"]
@@ -94,21 +88,13 @@ class CodecBenchConfig:
 
 def _template_image(name: str, size: int) -> np.ndarray:
     try:
-        from ..models.edit_task import demo_template
+        from ..demo.edit_task import demo_template
     except ImportError:
         logger.info("demo task module not available: templates are used unmarked")
         return load_image(name, size)
-    from ..models.edit_task import EditTaskConfig
+    from ..demo.edit_task import EditTaskConfig
 
     return demo_template(name, EditTaskConfig(image_size=size))
-
-
-def _psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
-    """PSNR of two outputs in [-1, 1], mapped to [0, 1]; ``inf`` when identical."""
-    x = (a.clamp(-1, 1).double() + 1) / 2
-    y = (b.clamp(-1, 1).double() + 1) / 2
-    mse = float((x - y).square().mean())
-    return math.inf if mse == 0 else 10.0 * math.log10(1.0 / mse)
 
 
 def _best_time(fn: Callable[[], object], repeats: int) -> float:
@@ -126,7 +112,7 @@ def _levels(name: str) -> tuple[int, ...]:
 
 def run_codec_bench(
     config: CodecBenchConfig | None = None,
-    model: DemoModel | None = None,
+    model: EditModel | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Run the benchmark; returns the JSON-able result (see :func:`format_table`)."""
@@ -141,7 +127,7 @@ def run_codec_bench(
         torch.set_num_threads(threads)
 
 
-def _run(config: CodecBenchConfig, model: DemoModel, say: Callable[[str], None]) -> dict:
+def _run(config: CodecBenchConfig, model: EditModel, say: Callable[[str], None]) -> dict:
     size = model.spec.image_size
     per_codec: dict[tuple[str, int], list[dict]] = {}
     templates_out = []
@@ -240,7 +226,7 @@ def _measure(name, level, kv, importance, held, model, user_images, exact, confi
     psnrs = []
     for i, (user, ref) in enumerate(zip(user_images, exact, strict=True)):
         out = run_edit(model, user, config.prompt, steps=config.steps, seed=config.seed + i, kv_source=kv_hat)
-        psnrs.append(_psnr_db(out.tokens, ref))
+        psnrs.append(psnr_tokens(out.tokens, ref, cap_db=math.inf))  # inf: identical output
     return {
         "bytes": total,
         "ratio_vs_fp16": fp16_bytes / total,

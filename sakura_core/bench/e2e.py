@@ -14,12 +14,13 @@ import time
 import numpy as np
 import torch
 
-from ..fetch.policies import POLICIES, make_policy
 from ..fetch.traces import Trace
-from ..models.demo import DemoModel
+from ..metrics import psnr_tokens as psnr_db
+from ..models.edit_model import EditModel
 from ..models.kv_types import TemplateKV
+from ..policy.ladder import Level
+from ..policy.policies import POLICIES, make_policy
 from ..runtime.edit import run_edit
-from ..runtime.ladder import Level, psnr_from_mse
 from ..runtime.profiles import PHONE_DIT, DeviceProfile
 from ..runtime.simulate import simulate, simulate_oracle
 
@@ -38,22 +39,17 @@ PSNR_TARGET_DB = 35.0
 SIM_CODECS = {"sakura": "sakura", "cachegen": "cachegen", "fp16": "fp16"}
 
 
-def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
-    """PSNR of two token tensors with values in [-1, 1]."""
-    mse = float(((a.float().clamp(-1, 1) - b.float().clamp(-1, 1)) ** 2).mean())
-    return psnr_from_mse(mse)
-
-
 class CodecLevel(dict):
     """One measured (codec, level): name, level, ratio_vs_fp16, decode_bytes_per_s, psnr_db, progressive."""
 
 
 def measure_codec_levels(
-    model: DemoModel, template: np.ndarray, user: np.ndarray, prompt: str, steps: int, progress=None
+    model: EditModel, template: np.ndarray, user: np.ndarray, prompt: str, steps: int, progress=None
 ) -> list[CodecLevel]:
     """Encode the template's KV with every codec in ``SIM_CODECS``, decode every level (timed, one thread) and
     run the edit with it; PSNR is against the exact-KV edit."""
-    from ..kv import decode_kv, level_chains, precompute_template
+    from ..kv import decode_kv, level_chains
+    from ..precompute import precompute_template
 
     torch.set_num_threads(1)
     exact_kv = model.adapter.extract_template_kv(model.template_tokens(template), model.spec.grid)

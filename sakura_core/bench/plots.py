@@ -1,4 +1,5 @@
-"""Benchmark plots (PNG, matplotlib Agg): pipeline timeline, trace with chosen levels, regime map."""
+"""Benchmark plots (PNG, matplotlib Agg): trace with chosen levels, regime map (the pipeline timeline is
+:mod:`sakura_core.runtime.timeline_plot`)."""
 
 from __future__ import annotations
 
@@ -6,38 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime.timeline_plot import matplotlib_pyplot as _plt
+from ..runtime.timeline_plot import plot_timeline
+
 __all__ = ["plot_regime_map", "plot_timeline", "plot_trace_levels", "regime_map"]
-
-_LANES = ["fetch", "decode", "compute", "stall"]
-_COLORS = {"fetch": "#4C72B0", "decode": "#DD8452", "compute": "#55A868", "stall": "#C44E52"}
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_timeline(events: list[dict], path: str | Path, title: str = "") -> None:
-    """Fetch / decode / compute lanes of one run (template layers in a darker green)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(10, 2.8))
-    for lane_idx, lane in enumerate(_LANES):
-        for e in (e for e in events if e["lane"] == lane):
-            color = _COLORS[lane]
-            if lane == "compute" and e.get("level") == "template":
-                color = "#2E6B3A"
-            ax.barh(lane_idx, e["end"] - e["start"], left=e["start"], color=color, edgecolor="white", linewidth=0.3)
-    ax.set_yticks(range(len(_LANES)), _LANES)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds since the edit started")
-    ax.set_title(title or "pipeline timeline")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_trace_levels(trace, decisions: list[dict], level_names: list[str], path, start_s: float, end_s: float):

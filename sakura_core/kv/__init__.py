@@ -1,9 +1,9 @@
-"""Template KV on the server and the phone: shard container, codecs (SAKURA + baselines), token importance,
-precompute and manifest.
+"""The template-KV wire format, shared by the server and the phone: shard container, codecs (SAKURA + baselines),
+chain decoding and the manifest. Server-side work that produces them (importance probes, precompute) lives in
+:mod:`sakura_core.precompute`.
 
-Public surface (what the cloud server and the runtime call):
+Public surface:
 
-* :func:`precompute_template` -> :class:`PrecomputedTemplate` (manifest + blobs by digest);
 * :func:`decode_representation` (a chain of blobs -> K, V tensors), :func:`validate_manifest`, :func:`shard_digest`;
 * :data:`CODECS` registry with :func:`encode_kv` / :func:`decode_kv` for whole templates (benchmarks);
 * the container's error classes, all subclasses of :class:`ShardFormatError` (a ``ValueError``).
@@ -11,7 +11,6 @@ Public surface (what the cloud server and the runtime call):
 
 from . import cachegen as _cachegen  # noqa: F401  (registers "cachegen")
 from . import sakura_codec as _sakura_codec  # noqa: F401  (registers "sakura")
-from .attention_capture import capture_attention
 from .chain import ChainDecoder, decode_chain, decode_representation, parse_chain
 from .codecs import CODECS, Codec, ShardInput, ShardMeta, get_codec
 from .container import (
@@ -27,19 +26,16 @@ from .container import (
     parse_shard,
     shard_digest,
 )
-from .importance import TokenImportance, attention_error, estimate_importance
 from .manifest import ManifestError, validate_manifest
-from .precompute import PrecomputedTemplate, decode_kv, encode_kv, level_chains, precompute_template, shard_inputs
-from .probes import ProbeConfig
 from .sakura_codec import SakuraConfig
+from .template_codec import ImportanceWeights, decode_kv, encode_kv, level_chains, shard_inputs
 
 __all__ = [
     "CODECS",
     "ChainDecoder",
+    "ImportanceWeights",
     "Codec",
     "ManifestError",
-    "PrecomputedTemplate",
-    "ProbeConfig",
     "SakuraConfig",
     "ShardChainError",
     "ShardCorruptError",
@@ -51,20 +47,15 @@ __all__ = [
     "ShardOversizedError",
     "ShardTruncatedError",
     "ShardVersionError",
-    "TokenImportance",
     "UnknownCodecError",
-    "attention_error",
-    "capture_attention",
     "decode_chain",
     "decode_kv",
     "decode_representation",
     "encode_kv",
-    "estimate_importance",
     "get_codec",
     "level_chains",
     "parse_chain",
     "parse_shard",
-    "precompute_template",
     "shard_digest",
     "shard_inputs",
     "validate_manifest",

@@ -7,7 +7,7 @@ by the top ``w`` bits of its fine codes, reconstructed at the centre of the bin 
 it is reconstructed as the per-channel mean (so it still attends, at an average logit with an average value).
 
 Allocation. Each unit's distortion at each width is the squared reconstruction error weighted by the attention
-sensitivity from :mod:`sakura_core.kv.importance` (keys: per channel; values: per unit; a dropped key: the exact
+sensitivity from :mod:`sakura_core.precompute.importance` (keys: per channel; values: per unit; a dropped key: the exact
 effect of its moved logit) — attention-output squared error, the same unit in every layer. The lower convex
 hull of each unit's (bits, distortion) points gives upgrade segments; sorted by slope (distortion saved per bit)
 they form one order, and level ``j`` takes every segment worth at least a slope threshold ``lambda_j``. The
@@ -201,7 +201,7 @@ def level_slopes(shards: Sequence[ShardInput], config: SakuraConfig = DEFAULT_CO
     """Slope thresholds that give a whole template (all ``shards``) ``config.level_bits`` raw bits per value at
     each level, spending them where they cut distortion most across shards (the weights must be in the same units
     in every shard: attention-output error, optionally scaled by measured layer gains in
-    :func:`sakura_core.kv.precompute.shard_inputs`)."""
+    :func:`sakura_core.kv.template_codec.shard_inputs`)."""
     slopes, bits = [], []
     n_values = 0
     for shard in shards:

@@ -1,4 +1,5 @@
-"""Phone-side runtime: sampler, edit loop, (later) pipelined executor and timeline."""
+"""Phone-side runtime: the sampler, the edit loop, the pipelined executor (fetch / decode / compute lanes), the
+discrete-event simulator that replays it at phone scale, device profiles, the live profile and the timeline plot."""
 
 from .edit import EditResult, KVSource, run_edit
 from .sampler import euler_sample, flow_timesteps

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.demo import DemoModel
+from ..models.edit_model import EditModel
 from ..models.kv_types import TemplateKV
 from .sampler import euler_sample, flow_timesteps
 
@@ -40,7 +40,7 @@ class EditResult:
 
 
 def run_edit(
-    model: DemoModel,
+    model: EditModel,
     user_image,
     prompt: str,
     *,

@@ -4,7 +4,7 @@ Step 0 is a hybrid forward whose split is decided while it runs: before each lay
 device keeps running the template tokens (compute) or drops them and uses the fetched shard. The fetch lane asks
 the same policy, whenever the link is free, which shard to fetch at which level (or to skip it because the device
 will compute it), and, once every needed shard is fetched, which shard to upgrade with a progressive enhancement
-while later steps run. Policies see the same :class:`~sakura_core.runtime.context.Context` as in the simulation.
+while later steps run. Policies see the same :class:`~sakura_core.policy.context.Context` as in the simulation.
 
 Failures never produce a silently wrong result: a shard that cannot be fetched or decoded is retried at the floor
 level; if that fails too, the device computes the template KV itself (a template-only pass) and the report says so.
@@ -23,15 +23,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..fetch.estimator import ThroughputEstimator
-from ..fetch.policies import LEVEL_COMPUTE, Policy
 from ..fetch.traces import Trace
-from ..models.demo import DemoModel
-from .context import Context, LiveState
+from ..models.edit_model import EditModel
+from ..policy.context import Context, LiveState
+from ..policy.estimator import ThroughputEstimator
+from ..policy.ladder import Level
+from ..policy.policies import LEVEL_COMPUTE, Policy
 from .edit import run_edit
-from .ladder import Level
+from .live_profile import LiveProfile
 
-__all__ = ["Cancelled", "LiveProfile", "RunReport", "RuntimeConfig", "run_pipelined_edit"]
+__all__ = ["Cancelled", "RunReport", "RuntimeConfig", "run_pipelined_edit"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,34 +72,6 @@ class RuntimeConfig:
             )
 
 
-@dataclass(frozen=True)
-class LiveProfile:
-    """Measured compute costs of the model on this device, which the policies predict with.
-
-    Attributes:
-        layer_full_s: one layer that also runs the template tokens, seconds.
-        layer_cached_s: one layer with the template KV injected, seconds.
-        layers: transformer layers.
-        steps: denoising steps.
-        fixed_s: per-edit work outside the transformer, seconds.
-    """
-
-    layer_full_s: float
-    layer_cached_s: float
-    layers: int
-    steps: int
-    fixed_s: float = 0.0
-
-    @property
-    def template_pass_s(self) -> float:
-        """Extra cost of running the template tokens through every layer."""
-        return (self.layer_full_s - self.layer_cached_s) * self.layers
-
-    @property
-    def model(self) -> LiveProfile:  # the simulation's profiles expose model.steps / model.layers
-        return self
-
-
 @dataclass
 class RunReport:
     policy: str
@@ -127,7 +100,7 @@ class RunReport:
 
 
 async def run_pipelined_edit(
-    model: DemoModel,
+    model: EditModel,
     manifest: dict,
     fetch_blob,
     user_image: np.ndarray,

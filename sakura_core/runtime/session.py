@@ -11,26 +11,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..fetch.policies import POLICIES, make_policy
 from ..fetch.shaper import TraceShaper
 from ..fetch.traces import Trace, load_trace
-from ..models.demo import DemoModel
-from .ladder import ladders_from_manifest
-from .pipeline import LiveProfile, RuntimeConfig, run_pipelined_edit
+from ..models.edit_model import EditModel
+from ..policy.plan import plan_fetch, runnable_policies
+from .live_profile import LiveProfile
+from .pipeline import RuntimeConfig, run_pipelined_edit
 
 __all__ = [
     "EditOutcome",
     "EditRequest",
-    "FetchPlan",
     "edit_from_server",
     "parse_bandwidth",
-    "plan_fetch",
     "shaped_fetcher",
     "template_image_from_manifest",
 ]
-
-# A level is acceptable as the quality floor when its measured output PSNR (manifest ``psnr_db``) reaches this.
-FLOOR_PSNR_DB = 35.0
 
 
 def parse_bandwidth(spec: str | None) -> Trace | None:
@@ -58,7 +53,7 @@ class EditRequest:
         prompt: edit prompt (stays on the device).
         steps: denoising steps.
         seed: noise seed.
-        policy: fetch policy name (see ``sakura_core.fetch.policies.POLICIES``).
+        policy: fetch policy name (see ``sakura_core.policy.policies.POLICIES``).
         bandwidth: link emulation: None/"live", "fixed:<Mbit/s>" or "trace:<path>".
         token: bearer token for a server with a read token.
         latency_target_s: the edit's latency target (seconds) or None (see ``RuntimeConfig``).
@@ -75,9 +70,8 @@ class EditRequest:
     latency_target_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES or self.policy == "free-kv":
-            raise ValueError(f"policy {self.policy!r} cannot run; choose one of "
-                             f"{', '.join(p for p in POLICIES if p != 'free-kv')}")  # fmt: skip
+        if self.policy not in runnable_policies():
+            raise ValueError(f"policy {self.policy!r} cannot run; choose one of {', '.join(runnable_policies())}")
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         parse_bandwidth(self.bandwidth)
@@ -92,48 +86,9 @@ class EditOutcome:
 def template_image_from_manifest(blob: bytes, size: int) -> np.ndarray:
     from PIL import Image
 
-    from ..models.demo import load_image
+    from ..models.edit_model import load_image
 
     return load_image(np.asarray(Image.open(io.BytesIO(blob)).convert("RGB")), size)
-
-
-def _floor(ladder_names: list[str], reps: list[dict]) -> int:
-    by_name = {r["name"]: r for r in reps}
-    for i, name in enumerate(ladder_names):
-        psnr = by_name[name].get("psnr_db")
-        if psnr is not None and psnr >= FLOOR_PSNR_DB:
-            return i
-    return len(ladder_names) - 1  # no measured level qualifies: the exact one (fp16) is last
-
-
-@dataclass(frozen=True)
-class FetchPlan:
-    """What the runtime needs to fetch a template with one policy: the ladders, manifest entries and floor."""
-
-    policy: object
-    ladders: list
-    reps: list
-    floor: int
-
-    @property
-    def floor_name(self) -> str:
-        return self.ladders[0][self.floor].name
-
-
-def plan_fetch(manifest: dict, policy_name: str, decode_bytes_per_s: float = 6e8) -> FetchPlan:
-    """Ladders for ``policy_name`` (fetch-fp16 sees only the exact representation) and the quality floor: the
-    cheapest level whose measured output PSNR (manifest ``psnr_db``) reaches ``FLOOR_PSNR_DB``."""
-    policy = make_policy(policy_name)
-    ladders, reps = ladders_from_manifest(manifest, decode_bytes_per_s)
-    names = [lv.name for lv in ladders[0]]
-    if policy.family == "fp16":  # the exact representation only
-        keep = [names.index("fp16")]
-    elif policy.family == "cachegen":  # CacheGen's own levels: the extra fp16 reference is not part of its ladder
-        keep = [i for i, n in enumerate(names) if n != "fp16"]
-    else:
-        keep = list(range(len(names)))
-    ladders, reps = [[lad[i] for i in keep] for lad in ladders], [[r[i] for i in keep] for r in reps]
-    return FetchPlan(policy, ladders, reps, _floor([lv.name for lv in ladders[0]], reps[0]))
 
 
 def shaped_fetcher(client, trace: Trace | None):
@@ -150,7 +105,7 @@ def shaped_fetcher(client, trace: Trace | None):
 
 
 async def edit_from_server(
-    model: DemoModel,
+    model: EditModel,
     request: EditRequest,
     user_image: np.ndarray,
     *,

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..fetch.estimator import ThroughputEstimator
-from ..fetch.policies import LEVEL_COMPUTE, Decision, Policy
 from ..fetch.traces import Trace
-from .context import Context
-from .ladder import Level, psnr_from_mse
+from ..metrics import psnr_from_mse
+from ..policy.context import Context
+from ..policy.estimator import ThroughputEstimator
+from ..policy.ladder import Level
+from ..policy.policies import LEVEL_COMPUTE, Decision, Policy
 from .profiles import DeviceProfile
 
 __all__ = ["SimConfig", "SimResult", "fixed_split_policy", "simulate", "simulate_oracle"]

@@ -22,14 +22,14 @@ PROMPT = "paint the cat as a watercolor portrait"
 
 @pytest.fixture(scope="session")
 def demo_model():
-    from sakura_core.models.demo import load_demo_model
+    from sakura_core.models.edit_model import load_demo_model
 
     return load_demo_model()
 
 
 @pytest.fixture(scope="session")
 def user_image(demo_model):
-    from sakura_core.models.demo import load_image
+    from sakura_core.models.edit_model import load_image
 
     return load_image("chelsea", demo_model.spec.image_size)
 
@@ -41,7 +41,7 @@ def store(tmp_path_factory, demo_model):
 
     from cloud_server.precompute import publish_template
     from cloud_server.store import LocalStore
-    from sakura_core.models.demo import load_image
+    from sakura_core.models.edit_model import load_image
 
     store = LocalStore(tmp_path_factory.mktemp("cloud-store"))
     threads = torch.get_num_threads()
@@ -92,7 +92,7 @@ class RecordingCloud:
     def _serve(self) -> None:
         from aiohttp import web
 
-        from cloud_server.app import bound_port
+        from sakura_core.io_utils import bound_port
 
         asyncio.set_event_loop(self._loop)
 

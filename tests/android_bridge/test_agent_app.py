@@ -15,7 +15,8 @@ from PIL import Image
 
 from android_bridge.agent import AgentConfig, create_app
 from android_bridge.wire import CONTENT_TYPE, encode_job_body
-from sakura_core.runtime.pipeline import Cancelled, LiveProfile
+from sakura_core.runtime.live_profile import LiveProfile
+from sakura_core.runtime.pipeline import Cancelled
 
 from .conftest import PHONE_TOKEN, PROMPT, TEMPLATE_ID
 

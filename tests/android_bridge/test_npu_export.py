@@ -14,7 +14,7 @@ from android_bridge.npu_graph import CachedKVGraph, graph_input_names, graph_inp
 
 @pytest.fixture(scope="module")
 def step_inputs(demo_model):
-    from sakura_core.models.demo import load_image
+    from sakura_core.models.edit_model import load_image
 
     m = demo_model
     kv = m.adapter.extract_template_kv(m.template_tokens(load_image("coffee", m.spec.image_size)), m.spec.grid)

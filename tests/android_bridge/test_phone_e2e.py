@@ -28,7 +28,7 @@ def _local_edit(model, cloud_url: str, image, *, steps: int, seed: int, policy: 
     """The same job run here, in this process, with the same runtime the phone runs."""
     import torch
 
-    from sakura_core.runtime.pipeline import LiveProfile
+    from sakura_core.runtime.live_profile import LiveProfile
     from sakura_core.runtime.session import EditRequest, edit_from_server
 
     threads = torch.get_num_threads()

@@ -1,12 +1,11 @@
 """Precompute glue: checks the codec's output, stores shards before the manifest, publishes nothing on failure.
 
-The last two tests run the real codec (``sakura_core.kv.precompute_template``) through ``sakura precompute`` and
+The last two tests run the real codec (``sakura_core.precompute.precompute_template``) through ``sakura precompute`` and
 ``POST /v1/templates``; they skip, with the reason, in a build without it.
 """
 
 import asyncio
 import hashlib
-import importlib
 import io
 import subprocess
 import sys
@@ -130,16 +129,8 @@ def test_decode_image_limits():
 
 
 # ---- with the real codec --------------------------------------------------------------------------------------
-def _codec_or_skip():
-    kv = importlib.import_module("sakura_core.kv")
-    if not hasattr(kv, "precompute_template"):
-        pytest.skip("sakura_core.kv.precompute_template is not in this build yet (the KV codec): integration skipped")
-    return kv
-
-
 @pytest.mark.slow
 def test_cli_precompute_with_the_codec(tmp_path):
-    _codec_or_skip()
     store_dir = tmp_path / "store"
     cmd = [sys.executable, "-m", "sakura_core.cli", "precompute", "--store", str(store_dir), "--model", "demo"]
     proc = subprocess.run([*cmd, "--image", "astronaut", "--id", "astro"], capture_output=True, text=True, timeout=300)
@@ -162,7 +153,6 @@ def test_cli_precompute_with_the_codec(tmp_path):
 
 @pytest.mark.slow
 async def test_post_precompute_with_the_codec(aiohttp_client, tmp_path):
-    _codec_or_skip()
     from cloud_server.app import create_app
     from cloud_server.config import ServerConfig
     from sakura_core.fetch.client import ShardClient

@@ -156,7 +156,7 @@ def phone_token():
 
 @pytest.fixture(scope="session")
 def demo_model():
-    from sakura_core.models.demo import load_demo_model
+    from sakura_core.models.edit_model import load_demo_model
 
     return load_demo_model()
 

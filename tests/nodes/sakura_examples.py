@@ -36,7 +36,7 @@ USER_SIZE = 128  # pixels; the sampler fits any size to the model's
 
 def template_image(template_id: str, spec) -> np.ndarray:
     """The marked template image (``spec.image_size`` square) for ``template_id``."""
-    from sakura_core.models.edit_task import demo_template, task_for
+    from sakura_core.demo.edit_task import demo_template, task_for
 
     sample, box = TEMPLATES[template_id]
     scale = spec.image_size / 64
@@ -47,7 +47,7 @@ def template_image(template_id: str, spec) -> np.ndarray:
 def user_image(name: str) -> np.ndarray:
     import skimage.data
 
-    from sakura_core.models.demo import load_image
+    from sakura_core.models.edit_model import load_image
 
     source = USER_IMAGES[name]
     if source == "lfw":
@@ -60,7 +60,7 @@ def publish_examples(store_dir: str | Path, model=None, template_ids=None) -> li
     """Publish the example templates into the store (those already there are kept); returns the ids published."""
     from cloud_server.precompute import publish_template
     from cloud_server.store import LocalStore
-    from sakura_core.models.demo import load_demo_model
+    from sakura_core.models.edit_model import load_demo_model
 
     store = LocalStore(store_dir)
     model = model or load_demo_model()

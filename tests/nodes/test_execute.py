@@ -55,9 +55,9 @@ def test_template_loader_errors_are_readable(comfy, flow, demo_model, server_url
 
 
 def test_template_checked_against_the_model(comfy, flow, demo_model, server_url, store_dir):
-    from sakura_core.models.demo import DemoSpec, load_demo_model
+    from sakura_core.models.edit_model import ModelSpec, load_demo_model
 
-    other = load_demo_model(DemoSpec(**{**DemoSpec.load().__dict__, "init_seed": 1}), weights=None)
+    other = load_demo_model(ModelSpec(**{**ModelSpec.load().__dict__, "init_seed": 1}), weights=None)
     assert other.model_id != demo_model.model_id
     err = comfy.nodes._common.SakuraNodeError
     with pytest.raises(err, match="computed for model .* not for the loaded model"):
@@ -74,7 +74,7 @@ def test_template_checked_against_the_model(comfy, flow, demo_model, server_url,
 def test_sampler_on_device_equals_the_core_edit(flow, demo_model, server_url, user, user_uint8,
                                                 progress):  # fmt: skip
     """on-device: the template runs here every step, so the node's image must equal the core's run_edit exactly."""
-    from sakura_core.models.demo import load_image
+    from sakura_core.models.edit_model import load_image
     from sakura_core.runtime.edit import run_edit
     from sakura_core.runtime.session import template_image_from_manifest
 
@@ -103,8 +103,8 @@ def test_sampler_on_device_equals_the_core_edit(flow, demo_model, server_url, us
 def test_sampler_fetch_fp16_equals_edit_from_server(flow, demo_model, server_url, user,
                                                     user_uint8):  # fmt: skip
     """fetch-fp16 always fetches every shard exactly: the node must give what the core's session entry point gives."""
-    from sakura_core.bench.cli_live import measure_profile
-    from sakura_core.models.demo import load_image
+    from sakura_core.models.edit_model import load_image
+    from sakura_core.runtime.live_profile import measure_profile
     from sakura_core.runtime.session import EditRequest, edit_from_server
 
     template = flow.load_template(demo_model, server_url=server_url)
@@ -118,7 +118,7 @@ def test_sampler_fetch_fp16_equals_edit_from_server(flow, demo_model, server_url
     request = EditRequest(
         server_url, flow.template, flow.prompt, steps=2, seed=1, policy="fetch-fp16", bandwidth="fixed:50"
     )
-    core = asyncio.run(edit_from_server(demo_model, request, u, profile=measure_profile(demo_model, u, u, 2)))
+    core = asyncio.run(edit_from_server(demo_model, request, u, profile=measure_profile(demo_model, 2)))
     np.testing.assert_array_equal((edited[0].numpy() * 255).round().astype(np.uint8), core.image)
 
 

@@ -69,7 +69,7 @@ def test_schema_is_valid(comfy, node_classes, node_id):
 
 
 def test_fetch_offers_every_runnable_policy(node_classes):
-    from sakura_core.fetch.policies import POLICIES
+    from sakura_core.policy.policies import POLICIES
 
     schema = node_classes["SakuraAdaptiveFetch"].GET_SCHEMA()
     policy = next(i for i in schema.inputs if i.id == "policy")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from cloud_server.app import bound_port, create_app
+from cloud_server.app import create_app
 from cloud_server.config import ServerConfig
 from cloud_server.store import LocalStore
 from cloud_server.synthetic import make_synthetic_template
@@ -28,6 +28,7 @@ from sakura_core.fetch.client import (
     TemplateNotFoundError,
     check_manifest,
 )
+from sakura_core.io_utils import bound_port
 
 MODEL_ID = "ab" * 32
 FAST = ClientConfig(backoff_initial_s=0.001, backoff_max_s=0.01, read_timeout_s=5, connect_timeout_s=2)

@@ -44,15 +44,3 @@ def make_shard():
 @pytest.fixture
 def shard() -> ShardInput:
     return _make_shard()
-
-
-@pytest.fixture(scope="session")
-def demo_template(demo_model):
-    from sakura_core.models.demo import load_image
-
-    return load_image("astronaut", demo_model.spec.image_size)
-
-
-@pytest.fixture(scope="session")
-def demo_kv(demo_model, demo_template):
-    return demo_model.adapter.extract_template_kv(demo_model.template_tokens(demo_template), demo_model.spec.grid)

@@ -5,14 +5,15 @@ import threading
 
 import pytest
 
-from sakura_core.fetch.policies import make_policy
 from sakura_core.fetch.shaper import ShaperConfig, TraceShaper
 from sakura_core.fetch.traces import Trace
-from sakura_core.kv import precompute_template
-from sakura_core.models.demo import load_demo_model, load_image
+from sakura_core.models.edit_model import load_demo_model, load_image
+from sakura_core.policy.ladder import ladders_from_manifest
+from sakura_core.policy.policies import make_policy
+from sakura_core.precompute import precompute_template
 from sakura_core.runtime.edit import run_edit
-from sakura_core.runtime.ladder import ladders_from_manifest
-from sakura_core.runtime.pipeline import Cancelled, LiveProfile, RuntimeConfig, run_pipelined_edit
+from sakura_core.runtime.live_profile import LiveProfile
+from sakura_core.runtime.pipeline import Cancelled, RuntimeConfig, run_pipelined_edit
 
 STEPS = 3
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from sakura_core.fetch.policies import POLICIES, make_policy
 from sakura_core.fetch.traces import Trace
-from sakura_core.runtime.ladder import Level
+from sakura_core.policy.ladder import Level
+from sakura_core.policy.policies import POLICIES, make_policy
 from sakura_core.runtime.profiles import PHONE_DIT, PROFILES
 from sakura_core.runtime.simulate import simulate, simulate_oracle
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux2 import _get_qkv_projections
 
-from ..models.demo import DemoModel
+from ..models.edit_model import EditModel
 from ..models.kv_types import TemplateKV
 from .probes import Probes
 
@@ -78,7 +78,7 @@ def qkv_single(attn, kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
 
 
 @torch.no_grad()
-def capture_attention(model: DemoModel, kv: TemplateKV, probes: Probes) -> list[AttentionCapture]:
+def capture_attention(model: EditModel, kv: TemplateKV, probes: Probes) -> list[AttentionCapture]:
     """Run the probes with ``kv`` injected and return every layer's request-side attention inputs."""
     adapter = model.adapter
     adapter.check(kv, model.spec.grid)

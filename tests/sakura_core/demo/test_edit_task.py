@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sakura_core.models.edit_task import (
+from sakura_core.demo.edit_task import (
     DEMO_REGION,
     EditTaskConfig,
     ImageBank,

@@ -3,9 +3,9 @@
 import numpy as np
 import torch
 
-from sakura_core.kv import ProbeConfig, attention_error, capture_attention, estimate_importance
-from sakura_core.kv.importance import importance_from_captures
-from sakura_core.kv.probes import make_probes
+from sakura_core.precompute import ProbeConfig, attention_error, capture_attention, estimate_importance
+from sakura_core.precompute.importance import importance_from_captures
+from sakura_core.precompute.probes import make_probes
 
 
 def test_captured_attention_equals_what_the_processors_compute(demo_model, demo_kv, demo_template):

@@ -334,7 +334,7 @@ def demo_template(source, cfg: EditTaskConfig | None = None, box: tuple[int, int
 
     An image that already contains marker-coloured pixels is taken as marked by its author and left as is.
     """
-    from .demo import load_image
+    from ..models.edit_model import load_image
 
     cfg = cfg or EditTaskConfig()
     img = load_image(source, cfg.image_size)
@@ -347,7 +347,7 @@ def demo_template(source, cfg: EditTaskConfig | None = None, box: tuple[int, int
 
 
 def task_for(spec) -> EditTaskConfig:
-    """The task geometry that fits a model's ``DemoSpec``: same image size, regions aligned to its patches.
+    """The task geometry that fits a model's ``ModelSpec``: same image size, regions aligned to its patches.
 
     Region sides span 5/16..10/16 of the image and the harmonisation ring 1/8 of it (20..40 px, ring 8 px at 64 px).
     """

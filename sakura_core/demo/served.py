@@ -13,9 +13,9 @@ from importlib import resources
 
 import numpy as np
 
-from .models.demo import DemoModel
-from .runtime.pipeline import LiveProfile
-from .runtime.session import EditRequest, edit_from_server
+from ..models.edit_model import EditModel
+from ..runtime.live_profile import LiveProfile
+from ..runtime.session import EditRequest, edit_from_server
 
 __all__ = ["DEMO_POLICIES", "run_served_demo"]
 
@@ -25,10 +25,12 @@ DEMO_POLICIES = ("on-device", "on-device-cached", "fetch-fp16", "cachegen", "thr
 async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path, profile, policies, progress):
     from aiohttp import web
 
-    from cloud_server.app import bound_port, create_app
+    from cloud_server.app import create_app
     from cloud_server.config import ServerConfig
     from cloud_server.precompute import publish_template
     from cloud_server.store import LocalStore
+
+    from ..io_utils import bound_port
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="sakura-demo-store-") as tmp:
@@ -61,7 +63,7 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
 
 
 def run_served_demo(
-    model: DemoModel,
+    model: EditModel,
     template: np.ndarray,
     user: np.ndarray,
     prompt: str,

@@ -3,10 +3,9 @@ manifest (live) or from codec measurements (simulation)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-__all__ = ["Level", "ladders_from_manifest", "psnr_from_mse"]
+__all__ = ["Level", "ladders_from_manifest"]
 
 
 @dataclass(frozen=True)
@@ -28,11 +27,6 @@ class Level:
     decode_s: float
     mse: float
     progressive: bool = False
-
-
-def psnr_from_mse(mse: float, cap_db: float = 100.0) -> float:
-    """PSNR of images in [-1, 1] (peak-to-peak 2)."""
-    return cap_db if mse <= 4 * 10 ** (-cap_db / 10) else 10 * math.log10(4.0 / mse)
 
 
 def ladders_from_manifest(

@@ -1,7 +1,7 @@
 """Server side: a template image -> exact KV -> importance -> every representation of every shard + the manifest.
 
-:func:`precompute_template` is what the cloud server's write path calls; :func:`encode_kv` / :func:`decode_kv` are
-the whole-template helpers the codec benchmark uses.
+:func:`precompute_template` is what the cloud server's write path calls. Whole-template encode/decode helpers live in
+:mod:`sakura_core.kv.template_codec`.
 """
 
 from __future__ import annotations
@@ -13,24 +13,18 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ..models.demo import DemoModel
+from ..kv.chain import decode_chain
+from ..kv.codecs import get_codec
+from ..kv.container import shard_digest
+from ..kv.manifest import MANIFEST_VERSION, validate_manifest
+from ..kv.template_codec import decode_kv, level_chains, shard_inputs
+from ..models.edit_model import EditModel
 from ..models.kv_types import TemplateKV
 from .attention_capture import capture_attention
-from .chain import decode_chain
-from .codecs import ShardInput, ShardMeta, get_codec
-from .container import shard_digest
-from .importance import TokenImportance, attention_error, importance_from_captures, layer_gains
-from .manifest import MANIFEST_VERSION, validate_manifest
+from .importance import attention_error, importance_from_captures, layer_gains
 from .probes import ProbeConfig, make_probes
 
-__all__ = [
-    "DISTORTION_METRIC",
-    "PrecomputedTemplate",
-    "decode_kv",
-    "encode_kv",
-    "precompute_template",
-    "shard_inputs",
-]
+__all__ = ["DISTORTION_METRIC", "PrecomputedTemplate", "precompute_template"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,87 +40,8 @@ class PrecomputedTemplate:
     blobs: dict[str, bytes]
 
 
-def shard_inputs(
-    kv: TemplateKV,
-    template_id: str,
-    importance: TokenImportance | None = None,
-    shard_layers: int = 1,
-) -> list[ShardInput]:
-    """Split a template's KV into encoder inputs of ``shard_layers`` consecutive layers (the last may be shorter)."""
-    if shard_layers < 1:
-        raise ValueError(f"shard_layers must be >= 1, got {shard_layers}")
-    if importance is not None and importance.k_weight.shape[0] != kv.num_layers:
-        raise ValueError(f"importance covers {importance.k_weight.shape[0]} layers, the KV has {kv.num_layers}")
-    x = kv.kv.detach().float().cpu().numpy()  # (layers, 2, tokens, heads, head_dim)
-    gain = np.ones(kv.num_layers)
-    if importance is not None and importance.layer_gain is not None:
-        gain = np.asarray(importance.layer_gain, dtype=np.float64)
-    out = []
-    for first in range(0, kv.num_layers, shard_layers):
-        last = min(first + shard_layers, kv.num_layers) - 1
-        meta = ShardMeta(kv.model_id, template_id, kv.rope_layout, first, tuple(kv.token_grid), kv.num_layers)
-        s = slice(first, last + 1)
-        out.append(
-            ShardInput(
-                k=np.ascontiguousarray(x[s, 0]),
-                v=np.ascontiguousarray(x[s, 1]),
-                meta=meta,
-                k_weight=None if importance is None else importance.k_weight[s] * _col(gain[s], 4),
-                v_weight=None if importance is None else importance.v_weight[s] * _col(gain[s], 3),
-                k_drop=None if importance is None else importance.k_drop[s] * _col(gain[s], 3),
-            )
-        )
-    return out
-
-
-def _col(gain: np.ndarray, ndim: int) -> np.ndarray:
-    """(layers,) -> broadcastable to an ndim-dimensional (layers, ...) array, float32."""
-    return gain.astype(np.float32).reshape((-1,) + (1,) * (ndim - 1))
-
-
-def encode_kv(
-    name: str,
-    kv: TemplateKV,
-    importance: TokenImportance | None,
-    level: int,
-    *,
-    shard_layers: int = 1,
-    template_id: str = "bench",
-) -> list[list[bytes]]:
-    """Encode a whole template with codec ``name`` at ``level``; per shard, the blob chain that decodes that level
-    (base..level for a progressive codec, one blob otherwise)."""
-    codec = get_codec(name)
-    levels = [lv for lv in codec.levels if lv <= level] if codec.progressive else [level]
-    shards = codec.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers))
-    return [codec.encode(s, levels) for s in shards]
-
-
-def decode_kv(chains: list[list[bytes]]) -> torch.Tensor:
-    """Decode per-shard chains (as :func:`encode_kv` returns them) into a (layers, 2, tokens, heads, head_dim) fp16
-    tensor; the shards must cover the layers in order."""
-    parts = []
-    next_layer = 0
-    for chain in chains:
-        header, k, v = decode_chain(chain)
-        if header.layer_first != next_layer:
-            raise ValueError(f"shards out of order: expected layer {next_layer}, got {header.layer_first}")
-        next_layer = header.layer_last + 1
-        parts.append(torch.stack([torch.from_numpy(k), torch.from_numpy(v)], dim=1))  # (layers, 2, T, H, D)
-    return torch.cat(parts)
-
-
-def level_chains(shards: list[dict], blobs: dict[str, bytes], name: str) -> list[list[bytes]]:
-    """Per shard (manifest ``shards``), the chain of blobs (base first) of the representation called ``name`` —
-    what :func:`decode_kv` takes."""
-    chains = []
-    for shard in shards:
-        rep = next(r for r in shard["representations"] if r["name"] == name)
-        chains.append([blobs[d] for d in [*rep.get("requires", []), rep["digest"]]])
-    return chains
-
-
 def precompute_template(
-    model: DemoModel,
+    model: EditModel,
     template_image: np.ndarray,
     template_id: str,
     *,
@@ -162,7 +77,7 @@ def precompute_template(
     if image.shape != (size, size, 3) or image.dtype != np.uint8:
         raise ValueError(
             f"template_image must be ({size}, {size}, 3) uint8 for this model, got {image.shape} {image.dtype}; "
-            "resize it with sakura_core.models.demo.load_image"
+            "resize it with sakura_core.models.edit_model.load_image"
         )
     report("kv", 0, 1)
     kv = model.adapter.extract_template_kv(model.template_tokens(image), model.spec.grid)
@@ -245,8 +160,8 @@ def _add_output_psnr(
     model, kv: TemplateKV, shards: list[dict], blobs: dict[str, bytes], seed: int, steps: int, report
 ):
     """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards at that level."""
+    from ..metrics import psnr_from_mse
     from ..runtime.edit import run_edit
-    from ..runtime.ladder import psnr_from_mse
     from .probes import sample_crop
 
     rng = np.random.default_rng([seed, 3, 0x5A4B])

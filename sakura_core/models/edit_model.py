@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -23,7 +25,7 @@ from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DMo
 
 from .flux2_kv import Flux2KVAdapter
 
-__all__ = ["DemoModel", "DemoSpec", "load_demo_model", "load_image", "DEMO_TEMPLATES"]
+__all__ = ["EditModel", "ModelSpec", "load_demo_model", "load_image", "DEMO_TEMPLATES"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ DEMO_TEMPLATES = {"astronaut": "astronaut", "coffee": "coffee", "chelsea": "chel
 
 
 @dataclass(frozen=True)
-class DemoSpec:
+class ModelSpec:
     """Geometry and transformer config of the demo model.
 
     Attributes:
@@ -79,7 +81,7 @@ class DemoSpec:
         return 3 * self.patch_size**2
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> DemoSpec:
+    def load(cls, path: str | Path | None = None) -> ModelSpec:
         text = Path(path).read_text() if path else resources.files(__package__).joinpath(_CONFIG).read_text()
         return cls(**json.loads(text))
 
@@ -115,20 +117,51 @@ def load_image(source, size: int) -> np.ndarray:
     return np.asarray(Image.fromarray(arr).resize((size, size), Image.BICUBIC))
 
 
-class DemoModel:
+class EditModel:
     """The demo transformer with its token packing; ``adapter`` runs it in KV mode."""
 
-    def __init__(self, spec: DemoSpec, transformer: Flux2Transformer2DModel, weights_source: str):
+    def __init__(self, spec: ModelSpec, transformer: Flux2Transformer2DModel, weights_source: str):
         self.spec = spec
         self.weights_source = weights_source
         self.adapter = Flux2KVAdapter(transformer, ref_fixed_timestep=spec.ref_fixed_timestep)
         gen = torch.Generator().manual_seed(1234)
         jdim = spec.transformer["joint_attention_dim"]
         self._byte_table = torch.randn(256, jdim, generator=gen) / jdim**0.5  # (256 byte values, joint_dim)
+        self._timing_lock = threading.Lock()
+        self._layer_times_s: tuple[float, float] | None = None
 
     @property
     def model_id(self) -> str:
         return self.adapter.model_id
+
+    def layer_times_s(self) -> tuple[float, float]:
+        """Seconds per layer on this machine: (with the template tokens, with the template's KV injected).
+
+        Measured once (best of two full and two cached forwards at this model's own geometry, content-free inputs)
+        and kept with this instance: timing does not depend on the image content.
+        """
+        with self._timing_lock:
+            if self._layer_times_s is None:
+                self._layer_times_s = self._measure_layer_times()
+            return self._layer_times_s
+
+    @torch.no_grad()
+    def _measure_layer_times(self) -> tuple[float, float]:
+        a, spec = self.adapter, self.spec
+        template = torch.zeros(1, spec.num_tokens, spec.patch_dim)  # (1, tokens, 3*p*p)
+        ref = torch.cat([template, torch.zeros_like(template)], dim=-1)  # (1, tokens, in_channels)
+        kv = a.extract_template_kv(ref, spec.grid)
+        x = self.request_tokens(torch.zeros_like(template), template)
+        txt, t = self.encode_prompt("place it"), torch.tensor([0.5])
+        best_full = best_cached = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            a.forward(x, txt, t, img_grid=spec.grid, ref_tokens=ref, ref_grid=spec.grid, split_layer=a.num_layers)
+            t1 = time.perf_counter()
+            a.forward(x, txt, t, img_grid=spec.grid, ref_grid=spec.grid, cached=kv)
+            t2 = time.perf_counter()
+            best_full, best_cached = min(best_full, t1 - t0), min(best_cached, t2 - t1)
+        return best_full / a.num_layers, best_cached / a.num_layers
 
     # ---- images <-> tokens ---------------------------------------------------------------------------------
     def pack_image(self, image: np.ndarray) -> torch.Tensor:
@@ -169,13 +202,13 @@ class DemoModel:
 
 
 def load_demo_model(
-    spec: DemoSpec | None = None, weights: str | Path | None = "auto", dtype: torch.dtype = torch.float32
-) -> DemoModel:
+    spec: ModelSpec | None = None, weights: str | Path | None = "auto", dtype: torch.dtype = torch.float32
+) -> EditModel:
     """Build the demo transformer; load trained weights when present (``weights="auto"``), a path, or ``None``.
 
     ``weights=None`` forces the seeded random init.
     """
-    spec = spec or DemoSpec.load()
+    spec = spec or ModelSpec.load()
     torch.manual_seed(spec.init_seed)
     transformer = Flux2Transformer2DModel(**spec.transformer).eval()
     source = f"random-init(seed={spec.init_seed})"
@@ -202,4 +235,4 @@ def load_demo_model(
         logger.info("demo model: no trained weights found, using %s", source)
     if dtype != torch.float32:
         transformer = transformer.to(dtype)
-    return DemoModel(spec, transformer, source)
+    return EditModel(spec, transformer, source)

@@ -9,15 +9,13 @@ import torch
 
 from sakura_core.kv import (
     ManifestError,
-    PrecomputedTemplate,
-    ProbeConfig,
     decode_kv,
     decode_representation,
     encode_kv,
-    precompute_template,
     shard_digest,
     validate_manifest,
 )
+from sakura_core.precompute import PrecomputedTemplate, ProbeConfig, precompute_template
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..models.demo import DemoModel
+from ..models.edit_model import EditModel
 from ..models.kv_types import TemplateKV
 from .attention_capture import AttentionCapture, capture_attention
 from .probes import ProbeConfig, Probes, make_probes
@@ -136,7 +136,7 @@ def importance_from_captures(captures: list[AttentionCapture], kv: TemplateKV, s
 
 
 def estimate_importance(
-    model: DemoModel,
+    model: EditModel,
     kv: TemplateKV,
     template_image: np.ndarray | None = None,
     config: ProbeConfig | None = None,
@@ -155,7 +155,7 @@ def estimate_importance(
 
 @torch.no_grad()
 def layer_gains(
-    model: DemoModel,
+    model: EditModel,
     kv: TemplateKV,
     probes: Probes,
     captures: list[AttentionCapture],

@@ -9,18 +9,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..kv.attention_capture import qkv_double, qkv_single
-from .demo import DemoModel
+from ..metrics import psnr_uint8 as psnr_db
+from ..models.edit_model import EditModel
+from ..precompute.attention_capture import qkv_double, qkv_single
 from .edit_task import EDIT_PROMPT, ImageBank, make_pair, region_mask, task_for
-from .train_demo import EVAL_SEED
+from .train import EVAL_SEED
 
-__all__ = ["evaluate", "gini", "psnr_db", "template_importance"]
-
-
-def psnr_db(a: np.ndarray, b: np.ndarray, cap_db: float = 100.0) -> float:
-    """PSNR of two uint8 images in dB (capped at ``cap_db`` for identical images)."""
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return cap_db if mse == 0 else min(cap_db, 10 * math.log10(255.0**2 / mse))
+__all__ = ["evaluate", "gini", "template_importance"]
 
 
 def _ssim(a: np.ndarray, b: np.ndarray) -> float:
@@ -43,7 +38,7 @@ def gini(values) -> float:
 
 @torch.no_grad()
 def template_importance(
-    model: DemoModel, template: np.ndarray, user: np.ndarray, target: np.ndarray, times=(0.3, 0.6, 0.9), seed: int = 0
+    model: EditModel, template: np.ndarray, user: np.ndarray, target: np.ndarray, times=(0.3, 0.6, 0.9), seed: int = 0
 ) -> tuple[np.ndarray, float]:
     """Attention mass the request queries put on each template token, per layer and head.
 
@@ -101,7 +96,7 @@ def template_importance(
                 if err > 1e-4 * max(1.0, float(k_ext.abs().max())):
                     raise RuntimeError(
                         f"importance probe: recomputed template keys of layer {layer} differ from the extracted KV "
-                        f"by {err:.3g}; the diffusers attention processors changed — update sakura_core.kv.importance.qkv_double/qkv_single"
+                        f"by {err:.3g}; the diffusers attention processors changed — update sakura_core.precompute.importance.qkv_double/qkv_single"
                     )
     finally:
         for h in handles:
@@ -111,14 +106,14 @@ def template_importance(
 
 
 def evaluate(
-    model: DemoModel,
+    model: EditModel,
     bank: ImageBank | None = None,
     *,
     pairs: int = 32,
     seed: int = EVAL_SEED,
     steps: int = 8,
     probes: int = 4,
-    reference_model: DemoModel | None = None,
+    reference_model: EditModel | None = None,
     on_pair: Callable[[int], None] | None = None,
 ) -> dict:
     """Held-out evaluation of the KV edit path against the ground truth and trivial baselines.
@@ -158,7 +153,7 @@ def evaluate(
         if on_pair is not None:
             on_pair(i)
 
-    def importance_stats(m: DemoModel) -> dict:
+    def importance_stats(m: EditModel) -> dict:
         ginis, layer_ginis, top10, share = [], [], [], []
         for i in range(probes):
             p = make_pair(bank, task, seed, i)

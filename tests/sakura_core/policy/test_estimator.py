@@ -1,6 +1,6 @@
 import pytest
 
-from sakura_core.fetch.estimator import EstimatorConfig, ThroughputEstimator
+from sakura_core.policy.estimator import EstimatorConfig, ThroughputEstimator
 
 
 def test_harmonic_mean_and_error_discount():

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..models.demo import DEMO_TEMPLATES, DemoModel, load_image
+from ..models.edit_model import DEMO_TEMPLATES, EditModel, load_image
 
 __all__ = ["GENERIC_PROMPTS", "ProbeConfig", "Probes", "make_probes", "sample_crop"]
 
@@ -87,7 +87,7 @@ def sample_crop(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.ascontiguousarray(crop[:, ::-1] if rng.random() < 0.5 else crop)
 
 
-def make_probes(model: DemoModel, template: torch.Tensor | None, config: ProbeConfig, stream: int = 0) -> Probes:
+def make_probes(model: EditModel, template: torch.Tensor | None, config: ProbeConfig, stream: int = 0) -> Probes:
     """``config.num_probes`` probe requests, a pure function of (config, stream).
 
     Args:

@@ -5,24 +5,48 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Protocol
 
-from ..fetch.estimator import ThroughputEstimator
 from ..fetch.traces import Trace
+from .estimator import ThroughputEstimator
 from .ladder import Level
-from .profiles import DeviceProfile
 
-__all__ = ["Context", "LiveState"]
+__all__ = ["ComputeCosts", "Context", "LiveState"]
+
+
+class _Steps(Protocol):
+    steps: int
+
+
+class ComputeCosts(Protocol):
+    """What a policy reads of the device (``sakura_core.runtime.profiles.DeviceProfile`` and the live pipeline's
+    measured profile both provide it). All times in seconds on that device."""
+
+    @property
+    def layer_full_s(self) -> float: ...  # one layer that also runs the template tokens
+
+    @property
+    def layer_cached_s(self) -> float: ...  # one layer with the template's KV injected
+
+    @property
+    def template_pass_s(self) -> float: ...  # the template tokens alone through every layer
+
+    @property
+    def fixed_s(self) -> float: ...  # per-edit work outside the DiT
+
+    @property
+    def model(self) -> _Steps: ...  # ``.steps``: denoising steps
 
 
 class Context:
-    """What a policy may look at (see fetch/policies.py). Times are seconds from the start of the edit."""
+    """What a policy may look at (see policy/policies.py). Times are seconds from the start of the edit."""
 
     def __init__(self, sim):  # the simulator (_Sim) or the live pipeline (LiveState)
         self._s = sim
 
     # static
     @property
-    def profile(self) -> DeviceProfile:
+    def profile(self) -> ComputeCosts:
         return self._s.profile
 
     @property

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from sakura_core.models.demo import load_demo_model, load_image
+from sakura_core.models.edit_model import load_demo_model, load_image
 from sakura_core.runtime.edit import run_edit
 
 

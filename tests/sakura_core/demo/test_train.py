@@ -9,10 +9,11 @@ import torch
 from safetensors import safe_open
 
 from sakura_core import cli
-from sakura_core.models.demo import DemoSpec, load_demo_model
-from sakura_core.models.edit_task import ImageBank
-from sakura_core.models.eval_demo import evaluate, gini, psnr_db, template_importance
-from sakura_core.models.train_demo import DemoTrainer, TrainConfig
+from sakura_core.demo.edit_task import ImageBank
+from sakura_core.demo.evaluate import evaluate, gini, template_importance
+from sakura_core.demo.train import DemoTrainer, TrainConfig
+from sakura_core.metrics import psnr_uint8 as psnr_db
+from sakura_core.models.edit_model import ModelSpec, load_demo_model
 
 TINY = {
     "patch_size": 1,
@@ -29,7 +30,7 @@ TINY = {
     "rope_theta": 2000,
     "guidance_embeds": False,
 }
-SPEC = DemoSpec(image_size=32, patch_size=4, text_tokens=4, transformer=TINY)
+SPEC = ModelSpec(image_size=32, patch_size=4, text_tokens=4, transformer=TINY)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_checkpoint_refuses_other_settings(bank, tmp_path):
     ckpt = tr.save_checkpoint(tmp_path / "c.safetensors")
     with pytest.raises(ValueError, match="lr"):
         _trainer(bank, lr=1e-3).load_checkpoint(ckpt)
-    other = DemoSpec(image_size=32, patch_size=4, text_tokens=4, transformer={**TINY, "mlp_ratio": 3.0})
+    other = ModelSpec(image_size=32, patch_size=4, text_tokens=4, transformer={**TINY, "mlp_ratio": 3.0})
     with pytest.raises(ValueError, match="transformer config"):
         DemoTrainer(tr.config, other, bank).load_checkpoint(ckpt)
     with pytest.raises(FileNotFoundError):

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .demo import DemoModel, DemoSpec, load_demo_model
+from ..models.edit_model import EditModel, ModelSpec, load_demo_model
 from .edit_task import EDIT_PROMPT, ImageBank, make_batch, task_for
 
 __all__ = [
@@ -108,8 +108,8 @@ def _step_seed(seed: int, step: int) -> int:
     return int(np.random.SeedSequence([seed, step, 7]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def _pack(model: DemoModel, images: np.ndarray) -> torch.Tensor:
-    """(B, S, S, 3) uint8 -> (B, tokens, 3*p*p), exactly ``DemoModel.pack_image`` per image."""
+def _pack(model: EditModel, images: np.ndarray) -> torch.Tensor:
+    """(B, S, S, 3) uint8 -> (B, tokens, 3*p*p), exactly ``EditModel.pack_image`` per image."""
     return torch.cat([model.pack_image(img) for img in images], dim=0)
 
 
@@ -135,7 +135,7 @@ class DemoTrainer:
         bank: source images (loaded when omitted).
     """
 
-    def __init__(self, config: TrainConfig, spec: DemoSpec | None = None, bank: ImageBank | None = None):
+    def __init__(self, config: TrainConfig, spec: ModelSpec | None = None, bank: ImageBank | None = None):
         self.config = config
         self.model = load_demo_model(spec, weights=None)  # seeded random init
         self.spec = self.model.spec

@@ -1,0 +1,103 @@
+"""Whole-template helpers over the codec registry: split a template's KV into shard inputs, encode every shard at a
+level, and decode per-shard chains back into one KV tensor (what precompute, the benchmarks and the tests use)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ..models.kv_types import TemplateKV
+from .chain import decode_chain
+from .codecs import ShardInput, ShardMeta, get_codec
+
+__all__ = ["ImportanceWeights", "decode_kv", "encode_kv", "level_chains", "shard_inputs"]
+
+
+class ImportanceWeights(Protocol):
+    """What the encoders weigh bits by (``sakura_core.precompute.importance.TokenImportance`` is one)."""
+
+    k_weight: np.ndarray  # (layers, tokens, heads, head_dim)
+    v_weight: np.ndarray  # (layers, tokens, heads)
+    k_drop: np.ndarray  # (layers, tokens, heads)
+    layer_gain: np.ndarray | None  # (layers,)
+
+
+def shard_inputs(
+    kv: TemplateKV,
+    template_id: str,
+    importance: ImportanceWeights | None = None,
+    shard_layers: int = 1,
+) -> list[ShardInput]:
+    """Split a template's KV into encoder inputs of ``shard_layers`` consecutive layers (the last may be shorter)."""
+    if shard_layers < 1:
+        raise ValueError(f"shard_layers must be >= 1, got {shard_layers}")
+    if importance is not None and importance.k_weight.shape[0] != kv.num_layers:
+        raise ValueError(f"importance covers {importance.k_weight.shape[0]} layers, the KV has {kv.num_layers}")
+    x = kv.kv.detach().float().cpu().numpy()  # (layers, 2, tokens, heads, head_dim)
+    gain = np.ones(kv.num_layers)
+    if importance is not None and importance.layer_gain is not None:
+        gain = np.asarray(importance.layer_gain, dtype=np.float64)
+    out = []
+    for first in range(0, kv.num_layers, shard_layers):
+        last = min(first + shard_layers, kv.num_layers) - 1
+        meta = ShardMeta(kv.model_id, template_id, kv.rope_layout, first, tuple(kv.token_grid), kv.num_layers)
+        s = slice(first, last + 1)
+        out.append(
+            ShardInput(
+                k=np.ascontiguousarray(x[s, 0]),
+                v=np.ascontiguousarray(x[s, 1]),
+                meta=meta,
+                k_weight=None if importance is None else importance.k_weight[s] * _col(gain[s], 4),
+                v_weight=None if importance is None else importance.v_weight[s] * _col(gain[s], 3),
+                k_drop=None if importance is None else importance.k_drop[s] * _col(gain[s], 3),
+            )
+        )
+    return out
+
+
+def _col(gain: np.ndarray, ndim: int) -> np.ndarray:
+    """(layers,) -> broadcastable to an ndim-dimensional (layers, ...) array, float32."""
+    return gain.astype(np.float32).reshape((-1,) + (1,) * (ndim - 1))
+
+
+def encode_kv(
+    name: str,
+    kv: TemplateKV,
+    importance: ImportanceWeights | None,
+    level: int,
+    *,
+    shard_layers: int = 1,
+    template_id: str = "bench",
+) -> list[list[bytes]]:
+    """Encode a whole template with codec ``name`` at ``level``; per shard, the blob chain that decodes that level
+    (base..level for a progressive codec, one blob otherwise)."""
+    codec = get_codec(name)
+    levels = [lv for lv in codec.levels if lv <= level] if codec.progressive else [level]
+    shards = codec.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers))
+    return [codec.encode(s, levels) for s in shards]
+
+
+def decode_kv(chains: list[list[bytes]]) -> torch.Tensor:
+    """Decode per-shard chains (as :func:`encode_kv` returns them) into a (layers, 2, tokens, heads, head_dim) fp16
+    tensor; the shards must cover the layers in order."""
+    parts = []
+    next_layer = 0
+    for chain in chains:
+        header, k, v = decode_chain(chain)
+        if header.layer_first != next_layer:
+            raise ValueError(f"shards out of order: expected layer {next_layer}, got {header.layer_first}")
+        next_layer = header.layer_last + 1
+        parts.append(torch.stack([torch.from_numpy(k), torch.from_numpy(v)], dim=1))  # (layers, 2, T, H, D)
+    return torch.cat(parts)
+
+
+def level_chains(shards: list[dict], blobs: dict[str, bytes], name: str) -> list[list[bytes]]:
+    """Per shard (manifest ``shards``), the chain of blobs (base first) of the representation called ``name`` —
+    what :func:`decode_kv` takes."""
+    chains = []
+    for shard in shards:
+        rep = next(r for r in shard["representations"] if r["name"] == name)
+        chains.append([blobs[d] for d in [*rep.get("requires", []), rep["digest"]]])
+    return chains

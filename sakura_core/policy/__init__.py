@@ -1,0 +1,38 @@
+"""Fetch policies: which representation of each shard to fetch, or compute it on the device, as the link changes.
+
+Pure and deterministic given a trace, so the simulator and the live pipeline run the same code:
+
+* :mod:`.estimator` — throughput estimation (harmonic mean, RobustMPC error discount);
+* :mod:`.ladder` — :class:`Level`, the policies' view of a shard's representations, from a manifest;
+* :mod:`.context` — :class:`Context`, what a policy may look at (state of the simulator or the live pipeline);
+* :mod:`.policies` — the policies (on-device, on-device-cached, fetch-fp16, cachegen, throughput, sakura, oracle,
+  free-kv), each decision with its reason;
+* :mod:`.plan` — the quality floor and a policy's ladders for one manifest (:func:`plan_fetch`).
+"""
+
+from .context import ComputeCosts, Context, LiveState
+from .estimator import EstimatorConfig, ThroughputEstimator
+from .ladder import Level, ladders_from_manifest
+from .plan import FLOOR_PSNR_DB, FetchPlan, floor_index, plan_fetch, policy_levels, runnable_policies
+from .policies import LEVEL_COMPUTE, POLICIES, Decision, Policy, make_policy
+
+__all__ = [
+    "FLOOR_PSNR_DB",
+    "LEVEL_COMPUTE",
+    "POLICIES",
+    "ComputeCosts",
+    "Context",
+    "Decision",
+    "EstimatorConfig",
+    "FetchPlan",
+    "Level",
+    "LiveState",
+    "Policy",
+    "ThroughputEstimator",
+    "floor_index",
+    "ladders_from_manifest",
+    "make_policy",
+    "plan_fetch",
+    "policy_levels",
+    "runnable_policies",
+]

@@ -1,0 +1,66 @@
+"""What the runtime needs to fetch one template with one policy: the policy's view of the manifest's ladders and
+the quality floor. Written once; the live pipeline, the phone simulation and the benchmarks all use it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ladder import Level, ladders_from_manifest
+from .policies import POLICIES, Policy, make_policy
+
+__all__ = ["FLOOR_PSNR_DB", "FetchPlan", "floor_index", "plan_fetch", "policy_levels", "runnable_policies"]
+
+# A level is acceptable as the quality floor when its measured output PSNR (manifest ``psnr_db``) reaches this.
+FLOOR_PSNR_DB = 35.0
+
+
+def runnable_policies() -> list[str]:
+    """Every policy that can run a real edit (the simulation-only bound with preloaded KV is left out)."""
+    return [name for name, cls in POLICIES.items() if not cls.kv_preloaded]
+
+
+def floor_index(ladder_names: list[str], reps: list[dict], floor_psnr_db: float = FLOOR_PSNR_DB) -> int:
+    """Index of the cheapest level whose measured output PSNR (``reps[i]["psnr_db"]``) reaches ``floor_psnr_db``;
+    the last (exact) level when none qualifies. ``ladder_names`` is cheapest first."""
+    by_name = {r["name"]: r for r in reps}
+    for i, name in enumerate(ladder_names):
+        psnr = by_name.get(name, {}).get("psnr_db")
+        if psnr is not None and psnr >= floor_psnr_db:
+            return i
+    return len(ladder_names) - 1
+
+
+def policy_levels(names: list[str], family: str) -> list[int]:
+    """Indices (into a ladder with level ``names``) that a policy of ``family`` may fetch: fp16 sees only the exact
+    representation, CacheGen only its own levels (not the extra fp16 reference), sakura everything."""
+    if family == "fp16":
+        if "fp16" not in names:
+            raise ValueError(f"the template has no fp16 representation (levels: {', '.join(names)}); republish it")
+        return [names.index("fp16")]
+    if family == "cachegen":
+        return [i for i, n in enumerate(names) if n != "fp16"]
+    return list(range(len(names)))
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    """The ladders (per layer, cheapest first), matching manifest entries and the floor level for one policy."""
+
+    policy: Policy
+    ladders: list[list[Level]]
+    reps: list[list[dict]]
+    floor: int
+
+    @property
+    def floor_name(self) -> str:
+        return self.ladders[0][self.floor].name
+
+
+def plan_fetch(manifest: dict, policy_name: str, decode_bytes_per_s: float = 6e8) -> FetchPlan:
+    """Ladders for ``policy_name`` and the quality floor: the cheapest level whose measured output PSNR (manifest
+    ``psnr_db``) reaches :data:`FLOOR_PSNR_DB`."""
+    policy = make_policy(policy_name)
+    ladders, reps = ladders_from_manifest(manifest, decode_bytes_per_s)
+    keep = policy_levels([lv.name for lv in ladders[0]], policy.family)
+    ladders, reps = [[lad[i] for i in keep] for lad in ladders], [[r[i] for i in keep] for r in reps]
+    return FetchPlan(policy, ladders, reps, floor_index([lv.name for lv in ladders[0]], reps[0]))

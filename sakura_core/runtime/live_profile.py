@@ -1,0 +1,45 @@
+"""What the live policies predict with: :class:`LiveProfile`, the model's measured per-layer compute times on this
+device, and :func:`measure_profile`, which measures them once per model instance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LiveProfile", "measure_profile"]
+
+
+@dataclass(frozen=True)
+class LiveProfile:
+    """Measured compute costs of the model on this device, which the policies predict with.
+
+    Attributes:
+        layer_full_s: one layer that also runs the template tokens, seconds.
+        layer_cached_s: one layer with the template KV injected, seconds.
+        layers: transformer layers.
+        steps: denoising steps.
+        fixed_s: per-edit work outside the transformer, seconds.
+    """
+
+    layer_full_s: float
+    layer_cached_s: float
+    layers: int
+    steps: int
+    fixed_s: float = 0.0
+
+    @property
+    def template_pass_s(self) -> float:
+        """Extra cost of running the template tokens through every layer."""
+        return (self.layer_full_s - self.layer_cached_s) * self.layers
+
+    @property
+    def model(self) -> LiveProfile:  # the simulation's profiles expose model.steps / model.layers
+        return self
+
+
+def measure_profile(model, steps: int, fixed_s: float = 0.0) -> LiveProfile:
+    """``model``'s per-layer compute times here (measured on its first call, then reused; see
+    :meth:`sakura_core.models.edit_model.EditModel.layer_times_s`) as a profile for a ``steps``-step edit."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    full_s, cached_s = model.layer_times_s()
+    return LiveProfile(full_s, cached_s, model.adapter.num_layers, steps, fixed_s)

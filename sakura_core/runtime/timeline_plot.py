@@ -1,0 +1,40 @@
+"""The pipeline timeline as a PNG (matplotlib Agg): fetch / decode / compute / stall lanes of one run. Used by the
+sampler node, the demo and the benchmarks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["matplotlib_pyplot", "plot_timeline"]
+
+_LANES = ["fetch", "decode", "compute", "stall"]
+_COLORS = {"fetch": "#4C72B0", "decode": "#DD8452", "compute": "#55A868", "stall": "#C44E52"}
+
+
+def matplotlib_pyplot():
+    """matplotlib's pyplot on the non-interactive Agg backend (imported on first use)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_timeline(events: list[dict], path: str | Path, title: str = "") -> None:
+    """Fetch / decode / compute lanes of one run (template layers in a darker green)."""
+    plt = matplotlib_pyplot()
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    for lane_idx, lane in enumerate(_LANES):
+        for e in (e for e in events if e["lane"] == lane):
+            color = _COLORS[lane]
+            if lane == "compute" and e.get("level") == "template":
+                color = "#2E6B3A"
+            ax.barh(lane_idx, e["end"] - e["start"], left=e["start"], color=color, edgecolor="white", linewidth=0.3)
+    ax.set_yticks(range(len(_LANES)), _LANES)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the edit started")
+    ax.set_title(title or "pipeline timeline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
