@@ -270,7 +270,7 @@ class Context:
 
 class LiveState:
     """The :class:`PolicyState` the running pipeline keeps (times in seconds since the edit started; see
-    :class:`PolicyState` for every attribute). Writers hold ``lock``."""
+    :class:`PolicyState` for every attribute); ``lock`` guards the updates a policy reads mid-decision."""
 
     def __init__(
         self,

@@ -110,6 +110,9 @@ class FreeKV(Policy):
     family = "fp16"
     kv_preloaded = True
 
+    def choose(self, ctx: Context, layer: int) -> Decision:
+        return Decision(None, "the KV is preloaded on the device: nothing to fetch")
+
     def keep_template(self, ctx: Context, layer: int) -> bool:
         return False
 

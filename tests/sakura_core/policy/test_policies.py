@@ -138,6 +138,8 @@ def test_fetch_fp16_always_fetches_the_exact_level_and_drops_at_once():
 def test_free_kv_is_a_preloaded_bound_that_never_keeps_the_template():
     p = policy("free-kv")
     assert p.kv_preloaded and p.family == "fp16" and not p.keep_template(ctx(), 0)
+    d = p.choose(ctx(), 0)
+    assert d.level is None and "preloaded" in d.reason
 
 
 # --- cachegen: first level (high to low) with bytes/bw < SLO / n_chunks, else recompute ---
