@@ -4,13 +4,14 @@ Pure and deterministic given a trace, so the simulator and the live pipeline run
 
 * :mod:`.estimator` — throughput estimation (harmonic mean, RobustMPC error discount);
 * :mod:`.ladder` — :class:`Level`, the policies' view of a shard's representations, from a manifest;
-* :mod:`.context` — :class:`Context`, what a policy may look at (state of the simulator or the live pipeline);
+* :mod:`.context` — :class:`Context`, what a policy may look at: a typed view of a :class:`PolicyState` (the
+  simulator's or the live pipeline's);
 * :mod:`.policies` — the policies (on-device, on-device-cached, fetch-fp16, cachegen, throughput, sakura, oracle,
   free-kv), each decision with its reason;
 * :mod:`.plan` — the quality floor and a policy's ladders for one manifest (:func:`plan_fetch`).
 """
 
-from .context import ComputeCosts, Context, LiveState
+from .context import ComputeCosts, Context, LiveState, PolicyState
 from .estimator import EstimatorConfig, ThroughputEstimator
 from .ladder import Level, ladders_from_manifest
 from .plan import FLOOR_PSNR_DB, FetchPlan, floor_index, plan_fetch, policy_levels, runnable_policies
@@ -28,6 +29,7 @@ __all__ = [
     "Level",
     "LiveState",
     "Policy",
+    "PolicyState",
     "ThroughputEstimator",
     "floor_index",
     "ladders_from_manifest",

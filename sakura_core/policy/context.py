@@ -1,5 +1,6 @@
-"""What a fetch policy may look at: :class:`Context`, one view over the simulator's state and over the live
-pipeline's, so the same policy code runs in both. Times are seconds from the start of the edit."""
+"""What a fetch policy may look at: :class:`Context`, one typed view over a :class:`PolicyState` — the simulator's
+state or the live pipeline's (:class:`LiveState`) — so the same policy code runs in both. Times are seconds since
+the edit started, sizes bytes, rates bytes/s."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ..fetch.traces import Trace
 from .estimator import ThroughputEstimator
 from .ladder import Level
 
-__all__ = ["ComputeCosts", "Context", "LiveState"]
+__all__ = ["ComputeCosts", "Context", "LiveState", "PolicyState"]
 
 
 class _Steps(Protocol):
@@ -38,11 +39,101 @@ class ComputeCosts(Protocol):
     def model(self) -> _Steps: ...  # ``.steps``: denoising steps
 
 
-class Context:
-    """What a policy may look at (see policy/policies.py). Times are seconds from the start of the edit."""
+class PolicyState(Protocol):
+    """The state a :class:`Context` reads: the simulator (``runtime.simulate``) and the live pipeline
+    (:class:`LiveState`) both keep it. Policies never read it directly, only through :class:`Context`, and never
+    write it.
 
-    def __init__(self, sim):  # the simulator (_Sim) or the live pipeline (LiveState)
-        self._s = sim
+    Every time is in seconds since the edit started (t = 0 when the first request may leave); sizes are bytes and
+    rates bytes/s. Layer indices are 0 .. len(ladders) - 1 and one shard holds one layer.
+    """
+
+    # fixed for the whole edit
+    @property
+    def profile(self) -> ComputeCosts:
+        """The device's compute costs (seconds per layer, per template pass, per edit)."""
+
+    @property
+    def ladders(self) -> list[list[Level]]:
+        """``ladders[layer]``: that shard's representations, cheapest first (the policy's family only)."""
+
+    @property
+    def floor(self) -> int:
+        """Index of the quality floor in every ladder: the cheapest level a policy may pick."""
+
+    @property
+    def estimator(self) -> ThroughputEstimator:
+        """Throughput estimator fed with completed transfers (bytes/s)."""
+
+    @property
+    def trace(self) -> Trace:
+        """The link's rate over time; only the trace-reading policies (cachegen's rule, the oracle) use it."""
+
+    @property
+    def rtt_s(self) -> float:
+        """Round trip charged per request in predictions, seconds."""
+
+    @property
+    def latency_target_s(self) -> float | None:
+        """The user's latency target for the whole edit, seconds, or None."""
+
+    # dynamic (seconds since the edit started)
+    @property
+    def now(self) -> float:
+        """The current time, seconds."""
+
+    @property
+    def link_free(self) -> float:
+        """When the link finishes its current transfer (<= ``now`` when idle), seconds."""
+
+    @property
+    def decoder_free(self) -> float:
+        """When the decoder finishes its queued work, seconds."""
+
+    @property
+    def compute_layer(self) -> int:
+        """The step-0 layer the compute lane is at (about to run)."""
+
+    @property
+    def compute_t(self) -> float:
+        """When the compute lane starts ``compute_layer``, seconds."""
+
+    @property
+    def template_alive(self) -> bool:
+        """The template tokens are still in step 0's sequence (not dropped yet)."""
+
+    @property
+    def next_layer(self) -> int:
+        """The next shard the fetch lane will ask the policy about; shards below it are decided."""
+
+    @property
+    def got(self) -> dict[int, list[tuple[int, float]]]:
+        """``got[layer]``: ``(level index, decoded-at seconds)`` of every fetched level, in fetch order."""
+
+    @property
+    def in_flight(self) -> dict[int, float]:
+        """``in_flight[layer]``: predicted decoded-at time (seconds) of a shard requested but not decoded yet."""
+
+    def flush_observations(self) -> None:
+        """Feed the estimator every transfer completed by ``now`` (and none from later)."""
+
+
+_STATE_MEMBERS = tuple(name for name in vars(PolicyState) if not name.startswith("_"))
+
+
+class Context:
+    """What a policy may look at: a read-only, typed view of a :class:`PolicyState` plus the predictions the
+    policies share. Times are seconds since the edit started; rates are bytes/s, or None for "exact transfer
+    times from the trace" (the oracle)."""
+
+    def __init__(self, state: PolicyState):
+        missing = [name for name in _STATE_MEMBERS if not hasattr(state, name)]
+        if missing:
+            raise TypeError(
+                f"{type(state).__name__} is not a PolicyState: it lacks {', '.join(missing)}; "
+                "give it those attributes (see sakura_core.policy.context.PolicyState)"
+            )
+        self._s = state
 
     # static
     @property
@@ -51,14 +142,16 @@ class Context:
 
     @property
     def num_layers(self) -> int:
-        return self._s.L
+        return len(self._s.ladders)
 
     @property
     def floor(self) -> int:
+        """Index of the quality floor in every ladder."""
         return self._s.floor
 
     @property
     def estimator(self) -> ThroughputEstimator:
+        """The throughput estimator, fed with every transfer completed by ``now``."""
         self._s.flush_observations()
         return self._s.estimator
 
@@ -67,11 +160,13 @@ class Context:
         return self._s.trace
 
     def ladder(self, layer: int) -> list[Level]:
+        """Shard ``layer``'s levels, cheapest first."""
         return self._s.ladders[layer]
 
     # dynamic
     @property
     def now(self) -> float:
+        """Seconds since the edit started."""
         return self._s.now
 
     @property
@@ -88,7 +183,7 @@ class Context:
         return self._s.latency_target_s
 
     def predicted_finish(self, rate: float | None) -> float:
-        """Predicted end of the whole edit (all steps) from here, shards at the floor level."""
+        """Predicted end of the whole edit (all steps, seconds) from here, shards at the floor level."""
         p, c = self.profile, self._s.compute_layer
         drop = self.best_drop(c, rate) if self._s.template_alive else c
         step0 = self.predicted_step0_finish(c, drop, rate)
@@ -96,24 +191,29 @@ class Context:
 
     @property
     def decided_upto(self) -> int:
+        """Shards below this index have had their fetch decision."""
         return self._s.next_layer
 
     def ready(self, layer: int) -> bool:
+        """Shard ``layer`` has a level decoded by ``now``."""
         got = self._s.got.get(layer)
         return bool(got) and got[0][1] <= self._s.now
 
     def fetched_levels(self) -> dict[int, int]:
+        """``layer -> highest level fetched`` (decoded or not)."""
         return {layer: max(lv for lv, _ in got) for layer, got in self._s.got.items() if got}
 
     def fmt_rate(self, rate: float | None) -> str:
         return "exact trace" if rate is None else f"{rate * 8 / 1e6:.2f} Mbit/s"
 
     def transfer_end(self, start: float, nbytes: float, rate: float | None) -> float:
-        """When ``nbytes`` requested at ``start`` arrive: RTT + bytes at ``rate`` (None = the real trace)."""
+        """When ``nbytes`` requested at ``start`` (seconds) arrive: RTT + bytes at ``rate`` (None = the real trace).
+        The one place where predictions read the trace."""
         t0 = start + self._s.rtt_s
         return self._s.trace.finish_time(t0, nbytes) if rate is None else t0 + nbytes / rate
 
     def predict_ready(self, layer: int, level: Level, rate: float | None) -> float:
+        """When ``level`` of shard ``layer`` would be decoded if requested as soon as the link is free (seconds)."""
         arrive = self.transfer_end(max(self._s.link_free, self._s.now), level.nbytes, rate)
         return max(arrive, self._s.decoder_free) + level.decode_s
 
@@ -130,8 +230,8 @@ class Context:
         return max(t, self._s.decoder_free) + self.ladder(layer)[self.floor].decode_s
 
     def predicted_step0_finish(self, layer: int, drop: int, rate: float | None) -> float:
-        """Predicted end of step 0 if compute (now at ``layer``) keeps the template up to ``drop`` and then uses
-        shards; shards not yet requested are fetched from ``drop`` on, back to back, at the floor level."""
+        """Predicted end of step 0 (seconds) if compute (now at ``layer``) keeps the template up to ``drop`` and
+        then uses shards; shards not yet requested are fetched from ``drop`` on, back to back, at the floor level."""
         p, s = self.profile, self._s
         t = s.now + (drop - layer) * p.layer_full_s
         link = max(s.link_free, s.now)
@@ -151,16 +251,17 @@ class Context:
         return t
 
     def best_drop(self, layer: int, rate: float | None) -> int:
-        """The drop point (>= ``layer``) with the earliest predicted step-0 finish."""
+        """The drop point (>= ``layer``) with the earliest predicted step-0 finish (the first on ties)."""
         finishes = [self.predicted_step0_finish(layer, d, rate) for d in range(layer, self.num_layers + 1)]
         return layer + min(range(len(finishes)), key=finishes.__getitem__)
 
     def template_eta(self, layer: int) -> float:
-        """When compute reaches ``layer`` if it keeps running the template tokens from where it is."""
+        """When compute reaches ``layer`` (seconds) if it keeps running the template tokens from where it is."""
         return self._s.compute_t + max(0, layer - self._s.compute_layer) * self.profile.layer_full_s
 
     def deadline(self, layer: int) -> float:
-        """When compute reaches ``layer`` running without the template (no stalls), at step 0."""
+        """When compute reaches ``layer`` (seconds) running without the template from the next layer on (no stalls),
+        at step 0: shard ``layer`` must be decoded by then."""
         p = self.profile
         c = self._s.compute_layer
         extra = p.layer_full_s if self._s.template_alive else p.layer_cached_s
@@ -168,9 +269,19 @@ class Context:
 
 
 class LiveState:
-    """What Context reads, kept by the running pipeline (times in seconds since the edit started)."""
+    """The :class:`PolicyState` the running pipeline keeps (times in seconds since the edit started; see
+    :class:`PolicyState` for every attribute); ``lock`` guards the updates a policy reads mid-decision."""
 
-    def __init__(self, profile, trace, ladders, floor, estimator, rtt_s, latency_target_s=None):
+    def __init__(
+        self,
+        profile: ComputeCosts,
+        trace: Trace,
+        ladders: list[list[Level]],
+        floor: int,
+        estimator: ThroughputEstimator,
+        rtt_s: float,
+        latency_target_s: float | None = None,
+    ):
         self.profile, self.trace, self.ladders, self.floor = profile, trace, ladders, floor
         self.L = len(ladders)
         self.estimator, self.rtt_s = estimator, rtt_s

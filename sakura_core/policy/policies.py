@@ -8,18 +8,55 @@ All policies answer the same three questions (Puffer-style: state in, decision o
   run them through this layer too (compute) or drop them and use the fetched shard;
 * ``upgrade(ctx)`` — during later steps, which shard to refine with a progressive enhancement payload.
 
-A policy is deterministic given the trace (no clocks, no randomness). ``ctx`` is a :class:`~sakura_core.runtime.
-simulate.Context`: the estimator, the ladders, the device profile, the compute progress and ``now``; only the
-oracle reads ``ctx.trace``.
+A policy is deterministic given the trace (no clocks, no randomness). ``ctx`` is a :class:`~sakura_core.policy.
+context.Context`: the estimator, the ladders, the device profile, the compute progress and ``now`` (seconds since the
+edit started); only the trace-reading rules (cachegen's, the oracle) read ``ctx.trace``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["POLICIES", "Decision", "Policy", "make_policy"]
+from .context import Context
+
+__all__ = ["LEVEL_COMPUTE", "POLICIES", "Decision", "Policy", "make_policy"]
 
 LEVEL_COMPUTE = -1  # pseudo level: the device computes this layer's template KV
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.2f} MB"
+
+
+def _mbit(bytes_per_s: float) -> str:
+    return f"{bytes_per_s * 8 / 1e6:.2f} Mbit/s"
+
+
+def _vs_deadline(ready_s: float, deadline_s: float) -> str:
+    """``ready_s`` against ``deadline_s`` in words (never "-0.00 s")."""
+    slack = deadline_s - ready_s
+    if abs(slack) < 0.005:
+        return f"on its deadline t={deadline_s:.2f} s"
+    side = "before" if slack > 0 else "after"
+    return f"{abs(slack):.2f} s {side} its deadline t={deadline_s:.2f} s"
+
+
+def _at(ctx: Context, rate: float | None) -> str:
+    return "with exact transfer times from the trace" if rate is None else f"at {ctx.fmt_rate(rate)}"
+
+
+def _late(seconds: float) -> str:
+    """A positive lateness in words (milliseconds when it would round to 0.00 s)."""
+    return f"{seconds:.2f} s late" if seconds >= 0.005 else f"{seconds * 1e3:.1f} ms late"
+
+
+def _time_left(slack_s: float) -> str:
+    """Seconds left until a deadline, in words (a passed deadline says so)."""
+    if abs(slack_s) < 0.005:
+        return "no time left before its deadline"
+    if slack_s < 0:
+        return f"its deadline passed {-slack_s:.2f} s ago"
+    return f"{slack_s:.2f} s to its deadline"
 
 
 @dataclass(frozen=True)
@@ -41,16 +78,17 @@ class Policy:
     def reset(self) -> None:
         """Per-run state lives here; the simulator calls it before each run."""
 
-    def choose(self, ctx, layer: int) -> Decision:
-        return Decision(None, "never fetches")
+    def choose(self, ctx: Context, layer: int) -> Decision:
+        return Decision(None, f"{self.name} never fetches: the device computes the template KV")
 
-    def keep_template(self, ctx, layer: int) -> bool:
+    def keep_template(self, ctx: Context, layer: int) -> bool:
         return True
 
-    def upgrade(self, ctx):
+    def upgrade(self, ctx: Context) -> tuple[int, int] | None:
+        """``(layer, level)`` to refine with its progressive enhancement, or None."""
         return None
 
-    def recompute_late(self, ctx, layer: int) -> bool:
+    def recompute_late(self, ctx: Context, layer: int) -> bool:
         """The template is dropped and shard ``layer`` is not ready: give up on the link and run a template-only
         pass on the device (all layers' KV)? Baselines wait."""
         return False
@@ -72,7 +110,10 @@ class FreeKV(Policy):
     family = "fp16"
     kv_preloaded = True
 
-    def keep_template(self, ctx, layer: int) -> bool:
+    def choose(self, ctx: Context, layer: int) -> Decision:
+        return Decision(None, "the KV is preloaded on the device: nothing to fetch")
+
+    def keep_template(self, ctx: Context, layer: int) -> bool:
         return False
 
 
@@ -80,10 +121,10 @@ class FetchFP16(Policy):
     name = "fetch-fp16"
     family = "fp16"
 
-    def choose(self, ctx, layer: int) -> Decision:
-        return Decision(0, "always fp16")
+    def choose(self, ctx: Context, layer: int) -> Decision:
+        return Decision(0, f"always the exact level {ctx.ladder(layer)[0].name} ({_mb(ctx.ladder(layer)[0].nbytes)})")
 
-    def keep_template(self, ctx, layer: int) -> bool:
+    def keep_template(self, ctx: Context, layer: int) -> bool:
         return False
 
 
@@ -101,22 +142,26 @@ class CacheGen(Policy):
     def reset(self) -> None:
         self.recompute: set[int] = set()
 
-    def choose(self, ctx, layer: int) -> Decision:
+    def choose(self, ctx: Context, layer: int) -> Decision:
         bw = ctx.trace.rate_at(ctx.now)  # bytes/s, as the released code reads the trace
         slo = ctx.latency_target_s if ctx.latency_target_s is not None else ctx.profile.template_pass_s
         budget = slo / ctx.num_layers
         ladder = ctx.ladder(layer)
         for idx in range(len(ladder) - 1, -1, -1):
             if bw > 0 and ladder[idx].nbytes / bw < budget:
-                return Decision(
-                    idx, f"level {ladder[idx].name}: {ladder[idx].nbytes / max(bw, 1):.2f}s < {budget:.2f}s"
-                )
+                return Decision(idx, self._why(ladder[idx].name, ladder[idx].nbytes, bw, budget, slo, ctx.num_layers))
+        no_fit = f"no level fits {budget:.2f} s per shard (SLO {slo:.2f} s / {ctx.num_layers}) at {_mbit(bw)}"
         if ctx.template_alive:
             self.recompute.add(layer)
-            return Decision(LEVEL_COMPUTE, f"no level fits {budget:.2f}s at {bw * 8 / 1e6:.2f} Mbit/s: recompute")
-        return Decision(0, "no level fits, recompute impossible (template dropped): lowest level")
+            return Decision(LEVEL_COMPUTE, f"{no_fit}: the device computes layer {layer}")
+        return Decision(0, f"{no_fit} and the template is dropped (no recompute): lowest level {ladder[0].name}")
 
-    def keep_template(self, ctx, layer: int) -> bool:
+    @staticmethod
+    def _why(name: str, nbytes: int, bw: float, budget: float, slo: float, n: int) -> str:
+        per_shard = f"{budget:.2f} s per shard (SLO {slo:.2f} s / {n})"
+        return f"level {name}: {_mb(nbytes)} at {_mbit(bw)} = {nbytes / bw:.2f} s < {per_shard}"
+
+    def keep_template(self, ctx: Context, layer: int) -> bool:
         # keep computing while this or a later chunk is marked recompute, or the link has not decided it yet
         if any(lay >= layer for lay in self.recompute):
             return True
@@ -131,22 +176,36 @@ class Throughput(Policy):
 
     def reset(self) -> None:
         self.fetch_all: bool | None = None
+        self.plan = ""  # why fetch_all was decided (at the first decision)
 
-    def choose(self, ctx, layer: int) -> Decision:
+    def choose(self, ctx: Context, layer: int) -> Decision:
         rate = ctx.estimator.harmonic()
         if self.fetch_all is None:
             lowest = sum(ctx.ladder(x)[ctx.floor].nbytes for x in range(ctx.num_layers))
             self.fetch_all = lowest / rate < ctx.profile.template_pass_s
+            verdict = "<" if self.fetch_all else ">="
+            self.plan = (
+                f"all shards at the floor: {_mb(lowest)} at {_mbit(rate)} = {lowest / rate:.2f} s {verdict} "
+                f"{ctx.profile.template_pass_s:.2f} s to compute the template"
+            )
         if not self.fetch_all:
-            return Decision(None, f"estimate {rate * 8 / 1e6:.2f} Mbit/s: computing the template is faster")
+            return Decision(None, f"{self.plan}: the device computes it")
         ladder = ctx.ladder(layer)
         slack = ctx.deadline(layer) - ctx.now
         for idx in range(len(ladder) - 1, ctx.floor - 1, -1):
             if ladder[idx].nbytes / rate <= slack:
-                return Decision(idx, f"highest level meeting its deadline at {rate * 8 / 1e6:.2f} Mbit/s")
-        return Decision(ctx.floor, "no level meets the deadline: lowest allowed level")
+                lv = ladder[idx]
+                return Decision(
+                    idx,
+                    f"level {lv.name} (highest in time): {_mb(lv.nbytes)} at {_mbit(rate)} = {lv.nbytes / rate:.2f} s,"
+                    f" {_time_left(slack)}",
+                )
+        return Decision(
+            ctx.floor,
+            f"no level arrives in time at {_mbit(rate)} ({_time_left(slack)}): floor level {ladder[ctx.floor].name}",
+        )
 
-    def keep_template(self, ctx, layer: int) -> bool:
+    def keep_template(self, ctx: Context, layer: int) -> bool:
         return not self.fetch_all if self.fetch_all is not None else not ctx.ready(layer)
 
 
@@ -172,57 +231,73 @@ class Sakura(Policy):
     name = "sakura"
     horizon = 5
 
-    def rate(self, ctx) -> float:
+    def rate(self, ctx: Context) -> float | None:
+        """Bytes/s the predictions use (None = exact transfer times from the trace)."""
         return ctx.estimator.robust()
 
-    def choose(self, ctx, layer: int) -> Decision:
+    def choose(self, ctx: Context, layer: int) -> Decision:
         rate = self.rate(ctx)
         ladder = ctx.ladder(layer)
         probing = rate is not None and ctx.estimator.samples == 0
         if ctx.template_alive and not probing:  # with no sample yet, the first shard is the bandwidth probe
             drop = ctx.best_drop(ctx.compute_layer, rate)
             if layer < drop:
-                return Decision(
-                    LEVEL_COMPUTE, f"device computes layer {layer} (planned split {drop}, {ctx.fmt_rate(rate)})"
-                )
+                split = f"split at layer {drop}" if drop < ctx.num_layers else "no split: the device computes all"
+                why = f"earliest step-0 finish: {split}, {_at(ctx, rate)}"
+                return Decision(LEVEL_COMPUTE, f"device computes layer {layer} ({why})")
         deadline = ctx.deadline(layer)
+        bonus = ""
         if ctx.latency_target_s is not None:  # slack under the user's latency target buys quality
-            deadline += max(0.0, ctx.latency_target_s - ctx.predicted_finish(rate))
+            extra = max(0.0, ctx.latency_target_s - ctx.predicted_finish(rate))
+            deadline += extra
+            if extra > 0:
+                bonus = f", deadline +{extra:.2f} s of slack under the {ctx.latency_target_s:.2f} s target"
+        best, why_not_higher = self._best_level(ctx, layer, deadline, rate)
+        ready = ctx.predict_ready(layer, ladder[best], rate)
+        floor = " (the quality floor)" if best == ctx.floor else ""
+        probe = "bandwidth probe (no throughput sample yet): " if probing else ""
+        reason = (
+            f"{probe}level {ladder[best].name}{floor} ready at t={ready:.2f} s, {_vs_deadline(ready, deadline)}"
+            f"{why_not_higher} {_at(ctx, rate)}{bonus}"
+        )
+        return Decision(best, reason)
+
+    def _best_level(self, ctx: Context, layer: int, deadline: float, rate: float | None) -> tuple[int, str]:
+        """The best level ready by ``deadline`` that keeps the next ``horizon`` shards (at the floor) on time, and
+        why the next level up was not taken (";" alone when the best is the highest level)."""
+        ladder = ctx.ladder(layer)
         best = ctx.floor
         for idx in range(ctx.floor + 1, len(ladder)):
             t = ctx.predict_ready(layer, ladder[idx], rate)
             if t > deadline:
-                break
+                return best, f"; {ladder[idx].name} would be ready at t={t:.2f} s, {_late(t - deadline)};"
             # lookahead: the next shards must still make their deadlines at the floor level
-            ok, t_next = True, t
+            t_next = t
             for nxt in range(layer + 1, min(ctx.num_layers, layer + 1 + self.horizon)):
                 t_next = ctx.transfer_end(t_next, ctx.ladder(nxt)[ctx.floor].nbytes, rate)
                 if t_next > ctx.deadline(nxt):
-                    ok = False
-                    break
-            if not ok:
-                break
+                    late = _late(t_next - ctx.deadline(nxt))
+                    return best, f"; {ladder[idx].name} would make shard {nxt} {late};"
             best = idx
-        reason = f"level {ladder[best].name} fits deadline {deadline - ctx.now:+.2f}s at {ctx.fmt_rate(rate)}"
-        return Decision(best, reason)
+        return best, ";"
 
-    def keep_template(self, ctx, layer: int) -> bool:
+    def keep_template(self, ctx: Context, layer: int) -> bool:
         # Dropping the template is irreversible: keep computing unless dropping here has the earliest predicted
         # step-0 finish of all drop points from here on.
         return ctx.best_drop(layer, self.drop_rate(ctx)) != layer
 
-    def drop_rate(self, ctx) -> float | None:
+    def drop_rate(self, ctx: Context) -> float | None:
         """Dropping the template cannot be undone cheaply: decide it on the slowest recent throughput."""
         return ctx.estimator.worst()
 
-    def recompute_late(self, ctx, layer: int) -> bool:
+    def recompute_late(self, ctx: Context, layer: int) -> bool:
         # waiting for every remaining shard vs one template-only pass now and the remaining layers cached
         p = ctx.profile
         wait = ctx.predicted_step0_finish(layer, layer, self.rate(ctx))
         recompute = ctx.now + p.template_pass_s + (ctx.num_layers - layer) * p.layer_cached_s
         return recompute < wait
 
-    def upgrade(self, ctx):
+    def upgrade(self, ctx: Context) -> tuple[int, int] | None:
         best, best_gain = None, 0.0
         for layer, level in ctx.fetched_levels().items():
             ladder = ctx.ladder(layer)
@@ -242,10 +317,10 @@ class Oracle(Sakura):
 
     name = "oracle"
 
-    def rate(self, ctx) -> float | None:
+    def rate(self, ctx: Context) -> float | None:
         return None  # None = exact transfer times from the trace
 
-    def drop_rate(self, ctx) -> float | None:
+    def drop_rate(self, ctx: Context) -> float | None:
         return None
 
 
