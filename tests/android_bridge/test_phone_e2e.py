@@ -28,8 +28,8 @@ def _local_edit(model, cloud_url: str, image, *, steps: int, seed: int, policy: 
     """The same job run here, in this process, with the same core edit the phone runs; returns the outcome."""
     import torch
 
-    from sakura_core.runtime.live_profile import LiveProfile
     from sakura_core.edit import EditRequest, edit_from_server
+    from sakura_core.runtime.live_profile import LiveProfile
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the agent runs with --threads 1
@@ -212,7 +212,8 @@ def test_phone_run_cli_writes_the_image_and_prints_the_report(agent, cloud, user
             "--seed", "11", "--quiet"]  # fmt: skip
     assert main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed["policy"] == "fetch-fp16" and "simulated_phone" in printed and "latency_s" in printed
+    assert list(printed)[0] == "summary" and printed["policy"] == "fetch-fp16" and "latency_s" in printed
+    assert "simulated_phone" in printed["executed_on"] and "timeline" not in printed
     with PhoneClient.connect(agent, PHONE_TOKEN) as client:
         expected, _ = client.run_job(user_image, _job(cloud))
     np.testing.assert_array_equal(np.asarray(Image.open(out).convert("RGB")), expected)

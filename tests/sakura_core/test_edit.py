@@ -64,7 +64,9 @@ def test_open_template_fetches_the_checked_manifest_and_the_image(opened, demo_m
 
 
 def test_unknown_template_lists_the_catalog(source, demo_model):
-    with pytest.raises(TemplateNotFoundError, match=rf"'nope' is not in the catalog of store:.*; published there: {TID}"):
+    with pytest.raises(
+        TemplateNotFoundError, match=rf"'nope' is not in the catalog of store:.*; published there: {TID}"
+    ):
         asyncio.run(edit.fetch_template_manifest(source, "nope", demo_model))
 
 
@@ -80,7 +82,10 @@ def test_run_template_edit_report_format(opened, demo_model, demo_template):
     r = out.report
     assert tuple(r) == REPORT_KEYS and next(iter(r)) == "summary" and list(r)[-1] == "timeline"
     L = demo_model.adapter.num_layers
-    assert r["summary"] == f"on-device-cached: {r['latency_s']:.2f} s, 0.0 KiB fetched, every layer computed here, live link"
+    assert (
+        r["summary"]
+        == f"on-device-cached: {r['latency_s']:.2f} s, 0.0 KiB fetched, every layer computed here, live link"
+    )
     assert r["levels_used"] == "none fetched" and r["bytes_fetched"] == 0 and r["split_layer"] == L
     assert r["link"] == "live" and r["executed_on"] == {"kind": "local"} and r["template_id"] == TID
     assert r["timeline"][0]["level"] == "template image" and r["timeline"][0]["end"] <= 0
