@@ -3,6 +3,7 @@ sampler node, the demo and the benchmarks."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 __all__ = ["matplotlib_pyplot", "plot_timeline"]
@@ -34,13 +35,13 @@ def plot_timeline(events: list[dict], path: str | Path, title: str = "") -> None
             ax.barh(lane_idx, e["end"] - e["start"], left=e["start"], color=color, edgecolor="white", linewidth=0.3)
     from matplotlib.patches import Patch
 
-    legend = [Patch(color=_TEMPLATE_GREEN, label="compute with the template tokens (no KV fetched)"),
-              Patch(color=_COLORS["compute"], label="compute with the fetched KV")]  # fmt: skip
+    legend = [Patch(color=_TEMPLATE_GREEN, label="compute running the template tokens"),
+              Patch(color=_COLORS["compute"], label="compute with the template KV injected (fetched or kept)")]  # fmt: skip
     ax.legend(handles=legend, loc="upper right", fontsize=7, framealpha=0.8)
     ax.set_yticks(range(len(_LANES)), _LANES)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the edit started")
-    ax.set_title(title or "pipeline timeline")
+    ax.set_title(textwrap.fill(title or "pipeline timeline", 110), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
