@@ -17,7 +17,7 @@ WebSocket events (JSON): ``{"type": "state", "state": "queued"|"running"}``, ``{
 "cancel"}``. Events so far are replayed to a late subscriber (progress coalesced to the latest).
 
 The phone fetches the template's manifest, image and KV shards from the cloud itself
-(:func:`sakura_core.runtime.session.edit_from_server`); the user image and prompt arrive here only and are never
+(:func:`sakura_core.edit.edit_from_server`, the same core edit the ComfyUI sampler runs); the user image and prompt arrive here only and are never
 forwarded. One job runs at a time; ``queue_size`` more may wait.
 """
 
@@ -307,7 +307,7 @@ def create_app(
     config: AgentConfig, *, model=None, edit_fn: EditFn | None = None, live_profile=None
 ) -> web.Application:
     """The agent app. ``model`` defaults to the demo model (``config.weights``), ``edit_fn`` to
-    ``sakura_core.runtime.session.edit_from_server``, ``live_profile`` to a measurement of ``model`` here."""
+    ``sakura_core.edit.edit_from_server``, ``live_profile`` to a measurement of ``model`` here."""
     app = web.Application(middlewares=[_auth], client_max_size=config.max_body_bytes)
     app[AGENT_STATE_KEY] = AgentState(config, model, edit_fn, live_profile)
     app.router.add_get("/healthz", handle_healthz)
@@ -339,7 +339,7 @@ async def _lifecycle(app: web.Application):
     if state.model is None:
         state.model = await loop.run_in_executor(None, _load_model, state.config.weights)
     if state.edit_fn is None:
-        from sakura_core.runtime.session import edit_from_server
+        from sakura_core.edit import edit_from_server
 
         state.edit_fn = edit_from_server
     if state.live_profile is None:

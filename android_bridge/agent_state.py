@@ -85,7 +85,7 @@ class Job:
     """One edit job; lives on the event loop (``emit`` is only called there)."""
 
     job_id: str
-    request: Any  # sakura_core.runtime.session.EditRequest
+    request: Any  # sakura_core.edit.EditRequest
     image: np.ndarray
     memory: dict
     manifest: dict | None = None

@@ -1,12 +1,11 @@
-"""The phone agent's worker: runs one job at a time through the pipelined runtime and builds its report."""
+"""The phone agent's worker: runs one job at a time through the core edit (``sakura_core.edit``) and adds where it
+ran to the core's report."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-
-import numpy as np
 
 from sakura_core.io_utils import png_bytes
 
@@ -78,39 +77,34 @@ async def _run_one(state: AgentState, job: Job) -> None:
 
 
 def _report(state: AgentState, job: Job, outcome) -> dict:
-    import hashlib
-
+    """The core's report (``sakura_core.edit_report``: the same shape as a local edit's) with ``executed_on``
+    saying where it ran: this (emulated) phone, the job, its memory estimate and the simulated phone latency."""
     p = state.profile
     report = dict(outcome.report)
-    report.update(
-        {
-            "job_id": job.job_id,
-            "steps": job.request.steps,
-            "seed": job.request.seed,
-            "image_sha256": hashlib.sha256(np.ascontiguousarray(outcome.image).tobytes()).hexdigest(),
-            "device": {
-                "profile": p.name,
-                "soc": p.soc,
-                "emulated": True,
-                "compute": "this host's CPU running the demo model (emulated phone); latency_s is measured here",
-                "model_id": state.model_id,
-            },
-            "memory": job.memory,
-            "agent": {
-                "queued_s": round((job.started_s or job.created_s) - job.created_s, 4),
-                "run_s": round(time.monotonic() - (job.started_s or job.created_s), 4),
-            },
-        }
-    )
+    executed_on = {
+        "kind": "phone",
+        "job_id": job.job_id,
+        "device": {
+            "profile": p.name,
+            "soc": p.soc,
+            "emulated": True,
+            "compute": "this host's CPU running the demo model (emulated phone); latency_s is measured here",
+            "model_id": state.model_id,
+        },
+        "memory": job.memory,
+        "agent": {
+            "queued_s": round((job.started_s or job.created_s) - job.created_s, 4),
+            "run_s": round(time.monotonic() - (job.started_s or job.created_s), 4),
+        },
+    }
     if state.config.simulate_phone:
-        report["simulated_phone"] = _simulate(state, job, outcome)
+        executed_on["simulated_phone"] = _simulate(state, job, outcome)
+    report["executed_on"] = executed_on  # same key, same place in the report
     return report
 
 
 def _simulate(state: AgentState, job: Job, outcome) -> dict:
     """The SIMULATED phone-scale latency; a failure here is reported in the section, never fails the job."""
-    from sakura_core.runtime.session import parse_bandwidth
-
     from .simulated import simulate_phone_job
 
     try:
@@ -119,7 +113,7 @@ def _simulate(state: AgentState, job: Job, outcome) -> dict:
         fetch_s = sum(e["end"] - e["start"] for e in outcome.report.get("timeline", []) if e.get("lane") == "fetch")
         measured = outcome.report.get("bytes_fetched", 0) / fetch_s if fetch_s > 0 else None
         return simulate_phone_job(job.manifest, job.request.policy, state.profile,
-                                  trace=parse_bandwidth(job.request.bandwidth), measured_bytes_per_s=measured)  # fmt: skip
+                                  trace=job.request.link.trace(), measured_bytes_per_s=measured)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - the simulation is an annotation; say why it is missing
         logger.info("job %s: no simulated phone latency: %s", job.job_id, e)
         return {"label": "SIMULATION unavailable", "error": f"{type(e).__name__}: {e}"}

@@ -31,9 +31,9 @@ def add_arguments(parser) -> None:
 
 
 def _summary(report: dict) -> dict:
-    keep = ("job_id", "policy", "template_id", "steps", "seed", "latency_s", "bytes_fetched", "split_layer",
-            "levels_used", "fallbacks", "bandwidth", "device", "memory", "agent", "simulated_phone", "image_sha256")  # fmt: skip
-    return {k: report[k] for k in keep if k in report}
+    """The report (``sakura_core.edit_report`` format) without its long parts: decisions, template and timeline."""
+    drop = ("decisions", "template", "timeline_origin", "timeline")
+    return {k: v for k, v in report.items() if k not in drop}
 
 
 def run(args) -> int:

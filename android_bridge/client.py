@@ -74,7 +74,8 @@ class PhoneJob:
         steps: denoising steps.
         seed: noise seed (same seed, same image).
         policy: fetch policy (``sakura_core.policy.policies.POLICIES``).
-        bandwidth: link emulation on the phone: None/"live" or "fixed:<Mbit/s>".
+        bandwidth: link emulation on the phone, a ``sakura_core.fetch.link.LinkSpec`` or its string form: None/"live"
+            or "fixed:<Mbit/s>" (a trace file is on the host, not on the phone); sent as the string form.
         cloud_token: read token of the cloud server, if it has one.
         model_id: the model the template must be for (the phone refuses others); None = not checked up front.
     """
@@ -88,6 +89,16 @@ class PhoneJob:
     bandwidth: str | None = None
     cloud_token: str | None = None
     model_id: str | None = None
+
+    def __post_init__(self) -> None:
+        from sakura_core.fetch.link import LinkSpec
+
+        spec = self.bandwidth
+        if isinstance(spec, LinkSpec) and spec.kind == "trace" or isinstance(spec, str) and spec.startswith("trace:"):
+            raise ValueError(f"link {str(spec)!r} reads a file on this host; a phone job takes 'live' or "
+                             "'fixed:<Mbit/s>'")  # fmt: skip
+        link = LinkSpec.parse(spec)  # raises naming the bad value
+        object.__setattr__(self, "bandwidth", link.to_wire())
 
     def header(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}

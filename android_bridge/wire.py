@@ -195,8 +195,10 @@ _TEMPLATE_ID = re.compile(r"[a-z0-9-]{1,64}")
 
 
 def edit_request_from_header(job: dict):
-    """The job header (decoded JSON) as a validated ``EditRequest``; ``ValueError`` names the bad field."""
-    from sakura_core.runtime.session import EditRequest
+    """The job header (decoded JSON) as a validated ``sakura_core.edit.EditRequest``; ``ValueError`` names the bad
+    field."""
+    from sakura_core.edit import EditRequest
+    from sakura_core.fetch.link import LinkSpec
 
     required = ("template_id", "cloud_url", "prompt")
     missing = [k for k in required if k not in job]
@@ -220,8 +222,9 @@ def edit_request_from_header(job: dict):
     if not 0 <= seed < 2**63:
         raise ValueError(f"seed must be in 0..2**63-1, got {seed}")
     bandwidth = job.get("bandwidth")
-    if isinstance(bandwidth, str) and bandwidth.startswith("trace:"):
+    if isinstance(bandwidth, str) and bandwidth.strip().startswith("trace:"):  # checked before a file is touched
         raise ValueError("bandwidth 'trace:<path>' reads a file on the phone; send 'live' or 'fixed:<Mbit/s>'")
+    link = LinkSpec.parse(bandwidth)
     token = job.get("cloud_token")
     return EditRequest(
         server_url=url.rstrip("/"),
@@ -230,6 +233,6 @@ def edit_request_from_header(job: dict):
         steps=steps,
         seed=seed,
         policy=job.get("policy", "sakura"),
-        bandwidth=bandwidth,
+        link=link,
         token=token if isinstance(token, str) and token else None,
     )

@@ -99,7 +99,7 @@ class SakuraAdaptiveFetch(io.ComfyNode):
             raise SakuraNodeError(f"bandwidth must be one of {LIVE!r}, {FIXED!r}, {TRACE!r}; got {bandwidth!r}")
         try:
             settings = FetchSettings(
-                policy=policy, bandwidth=spec, latency_target_s=latency_target_s if latency_target_s else None
+                policy=policy, link=spec, latency_target_s=latency_target_s if latency_target_s else None
             )
         except ValueError as e:  # includes TraceFormatError (unreadable or unknown trace file)
             raise SakuraNodeError(f"fetch settings: {e}") from e

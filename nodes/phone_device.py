@@ -42,16 +42,6 @@ class PhoneDevice:
         return PhoneClient.connect(self.connection, self.token or None, check=False)
 
 
-def _phone_bandwidth(spec: str) -> str | None:
-    if spec == "live":
-        return None
-    if spec.startswith("fixed:"):
-        return spec
-    raise SakuraNodeError(
-        f"bandwidth {spec!r} is emulated on this machine only; a phone run takes 'live' or a fixed Mbit/s"
-    )
-
-
 def run_on_phone(
     device: PhoneDevice,
     stream: KVStream,
@@ -73,6 +63,11 @@ def run_on_phone(
             f"template {template.template_id!r} comes from a local store, which the phone cannot reach; serve the "
             "store with `sakura serve` and load the template from that server"
         )
+    link = stream.settings.link
+    if link.kind == "trace":
+        raise SakuraNodeError(
+            f"link {link.label!r} is emulated on this machine only; a phone run takes 'live' or a fixed Mbit/s"
+        )
     job = PhoneJob(
         cloud_url=cloud_url,
         template_id=template.template_id,
@@ -80,7 +75,7 @@ def run_on_phone(
         steps=steps,
         seed=seed,
         policy=stream.settings.policy,
-        bandwidth=_phone_bandwidth(stream.settings.bandwidth),
+        bandwidth=link.to_wire(),
         cloud_token=template.token,
         model_id=template.model_id,
     )
@@ -106,10 +101,8 @@ def run_on_phone(
             raise SakuraNodeError(f"phone {device.connection}: {e}") from e
     finally:
         client.close()
-    report = dict(report)
-    report["template"] = template.summary()
-    report["executed_on"] = {"kind": "phone", "connection": device.connection, "cloud_url": cloud_url}
-    report["prefetch"] = {"used": False, "why": "the phone fetches the template image and its shards itself"}
+    report = dict(report)  # the phone's report has the local report's shape (sakura_core.edit_report)
+    report["executed_on"] = {**report.get("executed_on", {}), "connection": device.connection, "cloud_url": cloud_url}
     return image, report
 
 

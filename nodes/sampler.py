@@ -21,7 +21,7 @@ from ._common import (
     start_async,
     wait_interruptible,
 )
-from ._stream import EditRun, run_edit
+from ._stream import EditRun
 
 __all__ = ["SakuraPipelinedSampler", "report_json", "timeline_image"]
 
@@ -42,11 +42,8 @@ def timeline_image(report: dict) -> np.ndarray:
 
     from sakura_core.runtime.timeline_plot import plot_timeline
 
-    where = " on the phone" if "executed_on" in report else ""
-    title = (
-        f"{report['policy']} on {report['template']['template_id']}{where}, {report['bandwidth']}: "
-        f"{report['latency_s']:.2f} s, {report['bytes_fetched'] / 2**10:.0f} KiB fetched"
-    )
+    where = " on the phone" if report["executed_on"].get("kind") == "phone" else ""
+    title = f"{report['template_id']}{where} — {report['summary']}"  # the summary names a trace by its basename
     with tempfile.TemporaryDirectory(prefix="sakura-timeline-") as tmp:
         path = Path(tmp, "timeline.png")
         try:
@@ -124,12 +121,22 @@ class SakuraPipelinedSampler(io.ComfyNode):
 
     @classmethod
     def _run_here(cls, model, kv_stream, user, prompt, steps, seed, run, tick):
-        from sakura_core.models.edit_model import load_image
+        from sakura_core import edit
 
-        user = load_image(user, model.spec.image_size)
-        prefetched = wait_interruptible(kv_stream.join())
+        template = kv_stream.template
+        if template.model_id != model.model_id:
+            raise SakuraNodeError(
+                f"template {template.template_id!r} was loaded for model {template.model_id[:16]}, but the sampler "
+                f"got model {model.model_id[:16]}; connect the same Sakura Model Loader to both nodes"
+            )
+        fetch = kv_stream.settings
+        settings = edit.EditSettings(prompt, steps, seed, fetch.policy, fetch.latency_target_s)
+        opened = wait_interruptible(kv_stream.join())
         future = start_async(
-            lambda: run_edit(kv_stream, prefetched, model, user, prompt, steps=steps, seed=seed, run=run),
+            lambda: edit.run_template_edit(
+                model, opened, user, settings, link=fetch.link, cancel=run.cancel, on_layer=run.on_layer
+            ),
             name="sakura-edit",
         )
-        return wait_interruptible(future, on_tick=tick, on_interrupt=run.cancel.set)
+        outcome = wait_interruptible(future, on_tick=tick, on_interrupt=run.cancel.set)
+        return outcome.image, outcome.report

@@ -1,8 +1,10 @@
 """Sakura Template KV Loader: pick a published template from a SAKURA server's catalog (or a local store folder)
-and check its manifest against the model; outputs the ``SAKURA_TEMPLATE`` handle."""
+and check its manifest against the model (``sakura_core.edit.fetch_template_manifest``); outputs the
+``SAKURA_TEMPLATE`` handle."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,48 +17,6 @@ __all__ = ["SERVER", "STORE", "SakuraTemplateLoader"]
 
 SERVER = "server"
 STORE = "local store"
-
-
-async def _from_server(url: str, token: str | None, template_id: str, model_id: str) -> dict:
-    from sakura_core.fetch.client import ShardClient
-
-    async with ShardClient(url, token) as client:
-        catalog = await client.get_catalog()
-        entries = {t.get("id"): t for t in catalog["templates"] if isinstance(t, dict)}
-        if template_id not in entries:
-            raise SakuraNodeError(
-                f"template {template_id!r} is not in the catalog of {url}; published there: "
-                f"{', '.join(sorted(map(str, entries))) or 'none'}"
-            )
-        listed = entries[template_id].get("model_id")
-        if listed is not None and listed != model_id:
-            raise SakuraNodeError(
-                f"template {template_id!r} on {url} was computed for model {str(listed)[:16]}, not for the loaded "
-                f"model {model_id[:16]}; load that model or precompute the template for this one"
-            )
-        return await client.get_manifest(template_id, expected_model_id=model_id)
-
-
-def _from_store(folder: str, template_id: str, model_id: str) -> dict:
-    from cloud_server.store import LocalStore, StoreError
-    from sakura_core.fetch.client import check_manifest
-
-    root = Path(folder).expanduser()
-    if not (root / "templates").is_dir():
-        raise SakuraNodeError(
-            f"{root} is not a SAKURA store (no templates/ folder); create one with "
-            f"`sakura precompute --store {root} --image IMAGE --id ID`"
-        )
-    store = LocalStore(root)
-    ids = store.list_templates()
-    if template_id not in ids:
-        raise SakuraNodeError(
-            f"template {template_id!r} is not published in {root}; published there: {', '.join(ids) or 'none'}"
-        )
-    try:
-        return check_manifest(store.get_manifest(template_id), template_id=template_id, model_id=model_id)
-    except StoreError as e:
-        raise SakuraNodeError(f"template {template_id!r} in {root}: {e}") from e
 
 
 class SakuraTemplateLoader(io.ComfyNode):
@@ -85,37 +45,26 @@ class SakuraTemplateLoader(io.ComfyNode):
     def execute(
         cls, model, template_id: str, source: str, server_url: str, token: str, store_dir: str
     ) -> io.NodeOutput:
+        from sakura_core.edit import fetch_template_manifest
         from sakura_core.fetch.client import FetchError
 
         template_id = template_id.strip()
         token = token.strip() or None
+        if source == SERVER:
+            where = {"server_url": server_url.strip().rstrip("/"), "store_dir": None}
+        elif source == STORE:
+            if not store_dir.strip():
+                raise SakuraNodeError("source is 'local store' but store_dir is empty: give the store folder")
+            where = {"server_url": None, "store_dir": str(Path(store_dir.strip()).expanduser().resolve())}
+        else:
+            raise SakuraNodeError(f"source must be {SERVER!r} or {STORE!r}, got {source!r}")
+        handle = TemplateHandle(template_id=template_id, model_id=model.model_id, token=token, **where)
         try:
-            if source == SERVER:
-                url = server_url.strip().rstrip("/")
-                manifest = run_async(
-                    lambda: _from_server(url, token, template_id, model.model_id), name="sakura-template-loader"
-                )
-                where = {"server_url": url, "store_dir": None}
-            elif source == STORE:
-                if not store_dir.strip():
-                    raise SakuraNodeError("source is 'local store' but store_dir is empty: give the store folder")
-                manifest = _from_store(store_dir.strip(), template_id, model.model_id)
-                where = {"server_url": None, "store_dir": str(Path(store_dir.strip()).expanduser().resolve())}
-            else:
-                raise SakuraNodeError(f"source must be {SERVER!r} or {STORE!r}, got {source!r}")
+            manifest = run_async(
+                lambda: fetch_template_manifest(handle.template_source(), template_id, model),
+                name="sakura-template-loader",
+            )
         except (FetchError, ValueError) as e:
             hint = f" (is `sakura serve` running at {server_url}?)" if "failed after" in str(e) else ""
             raise SakuraNodeError(f"template {template_id!r}: {e}{hint}") from e
-        if tuple(manifest["token_grid"]) != tuple(model.spec.grid):
-            raise SakuraNodeError(
-                f"template {template_id!r} has token grid {manifest['token_grid']}, the model edits "
-                f"{list(model.spec.grid)}; precompute it at the model's resolution"
-            )
-        handle = TemplateHandle(
-            template_id=template_id,
-            model_id=model.model_id,
-            token=token,
-            manifest_json=json.dumps(manifest),
-            **where,
-        )
-        return io.NodeOutput(handle)
+        return io.NodeOutput(dataclasses.replace(handle, manifest_json=json.dumps(manifest)))

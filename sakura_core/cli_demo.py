@@ -110,6 +110,7 @@ def run(args) -> int:
 def _served(model, template, user, args, exact_tokens, out: Path) -> dict:
     """Server on loopback + shaped link + every fetch policy, on this CPU; prints the table, saves the plot."""
     from .demo.served import run_served_demo
+    from .edit_report import with_psnr
     from .metrics import psnr_tokens as psnr_db
     from .runtime.live_profile import measure_profile
     from .runtime.timeline_plot import plot_timeline
@@ -122,13 +123,15 @@ def _served(model, template, user, args, exact_tokens, out: Path) -> dict:
     table = []
     for r in rows:
         psnr = psnr_db(model.pack_image(r["image"]), model.pack_image(model.unpack_tokens(exact_tokens)))
-        table.append({k: r[k] for k in ("policy", "latency_s", "bytes_fetched", "split_layer", "fallbacks")}
+        table.append({"summary": with_psnr(r["report"], psnr)["summary"]}
+                     | {k: r[k] for k in ("policy", "latency_s", "bytes_fetched", "split_layer", "fallbacks")}
                      | {"psnr_db": psnr})  # fmt: skip
         print(f"{r['policy']:<18}{r['latency_s']:>10.2f}{r['bytes_fetched'] / 1024:>13.1f}{r['split_layer']:>7}"
               f"{psnr:>9.1f}")  # fmt: skip
     sak = next(r for r in rows if r["policy"] == "sakura")
     save_png(out / "served_edit.png", sak["image"], scale=4)
-    plot_timeline(sak["timeline"], out / "timeline.png", f"sakura over {args.trace} (this CPU, shaped loopback)")
+    title = next(t["summary"] for t in table if t["policy"] == "sakura") + " (this CPU, shaped loopback)"
+    plot_timeline(sak["timeline"], out / "timeline.png", title)
     print("PSNR: each policy's image vs the exact-KV edit (same seed); this CPU is fast, so computing the template")
     print("often wins here — `sakura bench e2e --mode sim` shows the phone-scale picture.")
     return {"trace": args.trace, "profile": {"layer_full_s": profile.layer_full_s,

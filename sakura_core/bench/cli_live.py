@@ -22,6 +22,7 @@ from importlib import resources
 
 import torch
 
+from ..fetch.link import shaped_fetcher
 from ..fetch.traces import load_traces
 from ..io_utils import atomic_write_json
 from ..metrics import psnr_tokens as psnr_db
@@ -30,7 +31,6 @@ from ..policy.plan import plan_fetch
 from ..runtime.edit import run_edit
 from ..runtime.live_profile import measure_profile
 from ..runtime.pipeline import RuntimeConfig, run_pipelined_edit
-from ..runtime.session import shaped_fetcher
 from .e2e_report import format_table, select_policies
 
 __all__ = ["run_live", "start_server"]

@@ -13,9 +13,10 @@ from importlib import resources
 
 import numpy as np
 
+from ..edit import EditRequest, edit_from_server
+from ..fetch.link import LinkSpec
 from ..models.edit_model import EditModel
 from ..runtime.live_profile import LiveProfile
-from ..runtime.session import EditRequest, edit_from_server
 
 __all__ = ["DEMO_POLICIES", "run_served_demo"]
 
@@ -33,12 +34,15 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
     from ..io_utils import bound_port
 
     rows = []
+    link = LinkSpec.trace_file(trace_path)  # read once, for every policy
     with tempfile.TemporaryDirectory(prefix="sakura-demo-store-") as tmp:
         store = LocalStore(tmp)
         for codec, tid in (("sakura", "demo-template"), ("cachegen", "demo-template-cachegen")):
             await asyncio.to_thread(publish_template, store, model, template, tid, codec=codec)
             progress(f"server: published {tid} ({codec} ladder)")
-        runner = web.AppRunner(create_app(ServerConfig(store_dir=tmp, host="127.0.0.1", port=0, model=None)))
+        runner = web.AppRunner(
+            create_app(ServerConfig(store_dir=tmp, host="127.0.0.1", port=0, model=None)), access_log=None
+        )
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -47,14 +51,12 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
         try:
             for name in policies:
                 tid = "demo-template-cachegen" if name == "cachegen" else "demo-template"
-                req = EditRequest(
-                    url, tid, prompt, steps=steps, seed=seed, policy=name, bandwidth=f"trace:{trace_path}"
-                )
+                req = EditRequest(url, tid, prompt, steps=steps, seed=seed, policy=name, link=link)
                 out = await edit_from_server(model, req, user, profile=profile)
                 r = out.report
                 rows.append({"policy": name, "latency_s": r["latency_s"], "bytes_fetched": r["bytes_fetched"],
                              "split_layer": r["split_layer"], "fallbacks": r["fallbacks"], "image": out.image,
-                             "timeline": r["timeline"], "decisions": r["decisions"]})  # fmt: skip
+                             "timeline": r["timeline"], "decisions": r["decisions"], "report": r})  # fmt: skip
                 progress(f"phone: {name:<17} {r['latency_s']:6.2f} s  {r['bytes_fetched'] / 1024:8.1f} KiB  "
                          f"split {r['split_layer']}")  # fmt: skip
         finally:

@@ -3,12 +3,14 @@ sampler node, the demo and the benchmarks."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 __all__ = ["matplotlib_pyplot", "plot_timeline"]
 
 _LANES = ["fetch", "decode", "compute", "stall"]
 _COLORS = {"fetch": "#4C72B0", "decode": "#DD8452", "compute": "#55A868", "stall": "#C44E52"}
+_TEMPLATE_GREEN = "#2E6B3A"
 
 
 def matplotlib_pyplot():
@@ -29,12 +31,17 @@ def plot_timeline(events: list[dict], path: str | Path, title: str = "") -> None
         for e in (e for e in events if e["lane"] == lane):
             color = _COLORS[lane]
             if lane == "compute" and e.get("level") == "template":
-                color = "#2E6B3A"
+                color = _TEMPLATE_GREEN
             ax.barh(lane_idx, e["end"] - e["start"], left=e["start"], color=color, edgecolor="white", linewidth=0.3)
+    from matplotlib.patches import Patch
+
+    legend = [Patch(color=_TEMPLATE_GREEN, label="compute running the template tokens"),
+              Patch(color=_COLORS["compute"], label="compute with the template KV injected (fetched or kept)")]  # fmt: skip
+    ax.legend(handles=legend, loc="upper right", fontsize=7, framealpha=0.8)
     ax.set_yticks(range(len(_LANES)), _LANES)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the edit started")
-    ax.set_title(title or "pipeline timeline")
+    ax.set_title(textwrap.fill(title or "pipeline timeline", 110), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -24,7 +24,7 @@ AUTH = {"Authorization": f"Bearer {PHONE_TOKEN}"}
 
 
 class FakeEdit:
-    """Stands in for ``edit_from_server``: calls ``on_layer`` from a worker thread for every (step, layer), stops
+    """Stands in for ``sakura_core.edit.edit_from_server``: calls ``on_layer`` from a worker thread for every (step, layer), stops
     on ``cancel`` between layers, waits on ``gate`` before finishing, and returns a deterministic image."""
 
     def __init__(self, layers: int, fail: Exception | None = None):
@@ -126,9 +126,11 @@ async def test_job_lifecycle_progress_result_and_forget(make_agent, cloud, user_
     reader = aiohttp.MultipartReader.from_response(r)
     report = await (await reader.next()).json()
     png = await (await reader.next()).read()
-    assert report["job_id"] == sub["job_id"] and report["device"]["profile"] == "snapdragon-8-elite-npu"
+    ran = report["executed_on"]
+    assert ran["kind"] == "phone" and ran["job_id"] == sub["job_id"]
+    assert ran["device"]["profile"] == "snapdragon-8-elite-npu"
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), np.full_like(user_image, 5))
-    assert report["simulated_phone"]["label"].startswith("SIMULATED")
+    assert ran["simulated_phone"]["label"].startswith("SIMULATED")
     status = await (await client.get(f"/v1/jobs/{sub['job_id']}", headers=AUTH)).json()
     assert status["state"] == "done" and status["progress"]["done"] == status["progress"]["total"]
     r = await client.delete(f"/v1/jobs/{sub['job_id']}", headers=AUTH)

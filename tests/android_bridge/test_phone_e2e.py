@@ -25,18 +25,18 @@ WINDOW = 16  # bytes: any 16-byte run of a secret found in a request is a leak
 
 
 def _local_edit(model, cloud_url: str, image, *, steps: int, seed: int, policy: str):
-    """The same job run here, in this process, with the same runtime the phone runs."""
+    """The same job run here, in this process, with the same core edit the phone runs; returns the outcome."""
     import torch
 
+    from sakura_core.edit import EditRequest, edit_from_server
     from sakura_core.runtime.live_profile import LiveProfile
-    from sakura_core.runtime.session import EditRequest, edit_from_server
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the agent runs with --threads 1
     try:
         profile = LiveProfile(0.01, 0.005, model.adapter.num_layers, steps)
         request = EditRequest(cloud_url, TEMPLATE_ID, PROMPT, steps=steps, seed=seed, policy=policy)
-        return asyncio.run(edit_from_server(model, request, image, profile=profile)).image
+        return asyncio.run(edit_from_server(model, request, image, profile=profile))
     finally:
         torch.set_num_threads(threads)
 
@@ -55,14 +55,17 @@ def test_dispatch_end_to_end_matches_a_local_run(agent, cloud, demo_model, user_
         assert info["profile"]["npu_session_bytes"] == int(3.75 * 2**30)
         image, report = client.run_job(user_image, _job(cloud), on_progress=events.append)
     local = _local_edit(demo_model, cloud.url, user_image, steps=3, seed=11, policy="fetch-fp16")
-    np.testing.assert_array_equal(image, local)  # same seed, same template, same runtime -> the same image
+    np.testing.assert_array_equal(image, local.image)  # same seed, same template, same runtime -> the same image
+    assert list(report) == list(local.report)  # one report format: the phone's has the local report's keys, in order
+    assert report["image_sha256"] == local.report["image_sha256"] and report["summary"].startswith("fetch-fp16: ")
     layers = demo_model.adapter.num_layers
     assert [(e["step"], e["layer"]) for e in events] == [(s, la) for s in range(3) for la in range(layers)]
     assert events[-1]["done"] == events[-1]["total"] == 3 * layers
     assert report["policy"] == "fetch-fp16" and report["template_id"] == TEMPLATE_ID
-    assert report["bytes_fetched"] > 0 and report["device"]["emulated"] is True
-    assert report["memory"]["fits"] and report["memory"]["total_bytes"] < report["memory"]["budget_bytes"]
-    sim = report["simulated_phone"]
+    ran = report["executed_on"]
+    assert report["bytes_fetched"] > 0 and ran["kind"] == "phone" and ran["device"]["emulated"] is True
+    assert ran["memory"]["fits"] and ran["memory"]["total_bytes"] < ran["memory"]["budget_bytes"]
+    sim = ran["simulated_phone"]
     assert sim["label"].startswith("SIMULATED") and sim["profile"] == "snapdragon-8-elite-npu" and sim["latency_s"] > 0
     assert PROMPT not in json.dumps(report)  # the report goes back to the host; still, it does not echo the prompt
 
@@ -209,7 +212,8 @@ def test_phone_run_cli_writes_the_image_and_prints_the_report(agent, cloud, user
             "--seed", "11", "--quiet"]  # fmt: skip
     assert main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed["policy"] == "fetch-fp16" and "simulated_phone" in printed and "latency_s" in printed
+    assert list(printed)[0] == "summary" and printed["policy"] == "fetch-fp16" and "latency_s" in printed
+    assert "simulated_phone" in printed["executed_on"] and "timeline" not in printed
     with PhoneClient.connect(agent, PHONE_TOKEN) as client:
         expected, _ = client.run_job(user_image, _job(cloud))
     np.testing.assert_array_equal(np.asarray(Image.open(out).convert("RGB")), expected)

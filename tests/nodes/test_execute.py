@@ -31,10 +31,10 @@ def test_template_loader_from_server(flow, demo_model, server_url):
     assert template.template_id == "face-swap-astronaut"
     assert template.server_url == server_url and template.store_dir is None
     assert template.model_id == demo_model.model_id
-    summary = template.summary()
-    assert summary["num_layers"] == demo_model.adapter.num_layers
-    assert summary["token_grid"] == list(demo_model.spec.grid)
-    assert "fp16" in summary["bytes_per_level"]
+    manifest = template.manifest()
+    assert len(manifest["shards"]) == demo_model.adapter.num_layers
+    assert manifest["token_grid"] == list(demo_model.spec.grid) and manifest["template_image"]["bytes"] > 0
+    assert "fp16" in {rep["name"] for rep in manifest["shards"][0]["representations"]}
 
 
 def test_template_loader_errors_are_readable(comfy, flow, demo_model, server_url, tmp_path):
@@ -60,7 +60,7 @@ def test_template_checked_against_the_model(comfy, flow, demo_model, server_url,
     other = load_demo_model(ModelSpec(**{**ModelSpec.load().__dict__, "init_seed": 1}), weights=None)
     assert other.model_id != demo_model.model_id
     err = comfy.nodes._common.SakuraNodeError
-    with pytest.raises(err, match="computed for model .* not for the loaded model"):
+    with pytest.raises(err, match="computed for model .* precompute it for this model"):
         flow.load_template(other, server_url=server_url)
     with pytest.raises(err, match="precompute it for this model"):
         flow.load_template(other, source="local store", store_dir=str(store_dir))
@@ -76,13 +76,12 @@ def test_sampler_on_device_equals_the_core_edit(flow, demo_model, server_url, us
     """on-device: the template runs here every step, so the node's image must equal the core's run_edit exactly."""
     from sakura_core.models.edit_model import load_image
     from sakura_core.runtime.edit import run_edit
-    from sakura_core.runtime.session import template_image_from_manifest
 
     template = flow.load_template(demo_model, server_url=server_url)
     stream = flow.make_stream(template, policy="on-device")
     edited, report_json, timeline = flow.sample(demo_model, stream, user, steps=3, seed=5)
-    prefetched = stream.join().result()
-    tmpl = template_image_from_manifest(prefetched.template_image, 64)
+    opened = stream.join().result()  # the prefetch: sakura_core.edit.open_template
+    tmpl = opened.template_image(64)
     L = demo_model.adapter.num_layers
     expected = run_edit(demo_model, load_image(user_uint8, 64), flow.prompt, steps=3, seed=5, split_layer=L,
                         template_image=tmpl, template_every_step=True).image  # fmt: skip
@@ -91,8 +90,9 @@ def test_sampler_on_device_equals_the_core_edit(flow, demo_model, server_url, us
     np.testing.assert_array_equal(got, expected)
     report = json.loads(report_json)
     assert report["policy"] == "on-device" and report["bytes_fetched"] == 0
-    assert report["prefetch"]["bytes"] == len(prefetched.template_image) > 0
-    assert report["timeline"][0]["level"] == "template image (prefetched)" and report["timeline"][0]["end"] <= 0
+    assert report["template"]["image_bytes"] == len(opened.image_file) > 0
+    assert report["timeline"][0]["level"] == "template image" and report["timeline"][0]["end"] <= 0
+    assert report["levels_used"] == "none fetched" and report["summary"].startswith("on-device: ")
     assert timeline.ndim == 4 and timeline.shape[0] == 1 and timeline.shape[-1] == 3 and timeline.shape[2] > 200
     # the progress bar went layer by layer to steps * layers, on this node's id
     values = [v for v, _, _ in progress.updates]
@@ -102,24 +102,27 @@ def test_sampler_on_device_equals_the_core_edit(flow, demo_model, server_url, us
 
 def test_sampler_fetch_fp16_equals_edit_from_server(flow, demo_model, server_url, user,
                                                     user_uint8):  # fmt: skip
-    """fetch-fp16 always fetches every shard exactly: the node must give what the core's session entry point gives."""
+    """fetch-fp16 always fetches every shard exactly: the node must give what the core's edit entry point gives."""
+    from sakura_core.edit import EditRequest, edit_from_server
+    from sakura_core.edit_report import REPORT_KEYS
     from sakura_core.models.edit_model import load_image
     from sakura_core.runtime.live_profile import measure_profile
-    from sakura_core.runtime.session import EditRequest, edit_from_server
 
     template = flow.load_template(demo_model, server_url=server_url)
     stream = flow.make_stream(template, policy="fetch-fp16", bandwidth="fixed Mbit/s", mbit=50.0)
     edited, report_json, _ = flow.sample(demo_model, stream, user, steps=2, seed=1)
     report = json.loads(report_json)
-    assert report["bandwidth"] == "fixed:50" and report["split_layer"] == 0
+    assert report["link"] == "fixed:50" and report["split_layer"] == 0
     assert report["bytes_fetched"] >= demo_model.adapter.kv_bytes(demo_model.spec.num_tokens)
     assert all(levels == ["fp16", "fp16"] for levels in report["levels_used"].values())
     u = load_image(user_uint8, 64)
     request = EditRequest(
-        server_url, flow.template, flow.prompt, steps=2, seed=1, policy="fetch-fp16", bandwidth="fixed:50"
+        server_url, flow.template, flow.prompt, steps=2, seed=1, policy="fetch-fp16", link="fixed:50"
     )
     core = asyncio.run(edit_from_server(demo_model, request, u, profile=measure_profile(demo_model, 2)))
     np.testing.assert_array_equal((edited[0].numpy() * 255).round().astype(np.uint8), core.image)
+    assert tuple(report) == tuple(core.report) == REPORT_KEYS  # one report format
+    assert report["image_sha256"] == core.report["image_sha256"]
 
 
 def test_sampler_from_a_local_store_with_the_adaptive_policy(flow, demo_model, store_dir, user):
@@ -130,9 +133,29 @@ def test_sampler_from_a_local_store_with_the_adaptive_policy(flow, demo_model, s
     report = json.loads(report_json)
     assert edited.shape == (1, 64, 64, 3)
     assert report["policy"] == "sakura" and report["template"]["source"].startswith("store:")
-    assert report["bandwidth"].startswith("trace:") and report["bandwidth"].endswith("norway_bus_1")
+    assert report["link"].startswith("trace:") and report["link"].endswith("norway_bus_1")
+    assert "/" not in report["summary"] and report["summary"].endswith("trace norway_bus_1")
     assert report["decisions"] and all("reason" in d for d in report["decisions"])
     assert report["fallbacks"] == []
+
+
+def test_the_sampler_calls_the_core_edit(comfy, flow, demo_model, server_url, user, monkeypatch):
+    """No orchestration in the node: its edit is one call of sakura_core.edit.run_template_edit (spied here)."""
+    from sakura_core import edit
+
+    calls = []
+    real = edit.run_template_edit
+
+    async def spy(model, opened, user_image, settings, **kwargs):
+        calls.append((opened.template_id, settings, str(kwargs["link"])))
+        return await real(model, opened, user_image, settings, **kwargs)
+
+    monkeypatch.setattr(edit, "run_template_edit", spy)
+    template = flow.load_template(demo_model, server_url=server_url)
+    stream = flow.make_stream(template, policy="fetch-fp16", bandwidth="fixed Mbit/s", mbit=40.0)
+    _, report_json, _ = flow.sample(demo_model, stream, user, steps=1, seed=2)
+    assert calls == [(flow.template, edit.EditSettings(flow.prompt, 1, 2, "fetch-fp16"), "fixed:40")]
+    assert json.loads(report_json)["executed_on"] == {"kind": "local"}
 
 
 def test_interrupt_stops_between_layers(comfy, flow, demo_model, server_url, user, progress):

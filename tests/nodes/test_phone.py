@@ -18,12 +18,16 @@ def test_phone_device_and_dispatch(comfy, node_classes, run_node, flow, demo_mod
     assert phone_token not in repr(device)
     template = flow.load_template(demo_model, server_url=server_url)
     stream = flow.make_stream(template, policy="on-device")
-    here, _, _ = flow.sample(demo_model, stream, user, steps=2, seed=3)
+    here, here_json, _ = flow.sample(demo_model, stream, user, steps=2, seed=3)
     progress.updates.clear()
     there, report_json, timeline = flow.sample(demo_model, stream, user, steps=2, seed=3,
                                           device=device)  # fmt: skip
     report = json.loads(report_json)
-    assert report["executed_on"] == {"kind": "phone", "connection": phone_url, "cloud_url": server_url}
+    local = json.loads(here_json)
+    assert list(report) == list(local)  # one report format, local and on the phone
+    assert report["executed_on"]["kind"] == "phone" and local["executed_on"] == {"kind": "local"}
+    assert report["executed_on"]["connection"] == phone_url and report["executed_on"]["cloud_url"] == server_url
+    assert report["executed_on"]["device"]["emulated"] is True
     assert report["template"]["template_id"] == flow.template and report["policy"] == "on-device"
     assert "image_sha256" in report and flow.prompt not in report_json  # the prompt stays on the phone
     # the same model, template, policy and seed: the phone's edit is the edit made here

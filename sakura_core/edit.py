@@ -1,0 +1,357 @@
+"""The one entry for "edit a private image against a published template", used by the ComfyUI nodes, the phone agent
+and the CLI demo.
+
+    opened = await open_template(ServerSource(url, token), "face-swap-astronaut", model)   # manifest + template image
+    outcome = await run_template_edit(model, opened, user_image, EditSettings(prompt, steps=8, policy="sakura"),
+                                      link=LinkSpec.parse("fixed:20"))                      # image + report
+
+:func:`open_template` fetches the template's manifest and image from a source (a server URL, or anything with an
+async ``base_url()`` context, e.g. ``cloud_server.loopback.StoreSource`` for a local store) and checks them against
+the model once (:func:`check_template`: model id, token grid, template image named). :func:`run_template_edit`
+plans the fetch with the policy (``sakura_core.policy.plan.plan_fetch``), paces the shard client by the link, runs
+the pipelined edit and builds the report (:mod:`sakura_core.edit_report`). :func:`edit_from_server` does both for an
+:class:`EditRequest` (the phone agent's job, the demo). The user image and prompt stay in this process; only
+manifest and shard requests leave it.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .edit_report import edit_report
+from .fetch.errors import ManifestError, TemplateNotFoundError
+from .fetch.link import LinkSpec, shaped_fetcher
+from .fetch.manifest_check import check_manifest
+from .models.edit_model import EditModel, load_image
+from .policy.plan import plan_fetch, runnable_policies
+from .runtime.live_profile import LiveProfile, measure_profile
+from .runtime.pipeline import RunReport, RuntimeConfig, run_pipelined_edit
+
+__all__ = [
+    "EditOutcome",
+    "EditRequest",
+    "EditSettings",
+    "ModelKey",
+    "OpenedTemplate",
+    "ServerSource",
+    "TemplateSource",
+    "check_template",
+    "edit_from_server",
+    "fetch_template_manifest",
+    "open_template",
+    "run_template_edit",
+]
+
+
+class TemplateSource(Protocol):
+    """Where a template is served: ``label`` (for messages and reports), ``token`` (bearer token of the read path
+    or None) and ``base_url()``, an async context yielding the base URL to fetch from while it is open."""
+
+    label: str
+    token: str | None
+
+    def base_url(self) -> AbstractAsyncContextManager[str]: ...
+
+
+@dataclass(frozen=True)
+class ServerSource:
+    """A SAKURA server (or a CDN in front of one).
+
+    Attributes:
+        url: base URL, ``http(s)://HOST[:PORT]`` (a trailing slash is dropped).
+        token: bearer token of the server's read path, if it has one (never shown in reprs or reports).
+    """
+
+    url: str
+    token: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url.strip():
+            raise ValueError(f"server url must be a non-empty http(s) URL, got {self.url!r}")
+        object.__setattr__(self, "url", self.url.strip().rstrip("/"))
+
+    @property
+    def label(self) -> str:
+        return self.url
+
+    @asynccontextmanager
+    async def base_url(self) -> AsyncIterator[str]:
+        yield self.url
+
+
+def _source(source: TemplateSource | str, token: str | None = None) -> TemplateSource:
+    return ServerSource(source, token) if isinstance(source, str) else source
+
+
+@dataclass(frozen=True)
+class ModelKey:
+    """What a template's KV must match: the model's content id and its token grid (rows, cols)."""
+
+    model_id: str
+    token_grid: tuple[int, ...]
+
+    @classmethod
+    def of(cls, model: EditModel | ModelKey) -> ModelKey:
+        if isinstance(model, ModelKey):
+            return model
+        return cls(model.model_id, tuple(model.spec.grid))
+
+
+def check_template(manifest: Any, template_id: str, model: EditModel | ModelKey) -> dict:
+    """The one check of a template against the model that edits with it: the manifest's schema and ids (a model
+    mismatch raises ``ModelMismatchError``), the token grid, and a template image named (the device computes the
+    template layers from it). Returns the manifest; ``ValueError`` subclasses say what to change."""
+    key = ModelKey.of(model)
+    manifest = check_manifest(manifest, template_id=template_id, model_id=key.model_id)
+    if tuple(manifest["token_grid"]) != key.token_grid:
+        raise ManifestError(f"template {template_id!r} has token grid {list(manifest['token_grid'])}, the model edits "
+                            f"{list(key.token_grid)}; precompute it at the model's resolution")  # fmt: skip
+    if not manifest.get("template_image"):
+        raise ManifestError(f"template {template_id!r}: its manifest names no template_image; republish it")
+    return manifest
+
+
+async def _get_manifest(client, label: str, template_id: str, model_id: str) -> dict:
+    try:
+        return await client.get_manifest(template_id, expected_model_id=model_id)
+    except TemplateNotFoundError as e:
+        catalog = await client.get_catalog()
+        ids = sorted(str(t.get("id")) for t in catalog.get("templates", []) if isinstance(t, dict))
+        raise TemplateNotFoundError(f"template {template_id!r} is not in the catalog of {label}; published there: "
+                                    f"{', '.join(ids) or 'none'}") from e  # fmt: skip
+
+
+async def fetch_template_manifest(
+    source: TemplateSource | str, template_id: str, model: EditModel | ModelKey, *, token: str | None = None
+) -> dict:
+    """The template's manifest from ``source``, checked against ``model`` (:func:`check_template`); an unknown id
+    raises ``TemplateNotFoundError`` listing what is published there."""
+    from .fetch.client import ShardClient
+
+    src, key = _source(source, token), ModelKey.of(model)
+    async with src.base_url() as url, ShardClient(url, src.token) as client:
+        return check_template(await _get_manifest(client, src.label, template_id, key.model_id), template_id, key)
+
+
+@dataclass(frozen=True)
+class OpenedTemplate:
+    """A template ready to edit against: where it is served, its checked manifest and its image file.
+
+    Attributes:
+        source: where the shards are fetched from during the edit.
+        template_id: the template's id.
+        model_id: content id of the model the manifest was checked against.
+        manifest: the checked manifest (do not modify).
+        image_file: the template image as published (PNG bytes).
+        image_fetch_s: (started, finished) of the image fetch, ``time.monotonic()`` seconds.
+    """
+
+    source: TemplateSource
+    template_id: str
+    model_id: str
+    manifest: dict = field(repr=False)
+    image_file: bytes = field(repr=False)
+    image_fetch_s: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def token_grid(self) -> tuple[int, ...]:
+        return tuple(self.manifest["token_grid"])
+
+    def template_image(self, size: int) -> np.ndarray:
+        """The template image as (size, size, 3) uint8."""
+        from PIL import Image
+
+        return load_image(np.asarray(Image.open(io.BytesIO(self.image_file)).convert("RGB")), size)
+
+    def summary(self) -> dict:
+        """What a report says about the template: ids, source, geometry, bytes per level and the image fetch."""
+        levels: dict[str, int] = {}
+        for shard in self.manifest["shards"]:
+            for rep in shard["representations"]:
+                name = rep.get("name", str(rep["level"]))
+                levels[name] = levels.get(name, 0) + rep["bytes"]
+        return {
+            "template_id": self.template_id,
+            "model_id": self.model_id,
+            "source": self.source.label,
+            "token_grid": list(self.token_grid),
+            "num_layers": len(self.manifest["shards"]),
+            "bytes_per_level": levels,
+            "image_bytes": len(self.image_file),
+            "image_fetch_s": round(self.image_fetch_s[1] - self.image_fetch_s[0], 4),
+        }
+
+
+async def open_template(
+    source: TemplateSource | str,
+    template_id: str,
+    model: EditModel | ModelKey,
+    *,
+    token: str | None = None,
+    manifest: dict | None = None,
+) -> OpenedTemplate:
+    """Fetch and check the template's manifest (or check the one given, already fetched) and fetch its image."""
+    from .fetch.client import ShardClient
+
+    src, key = _source(source, token), ModelKey.of(model)
+    async with src.base_url() as url, ShardClient(url, src.token) as client:
+        if manifest is None:
+            manifest = await _get_manifest(client, src.label, template_id, key.model_id)
+        manifest = check_template(manifest, template_id, key)
+        image = manifest["template_image"]
+        t_image = time.monotonic()
+        blob = await client.fetch_shard(image["digest"], expected_bytes=image["bytes"])
+    return OpenedTemplate(src, template_id, key.model_id, manifest, blob, (t_image, time.monotonic()))
+
+
+@dataclass(frozen=True)
+class EditSettings:
+    """How to edit (everything except the private image, the template and the link).
+
+    Attributes:
+        prompt: edit prompt (stays on the device).
+        steps: denoising steps (>= 1).
+        seed: noise seed (same seed, same image).
+        policy: fetch policy, one of ``sakura_core.policy.plan.runnable_policies()``.
+        latency_target_s: the edit's latency target in seconds (> 0) or None (see ``RuntimeConfig``).
+    """
+
+    prompt: str
+    steps: int = 8
+    seed: int = 0
+    policy: str = "sakura"
+    latency_target_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in runnable_policies():
+            raise ValueError(f"policy {self.policy!r} cannot run an edit; choose one of "
+                             f"{', '.join(runnable_policies())}")  # fmt: skip
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.latency_target_s is not None and not self.latency_target_s > 0:
+            raise ValueError(f"latency_target_s must be > 0 seconds or None, got {self.latency_target_s}")
+
+
+@dataclass
+class EditOutcome:
+    """The edited image ((S, S, 3) uint8), its report (:mod:`sakura_core.edit_report`) and the raw pipelined run."""
+
+    image: np.ndarray
+    report: dict
+    run: RunReport = field(repr=False)
+
+
+async def run_template_edit(
+    model: EditModel,
+    opened: OpenedTemplate,
+    user_image: np.ndarray,
+    settings: EditSettings,
+    *,
+    link: LinkSpec | str | None = None,
+    profile: LiveProfile | None = None,
+    cancel: threading.Event | None = None,
+    on_layer: Callable[[int, int], None] | None = None,
+    executed_on: dict | None = None,
+) -> EditOutcome:
+    """Edit ``user_image`` against ``opened`` with ``settings.policy`` over ``link`` (default: the real link).
+
+    ``profile`` defaults to :func:`measure_profile` of ``model`` (measured once per model). ``on_layer(step,
+    layer)`` is called before each layer; ``cancel`` stops between layers (``runtime.pipeline.Cancelled``).
+    ``executed_on`` goes into the report as is (default ``{"kind": "local"}``).
+    """
+    from .fetch.client import ShardClient
+
+    key = ModelKey.of(model)
+    if (opened.model_id, opened.token_grid) != (key.model_id, key.token_grid):
+        raise ValueError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
+                         f"{list(opened.token_grid)}), the edit runs model {key.model_id[:16]} (grid "
+                         f"{list(key.token_grid)}); open the template with the model that edits")  # fmt: skip
+    link = LinkSpec.parse(link)
+    profile = profile if profile is not None else measure_profile(model, settings.steps)
+    plan = plan_fetch(opened.manifest, settings.policy)
+    size = model.spec.image_size
+    template, user = opened.template_image(size), load_image(user_image, size)
+    config = RuntimeConfig(steps=settings.steps, seed=settings.seed, latency_target_s=settings.latency_target_s)
+    async with opened.source.base_url() as url, ShardClient(url, opened.source.token) as client:
+        t0 = time.monotonic()
+        run = await run_pipelined_edit(
+            model, opened.manifest, shaped_fetcher(client, link), user, settings.prompt, policy=plan.policy,
+            ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template,
+            trace=link.trace(), config=config, cancel=cancel, on_layer=on_layer,
+        )  # fmt: skip
+    started, finished = opened.image_fetch_s
+    image_event = {
+        "lane": "fetch",
+        "start": started - t0,
+        "end": finished - t0,
+        "layer": -1,
+        "level": "template image",
+    }
+    report = edit_report(
+        run, template_id=opened.template_id, template=opened.summary(), link=link, steps=settings.steps,
+        seed=settings.seed, latency_target_s=settings.latency_target_s, floor_level=plan.floor_name, profile=profile,
+        executed_on=executed_on if executed_on is not None else {"kind": "local"}, extra_events=[image_event],
+    )  # fmt: skip
+    return EditOutcome(run.image, report, run)
+
+
+@dataclass(frozen=True)
+class EditRequest:
+    """One edit against a template on a server, besides the private image (the phone agent's job, the demo).
+
+    Attributes:
+        server_url: SAKURA server (or CDN) base URL.
+        template_id: template to edit against.
+        prompt: edit prompt (stays on the device).
+        steps: denoising steps.
+        seed: noise seed.
+        policy: fetch policy name (one of ``runnable_policies()``).
+        link: the link (a :class:`LinkSpec`, or its string form: "live", "fixed:<Mbit/s>", "trace:<path>").
+        token: bearer token for a server with a read token (never shown in reprs).
+        latency_target_s: the edit's latency target (seconds) or None.
+    """
+
+    server_url: str
+    template_id: str
+    prompt: str
+    steps: int = 8
+    seed: int = 0
+    policy: str = "sakura"
+    link: LinkSpec | str | None = None
+    token: str | None = field(default=None, repr=False)
+    latency_target_s: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "link", LinkSpec.parse(self.link))
+        self.settings  # noqa: B018 - validates policy, steps and latency target, naming the bad value
+
+    @property
+    def settings(self) -> EditSettings:
+        return EditSettings(self.prompt, self.steps, self.seed, self.policy, self.latency_target_s)
+
+    @property
+    def source(self) -> ServerSource:
+        return ServerSource(self.server_url, self.token)
+
+
+async def edit_from_server(
+    model: EditModel,
+    request: EditRequest,
+    user_image: np.ndarray,
+    *,
+    profile: LiveProfile | None = None,
+    cancel: threading.Event | None = None,
+    on_layer: Callable[[int, int], None] | None = None,
+) -> EditOutcome:
+    """:func:`open_template` then :func:`run_template_edit` for ``request``."""
+    opened = await open_template(request.source, request.template_id, model)
+    return await run_template_edit(model, opened, user_image, request.settings, link=request.link, profile=profile,
+                                   cancel=cancel, on_layer=on_layer)  # fmt: skip
