@@ -92,6 +92,31 @@ def node_interface(class_type: str, schemas: dict) -> tuple[list, list, list]:
     return sockets, widgets, outputs
 
 
+def widget_defaults(class_type: str, schemas: dict) -> dict:
+    """``{widget name: default}`` of a node type: what the frontend shows (and sends) for a widget not set here."""
+    if class_type in CORE_NODES:
+        return dict(CORE_NODES[class_type][1])
+    widgets = {"INT", "FLOAT", "STRING", "COMBO", "BOOLEAN"}
+    out = {}
+    for i in schemas[class_type].inputs:
+        if i.io_type in widgets:
+            if i.default is None:
+                raise ValueError(f"{class_type}.{i.id} has no default: give it one in the schema or a value here")
+            out[i.id] = i.default
+    return out
+
+
+def completed(nodes: list[Node], schemas: dict) -> list[Node]:
+    """The nodes with every widget not set in the definition at its schema default: a saved workflow must never hold
+    ``null`` for a widget (ComfyUI's frontend would send it, and the backend rejects it)."""
+    out = []
+    for node in nodes:
+        defaults = widget_defaults(node.type, schemas)
+        values = {**node.values, **{k: v for k, v in defaults.items() if k not in node.values}}
+        out.append(Node(node.id, node.type, node.title, node.pos, values))
+    return out
+
+
 def api_format(nodes: list[Node]) -> dict:
     out = {}
     for node in nodes:
@@ -126,7 +151,7 @@ def ui_format(nodes: list[Node], schemas: dict) -> dict:
             inputs.append(entry)
         values = []
         for name, control in widgets:
-            values.append(node.values.get(name))
+            values.append(node.values[name])
             if control:
                 values.append("fixed")
         ui_nodes.append(
@@ -167,6 +192,7 @@ def render_all(schemas: dict) -> dict[Path, str]:
     """``{path: file text}`` of every example workflow in both formats."""
     files = {}
     for name, nodes in WORKFLOWS.items():
+        nodes = completed(nodes, schemas)
         files[OUT / f"{name}.json"] = json.dumps(ui_format(nodes, schemas), indent=2) + "\n"
         files[OUT / "api" / f"{name}.json"] = json.dumps(api_format(nodes), indent=2) + "\n"
     return files
