@@ -131,7 +131,9 @@ def progress(comfy):
 
 @pytest.fixture(scope="session")
 def examples():
-    return _load_file("sakura_examples", HERE / "sakura_examples.py")
+    from cloud_server import examples
+
+    return examples
 
 
 @pytest.fixture(scope="session")
