@@ -14,7 +14,7 @@ from comfy_api.latest import io
 from ._common import CATEGORY, SakuraDevice, SakuraNodeError, start_async, wait_interruptible
 from ._stream import EditRun, KVStream
 
-__all__ = ["PhoneDevice", "SakuraPhoneDevice", "run_on_phone"]
+__all__ = ["PhoneDevice", "SakuraPhoneDevice", "phone_error_message", "run_on_phone"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,17 @@ class PhoneDevice:
         from android_bridge import PhoneClient
 
         return PhoneClient.connect(self.connection, self.token or None, check=False)
+
+
+def phone_error_message(connection: str, error) -> str:
+    """A ``PhoneError`` as the node shows it; a refused pairing token (401) says where the token comes from."""
+    if getattr(error, "status", 0) == 401:
+        return (
+            f"phone {connection} refused the pairing token (HTTP 401): set $SAKURA_PHONE_TOKEN in ComfyUI's "
+            "environment to the token the phone agent was started with (or type it into the Sakura Phone Device "
+            "node's token field, which saves it in the workflow)"
+        )
+    return f"phone {connection}: {error}"
 
 
 def _phone_bandwidth(spec: str) -> str | None:
@@ -103,7 +114,7 @@ def run_on_phone(
         try:
             image, report = wait_interruptible(future, on_tick=on_tick, on_interrupt=stop)
         except PhoneError as e:
-            raise SakuraNodeError(f"phone {device.connection}: {e}") from e
+            raise SakuraNodeError(phone_error_message(device.connection, e)) from e
     finally:
         client.close()
     report = dict(report)
@@ -149,7 +160,9 @@ class SakuraPhoneDevice(io.ComfyNode):
                 info = client.info()
             finally:
                 client.close()
-        except (PhoneError, TransportError, ValueError, OSError) as e:
+        except PhoneError as e:
+            raise SakuraNodeError(phone_error_message(device.connection, e)) from e
+        except (TransportError, ValueError, OSError) as e:
             raise SakuraNodeError(f"phone {device.connection}: {e}") from e
         return io.NodeOutput(
             PhoneDevice(device.connection, device.token, device.cloud_url, info_json=json.dumps(info))

@@ -85,7 +85,7 @@ class SakuraTemplateLoader(io.ComfyNode):
     def execute(
         cls, model, template_id: str, source: str, server_url: str, token: str, store_dir: str
     ) -> io.NodeOutput:
-        from sakura_core.fetch.client import FetchError
+        from sakura_core.fetch.client import AuthError, FetchError
 
         template_id = template_id.strip()
         token = token.strip() or None
@@ -103,9 +103,13 @@ class SakuraTemplateLoader(io.ComfyNode):
                 where = {"server_url": None, "store_dir": str(Path(store_dir.strip()).expanduser().resolve())}
             else:
                 raise SakuraNodeError(f"source must be {SERVER!r} or {STORE!r}, got {source!r}")
+        except AuthError as e:
+            raise SakuraNodeError(
+                f"template {template_id!r}: {e}. The server requires a read token: set $SAKURA_READ_TOKEN in "
+                "ComfyUI's environment (or type it into this node's token field, which saves it in the workflow)"
+            ) from e
         except (FetchError, ValueError) as e:
-            hint = f" (is `sakura serve` running at {server_url}?)" if "failed after" in str(e) else ""
-            raise SakuraNodeError(f"template {template_id!r}: {e}{hint}") from e
+            raise SakuraNodeError(f"template {template_id!r}: {e}") from e
         if tuple(manifest["token_grid"]) != tuple(model.spec.grid):
             raise SakuraNodeError(
                 f"template {template_id!r} has token grid {manifest['token_grid']}, the model edits "

@@ -171,6 +171,15 @@ def store_dir(tmp_path_factory, examples, demo_model):
     return root
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on (just closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def start_process(argv: list[str], pattern: str, what: str, timeout_s: float = 120.0, cwd: Path = REPO):
     """Start ``argv``, wait for a stdout line matching ``pattern`` (group 1 = URL); keep draining its output."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
