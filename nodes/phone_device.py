@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from comfy_api.latest import io
 
-from ._common import CATEGORY, SakuraDevice, SakuraNodeError, start_async, wait_interruptible
+from ._common import (
+    CATEGORY,
+    PHONE_TOKEN_ENV,
+    SakuraDevice,
+    SakuraNodeError,
+    resolve_token,
+    start_async,
+    wait_interruptible,
+)
 from ._stream import EditRun, KVStream
 
 __all__ = ["PhoneDevice", "SakuraPhoneDevice", "phone_error_message", "run_on_phone"]
@@ -139,7 +147,13 @@ class SakuraPhoneDevice(io.ComfyNode):
                     default="http://127.0.0.1:8765",
                     tooltip="Agent URL (LAN or loopback), 'adb' (the only device) or 'adb:SERIAL[@PORT]'.",
                 ),
-                io.String.Input("token", default="", tooltip="Pairing token (empty: $SAKURA_PHONE_TOKEN)."),
+                io.String.Input(
+                    "token",
+                    default="",
+                    tooltip="Pairing token of the phone agent. Leave empty to read $SAKURA_PHONE_TOKEN (or "
+                    "SAKURA_PHONE_TOKEN in ComfyUI's user/sakura_tokens.json): a token typed here is saved in the "
+                    "workflow and in every saved image's metadata.",
+                ),
                 io.String.Input(
                     "cloud_url",
                     default="",
@@ -153,7 +167,8 @@ class SakuraPhoneDevice(io.ComfyNode):
     def execute(cls, connection: str, token: str, cloud_url: str) -> io.NodeOutput:
         from android_bridge import PhoneError, TransportError
 
-        device = PhoneDevice(connection=connection.strip(), token=token.strip(), cloud_url=cloud_url.strip())
+        token = resolve_token(token, PHONE_TOKEN_ENV) or ""
+        device = PhoneDevice(connection=connection.strip(), token=token, cloud_url=cloud_url.strip())
         try:
             client = device.connect()
             try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from comfy_api.latest import io
 
-from ._common import CATEGORY, SakuraModel, SakuraNodeError, SakuraTemplate, run_async
+from ._common import CATEGORY, READ_TOKEN_ENV, SakuraModel, SakuraNodeError, SakuraTemplate, resolve_token, run_async
 from ._stream import TemplateHandle
 
 __all__ = ["SERVER", "STORE", "SakuraTemplateLoader"]
@@ -75,7 +75,13 @@ class SakuraTemplateLoader(io.ComfyNode):
                 io.String.Input(
                     "server_url", default="http://127.0.0.1:8080", tooltip="SAKURA server or CDN (source = server)."
                 ),
-                io.String.Input("token", default="", tooltip="Read token of the server, if it requires one."),
+                io.String.Input(
+                    "token",
+                    default="",
+                    tooltip="Read token of the server, if it requires one. Leave empty to read $SAKURA_READ_TOKEN "
+                    "(or SAKURA_READ_TOKEN in ComfyUI's user/sakura_tokens.json): a token typed here is saved in the "
+                    "workflow and in every saved image's metadata.",
+                ),
                 io.String.Input("store_dir", default="", tooltip="Local store folder (source = local store)."),
             ],
             outputs=[SakuraTemplate.Output("template", display_name="SAKURA_TEMPLATE")],
@@ -88,7 +94,7 @@ class SakuraTemplateLoader(io.ComfyNode):
         from sakura_core.fetch.client import AuthError, FetchError
 
         template_id = template_id.strip()
-        token = token.strip() or None
+        token = resolve_token(token, READ_TOKEN_ENV)
         try:
             if source == SERVER:
                 url = server_url.strip().rstrip("/")
