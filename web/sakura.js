@@ -1,0 +1,54 @@
+// SAKURA node pack, frontend side: a "choose a published template" button on the Template KV Loader. It reads the
+// pack's route GET /api/sakura/templates?server_url=... (nodes/routes.py) and writes the chosen id into the
+// template_id text field, which stays editable: a typed id works offline.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+
+const NODE = "SakuraTemplateLoader";
+
+async function publishedTemplates(serverUrl) {
+  const resp = await api.fetchApi(`/sakura/templates?server_url=${encodeURIComponent(serverUrl || "")}`);
+  if (!resp.ok) throw new Error(`HTTP ${resp.status} from /sakura/templates`);
+  return await resp.json();
+}
+
+function widget(node, name) {
+  return node.widgets?.find((w) => w.name === name);
+}
+
+async function chooseTemplate(node, event) {
+  const idWidget = widget(node, "template_id");
+  const urlWidget = widget(node, "server_url");
+  const listing = await publishedTemplates(urlWidget?.value);
+  const ids = listing.templates.map((t) => t.id);
+  node.sakuraPublished = listing; // for tests and the console
+  if (!ids.length) {
+    const why = listing.error || `no templates are published at ${listing.server_url}`;
+    app.extensionManager?.toast?.add({ severity: "warn", summary: "SAKURA", detail: why, life: 6000 });
+    return;
+  }
+  const pick = (value) => {
+    idWidget.value = value;
+    idWidget.callback?.(value);
+    node.setDirtyCanvas(true, true);
+  };
+  const ContextMenu = window.LiteGraph?.ContextMenu;
+  if (ContextMenu) {
+    new ContextMenu(ids, { event, title: `published at ${listing.server_url}`, callback: (v) => pick(v) });
+  } else {
+    pick(ids[0]);
+  }
+}
+
+app.registerExtension({
+  name: "sakura.templateChoice",
+  async nodeCreated(node) {
+    if (node.comfyClass !== NODE) return;
+    // appended after every schema widget, so the saved widgets_values keep their order
+    const button = node.addWidget("button", "choose a published template", null, (_v, _c, _n, _p, event) => {
+      chooseTemplate(node, event).catch((e) => console.error("sakura: template list failed", e));
+    });
+    button.serialize = false;
+    node.sakuraChooseTemplate = (event) => chooseTemplate(node, event);
+  },
+});
