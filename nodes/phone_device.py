@@ -160,7 +160,13 @@ class SakuraPhoneDevice(io.ComfyNode):
                     tooltip="The SAKURA server as the phone reaches it (empty: the template's server URL).",
                 ),
             ],
-            outputs=[SakuraDevice.Output("device", display_name="SAKURA_DEVICE")],
+            outputs=[
+                SakuraDevice.Output(
+                    "device",
+                    display_name="SAKURA_DEVICE",
+                    tooltip="The phone; into the sampler's device input to run the edit there.",
+                )
+            ],
         )
 
     @classmethod

@@ -40,11 +40,11 @@ def timeline_image(report: dict) -> np.ndarray:
     """The run's fetch / decode / compute lanes as an (H, W, 3) uint8 plot."""
     from PIL import Image
 
-    from sakura_core.bench.plots import plot_timeline
+    from sakura_core.bench.plots import bandwidth_label, plot_timeline
 
     where = " on the phone" if "executed_on" in report else ""
     title = (
-        f"{report['policy']} on {report['template']['template_id']}{where}, {report['bandwidth']}: "
+        f"{report['policy']} on {report['template']['template_id']}{where}, {bandwidth_label(report['bandwidth'])}: "
         f"{report['latency_s']:.2f} s, {report['bytes_fetched'] / 2**10:.0f} KiB fetched"
     )
     with tempfile.TemporaryDirectory(prefix="sakura-timeline-") as tmp:
@@ -69,26 +69,52 @@ class SakuraPipelinedSampler(io.ComfyNode):
             display_name="Sakura Pipelined DiT Sampler",
             category=CATEGORY,
             description="Edits the image against the template on this machine: template KV shards stream in (as "
-            "the fetch policy decides) while the DiT runs; the image and prompt never leave this process.",
+            "the fetch policy decides) while the DiT runs; the image and prompt never leave this process. The "
+            "edited image has the model's size: the demo model edits 64x64.",
             inputs=[
-                SakuraModel.Input("model"),
-                SakuraKVStream.Input("kv_stream"),
+                SakuraModel.Input("model", tooltip="The editing DiT (the one the template's KV was computed for)."),
+                SakuraKVStream.Input("kv_stream", tooltip="From a Sakura Bandwidth-Adaptive Fetch."),
                 io.Image.Input(
                     "image",
                     tooltip="The private user image (stays on this device); centre-cropped to a square and resized "
-                    "to the model's size.",
+                    "to the model's size (the demo model: 64x64).",
                 ),
                 io.String.Input("prompt", default=EDIT_PROMPT, multiline=True, tooltip="Stays on this device."),
-                io.Int.Input("steps", default=8, min=1, max=200),
-                io.Int.Input("seed", default=0, min=0, max=2**31 - 1, control_after_generate=True),
+                io.Int.Input(
+                    "steps",
+                    default=8,
+                    min=1,
+                    max=200,
+                    tooltip="Denoising steps; each runs every DiT layer once (the template KV is reused by all).",
+                ),
+                io.Int.Input(
+                    "seed",
+                    default=0,
+                    min=0,
+                    max=2**31 - 1,
+                    control_after_generate=True,
+                    tooltip="Seed of the starting noise: the same seed, inputs and policy give the same image.",
+                ),
                 SakuraDevice.Input(
                     "device", optional=True, tooltip="A Sakura Phone Device: the edit runs on the phone instead."
                 ),
             ],
             outputs=[
-                io.Image.Output("edited", display_name="IMAGE"),
-                io.String.Output("report", display_name="report (JSON)"),
-                io.Image.Output("timeline", display_name="timeline"),
+                io.Image.Output(
+                    "edited",
+                    display_name="IMAGE",
+                    tooltip="The edited image, at the model's size (the demo model edits 64x64 images).",
+                ),
+                io.String.Output(
+                    "report",
+                    display_name="report (JSON)",
+                    tooltip="What was fetched, at which level, when and why; latency and bytes (JSON text).",
+                ),
+                io.Image.Output(
+                    "timeline",
+                    display_name="timeline",
+                    tooltip="The run's fetch / decode / compute lanes over time, as an image.",
+                ),
             ],
             hidden=[io.Hidden.unique_id],
         )

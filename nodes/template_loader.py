@@ -70,8 +70,20 @@ class SakuraTemplateLoader(io.ComfyNode):
             "server's catalog or a local store folder, and checks that it was computed for the model.",
             inputs=[
                 SakuraModel.Input("model", tooltip="The model the template's KV must have been computed for."),
-                io.String.Input("template_id", default="face-swap-astronaut", tooltip="Id in the catalog."),
-                io.Combo.Input("source", options=[SERVER, STORE], default=SERVER),
+                io.String.Input(
+                    "template_id",
+                    default="face-swap-astronaut",
+                    tooltip="Id in the catalog. Type one, or use the 'choose a published template' button to pick from "
+                    "what the server at server_url publishes.",
+                ),
+                io.Combo.Input(
+                    "source",
+                    options=[SERVER, STORE],
+                    default=SERVER,
+                    tooltip="'server' = a SAKURA server or CDN at server_url (what a phone can use too); 'local store' "
+                    "= a store folder on this machine (store_dir), e.g. one `sakura examples` or `sakura precompute` "
+                    "wrote.",
+                ),
                 io.String.Input(
                     "server_url", default="http://127.0.0.1:8080", tooltip="SAKURA server or CDN (source = server)."
                 ),
@@ -84,7 +96,13 @@ class SakuraTemplateLoader(io.ComfyNode):
                 ),
                 io.String.Input("store_dir", default="", tooltip="Local store folder (source = local store)."),
             ],
-            outputs=[SakuraTemplate.Output("template", display_name="SAKURA_TEMPLATE")],
+            outputs=[
+                SakuraTemplate.Output(
+                    "template",
+                    display_name="SAKURA_TEMPLATE",
+                    tooltip="The template's checked manifest (where its KV shards are); into the adaptive fetch.",
+                )
+            ],
         )
 
     @classmethod

@@ -36,7 +36,8 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
         for codec, tid in (("sakura", "demo-template"), ("cachegen", "demo-template-cachegen")):
             await asyncio.to_thread(publish_template, store, model, template, tid, codec=codec)
             progress(f"server: published {tid} ({codec} ladder)")
-        runner = web.AppRunner(create_app(ServerConfig(store_dir=tmp, host="127.0.0.1", port=0, model=None)))
+        app = create_app(ServerConfig(store_dir=tmp, host="127.0.0.1", port=0, model=None))
+        runner = web.AppRunner(app, access_log=None)  # no aiohttp access line per shard request on the console
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

@@ -6,10 +6,29 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["plot_regime_map", "plot_timeline", "plot_trace_levels", "regime_map"]
+__all__ = ["bandwidth_label", "plot_regime_map", "plot_timeline", "plot_trace_levels", "regime_map"]
 
 _LANES = ["fetch", "decode", "compute", "stall"]
 _COLORS = {"fetch": "#4C72B0", "decode": "#DD8452", "compute": "#55A868", "stall": "#C44E52"}
+_TEMPLATE_COLOR = "#2E6B3A"  # compute lane: layers that ran the template tokens on the device
+_LEGEND = (
+    ("fetch", _COLORS["fetch"]),
+    ("decode", _COLORS["decode"]),
+    ("compute (fetched KV)", _COLORS["compute"]),
+    ("compute (template on device)", _TEMPLATE_COLOR),
+    ("stall", _COLORS["stall"]),
+)
+
+
+def bandwidth_label(spec: str) -> str:
+    """A bandwidth spec as a plot title shows it: ``trace:/long/path/norway_bus_1`` -> ``trace norway_bus_1``,
+    ``fixed:10`` -> ``fixed 10 Mbit/s``; anything else unchanged."""
+    kind, _, arg = spec.partition(":")
+    if kind == "trace" and arg:
+        return f"trace {Path(arg).name}"
+    if kind == "fixed" and arg:
+        return f"fixed {arg} Mbit/s"
+    return spec
 
 
 def _plt():
@@ -24,17 +43,20 @@ def _plt():
 def plot_timeline(events: list[dict], path: str | Path, title: str = "") -> None:
     """Fetch / decode / compute lanes of one run (template layers in a darker green)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(10, 2.8))
+    fig, ax = plt.subplots(figsize=(10, 3.2))
     for lane_idx, lane in enumerate(_LANES):
         for e in (e for e in events if e["lane"] == lane):
             color = _COLORS[lane]
             if lane == "compute" and e.get("level") == "template":
-                color = "#2E6B3A"
+                color = _TEMPLATE_COLOR
             ax.barh(lane_idx, e["end"] - e["start"], left=e["start"], color=color, edgecolor="white", linewidth=0.3)
     ax.set_yticks(range(len(_LANES)), _LANES)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the edit started")
     ax.set_title(title or "pipeline timeline")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color) for _, color in _LEGEND]
+    ax.legend(handles, [name for name, _ in _LEGEND], loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=5,
+              fontsize=8, frameon=False)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

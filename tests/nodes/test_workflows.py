@@ -131,3 +131,24 @@ def test_a_null_widget_value_is_caught(schemas):
     assert _widget_error(fetch["latency_target_s"], None) == "None is not a FLOAT value"
     assert _widget_error(fetch["latency_target_s"], -1.0) == "-1.0 below min 0.0"
     assert _widget_error(fetch["policy"], "nope").startswith("'nope' not in")
+
+
+@pytest.mark.parametrize("name", ["sakura_face_swap", "sakura_virtual_try_on", "sakura_in_context_edit",
+                                  "sakura_in_context_edit_on_phone"])  # fmt: skip
+def test_ui_workflow_has_thumbnail_note_and_no_overlaps(gen, name):
+    from PIL import Image
+
+    with Image.open(gen.OUT / f"{name}.jpg") as thumb:  # what the template browser shows beside the file name
+        assert thumb.format == "JPEG" and thumb.size == (256, 256)
+    ui = json.loads((gen.OUT / f"{name}.json").read_text())
+    notes = [n for n in ui["nodes"] if n["type"] == "Note"]
+    assert len(notes) == 1 and "sakura serve" in notes[0]["widgets_values"][0]
+    title_h = 30  # the frontend draws the title bar above pos
+    boxes = [(n["title"], n["pos"][0], n["pos"][1] - title_h, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+             for n in ui["nodes"]]  # fmt: skip
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            overlap = a[1] < b[3] and b[1] < a[3] and a[2] < b[4] and b[2] < a[4]
+            assert not overlap, f"{name}: {a[0]!r} overlaps {b[0]!r}"
+    api = json.loads((gen.OUT / "api" / f"{name}.json").read_text())
+    assert "Note" not in {n["class_type"] for n in api.values()}  # frontend-only: not sent to /prompt
