@@ -102,7 +102,8 @@ EDIT_JS = """([serverUrl, phoneUrl]) => {
     app.canvas.ds.scale = 0.72;  // the whole graph in the 1920 x 1080 viewport
     app.canvas.ds.offset = [40, 70];
     app.canvas.setDirty(true, true);
-    return app.graph.nodes.map((n) => ({type: n.type, widgets: (n.widgets ?? []).map((w) => [w.name, w.value])}));
+    return app.graph.nodes.map((n) => ({type: n.type,
+                                        widgets: (n.widgets ?? []).map((w) => [w.name, w.value, !!w.hidden])}));
 }"""
 
 
@@ -170,9 +171,14 @@ def test_ui_workflow_runs_in_the_frontend(comfyui, page, server_url, phone_url, 
     types = [n["type"] for n in loaded]
     assert "SakuraPipelinedSampler" in types and "Note" in types
     loader = next(n for n in loaded if n["type"] == "SakuraTemplateLoader")
-    assert ["choose a published template", None] in loader["widgets"] or any(
-        w[0] == "choose a published template" for w in loader["widgets"]
-    ), loader["widgets"]  # web/sakura.js is loaded
+    assert any(w[0] == "choose a published template" for w in loader["widgets"]), loader["widgets"]  # web/sakura.js
+    hidden = {(n["type"], w[0]) for n in loaded for w in n["widgets"] if w[2]}  # widgets that do not apply
+    bandwidth = next(w[1] for n in loaded if n["type"] == "SakuraAdaptiveFetch" for w in n["widgets"]
+                     if w[0] == "bandwidth")  # fmt: skip
+    expected = {("SakuraTemplateLoader", "store_dir")}
+    expected |= {("SakuraAdaptiveFetch", w) for w in ("trace", "trace_path") if bandwidth != "trace file"}
+    expected |= {("SakuraAdaptiveFetch", "fixed_mbit_s")} if bandwidth != "fixed Mbit/s" else set()
+    assert hidden == expected, (bandwidth, hidden)
     page.wait_for_timeout(500)
     if name == "sakura_virtual_try_on":
         _shot(page, f"{name}_loaded.png")
@@ -221,3 +227,13 @@ def test_template_choice_button_lists_the_server(comfyui, page, server_url):
                      .widgets.find((w) => w.name === "template_id").value"""
     )
     assert chosen == "try-on-astronaut"
+    hidden = page.evaluate(
+        """() => {
+            const node = window.app.graph.nodes.find((n) => n.type === "SakuraTemplateLoader");
+            const source = node.widgets.find((w) => w.name === "source");
+            source.value = "local store";
+            source.callback(source.value);
+            return node.widgets.filter((w) => w.hidden).map((w) => w.name);
+        }"""
+    )
+    assert sorted(hidden) == ["choose a published template", "server_url", "token"]
