@@ -14,11 +14,15 @@ from aiohttp import web
 
 from ._common import READ_TOKEN_ENV, SakuraNodeError, resolve_token
 
-__all__ = ["DEFAULT_SERVER_URL", "ROUTE", "list_published", "register_routes", "templates_handler"]
+__all__ = ["DEFAULT_SERVER_URL", "REQUEST_HEADER", "ROUTE", "list_published", "register_routes", "templates_handler"]
 
 logger = logging.getLogger(__name__)
 
 ROUTE = "/sakura/templates"
+# A request header the pack's own frontend sends: an <img> or a link elsewhere cannot set it, and a cross-origin
+# fetch that sets it needs a CORS preflight ComfyUI does not grant; so another web page cannot make this route send
+# the read token to a server_url of its choosing.
+REQUEST_HEADER = "X-Sakura-Request"
 DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
 _registered: set[int] = set()  # ids of the route tables this module has added its route to
 
@@ -45,7 +49,13 @@ async def list_published(server_url: str, token: str | None) -> dict:
 
 async def templates_handler(request: web.Request) -> web.Response:
     """``GET /sakura/templates?server_url=URL``: the server's published templates (token from the environment or
-    ComfyUI's user folder, never from the browser)."""
+    ComfyUI's user folder, never from the browser). Only with the ``X-Sakura-Request: 1`` header (403 otherwise)."""
+    if request.headers.get(REQUEST_HEADER) != "1":
+        return web.json_response(
+            {"server_url": None, "templates": [], "error": f"{ROUTE} answers the SAKURA frontend only "
+             f"(header {REQUEST_HEADER}: 1)"},
+            status=403,
+        )  # fmt: skip
     try:
         token = resolve_token("", READ_TOKEN_ENV)
     except SakuraNodeError as e:

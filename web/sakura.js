@@ -57,7 +57,9 @@ function followVisibility(node) {
 }
 
 async function publishedTemplates(serverUrl) {
-  const resp = await api.fetchApi(`/sakura/templates?server_url=${encodeURIComponent(serverUrl || "")}`);
+  const resp = await api.fetchApi(`/sakura/templates?server_url=${encodeURIComponent(serverUrl || "")}`, {
+    headers: { "X-Sakura-Request": "1" }, // see nodes/routes.py: keeps other web pages from using the route
+  });
   if (!resp.ok) throw new Error(`HTTP ${resp.status} from /sakura/templates`);
   return await resp.json();
 }

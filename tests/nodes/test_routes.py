@@ -10,6 +10,8 @@ from aiohttp import web
 
 from .conftest import TEMPLATE, free_port
 
+OURS = {"X-Sakura-Request": "1"}  # what web/sakura.js sends
+
 
 @pytest.fixture
 def prompt_server(comfy):
@@ -46,7 +48,7 @@ async def client(comfy, prompt_server, aiohttp_client, monkeypatch):
 
 @pytest.mark.slow
 async def test_lists_the_published_templates(client, server_url):
-    resp = await client.get("/sakura/templates", params={"server_url": server_url})
+    resp = await client.get("/sakura/templates", headers=OURS, params={"server_url": server_url})
     assert resp.status == 200
     body = await resp.json()
     assert body["error"] is None and body["server_url"] == server_url
@@ -55,10 +57,17 @@ async def test_lists_the_published_templates(client, server_url):
 
 async def test_an_unreachable_server_is_a_readable_answer(client):
     closed = f"http://127.0.0.1:{free_port()}"
-    body = await (await client.get("/sakura/templates", params={"server_url": closed})).json()
+    body = await (await client.get("/sakura/templates", headers=OURS, params={"server_url": closed})).json()
     assert body["templates"] == []
     assert body["error"] == (
         f"catalog: cannot reach the SAKURA server at {closed} (connection refused) — is `sakura serve` running?"
     )
-    body = await (await client.get("/sakura/templates", params={"server_url": "ftp://x"})).json()
+    body = await (await client.get("/sakura/templates", headers=OURS, params={"server_url": "ftp://x"})).json()
     assert "must start with http" in body["error"]
+
+
+async def test_other_pages_cannot_use_the_route(client):
+    """Without the pack's header (an <img src=...> on another site, say) nothing is fetched and no token is sent."""
+    resp = await client.get("/sakura/templates", params={"server_url": "http://203.0.113.9:8080"})
+    assert resp.status == 403
+    assert "answers the SAKURA frontend only" in (await resp.json())["error"]
