@@ -8,12 +8,14 @@ it imports nothing heavy and registers nothing.
 import importlib.util as _ilu
 
 __all__ = []
+WEB_DIRECTORY = None  # the frontend extension (web/sakura.js), handed to ComfyUI with the nodes
 
 if _ilu.find_spec("comfy_api") is not None:  # pragma: no cover - exercised inside ComfyUI
     try:
         from .nodes import comfy_entrypoint  # noqa: F401
 
-        __all__ = ["comfy_entrypoint"]
+        WEB_DIRECTORY = "./web"
+        __all__ = ["WEB_DIRECTORY", "comfy_entrypoint"]
     except ImportError as e:  # the nodes need comfy_api.latest; older ComfyUI lacks it
         import logging
 

@@ -29,6 +29,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from sakura_core.fetch.errors import connection_problem
+
 from .transports import Transport, transport_from_spec
 from .wire import CONTENT_TYPE, encode_job_body
 
@@ -272,6 +274,12 @@ class PhoneClient:
                 await _raise_for(resp, "phone info")
                 return await resp.json()
         except aiohttp.ClientError as e:
+            problem = connection_problem(e)
+            if problem is not None:
+                raise PhoneError(
+                    f"cannot reach the phone agent at {self.base_url} ({problem}) — is `sakura phone-agent` running "
+                    f"there{' (and adb forwarding)' if self.transport.kind == 'adb' else ''}?"
+                ) from e
             raise PhoneError(f"cannot reach the phone agent at {self.base_url} ({self.transport.kind}): {e}") from e
 
     async def _follow(self, session, job_id: str, on_progress) -> dict:

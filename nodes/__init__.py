@@ -11,6 +11,7 @@ from comfy_api.latest import ComfyExtension, io
 from .adaptive_fetch import SakuraAdaptiveFetch
 from .model_loader import SakuraModelLoader
 from .phone_device import SakuraPhoneDevice
+from .routes import register_routes
 from .sampler import SakuraPipelinedSampler
 from .template_loader import SakuraTemplateLoader
 
@@ -31,4 +32,6 @@ class SakuraExtension(ComfyExtension):
 
 
 async def comfy_entrypoint() -> SakuraExtension:
+    """Called by ComfyUI when it loads the pack: also adds the pack's route (``routes.py``) to its server."""
+    register_routes()
     return SakuraExtension()

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
+import logging
+import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -25,12 +28,24 @@ __all__ = [
     "SakuraTemplate",
     "image_from_comfy",
     "image_to_comfy",
+    "PHONE_TOKEN_ENV",
+    "READ_TOKEN_ENV",
+    "TOKENS_FILE",
+    "resolve_token",
     "run_async",
     "start_async",
     "wait_interruptible",
 ]
 
+logger = logging.getLogger(__name__)
+
 CATEGORY = "sakura"
+READ_TOKEN_ENV = "SAKURA_READ_TOKEN"  # the SAKURA server's read token (what `sakura serve` reads it from too)
+PHONE_TOKEN_ENV = "SAKURA_PHONE_TOKEN"  # the phone agent's pairing token (likewise for `sakura phone-agent`)
+TOKENS_FILE = "sakura_tokens.json"  # in ComfyUI's user folder: {"SAKURA_READ_TOKEN": "...", ...}
+_TOKENS_FORMAT = (
+    f'it must hold a JSON object of strings, e.g. {{"{READ_TOKEN_ENV}": "...", "{PHONE_TOKEN_ENV}": "..."}}'
+)
 
 SakuraModel = io.Custom("SAKURA_MODEL")
 SakuraTemplate = io.Custom("SAKURA_TEMPLATE")
@@ -42,6 +57,41 @@ POLL_S = 0.05  # how often a waiting node checks ComfyUI's interrupt flag and up
 
 class SakuraNodeError(RuntimeError):
     """A Sakura node cannot do what it was asked; the message says what to change."""
+
+
+def _user_tokens() -> tuple[dict, str]:
+    """(``{env name: token}`` from ``TOKENS_FILE`` in ComfyUI's user folder, its path); ``{}`` when absent."""
+    import folder_paths
+
+    user_dir = folder_paths.get_user_directory()
+    if not user_dir:
+        return {}, ""
+    path = os.path.join(user_dir, TOKENS_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            tokens = json.load(f)
+    except FileNotFoundError:
+        return {}, path
+    except (OSError, ValueError) as e:
+        raise SakuraNodeError(f"{path} is unreadable ({e}); {_TOKENS_FORMAT}") from e
+    if not isinstance(tokens, dict) or not all(isinstance(v, str) for v in tokens.values()):
+        raise SakuraNodeError(f"{path}: {_TOKENS_FORMAT}")
+    return tokens, path
+
+
+def resolve_token(typed: str, env_name: str) -> str | None:
+    """The token to use: the node's field when something is typed there (it is then saved in the workflow and in
+    every saved image's metadata), else ``$env_name``, else that key of ``sakura_tokens.json`` in ComfyUI's user
+    folder (outside ``user/default``, so the frontend's userdata API does not serve it), else None."""
+    if typed.strip():
+        return typed.strip()
+    if os.environ.get(env_name, "").strip():
+        return os.environ[env_name].strip()
+    tokens, path = _user_tokens()
+    token = tokens.get(env_name, "").strip()
+    if token:
+        logger.debug("sakura: %s read from %s", env_name, path)
+    return token or None
 
 
 def image_from_comfy(image, what: str = "image") -> np.ndarray:

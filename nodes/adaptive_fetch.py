@@ -42,7 +42,7 @@ class SakuraAdaptiveFetch(io.ComfyNode):
             "(live, a fixed emulated rate, or a recorded trace). Starts prefetching in the background, so the "
             "transfer overlaps the rest of the graph; the sampler streams the shards the policy picks.",
             inputs=[
-                SakuraTemplate.Input("template"),
+                SakuraTemplate.Input("template", tooltip="The template from a Sakura Template KV Loader."),
                 io.Combo.Input(
                     "policy",
                     options=runnable_policies(),
@@ -51,11 +51,28 @@ class SakuraAdaptiveFetch(io.ComfyNode):
                     "on-device-cached compute the template here; fetch-fp16, cachegen, throughput are baselines; "
                     "oracle reads the (emulated) trace ahead.",
                 ),
-                io.Combo.Input("bandwidth", options=[LIVE, FIXED, TRACE], default=LIVE),
-                io.Float.Input(
-                    "fixed_mbit_s", default=20.0, min=0.05, max=10000.0, step=0.05, tooltip="Emulated link rate."
+                io.Combo.Input(
+                    "bandwidth",
+                    options=[LIVE, FIXED, TRACE],
+                    default=LIVE,
+                    tooltip="The link the shards come over: 'live' = the real network as it is (fixed_mbit_s and "
+                    "trace are not used); 'fixed Mbit/s' = emulated at fixed_mbit_s; 'trace file' = emulated by a "
+                    "recorded mobile trace (trace, or trace_path).",
                 ),
-                io.Combo.Input("trace", options=traces, default=traces[0] if traces else None),
+                io.Float.Input(
+                    "fixed_mbit_s",
+                    default=20.0,
+                    min=0.05,
+                    max=10000.0,
+                    step=0.05,
+                    tooltip="Emulated link rate (bandwidth = 'fixed Mbit/s' only).",
+                ),
+                io.Combo.Input(
+                    "trace",
+                    options=traces,
+                    default=traces[0] if traces else None,
+                    tooltip="A bundled mobile bandwidth trace (bandwidth = 'trace file' only), replayed from its start.",
+                ),
                 io.String.Input(
                     "trace_path",
                     default="",
@@ -72,7 +89,13 @@ class SakuraAdaptiveFetch(io.ComfyNode):
                     "under it on better shard levels; cachegen uses it as its SLO.",
                 ),
             ],
-            outputs=[SakuraKVStream.Output("kv_stream", display_name="SAKURA_KV_STREAM")],
+            outputs=[
+                SakuraKVStream.Output(
+                    "kv_stream",
+                    display_name="SAKURA_KV_STREAM",
+                    tooltip="The template's KV as it streams in (prefetch already started); into the sampler.",
+                )
+            ],
         )
 
     @classmethod

@@ -108,7 +108,13 @@ class SakuraModelLoader(io.ComfyNode):
                     f"(it needs {SPEC_FILE} beside its config.json).",
                 ),
             ],
-            outputs=[SakuraModel.Output("model", display_name="SAKURA_MODEL")],
+            outputs=[
+                SakuraModel.Output(
+                    "model",
+                    display_name="SAKURA_MODEL",
+                    tooltip="The editing DiT; into the Template KV Loader (to check the template) and the sampler.",
+                )
+            ],
         )
 
     @classmethod

@@ -11,10 +11,18 @@ from dataclasses import dataclass, field
 import numpy as np
 from comfy_api.latest import io
 
-from ._common import CATEGORY, SakuraDevice, SakuraNodeError, start_async, wait_interruptible
+from ._common import (
+    CATEGORY,
+    PHONE_TOKEN_ENV,
+    SakuraDevice,
+    SakuraNodeError,
+    resolve_token,
+    start_async,
+    wait_interruptible,
+)
 from ._stream import EditRun, KVStream
 
-__all__ = ["PhoneDevice", "SakuraPhoneDevice", "run_on_phone"]
+__all__ = ["PhoneDevice", "SakuraPhoneDevice", "phone_error_message", "run_on_phone"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,17 @@ class PhoneDevice:
         from android_bridge import PhoneClient
 
         return PhoneClient.connect(self.connection, self.token or None, check=False)
+
+
+def phone_error_message(connection: str, error) -> str:
+    """A ``PhoneError`` as the node shows it; a refused pairing token (401) says where the token comes from."""
+    if getattr(error, "status", 0) == 401:
+        return (
+            f"phone {connection} refused the pairing token (HTTP 401): set $SAKURA_PHONE_TOKEN in ComfyUI's "
+            "environment to the token the phone agent was started with (or type it into the Sakura Phone Device "
+            "node's token field, which saves it in the workflow)"
+        )
+    return f"phone {connection}: {error}"
 
 
 def run_on_phone(
@@ -98,7 +117,7 @@ def run_on_phone(
         try:
             image, report = wait_interruptible(future, on_tick=on_tick, on_interrupt=stop)
         except PhoneError as e:
-            raise SakuraNodeError(f"phone {device.connection}: {e}") from e
+            raise SakuraNodeError(phone_error_message(device.connection, e)) from e
     finally:
         client.close()
     report = dict(report)  # the phone's report has the local report's shape (sakura_core.edit_report)
@@ -121,28 +140,43 @@ class SakuraPhoneDevice(io.ComfyNode):
                     default="http://127.0.0.1:8765",
                     tooltip="Agent URL (LAN or loopback), 'adb' (the only device) or 'adb:SERIAL[@PORT]'.",
                 ),
-                io.String.Input("token", default="", tooltip="Pairing token (empty: $SAKURA_PHONE_TOKEN)."),
+                io.String.Input(
+                    "token",
+                    default="",
+                    tooltip="Pairing token of the phone agent. Leave empty to read $SAKURA_PHONE_TOKEN (or "
+                    "SAKURA_PHONE_TOKEN in ComfyUI's user/sakura_tokens.json): a token typed here is saved in the "
+                    "workflow and in every saved image's metadata.",
+                ),
                 io.String.Input(
                     "cloud_url",
                     default="",
                     tooltip="The SAKURA server as the phone reaches it (empty: the template's server URL).",
                 ),
             ],
-            outputs=[SakuraDevice.Output("device", display_name="SAKURA_DEVICE")],
+            outputs=[
+                SakuraDevice.Output(
+                    "device",
+                    display_name="SAKURA_DEVICE",
+                    tooltip="The phone; into the sampler's device input to run the edit there.",
+                )
+            ],
         )
 
     @classmethod
     def execute(cls, connection: str, token: str, cloud_url: str) -> io.NodeOutput:
         from android_bridge import PhoneError, TransportError
 
-        device = PhoneDevice(connection=connection.strip(), token=token.strip(), cloud_url=cloud_url.strip())
+        token = resolve_token(token, PHONE_TOKEN_ENV) or ""
+        device = PhoneDevice(connection=connection.strip(), token=token, cloud_url=cloud_url.strip())
         try:
             client = device.connect()
             try:
                 info = client.info()
             finally:
                 client.close()
-        except (PhoneError, TransportError, ValueError, OSError) as e:
+        except PhoneError as e:
+            raise SakuraNodeError(phone_error_message(device.connection, e)) from e
+        except (TransportError, ValueError, OSError) as e:
             raise SakuraNodeError(f"phone {device.connection}: {e}") from e
         return io.NodeOutput(
             PhoneDevice(device.connection, device.token, device.cloud_url, info_json=json.dumps(info))

@@ -66,26 +66,52 @@ class SakuraPipelinedSampler(io.ComfyNode):
             display_name="Sakura Pipelined DiT Sampler",
             category=CATEGORY,
             description="Edits the image against the template on this machine: template KV shards stream in (as "
-            "the fetch policy decides) while the DiT runs; the image and prompt never leave this process.",
+            "the fetch policy decides) while the DiT runs; the image and prompt never leave this process. The "
+            "edited image has the model's size: the demo model edits 64x64.",
             inputs=[
-                SakuraModel.Input("model"),
-                SakuraKVStream.Input("kv_stream"),
+                SakuraModel.Input("model", tooltip="The editing DiT (the one the template's KV was computed for)."),
+                SakuraKVStream.Input("kv_stream", tooltip="From a Sakura Bandwidth-Adaptive Fetch."),
                 io.Image.Input(
                     "image",
                     tooltip="The private user image (stays on this device); centre-cropped to a square and resized "
-                    "to the model's size.",
+                    "to the model's size (the demo model: 64x64).",
                 ),
                 io.String.Input("prompt", default=EDIT_PROMPT, multiline=True, tooltip="Stays on this device."),
-                io.Int.Input("steps", default=8, min=1, max=200),
-                io.Int.Input("seed", default=0, min=0, max=2**31 - 1, control_after_generate=True),
+                io.Int.Input(
+                    "steps",
+                    default=8,
+                    min=1,
+                    max=200,
+                    tooltip="Denoising steps; each runs every DiT layer once (the template KV is reused by all).",
+                ),
+                io.Int.Input(
+                    "seed",
+                    default=0,
+                    min=0,
+                    max=2**31 - 1,
+                    control_after_generate=True,
+                    tooltip="Seed of the starting noise: the same seed, inputs and policy give the same image.",
+                ),
                 SakuraDevice.Input(
                     "device", optional=True, tooltip="A Sakura Phone Device: the edit runs on the phone instead."
                 ),
             ],
             outputs=[
-                io.Image.Output("edited", display_name="IMAGE"),
-                io.String.Output("report", display_name="report (JSON)"),
-                io.Image.Output("timeline", display_name="timeline"),
+                io.Image.Output(
+                    "edited",
+                    display_name="IMAGE",
+                    tooltip="The edited image, at the model's size (the demo model edits 64x64 images).",
+                ),
+                io.String.Output(
+                    "report",
+                    display_name="report (JSON)",
+                    tooltip="What was fetched, at which level, when and why; latency and bytes (JSON text).",
+                ),
+                io.Image.Output(
+                    "timeline",
+                    display_name="timeline",
+                    tooltip="The run's fetch / decode / compute lanes over time, as an image.",
+                ),
             ],
             hidden=[io.Hidden.unique_id],
         )

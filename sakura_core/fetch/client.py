@@ -33,10 +33,13 @@ from .errors import (
     FetchError,
     ManifestError,
     ModelMismatchError,
+    ServerUnreachableError,
     ShardIntegrityError,
     ShardNotFoundError,
     ShardUnavailableError,
     TemplateNotFoundError,
+    connection_problem,
+    unreachable_message,
 )
 from .manifest_check import DIGEST_RE, TEMPLATE_ID_RE, check_manifest
 
@@ -47,6 +50,7 @@ __all__ = [
     "FetchStats",
     "ManifestError",
     "ModelMismatchError",
+    "ServerUnreachableError",
     "ShardClient",
     "ShardIntegrityError",
     "ShardNotFoundError",
@@ -187,6 +191,9 @@ class ShardClient:
                 failures += 1
                 self._count_error(e)
                 if failures > self.config.max_retries:
+                    problem = connection_problem(e)
+                    if problem is not None:
+                        raise ServerUnreachableError(unreachable_message(what, self.base_url, problem)) from e
                     raise FetchError(f"{what}: failed after {failures} attempt(s): {e!r}") from e
                 await self._sleep(self._backoff_s(failures))
 
@@ -247,7 +254,10 @@ class ShardClient:
                     "shard %s: attempt %d failed after %d bytes: %r", digest[:12], attempts, len(progress.buf), e
                 )
                 if failures > cfg.max_retries or attempts >= cfg.max_attempts:
-                    raise ShardUnavailableError(digest, f"last error: {e!r}", attempts) from e
+                    problem = connection_problem(e)
+                    last = (unreachable_message("last error", self.base_url, problem) if problem is not None
+                            else f"last error: {e!r}")  # fmt: skip
+                    raise ShardUnavailableError(digest, last, attempts) from e
                 await self._sleep(self._backoff_s(max(failures, 1)))
                 continue
             actual = progress.hasher.hexdigest()

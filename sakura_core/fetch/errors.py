@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
+
 __all__ = [
     "AuthError",
+    "ServerUnreachableError",
+    "connection_problem",
+    "unreachable_message",
     "FetchError",
     "ManifestError",
     "ModelMismatchError",
@@ -55,3 +61,30 @@ class ModelMismatchError(ManifestError):
 
 class TemplateNotFoundError(FetchError, LookupError):
     """No published template with this id."""
+
+
+class ServerUnreachableError(FetchError, ConnectionError):
+    """No connection to the server could be made (refused, unknown host, timed out), retries included."""
+
+
+def connection_problem(error: BaseException) -> str | None:
+    """A short reason for a failed connection (``"connection refused"``, ``"unknown host"``, ``"timed out"``, ...),
+    or None when ``error`` is not about connecting. Reads aiohttp's ``ClientConnectorError.os_error`` without
+    importing aiohttp, so its internals (``ConnectionKey(...)``) never reach a user."""
+    if isinstance(error, asyncio.TimeoutError | TimeoutError):
+        return "timed out"
+    os_error = getattr(error, "os_error", None)
+    if not isinstance(os_error, OSError):
+        return None
+    if isinstance(os_error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(os_error, socket.gaierror):
+        return "unknown host"
+    if isinstance(os_error, TimeoutError):
+        return "timed out"
+    return os_error.strerror or type(os_error).__name__
+
+
+def unreachable_message(what: str, url: str, problem: str, command: str = "sakura serve") -> str:
+    """The one wording of "no connection": what failed, where, why, and what to start."""
+    return f"{what}: cannot reach the SAKURA server at {url} ({problem}) — is `{command}` running?"

@@ -10,7 +10,14 @@ __all__ = ["matplotlib_pyplot", "plot_timeline"]
 
 _LANES = ["fetch", "decode", "compute", "stall"]
 _COLORS = {"fetch": "#4C72B0", "decode": "#DD8452", "compute": "#55A868", "stall": "#C44E52"}
-_TEMPLATE_GREEN = "#2E6B3A"
+_TEMPLATE_GREEN = "#2E6B3A"  # compute lane: layers that ran the template tokens on the device
+_LEGEND = (
+    ("fetch", _COLORS["fetch"]),
+    ("decode", _COLORS["decode"]),
+    ("compute (template KV injected: fetched or kept)", _COLORS["compute"]),
+    ("compute (template tokens on the device)", _TEMPLATE_GREEN),
+    ("stall", _COLORS["stall"]),
+)
 
 
 def matplotlib_pyplot():
@@ -26,18 +33,16 @@ def matplotlib_pyplot():
 def plot_timeline(events: list[dict], path: str | Path, title: str = "") -> None:
     """Fetch / decode / compute lanes of one run (template layers in a darker green)."""
     plt = matplotlib_pyplot()
-    fig, ax = plt.subplots(figsize=(10, 2.8))
+    fig, ax = plt.subplots(figsize=(10, 3.2))
     for lane_idx, lane in enumerate(_LANES):
         for e in (e for e in events if e["lane"] == lane):
             color = _COLORS[lane]
             if lane == "compute" and e.get("level") == "template":
                 color = _TEMPLATE_GREEN
             ax.barh(lane_idx, e["end"] - e["start"], left=e["start"], color=color, edgecolor="white", linewidth=0.3)
-    from matplotlib.patches import Patch
-
-    legend = [Patch(color=_TEMPLATE_GREEN, label="compute running the template tokens"),
-              Patch(color=_COLORS["compute"], label="compute with the template KV injected (fetched or kept)")]  # fmt: skip
-    ax.legend(handles=legend, loc="upper right", fontsize=7, framealpha=0.8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color) for _, color in _LEGEND]
+    ax.legend(handles, [name for name, _ in _LEGEND], loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=3,
+              fontsize=7, frameon=False)  # fmt: skip
     ax.set_yticks(range(len(_LANES)), _LANES)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the edit started")

@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 STUBS = HERE / "stubs"
 PACKAGE = "sakura_custom_node"  # the name the repo root is loaded under (ComfyUI uses the folder's path)
-STUB_MODULES = ("comfy", "comfy_api", "folder_paths")
+STUB_MODULES = ("comfy", "comfy_api", "folder_paths", "server")
 PHONE_TOKEN = "phone-pairing-token-01"
 TEMPLATE = "face-swap-astronaut"
 PROMPT = "place it in the marked region"
@@ -131,7 +131,9 @@ def progress(comfy):
 
 @pytest.fixture(scope="session")
 def examples():
-    return _load_file("sakura_examples", HERE / "sakura_examples.py")
+    from cloud_server import examples
+
+    return examples
 
 
 @pytest.fixture(scope="session")
@@ -169,9 +171,18 @@ def store_dir(tmp_path_factory, examples, demo_model):
     return root
 
 
-def start_process(argv: list[str], pattern: str, what: str, timeout_s: float = 120.0, cwd: Path = REPO):
+def free_port() -> int:
+    """A loopback port nothing listens on (just closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_process(argv: list[str], pattern: str, what: str, timeout_s: float = 120.0, cwd: Path = REPO, env=None):
     """Start ``argv``, wait for a stdout line matching ``pattern`` (group 1 = URL); keep draining its output."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)
     found: dict[str, str] = {}
     lines: list[str] = []
     ready = threading.Event()
@@ -195,6 +206,22 @@ def start_process(argv: list[str], pattern: str, what: str, timeout_s: float = 1
         proc.wait(timeout=30)
         raise RuntimeError(f"{what} did not start: {''.join(lines[-20:])}")
     return proc, found["url"], lines
+
+
+def start_comfyui(comfyui_dir: str, base: Path, examples, env: dict | None = None):
+    """A real ComfyUI (``comfyui_dir``, Python ``$COMFYUI_PYTHON``) on a free loopback port with ``--base-directory``
+    ``base``: ``custom_nodes/sakura`` -> this repo, ``input/`` with the example user images. Returns (proc, url, log)."""
+    import os
+
+    (base / "custom_nodes").mkdir(parents=True)
+    (base / "custom_nodes" / "sakura").symlink_to(REPO, target_is_directory=True)
+    (base / "models" / "diffusers").mkdir(parents=True)
+    examples.write_user_images(base / "input")
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    argv = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(free_port()), "--base-directory",
+            str(base), "--database-url", "sqlite:///:memory:", "--disable-auto-launch", "--log-stdout"]  # fmt: skip
+    full_env = {**os.environ, **(env or {})}
+    return start_process(argv, r"To see the GUI go to: (http://\S+)", "ComfyUI", 300, Path(comfyui_dir), full_env)
 
 
 def stop_process(proc) -> None:

@@ -44,7 +44,9 @@ def test_template_loader_errors_are_readable(comfy, flow, demo_model, server_url
     ):
         flow.load_template(demo_model, server_url=server_url, template_id="no-such")
     closed = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(err, match=rf"is `sakura serve` running at {closed}"):
+    with pytest.raises(
+        err, match=rf"cannot reach the SAKURA server at {closed} \(connection refused\) — is `sakura serve` running\?"
+    ):
         flow.load_template(demo_model, server_url=closed)
     with pytest.raises(err, match="must start with http"):
         flow.load_template(demo_model, server_url="127.0.0.1:8080")

@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from .conftest import free_port
+
 pytestmark = pytest.mark.slow
 
 
@@ -39,8 +41,13 @@ def test_phone_errors_are_readable(comfy, node_classes, run_node, flow, demo_mod
                                    phone_token, user):  # fmt: skip
     err = comfy.nodes._common.SakuraNodeError
     phone = node_classes["SakuraPhoneDevice"]
-    with pytest.raises(err, match="401"):
+    with pytest.raises(err, match=r"refused the pairing token \(HTTP 401\): set \$SAKURA_PHONE_TOKEN.*token field"):
         run_node(phone, connection=phone_url, token="wrong-token-123", cloud_url="")
+    closed = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(
+        err, match=rf"cannot reach the phone agent at {closed} \(connection refused\) — is `sakura phone-agent`"
+    ):
+        run_node(phone, connection=closed, token=phone_token, cloud_url="")
     with pytest.raises(err, match="adb|phone spec"):
         run_node(phone, connection="bluetooth://x", token=phone_token, cloud_url="")
     (device,) = run_node(phone, connection=phone_url, token=phone_token, cloud_url="")

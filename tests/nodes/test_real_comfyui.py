@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import start_process, stop_process
+from .conftest import start_comfyui, stop_process
 
 pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
 
@@ -54,24 +52,11 @@ def _post(url: str, payload: dict | None, timeout: float = 30.0):
         raise AssertionError(f"POST {url} -> HTTP {e.code}: {e.read()[:2000].decode(errors='replace')}") from e
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def comfyui(tmp_path_factory, examples, demo_model, store_dir):
     base = tmp_path_factory.mktemp("comfyui-base")
-    (base / "custom_nodes").mkdir()
-    (base / "custom_nodes" / "sakura").symlink_to(REPO, target_is_directory=True)
-    (base / "models" / "diffusers").mkdir(parents=True)
-    examples.write_user_images(base / "input")
     examples.publish_examples(store_dir, demo_model)  # every example template (face swap is there already)
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    argv = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(_free_port()), "--base-directory",
-            str(base), "--database-url", "sqlite:///:memory:", "--disable-auto-launch", "--log-stdout"]  # fmt: skip
-    proc, url, log = start_process(argv, r"To see the GUI go to: (http://\S+)", "ComfyUI", 300, Path(COMFYUI_DIR))
+    proc, url, log = start_comfyui(COMFYUI_DIR, base, examples)
     try:
         yield url, base, log
     finally:

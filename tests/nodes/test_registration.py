@@ -66,6 +66,9 @@ def test_schema_is_valid(comfy, node_classes, node_id):
             assert i.min <= i.default <= i.max
         if i.optional:
             assert inspect.signature(cls.execute).parameters[i.id].default is None
+    # the frontend shows these on hover: every input and output says what it is for
+    assert all(i.tooltip for i in schema.inputs), [i.id for i in schema.inputs if not i.tooltip]
+    assert all(o.tooltip for o in schema.outputs), [o.id for o in schema.outputs if not o.tooltip]
 
 
 def test_fetch_offers_every_runnable_policy(node_classes):

@@ -77,3 +77,78 @@ def test_api_inputs_fit_the_schemas(gen, schemas, name):
                 out_type = (gen.CORE_NODES[src_type][2][slot][1] if src_type in gen.CORE_NODES
                             else schemas[src_type].outputs[slot].io_type)  # fmt: skip
                 assert out_type == spec.io_type, f"{name}/{node_id}.{key}: {out_type} into {spec.io_type}"
+
+
+def _widget_error(spec, value) -> str | None:
+    """Why ComfyUI would refuse ``value`` for the widget ``spec`` (its /prompt validation: the conversion to the
+    widget's type, then min/max, then the combo's options), or None."""
+    kind = spec.io_type
+    if kind == "COMBO":
+        return None if value in spec.options else f"{value!r} not in {spec.options}"
+    expected = {"INT": int, "FLOAT": (int, float), "STRING": str, "BOOLEAN": bool}[kind]
+    if value is None or isinstance(value, bool) != (kind == "BOOLEAN") or not isinstance(value, expected):
+        return f"{value!r} is not a {kind} value"
+    if kind in ("INT", "FLOAT"):
+        if spec.min is not None and value < spec.min:
+            return f"{value!r} below min {spec.min}"
+        if spec.max is not None and value > spec.max:
+            return f"{value!r} above max {spec.max}"
+    return None
+
+
+@pytest.mark.parametrize("name", ["sakura_face_swap", "sakura_virtual_try_on", "sakura_in_context_edit",
+                                  "sakura_in_context_edit_on_phone"])  # fmt: skip
+def test_ui_widget_values_fit_the_schemas(gen, schemas, name):
+    """Each UI-format node's ``widgets_values``, read in widget order as the frontend reads them (a seed's
+    control_after_generate mode follows its value), is a value the backend accepts: no ``null``, right type, in
+    bounds, in the combo's options."""
+    ui = json.loads((gen.OUT / f"{name}.json").read_text())
+    for node in ui["nodes"]:
+        if node["type"] in gen.CORE_NODES:
+            continue
+        widgets = [i for i in schemas[node["type"]].inputs if i.io_type in WIDGETS]
+        values = list(node["widgets_values"])
+        for spec in widgets:
+            assert values, f"{name}/{node['type']}: no value for widget {spec.id}"
+            value = values.pop(0)
+            error = _widget_error(spec, value)
+            assert error is None, f"{name}/{node['type']}.{spec.id}: {error}"
+            if getattr(spec, "control_after_generate", False):
+                assert values.pop(0) in ("fixed", "increment", "decrement", "randomize")
+        assert not values, f"{name}/{node['type']}: {len(values)} widget values left over"
+
+
+def test_every_widget_has_a_valid_default(schemas):
+    """A workflow that omits a widget gets its default; it must be a value the backend accepts."""
+    for node_id, schema in schemas.items():
+        for spec in schema.inputs:
+            if spec.io_type in WIDGETS:
+                assert _widget_error(spec, spec.default) is None, f"{node_id}.{spec.id} default {spec.default!r}"
+
+
+def test_a_null_widget_value_is_caught(schemas):
+    fetch = {i.id: i for i in schemas["SakuraAdaptiveFetch"].inputs}
+    assert _widget_error(fetch["latency_target_s"], None) == "None is not a FLOAT value"
+    assert _widget_error(fetch["latency_target_s"], -1.0) == "-1.0 below min 0.0"
+    assert _widget_error(fetch["policy"], "nope").startswith("'nope' not in")
+
+
+@pytest.mark.parametrize("name", ["sakura_face_swap", "sakura_virtual_try_on", "sakura_in_context_edit",
+                                  "sakura_in_context_edit_on_phone"])  # fmt: skip
+def test_ui_workflow_has_thumbnail_note_and_no_overlaps(gen, name):
+    from PIL import Image
+
+    with Image.open(gen.OUT / f"{name}.jpg") as thumb:  # what the template browser shows beside the file name
+        assert thumb.format == "JPEG" and thumb.size == (256, 256)
+    ui = json.loads((gen.OUT / f"{name}.json").read_text())
+    notes = [n for n in ui["nodes"] if n["type"] == "Note"]
+    assert len(notes) == 1 and "sakura serve" in notes[0]["widgets_values"][0]
+    title_h = 30  # the frontend draws the title bar above pos
+    boxes = [(n["title"], n["pos"][0], n["pos"][1] - title_h, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+             for n in ui["nodes"]]  # fmt: skip
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            overlap = a[1] < b[3] and b[1] < a[3] and a[2] < b[4] and b[2] < a[4]
+            assert not overlap, f"{name}: {a[0]!r} overlaps {b[0]!r}"
+    api = json.loads((gen.OUT / "api" / f"{name}.json").read_text())
+    assert "Note" not in {n["class_type"] for n in api.values()}  # frontend-only: not sent to /prompt

@@ -3,7 +3,9 @@
 * ``example_workflows/<name>.json`` — UI format (``nodes`` + ``links``), what ComfyUI's template browser opens;
 * ``example_workflows/api/<name>.json`` — API format (``{id: {class_type, inputs}}``), what ``POST /prompt`` takes.
 
-Regenerate after changing a node's inputs (``test_workflows.py`` fails until the files match)::
+and ``example_workflows/<name>.jpg``, the thumbnail ComfyUI's template browser shows (the template, the user image
+and the demo model's edit of them). Regenerate after changing a node's inputs (``test_workflows.py`` fails until the
+files match; ``--no-thumbnails`` skips the images)::
 
     .venv/bin/python tests/nodes/workflows.py
 """
@@ -27,8 +29,10 @@ CORE_NODES = {
     "SaveImage": ([("images", "IMAGE")], [("filename_prefix", "ComfyUI")], []),
     "PreviewImage": ([("images", "IMAGE")], [], []),
     "PreviewAny": ([("source", "*")], [], []),
+    "Note": ([], [("text", "")], []),
 }
 API_ONLY_WIDGETS = {"upload"}  # UI-only widget values that /prompt does not take
+UI_ONLY_NODES = {"Note"}  # frontend-only (virtual) nodes: not part of what /prompt runs
 
 
 @dataclass
@@ -40,40 +44,85 @@ class Node:
     values: dict = field(default_factory=dict)  # widget values (by input id) and links: ("node id", output slot)
 
 
-def _chain(template_id: str, user_file: str, prefix: str, policy="sakura", bandwidth="live", mbit=20.0,
+# (width, height) each node is saved with: room for its widgets, so nothing overlaps at the positions below
+SIZES = {
+    "SakuraModelLoader": (320, 60), "SakuraTemplateLoader": (340, 250), "SakuraAdaptiveFetch": (340, 230),
+    "SakuraPipelinedSampler": (360, 250), "SakuraPhoneDevice": (340, 130), "LoadImage": (320, 330),
+    "SaveImage": (340, 360), "PreviewImage": (340, 300), "PreviewAny": (360, 260), "Note": (320, 260),
+}  # fmt: skip
+SETUP = (
+    "Before Run (README, 'Use it in ComfyUI'):\n"
+    "  sakura examples --store ~/sakura-store --comfyui-input ComfyUI/input\n"
+    "  sakura serve --store ~/sakura-store --port 8080\n"
+)
+
+
+def _chain(template_id: str, user_file: str, prefix: str, about: str, policy="sakura", bandwidth="live", mbit=20.0,
            trace="norway_bus_1", phone: bool = False) -> list[Node]:  # fmt: skip
+    """Columns left to right: inputs (model, user image, notes) | template | fetch (+ phone) | sampler | outputs."""
     nodes = [
         Node(1, "SakuraModelLoader", "Sakura Model Loader", (40, 60), {"model_name": "demo (embedded)"}),
-        Node(2, "SakuraTemplateLoader", "Sakura Template KV Loader", (380, 60),
+        Node(2, "SakuraTemplateLoader", "Sakura Template KV Loader", (420, 60),
              {"model": (1, 0), "template_id": template_id, "source": "server", "server_url": SERVER_URL,
               "token": "", "store_dir": ""}),  # fmt: skip
-        Node(3, "SakuraAdaptiveFetch", "Sakura Bandwidth-Adaptive Fetch", (760, 60),
+        Node(3, "SakuraAdaptiveFetch", "Sakura Bandwidth-Adaptive Fetch", (820, 60),
              {"template": (2, 0), "policy": policy, "bandwidth": bandwidth, "fixed_mbit_s": mbit, "trace": trace,
               "trace_path": ""}),  # fmt: skip
-        Node(4, "LoadImage", "Private user image", (40, 380), {"image": user_file, "upload": "image"}),
-        Node(5, "SakuraPipelinedSampler", "Sakura Pipelined DiT Sampler", (1140, 60),
+        Node(4, "LoadImage", "Private user image", (40, 190), {"image": user_file, "upload": "image"}),
+        Node(5, "SakuraPipelinedSampler", "Sakura Pipelined DiT Sampler", (1220, 60),
              {"model": (1, 0), "kv_stream": (3, 0), "image": (4, 0), "prompt": PROMPT, "steps": 8, "seed": 0}),
-        Node(6, "SaveImage", "Edited image", (1540, 60), {"images": (5, 0), "filename_prefix": prefix}),
-        Node(7, "PreviewImage", "Pipeline timeline", (1540, 420), {"images": (5, 2)}),
-        Node(8, "PreviewAny", "Report (JSON)", (1140, 520), {"source": (5, 1)}),
+        Node(6, "SaveImage", "Edited image (64x64, the demo model's size)", (1640, 60),
+             {"images": (5, 0), "filename_prefix": prefix}),  # fmt: skip
+        Node(7, "PreviewImage", "Pipeline timeline", (1640, 480), {"images": (5, 2)}),
+        Node(8, "PreviewAny", "Report (JSON)", (1220, 380), {"source": (5, 1)}),
     ]  # fmt: skip
     if phone:
-        nodes.append(Node(9, "SakuraPhoneDevice", "Sakura Phone Device", (760, 420),
+        nodes.append(Node(9, "SakuraPhoneDevice", "Sakura Phone Device", (820, 360),
                           {"connection": PHONE_URL, "token": "", "cloud_url": ""}))  # fmt: skip
         nodes[4].values["device"] = (9, 0)
+    nodes.append(Node(10, "Note", "About this workflow", (420, 380), {"text": about + "\n\n" + SETUP}))
     return nodes
 
 
 WORKFLOWS = {
-    "sakura_face_swap": _chain("face-swap-astronaut", "sakura-face.png", "sakura/face-swap"),
+    "sakura_face_swap": _chain(
+        "face-swap-astronaut",
+        "sakura-face.png",
+        "sakura/face-swap",
+        "SAKURA face swap: puts the face in 'Private user image' into the marked region of the template "
+        "'face-swap-astronaut'. The template's attention KV was precomputed by the SAKURA server and streams in "
+        "over the live network while the DiT runs; your image and prompt never leave this machine.",
+    ),  # fmt: skip
     "sakura_virtual_try_on": _chain(
-        "try-on-astronaut", "sakura-garment.png", "sakura/try-on", bandwidth="trace file", trace="norway_bus_1"
+        "try-on-astronaut",
+        "sakura-garment.png",
+        "sakura/try-on",
+        "SAKURA virtual try-on: dresses the template 'try-on-astronaut' in the garment of 'Private user image'. "
+        "The template KV streams over an emulated mobile link (the bundled norway_bus_1 trace), so the report and "
+        "timeline show how the sakura policy adapts shard levels to a varying bandwidth.",
+        bandwidth="trace file",
+        trace="norway_bus_1",
     ),  # fmt: skip
     "sakura_in_context_edit": _chain(
-        "in-context-coffee", "sakura-object.png", "sakura/in-context", bandwidth="fixed Mbit/s", mbit=10.0
+        "in-context-coffee",
+        "sakura-object.png",
+        "sakura/in-context",
+        "SAKURA in-context edit: places the object of 'Private user image' into the cup region of the template "
+        "'in-context-coffee', with the template KV over an emulated 10 Mbit/s link.",
+        bandwidth="fixed Mbit/s",
+        mbit=10.0,
     ),  # fmt: skip
     "sakura_in_context_edit_on_phone": _chain(
-        "in-context-coffee", "sakura-object.png", "sakura/on-phone", bandwidth="fixed Mbit/s", mbit=10.0, phone=True
+        "in-context-coffee",
+        "sakura-object.png",
+        "sakura/on-phone",
+        "SAKURA in-context edit on a phone: the same edit, dispatched to a paired phone (Sakura Phone Device): the "
+        "user image and prompt go to the phone only, and the phone fetches the template KV from the server itself. "
+        "Start the phone agent with the pairing token, and ComfyUI with the same $SAKURA_PHONE_TOKEN:\n"
+        "  SAKURA_PHONE_TOKEN=... sakura phone-agent --port 8765",
+        bandwidth="fixed Mbit/s",
+        mbit=10.0,
+        phone=True,
     ),  # fmt: skip
 }
 
@@ -92,9 +141,36 @@ def node_interface(class_type: str, schemas: dict) -> tuple[list, list, list]:
     return sockets, widgets, outputs
 
 
+def widget_defaults(class_type: str, schemas: dict) -> dict:
+    """``{widget name: default}`` of a node type: what the frontend shows (and sends) for a widget not set here."""
+    if class_type in CORE_NODES:
+        return dict(CORE_NODES[class_type][1])
+    widgets = {"INT", "FLOAT", "STRING", "COMBO", "BOOLEAN"}
+    out = {}
+    for i in schemas[class_type].inputs:
+        if i.io_type in widgets:
+            if i.default is None:
+                raise ValueError(f"{class_type}.{i.id} has no default: give it one in the schema or a value here")
+            out[i.id] = i.default
+    return out
+
+
+def completed(nodes: list[Node], schemas: dict) -> list[Node]:
+    """The nodes with every widget not set in the definition at its schema default: a saved workflow must never hold
+    ``null`` for a widget (ComfyUI's frontend would send it, and the backend rejects it)."""
+    out = []
+    for node in nodes:
+        defaults = widget_defaults(node.type, schemas)
+        values = {**node.values, **{k: v for k, v in defaults.items() if k not in node.values}}
+        out.append(Node(node.id, node.type, node.title, node.pos, values))
+    return out
+
+
 def api_format(nodes: list[Node]) -> dict:
     out = {}
     for node in nodes:
+        if node.type in UI_ONLY_NODES:
+            continue
         inputs = {}
         for name, value in node.values.items():
             if name in API_ONLY_WIDGETS:
@@ -126,7 +202,7 @@ def ui_format(nodes: list[Node], schemas: dict) -> dict:
             inputs.append(entry)
         values = []
         for name, control in widgets:
-            values.append(node.values.get(name))
+            values.append(node.values[name])
             if control:
                 values.append("fixed")
         ui_nodes.append(
@@ -134,7 +210,7 @@ def ui_format(nodes: list[Node], schemas: dict) -> dict:
                 "id": node.id,
                 "type": node.type,
                 "pos": list(node.pos),
-                "size": [340, 160],
+                "size": list(SIZES[node.type]),
                 "flags": {},
                 "order": order,
                 "mode": 0,
@@ -167,6 +243,7 @@ def render_all(schemas: dict) -> dict[Path, str]:
     """``{path: file text}`` of every example workflow in both formats."""
     files = {}
     for name, nodes in WORKFLOWS.items():
+        nodes = completed(nodes, schemas)
         files[OUT / f"{name}.json"] = json.dumps(ui_format(nodes, schemas), indent=2) + "\n"
         files[OUT / "api" / f"{name}.json"] = json.dumps(api_format(nodes), indent=2) + "\n"
     return files
@@ -187,7 +264,40 @@ def sakura_schemas() -> dict:
     return {c.GET_SCHEMA().node_id: c.GET_SCHEMA() for c in classes}
 
 
+def thumbnail(nodes: list[Node], model) -> bytes:
+    """``<name>.jpg`` for the template browser (256 x 256): the template (marked region) and the user image on the
+    left, the demo model's edit of them on the right (computed on this machine, template every step)."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    from cloud_server.examples import template_image, user_image
+    from sakura_core.models.demo import load_image
+    from sakura_core.runtime.edit import run_edit
+
+    by_type = {n.type: n for n in nodes}
+    template = template_image(by_type["SakuraTemplateLoader"].values["template_id"], model.spec)
+    user = load_image(user_image(by_type["LoadImage"].values["image"]), model.spec.image_size)
+    L = model.adapter.num_layers
+    edited = run_edit(model, user, PROMPT, steps=8, seed=0, split_layer=L, template_image=template).image
+    canvas = Image.new("RGB", (256, 256), (24, 24, 28))
+    for image, box in ((template, (4, 4, 124, 124)), (user, (4, 132, 124, 252)), (edited, (132, 68, 252, 188))):
+        tile = Image.fromarray(image).resize((box[2] - box[0], box[3] - box[1]), Image.Resampling.NEAREST)
+        canvas.paste(tile, box[:2])
+    draw = ImageDraw.Draw(canvas)
+    draw.line([(124, 64), (132, 128), (124, 192)], fill=(235, 140, 170), width=3)  # both inputs -> the edit
+    out = io.BytesIO()
+    canvas.save(out, "JPEG", quality=88)
+    return out.getvalue()
+
+
 if __name__ == "__main__":
     for path, text in render_all(sakura_schemas()).items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+    if "--no-thumbnails" not in sys.argv:
+        from sakura_core.models.demo import load_demo_model
+
+        demo = load_demo_model()
+        for name, chain in WORKFLOWS.items():
+            (OUT / f"{name}.jpg").write_bytes(thumbnail(chain, demo))

@@ -8,3 +8,10 @@ folder_names_and_paths: dict[str, tuple[list[str], set[str]]] = {
 
 def get_folder_paths(folder_name: str) -> list[str]:
     return list(folder_names_and_paths[folder_name][0])
+
+
+user_directory = ""  # ComfyUI: <base>/user; tests set it
+
+
+def get_user_directory() -> str:
+    return user_directory

@@ -21,6 +21,7 @@ from sakura_core.fetch.client import (
     ClientConfig,
     ManifestError,
     ModelMismatchError,
+    ServerUnreachableError,
     ShardClient,
     ShardIntegrityError,
     ShardNotFoundError,
@@ -333,9 +334,32 @@ async def test_connection_refused_is_bounded(unused_tcp_port):
     sleep = _NoSleep()
     client = ShardClient(f"http://127.0.0.1:{unused_tcp_port}", config=FAST, sleep=sleep)
     async with client:
-        with pytest.raises(ShardUnavailableError, match="attempt"):
+        with pytest.raises(ShardUnavailableError, match="attempt") as shard_error:
             await client.fetch_shard("0" * 64)
-    assert len(sleep.waits) == FAST.max_retries
+        assert len(sleep.waits) == FAST.max_retries
+        with pytest.raises(ServerUnreachableError) as catalog_error:
+            await client.get_catalog()
+    # readable, without aiohttp's internals (ClientConnectorError(ConnectionKey(host=..., ...)))
+    url = f"http://127.0.0.1:{unused_tcp_port}"
+    assert str(catalog_error.value) == (
+        f"catalog: cannot reach the SAKURA server at {url} (connection refused) — is `sakura serve` running?"
+    )
+    assert f"cannot reach the SAKURA server at {url} (connection refused)" in str(shard_error.value)
+    assert "ConnectionKey" not in str(shard_error.value) + str(catalog_error.value)
+
+
+def test_connection_problem_names_the_cause():
+    from sakura_core.fetch.errors import connection_problem
+
+    class Connector(Exception):  # aiohttp.ClientConnectorError carries the OSError as .os_error
+        def __init__(self, os_error):
+            self.os_error = os_error
+
+    assert connection_problem(Connector(ConnectionRefusedError(111, "Connect call failed"))) == "connection refused"
+    assert connection_problem(Connector(socket.gaierror(-2, "Name or service not known"))) == "unknown host"
+    assert connection_problem(Connector(OSError(113, "No route to host"))) == "No route to host"
+    assert connection_problem(asyncio.TimeoutError()) == "timed out"
+    assert connection_problem(ValueError("x")) is None
 
 
 # ---- manifest checks ------------------------------------------------------------------------------------------

@@ -1,21 +1,21 @@
-"""The templates and user images the example workflows (example_workflows/) edit with, made from the samples that ship
-with scikit-image, for the demo model.
+"""The templates and user images the example workflows (``example_workflows/``) edit with, made from the samples
+that ship with scikit-image, for the demo model. ``sakura examples`` (``cli_examples.py``) publishes the templates into
+a store and writes the user images into ComfyUI's input folder::
 
-As a script it publishes the templates into a store and writes the user images into ComfyUI's input folder::
-
-    .venv/bin/python tests/nodes/sakura_examples.py --store /tmp/sakura-store --inputs /path/to/ComfyUI/input
-    .venv/bin/sakura serve --store /tmp/sakura-store --port 8080
+    sakura examples --store ~/sakura-store --comfyui-input /path/to/ComfyUI/input
+    sakura serve --store ~/sakura-store --port 8080
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
 import numpy as np
 
-logger = logging.getLogger("sakura_examples")
+__all__ = ["TEMPLATES", "USER_IMAGES", "publish_examples", "template_image", "user_image", "write_user_images"]
+
+logger = logging.getLogger(__name__)
 
 # template id -> (scikit-image sample, region marked for the edit (y0, x0, y1, x1) in pixels of the 64 px demo size)
 TEMPLATES = {
@@ -45,6 +45,7 @@ def template_image(template_id: str, spec) -> np.ndarray:
 
 
 def user_image(name: str) -> np.ndarray:
+    """The example user image ``name`` (a key of ``USER_IMAGES``), ``USER_SIZE`` square, uint8."""
     import skimage.data
 
     from sakura_core.models.edit_model import load_image
@@ -57,7 +58,9 @@ def user_image(name: str) -> np.ndarray:
 
 
 def publish_examples(store_dir: str | Path, model=None, template_ids=None) -> list[str]:
-    """Publish the example templates into the store (those already there are kept); returns the ids published."""
+    """Publish the example templates into the store (those already there are kept); returns the ids published.
+
+    ``template_ids`` picks some of :data:`TEMPLATES` (default: all); an unknown id raises ``ValueError``."""
     from cloud_server.precompute import publish_template
     from cloud_server.store import LocalStore
     from sakura_core.models.edit_model import load_demo_model
@@ -65,6 +68,9 @@ def publish_examples(store_dir: str | Path, model=None, template_ids=None) -> li
     store = LocalStore(store_dir)
     model = model or load_demo_model()
     done = []
+    unknown = sorted(set(template_ids or ()) - set(TEMPLATES))
+    if unknown:
+        raise ValueError(f"unknown example template(s) {', '.join(unknown)}; the examples are {', '.join(TEMPLATES)}")
     for template_id in template_ids or TEMPLATES:
         if store.has_template(template_id):
             continue
@@ -75,6 +81,7 @@ def publish_examples(store_dir: str | Path, model=None, template_ids=None) -> li
 
 
 def write_user_images(folder: str | Path) -> list[Path]:
+    """Write the example user images (``USER_IMAGES``) into ``folder`` (ComfyUI's ``input/``); returns their paths."""
     from PIL import Image
 
     folder = Path(folder)
@@ -84,20 +91,3 @@ def write_user_images(folder: str | Path) -> list[Path]:
         Image.fromarray(user_image(name)).save(folder / name)
         paths.append(folder / name)
     return paths
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", required=True, help="store folder to publish the example templates into")
-    parser.add_argument("--inputs", help="ComfyUI input folder to write the example user images into")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    publish_examples(args.store)
-    if args.inputs:
-        for path in write_user_images(args.inputs):
-            logger.info("wrote %s", path)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""Every UI-format example workflow as a user runs it: opened in ComfyUI's real frontend (headless Chromium driven by
+Playwright), the server and phone URLs edited in the widgets as a user would, Run pressed (``app.queuePrompt``, what
+the Run button calls: the frontend converts the graph and posts it), and the saved image checked in ``/history``.
+
+Needs ``COMFYUI_DIR`` (see DEVELOPERS.md), the ``playwright`` package and a Chromium (``$CHROMIUM``, default
+``/usr/bin/chromium``; Playwright's own browser download is not used). ``SAKURA_SHOTS=DIR`` keeps screenshots of the
+loaded virtual try-on workflow and of its result there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .conftest import start_comfyui, stop_process
+
+pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
+
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+if not COMFYUI_DIR:
+    pytest.skip("COMFYUI_DIR is not set: the frontend test needs a ComfyUI checkout (see DEVELOPERS.md)",
+                allow_module_level=True)  # fmt: skip
+if not (shutil.which(CHROMIUM) or Path(CHROMIUM).is_file()):
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set $CHROMIUM)", allow_module_level=True)
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="the frontend test needs playwright (pip install playwright)"
+)
+
+REPO = Path(__file__).resolve().parents[2]
+UI = sorted(p.stem for p in (REPO / "example_workflows").glob("*.json"))
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]  # fmt: skip
+RUN_TIMEOUT_S = 600.0
+SAVE_NODE, TIMELINE_NODE, REPORT_NODE = "6", "7", "8"  # ids in the generated workflows (tests/nodes/workflows.py)
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return resp.status, resp.headers.get("Content-Type", ""), resp.read()
+
+
+@pytest.fixture(scope="module")
+def comfyui(tmp_path_factory, examples, demo_model, store_dir, phone_token):
+    base = tmp_path_factory.mktemp("comfyui-frontend")
+    examples.publish_examples(store_dir, demo_model)
+    # the phone workflow's token field is empty: ComfyUI reads the pairing token from its environment
+    proc, url, log = start_comfyui(COMFYUI_DIR, base, examples, env={"SAKURA_PHONE_TOKEN": phone_token})
+    try:
+        yield url, base, log
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def page(comfyui):
+    url = comfyui[0]
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            pg = browser.new_page(viewport={"width": 1920, "height": 1080})
+            pg.goto(url, wait_until="domcontentloaded", timeout=120_000)
+            pg.wait_for_function("() => window.app && window.app.graph && window.app.canvas", timeout=120_000)
+            pg.wait_for_function(  # the Sakura node definitions (and web/sakura.js) are in
+                "() => window.LiteGraph?.registered_node_types?.SakuraTemplateLoader !== undefined", timeout=60_000
+            )
+            dialog = pg.get_by_role("dialog")  # the first-run "Get Started with a Template" browser
+            try:
+                dialog.first.wait_for(state="visible", timeout=15_000)
+                pg.keyboard.press("Escape")
+                dialog.first.wait_for(state="hidden", timeout=15_000)
+            except sync_api.TimeoutError:
+                pass  # not shown: nothing to close
+            yield pg
+        finally:
+            browser.close()
+
+
+OPEN_JS = """async (name) => {  // what the template browser does with a custom node's workflow
+    const resp = await fetch(`/api/workflow_templates/sakura/${name}.json`);
+    await window.app.loadGraphData(await resp.json(), true, true, name);
+}"""
+
+EDIT_JS = """([serverUrl, phoneUrl]) => {
+    const app = window.app;
+    const set = (node, widget, value) => {
+        const w = node.widgets.find((w) => w.name === widget);
+        w.value = value;
+        w.callback?.(value);
+    };
+    for (const node of app.graph.nodes) {  // what a user edits: where the servers run here; fewer steps on a CPU
+        if (node.type === "SakuraTemplateLoader") set(node, "server_url", serverUrl);
+        if (node.type === "SakuraPhoneDevice" && phoneUrl) set(node, "connection", phoneUrl);
+        if (node.type === "SakuraPipelinedSampler") set(node, "steps", 4);
+    }
+    app.canvas.ds.scale = 0.72;  // the whole graph in the 1920 x 1080 viewport
+    app.canvas.ds.offset = [40, 70];
+    app.canvas.setDirty(true, true);
+    return app.graph.nodes.map((n) => ({type: n.type,
+                                        widgets: (n.widgets ?? []).map((w) => [w.name, w.value, !!w.hidden])}));
+}"""
+
+
+def _open_from_template_browser(page, name: str) -> None:
+    """Clicks as a user: the Templates sidebar button, Custom Nodes -> sakura, the workflow's card."""
+    page.locator(".templates-tab-button").click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_text("sakura", exact=True).click()
+    dialog.get_by_text(name, exact=True).click()  # the card's title is the file name
+    dialog.first.wait_for(state="hidden", timeout=30_000)
+
+
+def _load(page, name: str, server_url: str, phone_url: str, via_browser: bool = False) -> list[dict]:
+    page.evaluate("() => window.app.graph.clear()")
+    if via_browser:
+        _open_from_template_browser(page, name)
+    else:
+        page.evaluate(OPEN_JS, name)
+    page.wait_for_function("() => window.app.graph.nodes.some((n) => n.type === 'SakuraPipelinedSampler')")
+    return page.evaluate(EDIT_JS, [server_url, phone_url])
+
+
+RUN_JS = """async () => {
+    const app = window.app;
+    const api = app.api;
+    const seen = {};
+    const post = api.queuePrompt.bind(api);
+    api.queuePrompt = async (...args) => {  // observe what the Run path posts and gets back
+        seen.prompt = args[1].output;
+        try { seen.response = await post(...args); return seen.response; }
+        catch (e) { seen.error = e.response ?? String(e); throw e; }
+        finally { api.queuePrompt = post; }
+    };
+    seen.ok = await app.queuePrompt(0, 1);
+    return seen;
+}"""
+
+
+def _wait(url: str, prompt_id: str) -> dict:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        history = json.loads(_get(f"{url}/history/{prompt_id}")[2])
+        status = history.get(prompt_id, {}).get("status", {})
+        if status.get("status_str") in ("success", "error"):
+            return history[prompt_id]
+        time.sleep(0.5)
+    raise AssertionError(f"prompt {prompt_id} did not finish within {RUN_TIMEOUT_S} s")
+
+
+def _shot(page, name: str) -> None:
+    shots = os.environ.get("SAKURA_SHOTS")
+    if shots:
+        Path(shots).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(shots) / name))
+
+
+@pytest.mark.parametrize("name", UI)
+def test_ui_workflow_runs_in_the_frontend(comfyui, page, server_url, phone_url, phone_token, name):
+    from PIL import Image
+
+    url, base, log = comfyui
+    status, kind, _ = _get(f"{url}/api/workflow_templates/sakura/{name}.jpg")  # the template browser's thumbnail
+    assert status == 200 and kind.startswith("image/"), (status, kind)
+    loaded = _load(page, name, server_url, phone_url, via_browser=name == "sakura_virtual_try_on")
+    types = [n["type"] for n in loaded]
+    assert "SakuraPipelinedSampler" in types and "Note" in types
+    loader = next(n for n in loaded if n["type"] == "SakuraTemplateLoader")
+    assert any(w[0] == "choose a published template" for w in loader["widgets"]), loader["widgets"]  # web/sakura.js
+    hidden = {(n["type"], w[0]) for n in loaded for w in n["widgets"] if w[2]}  # widgets that do not apply
+    bandwidth = next(w[1] for n in loaded if n["type"] == "SakuraAdaptiveFetch" for w in n["widgets"]
+                     if w[0] == "bandwidth")  # fmt: skip
+    expected = {("SakuraTemplateLoader", "store_dir")}
+    expected |= {("SakuraAdaptiveFetch", w) for w in ("trace", "trace_path") if bandwidth != "trace file"}
+    expected |= {("SakuraAdaptiveFetch", "fixed_mbit_s")} if bandwidth != "fixed Mbit/s" else set()
+    assert hidden == expected, (bandwidth, hidden)
+    page.wait_for_timeout(500)
+    if name == "sakura_virtual_try_on":
+        _shot(page, f"{name}_loaded.png")
+    seen = page.evaluate(RUN_JS)
+    # (app.queuePrompt's own return value is false even on success in frontend 1.27: it negates node_errors = {})
+    refused = seen.get("error") or (seen.get("response") or {}).get("node_errors")
+    assert "response" in seen and not refused, f"{name}: Run refused: {json.dumps(refused)[:3000]}"
+    fetch = next(n for n in seen["prompt"].values() if n["class_type"] == "SakuraAdaptiveFetch")
+    assert isinstance(fetch["inputs"]["latency_target_s"], float | int)  # the value the null bug sent as None
+    prompt_id = seen["response"]["prompt_id"]
+    entry = _wait(url, prompt_id)
+    assert entry["status"]["status_str"] == "success", f"{name}: {json.dumps(entry['status']['messages'])[:3000]}"
+    saved = entry["outputs"][SAVE_NODE]["images"]
+    path = base / "output" / saved[0]["subfolder"] / saved[0]["filename"]
+    assert len(saved) == 1 and path.is_file()
+    with Image.open(path) as img:
+        assert img.size == (64, 64)  # the demo model's size
+        metadata = dict(img.text)  # the workflow and prompt ComfyUI writes into every saved PNG
+    prompt, workflow = json.loads(metadata["prompt"]), json.loads(metadata["workflow"])
+    assert "SakuraTemplateLoader" in {n["class_type"] for n in prompt.values()} and workflow["nodes"]
+    assert phone_token not in metadata["prompt"] + metadata["workflow"]  # tokens come from the environment
+    assert entry["outputs"][TIMELINE_NODE]["images"], "timeline preview missing"
+    report = json.loads(entry["outputs"][REPORT_NODE]["text"][0])
+    assert report["template"]["template_id"] == loader["widgets"][0][1]
+    if name.endswith("on_phone"):
+        assert report["executed_on"]["kind"] == "phone"
+    if name == "sakura_virtual_try_on":
+        page.wait_for_timeout(1500)  # the frontend draws the outputs into the nodes
+        _shot(page, f"{name}_result.png")
+
+
+def test_template_choice_button_lists_the_server(comfyui, page, server_url):
+    _load(page, "sakura_face_swap", server_url, "")
+    listing = page.evaluate(
+        """async () => {
+            const node = window.app.graph.nodes.find((n) => n.type === "SakuraTemplateLoader");
+            await node.sakuraChooseTemplate(new MouseEvent("click", {clientX: 600, clientY: 300}));
+            return node.sakuraPublished;
+        }"""
+    )
+    assert listing["error"] is None
+    assert {"face-swap-astronaut", "try-on-astronaut", "in-context-coffee"} <= {t["id"] for t in listing["templates"]}
+    page.get_by_text("try-on-astronaut", exact=True).last.click()  # the menu the button opened
+    chosen = page.evaluate(
+        """() => window.app.graph.nodes.find((n) => n.type === "SakuraTemplateLoader")
+                     .widgets.find((w) => w.name === "template_id").value"""
+    )
+    assert chosen == "try-on-astronaut"
+    hidden = page.evaluate(
+        """() => {
+            const node = window.app.graph.nodes.find((n) => n.type === "SakuraTemplateLoader");
+            const source = node.widgets.find((w) => w.name === "source");
+            source.value = "local store";
+            source.callback(source.value);
+            return node.widgets.filter((w) => w.hidden).map((w) => w.name);
+        }"""
+    )
+    assert sorted(hidden) == ["choose a published template", "server_url", "token"]

@@ -1,0 +1,108 @@
+// SAKURA node pack, frontend side:
+// * a "choose a published template" button on the Template KV Loader. It reads the pack's route
+//   GET /api/sakura/templates?server_url=... (nodes/routes.py) and writes the chosen id into the template_id text
+//   field, which stays editable: a typed id works offline;
+// * widgets that do not apply are hidden (still saved and sent): the link settings the bandwidth mode does not use,
+//   the server fields with a local store and the store folder with a server.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+
+const NODE = "SakuraTemplateLoader";
+const CHOOSE = "choose a published template";
+// node type -> [the widget deciding, {widget: (its value) => shown}]
+const APPLIES = {
+  SakuraAdaptiveFetch: ["bandwidth", {
+    fixed_mbit_s: (v) => v === "fixed Mbit/s",
+    trace: (v) => v === "trace file",
+    trace_path: (v) => v === "trace file",
+  }],
+  SakuraTemplateLoader: ["source", {
+    server_url: (v) => v === "server",
+    token: (v) => v === "server",
+    [CHOOSE]: (v) => v === "server",
+    store_dir: (v) => v === "local store",
+  }],
+};
+
+function applyVisibility(node) {
+  const [deciding, rules] = APPLIES[node.comfyClass] ?? [];
+  const value = deciding && widget(node, deciding)?.value;
+  if (value === undefined) return;
+  for (const [name, shown] of Object.entries(rules)) {
+    const w = widget(node, name);
+    if (w) w.hidden = !shown(value);
+  }
+  const [, height] = node.computeSize();
+  node.setSize([node.size[0], height]);
+  node.setDirtyCanvas(true, true);
+}
+
+function followVisibility(node) {
+  const [deciding] = APPLIES[node.comfyClass] ?? [];
+  const w = deciding && widget(node, deciding);
+  if (!w) return;
+  const changed = w.callback;
+  w.callback = function (...args) {
+    const r = changed?.apply(this, args);
+    applyVisibility(node);
+    return r;
+  };
+  const configured = node.onConfigure;  // a loaded workflow sets the values after nodeCreated
+  node.onConfigure = function (...args) {
+    const r = configured?.apply(this, args);
+    applyVisibility(node);
+    return r;
+  };
+  applyVisibility(node);
+}
+
+async function publishedTemplates(serverUrl) {
+  const resp = await api.fetchApi(`/sakura/templates?server_url=${encodeURIComponent(serverUrl || "")}`, {
+    headers: { "X-Sakura-Request": "1" }, // see nodes/routes.py: keeps other web pages from using the route
+  });
+  if (!resp.ok) throw new Error(`HTTP ${resp.status} from /sakura/templates`);
+  return await resp.json();
+}
+
+function widget(node, name) {
+  return node.widgets?.find((w) => w.name === name);
+}
+
+async function chooseTemplate(node, event) {
+  const idWidget = widget(node, "template_id");
+  const urlWidget = widget(node, "server_url");
+  const listing = await publishedTemplates(urlWidget?.value);
+  const ids = listing.templates.map((t) => t.id);
+  node.sakuraPublished = listing; // for tests and the console
+  if (!ids.length) {
+    const why = listing.error || `no templates are published at ${listing.server_url}`;
+    app.extensionManager?.toast?.add({ severity: "warn", summary: "SAKURA", detail: why, life: 6000 });
+    return;
+  }
+  const pick = (value) => {
+    idWidget.value = value;
+    idWidget.callback?.(value);
+    node.setDirtyCanvas(true, true);
+  };
+  const ContextMenu = window.LiteGraph?.ContextMenu;
+  if (ContextMenu) {
+    new ContextMenu(ids, { event, title: `published at ${listing.server_url}`, callback: (v) => pick(v) });
+  } else {
+    pick(ids[0]);
+  }
+}
+
+app.registerExtension({
+  name: "sakura.templateChoice",
+  async nodeCreated(node) {
+    if (node.comfyClass in APPLIES) followVisibility(node);
+    if (node.comfyClass !== NODE) return;
+    // appended after every schema widget, so the saved widgets_values keep their order
+    const button = node.addWidget("button", CHOOSE, null, (_v, _c, _n, _p, event) => {
+      chooseTemplate(node, event).catch((e) => console.error("sakura: template list failed", e));
+    });
+    button.serialize = false;
+    node.sakuraChooseTemplate = (event) => chooseTemplate(node, event);
+    applyVisibility(node);
+  },
+});
