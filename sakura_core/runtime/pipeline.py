@@ -44,7 +44,8 @@ class PipelinedEdit:
 
     The inputs are fixed at construction; everything a run changes lives in attributes that :meth:`reset` makes
     afresh (:meth:`run` calls it first), so one instance can run the same edit again and each run's report owns its
-    own lists. Mirrors :class:`~sakura_core.runtime.simulate._Sim`, which plays the same lanes against a trace.
+    own lists (one run at a time per instance). Mirrors :class:`~sakura_core.runtime.simulate._Sim`, which plays
+    the same lanes against a trace.
 
     Args: as :func:`run_pipelined_edit`.
     """
