@@ -135,9 +135,23 @@ def _edit_samples(model, template_name: str, user_name: str, prompt: str, steps:
 
 
 # ---- the export -----------------------------------------------------------------------------------------------
+@dataclass
+class _Samples:
+    """Graph inputs of the calibration steps, and the held-out edit's steps (inputs, torch velocities, image)."""
+
+    calib: list
+    val_in: list
+    val_out: list
+    val_image: np.ndarray
+
+    def parity_of(self, run: Callable[[tuple], np.ndarray]) -> list[dict]:
+        """Per-step parity of ``run(inputs) -> velocity`` against torch on the held-out steps."""
+        return [parity(run(i), o.numpy()) for i, o in zip(self.val_in, self.val_out, strict=True)]
+
+
 def export_demo(config: ExportConfig, model=None, progress: Callable[[str], None] | None = None) -> dict:
     """Export, quantize, (compile,) validate; returns the report (also written to ``export_report.json``)."""
-    import onnxruntime as ort
+    import onnxruntime  # noqa: F401 - fail before the slow steps when the npu extra is missing
 
     say = progress or (lambda msg: logger.info("%s", msg))
     out = config.out_dir
@@ -149,7 +163,20 @@ def export_demo(config: ExportConfig, model=None, progress: Callable[[str], None
     a, spec = model.adapter, model.spec
     names = graph_input_names(a.num_layers)
     graph = CachedKVGraph(a, spec.text_tokens, spec.num_tokens, spec.num_tokens).eval()
-    report: dict = {
+    report = _base_report(model, config)
+    samples = _collect_samples(model, graph, config, report, say)
+    fp32 = _export_fp32(graph, names, samples, config, report, say)
+    qdq = _quantize_w8a16(fp32, names, samples, config, report, say)
+    if config.target == "qnn":
+        _compile_and_validate_qnn(qdq, names, samples, model, config, report, say)
+    _write(out, report, names, spec, a, model)
+    return report
+
+
+def _base_report(model, config: ExportConfig) -> dict:
+    """The report's header: the model, the target and the graph's static shapes."""
+    a, spec = model.adapter, model.spec
+    return {
         "model": {
             "name": spec.name,
             "model_id": model.model_id,
@@ -168,26 +195,34 @@ def export_demo(config: ExportConfig, model=None, progress: Callable[[str], None
         "timings_s": {},
     }
 
-    # 1. samples: calibration from some edits, validation from a held-out one
+
+def _collect_samples(model, graph, config: ExportConfig, report: dict, say) -> _Samples:
+    """Step 1: calibration samples from some edits, validation from a held-out one; checks the export graph."""
     t0 = time.perf_counter()
     calib = []
     for i, (tpl, user, prompt) in enumerate(_CALIBRATION):
         ins, _, _ = _edit_samples(model, tpl, user, prompt, config.calibration_steps, config.seed + i)
         calib += ins
     val_in, val_out, val_image = _edit_samples(model, *_VALIDATION, config.validation_steps, config.seed + 100)
+    samples = _Samples(calib, val_in, val_out, val_image)
     with torch.no_grad():
-        graph_err = _worst([parity(graph(*i).numpy(), o.numpy()) for i, o in zip(val_in, val_out, strict=True)])
+        graph_err = _worst(samples.parity_of(lambda i: graph(*i).numpy()))
     report["parity"] = {"torch_export_graph_vs_torch": graph_err}
     report["timings_s"]["samples"] = round(time.perf_counter() - t0, 2)
     say(f"samples: {len(calib)} calibration, {len(val_in)} validation steps; export graph vs torch max abs "
         f"{graph_err['max_abs']:.2e}")  # fmt: skip
+    return samples
 
-    # 2. fp32 ONNX
+
+def _export_fp32(graph, names: list[str], samples: _Samples, config: ExportConfig, report: dict, say) -> Path:
+    """Step 2: the fp32 ONNX graph, checked, with its parity on ORT CPU."""
+    import onnxruntime as ort
+
     t0 = time.perf_counter()
-    fp32 = out / FP32_NAME
+    fp32 = config.out_dir / FP32_NAME
     try:
-        torch.onnx.export(graph, calib[0], str(fp32), input_names=names, output_names=["velocity"], dynamo=True,
-                          opset_version=config.opset, external_data=False, verbose=False)  # fmt: skip
+        torch.onnx.export(graph, samples.calib[0], str(fp32), input_names=names, output_names=["velocity"],
+                          dynamo=True, opset_version=config.opset, external_data=False, verbose=False)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - the exporter raises many types; name the step
         raise ExportError(f"torch.onnx.export of the cached-KV graph failed: {e}") from e
     _check_graph(fp32)
@@ -195,16 +230,21 @@ def export_demo(config: ExportConfig, model=None, progress: Callable[[str], None
     report["ops_fp32"] = _op_counts(fp32)
     cpu = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"])
     report["parity"]["onnx_fp32_cpu_vs_torch"] = _worst(
-        [parity(cpu.run(None, _feeds(names, i))[0], o.numpy()) for i, o in zip(val_in, val_out, strict=True)]
+        samples.parity_of(lambda i: cpu.run(None, _feeds(names, i))[0])
     )
     say(f"fp32 ONNX: {sum(report['ops_fp32'].values())} nodes; ORT CPU vs torch max abs "
         f"{report['parity']['onnx_fp32_cpu_vs_torch']['max_abs']:.2e}")  # fmt: skip
+    return fp32
 
-    # 3. w8a16 QDQ
-    t0 = time.perf_counter()
+
+def _quantize_w8a16(fp32: Path, names: list[str], samples: _Samples, config: ExportConfig, report: dict, say) -> Path:
+    """Step 3: the w8a16 QDQ graph (calibrated on the samples), with its parity on ORT CPU."""
+    import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
 
+    t0 = time.perf_counter()
+    out, calib = config.out_dir, samples.calib
     pre = out / "dit_cached_kv.pre.onnx"
     src = pre if qnn_preprocess_model(str(fp32), str(pre)) else fp32
     qcfg = get_qnn_qdq_config(str(src), _Reader(names, calib), activation_type=QuantType.QUInt16,
@@ -218,68 +258,73 @@ def export_demo(config: ExportConfig, model=None, progress: Callable[[str], None
     report["ops_w8a16"] = ops_qdq
     cpu_q = ort.InferenceSession(str(qdq), providers=["CPUExecutionProvider"])
     report["parity"]["w8a16_qdq_cpu_vs_torch"] = _worst(
-        [parity(cpu_q.run(None, _feeds(names, i))[0], o.numpy()) for i, o in zip(val_in, val_out, strict=True)]
+        samples.parity_of(lambda i: cpu_q.run(None, _feeds(names, i))[0])
     )
     say(f"w8a16 QDQ: {sum(ops_qdq.values())} nodes; ORT CPU (simulated quantization) vs torch rel L2 "
         f"{report['parity']['w8a16_qdq_cpu_vs_torch']['rel_l2']:.3e}")  # fmt: skip
+    return qdq
 
-    # 4. QNN context binary on the emulated HTP, CPU fallback disabled
-    if config.target == "qnn":
-        ok, why = qnn_available()
-        if not ok:
-            raise ExportError(why)
-        report["toolchain"] = why
-        compute_ops = {k: v for k, v in ops_qdq.items() if k not in ("QuantizeLinear", "DequantizeLinear")}
-        ctx = out / CTX_NAME
-        for stale in out.glob("dit_cached_kv.w8a16.qnn_ctx*"):
-            stale.unlink()
-        t0 = time.perf_counter()
-        try:
-            qnn_session(qdq, soc_model=config.soc_model, strict=True, context_path=ctx,
-                        extra_options=config.extra_provider_options)  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - ORT raises its own Fail types; find and report what did not fit
-            report["qnn"] = {"compiled": False, "error": str(e)[:2000], **_permissive_coverage(qdq, config, out)}
-            _write(out, report, names, spec, a, model)
-            raise ExportError(f"the QNN HTP did not take the whole graph (CPU fallback disabled): {str(e)[:500]}; "
-                              f"see {out / 'export_report.json'}") from e  # fmt: skip
-        report["timings_s"]["qnn_compile"] = round(time.perf_counter() - t0, 2)
-        coverage = _ctx_coverage(ctx)
-        n_outside = sum(coverage["nodes_outside_qnn"].values())
-        n_compute = sum(compute_ops.values())
-        say(f"QNN context binary for soc_model {config.soc_model}: {coverage['qnn_partitions']} partition(s), "
-            f"{n_outside} node(s) outside QNN")  # fmt: skip
-        t0 = time.perf_counter()
-        htp = qnn_session(ctx, soc_model=config.soc_model, strict=True, extra_options=config.extra_provider_options)
-        report["timings_s"]["qnn_load_context"] = round(time.perf_counter() - t0, 2)
-        t0 = time.perf_counter()
-        per_step = [
-            parity(htp.run(None, _feeds(names, i))[0], o.numpy()) for i, o in zip(val_in, val_out, strict=True)
-        ]
-        run_s = (time.perf_counter() - t0) / len(val_in)
-        report["timings_s"]["qnn_emulated_run_per_step"] = round(run_s, 3)
-        report["parity"]["qnn_htp_vs_torch"] = _worst(per_step)
-        report["parity"]["qnn_htp_vs_torch_per_step"] = per_step
-        # a whole edit with every step on the HTP, against the same edit in torch
-        _, _, htp_image = _edit_samples(model, *_VALIDATION, config.validation_steps, config.seed + 100,
-                                        velocity=lambda ins: htp.run(None, _feeds(names, ins))[0])  # fmt: skip
-        report["parity"]["qnn_htp_edit_psnr_db_vs_torch"] = round(psnr_uint8(htp_image, val_image), 2)
-        report["qnn"] = {
-            "compiled": True,
-            "soc_model": config.soc_model,
-            "cpu_fallback": "disabled",
-            "context_model": ctx.name,
-            "context_binaries": sorted(p.name for p in out.glob("dit_cached_kv.w8a16.qnn_ctx*.bin")),
-            "compute_nodes": n_compute,
-            "compute_ops": compute_ops,
-            **coverage,
-            "op_coverage": (n_compute - n_outside) / n_compute if n_compute else 0.0,
-            "emulated": "x86-64 libQnnHtp.so (HTP emulation): numerics, not phone timing",
-        }
-        say(f"QNN HTP vs torch: max abs {report['parity']['qnn_htp_vs_torch']['max_abs']:.3e}, rel L2 "
-            f"{report['parity']['qnn_htp_vs_torch']['rel_l2']:.3e}; whole-edit PSNR "
-            f"{report['parity']['qnn_htp_edit_psnr_db_vs_torch']} dB")  # fmt: skip
-    _write(out, report, names, spec, a, model)
-    return report
+
+def _compile_and_validate_qnn(qdq: Path, names, samples: _Samples, model, config: ExportConfig, report, say) -> None:
+    """Step 4: the QNN context binary for the emulated HTP (CPU fallback disabled), its coverage and parity."""
+    ok, why = qnn_available()
+    if not ok:
+        raise ExportError(why)
+    report["toolchain"] = why
+    ops_qdq = report["ops_w8a16"]
+    compute_ops = {k: v for k, v in ops_qdq.items() if k not in ("QuantizeLinear", "DequantizeLinear")}
+    out = config.out_dir
+    ctx = out / CTX_NAME
+    for stale in out.glob("dit_cached_kv.w8a16.qnn_ctx*"):
+        stale.unlink()
+    t0 = time.perf_counter()
+    try:
+        qnn_session(qdq, soc_model=config.soc_model, strict=True, context_path=ctx,
+                    extra_options=config.extra_provider_options)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - ORT raises its own Fail types; find and report what did not fit
+        report["qnn"] = {"compiled": False, "error": str(e)[:2000], **_permissive_coverage(qdq, config, out)}
+        _write(out, report, names, model.spec, model.adapter, model)
+        raise ExportError(f"the QNN HTP did not take the whole graph (CPU fallback disabled): {str(e)[:500]}; "
+                          f"see {out / 'export_report.json'}") from e  # fmt: skip
+    report["timings_s"]["qnn_compile"] = round(time.perf_counter() - t0, 2)
+    coverage = _ctx_coverage(ctx)
+    n_outside = sum(coverage["nodes_outside_qnn"].values())
+    n_compute = sum(compute_ops.values())
+    say(f"QNN context binary for soc_model {config.soc_model}: {coverage['qnn_partitions']} partition(s), "
+        f"{n_outside} node(s) outside QNN")  # fmt: skip
+    _validate_on_htp(ctx, names, samples, model, config, report)
+    report["qnn"] = {
+        "compiled": True,
+        "soc_model": config.soc_model,
+        "cpu_fallback": "disabled",
+        "context_model": ctx.name,
+        "context_binaries": sorted(p.name for p in out.glob("dit_cached_kv.w8a16.qnn_ctx*.bin")),
+        "compute_nodes": n_compute,
+        "compute_ops": compute_ops,
+        **coverage,
+        "op_coverage": (n_compute - n_outside) / n_compute if n_compute else 0.0,
+        "emulated": "x86-64 libQnnHtp.so (HTP emulation): numerics, not phone timing",
+    }
+    say(f"QNN HTP vs torch: max abs {report['parity']['qnn_htp_vs_torch']['max_abs']:.3e}, rel L2 "
+        f"{report['parity']['qnn_htp_vs_torch']['rel_l2']:.3e}; whole-edit PSNR "
+        f"{report['parity']['qnn_htp_edit_psnr_db_vs_torch']} dB")  # fmt: skip
+
+
+def _validate_on_htp(ctx: Path, names, samples: _Samples, model, config: ExportConfig, report: dict) -> None:
+    """Load the context binary on the emulated HTP: per-step parity, and a whole edit with every step on it."""
+    t0 = time.perf_counter()
+    htp = qnn_session(ctx, soc_model=config.soc_model, strict=True, extra_options=config.extra_provider_options)
+    report["timings_s"]["qnn_load_context"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
+    per_step = samples.parity_of(lambda i: htp.run(None, _feeds(names, i))[0])
+    run_s = (time.perf_counter() - t0) / len(samples.val_in)
+    report["timings_s"]["qnn_emulated_run_per_step"] = round(run_s, 3)
+    report["parity"]["qnn_htp_vs_torch"] = _worst(per_step)
+    report["parity"]["qnn_htp_vs_torch_per_step"] = per_step
+    # a whole edit with every step on the HTP, against the same edit in torch
+    _, _, htp_image = _edit_samples(model, *_VALIDATION, config.validation_steps, config.seed + 100,
+                                    velocity=lambda ins: htp.run(None, _feeds(names, ins))[0])  # fmt: skip
+    report["parity"]["qnn_htp_edit_psnr_db_vs_torch"] = round(psnr_uint8(htp_image, samples.val_image), 2)
 
 
 def _permissive_coverage(qdq: Path, config: ExportConfig, out: Path) -> dict:

@@ -148,36 +148,17 @@ def _ensure_fd_limit(needed: int) -> None:
 
 
 def run(args) -> int:
-    try:
-        levels = [int(x) for x in args.connections.split(",") if x.strip()]
-        sizes_kib = [float(x) for x in args.sizes_kib.split(",") if x.strip()]
-    except ValueError as e:
-        print(f"sakura bench serve: bad list: {e}", file=sys.stderr)
+    lists = _parse_lists(args)
+    if lists is None:
         return 2
-    if not levels or min(levels) < 1 or args.requests < 1 or args.layers < 1 or not sizes_kib or args.soak < 0:
-        print(
-            "sakura bench serve: --connections, --requests, --layers and --sizes-kib must be positive", file=sys.stderr
-        )
-        return 2
+    levels, sizes_kib = lists
     _ensure_fd_limit(4 * max(levels) + 256)
     work = Path(tempfile.mkdtemp(prefix="sakura-bench-serve-"))
     try:
-        if args.store:
-            store = LocalStore(args.store)
-            digests = sorted(p.name for p in store.root.glob("shards/*/*") if len(p.name) == 64)
-            if not digests:
-                print(f"sakura bench serve: no shards in {store.root}", file=sys.stderr)
-                return 2
-        else:
-            store = LocalStore(work / "store")
-            manifest = make_synthetic_template(
-                store,
-                "bench",
-                model_id="0" * 64,
-                num_layers=args.layers,
-                level_bytes=tuple(int(k * 1024) for k in sizes_kib),
-            )
-            digests = [r["digest"] for s in manifest["shards"] for r in s["representations"]]
+        shards = _shards(args, work, sizes_kib)
+        if shards is None:
+            return 2
+        store, digests = shards
         sizes = [store.shard_path(d).stat().st_size for d in digests]
         print(
             f"shards: {len(digests)}, {min(sizes) / 1024:.0f}-{max(sizes) / 1024:.0f} KiB "
@@ -186,45 +167,11 @@ def run(args) -> int:
         )
         proc, port = _start_sakura(store.root, work / "sakura.log")
         servers = [("sakura", port, lambda: [proc.pid])]
-        nginx = None
-        nginx_note = None
-        if args.no_nginx:
-            nginx_note = "skipped (--no-nginx)"
-        elif find_nginx() is None:
-            nginx_note = "not installed (apt-get install nginx-light)"
-        else:
-            try:
-                nginx = NginxProcess(work / "nginx", static_store=store.root, workers=1).start()
-                servers.append(("nginx", nginx.port, lambda: [nginx.pid(), *nginx.worker_pids()]))
-            except NginxError as e:
-                nginx_note = f"did not start: {e}"
-        if nginx_note:
-            print(f"nginx: {nginx_note}", flush=True)
-        rss_start = {name: round(_rss_bytes(pids()) / 2**20, 1) for name, _, pids in servers}
-        runs = []
+        nginx, nginx_note = _start_nginx(args, work, store, servers)
+        rss_start = _rss_mib(servers)
         try:
-            # warm-up: page cache and first connections, not measured
-            for name, p, pids in servers:
-                _measure(name, p, pids, digests, sizes, 20, 200, args.seed, args.timeout)
-            for conns in levels:
-                n = max(args.requests, 2 * conns)
-                for name, p, pids in servers:  # interleaved, so background load drifts hit both alike
-                    r = _measure(name, p, pids, digests, sizes, conns, n, args.seed + conns, args.timeout)
-                    runs.append(r)
-                    print(
-                        f"  {name:<7}{conns:>6} conns: {r['req_per_s']:>8.0f} req/s {r['mb_per_s']:>7.0f} MB/s "
-                        f"p99 {r['p99_ms']:.1f} ms, errors {r['errors']}",
-                        flush=True,
-                    )
-            # soak: the top level again; a leak shows as RSS that keeps growing from repeat to repeat
-            soak = []
-            for i in range(args.soak):
-                r = _measure(
-                    "sakura", port, servers[0][2], digests, sizes, max(levels), n, args.seed + i, args.timeout
-                )
-                soak.append(r)
-                print(f"  soak {i + 1}/{args.soak}: errors {r['errors']}, RSS {r['rss_after_mib']} MiB", flush=True)
-            rss_end = {name: round(_rss_bytes(pids()) / 2**20, 1) for name, _, pids in servers}
+            runs, soak = _measure_levels(servers, digests, sizes, levels, args)
+            rss_end = _rss_mib(servers)
         finally:
             _stop(proc)
             if nginx is not None:
@@ -232,6 +179,120 @@ def run(args) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+    ratios = _ratios(runs, levels)
+    top = max(levels)
+    rss_top = next(r["rss_after_mib"] for r in runs if r["server"] == "sakura" and r["connections"] == top)
+    rss = {
+        "start": rss_start,
+        "end": rss_end,
+        "sakura_after_first_top_level_run": rss_top,
+        "sakura_after_each_soak_run": [r["rss_after_mib"] for r in soak],
+        "sakura_growth_over_soak": round(rss_end["sakura"] - rss_top, 1),  # over the soak repeats
+    }
+    targets = _targets(runs, soak, top, rss_end["sakura"] - rss_top, rss_top, ratios)
+    report = {
+        "bench": "serve",
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_1m": os.getloadavg()[0]},
+        "config": _config(args, levels, digests, sizes, nginx_note),
+        "rss_mib": rss,
+        "runs": runs,
+        "soak_runs": soak,
+        "ratios": ratios,
+        "targets": targets,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    _print_summary(runs, ratios, rss, top, targets, args.json)
+    return 0
+
+
+def _parse_lists(args) -> tuple[list[int], list[float]] | None:
+    """The connection levels and shard sizes; None (after saying why) when the arguments are bad."""
+    try:
+        levels = [int(x) for x in args.connections.split(",") if x.strip()]
+        sizes_kib = [float(x) for x in args.sizes_kib.split(",") if x.strip()]
+    except ValueError as e:
+        print(f"sakura bench serve: bad list: {e}", file=sys.stderr)
+        return None
+    if not levels or min(levels) < 1 or args.requests < 1 or args.layers < 1 or not sizes_kib or args.soak < 0:
+        print(
+            "sakura bench serve: --connections, --requests, --layers and --sizes-kib must be positive", file=sys.stderr
+        )
+        return None
+    return levels, sizes_kib
+
+
+def _shards(args, work: Path, sizes_kib: list[float]) -> tuple[LocalStore, list[str]] | None:
+    """The store to serve and its shard digests: ``--store``'s, or a synthetic ladder in ``work``."""
+    if args.store:
+        store = LocalStore(args.store)
+        digests = sorted(p.name for p in store.root.glob("shards/*/*") if len(p.name) == 64)
+        if not digests:
+            print(f"sakura bench serve: no shards in {store.root}", file=sys.stderr)
+            return None
+        return store, digests
+    store = LocalStore(work / "store")
+    manifest = make_synthetic_template(
+        store,
+        "bench",
+        model_id="0" * 64,
+        num_layers=args.layers,
+        level_bytes=tuple(int(k * 1024) for k in sizes_kib),
+    )
+    return store, [r["digest"] for s in manifest["shards"] for r in s["representations"]]
+
+
+def _start_nginx(args, work: Path, store: LocalStore, servers: list) -> tuple[NginxProcess | None, str | None]:
+    """Start nginx on the same files when asked and installed (appended to ``servers``); returns it and a note."""
+    nginx = None
+    nginx_note = None
+    if args.no_nginx:
+        nginx_note = "skipped (--no-nginx)"
+    elif find_nginx() is None:
+        nginx_note = "not installed (apt-get install nginx-light)"
+    else:
+        try:
+            nginx = NginxProcess(work / "nginx", static_store=store.root, workers=1).start()
+            servers.append(("nginx", nginx.port, lambda: [nginx.pid(), *nginx.worker_pids()]))
+        except NginxError as e:
+            nginx_note = f"did not start: {e}"
+    if nginx_note:
+        print(f"nginx: {nginx_note}", flush=True)
+    return nginx, nginx_note
+
+
+def _rss_mib(servers: list) -> dict[str, float]:
+    return {name: round(_rss_bytes(pids()) / 2**20, 1) for name, _, pids in servers}
+
+
+def _measure_levels(servers: list, digests, sizes, levels: list[int], args) -> tuple[list[dict], list[dict]]:
+    """Warm-up, one run per level and server (interleaved), then the soak repeats of SAKURA at the top level."""
+    # warm-up: page cache and first connections, not measured
+    for name, p, pids in servers:
+        _measure(name, p, pids, digests, sizes, 20, 200, args.seed, args.timeout)
+    runs = []
+    for conns in levels:
+        n = max(args.requests, 2 * conns)
+        for name, p, pids in servers:  # interleaved, so background load drifts hit both alike
+            r = _measure(name, p, pids, digests, sizes, conns, n, args.seed + conns, args.timeout)
+            runs.append(r)
+            print(
+                f"  {name:<7}{conns:>6} conns: {r['req_per_s']:>8.0f} req/s {r['mb_per_s']:>7.0f} MB/s "
+                f"p99 {r['p99_ms']:.1f} ms, errors {r['errors']}",
+                flush=True,
+            )
+    # soak: the top level again; a leak shows as RSS that keeps growing from repeat to repeat
+    soak = []
+    _, port, pids = servers[0]
+    for i in range(args.soak):
+        r = _measure("sakura", port, pids, digests, sizes, max(levels), n, args.seed + i, args.timeout)
+        soak.append(r)
+        print(f"  soak {i + 1}/{args.soak}: errors {r['errors']}, RSS {r['rss_after_mib']} MiB", flush=True)
+    return runs, soak
+
+
+def _ratios(runs: list[dict], levels: list[int]) -> dict:
+    """Per level with both servers: nginx/sakura requests per second, sakura/nginx server CPU per request."""
     ratios = {}
     for conns in levels:
         s = next(r for r in runs if r["server"] == "sakura" and r["connections"] == conns)
@@ -243,44 +304,34 @@ def run(args) -> int:
                     s["server_cpu_ms_per_req"] / max(n["server_cpu_ms_per_req"], 1e-9), 2
                 ),
             }
+    return ratios
+
+
+def _targets(runs, soak, top: int, rss_growth: float, rss_top: float, ratios: dict) -> dict:
     sak = [r for r in runs if r["server"] == "sakura"]
-    top = max(levels)
-    rss_top = next(r["rss_after_mib"] for r in sak if r["connections"] == top)
-    rss_growth = rss_end["sakura"] - rss_top  # over the soak repeats, after the first run at the top level
-    targets = {
+    return {
         f"zero_errors_at_{top}": all(r["errors"] == 0 for r in [*sak, *soak] if r["connections"] == top),
         "rss_flat": rss_growth <= max(4.0, 0.05 * rss_top) if soak else None,
         "within_2x_of_nginx_req_per_s": all(v["nginx_over_sakura_req_per_s"] <= 2.0 for v in ratios.values())
         if ratios
         else None,
     }
-    report = {
-        "bench": "serve",
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_1m": os.getloadavg()[0]},
-        "config": {
-            "connections": levels,
-            "requests_per_run": args.requests,
-            "shards": len(digests),
-            "shard_bytes": {"min": min(sizes), "max": max(sizes), "mean": int(np.mean(sizes))},
-            "store": args.store or "synthetic",
-            "nginx": nginx_note or "static files, worker_processes 1, sendfile on",
-            "sakura": "sakura serve --model none (one process, aiohttp, sendfile)",
-            "loadgen": "one process, non-blocking sockets, keep-alive, 1 in 25 bodies sha256-verified",
-        },
-        "rss_mib": {
-            "start": rss_start,
-            "end": rss_end,
-            "sakura_after_first_top_level_run": rss_top,
-            "sakura_after_each_soak_run": [r["rss_after_mib"] for r in soak],
-            "sakura_growth_over_soak": round(rss_growth, 1),
-        },
-        "runs": runs,
-        "soak_runs": soak,
-        "ratios": ratios,
-        "targets": targets,
+
+
+def _config(args, levels, digests, sizes, nginx_note) -> dict:
+    return {
+        "connections": levels,
+        "requests_per_run": args.requests,
+        "shards": len(digests),
+        "shard_bytes": {"min": min(sizes), "max": max(sizes), "mean": int(np.mean(sizes))},
+        "store": args.store or "synthetic",
+        "nginx": nginx_note or "static files, worker_processes 1, sendfile on",
+        "sakura": "sakura serve --model none (one process, aiohttp, sendfile)",
+        "loadgen": "one process, non-blocking sockets, keep-alive, 1 in 25 bodies sha256-verified",
     }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _print_summary(runs, ratios, rss, top, targets, json_path) -> None:
     print()
     print(_table(runs))
     for conns, v in ratios.items():
@@ -288,8 +339,7 @@ def run(args) -> int:
             f"{conns:>5} conns: nginx/sakura req/s {v['nginx_over_sakura_req_per_s']:.2f}x, "
             f"sakura/nginx server CPU per request {v['sakura_over_nginx_cpu_per_req']:.2f}x"
         )
-    soak_rss = [r["rss_after_mib"] for r in soak]
-    print(f"RSS MiB: start {rss_start}, after first {top}-connection run {rss_top}, after soak runs {soak_rss}")
+    print(f"RSS MiB: start {rss['start']}, after first {top}-connection run "
+          f"{rss['sakura_after_first_top_level_run']}, after soak runs {rss['sakura_after_each_soak_run']}")  # fmt: skip
     print(f"targets: {targets}")
-    print(f"wrote {args.json}")
-    return 0
+    print(f"wrote {json_path}")

@@ -57,11 +57,7 @@ def start_server(store: str, host: str = "127.0.0.1", wrap=None) -> tuple[subpro
 
 
 def run_live(args) -> int:
-    from cloud_server.precompute import publish_template
     from cloud_server.store import LocalStore
-
-    from ..precompute import precompute_template
-    from .e2e import summarize
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     spec = ModelSpec.load(str(resources.files("sakura_core.bench").joinpath("live_model.json")))
@@ -82,38 +78,56 @@ def run_live(args) -> int:
     exact = run_edit(model, user, PROMPT, steps=steps, kv_source=exact_kv).tokens
 
     with tempfile.TemporaryDirectory(prefix="sakura-live-") as tmp:
-        store = LocalStore(tmp)
-        t0 = time.perf_counter()
-        for codec in ("sakura", "cachegen"):
-            pre = precompute_template(model, template, f"live-{codec}", codec=codec)
-            publish_template(store, model, template, f"live-{codec}", codec=codec,
-                             precompute_fn=lambda *a, _pre=pre, **k: _pre)  # fmt: skip
-            levels = ", ".join(f"{r['name']} {r['psnr_db']:.1f}" for r in pre.manifest["shards"][0]["representations"])
-            print(f"precomputed {codec} ladder (PSNR per level: {levels})")
-        print(f"precompute took {time.perf_counter() - t0:.1f} s")
+        _publish_ladders(LocalStore(tmp), model, template)
+        runs = _serve_and_run(args, tmp, model, traces, policies, profile, template, user, exact)
+    _report(args, spec, model, profile, runs)
+    return 0
 
-        link = None
-        if args.shaping == "kernel":
-            from ..fetch.netns import NetnsConfig, NetnsLink, netns_available
 
-            ok, why = netns_available()
-            if not ok:
-                raise SystemExit(f"sakura bench e2e: --shaping kernel unavailable: {why}")
-            link = NetnsLink(NetnsConfig(subnet_index=77)).__enter__()
+def _publish_ladders(store, model, template) -> None:
+    """Precompute the template with the sakura and the CacheGen codecs and publish both into ``store``."""
+    from cloud_server.precompute import publish_template
+
+    from ..precompute import precompute_template
+
+    t0 = time.perf_counter()
+    for codec in ("sakura", "cachegen"):
+        pre = precompute_template(model, template, f"live-{codec}", codec=codec)
+        publish_template(store, model, template, f"live-{codec}", codec=codec,
+                         precompute_fn=lambda *a, _pre=pre, **k: _pre)  # fmt: skip
+        levels = ", ".join(f"{r['name']} {r['psnr_db']:.1f}" for r in pre.manifest["shards"][0]["representations"])
+        print(f"precomputed {codec} ladder (PSNR per level: {levels})")
+    print(f"precompute took {time.perf_counter() - t0:.1f} s")
+
+
+def _serve_and_run(args, store_dir, model, traces, policies, profile, template, user, exact) -> list[dict]:
+    """Serve ``store_dir`` (inside a network namespace with ``--shaping kernel``) and run every policy over it."""
+    link = None
+    if args.shaping == "kernel":
+        from ..fetch.netns import NetnsConfig, NetnsLink, netns_available
+
+        ok, why = netns_available()
+        if not ok:
+            raise SystemExit(f"sakura bench e2e: --shaping kernel unavailable: {why}")
+        link = NetnsLink(NetnsConfig(subnet_index=77)).__enter__()
+    try:
+        if link is not None:
+            proc, url = start_server(store_dir, host=link.ns_ip, wrap=link.exec_argv)
+        else:
+            proc, url = start_server(store_dir)
         try:
-            if link is not None:
-                proc, url = start_server(tmp, host=link.ns_ip, wrap=link.exec_argv)
-            else:
-                proc, url = start_server(tmp)
-            try:
-                runs = asyncio.run(_run_all(args, model, traces, policies, profile, template, user, exact, url,
-                                            link))  # fmt: skip
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
+            return asyncio.run(_run_all(args, model, traces, policies, profile, template, user, exact, url, link))
         finally:
-            if link is not None:
-                link.__exit__(None, None, None)
+            proc.terminate()
+            proc.wait(timeout=30)
+    finally:
+        if link is not None:
+            link.__exit__(None, None, None)
+
+
+def _report(args, spec, model, profile, runs: list[dict]) -> None:
+    """Print the table and the pipeline efficiency; write the JSON report."""
+    from .e2e import summarize
 
     summary, ratios = summarize(runs)
     print()
@@ -142,7 +156,6 @@ def run_live(args) -> int:
     }
     atomic_write_json(args.json, json.loads(json.dumps(out, default=float)))
     print(f"wrote {args.json}")
-    return 0
 
 
 async def _run_all(args, model, traces, policies, profile, template, user, exact, url, link):

@@ -165,22 +165,7 @@ def _run(config: CodecBenchConfig, model: EditModel, say: Callable[[str], None])
                 row = _measure(name, level, kv, importance, held, model, user_images, exact, config, fp16_bytes)
                 per_codec.setdefault((name, level), []).append(row)
 
-    rows = []
-    for (name, level), results in per_codec.items():
-        psnrs = [r["psnr_db"] for r in results]
-        rows.append(
-            {
-                "name": name,
-                "level": level,
-                "label": get_codec(name).level_name(level),
-                "bytes": int(round(float(np.mean([r["bytes"] for r in results])))),
-                "ratio_vs_fp16": round(float(np.mean([r["ratio_vs_fp16"] for r in results])), 3),
-                "attn_rel_err": round(float(np.mean([r["attn_rel_err"] for r in results])), 6),
-                "psnr_db": None if any(math.isinf(p) for p in psnrs) else round(float(np.mean(psnrs)), 3),
-                "encode_mb_s": round(float(np.mean([r["encode_mb_s"] for r in results])), 2),
-                "decode_mb_s": round(float(np.mean([r["decode_mb_s"] for r in results])), 2),
-            }
-        )
+    rows = _average_rows(per_codec)
     result = {
         "model": {
             "name": model.spec.name,
@@ -210,6 +195,27 @@ def _run(config: CodecBenchConfig, model: EditModel, say: Callable[[str], None])
         say("phone-scale decode throughput")
         result["phone_scale"] = _phone_scale(config)
     return result
+
+
+def _average_rows(per_codec: dict[tuple[str, int], list[dict]]) -> list[dict]:
+    """One row per (codec, level): the measurements averaged over the templates."""
+    rows = []
+    for (name, level), results in per_codec.items():
+        psnrs = [r["psnr_db"] for r in results]
+        rows.append(
+            {
+                "name": name,
+                "level": level,
+                "label": get_codec(name).level_name(level),
+                "bytes": int(round(float(np.mean([r["bytes"] for r in results])))),
+                "ratio_vs_fp16": round(float(np.mean([r["ratio_vs_fp16"] for r in results])), 3),
+                "attn_rel_err": round(float(np.mean([r["attn_rel_err"] for r in results])), 6),
+                "psnr_db": None if any(math.isinf(p) for p in psnrs) else round(float(np.mean(psnrs)), 3),
+                "encode_mb_s": round(float(np.mean([r["encode_mb_s"] for r in results])), 2),
+                "decode_mb_s": round(float(np.mean([r["decode_mb_s"] for r in results])), 2),
+            }
+        )
+    return rows
 
 
 def _measure(name, level, kv, importance, held, model, user_images, exact, config, fp16_bytes) -> dict:

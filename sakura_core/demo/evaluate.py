@@ -126,50 +126,11 @@ def evaluate(
     averaged over the first ``probes`` pairs; with ``reference_model`` (e.g. the random init) the same statistic
     for it is reported alongside.
     """
-    from ..runtime.edit import run_edit
-
     if pairs < 1 or steps < 1 or probes < 0:
         raise ValueError(f"pairs and steps must be >= 1 and probes >= 0, got {pairs}, {steps}, {probes}")
     bank = bank or ImageBank.load()
     task = task_for(model.spec)
-    rows = {k: {"psnr": [], "ssim": []} for k in ("model", "template", "user_image", "naive_composite")}
-    inside, outside = [], []
-    for i in range(pairs):
-        p = make_pair(bank, task, seed, i)
-        kv = model.adapter.extract_template_kv(model.template_tokens(p.template), model.spec.grid)
-        out = run_edit(model, p.user, EDIT_PROMPT, steps=steps, seed=i, split_layer=0, kv_source=kv).image
-        mask = region_mask(p.box, task.image_size)
-        naive = np.where(mask[..., None], p.user, p.scene)
-        for name, img in (
-            ("model", out),
-            ("template", p.template),
-            ("user_image", p.user),
-            ("naive_composite", naive),
-        ):
-            rows[name]["psnr"].append(psnr_db(img, p.target))
-            rows[name]["ssim"].append(_ssim(img, p.target))
-        inside.append(psnr_db(out[mask], p.target[mask]))
-        outside.append(psnr_db(out[~mask], p.target[~mask]))
-        if on_pair is not None:
-            on_pair(i)
-
-    def importance_stats(m: EditModel) -> dict:
-        ginis, layer_ginis, top10, share = [], [], [], []
-        for i in range(probes):
-            p = make_pair(bank, task, seed, i)
-            imp, tshare = template_importance(m, p.template, p.user, p.target, seed=i)  # (L, H, n_ref)
-            per_token = imp.mean(axis=(0, 1))
-            ginis.append(gini(per_token))
-            layer_ginis.append([gini(imp[layer].mean(axis=0)) for layer in range(imp.shape[0])])
-            k = max(1, per_token.size // 10)
-            top10.append(float(np.sort(per_token)[-k:].sum() / per_token.sum()))
-            share.append(tshare)
-        return {
-            "gini": float(np.mean(ginis)),
-            "gini_per_layer": np.mean(layer_ginis, axis=0).round(4).tolist(),
-            "top10pct_mass": float(np.mean(top10)),
-            "template_share": float(np.mean(share)),
-        }
+    rows, inside, outside = _score_pairs(model, bank, task, pairs, seed, steps, on_pair)
 
     result = {
         "psnr_db": float(np.mean(rows["model"]["psnr"])),
@@ -191,12 +152,60 @@ def evaluate(
         "model": {"name": model.spec.name, "id": model.model_id, "weights": model.weights_source},
     }
     if probes:
-        stats = importance_stats(model)
+        stats = _importance_stats(model, bank, task, seed, probes)
         result["importance_gini"] = stats["gini"]
         result["importance"] = stats
         if reference_model is not None:
             result["importance_reference"] = {
                 "weights": reference_model.weights_source,
-                **importance_stats(reference_model),
+                **_importance_stats(reference_model, bank, task, seed, probes),
             }
     return result
+
+
+def _score_pairs(model: EditModel, bank: ImageBank, task, pairs: int, seed: int, steps: int, on_pair):
+    """Edit each held-out pair; PSNR/SSIM of the model and the baselines against the target, and the model's PSNR
+    inside and outside the edited region."""
+    from ..runtime.edit import run_edit
+
+    rows = {k: {"psnr": [], "ssim": []} for k in ("model", "template", "user_image", "naive_composite")}
+    inside, outside = [], []
+    for i in range(pairs):
+        p = make_pair(bank, task, seed, i)
+        kv = model.adapter.extract_template_kv(model.template_tokens(p.template), model.spec.grid)
+        out = run_edit(model, p.user, EDIT_PROMPT, steps=steps, seed=i, split_layer=0, kv_source=kv).image
+        mask = region_mask(p.box, task.image_size)
+        naive = np.where(mask[..., None], p.user, p.scene)
+        for name, img in (
+            ("model", out),
+            ("template", p.template),
+            ("user_image", p.user),
+            ("naive_composite", naive),
+        ):
+            rows[name]["psnr"].append(psnr_db(img, p.target))
+            rows[name]["ssim"].append(_ssim(img, p.target))
+        inside.append(psnr_db(out[mask], p.target[mask]))
+        outside.append(psnr_db(out[~mask], p.target[~mask]))
+        if on_pair is not None:
+            on_pair(i)
+    return rows, inside, outside
+
+
+def _importance_stats(m: EditModel, bank: ImageBank, task, seed: int, probes: int) -> dict:
+    """Concentration of template-token importance over the first ``probes`` pairs (Gini, per layer, top-10% mass)."""
+    ginis, layer_ginis, top10, share = [], [], [], []
+    for i in range(probes):
+        p = make_pair(bank, task, seed, i)
+        imp, tshare = template_importance(m, p.template, p.user, p.target, seed=i)  # (L, H, n_ref)
+        per_token = imp.mean(axis=(0, 1))
+        ginis.append(gini(per_token))
+        layer_ginis.append([gini(imp[layer].mean(axis=0)) for layer in range(imp.shape[0])])
+        k = max(1, per_token.size // 10)
+        top10.append(float(np.sort(per_token)[-k:].sum() / per_token.sum()))
+        share.append(tshare)
+    return {
+        "gini": float(np.mean(ginis)),
+        "gini_per_layer": np.mean(layer_ginis, axis=0).round(4).tolist(),
+        "top10pct_mass": float(np.mean(top10)),
+        "template_share": float(np.mean(share)),
+    }

@@ -316,26 +316,7 @@ class DemoTrainer:
                     bar.set_postfix(step=self.step, loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
                     bar.refresh()
                 if self.step % cfg.log_every == 0 or self.progress() >= 1.0:
-                    mean = float(np.mean(window))
-                    self.history.losses.append((self.step, mean))
-                    window.clear()
-                    record = {
-                        "step": self.step,
-                        "progress": round(self.progress(), 4),
-                        "loss": mean,
-                        "lr": lr,
-                        "elapsed_s": round(self.history.elapsed_s, 1),
-                    }
-                    logger.info(
-                        "step %d (%.1f%%) loss %.5f lr %.2e %.1f s",
-                        self.step,
-                        100 * record["progress"],
-                        mean,
-                        lr,
-                        record["elapsed_s"],
-                    )
-                    if on_log is not None:
-                        on_log(record)
+                    self._log_window(window, lr, on_log)
                 if self.step % cfg.save_every == 0:
                     last_ckpt = self._periodic_checkpoint(ckpt_dir)
                 if max_seconds is not None and now - start >= max_seconds and self.progress() < 1.0:
@@ -358,6 +339,29 @@ class DemoTrainer:
             "last_loss": self.history.losses[-1][1] if self.history.losses else None,
             "checkpoint": str(last_ckpt),
         }
+
+    def _log_window(self, window: list[float], lr: float, on_log: Callable[[dict], None] | None) -> None:
+        """Record the mean loss of ``window`` (then empty it) in the history, the log and ``on_log``."""
+        mean = float(np.mean(window))
+        self.history.losses.append((self.step, mean))
+        window.clear()
+        record = {
+            "step": self.step,
+            "progress": round(self.progress(), 4),
+            "loss": mean,
+            "lr": lr,
+            "elapsed_s": round(self.history.elapsed_s, 1),
+        }
+        logger.info(
+            "step %d (%.1f%%) loss %.5f lr %.2e %.1f s",
+            self.step,
+            100 * record["progress"],
+            mean,
+            lr,
+            record["elapsed_s"],
+        )
+        if on_log is not None:
+            on_log(record)
 
     def _periodic_checkpoint(self, ckpt_dir: Path) -> Path:
         path = self.save_checkpoint(ckpt_dir / f"ckpt-{self.step:07d}.safetensors")

@@ -22,6 +22,7 @@ import re
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "FORMAT_VERSION",
@@ -234,6 +235,29 @@ def pack_shard(header: ShardHeader, sections: list[bytes]) -> bytes:
     return body + _TRAILER.pack(zlib.crc32(body))
 
 
+class _Fixed(NamedTuple):
+    """The fields of the fixed header, in ``_FIXED``'s order."""
+
+    magic: bytes
+    version: int
+    header_size: int
+    flags: int
+    dtype_code: int
+    level: int
+    layer_first: int
+    layer_last: int
+    rows: int
+    cols: int
+    heads: int
+    head_dim: int
+    parent_raw: bytes
+    n_sections: int
+    len_codec: int
+    len_model: int
+    len_template: int
+    len_rope: int
+
+
 def parse_shard(blob: bytes | bytearray | memoryview) -> tuple[ShardHeader, list[memoryview]]:
     """Validate a blob and split it into its header and payload sections (zero-copy views into ``blob``).
 
@@ -244,6 +268,20 @@ def parse_shard(blob: bytes | bytearray | memoryview) -> tuple[ShardHeader, list
         ShardCorruptError: checksum mismatch, trailing bytes, or an invalid field.
     """
     view = memoryview(blob).cast("B") if not isinstance(blob, bytes) else memoryview(blob)
+    _check_prefix(view)
+    f = _Fixed._make(_FIXED.unpack_from(view, 0))
+    lengths = _section_lengths(view, f)
+    header = _header(view, f)
+    sections = []
+    pos = f.header_size
+    for size in lengths:
+        sections.append(view[pos : pos + size])
+        pos += size
+    return header, sections
+
+
+def _check_prefix(view: memoryview) -> None:
+    """Size limit, magic, format version, and room for the fixed header."""
     n = len(view)
     if n > MAX_BLOB_BYTES:
         raise ShardOversizedError(f"shard blob of {n} bytes exceeds the limit of {MAX_BLOB_BYTES} bytes")
@@ -261,34 +299,20 @@ def parse_shard(blob: bytes | bytearray | memoryview) -> tuple[ShardHeader, list
         )
     if n < _FIXED.size + _TRAILER.size:
         raise ShardTruncatedError(f"shard blob of {n} bytes is shorter than the fixed header ({_FIXED.size} bytes)")
-    (
-        _magic,
-        _version,
-        header_size,
-        flags,
-        dtype_code,
-        level,
-        layer_first,
-        layer_last,
-        rows,
-        cols,
-        heads,
-        head_dim,
-        parent_raw,
-        n_sections,
-        len_codec,
-        len_model,
-        len_template,
-        len_rope,
-    ) = _FIXED.unpack_from(view, 0)
-    if n_sections > MAX_SECTIONS:
-        raise ShardCorruptError(f"shard declares {n_sections} sections, at most {MAX_SECTIONS} are allowed")
-    expected_header = _FIXED.size + len_codec + len_model + len_template + len_rope + 4 * n_sections
+
+
+def _section_lengths(view: memoryview, f: _Fixed) -> tuple[int, ...]:
+    """The section table, once the declared sizes match the blob exactly and its checksum holds."""
+    n = len(view)
+    if f.n_sections > MAX_SECTIONS:
+        raise ShardCorruptError(f"shard declares {f.n_sections} sections, at most {MAX_SECTIONS} are allowed")
+    header_size = f.header_size
+    expected_header = _FIXED.size + f.len_codec + f.len_model + f.len_template + f.len_rope + 4 * f.n_sections
     if header_size != expected_header:
         raise ShardCorruptError(f"shard header size field {header_size} != {expected_header} computed from its fields")
     if n < header_size + _TRAILER.size:
         raise ShardTruncatedError(f"shard blob of {n} bytes ends inside its {header_size}-byte header")
-    lengths = struct.unpack_from(f"<{n_sections}I", view, header_size - 4 * n_sections)
+    lengths = struct.unpack_from(f"<{f.n_sections}I", view, header_size - 4 * f.n_sections)
     total = header_size + sum(lengths) + _TRAILER.size
     if total > MAX_BLOB_BYTES:
         raise ShardOversizedError(f"shard declares {total} bytes, over the limit of {MAX_BLOB_BYTES}")
@@ -299,16 +323,21 @@ def parse_shard(blob: bytes | bytearray | memoryview) -> tuple[ShardHeader, list
     (crc,) = _TRAILER.unpack_from(view, n - _TRAILER.size)
     if zlib.crc32(view[: n - _TRAILER.size]) != crc:
         raise ShardCorruptError("shard checksum mismatch: the blob was corrupted in storage or transfer")
-    if flags & ~_KNOWN_FLAGS:
-        raise ShardCorruptError(f"shard has unknown flag bits 0x{flags & ~_KNOWN_FLAGS:02x}")
-    if dtype_code not in _DTYPES:
-        raise ShardCorruptError(f"shard has unknown dtype code {dtype_code}")
-    refines = bool(flags & _FLAG_REFINES)
-    if refines == (parent_raw == _ZERO_DIGEST):
+    return lengths
+
+
+def _header(view: memoryview, f: _Fixed) -> ShardHeader:
+    """The validated :class:`ShardHeader`: flags, dtype, parent digest, the four strings, every field's range."""
+    if f.flags & ~_KNOWN_FLAGS:
+        raise ShardCorruptError(f"shard has unknown flag bits 0x{f.flags & ~_KNOWN_FLAGS:02x}")
+    if f.dtype_code not in _DTYPES:
+        raise ShardCorruptError(f"shard has unknown dtype code {f.dtype_code}")
+    refines = bool(f.flags & _FLAG_REFINES)
+    if refines == (f.parent_raw == _ZERO_DIGEST):
         raise ShardCorruptError("shard refinement flag and parent digest disagree")
     pos = _FIXED.size
     strings = []
-    for size in (len_codec, len_model, len_template, len_rope):
+    for size in (f.len_codec, f.len_model, f.len_template, f.len_rope):
         try:
             strings.append(bytes(view[pos : pos + size]).decode("utf-8"))
         except UnicodeDecodeError as e:
@@ -317,17 +346,17 @@ def parse_shard(blob: bytes | bytearray | memoryview) -> tuple[ShardHeader, list
     try:
         header = ShardHeader(
             codec=strings[0],
-            level=level,
+            level=f.level,
             model_id=strings[1],
             template_id=strings[2],
             rope_layout=strings[3],
-            layer_first=layer_first,
-            layer_last=layer_last,
-            token_grid=(rows, cols),
-            heads=heads,
-            head_dim=head_dim,
-            dtype=_DTYPES[dtype_code],
-            parent=parent_raw.hex() if refines else None,
+            layer_first=f.layer_first,
+            layer_last=f.layer_last,
+            token_grid=(f.rows, f.cols),
+            heads=f.heads,
+            head_dim=f.head_dim,
+            dtype=_DTYPES[f.dtype_code],
+            parent=f.parent_raw.hex() if refines else None,
         )
     except ValueError as e:
         raise ShardCorruptError(f"shard header field out of range: {e}") from e
@@ -336,9 +365,4 @@ def parse_shard(blob: bytes | bytearray | memoryview) -> tuple[ShardHeader, list
             f"shard describes {header.num_elements} elements per tensor {header.tensor_shape}, "
             f"over the limit of {MAX_ELEMENTS}"
         )
-    sections = []
-    pos = header_size
-    for size in lengths:
-        sections.append(view[pos : pos + size])
-        pos += size
-    return header, sections
+    return header

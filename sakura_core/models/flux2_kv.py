@@ -106,6 +106,29 @@ class ForwardResult:
 LayerHook = Callable[[int], None]
 
 
+@dataclass
+class _Stream:
+    """One forward's running state: the token sequence, the text stream and what every block reads.
+
+    ``hidden`` is (batch, [ref +] img, dim) before the single-stream blocks and (batch, txt + [ref +] img, dim) in
+    them; ``enc`` is (batch, txt, dim); the modulations are raw (batch, k * dim) vectors; the RoPE pairs cover
+    (txt, img) or (txt, ref, img). The ``ref_*`` fields are None when no template tokens are run.
+    """
+
+    n_txt: int
+    n_ref: int
+    temb: torch.Tensor
+    mod_img: torch.Tensor
+    mod_txt: torch.Tensor
+    mod_single: torch.Tensor
+    hidden: torch.Tensor
+    enc: torch.Tensor
+    rope_plain: tuple[torch.Tensor, torch.Tensor] | None = None
+    rope_with_ref: tuple[torch.Tensor, torch.Tensor] | None = None
+    ref_mod_img: torch.Tensor | None = None
+    ref_mod_single: torch.Tensor | None = None
+
+
 class Flux2KVAdapter:
     """Drives a ``Flux2Transformer2DModel`` layer by layer with per-layer choice of computed or injected template KV.
 
@@ -259,10 +282,42 @@ class Flux2KVAdapter:
                 the layer's shard. Not needed when ``split_layer == num_layers``.
             on_layer: called with the layer index before each layer runs (progress, cancellation).
         """
-        m = self.model
+        keep_template, split_layer, cached = self._resolve_split(split_layer, ref_tokens, ref_grid, cached)
+        n_ref = ref_tokens.shape[1] if split_layer > 0 else 0
+        s = self._embed(x, txt, timestep, img_grid, ref_tokens, ref_grid, n_ref)
+        extracted: list[tuple[torch.Tensor, torch.Tensor]] = []
+        ref_live = n_ref > 0  # are template tokens still part of the sequence?
+
+        for layer in range(self.num_layers):
+            if on_layer is not None:
+                on_layer(layer)
+            if ref_live and (layer >= split_layer or (keep_template is not None and not keep_template(layer))):
+                s.hidden = self._drop_ref(s.hidden, layer, s.n_txt, n_ref)
+                ref_live = False
+            cache = Flux2KVLayerCache()
+            if ref_live:
+                kwargs = {"kv_cache": cache, "kv_cache_mode": "extract", "num_ref_tokens": n_ref}
+            else:
+                k, v = cached(layer)
+                batch = s.hidden.shape[0]
+                cache.store(k.to(self.dtype).expand(batch, -1, -1, -1), v.to(self.dtype).expand(batch, -1, -1, -1))
+                kwargs = {"kv_cache": cache, "kv_cache_mode": "cached", "num_ref_tokens": 0}
+            self._run_block(layer, s, ref_live, kwargs)
+            if ref_live:
+                k, v = cache.get()
+                extracted.append((k[:1], v[:1]))
+
+        skip = s.n_txt + (n_ref if ref_live else 0)
+        hidden = s.hidden[:, skip:]
+        hidden = self.model.norm_out(hidden, s.temb)
+        return ForwardResult(sample=self.model.proj_out(hidden), extracted=extracted)
+
+    def _resolve_split(self, split_layer, ref_tokens, ref_grid, cached):
+        """Check :meth:`forward_grad`'s split arguments; returns ``(keep_template or None, split_layer, cached)``
+        with a dynamic split starting at ``num_layers`` and ``cached`` as a function ``layer -> (k, v)``."""
         L = self.num_layers
-        dynamic = callable(split_layer)
-        if dynamic:
+        keep_template = None
+        if callable(split_layer):
             keep_template, split_layer = split_layer, L
         elif not 0 <= split_layer <= L:
             raise ValueError(f"split_layer must be in [0, {L}], got {split_layer}")
@@ -270,7 +325,7 @@ class Flux2KVAdapter:
             raise ValueError(
                 f"split_layer={split_layer} runs template tokens on the device: pass ref_tokens and ref_grid"
             )
-        if (dynamic or split_layer < L) and cached is None:
+        if (keep_template is not None or split_layer < L) and cached is None:
             raise ValueError(f"split_layer={split_layer} < {L} layers: pass cached template KV for the other layers")
         if isinstance(cached, TemplateKV):
             kv_obj = cached
@@ -280,89 +335,80 @@ class Flux2KVAdapter:
             def cached(layer: int, _kv=kv_obj):
                 return _kv.layer(layer)
 
+        return keep_template, split_layer, cached
+
+    def _embed(self, x, txt, timestep, img_grid, ref_tokens, ref_grid, n_ref: int) -> _Stream:
+        """Time embeddings, modulations, RoPE and the input token embeddings (the template's first when ``n_ref``)."""
+        m = self.model
         dtype, device = self.dtype, x.device
         batch = x.shape[0]
         n_txt = txt.shape[1]
-        n_ref = ref_tokens.shape[1] if split_layer > 0 else 0
 
         t = timestep.to(dtype) * 1000
         temb = m.time_guidance_embed(t, None)
-        mod_img = m.double_stream_modulation_img(temb)
-        mod_txt = m.double_stream_modulation_txt(temb)
-        mod_single = m.single_stream_modulation(temb)
-
-        hidden = m.x_embedder(x.to(dtype))
-        enc = m.context_embedder(txt.to(dtype))
+        s = _Stream(
+            n_txt=n_txt,
+            n_ref=n_ref,
+            temb=temb,
+            mod_img=m.double_stream_modulation_img(temb),
+            mod_txt=m.double_stream_modulation_txt(temb),
+            mod_single=m.single_stream_modulation(temb),
+            hidden=m.x_embedder(x.to(dtype)),
+            enc=m.context_embedder(txt.to(dtype)),
+        )
 
         rope_txt = m.pos_embed(text_ids(n_txt, device))
         rope_img = m.pos_embed(image_ids(*img_grid, t=0, device=device))
-        rope_plain = (torch.cat([rope_txt[0], rope_img[0]]), torch.cat([rope_txt[1], rope_img[1]]))
+        s.rope_plain = (torch.cat([rope_txt[0], rope_img[0]]), torch.cat([rope_txt[1], rope_img[1]]))
 
         if n_ref:
             ref_t = torch.full_like(t, self.ref_fixed_timestep * 1000)
             ref_temb = m.time_guidance_embed(ref_t, None)
-            ref_mod_img = m.double_stream_modulation_img(ref_temb)
-            ref_mod_single = m.single_stream_modulation(ref_temb)
+            s.ref_mod_img = m.double_stream_modulation_img(ref_temb)
+            s.ref_mod_single = m.single_stream_modulation(ref_temb)
             rope_ref = m.pos_embed(image_ids(*ref_grid, t=REF_TIME_OFFSET, device=device))
-            rope_with_ref = (
+            s.rope_with_ref = (
                 torch.cat([rope_txt[0], rope_ref[0], rope_img[0]]),
                 torch.cat([rope_txt[1], rope_ref[1], rope_img[1]]),
             )
             ref_hidden = m.x_embedder(ref_tokens.to(dtype)).expand(batch, -1, -1)
-            hidden = torch.cat([ref_hidden, hidden], dim=1)  # (batch, ref + img, dim)
+            s.hidden = torch.cat([ref_hidden, s.hidden], dim=1)  # (batch, ref + img, dim)
+        return s
 
-        extracted: list[tuple[torch.Tensor, torch.Tensor]] = []
-        ref_live = n_ref > 0  # are template tokens still part of the sequence?
-
-        for layer in range(L):
-            if on_layer is not None:
-                on_layer(layer)
-            if ref_live and (layer >= split_layer or (dynamic and not keep_template(layer))):
-                hidden = self._drop_ref(hidden, layer, n_txt, n_ref)
-                ref_live = False
-            cache = Flux2KVLayerCache()
-            if ref_live:
-                kwargs = {"kv_cache": cache, "kv_cache_mode": "extract", "num_ref_tokens": n_ref}
-            else:
-                k, v = cached(layer)
-                cache.store(k.to(dtype).expand(batch, -1, -1, -1), v.to(dtype).expand(batch, -1, -1, -1))
-                kwargs = {"kv_cache": cache, "kv_cache_mode": "cached", "num_ref_tokens": 0}
-            rope = rope_with_ref if ref_live else rope_plain
-            if layer < self.num_double:
-                block = m.transformer_blocks[layer]
-                img_mod = _blend_rows(mod_img, ref_mod_img, n_ref, hidden.shape[1], 0) if ref_live else mod_img
-                enc, hidden = block(
-                    hidden_states=hidden,
-                    encoder_hidden_states=enc,
-                    temb_mod_img=img_mod,
-                    temb_mod_txt=mod_txt,
-                    image_rotary_emb=rope,
-                    joint_attention_kwargs=kwargs,
-                )
-                if layer == self.num_double - 1:
-                    hidden = torch.cat([enc, hidden], dim=1)  # single blocks see (txt, [ref,] img)
-            else:
-                if self.num_double == 0 and layer == 0:
-                    hidden = torch.cat([enc, hidden], dim=1)
-                block = m.single_transformer_blocks[layer - self.num_double]
-                smod = (
-                    _blend_rows(mod_single, ref_mod_single, n_ref, hidden.shape[1], n_txt) if ref_live else mod_single
-                )
-                hidden = block(
-                    hidden_states=hidden,
-                    encoder_hidden_states=None,
-                    temb_mod=smod,
-                    image_rotary_emb=rope,
-                    joint_attention_kwargs={**kwargs, "num_txt_tokens": n_txt},
-                )
-            if ref_live:
-                k, v = cache.get()
-                extracted.append((k[:1], v[:1]))
-
-        skip = n_txt + (n_ref if ref_live else 0)
-        hidden = hidden[:, skip:]
-        hidden = m.norm_out(hidden, temb)
-        return ForwardResult(sample=m.proj_out(hidden), extracted=extracted)
+    def _run_block(self, layer: int, s: _Stream, ref_live: bool, kwargs: dict) -> None:
+        """Run block ``layer`` (double-stream, then single-stream) on ``s``, updating its sequence in place."""
+        m = self.model
+        rope = s.rope_with_ref if ref_live else s.rope_plain
+        n_ref = s.n_ref
+        if layer < self.num_double:
+            block = m.transformer_blocks[layer]
+            img_mod = _blend_rows(s.mod_img, s.ref_mod_img, n_ref, s.hidden.shape[1], 0) if ref_live else s.mod_img
+            s.enc, s.hidden = block(
+                hidden_states=s.hidden,
+                encoder_hidden_states=s.enc,
+                temb_mod_img=img_mod,
+                temb_mod_txt=s.mod_txt,
+                image_rotary_emb=rope,
+                joint_attention_kwargs=kwargs,
+            )
+            if layer == self.num_double - 1:
+                s.hidden = torch.cat([s.enc, s.hidden], dim=1)  # single blocks see (txt, [ref,] img)
+        else:
+            if self.num_double == 0 and layer == 0:
+                s.hidden = torch.cat([s.enc, s.hidden], dim=1)
+            block = m.single_transformer_blocks[layer - self.num_double]
+            smod = (
+                _blend_rows(s.mod_single, s.ref_mod_single, n_ref, s.hidden.shape[1], s.n_txt)
+                if ref_live
+                else s.mod_single
+            )
+            s.hidden = block(
+                hidden_states=s.hidden,
+                encoder_hidden_states=None,
+                temb_mod=smod,
+                image_rotary_emb=rope,
+                joint_attention_kwargs={**kwargs, "num_txt_tokens": s.n_txt},
+            )
 
     def _drop_ref(self, hidden: torch.Tensor, layer: int, n_txt: int, n_ref: int) -> torch.Tensor:
         """Remove the template tokens from the sequence before ``layer`` (they only ever attend to themselves)."""

@@ -72,54 +72,20 @@ def precompute_template(
     """
     ladder = get_codec(codec)
     report = progress or (lambda stage, done, total: None)
-    image = np.asarray(template_image)
-    size = model.spec.image_size
-    if image.shape != (size, size, 3) or image.dtype != np.uint8:
-        raise ValueError(
-            f"template_image must be ({size}, {size}, 3) uint8 for this model, got {image.shape} {image.dtype}; "
-            "resize it with sakura_core.models.edit_model.load_image"
-        )
+    image = _check_image(model, template_image)
     report("kv", 0, 1)
     kv = model.adapter.extract_template_kv(model.template_tokens(image), model.spec.grid)
     report("kv", 1, 1)
 
-    report("importance", 0, 2)
     config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
-    packed = model.pack_image(image)
-    fit_probes = make_probes(model, packed, config, stream=0)
-    fit = capture_attention(model, kv, fit_probes)
-    importance = importance_from_captures(fit, kv, seed=seed)
-    if config.gain_steps is not None:
-        gains = layer_gains(model, kv, fit_probes, fit, seed=seed, steps=config.gain_steps)
-        importance = replace(importance, layer_gain=gains)
-    del fit
-    report("importance", 1, 2)
-    held_cfg = replace(config, num_probes=held_out_probes)
-    held = capture_attention(model, kv, make_probes(model, packed, held_cfg, stream=1))
-    report("importance", 2, 2)
+    importance, held = _importance(model, kv, image, config, held_out_probes, report)
 
     inputs = ladder.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers))
     blobs: dict[str, bytes] = {}
     shards = []
-    fp16 = get_codec("fp16")
     for i, shard in enumerate(inputs):
         report("encode", i, len(inputs))
-        first, last = shard.meta.layer_first, shard.meta.layer_first + shard.k.shape[0] - 1
-        reps = []
-        if ladder.name != "fp16":
-            encoded = ladder.encode(shard, ladder.levels)
-            chain: list[bytes] = []
-            for level, blob in zip(ladder.levels, encoded, strict=True):
-                chain = chain + [blob] if ladder.progressive else [blob]
-                reps.append(_representation(ladder, level, chain, kv, held, first))
-                blobs[reps[-1]["digest"]] = blob
-        top = (max(ladder.levels) + 1) if ladder.name != "fp16" else 0
-        (fp16_blob,) = fp16.encode(shard, [0])
-        rep = _representation(fp16, 0, [fp16_blob], kv, held, first)
-        rep["level"] = top
-        reps.append(rep)
-        blobs[rep["digest"]] = fp16_blob
-        shards.append({"layers": [first, last], "representations": reps})
+        shards.append(_encode_shard(ladder, shard, kv, held, blobs))
     report("encode", len(inputs), len(inputs))
     if psnr_steps > 0:
         _add_output_psnr(model, kv, shards, blobs, seed, psnr_steps, report)
@@ -148,6 +114,57 @@ def precompute_template(
         sum(len(b) for b in blobs.values()),
     )
     return PrecomputedTemplate(manifest, blobs)
+
+
+def _check_image(model: EditModel, template_image: np.ndarray) -> np.ndarray:
+    image = np.asarray(template_image)
+    size = model.spec.image_size
+    if image.shape != (size, size, 3) or image.dtype != np.uint8:
+        raise ValueError(
+            f"template_image must be ({size}, {size}, 3) uint8 for this model, got {image.shape} {image.dtype}; "
+            "resize it with sakura_core.models.edit_model.load_image"
+        )
+    return image
+
+
+def _importance(model: EditModel, kv: TemplateKV, image: np.ndarray, config: ProbeConfig, held_out: int, report):
+    """Token importance (and per-layer gains) from fit probes, and the attention captured on held-out probes."""
+    seed = config.seed
+    report("importance", 0, 2)
+    packed = model.pack_image(image)
+    fit_probes = make_probes(model, packed, config, stream=0)
+    fit = capture_attention(model, kv, fit_probes)
+    importance = importance_from_captures(fit, kv, seed=seed)
+    if config.gain_steps is not None:
+        gains = layer_gains(model, kv, fit_probes, fit, seed=seed, steps=config.gain_steps)
+        importance = replace(importance, layer_gain=gains)
+    del fit
+    report("importance", 1, 2)
+    held_cfg = replace(config, num_probes=held_out)
+    held = capture_attention(model, kv, make_probes(model, packed, held_cfg, stream=1))
+    report("importance", 2, 2)
+    return importance, held
+
+
+def _encode_shard(ladder, shard, kv: TemplateKV, held, blobs: dict[str, bytes]) -> dict:
+    """One shard's manifest entry: every level of ``ladder`` and the fp16 reference on top; blobs go to ``blobs``."""
+    first, last = shard.meta.layer_first, shard.meta.layer_first + shard.k.shape[0] - 1
+    reps = []
+    if ladder.name != "fp16":
+        encoded = ladder.encode(shard, ladder.levels)
+        chain: list[bytes] = []
+        for level, blob in zip(ladder.levels, encoded, strict=True):
+            chain = chain + [blob] if ladder.progressive else [blob]
+            reps.append(_representation(ladder, level, chain, kv, held, first))
+            blobs[reps[-1]["digest"]] = blob
+    top = (max(ladder.levels) + 1) if ladder.name != "fp16" else 0
+    fp16 = get_codec("fp16")
+    (fp16_blob,) = fp16.encode(shard, [0])
+    rep = _representation(fp16, 0, [fp16_blob], kv, held, first)
+    rep["level"] = top
+    reps.append(rep)
+    blobs[rep["digest"]] = fp16_blob
+    return {"layers": [first, last], "representations": reps}
 
 
 PSNR_METRIC = (

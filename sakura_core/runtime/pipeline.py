@@ -18,12 +18,12 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..fetch.traces import Trace
+from ..kv.chain import ChainDecoder
 from ..models.edit_model import EditModel
 from ..policy.context import Context, LiveState
 from ..policy.estimator import ThroughputEstimator
@@ -31,72 +31,318 @@ from ..policy.ladder import Level
 from ..policy.policies import LEVEL_COMPUTE, Policy
 from .edit import run_edit
 from .live_profile import LiveProfile
+from .pipeline_config import Cancelled, RunReport, RuntimeConfig
 
-__all__ = ["Cancelled", "RunReport", "RuntimeConfig", "run_pipelined_edit"]
+__all__ = ["Cancelled", "PipelinedEdit", "RunReport", "RuntimeConfig", "run_pipelined_edit"]
 
 logger = logging.getLogger(__name__)
 
 
-class Cancelled(RuntimeError):
-    """The edit was cancelled (between layers or steps)."""
+class PipelinedEdit:
+    """One pipelined edit: a fetch lane (base shards, then upgrades while the link is idle), a decode lane (thread
+    pool), a compute lane (the edit in a worker thread) and the stall accounting between them.
 
+    The inputs are fixed at construction; everything a run changes lives in attributes that :meth:`reset` makes
+    afresh (:meth:`run` calls it first), so one instance can run the same edit again and each run's report owns its
+    own lists (one run at a time per instance). Mirrors :class:`~sakura_core.runtime.simulate._Sim`, which plays
+    the same lanes against a trace.
 
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """Attributes:
-    steps: denoising steps.
-    seed: noise seed.
-    decode_threads: decoder pool size.
-    upgrades: fetch progressive enhancements during later steps (policies that ask for them).
-    shard_wait_s: longest wait for one shard before the device computes the template KV itself.
-    rtt_s: round trip charged per request in the policies' predictions.
-    latency_target_s: the user's latency target for the edit (seconds) or None; policies trade the slack under it
-        for quality (sakura) or use it as their SLO (cachegen).
+    Args: as :func:`run_pipelined_edit`.
     """
 
-    steps: int = 8
-    seed: int = 0
-    decode_threads: int = 1
-    upgrades: bool = True
-    shard_wait_s: float = 120.0
-    rtt_s: float = 0.04
-    latency_target_s: float | None = None
+    def __init__(
+        self,
+        model: EditModel,
+        manifest: dict,
+        fetch_blob,
+        user_image: np.ndarray,
+        prompt: str,
+        *,
+        policy: Policy,
+        ladders: list[list[Level]],
+        reps: list[list[dict]],
+        floor: int,
+        profile: LiveProfile,
+        template_image: np.ndarray,
+        trace: Trace | None = None,
+        config: RuntimeConfig | None = None,
+        cancel: threading.Event | None = None,
+        on_layer: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.model, self.adapter = model, model.adapter
+        self.L = self.adapter.num_layers
+        if len(ladders) != self.L:
+            raise ValueError(f"manifest has {len(ladders)} shards, the model {self.L} layers")
+        self.manifest, self.fetch_blob = manifest, fetch_blob
+        self.user_image, self.prompt, self.template_image = user_image, prompt, template_image
+        self.policy, self.ladders, self.reps, self.floor = policy, ladders, reps, floor
+        self.profile, self.trace = profile, trace
+        self.cfg = config or RuntimeConfig()
+        self.cancel = cancel or threading.Event()
+        self.user_hook = on_layer
+        self.reset()
 
-    def __post_init__(self) -> None:
-        if self.latency_target_s is not None and not self.latency_target_s > 0:
-            raise ValueError(f"latency_target_s must be > 0 seconds or None, got {self.latency_target_s}")
-        if self.steps < 1 or self.decode_threads < 1 or self.shard_wait_s <= 0:
-            raise ValueError(
-                f"steps and decode_threads must be >= 1 and shard_wait_s > 0, got {self.steps}, "
-                f"{self.decode_threads}, {self.shard_wait_s}"
+    def reset(self) -> None:
+        """Fresh per-run state: clock, estimator, policy, timeline, shards, decoders, stall and split bookkeeping."""
+        cfg = self.cfg
+        self.estimator = ThroughputEstimator()
+        trace = self.trace or Trace.constant(1e4)
+        self.st = LiveState(self.profile, trace, self.ladders, self.floor, self.estimator, cfg.rtt_s,
+                            cfg.latency_target_s)  # fmt: skip
+        self.ctx = Context(self.st)
+        self.policy.reset()
+        self.events: list[dict] = []
+        self.decisions: list[dict] = []
+        self.fallbacks: list[str] = []
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}  # layer -> (k, v, level)
+        self.ready = {layer: threading.Event() for layer in range(self.L)}
+        self.failed: set[int] = set()
+        self.levels_used: dict[int, list[str]] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.bytes_fetched = 0
+        self.split_layer = self.L
+        self.decoders: dict[int, tuple[list[str], ChainDecoder]] = {}  # layer -> (digests pushed, its decoder)
+        self.decoder_lock = threading.Lock()
+        self.fallback_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.span_t, self.span_key = 0.0, None  # the compute span open since the last layer hook
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._done: asyncio.Event | None = None
+
+    # ---- timeline
+
+    def event(self, lane: str, start: float, end: float, layer: int, level) -> None:
+        self.events.append({"lane": lane, "start": start, "end": end, "layer": layer, "level": level})
+
+    # ---- fetch lane
+
+    async def get_blob(self, digest: str, size: int, layer: int, level_name: str) -> bytes:
+        """One blob over the link (once per run: a chain reuses the blobs it already has)."""
+        if digest in self.blobs:
+            return self.blobs[digest]
+        t0 = self.st.now
+        data = await self.fetch_blob(digest, size)
+        t1 = self.st.now
+        self.estimator.observe(len(data), max(t1 - t0, 1e-6))
+        self.bytes_fetched += len(data)
+        self.event("fetch", t0, t1, layer, level_name)
+        self.blobs[digest] = data
+        return data
+
+    async def fetch_level(self, layer: int, level: int) -> None:
+        """Fetch the chain of ``layer`` up to ``level``, decode it in the pool and publish the KV."""
+        st = self.st
+        rep = self.reps[layer][level]
+        by_digest = {r["digest"]: r for r in self.reps[layer]}
+        digests = [*rep.get("requires", []), rep["digest"]]
+        name = self.ladders[layer][level].name
+        chain = [await self.get_blob(d, by_digest[d]["bytes"], layer, name) for d in digests]
+        k, v = await self._loop.run_in_executor(self._pool, self.decode_shard, layer, level, digests, chain)
+        with st.lock:
+            cur = self.kv.get(layer)
+            if cur is None or cur[2] < level:
+                self.kv[layer] = (k[0], v[0], level)
+            st.got.setdefault(layer, []).append((level, st.now))
+            st.in_flight.pop(layer, None)
+            st.decoder_free = st.now
+        self.ready[layer].set()
+
+    async def fetch_with_fallback(self, layer: int, level: int) -> None:
+        """Fetch at ``level``; on failure retry at the floor, then mark the layer for the device."""
+        try:
+            await self.fetch_level(layer, level)
+        except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
+            if level != self.floor:
+                name = self.ladders[layer][level].name
+                self.fallbacks.append(f"shard {layer} level {name}: {e}; retrying at the floor level")
+                try:
+                    await self.fetch_level(layer, self.floor)
+                    return
+                except Exception as e2:  # noqa: BLE001
+                    e = e2
+            self.fallbacks.append(f"shard {layer}: {e}; the device computes this layer's template KV")
+            self.failed.add(layer)
+            self.ready[layer].set()
+
+    async def fetch_lane(self) -> None:
+        """The link: every layer's base shard in order (as the policy chooses), then upgrades while it is idle."""
+        await self.base_fetches()
+        self.st.base_done = True
+        if self.cfg.upgrades:
+            await self.upgrade_fetches()
+
+    async def base_fetches(self) -> None:
+        st, ctx = self.st, self.ctx
+        while st.next_layer < self.L and not self.cancel.is_set():
+            layer = st.next_layer
+            with st.lock:
+                st.link_free = st.now
+                d = self.policy.choose(ctx, layer)
+            self.decisions.append({"t": st.now, "layer": layer, "level": d.level, "reason": d.reason})
+            if d.level is None:
+                break
+            st.next_layer += 1
+            if d.level == LEVEL_COMPUTE:
+                continue
+            with st.lock:
+                st.in_flight[layer] = ctx.predict_ready(layer, self.ladders[layer][d.level], self.estimator.robust())
+            await self.fetch_with_fallback(layer, d.level)
+
+    async def upgrade_fetches(self) -> None:
+        """The idle link: progressive enhancements the policy asks for, until the compute lane is done."""
+        st = self.st
+        while not self.cancel.is_set() and not self._done.is_set():
+            with st.lock:
+                st.link_free = st.now
+                up = self.policy.upgrade(self.ctx)
+            if up is None:
+                break
+            layer, level = up
+            self.decisions.append({"t": st.now, "layer": layer, "level": level, "reason": "upgrade"})
+            try:
+                await self.fetch_level(layer, level)
+            except Exception as e:  # noqa: BLE001 - an upgrade is optional: report and stop upgrading
+                self.fallbacks.append(f"upgrade of shard {layer} to {self.ladders[layer][level].name} failed: {e}")
+                break
+
+    # ---- decode lane
+
+    def decode_shard(self, layer: int, level: int, digests: list[str], chain: list[bytes]):
+        """Decode a chain; an upgrade that extends the chain already decoded applies only its new blobs."""
+        t0 = self.st.now
+        with self.decoder_lock:
+            done, dec = self.decoders.pop(layer, ([], None))
+        if dec is None or digests[: len(done)] != done or len(digests) <= len(done):
+            done, dec = [], ChainDecoder()
+        for blob in chain[len(done) :]:  # on an error the half-advanced decoder stays dropped (popped above)
+            dec.push(blob)
+        k, v = dec.tensors()
+        with self.decoder_lock:
+            self.decoders[layer] = (list(digests), dec)
+        self.event("decode", t0, self.st.now, layer, self.ladders[layer][level].name)
+        return k, v
+
+    # ---- stall accounting
+
+    def wait_for_shard(self, layer: int, step: int) -> None:
+        """Block the compute lane until ``layer``'s shard is ready (a stall in the timeline) or give up on it."""
+        st = self.st
+        if layer not in st.in_flight and not st.got.get(layer) and (st.base_done or st.next_layer > layer):
+            # the fetch lane skipped it (a policy may not foresee a drop) — fetch it now at the floor
+            asyncio.run_coroutine_threadsafe(self.fetch_with_fallback(layer, self.floor), self._loop)
+        t0 = st.now
+        if not self.ready[layer].wait(self.cfg.shard_wait_s):
+            self.fallbacks.append(
+                f"shard {layer} not ready after {self.cfg.shard_wait_s}s; computing it on the device"
             )
+            self.failed.add(layer)
+        self.event("stall", t0, st.now, layer, f"step {step}")
 
+    # ---- compute lane
 
-@dataclass
-class RunReport:
-    policy: str
-    latency_s: float
-    bytes_fetched: int
-    split_layer: int
-    image: np.ndarray
-    tokens: torch.Tensor
-    events: list[dict] = field(default_factory=list)
-    decisions: list[dict] = field(default_factory=list)
-    fallbacks: list[str] = field(default_factory=list)
-    levels_used: dict[int, list[str]] = field(default_factory=dict)
+    def device_kv(self, layer: int):
+        """``layer``'s template KV computed on the device (one template-only pass serves every layer)."""
+        if not self.fallback_kv:
+            t0 = self.st.now
+            tokens = self.model.template_tokens(self.template_image)
+            tkv = self.adapter.extract_template_kv(tokens, self.model.spec.grid)
+            self.event("compute", t0, self.st.now, -1, "fallback template pass")
+            for i in range(self.L):
+                self.fallback_kv[i] = tkv.layer(i)
+        return self.fallback_kv[layer]
 
-    def busy_s(self, lane: str) -> float:
-        """Total time the lane was busy (overlaps merged)."""
-        spans = sorted((e["start"], e["end"]) for e in self.events if e["lane"] == lane)
-        total, cur_s, cur_e = 0.0, None, None
-        for s, e in spans:
-            if cur_e is None or s > cur_e:
-                if cur_e is not None:
-                    total += cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        return total + ((cur_e - cur_s) if cur_e is not None else 0.0)
+    def kv_source(self, layer: int, step: int):
+        """The KV the compute lane uses for ``layer`` at ``step``: the fetched shard, or the device's."""
+        if not self.ready[layer].is_set():
+            self.wait_for_shard(layer, step)
+        if layer in self.failed:
+            k, v = self.device_kv(layer)
+            self.levels_used.setdefault(layer, []).append("device")
+            return k, v
+        with self.st.lock:
+            k, v, level = self.kv[layer]
+        self.levels_used.setdefault(layer, []).append(self.ladders[layer][level].name)
+        return k.unsqueeze(0), v.unsqueeze(0)
+
+    def on_layer(self, step: int, layer: int) -> None:
+        """Before each layer: cancellation, the caller's hook, and the compute span of the previous layer."""
+        if self.cancel.is_set():
+            raise Cancelled(f"edit cancelled at step {step}, layer {layer}")
+        if self.user_hook is not None:
+            self.user_hook(step, layer)
+        now = self.st.now
+        self.close_compute_span(now)
+        with self.st.lock:
+            self.st.compute_layer, self.st.compute_t = layer, now
+        self.span_t = now
+        self.span_key = (step, layer, "template" if (step == 0 and self.st.template_alive) else "cached")
+
+    def close_compute_span(self, end: float) -> None:
+        """Record the compute span open since the last layer hook (if any) as ending at ``end``."""
+        if self.span_key is not None:
+            _, layer, level = self.span_key
+            self.event("compute", self.span_t, end, layer, level)
+
+    def keep_template(self, layer: int) -> bool:
+        """Step 0's split: ask the policy whether the device keeps computing the template tokens at ``layer``."""
+        st = self.st
+        with st.lock:
+            st.compute_layer, st.compute_t = layer, st.now
+            keep = self.policy.keep_template(self.ctx, layer)
+            if not keep:
+                st.template_alive = False
+                self.split_layer = layer
+        if not keep:
+            self.decisions.append({"t": st.now, "layer": layer, "level": "drop", "reason": "template dropped"})
+        return keep
+
+    def compute_lane(self):
+        """The edit itself (runs in a worker thread)."""
+        cfg = self.cfg
+        if self.policy.kv_preloaded:
+            raise ValueError("free-kv is a simulation-only bound")
+        if self.policy.template_every_step:
+            self.st.template_alive = True
+            return run_edit(self.model, self.user_image, self.prompt, steps=cfg.steps, seed=cfg.seed,
+                            split_layer=self.L, template_image=self.template_image, template_every_step=True,
+                            on_layer=self.on_layer)  # fmt: skip
+        return run_edit(self.model, self.user_image, self.prompt, steps=cfg.steps, seed=cfg.seed,
+                        split_layer=self.keep_template, kv_source=self.kv_source,
+                        template_image=self.template_image, on_layer=self.on_layer)  # fmt: skip
+
+    # ---- the run
+
+    async def run(self) -> RunReport:
+        """Run the edit with the lanes overlapped (after :meth:`reset`)."""
+        self.reset()
+        self._loop = asyncio.get_running_loop()
+        self._pool = ThreadPoolExecutor(max_workers=self.cfg.decode_threads, thread_name_prefix="sakura-decode")
+        self._done = asyncio.Event()
+        fetch_task = asyncio.create_task(self.fetch_lane())
+        try:
+            result = await asyncio.to_thread(self.compute_lane)
+            self.close_compute_span(self.st.now)
+        finally:
+            self._done.set()
+            if not fetch_task.done():
+                fetch_task.cancel()
+            try:
+                await fetch_task
+            except asyncio.CancelledError:
+                pass
+            self._pool.shutdown(wait=True)
+        return RunReport(
+            policy=self.policy.name,
+            latency_s=self.st.now,
+            bytes_fetched=self.bytes_fetched,
+            split_layer=self.split_layer if not self.policy.template_every_step else self.L,
+            image=result.image,
+            tokens=result.tokens,
+            events=self.events,
+            decisions=self.decisions,
+            fallbacks=self.fallbacks,
+            levels_used=self.levels_used,
+        )
 
 
 async def run_pipelined_edit(
@@ -117,7 +363,7 @@ async def run_pipelined_edit(
     cancel: threading.Event | None = None,
     on_layer: Callable[[int, int], None] | None = None,
 ) -> RunReport:
-    """Run one edit with the three lanes overlapped.
+    """Run one edit with the three lanes overlapped (a :class:`PipelinedEdit` run once).
 
     Args:
         fetch_blob: ``async (digest, nbytes) -> bytes`` (a ShardClient's fetch, shaped by the caller).
@@ -129,219 +375,7 @@ async def run_pipelined_edit(
         cancel: set it to stop between layers (raises :class:`Cancelled`).
         on_layer: ``(step, layer)`` before each layer (progress reporting).
     """
-    cfg = config or RuntimeConfig()
-    cancel = cancel or threading.Event()
-    adapter = model.adapter
-    L = adapter.num_layers
-    if len(ladders) != L:
-        raise ValueError(f"manifest has {len(ladders)} shards, the model {L} layers")
-    estimator = ThroughputEstimator()
-    st = LiveState(profile, trace or Trace.constant(1e4), ladders, floor, estimator, cfg.rtt_s, cfg.latency_target_s)
-    ctx = Context(st)
-    policy.reset()
-    events: list[dict] = []
-    decisions: list[dict] = []
-    fallbacks: list[str] = []
-    kv: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}  # layer -> (k, v, level)
-    ready = {layer: threading.Event() for layer in range(L)}
-    failed: set[int] = set()
-    levels_used: dict[int, list[str]] = {}
-    blobs: dict[str, bytes] = {}
-    nbytes = [0]
-    split = [L]
-    loop = asyncio.get_running_loop()
-    pool = ThreadPoolExecutor(max_workers=cfg.decode_threads, thread_name_prefix="sakura-decode")
-    from ..kv.chain import ChainDecoder
-
-    def event(lane, start, end, layer, level):
-        events.append({"lane": lane, "start": start, "end": end, "layer": layer, "level": level})
-
-    async def get(digest: str, size: int, layer: int, level_name: str) -> bytes:
-        if digest in blobs:
-            return blobs[digest]
-        t0 = st.now
-        data = await fetch_blob(digest, size)
-        t1 = st.now
-        estimator.observe(len(data), max(t1 - t0, 1e-6))
-        nbytes[0] += len(data)
-        event("fetch", t0, t1, layer, level_name)
-        blobs[digest] = data
-        return data
-
-    decoders: dict[int, tuple[list[str], ChainDecoder]] = {}  # layer -> (digests pushed, its incremental decoder)
-    decoder_lock = threading.Lock()
-
-    def decode(layer: int, level: int, digests: list[str], chain: list[bytes]):
-        """Decode a chain; an upgrade that extends the chain already decoded applies only its new blobs."""
-        t0 = st.now
-        with decoder_lock:
-            done, dec = decoders.pop(layer, ([], None))
-        if dec is None or digests[: len(done)] != done or len(digests) <= len(done):
-            done, dec = [], ChainDecoder()
-        for blob in chain[len(done) :]:  # on an error the half-advanced decoder stays dropped (popped above)
-            dec.push(blob)
-        k, v = dec.tensors()
-        with decoder_lock:
-            decoders[layer] = (list(digests), dec)
-        t1 = st.now
-        event("decode", t0, t1, layer, ladders[layer][level].name)
-        return k, v
-
-    async def fetch_level(layer: int, level: int) -> None:
-        rep = reps[layer][level]
-        by_digest = {r["digest"]: r for r in reps[layer]}
-        digests = [*rep.get("requires", []), rep["digest"]]
-        chain = [await get(d, by_digest[d]["bytes"], layer, ladders[layer][level].name) for d in digests]
-        k, v = await loop.run_in_executor(pool, decode, layer, level, digests, chain)
-        with st.lock:
-            cur = kv.get(layer)
-            if cur is None or cur[2] < level:
-                kv[layer] = (k[0], v[0], level)
-            st.got.setdefault(layer, []).append((level, st.now))
-            st.in_flight.pop(layer, None)
-            st.decoder_free = st.now
-        ready[layer].set()
-
-    async def fetch_with_fallback(layer: int, level: int) -> None:
-        try:
-            await fetch_level(layer, level)
-        except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
-            if level != floor:
-                fallbacks.append(f"shard {layer} level {ladders[layer][level].name}: {e}; retrying at the floor level")
-                try:
-                    await fetch_level(layer, floor)
-                    return
-                except Exception as e2:  # noqa: BLE001
-                    e = e2
-            fallbacks.append(f"shard {layer}: {e}; the device computes this layer's template KV")
-            failed.add(layer)
-            ready[layer].set()
-
-    async def fetch_lane() -> None:
-        while st.next_layer < L and not cancel.is_set():
-            layer = st.next_layer
-            with st.lock:
-                st.link_free = st.now
-                d = policy.choose(ctx, layer)
-            decisions.append({"t": st.now, "layer": layer, "level": d.level, "reason": d.reason})
-            if d.level is None:
-                break
-            st.next_layer += 1
-            if d.level == LEVEL_COMPUTE:
-                continue
-            with st.lock:
-                st.in_flight[layer] = ctx.predict_ready(layer, ladders[layer][d.level], estimator.robust())
-            await fetch_with_fallback(layer, d.level)
-        st.base_done = True
-        while cfg.upgrades and not cancel.is_set() and not done.is_set():
-            with st.lock:
-                st.link_free = st.now
-                up = policy.upgrade(ctx)
-            if up is None:
-                break
-            layer, level = up
-            decisions.append({"t": st.now, "layer": layer, "level": level, "reason": "upgrade"})
-            try:
-                await fetch_level(layer, level)
-            except Exception as e:  # noqa: BLE001 - an upgrade is optional: report and stop upgrading
-                fallbacks.append(f"upgrade of shard {layer} to {ladders[layer][level].name} failed: {e}")
-                break
-
-    fallback_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def device_kv(layer: int):
-        if not fallback_kv:
-            t0 = st.now
-            tkv = adapter.extract_template_kv(model.template_tokens(template_image), model.spec.grid)
-            event("compute", t0, st.now, -1, "fallback template pass")
-            for i in range(L):
-                fallback_kv[i] = tkv.layer(i)
-        return fallback_kv[layer]
-
-    def kv_source(layer: int, step: int):
-        if not ready[layer].is_set():
-            if layer not in st.in_flight and not st.got.get(layer) and (st.base_done or st.next_layer > layer):
-                # the fetch lane skipped it (a policy may not foresee a drop) — fetch it now at the floor
-                asyncio.run_coroutine_threadsafe(fetch_with_fallback(layer, floor), loop)
-            t0 = st.now
-            if not ready[layer].wait(cfg.shard_wait_s):
-                fallbacks.append(f"shard {layer} not ready after {cfg.shard_wait_s}s; computing it on the device")
-                failed.add(layer)
-            event("stall", t0, st.now, layer, f"step {step}")
-        if layer in failed:
-            k, v = device_kv(layer)
-            levels_used.setdefault(layer, []).append("device")
-            return k, v
-        with st.lock:
-            k, v, level = kv[layer]
-        levels_used.setdefault(layer, []).append(ladders[layer][level].name)
-        return k.unsqueeze(0), v.unsqueeze(0)
-
-    last = {"t": 0.0, "key": None}
-
-    user_hook = on_layer
-
-    def on_layer(step: int, layer: int) -> None:  # noqa: F811 - wraps the caller's hook
-        if cancel.is_set():
-            raise Cancelled(f"edit cancelled at step {step}, layer {layer}")
-        if user_hook is not None:
-            user_hook(step, layer)
-        now = st.now
-        if last["key"] is not None:
-            s, lay, lvl = last["key"]
-            event("compute", last["t"], now, lay, lvl)
-        with st.lock:
-            st.compute_layer, st.compute_t = layer, now
-        last["t"] = now
-        last["key"] = (step, layer, "template" if (step == 0 and st.template_alive) else "cached")
-
-    def keep_template(layer: int) -> bool:
-        with st.lock:
-            st.compute_layer, st.compute_t = layer, st.now
-            keep = policy.keep_template(ctx, layer)
-            if not keep:
-                st.template_alive = False
-                split[0] = layer
-        if not keep:
-            decisions.append({"t": st.now, "layer": layer, "level": "drop", "reason": "template dropped"})
-        return keep
-
-    def compute():
-        if policy.kv_preloaded:
-            raise ValueError("free-kv is a simulation-only bound")
-        if policy.template_every_step:
-            st.template_alive = True
-            return run_edit(model, user_image, prompt, steps=cfg.steps, seed=cfg.seed, split_layer=L,
-                            template_image=template_image, template_every_step=True, on_layer=on_layer)  # fmt: skip
-        return run_edit(model, user_image, prompt, steps=cfg.steps, seed=cfg.seed, split_layer=keep_template,
-                        kv_source=kv_source, template_image=template_image, on_layer=on_layer)  # fmt: skip
-
-    done = asyncio.Event()
-    fetch_task = asyncio.create_task(fetch_lane())
-    try:
-        result = await asyncio.to_thread(compute)
-        if last["key"] is not None:
-            event("compute", last["t"], st.now, last["key"][1], last["key"][2])
-    finally:
-        done.set()
-        cancel_fetch = not fetch_task.done()
-        if cancel_fetch:
-            fetch_task.cancel()
-        try:
-            await fetch_task
-        except asyncio.CancelledError:
-            pass
-        pool.shutdown(wait=True)
-    latency = st.now
-    return RunReport(
-        policy=policy.name,
-        latency_s=latency,
-        bytes_fetched=nbytes[0],
-        split_layer=split[0] if not policy.template_every_step else L,
-        image=result.image,
-        tokens=result.tokens,
-        events=events,
-        decisions=decisions,
-        fallbacks=fallbacks,
-        levels_used=levels_used,
-    )
+    edit = PipelinedEdit(model, manifest, fetch_blob, user_image, prompt, policy=policy, ladders=ladders, reps=reps,
+                         floor=floor, profile=profile, template_image=template_image, trace=trace, config=config,
+                         cancel=cancel, on_layer=on_layer)  # fmt: skip
+    return await edit.run()

@@ -77,6 +77,10 @@ class _Sim:
         self.bytes = 0
         self.events: list[dict] = []
         self.decisions: list[dict] = []
+        self.used: dict[int, list[int]] = {}  # layer -> the level it ran with at each step
+        self.stall_s = 0.0
+        self.split_layer = self.L
+        self.device_all = False  # a fallback template pass made every layer's KV on the device
         self.ctx = Context(self)
 
     def flush_observations(self) -> None:
@@ -161,101 +165,85 @@ class _Sim:
         return best
 
     def run(self) -> SimResult:
-        p, L, S = self.profile, self.L, self.profile.model.steps
+        """Step 0 layer by layer (the split, stalls, a late-shard recompute), then steps 1..S-1; the result."""
         pol = self.policy
         pol.reset()
         if pol.kv_preloaded:
-            for layer in range(L):
+            for layer in range(self.L):
                 self.got[layer] = [(len(self.ladders[layer]) - 1, 0.0)]
             self.base_done = True
-        used: dict[int, list[int]] = {}
-        stall = 0.0
-        split = L
-        device_all = False  # a fallback template pass made every layer's KV on the device
-        # step 0
-        for layer in range(L):
-            self.compute_layer = layer
-            self.advance_link(self.compute_t)
-            self.now = self.compute_t
-            if self.template_alive:
-                keep = layer in self.skipped or pol.keep_template(self.ctx, layer)
-                if keep:
-                    self.events.append(
-                        {
-                            "lane": "compute",
-                            "start": self.compute_t,
-                            "end": self.compute_t + p.layer_full_s,
-                            "layer": layer,
-                            "level": "template",
-                        }
-                    )
-                    self.compute_t += p.layer_full_s
-                    continue
-                self.template_alive = False
-                split = layer
-            if not device_all and not self.ready_by(layer, self.compute_t) and pol.recompute_late(self.ctx, layer):
-                # late shards: one template-only pass gives every layer's KV here; stop waiting for the link
-                self.events.append({"lane": "compute", "start": self.compute_t,
-                                    "end": self.compute_t + p.template_pass_s, "layer": -1,
-                                    "level": "fallback template pass"})  # fmt: skip
-                self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
-                                       "reason": "shards late: template pass on the device is sooner"})  # fmt: skip
-                self.compute_t += p.template_pass_s
-                device_all = True
-                self.base_done = True
-                self.next_layer = L
-            if device_all:
-                self.events.append({"lane": "compute", "start": self.compute_t,
-                                    "end": self.compute_t + p.layer_cached_s, "layer": layer, "level": "cached"})  # fmt: skip
-                self.compute_t += p.layer_cached_s
-                continue
-            ready = self.wait_for(layer)
-            if ready > self.compute_t:
-                self.events.append({"lane": "stall", "start": self.compute_t, "end": ready, "layer": layer,
-                                    "level": "waiting for shard"})  # fmt: skip
-                stall += ready - self.compute_t
-                self.compute_t = ready
-            used.setdefault(layer, []).append(self.level_at(layer, self.compute_t))
-            self.events.append(
-                {
-                    "lane": "compute",
-                    "start": self.compute_t,
-                    "end": self.compute_t + p.layer_cached_s,
-                    "layer": layer,
-                    "level": "cached",
-                }
-            )
-            self.compute_t += p.layer_cached_s
-        # steps 1..S-1
-        for step in range(1, S):
-            self.advance_link(self.compute_t)
-            cost = L * (p.layer_full_s if pol.template_every_step else p.layer_cached_s)
-            for layer in range(split, L):
-                if layer in used:
-                    used[layer].append(self.level_at(layer, self.compute_t))
-            self.events.append(
-                {
-                    "lane": "compute",
-                    "start": self.compute_t,
-                    "end": self.compute_t + cost,
-                    "layer": -1,
-                    "level": f"step {step}",
-                }
-            )
-            self.compute_t += cost
+        for layer in range(self.L):
+            self._step0_layer(layer)
+        for step in range(1, self.profile.model.steps):
+            self._later_step(step)
+        return self._result()
+
+    def _compute(self, seconds: float, layer: int, level: str) -> None:
+        """The compute lane runs for ``seconds`` from ``compute_t``."""
+        self.events.append({"lane": "compute", "start": self.compute_t, "end": self.compute_t + seconds,
+                            "layer": layer, "level": level})  # fmt: skip
+        self.compute_t += seconds
+
+    def _step0_layer(self, layer: int) -> None:
+        """Step 0 at ``layer``: keep the template tokens, or use this layer's KV (device-made or fetched)."""
+        p, pol = self.profile, self.policy
+        self.compute_layer = layer
+        self.advance_link(self.compute_t)
+        self.now = self.compute_t
+        if self.template_alive:
+            if layer in self.skipped or pol.keep_template(self.ctx, layer):
+                self._compute(p.layer_full_s, layer, "template")
+                return
+            self.template_alive = False
+            self.split_layer = layer
+        if not self.device_all and not self.ready_by(layer, self.compute_t) and pol.recompute_late(self.ctx, layer):
+            # late shards: one template-only pass gives every layer's KV here; stop waiting for the link
+            self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
+                                   "reason": "shards late: template pass on the device is sooner"})  # fmt: skip
+            self._compute(p.template_pass_s, -1, "fallback template pass")
+            self.device_all = True
+            self.base_done = True
+            self.next_layer = self.L
+        if self.device_all:
+            self._compute(p.layer_cached_s, layer, "cached")
+            return
+        self._stall_until_ready(layer)
+        self.used.setdefault(layer, []).append(self.level_at(layer, self.compute_t))
+        self._compute(p.layer_cached_s, layer, "cached")
+
+    def _stall_until_ready(self, layer: int) -> None:
+        """Stall accounting: the compute lane waits until ``layer`` has a decoded level."""
+        ready = self.wait_for(layer)
+        if ready > self.compute_t:
+            self.events.append({"lane": "stall", "start": self.compute_t, "end": ready, "layer": layer,
+                                "level": "waiting for shard"})  # fmt: skip
+            self.stall_s += ready - self.compute_t
+            self.compute_t = ready
+
+    def _later_step(self, step: int) -> None:
+        """Steps 1..S-1: every layer with the best level decoded by the step's start (upgrades land between)."""
+        p = self.profile
+        self.advance_link(self.compute_t)
+        cost = self.L * (p.layer_full_s if self.policy.template_every_step else p.layer_cached_s)
+        for layer in range(self.split_layer, self.L):
+            if layer in self.used:
+                self.used[layer].append(self.level_at(layer, self.compute_t))
+        self._compute(cost, -1, f"step {step}")
+
+    def _result(self) -> SimResult:
         mse = 0.0
-        for layer, levels in used.items():
+        for layer, levels in self.used.items():
             for lv in levels:
                 mse += self.ladders[layer][lv].mse / len(levels)
         return SimResult(
-            policy=pol.name,
+            policy=self.policy.name,
             trace=self.trace.name,
             start_s=self.start_s,
-            latency_s=self.compute_t + p.fixed_s,
+            latency_s=self.compute_t + self.profile.fixed_s,
             bytes_fetched=self.bytes,
             psnr_db=psnr_from_mse(mse),
-            split_layer=split,
-            stall_s=stall,
+            split_layer=self.split_layer,
+            stall_s=self.stall_s,
             events=self.events,
             decisions=self.decisions,
         )

@@ -1,0 +1,73 @@
+"""The pipelined run's settings (:class:`RuntimeConfig`), its report (:class:`RunReport`) and the error a cancelled
+edit raises (:class:`Cancelled`); :mod:`sakura_core.runtime.pipeline` runs the edit and re-exports them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = ["Cancelled", "RunReport", "RuntimeConfig"]
+
+
+class Cancelled(RuntimeError):
+    """The edit was cancelled (between layers or steps)."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Attributes:
+    steps: denoising steps.
+    seed: noise seed.
+    decode_threads: decoder pool size.
+    upgrades: fetch progressive enhancements during later steps (policies that ask for them).
+    shard_wait_s: longest wait for one shard before the device computes the template KV itself.
+    rtt_s: round trip charged per request in the policies' predictions.
+    latency_target_s: the user's latency target for the edit (seconds) or None; policies trade the slack under it
+        for quality (sakura) or use it as their SLO (cachegen).
+    """
+
+    steps: int = 8
+    seed: int = 0
+    decode_threads: int = 1
+    upgrades: bool = True
+    shard_wait_s: float = 120.0
+    rtt_s: float = 0.04
+    latency_target_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.latency_target_s is not None and not self.latency_target_s > 0:
+            raise ValueError(f"latency_target_s must be > 0 seconds or None, got {self.latency_target_s}")
+        if self.steps < 1 or self.decode_threads < 1 or self.shard_wait_s <= 0:
+            raise ValueError(
+                f"steps and decode_threads must be >= 1 and shard_wait_s > 0, got {self.steps}, "
+                f"{self.decode_threads}, {self.shard_wait_s}"
+            )
+
+
+@dataclass
+class RunReport:
+    policy: str
+    latency_s: float
+    bytes_fetched: int
+    split_layer: int
+    image: np.ndarray
+    tokens: torch.Tensor
+    events: list[dict] = field(default_factory=list)
+    decisions: list[dict] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)
+    levels_used: dict[int, list[str]] = field(default_factory=dict)
+
+    def busy_s(self, lane: str) -> float:
+        """Total time the lane was busy (overlaps merged)."""
+        spans = sorted((e["start"], e["end"]) for e in self.events if e["lane"] == lane)
+        total, cur_s, cur_e = 0.0, None, None
+        for s, e in spans:
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    total += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        return total + ((cur_e - cur_s) if cur_e is not None else 0.0)

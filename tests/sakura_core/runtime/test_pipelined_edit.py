@@ -1,0 +1,107 @@
+"""PipelinedEdit as an object: reset() gives a fresh run, and no lane's state leaks from one run into the next."""
+
+import asyncio
+
+import pytest
+import torch
+
+from sakura_core.fetch.shaper import ShaperConfig, TraceShaper
+from sakura_core.fetch.traces import Trace
+from sakura_core.models.edit_model import load_image
+from sakura_core.policy.ladder import ladders_from_manifest
+from sakura_core.policy.policies import make_policy
+from sakura_core.precompute import precompute_template
+from sakura_core.runtime.live_profile import LiveProfile
+from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig
+
+STEPS = 2
+MBIT = 50.0
+
+
+@pytest.fixture(scope="module")
+def setup(demo_model, demo_template):
+    usr = load_image("chelsea", demo_model.spec.image_size)
+    pre = precompute_template(demo_model, demo_template, "tpl", held_out_probes=1)
+    ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
+    idx = [lv.name for lv in ladders[0]].index("fp16")  # fetch-fp16 fetches level 0: keep only fp16
+    ladders, reps = [[lad[idx]] for lad in ladders], [[r[idx]] for r in reps]
+    profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.1, layers=demo_model.adapter.num_layers, steps=STEPS)
+    return demo_model, demo_template, usr, pre, ladders, reps, profile
+
+
+def _edit(setup, corrupt_once=()):
+    """A fetch-fp16 edit (deterministic decisions) over a fixed 50 Mbit/s link; ``corrupt_once`` digests arrive
+    corrupted the first time they are fetched."""
+    model, tpl, usr, pre, ladders, reps, profile = setup
+    shaper = TraceShaper(Trace.constant(MBIT), ShaperConfig(rtt_s=0.0))
+    pending = set(corrupt_once)
+
+    async def fetch_blob(digest, nbytes):
+        blob = pre.blobs[digest]
+        await shaper.throttle(len(blob))
+        if digest in pending:
+            pending.discard(digest)
+            return blob[:-10] + b"\x00" * 10
+        return blob
+
+    return PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=make_policy("fetch-fp16"), ladders=ladders,
+                         reps=reps, floor=0, profile=profile, template_image=tpl, trace=Trace.constant(MBIT),
+                         config=RuntimeConfig(steps=STEPS))  # fmt: skip
+
+
+def _summary(rep):
+    """Everything in a report that does not depend on wall-clock timing (stalls and times do)."""
+    return {
+        "policy": rep.policy,
+        "bytes": rep.bytes_fetched,
+        "split": rep.split_layer,
+        "decisions": [(d["layer"], d["level"], d["reason"]) for d in rep.decisions],
+        "events": sorted((e["lane"], e["layer"], e["level"]) for e in rep.events if e["lane"] != "stall"),
+        "fallbacks": list(rep.fallbacks),
+        "levels_used": {k: list(v) for k, v in rep.levels_used.items()},
+    }
+
+
+def test_two_runs_of_one_instance_equal_two_fresh_instances(setup):
+    edit = _edit(setup)
+    a1 = asyncio.run(edit.run())
+    a2 = asyncio.run(edit.run())
+    b1 = asyncio.run(_edit(setup).run())
+    b2 = asyncio.run(_edit(setup).run())
+    L = setup[0].adapter.num_layers
+    assert a1.bytes_fetched > 0 and a1.split_layer == 0 and len(a1.levels_used) == L
+    for rep in (a2, b1, b2):
+        assert _summary(rep) == _summary(a1)
+        assert torch.equal(rep.tokens, a1.tokens)
+        assert (rep.image == a1.image).all()
+
+
+def test_reset_clears_every_lane(setup):
+    edit = _edit(setup)
+    first = asyncio.run(edit.run())
+    assert edit.blobs and edit.kv and edit.decoders and all(ev.is_set() for ev in edit.ready.values())
+    edit.reset()
+    assert not (edit.events or edit.decisions or edit.fallbacks or edit.levels_used)
+    assert not (edit.blobs or edit.kv or edit.decoders or edit.failed or edit.fallback_kv)
+    assert not any(ev.is_set() for ev in edit.ready.values())
+    assert edit.bytes_fetched == 0 and edit.split_layer == setup[0].adapter.num_layers and edit.span_key is None
+    assert edit.st.next_layer == 0 and not edit.st.got and not edit.st.base_done and edit.st.template_alive
+    assert first.events and first.decisions  # the report keeps its own lists
+
+
+def test_a_failed_shard_does_not_leak_into_the_next_run(setup):
+    pre = setup[3]
+    fp16 = next(r["digest"] for r in pre.manifest["shards"][2]["representations"] if r["name"] == "fp16")
+    edit = _edit(setup, corrupt_once={fp16})
+    first = asyncio.run(edit.run())
+    first_summary = _summary(first)
+    assert any("shard 2" in f for f in first.fallbacks) and first.levels_used[2][0] == "device"
+    assert any(e["level"] == "fallback template pass" for e in first.events)
+
+    second = asyncio.run(edit.run())  # the link now delivers shard 2 intact: the run must fetch and use it
+    assert not second.fallbacks and not edit.failed and not edit.fallback_kv
+    assert set(second.levels_used[2]) == {"fp16"}
+    assert not any(e["level"] == "fallback template pass" for e in second.events)
+    assert second.bytes_fetched == first.bytes_fetched  # every blob fetched again, none served from run 1
+    assert _summary(first) == first_summary  # run 2 appended nothing to run 1's report
+    assert _summary(second) == _summary(asyncio.run(_edit(setup).run()))
