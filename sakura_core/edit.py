@@ -259,13 +259,14 @@ async def run_template_edit(
     profile: LiveProfile | None = None,
     cancel: threading.Event | None = None,
     on_layer: Callable[[int, int], None] | None = None,
-    executed_on: dict | None = None,
+    backend=None,
 ) -> EditOutcome:
     """Edit ``user_image`` against ``opened`` with ``settings.policy`` over ``link`` (default: the real link).
 
     ``profile`` defaults to :func:`measure_profile` of ``model`` (measured once per model). ``on_layer(step,
     layer)`` is called before each layer; ``cancel`` stops between layers (``runtime.pipeline.Cancelled``).
-    ``executed_on`` goes into the report as is (default ``{"kind": "local"}``).
+    ``executed_on`` goes into the report as is (default ``{"kind": "local"}``). ``backend`` runs the model's blocks
+    (``sakura_core.runtime.backend``; None = the torch adapter).
     """
     from .fetch.client import ShardClient
 
@@ -285,7 +286,7 @@ async def run_template_edit(
         run = await run_pipelined_edit(
             model, opened.manifest, shaped_fetcher(client, link), user, settings.prompt, policy=plan.policy,
             ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template,
-            trace=link.trace(), config=config, cancel=cancel, on_layer=on_layer,
+            trace=link.trace(), config=config, cancel=cancel, on_layer=on_layer, backend=backend,
         )  # fmt: skip
     started, finished = opened.image_fetch_s
     image_event = {
@@ -350,8 +351,9 @@ async def edit_from_server(
     profile: LiveProfile | None = None,
     cancel: threading.Event | None = None,
     on_layer: Callable[[int, int], None] | None = None,
+    backend=None,
 ) -> EditOutcome:
-    """:func:`open_template` then :func:`run_template_edit` for ``request``."""
+    """:func:`open_template` then :func:`run_template_edit` for ``request`` (``backend``: see there)."""
     opened = await open_template(request.source, request.template_id, model)
     return await run_template_edit(model, opened, user_image, request.settings, link=request.link, profile=profile,
-                                   cancel=cancel, on_layer=on_layer)  # fmt: skip
+                                   cancel=cancel, on_layer=on_layer, backend=backend)  # fmt: skip

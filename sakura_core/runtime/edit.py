@@ -14,6 +14,7 @@ import torch
 
 from ..models.edit_model import EditModel
 from ..models.kv_types import TemplateKV
+from .backend import ComputeBackend, backend_of
 from .sampler import euler_sample, flow_timesteps
 
 __all__ = ["EditResult", "KVSource", "run_edit"]
@@ -52,6 +53,7 @@ def run_edit(
     template_every_step: bool = False,
     on_layer: Callable[[int, int], None] | None = None,
     shift: float = 1.0,
+    backend: ComputeBackend | None = None,
 ) -> EditResult:
     """Edit ``user_image`` (uint8 (S, S, 3)) against a template with the demo model.
 
@@ -62,8 +64,10 @@ def run_edit(
             (the runtime passes one that waits for shards and serves upgraded levels at later steps).
         template_every_step: recompute the template tokens at every step (needs ``split_layer == num_layers``).
         on_layer: ``(step, layer)`` before each layer — progress and cancellation (raise to stop).
+        backend: what runs the blocks (:mod:`sakura_core.runtime.backend`); None = the torch adapter.
     """
     adapter = model.adapter
+    compute = backend_of(model, backend)
     L = adapter.num_layers
     grid = model.spec.grid
     dynamic = callable(split_layer)
@@ -98,7 +102,7 @@ def run_edit(
             return kv_source(layer, step)
 
         run_template = step == 0 or template_every_step
-        result = adapter.forward(
+        result = compute.forward(
             model.request_tokens(x, user),
             txt,
             t,

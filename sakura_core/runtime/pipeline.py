@@ -1,4 +1,5 @@
-"""The pipelined phone runtime: fetch (aiohttp, streaming), decode (thread pool) and compute (torch) concurrently.
+"""The pipelined phone runtime: fetch (aiohttp, streaming), decode (thread pool) and compute (a backend: torch, or the
+QNN HTP graphs of ``android_bridge.qnn_backend``) concurrently.
 
 Step 0 is a hybrid forward whose split is decided while it runs: before each layer the policy says whether the
 device keeps running the template tokens (compute) or drops them and uses the fetched shard. The fetch lane asks
@@ -29,6 +30,7 @@ from ..policy.context import Context, LiveState
 from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
 from ..policy.policies import LEVEL_COMPUTE, Policy
+from .backend import ComputeBackend, backend_of
 from .edit import run_edit
 from .live_profile import LiveProfile
 from .pipeline_config import Cancelled, RunReport, RuntimeConfig
@@ -68,8 +70,10 @@ class PipelinedEdit:
         config: RuntimeConfig | None = None,
         cancel: threading.Event | None = None,
         on_layer: Callable[[int, int], None] | None = None,
+        backend: ComputeBackend | None = None,
     ) -> None:
         self.model, self.adapter = model, model.adapter
+        self.backend = backend_of(model, backend)
         self.L = self.adapter.num_layers
         if len(ladders) != self.L:
             raise ValueError(f"manifest has {len(ladders)} shards, the model {self.L} layers")
@@ -245,7 +249,7 @@ class PipelinedEdit:
         if not self.fallback_kv:
             t0 = self.st.now
             tokens = self.model.template_tokens(self.template_image)
-            tkv = self.adapter.extract_template_kv(tokens, self.model.spec.grid)
+            tkv = self.backend.extract_template_kv(tokens, self.model.spec.grid)
             self.event("compute", t0, self.st.now, -1, "fallback template pass")
             for i in range(self.L):
                 self.fallback_kv[i] = tkv.layer(i)
@@ -305,10 +309,10 @@ class PipelinedEdit:
             self.st.template_alive = True
             return run_edit(self.model, self.user_image, self.prompt, steps=cfg.steps, seed=cfg.seed,
                             split_layer=self.L, template_image=self.template_image, template_every_step=True,
-                            on_layer=self.on_layer)  # fmt: skip
+                            on_layer=self.on_layer, backend=self.backend)  # fmt: skip
         return run_edit(self.model, self.user_image, self.prompt, steps=cfg.steps, seed=cfg.seed,
                         split_layer=self.keep_template, kv_source=self.kv_source,
-                        template_image=self.template_image, on_layer=self.on_layer)  # fmt: skip
+                        template_image=self.template_image, on_layer=self.on_layer, backend=self.backend)  # fmt: skip
 
     # ---- the run
 
@@ -362,6 +366,7 @@ async def run_pipelined_edit(
     config: RuntimeConfig | None = None,
     cancel: threading.Event | None = None,
     on_layer: Callable[[int, int], None] | None = None,
+    backend: ComputeBackend | None = None,
 ) -> RunReport:
     """Run one edit with the three lanes overlapped (a :class:`PipelinedEdit` run once).
 
@@ -374,8 +379,9 @@ async def run_pipelined_edit(
         trace: the link's trace, for the policies that read it (cachegen's rule, the oracle).
         cancel: set it to stop between layers (raises :class:`Cancelled`).
         on_layer: ``(step, layer)`` before each layer (progress reporting).
+        backend: what runs the model's blocks (:mod:`sakura_core.runtime.backend`); None = the torch adapter.
     """
     edit = PipelinedEdit(model, manifest, fetch_blob, user_image, prompt, policy=policy, ladders=ladders, reps=reps,
                          floor=floor, profile=profile, template_image=template_image, trace=trace, config=config,
-                         cancel=cancel, on_layer=on_layer)  # fmt: skip
+                         cancel=cancel, on_layer=on_layer, backend=backend)  # fmt: skip
     return await edit.run()
