@@ -32,12 +32,12 @@ import uuid
 import numpy as np
 from aiohttp import WSMsgType, web
 
-from .agent_state import AGENT_STATE_KEY, AgentConfig, AgentState, EditFn, Job, _cancel
+from .agent_state import AGENT_STATE_KEY, AgentConfig, AgentState, EditFn, Job, _cancel, compute_description
 from .agent_worker import _worker
 from .budget import DiTGeometry, OverBudgetError, check_budget
 from .wire import CONTENT_TYPE, WireError, WireLimits, decode_job_body, edit_request_from_header
 
-__all__ = ["AGENT_STATE_KEY", "AgentConfig", "AgentState", "Job", "create_app"]
+__all__ = ["AGENT_STATE_KEY", "AgentConfig", "AgentState", "Job", "compute_description", "create_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +124,7 @@ async def handle_info(request: web.Request) -> web.Response:
             },
             "compute": {
                 "where": "this host's CPU (emulated phone)",
+                **compute_description(state),
                 "layer_full_s": state.live_profile.layer_full_s,
                 "layer_cached_s": state.live_profile.layer_cached_s,
             },
@@ -326,6 +327,13 @@ def _load_model(weights: str):
     return load_demo_model(weights=None if weights == "none" else weights)
 
 
+def _open_qnn(model, cache_dir: str | None):
+    """The QNN backend (context binaries built on first use, then loaded from the cache)."""
+    from .npu_build import QnnBuildConfig, open_qnn_backend
+
+    return open_qnn_backend(model, QnnBuildConfig(cache_root=cache_dir))
+
+
 def _measure(model):
     """Per-layer compute times of ``model`` here (the policies predict with them); content-free inputs only."""
     from sakura_core.runtime.live_profile import measure_profile
@@ -344,6 +352,8 @@ async def _lifecycle(app: web.Application):
         state.edit_fn = edit_from_server
     if state.live_profile is None:
         state.live_profile = await loop.run_in_executor(None, _measure, state.model)
+    if state.config.backend == "qnn" and state.backend is None:
+        state.backend = await loop.run_in_executor(None, _open_qnn, state.model, state.config.qnn_cache_dir)
     state.geometry = DiTGeometry.of_demo(state.model)
     state.queue = asyncio.Queue()
     state.worker = asyncio.create_task(_worker(state))

@@ -18,7 +18,7 @@ from sakura_core.runtime.profiles import DeviceProfile, get_profile
 
 from .budget import DiTGeometry
 
-__all__ = ["AGENT_STATE_KEY", "AgentConfig", "AgentState", "Job"]
+__all__ = ["AGENT_STATE_KEY", "AgentConfig", "AgentState", "Job", "compute_description"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,10 @@ class AgentConfig:
         job_timeout_s: a running job is cancelled after this many seconds.
         simulate_phone: add the profile's SIMULATED phone-scale latency to each report.
         weights: demo model weights: "auto" (trained if present, else the seeded random init), "none", or a path.
+        backend: what runs the model's blocks: "torch" (the reference, this host's CPU) or "qnn" (per-layer context
+            binaries through onnxruntime-qnn, CPU fallback disabled; on x86 the HTP is EMULATED).
+        qnn_cache_dir: root of the QNN context-binary cache (one folder per model id); None = $SAKURA_QNN_CACHE or
+            ~/.cache/sakura/qnn.
     """
 
     token: str
@@ -56,8 +60,12 @@ class AgentConfig:
     job_timeout_s: float = 600.0
     simulate_phone: bool = True
     weights: str = "auto"
+    backend: str = "torch"
+    qnn_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
+        if self.backend not in ("torch", "qnn"):
+            raise ValueError(f"backend must be 'torch' or 'qnn', got {self.backend!r}")
         if not isinstance(self.token, str) or len(self.token) < 8 or not self.token.isprintable() or " " in self.token:
             raise ValueError("token must be at least 8 printable characters without spaces (the pairing token)")
         get_profile(self.profile)  # raises naming the choices
@@ -139,6 +147,7 @@ class AgentState:
         self.model = model
         self.edit_fn = edit_fn
         self.live_profile = live_profile
+        self.backend = None  # a sakura_core.runtime.backend.ComputeBackend; None = the torch adapter
         self.geometry: DiTGeometry | None = None
         self.jobs: OrderedDict[str, Job] = OrderedDict()
         self.queue: asyncio.Queue[Job] | None = None  # admission is bounded by ``queue_size`` in handle_submit
@@ -159,6 +168,13 @@ class AgentState:
         finished = [j for j in self.jobs.values() if j.finished]
         for job in finished[: max(0, len(finished) - self.config.jobs_kept)]:
             self.jobs.pop(job.job_id, None)
+
+
+def compute_description(state: AgentState) -> dict:
+    """What runs the model's blocks: the backend's own description (``/v1/info`` and each report's executed_on)."""
+    from sakura_core.runtime.backend import backend_of
+
+    return backend_of(state.model, state.backend).describe()
 
 
 AGENT_STATE_KEY = web.AppKey("agent_state", AgentState)

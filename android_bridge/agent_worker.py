@@ -9,7 +9,7 @@ import time
 
 from sakura_core.io_utils import png_bytes
 
-from .agent_state import AgentState, Job, _cancel, _finish
+from .agent_state import AgentState, Job, _cancel, _finish, compute_description
 
 __all__: list[str] = []  # internal to the agent: _worker runs the queue
 
@@ -51,9 +51,9 @@ async def _run_one(state: AgentState, job: Job) -> None:
     job.emit({"type": "state", "state": "running"})
     timer = loop.call_later(state.config.job_timeout_s, timeout)
     try:
-        outcome = await state.edit_fn(
-            state.model, job.request, job.image, profile=state.live_profile, cancel=job.cancel, on_layer=on_layer
-        )
+        backend = {"backend": state.backend} if state.backend is not None else {}  # None: the torch reference
+        outcome = await state.edit_fn(state.model, job.request, job.image, profile=state.live_profile,
+                                      cancel=job.cancel, on_layer=on_layer, **backend)  # fmt: skip
         png = await loop.run_in_executor(None, png_bytes, outcome.image)
         report = await loop.run_in_executor(None, _report, state, job, outcome)
     except Cancelled:
@@ -88,7 +88,8 @@ def _report(state: AgentState, job: Job, outcome) -> dict:
             "profile": p.name,
             "soc": p.soc,
             "emulated": True,
-            "compute": "this host's CPU running the demo model (emulated phone); latency_s is measured here",
+            "compute": _compute_text(state),
+            "backend": _backend_summary(state),
             "model_id": state.model_id,
         },
         "memory": job.memory,
@@ -101,6 +102,23 @@ def _report(state: AgentState, job: Job, outcome) -> dict:
         executed_on["simulated_phone"] = _simulate(state, job, outcome)
     report["executed_on"] = executed_on  # same key, same place in the report
     return report
+
+
+def _compute_text(state: AgentState) -> str:
+    if state.backend is None:
+        return "this host's CPU running the demo model in torch (emulated phone); latency_s is measured here"
+    d = state.backend.describe()
+    if d.get("emulated_htp"):
+        return (
+            "the model's blocks ran as per-layer QNN context binaries on the EMULATED Hexagon HTP (x86-64 "
+            "libQnnHtp.so, onnxruntime-qnn, CPU fallback disabled); latency_s is the emulator's, not a phone's"
+        )
+    return f"the model's blocks ran on {d.get('where')}"
+
+
+def _backend_summary(state: AgentState) -> dict:
+    d = compute_description(state)
+    return {k: d[k] for k in ("backend", "emulated_htp", "precision", "soc_model", "op_coverage") if k in d}
 
 
 def _simulate(state: AgentState, job: Job, outcome) -> dict:

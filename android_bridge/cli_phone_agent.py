@@ -37,6 +37,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--weights", default="auto", help="demo model weights: auto, none (random init) or a path")
     parser.add_argument("--job-timeout", type=float, default=600.0, help="seconds before a running job is cancelled")
     parser.add_argument("--no-simulation", action="store_true", help="do not add the simulated phone latency")
+    parser.add_argument("--backend", choices=("torch", "qnn"), default="torch",
+                        help="what runs the model's blocks: torch (reference) or qnn (onnxruntime-qnn HTP, CPU "
+                        "fallback disabled; EMULATED on x86) (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--qnn-cache",
+        default=None,
+        help="QNN context-binary cache root (default: $SAKURA_QNN_CACHE or ~/.cache/sakura/qnn)",
+    )
 
 
 async def serve(config: AgentConfig, *, ready=None) -> None:
@@ -76,6 +84,8 @@ def run(args) -> int:
             job_timeout_s=args.job_timeout,
             simulate_phone=not args.no_simulation,
             weights=args.weights,
+            backend=args.backend,
+            qnn_cache_dir=args.qnn_cache,
         )
     except ValueError as e:
         print(f"sakura phone-agent: {e}", file=sys.stderr)
@@ -87,7 +97,9 @@ def run(args) -> int:
 
     def ready(port: int) -> None:
         host = f"[{config.host}]" if ":" in config.host else config.host
-        print(f"phone agent listening on http://{host}:{port} profile={config.profile} (emulated)", flush=True)
+        htp = " on the EMULATED HTP" if config.backend == "qnn" else ""
+        print(f"phone agent listening on http://{host}:{port} profile={config.profile} backend={config.backend}{htp} "
+              "(emulated)", flush=True)  # fmt: skip
 
     asyncio.run(serve(config, ready=ready))
     print("sakura phone-agent: stopped", flush=True)

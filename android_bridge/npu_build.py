@@ -226,7 +226,9 @@ def _build(model, runner, folder: Path, config: QnnBuildConfig, toolchain: str) 
         stale.unlink()
     logger.info("QNN backend: building %d layer graphs into %s (once per model)", 2 * model.adapter.num_layers, folder)
     calib = _record_feeds(model, _CALIBRATION, config.calibration_steps)
-    rows = [_build_one(model, runner, layer, kind, folder, config, calib[(layer, kind)]) for layer, kind in _graphs(model)]
+    rows = [
+        _build_one(model, runner, layer, kind, folder, config, calib[(layer, kind)]) for layer, kind in _graphs(model)
+    ]
     nodes, outside = sum(r["nodes"] for r in rows), sum(r["nodes_outside_qnn"] for r in rows)
     sessions = _open_sessions(model, folder, config)
     build = {
@@ -237,8 +239,12 @@ def _build(model, runner, folder: Path, config: QnnBuildConfig, toolchain: str) 
         "precision": config.precision,
         "emulated": platform.machine().lower() in ("x86_64", "amd64"),
         "graphs": rows,
-        "op_coverage": {"nodes": nodes, "nodes_on_htp": nodes - outside, "fraction_on_htp": (nodes - outside) / nodes,
-                        "cpu_fallback": "disabled"},  # fmt: skip
+        "op_coverage": {
+            "nodes": nodes,
+            "nodes_on_htp": nodes - outside,
+            "fraction_on_htp": (nodes - outside) / nodes,
+            "cpu_fallback": "disabled",
+        },  # fmt: skip
         "parity_vs_torch": _parity_rows(model, runner, sessions, _record_feeds(model, [_VALIDATION], 2)),
     }
     (folder / "build.json").write_text(json.dumps(build, indent=1))

@@ -76,7 +76,11 @@ class SplitForward:
 
     def _check_geometry(self, x, txt, img_grid, ref_tokens, ref_grid) -> None:
         spec = self.model.spec
-        if tuple(img_grid) != tuple(spec.grid) or x.shape[:2] != (1, spec.num_tokens) or txt.shape[1] != spec.text_tokens:
+        if (
+            tuple(img_grid) != tuple(spec.grid)
+            or x.shape[:2] != (1, spec.num_tokens)
+            or txt.shape[1] != spec.text_tokens
+        ):
             raise ValueError(f"the layer graphs are built for batch 1, grid {spec.grid} and {spec.text_tokens} text "
                              f"tokens, got x {tuple(x.shape)}, txt {tuple(txt.shape)}, grid {img_grid}; "
                              "use the torch backend for other geometries")  # fmt: skip
@@ -183,7 +187,9 @@ class QnnBackend(SplitForward):
             "where": "onnxruntime-qnn QNN execution provider, HTP backend, CPU fallback disabled",
             "emulated_htp": b["emulated"],
             "htp": "EMULATED: the x86-64 libQnnHtp.so emulates the Hexagon HTP on this host (numerics, not phone "
-            "timing)" if b["emulated"] else "Hexagon HTP",
+            "timing)"
+            if b["emulated"]
+            else "Hexagon HTP",
             "precision": b["precision"],
             "soc_model": b["soc_model"],
             "graphs": len(self.sessions),

@@ -259,6 +259,7 @@ async def run_template_edit(
     profile: LiveProfile | None = None,
     cancel: threading.Event | None = None,
     on_layer: Callable[[int, int], None] | None = None,
+    executed_on: dict | None = None,
     backend=None,
 ) -> EditOutcome:
     """Edit ``user_image`` against ``opened`` with ``settings.policy`` over ``link`` (default: the real link).

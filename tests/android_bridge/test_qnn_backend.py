@@ -1,0 +1,136 @@
+"""The compute-backend seam and the QNN backend.
+
+Fast: the per-layer decomposition (template graphs + cached-KV graphs, as torch modules) is the adapter's forward
+for every split, a dynamic split and the template-only pass, and a whole edit through the seam matches the default.
+Marked ``npu`` (skipped with the reason when onnxruntime-qnn is absent): the context binaries build once per test
+session into a temporary cache, run 100 % on the emulated HTP with CPU fallback disabled, match their torch modules
+per layer graph, load again from the cache without a rebuild, and a whole edit on the HTP is >= 40 dB from the torch
+edit for fetched KV and for on-device template layers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from android_bridge.qnn_backend import SplitForward, TorchLayerRunner
+from sakura_core.metrics import psnr_uint8
+from sakura_core.models.edit_model import load_image
+from sakura_core.runtime.edit import run_edit
+
+# Bounds (the build report prints the measured values): per layer graph on the emulated HTP, w8a16, held-out edit
+# inputs, the worst output's ||htp - torch|| / ||torch|| — measured 0.002-0.077 (worst: layer 0's template graph)
+GRAPH_REL_L2_BOUND = 0.15
+EDIT_PSNR_DB_BOUND = 40.0  # a whole edit on the HTP vs the torch edit: measured 48-50 dB (3 steps)
+
+
+@pytest.fixture(scope="module")
+def inputs(demo_model):
+    m = demo_model
+    tpl = m.template_tokens(load_image("astronaut", m.spec.image_size))
+    user = m.pack_image(load_image("chelsea", m.spec.image_size))
+    kv = m.adapter.extract_template_kv(tpl, m.spec.grid)
+    x = m.request_tokens(torch.randn(user.shape, generator=torch.Generator().manual_seed(3)), user)
+    return tpl, kv, x, m.encode_prompt("make it red"), torch.tensor([0.7])
+
+
+@pytest.mark.parametrize("split", [0, 3, 6, "dynamic"])
+def test_layer_graphs_compose_to_the_adapters_forward(demo_model, inputs, split):
+    m, (tpl, kv, x, txt, t) = demo_model, inputs
+    split_layer = (lambda layer: layer < 2) if split == "dynamic" else split
+    args = dict(img_grid=m.spec.grid, ref_tokens=tpl, ref_grid=m.spec.grid, split_layer=split_layer, cached=kv)
+    ref = m.adapter.forward(x, txt, t, **args)
+    got = SplitForward(m, TorchLayerRunner(m)).forward(x, txt, t, **args)
+    assert (got.sample - ref.sample).abs().max().item() < 1e-4  # fp32 both: the same arithmetic, reordered
+    assert len(got.extracted) == len(ref.extracted) == (2 if split == "dynamic" else split)
+    for (gk, gv), (rk, rv) in zip(got.extracted, ref.extracted, strict=True):
+        assert (gk - rk).abs().max().item() < 1e-4 and (gv - rv).abs().max().item() < 1e-4
+
+
+def test_template_only_pass_and_refusals(demo_model, inputs):
+    m, (tpl, kv, x, txt, t) = demo_model, inputs
+    split = SplitForward(m, TorchLayerRunner(m))
+    assert (split.extract_template_kv(tpl, m.spec.grid).kv - kv.kv).abs().max().item() < 1e-4
+    with pytest.raises(ValueError, match="use the torch backend for other geometries"):
+        split.forward(x[:, :8], txt, t, img_grid=(2, 4), cached=kv)
+    with pytest.raises(ValueError, match="pass cached template KV"):
+        split.forward(x, txt, t, img_grid=m.spec.grid, split_layer=2, ref_tokens=tpl, ref_grid=m.spec.grid)
+
+
+def test_a_whole_edit_through_the_seam_matches_the_default(demo_model):
+    m = demo_model
+    tpl, user = load_image("coffee", m.spec.image_size), load_image("chelsea", m.spec.image_size)
+    kv = m.adapter.extract_template_kv(m.template_tokens(tpl), m.spec.grid)
+    args = dict(steps=2, seed=1, split_layer=3, kv_source=kv, template_image=tpl)
+    ref = run_edit(m, user, "make it a watercolor", **args)
+    got = run_edit(m, user, "make it a watercolor", backend=SplitForward(m, TorchLayerRunner(m)), **args)
+    assert psnr_uint8(got.image, ref.image) > 60.0
+
+
+# ---- on the emulated HTP ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def qnn_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("qnn-cache")
+
+
+@pytest.fixture(scope="session")
+def qnn_backend(demo_model, qnn_cache):
+    from android_bridge.qnn import qnn_available
+
+    ok, why = qnn_available()
+    if not ok:
+        pytest.skip(why)
+    from android_bridge.npu_build import QnnBuildConfig, open_qnn_backend
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return open_qnn_backend(demo_model, QnnBuildConfig(cache_root=qnn_cache))  # builds once (~2 min)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.npu
+def test_every_layer_graph_runs_on_the_htp_and_matches_torch(qnn_backend, demo_model, record_property):
+    build = qnn_backend.build
+    L = demo_model.adapter.num_layers
+    assert len(build["graphs"]) == len(qnn_backend.sessions) == 2 * L  # template + cached-KV graph per layer
+    cov = build["op_coverage"]
+    assert (
+        cov["fraction_on_htp"] == 1.0 and cov["nodes_on_htp"] == cov["nodes"] > 0 and cov["cpu_fallback"] == "disabled"
+    )
+    assert all(g["nodes_outside_qnn"] == 0 and g["qnn_partitions"] == 1 for g in build["graphs"])
+    assert build["precision"] == "w8a16" and build["soc_model"] == "69"
+    for row in build["parity_vs_torch"]:
+        assert row["rel_l2"] < GRAPH_REL_L2_BOUND, row
+        record_property(f"{row['graph']}_rel_l2", round(row["rel_l2"], 5))
+        record_property(f"{row['graph']}_emulated_htp_s", row["emulated_htp_s"])
+    d = qnn_backend.describe()
+    assert d["backend"] == "qnn" and "EMULATED" in d["htp"] and d["op_coverage"]["fraction_on_htp"] == 1.0
+
+
+@pytest.mark.npu
+def test_context_binaries_load_from_the_cache_without_a_rebuild(qnn_backend, demo_model, qnn_cache):
+    from android_bridge.npu_build import QnnBuildConfig, open_qnn_backend
+
+    folder = QnnBuildConfig(cache_root=qnn_cache).folder(demo_model)
+    assert folder.parent == qnn_cache and demo_model.model_id[:16] in folder.name
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    again = open_qnn_backend(demo_model, QnnBuildConfig(cache_root=qnn_cache))
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before  # nothing exported or compiled again
+    assert again.build["parity_vs_torch"] == qnn_backend.build["parity_vs_torch"]
+    assert not list(folder.glob("*.w8a16.onnx")) and len(list(folder.glob("*.qnn_ctx.onnx"))) == len(again.sessions)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize("split", [0, 6], ids=["fetched-kv", "on-device"])
+def test_an_edit_on_the_htp_matches_the_torch_edit(qnn_backend, demo_model, split, record_property):
+    m = demo_model
+    tpl, user = load_image("coffee", m.spec.image_size), load_image("chelsea", m.spec.image_size)
+    kv = m.adapter.extract_template_kv(m.template_tokens(tpl), m.spec.grid)
+    args = dict(steps=2, seed=0, split_layer=split, kv_source=kv, template_image=tpl)
+    ref = run_edit(m, user, "make it a watercolor", **args)
+    got = run_edit(m, user, "make it a watercolor", backend=qnn_backend, **args)
+    psnr = psnr_uint8(got.image, ref.image)
+    record_property("edit_psnr_db", round(psnr, 2))
+    assert psnr >= EDIT_PSNR_DB_BOUND
