@@ -187,3 +187,28 @@ def agents():
 @pytest.fixture(scope="module")
 def agent(agents, store):
     return agents["default"].url()
+
+
+# ---- the QNN backend (npu tests): built once per test session into a temporary cache ----------------------------
+@pytest.fixture(scope="session")
+def qnn_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("qnn-cache")
+
+
+@pytest.fixture(scope="session")
+def qnn_backend(demo_model, qnn_cache):
+    from android_bridge.qnn import qnn_available
+
+    ok, why = qnn_available()
+    if not ok:
+        pytest.skip(why)
+    import torch
+
+    from android_bridge.npu_build import QnnBuildConfig, open_qnn_backend
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return open_qnn_backend(demo_model, QnnBuildConfig(cache_root=qnn_cache))  # builds once (~2 min here)
+    finally:
+        torch.set_num_threads(threads)

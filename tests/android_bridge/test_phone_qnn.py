@@ -2,7 +2,7 @@
 Hexagon HTP) returns an edit within 40 dB PSNR of the same job on a ``--backend torch`` agent, for a fetched-KV policy
 and for ``on-device``; ``/v1/info`` and the report say which backend ran, that the HTP is emulated, and the op
 coverage. Marked ``npu``: skipped with the reason when onnxruntime-qnn is absent. The context binaries are built once
-in this process into a temporary cache, which the agent process then loads (no rebuild there)."""
+per test session (conftest ``qnn_backend``) into a temporary cache, which the agent process then loads (no rebuild)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from sakura_core.metrics import psnr_uint8
@@ -22,22 +21,9 @@ EDIT_PSNR_DB_BOUND = 40.0
 
 
 @pytest.fixture(scope="module")
-def qnn_agents(demo_model, tmp_path_factory):
-    from android_bridge.qnn import qnn_available
-
-    ok, why = qnn_available()
-    if not ok:
-        pytest.skip(why)
-    from android_bridge.npu_build import QnnBuildConfig, open_qnn_backend
-
-    cache = tmp_path_factory.mktemp("qnn-agent-cache")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        open_qnn_backend(demo_model, QnnBuildConfig(cache_root=cache))  # the build, once (~2 min on 2 cores)
-    finally:
-        torch.set_num_threads(threads)
-    procs = {"qnn": AgentProcess("--backend", "qnn", "--qnn-cache", str(cache)), "torch": AgentProcess()}
+def qnn_agents(qnn_backend, qnn_cache):
+    """A ``--backend qnn`` agent loading the session's context binaries from their cache, and a torch agent."""
+    procs = {"qnn": AgentProcess("--backend", "qnn", "--qnn-cache", str(qnn_cache)), "torch": AgentProcess()}
     try:
         yield {name: proc.url() for name, proc in procs.items()}
     finally:

@@ -68,28 +68,6 @@ def test_a_whole_edit_through_the_seam_matches_the_default(demo_model):
 
 
 # ---- on the emulated HTP ----------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def qnn_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("qnn-cache")
-
-
-@pytest.fixture(scope="session")
-def qnn_backend(demo_model, qnn_cache):
-    from android_bridge.qnn import qnn_available
-
-    ok, why = qnn_available()
-    if not ok:
-        pytest.skip(why)
-    from android_bridge.npu_build import QnnBuildConfig, open_qnn_backend
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return open_qnn_backend(demo_model, QnnBuildConfig(cache_root=qnn_cache))  # builds once (~2 min)
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.npu
 def test_every_layer_graph_runs_on_the_htp_and_matches_torch(qnn_backend, demo_model, record_property):
     build = qnn_backend.build
@@ -133,4 +111,58 @@ def test_an_edit_on_the_htp_matches_the_torch_edit(qnn_backend, demo_model, spli
     got = run_edit(m, user, "make it a watercolor", backend=qnn_backend, **args)
     psnr = psnr_uint8(got.image, ref.image)
     record_property("edit_psnr_db", round(psnr, 2))
+    assert psnr >= EDIT_PSNR_DB_BOUND
+
+
+# ---- per-step KV mode: the template tokens at each step's own time ----------------------------------------------
+def _per_step_edit(model, backend, split: int, steps: int = 2) -> object:
+    """A per-step edit through ``backend``: every step a hybrid forward with the template modulated at the step's
+    time; layers >= ``split`` inject that step's template KV (computed by the torch decomposition, as the server's
+    per-step precompute would)."""
+    from sakura_core.runtime.sampler import flow_timesteps
+
+    m, size = model, model.spec.image_size
+    ref = m.template_tokens(load_image("coffee", size))
+    user, txt = m.pack_image(load_image("chelsea", size)), m.encode_prompt("make it a watercolor")
+    server = SplitForward(m, TorchLayerRunner(m))
+    x = torch.randn(user.shape, generator=torch.Generator().manual_seed(0))
+    times = flow_timesteps(steps)
+    for step in range(steps):
+        t = float(times[step])
+        kv = server.extract_template_kv(ref, m.spec.grid, ref_timestep=t)
+        out = backend.forward(m.request_tokens(x, user), txt, times[step].reshape(1), img_grid=m.spec.grid,
+                              ref_tokens=ref, ref_grid=m.spec.grid, split_layer=split, cached=kv, ref_timestep=t)  # fmt: skip
+        x = x + (times[step + 1] - times[step]) * out.sample
+    return m.unpack_tokens(x)
+
+
+def test_per_step_template_time_matches_the_adapter_when_it_has_per_step_mode(demo_model, inputs):
+    import inspect
+
+    m, (tpl, _kv, x, txt, t) = demo_model, inputs
+    if "ref_timestep" not in inspect.signature(m.adapter.forward).parameters:
+        pytest.skip(
+            "this adapter has no per-step KV mode yet (Flux2KVAdapter.forward(ref_timestep=) lands with issue 12)"
+        )
+    args = dict(img_grid=m.spec.grid, ref_tokens=tpl, ref_grid=m.spec.grid, split_layer=6, ref_timestep=0.7)
+    ref = m.adapter.forward(x, txt, t, **args)
+    got = SplitForward(m, TorchLayerRunner(m)).forward(x, txt, t, **args)
+    assert (got.sample - ref.sample).abs().max().item() < 1e-4
+    assert all((g[0] - r[0]).abs().max().item() < 1e-4 for g, r in zip(got.extracted, ref.extracted, strict=True))
+
+
+def test_per_step_template_time_reaches_the_template_graphs(demo_model, inputs):
+    m, (tpl, *_rest) = demo_model, inputs
+    split = SplitForward(m, TorchLayerRunner(m))
+    at_fixed, at_step = split.extract_template_kv(tpl, m.spec.grid), split.extract_template_kv(tpl, m.spec.grid, 0.5)
+    assert (at_fixed.kv - at_step.kv).abs().max().item() > 1e-3  # the template's KV depends on its time
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize("split", [0, 6], ids=["fetched-kv", "on-device"])
+def test_a_per_step_edit_on_the_htp_matches_torch(qnn_backend, demo_model, split, record_property):
+    ref = _per_step_edit(demo_model, SplitForward(demo_model, TorchLayerRunner(demo_model)), split)
+    got = _per_step_edit(demo_model, qnn_backend, split)
+    psnr = psnr_uint8(got, ref)
+    record_property("per_step_edit_psnr_db", round(psnr, 2))
     assert psnr >= EDIT_PSNR_DB_BOUND
