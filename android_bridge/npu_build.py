@@ -33,7 +33,7 @@ __all__ = ["CACHE_ENV", "QnnBuildConfig", "default_cache_root", "open_qnn_backen
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "SAKURA_QNN_CACHE"
-_BUILD_VERSION = 1
+_BUILD_VERSION = 2
 # fp16 on the emulated HTP came back wrong for plain MatMuls / RMSNorms of these graphs (rel. L2 0.4-0.7 for some
 # outputs, deterministic; see DEVELOPERS.md); w8a16 QDQ is the mode that matches torch there.
 _PRECISIONS = {"w8a16": {}}
@@ -81,8 +81,8 @@ def _graphs(model):
 
 
 def _record_feeds(model, pairs, steps: int) -> dict[tuple[int, str], list[dict]]:
-    """Every layer graph's inputs in real hybrid edits (template computed at every layer, then cached-KV): step 0
-    with the template at its fixed time (``single``), later steps at the step's own time (``per-step``)."""
+    """Every layer graph's inputs in real hybrid edits (template computed at every layer, then cached-KV): at every
+    step once with the template at its fixed time (``single``) and once at the step's own time (``per-step``)."""
     from sakura_core.models.edit_model import load_image
     from sakura_core.runtime.sampler import flow_timesteps
 
@@ -100,8 +100,9 @@ def _record_feeds(model, pairs, steps: int) -> dict[tuple[int, str], list[dict]]
         times = flow_timesteps(steps)
         for step in range(steps):
             t = times[step].reshape(1)
-            out = split.forward(model.request_tokens(x, packed), txt, t, img_grid=spec.grid, ref_tokens=ref,
-                                ref_grid=spec.grid, split_layer=L, ref_timestep=None if step == 0 else float(t))  # fmt: skip
+            for ref_t in (None, float(t)):  # single mode (the fixed template time), per-step (the step's own)
+                out = split.forward(model.request_tokens(x, packed), txt, t, img_grid=spec.grid, ref_tokens=ref,
+                                    ref_grid=spec.grid, split_layer=L, ref_timestep=ref_t)  # fmt: skip
             x = x + (times[step + 1] - times[step]) * out.sample
     return feeds
 
