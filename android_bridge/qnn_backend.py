@@ -29,7 +29,7 @@ __all__ = ["LayerRunner", "QnnBackend", "SplitForward", "TorchLayerRunner"]
 
 logger = logging.getLogger(__name__)
 
-# (layer, kind) -> seconds of each call: the emulated HTP time per layer graph
+# (layer, kind, feeds by input name) -> the graph's outputs in order
 LayerRunner = Callable[[int, str, dict], list[np.ndarray]]
 
 
@@ -59,19 +59,20 @@ class SplitForward:
     """The hybrid forward over a layer runner, with the signature of ``Flux2KVAdapter.forward``.
 
     Static geometry: the model's own (``spec.text_tokens`` text, ``spec.num_tokens`` image and template tokens).
-    ``layer_s[(layer, kind)]`` collects the wall time of every graph call (on x86 that is the HTP *emulator*).
+    ``layer_s[(layer, kind)]`` sums the wall time of the graph calls (on x86 that is the HTP *emulator*).
     """
 
     name = "split"
 
     def __init__(self, model, runner: LayerRunner):
         self.model, self.adapter, self.runner = model, model.adapter, runner
-        self.layer_s: dict[tuple[int, str], list[float]] = {}
+        self.layer_s: dict[tuple[int, str], list[float]] = {}  # (layer, kind) -> [total seconds, calls]
 
     def _run(self, layer: int, kind: str, feeds: dict) -> list[np.ndarray]:
         t0 = time.perf_counter()
         out = self.runner(layer, kind, feeds)
-        self.layer_s.setdefault((layer, kind), []).append(time.perf_counter() - t0)
+        acc = self.layer_s.setdefault((layer, kind), [0.0, 0])
+        acc[0], acc[1] = acc[0] + time.perf_counter() - t0, acc[1] + 1
         return out
 
     def _check_geometry(self, x, txt, img_grid, ref_tokens, ref_grid) -> None:
@@ -157,8 +158,8 @@ class SplitForward:
 
     def layer_times(self) -> dict[str, dict[str, float]]:
         """Mean seconds per call of each layer graph: ``{"<layer>/<kind>": {"mean_s", "calls"}}``."""
-        return {f"{layer}/{kind}": {"mean_s": round(float(np.mean(v)), 4), "calls": len(v)}
-                for (layer, kind), v in sorted(self.layer_s.items())}  # fmt: skip
+        return {f"{layer}/{kind}": {"mean_s": round(total / calls, 4), "calls": calls}
+                for (layer, kind), (total, calls) in sorted(self.layer_s.items())}  # fmt: skip
 
     def describe(self) -> dict:
         return {"backend": self.name, "where": "this host's CPU (torch modules of the per-layer graphs)",
