@@ -19,6 +19,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "demo-model"): ("sakura_core.cli_eval", "evaluate the demo model on held-out pairs; writes JSON"),
     ("serve",): ("cloud_server.cli_serve", "run the template/shard server (catalog, manifests, shards, precompute)"),
     ("precompute",): ("cloud_server.cli_precompute", "compute a template's KV ladder and publish it into a store"),
+    ("store",): ("cloud_server.cli_store", "verify|repair a store: re-hash shards, quarantine, sweep temp/orphans"),
     ("bench", "e2e"): ("sakura_core.bench.cli_e2e", "every fetch policy over every trace (sim or live); JSON + plots"),
     ("bench", "serve"): ("cloud_server.bench_serve", "load-test the shard server vs nginx over loopback; JSON"),
     ("phone-agent",): ("android_bridge.cli_phone_agent", "run the (emulated) phone agent"),
