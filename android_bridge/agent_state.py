@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import threading
 import time
@@ -32,7 +33,8 @@ class AgentConfig:
     Attributes:
         token: pairing token every ``/v1`` request must carry (>= 8 printable characters, no spaces).
         profile: device profile name (``sakura_core.runtime.profiles.PROFILES``).
-        host: address to bind (loopback for ``adb forward``; a LAN address only with a strong token).
+        host: address to bind: loopback (``adb forward``) unless ``allow_lan``.
+        allow_lan: permit a non-loopback ``host`` (0.0.0.0, a LAN address); it then needs a token of >= 16 characters.
         port: TCP port; 0 picks a free one.
         queue_size: jobs that may wait behind the running one; more get 429.
         max_body_bytes: largest job body (bytes); larger gets 413.
@@ -47,6 +49,7 @@ class AgentConfig:
     token: str
     profile: str = "snapdragon-8-elite-npu"
     host: str = "127.0.0.1"
+    allow_lan: bool = False
     port: int = 8765
     queue_size: int = 2
     max_body_bytes: int = 16 * 2**20
@@ -61,6 +64,12 @@ class AgentConfig:
         if not isinstance(self.token, str) or len(self.token) < 8 or not self.token.isprintable() or " " in self.token:
             raise ValueError("token must be at least 8 printable characters without spaces (the pairing token)")
         get_profile(self.profile)  # raises naming the choices
+        if not _is_loopback(self.host):
+            if not self.allow_lan:
+                raise ValueError(f"host {self.host!r} is not a loopback address: the agent would be reachable from "
+                                 "the network; pass allow_lan=True (--allow-lan) to mean it")  # fmt: skip
+            if len(self.token) < 16:
+                raise ValueError("a LAN-reachable agent needs a pairing token of at least 16 characters")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535 (0 = any free port), got {self.port}")
         if self.queue_size < 0 or self.jobs_kept < 1 or self.max_body_bytes < 1024:
@@ -78,6 +87,15 @@ class AgentConfig:
     @property
     def device_profile(self) -> DeviceProfile:
         return get_profile(self.profile)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 @dataclass

@@ -34,7 +34,16 @@ from typing import Any
 from aiohttp import web
 
 from .config import ServerConfig
-from .http_util import _access, _bearer, _etag_matches, _json_error, _token_ok, _Unsatisfiable, parse_range
+from .http_util import (
+    _access,
+    _bearer,
+    _ClientGone,
+    _etag_matches,
+    _json_error,
+    _token_ok,
+    _Unsatisfiable,
+    parse_range,
+)
 from .precompute import PrecomputeFn, load_model
 from .state import CONFIG_KEY, STATE_KEY, Metrics, ServerState
 from .store import InvalidNameError, LocalStore, NotFoundError, Store, validate_digest, validate_template_id
@@ -93,11 +102,24 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
     except web.HTTPException as e:
         status = e.status
         raise
-    except (ConnectionError, asyncio.CancelledError) as e:  # every way a client can vanish mid-response
-        status = 499  # nginx's "client closed request"; also a response cut by shutdown
+    except _ClientGone as e:  # reset mid-body: quietly hand aiohttp the cut response (no 500, no traceback)
+        status = 499  # nginx's "client closed request"
+        m.aborted += 1
+        logger.debug("%s %s: %s", request.method, request.path, e)
+        return e.response
+    except asyncio.CancelledError as e:  # a response cut by shutdown or a lost connection
+        status = 499
+        m.aborted += 1
+        logger.debug("%s %s: cancelled: %r", request.method, request.path, e)
+        raise
+    except ConnectionError as e:
+        if request.transport is not None and not request.transport.is_closing():
+            logger.exception("%s %s failed", request.method, request.path)  # not the client's connection
+            raise
+        status = 499  # e.g. the client left while its upload was read
         m.aborted += 1
         logger.debug("%s %s: client went away: %r", request.method, request.path, e)
-        raise
+        return web.Response(status=499)
     except Exception:
         logger.exception("%s %s failed", request.method, request.path)
         raise
@@ -204,11 +226,16 @@ async def handle_shard(request: web.Request) -> web.StreamResponse:
         resp.content_length = count
         if rng is not None:
             resp.headers["Content-Range"] = f"bytes {offset}-{offset + count - 1}/{size}"
-        await resp.prepare(request)
-        if request.method != "HEAD" and count:
-            await _send_body(request, resp, fobj, offset, count, state.config.send_chunk_bytes)
-            state.metrics.bytes_sent += count
-        await resp.write_eof()
+        try:
+            await resp.prepare(request)
+            if request.method != "HEAD" and count:
+                await _send_body(request, resp, fobj, offset, count, state.config.send_chunk_bytes)
+                state.metrics.bytes_sent += count
+            await resp.write_eof()
+        except ConnectionError as e:  # reset, broken pipe, or asyncio's "Connection closed by peer"
+            if request.transport is not None:
+                request.transport.close()  # the body is cut: this connection cannot carry another response
+            raise _ClientGone(resp, e) from None
         return resp
     finally:
         fobj.close()

@@ -59,6 +59,14 @@ class _Unsatisfiable(Exception):
     pass
 
 
+class _ClientGone(Exception):
+    """The client went away while ``response`` (already prepared) was being sent: an abort, not a server error."""
+
+    def __init__(self, response: web.StreamResponse, cause: BaseException):
+        super().__init__(f"client went away: {cause!r}")
+        self.response = response
+
+
 _RANGE_SPEC = re.compile(r"([0-9]*)-([0-9]*)", re.ASCII)
 #: Longer digit strings than this are treated as "past any shard" (no int() of a 5000-digit number).
 _MAX_RANGE_DIGITS = 18
