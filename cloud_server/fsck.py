@@ -59,7 +59,7 @@ class FsckReport:
     misplaced: list[str] = field(default_factory=list)
     temp_files: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
-    missing: dict[str, list[str]] = field(default_factory=dict)
+    missing: dict[str, list[str]] = field(default_factory=dict)  # template -> named digests with no file
     bad_manifests: dict[str, str] = field(default_factory=dict)
     quarantined: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
@@ -105,7 +105,7 @@ def _quarantine(store: LocalStore, path: Path, report: FsckReport) -> None:
 
 
 def _scan_shards(store: LocalStore, cfg: FsckConfig, refs: dict[str, list[str]], report: FsckReport) -> set[str]:
-    """Re-hash every shard file; returns the digests present and intact."""
+    """Re-hash every shard file; returns the digests still on disk under their name (intact or not)."""
     now = time.time()
     present: set[str] = set()
     shards_dir = store.root / "shards"
@@ -130,6 +130,8 @@ def _scan_shards(store: LocalStore, cfg: FsckConfig, refs: dict[str, list[str]],
                 logger.warning("store %s: shard %s is corrupt (its bytes hash to something else)", store.root, digest)
                 if cfg.repair:
                     _quarantine(store, path, report)
+                else:
+                    present.add(digest)
                 continue
             present.add(digest)
             if digest not in refs and now - path.stat().st_mtime >= cfg.orphan_age_s:
