@@ -12,6 +12,7 @@ Public surface (what the cloud server and the runtime call):
 from . import cachegen as _cachegen  # noqa: F401  (registers "cachegen")
 from . import sakura_codec as _sakura_codec  # noqa: F401  (registers "sakura")
 from .attention_capture import capture_attention
+from .binding import ShardBindingError, ShardSlot, check_shard_binding, slot_from_manifest
 from .chain import ChainDecoder, decode_chain, decode_representation, parse_chain
 from .codecs import CODECS, Codec, ShardInput, ShardMeta, get_codec
 from .container import (
@@ -40,6 +41,8 @@ __all__ = [
     "ManifestError",
     "PrecomputedTemplate",
     "ProbeConfig",
+    "ShardBindingError",
+    "ShardSlot",
     "SakuraConfig",
     "ShardChainError",
     "ShardCorruptError",
@@ -55,6 +58,7 @@ __all__ = [
     "UnknownCodecError",
     "attention_error",
     "capture_attention",
+    "check_shard_binding",
     "decode_chain",
     "decode_kv",
     "decode_representation",
@@ -67,5 +71,6 @@ __all__ = [
     "precompute_template",
     "shard_digest",
     "shard_inputs",
+    "slot_from_manifest",
     "validate_manifest",
 ]

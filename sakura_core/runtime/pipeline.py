@@ -126,6 +126,17 @@ class RunReport:
         return total + ((cur_e - cur_s) if cur_e is not None else 0.0)
 
 
+def _wait_or_cancel(ready: threading.Event, cancel: threading.Event, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Wait up to ``timeout_s`` for ``ready``, returning early (False) once ``cancel`` is set."""
+    waited = 0.0
+    while not cancel.is_set() and waited < timeout_s:
+        step = min(poll_s, timeout_s - waited)
+        if ready.wait(step):
+            return True
+        waited += step
+    return ready.is_set()
+
+
 async def run_pipelined_edit(
     model: DemoModel,
     manifest: dict,
@@ -178,6 +189,7 @@ async def run_pipelined_edit(
     split = [L]
     loop = asyncio.get_running_loop()
     pool = ThreadPoolExecutor(max_workers=cfg.decode_threads, thread_name_prefix="sakura-decode")
+    from ..kv.binding import check_shard_binding, slot_from_manifest
     from ..kv.chain import ChainDecoder
 
     def event(lane, start, end, layer, level):
@@ -207,6 +219,8 @@ async def run_pipelined_edit(
             done, dec = [], ChainDecoder()
         for blob in chain[len(done) :]:  # on an error the half-advanced decoder stays dropped (popped above)
             dec.push(blob)
+        # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not)
+        check_shard_binding(dec.header, slot_from_manifest(manifest, layer, reps[layer][level]))
         k, v = dec.tensors()
         with decoder_lock:
             decoders[layer] = (list(digests), dec)
@@ -291,7 +305,9 @@ async def run_pipelined_edit(
                 # the fetch lane skipped it (a policy may not foresee a drop) — fetch it now at the floor
                 asyncio.run_coroutine_threadsafe(fetch_with_fallback(layer, floor), loop)
             t0 = st.now
-            if not ready[layer].wait(cfg.shard_wait_s):
+            if not _wait_or_cancel(ready[layer], cancel, cfg.shard_wait_s):
+                if cancel.is_set():
+                    raise Cancelled(f"edit cancelled at step {step}, layer {layer} while waiting for its shard")
                 fallbacks.append(f"shard {layer} not ready after {cfg.shard_wait_s}s; computing it on the device")
                 failed.add(layer)
             event("stall", t0, st.now, layer, f"step {step}")

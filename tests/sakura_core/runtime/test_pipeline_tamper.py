@@ -1,0 +1,99 @@
+"""Issue 15 points 2 and 5: a tampered manifest falls back (never a silently wrong edit), and a cancel is honoured
+while the compute thread waits for a shard."""
+
+import asyncio
+import copy
+import threading
+
+import pytest
+
+from sakura_core.fetch.policies import make_policy
+from sakura_core.fetch.traces import Trace
+from sakura_core.kv import precompute_template
+from sakura_core.models.demo import load_demo_model, load_image
+from sakura_core.runtime.ladder import ladders_from_manifest
+from sakura_core.runtime.pipeline import Cancelled, LiveProfile, RuntimeConfig, run_pipelined_edit
+
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = load_demo_model(weights=None)
+    size = model.spec.image_size
+    tpl, other, usr = (load_image(name, size) for name in ("astronaut", "coffee", "chelsea"))
+    pre = precompute_template(model, tpl, "tpl", codec="fp16", held_out_probes=1, psnr_steps=0)
+    pre_other = precompute_template(model, other, "tpl-other", codec="fp16", held_out_probes=1, psnr_steps=0)
+    L = model.adapter.num_layers
+    profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.1, layers=L, steps=STEPS)
+    return model, tpl, usr, pre, pre_other, profile
+
+
+def _fp16(manifest, layer) -> dict:
+    return next(r for r in manifest["shards"][layer]["representations"] if r["name"] == "fp16")
+
+
+def _run(setup, manifest, blobs, policy="fetch-fp16", config=None, cancel=None):
+    model, tpl, usr, _pre, _other, profile = setup
+    ladders, reps = ladders_from_manifest(manifest, 6e8)
+
+    async def fetch_blob(digest, nbytes):
+        return blobs[digest]
+
+    return asyncio.run(
+        run_pipelined_edit(model, manifest, fetch_blob, usr, "p", policy=make_policy(policy), ladders=ladders,
+                           reps=reps, floor=0, profile=profile, template_image=tpl, trace=Trace.constant(50.0),
+                           config=config or RuntimeConfig(steps=STEPS), cancel=cancel)  # fmt: skip
+    )
+
+
+def test_swapped_layer_digests_fall_back_and_say_so(setup):
+    _, _, _, pre, _, _ = setup
+    manifest = copy.deepcopy(pre.manifest)
+    a, b = _fp16(manifest, 0), _fp16(manifest, 1)
+    a["digest"], b["digest"] = b["digest"], a["digest"]  # both blobs are intact: only their slots are wrong
+    rep = _run(setup, manifest, pre.blobs)
+    honest = _run(setup, pre.manifest, pre.blobs)
+    for layer in (0, 1):
+        assert any(f.startswith(f"shard {layer}:") and "layers" in f and "does not belong" in f for f in rep.fallbacks)
+        assert rep.levels_used[layer] == ["device"] * STEPS
+    assert (rep.tokens - honest.tokens).abs().max() < 2e-3  # fp16 storage of the other layers only
+
+
+def test_shards_of_another_template_fall_back_to_the_on_device_edit(setup):
+    _, _, _, pre, other, _ = setup
+    manifest = copy.deepcopy(pre.manifest)
+    for layer in range(len(manifest["shards"])):  # every layer points at the other template's shard
+        _fp16(manifest, layer)["digest"] = _fp16(other.manifest, layer)["digest"]
+    blobs = {**pre.blobs, **other.blobs}
+    rep = _run(setup, manifest, blobs)
+    on_device = _run(setup, pre.manifest, pre.blobs, policy="on-device-cached")
+    assert len(rep.fallbacks) == len(manifest["shards"])
+    assert all("template 'tpl-other' (expected 'tpl')" in f for f in rep.fallbacks)
+    assert (rep.tokens - on_device.tokens).abs().max() <= 1e-5  # the on-device edit, not the other template's
+
+
+def test_cancel_is_honoured_while_waiting_for_a_shard(setup):
+    _, _, _, pre, _, _ = setup
+    cancel = threading.Event()
+    outcome = {}
+
+    def run() -> None:
+        async def never(digest, nbytes):  # a nearly dead link: the shard never arrives
+            await asyncio.Event().wait()
+
+        model, tpl, usr, _pre, _other, profile = setup
+        ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
+        try:
+            asyncio.run(run_pipelined_edit(
+                model, pre.manifest, never, usr, "p", policy=make_policy("fetch-fp16"), ladders=ladders, reps=reps,
+                floor=0, profile=profile, template_image=tpl, config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
+                cancel=cancel, on_layer=lambda step, layer: threading.Timer(0.3, cancel.set).start()))  # fmt: skip
+        except Cancelled as e:
+            outcome["cancelled"] = str(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)  # the shard wait is 600 s: only honouring the cancel ends the run before this
+    assert not worker.is_alive(), "the compute thread kept waiting for its shard after the cancel"
+    assert "while waiting for its shard" in outcome["cancelled"]
