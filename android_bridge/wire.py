@@ -131,7 +131,10 @@ def _decompress_part(dctx, frame: memoryview, name: str, raw_bytes: int, digest:
     """Stream-decompress one frame into a buffer of exactly ``raw_bytes``; check the size and the sha256.
 
     The buffer is dropped before any error is raised, so no traceback keeps it alive."""
-    declared = zstandard.frame_content_size(frame)
+    try:
+        declared = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as e:
+        raise WireError(f"part {name!r}: corrupt zstd frame header: {e}") from None
     if declared not in (-1, raw_bytes):  # -1: the frame does not say
         raise WireError(f"part {name!r}: the zstd frame declares {declared} bytes, the header says {raw_bytes}")
     buf, hasher, pos, problem = bytearray(raw_bytes), hashlib.sha256(), 0, None
