@@ -42,6 +42,8 @@ class AgentConfig:
         jobs_kept: finished jobs kept for their result; older ones are forgotten.
         manifest_timeout_s: how long ``POST /v1/jobs`` waits for the template's manifest (model check).
         job_timeout_s: a running job is cancelled after this many seconds.
+        cancel_grace_s: after a job timeout, seconds the edit may take to stop at its next layer before whatever it
+            still awaits (a fetch over a dead link) is cancelled.
         simulate_phone: add the profile's SIMULATED phone-scale latency to each report.
         weights: demo model weights: "auto" (trained if present, else the seeded random init), "none", or a path.
     """
@@ -57,6 +59,7 @@ class AgentConfig:
     jobs_kept: int = 16
     manifest_timeout_s: float = 15.0
     job_timeout_s: float = 600.0
+    cancel_grace_s: float = 5.0
     simulate_phone: bool = True
     weights: str = "auto"
 
@@ -81,8 +84,11 @@ class AgentConfig:
             raise ValueError(
                 f"memory_budget_bytes must be >= 1 (or None for the profile's), got {self.memory_budget_bytes}"
             )
-        if self.manifest_timeout_s <= 0 or self.job_timeout_s <= 0:
-            raise ValueError("manifest_timeout_s and job_timeout_s must be > 0")
+        if self.manifest_timeout_s <= 0 or self.job_timeout_s <= 0 or self.cancel_grace_s <= 0:
+            raise ValueError(
+                f"manifest_timeout_s, job_timeout_s and cancel_grace_s must be > 0 seconds, got "
+                f"{self.manifest_timeout_s}, {self.job_timeout_s}, {self.cancel_grace_s}"
+            )
 
     @property
     def device_profile(self) -> DeviceProfile:
@@ -115,6 +121,7 @@ class Job:
     listeners: set = field(default_factory=set)
     cancel: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""
+    grace: asyncio.TimerHandle | None = None
     png: bytes | None = None
     report: dict | None = None
     error: str | None = None

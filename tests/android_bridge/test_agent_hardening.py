@@ -150,3 +150,30 @@ async def test_the_cloud_error_page_is_not_echoed(make_agent, aiohttp_server, us
     got = await r.json()
     assert r.status == 502 and got["code"] == code, got
     assert "SECRET" not in got["error"]
+
+
+class _DeadLinkEdit:
+    """An edit stuck awaiting the network (the template image over a nearly dead link): it never looks at the
+    cancel flag, so only the agent's grace cancel ends it."""
+
+    def __init__(self):
+        self.requests = []
+
+    async def __call__(self, model, request, image, *, profile, cancel, on_layer):
+        self.requests.append(request)
+        await asyncio.Event().wait()
+
+
+async def test_job_timeout_ends_a_job_stuck_on_a_dead_link(make_agent, cloud, user_image):  # noqa: F811
+    from .test_agent_app import _events
+
+    client, fake = await make_agent(_DeadLinkEdit(), job_timeout_s=0.2, cancel_grace_s=0.2)
+    r = await _submit(client, _body(cloud, user_image))
+    assert r.status == 202
+    job_id = (await r.json())["job_id"]
+    events = await asyncio.wait_for(_events(client, job_id), 60)  # the job would otherwise run forever
+    assert events[-1]["type"] == "cancelled" and "job timeout" in events[-1]["reason"]
+    r = await client.get(f"/v1/jobs/{job_id}", headers=AUTH)
+    assert (await r.json())["state"] == "cancelled"
+    r = await _submit(client, _body(cloud, user_image))  # the worker is free for the next job
+    assert r.status == 202
