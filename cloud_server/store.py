@@ -196,7 +196,9 @@ class LocalStore(Store):
             on_disk = file_sha256(path)
             if on_disk == digest:
                 return  # content-addressed: verified to be the same bytes
-            logger.warning("store %s: shard %s on disk hashes to %s (corrupt); rewriting it", self.root, digest, on_disk)
+            logger.warning(
+                "store %s: shard %s on disk hashes to %s (corrupt); rewriting it", self.root, digest, on_disk
+            )
         atomic_write_bytes(path, data)
         _fsync_dir(path.parent)
 

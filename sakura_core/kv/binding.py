@@ -65,7 +65,9 @@ def check_shard_binding(header: ShardHeader, slot: ShardSlot) -> None:
     if header.model_id != slot.model_id:
         problems.append(f"model {header.model_id[:12]}… (expected {slot.model_id[:12]}…)")
     if (header.layer_first, header.layer_last) != tuple(slot.layers):
-        problems.append(f"layers {header.layer_first}-{header.layer_last} (expected {slot.layers[0]}-{slot.layers[1]})")
+        problems.append(
+            f"layers {header.layer_first}-{header.layer_last} (expected {slot.layers[0]}-{slot.layers[1]})"
+        )
     if header.codec != slot.codec:
         problems.append(f"codec {header.codec!r} (expected {slot.codec!r})")
     else:
@@ -74,6 +76,7 @@ def check_shard_binding(header: ShardHeader, slot: ShardSlot) -> None:
             problems.append(f"level {name!r} (expected {slot.level_name!r})")
     if problems:
         raise ShardBindingError(
-            "shard does not belong where the manifest puts it: its header says " + ", ".join(problems)
+            "shard does not belong where the manifest puts it: its header says "
+            + ", ".join(problems)
             + "; the manifest is tampered with or mixed up — treating the shard as corrupt"
         )

@@ -100,7 +100,9 @@ async def test_non_utf8_token_gets_401(aiohttp_server, demo_model):
                      live_profile=LiveProfile(0.01, 0.005, demo_model.adapter.num_layers, 8))  # fmt: skip
     server = await aiohttp_server(app)
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"GET /v1/info HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe(\x80\r\nConnection: close\r\n\r\n")
+    writer.write(
+        b"GET /v1/info HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe(\x80\r\nConnection: close\r\n\r\n"
+    )
     await writer.drain()
     status_line = await asyncio.wait_for(reader.readline(), 30)
     writer.close()

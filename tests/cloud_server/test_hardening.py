@@ -89,7 +89,11 @@ async def _raw_request(port: int, request: bytes) -> int:
 async def test_non_utf8_authorization_gets_401(aiohttp_server, make_app, manifest):
     server = await aiohttp_server(make_app(read_token=READ_TOKEN))
     for path in (b"/v1/templates", b"/v1/jobs/" + b"0" * 32):
-        req = b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\xc3(\r\nConnection: close\r\n\r\n"
+        req = (
+            b"GET "
+            + path
+            + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\xc3(\r\nConnection: close\r\n\r\n"
+        )
         assert await _raw_request(server.port, req) == 401
 
 
@@ -122,9 +126,11 @@ MALFORMED_FORMS = {
     ),
     "no closing boundary": _form(b"--xyzzy\r\n", b'Content-Disposition: form-data; name="id"\r\n\r\nabc\r\n'),
     "garbage before the first boundary only": b"hello world",
-    "part header without a blank line": _form(b"--xyzzy\r\nContent-Disposition: form-data; name=\"id\"\r\n"),
+    "part header without a blank line": _form(b'--xyzzy\r\nContent-Disposition: form-data; name="id"\r\n'),
     "nested multipart": _form(
-        b"--xyzzy\r\n", b"Content-Type: multipart/mixed; boundary=inner\r\n\r\n", b"--inner\r\n\r\nx\r\n--inner--\r\n",
+        b"--xyzzy\r\n",
+        b"Content-Type: multipart/mixed; boundary=inner\r\n\r\n",
+        b"--inner\r\n\r\nx\r\n--inner--\r\n",
         b"--xyzzy--\r\n",
     ),
 }

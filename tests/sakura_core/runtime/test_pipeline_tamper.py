@@ -41,9 +41,22 @@ def _run(setup, manifest, blobs, policy="fetch-fp16", config=None, cancel=None):
         return blobs[digest]
 
     return asyncio.run(
-        run_pipelined_edit(model, manifest, fetch_blob, usr, "p", policy=make_policy(policy), ladders=ladders,
-                           reps=reps, floor=0, profile=profile, template_image=tpl, trace=Trace.constant(50.0),
-                           config=config or RuntimeConfig(steps=STEPS), cancel=cancel)  # fmt: skip
+        run_pipelined_edit(
+            model,
+            manifest,
+            fetch_blob,
+            usr,
+            "p",
+            policy=make_policy(policy),
+            ladders=ladders,
+            reps=reps,
+            floor=0,
+            profile=profile,
+            template_image=tpl,
+            trace=Trace.constant(50.0),
+            config=config or RuntimeConfig(steps=STEPS),
+            cancel=cancel,
+        )  # fmt: skip
     )
 
 
