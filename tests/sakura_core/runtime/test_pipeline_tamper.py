@@ -5,6 +5,7 @@ import asyncio
 import copy
 import threading
 
+import numpy as np
 import pytest
 
 from sakura_core.fetch.policies import make_policy
@@ -110,3 +111,41 @@ def test_cancel_is_honoured_while_waiting_for_a_shard(setup):
     worker.join(60)  # the shard wait is 600 s: only honouring the cancel ends the run before this
     assert not worker.is_alive(), "the compute thread kept waiting for its shard after the cancel"
     assert "while waiting for its shard" in outcome["cancelled"]
+
+
+async def test_a_tampered_manifest_json_on_the_server_is_reported_by_the_edit(setup, tmp_path, aiohttp_server):
+    """End to end: ``manifest.json`` edited on the server's disk (two layers' digests swapped, one layer pointing at
+    another template's shard); the served edit falls back, says so in its report, and equals the on-device edit."""
+    import json
+
+    from cloud_server.app import create_app
+    from cloud_server.config import ServerConfig
+    from cloud_server.precompute import publish_template
+    from cloud_server.store import LocalStore
+    from sakura_core.runtime.session import EditRequest, edit_from_server
+
+    model, tpl, usr, pre, other, profile = setup
+    store = LocalStore(tmp_path / "store")
+    for template_id, image, result in (("tpl", tpl, pre), ("tpl-other", usr, other)):
+        publish_template(store, model, image, template_id, precompute_fn=lambda *a, _r=result, **k: _r)
+    path = store.root / "templates" / "tpl" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    a, b, c = _fp16(manifest, 0), _fp16(manifest, 1), _fp16(manifest, 2)
+    a["digest"], b["digest"] = b["digest"], a["digest"]
+    c.update({k: _fp16(other.manifest, 2)[k] for k in ("digest", "bytes", "total_bytes")})  # sizes too: consistent
+    path.write_text(json.dumps(manifest))
+    server = await aiohttp_server(create_app(ServerConfig(store_dir=store.root, model=None), store=store))
+    url = str(server.make_url("")).rstrip("/")
+
+    async def edit(policy):
+        request = EditRequest(server_url=url, template_id="tpl", prompt="p", steps=STEPS, policy=policy)
+        return await edit_from_server(model, request, usr, profile=profile)
+
+    tampered, on_device = await edit("fetch-fp16"), await edit("on-device-cached")
+    fallbacks = tampered.report["fallbacks"]
+    assert [f.split(":")[0] for f in fallbacks] == ["shard 0", "shard 1", "shard 2"], fallbacks
+    assert "template 'tpl-other' (expected 'tpl')" in fallbacks[2] and "layers 1-1 (expected 0-0)" in fallbacks[0]
+    for layer in (0, 1, 2):
+        assert tampered.report["levels_used"][layer] == ["device"] * STEPS
+    diff = np.abs(tampered.image.astype(int) - on_device.image.astype(int)).max()
+    assert diff <= 1  # the other layers came as fp16 KV: at most one grey level from the on-device edit
