@@ -30,6 +30,10 @@ BOMB_BYTES = 16384 * 16384 * 4
 
 @pytest.fixture(scope="module")
 def bomb() -> bytes:
+    return make_bomb()
+
+
+def make_bomb() -> bytes:
     """A ~33 KB job body whose zstd frame inflates to 1 GiB (with the right sha256, so only the shape is wrong)."""
     zeros = bytes(1 << 20)
     cctx = zstandard.ZstdCompressor(level=1, write_content_size=True)
