@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import zstandard
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from android_bridge.agent import AgentConfig
 from android_bridge.wire import MAGIC, VERSION, WireError, decode_job_body, encode_job_body
@@ -183,3 +185,50 @@ async def test_job_timeout_ends_a_job_stuck_on_a_dead_link(make_agent, cloud, us
     assert (await r.json())["state"] == "cancelled"
     r = await _submit(client, _body(cloud, user_image))  # the worker is free for the next job
     assert r.status == 202
+
+
+_HEADER_BYTES = st.binary(max_size=80).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b"").replace(b"\0", b""))
+
+
+@pytest.fixture(scope="module")
+def agent_server(demo_model):
+    """The agent app on its own loop and port, for the hypothesis examples (no per-example fixtures)."""
+    from aiohttp import web as _web
+
+    from android_bridge.agent import create_app
+    from cloud_server.app import bound_port
+    from sakura_core.runtime.pipeline import LiveProfile
+
+    app = create_app(AgentConfig(token=PHONE_TOKEN, port=0), model=demo_model, edit_fn=lambda *a, **k: None,
+                     live_profile=LiveProfile(0.01, 0.005, demo_model.adapter.num_layers, 8))  # fmt: skip
+    loop = asyncio.new_event_loop()
+    runner = _web.AppRunner(app, access_log=None)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(_web.TCPSite(runner, "127.0.0.1", 0).start())
+    yield loop, bound_port(runner)
+    loop.run_until_complete(runner.cleanup())
+    loop.close()
+
+
+async def _status(port: int, request: bytes) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 30)
+    finally:
+        writer.close()
+    parts = line.split()
+    return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(auth=_HEADER_BYTES, body=st.binary(max_size=200))
+def test_fuzz_agent_authorization_and_job_bodies(agent_server, auth, body):
+    loop, port = agent_server
+    req = b"GET /v1/info HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: " + auth + b"\r\n\r\n"
+    assert 0 < loop.run_until_complete(_status(port, req)) < 500
+    req = (b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer " + PHONE_TOKEN.encode()
+           + b"\r\nContent-Type: application/x-sakura-job\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+           + body)  # fmt: skip
+    assert 0 < loop.run_until_complete(_status(port, req)) < 500

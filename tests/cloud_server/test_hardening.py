@@ -311,3 +311,15 @@ def test_fuzz_multipart_upload(fuzz, parts, ctype):
            + WRITE_TOKEN.encode() + b"\r\nContent-Type: multipart/form-data; " + ctype
            + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
     assert fuzz.status(req) < 500
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=st.text(max_size=60), size=st.integers(0, 10**6))
+def test_fuzz_parse_range_never_raises_anything_else(value, size):
+    try:
+        got = parse_range(value, size)
+    except _Unsatisfiable:
+        return
+    if got is not None:
+        offset, count = got
+        assert 0 <= offset < size and 1 <= count <= size - offset
