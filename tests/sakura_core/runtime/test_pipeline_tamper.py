@@ -90,7 +90,12 @@ def test_shards_of_another_template_fall_back_to_the_on_device_edit(setup):
 def test_cancel_is_honoured_while_waiting_for_a_shard(setup):
     _, _, _, pre, _, _ = setup
     cancel = threading.Event()
+    timer = threading.Timer(0.3, cancel.set)  # the job timeout, 0.3 s after the edit starts
     outcome = {}
+
+    def start_timer_once(step: int, layer: int) -> None:
+        if step == 0 and layer == 0:
+            timer.start()
 
     def run() -> None:
         async def never(digest, nbytes):  # a nearly dead link: the shard never arrives
@@ -102,7 +107,7 @@ def test_cancel_is_honoured_while_waiting_for_a_shard(setup):
             asyncio.run(run_pipelined_edit(
                 model, pre.manifest, never, usr, "p", policy=make_policy("fetch-fp16"), ladders=ladders, reps=reps,
                 floor=0, profile=profile, template_image=tpl, config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
-                cancel=cancel, on_layer=lambda step, layer: threading.Timer(0.3, cancel.set).start()))  # fmt: skip
+                cancel=cancel, on_layer=start_timer_once))  # fmt: skip
         except Cancelled as e:
             outcome["cancelled"] = str(e)
 
