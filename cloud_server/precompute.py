@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,9 @@ def load_model(name: str):
     return load_demo_model()
 
 
+_OBJECT_REPR = re.compile(r"<[^<>]{1,80} object at 0x[0-9a-fA-F]+>")
+
+
 def decode_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, str]:
     """Decode an uploaded PNG/JPEG/WebP into (H, W, 3) uint8; returns it with the file extension to keep it under.
 
@@ -89,7 +93,8 @@ def decode_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, str]:
                 raise ImageError(f"image is {w}x{h}; templates need at least 8 pixels a side")
             rgb = np.asarray(img.convert("RGB"))
     except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as e:
-        raise ImageError(f"not a readable PNG/JPEG/WebP image: {e}") from e
+        detail = _OBJECT_REPR.sub("the upload", str(e))  # PIL names its file object: <_io.BytesIO object at 0x...>
+        raise ImageError(f"not a readable PNG/JPEG/WebP image: {detail}") from e
     return rgb, _FORMATS[fmt]
 
 

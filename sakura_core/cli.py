@@ -23,6 +23,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "cloud_server.cli_examples",
         "publish the ComfyUI example workflows' templates into a store; write their user images",
     ),
+    ("store",): ("cloud_server.cli_store", "verify|repair a store: re-hash shards, quarantine, sweep temp/orphans"),
     ("bench", "e2e"): ("sakura_core.bench.cli_e2e", "every fetch policy over every trace (sim or live); JSON + plots"),
     ("bench", "serve"): ("cloud_server.bench_serve", "load-test the shard server vs nginx over loopback; JSON"),
     ("phone-agent",): ("android_bridge.cli_phone_agent", "run the (emulated) phone agent"),

@@ -11,6 +11,7 @@ Public surface:
 
 from . import cachegen as _cachegen  # noqa: F401  (registers "cachegen")
 from . import sakura_codec as _sakura_codec  # noqa: F401  (registers "sakura")
+from .binding import ShardBindingError, ShardSlot, check_shard_binding, slot_from_manifest
 from .chain import ChainDecoder, decode_chain, decode_representation, parse_chain
 from .codecs import CODECS, Codec, ShardInput, ShardMeta, get_codec
 from .container import (
@@ -36,6 +37,8 @@ __all__ = [
     "ImportanceWeights",
     "Codec",
     "ManifestError",
+    "ShardBindingError",
+    "ShardSlot",
     "SakuraConfig",
     "ShardChainError",
     "ShardCorruptError",
@@ -48,6 +51,7 @@ __all__ = [
     "ShardTruncatedError",
     "ShardVersionError",
     "UnknownCodecError",
+    "check_shard_binding",
     "decode_chain",
     "decode_kv",
     "decode_representation",
@@ -58,5 +62,6 @@ __all__ = [
     "parse_shard",
     "shard_digest",
     "shard_inputs",
+    "slot_from_manifest",
     "validate_manifest",
 ]
