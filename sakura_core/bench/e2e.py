@@ -27,6 +27,7 @@ __all__ = [
     "CodecLevel",
     "build_phone_ladders",
     "measure_codec_levels",
+    "quality_floor",
     "psnr_db",
     "run_sim",
     "summarize",
@@ -90,9 +91,24 @@ def measure_codec_levels(
     return rows
 
 
+def quality_floor(psnr_db_by_level: list[float], target_db: float) -> int:
+    """Index of the cheapest level (levels listed cheapest first) whose PSNR meets ``target_db``; if none does,
+    the level with the highest PSNR (the closest any representation of that codec gets)."""
+    if not psnr_db_by_level:
+        raise ValueError("quality_floor needs at least one level")
+    ok = [i for i, p in enumerate(psnr_db_by_level) if p >= target_db]
+    if ok:
+        return ok[0]
+    best = max(range(len(psnr_db_by_level)), key=psnr_db_by_level.__getitem__)
+    logger.warning(
+        "no level reaches %.1f dB (best %.1f dB): floor at the best level", target_db, psnr_db_by_level[best]
+    )
+    return best
+
+
 def build_phone_ladders(rows: list[CodecLevel], layers: int = PHONE_DIT.layers) -> tuple[dict, dict]:
-    """Per-layer ladders at phone scale from the measured levels; floors = cheapest level meeting the PSNR target
-    (sakura; cachegen and fp16 keep their own rules: floor 0)."""
+    """Per-layer ladders at phone scale from the measured levels; floors = cheapest level meeting the PSNR target,
+    the same rule for sakura and cachegen (a family with no level that meets it gets its best level); fp16: 0."""
     shard_fp16 = PHONE_DIT.shard_bytes_fp16
     ladders, floors = {}, {}
     for family in SIM_CODECS:
@@ -115,8 +131,7 @@ def build_phone_ladders(rows: list[CodecLevel], layers: int = PHONE_DIT.layers) 
             )
             prev = nbytes
         ladders[family] = [levels] * layers
-        ok = [i for i, r in enumerate(fam) if r["psnr_db"] >= PSNR_TARGET_DB]
-        floors[family] = (ok[0] if ok else len(fam) - 1) if family == "sakura" else 0
+        floors[family] = quality_floor([r["psnr_db"] for r in fam], PSNR_TARGET_DB)
     return ladders, floors
 
 

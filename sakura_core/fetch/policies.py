@@ -24,10 +24,16 @@ LEVEL_COMPUTE = -1  # pseudo level: the device computes this layer's template KV
 
 @dataclass(frozen=True)
 class Decision:
-    """``level``: index into the shard's ladder, LEVEL_COMPUTE, or None = stop fetching."""
+    """``level``: index into the shard's ladder, LEVEL_COMPUTE, or None = stop fetching.
+
+    ``link_idle_until_s``: with LEVEL_COMPUTE, the link takes its next decision no earlier than this time (seconds
+    since the edit started; None = at once). CacheGen decides chunk by chunk, so a recomputed chunk holds the link
+    until the device has computed it and the next chunk is decided on the rate of that later moment.
+    """
 
     level: int | None
     reason: str
+    link_idle_until_s: float | None = None
 
 
 class Policy:
@@ -92,7 +98,9 @@ class CacheGen(Policy):
     else recompute; ``bw`` read from the trace at decision time (no estimator). A chunk here is a shard.
 
     SLO: the latency target when one is set, else the time the device needs to compute the whole template (the
-    recompute alternative).
+    recompute alternative). Held to the same quality floor as sakura: levels below ``ctx.floor`` are never chosen.
+    The trace is read on the simulator's clock (start offset included); a recomputed chunk holds the link until the
+    device has computed it, so the next chunk is decided on the rate at that time, not on one early sample.
     """
 
     name = "cachegen"
@@ -102,19 +110,23 @@ class CacheGen(Policy):
         self.recompute: set[int] = set()
 
     def choose(self, ctx, layer: int) -> Decision:
-        bw = ctx.trace.rate_at(ctx.now)  # bytes/s, as the released code reads the trace
+        bw = ctx.link_rate_now()  # bytes/s, read from the trace as the released code does (no estimator)
         slo = ctx.latency_target_s if ctx.latency_target_s is not None else ctx.profile.template_pass_s
         budget = slo / ctx.num_layers
         ladder = ctx.ladder(layer)
-        for idx in range(len(ladder) - 1, -1, -1):
+        for idx in range(len(ladder) - 1, ctx.floor - 1, -1):
             if bw > 0 and ladder[idx].nbytes / bw < budget:
                 return Decision(
                     idx, f"level {ladder[idx].name}: {ladder[idx].nbytes / max(bw, 1):.2f}s < {budget:.2f}s"
                 )
         if ctx.template_alive:
             self.recompute.add(layer)
-            return Decision(LEVEL_COMPUTE, f"no level fits {budget:.2f}s at {bw * 8 / 1e6:.2f} Mbit/s: recompute")
-        return Decision(0, "no level fits, recompute impossible (template dropped): lowest level")
+            return Decision(
+                LEVEL_COMPUTE,
+                f"no level >= floor fits {budget:.2f}s at {bw * 8 / 1e6:.2f} Mbit/s: recompute",
+                link_idle_until_s=ctx.template_eta(layer + 1),
+            )
+        return Decision(ctx.floor, "no level fits, recompute impossible (template dropped): the floor level")
 
     def keep_template(self, ctx, layer: int) -> bool:
         # keep computing while this or a later chunk is marked recompute, or the link has not decided it yet

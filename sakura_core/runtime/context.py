@@ -45,6 +45,15 @@ class Context:
     def ladder(self, layer: int) -> list[Level]:
         return self._s.ladders[layer]
 
+    @property
+    def trace_offset_s(self) -> float:
+        """Where on the trace the edit started: the link at edit time ``t`` is the trace at ``offset + t``."""
+        return float(getattr(self._s, "start_s", 0.0))
+
+    def link_rate_now(self) -> float:
+        """The trace's rate (bytes/s) at ``now``, on the simulator's clock (start offset included)."""
+        return self._s.trace.rate_at(self.trace_offset_s + self._s.now)
+
     # dynamic
     @property
     def now(self) -> float:
@@ -87,7 +96,10 @@ class Context:
     def transfer_end(self, start: float, nbytes: float, rate: float | None) -> float:
         """When ``nbytes`` requested at ``start`` arrive: RTT + bytes at ``rate`` (None = the real trace)."""
         t0 = start + self._s.rtt_s
-        return self._s.trace.finish_time(t0, nbytes) if rate is None else t0 + nbytes / rate
+        if rate is None:  # the trace is read at offset + t, like the simulator's own transfers
+            off = self.trace_offset_s
+            return self._s.trace.finish_time(off + t0, nbytes) - off
+        return t0 + nbytes / rate
 
     def predict_ready(self, layer: int, level: Level, rate: float | None) -> float:
         arrive = self.transfer_end(max(self._s.link_free, self._s.now), level.nbytes, rate)
@@ -151,6 +163,7 @@ class LiveState:
         self.L = len(ladders)
         self.estimator, self.rtt_s = estimator, rtt_s
         self.latency_target_s = latency_target_s
+        self.start_s = 0.0  # the live link starts its trace at the edit's start
         self.t0 = time.monotonic()
         self.link_free = 0.0
         self.decoder_free = 0.0

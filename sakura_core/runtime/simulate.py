@@ -119,6 +119,8 @@ class _Sim:
             self.next_layer += 1
             if d.level == LEVEL_COMPUTE:
                 self.skipped.add(layer)
+                if d.link_idle_until_s is not None:  # the policy's next decision waits (the link stays idle)
+                    self.link_free = max(self.link_free, d.link_idle_until_s)
             else:
                 self._transfer(layer, d.level, self.ladders[layer][d.level].nbytes, "base")
             if self.next_layer >= self.L:
