@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from ..fetch.policies import POLICIES
-from ..fetch.traces import Trace, load_traces
+from ..fetch.traces import Trace, scan_traces
 from ..io_utils import atomic_write_json
 from ..runtime.profiles import PHONE_DIT, PROFILES, DeviceProfile, get_profile
 from ..runtime.simulate import fixed_split_policy, simulate
@@ -21,6 +21,9 @@ def add_arguments(parser) -> None:
 
     default_traces = str(resources.files("sakura_core.fetch").joinpath("traces"))
     parser.add_argument("--traces", default=default_traces, help="folder of traces (any of the 3 formats)")
+    parser.add_argument(
+        "--trace-classes", help="JSON {glob: class} (default: trace_classes.json in --traces, else folder names)"
+    )
     parser.add_argument("--policies", default="all", help=f"comma list or 'all' ({','.join(POLICIES)})")
     parser.add_argument("--mode", choices=["sim", "live"], default="sim")
     parser.add_argument("--profile", default="snapdragon-8-elite-cpu", help=f"one of {', '.join(PROFILES)}")
@@ -79,10 +82,13 @@ def run(args) -> int:
 
         return run_live(args)
     from ..models.demo import load_demo_model, load_image
-    from .e2e import build_phone_ladders, measure_codec_levels, run_sim, summarize
+    from .e2e import build_phone_ladders, measure_codec_levels, run_sim, summarize, summarize_by_class
 
     profile = get_profile(args.profile)
-    traces = load_traces(args.traces)
+    scan = scan_traces(args.traces, args.trace_classes)
+    traces = scan.traces
+    for path, why in scan.skipped:
+        print(f"skipped {path}: {why}")
     policies = _policies(args.policies, "sim")
     t0 = time.perf_counter()
     model = load_demo_model()
@@ -97,8 +103,10 @@ def run(args) -> int:
     print(f"quality floor (cheapest sakura level with PSNR >= 35 dB): {ladders['sakura'][0][floors['sakura']].name}")
     runs = run_sim(traces, policies, profile, ladders, floors, args.starts, progress=print)
     summary, ratios = summarize(runs)
-    print()
-    print(_table(summary, ratios))
+    by_class = summarize_by_class(runs)
+    for cls, part in by_class.items():
+        print(f"\n[{cls}] {part['traces']} traces")
+        print(_table(part["summary"], part["ratios_vs_sakura"]))
     out = {
         "mode": "sim",
         "label": "SIMULATION (discrete-event, phone-scale model, codec costs measured in this run)",
@@ -109,6 +117,8 @@ def run(args) -> int:
         "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
         "summary": summary,
         "ratios_vs_sakura": ratios,
+        "by_class": by_class,
+        "skipped_traces": [{"path": p, "reason": why} for p, why in scan.skipped],
         "seconds": round(time.perf_counter() - t0, 1),
     }
     if args.plots:

@@ -31,6 +31,7 @@ __all__ = [
     "psnr_db",
     "run_sim",
     "summarize",
+    "summarize_by_class",
 ]
 
 logger = logging.getLogger(__name__)
@@ -156,6 +157,7 @@ def run_sim(
                 runs.append(
                     {
                         "trace": trace.name,
+                        "trace_class": trace.trace_class or "other",
                         "start_s": round(start, 3),
                         "policy": name,
                         "latency_s": float(r.latency_s),
@@ -168,6 +170,21 @@ def run_sim(
         if progress:
             progress(f"trace {trace.name}: {len(policies)} policies x {starts_per_trace} starts")
     return runs
+
+
+def summarize_by_class(runs: list[dict]) -> dict[str, dict]:
+    """:func:`summarize` per trace class (3G, 4G, broadband, 5G, other; classes with no run left out), plus "all"."""
+    from ..fetch.trace_classes import TRACE_CLASSES
+
+    out = {}
+    for cls in TRACE_CLASSES:
+        sub = [r for r in runs if r.get("trace_class", "other") == cls]
+        if sub:
+            summary, ratios = summarize(sub)
+            out[cls] = {"traces": len({r["trace"] for r in sub}), "summary": summary, "ratios_vs_sakura": ratios}
+    summary, ratios = summarize(runs)
+    out["all"] = {"traces": len({r["trace"] for r in runs}), "summary": summary, "ratios_vs_sakura": ratios}
+    return out
 
 
 def summarize(runs: list[dict]) -> tuple[dict, dict]:
