@@ -2,7 +2,7 @@
 
 A trace's class comes from a classes file in the trace folder (``trace_classes.json``: ``{"glob": "class"}``,
 globs over the path relative to that folder, first match wins), else from the words in its file name and folder
-names (file name first, then the folders from the deepest up): ``5g``/``nr`` -> 5G, ``4g``/``lte`` -> 4G,
+names (file name first, then the folders from the deepest up, the trace folder itself last): ``5g``/``nr`` -> 5G, ``4g``/``lte`` -> 4G,
 ``3g``/``3gp``/``hsdpa``/``hspa``/``umts`` -> 3G, ``fcc``/``broadband``/``wifi``/``dsl``/``cable``/``fiber`` ->
 broadband; a word like ``ucc5g`` counts as ``5g``. Anything else is ``other``.
 """
@@ -58,14 +58,15 @@ def read_classes_file(path: str | Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()}
 
 
-def classify_path(relative: str | Path, globs: dict[str, str] | None = None) -> str:
-    """The class of a trace at ``relative`` (path relative to the trace folder)."""
+def classify_path(relative: str | Path, globs: dict[str, str] | None = None, root_name: str = "") -> str:
+    """The class of a trace at ``relative`` (path relative to the trace folder, whose own name ``root_name`` is
+    looked at last)."""
     rel = Path(relative)
     posix = rel.as_posix()
     for pattern, cls in (globs or {}).items():
         if fnmatch.fnmatch(posix, pattern) or fnmatch.fnmatch(rel.name, pattern):
             return cls
-    for part in [rel.stem, *reversed(rel.parent.parts)]:
+    for part in [rel.stem, *reversed(rel.parent.parts), root_name]:
         cls = _class_of_words(part)
         if cls:
             return cls

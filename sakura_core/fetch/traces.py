@@ -235,7 +235,9 @@ def scan_traces(folder: str | Path, classes_file: str | Path | None = None) -> T
             except TraceFormatError as e:
                 reason = f"not a trace: {e}"
             else:
-                traces.append(replace(t, trace_class=classify_path(p.relative_to(folder), globs)))
+                traces.append(
+                    replace(t, trace_class=classify_path(p.relative_to(folder), globs, folder.resolve().name))
+                )
                 continue
         skipped.append((str(p), reason))
         logger.warning("trace folder %s: skipped %s (%s)", folder, p, reason)
