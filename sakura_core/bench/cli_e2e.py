@@ -26,9 +26,11 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--policies", default="all", help=f"comma list or 'all' ({','.join(POLICIES)})")
     parser.add_argument("--mode", choices=["sim", "live"], default="sim")
-    parser.add_argument("--profile", default="snapdragon-8-elite-cpu", help=f"one of {', '.join(PROFILES)}")
-    parser.add_argument("--geometry", default="phone-dit-512", help=f"sim: one of {', '.join(GEOMETRIES)}")
-    parser.add_argument("--kv-mode", choices=KV_MODES, default="single", help="sim: template KV mode (DESIGN.md)")
+    parser.add_argument(
+        "--profile", default="snapdragon-8-elite-cpu", help=f"one of (sim: a comma list of) {', '.join(PROFILES)}"
+    )
+    parser.add_argument("--geometry", default="phone-dit-512", help=f"sim: comma list of {', '.join(GEOMETRIES)}")
+    parser.add_argument("--kv-mode", default="single", help=f"sim: comma list of {', '.join(KV_MODES)} (DESIGN.md)")
     parser.add_argument("--no-calibrate", action="store_true", help="sim: skip the CPU calibration of the cost model")
     parser.add_argument("--json", required=True, help="write results here")
     parser.add_argument("--plots", help="folder for PNG plots")
@@ -73,10 +75,10 @@ def _print_by_class(by_class: dict) -> None:
         print(_table(part["summary"], part["ratios_vs_sakura"]))
 
 
-def _plots(args, out, runs, traces, ladders, profile, regime) -> None:
+def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:
     from .plots import plot_regime_map, plot_timeline, plot_trace_levels
 
-    plots = Path(args.plots)
+    plots = Path(plots_dir)
     plots.mkdir(parents=True, exist_ok=True)
     sak = [r for r in runs if r["policy"] == "sakura"]
     pick = sorted(sak, key=lambda r: r["latency_s"])[len(sak) // 2]["_result"]
@@ -98,48 +100,43 @@ def _calibration(model, args) -> dict | None:
     return cal
 
 
-def run(args) -> int:
-    if args.mode == "live":
-        from .cli_live import run_live
+def _combos(args) -> list[tuple[str, str, str]]:
+    """(kv_mode, geometry, profile) for every combination of the comma lists, each name checked."""
+    modes, geos, profs = ([x.strip() for x in a.split(",") if x.strip()] for a in (args.kv_mode, args.geometry,
+                                                                                  args.profile))  # fmt: skip
+    bad = [m for m in modes if m not in KV_MODES]
+    if bad:
+        raise SystemExit(f"sakura bench e2e: unknown --kv-mode {bad}; choose from {', '.join(KV_MODES)}")
+    for p in profs:
+        for g in geos:
+            get_profile(p, g)  # raises naming the choices
+    return [(m, g, p) for m in modes for g in geos for p in profs]
 
-        return run_live(args)
-    from ..models.demo import load_demo_model, load_image
-    from .e2e import build_phone_ladders, measure_codec_levels, run_sim, summarize, summarize_by_class
+
+def _simulate_combo(args, combo, traces, policies, rows, plots_dir) -> dict:
+    """One (kv_mode, geometry, profile): the simulation over every trace, tables and regime map printed."""
+    from .e2e import build_phone_ladders, run_sim, summarize, summarize_by_class
     from .phone_scale import format_regime, regime_map
 
-    profile = get_profile(args.profile, args.geometry)
+    kv_mode, geometry, name = combo
+    profile = get_profile(name, geometry)
     g = profile.model
-    scan = scan_traces(args.traces, args.trace_classes)
-    traces = scan.traces
-    for path, why in scan.skipped:
-        print(f"skipped {path}: {why}")
-    policies = _policies(args.policies, "sim")
-    t0 = time.perf_counter()
-    model = load_demo_model()
-    size = model.spec.image_size
-    print(sources_table())
-    print(f"SIMULATION at phone scale: {g.name} ({g.description}); KV {g.kv_bytes_fp16 / 2**20:.0f} MiB fp16, "
-          f"{g.steps} steps, {args.kv_mode} KV mode, profile {profile.name} "
-          f"({profile.effective_flop_per_s / 1e12:.2f} TFLOP/s: cached step {profile.step_cached_s:.3f} s, template "
-          f"pass {profile.template_pass_s:.3f} s); codec costs measured now on the demo model "
-          f"({model.weights_source})")  # fmt: skip
-    calibration = _calibration(model, args)
-    rows = measure_codec_levels(
-        model, load_image("astronaut", size), load_image("chelsea", size), "place it", args.steps, progress=print
+    print(
+        f"\n===== {kv_mode} KV, {g.name}, {profile.name} ({profile.effective_flop_per_s / 1e12:.2f} TFLOP/s: cached "
+        f"step {profile.step_cached_s:.3f} s, template pass {profile.template_pass_s:.3f} s; KV "
+        f"{g.kv_bytes_fp16 / 2**20:.0f} MiB fp16 per template{' per step' if kv_mode == 'per-step' else ''}) ====="
     )
-    ladders, floors = build_phone_ladders(rows, kv_mode_view(profile, args.kv_mode).model)
+    ladders, floors = build_phone_ladders(rows, kv_mode_view(profile, kv_mode).model)
     for fam in ("sakura", "cachegen"):
         print(f"quality floor {fam} (cheapest level with PSNR >= 35 dB): {ladders[fam][0][floors[fam]].name}")
-    runs = run_sim(traces, policies, profile, ladders, floors, args.starts, progress=print, kv_mode=args.kv_mode)
+    runs = run_sim(traces, policies, profile, ladders, floors, args.starts, kv_mode=kv_mode)
     summary, ratios = summarize(runs)
     by_class = summarize_by_class(runs)
     _print_by_class(by_class)
-    regime = regime_map(profile, ladders, floors, REGIME_TFLOPS, REGIME_MBITS, kv_mode=args.kv_mode)
+    regime = regime_map(profile, ladders, floors, REGIME_TFLOPS, REGIME_MBITS, kv_mode=kv_mode)
     print()
     print(format_regime(regime))
     out = {
-        "mode": "sim",
-        "label": "SIMULATION (discrete-event, phone-scale model, codec costs measured in this run)",
         "profile": profile.name,
         "profile_details": {
             "soc": profile.soc,
@@ -150,22 +147,57 @@ def run(args) -> int:
             "layer_full_s": profile.layer_full_s,
             "template_pass_s": profile.template_pass_s,
         },  # fmt: skip
-        "kv_mode": args.kv_mode,
+        "kv_mode": kv_mode,
         "geometry": g.name,
         "model": g.as_dict(),
-        "calibration": calibration,
-        "codec_levels": rows,
         "floors": floors,
         "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
         "summary": summary,
         "ratios_vs_sakura": ratios,
         "by_class": by_class,
         "regime_map": regime,
+    }
+    if plots_dir:
+        sub = Path(plots_dir) / f"{kv_mode}.{g.name}.{profile.name}" if len(_combos(args)) > 1 else plots_dir
+        _plots(sub, runs, traces, ladders, profile, regime)
+    return out
+
+
+def run(args) -> int:
+    """``--profile``, ``--geometry`` and ``--kv-mode`` take comma lists: the codecs are measured (and the CPU
+    calibrated) once, every combination is simulated; with one combination the JSON is that run's, with several
+    it holds them under ``results``."""
+    if args.mode == "live":
+        from .cli_live import run_live
+
+        return run_live(args)
+    from ..models.demo import load_demo_model, load_image
+    from .e2e import measure_codec_levels
+
+    combos = _combos(args)
+    scan = scan_traces(args.traces, args.trace_classes)
+    for path, why in scan.skipped:
+        print(f"skipped {path}: {why}")
+    policies = _policies(args.policies, "sim")
+    t0 = time.perf_counter()
+    model = load_demo_model()
+    size = model.spec.image_size
+    print(sources_table())
+    print(f"SIMULATION at phone scale; codec costs measured now on the demo model ({model.weights_source})")
+    calibration = _calibration(model, args)
+    rows = measure_codec_levels(
+        model, load_image("astronaut", size), load_image("chelsea", size), "place it", args.steps, progress=print
+    )
+    results = [_simulate_combo(args, c, scan.traces, policies, rows, args.plots) for c in combos]
+    common = {
+        "mode": "sim",
+        "label": "SIMULATION (discrete-event, phone-scale model, codec costs measured in this run)",
+        "calibration": calibration,
+        "codec_levels": rows,
         "skipped_traces": [{"path": p, "reason": why} for p, why in scan.skipped],
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    if args.plots:
-        _plots(args, out, runs, traces, ladders, profile, regime)
+    out = {**common, **results[0]} if len(results) == 1 else {**common, "results": results}
     atomic_write_json(args.json, json.loads(json.dumps(out, default=float)))
     print(f"wrote {args.json}")
     return 0
