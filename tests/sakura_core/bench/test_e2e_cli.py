@@ -48,3 +48,10 @@ def test_sim_bench_writes_consistent_json_and_plots(tmp_path, capsys):
 def test_unknown_policy_is_refused():
     with pytest.raises(SystemExit, match="unknown policies"):
         main(["bench", "e2e", "--policies", "nope", "--json", "/dev/null"])
+
+
+def test_unknown_kv_mode_and_geometry_are_refused():
+    with pytest.raises(SystemExit, match="unknown --kv-mode"):
+        main(["bench", "e2e", "--kv-mode", "single,twice", "--json", "/dev/null"])
+    with pytest.raises(ValueError, match="unknown geometry 'klein9'"):
+        main(["bench", "e2e", "--geometry", "klein9", "--json", "/dev/null"])
