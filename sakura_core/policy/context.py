@@ -74,6 +74,10 @@ class PolicyState(Protocol):
         """Round trip charged per request in predictions, seconds."""
 
     @property
+    def start_s(self) -> float:
+        """Where on ``trace`` the edit started, seconds: the link at edit time t is the trace at start_s + t."""
+
+    @property
     def latency_target_s(self) -> float | None:
         """The user's latency target for the whole edit, seconds, or None."""
 
@@ -203,6 +207,15 @@ class Context:
         """``layer -> highest level fetched`` (decoded or not)."""
         return {layer: max(lv for lv, _ in got) for layer, got in self._s.got.items() if got}
 
+    @property
+    def trace_offset_s(self) -> float:
+        """Where on the trace the edit started: the link at edit time ``t`` is the trace at ``offset + t``."""
+        return float(self._s.start_s)
+
+    def link_rate_now(self) -> float:
+        """The trace's rate (bytes/s) at ``now``, on the edit's clock (start offset included)."""
+        return self._s.trace.rate_at(self.trace_offset_s + self._s.now)
+
     def fmt_rate(self, rate: float | None) -> str:
         return "exact trace" if rate is None else f"{rate * 8 / 1e6:.2f} Mbit/s"
 
@@ -210,7 +223,10 @@ class Context:
         """When ``nbytes`` requested at ``start`` (seconds) arrive: RTT + bytes at ``rate`` (None = the real trace).
         The one place where predictions read the trace."""
         t0 = start + self._s.rtt_s
-        return self._s.trace.finish_time(t0, nbytes) if rate is None else t0 + nbytes / rate
+        if rate is None:  # the trace is read at offset + t, like the simulator's own transfers
+            off = self.trace_offset_s
+            return self._s.trace.finish_time(off + t0, nbytes) - off
+        return t0 + nbytes / rate
 
     def predict_ready(self, layer: int, level: Level, rate: float | None) -> float:
         """When ``level`` of shard ``layer`` would be decoded if requested as soon as the link is free (seconds)."""
@@ -286,6 +302,7 @@ class LiveState:
         self.L = len(ladders)
         self.estimator, self.rtt_s = estimator, rtt_s
         self.latency_target_s = latency_target_s
+        self.start_s = 0.0  # the live link starts its trace at the edit's start
         self.t0 = time.monotonic()
         self.link_free = 0.0
         self.decoder_free = 0.0

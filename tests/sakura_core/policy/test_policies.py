@@ -63,6 +63,7 @@ class FakeState:
     ladders: list[list[Level]] = field(default_factory=lambda: [LADDER] * 4)
     floor: int = 0
     rtt_s: float = 0.05
+    start_s: float = 0.0  # where on the trace the edit started
     latency_target_s: float | None = None
     now: float = 0.0
     link_free: float = 0.0
