@@ -115,6 +115,7 @@ def evaluate(
     probes: int = 4,
     reference_model: EditModel | None = None,
     on_pair: Callable[[int], None] | None = None,
+    kv_mode: str = "single",
 ) -> dict:
     """Held-out evaluation of the KV edit path against the ground truth and trivial baselines.
 
@@ -125,8 +126,11 @@ def evaluate(
     ``importance_gini``: Gini of template-token importance (mean over layers, heads, probe times) per probe template,
     averaged over the first ``probes`` pairs; with ``reference_model`` (e.g. the random init) the same statistic
     for it is reported alongside.
+    ``kv_mode``: ``"single"`` (template KV at the fixed reference time, reused by every step) or ``"per-step"``
+    (template KV extracted at each step's own time, injected at that step).
     """
     from ..runtime.edit import run_edit
+    from ..runtime.sampler import flow_timesteps
 
     if pairs < 1 or steps < 1 or probes < 0:
         raise ValueError(f"pairs and steps must be >= 1 and probes >= 0, got {pairs}, {steps}, {probes}")
@@ -136,8 +140,14 @@ def evaluate(
     inside, outside = [], []
     for i in range(pairs):
         p = make_pair(bank, task, seed, i)
-        kv = model.adapter.extract_template_kv(model.template_tokens(p.template), model.spec.grid)
-        out = run_edit(model, p.user, EDIT_PROMPT, steps=steps, seed=i, split_layer=0, kv_source=kv).image
+        ref = model.template_tokens(p.template)
+        if kv_mode == "per-step":
+            kv = model.adapter.extract_per_step_kv(ref, model.spec.grid, flow_timesteps(steps)[:-1])
+        else:
+            kv = model.adapter.extract_template_kv(ref, model.spec.grid)
+        out = run_edit(
+            model, p.user, EDIT_PROMPT, steps=steps, seed=i, split_layer=0, kv_source=kv, kv_mode=kv_mode
+        ).image
         mask = region_mask(p.box, task.image_size)
         naive = np.where(mask[..., None], p.user, p.scene)
         for name, img in (
@@ -187,6 +197,7 @@ def evaluate(
             "probes": probes,
             "prompt": EDIT_PROMPT,
             "path": "template KV extracted, then injected at every layer (split_layer=0)",
+            "kv_mode": kv_mode,
         },
         "model": {"name": model.spec.name, "id": model.model_id, "weights": model.weights_source},
     }

@@ -26,7 +26,14 @@ from .container import (
     parse_shard,
     shard_digest,
 )
-from .manifest import ManifestError, validate_manifest
+from .manifest import (
+    ManifestError,
+    ScheduleMismatchError,
+    check_schedule,
+    manifest_kv_mode,
+    shards_for_step,
+    validate_manifest,
+)
 from .sakura_codec import SakuraConfig
 from .template_codec import ImportanceWeights, decode_kv, encode_kv, level_chains, shard_inputs
 
@@ -37,6 +44,7 @@ __all__ = [
     "Codec",
     "ManifestError",
     "SakuraConfig",
+    "ScheduleMismatchError",
     "ShardChainError",
     "ShardCorruptError",
     "ShardFormatError",
@@ -48,15 +56,18 @@ __all__ = [
     "ShardTruncatedError",
     "ShardVersionError",
     "UnknownCodecError",
+    "check_schedule",
     "decode_chain",
     "decode_kv",
     "decode_representation",
     "encode_kv",
     "get_codec",
     "level_chains",
+    "manifest_kv_mode",
     "parse_chain",
     "parse_shard",
     "shard_digest",
     "shard_inputs",
+    "shards_for_step",
     "validate_manifest",
 ]

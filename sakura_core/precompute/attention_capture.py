@@ -102,7 +102,15 @@ def capture_attention(model: EditModel, kv: TemplateKV, probes: Probes) -> list[
         for i, attn in enumerate(blocks)
     ]
     try:
-        adapter.forward(probes.x, probes.txt, probes.t, img_grid=model.spec.grid, split_layer=0, cached=kv)
+        adapter.forward(
+            probes.x,
+            probes.txt,
+            probes.t,
+            img_grid=model.spec.grid,
+            split_layer=0,
+            cached=kv,
+            ref_timestep=kv.ref_timestep,  # per-step KV: the probes see the template at the KV's own step time
+        )
     finally:
         for h in handles:
             h.remove()

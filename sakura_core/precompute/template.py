@@ -19,7 +19,7 @@ from ..kv.container import shard_digest
 from ..kv.manifest import MANIFEST_VERSION, validate_manifest
 from ..kv.template_codec import decode_kv, level_chains, shard_inputs
 from ..models.edit_model import EditModel
-from ..models.kv_types import TemplateKV
+from ..models.kv_types import KV_MODES, PerStepTemplateKV, TemplateKV
 from .attention_capture import capture_attention
 from .importance import attention_error, importance_from_captures, layer_gains
 from .probes import ProbeConfig, make_probes
@@ -52,6 +52,9 @@ def precompute_template(
     probes: ProbeConfig | None = None,
     held_out_probes: int = 4,
     psnr_steps: int = 4,
+    kv_mode: str = "single",
+    steps: int = 4,
+    shift: float = 1.0,
 ) -> PrecomputedTemplate:
     """Compute a template's exact KV, estimate token importance, encode every shard at every level of ``codec`` plus
     the fp16 reference, measure each representation's distortion on held-out probes, and build the manifest.
@@ -63,13 +66,21 @@ def precompute_template(
         codec: ladder codec: ``"sakura"`` (progressive), ``"cachegen"``, ``"int8"``, ``"int4"`` or ``"fp16"``.
         shard_layers: consecutive layers per shard.
         seed: seed of the probe requests (importance and held-out distortion); the result is a pure function of
-            (model, image, id, codec, shard_layers, seed).
-        progress: ``progress(stage, done, total)`` with stages "kv", "importance", "encode".
+            (model, image, id, codec, shard_layers, seed[, steps, shift]).
+        progress: ``progress(stage, done, total)`` with stages "kv", "importance", "encode", "psnr".
         probes: probe settings for importance (``seed`` is overridden by ``seed``).
         held_out_probes: number of held-out probe requests the distortion is measured on.
         psnr_steps: steps of the held-out edit each level's end-to-end PSNR (``psnr_db``) is measured with
             (every shard at that level, vs the exact-KV edit); 0 skips it. Clients pick their quality floor by it.
+            In per-step mode the held-out edit runs the template's own schedule (``steps``, ``shift``) instead.
+        kv_mode: ``"single"`` (one KV per layer) or ``"per-step"`` (one KV per (step, layer) for the schedule
+            ``flow_timesteps(steps, shift)``; importance probes run at each step's time; shards carry ``step``).
+        steps, shift: the per-step schedule (ignored in single mode).
     """
+    from ..runtime.sampler import flow_timesteps
+
+    if kv_mode not in KV_MODES:
+        raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
     ladder = get_codec(codec)
     report = progress or (lambda stage, done, total: None)
     image = np.asarray(template_image)
@@ -79,18 +90,82 @@ def precompute_template(
             f"template_image must be ({size}, {size}, 3) uint8 for this model, got {image.shape} {image.dtype}; "
             "resize it with sakura_core.models.edit_model.load_image"
         )
-    report("kv", 0, 1)
-    kv = model.adapter.extract_template_kv(model.template_tokens(image), model.spec.grid)
-    report("kv", 1, 1)
-
-    report("importance", 0, 2)
     config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
+    report("kv", 0, 1)
+    ref = model.template_tokens(image)
+    if kv_mode == "per-step":
+        per_step = model.adapter.extract_per_step_kv(ref, model.spec.grid, flow_timesteps(steps, shift)[:-1])
+        kvs = [per_step.at_step(s) for s in range(steps)]
+    else:
+        per_step, kvs = None, [model.adapter.extract_template_kv(ref, model.spec.grid)]
+    report("kv", 1, 1)
     packed = model.pack_image(image)
+    blobs: dict[str, bytes] = {}
+    shards: list[dict] = []
+    for s, kv in enumerate(kvs):
+        step_cfg = config if per_step is None else replace(config, timesteps=(kv.ref_timestep,))
+        step_shards = _encode_step(
+            model, kv, packed, template_id, ladder, step_cfg, held_out_probes, shard_layers, blobs, report
+        )
+        if per_step is not None:
+            step_shards = [{"step": s, **sh} for sh in step_shards]
+        shards += step_shards
+    if psnr_steps > 0:
+        _add_output_psnr(
+            model, per_step or kvs[0], shards, blobs, seed, steps if per_step else psnr_steps, shift, report
+        )
+
+    kv = kvs[0]
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "model_id": kv.model_id,
+        "template_id": template_id,
+        "token_grid": [int(kv.token_grid[0]), int(kv.token_grid[1])],
+        "rope_layout": kv.rope_layout,
+        "num_layers": kv.num_layers,
+        "heads": kv.num_heads,
+        "head_dim": kv.head_dim,
+        "codec": ladder.name,
+        "distortion_metric": DISTORTION_METRIC,
+        "probes": {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes},
+        "psnr_metric": PSNR_METRIC if psnr_steps > 0 else None,
+        "kv_mode": kv_mode,
+        **({"schedule": _schedule(per_step, shift)} if per_step is not None else {}),
+        "shards": shards,
+    }
+    validate_manifest(manifest)
+    logger.info(
+        "precomputed template %s (%s): %d shards, %d blobs, %d bytes",
+        template_id,
+        kv_mode,
+        len(shards),
+        len(blobs),
+        sum(len(b) for b in blobs.values()),
+    )
+    return PrecomputedTemplate(manifest, blobs)
+
+
+def _schedule(per_step: PerStepTemplateKV, shift: float) -> dict:
+    """The manifest's ``schedule``: what a request must run for this per-step KV to be exact."""
+    return {
+        "steps": per_step.num_steps,
+        "timesteps": [float(t) for t in per_step.timesteps],
+        "shift": float(shift),
+        "guidance": None,
+        "sampler": "flow-euler",
+    }
+
+
+def _encode_step(
+    model, kv: TemplateKV, packed, template_id, ladder, config, held_out_probes, shard_layers, blobs, report
+) -> list[dict]:
+    """Importance, every representation of every shard and its distortion for one TemplateKV (one step)."""
+    report("importance", 0, 2)
     fit_probes = make_probes(model, packed, config, stream=0)
     fit = capture_attention(model, kv, fit_probes)
-    importance = importance_from_captures(fit, kv, seed=seed)
+    importance = importance_from_captures(fit, kv, seed=config.seed)
     if config.gain_steps is not None:
-        gains = layer_gains(model, kv, fit_probes, fit, seed=seed, steps=config.gain_steps)
+        gains = layer_gains(model, kv, fit_probes, fit, seed=config.seed, steps=config.gain_steps)
         importance = replace(importance, layer_gain=gains)
     del fit
     report("importance", 1, 2)
@@ -99,7 +174,6 @@ def precompute_template(
     report("importance", 2, 2)
 
     inputs = ladder.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers))
-    blobs: dict[str, bytes] = {}
     shards = []
     fp16 = get_codec("fp16")
     for i, shard in enumerate(inputs):
@@ -121,33 +195,7 @@ def precompute_template(
         blobs[rep["digest"]] = fp16_blob
         shards.append({"layers": [first, last], "representations": reps})
     report("encode", len(inputs), len(inputs))
-    if psnr_steps > 0:
-        _add_output_psnr(model, kv, shards, blobs, seed, psnr_steps, report)
-
-    manifest = {
-        "version": MANIFEST_VERSION,
-        "model_id": kv.model_id,
-        "template_id": template_id,
-        "token_grid": [int(kv.token_grid[0]), int(kv.token_grid[1])],
-        "rope_layout": kv.rope_layout,
-        "num_layers": kv.num_layers,
-        "heads": kv.num_heads,
-        "head_dim": kv.head_dim,
-        "codec": ladder.name,
-        "distortion_metric": DISTORTION_METRIC,
-        "probes": {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes},
-        "psnr_metric": PSNR_METRIC if psnr_steps > 0 else None,
-        "shards": shards,
-    }
-    validate_manifest(manifest)
-    logger.info(
-        "precomputed template %s: %d shards, %d blobs, %d bytes",
-        template_id,
-        len(shards),
-        len(blobs),
-        sum(len(b) for b in blobs.values()),
-    )
-    return PrecomputedTemplate(manifest, blobs)
+    return shards
 
 
 PSNR_METRIC = (
@@ -157,9 +205,17 @@ PSNR_METRIC = (
 
 
 def _add_output_psnr(
-    model, kv: TemplateKV, shards: list[dict], blobs: dict[str, bytes], seed: int, steps: int, report
+    model,
+    kv: TemplateKV | PerStepTemplateKV,
+    shards: list[dict],
+    blobs: dict[str, bytes],
+    seed: int,
+    steps: int,
+    shift: float,
+    report,
 ):
-    """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards at that level."""
+    """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards (every step's, in
+    per-step mode) at that level."""
     from ..metrics import psnr_from_mse
     from ..runtime.edit import run_edit
     from .probes import sample_crop
@@ -167,17 +223,30 @@ def _add_output_psnr(
     rng = np.random.default_rng([seed, 3, 0x5A4B])
     user = sample_crop(rng, model.spec.image_size)
     prompt = "a photo"
-    exact = run_edit(model, user, prompt, steps=steps, seed=seed, kv_source=kv).tokens
+    mode = "per-step" if isinstance(kv, PerStepTemplateKV) else "single"
+    run = dict(steps=steps, seed=seed, shift=shift, kv_mode=mode)
+    exact = run_edit(model, user, prompt, kv_source=kv, **run).tokens
     names = [r["name"] for r in shards[0]["representations"]]
     for i, name in enumerate(names):
         report("psnr", i, len(names))
-        decoded = decode_kv(level_chains(shards, blobs, name)).float()  # (layers, 2, tokens, heads, head_dim)
-        approx = TemplateKV(decoded, kv.model_id, kv.token_grid, kv.rope_layout)
-        out = run_edit(model, user, prompt, steps=steps, seed=seed, kv_source=approx).tokens
+        approx = _decode_level(kv, shards, blobs, name)
+        out = run_edit(model, user, prompt, kv_source=approx, **run).tokens
         psnr = psnr_from_mse(float(((out.clamp(-1, 1) - exact.clamp(-1, 1)) ** 2).mean()))
         for shard in shards:
             next(r for r in shard["representations"] if r["name"] == name)["psnr_db"] = round(psnr, 3)
     report("psnr", len(names), len(names))
+
+
+def _decode_level(kv, shards: list[dict], blobs: dict[str, bytes], name: str):
+    """The whole template decoded at the level called ``name``, typed like ``kv`` (single or per-step)."""
+    if isinstance(kv, PerStepTemplateKV):
+        per_step = [
+            decode_kv(level_chains([sh for sh in shards if sh["step"] == s], blobs, name)).float()
+            for s in range(kv.num_steps)
+        ]  # each (layers, 2, tokens, heads, head_dim)
+        return PerStepTemplateKV(torch.stack(per_step), kv.model_id, kv.token_grid, kv.rope_layout, kv.timesteps)
+    decoded = decode_kv(level_chains(shards, blobs, name)).float()  # (layers, 2, tokens, heads, head_dim)
+    return TemplateKV(decoded, kv.model_id, kv.token_grid, kv.rope_layout, kv.ref_timestep)
 
 
 def _representation(codec, level: int, chain: list[bytes], kv: TemplateKV, held, first: int) -> dict:
