@@ -38,6 +38,13 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--steps", type=int, default=4, help="per-step mode: sampler steps (default: %(default)s)")
     parser.add_argument("--shift", type=float, default=1.0, help="per-step mode: schedule shift (default: 1.0)")
+    parser.add_argument(
+        "--template-size",
+        type=int,
+        default=None,
+        help="template side in pixels (default: the model's edit size; e.g. 128 for the 64 px demo edit gives "
+        "4x the edit's tokens)",
+    )
 
 
 def _read_image(source: str) -> tuple:
@@ -101,6 +108,7 @@ def run(args) -> int:
             kv_mode=args.kv_mode,
             steps=args.steps,
             shift=args.shift,
+            template_size=args.template_size,
         )
     except TemplateExistsError as e:
         print(f"sakura precompute: {e}", file=sys.stderr)
@@ -126,6 +134,8 @@ def _print_level_bytes(manifest: dict) -> None:
             key = (rep["level"], rep["name"])
             per_level[key] = per_level.get(key, 0) + rep.get("total_bytes", rep["bytes"])
     what = f"per-step, {steps} steps x {manifest['num_layers']} layers" if sched else "single, one KV per layer"
+    rows, cols = manifest["token_grid"]
+    what += f"; template {rows}x{cols} = {rows * cols} tokens"
     print(f"bytes per template, kv_mode {mode} ({what}):")
     print(f"  {'level':>5} {'name':<16}{'bytes':>12}{'KiB':>10}{'per step KiB':>14}  psnr_db")
     for (level, name), nbytes in sorted(per_level.items()):

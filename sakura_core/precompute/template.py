@@ -18,7 +18,7 @@ from ..kv.codecs import get_codec
 from ..kv.container import shard_digest
 from ..kv.manifest import MANIFEST_VERSION, validate_manifest
 from ..kv.template_codec import decode_kv, level_chains, shard_inputs
-from ..models.edit_model import EditModel
+from ..models.edit_model import EditModel, load_image
 from ..models.kv_types import KV_MODES, PerStepTemplateKV, TemplateKV
 from .attention_capture import capture_attention
 from .importance import attention_error, importance_from_captures, layer_gains
@@ -61,7 +61,8 @@ def precompute_template(
 
     Args:
         model: the demo model (anything with ``adapter``, ``spec``, ``template_tokens``, ``pack_image``).
-        template_image: (S, S, 3) uint8 at the model's resolution.
+        template_image: (S, S, 3) uint8 at the model's resolution, or larger (S a multiple of the patch size): a
+            larger template's tokens keep their own grid of position ids, so it costs more KV than the edit.
         template_id: ``[a-z0-9-]{1,64}``.
         codec: ladder codec: ``"sakura"`` (progressive), ``"cachegen"``, ``"int8"``, ``"int4"`` or ``"fp16"``.
         shard_layers: consecutive layers per shard.
@@ -85,21 +86,23 @@ def precompute_template(
     report = progress or (lambda stage, done, total: None)
     image = np.asarray(template_image)
     size = model.spec.image_size
-    if image.shape != (size, size, 3) or image.dtype != np.uint8:
+    if image.ndim != 3 or image.shape[0] < size or image.dtype != np.uint8:
         raise ValueError(
-            f"template_image must be ({size}, {size}, 3) uint8 for this model, got {image.shape} {image.dtype}; "
-            "resize it with sakura_core.models.edit_model.load_image"
+            f"template_image must be (S, S, 3) uint8 with S >= {size} for this model, got {image.shape} "
+            f"{image.dtype}; resize it with sakura_core.models.edit_model.load_image"
         )
+    grid = model.template_grid(image)  # larger than the edit's grid for a larger template
     config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
     report("kv", 0, 1)
     ref = model.template_tokens(image)
     if kv_mode == "per-step":
-        per_step = model.adapter.extract_per_step_kv(ref, model.spec.grid, flow_timesteps(steps, shift)[:-1])
+        per_step = model.adapter.extract_per_step_kv(ref, grid, flow_timesteps(steps, shift)[:-1])
         kvs = [per_step.at_step(s) for s in range(steps)]
     else:
-        per_step, kvs = None, [model.adapter.extract_template_kv(ref, model.spec.grid)]
+        per_step, kvs = None, [model.adapter.extract_template_kv(ref, grid)]
     report("kv", 1, 1)
-    packed = model.pack_image(image)
+    # probes' clean latents are edit-sized: a larger template is scaled down to the edit's size for them
+    packed = model.pack_image(image if image.shape[0] == size else load_image(image, size))
     blobs: dict[str, bytes] = {}
     shards: list[dict] = []
     for s, kv in enumerate(kvs):

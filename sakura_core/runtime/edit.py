@@ -70,6 +70,8 @@ def run_edit(
     adapter = model.adapter
     L = adapter.num_layers
     grid = model.spec.grid
+    # the template's own token grid: larger than the edit's when the template image is (its KV says which)
+    ref_grid = _template_grid(model, kv_source, template_image)
     dynamic = callable(split_layer)
     if template_every_step and (dynamic or split_layer != L):
         raise ValueError(f"template_every_step recomputes every layer: split_layer must be {L}, got {split_layer}")
@@ -80,9 +82,9 @@ def run_edit(
     if per_step and isinstance(kv_source, TemplateKV):
         raise KVMismatchError("per-step edit given single-mode template KV: pass a PerStepTemplateKV (or a function)")
     if isinstance(kv_source, PerStepTemplateKV):
-        kv_source = _per_step_source(adapter, kv_source, grid, times, per_step)
+        kv_source = _per_step_source(adapter, kv_source, ref_grid, times, per_step)
     if isinstance(kv_source, TemplateKV):
-        adapter.check(kv_source, grid)
+        adapter.check(kv_source, ref_grid)
         adapter.check_ref_time(kv_source, None)
         kv_obj = kv_source
 
@@ -117,7 +119,7 @@ def run_edit(
             t,
             img_grid=grid,
             ref_tokens=ref if run_template else None,
-            ref_grid=grid,
+            ref_grid=ref_grid,
             split_layer=split_layer if run_template else 0,
             cached=cached if (dynamic or split_layer < L or not run_template) else None,
             on_layer=hook,
@@ -148,3 +150,12 @@ def _per_step_source(adapter, kv: PerStepTemplateKV, grid, times: torch.Tensor, 
         return kv.kv[step, layer, 0].unsqueeze(0), kv.kv[step, layer, 1].unsqueeze(0)
 
     return source
+
+
+def _template_grid(model: EditModel, kv_source, template_image) -> tuple[int, int]:
+    """The template's token grid: from its image, else from its KV, else the edit's own grid."""
+    if template_image is not None:
+        return model.template_grid(template_image)
+    if isinstance(kv_source, (TemplateKV, PerStepTemplateKV)):
+        return tuple(kv_source.token_grid)
+    return model.spec.grid

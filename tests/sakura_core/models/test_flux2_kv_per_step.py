@@ -148,3 +148,43 @@ def test_per_step_kv_validation(per_step):
     with pytest.raises(IndexError, match="steps 0..3"):
         per_step.at_step(4)
     assert per_step.at_step(2).ref_timestep == per_step.timesteps[2]
+
+
+@pytest.mark.parametrize("split_layer", [0, 2, 4])
+def test_template_larger_than_the_request_is_exact_in_both_modes(adapter, split_layer):
+    """An 8x8 template (4x the request's 4x4 tokens) with its own position ids, single and per-step mode."""
+    big = (8, 8)
+    n_big = big[0] * big[1]
+    ref = torch.randn(1, n_big, 16, generator=torch.Generator().manual_seed(21))
+    x, txt = _request(13)
+    per_step = adapter.extract_per_step_kv(ref, big, TIMES)
+    single = adapter.extract_template_kv(ref, big)
+    assert per_step.kv.shape[3] == n_big == 4 * N
+    ids = torch.cat([image_ids(*big, t=REF_TIME_OFFSET), image_ids(*GRID)])
+    for s, t in enumerate(TIMES.tolist()):
+        for ref_t, kv in ((t, per_step.at_step(s)), (0.0, single)):
+            with torch.no_grad():
+                want = adapter.model(
+                    torch.cat([ref, x], 1),
+                    txt,
+                    torch.tensor([t]),
+                    img_ids=ids,
+                    txt_ids=text_ids(txt.shape[1]),
+                    kv_cache_mode="extract",
+                    num_ref_tokens=n_big,
+                    ref_fixed_timestep=ref_t,
+                )
+            got = adapter.forward(
+                x,
+                txt,
+                torch.tensor([t]),
+                img_grid=GRID,
+                ref_tokens=ref,
+                ref_grid=big,
+                split_layer=split_layer,
+                cached=kv,
+                ref_timestep=ref_t,
+            )
+            assert (got.sample - want.sample).abs().max() <= 1e-6, (s, ref_t)
+            k0 = want.kv_cache.get_double(0).k_ref[0]
+            assert (k0 - kv.kv[0, 0]).abs().max() <= 1e-6

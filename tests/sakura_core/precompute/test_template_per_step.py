@@ -173,3 +173,38 @@ def test_single_manifest_rejects_steps_and_schedules(per_step):
     m["schedule"] = per_step.manifest["schedule"]
     with pytest.raises(ManifestError, match="only for kv_mode 'per-step'"):
         validate_manifest(m)
+
+
+def test_a_template_four_times_the_edit_is_precomputed_and_exact(demo_model):
+    """A 128 px template for the 64 px demo edit: 1024 template tokens vs 256 request tokens (4x), per-step."""
+    from sakura_core.models.edit_model import load_image
+
+    big = load_image("astronaut", 128)
+    result = precompute_template(
+        demo_model,
+        big,
+        "astro-128",
+        codec="int8",
+        shard_layers=3,
+        probes=ProbeConfig(num_probes=1),
+        held_out_probes=1,
+        psnr_steps=0,
+        kv_mode="per-step",
+        steps=2,
+    )
+    m = result.manifest
+    validate_manifest(m)
+    assert m["token_grid"] == [32, 32] and 32 * 32 >= 2.5 * demo_model.spec.num_tokens
+    fetched = torch.stack(
+        [decode_kv(level_chains(shards_for_step(m, s), result.blobs, "fp16")).float() for s in range(2)]
+    )
+    times = tuple(m["schedule"]["timesteps"])
+    kv = PerStepTemplateKV(fetched, m["model_id"], (32, 32), m["rope_layout"], times)
+    user = load_image("coffee", 64)
+    run = dict(steps=2, seed=4, kv_mode="per-step")
+    on_device = run_edit(demo_model, user, "a photo", split_layer=6, template_image=big, **run).tokens
+    hybrid = run_edit(demo_model, user, "a photo", split_layer=2, template_image=big, kv_source=kv, **run).tokens
+    fetched_only = run_edit(demo_model, user, "a photo", kv_source=kv, **run).tokens
+    assert (hybrid - on_device).abs().max() <= 1e-2 and (fetched_only - on_device).abs().max() <= 1e-2  # fp16 KV
+    small = run_edit(demo_model, user, "a photo", split_layer=6, template_image=load_image("astronaut", 64), **run)
+    assert (small.tokens - on_device).abs().max() > 1e-2  # the larger template is really used
