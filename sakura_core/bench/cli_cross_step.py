@@ -24,7 +24,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--probes", type=int, default=d.probes, help="importance probes per step (default: %(default)s)"
     )
-    parser.add_argument("--weights", default="auto", help="demo model weights: auto or a .safetensors path")
+    parser.add_argument(
+        "--weights", default="auto", help="demo model weights: auto, a .safetensors path, or random (the seeded init)"
+    )
 
 
 def run(args) -> int:
@@ -41,7 +43,7 @@ def run(args) -> int:
     except ValueError as e:
         print(f"sakura bench cross-step: {e}", file=sys.stderr)
         return 2
-    model = load_demo_model(weights=args.weights)
+    model = load_demo_model(weights=None if args.weights == "random" else args.weights)
     result = run_cross_step(model, config, say=lambda line: print(line, flush=True))
     result["model"] = {"id": model.model_id, "weights": model.weights_source}
     atomic_write_json(args.json, result)
