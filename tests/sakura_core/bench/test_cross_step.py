@@ -15,6 +15,7 @@ def test_bytes_at_psnr_interpolates_log_bytes_linearly_in_db():
     assert bytes_at_psnr(curve, 45.0) is None and bytes_at_psnr(curve, 10.0) is None
 
 
+@pytest.mark.slow
 def test_cli_cross_step_codes_residuals_better_than_independent_steps(tmp_path, capsys):
     out = tmp_path / "xs.json"
     args = ["bench", "cross-step", "--json", str(out), "--users", "coffee", "--steps", "2", "--probes", "1"]
