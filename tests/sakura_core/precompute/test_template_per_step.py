@@ -12,6 +12,7 @@ from sakura_core.kv import (
     ScheduleMismatchError,
     check_schedule,
     decode_kv,
+    decode_template,
     level_chains,
     manifest_kv_mode,
     shards_for_step,
@@ -80,7 +81,10 @@ def test_edit_from_fetched_fp16_per_step_kv_matches_on_device(per_step, exact, d
     fetched = torch.stack(
         [decode_kv(level_chains(shards_for_step(m, s), per_step.blobs, "fp16")).float() for s in range(STEPS)]
     )
-    kv = PerStepTemplateKV(fetched, m["model_id"], tuple(m["token_grid"]), m["rope_layout"], exact.timesteps)
+    kv = decode_template(m, per_step.blobs, "fp16")  # the manifest's mode and schedule, decoded
+    assert isinstance(kv, PerStepTemplateKV) and torch.equal(kv.kv, fetched) and kv.timesteps == exact.timesteps
+    single = _single_manifest(per_step)
+    assert torch.equal(decode_template(single, per_step.blobs, "fp16").kv, fetched[0])  # reads as single
     user = demo_template[::-1].copy()
     run = dict(steps=STEPS, shift=SHIFT, seed=1, kv_mode="per-step")
     on_device = run_edit(demo_model, user, "a photo", split_layer=6, template_image=demo_template, **run).tokens
@@ -123,13 +127,12 @@ def test_schedule_check_refuses_another_schedule_naming_both(per_step, exact, de
 
 
 def _single_manifest(per_step):
+    """Step 0's shards as a single-mode manifest (no kv_mode-specific fields)."""
     m = copy.deepcopy(per_step.manifest)
+    step0 = shards_for_step(m, 0)
     m.pop("schedule")
     m["kv_mode"] = "single"
-    m["shards"] = [
-        {k: v for k, v in sh.items() if k != "step"}
-        for sh in shards_for_step(m | {"kv_mode": "per-step", "schedule": per_step.manifest["schedule"]}, 0)
-    ]
+    m["shards"] = [{k: v for k, v in sh.items() if k != "step"} for sh in step0]
     return m
 
 
