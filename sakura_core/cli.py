@@ -30,6 +30,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("phone", "run"): ("android_bridge.cli_phone_run", "dispatch one edit to a phone agent; writes the image"),
     ("phone", "devices"): ("android_bridge.cli_phone_devices", "list adb devices, or show a phone agent's info"),
     ("export",): ("android_bridge.cli_export", "demo DiT (cached KV) to ONNX / QNN; op coverage + parity"),
+    ("bench", "cross-step"): (
+        "sakura_core.bench.cli_cross_step",
+        "per-step KV coded per step vs across steps vs single mode: bytes at equal PSNR; JSON",
+    ),
     ("bench", "codec"): (
         "sakura_core.bench.cli_codec",
         "every KV codec and ladder level: size, error, PSNR, MB/s; JSON",

@@ -27,9 +27,16 @@ from .container import (
     parse_shard,
     shard_digest,
 )
-from .manifest import ManifestError, validate_manifest
+from .manifest import (
+    ManifestError,
+    ScheduleMismatchError,
+    check_schedule,
+    manifest_kv_mode,
+    shards_for_step,
+    validate_manifest,
+)
 from .sakura_codec import SakuraConfig
-from .template_codec import ImportanceWeights, decode_kv, encode_kv, level_chains, shard_inputs
+from .template_codec import ImportanceWeights, decode_kv, decode_template, encode_kv, level_chains, shard_inputs
 
 __all__ = [
     "CODECS",
@@ -40,6 +47,7 @@ __all__ = [
     "ShardBindingError",
     "ShardSlot",
     "SakuraConfig",
+    "ScheduleMismatchError",
     "ShardChainError",
     "ShardCorruptError",
     "ShardFormatError",
@@ -52,16 +60,20 @@ __all__ = [
     "ShardVersionError",
     "UnknownCodecError",
     "check_shard_binding",
+    "check_schedule",
     "decode_chain",
     "decode_kv",
+    "decode_template",
     "decode_representation",
     "encode_kv",
     "get_codec",
     "level_chains",
+    "manifest_kv_mode",
     "parse_chain",
     "parse_shard",
     "shard_digest",
     "shard_inputs",
     "slot_from_manifest",
+    "shards_for_step",
     "validate_manifest",
 ]
