@@ -79,6 +79,7 @@ class _Sim:
         self.policy, self.trace, self.start_s, self.profile = policy, trace, start_s, profile
         self.ladders, self.floor, self.config = ladders, floor, config
         self.L = len(ladders)
+        self.layers_per_step = self.L  # single mode; see PolicyState.layers_per_step
         self.rtt_s = max(config.min_rtt_s, 2 * trace.latency_ms / 1000)
         self.latency_target_s = config.latency_target_s
         self.estimator = ThroughputEstimator()

@@ -64,6 +64,7 @@ class FakeState:
     floor: int = 0
     rtt_s: float = 0.05
     start_s: float = 0.0  # where on the trace the edit started
+    layers_per_step: int = 4
     latency_target_s: float | None = None
     now: float = 0.0
     link_free: float = 0.0
