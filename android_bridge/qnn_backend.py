@@ -154,7 +154,8 @@ class SplitForward:
         ref = self._ref_stream(ref_tokens, token_grid, ref_timestep)
         kv = [self._template_layer(layer, ref) for layer in range(self.adapter.num_layers)]
         stacked = torch.from_numpy(np.stack([np.stack([k[0], v[0]]) for k, v in kv]))  # (layers, 2, tok, heads, hd)
-        return TemplateKV(stacked, self.adapter.model_id, tuple(token_grid), ROPE_LAYOUT)
+        ref_t = self.adapter.ref_fixed_timestep if ref_timestep is None else float(ref_timestep)
+        return TemplateKV(stacked, self.adapter.model_id, tuple(token_grid), ROPE_LAYOUT, ref_timestep=ref_t)
 
     def layer_times(self) -> dict[str, dict[str, float]]:
         """Mean seconds per call of each layer graph: ``{"<layer>/<kind>": {"mean_s", "calls"}}``."""
