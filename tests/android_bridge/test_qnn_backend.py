@@ -115,25 +115,22 @@ def test_an_edit_on_the_htp_matches_the_torch_edit(qnn_backend, demo_model, spli
 
 
 # ---- per-step KV mode: the template tokens at each step's own time ----------------------------------------------
-def _per_step_edit(model, backend, split: int, steps: int = 2) -> object:
-    """A per-step edit through ``backend``: every step a hybrid forward with the template modulated at the step's
-    time; layers >= ``split`` inject that step's template KV (computed by the torch decomposition, as the server's
-    per-step precompute would)."""
+def _per_step_edit(model, backend, split: int, steps: int = 2):
+    """A per-step edit (``run_edit(kv_mode="per-step")``: every step a hybrid forward with the template modulated
+    at the step's time; layers >= ``split`` inject that step's KV, as the server's per-step precompute makes it)."""
     from sakura_core.runtime.sampler import flow_timesteps
 
     m, size = model, model.spec.image_size
-    ref = m.template_tokens(load_image("coffee", size))
-    user, txt = m.pack_image(load_image("chelsea", size)), m.encode_prompt("make it a watercolor")
-    server = SplitForward(m, TorchLayerRunner(m))
-    x = torch.randn(user.shape, generator=torch.Generator().manual_seed(0))
-    times = flow_timesteps(steps)
-    for step in range(steps):
-        t = float(times[step])
-        kv = server.extract_template_kv(ref, m.spec.grid, ref_timestep=t)
-        out = backend.forward(m.request_tokens(x, user), txt, times[step].reshape(1), img_grid=m.spec.grid,
-                              ref_tokens=ref, ref_grid=m.spec.grid, split_layer=split, cached=kv, ref_timestep=t)  # fmt: skip
-        x = x + (times[step + 1] - times[step]) * out.sample
-    return m.unpack_tokens(x)
+    tpl, user = load_image("coffee", size), load_image("chelsea", size)
+    kv = m.adapter.extract_per_step_kv(m.template_tokens(tpl), m.spec.grid, flow_timesteps(steps)[:-1])
+    return run_edit(m, user, "make it a watercolor", steps=steps, seed=0, split_layer=split, kv_source=kv,
+                    template_image=tpl, kv_mode="per-step", backend=backend).image  # fmt: skip
+
+
+def test_a_per_step_edit_through_the_seam_matches_the_default(demo_model):
+    ref = _per_step_edit(demo_model, None, 3)
+    got = _per_step_edit(demo_model, SplitForward(demo_model, TorchLayerRunner(demo_model)), 3)
+    assert psnr_uint8(got, ref) > 60.0
 
 
 def test_per_step_template_time_matches_the_adapter_when_it_has_per_step_mode(demo_model, inputs):
@@ -161,7 +158,7 @@ def test_per_step_template_time_reaches_the_template_graphs(demo_model, inputs):
 @pytest.mark.npu
 @pytest.mark.parametrize("split", [0, 6], ids=["fetched-kv", "on-device"])
 def test_a_per_step_edit_on_the_htp_matches_torch(qnn_backend, demo_model, split, record_property):
-    ref = _per_step_edit(demo_model, SplitForward(demo_model, TorchLayerRunner(demo_model)), split)
+    ref = _per_step_edit(demo_model, None, split)  # the torch adapter
     got = _per_step_edit(demo_model, qnn_backend, split)
     psnr = psnr_uint8(got, ref)
     record_property("per_step_edit_psnr_db", round(psnr, 2))
