@@ -19,9 +19,9 @@ from sakura_core.models.edit_model import load_image
 from sakura_core.runtime.edit import run_edit
 
 # Bounds (the build report prints the measured values): per layer graph on the emulated HTP, w8a16, held-out edit
-# inputs, the worst output's ||htp - torch|| / ||torch|| — measured 0.002-0.077 (worst: layer 0's template graph)
+# inputs, the worst output's ||htp - torch|| / ||torch|| — measured 0.002-0.095 (worst: layer 0's template graph)
 GRAPH_REL_L2_BOUND = 0.15
-EDIT_PSNR_DB_BOUND = 40.0  # a whole edit on the HTP vs the torch edit: measured 48-50 dB (3 steps)
+EDIT_PSNR_DB_BOUND = 40.0  # a whole edit on the HTP vs the torch edit: measured 47-49 dB (2 steps, both KV modes)
 
 
 @pytest.fixture(scope="module")
