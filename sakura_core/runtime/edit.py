@@ -27,7 +27,7 @@ class EditResult:
     """Result of :func:`run_edit`.
 
     Attributes:
-        tokens: (1, tokens, 3*p*p) edited image tokens in [-1, 1].
+        tokens: (1, tokens, channels) edited image tokens (pixel patches in [-1, 1], or packed latents).
         image: (S, S, 3) uint8 edited image.
         device_kv: KV this device computed at step 0, per layer ``< split_layer``.
         layer_calls: how many transformer layers ran (all steps).
@@ -53,7 +53,7 @@ def run_edit(
     on_layer: Callable[[int, int], None] | None = None,
     shift: float = 1.0,
 ) -> EditResult:
-    """Edit ``user_image`` (uint8 (S, S, 3)) against a template with the demo model.
+    """Edit ``user_image`` (uint8 (S, S, 3)) against a template with the demo model or a latent klein model.
 
     Args:
         split_layer: layers below it run the template on the device at step 0 (needs ``template_image``); or a
@@ -113,5 +113,9 @@ def run_edit(
             device_kv.extend(result.extracted)
         return result.sample
 
-    out = euler_sample(velocity, noise, flow_timesteps(steps, shift))
+    if hasattr(model, "edit_start"):  # latent models: the user image is the flow's start, their own schedule
+        start, times = model.edit_start(user, noise, steps)
+    else:  # the demo model: the user image is channel-concatenated; flow from pure noise
+        start, times = noise, flow_timesteps(steps, shift)
+    out = euler_sample(velocity, start, times)
     return EditResult(tokens=out, image=model.unpack_tokens(out), device_kv=device_kv, layer_calls=calls[0])
