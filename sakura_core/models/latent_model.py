@@ -33,13 +33,11 @@ import numpy as np
 import torch
 
 from .flux2_kv import Flux2KVAdapter
+from .loading import KLEIN_PIPELINES, is_klein_folder
 
-__all__ = ["KLEIN_PIPELINES", "LatentEditModel", "LatentSpec", "is_klein_folder", "load_klein_folder"]
+__all__ = ["LatentEditModel", "LatentSpec", "load_klein_folder"]
 
 logger = logging.getLogger(__name__)
-
-# model_index.json ``_class_name`` values whose folders hold a FLUX.2 [klein] pipeline (same components).
-KLEIN_PIPELINES = ("Flux2KleinKVPipeline", "Flux2KleinPipeline")
 
 
 @dataclass(frozen=True)
@@ -86,16 +84,6 @@ class LatentSpec:
     @property
     def num_tokens(self) -> int:
         return self.grid[0] * self.grid[1]
-
-
-def is_klein_folder(folder: str | Path) -> bool:
-    """True when ``folder/model_index.json`` names a FLUX.2 [klein] pipeline (see ``KLEIN_PIPELINES``)."""
-    index = Path(folder) / "model_index.json"
-    try:
-        data = json.loads(index.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("_class_name") in KLEIN_PIPELINES
 
 
 class LatentEditModel:

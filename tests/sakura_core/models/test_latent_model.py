@@ -12,13 +12,9 @@ pytest.importorskip("transformers", reason="the klein text encoder needs transfo
 
 
 @pytest.fixture(scope="module")
-def klein(tmp_path_factory):
-    from sakura_core.models.latent_model import load_klein_folder
-    from sakura_core.models.tiny_klein import build_tiny_klein
-
+def klein(klein_folder, klein_model):
     torch.set_num_threads(1)
-    folder = build_tiny_klein(tmp_path_factory.mktemp("klein") / "tiny-klein")
-    return folder, load_klein_folder(folder)
+    return klein_folder, klein_model
 
 
 def _images(size: int):
@@ -58,7 +54,7 @@ def test_latent_edit_with_fetched_kv_equals_diffusers(klein, split_layer):
                     template_image=template)  # fmt: skip
     theirs = _diffusers_output(model, template, user, prompt, steps, seed)
     diff = float(np.abs(model.decode_float(ours.tokens) - theirs).max())
-    print(f"split {split_layer}: max |ours - diffusers| = {diff:.3e} (images in [0, 1])")
+    print(f"split {split_layer}: max |ours - diffusers| = {diff:.3e} (images in [0, 1])")  # noqa: T201 (-s figure)
     assert diff <= 1e-5
     assert np.abs(theirs - theirs.mean()).max() > 1e-3  # a real image, not a constant
     other = model.adapter.extract_template_kv(model.template_tokens(user), model.spec.grid)  # another template
@@ -82,7 +78,8 @@ def test_user_image_and_prompt_change_the_edit_template_kv_does_not_depend_on_th
 
 
 def test_folder_detection_and_spec_errors(klein, tmp_path):
-    from sakura_core.models.latent_model import LatentSpec, is_klein_folder, load_klein_folder
+    from sakura_core.models.latent_model import LatentSpec, load_klein_folder
+    from sakura_core.models.loading import is_klein_folder
 
     folder, model = klein
     assert is_klein_folder(folder) and not is_klein_folder(tmp_path)
