@@ -42,6 +42,8 @@ class AgentConfig:
         job_timeout_s: a running job is cancelled after this many seconds.
         simulate_phone: add the profile's SIMULATED phone-scale latency to each report.
         weights: demo model weights: "auto" (trained if present, else the seeded random init), "none", or a path.
+        model: "demo", or the path of a diffusers FLUX.2 [klein] pipeline folder (latent space: VAE + text encoder
+            run here too; the user's image and prompt stay on this device).
     """
 
     token: str
@@ -56,8 +58,12 @@ class AgentConfig:
     job_timeout_s: float = 600.0
     simulate_phone: bool = True
     weights: str = "auto"
+    model: str = "demo"
 
     def __post_init__(self) -> None:
+        from sakura_core.models.loading import check_model_source
+
+        check_model_source(self.model)
         if not isinstance(self.token, str) or len(self.token) < 8 or not self.token.isprintable() or " " in self.token:
             raise ValueError("token must be at least 8 printable characters without spaces (the pairing token)")
         get_profile(self.profile)  # raises naming the choices

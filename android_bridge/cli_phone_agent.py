@@ -35,6 +35,8 @@ def add_arguments(parser) -> None:
                         help="memory one edit may use (MiB); default: the profile's (NPU session or app share)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads for the emulated phone")
     parser.add_argument("--weights", default="auto", help="demo model weights: auto, none (random init) or a path")
+    parser.add_argument("--model", default="demo",
+                        help="demo, or the path of a diffusers FLUX.2 [klein] pipeline folder (model_index.json)")  # fmt: skip
     parser.add_argument("--job-timeout", type=float, default=600.0, help="seconds before a running job is cancelled")
     parser.add_argument("--no-simulation", action="store_true", help="do not add the simulated phone latency")
 
@@ -76,6 +78,7 @@ def run(args) -> int:
             job_timeout_s=args.job_timeout,
             simulate_phone=not args.no_simulation,
             weights=args.weights,
+            model=args.model,
         )
     except ValueError as e:
         print(f"sakura phone-agent: {e}", file=sys.stderr)

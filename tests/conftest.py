@@ -7,7 +7,11 @@ import pytest
 def klein_folder(tmp_path_factory):
     """A tiny random klein KV pipeline folder (64 px, 32 text tokens); skipped without transformers."""
     pytest.importorskip("transformers", reason="the klein text encoder needs transformers (pip install transformers)")
+    import torch
+
     from sakura_core.models.tiny_klein import build_tiny_klein
+
+    torch.set_num_threads(1)  # tiny models: threads only contend on a shared CI machine
 
     return build_tiny_klein(tmp_path_factory.mktemp("klein") / "tiny-klein")
 

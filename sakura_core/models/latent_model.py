@@ -103,6 +103,11 @@ class LatentEditModel:
     def model_id(self) -> str:
         return self.adapter.model_id
 
+    @property
+    def component_params(self) -> int:
+        """Parameters besides the transformer's: the VAE and the text encoder (both run on the device)."""
+        return sum(p.numel() for m in (self.vae, self.text_encoder) for p in m.parameters())
+
     # ---- images <-> latent tokens -------------------------------------------------------------------------
     def _check_image(self, image: np.ndarray) -> None:
         s = self.spec.image_size
