@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .flux2_kv import Flux2KVAdapter
-from .loading import KLEIN_PIPELINES, is_klein_folder
+from .folders import KLEIN_PIPELINES, is_klein_folder
 
 __all__ = ["LatentEditModel", "LatentSpec", "load_klein_folder"]
 

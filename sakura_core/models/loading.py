@@ -5,23 +5,11 @@ Cheap to import (no torch until a model is loaded), so configs can validate a ``
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from .folders import KLEIN_PIPELINES, is_klein_folder
 
 __all__ = ["DEMO_MODEL", "KLEIN_PIPELINES", "is_klein_folder", "load_edit_model", "check_model_source"]
 
 DEMO_MODEL = "demo"
-# model_index.json ``_class_name`` values whose folders hold a FLUX.2 [klein] pipeline (same components).
-KLEIN_PIPELINES = ("Flux2KleinKVPipeline", "Flux2KleinPipeline")
-
-
-def is_klein_folder(folder: str | Path) -> bool:
-    """True when ``folder/model_index.json`` names a FLUX.2 [klein] pipeline (see ``KLEIN_PIPELINES``)."""
-    try:
-        data = json.loads((Path(folder) / "model_index.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("_class_name") in KLEIN_PIPELINES
 
 
 def check_model_source(source: str) -> None:
