@@ -109,27 +109,36 @@ class LatentEditModel:
         return sum(p.numel() for m in (self.vae, self.text_encoder) for p in m.parameters())
 
     # ---- images <-> latent tokens -------------------------------------------------------------------------
-    def _check_image(self, image: np.ndarray) -> None:
-        s = self.spec.image_size
-        if np.shape(image) != (s, s, 3) or np.asarray(image).dtype != np.uint8:
-            raise ValueError(
-                f"image must be ({s}, {s}, 3) uint8 for {self.spec.name}, got {np.shape(image)}; use load_image()"
-            )
-
     @torch.no_grad()
-    def pack_image(self, image: np.ndarray) -> torch.Tensor:
-        """(S, S, 3) uint8 -> (1, tokens, 4 * latent_channels) normalised packed latents (the pipeline's encode)."""
+    def pack_image(self, image: np.ndarray, side: int | None = None) -> torch.Tensor:
+        """(S, S, 3) uint8 -> (1, tokens, 4 * latent_channels) normalised packed latents (the pipeline's encode).
+
+        ``side``: the expected image side in pixels (default: the model's edit size; templates may be larger).
+        """
         from PIL import Image
 
-        self._check_image(image)
-        s = self.spec.image_size
+        s = side or self.spec.image_size
+        if np.shape(image) != (s, s, 3) or np.asarray(image).dtype != np.uint8:
+            raise ValueError(f"image must be ({s}, {s}, 3) uint8 for {self.spec.name}, got {np.shape(image)}; "
+                             "use load_image()")  # fmt: skip
         pixels = self.pipe.image_processor.preprocess(Image.fromarray(image), height=s, width=s, resize_mode="crop")
         latents = self.pipe._encode_vae_image(pixels.to(self.vae.dtype), generator=None)  # (1, 4C, h, w)
         return self.pipe._pack_latents(latents).float()  # (1, h*w, 4C)
 
+    def template_grid(self, template: np.ndarray) -> tuple[int, int]:
+        """Token grid of a square template of side ``S >= image_size``, a multiple of 2 x the VAE scale factor."""
+        shape, m = np.shape(template), 2 * self.spec.vae_scale_factor
+        if len(shape) != 3 or shape[0] != shape[1] or shape[2] != 3 or shape[0] % m or shape[0] < self.spec.image_size:
+            raise ValueError(
+                f"template must be (S, S, 3) uint8 with S a multiple of {m} and >= {self.spec.image_size}, got "
+                f"{shape}; use load_image(source, size)"
+            )
+        return (shape[0] // m, shape[0] // m)
+
     def template_tokens(self, template: np.ndarray) -> torch.Tensor:
-        """Template image -> (1, tokens, in_channels): its packed latents (the pipeline's reference tokens)."""
-        return self.pack_image(template)
+        """Template image -> (1, tokens, in_channels): its packed latents (the pipeline's reference tokens), at
+        its own size (a larger template gets its own grid of position ids at t = 10, as diffusers gives one)."""
+        return self.pack_image(template, self.template_grid(template)[0] * 2 * self.spec.vae_scale_factor)
 
     def request_tokens(self, noisy: torch.Tensor, user: torch.Tensor) -> torch.Tensor:
         """The request tokens are the noisy latents alone: the user image entered at the start (``edit_start``)."""
