@@ -82,7 +82,8 @@ async def _auth(request: web.Request, handler):
         if (
             scheme.lower() != "bearer"
             or not given
-            or not hmac.compare_digest(given.encode(), state.config.token.encode())
+            # header bytes that are not UTF-8 arrive as surrogate escapes: they simply do not match (401, not 500)
+            or not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), state.config.token.encode())
         ):
             raise _error(401, "a valid pairing token is required (Authorization: Bearer <token>)", "unauthorized",
                          {"WWW-Authenticate": 'Bearer realm="sakura-phone"'})  # fmt: skip
@@ -166,14 +167,17 @@ async def _check_template(state: AgentState, req, declared_model_id: str | None)
             )
     except ModelMismatchError as e:
         raise _error(409, f"template {req.template_id!r} was computed for another model than the one this phone "
-                          f"holds ({held[:16]}…, {state.model.spec.name}): {e}", "model_not_held",
+                          f"holds ({held[:16]}…, {state.model.spec.name}): {str(e)[:160]}", "model_not_held",
                      held_model_id=held) from e  # fmt: skip
     except TemplateNotFoundError as e:
         raise _error(404, f"the cloud has no template {req.template_id!r}", "template_not_found") from e
     except AuthError as e:
-        raise _error(502, f"the cloud refused this phone's token: {e}", "cloud_auth") from e
+        raise _error(502, f"the cloud at {req.server_url} refused this phone's token (set the job's cloud_token)",
+                     "cloud_auth") from e  # fmt: skip
     except (FetchError, asyncio.TimeoutError, OSError) as e:
-        raise _error(502, f"cannot reach the cloud at {req.server_url}: {e!r}", "cloud_unreachable") from e
+        # the error's class only: its text may quote whatever page the URL led to
+        raise _error(502, f"cannot reach the cloud at {req.server_url} ({type(e).__name__})",
+                     "cloud_unreachable") from e  # fmt: skip
 
 
 async def handle_submit(request: web.Request) -> web.Response:
@@ -186,12 +190,7 @@ async def handle_submit(request: web.Request) -> web.Response:
         raise web.HTTPRequestEntityTooLarge(max_size=cfg.max_body_bytes, actual_size=request.content_length)
     if state.queue is None:
         raise _error(503, "the agent is starting or stopping", "unavailable")
-    body = await request.read()
-    limits = WireLimits(max_part_bytes=cfg.max_body_bytes * 64, max_total_raw_bytes=cfg.max_body_bytes * 64)
-    try:
-        header, parts = await asyncio.get_running_loop().run_in_executor(None, decode_job_body, body, limits)
-    except WireError as e:
-        raise _error(400, f"bad job body: {e}", "bad_body") from e
+    header, parts = await _decode_body(state, request)
     try:
         req = edit_request_from_header(header)
     except (ValueError, TypeError) as e:
@@ -222,6 +221,25 @@ async def handle_submit(request: web.Request) -> web.Response:
         status=202,
         headers={"Location": url},
     )  # fmt: skip
+
+
+async def _decode_body(state: AgentState, request: web.Request) -> tuple[dict, dict]:
+    """The job body, decoded: one ``image`` part of exactly the model's (side, side, 3) uint8, so a part can never
+    decompress to more than side² x 3 bytes. A refusal (400) is raised outside the ``except``: no traceback keeps
+    the body or a half-decoded part alive."""
+    s = state.model.spec.image_size
+    image_bytes = s * s * 3
+    limits = WireLimits(max_parts=1, max_part_bytes=image_bytes, max_total_raw_bytes=image_bytes)
+    expect = {"image": ("uint8", (s, s, 3))}
+    body = await request.read()
+    problem = None
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, decode_job_body, body, limits, expect)
+    except WireError as e:
+        problem = str(e)
+    finally:
+        del body
+    raise _error(400, f"bad job body: {problem}", "bad_body")
 
 
 def _admit(state: AgentState) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import threading
 import time
@@ -32,7 +33,8 @@ class AgentConfig:
     Attributes:
         token: pairing token every ``/v1`` request must carry (>= 8 printable characters, no spaces).
         profile: device profile name (``sakura_core.runtime.profiles.PROFILES``).
-        host: address to bind (loopback for ``adb forward``; a LAN address only with a strong token).
+        host: address to bind: loopback (``adb forward``) unless ``allow_lan``.
+        allow_lan: permit a non-loopback ``host`` (0.0.0.0, a LAN address); it then needs a token of >= 16 characters.
         port: TCP port; 0 picks a free one.
         queue_size: jobs that may wait behind the running one; more get 429.
         max_body_bytes: largest job body (bytes); larger gets 413.
@@ -40,6 +42,8 @@ class AgentConfig:
         jobs_kept: finished jobs kept for their result; older ones are forgotten.
         manifest_timeout_s: how long ``POST /v1/jobs`` waits for the template's manifest (model check).
         job_timeout_s: a running job is cancelled after this many seconds.
+        cancel_grace_s: after a job timeout, seconds the edit may take to stop at its next layer before whatever it
+            still awaits (a fetch over a dead link) is cancelled.
         simulate_phone: add the profile's SIMULATED phone-scale latency to each report.
         weights: demo model weights: "auto" (trained if present, else the seeded random init), "none", or a path.
         model: "demo", or the path of a diffusers FLUX.2 [klein] pipeline folder (latent space: VAE + text encoder
@@ -49,6 +53,7 @@ class AgentConfig:
     token: str
     profile: str = "snapdragon-8-elite-npu"
     host: str = "127.0.0.1"
+    allow_lan: bool = False
     port: int = 8765
     queue_size: int = 2
     max_body_bytes: int = 16 * 2**20
@@ -56,6 +61,7 @@ class AgentConfig:
     jobs_kept: int = 16
     manifest_timeout_s: float = 15.0
     job_timeout_s: float = 600.0
+    cancel_grace_s: float = 5.0
     simulate_phone: bool = True
     weights: str = "auto"
     model: str = "demo"
@@ -67,6 +73,12 @@ class AgentConfig:
         if not isinstance(self.token, str) or len(self.token) < 8 or not self.token.isprintable() or " " in self.token:
             raise ValueError("token must be at least 8 printable characters without spaces (the pairing token)")
         get_profile(self.profile)  # raises naming the choices
+        if not _is_loopback(self.host):
+            if not self.allow_lan:
+                raise ValueError(f"host {self.host!r} is not a loopback address: the agent would be reachable from "
+                                 "the network; pass allow_lan=True (--allow-lan) to mean it")  # fmt: skip
+            if len(self.token) < 16:
+                raise ValueError("a LAN-reachable agent needs a pairing token of at least 16 characters")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535 (0 = any free port), got {self.port}")
         if self.queue_size < 0 or self.jobs_kept < 1 or self.max_body_bytes < 1024:
@@ -78,12 +90,24 @@ class AgentConfig:
             raise ValueError(
                 f"memory_budget_bytes must be >= 1 (or None for the profile's), got {self.memory_budget_bytes}"
             )
-        if self.manifest_timeout_s <= 0 or self.job_timeout_s <= 0:
-            raise ValueError("manifest_timeout_s and job_timeout_s must be > 0")
+        if self.manifest_timeout_s <= 0 or self.job_timeout_s <= 0 or self.cancel_grace_s <= 0:
+            raise ValueError(
+                f"manifest_timeout_s, job_timeout_s and cancel_grace_s must be > 0 seconds, got "
+                f"{self.manifest_timeout_s}, {self.job_timeout_s}, {self.cancel_grace_s}"
+            )
 
     @property
     def device_profile(self) -> DeviceProfile:
         return get_profile(self.profile)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 @dataclass
@@ -103,6 +127,7 @@ class Job:
     listeners: set = field(default_factory=set)
     cancel: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""
+    grace: asyncio.TimerHandle | None = None
     png: bytes | None = None
     report: dict | None = None
     error: str | None = None

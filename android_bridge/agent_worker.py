@@ -44,21 +44,31 @@ async def _run_one(state: AgentState, job: Job) -> None:
                  "done": step * layers + layer + 1, "total": total}  # fmt: skip
         loop.call_soon_threadsafe(job.emit, event)
 
+    edit = asyncio.ensure_future(
+        state.edit_fn(state.model, job.request, job.image, profile=state.live_profile, cancel=job.cancel,
+                      on_layer=on_layer)
+    )  # fmt: skip
+
     def timeout() -> None:
         _cancel(state, job, f"job timeout: over {state.config.job_timeout_s:.0f} s")
+        # the flag stops the compute between layers (and while it waits for a shard); an edit still awaiting the
+        # network (manifest, template image) is cancelled once the grace period is over
+        job.grace = loop.call_later(state.config.cancel_grace_s, edit.cancel)
 
     job.state, job.started_s = "running", time.monotonic()
     job.emit({"type": "state", "state": "running"})
     timer = loop.call_later(state.config.job_timeout_s, timeout)
     try:
-        outcome = await state.edit_fn(
-            state.model, job.request, job.image, profile=state.live_profile, cancel=job.cancel, on_layer=on_layer
-        )
+        outcome = await edit
         png = await loop.run_in_executor(None, png_bytes, outcome.image)
         report = await loop.run_in_executor(None, _report, state, job, outcome)
     except Cancelled:
         _finish(job, "cancelled", error=job.cancel_reason or "cancelled", code="cancelled")
     except asyncio.CancelledError:
+        if asyncio.current_task().cancelling() == 0 and job.cancel.is_set():  # our own grace cancel of the edit
+            _finish(job, "cancelled", error=job.cancel_reason or "cancelled", code="cancelled")
+            return
+        edit.cancel()
         _finish(job, "cancelled", error="the agent is shutting down", code="cancelled")
         raise
     except Exception as e:  # noqa: BLE001 - any failure ends this job with its message; the agent keeps serving
@@ -74,6 +84,8 @@ async def _run_one(state: AgentState, job: Job) -> None:
         _finish(job, "done")
     finally:
         timer.cancel()
+        if job.grace is not None:
+            job.grace.cancel()
 
 
 def _report(state: AgentState, job: Job, outcome) -> dict:

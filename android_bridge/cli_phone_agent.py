@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 def add_arguments(parser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback)")
+    parser.add_argument("--allow-lan", action="store_true",
+                        help="permit a non-loopback --host (needs a token of >= 16 characters)")  # fmt: skip
     parser.add_argument("--port", type=int, default=8765, help="TCP port, 0 = any free port (default: %(default)s)")
     parser.add_argument("--profile", default="snapdragon-8-elite-npu", help=f"device profile: {', '.join(PROFILES)}")
     parser.add_argument("--token", default=None, help=f"pairing token (default: ${TOKEN_ENV})")
@@ -72,6 +74,7 @@ def run(args) -> int:
             token=args.token or os.environ.get(TOKEN_ENV, ""),
             profile=args.profile,
             host=args.host,
+            allow_lan=args.allow_lan,
             port=args.port,
             queue_size=args.queue,
             memory_budget_bytes=None if args.memory_budget_mib is None else int(args.memory_budget_mib * 2**20),

@@ -9,7 +9,10 @@ Layout (all integers little-endian)::
 
 ``sha256`` is the hex digest of a part's raw (decompressed, C-order) tensor bytes; it is checked after
 decompression. Every length is checked against the body and against limits *before* anything is allocated or
-decompressed: a part's ``raw_bytes`` must equal ``prod(shape) * itemsize`` and is the most zstd may produce.
+decompressed: a part's ``raw_bytes`` must equal ``prod(shape) * itemsize`` and is the most zstd may produce; a
+receiver that knows what it expects (the agent: one ``image`` of (side, side, 3) uint8) passes ``expect`` and
+anything else is refused before a byte is decompressed. Parts are stream-decompressed into a buffer of exactly
+``raw_bytes``, whatever size the zstd frame itself declares.
 """
 
 from __future__ import annotations
@@ -108,8 +111,64 @@ def _int(meta: dict, key: str, name: str) -> int:
     return value
 
 
-def decode_job_body(body: bytes, limits: WireLimits | None = None) -> tuple[dict, dict[str, np.ndarray]]:
-    """One body -> (job dict, {name: array}); raises :class:`WireError` naming the problem."""
+def _shape_text(dtype_name: str, shape) -> str:
+    return f"({', '.join(str(int(d)) for d in shape)}{',' if len(shape) == 1 else ''}) {dtype_name}"
+
+
+def _check_expected(name: str, dtype_name: str, shape: list, expect: dict | None) -> None:
+    if expect is None:
+        return
+    if name not in expect:
+        raise WireError(f"unexpected part {name!r}: this receiver takes {', '.join(map(repr, expect)) or 'none'}")
+    want_dtype, want_shape = expect[name]
+    if dtype_name != want_dtype or tuple(shape) != tuple(want_shape):
+        raise WireError(
+            f"part {name!r} must be {_shape_text(want_dtype, want_shape)}, got {_shape_text(dtype_name, shape)}"
+        )
+
+
+def _decompress_part(dctx, frame: memoryview, name: str, raw_bytes: int, digest: str) -> bytearray:
+    """Stream-decompress one frame into a buffer of exactly ``raw_bytes``; check the size and the sha256.
+
+    The buffer is dropped before any error is raised, so no traceback keeps it alive."""
+    try:
+        declared = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as e:
+        raise WireError(f"part {name!r}: corrupt zstd frame header: {e}") from None
+    if declared not in (-1, raw_bytes):  # -1: the frame does not say
+        raise WireError(f"part {name!r}: the zstd frame declares {declared} bytes, the header says {raw_bytes}")
+    buf, hasher, pos, problem = bytearray(raw_bytes), hashlib.sha256(), 0, None
+    try:
+        with dctx.stream_reader(frame, read_across_frames=False) as reader:
+            view = memoryview(buf)
+            while pos < raw_bytes:
+                n = reader.readinto(view[pos : pos + min(1 << 20, raw_bytes - pos)])
+                if n == 0:
+                    break
+                hasher.update(view[pos : pos + n])
+                pos += n
+            view.release()
+            extra = reader.read(1)
+        if pos != raw_bytes or extra:
+            problem = f"decompressed to {'more than ' if extra else ''}{pos} bytes, the header says {raw_bytes}"
+        elif hasher.hexdigest() != digest:
+            problem = f"sha256 mismatch (got {hasher.hexdigest()[:16]}…, header {digest[:16]}…)"
+    except zstandard.ZstdError as e:
+        problem = f"corrupt zstd frame: {e}"
+    if problem is not None:
+        buf = None  # noqa: F841 - free it now, not when a traceback goes
+        raise WireError(f"part {name!r}: {problem}")
+    return buf
+
+
+def decode_job_body(
+    body: bytes, limits: WireLimits | None = None, expect: dict[str, tuple[str, tuple[int, ...]]] | None = None
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """One body -> (job dict, {name: array}); raises :class:`WireError` naming the problem.
+
+    ``expect`` (name -> (dtype name, shape)): the only parts accepted, each with exactly that dtype and shape,
+    checked before anything is decompressed.
+    """
     lim = limits or WireLimits()
     view = memoryview(body)
     if len(view) < _PREAMBLE.size:
@@ -153,6 +212,7 @@ def decode_job_body(body: bytes, limits: WireLimits | None = None) -> tuple[dict
             or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in shape)
         ):
             raise WireError(f"part {name!r}: shape must be a list of at most {_MAX_NDIM} non-negative ints")
+        _check_expected(name, dtype_name, shape, expect)
         raw_bytes, zstd_bytes = _int(meta, "raw_bytes", name), _int(meta, "zstd_bytes", name)
         itemsize = np.dtype(_DTYPES[dtype_name]).itemsize
         if raw_bytes != math.prod(shape) * itemsize:
@@ -176,22 +236,42 @@ def decode_job_body(body: bytes, limits: WireLimits | None = None) -> tuple[dict
         raise WireError(f"duplicate part names in {names}")
     dctx = zstandard.ZstdDecompressor()
     parts: dict[str, np.ndarray] = {}
-    for name, dtype_name, shape, raw_bytes, digest, start, size in plan:
-        try:
-            raw = dctx.decompress(bytes(view[start : start + size]), max_output_size=raw_bytes)
-        except zstandard.ZstdError as e:
-            raise WireError(f"part {name!r}: corrupt zstd frame: {e}") from e
-        if len(raw) != raw_bytes:
-            raise WireError(f"part {name!r}: decompressed to {len(raw)} bytes, the header says {raw_bytes}")
-        got = hashlib.sha256(raw).hexdigest()
-        if got != digest:
-            raise WireError(f"part {name!r}: sha256 mismatch (got {got[:16]}…, header {digest[:16]}…)")
-        parts[name] = np.frombuffer(raw, dtype=np.dtype(_DTYPES[dtype_name]).newbyteorder("<")).reshape(shape)
+    raw = None
+    try:
+        for name, dtype_name, shape, raw_bytes, digest, start, size in plan:
+            raw = _decompress_part(dctx, view[start : start + size], name, raw_bytes, digest)
+            parts[name] = np.frombuffer(raw, dtype=np.dtype(_DTYPES[dtype_name]).newbyteorder("<")).reshape(shape)
+    except WireError:
+        parts.clear()  # the parts decoded so far go now, not with the traceback
+        raw = None  # noqa: F841
+        raise
     return header["job"], parts
 
 
 _MAX_STEPS = 1000
 _TEMPLATE_ID = re.compile(r"[a-z0-9-]{1,64}")
+
+
+_URL_PATH = re.compile(r"(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?")
+
+
+def _cloud_url(url) -> str:
+    """A SAKURA server's base URL: http(s), a host, at most a plain path prefix (a CDN mount point); no query,
+    fragment, credentials, percent-escapes or dot segments, so the phone only ever asks for ``<url>/v1/...``."""
+    try:
+        parts = urlsplit(url) if isinstance(url, str) and len(url) <= 2048 else None
+        port_ok = parts is not None and (parts.port is None or parts.port > 0)
+    except ValueError:  # a port that is not a number
+        parts, port_ok = None, False
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise ValueError(f"cloud_url must be an http(s) URL of a SAKURA server, got {str(url)[:100]!r}")
+    if parts.query or parts.fragment or parts.username or parts.password or "?" in url or "#" in url:
+        raise ValueError(f"cloud_url must be a server's base URL without query, fragment or credentials, got "
+                         f"{str(url)[:100]!r}")  # fmt: skip
+    if not _URL_PATH.fullmatch(parts.path):
+        raise ValueError(f"cloud_url path {parts.path[:60]!r} must be empty or a plain prefix like /sakura (letters, "
+                         f"digits, '._~-' segments)")  # fmt: skip
+    return url
 
 
 def edit_request_from_header(job: dict):
@@ -207,10 +287,7 @@ def edit_request_from_header(job: dict):
     template_id = job["template_id"]
     if not isinstance(template_id, str) or not _TEMPLATE_ID.fullmatch(template_id):
         raise ValueError(f"template_id must match [a-z0-9-]{{1,64}}, got {str(template_id)[:80]!r}")
-    url = job["cloud_url"]
-    parts = urlsplit(url) if isinstance(url, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"cloud_url must be an http(s) URL of a SAKURA server, got {str(url)[:100]!r}")
+    url = _cloud_url(job["cloud_url"])
     if not isinstance(job["prompt"], str) or len(job["prompt"]) > 4096:
         raise ValueError("prompt must be a string of at most 4096 characters")
     steps, seed = job.get("steps", 8), job.get("seed", 0)

@@ -6,7 +6,7 @@ Read path (optionally behind a read token):
 - ``GET /v1/templates/{id}/manifest``    a template's manifest (ETag, revalidated by caches: ``no-cache``)
 - ``GET /v1/shards/{digest}``            an immutable shard: strong ETag = digest, single ``Range`` (206/416),
                                          ``If-None-Match`` (304), ``Cache-Control: public, max-age=31536000,
-                                         immutable``, sent zero-copy with ``sendfile``
+                                         immutable`` (``private`` behind a read token), sent with ``sendfile``
 - ``GET /metrics``                       Prometheus text: requests, bytes, errors, in-flight, jobs
 
 Write path (bearer write token): ``POST /v1/templates`` (a template image, multipart or raw, size-limited) starts a
@@ -34,7 +34,16 @@ from typing import Any
 from aiohttp import web
 
 from .config import ServerConfig
-from .http_util import _access, _bearer, _etag_matches, _json_error, _token_ok, _Unsatisfiable, parse_range
+from .http_util import (
+    _access,
+    _bearer,
+    _ClientGone,
+    _etag_matches,
+    _json_error,
+    _token_ok,
+    _Unsatisfiable,
+    parse_range,
+)
 from .precompute import PrecomputeFn, load_model
 from .state import CONFIG_KEY, STATE_KEY, Metrics, ServerState
 from .store import InvalidNameError, LocalStore, NotFoundError, Store, validate_digest, validate_template_id
@@ -46,6 +55,10 @@ logger = logging.getLogger(__name__)
 
 SHARD_CACHE_CONTROL = "public, max-age=31536000, immutable"
 JSON_CACHE_CONTROL = "public, no-cache"
+# Behind a read token a shared cache must not answer other clients (RFC 9111 3.5: ``public`` would let it): the
+# responses are ``private``. A CDN in front of a token-gated server needs its own recipe (docs: DEVELOPERS.md).
+PRIVATE_SHARD_CACHE_CONTROL = "private, max-age=31536000, immutable"
+PRIVATE_JSON_CACHE_CONTROL = "private, no-cache"
 _FORBIDDEN_IN_PATH = ("..", "%2e", "%2f", "%5c", "\\", "%00", "\x00")
 
 
@@ -89,11 +102,24 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
     except web.HTTPException as e:
         status = e.status
         raise
-    except (ConnectionResetError, BrokenPipeError, asyncio.CancelledError) as e:
-        status = 499  # nginx's "client closed request"; also a response cut by shutdown
+    except _ClientGone as e:  # reset mid-body: quietly hand aiohttp the cut response (no 500, no traceback)
+        status = 499  # nginx's "client closed request"
+        m.aborted += 1
+        logger.debug("%s %s: %s", request.method, request.path, e)
+        return e.response
+    except asyncio.CancelledError as e:  # a response cut by shutdown or a lost connection
+        status = 499
+        m.aborted += 1
+        logger.debug("%s %s: cancelled: %r", request.method, request.path, e)
+        raise
+    except ConnectionError as e:
+        if request.transport is not None and not request.transport.is_closing():
+            logger.exception("%s %s failed", request.method, request.path)  # not the client's connection
+            raise
+        status = 499  # e.g. the client left while its upload was read
         m.aborted += 1
         logger.debug("%s %s: client went away: %r", request.method, request.path, e)
-        raise
+        return web.Response(status=499)
     except Exception:
         logger.exception("%s %s failed", request.method, request.path)
         raise
@@ -122,7 +148,8 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 
 def _json_response(request: web.Request, body: bytes, etag: str) -> web.Response:
-    headers = {"ETag": etag, "Cache-Control": JSON_CACHE_CONTROL}
+    gated = request.app[STATE_KEY].config.read_token is not None
+    headers = {"ETag": etag, "Cache-Control": PRIVATE_JSON_CACHE_CONTROL if gated else JSON_CACHE_CONTROL}
     if _etag_matches(request.headers.get("If-None-Match"), etag):
         return web.Response(status=304, headers=headers)
     return web.Response(body=body, content_type="application/json", headers=headers)
@@ -182,7 +209,7 @@ async def handle_shard(request: web.Request) -> web.StreamResponse:
         etag = f'"{digest}"'
         headers = {
             "ETag": etag,
-            "Cache-Control": SHARD_CACHE_CONTROL,
+            "Cache-Control": SHARD_CACHE_CONTROL if state.config.read_token is None else PRIVATE_SHARD_CACHE_CONTROL,
             "Accept-Ranges": "bytes",
             # RFC 9530: the digest of the whole representation, so any hop can verify it.
             "Repr-Digest": f"sha-256=:{base64.b64encode(bytes.fromhex(digest)).decode()}:",
@@ -192,31 +219,46 @@ async def handle_shard(request: web.Request) -> web.StreamResponse:
         if_match = request.headers.get("If-Match")
         if if_match is not None and not _etag_matches(if_match, etag):
             raise _json_error(412, f"If-Match {if_match!r} does not match {etag}")
-        rng = None
-        if_range = request.headers.get("If-Range")
-        if if_range is None or if_range.strip() == etag:
-            try:
-                rng = parse_range(request.headers.get("Range"), size)
-            except _Unsatisfiable:
-                raise _json_error(
-                    416,
-                    f"Range {request.headers.get('Range')!r} not satisfiable: one range within 0..{size - 1}",
-                    {"Content-Range": f"bytes */{size}", "Accept-Ranges": "bytes"},
-                ) from None
+        rng = _range_of(request, etag, size)
         offset, count = rng if rng is not None else (0, size)
         resp = web.StreamResponse(status=206 if rng is not None else 200, headers=headers)
         resp.content_type = "application/octet-stream"
         resp.content_length = count
         if rng is not None:
             resp.headers["Content-Range"] = f"bytes {offset}-{offset + count - 1}/{size}"
-        await resp.prepare(request)
-        if request.method != "HEAD" and count:
-            await _send_body(request, resp, fobj, offset, count, state.config.send_chunk_bytes)
-            state.metrics.bytes_sent += count
-        await resp.write_eof()
+        try:
+            await resp.prepare(request)
+            if request.method != "HEAD" and count:
+                await _send_body(request, resp, fobj, offset, count, state.config.send_chunk_bytes)
+                state.metrics.bytes_sent += count
+            await resp.write_eof()
+        except ConnectionError as e:  # reset, broken pipe, or asyncio's "Connection closed by peer"
+            if request.transport is not None:
+                request.transport.close()  # the body is cut: this connection cannot carry another response
+            raise _ClientGone(resp, e) from None
         return resp
     finally:
         fobj.close()
+
+
+def _range_of(request: web.Request, etag: str, size: int) -> tuple[int, int] | None:
+    """The one range to send (``None``: the whole shard), honouring ``If-Range``; 416 for a bad or duplicated one."""
+    if_range = request.headers.get("If-Range")
+    if if_range is not None and if_range.strip() != etag:
+        return None
+    ranges = request.headers.getall("Range", [])
+    try:
+        if len(ranges) > 1:  # not a list-valued field: combined, two fields make an invalid ranges-specifier
+            raise _Unsatisfiable
+        return parse_range(ranges[0] if ranges else None, size)
+    except _Unsatisfiable:
+        shown = ranges[0] if len(ranges) == 1 else f"{len(ranges)} Range header fields"
+        shown = shown if len(shown) <= 40 else shown[:40] + "…"
+        raise _json_error(
+            416,
+            f"Range {shown!r} not satisfiable: send one 'bytes=first-last' range within 0..{size - 1}",
+            {"Content-Range": f"bytes */{size}", "Accept-Ranges": "bytes"},
+        ) from None
 
 
 async def _send_body(
@@ -251,6 +293,8 @@ async def _send_body(
                 pass
             if count == 0:
                 return
+        if transport.is_closing():  # loop.sendfile would raise a RuntimeError for what is a client that left
+            raise ConnectionResetError("the client closed the connection during the body")
         try:
             await loop.sendfile(transport, fobj, offset, count)
             return

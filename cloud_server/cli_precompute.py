@@ -36,6 +36,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shard-layers", type=int, default=1, help="consecutive layers per shard (default: 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the importance probes (default: 0)")
     parser.add_argument("--overwrite", action="store_true", help="replace a published template with the same id")
+    parser.add_argument(
+        "--kv-mode",
+        choices=("single", "per-step"),
+        default="single",
+        help="single: one KV per layer, reused by every step; per-step: one KV per (step, layer) for the schedule "
+        "--steps/--shift (default: %(default)s)",
+    )
+    parser.add_argument("--steps", type=int, default=4, help="per-step mode: sampler steps (default: %(default)s)")
+    parser.add_argument("--shift", type=float, default=1.0, help="per-step mode: schedule shift (default: 1.0)")
+    parser.add_argument(
+        "--template-size",
+        type=int,
+        default=None,
+        help="template side in pixels (default: the model's edit size; e.g. 128 for the 64 px demo edit gives "
+        "4x the edit's tokens)",
+    )
 
 
 def _read_image(source: str) -> tuple:
@@ -60,6 +76,8 @@ def run(args) -> int:
         validate_template_id(args.template_id)
         if args.shard_layers < 1:
             raise ValueError(f"--shard-layers must be >= 1, got {args.shard_layers}")
+        if args.steps < 1 or args.shift <= 0:
+            raise ValueError(f"--steps must be >= 1 and --shift > 0, got {args.steps} and {args.shift}")
         image, source = _read_image(args.image)
     except (ValueError, InvalidNameError, ImageError) as e:
         print(f"sakura precompute: {e}", file=sys.stderr)
@@ -93,19 +111,42 @@ def run(args) -> int:
             source=source,
             overwrite=args.overwrite,
             progress=progress,
+            kv_mode=args.kv_mode,
+            steps=args.steps,
+            shift=args.shift,
+            template_size=args.template_size,
         )
     except TemplateExistsError as e:
         print(f"sakura precompute: {e}", file=sys.stderr)
         return 1
     secs = time.perf_counter() - t0
-    levels: dict[int, int] = {}
-    for shard in result.manifest["shards"]:
-        for rep in shard["representations"]:
-            levels[rep["level"]] = levels.get(rep["level"], 0) + rep["bytes"]
+    m = result.manifest
     print(
-        f"published {result.template_id} in {store.root}: {len(result.manifest['shards'])} shards, "
+        f"published {result.template_id} in {store.root}: {len(m['shards'])} shards, "
         f"{result.shards} blobs, {result.shard_bytes / 2**20:.2f} MiB in {secs:.1f} s"
     )
-    for level, nbytes in sorted(levels.items()):
-        print(f"  level {level}: {nbytes / 2**10:10.1f} KiB")
+    _print_level_bytes(m)
     return 0
+
+
+def _print_level_bytes(manifest: dict) -> None:
+    """Bytes per template at each level (a level's whole chain, every shard), in this manifest's KV mode."""
+    mode = manifest.get("kv_mode", "single")
+    sched = manifest.get("schedule")
+    steps = sched["steps"] if sched else 1
+    per_level: dict[tuple[int, str], int] = {}
+    for shard in manifest["shards"]:
+        for rep in shard["representations"]:
+            key = (rep["level"], rep["name"])
+            per_level[key] = per_level.get(key, 0) + rep.get("total_bytes", rep["bytes"])
+    what = f"per-step, {steps} steps x {manifest['num_layers']} layers" if sched else "single, one KV per layer"
+    rows, cols = manifest["token_grid"]
+    what += f"; template {rows}x{cols} = {rows * cols} tokens"
+    print(f"bytes per template, kv_mode {mode} ({what}):")
+    print(f"  {'level':>5} {'name':<16}{'bytes':>12}{'KiB':>10}{'per step KiB':>14}  psnr_db")
+    for (level, name), nbytes in sorted(per_level.items()):
+        psnr = next((r.get("psnr_db") for r in manifest["shards"][0]["representations"] if r["level"] == level), None)
+        print(
+            f"  {level:>5} {name:<16}{nbytes:>12}{nbytes / 2**10:>10.1f}{nbytes / steps / 2**10:>14.1f}"
+            f"  {'-' if psnr is None else psnr}"
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from collections.abc import Callable
 
 from aiohttp import web
@@ -58,34 +59,53 @@ class _Unsatisfiable(Exception):
     pass
 
 
+class _ClientGone(Exception):
+    """The client went away while ``response`` (already prepared) was being sent: an abort, not a server error."""
+
+    def __init__(self, response: web.StreamResponse, cause: BaseException):
+        super().__init__(f"client went away: {cause!r}")
+        self.response = response
+
+
+_RANGE_SPEC = re.compile(r"([0-9]*)-([0-9]*)", re.ASCII)
+#: Longer digit strings than this are treated as "past any shard" (no int() of a 5000-digit number).
+_MAX_RANGE_DIGITS = 18
+
+
+def _pos(digits: str) -> int | None:
+    """ASCII digits -> int; ``None`` for empty; a number too long to be a byte offset -> ``10**18`` (beyond any shard)."""
+    if not digits:
+        return None
+    return int(digits) if len(digits) <= _MAX_RANGE_DIGITS else 10**_MAX_RANGE_DIGITS
+
+
 def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
     """A ``Range`` header -> (offset, count), ``None`` to send everything; raise ``_Unsatisfiable`` (416).
 
-    One ``bytes`` range only: ``a-b``, ``a-`` or ``-n``. Another unit is ignored (RFC 9110 14.2); several ranges or
-    a malformed or unsatisfiable one are refused.
+    One ``bytes`` range only: ``a-b``, ``a-`` or ``-n``, ASCII digits only (RFC 9110 14.1.1). Another unit is
+    ignored (RFC 9110 14.2), and so is a well-formed list of several ranges (the whole shard is sent: 200); a
+    malformed or unsatisfiable range is refused.
     """
     if value is None:
         return None
     unit, _, spec = value.strip().partition("=")
     if unit.strip().lower() != "bytes":
         return None
-    spec = spec.strip()
-    first, dash, last = spec.partition("-")
-    if "," in spec or not dash or not (first.isdigit() or last.isdigit()):
+    specs = [_RANGE_SPEC.fullmatch(part.strip()) for part in spec.split(",")]
+    if any(m is None or not (m.group(1) or m.group(2)) for m in specs):
         raise _Unsatisfiable
-    if not first:  # suffix: the last n bytes
-        n = int(last)
-        if n == 0 or size == 0:
+    if len(specs) > 1:
+        return None  # several ranges: a multipart/byteranges answer is not worth it for immutable shards
+    first, last = _pos(specs[0].group(1)), _pos(specs[0].group(2))
+    if first is None:  # suffix: the last n bytes
+        if last == 0 or size == 0:
             raise _Unsatisfiable
-        start = max(0, size - n)
+        start = max(0, size - last)
         return start, size - start
-    if not first.isdigit() or (last and not last.isdigit()):
+    end = min(last, size - 1) if last is not None else size - 1
+    if first >= size or end < first:
         raise _Unsatisfiable
-    start = int(first)
-    end = min(int(last), size - 1) if last else size - 1
-    if start >= size or end < start:
-        raise _Unsatisfiable
-    return start, end - start + 1
+    return first, end - first + 1
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -95,6 +115,9 @@ def _bearer(request: web.Request) -> str | None:
 
 
 def _token_ok(given: str | None, *allowed: str | None) -> bool:
+    """Constant-time check of a bearer token; header bytes that are not UTF-8 (kept by aiohttp as surrogate escapes)
+    simply do not match."""
     if given is None:
         return False
-    return any(t is not None and hmac.compare_digest(given.encode(), t.encode()) for t in allowed)
+    raw = given.encode("utf-8", "surrogateescape")
+    return any(t is not None and hmac.compare_digest(raw, t.encode()) for t in allowed)

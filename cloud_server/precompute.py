@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,9 @@ def load_model(name: str):
     return load_edit_model(name)
 
 
+_OBJECT_REPR = re.compile(r"<[^<>]{1,80} object at 0x[0-9a-fA-F]+>")
+
+
 def decode_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, str]:
     """Decode an uploaded PNG/JPEG/WebP into (H, W, 3) uint8; returns it with the file extension to keep it under.
 
@@ -87,7 +91,8 @@ def decode_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, str]:
                 raise ImageError(f"image is {w}x{h}; templates need at least 8 pixels a side")
             rgb = np.asarray(img.convert("RGB"))
     except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as e:
-        raise ImageError(f"not a readable PNG/JPEG/WebP image: {e}") from e
+        detail = _OBJECT_REPR.sub("the upload", str(e))  # PIL names its file object: <_io.BytesIO object at 0x...>
+        raise ImageError(f"not a readable PNG/JPEG/WebP image: {detail}") from e
     return rgb, _FORMATS[fmt]
 
 
@@ -127,6 +132,10 @@ def publish_template(
     overwrite: bool = False,
     progress: Progress | None = None,
     precompute_fn: PrecomputeFn | None = None,
+    kv_mode: str = "single",
+    steps: int = 4,
+    shift: float = 1.0,
+    template_size: int | None = None,
 ) -> PublishResult:
     """Precompute a template's KV ladder and publish it in ``store``; the manifest is written last.
 
@@ -144,6 +153,10 @@ def publish_template(
         overwrite: replace a published template with the same id (shards are content-addressed; old ones stay).
         progress: ``progress(stage, done, total)``; may raise to abort (nothing is published then).
         precompute_fn: the codec entry point (default ``sakura_core.precompute.precompute_template``).
+        kv_mode, steps, shift: ``"single"`` (one KV per layer) or ``"per-step"`` (one per (step, layer) for the
+            schedule ``steps``/``shift``; the manifest names it). Passed to the codec only in per-step mode.
+        template_size: side in pixels the template is resized to (default: the model's edit size); a larger
+            template has more tokens than the edit (its own grid of position ids).
     """
     validate_template_id(template_id)
     if not overwrite and store.has_template(template_id):
@@ -155,8 +168,11 @@ def publish_template(
     if spec is not None:
         from sakura_core.models.edit_model import load_image
 
-        image = load_image(image, spec.image_size)
-    result = fn(model, image, template_id, codec=codec, shard_layers=shard_layers, seed=seed, progress=progress)
+        image = load_image(image, template_size or spec.image_size)
+    mode_kwargs = {} if kv_mode == "single" else {"kv_mode": kv_mode, "steps": steps, "shift": shift}
+    result = fn(
+        model, image, template_id, codec=codec, shard_layers=shard_layers, seed=seed, progress=progress, **mode_kwargs
+    )
     manifest, blobs = _check_result(result, model.model_id, template_id)
     # The device computes the template's first layers itself (hybrid split): it needs the exact image the KV was
     # computed from. Lossless PNG at the model's resolution, content-addressed like a shard.

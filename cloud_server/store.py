@@ -34,6 +34,7 @@ __all__ = [
     "Store",
     "StoreError",
     "validate_digest",
+    "file_sha256",
     "validate_template_id",
 ]
 
@@ -135,6 +136,15 @@ class Store(abc.ABC):
         return True
 
 
+def file_sha256(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def _fsync_dir(path: Path) -> None:
     """Make a rename in ``path`` durable (POSIX: the directory entry lives in the directory)."""
     try:
@@ -182,8 +192,13 @@ class LocalStore(Store):
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest:
             raise DigestMismatchError(f"shard bytes hash to {actual}, not to the digest {digest} they were put under")
-        if path.is_file() and path.stat().st_size == len(data):
-            return  # content-addressed: the same digest is the same bytes
+        if path.is_file():
+            on_disk = file_sha256(path)
+            if on_disk == digest:
+                return  # content-addressed: verified to be the same bytes
+            logger.warning(
+                "store %s: shard %s on disk hashes to %s (corrupt); rewriting it", self.root, digest, on_disk
+            )
         atomic_write_bytes(path, data)
         _fsync_dir(path.parent)
 

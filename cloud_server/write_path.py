@@ -9,7 +9,9 @@ import logging
 import time
 import uuid
 
-from aiohttp import web
+import aiohttp
+from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from .http_util import _access, _json_error
 from .precompute import ImageError, TemplateExistsError, decode_image, publish_template
@@ -48,16 +50,11 @@ async def _read_upload(request: web.Request, limit: int) -> tuple[str | None, by
         raise _json_error(413, f"upload of {declared} bytes is over the limit of {limit} bytes")
     ctype = request.content_type
     if ctype == "multipart/form-data":
-        template_id, image = None, None
-        reader = await request.multipart()
-        async for part in reader:
-            if part.name == "id" and template_id is None:
-                raw = await _read_limited(part, _MAX_FORM_FIELD_BYTES, "field 'id'")
-                template_id = raw.decode("utf-8", "replace").strip()
-            elif part.name == "image" and image is None:
-                image = await _read_limited(part, limit, "the image")
-            else:  # unknown or repeated: refuse rather than read on
-                raise _json_error(400, f"unexpected form field {str(part.name)[:40]!r}: send one 'id' and one 'image'")
+        try:
+            template_id, image = await _read_form(request, limit)
+        except (ValueError, LookupError, AssertionError, aiohttp.ClientPayloadError, BadHttpMessage) as e:
+            # aiohttp's multipart reader signals a malformed or truncated body with these (a 400, not a 500)
+            raise _json_error(400, f"malformed multipart body: {type(e).__name__}: {str(e)[:120]}") from None
         if image is None:
             raise _json_error(400, "the form has no 'image' file field")
         return template_id or request.query.get("id"), image
@@ -68,6 +65,33 @@ async def _read_upload(request: web.Request, limit: int) -> tuple[str | None, by
     )
 
 
+async def _read_form(request: web.Request, limit: int) -> tuple[str | None, bytes | None]:
+    """The ``id`` and ``image`` fields of a multipart form; anything else is refused (400)."""
+    template_id, image = None, None
+    reader = await request.multipart()
+    async for part in reader:
+        if not isinstance(part, BodyPartReader):
+            raise _json_error(400, "nested multipart bodies are not accepted: send one 'id' and one 'image' field")
+        if part.name == "id" and template_id is None:
+            raw = await _read_limited(part, _MAX_FORM_FIELD_BYTES, "field 'id'")
+            template_id = raw.decode("utf-8", "replace").strip()
+        elif part.name == "image" and image is None:
+            image = await _read_limited(part, limit, "the image")
+        else:  # unknown or repeated: refuse rather than read on
+            raise _json_error(400, f"unexpected form field {str(part.name)[:40]!r}: send one 'id' and one 'image'")
+    return template_id, image
+
+
+def _admit(state: ServerState, template_id: str | None) -> None:
+    """409 when ``template_id`` is being precomputed, 429 when ``max_pending_jobs`` are; synchronous, so a caller
+    that reserves its slot right after (no ``await`` in between) cannot race another upload."""
+    active = [j for j in state.jobs.values() if j.state in ("queued", "running")]
+    if template_id is not None and any(j.template_id == template_id for j in active):
+        raise _json_error(409, f"template {template_id!r} is already being precomputed")
+    if len(active) >= state.config.max_pending_jobs:
+        raise _json_error(429, f"{len(active)} precompute jobs are pending; retry later", {"Retry-After": "30"})
+
+
 @_access("write")
 async def handle_upload(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
@@ -76,25 +100,20 @@ async def handle_upload(request: web.Request) -> web.Response:
         raise _json_error(409, "this server serves no model (--model none), so it cannot precompute templates")
     if state.stopping.is_set() or state.executor is None:
         raise _json_error(503, "the server is shutting down")
+    _admit(state, None)  # a full server refuses before reading a body
     template_id, data = await _read_upload(request, cfg.max_upload_bytes)
     try:
         template_id = validate_template_id(template_id)
     except InvalidNameError as e:
         raise _json_error(400, str(e)) from e
-    active = [j for j in state.jobs.values() if j.state in ("queued", "running")]
-    if any(j.template_id == template_id for j in active):
-        raise _json_error(409, f"template {template_id!r} is already being precomputed")
-    if len(active) >= cfg.max_pending_jobs:
-        raise _json_error(429, f"{len(active)} precompute jobs are pending; retry later", {"Retry-After": "30"})
-    loop = asyncio.get_running_loop()
-    if await loop.run_in_executor(None, state.store.has_template, template_id):
-        raise _json_error(409, f"template {template_id!r} is already published; pick another id")
-    try:
-        image, ext = await loop.run_in_executor(None, lambda: decode_image(data, max_pixels=cfg.max_image_pixels))
-    except ImageError as e:
-        raise _json_error(400, str(e)) from e
+    _admit(state, template_id)
     job = Job(job_id=uuid.uuid4().hex, template_id=template_id)
-    state.jobs[job.job_id] = job
+    state.jobs[job.job_id] = job  # reserves the slot and the id before the first await below
+    try:
+        image, ext = await _check_new_template(state, template_id, data)
+    except BaseException:
+        state.jobs.pop(job.job_id, None)
+        raise
     while len(state.jobs) > _MAX_JOBS_KEPT:
         oldest = next(iter(state.jobs.values()))
         if oldest.state in ("queued", "running"):
@@ -106,6 +125,17 @@ async def handle_upload(request: web.Request) -> web.Response:
     url = f"/v1/jobs/{job.job_id}"
     body = {**job.to_json(), "status_url": url}
     return web.json_response(body, status=202, headers={"Location": url})
+
+
+async def _check_new_template(state: ServerState, template_id: str, data: bytes):
+    """409 when ``template_id`` is published, 400 when ``data`` is no acceptable image; the decoded image."""
+    loop = asyncio.get_running_loop()
+    if await loop.run_in_executor(None, state.store.has_template, template_id):
+        raise _json_error(409, f"template {template_id!r} is already published; pick another id")
+    try:
+        return await loop.run_in_executor(None, lambda: decode_image(data, max_pixels=state.config.max_image_pixels))
+    except ImageError as e:
+        raise _json_error(400, str(e)) from e
 
 
 async def _run_job(state: ServerState, job: Job, image, source: tuple[bytes, str]) -> None:

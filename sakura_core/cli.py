@@ -23,12 +23,17 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "cloud_server.cli_examples",
         "publish the ComfyUI example workflows' templates into a store; write their user images",
     ),
+    ("store",): ("cloud_server.cli_store", "verify|repair a store: re-hash shards, quarantine, sweep temp/orphans"),
     ("bench", "e2e"): ("sakura_core.bench.cli_e2e", "every fetch policy over every trace (sim or live); JSON + plots"),
     ("bench", "serve"): ("cloud_server.bench_serve", "load-test the shard server vs nginx over loopback; JSON"),
     ("phone-agent",): ("android_bridge.cli_phone_agent", "run the (emulated) phone agent"),
     ("phone", "run"): ("android_bridge.cli_phone_run", "dispatch one edit to a phone agent; writes the image"),
     ("phone", "devices"): ("android_bridge.cli_phone_devices", "list adb devices, or show a phone agent's info"),
     ("export",): ("android_bridge.cli_export", "demo DiT (cached KV) to ONNX / QNN; op coverage + parity"),
+    ("bench", "cross-step"): (
+        "sakura_core.bench.cli_cross_step",
+        "per-step KV coded per step vs across steps vs single mode: bytes at equal PSNR; JSON",
+    ),
     ("bench", "codec"): (
         "sakura_core.bench.cli_codec",
         "every KV codec and ladder level: size, error, PSNR, MB/s; JSON",

@@ -48,6 +48,13 @@ def add_arguments(parser) -> None:
         help="torch CPU threads (default: torch's choice; on a shared CPU use 1: 2 threads ran 2x slower here)",
     )
     parser.add_argument("--no-progress", action="store_true", help="log lines only, no progress bar")
+    parser.add_argument(
+        "--per-step-frac",
+        type=float,
+        default=d.per_step_frac,
+        help="share of examples trained in per-step KV mode (template at the step's t; default: %(default)s)",
+    )
+    parser.add_argument("--init-weights", default=None, help="fine-tune from these weights (default: random init)")
 
 
 def run(args) -> int:
@@ -70,8 +77,10 @@ def run(args) -> int:
             total_steps=args.steps,
             save_every=args.save_every,
             log_every=args.log_every,
+            per_step_frac=args.per_step_frac,
+            init_weights=args.init_weights,
         )
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"sakura train demo-model: {e}") from e
     t0 = time.perf_counter()
     trainer = DemoTrainer(config)

@@ -43,6 +43,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timing repetitions, best kept (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="probe and edit seed (default: %(default)s)")
     parser.add_argument("--no-phone-scale", action="store_true", help="skip the phone-scale decode throughput table")
+    parser.add_argument(
+        "--no-uniform-ablation", action="store_true", help="skip the sakura-uniform rows (SAKURA without importance)"
+    )
     parser.add_argument("--weights", default="auto", help="demo model weights: auto, a .safetensors path, or 'random'")
 
 
@@ -62,6 +65,7 @@ def run(args) -> int:
             seed=args.seed,
             repeats=args.repeats,
             phone_scale=not args.no_phone_scale,
+            uniform_ablation=not args.no_uniform_ablation,
         )
     except (ValueError, KeyError) as e:
         print(f"sakura bench codec: {e}", file=sys.stderr)

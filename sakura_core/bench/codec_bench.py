@@ -59,6 +59,8 @@ class CodecBenchConfig:
         seed: probe and edit seed.
         repeats: timing repetitions (best is reported).
         phone_scale: also measure decode throughput on a phone-scale shard.
+        uniform_ablation: also run SAKURA with uniform token importance (rows ``sakura-uniform``), so the benefit
+            of the learned importance is measured at equal bytes.
     """
 
     templates: tuple[str, ...] = ("astronaut", "coffee", "chelsea", "rocket")
@@ -73,6 +75,7 @@ class CodecBenchConfig:
     seed: int = 0
     repeats: int = 5
     phone_scale: bool = True
+    uniform_ablation: bool = True
 
     def __post_init__(self) -> None:
         if not self.templates:
@@ -104,6 +107,15 @@ def _best_time(fn: Callable[[], object], repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+UNIFORM = "sakura-uniform"  # the ablation: the SAKURA codec without learned token importance
+
+
+def _label(name: str, level: int) -> str:
+    if name == UNIFORM:
+        return f"{get_codec('sakura').level_name(level)} (uniform importance)"
+    return get_codec(name).level_name(level)
 
 
 def _levels(name: str) -> tuple[int, ...]:
@@ -164,6 +176,11 @@ def _run(config: CodecBenchConfig, model: EditModel, say: Callable[[str], None])
                 say(f"template {tname}: {name} level {level}")
                 row = _measure(name, level, kv, importance, held, model, user_images, exact, config, fp16_bytes)
                 per_codec.setdefault((name, level), []).append(row)
+        if "sakura" in config.codecs and config.uniform_ablation:
+            for level in _levels("sakura"):
+                say(f"template {tname}: sakura level {level}, uniform importance (ablation)")
+                row = _measure("sakura", level, kv, None, held, model, user_images, exact, config, fp16_bytes)
+                per_codec.setdefault((UNIFORM, level), []).append(row)
 
     rows = _average_rows(per_codec)
     result = {
@@ -206,7 +223,7 @@ def _average_rows(per_codec: dict[tuple[str, int], list[dict]]) -> list[dict]:
             {
                 "name": name,
                 "level": level,
-                "label": get_codec(name).level_name(level),
+                "label": _label(name, level),
                 "bytes": int(round(float(np.mean([r["bytes"] for r in results])))),
                 "ratio_vs_fp16": round(float(np.mean([r["ratio_vs_fp16"] for r in results])), 3),
                 "attn_rel_err": round(float(np.mean([r["attn_rel_err"] for r in results])), 6),
@@ -272,6 +289,16 @@ def _summary(rows: list[dict]) -> dict:
         for r in cachegen
     ]
     out["sakura_decode_mb_s_min"] = min((r["decode_mb_s"] for r in sakura), default=None)
+    out["sakura_uniform_vs_learned_equal_size"] = [
+        {
+            "level": r["level"],
+            "bytes": r["bytes"],
+            "uniform_psnr_db": r["psnr_db"],
+            "learned_psnr_db": None if (p := _interp_psnr(curve, r["bytes"])) is None else round(p, 3),
+        }
+        for r in rows
+        if r["name"] == UNIFORM
+    ]
     return out
 
 
@@ -339,6 +366,11 @@ def format_table(result: dict) -> str:
             f"{_fmt(c['cachegen_psnr_db'], '.2f')} dB, SAKURA {_fmt(c['sakura_psnr_db'], '.2f', 'n/a (outside ladder)')} dB"
         )
     lines.append(f"SAKURA slowest decode on demo shards: {_fmt(s['sakura_decode_mb_s_min'], '.1f')} MB/s")
+    for c in s.get("sakura_uniform_vs_learned_equal_size", []):
+        lines.append(
+            f"ablation at sakura-uniform level {c['level']}'s size ({c['bytes']} B): uniform importance "
+            f"{_fmt(c['uniform_psnr_db'], '.2f', 'inf')} dB, learned {_fmt(c['learned_psnr_db'], '.2f', 'n/a')} dB"
+        )
     if "phone_scale" in result:
         p = result["phone_scale"]
         lines += ["", f"decode throughput, one phone-scale layer {tuple(p['shape'])} (synthetic data, 1 thread):"]

@@ -21,16 +21,19 @@ from ..models.kv_types import TemplateKV
 from ..policy.ladder import Level
 from ..policy.policies import POLICIES, make_policy
 from ..runtime.edit import run_edit
-from ..runtime.profiles import PHONE_DIT, DeviceProfile
-from ..runtime.simulate import simulate, simulate_oracle
+from ..runtime.profiles import PHONE_DIT, DeviceProfile, DitGeometry
+from ..runtime.simulate import kv_mode_view, simulate, simulate_oracle
+from .phone_scale import measure_phone_decode
 
 __all__ = [
     "CodecLevel",
     "build_phone_ladders",
     "measure_codec_levels",
+    "quality_floor",
     "psnr_db",
     "run_sim",
     "summarize",
+    "summarize_by_class",
 ]
 
 logger = logging.getLogger(__name__)
@@ -40,7 +43,8 @@ SIM_CODECS = {"sakura": "sakura", "cachegen": "cachegen", "fp16": "fp16"}
 
 
 class CodecLevel(dict):
-    """One measured (codec, level): name, level, ratio_vs_fp16, decode_bytes_per_s, psnr_db, progressive."""
+    """One measured (codec, level): family, codec, level, name, bytes, ratio_vs_fp16, psnr_db, progressive,
+    decode_bytes_per_s (demo shards), phone_decode_bytes_per_s (a phone-scale shard; what the simulation uses)."""
 
 
 def measure_codec_levels(
@@ -60,8 +64,8 @@ def measure_codec_levels(
         # psnr_steps=0: this benchmark measures each level's PSNR itself, on its own edit
         pre = precompute_template(model, template, f"bench-{family}", codec=codec, psnr_steps=0)
         shards = pre.manifest["shards"]
-        names = [r["name"] for r in sorted(shards[0]["representations"], key=lambda r: r["level"])]
-        for name in names:
+        reps = sorted(shards[0]["representations"], key=lambda r: r["level"])
+        for name, level in [(r["name"], r["level"]) for r in reps]:
             if family != "fp16" and name == "fp16":
                 continue  # the exact extra representation: measured under the fp16 family
             chains = level_chains(shards, pre.blobs, name)
@@ -73,6 +77,8 @@ def measure_codec_levels(
             out = run_edit(model, user, prompt, steps=steps, kv_source=kv).tokens
             row = CodecLevel(
                 family=family,
+                codec=codec,
+                level=level,
                 name=name,
                 bytes=total_bytes,
                 ratio_vs_fp16=fp16_bytes / total_bytes,
@@ -83,13 +89,35 @@ def measure_codec_levels(
             rows.append(row)
             if progress:
                 progress(f"{family}/{name}: ratio {row['ratio_vs_fp16']:.2f}x, PSNR {row['psnr_db']:.1f} dB")
+    measure_phone_decode(rows, exact_kv.kv[0].float().numpy())  # (2, tokens, heads, head_dim) of layer 0
+    if progress:
+        for r in rows:
+            progress(f"{r['family']}/{r['name']}: decode {r['phone_decode_bytes_per_s'] / 1e6:.0f} MB/s on a "
+                     f"phone-scale shard {r['phone_shard']}")  # fmt: skip
     return rows
 
 
-def build_phone_ladders(rows: list[CodecLevel], layers: int = PHONE_DIT.layers) -> tuple[dict, dict]:
-    """Per-layer ladders at phone scale from the measured levels; floors = cheapest level meeting the PSNR target
-    (sakura; cachegen and fp16 keep their own rules: floor 0)."""
-    shard_fp16 = PHONE_DIT.shard_bytes_fp16
+def quality_floor(psnr_db_by_level: list[float], target_db: float) -> int:
+    """Index of the cheapest level (levels listed cheapest first) whose PSNR meets ``target_db``; if none does,
+    the level with the highest PSNR (the closest any representation of that codec gets)."""
+    if not psnr_db_by_level:
+        raise ValueError("quality_floor needs at least one level")
+    ok = [i for i, p in enumerate(psnr_db_by_level) if p >= target_db]
+    if ok:
+        return ok[0]
+    best = max(range(len(psnr_db_by_level)), key=psnr_db_by_level.__getitem__)
+    logger.warning(
+        "no level reaches %.1f dB (best %.1f dB): floor at the best level", target_db, psnr_db_by_level[best]
+    )
+    return best
+
+
+def build_phone_ladders(rows: list[CodecLevel], geometry: DitGeometry = PHONE_DIT) -> tuple[dict, dict]:
+    """Per-layer ladders at phone scale from the measured levels; floors = cheapest level meeting the PSNR target,
+    the same rule for sakura and cachegen (a family with no level that meets it gets its best level); fp16: 0.
+    Shard bytes come from ``geometry``, ratios and PSNR from the measured levels, decode times from the throughput
+    measured on a phone-scale shard (the demo-shard throughput when a row lacks it)."""
+    shard_fp16, layers = geometry.shard_bytes_fp16, geometry.layers
     ladders, floors = {}, {}
     for family in SIM_CODECS:
         fam = sorted((r for r in rows if r["family"] == family), key=lambda r: -r["ratio_vs_fp16"])
@@ -104,15 +132,14 @@ def build_phone_ladders(rows: list[CodecLevel], layers: int = PHONE_DIT.layers) 
                     name=r["name"],
                     nbytes=nbytes,
                     increment_bytes=nbytes - prev if prog else nbytes,
-                    decode_s=shard_fp16 / r["decode_bytes_per_s"],
+                    decode_s=shard_fp16 / r.get("phone_decode_bytes_per_s", r["decode_bytes_per_s"]),
                     mse=4 * 10 ** (-r["psnr_db"] / 10) / layers,
                     progressive=prog,
                 )
             )
             prev = nbytes
         ladders[family] = [levels] * layers
-        ok = [i for i, r in enumerate(fam) if r["psnr_db"] >= PSNR_TARGET_DB]
-        floors[family] = (ok[0] if ok else len(fam) - 1) if family == "sakura" else 0
+        floors[family] = quality_floor([r["psnr_db"] for r in fam], PSNR_TARGET_DB)
     return ladders, floors
 
 
@@ -124,8 +151,11 @@ def run_sim(
     floors: dict,
     starts_per_trace: int = 3,
     progress=None,
+    kv_mode: str = "single",
 ) -> list[dict]:
-    """Every policy on every trace at ``starts_per_trace`` evenly spaced start offsets."""
+    """Every policy on every trace at ``starts_per_trace`` evenly spaced start offsets. ``ladders`` must match the
+    simulated profile (``kv_mode_view(profile, kv_mode).model``: steps x layers shards in per-step mode)."""
+    profile = kv_mode_view(profile, kv_mode)
     runs = []
     for trace in traces:
         for i in range(starts_per_trace):
@@ -137,6 +167,7 @@ def run_sim(
                 runs.append(
                     {
                         "trace": trace.name,
+                        "trace_class": trace.trace_class or "other",
                         "start_s": round(start, 3),
                         "policy": name,
                         "latency_s": float(r.latency_s),
@@ -149,6 +180,21 @@ def run_sim(
         if progress:
             progress(f"trace {trace.name}: {len(policies)} policies x {starts_per_trace} starts")
     return runs
+
+
+def summarize_by_class(runs: list[dict]) -> dict[str, dict]:
+    """:func:`summarize` per trace class (3G, 4G, broadband, 5G, other; classes with no run left out), plus "all"."""
+    from ..fetch.trace_classes import TRACE_CLASSES
+
+    out = {}
+    for cls in TRACE_CLASSES:
+        sub = [r for r in runs if r.get("trace_class", "other") == cls]
+        if sub:
+            summary, ratios = summarize(sub)
+            out[cls] = {"traces": len({r["trace"] for r in sub}), "summary": summary, "ratios_vs_sakura": ratios}
+    summary, ratios = summarize(runs)
+    out["all"] = {"traces": len({r["trace"] for r in runs}), "summary": summary, "ratios_vs_sakura": ratios}
+    return out
 
 
 def summarize(runs: list[dict]) -> tuple[dict, dict]:

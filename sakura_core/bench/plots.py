@@ -10,7 +10,7 @@ import numpy as np
 from ..runtime.timeline_plot import matplotlib_pyplot as _plt
 from ..runtime.timeline_plot import plot_timeline
 
-__all__ = ["plot_regime_map", "plot_timeline", "plot_trace_levels", "regime_map"]
+__all__ = ["plot_regime_map", "plot_timeline", "plot_trace_levels"]
 
 
 def plot_trace_levels(trace, decisions: list[dict], level_names: list[str], path, start_s: float, end_s: float):
@@ -37,36 +37,25 @@ def plot_trace_levels(trace, decisions: list[dict], level_names: list[str], path
     plt.close(fig)
 
 
-def regime_map(simulate_fn, step_times_s, mbits) -> dict:
-    """For each (device step time, bandwidth): latency of compute-only, fetch-only and the best hybrid split.
-
-    ``simulate_fn(step_cached_s, mbit_per_s) -> (compute_s, fetch_s, hybrid_s)``.
-    """
-    grid = np.zeros((len(step_times_s), len(mbits), 3))
-    for i, s in enumerate(step_times_s):
-        for j, b in enumerate(mbits):
-            grid[i, j] = simulate_fn(s, b)
-    return {"step_times_s": list(step_times_s), "mbit_per_s": list(mbits), "latency_s": grid.tolist()}
-
-
 def plot_regime_map(data: dict, path: str | Path) -> None:
-    """Which of compute / fetch / hybrid wins, coloured, with the winner's speed-up over the better other one."""
+    """Which of compute / fetch / hybrid wins (``phone_scale.regime_map``), coloured, with the winner's speed-up over
+    the next best."""
     plt = _plt()
-    grid = np.asarray(data["latency_s"])  # (devices, bandwidths, 3)
-    winner = grid.argmin(axis=2)
+    names = ["compute", "fetch", "hybrid"]
+    winner = np.array([[names.index(c["winner"]) for c in row] for row in data["cells"]])  # (devices, links)
     fig, ax = plt.subplots(figsize=(8, 5))
     cmap = plt.matplotlib.colors.ListedColormap(["#55A868", "#4C72B0", "#DD8452"])
     ax.imshow(winner, cmap=cmap, vmin=0, vmax=2, aspect="auto", origin="lower")
-    for i in range(grid.shape[0]):
-        for j in range(grid.shape[1]):
-            lat = np.sort(grid[i, j])
-            ax.text(j, i, f"{lat[1] / lat[0]:.2f}x", ha="center", va="center", fontsize=7, color="white")
+    for i, row in enumerate(data["cells"]):
+        for j, c in enumerate(row):
+            ax.text(j, i, f"{c['margin']:.2f}x", ha="center", va="center", fontsize=7, color="white")
     ax.set_xticks(range(len(data["mbit_per_s"])), [f"{b:g}" for b in data["mbit_per_s"]])
-    ax.set_yticks(range(len(data["step_times_s"])), [f"{s:g}" for s in data["step_times_s"]])
+    ax.set_yticks(range(len(data["tflop_per_s"])), [f"{s:g}" for s in data["tflop_per_s"]])
     ax.set_xlabel("link Mbit/s")
-    ax.set_ylabel("device seconds per denoising step")
+    ax.set_ylabel("device effective TFLOP/s")
     ax.set_title(
-        "winner: green = compute on device, blue = fetch all, orange = hybrid split\n(x = speed-up over the next best)"
+        f"{data.get('geometry', '')} ({data.get('kv_mode', 'single')} KV): green = compute on device, blue = fetch "
+        "all, orange = hybrid\n(x = speed-up over the next best)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -115,6 +115,7 @@ def evaluate(
     probes: int = 4,
     reference_model: EditModel | None = None,
     on_pair: Callable[[int], None] | None = None,
+    kv_mode: str = "single",
 ) -> dict:
     """Held-out evaluation of the KV edit path against the ground truth and trivial baselines.
 
@@ -125,12 +126,14 @@ def evaluate(
     ``importance_gini``: Gini of template-token importance (mean over layers, heads, probe times) per probe template,
     averaged over the first ``probes`` pairs; with ``reference_model`` (e.g. the random init) the same statistic
     for it is reported alongside.
+    ``kv_mode``: ``"single"`` (template KV at the fixed reference time, reused by every step) or ``"per-step"``
+    (template KV extracted at each step's own time, injected at that step).
     """
     if pairs < 1 or steps < 1 or probes < 0:
         raise ValueError(f"pairs and steps must be >= 1 and probes >= 0, got {pairs}, {steps}, {probes}")
     bank = bank or ImageBank.load()
     task = task_for(model.spec)
-    rows, inside, outside = _score_pairs(model, bank, task, pairs, seed, steps, on_pair)
+    rows, inside, outside = _score_pairs(model, bank, task, pairs, seed, steps, on_pair, kv_mode)
 
     result = {
         "psnr_db": float(np.mean(rows["model"]["psnr"])),
@@ -148,6 +151,7 @@ def evaluate(
             "probes": probes,
             "prompt": EDIT_PROMPT,
             "path": "template KV extracted, then injected at every layer (split_layer=0)",
+            "kv_mode": kv_mode,
         },
         "model": {"name": model.spec.name, "id": model.model_id, "weights": model.weights_source},
     }
@@ -163,17 +167,24 @@ def evaluate(
     return result
 
 
-def _score_pairs(model: EditModel, bank: ImageBank, task, pairs: int, seed: int, steps: int, on_pair):
-    """Edit each held-out pair; PSNR/SSIM of the model and the baselines against the target, and the model's PSNR
-    inside and outside the edited region."""
+def _score_pairs(model: EditModel, bank: ImageBank, task, pairs: int, seed: int, steps: int, on_pair, kv_mode: str):
+    """Edit each held-out pair in ``kv_mode``; PSNR/SSIM of the model and the baselines against the target, and
+    the model's PSNR inside and outside the edited region."""
     from ..runtime.edit import run_edit
+    from ..runtime.sampler import flow_timesteps
 
     rows = {k: {"psnr": [], "ssim": []} for k in ("model", "template", "user_image", "naive_composite")}
     inside, outside = [], []
     for i in range(pairs):
         p = make_pair(bank, task, seed, i)
-        kv = model.adapter.extract_template_kv(model.template_tokens(p.template), model.spec.grid)
-        out = run_edit(model, p.user, EDIT_PROMPT, steps=steps, seed=i, split_layer=0, kv_source=kv).image
+        ref = model.template_tokens(p.template)
+        if kv_mode == "per-step":
+            kv = model.adapter.extract_per_step_kv(ref, model.spec.grid, flow_timesteps(steps)[:-1])
+        else:
+            kv = model.adapter.extract_template_kv(ref, model.spec.grid)
+        out = run_edit(
+            model, p.user, EDIT_PROMPT, steps=steps, seed=i, split_layer=0, kv_source=kv, kv_mode=kv_mode
+        ).image
         mask = region_mask(p.box, task.image_size)
         naive = np.where(mask[..., None], p.user, p.scene)
         for name, img in (

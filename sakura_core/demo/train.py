@@ -72,6 +72,9 @@ class TrainConfig:
         save_every: checkpoint every this many steps.
         log_every: log line every this many steps.
         keep_checkpoints: how many periodic checkpoints to keep.
+        per_step_frac: fraction of examples whose template tokens are modulated with the example's own time ``t``
+            (``per-step`` KV mode); the others use the fixed reference time (``single`` mode). 0 = single only.
+        init_weights: start from these weights (a fine-tune) instead of the seeded random init.
     """
 
     seed: int = 0
@@ -85,8 +88,14 @@ class TrainConfig:
     save_every: int = 250
     log_every: int = 50
     keep_checkpoints: int = 2
+    per_step_frac: float = 0.0
+    init_weights: str | None = None
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.per_step_frac <= 1.0:
+            raise ValueError(f"per_step_frac must be in [0, 1] (share of per-step examples), got {self.per_step_frac}")
+        if self.init_weights is not None and not Path(self.init_weights).is_file():
+            raise FileNotFoundError(f"init_weights {self.init_weights} not found; pass an existing .safetensors")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.batch_size < 1:
@@ -137,7 +146,7 @@ class DemoTrainer:
 
     def __init__(self, config: TrainConfig, spec: ModelSpec | None = None, bank: ImageBank | None = None):
         self.config = config
-        self.model = load_demo_model(spec, weights=None)  # seeded random init
+        self.model = load_demo_model(spec, weights=config.init_weights)  # None = seeded random init
         self.spec = self.model.spec
         self.task = task_for(self.spec)
         self.bank = bank or ImageBank.load()
@@ -159,8 +168,13 @@ class DemoTrainer:
             torch.cat([t_tok, torch.zeros_like(t_tok)], dim=-1), _pack(self.model, user), _pack(self.model, target)
         )
 
-    def loss(self, batch: _Batch, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Flow-matching loss: MSE between the predicted and true velocity ``noise - x0`` at times ``t`` (B,)."""
+    def loss(
+        self, batch: _Batch, t: torch.Tensor, noise: torch.Tensor, ref_t: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Flow-matching loss: MSE between the predicted and true velocity ``noise - x0`` at times ``t`` (B,).
+
+        ``ref_t`` (B,): the template tokens' modulation time per example (``None``: the fixed reference time).
+        """
         tb = t.view(-1, 1, 1)
         x_t = (1 - tb) * batch.target + tb * noise
         adapter = self.model.adapter
@@ -172,6 +186,7 @@ class DemoTrainer:
             ref_tokens=batch.template,
             ref_grid=self.spec.grid,
             split_layer=adapter.num_layers,
+            ref_timestep=ref_t,
         ).sample
         return torch.nn.functional.mse_loss(pred, noise - batch.target)
 
@@ -180,6 +195,15 @@ class DemoTrainer:
         gen = torch.Generator().manual_seed(_step_seed(self.config.seed, step))
         t = torch.rand(like.shape[0], generator=gen)
         return t, torch.randn(like.shape, generator=gen)
+
+    def ref_times(self, step: int, t: torch.Tensor) -> torch.Tensor | None:
+        """Per-example template time (B,): ``t`` itself (per-step mode) with probability ``per_step_frac``, else the
+        fixed reference time (single mode); ``None`` when training single mode only. A function of (seed, step)."""
+        if self.config.per_step_frac == 0.0:
+            return None
+        gen = torch.Generator().manual_seed(_step_seed(self.config.seed, step) ^ 0x5EED)
+        per_step = torch.rand(t.shape[0], generator=gen) < self.config.per_step_frac
+        return torch.where(per_step, t, torch.full_like(t, self.model.adapter.ref_fixed_timestep))
 
     def progress(self) -> float:
         """Fraction of the schedule done: steps / total_steps, or elapsed / budget for a time-budget schedule."""
@@ -202,7 +226,7 @@ class DemoTrainer:
         t, noise = self.draw(self.step, batch.target)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_now()
-        loss = self.loss(batch, t, noise)
+        loss = self.loss(batch, t, noise, self.ref_times(self.step, t))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.transformer.parameters(), self.config.grad_clip)
@@ -257,7 +281,11 @@ class DemoTrainer:
                 f"{path} was trained with another transformer config ({meta['spec']['transformer']}); "
                 "restore that demo_model.json or start a fresh run"
             )
-        theirs, ours = meta["train_config"], asdict(self.config)
+        ours = asdict(self.config)
+        theirs = {
+            **{k: v for k, v in asdict(TrainConfig()).items() if k not in meta["train_config"]},
+            **meta["train_config"],
+        }
         if theirs != ours:
             diff = {k: (theirs.get(k), ours.get(k)) for k in ours if theirs.get(k) != ours.get(k)}
             raise ValueError(f"{path}: training settings differ from the checkpoint's (ckpt, now): {diff}")

@@ -162,8 +162,12 @@ class ShardClient:
         self.stats.errors[name] = self.stats.errors.get(name, 0) + 1
 
     # ---- JSON endpoints -------------------------------------------------------------------------------------
+    def _give_up(self, failures: int, waited_s: float) -> bool:
+        """After ``failures`` consecutive failures spanning ``waited_s`` seconds of backoff."""
+        return failures > self.config.max_retries and waited_s >= self.config.retry_window_s
+
     async def _get_json(self, path: str, what: str) -> Any:
-        failures = 0
+        failures, waited_s = 0, 0.0
         while True:
             try:
                 async with self._get_session().get(self.base_url + path, headers=self._headers()) as resp:
@@ -190,12 +194,14 @@ class ShardClient:
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, _Retry) as e:
                 failures += 1
                 self._count_error(e)
-                if failures > self.config.max_retries:
+                if self._give_up(failures, waited_s) or failures >= self.config.max_attempts:
                     problem = connection_problem(e)
                     if problem is not None:
                         raise ServerUnreachableError(unreachable_message(what, self.base_url, problem)) from e
                     raise FetchError(f"{what}: failed after {failures} attempt(s): {e!r}") from e
-                await self._sleep(self._backoff_s(failures))
+                delay = self._backoff_s(failures)
+                waited_s += delay
+                await self._sleep(delay)
 
     async def get_catalog(self) -> dict:
         """``GET /v1/templates``: ``{"model_id", "templates": [{"id", "model_id", ...}]}``."""
@@ -241,6 +247,7 @@ class ShardClient:
             raise ValueError(f"expected_bytes {expected_bytes} is outside 0..{cfg.max_shard_bytes}")
         progress = _Progress()
         attempts = failures = integrity_failures = 0
+        waited_s = 0.0  # backoff slept during the current run of failures
         while True:
             attempts += 1
             self.stats.attempts += 1
@@ -249,16 +256,21 @@ class ShardClient:
                 await self._attempt(digest, progress, expected_bytes, on_chunk, throttle)
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, _Retry) as e:
                 self._count_error(e)
-                failures = 0 if len(progress.buf) > before else failures + 1
+                if len(progress.buf) > before:
+                    failures, waited_s = 0, 0.0
+                else:
+                    failures += 1
                 logger.info(
                     "shard %s: attempt %d failed after %d bytes: %r", digest[:12], attempts, len(progress.buf), e
                 )
-                if failures > cfg.max_retries or attempts >= cfg.max_attempts:
+                if self._give_up(failures, waited_s) or attempts >= cfg.max_attempts:
                     problem = connection_problem(e)
                     last = (unreachable_message("last error", self.base_url, problem) if problem is not None
                             else f"last error: {e!r}")  # fmt: skip
                     raise ShardUnavailableError(digest, last, attempts) from e
-                await self._sleep(self._backoff_s(max(failures, 1)))
+                delay = self._backoff_s(max(failures, 1))
+                waited_s += delay
+                await self._sleep(delay)
                 continue
             actual = progress.hasher.hexdigest()
             if actual == digest:

@@ -14,7 +14,10 @@ class ClientConfig:
     Attributes:
         connect_timeout_s: seconds to open a connection.
         read_timeout_s: longest silence (seconds) between two reads of a body before the attempt is abandoned.
-        max_retries: consecutive failed attempts that brought no new bytes before giving up.
+        max_retries: consecutive failed attempts that brought no new bytes before giving up (once ``retry_window_s``
+            has passed too).
+        retry_window_s: seconds of backoff a run of failures must span before the client gives up: a server restart
+            takes seconds, and resuming beats recomputing on the device. 0 = give up after ``max_retries``.
         max_attempts: attempts per shard in all (each resume is an attempt).
         backoff_initial_s: wait before the first retry (seconds); doubles per consecutive failure.
         backoff_max_s: cap of the wait between retries (seconds).
@@ -30,6 +33,7 @@ class ClientConfig:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 10.0
     max_retries: int = 4
+    retry_window_s: float = 8.0
     max_attempts: int = 16
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 2.0
@@ -45,6 +49,8 @@ class ClientConfig:
         for name in ("connect_timeout_s", "read_timeout_s", "backoff_max_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.retry_window_s < 0:
+            raise ValueError(f"retry_window_s must be >= 0 seconds (0 = max_retries only), got {self.retry_window_s}")
         if self.backoff_initial_s < 0 or not 0 <= self.backoff_jitter <= 1:
             raise ValueError(
                 f"backoff_initial_s must be >= 0 and backoff_jitter in [0, 1], got {self.backoff_initial_s}, "

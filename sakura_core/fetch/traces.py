@@ -8,13 +8,18 @@ in-process shaper agree to the byte.
 from __future__ import annotations
 
 import json
+import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Trace", "TraceFormatError", "load_trace", "load_traces", "MAHIMAHI_BIN_S"]
+from .trace_classes import CLASSES_FILE, classify_path, read_classes_file
+
+__all__ = ["Trace", "TraceFormatError", "TraceScan", "load_trace", "load_traces", "scan_traces", "MAHIMAHI_BIN_S"]
+
+logger = logging.getLogger(__name__)
 
 MAHIMAHI_PACKET_BYTES = 1500
 MAHIMAHI_BIN_S = 0.2  # delivery opportunities are counted in 200 ms bins
@@ -34,6 +39,7 @@ class Trace:
         rates_bytes_per_s: (segments,) delivery rate in each segment (>= 0, not all zero).
         latency_ms: one-way latency added to each request in user space.
         source: file it was read from, or "" for synthetic traces.
+        trace_class: 3G / 4G / broadband / 5G / other (see fetch/trace_classes.py), or "" when not classified.
     """
 
     name: str
@@ -41,6 +47,7 @@ class Trace:
     rates_bytes_per_s: np.ndarray
     latency_ms: float = 0.0
     source: str = ""
+    trace_class: str = ""
     _cum: np.ndarray = field(init=False, repr=False, compare=False)
     _edges: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -186,16 +193,59 @@ def load_trace(path: str | Path) -> Trace:
     )
 
 
-def load_traces(folder: str | Path) -> list[Trace]:
-    """Every trace under ``folder`` (recursively, README/dotfiles skipped), sorted by path."""
+_DOC_SUFFIXES = (".md", ".rst", ".py", ".html", ".pdf", ".zip", ".gz", ".png", ".jpg")
+_DOC_PREFIXES = ("readme", "license", "licence", "copying", "notice")
+
+
+@dataclass(frozen=True)
+class TraceScan:
+    """What a trace folder held: the traces (sorted by path, each with its class) and every file not loaded,
+    as (path, reason)."""
+
+    traces: list[Trace]
+    skipped: list[tuple[str, str]]
+
+
+def _skip_reason(path: Path) -> str | None:
+    name = path.name.lower()
+    if name.startswith("."):
+        return "hidden file"
+    if name == CLASSES_FILE:
+        return "the trace classes file"
+    if name.startswith(_DOC_PREFIXES) or path.suffix.lower() in _DOC_SUFFIXES:
+        return "documentation or archive, not a trace"
+    return None
+
+
+def scan_traces(folder: str | Path, classes_file: str | Path | None = None) -> TraceScan:
+    """Every trace under ``folder`` (recursively; ``.txt`` included), classed, with every file it did not load
+    named and logged with the reason (documentation, or a parse error)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"trace folder {folder} does not exist")
-    files = sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() not in (".md", ".txt", ".py")
-    )
-    if not files:
-        raise TraceFormatError(f"no trace files in {folder}")
-    return [load_trace(p) for p in files]
+    if classes_file is None and (folder / CLASSES_FILE).is_file():
+        classes_file = folder / CLASSES_FILE
+    globs = read_classes_file(classes_file) if classes_file is not None else {}
+    traces, skipped = [], []
+    for p in sorted(x for x in folder.rglob("*") if x.is_file()):
+        reason = _skip_reason(p)
+        if reason is None:
+            try:
+                t = load_trace(p)
+            except TraceFormatError as e:
+                reason = f"not a trace: {e}"
+            else:
+                traces.append(
+                    replace(t, trace_class=classify_path(p.relative_to(folder), globs, folder.resolve().name))
+                )
+                continue
+        skipped.append((str(p), reason))
+        logger.warning("trace folder %s: skipped %s (%s)", folder, p, reason)
+    if not traces:
+        raise TraceFormatError(f"no trace files in {folder} (skipped: {[s for s, _ in skipped]})")
+    return TraceScan(traces, skipped)
+
+
+def load_traces(folder: str | Path, classes_file: str | Path | None = None) -> list[Trace]:
+    """Every trace under ``folder`` (see :func:`scan_traces`; skipped files are logged by name)."""
+    return scan_traces(folder, classes_file).traces

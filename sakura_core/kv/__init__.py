@@ -11,6 +11,7 @@ Public surface:
 
 from . import cachegen as _cachegen  # noqa: F401  (registers "cachegen")
 from . import sakura_codec as _sakura_codec  # noqa: F401  (registers "sakura")
+from .binding import ShardBindingError, ShardSlot, check_shard_binding, slot_from_manifest
 from .chain import ChainDecoder, decode_chain, decode_representation, parse_chain
 from .codecs import CODECS, Codec, ShardInput, ShardMeta, get_codec
 from .container import (
@@ -26,9 +27,16 @@ from .container import (
     parse_shard,
     shard_digest,
 )
-from .manifest import ManifestError, validate_manifest
+from .manifest import (
+    ManifestError,
+    ScheduleMismatchError,
+    check_schedule,
+    manifest_kv_mode,
+    shards_for_step,
+    validate_manifest,
+)
 from .sakura_codec import SakuraConfig
-from .template_codec import ImportanceWeights, decode_kv, encode_kv, level_chains, shard_inputs
+from .template_codec import ImportanceWeights, decode_kv, decode_template, encode_kv, level_chains, shard_inputs
 
 __all__ = [
     "CODECS",
@@ -36,7 +44,10 @@ __all__ = [
     "ImportanceWeights",
     "Codec",
     "ManifestError",
+    "ShardBindingError",
+    "ShardSlot",
     "SakuraConfig",
+    "ScheduleMismatchError",
     "ShardChainError",
     "ShardCorruptError",
     "ShardFormatError",
@@ -48,15 +59,21 @@ __all__ = [
     "ShardTruncatedError",
     "ShardVersionError",
     "UnknownCodecError",
+    "check_shard_binding",
+    "check_schedule",
     "decode_chain",
     "decode_kv",
+    "decode_template",
     "decode_representation",
     "encode_kv",
     "get_codec",
     "level_chains",
+    "manifest_kv_mode",
     "parse_chain",
     "parse_shard",
     "shard_digest",
     "shard_inputs",
+    "slot_from_manifest",
+    "shards_for_step",
     "validate_manifest",
 ]

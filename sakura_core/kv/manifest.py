@@ -11,8 +11,12 @@ Schema::
       "num_layers": int, "heads": int, "head_dim": int,
       "codec": the ladder's codec ("sakura", "cachegen", ...),
       "distortion_metric": "attn_rel_err" (relative error of the attention output on held-out probe requests),
+      "kv_mode": "single" | "per-step"             # optional; absent = "single" (one KV per layer, every step)
+      "schedule": {"steps": S, "timesteps": [t_0, .., t_{S-1}], "shift": float, "guidance": float | null,
+                   "sampler": "flow-euler"}        # per-step only: the schedule the KV is valid for
       "shards": [                                  # in execution order, covering layers 0..num_layers-1
-        {"layers": [first, last],
+        {"layers": [first, last],                  # (per-step: step-major, each step covering every layer)
+         "step": s,                                # per-step only: the sampler step (t = timesteps[s]); single: absent
          "representations": [                      # ascending level = ascending size and quality
            {"level": int, "name": str, "codec": str,
             "bytes": size of this blob alone,
@@ -26,7 +30,8 @@ Schema::
 
 A progressive representation at level j is decoded from ``requires + [digest]`` in that order. The fp16
 representation (codec "fp16", the highest level, ``requires == []``) is always present, so a client can always get
-the exact KV.
+the exact KV. A ``per-step`` manifest holds S x (layer ranges) shards, keyed by (step, layers); a request whose
+step count or schedule differs from ``schedule`` is refused by :func:`check_schedule`.
 """
 
 from __future__ import annotations
@@ -35,7 +40,18 @@ import math
 import re
 from typing import Any
 
-__all__ = ["MANIFEST_VERSION", "ManifestError", "validate_manifest"]
+from ..models.kv_types import KV_MODES
+
+__all__ = [
+    "KV_MODES",
+    "MANIFEST_VERSION",
+    "ManifestError",
+    "ScheduleMismatchError",
+    "check_schedule",
+    "manifest_kv_mode",
+    "shards_for_step",
+    "validate_manifest",
+]
 
 MANIFEST_VERSION = 1
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -45,6 +61,10 @@ _TEMPLATE_ID = re.compile(r"^[a-z0-9-]{1,64}$")
 
 class ManifestError(ValueError):
     """A manifest does not follow the schema; the message names the offending field (e.g. ``shards[2].layers``)."""
+
+
+class ScheduleMismatchError(ValueError):
+    """A per-step template's KV was computed for another sampler schedule than the request's (see check_schedule)."""
 
 
 def _is_int(x: Any) -> bool:
@@ -85,9 +105,35 @@ def validate_manifest(manifest: dict) -> None:
     shards = manifest.get("shards")
     if not isinstance(shards, list) or not shards:
         raise ManifestError("manifest field 'shards' must be a non-empty list")
-    next_layer = 0
+    kv_mode = manifest_kv_mode(manifest)
+    steps = _validate_schedule(manifest.get("schedule")) if kv_mode == "per-step" else None
+    if steps is None and manifest.get("schedule") is not None:
+        raise ManifestError("manifest field 'schedule' is only for kv_mode 'per-step' (single-mode KV fits any)")
     seen_digests: set[str] = set()
-    for i, shard in enumerate(shards):
+    if steps is None:
+        _validate_layer_cover(list(enumerate(shards)), num_layers, seen_digests, None)
+        for i, shard in enumerate(shards):
+            if shard.get("step") is not None:
+                raise ManifestError(f"manifest field 'shards[{i}].step' is set but kv_mode is 'single'")
+        return
+    keys = [_shard_step(sh, i) for i, sh in enumerate(shards)]
+    if keys != sorted(keys) or keys[-1] >= steps:
+        raise ManifestError(
+            f"manifest field 'shards' must be step-major with steps 0..{steps - 1} (all shards of step 0, then "
+            f"step 1, ...), got steps {sorted(set(keys))} in the order {keys}"
+        )
+    for step in range(steps):
+        group = [(i, sh) for i, sh in enumerate(shards) if keys[i] == step]
+        _validate_layer_cover(group, num_layers, seen_digests, step)
+
+
+def _validate_layer_cover(group: list[tuple[int, Any]], num_layers: int, seen_digests: set[str], step) -> None:
+    """The shards of one step (or of a single-mode template) cover layers 0..num_layers-1 in order."""
+    what = "shards" if step is None else f"shards of step {step}"
+    if not group:
+        raise ManifestError(f"manifest field 'shards' has no shard for step {step}")
+    next_layer = 0
+    for i, shard in group:
         where = f"shards[{i}]"
         if not isinstance(shard, dict):
             raise ManifestError(f"manifest field {where!r} must be an object")
@@ -96,14 +142,109 @@ def validate_manifest(manifest: dict) -> None:
             raise ManifestError(f"manifest field '{where}.layers' must be [first, last] ints, got {layers!r}")
         if layers[0] != next_layer or layers[1] < layers[0] or layers[1] >= num_layers:
             raise ManifestError(
-                f"manifest field '{where}.layers' is {layers}: shards must cover layers 0..{num_layers - 1} in order "
+                f"manifest field '{where}.layers' is {layers}: {what} must cover layers 0..{num_layers - 1} in order "
                 f"without gaps (expected first = {next_layer})"
             )
         next_layer = layers[1] + 1
         _validate_representations(shard.get("representations"), where, seen_digests)
     if next_layer != num_layers:
         raise ManifestError(
-            f"manifest field 'shards' covers layers 0..{next_layer - 1}, but num_layers = {num_layers}"
+            f"manifest field {what!r} covers layers 0..{next_layer - 1}, but num_layers = {num_layers}"
+        )
+
+
+def manifest_kv_mode(manifest: dict) -> str:
+    """``"single"`` or ``"per-step"``; a manifest without ``kv_mode`` (every manifest before per-step) is single."""
+    mode = manifest.get("kv_mode", "single")
+    if mode not in KV_MODES:
+        raise ManifestError(f"manifest field 'kv_mode' must be one of {list(KV_MODES)}, got {mode!r}")
+    return mode
+
+
+def _shard_step(shard: Any, i: int) -> int:
+    step = shard.get("step") if isinstance(shard, dict) else None
+    if not _is_int(step) or step < 0:
+        raise ManifestError(
+            f"manifest field 'shards[{i}].step' must be an int >= 0 in a per-step manifest, got {step!r}"
+        )
+    return step
+
+
+def _validate_schedule(schedule: Any) -> int:
+    """Check a per-step ``schedule``; return its step count."""
+    if not isinstance(schedule, dict):
+        raise ManifestError(f"manifest field 'schedule' must be an object in a per-step manifest, got {schedule!r}")
+    steps = schedule.get("steps")
+    if not _is_int(steps) or steps < 1:
+        raise ManifestError(f"manifest field 'schedule.steps' must be a positive int, got {steps!r}")
+    times = schedule.get("timesteps")
+    if not (
+        isinstance(times, list)
+        and len(times) == steps
+        and all(_is_number(t) and 0.0 <= t <= 1.0 for t in times)
+        and all(a >= b for a, b in zip(times, times[1:], strict=False))
+    ):
+        raise ManifestError(
+            f"manifest field 'schedule.timesteps' must be {steps} non-increasing times in [0, 1], got {times!r}"
+        )
+    shift = schedule.get("shift")
+    if not _is_number(shift) or shift <= 0:
+        raise ManifestError(f"manifest field 'schedule.shift' must be a number > 0, got {shift!r}")
+    guidance = schedule.get("guidance")
+    if guidance is not None and not _is_number(guidance):
+        raise ManifestError(f"manifest field 'schedule.guidance' must be a number or null, got {guidance!r}")
+    return steps
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def shards_for_step(manifest: dict, step: int) -> list[dict]:
+    """The shards the request's step ``step`` injects, in layer order: every shard for a single-mode template (its KV
+    serves all steps), the shards keyed ``step`` for a per-step one."""
+    if manifest_kv_mode(manifest) == "single":
+        return list(manifest["shards"])
+    steps = manifest["schedule"]["steps"]
+    if not 0 <= step < steps:
+        raise IndexError(
+            f"step {step} out of range: template {manifest.get('template_id')!r} has steps 0..{steps - 1}"
+        )
+    return [sh for sh in manifest["shards"] if sh["step"] == step]
+
+
+def check_schedule(
+    manifest: dict,
+    steps: int,
+    shift: float,
+    timesteps: list[float] | None = None,
+    guidance: float | None = None,
+    tol: float = 1e-6,
+) -> None:
+    """Refuse a request whose sampler schedule differs from the one a per-step template's KV was computed for.
+
+    Single-mode KV is valid for any schedule (nothing is checked). The error names both schedules and the fixes:
+    run with the template's steps/shift, precompute the template for the request's schedule, or compute the
+    template on the device.
+    """
+    if manifest_kv_mode(manifest) == "single":
+        return
+    sched = manifest["schedule"]
+    theirs = f"{sched['steps']} steps, shift {sched['shift']:g}, guidance {sched.get('guidance')}"
+    ours = f"{steps} steps, shift {shift:g}, guidance {guidance}"
+    bad = sched["steps"] != steps or abs(sched["shift"] - shift) > tol or sched.get("guidance") != guidance
+    if not bad and timesteps is not None:
+        bad = len(timesteps) != steps or any(
+            abs(a - b) > tol for a, b in zip(timesteps, sched["timesteps"], strict=False)
+        )
+        if bad:
+            ours += f", t={[round(float(t), 4) for t in timesteps]} vs the template's {sched['timesteps']}"
+    if bad:
+        raise ScheduleMismatchError(
+            f"template {manifest.get('template_id')!r} holds per-step KV for {theirs}, but this request runs {ours}; "
+            f"run with --steps {sched['steps']} --shift {sched['shift']:g}, precompute the template for this schedule "
+            f"(sakura precompute --kv-mode per-step --steps {steps} --shift {shift:g}), or compute the template on the "
+            "device"
         )
 
 

@@ -8,11 +8,11 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..models.kv_types import TemplateKV
+from ..models.kv_types import PerStepTemplateKV, TemplateKV
 from .chain import decode_chain
 from .codecs import ShardInput, ShardMeta, get_codec
 
-__all__ = ["ImportanceWeights", "decode_kv", "encode_kv", "level_chains", "shard_inputs"]
+__all__ = ["ImportanceWeights", "decode_kv", "decode_template", "encode_kv", "level_chains", "shard_inputs"]
 
 
 class ImportanceWeights(Protocol):
@@ -101,3 +101,18 @@ def level_chains(shards: list[dict], blobs: dict[str, bytes], name: str) -> list
         rep = next(r for r in shard["representations"] if r["name"] == name)
         chains.append([blobs[d] for d in [*rep.get("requires", []), rep["digest"]]])
     return chains
+
+
+def decode_template(manifest: dict, blobs: dict[str, bytes], name: str) -> TemplateKV | PerStepTemplateKV:
+    """A whole template decoded at the representation called ``name`` (fp32), typed by the manifest's KV mode:
+    a TemplateKV (single) or a PerStepTemplateKV tagged with the manifest's schedule (per-step)."""
+    from .manifest import manifest_kv_mode, shards_for_step
+
+    grid, rope = tuple(manifest["token_grid"]), manifest["rope_layout"]
+    if manifest_kv_mode(manifest) == "single":
+        kv = decode_kv(level_chains(manifest["shards"], blobs, name)).float()  # (layers, 2, tokens, heads, hd)
+        return TemplateKV(kv, manifest["model_id"], grid, rope)
+    sched = manifest["schedule"]
+    steps = [decode_kv(level_chains(shards_for_step(manifest, s), blobs, name)).float() for s in range(sched["steps"])]
+    kv = torch.stack(steps)  # (steps, layers, 2, tokens, heads, head_dim)
+    return PerStepTemplateKV(kv, manifest["model_id"], grid, rope, tuple(float(t) for t in sched["timesteps"]))

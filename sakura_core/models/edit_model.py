@@ -5,7 +5,7 @@ patch (``3 * patch_size**2`` channels), row-major. A request token is the noisy 
 user image's patch at the same place (channel concatenation); a template token is the template patch followed by
 zeros. Text: a fixed, seeded byte-level embedding (no text encoder ships in any package), ``text_tokens`` tokens.
 
-Weights: ``weights/demo_model.safetensors`` next to the config when present (trained, see ``train_demo``), else a
+Weights: ``weights/demo_model.safetensors`` next to the config when present (trained, see ``sakura_core.demo.train``), else a
 seeded random init — edits are then noise, but KV exactness and every systems path still hold.
 """
 
@@ -164,9 +164,12 @@ class EditModel:
         return best_full / a.num_layers, best_cached / a.num_layers
 
     # ---- images <-> tokens ---------------------------------------------------------------------------------
-    def pack_image(self, image: np.ndarray) -> torch.Tensor:
-        """(S, S, 3) uint8 -> (1, tokens, 3*p*p) float in [-1, 1], row-major patches."""
-        s, p = self.spec.image_size, self.spec.patch_size
+    def pack_image(self, image: np.ndarray, side: int | None = None) -> torch.Tensor:
+        """(S, S, 3) uint8 -> (1, tokens, 3*p*p) float in [-1, 1], row-major patches.
+
+        ``side``: the expected image side in pixels (default: the model's edit size; templates may be larger).
+        """
+        s, p = side or self.spec.image_size, self.spec.patch_size
         if image.shape != (s, s, 3):
             raise ValueError(f"image must be ({s}, {s}, 3) uint8 for this model, got {image.shape}; use load_image()")
         x = torch.from_numpy(image.astype(np.float32) / 127.5 - 1.0)  # (S, S, 3)
@@ -183,9 +186,23 @@ class EditModel:
         return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
 
     def template_tokens(self, template: np.ndarray) -> torch.Tensor:
-        """Template image -> (1, tokens, in_channels): patch then zeros (no user image on the template side)."""
-        t = self.pack_image(template)
+        """Template image -> (1, tokens, in_channels): patch then zeros (no user image on the template side).
+
+        The template may be larger than the edit (any square side that is a multiple of ``patch_size``, see
+        :meth:`template_grid`): its tokens get their own position ids (the template's grid at the reference time).
+        """
+        t = self.pack_image(template, self.template_grid(template)[0] * self.spec.patch_size)
         return torch.cat([t, torch.zeros_like(t)], dim=-1)
+
+    def template_grid(self, template: np.ndarray) -> tuple[int, int]:
+        """Token grid of a square template image of side ``S >= image_size``, a multiple of ``patch_size``."""
+        shape, p = np.shape(template), self.spec.patch_size
+        if len(shape) != 3 or shape[0] != shape[1] or shape[2] != 3 or shape[0] % p or shape[0] < self.spec.image_size:
+            raise ValueError(
+                f"template must be (S, S, 3) uint8 with S a multiple of {p} and >= {self.spec.image_size}, got "
+                f"{shape}; use load_image(source, size)"
+            )
+        return (shape[0] // p, shape[0] // p)
 
     def request_tokens(self, noisy: torch.Tensor, user: torch.Tensor) -> torch.Tensor:
         """Noisy target tokens and packed user image -> (1, tokens, in_channels)."""

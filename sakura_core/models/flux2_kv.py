@@ -28,7 +28,7 @@ from diffusers.models.transformers.transformer_flux2 import (
     Flux2Transformer2DModel,
 )
 
-from .kv_types import TemplateKV, check_kv_compatible
+from .kv_types import KVMismatchError, PerStepTemplateKV, TemplateKV, check_kv_compatible
 
 __all__ = [
     "REF_TIME_OFFSET",
@@ -184,12 +184,15 @@ class Flux2KVAdapter:
 
     # ---- template KV ----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def extract_template_kv(self, ref_tokens: torch.Tensor, token_grid: tuple[int, int]) -> TemplateKV:
+    def extract_template_kv(
+        self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], ref_timestep: float | None = None
+    ) -> TemplateKV:
         """Template-only pass: the template's KV for every layer, with one dummy request and one dummy text token.
 
         Args:
             ref_tokens: (1, rows*cols, in_channels) packed template tokens.
             token_grid: (rows, cols) of the template.
+            ref_timestep: modulation time of the template tokens; ``None`` = ``ref_fixed_timestep`` (single mode).
         """
         rows, cols = token_grid
         if ref_tokens.ndim != 3 or ref_tokens.shape[0] != 1 or ref_tokens.shape[1] != rows * cols:
@@ -208,9 +211,30 @@ class Flux2KVAdapter:
             ref_tokens=ref_tokens.to(dtype),
             ref_grid=token_grid,
             split_layer=self.num_layers,
+            ref_timestep=ref_timestep,
         )
         kv = torch.stack([torch.stack([k[0], v[0]]) for k, v in result.extracted])  # (layers, 2, tok, heads, hd)
-        return TemplateKV(kv, self.model_id, (rows, cols), ROPE_LAYOUT)
+        ref_t = self.ref_fixed_timestep if ref_timestep is None else float(ref_timestep)
+        return TemplateKV(kv, self.model_id, (rows, cols), ROPE_LAYOUT, ref_timestep=ref_t)
+
+    @torch.no_grad()
+    def extract_per_step_kv(
+        self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], timesteps: torch.Tensor | list[float]
+    ) -> PerStepTemplateKV:
+        """``per-step`` KV mode: one template-only pass per sampler step, modulated with that step's own time.
+
+        Args:
+            ref_tokens: (1, rows*cols, in_channels) packed template tokens.
+            token_grid: (rows, cols) of the template.
+            timesteps: the sampler's step times ``t_0 .. t_{S-1}`` (``flow_timesteps(S, shift)[:-1]``): step ``s``
+                runs the transformer at ``t_s``, so its template KV is the extract pass at ``t_s``.
+        """
+        times = [float(t) for t in (timesteps.tolist() if isinstance(timesteps, torch.Tensor) else timesteps)]
+        if not times:
+            raise ValueError("timesteps is empty: pass the sampler's step times, e.g. flow_timesteps(steps)[:-1]")
+        per_step = [self.extract_template_kv(ref_tokens, token_grid, ref_timestep=t) for t in times]
+        kv = torch.stack([p.kv for p in per_step])  # (steps, layers, 2, tokens, heads, head_dim)
+        return PerStepTemplateKV(kv, self.model_id, tuple(token_grid), ROPE_LAYOUT, tuple(times))
 
     def check(self, kv: TemplateKV, token_grid: tuple[int, int]) -> None:
         """Refuse KV made for another model, grid or RoPE layout (error names both sides)."""
@@ -219,6 +243,18 @@ class Flux2KVAdapter:
             raise ValueError(
                 f"template KV geometry (layers={kv.num_layers}, heads={kv.num_heads}, head_dim={kv.head_dim}) "
                 f"does not match the model (layers={self.num_layers}, heads={self.num_heads}, head_dim={self.head_dim})"
+            )
+
+    def check_ref_time(self, kv: TemplateKV, ref_timestep: float | torch.Tensor | None) -> None:
+        """Refuse KV modulated at another time than this forward's template tokens (a per-step KV of step s'
+        injected at step s, or single-mode KV in a per-step forward); the message names both times."""
+        if isinstance(ref_timestep, torch.Tensor) and ref_timestep.numel() > 1:
+            return  # per-example times (training): no injected KV to compare with
+        want = self.ref_fixed_timestep if ref_timestep is None else float(ref_timestep)
+        if abs(kv.ref_timestep - want) > 1e-7:
+            raise KVMismatchError(
+                f"template KV was computed with the template tokens at t={kv.ref_timestep:.6g} but this forward "
+                f"modulates them at t={want:.6g}; in per-step mode inject the KV of this step (PerStepTemplateKV.at_step)"
             )
 
     # ---- forward --------------------------------------------------------------------------------------------
@@ -235,6 +271,7 @@ class Flux2KVAdapter:
         split_layer: int | Callable[[int], bool] = 0,
         cached: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | TemplateKV | None = None,
         on_layer: LayerHook | None = None,
+        ref_timestep: float | torch.Tensor | None = None,
     ) -> ForwardResult:
         """One transformer forward without autograd; the arguments are those of :meth:`forward_grad`."""
         return self.forward_grad(
@@ -247,6 +284,7 @@ class Flux2KVAdapter:
             split_layer=split_layer,
             cached=cached,
             on_layer=on_layer,
+            ref_timestep=ref_timestep,
         )
 
     def forward_grad(
@@ -261,6 +299,7 @@ class Flux2KVAdapter:
         split_layer: int | Callable[[int], bool] = 0,
         cached: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | TemplateKV | None = None,
         on_layer: LayerHook | None = None,
+        ref_timestep: float | torch.Tensor | None = None,
     ) -> ForwardResult:
         """One transformer forward with template KV computed for layers ``< split_layer`` and injected after.
 
@@ -281,10 +320,15 @@ class Flux2KVAdapter:
                 ``layer -> (k, v)`` (each (1, ref_tokens, heads, head_dim)) — the runtime passes one that waits for
                 the layer's shard. Not needed when ``split_layer == num_layers``.
             on_layer: called with the layer index before each layer runs (progress, cancellation).
+            ref_timestep: time (0..1) the template tokens are modulated with in this forward: ``None`` = the
+                adapter's ``ref_fixed_timestep`` (``single`` KV mode); the step's own ``t`` in ``per-step`` mode
+                (a float, or (batch,) per example when training both modes). Injected KV must match it.
         """
-        keep_template, split_layer, cached = self._resolve_split(split_layer, ref_tokens, ref_grid, cached)
+        keep_template, split_layer, cached = self._resolve_split(
+            split_layer, ref_tokens, ref_grid, cached, ref_timestep
+        )
         n_ref = ref_tokens.shape[1] if split_layer > 0 else 0
-        s = self._embed(x, txt, timestep, img_grid, ref_tokens, ref_grid, n_ref)
+        s = self._embed(x, txt, timestep, img_grid, ref_tokens, ref_grid, n_ref, ref_timestep)
         extracted: list[tuple[torch.Tensor, torch.Tensor]] = []
         ref_live = n_ref > 0  # are template tokens still part of the sequence?
 
@@ -312,7 +356,7 @@ class Flux2KVAdapter:
         hidden = self.model.norm_out(hidden, s.temb)
         return ForwardResult(sample=self.model.proj_out(hidden), extracted=extracted)
 
-    def _resolve_split(self, split_layer, ref_tokens, ref_grid, cached):
+    def _resolve_split(self, split_layer, ref_tokens, ref_grid, cached, ref_timestep=None):
         """Check :meth:`forward_grad`'s split arguments; returns ``(keep_template or None, split_layer, cached)``
         with a dynamic split starting at ``num_layers`` and ``cached`` as a function ``layer -> (k, v)``."""
         L = self.num_layers
@@ -331,13 +375,14 @@ class Flux2KVAdapter:
             kv_obj = cached
             if ref_grid is not None:
                 self.check(kv_obj, ref_grid)
+            self.check_ref_time(kv_obj, ref_timestep)
 
             def cached(layer: int, _kv=kv_obj):
                 return _kv.layer(layer)
 
         return keep_template, split_layer, cached
 
-    def _embed(self, x, txt, timestep, img_grid, ref_tokens, ref_grid, n_ref: int) -> _Stream:
+    def _embed(self, x, txt, timestep, img_grid, ref_tokens, ref_grid, n_ref: int, ref_timestep=None) -> _Stream:
         """Time embeddings, modulations, RoPE and the input token embeddings (the template's first when ``n_ref``)."""
         m = self.model
         dtype, device = self.dtype, x.device
@@ -362,7 +407,7 @@ class Flux2KVAdapter:
         s.rope_plain = (torch.cat([rope_txt[0], rope_img[0]]), torch.cat([rope_txt[1], rope_img[1]]))
 
         if n_ref:
-            ref_t = torch.full_like(t, self.ref_fixed_timestep * 1000)
+            ref_t = _ref_time(ref_timestep, self.ref_fixed_timestep, t)
             ref_temb = m.time_guidance_embed(ref_t, None)
             s.ref_mod_img = m.double_stream_modulation_img(ref_temb)
             s.ref_mod_single = m.single_stream_modulation(ref_temb)
@@ -427,3 +472,20 @@ def _blend_rows(mod: torch.Tensor, ref_mod: torch.Tensor, n_ref: int, seq_len: i
     out = mod.unsqueeze(1).expand(batch, seq_len, -1).clone()  # (batch, seq, k*dim)
     out[:, offset : offset + n_ref] = ref_mod.unsqueeze(1).expand(batch, n_ref, -1)
     return out
+
+
+def _ref_time(ref_timestep: float | torch.Tensor | None, fixed: float, t: torch.Tensor) -> torch.Tensor:
+    """The template tokens' modulation time, scaled like ``t`` (x1000): ``fixed`` when ``ref_timestep`` is None."""
+    if ref_timestep is None:
+        return torch.full_like(t, fixed * 1000)
+    if isinstance(ref_timestep, torch.Tensor) and ref_timestep.numel() > 1:
+        if ref_timestep.shape != t.shape:
+            raise ValueError(
+                f"ref_timestep must be a float or shaped like timestep {tuple(t.shape)}, "
+                f"got {tuple(ref_timestep.shape)}"
+            )
+        return ref_timestep.to(t.dtype) * 1000
+    value = float(ref_timestep)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"ref_timestep must be in [0, 1], got {value}")
+    return torch.full_like(t, value * 1000)

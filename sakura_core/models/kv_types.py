@@ -6,7 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KVMismatchError", "TemplateKV", "check_kv_compatible"]
+__all__ = ["KV_MODES", "KVMismatchError", "PerStepTemplateKV", "TemplateKV", "check_kv_compatible"]
+
+# ``single``: one KV per layer, template tokens at a fixed time, reused by every step (FLUX.2 [klein] KV mode).
+# ``per-step``: one KV per (step, layer), template tokens modulated at each step's own time (DESIGN.md).
+KV_MODES = ("single", "per-step")
 
 
 class KVMismatchError(ValueError):
@@ -23,12 +27,15 @@ class TemplateKV:
         model_id: content hash of the transformer config + weights the KV was computed with.
         token_grid: (rows, cols) of the template's token grid; rows * cols == tokens.
         rope_layout: name of the position-id layout of the reference tokens (e.g. ``"flux2-ref-t10"``).
+        ref_timestep: time (0..1) the template tokens were modulated with: the fixed reference time in ``single``
+            mode, the step's own time in ``per-step`` mode.
     """
 
     kv: torch.Tensor
     model_id: str
     token_grid: tuple[int, int]
     rope_layout: str
+    ref_timestep: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kv.ndim != 5 or self.kv.shape[1] != 2:
@@ -70,7 +77,49 @@ class TemplateKV:
         return self.kv[index, 0].unsqueeze(0), self.kv[index, 1].unsqueeze(0)
 
     def to(self, dtype: torch.dtype) -> TemplateKV:
-        return TemplateKV(self.kv.to(dtype), self.model_id, self.token_grid, self.rope_layout)
+        return TemplateKV(self.kv.to(dtype), self.model_id, self.token_grid, self.rope_layout, self.ref_timestep)
+
+
+@dataclass(frozen=True)
+class PerStepTemplateKV:
+    """``per-step`` template KV: the template tokens' post-RoPE K/V at every (sampler step, layer).
+
+    Attributes:
+        kv: (steps, layers, 2, tokens, heads, head_dim); ``kv[s]`` is the KV of step ``s``.
+        model_id, token_grid, rope_layout: as in :class:`TemplateKV`.
+        timesteps: the time (0..1) of each step, ``flow_timesteps(steps, shift)[:-1]``; step ``s``'s KV is only
+            valid for a sampler that runs step ``s`` at ``timesteps[s]``.
+    """
+
+    kv: torch.Tensor
+    model_id: str
+    token_grid: tuple[int, int]
+    rope_layout: str
+    timesteps: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if self.kv.ndim != 6 or self.kv.shape[2] != 2:
+            raise ValueError(
+                "PerStepTemplateKV.kv must have shape (steps, layers, 2, tokens, heads, head_dim), "
+                f"got {tuple(self.kv.shape)}"
+            )
+        if len(self.timesteps) != self.kv.shape[0]:
+            raise ValueError(f"{len(self.timesteps)} timesteps for {self.kv.shape[0]} steps of KV: give one per step")
+        self.at_step(0)  # validates the grid
+
+    @property
+    def num_steps(self) -> int:
+        return self.kv.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    def at_step(self, step: int) -> TemplateKV:
+        """The KV of one step, tagged with its time (what the adapter injects at that step)."""
+        if not 0 <= step < self.num_steps:
+            raise IndexError(f"step {step} out of range: this template KV holds steps 0..{self.num_steps - 1}")
+        return TemplateKV(self.kv[step], self.model_id, self.token_grid, self.rope_layout, self.timesteps[step])
 
 
 def check_kv_compatible(

@@ -74,6 +74,16 @@ class PolicyState(Protocol):
         """Round trip charged per request in predictions, seconds."""
 
     @property
+    def layers_per_step(self) -> int:
+        """Model layers L. Shards are indexed g = step * L + layer in execution order: ``len(ladders)`` is L in
+        ``single`` KV mode (one KV per layer serves every step) and steps * L in ``per-step`` mode, where the template
+        pass restarts at every step (``template_alive`` is true again when the compute lane enters a step)."""
+
+    @property
+    def start_s(self) -> float:
+        """Where on ``trace`` the edit started, seconds: the link at edit time t is the trace at start_s + t."""
+
+    @property
     def latency_target_s(self) -> float | None:
         """The user's latency target for the whole edit, seconds, or None."""
 
@@ -203,6 +213,33 @@ class Context:
         """``layer -> highest level fetched`` (decoded or not)."""
         return {layer: max(lv for lv, _ in got) for layer, got in self._s.got.items() if got}
 
+    @property
+    def layers_per_step(self) -> int:
+        """Model layers L (see :attr:`PolicyState.layers_per_step`)."""
+        return int(self._s.layers_per_step)
+
+    @property
+    def per_step(self) -> bool:
+        """The KV is per (step, layer): shard g serves step ``g // L`` only and the template restarts every step."""
+        return len(self._s.ladders) > self.layers_per_step
+
+    def step_of(self, shard: int) -> int:
+        """The denoising step shard ``shard`` (= step * L + layer) belongs to (0 in single mode)."""
+        return shard // self.layers_per_step if self.per_step else 0
+
+    def layer_of(self, shard: int) -> int:
+        """The model layer of shard ``shard``."""
+        return shard % self.layers_per_step
+
+    @property
+    def trace_offset_s(self) -> float:
+        """Where on the trace the edit started: the link at edit time ``t`` is the trace at ``offset + t``."""
+        return float(self._s.start_s)
+
+    def link_rate_now(self) -> float:
+        """The trace's rate (bytes/s) at ``now``, on the edit's clock (start offset included)."""
+        return self._s.trace.rate_at(self.trace_offset_s + self._s.now)
+
     def fmt_rate(self, rate: float | None) -> str:
         return "exact trace" if rate is None else f"{rate * 8 / 1e6:.2f} Mbit/s"
 
@@ -210,7 +247,10 @@ class Context:
         """When ``nbytes`` requested at ``start`` (seconds) arrive: RTT + bytes at ``rate`` (None = the real trace).
         The one place where predictions read the trace."""
         t0 = start + self._s.rtt_s
-        return self._s.trace.finish_time(t0, nbytes) if rate is None else t0 + nbytes / rate
+        if rate is None:  # the trace is read at offset + t, like the simulator's own transfers
+            off = self.trace_offset_s
+            return self._s.trace.finish_time(off + t0, nbytes) - off
+        return t0 + nbytes / rate
 
     def predict_ready(self, layer: int, level: Level, rate: float | None) -> float:
         """When ``level`` of shard ``layer`` would be decoded if requested as soon as the link is free (seconds)."""
@@ -281,11 +321,14 @@ class LiveState:
         estimator: ThroughputEstimator,
         rtt_s: float,
         latency_target_s: float | None = None,
+        layers_per_step: int | None = None,
     ):
         self.profile, self.trace, self.ladders, self.floor = profile, trace, ladders, floor
         self.L = len(ladders)
+        self.layers_per_step = layers_per_step or len(ladders)  # see PolicyState.layers_per_step
         self.estimator, self.rtt_s = estimator, rtt_s
         self.latency_target_s = latency_target_s
+        self.start_s = 0.0  # the live link starts its trace at the edit's start
         self.t0 = time.monotonic()
         self.link_free = 0.0
         self.decoder_free = 0.0

@@ -37,6 +37,11 @@ def ladders_from_manifest(
     ``level_psnr_db`` maps a level name to the output PSNR measured with every layer at that level (default: the
     manifest's ``psnr_db``); without either, the manifest's distortion orders the levels.
     """
+    if manifest.get("kv_mode", "single") != "single":  # never mix the KV of different steps into one ladder
+        raise ValueError(
+            f"template {manifest.get('template_id')!r} holds {manifest['kv_mode']!r} KV (one per step and layer); "
+            "these ladders serve single-mode templates: build them per step from sakura_core.kv.shards_for_step"
+        )
     L = manifest["num_layers"]
     ladders: list[list[Level] | None] = [None] * L
     reps_out: list[list[dict] | None] = [None] * L

@@ -61,10 +61,16 @@ def _time_left(slack_s: float) -> str:
 
 @dataclass(frozen=True)
 class Decision:
-    """``level``: index into the shard's ladder, LEVEL_COMPUTE, or None = stop fetching."""
+    """``level``: index into the shard's ladder, LEVEL_COMPUTE, or None = stop fetching.
+
+    ``link_idle_until_s``: with LEVEL_COMPUTE, the link takes its next decision no earlier than this time (seconds
+    since the edit started; None = at once). CacheGen decides chunk by chunk, so a recomputed chunk holds the link
+    until the device has computed it and the next chunk is decided on the rate of that later moment.
+    """
 
     level: int | None
     reason: str
+    link_idle_until_s: float | None = None
 
 
 class Policy:
@@ -133,7 +139,9 @@ class CacheGen(Policy):
     else recompute; ``bw`` read from the trace at decision time (no estimator). A chunk here is a shard.
 
     SLO: the latency target when one is set, else the time the device needs to compute the whole template (the
-    recompute alternative).
+    recompute alternative). Held to the same quality floor as sakura: levels below ``ctx.floor`` are never chosen.
+    The trace is read on the simulator's clock (start offset included); a recomputed chunk holds the link until the
+    device has computed it, so the next chunk is decided on the rate at that time, not on one early sample.
     """
 
     name = "cachegen"
@@ -143,18 +151,22 @@ class CacheGen(Policy):
         self.recompute: set[int] = set()
 
     def choose(self, ctx: Context, layer: int) -> Decision:
-        bw = ctx.trace.rate_at(ctx.now)  # bytes/s, as the released code reads the trace
+        bw = ctx.link_rate_now()  # bytes/s, read from the trace as the released code does (no estimator)
         slo = ctx.latency_target_s if ctx.latency_target_s is not None else ctx.profile.template_pass_s
         budget = slo / ctx.num_layers
         ladder = ctx.ladder(layer)
-        for idx in range(len(ladder) - 1, -1, -1):
+        for idx in range(len(ladder) - 1, ctx.floor - 1, -1):
             if bw > 0 and ladder[idx].nbytes / bw < budget:
                 return Decision(idx, self._why(ladder[idx].name, ladder[idx].nbytes, bw, budget, slo, ctx.num_layers))
         no_fit = f"no level fits {budget:.2f} s per shard (SLO {slo:.2f} s / {ctx.num_layers}) at {_mbit(bw)}"
         if ctx.template_alive:
             self.recompute.add(layer)
-            return Decision(LEVEL_COMPUTE, f"{no_fit}: the device computes layer {layer}")
-        return Decision(0, f"{no_fit} and the template is dropped (no recompute): lowest level {ladder[0].name}")
+            return Decision(
+                LEVEL_COMPUTE,
+                f"{no_fit}: the device computes layer {layer}",
+                link_idle_until_s=ctx.template_eta(layer + 1),
+            )
+        return Decision(ctx.floor, f"{no_fit} and the template is dropped (no recompute): the floor level")
 
     @staticmethod
     def _why(name: str, nbytes: int, bw: float, budget: float, slo: float, n: int) -> str:

@@ -81,7 +81,7 @@ def qkv_single(attn, kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
 def capture_attention(model: EditModel, kv: TemplateKV, probes: Probes) -> list[AttentionCapture]:
     """Run the probes with ``kv`` injected and return every layer's request-side attention inputs."""
     adapter = model.adapter
-    adapter.check(kv, model.spec.grid)
+    adapter.check(kv, kv.token_grid)  # model, RoPE layout and geometry; the template grid may exceed the edit's
     captures: dict[int, AttentionCapture] = {}
     blocks = [b.attn for b in adapter.model.transformer_blocks] + [
         b.attn for b in adapter.model.single_transformer_blocks
@@ -102,7 +102,15 @@ def capture_attention(model: EditModel, kv: TemplateKV, probes: Probes) -> list[
         for i, attn in enumerate(blocks)
     ]
     try:
-        adapter.forward(probes.x, probes.txt, probes.t, img_grid=model.spec.grid, split_layer=0, cached=kv)
+        adapter.forward(
+            probes.x,
+            probes.txt,
+            probes.t,
+            img_grid=model.spec.grid,
+            split_layer=0,
+            cached=kv,
+            ref_timestep=kv.ref_timestep,  # per-step KV: the probes see the template at the KV's own step time
+        )
     finally:
         for h in handles:
             h.remove()

@@ -180,11 +180,21 @@ def layer_gains(
 
     def output(kv_used: TemplateKV) -> torch.Tensor:
         if steps == 0:
-            return adapter.forward(probes.x, probes.txt, probes.t, img_grid=grid, split_layer=0, cached=kv_used).sample
+            return adapter.forward(
+                probes.x,
+                probes.txt,
+                probes.t,
+                img_grid=grid,
+                split_layer=0,
+                cached=kv_used,
+                ref_timestep=kv.ref_timestep,
+            ).sample
 
         def velocity(x: torch.Tensor, t: torch.Tensor, step: int) -> torch.Tensor:
             request = model.request_tokens(x, probes.user)
-            return adapter.forward(request, probes.txt, t, img_grid=grid, split_layer=0, cached=kv_used).sample
+            return adapter.forward(
+                request, probes.txt, t, img_grid=grid, split_layer=0, cached=kv_used, ref_timestep=kv.ref_timestep
+            ).sample
 
         return euler_sample(velocity, noise, flow_timesteps(steps))
 
@@ -197,7 +207,7 @@ def layer_gains(
         v_n = v + torch.randn(v.shape, generator=gen) * (rel_noise * float(v.std()))
         perturbed = kv.kv.clone()
         perturbed[layer, 0], perturbed[layer, 1] = k_n.to(kv.kv.dtype), v_n.to(kv.kv.dtype)
-        out = output(TemplateKV(perturbed, kv.model_id, kv.token_grid, kv.rope_layout))
+        out = output(TemplateKV(perturbed, kv.model_id, kv.token_grid, kv.rope_layout, kv.ref_timestep))
         d_out = float((out - base).double().square().sum()) / b
         cap = captures[layer]
         d_attn = float((cap.output(k_n, v_n) - cap.output(k, v)).double().square().sum()) / b

@@ -18,8 +18,8 @@ from ..kv.codecs import get_codec
 from ..kv.container import shard_digest
 from ..kv.manifest import MANIFEST_VERSION, validate_manifest
 from ..kv.template_codec import decode_kv, level_chains, shard_inputs
-from ..models.edit_model import EditModel
-from ..models.kv_types import TemplateKV
+from ..models.edit_model import EditModel, load_image
+from ..models.kv_types import KV_MODES, PerStepTemplateKV, TemplateKV
 from .attention_capture import capture_attention
 from .importance import attention_error, importance_from_captures, layer_gains
 from .probes import ProbeConfig, make_probes
@@ -52,44 +52,68 @@ def precompute_template(
     probes: ProbeConfig | None = None,
     held_out_probes: int = 4,
     psnr_steps: int = 4,
+    kv_mode: str = "single",
+    steps: int = 4,
+    shift: float = 1.0,
 ) -> PrecomputedTemplate:
     """Compute a template's exact KV, estimate token importance, encode every shard at every level of ``codec`` plus
     the fp16 reference, measure each representation's distortion on held-out probes, and build the manifest.
 
     Args:
         model: the demo model (anything with ``adapter``, ``spec``, ``template_tokens``, ``pack_image``).
-        template_image: (S, S, 3) uint8 at the model's resolution.
+        template_image: (S, S, 3) uint8 at the model's resolution, or larger (S a multiple of the patch size): a
+            larger template's tokens keep their own grid of position ids, so it costs more KV than the edit.
         template_id: ``[a-z0-9-]{1,64}``.
         codec: ladder codec: ``"sakura"`` (progressive), ``"cachegen"``, ``"int8"``, ``"int4"`` or ``"fp16"``.
         shard_layers: consecutive layers per shard.
         seed: seed of the probe requests (importance and held-out distortion); the result is a pure function of
-            (model, image, id, codec, shard_layers, seed).
-        progress: ``progress(stage, done, total)`` with stages "kv", "importance", "encode".
+            (model, image, id, codec, shard_layers, seed[, steps, shift]).
+        progress: ``progress(stage, done, total)`` with stages "kv", "importance", "encode", "psnr".
         probes: probe settings for importance (``seed`` is overridden by ``seed``).
         held_out_probes: number of held-out probe requests the distortion is measured on.
         psnr_steps: steps of the held-out edit each level's end-to-end PSNR (``psnr_db``) is measured with
             (every shard at that level, vs the exact-KV edit); 0 skips it. Clients pick their quality floor by it.
+            In per-step mode the held-out edit runs the template's own schedule (``steps``, ``shift``) instead.
+        kv_mode: ``"single"`` (one KV per layer) or ``"per-step"`` (one KV per (step, layer) for the schedule
+            ``flow_timesteps(steps, shift)``, or a latent model's own schedule for ``steps``; importance probes run at
+            each step's time; shards carry ``step``).
+        steps, shift: the per-step schedule (ignored in single mode).
     """
+    from ..runtime.edit import edit_times
+
+    if kv_mode not in KV_MODES:
+        raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
     ladder = get_codec(codec)
     report = progress or (lambda stage, done, total: None)
     image = _check_image(model, template_image)
-    report("kv", 0, 1)
-    kv = model.adapter.extract_template_kv(model.template_tokens(image), model.spec.grid)
-    report("kv", 1, 1)
-
+    grid = model.template_grid(image)  # larger than the edit's grid for a larger template
     config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
-    importance, held = _importance(model, kv, image, config, held_out_probes, report)
-
-    inputs = ladder.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers))
+    report("kv", 0, 1)
+    ref = model.template_tokens(image)
+    if kv_mode == "per-step":
+        per_step = model.adapter.extract_per_step_kv(ref, grid, edit_times(model, steps, shift)[:-1])
+        kvs = [per_step.at_step(s) for s in range(steps)]
+    else:
+        per_step, kvs = None, [model.adapter.extract_template_kv(ref, grid)]
+    report("kv", 1, 1)
+    # probes' clean latents are edit-sized: a larger template is scaled down to the edit's size for them
+    size = model.spec.image_size
+    packed = model.pack_image(image if image.shape[0] == size else load_image(image, size))
     blobs: dict[str, bytes] = {}
-    shards = []
-    for i, shard in enumerate(inputs):
-        report("encode", i, len(inputs))
-        shards.append(_encode_shard(ladder, shard, kv, held, blobs))
-    report("encode", len(inputs), len(inputs))
+    shards: list[dict] = []
+    for s, kv in enumerate(kvs):
+        step_cfg = config if per_step is None else replace(config, timesteps=(kv.ref_timestep,))
+        importance, held = _importance(model, kv, packed, step_cfg, held_out_probes, report)
+        step_shards = _encode_step(ladder, kv, template_id, importance, held, shard_layers, blobs, report)
+        if per_step is not None:
+            step_shards = [{"step": s, **sh} for sh in step_shards]
+        shards += step_shards
     if psnr_steps > 0:
-        _add_output_psnr(model, kv, shards, blobs, seed, psnr_steps, report)
+        _add_output_psnr(
+            model, per_step or kvs[0], shards, blobs, seed, steps if per_step else psnr_steps, shift, report
+        )
 
+    kv = kvs[0]
     manifest = {
         "version": MANIFEST_VERSION,
         "model_id": kv.model_id,
@@ -103,12 +127,15 @@ def precompute_template(
         "distortion_metric": DISTORTION_METRIC,
         "probes": {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes},
         "psnr_metric": PSNR_METRIC if psnr_steps > 0 else None,
+        "kv_mode": kv_mode,
+        **({"schedule": _schedule(per_step, shift)} if per_step is not None else {}),
         "shards": shards,
     }
     validate_manifest(manifest)
     logger.info(
-        "precomputed template %s: %d shards, %d blobs, %d bytes",
+        "precomputed template %s (%s): %d shards, %d blobs, %d bytes",
         template_id,
+        kv_mode,
         len(shards),
         len(blobs),
         sum(len(b) for b in blobs.values()),
@@ -116,22 +143,45 @@ def precompute_template(
     return PrecomputedTemplate(manifest, blobs)
 
 
+def _schedule(per_step: PerStepTemplateKV, shift: float) -> dict:
+    """The manifest's ``schedule``: what a request must run for this per-step KV to be exact."""
+    return {
+        "steps": per_step.num_steps,
+        "timesteps": [float(t) for t in per_step.timesteps],
+        "shift": float(shift),
+        "guidance": None,
+        "sampler": "flow-euler",
+    }
+
+
+def _encode_step(ladder, kv: TemplateKV, template_id, importance, held, shard_layers, blobs, report) -> list[dict]:
+    """Every representation of every shard (and its distortion on the held-out probes) for one TemplateKV."""
+
+    inputs = ladder.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers))
+    shards = []
+    for i, shard in enumerate(inputs):
+        report("encode", i, len(inputs))
+        shards.append(_encode_shard(ladder, shard, kv, held, blobs))
+    report("encode", len(inputs), len(inputs))
+    return shards
+
+
 def _check_image(model: EditModel, template_image: np.ndarray) -> np.ndarray:
     image = np.asarray(template_image)
     size = model.spec.image_size
-    if image.shape != (size, size, 3) or image.dtype != np.uint8:
+    if image.ndim != 3 or image.shape[0] < size or image.shape[0] != image.shape[1] or image.dtype != np.uint8:
         raise ValueError(
-            f"template_image must be ({size}, {size}, 3) uint8 for this model, got {image.shape} {image.dtype}; "
-            "resize it with sakura_core.models.edit_model.load_image"
+            f"template_image must be (S, S, 3) uint8 with S >= {size} for this model, got {image.shape} "
+            f"{image.dtype}; resize it with sakura_core.models.edit_model.load_image"
         )
     return image
 
 
-def _importance(model: EditModel, kv: TemplateKV, image: np.ndarray, config: ProbeConfig, held_out: int, report):
-    """Token importance (and per-layer gains) from fit probes, and the attention captured on held-out probes."""
+def _importance(model: EditModel, kv: TemplateKV, packed, config: ProbeConfig, held_out: int, report):
+    """Token importance (and per-layer gains) from fit probes, and the attention captured on held-out probes
+    (``packed``: the template as edit-sized clean tokens, what the probes' user side is built from)."""
     seed = config.seed
     report("importance", 0, 2)
-    packed = model.pack_image(image)
     fit_probes = make_probes(model, packed, config, stream=0)
     fit = capture_attention(model, kv, fit_probes)
     importance = importance_from_captures(fit, kv, seed=seed)
@@ -174,9 +224,17 @@ PSNR_METRIC = (
 
 
 def _add_output_psnr(
-    model, kv: TemplateKV, shards: list[dict], blobs: dict[str, bytes], seed: int, steps: int, report
+    model,
+    kv: TemplateKV | PerStepTemplateKV,
+    shards: list[dict],
+    blobs: dict[str, bytes],
+    seed: int,
+    steps: int,
+    shift: float,
+    report,
 ):
-    """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards at that level."""
+    """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards (every step's, in
+    per-step mode) at that level."""
     from ..metrics import psnr_from_mse
     from ..runtime.edit import run_edit
     from .probes import sample_crop
@@ -184,17 +242,30 @@ def _add_output_psnr(
     rng = np.random.default_rng([seed, 3, 0x5A4B])
     user = sample_crop(rng, model.spec.image_size)
     prompt = "a photo"
-    exact = run_edit(model, user, prompt, steps=steps, seed=seed, kv_source=kv).tokens
+    mode = "per-step" if isinstance(kv, PerStepTemplateKV) else "single"
+    run = dict(steps=steps, seed=seed, shift=shift, kv_mode=mode)
+    exact = run_edit(model, user, prompt, kv_source=kv, **run).tokens
     names = [r["name"] for r in shards[0]["representations"]]
     for i, name in enumerate(names):
         report("psnr", i, len(names))
-        decoded = decode_kv(level_chains(shards, blobs, name)).float()  # (layers, 2, tokens, heads, head_dim)
-        approx = TemplateKV(decoded, kv.model_id, kv.token_grid, kv.rope_layout)
-        out = run_edit(model, user, prompt, steps=steps, seed=seed, kv_source=approx).tokens
+        approx = _decode_level(kv, shards, blobs, name)
+        out = run_edit(model, user, prompt, kv_source=approx, **run).tokens
         psnr = psnr_from_mse(float(((out.clamp(-1, 1) - exact.clamp(-1, 1)) ** 2).mean()))
         for shard in shards:
             next(r for r in shard["representations"] if r["name"] == name)["psnr_db"] = round(psnr, 3)
     report("psnr", len(names), len(names))
+
+
+def _decode_level(kv, shards: list[dict], blobs: dict[str, bytes], name: str):
+    """The whole template decoded at the level called ``name``, typed like ``kv`` (single or per-step)."""
+    if isinstance(kv, PerStepTemplateKV):
+        per_step = [
+            decode_kv(level_chains([sh for sh in shards if sh["step"] == s], blobs, name)).float()
+            for s in range(kv.num_steps)
+        ]  # each (layers, 2, tokens, heads, head_dim)
+        return PerStepTemplateKV(torch.stack(per_step), kv.model_id, kv.token_grid, kv.rope_layout, kv.timesteps)
+    decoded = decode_kv(level_chains(shards, blobs, name)).float()  # (layers, 2, tokens, heads, head_dim)
+    return TemplateKV(decoded, kv.model_id, kv.token_grid, kv.rope_layout, kv.ref_timestep)
 
 
 def _representation(codec, level: int, chain: list[bytes], kv: TemplateKV, held, first: int) -> dict:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.edit_model import EditModel
-from ..models.kv_types import TemplateKV
+from ..models.kv_types import KV_MODES, KVMismatchError, PerStepTemplateKV, TemplateKV
 from .sampler import euler_sample, flow_timesteps
 
-__all__ = ["EditResult", "KVSource", "run_edit"]
+__all__ = ["EditResult", "KVSource", "edit_times", "run_edit"]
 
 # KV for one layer at one step: (layer, step) -> (k, v), each (1, ref_tokens, heads, head_dim).
 KVSource = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -47,11 +47,12 @@ def run_edit(
     steps: int = 8,
     seed: int = 0,
     split_layer: int | Callable[[int], bool] = 0,
-    kv_source: KVSource | TemplateKV | None = None,
+    kv_source: KVSource | TemplateKV | PerStepTemplateKV | None = None,
     template_image=None,
     template_every_step: bool = False,
     on_layer: Callable[[int, int], None] | None = None,
     shift: float = 1.0,
+    kv_mode: str = "single",
 ) -> EditResult:
     """Edit ``user_image`` (uint8 (S, S, 3)) against a template with the demo model or a latent klein model.
 
@@ -62,15 +63,29 @@ def run_edit(
             (the runtime passes one that waits for shards and serves upgraded levels at later steps).
         template_every_step: recompute the template tokens at every step (needs ``split_layer == num_layers``).
         on_layer: ``(step, layer)`` before each layer — progress and cancellation (raise to stop).
+        kv_mode: ``"single"`` (template at the fixed reference time, its KV reused by every step) or ``"per-step"``
+            (template modulated at each step's own time: every step is a hybrid forward with ``split_layer`` and
+            ``kv_source(layer, step)`` — a PerStepTemplateKV computed for this ``steps``/``shift`` schedule).
     """
     adapter = model.adapter
     L = adapter.num_layers
     grid = model.spec.grid
+    # the template's own token grid: larger than the edit's when the template image is (its KV says which)
+    ref_grid = _template_grid(model, kv_source, template_image)
     dynamic = callable(split_layer)
     if template_every_step and (dynamic or split_layer != L):
         raise ValueError(f"template_every_step recomputes every layer: split_layer must be {L}, got {split_layer}")
+    if kv_mode not in KV_MODES:
+        raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
+    per_step = kv_mode == "per-step"
+    times = edit_times(model, steps, shift)
+    if per_step and isinstance(kv_source, TemplateKV):
+        raise KVMismatchError("per-step edit given single-mode template KV: pass a PerStepTemplateKV (or a function)")
+    if isinstance(kv_source, PerStepTemplateKV):
+        kv_source = _per_step_source(adapter, kv_source, ref_grid, times, per_step)
     if isinstance(kv_source, TemplateKV):
-        adapter.check(kv_source, grid)
+        adapter.check(kv_source, ref_grid)
+        adapter.check_ref_time(kv_source, None)
         kv_obj = kv_source
 
         def kv_source(layer: int, step: int, _kv=kv_obj):
@@ -97,25 +112,58 @@ def run_edit(
                 return device_kv[layer]
             return kv_source(layer, step)
 
-        run_template = step == 0 or template_every_step
+        run_template = step == 0 or template_every_step or per_step
         result = adapter.forward(
             model.request_tokens(x, user),
             txt,
             t,
             img_grid=grid,
             ref_tokens=ref if run_template else None,
-            ref_grid=grid,
+            ref_grid=ref_grid,
             split_layer=split_layer if run_template else 0,
             cached=cached if (dynamic or split_layer < L or not run_template) else None,
             on_layer=hook,
+            ref_timestep=float(t[0]) if per_step else None,
         )
-        if step == 0 and not template_every_step:
+        if step == 0 and not template_every_step and not per_step:
             device_kv.extend(result.extracted)
         return result.sample
 
-    if hasattr(model, "edit_start"):  # latent models: the user image is the flow's start, their own schedule
-        start, times = model.edit_start(user, noise, steps)
-    else:  # the demo model: the user image is channel-concatenated; flow from pure noise
-        start, times = noise, flow_timesteps(steps, shift)
+    # latent models: the user image is the flow's start; the demo model concatenates it and flows from pure noise
+    start = model.edit_start(user, noise, steps)[0] if hasattr(model, "edit_start") else noise
     out = euler_sample(velocity, start, times)
     return EditResult(tokens=out, image=model.unpack_tokens(out), device_kv=device_kv, layer_calls=calls[0])
+
+
+def edit_times(model, steps: int, shift: float = 1.0) -> torch.Tensor:
+    """The ``steps + 1`` flow times an edit with ``model`` runs (and per-step KV is computed for): a latent model's
+    own schedule (``model.schedule``: the diffusers pipeline's shifted sigmas), else ``flow_timesteps(steps, shift)``."""
+    return model.schedule(steps) if hasattr(model, "schedule") else flow_timesteps(steps, shift)
+
+
+def _per_step_source(adapter, kv: PerStepTemplateKV, grid, times: torch.Tensor, per_step: bool) -> KVSource:
+    """``(layer, step) -> (k, v)`` over per-step KV, after checking it was computed for this run's schedule."""
+    if not per_step:
+        raise KVMismatchError("PerStepTemplateKV passed to a single-mode edit: use kv_mode='per-step'")
+    want = [float(t) for t in times[:-1]]
+    if len(want) != kv.num_steps or any(abs(a - b) > 1e-6 for a, b in zip(want, kv.timesteps, strict=True)):
+        raise KVMismatchError(
+            f"per-step template KV was computed for {kv.num_steps} steps at t={[round(t, 4) for t in kv.timesteps]} "
+            f"but this edit runs {len(want)} steps at t={[round(t, 4) for t in want]}; run with the template's "
+            "steps and shift, or precompute the template for this schedule"
+        )
+    adapter.check(kv.at_step(0), grid)
+
+    def source(layer: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return kv.kv[step, layer, 0].unsqueeze(0), kv.kv[step, layer, 1].unsqueeze(0)
+
+    return source
+
+
+def _template_grid(model: EditModel, kv_source, template_image) -> tuple[int, int]:
+    """The template's token grid: from its image, else from its KV, else the edit's own grid."""
+    if template_image is not None:
+        return model.template_grid(template_image)
+    if isinstance(kv_source, (TemplateKV, PerStepTemplateKV)):
+        return tuple(kv_source.token_grid)
+    return model.spec.grid

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..fetch.traces import Trace
+from ..kv.binding import check_shard_binding, slot_from_manifest
 from ..kv.chain import ChainDecoder
 from ..models.edit_model import EditModel
 from ..policy.context import Context, LiveState
@@ -36,6 +37,17 @@ from .pipeline_config import Cancelled, RunReport, RuntimeConfig
 __all__ = ["Cancelled", "PipelinedEdit", "RunReport", "RuntimeConfig", "run_pipelined_edit"]
 
 logger = logging.getLogger(__name__)
+
+
+def _wait_or_cancel(ready: threading.Event, cancel: threading.Event, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Wait up to ``timeout_s`` for ``ready``, returning early (False) once ``cancel`` is set."""
+    waited = 0.0
+    while not cancel.is_set() and waited < timeout_s:
+        step = min(poll_s, timeout_s - waited)
+        if ready.wait(step):
+            return True
+        waited += step
+    return ready.is_set()
 
 
 class PipelinedEdit:
@@ -216,6 +228,8 @@ class PipelinedEdit:
             done, dec = [], ChainDecoder()
         for blob in chain[len(done) :]:  # on an error the half-advanced decoder stays dropped (popped above)
             dec.push(blob)
+        # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not)
+        check_shard_binding(dec.header, slot_from_manifest(self.manifest, layer, self.reps[layer][level]))
         k, v = dec.tensors()
         with self.decoder_lock:
             self.decoders[layer] = (list(digests), dec)
@@ -231,7 +245,9 @@ class PipelinedEdit:
             # the fetch lane skipped it (a policy may not foresee a drop) — fetch it now at the floor
             asyncio.run_coroutine_threadsafe(self.fetch_with_fallback(layer, self.floor), self._loop)
         t0 = st.now
-        if not self.ready[layer].wait(self.cfg.shard_wait_s):
+        if not _wait_or_cancel(self.ready[layer], self.cancel, self.cfg.shard_wait_s):
+            if self.cancel.is_set():
+                raise Cancelled(f"edit cancelled at step {step}, layer {layer} while waiting for its shard")
             self.fallbacks.append(
                 f"shard {layer} not ready after {self.cfg.shard_wait_s}s; computing it on the device"
             )

@@ -1,54 +1,45 @@
-"""Device profiles: how long the phone takes per transformer layer, with and without the template tokens.
+"""Device profiles: how long a phone takes per transformer layer, derived from FLOPs and a checkable speed.
 
-The phone-class DiT modelled here: 24 layers, width 1024 (16 heads x 64), a 512x512 edit = 1024 image tokens
-(8x VAE, 2x2 patches) + 128 text tokens, one 512x512 template = 1024 reference tokens, 4 denoising steps (a
-step-distilled model like FLUX.2 [klein]); fp16 template KV = 24 x 2 x 1024 x 1024 x 2 B = 96 MiB.
+Cost model: a layer costs ``FLOPs of that layer for the tokens it runs / effective FLOP/s + per-layer overhead``
+(FLOPs from :mod:`.geometry`: request tokens, template tokens when the layer runs them, attention over all keys).
+The effective FLOP/s of each profile is derived from a published whole-network time of Stable Diffusion 1.5's UNet
+at 512^2 (~0.8 TFLOP per pass, shared/NOTES.md) on that compute unit — see :data:`PROFILE_SOURCES`, which the docs
+print as a table. The per-layer overhead (dispatch, synchronisation) is an assumption, stated as such.
 
-Per-layer costs keep the ratios measured on this project's CPUs for a Flux-architecture model (shared/NOTES.md:
-full step with reference tokens 3.45 s, step with cached reference KV 1.73 s, step without reference 1.64 s,
-template-only pass 1.44 s), scaled to the published NPU step time:
-* Snapdragon 8 Elite NPU: w8a16 512^2 diffusion step ~62 ms (Qualcomm AI Hub / published SD figures, NOTES.md);
-  VAE decode 150-200 ms (we charge 0.175 s + 0.05 s encode of the user image).
-* Snapdragon 8 Elite CPU: the same DiT without the NPU; phone CPU runs are 400-1500x slower than the NPU
-  (NOTES.md) — we take the conservative end, 400x, so fetching is *not* favoured by the profile. The VAE
-  (encode + decode, ~0.5 s) runs on the Adreno GPU in both profiles' apps; it is outside the KV story.
+| profile                      | unit (SoC)                 | measured (SD 1.5 UNet, 512^2, 1 pass)          | eff. TFLOP/s |
+|------------------------------|----------------------------|------------------------------------------------|--------------|
+| snapdragon-8-elite-npu       | Hexagon NPU, SM8750        | 58 ms, w8a16, Galaxy S25 (qai-hub-models 0.65) | 13.8         |
+| snapdragon-8-elite-gpu       | Adreno GPU, SM8750         | ~0.23 s, OpenCL/CLML (public phone-GPU runs)   | 3.5          |
+| snapdragon-8-elite-cpu       | Oryon CPU, SM8750          | ~4 s on the 8 Gen 3 CPU (public CPU runs)      | 0.2          |
+| snapdragon-8-gen-3-npu       | Hexagon NPU, SM8650        | 76 ms, w8a16, Galaxy S24 (qai-hub-models)      | 10.5         |
+| snapdragon-8-elite-gen-5-npu | Hexagon NPU, SM8850        | 45 ms, w8a16, Galaxy S26 (qai-hub-models)      | 17.8         |
+
+The CPU figure is the 8 Gen 3's (no public 8 Elite CPU figure was found): conservative, it does not favour fetching
+more than the CPU deserves. The VAE (encode + decode) is ``fixed_s``, outside the KV story.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-__all__ = ["PROFILES", "DeviceProfile", "PhoneDiT", "PHONE_DIT", "get_profile"]
+from .geometry import GEOMETRIES, PHONE_DIT, DitGeometry, PhoneDiT, get_geometry
+
+__all__ = [
+    "GEOMETRIES",
+    "PHONE_DIT",
+    "PROFILES",
+    "PROFILE_SOURCES",
+    "SD15_UNET_FLOPS",
+    "DeviceProfile",
+    "DitGeometry",
+    "PhoneDiT",
+    "get_geometry",
+    "get_profile",
+    "sources_table",
+]
 
 _GIB = 2**30  # bytes
-
-# ratios from the CPU measurements in NOTES.md, relative to a step with cached reference KV
-_FULL_OVER_CACHED = 3.45 / 1.73  # a layer that also runs the template tokens (extract mode)
-_TEMPLATE_ONLY_OVER_CACHED = 1.44 / 1.73
-
-
-@dataclass(frozen=True)
-class PhoneDiT:
-    """Geometry of the simulated phone-class DiT (see module doc)."""
-
-    layers: int = 24
-    heads: int = 16
-    head_dim: int = 64
-    image_tokens: int = 1024
-    template_tokens: int = 1024
-    text_tokens: int = 128
-    steps: int = 4
-
-    @property
-    def kv_bytes_fp16(self) -> int:
-        return self.layers * 2 * self.template_tokens * self.heads * self.head_dim * 2
-
-    @property
-    def shard_bytes_fp16(self) -> int:
-        return self.kv_bytes_fp16 // self.layers
-
-
-PHONE_DIT = PhoneDiT()
+SD15_UNET_FLOPS = 0.8e12  # one SD 1.5 UNet pass at 512^2 (64x64 latent), FLOPs (NOTES.md "Phone compute figures")
 
 
 @dataclass(frozen=True)
@@ -57,32 +48,37 @@ class DeviceProfile:
 
     Attributes:
         name: profile id.
-        soc: system-on-chip.
-        step_cached_s: one denoising step with cached template KV (all layers), seconds.
+        soc: system-on-chip and compute unit.
+        effective_flop_per_s: FLOP/s the DiT's layers run at on this unit (see PROFILE_SOURCES).
         fixed_s: per-edit work outside the DiT (VAE encode of the user image + decode), seconds.
         npu_session_bytes: memory one NPU session may hold (0 = no NPU).
-        model: the DiT it runs.
+        model: the DiT geometry it runs.
+        layer_overhead_s: fixed cost per layer call (dispatch, sync), seconds; assumed, see the module doc.
         host_budget_bytes: memory the editing app may use on the application processor when the model runs there
             (no NPU): phones have 8-16 GB of RAM shared with the OS and other apps; 4 GiB is a safe share.
-        weight_bytes_per_param: bytes per weight where the DiT runs (w8a16 on the NPU: 1; fp16 on the CPU: 2).
+        weight_bytes_per_param: bytes per weight where the DiT runs (w8a16 on the NPU: 1; fp16 elsewhere: 2).
         activation_bytes: bytes per activation / KV value where the DiT runs (a16 or fp16: 2).
         link_mbit_s: typical downlink of the phone (Mbit/s), the default link of phone-scale simulations.
     """
 
     name: str
     soc: str
-    step_cached_s: float
+    effective_flop_per_s: float
     fixed_s: float
     npu_session_bytes: int
-    model: PhoneDiT = PHONE_DIT
+    model: DitGeometry = PHONE_DIT
+    layer_overhead_s: float = 0.0
     host_budget_bytes: int = 4 * _GIB
     weight_bytes_per_param: int = 2
     activation_bytes: int = 2
     link_mbit_s: float = 20.0
 
     def __post_init__(self) -> None:
-        if self.step_cached_s <= 0 or self.fixed_s < 0:
-            raise ValueError(f"profile {self.name}: step_cached_s must be > 0 and fixed_s >= 0")
+        if not self.effective_flop_per_s > 0 or self.fixed_s < 0 or self.layer_overhead_s < 0:
+            raise ValueError(
+                f"profile {self.name}: effective_flop_per_s must be > 0 (FLOP/s, e.g. 1.4e13), fixed_s and "
+                f"layer_overhead_s >= 0; got {self.effective_flop_per_s}, {self.fixed_s}, {self.layer_overhead_s}"
+            )
         if self.npu_session_bytes < 0 or self.host_budget_bytes <= 0:
             raise ValueError(
                 f"profile {self.name}: npu_session_bytes must be >= 0 and host_budget_bytes > 0, got "
@@ -93,6 +89,14 @@ class DeviceProfile:
                 f"profile {self.name}: weight_bytes_per_param and activation_bytes must be >= 1 and link_mbit_s > 0"
             )
 
+    def with_geometry(self, model: DitGeometry) -> DeviceProfile:
+        """The same device running another DiT."""
+        return replace(self, model=model)
+
+    def with_speed(self, effective_flop_per_s: float) -> DeviceProfile:
+        """The same profile at another effective FLOP/s (regime maps)."""
+        return replace(self, effective_flop_per_s=effective_flop_per_s)
+
     @property
     def has_npu(self) -> bool:
         return self.npu_session_bytes > 0
@@ -102,60 +106,88 @@ class DeviceProfile:
         """What one edit may hold: one NPU session's memory when the DiT runs on the NPU, else the app's share."""
         return self.npu_session_bytes if self.has_npu else self.host_budget_bytes
 
+    def seconds(self, flops: float) -> float:
+        """One layer call doing ``flops``."""
+        return flops / self.effective_flop_per_s + self.layer_overhead_s
+
     @property
     def layer_cached_s(self) -> float:
         """One layer, request tokens only, template KV injected."""
-        return self.step_cached_s / self.model.layers
+        return self.seconds(self.model.layer_cached_flops)
 
     @property
     def layer_full_s(self) -> float:
         """One layer that also runs the template tokens (extract mode)."""
-        return self.layer_cached_s * _FULL_OVER_CACHED
+        return self.seconds(self.model.layer_full_flops)
+
+    @property
+    def step_cached_s(self) -> float:
+        """One denoising step with cached template KV (all layers)."""
+        return self.model.layers * self.layer_cached_s
 
     @property
     def template_pass_s(self) -> float:
-        return self.step_cached_s * _TEMPLATE_ONLY_OVER_CACHED
+        """A template-only pass (every layer's template KV) on the device."""
+        return self.model.layers * self.seconds(self.model.template_layer_flops)
 
 
-PROFILES = {
-    "snapdragon-8-elite-npu": DeviceProfile(
-        name="snapdragon-8-elite-npu",
-        soc="SM8750 (Snapdragon 8 Elite), Hexagon NPU, w8a16",
-        step_cached_s=0.062,
-        fixed_s=0.225,
-        npu_session_bytes=int(3.75 * 2**30),
-        weight_bytes_per_param=1,
-    ),
-    "snapdragon-8-elite-cpu": DeviceProfile(
-        name="snapdragon-8-elite-cpu",
-        soc="SM8750 (Snapdragon 8 Elite), Oryon CPU only",
-        step_cached_s=0.062 * 400,
-        fixed_s=0.5,
-        npu_session_bytes=0,
-    ),
-    # Published NPU step times for other SoCs (w8a16 512^2 diffusion step, NOTES.md): 8 Gen 3 ~77 ms,
-    # 8 Elite Gen 5 ~45 ms (the paper's phone).
-    "snapdragon-8-gen-3-npu": DeviceProfile(
-        name="snapdragon-8-gen-3-npu",
-        soc="SM8650 (Snapdragon 8 Gen 3), Hexagon NPU, w8a16",
-        step_cached_s=0.077,
-        fixed_s=0.225,
-        npu_session_bytes=int(3.75 * 2**30),
-        weight_bytes_per_param=1,
-    ),
-    "snapdragon-8-elite-gen-5-npu": DeviceProfile(
-        name="snapdragon-8-elite-gen-5-npu",
-        soc="SM8850 (Snapdragon 8 Elite Gen 5), Hexagon NPU, w8a16",
-        step_cached_s=0.045,
-        fixed_s=0.2,
-        npu_session_bytes=int(3.75 * 2**30),
-        weight_bytes_per_param=1,
-    ),
-}
+def _sd15(seconds_per_pass: float) -> float:
+    return SD15_UNET_FLOPS / seconds_per_pass
 
 
-def get_profile(name: str) -> DeviceProfile:
+PROFILE_SOURCES = (
+    {"profile": "snapdragon-8-elite-npu", "unit": "Hexagon NPU (SM8750), w8a16", "sd15_unet_pass_s": 0.058,
+     "source": "qai-hub-models 0.65.0 perf.yaml, Stable Diffusion 1.5 UNet w8a16, Galaxy S25 (8 Elite)",
+     "layer_overhead_s": 1e-4, "overhead_source": "assumed: one graph dispatch per layer"},
+    {"profile": "snapdragon-8-elite-gpu", "unit": "Adreno GPU (SM8750), fp16", "sd15_unet_pass_s": 0.23,
+     "source": "public SD 1.5 runs via OpenCL/CLML on SM8750 (shared/NOTES.md)",
+     "layer_overhead_s": 3e-4, "overhead_source": "assumed: kernel launches per layer"},
+    {"profile": "snapdragon-8-elite-cpu", "unit": "Oryon CPU (SM8750), fp16", "sd15_unet_pass_s": 4.0,
+     "source": "public SD 1.5 CPU runs on Snapdragon 8 Gen 3 (~4 s per UNet pass, shared/NOTES.md); no 8 Elite "
+     "CPU figure found, the older CPU's is used (conservative)",
+     "layer_overhead_s": 1e-4, "overhead_source": "assumed: thread-pool sync per layer"},
+    {"profile": "snapdragon-8-gen-3-npu", "unit": "Hexagon NPU (SM8650), w8a16", "sd15_unet_pass_s": 0.076,
+     "source": "qai-hub-models 0.65.0 perf.yaml, SD 1.5 UNet w8a16, Galaxy S24 (8 Gen 3)",
+     "layer_overhead_s": 1e-4, "overhead_source": "assumed"},
+    {"profile": "snapdragon-8-elite-gen-5-npu", "unit": "Hexagon NPU (SM8850), w8a16", "sd15_unet_pass_s": 0.045,
+     "source": "qai-hub-models 0.65.0 perf.yaml, SD 1.5 UNet w8a16, Galaxy S26 (8 Elite Gen 5, the paper's phone)",
+     "layer_overhead_s": 1e-4, "overhead_source": "assumed"},
+)  # fmt: skip
+_FIXED_S = {"npu": 0.225, "gpu": 0.225, "cpu": 0.5}  # VAE encode (~0.05 s) + decode (150-200 ms, NOTES.md)
+
+
+def _profile(src: dict) -> DeviceProfile:
+    name = src["profile"]
+    npu = name.endswith("-npu")
+    return DeviceProfile(
+        name=name,
+        soc=src["unit"],
+        effective_flop_per_s=_sd15(src["sd15_unet_pass_s"]),
+        fixed_s=_FIXED_S[name.rsplit("-", 1)[1]],
+        npu_session_bytes=int(3.75 * _GIB) if npu else 0,
+        layer_overhead_s=src["layer_overhead_s"],
+        weight_bytes_per_param=1 if npu else 2,
+    )
+
+
+PROFILES = {src["profile"]: _profile(src) for src in PROFILE_SOURCES}
+
+
+def sources_table() -> str:
+    """The profiles with their sources, as a text table (the CLI and the docs print it)."""
+    lines = [f"{'profile':<30}{'TFLOP/s':>8}{'SD1.5 pass s':>14}  source"]
+    for src in PROFILE_SOURCES:
+        tflops = _sd15(src["sd15_unet_pass_s"]) / 1e12
+        lines.append(f"{src['profile']:<30}{tflops:>8.2f}{src['sd15_unet_pass_s']:>14.3f}  {src['source']}")
+    return "\n".join(lines)
+
+
+def get_profile(name: str, geometry: str | DitGeometry | None = None) -> DeviceProfile:
+    """A profile by name, optionally running another geometry (a name from GEOMETRIES or a DitGeometry)."""
     try:
-        return PROFILES[name]
+        p = PROFILES[name]
     except KeyError as e:
         raise ValueError(f"unknown device profile {name!r}; choose one of {', '.join(PROFILES)}") from e
+    if geometry is None:
+        return p
+    return p.with_geometry(get_geometry(geometry) if isinstance(geometry, str) else geometry)

@@ -6,6 +6,13 @@ The fetch lane is sequential (one request at a time, each paying one RTT); the d
 compute lane runs step 0 layer by layer (template tokens kept while the policy says so), then steps 1..S-1 with
 every layer's KV, using at each step the best level decoded by its start.
 
+KV modes (DESIGN.md): ``single`` — one template KV per layer serves every step (step 0 is the hybrid forward, steps
+1..S-1 run cached). ``per-step`` — the template KV of step s is its own shard, so the edit needs steps x layers
+shards and on-device generation runs the template tokens at every step; :func:`kv_mode_view` simulates it as one
+forward of steps x layers "layers" and one step (same per-layer costs, S x the shards, S x the template work), so
+every policy runs unchanged. Limitation: a split in per-step mode is one drop point over the flattened sequence
+(once the template tokens are dropped they are not run again at a later step), not one split per step.
+
 Quality is estimated with an additive distortion model: a layer fetched at level ``j`` for a fraction of the steps
 contributes that fraction of ``Level.mse`` (the output MSE measured with every layer at level ``j``, divided by
 the layer count); device-computed layers contribute nothing.
@@ -13,7 +20,7 @@ the layer count); device-computed layers contribute nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..fetch.traces import Trace
 from ..metrics import psnr_from_mse
@@ -23,7 +30,21 @@ from ..policy.ladder import Level
 from ..policy.policies import LEVEL_COMPUTE, Decision, Policy
 from .profiles import DeviceProfile
 
-__all__ = ["SimConfig", "SimResult", "fixed_split_policy", "simulate", "simulate_oracle"]
+__all__ = ["KV_MODES", "SimConfig", "SimResult", "fixed_split_policy", "kv_mode_view", "simulate", "simulate_oracle"]
+
+KV_MODES = ("single", "per-step")
+
+
+def kv_mode_view(profile: DeviceProfile, kv_mode: str) -> DeviceProfile:
+    """The profile the simulator runs for ``kv_mode``: itself for ``single``; for ``per-step`` the same device
+    running a flattened model of steps x layers layers and one step (shard s*L + l = step s's KV of layer l)."""
+    if kv_mode == "single":
+        return profile
+    if kv_mode != "per-step":
+        raise ValueError(f"unknown kv_mode {kv_mode!r}; choose one of {', '.join(KV_MODES)}")
+    g = profile.model
+    flat = replace(g, name=f"{g.name}/per-step", layers=g.layers * g.steps, steps=1, double_layers=0)
+    return profile.with_geometry(flat)
 
 
 @dataclass(frozen=True)
@@ -58,6 +79,7 @@ class _Sim:
         self.policy, self.trace, self.start_s, self.profile = policy, trace, start_s, profile
         self.ladders, self.floor, self.config = ladders, floor, config
         self.L = len(ladders)
+        self.layers_per_step = self.L  # single mode; see PolicyState.layers_per_step
         self.rtt_s = max(config.min_rtt_s, 2 * trace.latency_ms / 1000)
         self.latency_target_s = config.latency_target_s
         self.estimator = ThroughputEstimator()
@@ -124,6 +146,8 @@ class _Sim:
             self.next_layer += 1
             if d.level == LEVEL_COMPUTE:
                 self.skipped.add(layer)
+                if d.link_idle_until_s is not None:  # the policy's next decision waits (the link stays idle)
+                    self.link_free = max(self.link_free, d.link_idle_until_s)
             else:
                 self._transfer(layer, d.level, self.ladders[layer][d.level].nbytes, "base")
             if self.next_layer >= self.L:

@@ -299,3 +299,29 @@ async def test_the_cloud_has_no_route_that_takes_a_posted_image_except_the_authe
                         expected = 401 if (method, path) == ("POST", "/v1/templates") else 405
                         assert r.status == expected, (method, path, headers, r.status)
     assert sorted(p.relative_to(store.root) for p in store.root.rglob("*")) == before  # nothing was stored
+
+
+def _vm_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+async def test_ten_bomb_jobs_leave_the_agent_process_within_300_mb_of_idle(agents):
+    """Issue 15 point 1 against the real ``sakura phone-agent`` process (the in-process twin is in
+    test_agent_hardening.py): 10 job bodies of ~33 KB that each declare a 1 GiB image part."""
+    import logging
+
+    from .test_agent_hardening import make_bomb
+
+    proc = agents["tiny-budget"]
+    url, pid, bomb = proc.url(), proc.proc.pid, make_bomb()
+    headers = {"Authorization": f"Bearer {PHONE_TOKEN}", "Content-Type": CONTENT_TYPE}
+    async with aiohttp.ClientSession(url) as session:
+        idle = _vm_rss_bytes(pid)
+        for _ in range(10):
+            async with session.post("/v1/jobs", data=bomb, headers=headers) as resp:
+                assert resp.status == 400 and (await resp.json())["code"] == "bad_body"
+    after = _vm_rss_bytes(pid)
+    logging.getLogger(__name__).warning("sakura phone-agent RSS: idle %.1f MiB, after 10 bombs %.1f MiB (%d bytes body)",
+                                        idle / 2**20, after / 2**20, len(bomb))  # fmt: skip
+    assert after - idle < 300 * 2**20

@@ -111,8 +111,8 @@ async def test_single_range_206(aiohttp_client, make_app, store, manifest, heade
     assert resp.headers["ETag"] == f'"{rep["digest"]}"'
 
 
-@pytest.mark.parametrize("header", ["bytes=8192-", "bytes=9000-9100", "bytes=-0", "bytes=0-1,5-9", "bytes=x-1"])
-async def test_unsatisfiable_or_multi_range_416(aiohttp_client, make_app, manifest, header):
+@pytest.mark.parametrize("header", ["bytes=8192-", "bytes=9000-9100", "bytes=-0", "bytes=0-1,x", "bytes=x-1"])
+async def test_unsatisfiable_or_malformed_range_416(aiohttp_client, make_app, manifest, header):
     rep = _rep(manifest)
     client = await aiohttp_client(make_app())
     resp = await client.get(f"/v1/shards/{rep['digest']}", headers={"Range": header})

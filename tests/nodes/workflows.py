@@ -272,7 +272,7 @@ def thumbnail(nodes: list[Node], model) -> bytes:
     from PIL import Image, ImageDraw
 
     from cloud_server.examples import template_image, user_image
-    from sakura_core.models.demo import load_image
+    from sakura_core.models.edit_model import load_image
     from sakura_core.runtime.edit import run_edit
 
     by_type = {n.type: n for n in nodes}
@@ -296,7 +296,7 @@ if __name__ == "__main__":
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     if "--no-thumbnails" not in sys.argv:
-        from sakura_core.models.demo import load_demo_model
+        from sakura_core.models.edit_model import load_demo_model
 
         demo = load_demo_model()
         for name, chain in WORKFLOWS.items():

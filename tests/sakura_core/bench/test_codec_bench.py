@@ -28,8 +28,13 @@ def test_run_codec_bench_rows_and_summary(demo_model):
     fp16 = next(r for r in rows if r["name"] == "fp16")
     assert 0.99 < fp16["ratio_vs_fp16"] <= 1.0 and fp16["attn_rel_err"] < 1e-3  # container headers cost a little
     assert result["model"]["random_weights"] is True
+    uniform = [r for r in rows if r["name"] == "sakura-uniform"]
+    assert [r["level"] for r in uniform] == [r["level"] for r in sakura]  # the ablation covers every level
+    abl = result["summary"]["sakura_uniform_vs_learned_equal_size"]
+    assert [a["bytes"] for a in abl] == [r["bytes"] for r in uniform]
     text = format_table(result)
     assert "RANDOM weights" in text and "sakura" in text and "CacheGen level 0" in text
+    assert "uniform importance" in text
     json.dumps(result, allow_nan=False)
 
 
@@ -50,7 +55,7 @@ def test_cli_writes_json(tmp_path, capsys):
     )  # fmt: skip
     assert rc == 0
     data = json.loads(out.read_text())
-    assert {r["name"] for r in data["codecs"]} == {"fp16", "sakura"}
+    assert {r["name"] for r in data["codecs"]} == {"fp16", "sakura", "sakura-uniform"}
     printed = capsys.readouterr().out
     assert "dec MB/s" in printed and str(out) in printed
 

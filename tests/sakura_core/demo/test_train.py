@@ -168,3 +168,38 @@ def test_cli_train_then_eval(tmp_path, capsys):
     assert "baseline: return the template" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="training seed"):
         cli.main(["eval", "demo-model", "--json", str(report), "--weights", str(out), "--seed", "0"])
+
+
+def test_per_step_fraction_draws_the_template_time_per_example(bank, tmp_path):
+    tr = _trainer(bank, per_step_frac=0.5, batch_size=16)
+    t, _ = tr.draw(3, torch.zeros(16, 4, 4))
+    ref_t = tr.ref_times(3, t)
+    per_step = ref_t == t
+    assert torch.equal(ref_t, tr.ref_times(3, t))  # a function of (seed, step)
+    assert 0 < int(per_step.sum()) < 16 and bool((ref_t[~per_step] == 0).all())
+    assert _trainer(bank).ref_times(3, t) is None  # single mode only: the forward uses the fixed time
+    assert math.isfinite(tr.train_step())
+    # a fine-tune starts from the given weights
+    w = tmp_path / "w.safetensors"
+    from sakura_core.demo.train import save_weights
+
+    save_weights(tr, w)
+    ft = _trainer(bank, init_weights=str(w), per_step_frac=1.0)
+    assert torch.equal(ft.transformer.x_embedder.weight, tr.transformer.x_embedder.weight)
+    with pytest.raises(ValueError, match="per_step_frac"):
+        TrainConfig(per_step_frac=1.5)
+    with pytest.raises(FileNotFoundError, match="init_weights"):
+        TrainConfig(init_weights=str(tmp_path / "missing.safetensors"))
+
+
+def test_cli_eval_reports_both_kv_modes(tmp_path, capsys):
+    report = tmp_path / "eval.json"
+    args = ["eval", "demo-model", "--json", str(report), "--pairs", "1", "--steps", "2", "--probes", "0"]
+    assert cli.main(args + ["--no-reference", "--kv-mode", "both"]) == 0
+    res = json.loads(report.read_text())
+    assert res["kv_mode"] == "both" and set(res["modes"]) == {"single", "per-step"}
+    assert res["per_step_minus_single_db"] == pytest.approx(
+        res["modes"]["per-step"]["psnr_db"] - res["modes"]["single"]["psnr_db"]
+    )
+    assert res["modes"]["single"]["psnr_db"] != res["modes"]["per-step"]["psnr_db"]
+    assert "model edit (KV path, per-step)" in capsys.readouterr().out

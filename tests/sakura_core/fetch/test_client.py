@@ -32,7 +32,9 @@ from sakura_core.fetch.client import (
 from sakura_core.io_utils import bound_port
 
 MODEL_ID = "ab" * 32
-FAST = ClientConfig(backoff_initial_s=0.001, backoff_max_s=0.01, read_timeout_s=5, connect_timeout_s=2)
+FAST = ClientConfig(
+    backoff_initial_s=0.001, backoff_max_s=0.01, read_timeout_s=5, connect_timeout_s=2, retry_window_s=0
+)
 
 
 def _blob(n: int, seed: int = 0) -> bytes:

@@ -68,3 +68,45 @@ def test_shipped_traces_load():
     traces = load_traces(str(folder))
     assert len(traces) >= 3
     assert all(t.mean_mbit_per_s > 0 for t in traces)
+
+
+def test_txt_traces_load_and_skipped_files_are_named(tmp_path, caplog):
+    import logging
+
+    from sakura_core.fetch.traces import scan_traces
+
+    (tmp_path / "oboe_trace_1.txt").write_text("0.0\t1.5\n1.0\t2.5\n2.0\t0.5\n")  # Pensieve-style, .txt
+    (tmp_path / "README.md").write_text("# about\n")
+    (tmp_path / "notes.txt").write_text("these are my notes about the traces\n")
+    with caplog.at_level(logging.WARNING, logger="sakura_core.fetch.traces"):
+        scan = scan_traces(tmp_path)
+    assert [t.name for t in scan.traces] == ["oboe_trace_1"]  # old: every .txt was dropped without a word
+    skipped = {p.rsplit("/", 1)[-1]: why for p, why in scan.skipped}
+    assert set(skipped) == {"README.md", "notes.txt"}
+    assert "not a trace" in skipped["notes.txt"]
+    assert "notes.txt" in caplog.text and "README.md" in caplog.text
+
+
+def test_trace_classes_from_folders_and_from_a_classes_file(tmp_path):
+    import json
+
+    from sakura_core.fetch.trace_classes import classify_path
+    from sakura_core.fetch.traces import scan_traces
+
+    assert classify_path("ucc_5g_download/ucc5g_driving_1") == "5G"
+    assert classify_path("mahimahi/ATT-LTE-driving-2016.down") == "4G"
+    assert classify_path("sabre_3g_hsdpa_json/report.2010.json") == "3G"
+    assert classify_path("pensieve_cooked_fcc/trace_1_http---www.yahoo.com") == "broadband"
+    assert classify_path("sabre_4glogs/x") == "other"  # "4glogs" is not the word 4g
+    line = "0.0\t1.0\n1.0\t2.0\n"
+    (tmp_path / "lte_city").mkdir()
+    (tmp_path / "lte_city" / "a").write_text(line)
+    (tmp_path / "b").write_text(line)
+    scan = scan_traces(tmp_path)
+    assert {t.name: t.trace_class for t in scan.traces} == {"a": "4G", "b": "other"}
+    (tmp_path / "trace_classes.json").write_text(json.dumps({"b": "5G"}))
+    scan = scan_traces(tmp_path)
+    assert {t.name: t.trace_class for t in scan.traces} == {"a": "4G", "b": "5G"}
+    (tmp_path / "trace_classes.json").write_text(json.dumps({"b": "6G"}))
+    with pytest.raises(ValueError, match="unknown classes"):
+        scan_traces(tmp_path)

@@ -63,6 +63,8 @@ class FakeState:
     ladders: list[list[Level]] = field(default_factory=lambda: [LADDER] * 4)
     floor: int = 0
     rtt_s: float = 0.05
+    start_s: float = 0.0  # where on the trace the edit started
+    layers_per_step: int = 4
     latency_target_s: float | None = None
     now: float = 0.0
     link_free: float = 0.0

@@ -63,6 +63,7 @@ def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False, o
             trace=Trace.constant(mbit),
             config=RuntimeConfig(steps=STEPS),
             cancel=cancel,
+            on_layer=on_layer,
         )
     )
 
@@ -92,13 +93,22 @@ def test_on_device_cached_fetches_nothing_and_is_exact(setup):
     assert (rep.tokens - setup[4]).abs().max() <= 1e-5
 
 
-def test_sakura_splits_and_stays_close_to_exact(setup):
+def test_sakura_fetches_splits_and_meets_the_levels_measured_psnr(setup):
+    from sakura_core.metrics import psnr_from_mse
+
     rep = _run(setup, "sakura", mbit=20.0)
-    assert 0 <= rep.split_layer <= setup[0].adapter.num_layers
+    L = setup[0].adapter.num_layers
+    # the device as the policy sees it is slow (0.1-0.2 s a layer) and a shard is ~10 KB at 20 Mbit/s: fetch pays
+    assert rep.bytes_fetched > 0 and rep.split_layer < L
+    assert any(isinstance(d["level"], int) and d["level"] >= 0 for d in rep.decisions)
     assert rep.decisions and all(d["reason"] for d in rep.decisions)
-    err = float((rep.tokens - setup[4]).abs().max())
-    assert err < 0.5  # random weights: only a loose bound; PSNR vs exact is measured by the benchmark
     assert not rep.fallbacks
+    # the edit is at least as good as every layer at the worst level it used (that level's measured PSNR)
+    psnr = {r["name"]: r["psnr_db"] for r in setup[3].manifest["shards"][0]["representations"]}
+    used = {name for names in rep.levels_used.values() for name in names if name != "device"}
+    assert used
+    got = psnr_from_mse(float(((rep.tokens - setup[4]) ** 2).mean()))
+    assert got >= min(psnr[n] for n in used) - 1.0
 
 
 def test_corrupt_shard_falls_back_and_is_reported(setup):

@@ -55,7 +55,8 @@ def _summary(rep):
         "policy": rep.policy,
         "bytes": rep.bytes_fetched,
         "split": rep.split_layer,
-        "decisions": [(d["layer"], d["level"], d["reason"]) for d in rep.decisions],
+        # the fetch and compute lanes log from their own threads: their interleaving is timing, not behaviour
+        "decisions": sorted((d["layer"], str(d["level"]), d["reason"]) for d in rep.decisions),
         "events": sorted((e["lane"], e["layer"], e["level"]) for e in rep.events if e["lane"] != "stall"),
         "fallbacks": list(rep.fallbacks),
         "levels_used": {k: list(v) for k, v in rep.levels_used.items()},

@@ -1,0 +1,62 @@
+"""``sakura store verify|repair``: check a local store (re-hash shards, read manifests) and optionally repair it.
+
+Exit status: 0 when the store is clean (``verify``) or everything found could be repaired (``repair``); 1 when
+problems remain (``verify``: any finding; ``repair``: corrupt manifests or shards a manifest names that are
+missing, which only republishing fixes); 2 on bad arguments.
+"""
+# ruff: noqa: T201 - a CLI prints
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .fsck import FsckConfig, fsck
+from .store import LocalStore
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("action", choices=("verify", "repair"),
+                        help="verify: report only; repair: also quarantine, sweep temp files and orphan shards")  # fmt: skip
+    parser.add_argument("--store", required=True, help="store folder")
+    parser.add_argument("--temp-age-s", type=float, default=3600.0,
+                        help="temp files older than this are stale (default: %(default)s s)")  # fmt: skip
+    parser.add_argument("--orphan-age-s", type=float, default=3600.0,
+                        help="unreferenced shards older than this are orphans (default: %(default)s s)")  # fmt: skip
+    parser.add_argument("--json", default=None, help="also write the report as JSON to this path")
+
+
+def run(args) -> int:
+    root = Path(args.store)
+    if not (root / "shards").is_dir() or not (root / "templates").is_dir():
+        print(f"sakura store: {root} is not a store (no shards/ and templates/ folders); pass --store DIR",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        cfg = FsckConfig(repair=args.action == "repair", temp_age_s=args.temp_age_s, orphan_age_s=args.orphan_age_s)
+    except ValueError as e:
+        print(f"sakura store: {e}", file=sys.stderr)
+        return 2
+    report = fsck(LocalStore(root), cfg)
+    print(f"store {report.root}: {report.shards_checked} shards, {report.templates_checked} templates checked")
+    for label, items in (("corrupt shard", report.corrupt), ("misplaced file", report.misplaced),
+                         ("stale temp file", report.temp_files), ("orphan shard", report.orphans)):  # fmt: skip
+        for item in items:
+            print(f"  {label}: {item}")
+    for template_id, digests in report.missing.items():
+        print(f"  template {template_id}: {len(digests)} shard(s) missing, e.g. {digests[0]} (republish it)")
+    for template_id, error in report.bad_manifests.items():
+        print(f"  template {template_id}: unreadable manifest: {error}")
+    for item in report.quarantined:
+        print(f"  quarantined -> {item}")
+    for item in report.removed:
+        print(f"  removed {item}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    print("clean" if report.clean else ("repaired" if cfg.repair else "problems found"))
+    if cfg.repair:
+        return 1 if (report.missing or report.bad_manifests) else 0
+    return 0 if report.clean else 1

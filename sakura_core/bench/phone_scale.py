@@ -1,0 +1,103 @@
+"""Phone-scale inputs of the e2e simulation: decode throughput per codec level measured on a phone-scale shard, and
+the regime map over link rate x device speed.
+
+Decode speed depends on the shard size (per-call overheads dominate the demo's ~100 KB shards), so each measured
+level is re-encoded on one phone-scale layer — the demo template's real K/V tiled to ``tokens`` x ``heads*head_dim``
+(same value statistics, phone size) — and its decode timed on one thread (best of ``repeats``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..fetch.traces import Trace
+from ..policy.policies import POLICIES
+from ..runtime.profiles import DeviceProfile
+from ..runtime.simulate import fixed_split_policy, kv_mode_view, simulate
+
+__all__ = ["PHONE_SHARD", "format_regime", "measure_phone_decode", "regime_map"]
+
+PHONE_SHARD = {"tokens": 1024, "heads": 16, "head_dim": 64}  # 4 MiB of fp16 K+V: one phone-class DiT layer
+
+
+def _tile(x: np.ndarray, tokens: int, channels: int) -> np.ndarray:
+    """(tokens0, heads0, hd0) -> (tokens, channels) by tiling (values keep their statistics)."""
+    flat = x.reshape(x.shape[0], -1)  # (tokens0, channels0)
+    reps = (-(-tokens // flat.shape[0]), -(-channels // flat.shape[1]))
+    return np.tile(flat, reps)[:tokens, :channels]
+
+
+def _best_s(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_phone_decode(rows: list[dict], layer_kv: np.ndarray, repeats: int = 2, shard: dict | None = None) -> None:
+    """Add ``phone_decode_bytes_per_s`` (fp16 bytes of K+V decoded per second) to every measured level row.
+
+    ``layer_kv``: (2, tokens, heads, head_dim) of one demo layer (K, V), tiled to the phone-scale shard.
+    """
+    from ..kv.chain import decode_chain
+    from ..kv.codecs import ShardInput, ShardMeta, get_codec
+
+    s = {**PHONE_SHARD, **(shard or {})}
+    t, h, d = s["tokens"], s["heads"], s["head_dim"]
+    k = _tile(np.asarray(layer_kv[0], dtype=np.float32), t, h * d).reshape(1, t, h, d)  # (1, tokens, heads, hd)
+    v = _tile(np.asarray(layer_kv[1], dtype=np.float32), t, h * d).reshape(1, t, h, d)
+    meta = ShardMeta("0" * 64, "phone-scale", "flux2-ref-t10", 0, (t // 32, 32), 24)
+    inp = ShardInput(np.ascontiguousarray(k), np.ascontiguousarray(v), meta)
+    fp16_bytes = 2 * k.size * 2
+    for r in rows:
+        codec = get_codec(r["codec"])
+        level = r["level"]
+        chain = [lv for lv in codec.levels if lv <= level] if codec.progressive else [level]
+        blobs = codec.encode(inp, chain)
+        r["phone_decode_bytes_per_s"] = fp16_bytes / _best_s(lambda b=blobs: decode_chain(b), repeats)
+        r["phone_shard"] = [1, 2, t, h, d]
+
+
+def regime_map(
+    profile: DeviceProfile, ladders: dict, floors: dict, tflops: list[float], mbits: list[float], kv_mode="single"
+) -> dict:
+    """Per (device TFLOP/s, link Mbit/s): latency of compute on the device (on-device-cached; in per-step mode the
+    template at every step), fetch every shard at the floor level (split 0) and the best hybrid split; the winner
+    and its margin over the next best. ``ladders`` match ``kv_mode_view(profile, kv_mode)``."""
+    base = profile
+    profile = kv_mode_view(profile, kv_mode)
+    L = profile.model.layers
+    names = ["compute", "fetch", "hybrid"]
+    cells = []
+    for tf in tflops:
+        prof = profile.with_speed(tf * 1e12)
+        row = []
+        for mbit in mbits:
+            trace = Trace.constant(mbit)
+            lat = [
+                simulate(POLICIES["on-device-cached"](), trace, prof, ladders, floors).latency_s,
+                simulate(fixed_split_policy(0), trace, prof, ladders, floors).latency_s,
+                min(simulate(fixed_split_policy(k), trace, prof, ladders, floors).latency_s for k in range(1, L)),
+            ]
+            order = sorted(range(3), key=lat.__getitem__)
+            row.append({"latency_s": lat, "winner": names[order[0]], "margin": lat[order[1]] / lat[order[0]]})
+        cells.append(row)
+    return {"tflop_per_s": list(tflops), "mbit_per_s": list(mbits), "cells": cells, "geometry": base.model.name,
+            "kv_mode": kv_mode}  # fmt: skip
+
+
+def format_regime(regime: dict) -> str:
+    """Rows: device TFLOP/s; columns: link Mbit/s; cell: winner (C compute, F fetch, H hybrid) x margin."""
+    mb = regime["mbit_per_s"]
+    lines = [
+        f"regime map ({regime['geometry']}, {regime.get('kv_mode', 'single')} KV): C = compute on device, "
+        "F = fetch all, H = hybrid split; x = latency of the next best / the winner's",
+        format("TFLOP/s | Mbit/s", ">17") + "".join(f"{b:>10g}" for b in mb),
+    ]
+    for tf, row in zip(regime["tflop_per_s"], regime["cells"], strict=True):
+        lines.append(f"{tf:>17g}" + "".join(f"{c['winner'][0].upper():>3}{c['margin']:>6.2f}x" for c in row))
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""Binding of a shard to the slot a manifest puts it in: the blob's own header must name the same template, model,
+layers and level as the manifest entry it was fetched for.
+
+A digest only proves that the bytes are the ones the manifest names, not that the manifest named the right ones: a
+tampered or mixed-up manifest (two layers' digests swapped, a layer pointing at another template's shard) would
+otherwise decode into a silently wrong edit. :func:`check_shard_binding` is a pure check of a decoded
+:class:`~sakura_core.kv.container.ShardHeader` against the expected :class:`ShardSlot`; a mismatch raises
+:class:`ShardBindingError`, a :class:`~sakura_core.kv.container.ShardCorruptError`, so callers treat the shard as
+corrupt (fall back) and say why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .codecs import get_codec
+from .container import ShardCorruptError, ShardHeader
+
+__all__ = ["ShardBindingError", "ShardSlot", "check_shard_binding", "slot_from_manifest"]
+
+
+class ShardBindingError(ShardCorruptError):
+    """A shard's header names another template, model, layer range or level than the slot it was fetched for."""
+
+
+@dataclass(frozen=True)
+class ShardSlot:
+    """What a manifest says a representation is.
+
+    Attributes:
+        template_id: the template the manifest is for.
+        model_id: the model the manifest is for.
+        layers: (first, last) layers of the manifest's shard entry, inclusive.
+        codec: the representation's codec name.
+        level_name: the representation's level name (``codec.level_name(header.level)`` of its top blob).
+    """
+
+    template_id: str
+    model_id: str
+    layers: tuple[int, int]
+    codec: str
+    level_name: str
+
+    def __post_init__(self) -> None:
+        first, last = self.layers
+        if not 0 <= first <= last:
+            raise ValueError(f"ShardSlot.layers must be (first, last) with 0 <= first <= last, got {self.layers}")
+
+
+def slot_from_manifest(manifest: dict, layer: int, rep: dict) -> ShardSlot:
+    """The slot of representation ``rep`` in the manifest shard entry that holds ``layer``."""
+    for shard in manifest["shards"]:
+        first, last = shard["layers"]
+        if first <= layer <= last:
+            codec = rep.get("codec") or manifest["codec"]
+            return ShardSlot(manifest["template_id"], manifest["model_id"], (first, last), codec, rep["name"])
+    raise ValueError(f"manifest of template {manifest.get('template_id')!r} has no shard holding layer {layer}")
+
+
+def check_shard_binding(header: ShardHeader, slot: ShardSlot) -> None:
+    """Raise :class:`ShardBindingError` naming every field where ``header`` disagrees with ``slot``."""
+    problems = []
+    if header.template_id != slot.template_id:
+        problems.append(f"template {header.template_id!r} (expected {slot.template_id!r})")
+    if header.model_id != slot.model_id:
+        problems.append(f"model {header.model_id[:12]}… (expected {slot.model_id[:12]}…)")
+    if (header.layer_first, header.layer_last) != tuple(slot.layers):
+        problems.append(
+            f"layers {header.layer_first}-{header.layer_last} (expected {slot.layers[0]}-{slot.layers[1]})"
+        )
+    if header.codec != slot.codec:
+        problems.append(f"codec {header.codec!r} (expected {slot.codec!r})")
+    else:
+        name = get_codec(header.codec).level_name(header.level)
+        if name != slot.level_name:
+            problems.append(f"level {name!r} (expected {slot.level_name!r})")
+    if problems:
+        raise ShardBindingError(
+            "shard does not belong where the manifest puts it: its header says "
+            + ", ".join(problems)
+            + "; the manifest is tampered with or mixed up — treating the shard as corrupt"
+        )

@@ -1,0 +1,54 @@
+"""FLOP cost model: hand-derived FLOP counts, profile speeds from their published sources, geometry KV sizes."""
+
+import pytest
+
+from sakura_core.runtime.geometry import GEOMETRIES, DitGeometry, get_geometry
+from sakura_core.runtime.profiles import PROFILE_SOURCES, PROFILES, SD15_UNET_FLOPS, DeviceProfile, get_profile
+
+
+def test_layer_costs_are_flops_over_speed_plus_overhead_hand_derived():
+    # width 2 (1 head x 2), gated MLP ratio 3: linear = 2 * (4 + 9) * 2^2 = 104 FLOPs per token
+    g = DitGeometry(name="tiny", layers=3, heads=1, head_dim=2, image_tokens=3, text_tokens=1, template_tokens=2)
+    assert g.linear_flops(1) == 104
+    assert g.layer_cached_flops == 104 * 4 + 4 * 4 * 6 * 2  # 4 request tokens attend to 4 + 2 keys
+    assert g.template_layer_flops == 104 * 2 + 4 * 2 * 2 * 2  # template tokens attend only to themselves
+    assert g.layer_full_flops == 608 + 240
+    p = DeviceProfile("t", "soc", 100.0, 0.0, 0, model=g, layer_overhead_s=0.5)
+    assert p.layer_cached_s == pytest.approx(6.08 + 0.5)
+    assert p.layer_full_s == pytest.approx(8.48 + 0.5)
+    assert p.step_cached_s == pytest.approx(3 * 6.58)
+    assert p.template_pass_s == pytest.approx(3 * (2.40 + 0.5))
+
+
+def test_profiles_derive_their_speed_from_the_published_sd15_time():
+    for src in PROFILE_SOURCES:
+        p = PROFILES[src["profile"]]
+        assert p.effective_flop_per_s == pytest.approx(SD15_UNET_FLOPS / src["sd15_unet_pass_s"])
+        assert src["source"]
+    npu, gpu, cpu = (PROFILES[f"snapdragon-8-elite-{u}"] for u in ("npu", "gpu", "cpu"))
+    assert 13e12 < npu.effective_flop_per_s < 15e12 and 3e12 < gpu.effective_flop_per_s < 4e12
+    assert 0.15e12 < cpu.effective_flop_per_s < 0.25e12
+    # the old CPU profile was 400x the NPU's step time; the FLOP-derived one is ~70x
+    assert 50 < cpu.step_cached_s / npu.step_cached_s < 100
+
+
+def test_klein_geometries_kv_bytes_and_the_design_rule():
+    k = get_geometry("klein4b-512-ref1024")
+    assert k.width == 3072 and k.layers == 25 and k.double_layers == 5
+    assert k.kv_bytes_fp16 == 25 * 2 * 4096 * 3072 * 2
+    assert DitGeometry(**{**k.__dict__, "template_tokens": 1024}).kv_bytes_fp16 / 2**20 == pytest.approx(300, rel=0.01)
+    assert 2.5 < k.template_tokens / k.request_tokens < 3  # "template ~2.5x the request"
+    # FLOPs per fp16 KV byte of a template token-layer = 6.5 d + keys (DESIGN.md)
+    per_byte = k.template_layer_flops / (k.template_tokens * 4 * k.width)
+    assert per_byte == pytest.approx(6.5 * k.width + k.template_tokens)
+    assert get_geometry("klein4b-1024-ref1024").image_tokens == 4096
+    assert get_profile("snapdragon-8-elite-npu", "klein4b-512-ref1024").model is GEOMETRIES["klein4b-512-ref1024"]
+
+
+def test_bad_values_name_the_fix():
+    with pytest.raises(ValueError, match="effective_flop_per_s must be > 0"):
+        DeviceProfile("p", "soc", 0.0, 0.0, 0)
+    with pytest.raises(ValueError, match="unknown geometry 'x'"):
+        get_geometry("x")
+    with pytest.raises(ValueError, match="double_layers"):
+        DitGeometry(layers=2, double_layers=3)
