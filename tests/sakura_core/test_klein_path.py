@@ -60,3 +60,52 @@ def test_edit_with_a_policy_runs_and_fp16_kv_matches_exact(store, klein_model, p
     elif policy == "fetch-fp16":
         assert err < 1e-3  # fp16 storage of the KV only
     assert run.bytes_fetched > 0 or policy == "on-device-cached"
+
+
+def test_per_step_precompute_of_a_larger_template_on_the_folder(tmp_path, klein_folder, klein_model):
+    """``sakura precompute --kv-mode per-step --template-size 128`` on the folder: the published fp16 per-step KV of
+    a 128 px template (8x8 latent grid, 4x the edit's tokens) edits as the exact per-step KV does, to fp16 error."""
+    import io
+
+    from PIL import Image
+
+    from cloud_server.store import LocalStore
+    from sakura_core.cli import main
+    from sakura_core.kv.template_codec import decode_template
+    from sakura_core.models.edit_model import load_image
+    from sakura_core.runtime.edit import edit_times, run_edit
+
+    steps, m = 2, klein_model
+    rc = main(["precompute", "--store", str(tmp_path), "--model", str(klein_folder), "--image", "coffee", "--id",
+               "klein-ps", "--kv-mode", "per-step", "--steps", str(steps), "--template-size", "128"])  # fmt: skip
+    assert rc == 0
+    store = LocalStore(tmp_path)
+    manifest = store.get_manifest("klein-ps")
+    assert manifest["kv_mode"] == "per-step" and manifest["token_grid"] == [8, 8]
+    times = edit_times(m, steps)
+    assert manifest["schedule"]["timesteps"] == pytest.approx([float(t) for t in times[:-1]])  # the model's own
+    blobs = {}
+    for shard in manifest["shards"]:
+        for rep in shard["representations"]:
+            f, _ = store.open_shard(rep["digest"])
+            with f:
+                blobs[rep["digest"]] = f.read()
+    fetched = decode_template(manifest, blobs, "fp16")
+    f, _ = store.open_shard(manifest["template_image"]["digest"])  # the published template (lossless PNG)
+    with f:
+        template = np.asarray(Image.open(io.BytesIO(f.read())).convert("RGB"))
+    assert template.shape == (128, 128, 3)
+    exact = m.adapter.extract_per_step_kv(m.template_tokens(template), m.template_grid(template), times[:-1])
+    user = load_image("astronaut", m.spec.image_size)
+    a = run_edit(m, user, PROMPT, steps=steps, kv_source=fetched, kv_mode="per-step").tokens
+    b = run_edit(m, user, PROMPT, steps=steps, kv_source=exact, kv_mode="per-step").tokens
+    err = float((a - b).abs().max())
+    assert err < 1e-3  # fp16 storage only
+    other = m.adapter.extract_per_step_kv(m.template_tokens(load_image("chelsea", 128)), (8, 8), times[:-1])
+    assert (
+        float((run_edit(m, user, PROMPT, steps=steps, kv_source=other, kv_mode="per-step").tokens - b).abs().max())
+        > 10 * err
+    )
+    hybrid = run_edit(m, user, PROMPT, steps=steps, kv_source=fetched, kv_mode="per-step", split_layer=2,
+                      template_image=template).tokens  # fmt: skip
+    assert float((hybrid - b).abs().max()) < 1e-3
