@@ -244,16 +244,23 @@ def _add_output_psnr(
     prompt = "a photo"
     mode = "per-step" if isinstance(kv, PerStepTemplateKV) else "single"
     run = dict(steps=steps, seed=seed, shift=shift, kv_mode=mode)
-    exact = run_edit(model, user, prompt, kv_source=kv, **run).tokens
+    exact = _output_pixels(model, run_edit(model, user, prompt, kv_source=kv, **run).tokens)
     names = [r["name"] for r in shards[0]["representations"]]
     for i, name in enumerate(names):
         report("psnr", i, len(names))
         approx = _decode_level(kv, shards, blobs, name)
-        out = run_edit(model, user, prompt, kv_source=approx, **run).tokens
-        psnr = psnr_from_mse(float(((out.clamp(-1, 1) - exact.clamp(-1, 1)) ** 2).mean()))
+        out = _output_pixels(model, run_edit(model, user, prompt, kv_source=approx, **run).tokens)
+        psnr = psnr_from_mse(float(((out - exact) ** 2).mean()))
         for shard in shards:
             next(r for r in shard["representations"] if r["name"] == name)["psnr_db"] = round(psnr, 3)
     report("psnr", len(names), len(names))
+
+
+def _output_pixels(model, tokens: torch.Tensor) -> torch.Tensor:
+    """An edit's output as pixels in [-1, 1]: pixel-patch tokens clamped, or a latent model's VAE decode."""
+    if hasattr(model, "decode_float"):
+        return torch.from_numpy(model.decode_float(tokens)) * 2 - 1  # (S, S, 3) from [0, 1]
+    return tokens.clamp(-1, 1)
 
 
 def _decode_level(kv, shards: list[dict], blobs: dict[str, bytes], name: str):

@@ -59,7 +59,8 @@ def test_edit_with_a_policy_runs_and_fp16_kv_matches_exact(store, klein_model, p
         assert err == 0.0  # the device computed the template itself: exact
     elif policy == "fetch-fp16":
         assert err < 1e-3  # fp16 storage of the KV only
-    assert run.bytes_fetched > 0 or policy == "on-device-cached"
+    if policy == "fetch-fp16":
+        assert run.bytes_fetched > 0  # (sakura may fetch or compute: its choice depends on the measured link)
 
 
 def test_per_step_precompute_of_a_larger_template_on_the_folder(tmp_path, klein_folder, klein_model):
