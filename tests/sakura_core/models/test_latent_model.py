@@ -17,9 +17,10 @@ def klein(klein_folder, klein_model):
     return klein_folder, klein_model
 
 
-def _images(size: int):
+def _images(size: int, template_size: int | None = None):
     rng = np.random.default_rng(7)
-    template = (rng.random((size, size, 3)) * 255).astype(np.uint8)
+    t = template_size or size
+    template = (rng.random((t, t, 3)) * 255).astype(np.uint8)
     yy, xx = np.mgrid[0:size, 0:size]
     user = np.stack([xx * 4 % 256, yy * 4 % 256, (xx + yy) * 2 % 256], axis=-1).astype(np.uint8)
     return template, user
@@ -35,29 +36,33 @@ def _diffusers_output(model, template, user, prompt, steps, seed):
     start, _ = model.edit_start(u, noise, steps)
     rows, cols = model.spec.grid
     latents = start.permute(0, 2, 1).reshape(1, -1, rows, cols)  # (1, 4C, rows, cols) as prepare_latents takes
-    out = pipe(image=Image.fromarray(template), prompt=prompt, num_inference_steps=steps,
+    out = pipe(image=Image.fromarray(template), prompt=prompt, num_inference_steps=steps, height=model.spec.image_size,
+               width=model.spec.image_size,
                sigmas=model.sigmas_in(steps), latents=latents, output_type="np",
                max_sequence_length=model.spec.text_tokens,
                text_encoder_out_layers=model.spec.text_encoder_layers)  # fmt: skip
     return out.images[0]
 
 
-@pytest.mark.parametrize("split_layer", [0, 2])
-def test_latent_edit_with_fetched_kv_equals_diffusers(klein, split_layer):
+@pytest.mark.parametrize(("split_layer", "template_size"), [(0, 64), (2, 64), (0, 128), (1, 128)])
+def test_latent_edit_with_fetched_kv_equals_diffusers(klein, split_layer, template_size):
+    """Fetched KV (split 0), or a hybrid split; a 128 px template (8x8 latent grid) on a 64 px edit too."""
     from sakura_core.runtime.edit import run_edit
 
     _, model = klein
     size, steps, seed, prompt = model.spec.image_size, 3, 5, "swap the face"
-    template, user = _images(size)
-    kv = model.adapter.extract_template_kv(model.template_tokens(template), model.spec.grid)  # the server's KV
+    template, user = _images(size, template_size)
+    kv = model.adapter.extract_template_kv(model.template_tokens(template), model.template_grid(template))
     ours = run_edit(model, user, prompt, steps=steps, seed=seed, kv_source=kv, split_layer=split_layer,
                     template_image=template)  # fmt: skip
     theirs = _diffusers_output(model, template, user, prompt, steps, seed)
     diff = float(np.abs(model.decode_float(ours.tokens) - theirs).max())
-    print(f"split {split_layer}: max |ours - diffusers| = {diff:.3e} (images in [0, 1])")  # noqa: T201 (-s figure)
+    print(f"split {split_layer}, template {template_size} px: max |ours - diffusers| = {diff:.3e} (images in [0, 1])")  # noqa: T201 (-s figure)
     assert diff <= 1e-5
     assert np.abs(theirs - theirs.mean()).max() > 1e-3  # a real image, not a constant
-    other = model.adapter.extract_template_kv(model.template_tokens(user), model.spec.grid)  # another template
+    other = model.adapter.extract_template_kv(
+        model.template_tokens(np.ascontiguousarray(template[::-1])), model.template_grid(template)
+    )  # another template
     wrong = run_edit(model, user, prompt, steps=steps, seed=seed, kv_source=other).tokens
     assert np.abs(model.decode_float(wrong) - theirs).max() > 1e-4  # the comparison can tell KV apart
 
