@@ -339,10 +339,10 @@ def create_app(
     return app
 
 
-def _load_model(weights: str):
-    from sakura_core.models.edit_model import load_demo_model
+def _load_model(config: AgentConfig):
+    from sakura_core.models.loading import load_edit_model
 
-    return load_demo_model(weights=None if weights == "none" else weights)
+    return load_edit_model(config.model, weights=None if config.weights == "none" else config.weights)
 
 
 def _open_qnn(model, cache_dir: str | None):
@@ -363,7 +363,7 @@ async def _lifecycle(app: web.Application):
     state = app[AGENT_STATE_KEY]
     loop = asyncio.get_running_loop()
     if state.model is None:
-        state.model = await loop.run_in_executor(None, _load_model, state.config.weights)
+        state.model = await loop.run_in_executor(None, _load_model, state.config)
     if state.edit_fn is None:
         from sakura_core.edit import edit_from_server
 

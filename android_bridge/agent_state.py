@@ -50,6 +50,8 @@ class AgentConfig:
             binaries through onnxruntime-qnn, CPU fallback disabled; on x86 the HTP is EMULATED).
         qnn_cache_dir: root of the QNN context-binary cache (one folder per model id); None = $SAKURA_QNN_CACHE or
             ~/.cache/sakura/qnn.
+        model: "demo", or the path of a diffusers FLUX.2 [klein] pipeline folder (latent space: VAE + text encoder
+            run here too; the user's image and prompt stay on this device).
     """
 
     token: str
@@ -68,8 +70,12 @@ class AgentConfig:
     weights: str = "auto"
     backend: str = "torch"
     qnn_cache_dir: str | None = None
+    model: str = "demo"
 
     def __post_init__(self) -> None:
+        from sakura_core.models.loading import check_model_source
+
+        check_model_source(self.model)
         if self.backend not in ("torch", "qnn"):
             raise ValueError(f"backend must be 'torch' or 'qnn', got {self.backend!r}")
         if not isinstance(self.token, str) or len(self.token) < 8 or not self.token.isprintable() or " " in self.token:

@@ -68,12 +68,13 @@ class DiTGeometry:
 
     @classmethod
     def of_demo(cls, model) -> DiTGeometry:
-        """The geometry of a :class:`~sakura_core.models.edit_model.EditModel` editing at its own resolution."""
+        """The geometry of an edit model (the demo ``EditModel`` or a latent ``LatentEditModel``, whose VAE and text
+        encoder weights count too) editing at its own resolution."""
         a = model.adapter
         cfg = model.spec.transformer
         return cls(
             name=model.spec.name,
-            params=sum(p.numel() for p in a.model.parameters()),
+            params=sum(p.numel() for p in a.model.parameters()) + int(getattr(model, "component_params", 0)),
             layers=a.num_layers,
             heads=a.num_heads,
             head_dim=a.head_dim,

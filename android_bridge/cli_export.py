@@ -1,4 +1,5 @@
-"""``sakura export --target onnx|qnn --out DIR``: the demo DiT in cached-KV mode for the Snapdragon NPU toolchain.
+"""``sakura export --target onnx|qnn --out DIR [--model FOLDER]``: the demo DiT (or a klein folder's transformer) in
+cached-KV mode for the Snapdragon NPU toolchain.
 
 Prints the op coverage and the numerical parity against torch; writes the models, ``io.json`` and
 ``export_report.json`` into DIR. ``--target qnn`` needs ``onnxruntime-qnn`` (pip install 'sakura-kv[npu]').
@@ -20,6 +21,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--calibration-steps", type=int, default=4, help="denoising steps per calibration edit")
     parser.add_argument("--validation-steps", type=int, default=4, help="steps of the held-out validation edit")
     parser.add_argument("--weights", default="auto", help="demo model weights: auto, none or a path")
+    parser.add_argument("--model", default="demo",
+                        help="demo, or the path of a diffusers FLUX.2 [klein] pipeline folder (its transformer)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 
 
@@ -40,7 +43,12 @@ def run(args) -> int:
         config = ExportConfig(out_dir=args.out, target=args.target, soc_model=args.soc_model,
                               calibration_steps=args.calibration_steps, validation_steps=args.validation_steps,
                               weights=args.weights)  # fmt: skip
-        report = export_demo(config, progress=lambda msg: print(msg, flush=True))
+        model = None
+        if args.model != "demo":
+            from sakura_core.models.loading import load_edit_model
+
+            model = load_edit_model(args.model)
+        report = export_demo(config, model=model, progress=lambda msg: print(msg, flush=True))
     except (ExportError, ValueError) as e:
         print(f"sakura export: {e}", file=sys.stderr)
         return 1

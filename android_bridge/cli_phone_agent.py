@@ -37,6 +37,8 @@ def add_arguments(parser) -> None:
                         help="memory one edit may use (MiB); default: the profile's (NPU session or app share)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads for the emulated phone")
     parser.add_argument("--weights", default="auto", help="demo model weights: auto, none (random init) or a path")
+    parser.add_argument("--model", default="demo",
+                        help="demo, or the path of a diffusers FLUX.2 [klein] pipeline folder (model_index.json)")  # fmt: skip
     parser.add_argument("--job-timeout", type=float, default=600.0, help="seconds before a running job is cancelled")
     parser.add_argument("--no-simulation", action="store_true", help="do not add the simulated phone latency")
     parser.add_argument("--backend", choices=("torch", "qnn"), default="torch",
@@ -89,6 +91,7 @@ def run(args) -> int:
             weights=args.weights,
             backend=args.backend,
             qnn_cache_dir=args.qnn_cache,
+            model=args.model,
         )
     except ValueError as e:
         print(f"sakura phone-agent: {e}", file=sys.stderr)

@@ -120,7 +120,10 @@ def _edit_samples(model, template_name: str, user_name: str, prompt: str, steps:
     kv = a.extract_template_kv(model.template_tokens(template), model.spec.grid)
     packed, txt = model.pack_image(user), model.encode_prompt(prompt)
     x = torch.randn(packed.shape, generator=torch.Generator().manual_seed(seed))
-    times = flow_timesteps(steps)
+    if hasattr(model, "edit_start"):  # a latent model: its own start (user latents + noise) and schedule
+        x, times = model.edit_start(packed, x, steps)
+    else:
+        times = flow_timesteps(steps)
     inputs, outputs = [], []
     for step in range(steps):
         t, t_next = times[step], times[step + 1]

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from sakura_core.models.loading import check_model_source
+
 from .config import MODELS
 from .precompute import (
     ImageError,
@@ -22,7 +24,12 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser) -> None:
     parser.add_argument("--store", required=True, help="store folder (created if missing)")
-    parser.add_argument("--model", default="demo", help=f"model to compute the KV with: {', '.join(MODELS)}")
+    parser.add_argument(
+        "--model",
+        default="demo",
+        help=f"model to compute the KV with: {', '.join(MODELS)} or the path of a diffusers FLUX.2 [klein] pipeline "
+        "folder (its model_index.json names Flux2KleinKVPipeline)",
+    )
     parser.add_argument("--image", required=True, help="template image file (PNG/JPEG/WebP) or a demo sample name")
     parser.add_argument("--id", required=True, dest="template_id", help="template id, [a-z0-9-]{1,64}")
     parser.add_argument("--codec", default="sakura", help="codec name (default: %(default)s)")
@@ -65,8 +72,7 @@ def _read_image(source: str) -> tuple:
 
 def run(args) -> int:
     try:
-        if args.model not in MODELS:
-            raise ValueError(f"unknown model {args.model!r}: choose one of {', '.join(MODELS)}")
+        check_model_source(args.model)
         validate_template_id(args.template_id)
         if args.shard_layers < 1:
             raise ValueError(f"--shard-layers must be >= 1, got {args.shard_layers}")

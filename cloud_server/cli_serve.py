@@ -41,7 +41,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--model",
         default="demo",
-        help=f"served model: {', '.join(MODELS)} or none (templates of any model, read-only) (default: %(default)s)",
+        help=f"served model: {', '.join(MODELS)}, a FLUX.2 [klein] pipeline folder's path, or none (templates of any model, read-only) (default: %(default)s)",
     )
     parser.add_argument("--max-upload-mib", type=float, default=16.0, help="largest template upload (MiB)")
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (default: %(default)s)")

@@ -24,7 +24,8 @@ class ServerConfig:
             ``None`` disables the write path (403).
         read_token: when set, read endpoints (catalog, manifests, shards, metrics) require it too (or the write
             token). ``/healthz`` stays open.
-        model: name of the served model (one of ``MODELS``) or ``None``. The served model's id is checked against
+        model: name of the served model (one of ``MODELS``), a diffusers FLUX.2 [klein] pipeline folder's path, or
+            ``None``. The served model's id is checked against
             every manifest (a template made for another model is refused with 409) and is the model the write path
             precomputes with. ``None`` serves templates of any model and disables precompute.
         max_upload_bytes: largest template image accepted by ``POST /v1/templates`` (bytes); larger gets 413.
@@ -72,8 +73,10 @@ class ServerConfig:
             token = getattr(self, name)
             if token is not None and (len(token) < 8 or not token.isprintable() or " " in token):
                 raise ValueError(f"{name} must be at least 8 printable characters without spaces, got {len(token)}")
-        if self.model is not None and self.model not in MODELS:
-            raise ValueError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)} (or none)")
+        if self.model is not None:
+            from sakura_core.models.loading import check_model_source
+
+            check_model_source(self.model)
         positive = ("max_upload_bytes", "max_image_pixels", "max_header_bytes", "max_headers", "max_pending_jobs")
         for name in (*positive, "shard_layers", "backlog", "send_chunk_bytes"):
             if getattr(self, name) < 1:

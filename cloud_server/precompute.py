@@ -20,7 +20,6 @@ import numpy as np
 from sakura_core.fetch.client import ManifestError, check_manifest
 from sakura_core.io_utils import png_bytes
 
-from .config import MODELS
 from .store import Store, validate_template_id
 
 __all__ = [
@@ -63,12 +62,11 @@ class PublishResult:
 
 
 def load_model(name: str):
-    """The served model by name (``MODELS``); ``demo`` is the embedded demo model."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
-    from sakura_core.models.edit_model import load_demo_model
+    """The served model: ``demo`` (the embedded demo model, ``MODELS``) or a diffusers FLUX.2 [klein] pipeline
+    folder's path (VAE-encoded templates, latent-space KV)."""
+    from sakura_core.models.loading import load_edit_model
 
-    return load_demo_model()
+    return load_edit_model(name)
 
 
 _OBJECT_REPR = re.compile(r"<[^<>]{1,80} object at 0x[0-9a-fA-F]+>")

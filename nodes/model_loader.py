@@ -1,12 +1,17 @@
-"""Sakura Model Loader: the embedded demo model, or a diffusers-format FLUX.2 KV transformer folder.
+"""Sakura Model Loader: the embedded demo model, a diffusers FLUX.2 [klein] pipeline folder, or a FLUX.2 KV
+transformer folder.
 
 Folders are listed the way ComfyUI lists diffusers models: every folder under ``models/diffusers`` (any of
-``folder_paths.get_folder_paths("diffusers")``) whose ``config.json`` names ``Flux2Transformer2DModel`` — a
-transformer saved with ``save_pretrained``, or the ``transformer/`` folder of a pipeline.
+``folder_paths.get_folder_paths("diffusers")``) whose
 
-SAKURA's runtime edits in pixel-patch token space (``sakura_core.models.edit_model``): a folder also needs
-``sakura_spec.json`` with the image geometry (``image_size``, ``patch_size``, ``text_tokens``, optionally
-``ref_fixed_timestep``, ``name``), the fields of ``sakura_core/models/demo_model.json`` without ``transformer``.
+* ``model_index.json`` names a FLUX.2 [klein] pipeline (``Flux2KleinKVPipeline``; what ``save_pretrained`` or a
+  hub download of ``FLUX.2-klein-*-kv`` gives): loaded as is, latent space, VAE and Qwen3 text encoder included
+  (``sakura_core.models.latent_model``; an optional ``sakura_spec.json`` there may set ``image_size``,
+  ``text_tokens``, ``strength``); its ``transformer/`` subfolder is not listed separately; or whose
+* ``config.json`` names ``Flux2Transformer2DModel`` — a pixel-patch transformer saved with ``save_pretrained``.
+  That one also needs ``sakura_spec.json`` with the image geometry (``image_size``, ``patch_size``,
+  ``text_tokens``, optionally ``ref_fixed_timestep``, ``name``), the fields of ``sakura_core/models/demo_model.json``
+  without ``transformer``.
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ def _roots() -> list[str]:
 
 
 def list_transformer_folders() -> dict[str, Path]:
-    """``{name shown in the combo: folder}`` of every FLUX.2 transformer folder under the diffusers roots."""
+    """``{name shown in the combo: folder}`` of every klein pipeline and FLUX.2 transformer folder under the
+    diffusers roots."""
+    from sakura_core.models.loading import is_klein_folder
+
     found: dict[str, Path] = {}
     for root in _roots():
         if not os.path.isdir(root):
@@ -47,6 +55,10 @@ def list_transformer_folders() -> dict[str, Path]:
             if rel.count(os.sep) + 1 >= _MAX_DEPTH:
                 dirnames.clear()
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            if "model_index.json" in filenames and is_klein_folder(dirpath):
+                found.setdefault(Path(rel).as_posix(), Path(dirpath))
+                dirnames.clear()  # its transformer/ is part of it
+                continue
             if "config.json" not in filenames:
                 continue
             try:
@@ -60,8 +72,13 @@ def list_transformer_folders() -> dict[str, Path]:
 
 
 def load_model_folder(folder: Path, name: str):
-    """A ``EditModel`` over the FLUX.2 transformer saved in ``folder`` (see the module doc for ``sakura_spec.json``)."""
+    """The model in ``folder``: a klein pipeline (``LatentEditModel``) or a pixel-patch FLUX.2 transformer with its
+    ``sakura_spec.json`` (``EditModel``); see the module doc."""
     from sakura_core.models.edit_model import EditModel, ModelSpec
+    from sakura_core.models.loading import is_klein_folder
+
+    if is_klein_folder(folder):
+        return _load_klein(folder, name)
 
     config = json.loads((folder / "config.json").read_text())
     spec_path = folder / SPEC_FILE
@@ -70,8 +87,9 @@ def load_model_folder(folder: Path, name: str):
             f"model folder {name!r} holds a {_CLASS} (in_channels={config.get('in_channels')}) but no {SPEC_FILE}. "
             f"SAKURA runs FLUX.2 KV transformers in pixel-patch token space and needs the image geometry: add "
             f"{SPEC_FILE} with image_size, patch_size and text_tokens (as in sakura_core/models/demo_model.json). "
-            "A latent-space FLUX.2 [klein] KV checkpoint (in_channels 128) also needs a VAE and a text encoder, "
-            "which the SAKURA runtime does not run."
+            "A latent-space FLUX.2 [klein] KV checkpoint (in_channels 128): put the whole diffusers pipeline folder "
+            "(model_index.json, transformer/, vae/, text_encoder/, tokenizer/, scheduler/) under models/diffusers "
+            "and pick that folder instead."
         )
     try:
         fields = json.loads(spec_path.read_text())
@@ -90,6 +108,19 @@ def load_model_folder(folder: Path, name: str):
     return EditModel(spec, transformer, f"folder:{name}")
 
 
+def _load_klein(folder: Path, name: str):
+    from sakura_core.models.latent_model import load_klein_folder
+
+    try:
+        return load_klein_folder(folder)
+    except (OSError, ValueError, ImportError) as e:
+        raise SakuraNodeError(
+            f"model folder {name!r} names a FLUX.2 [klein] pipeline but cannot be loaded: {e}. It needs "
+            "transformer/, vae/, text_encoder/, tokenizer/ and scheduler/ as Flux2KleinKVPipeline.save_pretrained "
+            "writes them, and the transformers package (pip install transformers)"
+        ) from e
+
+
 class SakuraModelLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -97,15 +128,16 @@ class SakuraModelLoader(io.ComfyNode):
             node_id="SakuraModelLoader",
             display_name="Sakura Model Loader",
             category=CATEGORY,
-            description="Loads the DiT that edits on this machine: the embedded demo model (64 px, CPU) or a "
-            "FLUX.2 KV transformer folder from models/diffusers.",
+            description="Loads the DiT that edits on this machine: the embedded demo model (64 px, CPU), or a "
+            "FLUX.2 [klein] KV pipeline folder (VAE + text encoder, latent space) or FLUX.2 KV transformer folder "
+            "from models/diffusers.",
             inputs=[
                 io.Combo.Input(
                     "model_name",
                     options=[DEMO, *list_transformer_folders()],
                     default=DEMO,
-                    tooltip="'demo (embedded)' or a diffusers FLUX.2 transformer folder found under models/diffusers "
-                    f"(it needs {SPEC_FILE} beside its config.json).",
+                    tooltip="'demo (embedded)', a diffusers FLUX.2 [klein] pipeline folder (model_index.json) or a "
+                    f"FLUX.2 transformer folder (with {SPEC_FILE} beside its config.json) under models/diffusers.",
                 ),
             ],
             outputs=[
@@ -128,7 +160,7 @@ class SakuraModelLoader(io.ComfyNode):
         if model not in folders:
             roots = ", ".join(_roots()) or "(none configured)"
             raise SakuraNodeError(
-                f"model folder {model!r} is not among the FLUX.2 transformer folders under {roots}; "
+                f"model folder {model!r} is not among the FLUX.2 klein / transformer folders under {roots}; "
                 f"found: {', '.join(folders) or 'none'}"
             )
         return io.NodeOutput(load_model_folder(folders[model], model))

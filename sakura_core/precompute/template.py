@@ -75,10 +75,11 @@ def precompute_template(
             (every shard at that level, vs the exact-KV edit); 0 skips it. Clients pick their quality floor by it.
             In per-step mode the held-out edit runs the template's own schedule (``steps``, ``shift``) instead.
         kv_mode: ``"single"`` (one KV per layer) or ``"per-step"`` (one KV per (step, layer) for the schedule
-            ``flow_timesteps(steps, shift)``; importance probes run at each step's time; shards carry ``step``).
+            ``flow_timesteps(steps, shift)``, or a latent model's own schedule for ``steps``; importance probes run at
+            each step's time; shards carry ``step``).
         steps, shift: the per-step schedule (ignored in single mode).
     """
-    from ..runtime.sampler import flow_timesteps
+    from ..runtime.edit import edit_times
 
     if kv_mode not in KV_MODES:
         raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
@@ -90,7 +91,7 @@ def precompute_template(
     report("kv", 0, 1)
     ref = model.template_tokens(image)
     if kv_mode == "per-step":
-        per_step = model.adapter.extract_per_step_kv(ref, grid, flow_timesteps(steps, shift)[:-1])
+        per_step = model.adapter.extract_per_step_kv(ref, grid, edit_times(model, steps, shift)[:-1])
         kvs = [per_step.at_step(s) for s in range(steps)]
     else:
         per_step, kvs = None, [model.adapter.extract_template_kv(ref, grid)]
@@ -243,16 +244,23 @@ def _add_output_psnr(
     prompt = "a photo"
     mode = "per-step" if isinstance(kv, PerStepTemplateKV) else "single"
     run = dict(steps=steps, seed=seed, shift=shift, kv_mode=mode)
-    exact = run_edit(model, user, prompt, kv_source=kv, **run).tokens
+    exact = _output_pixels(model, run_edit(model, user, prompt, kv_source=kv, **run).tokens)
     names = [r["name"] for r in shards[0]["representations"]]
     for i, name in enumerate(names):
         report("psnr", i, len(names))
         approx = _decode_level(kv, shards, blobs, name)
-        out = run_edit(model, user, prompt, kv_source=approx, **run).tokens
-        psnr = psnr_from_mse(float(((out.clamp(-1, 1) - exact.clamp(-1, 1)) ** 2).mean()))
+        out = _output_pixels(model, run_edit(model, user, prompt, kv_source=approx, **run).tokens)
+        psnr = psnr_from_mse(float(((out - exact) ** 2).mean()))
         for shard in shards:
             next(r for r in shard["representations"] if r["name"] == name)["psnr_db"] = round(psnr, 3)
     report("psnr", len(names), len(names))
+
+
+def _output_pixels(model, tokens: torch.Tensor) -> torch.Tensor:
+    """An edit's output as pixels in [-1, 1]: pixel-patch tokens clamped, or a latent model's VAE decode."""
+    if hasattr(model, "decode_float"):
+        return torch.from_numpy(model.decode_float(tokens)) * 2 - 1  # (S, S, 3) from [0, 1]
+    return tokens.clamp(-1, 1)
 
 
 def _decode_level(kv, shards: list[dict], blobs: dict[str, bytes], name: str):

@@ -17,7 +17,7 @@ from ..models.kv_types import KV_MODES, KVMismatchError, PerStepTemplateKV, Temp
 from .backend import ComputeBackend, backend_of
 from .sampler import euler_sample, flow_timesteps
 
-__all__ = ["EditResult", "KVSource", "run_edit"]
+__all__ = ["EditResult", "KVSource", "edit_times", "run_edit"]
 
 # KV for one layer at one step: (layer, step) -> (k, v), each (1, ref_tokens, heads, head_dim).
 KVSource = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -28,7 +28,7 @@ class EditResult:
     """Result of :func:`run_edit`.
 
     Attributes:
-        tokens: (1, tokens, 3*p*p) edited image tokens in [-1, 1].
+        tokens: (1, tokens, channels) edited image tokens (pixel patches in [-1, 1], or packed latents).
         image: (S, S, 3) uint8 edited image.
         device_kv: KV this device computed at step 0, per layer ``< split_layer``.
         layer_calls: how many transformer layers ran (all steps).
@@ -56,7 +56,7 @@ def run_edit(
     kv_mode: str = "single",
     backend: ComputeBackend | None = None,
 ) -> EditResult:
-    """Edit ``user_image`` (uint8 (S, S, 3)) against a template with the demo model.
+    """Edit ``user_image`` (uint8 (S, S, 3)) against a template with the demo model or a latent klein model.
 
     Args:
         split_layer: layers below it run the template on the device at step 0 (needs ``template_image``); or a
@@ -82,7 +82,7 @@ def run_edit(
     if kv_mode not in KV_MODES:
         raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
     per_step = kv_mode == "per-step"
-    times = flow_timesteps(steps, shift)
+    times = edit_times(model, steps, shift)
     if per_step and isinstance(kv_source, TemplateKV):
         raise KVMismatchError("per-step edit given single-mode template KV: pass a PerStepTemplateKV (or a function)")
     if isinstance(kv_source, PerStepTemplateKV):
@@ -133,8 +133,16 @@ def run_edit(
             device_kv.extend(result.extracted)
         return result.sample
 
-    out = euler_sample(velocity, noise, times)
+    # latent models: the user image is the flow's start; the demo model concatenates it and flows from pure noise
+    start = model.edit_start(user, noise, steps)[0] if hasattr(model, "edit_start") else noise
+    out = euler_sample(velocity, start, times)
     return EditResult(tokens=out, image=model.unpack_tokens(out), device_kv=device_kv, layer_calls=calls[0])
+
+
+def edit_times(model, steps: int, shift: float = 1.0) -> torch.Tensor:
+    """The ``steps + 1`` flow times an edit with ``model`` runs (and per-step KV is computed for): a latent model's
+    own schedule (``model.schedule``: the diffusers pipeline's shifted sigmas), else ``flow_timesteps(steps, shift)``."""
+    return model.schedule(steps) if hasattr(model, "schedule") else flow_timesteps(steps, shift)
 
 
 def _per_step_source(adapter, kv: PerStepTemplateKV, grid, times: torch.Tensor, per_step: bool) -> KVSource:

@@ -137,7 +137,7 @@ def test_model_loader_errors_are_readable(comfy, node_classes, run_node, diffuse
     loader = node_classes["SakuraModelLoader"]
     with pytest.raises(err, match=r"no sakura_spec\.json.*in_channels=128|in_channels=128.*no sakura_spec\.json"):
         run_node(loader, model_name="flux2-klein-kv/transformer")
-    with pytest.raises(err, match="not among the FLUX.2 transformer folders.*found: flux2-klein-kv"):
+    with pytest.raises(err, match="not among the FLUX.2 klein / transformer folders.*found: flux2-klein-kv"):
         run_node(loader, model_name="some-unet")
     (diffusers_root / "sakura-demo-copy" / "sakura_spec.json").write_text(json.dumps({"patch_size": 5}))
     with pytest.raises(err, match="does not fit the transformer"):

@@ -1,0 +1,91 @@
+"""A tiny random FLUX.2 [klein] KV pipeline folder, built offline: the same classes as the real one, seconds on a CPU.
+
+``Flux2KleinKVPipeline`` with a 3-layer ``Flux2Transformer2DModel`` (in_channels 16), a 4-level
+``AutoencoderKLFlux2`` (scale factor 8, 4 latent channels), a 28-layer width-16 ``Qwen3ForCausalLM`` (so the
+pipeline's default hidden-state layers 9, 18, 27 exist) and a byte-level ``Qwen2TokenizerFast`` with the Qwen
+chat markers, saved with ``save_pretrained``. No hub download. The edits are noise; every path (precompute,
+serving, fetching, the ComfyUI nodes, the phone agent, exactness against diffusers) runs on it as on a real folder.
+
+    python -m sakura_core.models.tiny_klein OUT_FOLDER
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+__all__ = ["TINY_IMAGE_SIZE", "TINY_TEXT_TOKENS", "build_tiny_klein"]
+
+TINY_IMAGE_SIZE = 64  # the pipeline's minimum side
+TINY_TEXT_TOKENS = 32  # written to sakura_spec.json; the pipeline default (512) works too, only slower
+
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import Qwen2TokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}  # 256 byte symbols, no merges
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    out = Qwen2TokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    out.chat_template = _CHAT_TEMPLATE
+    return out
+
+
+def build_tiny_klein(out: str | Path, seed: int = 0, text_tokens: int = TINY_TEXT_TOKENS) -> Path:
+    """Save a tiny random klein KV pipeline (and a ``sakura_spec.json``: 64 px, ``text_tokens``) to ``out``."""
+    from diffusers import (
+        AutoencoderKLFlux2,
+        FlowMatchEulerDiscreteScheduler,
+        Flux2KleinKVPipeline,
+        Flux2Transformer2DModel,
+    )
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out)
+    tokenizer = _tokenizer()
+    torch.manual_seed(seed)
+    te_cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=28,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=1024)  # fmt: skip
+    text_encoder = Qwen3ForCausalLM(te_cfg).eval()
+    vae = AutoencoderKLFlux2(block_out_channels=(8, 8, 8, 8), down_block_types=("DownEncoderBlock2D",) * 4,
+                             up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1, latent_channels=4,
+                             norm_num_groups=4, sample_size=TINY_IMAGE_SIZE).eval()  # fmt: skip
+    with torch.no_grad():  # a non-trivial batch-norm so (de)normalisation is exercised
+        vae.bn.running_mean.copy_(torch.linspace(-0.2, 0.2, vae.bn.running_mean.numel()))
+        vae.bn.running_var.copy_(torch.linspace(0.5, 1.5, vae.bn.running_var.numel()))
+    transformer = Flux2Transformer2DModel(in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=8,
+                                          num_attention_heads=2, joint_attention_dim=3 * te_cfg.hidden_size,
+                                          timestep_guidance_channels=32, axes_dims_rope=(2, 2, 2, 2),
+                                          guidance_embeds=False).eval()  # fmt: skip
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, shift=3.0, time_shift_type="exponential")
+    pipe = Flux2KleinKVPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                transformer=transformer)  # fmt: skip
+    pipe.save_pretrained(str(out))
+    spec = {"image_size": TINY_IMAGE_SIZE, "text_tokens": text_tokens, "name": "tiny-klein-kv"}
+    (out / "sakura_spec.json").write_text(json.dumps(spec, indent=1) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Save a tiny random FLUX.2 [klein] KV pipeline folder (offline).")
+    parser.add_argument("out", help="folder to write (model_index.json, transformer/, vae/, text_encoder/, ...)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(build_tiny_klein(args.out, seed=args.seed))  # noqa: T201 (CLI)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
