@@ -99,7 +99,13 @@ def edit_report(
     image = np.ascontiguousarray(run.image)
     report = {
         "summary": summary_line(
-            run.policy, run.latency_s, run.bytes_fetched, run.split_layer, layers, link.label, psnr_db,
+            run.policy,
+            run.latency_s,
+            run.bytes_fetched,
+            run.split_layer,
+            layers,
+            link.label,
+            psnr_db,
             getattr(run, "split_layers", None),
         ),  # fmt: skip
         "policy": run.policy,

@@ -71,7 +71,9 @@ class RunReport:
         """Per-step mode: ``{"step s": [what layer 0, 1, ... used]}`` ("-" = nothing recorded)."""
         L = self.layers_per_step
         steps = 1 + max((g // L for g in self.levels_used), default=-1) if L else 0
-        return {f"step {s}": ["/".join(self.levels_used.get(s * L + i, ["-"])) for i in range(L)] for s in range(steps)}
+        return {
+            f"step {s}": ["/".join(self.levels_used.get(s * L + i, ["-"])) for i in range(L)] for s in range(steps)
+        }
 
     def busy_s(self, lane: str) -> float:
         """Total time the lane was busy (overlaps merged)."""

@@ -63,9 +63,21 @@ def _run(setup, policy, corrupt=(), steps=STEPS, plan_policy="fetch-fp16"):
         return blob[:-10] + b"\x00" * 10 if digest in corrupt else blob
 
     return asyncio.run(
-        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,
-                           reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
-                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=steps))  # fmt: skip
+        run_pipelined_edit(
+            model,
+            pre.manifest,
+            fetch_blob,
+            usr,
+            "p",
+            policy=policy,
+            ladders=plan.ladders,
+            reps=plan.reps,
+            floor=plan.floor,
+            profile=profile,
+            template_image=tpl,
+            trace=Trace.constant(50.0),
+            config=RuntimeConfig(steps=steps),
+        )  # fmt: skip
     )
 
 
