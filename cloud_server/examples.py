@@ -13,7 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["KV_SETTINGS", "TEMPLATES", "USER_IMAGES", "publish_examples", "template_image", "user_image", "write_user_images"]
+__all__ = [
+    "KV_SETTINGS",
+    "TEMPLATES",
+    "USER_IMAGES",
+    "publish_examples",
+    "template_image",
+    "user_image",
+    "write_user_images",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -46,7 +46,9 @@ def _blobs(store, manifest):
 
 async def _job(aiohttp_server, model, cloud_url, user_image, steps, policy="fetch-fp16"):
     profile = LiveProfile(0.01, 0.005, model.adapter.num_layers, steps)
-    server = await aiohttp_server(create_app(AgentConfig(token=PHONE_TOKEN, port=0), model=model, live_profile=profile))
+    server = await aiohttp_server(
+        create_app(AgentConfig(token=PHONE_TOKEN, port=0), model=model, live_profile=profile)
+    )
     client = PhoneClient.connect(str(server.make_url("")).rstrip("/"), PHONE_TOKEN, check=False)
     try:
         job = PhoneJob(cloud_url=cloud_url, template_id=TEMPLATE, prompt=PROMPT, steps=steps, seed=0, policy=policy,
