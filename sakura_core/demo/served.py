@@ -10,6 +10,7 @@ shipped trace, on this CPU. With ``per_step_policies``, it also publishes the te
 from __future__ import annotations
 
 import asyncio
+import functools
 import tempfile
 from importlib import resources
 
@@ -18,6 +19,7 @@ import numpy as np
 from ..edit import EditRequest, edit_from_server
 from ..fetch.link import LinkSpec
 from ..models.edit_model import EditModel
+from ..precompute import precompute_template
 from ..runtime.live_profile import LiveProfile
 
 __all__ = ["DEMO_POLICIES", "PER_STEP_POLICIES", "run_served_demo"]
@@ -45,8 +47,9 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
             await asyncio.to_thread(publish_template, store, model, template, tid, codec=codec)
             progress(f"server: published {tid} ({codec} ladder)")
         if per_step_policies:
+            quick = functools.partial(precompute_template, held_out_probes=1)  # one held-out probe: a quick demo
             await asyncio.to_thread(publish_template, store, model, template, "demo-template-per-step",
-                                    kv_mode="per-step", steps=steps)  # fmt: skip
+                                    kv_mode="per-step", steps=steps, precompute_fn=quick)  # fmt: skip
             progress(f"server: published demo-template-per-step (sakura ladder, per-step KV for {steps} steps)")
         runner = web.AppRunner(
             create_app(ServerConfig(store_dir=tmp, host="127.0.0.1", port=0, model=None)), access_log=None
