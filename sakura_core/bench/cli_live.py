@@ -80,6 +80,11 @@ def _plot(args, trace: str, policy: str, rep, bound: dict) -> str | None:
 def run_live(args) -> int:
     from cloud_server.store import LocalStore
 
+    if args.kv_mode not in ("single", "per-step"):
+        raise SystemExit(
+            f"sakura bench e2e: --mode live takes one --kv-mode, single or per-step; got {args.kv_mode!r}"
+        )
+
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     spec = ModelSpec.load(str(resources.files("sakura_core.bench").joinpath("live_model.json")))
     model = load_demo_model(spec, weights=None)
@@ -89,8 +94,6 @@ def run_live(args) -> int:
     policies = [p for p in select_policies(args.policies, "live")]
     steps = args.steps
     kv_mode = args.kv_mode
-    if kv_mode not in ("single", "per-step"):
-        raise SystemExit(f"sakura bench e2e: --mode live takes one --kv-mode, single or per-step; got {kv_mode!r}")
     print(f"LIVE: model {spec.name} (random weights), {model.adapter.num_layers} layers, "
           f"{model.adapter.kv_bytes(spec.num_tokens) / 2**20:.0f} MiB fp16 KV; {len(traces)} traces; "
           f"shaping {args.shaping}")  # fmt: skip
