@@ -345,6 +345,8 @@ class PipelinedEdit:
         if keep and self.per_step:
             self.levels_used[g] = ["template"]
         if not keep:
+            if self.span_key is not None and self.span_key[1] == layer:  # the span opened for this layer: no template
+                self.span_key = (*self.span_key[:2], "cached")
             where = f"step {self.step} layer {layer}" if self.per_step else f"layer {layer}"
             self.decisions.append({"t": st.now, "layer": g, "level": "drop", "reason": f"template dropped at {where}"})
         return keep
