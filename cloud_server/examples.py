@@ -13,7 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["TEMPLATES", "USER_IMAGES", "publish_examples", "template_image", "user_image", "write_user_images"]
+__all__ = [
+    "KV_SETTINGS",
+    "TEMPLATES",
+    "USER_IMAGES",
+    "publish_examples",
+    "template_image",
+    "user_image",
+    "write_user_images",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +30,13 @@ TEMPLATES = {
     "face-swap-astronaut": ("astronaut", (12, 12, 40, 52)),  # the astronaut's face
     "try-on-astronaut": ("astronaut", (40, 8, 64, 56)),  # the suit's torso
     "in-context-coffee": ("coffee", (16, 12, 48, 52)),  # the cup
+    "face-swap-astronaut-per-step": ("astronaut", (12, 12, 40, 52)),  # the face swap with per-step KV
+}
+
+# template id -> how its KV is precomputed, when not the default single mode (``publish_template`` keywords)
+KV_SETTINGS = {
+    # one KV per (step, layer) for a 4-step schedule: what a stock editing DiT reuses; edits must run 4 steps
+    "face-swap-astronaut-per-step": {"kv_mode": "per-step", "steps": 4},
 }
 
 # ComfyUI input file -> how to make it (the private user images)
@@ -74,7 +89,8 @@ def publish_examples(store_dir: str | Path, model=None, template_ids=None) -> li
     for template_id in template_ids or TEMPLATES:
         if store.has_template(template_id):
             continue
-        publish_template(store, model, template_image(template_id, model.spec), template_id)
+        kv = KV_SETTINGS.get(template_id, {})
+        publish_template(store, model, template_image(template_id, model.spec), template_id, **kv)
         logger.info("published %s in %s", template_id, store.root)
         done.append(template_id)
     return done

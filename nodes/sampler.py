@@ -82,7 +82,8 @@ class SakuraPipelinedSampler(io.ComfyNode):
                     default=8,
                     min=1,
                     max=200,
-                    tooltip="Denoising steps; each runs every DiT layer once (the template KV is reused by all).",
+                    tooltip="Denoising steps; each runs every DiT layer once. A single-mode template's KV serves any "
+                    "step count; a per-step template's only the steps it was precomputed for (the loader shows it).",
                 ),
                 io.Int.Input(
                     "seed",
@@ -122,6 +123,10 @@ class SakuraPipelinedSampler(io.ComfyNode):
 
         from sakura_core.fetch.client import FetchError
 
+        try:  # a per-step template serves only the step count it was precomputed for: say so before any work
+            kv_stream.template.check_steps(steps)
+        except ValueError as e:
+            raise SakuraNodeError(str(e)) from e
         user = image_from_comfy(image, "image")
         run = EditRun(steps, model.adapter.num_layers)
         bar = comfy.utils.ProgressBar(run.total, node_id=cls.hidden.unique_id)

@@ -1,6 +1,7 @@
 """Sakura Template KV Loader: pick a published template from a SAKURA server's catalog (or a local store folder)
 and check its manifest against the model (``sakura_core.edit.fetch_template_manifest``); outputs the
-``SAKURA_TEMPLATE`` handle."""
+``SAKURA_TEMPLATE`` handle and shows the template's KV mode and schedule (a per-step template serves only the step
+count it was precomputed for)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ class SakuraTemplateLoader(io.ComfyNode):
                 SakuraTemplate.Output(
                     "template",
                     display_name="SAKURA_TEMPLATE",
-                    tooltip="The template's checked manifest (where its KV shards are); into the adaptive fetch.",
+                    tooltip="The template's checked manifest (where its KV shards are, its KV mode and schedule); into "
+                    "the adaptive fetch.",
                 )
             ],
         )
@@ -95,4 +97,5 @@ class SakuraTemplateLoader(io.ComfyNode):
             ) from e
         except (FetchError, ValueError) as e:
             raise SakuraNodeError(f"template {template_id!r}: {e}") from e
-        return io.NodeOutput(dataclasses.replace(handle, manifest_json=json.dumps(manifest)))
+        handle = dataclasses.replace(handle, manifest_json=json.dumps(manifest))
+        return io.NodeOutput(handle, ui={"text": [handle.describe()]})

@@ -30,10 +30,12 @@ from .edit_report import edit_report
 from .fetch.errors import ManifestError, TemplateNotFoundError
 from .fetch.link import LinkSpec, shaped_fetcher
 from .fetch.manifest_check import check_manifest
+from .kv.manifest import ScheduleMismatchError, check_schedule, manifest_kv_mode
 from .models.edit_model import EditModel, load_image
 from .policy.plan import plan_fetch, runnable_policies
 from .runtime.live_profile import LiveProfile, measure_profile
 from .runtime.pipeline import RunReport, RuntimeConfig, run_pipelined_edit
+from .runtime.sampler import flow_timesteps
 
 __all__ = [
     "EditOutcome",
@@ -43,11 +45,13 @@ __all__ = [
     "OpenedTemplate",
     "ServerSource",
     "TemplateSource",
+    "check_request_schedule",
     "check_template",
     "edit_from_server",
     "fetch_template_manifest",
     "open_template",
     "run_template_edit",
+    "schedule_label",
 ]
 
 
@@ -141,6 +145,30 @@ async def fetch_template_manifest(
         return check_template(await _get_manifest(client, src.label, template_id, key.model_id), template_id, key)
 
 
+def schedule_label(manifest: dict) -> str:
+    """What a template's KV is valid for: ``"any schedule"`` (single mode) or ``"4 steps, shift 1"`` (per-step)."""
+    if manifest_kv_mode(manifest) == "single":
+        return "any schedule"
+    sched = manifest["schedule"]
+    return f"{sched['steps']} steps, shift {sched['shift']:g}"
+
+
+def check_request_schedule(manifest: dict, steps: int) -> None:
+    """Refuse an edit of ``steps`` steps (shift 1) against a per-step template computed for another schedule: the
+    ``ScheduleMismatchError`` names both and the fix (set steps to the template's, or precompute for the edit's)."""
+    if manifest_kv_mode(manifest) == "single":
+        return
+    sched, tid = manifest["schedule"], manifest.get("template_id")
+    if sched["steps"] != steps:
+        raise ScheduleMismatchError(
+            f"template {tid!r} was precomputed for {sched['steps']} steps (shift {sched['shift']:g}, per-step KV); "
+            f"the edit asks {steps} — set steps to {sched['steps']} or precompute the template with "
+            f"--kv-mode per-step --steps {steps}"
+        )
+    times = [float(t) for t in flow_timesteps(steps)[:-1]]
+    check_schedule(manifest, steps, 1.0, timesteps=times)
+
+
 @dataclass(frozen=True)
 class OpenedTemplate:
     """A template ready to edit against: where it is served, its checked manifest and its image file.
@@ -165,6 +193,20 @@ class OpenedTemplate:
     def token_grid(self) -> tuple[int, ...]:
         return tuple(self.manifest["token_grid"])
 
+    @property
+    def kv_mode(self) -> str:
+        """``"single"`` (one KV per layer, any schedule) or ``"per-step"`` (one per (step, layer), one schedule)."""
+        return manifest_kv_mode(self.manifest)
+
+    @property
+    def schedule_label(self) -> str:
+        """``"any schedule"`` (single mode) or ``"4 steps, shift 1"`` (the schedule per-step KV was computed for)."""
+        return schedule_label(self.manifest)
+
+    def check_steps(self, steps: int) -> None:
+        """Refuse a step count a per-step template was not computed for (:func:`check_request_schedule`)."""
+        check_request_schedule(self.manifest, steps)
+
     def template_image(self, size: int) -> np.ndarray:
         """The template image as (size, size, 3) uint8."""
         from PIL import Image
@@ -174,7 +216,8 @@ class OpenedTemplate:
     def summary(self) -> dict:
         """What a report says about the template: ids, source, geometry, bytes per level and the image fetch."""
         levels: dict[str, int] = {}
-        for shard in self.manifest["shards"]:
+        m = self.manifest
+        for shard in m["shards"]:
             for rep in shard["representations"]:
                 name = rep.get("name", str(rep["level"]))
                 levels[name] = levels.get(name, 0) + rep["bytes"]
@@ -183,7 +226,9 @@ class OpenedTemplate:
             "model_id": self.model_id,
             "source": self.source.label,
             "token_grid": list(self.token_grid),
-            "num_layers": len(self.manifest["shards"]),
+            "num_layers": m["num_layers"],
+            "kv_mode": self.kv_mode,
+            "schedule": self.schedule_label,
             "bytes_per_level": levels,
             "image_bytes": len(self.image_file),
             "image_fetch_s": round(self.image_fetch_s[1] - self.image_fetch_s[0], 4),
@@ -276,6 +321,7 @@ async def run_template_edit(
         raise ValueError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
                          f"{list(opened.token_grid)}), the edit runs model {key.model_id[:16]} (grid "
                          f"{list(key.token_grid)}); open the template with the model that edits")  # fmt: skip
+    opened.check_steps(settings.steps)  # a per-step template serves only the schedule it was computed for
     link = LinkSpec.parse(link)
     profile = profile if profile is not None else measure_profile(model, settings.steps)
     plan = plan_fetch(opened.manifest, settings.policy)

@@ -23,6 +23,8 @@ REPORT_KEYS = (
     "bytes_fetched",
     "split_layer",
     "levels_used",
+    "kv_mode",
+    "split_layers",
     "floor_level",
     "decisions",
     "fallbacks",
@@ -48,15 +50,24 @@ def summary_line(
     layers: int,
     link_label: str,
     psnr_db: float | None = None,
+    split_layers: list[int] | None = None,
 ) -> str:
-    """``"sakura: 1.23 s, 456.7 KiB fetched, split at layer 3 of 8, trace norway_bus_1[, PSNR 38.1 dB]"``."""
+    """``"sakura: 1.23 s, 456.7 KiB fetched, split at layer 3 of 8, trace norway_bus_1[, PSNR 38.1 dB]"``; with the
+    per-step splits ``split_layers`` (per-step mode): ``"splits per step [3, 0, 0] of 8"``."""
     split = "every layer computed here" if split_layer >= layers else f"split at layer {split_layer} of {layers}"
+    if split_layers and len(split_layers) > 1:
+        split = f"splits per step {list(split_layers)} of {layers}"
     line = f"{policy}: {latency_s:.2f} s, {bytes_fetched / 2**10:.1f} KiB fetched, {split}, {link_label}"
     return line if psnr_db is None else f"{line}, PSNR {psnr_db:.1f} dB"
 
 
-def _levels_used(levels: dict) -> dict[str, list[str]] | str:
-    return {str(layer): list(names) for layer, names in sorted(levels.items())} or "none fetched"
+def _levels_used(run) -> dict[str, list[str]] | str:
+    """Single mode: ``{"layer": [level per step]}``; per-step mode: ``{"step s": [level per layer]}``."""
+    if not run.levels_used:
+        return "none fetched"
+    if getattr(run, "kv_mode", "single") == "per-step":
+        return run.levels_by_step()
+    return {str(layer): list(names) for layer, names in sorted(run.levels_used.items())}
 
 
 def edit_report(
@@ -88,14 +99,23 @@ def edit_report(
     image = np.ascontiguousarray(run.image)
     report = {
         "summary": summary_line(
-            run.policy, run.latency_s, run.bytes_fetched, run.split_layer, layers, link.label, psnr_db
+            run.policy,
+            run.latency_s,
+            run.bytes_fetched,
+            run.split_layer,
+            layers,
+            link.label,
+            psnr_db,
+            getattr(run, "split_layers", None),
         ),  # fmt: skip
         "policy": run.policy,
         "template_id": template_id,
         "latency_s": run.latency_s,
         "bytes_fetched": run.bytes_fetched,
         "split_layer": run.split_layer,
-        "levels_used": _levels_used(run.levels_used),
+        "levels_used": _levels_used(run),
+        "kv_mode": getattr(run, "kv_mode", "single"),
+        "split_layers": list(getattr(run, "split_layers", [])),
         "floor_level": floor_level,
         "decisions": run.decisions,
         "fallbacks": run.fallbacks,

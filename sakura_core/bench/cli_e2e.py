@@ -31,12 +31,14 @@ def add_arguments(parser) -> None:
         "--profile", default="snapdragon-8-elite-cpu", help=f"one of (sim: a comma list of) {', '.join(PROFILES)}"
     )
     parser.add_argument("--geometry", default="phone-dit-512", help=f"sim: comma list of {', '.join(GEOMETRIES)}")
-    parser.add_argument("--kv-mode", default="single", help=f"sim: comma list of {', '.join(KV_MODES)} (DESIGN.md)")
+    parser.add_argument(
+        "--kv-mode", default="single", help=f"sim: comma list of {', '.join(KV_MODES)} (DESIGN.md); live: one of them"
+    )
     parser.add_argument("--no-calibrate", action="store_true", help="sim: skip the CPU calibration of the cost model")
     parser.add_argument("--json", required=True, help="write results here")
     parser.add_argument("--plots", help="folder for PNG plots")
     parser.add_argument("--starts", type=int, default=3, help="start offsets per trace (sim; default %(default)s)")
-    parser.add_argument("--steps", type=int, default=4, help="edit steps for the codec measurements (sim)")
+    parser.add_argument("--steps", type=int, default=4, help="edit steps (sim: for the codec measurements)")
     parser.add_argument("--max-traces", type=int, default=3, help="live: traces to run (default %(default)s)")
     parser.add_argument("--shaping", choices=["inproc", "kernel"], default="inproc", help="live: link shaper")
 

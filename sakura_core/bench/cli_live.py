@@ -6,6 +6,10 @@ the sakura and the CacheGen codecs, served by a ``sakura serve`` subprocess on 1
 namespace with ``--shaping kernel``), and every policy edits over each trace. Per run: latency, bytes, PSNR vs the
 exact-KV edit, split layer, and the pipeline's efficiency: latency / max(compute, transfer, decode busy time), with
 compute busy time measured without the stalls inside it (:mod:`sakura_core.runtime.timeline`).
+
+``--kv-mode per-step`` publishes the template with one KV per (step, layer) for ``--steps`` steps (the sakura codec;
+CacheGen picks from its non-fp16 levels) and compares with the on-device edit that runs the template at every step.
+``--plots DIR`` writes each run's timeline.
 """
 
 from __future__ import annotations
@@ -58,8 +62,28 @@ def start_server(store: str, host: str = "127.0.0.1", wrap=None) -> tuple[subpro
     raise RuntimeError("sakura serve did not start (no 'serving http://...' line within 60 s)")
 
 
+def _plot(args, trace: str, policy: str, rep, bound: dict) -> str | None:
+    """The run's timeline as ``--plots/live.<kv mode>.<trace>.<policy>.png`` (None without ``--plots``)."""
+    if not args.plots:
+        return None
+    from pathlib import Path
+
+    from ..runtime.timeline_plot import plot_timeline
+
+    path = Path(args.plots) / f"live.{rep.kv_mode}.{trace}.{policy}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plot_timeline(rep.events, path, f"live, {rep.kv_mode} KV, {policy}, {trace}: {rep.latency_s:.2f} s, bound "
+                  f"{bound['bound_s']:.2f} s (x{bound['latency_over_bound']:.2f})")  # fmt: skip
+    return str(path)
+
+
 def run_live(args) -> int:
     from cloud_server.store import LocalStore
+
+    if args.kv_mode not in ("single", "per-step"):
+        raise SystemExit(
+            f"sakura bench e2e: --mode live takes one --kv-mode, single or per-step; got {args.kv_mode!r}"
+        )
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     spec = ModelSpec.load(str(resources.files("sakura_core.bench").joinpath("live_model.json")))
@@ -69,6 +93,7 @@ def run_live(args) -> int:
     traces = load_traces(args.traces)[: args.max_traces]
     policies = [p for p in select_policies(args.policies, "live")]
     steps = args.steps
+    kv_mode = args.kv_mode
     print(f"LIVE: model {spec.name} (random weights), {model.adapter.num_layers} layers, "
           f"{model.adapter.kv_bytes(spec.num_tokens) / 2**20:.0f} MiB fp16 KV; {len(traces)} traces; "
           f"shaping {args.shaping}")  # fmt: skip
@@ -76,25 +101,32 @@ def run_live(args) -> int:
     print(
         f"compute here: layer with template {profile.layer_full_s * 1000:.0f} ms, cached {profile.layer_cached_s * 1000:.0f} ms"
     )
-    exact_kv = model.adapter.extract_template_kv(model.template_tokens(template), model.spec.grid)
-    exact = run_edit(model, user, PROMPT, steps=steps, kv_source=exact_kv).tokens
+    if kv_mode == "per-step":  # the exact edit: the template at every step, at that step's time
+        L = model.adapter.num_layers
+        exact = run_edit(model, user, PROMPT, steps=steps, split_layer=L, template_image=template,
+                         template_every_step=True, kv_mode="per-step").tokens  # fmt: skip
+    else:
+        exact_kv = model.adapter.extract_template_kv(model.template_tokens(template), model.spec.grid)
+        exact = run_edit(model, user, PROMPT, steps=steps, kv_source=exact_kv).tokens
 
     with tempfile.TemporaryDirectory(prefix="sakura-live-") as tmp:
-        _publish_ladders(LocalStore(tmp), model, template)
+        _publish_ladders(LocalStore(tmp), model, template, kv_mode, steps)
         runs = _serve_and_run(args, tmp, model, traces, policies, profile, template, user, exact)
     _report(args, spec, model, profile, runs)
     return 0
 
 
-def _publish_ladders(store, model, template) -> None:
-    """Precompute the template with the sakura and the CacheGen codecs and publish both into ``store``."""
+def _publish_ladders(store, model, template, kv_mode: str = "single", steps: int = 4) -> None:
+    """Precompute the template with the sakura and the CacheGen codecs (per-step mode: sakura only, CacheGen then
+    picks from its non-fp16 levels) and publish them into ``store``."""
     from cloud_server.precompute import publish_template
 
     from ..precompute import precompute_template
 
     t0 = time.perf_counter()
-    for codec in ("sakura", "cachegen"):
-        pre = precompute_template(model, template, f"live-{codec}", codec=codec)
+    for codec in ("sakura", "cachegen") if kv_mode == "single" else ("sakura",):
+        kw = {} if kv_mode == "single" else {"kv_mode": "per-step", "steps": steps, "held_out_probes": 1}
+        pre = precompute_template(model, template, f"live-{codec}", codec=codec, **kw)
         publish_template(store, model, template, f"live-{codec}", codec=codec,
                          precompute_fn=lambda *a, _pre=pre, **k: _pre)  # fmt: skip
         levels = ", ".join(f"{r['name']} {r['psnr_db']:.1f}" for r in pre.manifest["shards"][0]["representations"])
@@ -151,6 +183,7 @@ def _report(args, spec, model, profile, runs: list[dict]) -> None:
             "layer_cached_s": profile.layer_cached_s,
         },
         "shaping": args.shaping,
+        "kv_mode": args.kv_mode,
         "runs": runs,
         "summary": summary,
         "ratios_vs_sakura": ratios,
@@ -166,7 +199,7 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
     runs = []
     for trace in traces:
         for name in policies:
-            codec = "cachegen" if name == "cachegen" else "sakura"
+            codec = "cachegen" if name == "cachegen" and args.kv_mode == "single" else "sakura"
             tid = f"live-{codec}"
             follow = None
             async with ShardClient(url) as client:
@@ -189,6 +222,7 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                         stop.set()
                         await follow
             bound = lower_bound(rep.events, rep.latency_s)  # pure busy time: stalls are not compute
+            timeline = _plot(args, trace.name, name, rep, bound)
             runs.append(
                 {
                     "trace": trace.name,
@@ -202,8 +236,13 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                     "latency_over_lower_bound": bound["latency_over_bound"],
                     "busy_s": {k: bound[k] for k in ("compute_busy_s", "fetch_busy_s", "decode_busy_s", "stall_s")},
                     "fallbacks": rep.fallbacks,
+                    "kv_mode": rep.kv_mode,
+                    "split_layers": rep.split_layers,
+                    "timeline_png": timeline,
                 }
             )
             print(f"{trace.name:<28} {name:<18} {rep.latency_s:7.2f} s  {rep.bytes_fetched / 2**20:7.2f} MiB  "
-                  f"split {rep.split_layer}  PSNR {runs[-1]['psnr_db']:.1f}")  # fmt: skip
+                  f"split {rep.split_layers if rep.kv_mode == 'per-step' else rep.split_layer}  "
+                  f"PSNR {runs[-1]['psnr_db']:.1f}  bound {bound['bound_s']:.2f} s "
+                  f"(x{bound['latency_over_bound']:.2f})")  # fmt: skip
     return runs

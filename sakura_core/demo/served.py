@@ -2,12 +2,15 @@
 
 Starts the cloud server in-process on 127.0.0.1 (a temporary store), publishes the demo template with the SAKURA
 and the CacheGen ladders, then edits the user image with each policy through the in-process shaper following a
-shipped trace, on this CPU. Returns one row per policy; the caller prints and saves them.
+shipped trace, on this CPU. With ``per_step_policies``, it also publishes the template in ``per-step`` KV mode
+(one KV per (step, layer) for the edit's step count) and edits with those policies against it. Returns one row per
+(KV mode, policy); the caller prints and saves them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import tempfile
 from importlib import resources
 
@@ -16,14 +19,17 @@ import numpy as np
 from ..edit import EditRequest, edit_from_server
 from ..fetch.link import LinkSpec
 from ..models.edit_model import EditModel
+from ..precompute import precompute_template
 from ..runtime.live_profile import LiveProfile
 
-__all__ = ["DEMO_POLICIES", "run_served_demo"]
+__all__ = ["DEMO_POLICIES", "PER_STEP_POLICIES", "run_served_demo"]
 
 DEMO_POLICIES = ("on-device", "on-device-cached", "fetch-fp16", "cachegen", "throughput", "sakura")
+PER_STEP_POLICIES = ("on-device", "fetch-fp16", "sakura")  # per-step mode: the template at every step on the device
 
 
-async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path, profile, policies, progress):
+async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path, profile, policies, progress,
+                          per_step_policies=()):  # fmt: skip
     from aiohttp import web
 
     from cloud_server.app import create_app
@@ -40,6 +46,11 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
         for codec, tid in (("sakura", "demo-template"), ("cachegen", "demo-template-cachegen")):
             await asyncio.to_thread(publish_template, store, model, template, tid, codec=codec)
             progress(f"server: published {tid} ({codec} ladder)")
+        if per_step_policies:
+            quick = functools.partial(precompute_template, held_out_probes=1)  # one held-out probe: a quick demo
+            await asyncio.to_thread(publish_template, store, model, template, "demo-template-per-step",
+                                    kv_mode="per-step", steps=steps, precompute_fn=quick)  # fmt: skip
+            progress(f"server: published demo-template-per-step (sakura ladder, per-step KV for {steps} steps)")
         runner = web.AppRunner(
             create_app(ServerConfig(store_dir=tmp, host="127.0.0.1", port=0, model=None)), access_log=None
         )
@@ -49,16 +60,20 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
         url = f"http://127.0.0.1:{bound_port(runner)}"
         progress(f"server: listening on {url}")
         try:
-            for name in policies:
+            runs = [("single", name) for name in policies] + [("per-step", name) for name in per_step_policies]
+            for kv_mode, name in runs:
                 tid = "demo-template-cachegen" if name == "cachegen" else "demo-template"
+                tid = "demo-template-per-step" if kv_mode == "per-step" else tid
                 req = EditRequest(url, tid, prompt, steps=steps, seed=seed, policy=name, link=link)
                 out = await edit_from_server(model, req, user, profile=profile)
                 r = out.report
-                rows.append({"policy": name, "latency_s": r["latency_s"], "bytes_fetched": r["bytes_fetched"],
-                             "split_layer": r["split_layer"], "fallbacks": r["fallbacks"], "image": out.image,
-                             "timeline": r["timeline"], "decisions": r["decisions"], "report": r})  # fmt: skip
-                progress(f"phone: {name:<17} {r['latency_s']:6.2f} s  {r['bytes_fetched'] / 1024:8.1f} KiB  "
-                         f"split {r['split_layer']}")  # fmt: skip
+                split = r["split_layers"] if kv_mode == "per-step" else r["split_layer"]
+                rows.append({"policy": name, "kv_mode": kv_mode, "latency_s": r["latency_s"],
+                             "bytes_fetched": r["bytes_fetched"], "split_layer": r["split_layer"],
+                             "fallbacks": r["fallbacks"], "image": out.image, "timeline": r["timeline"],
+                             "decisions": r["decisions"], "report": r})  # fmt: skip
+                progress(f"phone: {kv_mode:<8} {name:<17} {r['latency_s']:6.2f} s  "
+                         f"{r['bytes_fetched'] / 1024:8.1f} KiB  split {split}")  # fmt: skip
         finally:
             await runner.cleanup()
     return rows
@@ -75,9 +90,12 @@ def run_served_demo(
     profile: LiveProfile,
     trace_name: str = "norway_bus_1",
     policies=DEMO_POLICIES,
+    per_step_policies=(),
     progress=lambda msg: None,
 ) -> list[dict]:
     trace_path = str(resources.files("sakura_core.fetch").joinpath("traces", trace_name))
     return asyncio.run(
-        _serve_and_edit(model, template, user, prompt, steps, seed, trace_path, profile, policies, progress)
+        _serve_and_edit(
+            model, template, user, prompt, steps, seed, trace_path, profile, policies, progress, per_step_policies
+        )  # fmt: skip
     )

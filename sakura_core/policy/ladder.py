@@ -32,21 +32,22 @@ class Level:
 def ladders_from_manifest(
     manifest: dict, decode_bytes_per_s: float, level_psnr_db: dict[str, float] | None = None
 ) -> tuple[list[list[Level]], list[list[dict]]]:
-    """Per-layer ladders (cheapest first) for the policies, and the matching manifest representations.
+    """Per-shard ladders (cheapest first) for the policies, and the matching manifest representations.
 
-    ``level_psnr_db`` maps a level name to the output PSNR measured with every layer at that level (default: the
-    manifest's ``psnr_db``); without either, the manifest's distortion orders the levels.
+    Single mode: one ladder per layer. Per-step mode (the per-step shard protocol of
+    :mod:`sakura_core.policy.context`): one per (step, layer), at index ``g = step * L + layer`` — never a step's KV
+    in another step's slot. ``level_psnr_db`` maps a level name to the output PSNR measured with every shard at that
+    level (default: the manifest's ``psnr_db``); without either, the manifest's distortion orders the levels.
     """
-    if manifest.get("kv_mode", "single") != "single":  # never mix the KV of different steps into one ladder
-        raise ValueError(
-            f"template {manifest.get('template_id')!r} holds {manifest['kv_mode']!r} KV (one per step and layer); "
-            "these ladders serve single-mode templates: build them per step from sakura_core.kv.shards_for_step"
-        )
     L = manifest["num_layers"]
-    ladders: list[list[Level] | None] = [None] * L
-    reps_out: list[list[dict] | None] = [None] * L
+    per_step = manifest.get("kv_mode", "single") == "per-step"
+    steps = manifest["schedule"]["steps"] if per_step else 1
+    n = steps * L  # a level's output MSE is shared out over every shard
+    ladders: list[list[Level] | None] = [None] * n
+    reps_out: list[list[dict] | None] = [None] * n
     for shard in manifest["shards"]:
         first, last = shard["layers"]
+        g = shard["step"] * L + first if per_step else first
         if first != last:
             raise ValueError(f"the live runtime fetches one layer per shard; shard {first}-{last} groups layers")
         reps = sorted(shard["representations"], key=lambda r: (r["name"] == "fp16", r["level"]))
@@ -60,9 +61,9 @@ def ladders_from_manifest(
             progressive = bool(r.get("requires"))
             psnr = (level_psnr_db or {}).get(r["name"], r.get("psnr_db"))
             if psnr is not None:
-                mse = 4 * 10 ** (-psnr / 10) / L
+                mse = 4 * 10 ** (-psnr / 10) / n
             else:
-                mse = float(r["distortion"]) ** 2 / L
+                mse = float(r["distortion"]) ** 2 / n
             levels.append(
                 Level(
                     name=r["name"],
@@ -74,7 +75,16 @@ def ladders_from_manifest(
                 )
             )
             prev_bytes = chain_bytes
-        ladders[first], reps_out[first] = levels, reps
-    if any(x is None for x in ladders):
-        raise ValueError(f"manifest lacks shards for layers {[i for i, x in enumerate(ladders) if x is None]}")
+        if ladders[g] is not None:
+            raise ValueError(f"manifest has two shards for {_slot(g, L, per_step)}")
+        ladders[g], reps_out[g] = levels, reps
+    missing = [g for g, x in enumerate(ladders) if x is None]
+    if missing and not per_step:
+        raise ValueError(f"manifest lacks shards for layers {missing}")
+    if missing:
+        raise ValueError(f"manifest lacks shards for {', '.join(_slot(g, L, True) for g in missing)}")
     return ladders, reps_out
+
+
+def _slot(g: int, L: int, per_step: bool) -> str:
+    return f"step {g // L} layer {g % L}" if per_step else f"layer {g}"

@@ -10,6 +10,12 @@ while later steps run. Policies see the same :class:`~sakura_core.policy.context
 Failures never produce a silently wrong result: a shard that cannot be fetched or decoded is retried at the floor
 level; if that fails too, the device computes the template KV itself (a template-only pass) and the report says so.
 Every event lands in the timeline.
+
+Per-step KV mode (the per-step shard protocol of :mod:`sakura_core.policy.context`): the template pass restarts at
+every step and shard ``g = step * L + layer`` holds the KV of one (step, layer). The fetch lane walks ``g`` in order,
+so step s+1's shards stream and decode while step s computes; on entering a step the compute lane sets
+``template_alive`` again and asks ``keep_template(ctx, g)`` per layer until it drops (one split ``k_s`` per step).
+A failed shard falls back to a template-only pass at that step's own time.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import torch
 from ..fetch.traces import Trace
 from ..kv.binding import check_shard_binding, slot_from_manifest
 from ..kv.chain import ChainDecoder
+from ..kv.manifest import check_schedule, manifest_kv_mode
 from ..models.edit_model import EditModel
 from ..policy.context import Context, LiveState
 from ..policy.estimator import ThroughputEstimator
@@ -35,6 +42,7 @@ from .backend import ComputeBackend, backend_of
 from .edit import run_edit
 from .live_profile import LiveProfile
 from .pipeline_config import Cancelled, RunReport, RuntimeConfig
+from .sampler import flow_timesteps
 
 __all__ = ["Cancelled", "PipelinedEdit", "RunReport", "RuntimeConfig", "run_pipelined_edit"]
 
@@ -87,13 +95,20 @@ class PipelinedEdit:
         self.model, self.adapter = model, model.adapter
         self.backend = backend_of(model, backend)
         self.L = self.adapter.num_layers
-        if len(ladders) != self.L:
-            raise ValueError(f"manifest has {len(ladders)} shards, the model {self.L} layers")
+        self.cfg = config or RuntimeConfig()
+        self.kv_mode = manifest_kv_mode(manifest)
+        self.per_step = self.kv_mode == "per-step"
+        self.times = flow_timesteps(self.cfg.steps)  # the edit's schedule (shift 1)
+        if self.per_step:  # the KV of step s is only valid at the schedule it was computed for
+            check_schedule(manifest, self.cfg.steps, 1.0, timesteps=[float(t) for t in self.times[:-1]])
+        self.N = self.L * (self.cfg.steps if self.per_step else 1)  # shards: g = step * L + layer
+        if len(ladders) != self.N:
+            what = f"{self.cfg.steps} steps x {self.L} layers" if self.per_step else f"{self.L} layers"
+            raise ValueError(f"{len(ladders)} shard ladders for a {self.kv_mode} template, the edit needs {what}")
         self.manifest, self.fetch_blob = manifest, fetch_blob
         self.user_image, self.prompt, self.template_image = user_image, prompt, template_image
         self.policy, self.ladders, self.reps, self.floor = policy, ladders, reps, floor
         self.profile, self.trace = profile, trace
-        self.cfg = config or RuntimeConfig()
         self.cancel = cancel or threading.Event()
         self.user_hook = on_layer
         self.reset()
@@ -104,22 +119,24 @@ class PipelinedEdit:
         self.estimator = ThroughputEstimator()
         trace = self.trace or Trace.constant(1e4)
         self.st = LiveState(self.profile, trace, self.ladders, self.floor, self.estimator, cfg.rtt_s,
-                            cfg.latency_target_s)  # fmt: skip
+                            cfg.latency_target_s, layers_per_step=self.L)  # fmt: skip
         self.ctx = Context(self.st)
         self.policy.reset()
         self.events: list[dict] = []
         self.decisions: list[dict] = []
         self.fallbacks: list[str] = []
-        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}  # layer -> (k, v, level)
-        self.ready = {layer: threading.Event() for layer in range(self.L)}
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}  # shard g -> (k, v, level)
+        self.ready = {g: threading.Event() for g in range(self.N)}
         self.failed: set[int] = set()
         self.levels_used: dict[int, list[str]] = {}
         self.blobs: dict[str, bytes] = {}
         self.bytes_fetched = 0
         self.split_layer = self.L
+        self.split_layers = [self.L] * (self.cfg.steps if self.per_step else 1)  # k_s per step (per-step mode)
+        self.step = -1  # the step the compute lane is in
         self.decoders: dict[int, tuple[list[str], ChainDecoder]] = {}  # layer -> (digests pushed, its decoder)
         self.decoder_lock = threading.Lock()
-        self.fallback_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.fallback_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard g -> the device's KV
         self.span_t, self.span_key = 0.0, None  # the compute span open since the last layer hook
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -189,7 +206,7 @@ class PipelinedEdit:
 
     async def base_fetches(self) -> None:
         st, ctx = self.st, self.ctx
-        while st.next_layer < self.L and not self.cancel.is_set():
+        while st.next_layer < self.N and not self.cancel.is_set():
             layer = st.next_layer
             with st.lock:
                 st.link_free = st.now
@@ -233,7 +250,7 @@ class PipelinedEdit:
         for blob in chain[len(done) :]:  # on an error the half-advanced decoder stays dropped (popped above)
             dec.push(blob)
         # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not)
-        check_shard_binding(dec.header, slot_from_manifest(self.manifest, layer, self.reps[layer][level]))
+        check_shard_binding(dec.header, slot_from_manifest(self.manifest, layer % self.L, self.reps[layer][level]))
         k, v = dec.tensors()
         with self.decoder_lock:
             self.decoders[layer] = (list(digests), dec)
@@ -260,28 +277,35 @@ class PipelinedEdit:
 
     # ---- compute lane
 
-    def device_kv(self, layer: int):
-        """``layer``'s template KV computed on the device (one template-only pass serves every layer)."""
-        if not self.fallback_kv:
+    def device_kv(self, g: int):
+        """Shard ``g``'s template KV computed on the device: one template-only pass serves every layer (of its step,
+        at that step's own time, in per-step mode)."""
+        if g not in self.fallback_kv:
+            step = g // self.L if self.per_step else 0
             t0 = self.st.now
             tokens = self.model.template_tokens(self.template_image)
-            tkv = self.backend.extract_template_kv(tokens, self.model.spec.grid)
-            self.event("compute", t0, self.st.now, -1, "fallback template pass")
+            ref_t = float(self.times[step]) if self.per_step else None
+            grid = self.model.template_grid(self.template_image)
+            tkv = self.backend.extract_template_kv(tokens, grid, ref_t)
+            what = f"fallback template pass (step {step})" if self.per_step else "fallback template pass"
+            self.event("compute", t0, self.st.now, -1, what)
             for i in range(self.L):
-                self.fallback_kv[i] = tkv.layer(i)
-        return self.fallback_kv[layer]
+                self.fallback_kv[step * self.L + i] = tkv.layer(i)
+        return self.fallback_kv[g]
 
     def kv_source(self, layer: int, step: int):
-        """The KV the compute lane uses for ``layer`` at ``step``: the fetched shard, or the device's."""
-        if not self.ready[layer].is_set():
-            self.wait_for_shard(layer, step)
-        if layer in self.failed:
-            k, v = self.device_kv(layer)
-            self.levels_used.setdefault(layer, []).append("device")
+        """The KV the compute lane uses for ``layer`` at ``step``: the fetched shard (of that step, in per-step
+        mode), or the device's."""
+        g = step * self.L + layer if self.per_step else layer
+        if not self.ready[g].is_set():
+            self.wait_for_shard(g, step)
+        if g in self.failed:
+            k, v = self.device_kv(g)
+            self.levels_used.setdefault(g, []).append("device")
             return k, v
         with self.st.lock:
-            k, v, level = self.kv[layer]
-        self.levels_used.setdefault(layer, []).append(self.ladders[layer][level].name)
+            k, v, level = self.kv[g]
+        self.levels_used.setdefault(g, []).append(self.ladders[g][level].name)
         return k.unsqueeze(0), v.unsqueeze(0)
 
     def on_layer(self, step: int, layer: int) -> None:
@@ -293,9 +317,17 @@ class PipelinedEdit:
         now = self.st.now
         self.close_compute_span(now)
         with self.st.lock:
-            self.st.compute_layer, self.st.compute_t = layer, now
+            if self.per_step and step != self.step:  # the template pass restarts at every step
+                self.st.template_alive = True
+            self.step = step
+            self.st.compute_layer, self.st.compute_t = self._g(layer), now
         self.span_t = now
-        self.span_key = (step, layer, "template" if (step == 0 and self.st.template_alive) else "cached")
+        live = self.st.template_alive and (step == 0 or self.per_step or self.policy.template_every_step)
+        self.span_key = (step, layer, "template" if live else "cached")
+
+    def _g(self, layer: int) -> int:
+        """The shard index of ``layer`` at the step the compute lane is in."""
+        return max(self.step, 0) * self.L + layer if self.per_step else layer
 
     def close_compute_span(self, end: float) -> None:
         """Record the compute span open since the last layer hook (if any) as ending at ``end``."""
@@ -304,16 +336,24 @@ class PipelinedEdit:
             self.event("compute", self.span_t, end, layer, level)
 
     def keep_template(self, layer: int) -> bool:
-        """Step 0's split: ask the policy whether the device keeps computing the template tokens at ``layer``."""
-        st = self.st
+        """The split (step 0's; every step's in per-step mode): ask the policy whether the device keeps computing
+        the template tokens at ``layer``."""
+        st, g = self.st, self._g(layer)
         with st.lock:
-            st.compute_layer, st.compute_t = layer, st.now
-            keep = self.policy.keep_template(self.ctx, layer)
+            st.compute_layer, st.compute_t = g, st.now
+            keep = self.policy.keep_template(self.ctx, g)
             if not keep:
                 st.template_alive = False
-                self.split_layer = layer
+                self.split_layers[max(self.step, 0) if self.per_step else 0] = layer
+                if self.step <= 0:
+                    self.split_layer = layer
+        if keep and self.per_step:
+            self.levels_used[g] = ["template"]
         if not keep:
-            self.decisions.append({"t": st.now, "layer": layer, "level": "drop", "reason": "template dropped"})
+            if self.span_key is not None and self.span_key[1] == layer:  # the span opened for this layer: no template
+                self.span_key = (*self.span_key[:2], "cached")
+            where = f"step {self.step} layer {layer}" if self.per_step else f"layer {layer}"
+            self.decisions.append({"t": st.now, "layer": g, "level": "drop", "reason": f"template dropped at {where}"})
         return keep
 
     def compute_lane(self):
@@ -325,10 +365,10 @@ class PipelinedEdit:
             self.st.template_alive = True
             return run_edit(self.model, self.user_image, self.prompt, steps=cfg.steps, seed=cfg.seed,
                             split_layer=self.L, template_image=self.template_image, template_every_step=True,
-                            on_layer=self.on_layer, backend=self.backend)  # fmt: skip
+                            on_layer=self.on_layer, kv_mode=self.kv_mode, backend=self.backend)  # fmt: skip
         return run_edit(self.model, self.user_image, self.prompt, steps=cfg.steps, seed=cfg.seed,
-                        split_layer=self.keep_template, kv_source=self.kv_source,
-                        template_image=self.template_image, on_layer=self.on_layer, backend=self.backend)  # fmt: skip
+                        split_layer=self.keep_template, kv_source=self.kv_source, template_image=self.template_image,
+                        on_layer=self.on_layer, kv_mode=self.kv_mode, backend=self.backend)  # fmt: skip
 
     # ---- the run
 
@@ -362,6 +402,9 @@ class PipelinedEdit:
             decisions=self.decisions,
             fallbacks=self.fallbacks,
             levels_used=self.levels_used,
+            kv_mode=self.kv_mode,
+            layers_per_step=self.L,
+            split_layers=list(self.split_layers) if not self.policy.template_every_step else [],
         )
 
 

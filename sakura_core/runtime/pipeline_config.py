@@ -48,6 +48,11 @@ class RuntimeConfig:
 
 @dataclass
 class RunReport:
+    """One pipelined run. ``levels_used`` maps a shard (the layer in single mode; ``g = step * L + layer`` in
+    per-step mode) to the levels the compute lane used ("device" = computed here after a failed shard, "template" =
+    the template tokens ran on the device at that (step, layer)); ``split_layers`` is the split ``k_s`` of every
+    step in per-step mode (``[split_layer]`` in single mode, empty when the template ran everywhere)."""
+
     policy: str
     latency_s: float
     bytes_fetched: int
@@ -58,6 +63,17 @@ class RunReport:
     decisions: list[dict] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     levels_used: dict[int, list[str]] = field(default_factory=dict)
+    kv_mode: str = "single"
+    layers_per_step: int = 0
+    split_layers: list[int] = field(default_factory=list)
+
+    def levels_by_step(self) -> dict[str, list[str]]:
+        """Per-step mode: ``{"step s": [what layer 0, 1, ... used]}`` ("-" = nothing recorded)."""
+        L = self.layers_per_step
+        steps = 1 + max((g // L for g in self.levels_used), default=-1) if L else 0
+        return {
+            f"step {s}": ["/".join(self.levels_used.get(s * L + i, ["-"])) for i in range(L)] for s in range(steps)
+        }
 
     def busy_s(self, lane: str) -> float:
         """Total time the lane was busy (overlaps merged)."""

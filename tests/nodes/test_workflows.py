@@ -31,16 +31,19 @@ def schemas(node_classes):
 
 def test_files_match_their_definition(gen, schemas):
     files = gen.render_all(schemas)
-    assert len(files) == 8  # four workflows, two formats
+    assert len(files) == 10  # five workflows, two formats
     for path, text in files.items():
         assert path.is_file(), f"{path} missing: run .venv/bin/python tests/nodes/workflows.py"
         assert path.read_text() == text, f"{path} is stale: run .venv/bin/python tests/nodes/workflows.py"
 
 
-def test_the_four_use_cases_are_there(gen):
+def test_the_use_cases_are_there(gen):
     api = {p.stem: json.loads(p.read_text()) for p in (gen.OUT / "api").glob("*.json")}
     assert set(api) == {"sakura_face_swap", "sakura_virtual_try_on", "sakura_in_context_edit",
-                        "sakura_in_context_edit_on_phone"}  # fmt: skip
+                        "sakura_in_context_edit_on_phone", "sakura_face_swap_per_step"}  # fmt: skip
+    per_step = {n["class_type"]: n["inputs"] for n in api["sakura_face_swap_per_step"].values()}
+    assert per_step["SakuraTemplateLoader"]["template_id"] == "face-swap-astronaut-per-step"
+    assert per_step["SakuraPipelinedSampler"]["steps"] == 4  # the schedule the template was precomputed for
     phone = [n for n in api["sakura_in_context_edit_on_phone"].values() if n["class_type"] == "SakuraPhoneDevice"]
     assert len(phone) == 1
     sampler = next(n for n in api["sakura_in_context_edit_on_phone"].values()
@@ -53,7 +56,7 @@ def test_the_four_use_cases_are_there(gen):
 
 
 @pytest.mark.parametrize("name", ["sakura_face_swap", "sakura_virtual_try_on", "sakura_in_context_edit",
-                                  "sakura_in_context_edit_on_phone"])  # fmt: skip
+                                  "sakura_in_context_edit_on_phone", "sakura_face_swap_per_step"])  # fmt: skip
 def test_api_inputs_fit_the_schemas(gen, schemas, name):
     wf = json.loads((gen.OUT / "api" / f"{name}.json").read_text())
     for node_id, node in wf.items():
@@ -97,7 +100,7 @@ def _widget_error(spec, value) -> str | None:
 
 
 @pytest.mark.parametrize("name", ["sakura_face_swap", "sakura_virtual_try_on", "sakura_in_context_edit",
-                                  "sakura_in_context_edit_on_phone"])  # fmt: skip
+                                  "sakura_in_context_edit_on_phone", "sakura_face_swap_per_step"])  # fmt: skip
 def test_ui_widget_values_fit_the_schemas(gen, schemas, name):
     """Each UI-format node's ``widgets_values``, read in widget order as the frontend reads them (a seed's
     control_after_generate mode follows its value), is a value the backend accepts: no ``null``, right type, in
@@ -134,7 +137,7 @@ def test_a_null_widget_value_is_caught(schemas):
 
 
 @pytest.mark.parametrize("name", ["sakura_face_swap", "sakura_virtual_try_on", "sakura_in_context_edit",
-                                  "sakura_in_context_edit_on_phone"])  # fmt: skip
+                                  "sakura_in_context_edit_on_phone", "sakura_face_swap_per_step"])  # fmt: skip
 def test_ui_workflow_has_thumbnail_note_and_no_overlaps(gen, name):
     from PIL import Image
 

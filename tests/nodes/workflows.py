@@ -58,7 +58,7 @@ SETUP = (
 
 
 def _chain(template_id: str, user_file: str, prefix: str, about: str, policy="sakura", bandwidth="live", mbit=20.0,
-           trace="norway_bus_1", phone: bool = False) -> list[Node]:  # fmt: skip
+           trace="norway_bus_1", phone: bool = False, steps: int = 8) -> list[Node]:  # fmt: skip
     """Columns left to right: inputs (model, user image, notes) | template | fetch (+ phone) | sampler | outputs."""
     nodes = [
         Node(1, "SakuraModelLoader", "Sakura Model Loader", (40, 60), {"model_name": "demo (embedded)"}),
@@ -70,7 +70,7 @@ def _chain(template_id: str, user_file: str, prefix: str, about: str, policy="sa
               "trace_path": ""}),  # fmt: skip
         Node(4, "LoadImage", "Private user image", (40, 190), {"image": user_file, "upload": "image"}),
         Node(5, "SakuraPipelinedSampler", "Sakura Pipelined DiT Sampler", (1220, 60),
-             {"model": (1, 0), "kv_stream": (3, 0), "image": (4, 0), "prompt": PROMPT, "steps": 8, "seed": 0}),
+             {"model": (1, 0), "kv_stream": (3, 0), "image": (4, 0), "prompt": PROMPT, "steps": steps, "seed": 0}),
         Node(6, "SaveImage", "Edited image (64x64, the demo model's size)", (1640, 60),
              {"images": (5, 0), "filename_prefix": prefix}),  # fmt: skip
         Node(7, "PreviewImage", "Pipeline timeline", (1640, 480), {"images": (5, 2)}),
@@ -123,6 +123,18 @@ WORKFLOWS = {
         bandwidth="fixed Mbit/s",
         mbit=10.0,
         phone=True,
+    ),  # fmt: skip
+    "sakura_face_swap_per_step": _chain(
+        "face-swap-astronaut-per-step",
+        "sakura-face.png",
+        "sakura/face-swap-per-step",
+        "SAKURA face swap with per-step template KV: the template 'face-swap-astronaut-per-step' holds one KV per "
+        "(step, layer) for a 4-step schedule — what a stock editing DiT, whose template tokens take part in every "
+        "step, reuses. The Template KV Loader shows the mode and schedule; the sampler runs 4 steps (another step "
+        "count is refused: precompute the template for it). Shards of step s+1 stream while step s computes.",
+        bandwidth="fixed Mbit/s",
+        mbit=20.0,
+        steps=4,
     ),  # fmt: skip
 }
 
@@ -271,15 +283,19 @@ def thumbnail(nodes: list[Node], model) -> bytes:
 
     from PIL import Image, ImageDraw
 
-    from cloud_server.examples import template_image, user_image
+    from cloud_server.examples import KV_SETTINGS, template_image, user_image
     from sakura_core.models.edit_model import load_image
     from sakura_core.runtime.edit import run_edit
 
     by_type = {n.type: n for n in nodes}
-    template = template_image(by_type["SakuraTemplateLoader"].values["template_id"], model.spec)
+    template_id = by_type["SakuraTemplateLoader"].values["template_id"]
+    template = template_image(template_id, model.spec)
+    kv_mode = KV_SETTINGS.get(template_id, {}).get("kv_mode", "single")
+    steps = by_type["SakuraPipelinedSampler"].values["steps"]
     user = load_image(user_image(by_type["LoadImage"].values["image"]), model.spec.image_size)
     L = model.adapter.num_layers
-    edited = run_edit(model, user, PROMPT, steps=8, seed=0, split_layer=L, template_image=template).image
+    edited = run_edit(model, user, PROMPT, steps=steps, seed=0, split_layer=L, template_image=template,
+                      template_every_step=kv_mode == "per-step", kv_mode=kv_mode).image  # fmt: skip
     canvas = Image.new("RGB", (256, 256), (24, 24, 28))
     for image, box in ((template, (4, 4, 124, 124)), (user, (4, 132, 124, 252)), (edited, (132, 68, 252, 188))):
         tile = Image.fromarray(image).resize((box[2] - box[0], box[3] - box[1]), Image.Resampling.NEAREST)

@@ -55,3 +55,10 @@ def test_unknown_kv_mode_and_geometry_are_refused():
         main(["bench", "e2e", "--kv-mode", "single,twice", "--json", "/dev/null"])
     with pytest.raises(ValueError, match="unknown geometry 'klein9'"):
         main(["bench", "e2e", "--geometry", "klein9", "--json", "/dev/null"])
+
+
+def test_live_bench_takes_one_kv_mode():
+    with pytest.raises(SystemExit, match="--mode live takes one --kv-mode, single or per-step; got 'single,per-step'"):
+        main(
+            ["bench", "e2e", "--mode", "live", "--kv-mode", "single,per-step", "--traces", ".", "--json", "/dev/null"]
+        )

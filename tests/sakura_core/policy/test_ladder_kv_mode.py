@@ -1,11 +1,28 @@
-"""The single-mode ladders refuse a per-step manifest instead of mixing the KV of different steps."""
+"""Per-step manifests give one ladder per (step, layer) in execution order g = step * L + layer, never a step's KV
+in another step's slot."""
 
 import pytest
 
 from sakura_core.policy import ladders_from_manifest
 
 
-def test_per_step_manifest_is_refused_with_the_fix():
-    manifest = {"template_id": "t", "kv_mode": "per-step", "num_layers": 1, "shards": []}
-    with pytest.raises(ValueError, match="'per-step' KV.*shards_for_step"):
-        ladders_from_manifest(manifest, 1e9)
+def _rep(digest):
+    return {"name": "fp16", "level": 0, "digest": digest, "bytes": 10, "psnr_db": 60.0}
+
+
+def _manifest(shards):
+    return {"template_id": "t", "kv_mode": "per-step", "num_layers": 2, "schedule": {"steps": 2}, "token_grid": [1, 1],
+            "heads": 1, "head_dim": 1, "shards": shards}  # fmt: skip
+
+
+def test_per_step_ladders_follow_step_then_layer():
+    # shards listed out of order: the ladders still come out at g = step * L + layer
+    shards = [{"step": s, "layers": [i, i], "representations": [_rep(f"{s}{i}")]} for s in (1, 0) for i in (1, 0)]
+    ladders, reps = ladders_from_manifest(_manifest(shards), 1e9)
+    assert [r[0]["digest"] for r in reps] == ["00", "01", "10", "11"] and len(ladders) == 4
+
+
+def test_a_missing_step_shard_is_named():
+    shards = [{"step": 0, "layers": [i, i], "representations": [_rep(f"0{i}")]} for i in (0, 1)]
+    with pytest.raises(ValueError, match="step 1 layer 0, step 1 layer 1"):
+        ladders_from_manifest(_manifest(shards), 1e9)

@@ -1,0 +1,79 @@
+"""The phone path in per-step KV mode: a job against a per-step template gives the image of the on-device edit with
+that template's KV (exactly, at the fp16 level), and a step count the template was not computed for is refused
+with the fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from android_bridge.agent import AgentConfig, create_app
+from android_bridge.client import PhoneClient, PhoneError, PhoneJob
+from sakura_core.kv import decode_template
+from sakura_core.runtime.edit import run_edit
+from sakura_core.runtime.live_profile import LiveProfile
+
+from .conftest import PHONE_TOKEN, PROMPT, RecordingCloud
+
+pytestmark = pytest.mark.slow
+
+STEPS = 2
+TEMPLATE = "tpl-astro-ps"
+
+
+@pytest.fixture(scope="module")
+def per_step_cloud(tmp_path_factory, demo_model):
+    from cloud_server.precompute import publish_template
+    from cloud_server.store import LocalStore
+    from sakura_core.models.edit_model import load_image
+
+    store = LocalStore(tmp_path_factory.mktemp("per-step-store"))
+    tpl = load_image("astronaut", demo_model.spec.image_size)
+    published = publish_template(store, demo_model, tpl, TEMPLATE, kv_mode="per-step", steps=STEPS)
+    with RecordingCloud(store) as cloud:
+        yield cloud, store, published.manifest, tpl
+
+
+def _blobs(store, manifest):
+    out = {}
+    for shard in manifest["shards"]:
+        for rep in shard["representations"]:
+            f, _ = store.open_shard(rep["digest"])
+            with f:
+                out[rep["digest"]] = f.read()
+    return out
+
+
+async def _job(aiohttp_server, model, cloud_url, user_image, steps, policy="fetch-fp16"):
+    profile = LiveProfile(0.01, 0.005, model.adapter.num_layers, steps)
+    server = await aiohttp_server(
+        create_app(AgentConfig(token=PHONE_TOKEN, port=0), model=model, live_profile=profile)
+    )
+    client = PhoneClient.connect(str(server.make_url("")).rstrip("/"), PHONE_TOKEN, check=False)
+    try:
+        job = PhoneJob(cloud_url=cloud_url, template_id=TEMPLATE, prompt=PROMPT, steps=steps, seed=0, policy=policy,
+                       bandwidth="fixed:100")  # fmt: skip
+        return await client.arun_job(user_image, job)
+    finally:
+        client.close()
+
+
+async def test_phone_run_per_step_equals_the_on_device_edit(aiohttp_server, per_step_cloud, demo_model, user_image):
+    cloud, store, manifest, tpl = per_step_cloud
+    image, report = await _job(aiohttp_server, demo_model, cloud.url, user_image, STEPS)
+    assert report["kv_mode"] == "per-step" and report["template"]["schedule"] == f"{STEPS} steps, shift 1"
+    assert report["split_layers"] == [0] * STEPS and not report["fallbacks"]
+    kv = decode_template(manifest, _blobs(store, manifest), "fp16")
+    stored = run_edit(demo_model, user_image, PROMPT, steps=STEPS, kv_source=kv, kv_mode="per-step")
+    np.testing.assert_array_equal(image, stored.image)  # the on-device edit with the stored fp16 KV, bit for bit
+    L = demo_model.adapter.num_layers
+    on_device = run_edit(demo_model, user_image, PROMPT, steps=STEPS, split_layer=L, template_image=tpl,
+                         template_every_step=True, kv_mode="per-step")  # fmt: skip
+    assert np.abs(image.astype(int) - on_device.image.astype(int)).max() <= 2  # fp16 storage of the KV only
+
+
+async def test_a_step_count_the_template_was_not_computed_for_is_refused(aiohttp_server, per_step_cloud, demo_model,
+                                                                          user_image):  # fmt: skip
+    cloud, *_ = per_step_cloud
+    with pytest.raises(PhoneError, match=f"precomputed for {STEPS} steps.*asks 3.*set steps to {STEPS}"):
+        await _job(aiohttp_server, demo_model, cloud.url, user_image, 3)

@@ -1,0 +1,138 @@
+"""The pipelined runtime in per-step KV mode: shards g = step * L + layer, a split per step, step s's own KV (or
+the device's template pass at step s's time) at every step, and schedule checks."""
+
+import asyncio
+
+import pytest
+
+from sakura_core.fetch.traces import Trace
+from sakura_core.kv import ScheduleMismatchError, decode_template
+from sakura_core.models.edit_model import load_demo_model, load_image
+from sakura_core.policy.ladder import ladders_from_manifest
+from sakura_core.policy.plan import plan_fetch
+from sakura_core.policy.policies import Policy, make_policy
+from sakura_core.precompute import precompute_template
+from sakura_core.runtime.edit import run_edit
+from sakura_core.runtime.live_profile import LiveProfile
+from sakura_core.runtime.pipeline import RuntimeConfig, run_pipelined_edit
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = load_demo_model(weights=None)
+    size = model.spec.image_size
+    tpl, usr = load_image("astronaut", size), load_image("chelsea", size)
+    pre = precompute_template(model, tpl, "tpl-ps", held_out_probes=1, psnr_steps=1, kv_mode="per-step", steps=STEPS)
+    L = model.adapter.num_layers
+    on_device = run_edit(model, usr, "p", steps=STEPS, split_layer=L, template_image=tpl, template_every_step=True,
+                         kv_mode="per-step")  # fmt: skip
+    fp16 = decode_template(pre.manifest, pre.blobs, "fp16")  # the exact KV as stored (fp16)
+    fp16_edit = run_edit(model, usr, "p", steps=STEPS, kv_source=fp16, kv_mode="per-step")
+    profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.1, layers=L, steps=STEPS)
+    return model, tpl, usr, pre, on_device, fp16_edit, profile
+
+
+class _SplitAt(Policy):
+    """Fetch every shard at the floor; keep the template for layers < k_s at step s."""
+
+    name = "split-at"
+    family = "fp16"
+
+    def __init__(self, splits):
+        self.splits = splits
+
+    def choose(self, ctx, g):
+        from sakura_core.policy.policies import LEVEL_COMPUTE, Decision
+
+        if ctx.layer_of(g) < self.splits[ctx.step_of(g)]:
+            return Decision(LEVEL_COMPUTE, "the device computes it")
+        return Decision(0, "fp16")
+
+    def keep_template(self, ctx, g):
+        return ctx.layer_of(g) < self.splits[ctx.step_of(g)]
+
+
+def _run(setup, policy, corrupt=(), steps=STEPS, plan_policy="fetch-fp16"):
+    model, tpl, usr, pre, *_, profile = setup
+    plan = plan_fetch(pre.manifest, plan_policy)
+
+    async def fetch_blob(digest, nbytes):
+        blob = pre.blobs[digest]
+        return blob[:-10] + b"\x00" * 10 if digest in corrupt else blob
+
+    return asyncio.run(
+        run_pipelined_edit(
+            model,
+            pre.manifest,
+            fetch_blob,
+            usr,
+            "p",
+            policy=policy,
+            ladders=plan.ladders,
+            reps=plan.reps,
+            floor=plan.floor,
+            profile=profile,
+            template_image=tpl,
+            trace=Trace.constant(50.0),
+            config=RuntimeConfig(steps=steps),
+        )  # fmt: skip
+    )
+
+
+def test_per_step_ladders_are_steps_times_layers_in_execution_order(setup):
+    model, _, _, pre, *_ = setup
+    L = model.adapter.num_layers
+    ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
+    assert len(ladders) == len(reps) == STEPS * L
+    by_digest = {r["digest"]: (sh["step"], sh["layers"][0]) for sh in pre.manifest["shards"]
+                 for r in sh["representations"]}  # fmt: skip
+    assert [by_digest[r[0]["digest"]] for r in reps] == [(s, i) for s in range(STEPS) for i in range(L)]
+
+
+def test_fetch_fp16_per_step_equals_the_on_device_per_step_edit(setup):
+    *_, on_device, fp16_edit, _ = setup
+    rep = _run(setup, make_policy("fetch-fp16"))
+    L = setup[0].adapter.num_layers
+    assert rep.kv_mode == "per-step" and rep.split_layers == [0] * STEPS and not rep.fallbacks
+    assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5  # the stored fp16 KV of every step, exactly
+    assert (rep.tokens - on_device.tokens).abs().max() < 2e-3  # fp16 storage of the KV only
+    assert sorted(rep.levels_used) == list(range(STEPS * L))
+    assert rep.levels_by_step()["step 2"] == ["fp16"] * L
+
+
+def test_on_device_policy_runs_the_template_at_every_step_at_its_time(setup):
+    rep = _run(setup, make_policy("on-device"))
+    assert rep.bytes_fetched == 0 and (rep.tokens - setup[4].tokens).abs().max() <= 1e-5
+
+
+def test_hybrid_split_is_decided_per_step(setup):
+    L = setup[0].adapter.num_layers
+    splits = [L, 1, 0][:STEPS]
+    rep = _run(setup, _SplitAt(splits))
+    assert rep.split_layers == splits and not rep.fallbacks
+    assert (rep.tokens - setup[4].tokens).abs().max() < 2e-3
+    by_step = rep.levels_by_step()
+    assert by_step["step 0"] == ["template"] * L
+    assert by_step["step 1"] == ["template"] + ["fp16"] * (L - 1)
+    # step 0 computed everything: none of its shards crossed the link
+    fetched = {e["layer"] for e in rep.events if e["lane"] == "fetch"}
+    assert fetched == set(range(L + 1, STEPS * L))
+
+
+def test_corrupt_per_step_shard_falls_back_to_that_steps_template_kv(setup):
+    model, _, _, pre, on_device, _, _ = setup
+    L = model.adapter.num_layers
+    bad = next(sh for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 1)
+    digest = next(r["digest"] for r in bad["representations"] if r["name"] == "fp16")
+    rep = _run(setup, make_policy("fetch-fp16"), corrupt={digest})
+    assert any(f"shard {L + 1}" in f for f in rep.fallbacks)
+    assert rep.levels_by_step()["step 1"][1] == "device"
+    assert any(e["level"] == "fallback template pass (step 1)" for e in rep.events)
+    assert (rep.tokens - on_device.tokens).abs().max() < 2e-3  # step 1's own KV computed here: still right
+
+
+def test_a_step_count_the_template_was_not_computed_for_is_refused(setup):
+    with pytest.raises(ScheduleMismatchError, match="3 steps.*runs 4 steps.*--steps 4"):
+        _run(setup, make_policy("fetch-fp16"), steps=4)
