@@ -109,15 +109,24 @@ class ModelKey:
         return cls(model.model_id, tuple(model.spec.grid))
 
 
+def template_grid_fits(template_grid, edit_grid) -> bool:
+    """A template's token grid fits an edit when it is square and at least the edit's grid (a larger template gets
+    its own position ids; see ``EditModel.template_grid``)."""
+    rows, cols = (int(x) for x in template_grid)
+    return rows == cols and rows >= int(edit_grid[0]) and cols >= int(edit_grid[1])
+
+
 def check_template(manifest: Any, template_id: str, model: EditModel | ModelKey) -> dict:
     """The one check of a template against the model that edits with it: the manifest's schema and ids (a model
-    mismatch raises ``ModelMismatchError``), the token grid, and a template image named (the device computes the
-    template layers from it). Returns the manifest; ``ValueError`` subclasses say what to change."""
+    mismatch raises ``ModelMismatchError``), the token grid (the edit's, or a larger square one), and a template
+    image named (the device computes the template layers from it). Returns the manifest; ``ValueError`` subclasses
+    say what to change."""
     key = ModelKey.of(model)
     manifest = check_manifest(manifest, template_id=template_id, model_id=key.model_id)
-    if tuple(manifest["token_grid"]) != key.token_grid:
+    if not template_grid_fits(manifest["token_grid"], key.token_grid):
         raise ManifestError(f"template {template_id!r} has token grid {list(manifest['token_grid'])}, the model edits "
-                            f"{list(key.token_grid)}; precompute it at the model's resolution")  # fmt: skip
+                            f"{list(key.token_grid)}; precompute it at the model's resolution or larger (a square "
+                            "--template-size)")  # fmt: skip
     if not manifest.get("template_image"):
         raise ManifestError(f"template {template_id!r}: its manifest names no template_image; republish it")
     return manifest
@@ -317,7 +326,7 @@ async def run_template_edit(
     from .fetch.client import ShardClient
 
     key = ModelKey.of(model)
-    if (opened.model_id, opened.token_grid) != (key.model_id, key.token_grid):
+    if opened.model_id != key.model_id or not template_grid_fits(opened.token_grid, key.token_grid):
         raise ValueError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
                          f"{list(opened.token_grid)}), the edit runs model {key.model_id[:16]} (grid "
                          f"{list(key.token_grid)}); open the template with the model that edits")  # fmt: skip
@@ -326,7 +335,9 @@ async def run_template_edit(
     profile = profile if profile is not None else measure_profile(model, settings.steps)
     plan = plan_fetch(opened.manifest, settings.policy)
     size = model.spec.image_size
-    template, user = opened.template_image(size), load_image(user_image, size)
+    # a template larger than the edit keeps its own size (its grid is the manifest's)
+    template = opened.template_image(size * opened.token_grid[0] // key.token_grid[0])
+    user = load_image(user_image, size)
     config = RuntimeConfig(steps=settings.steps, seed=settings.seed, latency_target_s=settings.latency_target_s)
     async with opened.source.base_url() as url, ShardClient(url, opened.source.token) as client:
         t0 = time.monotonic()
