@@ -232,6 +232,41 @@ class Context:
         return shard % self.layers_per_step
 
     @property
+    def steps(self) -> int:
+        """Denoising steps of the edit."""
+        return int(self.profile.model.steps)
+
+    @property
+    def template_work_s(self) -> float:
+        """Seconds the device needs for every template KV the edit uses: one template pass (single mode), one per
+        step (per-step mode)."""
+        return self.profile.template_pass_s * (self.steps if self.per_step else 1)
+
+    @property
+    def compute_t(self) -> float:
+        """When the compute lane starts ``compute_layer``, seconds."""
+        return float(self._s.compute_t)
+
+    @property
+    def rtt_s(self) -> float:
+        """Round trip charged per request in predictions, seconds."""
+        return float(self._s.rtt_s)
+
+    def known_ready(self, shard: int) -> float | None:
+        """Decoded-at time of ``shard``'s first level if decoded by now, else its predicted ready time if it was
+        requested, else None (never the true future arrival)."""
+        got = self._s.got.get(shard)
+        if got and got[0][1] <= self._s.now + 1e-12:
+            return float(got[0][1])
+        pred = self._s.in_flight.get(shard)
+        return None if pred is None else float(pred)
+
+    def link_busy_until(self) -> float:
+        """Predicted end of the transfers already requested (seconds; ``now`` when none is pending)."""
+        busy = [t for t in self._s.in_flight.values() if t > self._s.now]
+        return max(busy, default=self._s.now)
+
+    @property
     def trace_offset_s(self) -> float:
         """Where on the trace the edit started: the link at edit time ``t`` is the trace at ``offset + t``."""
         return float(self._s.start_s)
