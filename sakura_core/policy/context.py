@@ -261,6 +261,20 @@ class Context:
         pred = self._s.in_flight.get(shard)
         return None if pred is None else float(pred)
 
+    def link_progress(self) -> tuple[float, float, float] | None:
+        """The transfer in progress: (seconds since requested, bytes received so far, its size), or None (idle link,
+        or a state that does not report progress)."""
+        fn = getattr(self._s, "link_progress", None)
+        return fn() if fn is not None else None
+
+    def slowed(self, rate: float) -> float:
+        """``rate`` (bytes/s), lowered to the in-progress transfer's rate when that transfer is overdue under it:
+        a stall is seen while it lasts, not only when the transfer finally completes."""
+        prog = self.link_progress()
+        if prog is None or prog[0] <= self.rtt_s + prog[2] / rate:
+            return rate
+        return min(rate, max(prog[1], 1.0) / max(prog[0] - self.rtt_s, 1e-3))
+
     def link_busy_until(self) -> float:
         """Predicted end of the transfers already requested (seconds; ``now`` when none is pending)."""
         busy = [t for t in self._s.in_flight.values() if t > self._s.now]

@@ -73,6 +73,13 @@ class Snapshot:
         lo[0] = self.l0 if self.alive else self.l0
         return lo
 
+    def pending(self, splits) -> int:
+        """Shards the plan ``splits`` still needs that are not requested yet."""
+        k = np.concatenate([np.full(self.cs, self.L), np.array(splits, dtype=int)])
+        need = self.layer >= k[self.step]
+        need[: self.c] = False
+        return int(np.count_nonzero(need & np.isnan(self.known)))
+
     def finish(self, splits, first_nbytes: float | None = None, first_dec: float | None = None,
                upto_step: int | None = None) -> float:  # fmt: skip
         """Predicted end of the edit (seconds) with ``splits`` for steps cs.. (the current step's is ignored once

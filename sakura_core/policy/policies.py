@@ -64,6 +64,9 @@ def _time_left(slack_s: float) -> str:
 class Decision:
     """``level``: index into the shard's ladder, LEVEL_COMPUTE, or None = stop fetching.
 
+    ``defer``: with LEVEL_COMPUTE, "not now": the runtime may ask about this shard again while the link would
+    otherwise idle, until compute reaches it (a runtime that does not re-ask treats it as computed on the device).
+
     ``link_idle_until_s``: with LEVEL_COMPUTE, the link takes its next decision no earlier than this time (seconds
     since the edit started; None = at once). CacheGen decides chunk by chunk, so a recomputed chunk holds the link
     until the device has computed it and the next chunk is decided on the rate of that later moment.
@@ -72,6 +75,7 @@ class Decision:
     level: int | None
     reason: str
     link_idle_until_s: float | None = None
+    defer: bool = False
 
 
 class Policy:
@@ -244,23 +248,29 @@ class Sakura(Policy):
 
     def reset(self) -> None:
         self._plan: Plan | None = None
+        self._cache: tuple | None = None
 
     def rate(self, ctx: Context) -> float | None:
-        """Bytes/s the predictions use (None = exact transfer times from the trace)."""
-        return ctx.estimator.robust()
+        """Bytes/s the predictions use (None = exact transfer times from the trace): the error-discounted estimate,
+        lowered while the transfer in progress is overdue."""
+        return ctx.slowed(ctx.estimator.robust())
 
     def drop_rate(self, ctx: Context) -> float | None:
         """Dropping the template is irreversible within a step: decide it on the slowest recent throughput."""
-        return ctx.estimator.worst()
+        return ctx.slowed(ctx.estimator.worst())
 
     def _replan(self, ctx: Context, rate: float | None, shard: int | None = None) -> tuple[Plan, Snapshot]:
         snap = Snapshot(ctx, rate, shard)
+        key = (ctx.now, ctx.compute_layer, ctx.template_alive, rate, ctx.decided_upto, ctx.link_busy_until())
+        cached = getattr(self, "_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1], snap
         init = None
         prev = getattr(self, "_plan", None)
         if prev is not None and prev.first_step <= snap.cs < prev.first_step + len(prev.splits):
             init = prev.splits[snap.cs - prev.first_step :]
         plan = best_plan(snap, init)
-        self._plan = plan
+        self._plan, self._cache = plan, (key, plan)
         return plan, snap
 
     @staticmethod
@@ -284,7 +294,10 @@ class Sakura(Policy):
         k = plan.split(step) if (step > snap.cs or ctx.template_alive) else snap.l0
         why = self._why(ctx, plan, rate)
         if lay < k:
-            return Decision(LEVEL_COMPUTE, f"device computes step {step} layer {lay} ({why})")
+            later = step > snap.cs
+            wait = "for now (asked again while the link would idle)" if later else ""
+            return Decision(LEVEL_COMPUTE, f"device computes step {step} layer {lay}{' ' + wait if later else ''} ({why})",
+                            defer=later)  # fmt: skip
         limit, slack = plan.finish_s + 1e-9, "slack in the link: predicted finish unchanged"
         target = ctx.latency_target_s
         if target is not None and target > limit:  # time the user allows buys quality
@@ -327,6 +340,10 @@ class Sakura(Policy):
         return recompute < wait
 
     def upgrade(self, ctx: Context) -> tuple[int, int] | None:
+        if ctx.per_step:  # never ahead of a shard the plan still needs
+            plan, snap = self._replan(ctx, self.rate(ctx))
+            if snap.pending(plan.splits):
+                return None
         best, best_gain = None, 0.0
         for shard, level in ctx.fetched_levels().items():
             if ctx.per_step and shard <= ctx.compute_layer:

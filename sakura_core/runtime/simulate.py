@@ -102,6 +102,7 @@ class _Sim:
         self.base_done = False
         self.forced: list[int] = []
         self.skipped: set[int] = set()
+        self.deferred: list[int] = []  # skipped "for now": asked again when the link would idle
         self._got: dict[int, list[tuple[int, float]]] = {}  # layer -> [(level, ready_t)] in fetch order
         self._pred: dict[int, tuple[float, int, float]] = {}  # shard -> (request time, bytes, true arrival)
         self.template_alive = True
@@ -125,20 +126,45 @@ class _Sim:
 
     @property
     def in_flight(self) -> dict[int, float]:
-        """Requested, not decoded by ``now``: its decode end once it has arrived, else a prediction from the request
-        time and size at the current robust estimate (never the true future arrival)."""
+        """Requested, not decoded by ``now``: its decode end once it has arrived, else a prediction from what a
+        client knows (request times and sizes, the bytes of the transfer in progress received so far) at the robust
+        estimate, lowered to the in-progress rate when that transfer is overdue; never the true future arrival."""
         now = self.now + 1e-12
-        out = {}
-        for g, (t0, nbytes, arrive) in self._pred.items():
+        out: dict[int, float] = {}
+        rate = None
+        t = now
+        for g, (t0, nbytes, arrive) in sorted(self._pred.items(), key=lambda kv: kv[1][0]):
             got = self._got.get(g)
             if got and got[0][1] <= now:
                 continue
             if arrive <= now:
                 out[g] = got[0][1]
-            else:
+                continue
+            if rate is None:
                 self.flush_observations()
-                out[g] = max(now, t0 + nbytes / self.estimator.robust()) + self.ladders[g][got[0][0]].decode_s
+                rate = self.estimator.robust()
+                prog = self.link_progress()
+                if prog is not None and prog[0] > self.rtt_s + prog[2] / rate:  # overdue: the link slowed
+                    rate = min(rate, max(prog[1], 1.0) / max(prog[0] - self.rtt_s, 1e-3))
+            if t0 <= now:
+                prog = self.link_progress()
+                left = nbytes - (prog[1] if prog is not None else 0.0)
+                t = now + left / rate
+            else:
+                t = max(t, t0) + nbytes / rate
+            out[g] = t + self.ladders[g][got[0][0]].decode_s
         return out
+
+    def link_progress(self) -> tuple[float, float, float] | None:
+        """The transfer in progress at ``now``: (seconds since it was requested, bytes received so far, its size),
+        or None when the link is idle (what a client's read loop knows)."""
+        now = self.now
+        for t0, nbytes, arrive in self._pred.values():
+            if t0 - self.rtt_s <= now < arrive:
+                start = max(now, t0)
+                got = self.trace.delivered(self.start_s + start) - self.trace.delivered(self.start_s + t0)
+                return now - (t0 - self.rtt_s), float(min(max(got, 0.0), nbytes)), float(nbytes)
+        return None
 
     def flush_observations(self) -> None:
         """Feed the estimator the transfers that have completed by ``now`` (never one from the future)."""
@@ -183,12 +209,16 @@ class _Sim:
             self.next_layer += 1
             if d.level == LEVEL_COMPUTE:
                 self.skipped.add(layer)
+                if d.defer:
+                    self.deferred.append(layer)
                 if d.link_idle_until_s is not None:  # the policy's next decision waits (the link stays idle)
                     self.link_free = max(self.link_free, d.link_idle_until_s)
             else:
                 self._transfer(layer, d.level, self.ladders[layer][d.level].nbytes, "base")
             if self.next_layer >= self.N:
                 self.base_done = True
+            return True
+        if self.base_done and self.deferred and self._retry_deferred():
             return True
         if self.config.upgrades and self.base_done:
             up = self.policy.upgrade(self.ctx)
@@ -201,9 +231,34 @@ class _Sim:
         return False
 
     def advance_link(self, until: float) -> None:
+        retried = False
         while self.link_free <= until:
-            if not self._link_step():
+            if self._link_step():
+                continue
+            if retried or not self.deferred:
                 break
+            retried = True  # the link would idle: ask again about the deferred shards, now
+            self.link_free = max(self.link_free, until)
+            if not self._retry_deferred():
+                break
+
+    def _retry_deferred(self) -> bool:
+        """Ask the policy again about each deferred shard the compute lane has not reached; fetch the first it
+        wants. False when it wants none."""
+        self.now = self.link_free
+        self.deferred = [g for g in self.deferred if g > self.compute_layer]
+        for g in list(self.deferred):
+            d = self.policy.choose(self.ctx, g)
+            if d.level == LEVEL_COMPUTE or d.level is None:
+                if not d.defer:
+                    self.deferred.remove(g)
+                continue
+            self.decisions.append({"t": self.now, "layer": g, "level": d.level, "reason": d.reason})
+            self.deferred.remove(g)
+            self.skipped.discard(g)
+            self._transfer(g, d.level, self.ladders[g][d.level].nbytes, "base")
+            return True
+        return False
 
     def wait_for(self, layer: int) -> float:
         """Run the link until ``layer`` has a decoded level; returns that time."""
