@@ -62,6 +62,13 @@ class Snapshot:
             if r is not None:
                 known[g] = r
         self.known = known
+        prog = ctx.link_progress()
+        if prog is not None and rate is not None:  # in-flight shards: no sooner than the link's progress allows
+            pending = [g for g in range(self.c, self.N) if not np.isnan(known[g]) and not ctx.ready(g)]
+            t = ctx.now + max(prog[2] - prog[1], 0.0) / rate
+            for i, g in enumerate(pending):
+                t = t if i == 0 else t + self.rtt + self.nb[g] / rate
+                known[g] = max(known[g], t + self.dec[g])
         self.link0 = max(ctx.now, ctx.link_busy_until())
         self.nl = ctx.decided_upto if fetch_from is None else fetch_from
         self.layer = np.arange(self.N) % self.L
