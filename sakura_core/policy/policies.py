@@ -286,7 +286,9 @@ class Sakura(Policy):
         rate = self.rate(ctx)
         ladder = ctx.ladder(layer)
         if rate is not None and ctx.estimator.samples == 0:
-            return Decision(ctx.floor, f"bandwidth probe (no throughput sample yet): floor level {ladder[ctx.floor].name}")
+            return Decision(
+                ctx.floor, f"bandwidth probe (no throughput sample yet): floor level {ladder[ctx.floor].name}"
+            )
         if layer < ctx.compute_layer:
             return Decision(LEVEL_COMPUTE, f"compute is already past shard {layer}")
         plan, snap = self._replan(ctx, rate, layer)
