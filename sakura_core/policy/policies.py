@@ -245,6 +245,11 @@ class Sakura(Policy):
     """
 
     name = "sakura"
+    # the estimate the fetch plan uses: "robust" (harmonic mean / (1 + max recent error)) or "harmonic"
+    plan_estimate = "harmonic"
+    # a drop must not lose against keeping the template even if the link is this many times slower than the
+    # slowest recent sample
+    regret_slowdown = 4.0
 
     def reset(self) -> None:
         self._plan: Plan | None = None
@@ -253,7 +258,8 @@ class Sakura(Policy):
     def rate(self, ctx: Context) -> float | None:
         """Bytes/s the predictions use (None = exact transfer times from the trace): the error-discounted estimate,
         lowered while the transfer in progress is overdue."""
-        return ctx.slowed(ctx.estimator.robust())
+        est = ctx.estimator.harmonic() if self.plan_estimate == "harmonic" else ctx.estimator.robust()
+        return ctx.slowed(est)
 
     def drop_rate(self, ctx: Context) -> float | None:
         """Dropping the template is irreversible within a step: decide it on the slowest recent throughput."""
@@ -329,10 +335,19 @@ class Sakura(Policy):
         if rate is None:
             return False
         # bounded regret: drop only if this step still ends no later than keeping the template to its end even
-        # when the link delivers half the slowest recent rate (a 2x estimation error costs nothing)
-        half = Snapshot(ctx, rate / 2)
-        keep_all = snap.ct + (ctx.layers_per_step - snap.l0) * ctx.profile.layer_full_s
-        return half.finish(plan.splits, upto_step=snap.cs) > keep_all
+        # when the link delivers 1/regret_slowdown of the slowest recent rate (that estimation error costs nothing)
+        p, left = ctx.profile, ctx.layers_per_step - snap.l0
+        keep_all = snap.ct + left * p.layer_full_s
+        drop_end = snap.finish(plan.splits, upto_step=snap.cs)
+        if Snapshot(ctx, rate / self.regret_slowdown).finish(plan.splits, upto_step=snap.cs) > keep_all:
+            return True
+        # outage: if the link died now, a template pass on the device would redo this step's KV; the drop must
+        # gain at least what it would then lose (unless every shard it needs is decoded already)
+        needed = range(layer, snap.c - snap.l0 + ctx.layers_per_step)
+        if all(ctx.ready(g) for g in needed):
+            return False
+        outage_loss = snap.ct + p.template_pass_s + left * p.layer_cached_s - keep_all
+        return keep_all - drop_end < outage_loss
 
     def recompute_late(self, ctx: Context, layer: int) -> bool:
         snap = Snapshot(ctx, self.rate(ctx))

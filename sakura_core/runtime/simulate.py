@@ -324,33 +324,41 @@ class _Sim:
             self.split_layer = layer
             if self.per_step:
                 self.splits[-1] = layer % self.L
-        if not self.device_all and not self.ready_by(layer, self.compute_t) and pol.recompute_late(self.ctx, layer):
-            # late shards: one template-only pass gives every layer's KV here; stop waiting for the link
-            self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
-                                   "reason": "shards late: template pass on the device is sooner"})  # fmt: skip
-            self._compute(p.template_pass_s, -1, "fallback template pass")
-            self.device_all = True
-            if self.per_step:  # this step's KV is on the device now; the link moves on to the next step
-                self.next_layer = max(self.next_layer, (layer // self.L + 1) * self.L)
-                self.base_done = self.next_layer >= self.N
-            else:
-                self.base_done = True
-                self.next_layer = self.L
+        if not self.device_all:
+            self._wait_or_recompute(layer)
         if self.device_all:
             self._compute(p.layer_cached_s, layer, "cached")
             return
-        self._stall_until_ready(layer)
         self.used.setdefault(layer, []).append(self.level_at(layer, self.compute_t))
         self._compute(p.layer_cached_s, layer, "cached")
 
-    def _stall_until_ready(self, layer: int) -> None:
-        """Stall accounting: the compute lane waits until ``layer`` has a decoded level."""
-        ready = self.wait_for(layer)
-        if ready > self.compute_t:
-            self.events.append({"lane": "stall", "start": self.compute_t, "end": ready, "layer": layer,
-                                "level": "waiting for shard"})  # fmt: skip
-            self.stall_s += ready - self.compute_t
-            self.compute_t = ready
+    def _wait_or_recompute(self, layer: int) -> None:
+        """The compute lane needs shard ``layer``: while it is not decoded, ask the policy (again every cached-layer
+        time of waiting, as a live client would) whether a template pass on the device is sooner; else stall."""
+        p = self.profile
+        while not self.ready_by(layer, self.compute_t):
+            self.now = self.compute_t
+            if self.policy.recompute_late(self.ctx, layer):
+                # late shards: one template-only pass gives every layer's KV here; stop waiting for the link
+                self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
+                                       "reason": "shards late: template pass on the device is sooner"})  # fmt: skip
+                self._compute(p.template_pass_s, -1, "fallback template pass")
+                self.device_all = True
+                if self.per_step:  # this step's KV is on the device now; the link moves on to the next step
+                    self.next_layer = max(self.next_layer, (layer // self.L + 1) * self.L)
+                    self.base_done = self.next_layer >= self.N
+                else:
+                    self.base_done = True
+                    self.next_layer = self.L
+                return
+            ready = self.wait_for(layer)
+            until = min(ready, self.compute_t + p.layer_cached_s)
+            if until > self.compute_t:
+                self.events.append({"lane": "stall", "start": self.compute_t, "end": until, "layer": layer,
+                                    "level": "waiting for shard"})  # fmt: skip
+                self.stall_s += until - self.compute_t
+                self.compute_t = until
+            self.advance_link(self.compute_t)
 
     def _later_step(self, step: int) -> None:
         """Steps 1..S-1: every layer with the best level decoded by the step's start (upgrades land between)."""

@@ -139,10 +139,14 @@ def test_a_link_that_collapses_mid_step_keeps_the_template():
     assert collapsed.slowed(1e6) == pytest.approx(1e5 / 3.0)
     assert policy().keep_template(collapsed, 1)
     assert Snapshot(collapsed, collapsed.slowed(1e6)).known[1] == pytest.approx(3.0 + 9e5 / (1e5 / 3.0))
-    # the same moment with the transfer on time (0.9 MB received in 0.9 s): due at 3.2 s; dropping ends step 0 at
-    # 3.45 s instead of 4.0 s
+    # the same moment with the transfer on time (0.9 MB received in 0.9 s, due at 3.2 s): dropping would end step 0
+    # at 3.45 s instead of 4.0 s, a 0.55 s gain; if the link died now, a template pass would end it at
+    # 3.0 + 2.0 + 0.25 = 5.25 s, a 1.25 s loss: the drop waits for the shard
     on_time = ctx(1e6, progress=(0.9, 9e5, float(MB)), **base)
-    assert not policy().keep_template(on_time, 1)
+    assert policy().keep_template(on_time, 1)
+    # shard 1 decoded already (nothing exposed to the link): drop (step 0 ends 3.25 s)
+    there = ctx(1e6, **dict(base, got={0: [(0, 1.0)], 1: [(0, 2.9)]}, in_flight={}))
+    assert not policy().keep_template(there, 1)
 
 
 def test_a_0_kbit_stall_after_the_drop_recomputes_on_the_device():
