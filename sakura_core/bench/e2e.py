@@ -175,6 +175,7 @@ def run_sim(
                         "bytes_fetched": int(r.bytes_fetched),
                         "psnr_db": float(r.psnr_db),
                         "split_layer": int(r.split_layer),
+                        "splits": [int(k) for k in r.splits],  # one per step in per-step mode
                         "_result": r,
                     }
                 )
