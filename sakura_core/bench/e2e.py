@@ -154,8 +154,9 @@ def run_sim(
     kv_mode: str = "single",
 ) -> list[dict]:
     """Every policy on every trace at ``starts_per_trace`` evenly spaced start offsets. ``ladders`` must match the
-    simulated profile (``kv_mode_view(profile, kv_mode).model``: steps x layers shards in per-step mode)."""
-    profile = kv_mode_view(profile, kv_mode)
+    shard count (``kv_mode_view(profile, kv_mode).model``: steps x layers shards in per-step mode); the simulator
+    runs the real protocol on ``profile`` (one split per step in per-step mode)."""
+    kv_mode_view(profile, kv_mode)  # validates kv_mode
     runs = []
     for trace in traces:
         for i in range(starts_per_trace):
@@ -174,6 +175,7 @@ def run_sim(
                         "bytes_fetched": int(r.bytes_fetched),
                         "psnr_db": float(r.psnr_db),
                         "split_layer": int(r.split_layer),
+                        "splits": [int(k) for k in r.splits],  # one per step in per-step mode
                         "_result": r,
                     }
                 )

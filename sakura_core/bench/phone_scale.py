@@ -69,7 +69,7 @@ def regime_map(
     template at every step), fetch every shard at the floor level (split 0) and the best hybrid split; the winner
     and its margin over the next best. ``ladders`` match ``kv_mode_view(profile, kv_mode)``."""
     base = profile
-    profile = kv_mode_view(profile, kv_mode)
+    kv_mode_view(profile, kv_mode)  # validates kv_mode; ladders have steps x layers shards in per-step mode
     L = profile.model.layers
     names = ["compute", "fetch", "hybrid"]
     cells = []

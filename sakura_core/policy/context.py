@@ -232,6 +232,55 @@ class Context:
         return shard % self.layers_per_step
 
     @property
+    def steps(self) -> int:
+        """Denoising steps of the edit."""
+        return int(self.profile.model.steps)
+
+    @property
+    def template_work_s(self) -> float:
+        """Seconds the device needs for every template KV the edit uses: one template pass (single mode), one per
+        step (per-step mode)."""
+        return self.profile.template_pass_s * (self.steps if self.per_step else 1)
+
+    @property
+    def compute_t(self) -> float:
+        """When the compute lane starts ``compute_layer``, seconds."""
+        return float(self._s.compute_t)
+
+    @property
+    def rtt_s(self) -> float:
+        """Round trip charged per request in predictions, seconds."""
+        return float(self._s.rtt_s)
+
+    def known_ready(self, shard: int) -> float | None:
+        """Decoded-at time of ``shard``'s first level if decoded by now, else its predicted ready time if it was
+        requested, else None (never the true future arrival)."""
+        got = self._s.got.get(shard)
+        if got and got[0][1] <= self._s.now + 1e-12:
+            return float(got[0][1])
+        pred = self._s.in_flight.get(shard)
+        return None if pred is None else float(pred)
+
+    def link_progress(self) -> tuple[float, float, float] | None:
+        """The transfer in progress: (seconds since requested, bytes received so far, its size), or None (idle link,
+        or a state that does not report progress)."""
+        fn = getattr(self._s, "link_progress", None)
+        return fn() if fn is not None else None
+
+    def slowed(self, rate: float) -> float:
+        """``rate`` (bytes/s), lowered to the in-progress transfer's rate when that transfer is overdue under it:
+        a stall is seen while it lasts, not only when the transfer finally completes."""
+        prog = self.link_progress()
+        if prog is None or prog[0] <= self.rtt_s + prog[2] / rate:
+            return rate
+        return min(rate, max(prog[1], 1.0) / max(prog[0] - self.rtt_s, 1e-3))
+
+    def link_busy_until(self) -> float:
+        """Predicted end of the transfers already requested (seconds; ``now`` when none is pending)."""
+        busy = [t for t in self._s.in_flight.values() if t > self._s.now]
+        return max(busy, default=self._s.now)
+
+    @property
     def trace_offset_s(self) -> float:
         """Where on the trace the edit started: the link at edit time ``t`` is the trace at ``offset + t``."""
         return float(self._s.start_s)

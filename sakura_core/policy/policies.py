@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .context import Context
+from .planner import Plan, Snapshot, best_plan
 
 __all__ = ["LEVEL_COMPUTE", "POLICIES", "Decision", "Policy", "make_policy"]
 
@@ -63,6 +64,9 @@ def _time_left(slack_s: float) -> str:
 class Decision:
     """``level``: index into the shard's ladder, LEVEL_COMPUTE, or None = stop fetching.
 
+    ``defer``: with LEVEL_COMPUTE, "not now": the runtime may ask about this shard again while the link would
+    otherwise idle, until compute reaches it (a runtime that does not re-ask treats it as computed on the device).
+
     ``link_idle_until_s``: with LEVEL_COMPUTE, the link takes its next decision no earlier than this time (seconds
     since the edit started; None = at once). CacheGen decides chunk by chunk, so a recomputed chunk holds the link
     until the device has computed it and the next chunk is decided on the rate of that later moment.
@@ -71,6 +75,7 @@ class Decision:
     level: int | None
     reason: str
     link_idle_until_s: float | None = None
+    defer: bool = False
 
 
 class Policy:
@@ -152,7 +157,7 @@ class CacheGen(Policy):
 
     def choose(self, ctx: Context, layer: int) -> Decision:
         bw = ctx.link_rate_now()  # bytes/s, read from the trace as the released code does (no estimator)
-        slo = ctx.latency_target_s if ctx.latency_target_s is not None else ctx.profile.template_pass_s
+        slo = ctx.latency_target_s if ctx.latency_target_s is not None else ctx.template_work_s
         budget = slo / ctx.num_layers
         ladder = ctx.ladder(layer)
         for idx in range(len(ladder) - 1, ctx.floor - 1, -1):
@@ -175,7 +180,7 @@ class CacheGen(Policy):
 
     def keep_template(self, ctx: Context, layer: int) -> bool:
         # keep computing while this or a later chunk is marked recompute, or the link has not decided it yet
-        if any(lay >= layer for lay in self.recompute):
+        if any(lay >= layer and ctx.step_of(lay) == ctx.step_of(layer) for lay in self.recompute):
             return True
         return ctx.decided_upto <= layer and not ctx.ready(layer)
 
@@ -194,11 +199,11 @@ class Throughput(Policy):
         rate = ctx.estimator.harmonic()
         if self.fetch_all is None:
             lowest = sum(ctx.ladder(x)[ctx.floor].nbytes for x in range(ctx.num_layers))
-            self.fetch_all = lowest / rate < ctx.profile.template_pass_s
+            self.fetch_all = lowest / rate < ctx.template_work_s
             verdict = "<" if self.fetch_all else ">="
             self.plan = (
                 f"all shards at the floor: {_mb(lowest)} at {_mbit(rate)} = {lowest / rate:.2f} s {verdict} "
-                f"{ctx.profile.template_pass_s:.2f} s to compute the template"
+                f"{ctx.template_work_s:.2f} s to compute the template"
             )
         if not self.fetch_all:
             return Decision(None, f"{self.plan}: the device computes it")
@@ -222,109 +227,157 @@ class Throughput(Policy):
 
 
 class Sakura(Policy):
-    """Adaptive hybrid: race the template computation against the fetch.
+    """Receding-horizon plan over the remaining (step, layer) shards (:mod:`sakura_core.policy.planner`).
 
-    * Probe: with no throughput sample yet, the first shard is fetched at the floor level (it is the probe).
-    * Split: whenever the link is free, predict the step-0 finish for every remaining drop point (compute the
-      template up to it, fetch the rest back to back at the floor level) under a conservative (error-discounted)
-      throughput estimate, and skip the shards below the best one — so the split layer ``k`` moves with the link
-      instead of being fixed up front.
-    * Levels: the best level whose predicted ready time meets the shard's deadline while the next ``horizon``
-      shards still meet theirs at the floor level (RobustMPC-style lookahead); never below the quality floor. With
-      a latency target, the predicted slack under it extends every deadline (quality for time the user allows).
-    * Compute: keep the template tokens for this layer if its shard will not be ready before computing it would
-      finish.
-    * Late shards: once the template is dropped, if waiting for the remaining shards is predicted to take longer
-      than one template-only pass on the device, run that pass instead (the link misled the estimate).
-    * Upgrades: while later steps run, spend idle link time on enhancement payloads with the largest distortion
-      drop per byte.
+    * Plan: at every decision, the split k_s of every remaining step (template through layers < k_s on the device,
+      shards >= k_s fetched back to back in execution order at the floor level, later steps prefetched) with the
+      earliest predicted finish, under an error-discounted throughput (RobustMPC: harmonic mean / (1 + max recent
+      error)); re-planned as transfers complete, so an estimation error is corrected at the next decision.
+    * Probe: with no throughput sample yet the first shard is fetched at the floor level (free: compute keeps the
+      template until a shard is ready).
+    * Fetch lane: a shard below its step's planned split is computed on the device; otherwise the highest level
+      that leaves the predicted finish unchanged (slack in the link), never below the quality floor.
+    * Compute lane: drop the template at this layer only if the plan made with the slowest recent throughput drops
+      here (a wrong drop costs a stall; the template restarts next step, so the risk is one step).
+    * Late shards: once dropped, if waiting is predicted to end the step later than a template-only pass on the
+      device, run that pass (the link misled the estimate).
+    * Upgrades: idle link time refines shards not used yet with the largest distortion drop per byte.
     """
 
     name = "sakura"
-    horizon = 5
+    # the estimate the fetch plan uses: "robust" (harmonic mean / (1 + max recent error)) or "harmonic"
+    plan_estimate = "harmonic"
+    # a drop must not lose against keeping the template even if the link is this many times slower than the
+    # slowest recent sample
+    regret_slowdown = 4.0
+
+    def reset(self) -> None:
+        self._plan: Plan | None = None
+        self._cache: tuple | None = None
 
     def rate(self, ctx: Context) -> float | None:
-        """Bytes/s the predictions use (None = exact transfer times from the trace)."""
-        return ctx.estimator.robust()
+        """Bytes/s the predictions use (None = exact transfer times from the trace): the error-discounted estimate,
+        lowered while the transfer in progress is overdue."""
+        est = ctx.estimator.harmonic() if self.plan_estimate == "harmonic" else ctx.estimator.robust()
+        return ctx.slowed(est)
+
+    def drop_rate(self, ctx: Context) -> float | None:
+        """Dropping the template is irreversible within a step: decide it on the slowest recent throughput."""
+        return ctx.slowed(ctx.estimator.worst())
+
+    def _replan(self, ctx: Context, rate: float | None, shard: int | None = None) -> tuple[Plan, Snapshot]:
+        snap = Snapshot(ctx, rate, shard)
+        key = (ctx.now, ctx.compute_layer, ctx.template_alive, rate, ctx.decided_upto, ctx.link_busy_until())
+        cached = getattr(self, "_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1], snap
+        init = None
+        prev = getattr(self, "_plan", None)
+        if prev is not None and prev.first_step <= snap.cs < prev.first_step + len(prev.splits):
+            init = prev.splits[snap.cs - prev.first_step :]
+        plan = best_plan(snap, init)
+        self._plan, self._cache = plan, (key, plan)
+        return plan, snap
+
+    @staticmethod
+    def _why(ctx: Context, plan: Plan, rate: float | None) -> str:
+        L = ctx.layers_per_step
+        parts = []
+        for i, k in enumerate(plan.splits):
+            what = f"split at layer {k}" if k < L else "no split: the device computes all"
+            parts.append(f"step {plan.first_step + i} {what}" if ctx.per_step else what)
+        return f"plan: {'; '.join(parts)}; predicted finish t={plan.finish_s:.2f} s {_at(ctx, rate)}"
 
     def choose(self, ctx: Context, layer: int) -> Decision:
         rate = self.rate(ctx)
         ladder = ctx.ladder(layer)
-        probing = rate is not None and ctx.estimator.samples == 0
-        if ctx.template_alive and not probing:  # with no sample yet, the first shard is the bandwidth probe
-            drop = ctx.best_drop(ctx.compute_layer, rate)
-            if layer < drop:
-                split = f"split at layer {drop}" if drop < ctx.num_layers else "no split: the device computes all"
-                why = f"earliest step-0 finish: {split}, {_at(ctx, rate)}"
-                return Decision(LEVEL_COMPUTE, f"device computes layer {layer} ({why})")
-        deadline = ctx.deadline(layer)
-        bonus = ""
-        if ctx.latency_target_s is not None:  # slack under the user's latency target buys quality
-            extra = max(0.0, ctx.latency_target_s - ctx.predicted_finish(rate))
-            deadline += extra
-            if extra > 0:
-                bonus = f", deadline +{extra:.2f} s of slack under the {ctx.latency_target_s:.2f} s target"
-        best, why_not_higher = self._best_level(ctx, layer, deadline, rate)
-        ready = ctx.predict_ready(layer, ladder[best], rate)
-        floor = " (the quality floor)" if best == ctx.floor else ""
-        probe = "bandwidth probe (no throughput sample yet): " if probing else ""
-        reason = (
-            f"{probe}level {ladder[best].name}{floor} ready at t={ready:.2f} s, {_vs_deadline(ready, deadline)}"
-            f"{why_not_higher} {_at(ctx, rate)}{bonus}"
-        )
-        return Decision(best, reason)
-
-    def _best_level(self, ctx: Context, layer: int, deadline: float, rate: float | None) -> tuple[int, str]:
-        """The best level ready by ``deadline`` that keeps the next ``horizon`` shards (at the floor) on time, and
-        why the next level up was not taken (";" alone when the best is the highest level)."""
-        ladder = ctx.ladder(layer)
+        if rate is not None and ctx.estimator.samples == 0:
+            return Decision(
+                ctx.floor, f"bandwidth probe (no throughput sample yet): floor level {ladder[ctx.floor].name}"
+            )
+        if layer < ctx.compute_layer:
+            return Decision(LEVEL_COMPUTE, f"compute is already past shard {layer}")
+        plan, snap = self._replan(ctx, rate, layer)
+        step, lay = ctx.step_of(layer), ctx.layer_of(layer)
+        k = plan.split(step) if (step > snap.cs or ctx.template_alive) else snap.l0
+        why = self._why(ctx, plan, rate)
+        if lay < k:
+            later = step > snap.cs
+            wait = "for now (asked again while the link would idle)" if later else ""
+            return Decision(LEVEL_COMPUTE, f"device computes step {step} layer {lay}{' ' + wait if later else ''} ({why})",
+                            defer=later)  # fmt: skip
+        limit, slack = plan.finish_s + 1e-9, "slack in the link: predicted finish unchanged"
+        target = ctx.latency_target_s
+        if target is not None and target > limit:  # time the user allows buys quality
+            limit, slack = target, f"slack under the {target:.2f} s target"
+        # the slack is checked at the slowest recent rate too: a higher level must not cost time if the link slows
+        worst = self.drop_rate(ctx)
+        slow = Snapshot(ctx, worst, layer) if worst is not None and worst != rate else None
+        slow_limit = slow.finish(plan.splits) + 1e-9 if slow is not None else None
+        if slow is not None and target is not None:
+            slow_limit = max(slow_limit, target)
         best = ctx.floor
         for idx in range(ctx.floor + 1, len(ladder)):
-            t = ctx.predict_ready(layer, ladder[idx], rate)
-            if t > deadline:
-                return best, f"; {ladder[idx].name} would be ready at t={t:.2f} s, {_late(t - deadline)};"
-            # lookahead: the next shards must still make their deadlines at the floor level
-            t_next = t
-            for nxt in range(layer + 1, min(ctx.num_layers, layer + 1 + self.horizon)):
-                t_next = ctx.transfer_end(t_next, ctx.ladder(nxt)[ctx.floor].nbytes, rate)
-                if t_next > ctx.deadline(nxt):
-                    late = _late(t_next - ctx.deadline(nxt))
-                    return best, f"; {ladder[idx].name} would make shard {nxt} {late};"
+            lv = ladder[idx]
+            if snap.finish(plan.splits, lv.nbytes, lv.decode_s) > limit:
+                break
+            if slow is not None and slow.finish(plan.splits, lv.nbytes, lv.decode_s) > slow_limit:
+                break
             best = idx
-        return best, ";"
+        floor = " (the quality floor)" if best == ctx.floor else f" ({slack})"
+        return Decision(best, f"step {step} layer {lay}: level {ladder[best].name}{floor}; {why}")
 
     def keep_template(self, ctx: Context, layer: int) -> bool:
-        # Dropping the template is irreversible: keep computing unless dropping here has the earliest predicted
-        # step-0 finish of all drop points from here on.
-        return ctx.best_drop(layer, self.drop_rate(ctx)) != layer
-
-    def drop_rate(self, ctx: Context) -> float | None:
-        """Dropping the template cannot be undone cheaply: decide it on the slowest recent throughput."""
-        return ctx.estimator.worst()
+        rate = self.drop_rate(ctx)
+        plan, snap = self._replan(ctx, rate)
+        if plan.splits[0] != ctx.layer_of(layer):
+            return True
+        if rate is None:
+            return False
+        # bounded regret: drop only if this step still ends no later than keeping the template to its end even
+        # when the link delivers 1/regret_slowdown of the slowest recent rate (that estimation error costs nothing)
+        p, left = ctx.profile, ctx.layers_per_step - snap.l0
+        keep_all = snap.ct + left * p.layer_full_s
+        drop_end = snap.finish(plan.splits, upto_step=snap.cs)
+        if Snapshot(ctx, rate / self.regret_slowdown).finish(plan.splits, upto_step=snap.cs) > keep_all:
+            return True
+        # outage: if the link died now, a template pass on the device would redo this step's KV; the drop must
+        # gain at least what it would then lose (unless every shard it needs is decoded already)
+        needed = range(layer, snap.c - snap.l0 + ctx.layers_per_step)
+        if all(ctx.ready(g) for g in needed):
+            return False
+        outage_loss = snap.ct + p.template_pass_s + left * p.layer_cached_s - keep_all
+        return keep_all - drop_end < outage_loss
 
     def recompute_late(self, ctx: Context, layer: int) -> bool:
-        # waiting for every remaining shard vs one template-only pass now and the remaining layers cached
+        snap = Snapshot(ctx, self.rate(ctx))
+        wait = snap.finish([snap.l0] * (snap.S - snap.cs), upto_step=snap.cs)
         p = ctx.profile
-        wait = ctx.predicted_step0_finish(layer, layer, self.rate(ctx))
-        recompute = ctx.now + p.template_pass_s + (ctx.num_layers - layer) * p.layer_cached_s
+        recompute = ctx.now + p.template_pass_s + (ctx.layers_per_step - ctx.layer_of(layer)) * p.layer_cached_s
         return recompute < wait
 
     def upgrade(self, ctx: Context) -> tuple[int, int] | None:
+        if ctx.per_step:  # never ahead of a shard the plan still needs
+            plan, snap = self._replan(ctx, self.rate(ctx))
+            if snap.pending(plan.splits):
+                return None
         best, best_gain = None, 0.0
-        for layer, level in ctx.fetched_levels().items():
-            ladder = ctx.ladder(layer)
+        for shard, level in ctx.fetched_levels().items():
+            if ctx.per_step and shard <= ctx.compute_layer:
+                continue  # used already (per-step KV serves one step only)
+            ladder = ctx.ladder(shard)
             if level + 1 < len(ladder) and ladder[level + 1].progressive:
                 gain = (ladder[level].mse - ladder[level + 1].mse) / max(ladder[level + 1].increment_bytes, 1)
                 if gain > best_gain:
-                    best, best_gain = (layer, level + 1), gain
+                    best, best_gain = (shard, level + 1), gain
         return best
 
 
 class Oracle(Sakura):
     """Knows the future: transfer times come from the trace itself (ready times are exact, not estimated).
 
-    The simulator additionally tries every fixed split with exact timings and keeps the best run, so the oracle
-    is a lower bound over this policy space.
+    The simulator additionally searches the per-step split vector with exact timings and keeps the best run, so
+    the oracle is a lower bound over this policy space.
     """
 
     name = "oracle"

@@ -7,11 +7,17 @@ compute lane runs step 0 layer by layer (template tokens kept while the policy s
 every layer's KV, using at each step the best level decoded by its start.
 
 KV modes (DESIGN.md): ``single`` — one template KV per layer serves every step (step 0 is the hybrid forward, steps
-1..S-1 run cached). ``per-step`` — the template KV of step s is its own shard, so the edit needs steps x layers
-shards and on-device generation runs the template tokens at every step; :func:`kv_mode_view` simulates it as one
-forward of steps x layers "layers" and one step (same per-layer costs, S x the shards, S x the template work), so
-every policy runs unchanged. Limitation: a split in per-step mode is one drop point over the flattened sequence
-(once the template tokens are dropped they are not run again at a later step), not one split per step.
+1..S-1 run cached). ``per-step`` — ``ladders`` has steps x layers shards (g = step * L + layer, execution order):
+every step is a hybrid forward with its own split k_s (the template restarts at every step: ``template_alive`` is
+true again and ``compute_layer`` = s * L when the compute lane enters step s, then ``keep_template(ctx, g)`` per layer
+until it drops), the fetch lane asks ``choose(ctx, g)`` in order and so prefetches later steps' shards while
+earlier steps compute; a policy that never fetches runs the template at every step (on-device). The mode follows
+from the ladder count (L or steps x L). :func:`kv_mode_view` gives the geometry whose ``layers`` is the shard count
+(what the ladders are built for).
+
+What a policy sees (``got``, ``in_flight``) is what a live client knows: levels decoded by ``now``, and for shards
+requested but not decoded a predicted ready time (the robust throughput estimate at request time), never the true
+future arrival.
 
 Quality is estimated with an additive distortion model: a layer fetched at level ``j`` for a fraction of the steps
 contributes that fraction of ``Level.mse`` (the output MSE measured with every layer at level ``j``, divided by
@@ -27,6 +33,7 @@ from ..metrics import psnr_from_mse
 from ..policy.context import Context
 from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
+from ..policy.planner import Snapshot, best_plan
 from ..policy.policies import LEVEL_COMPUTE, Decision, Policy
 from .profiles import DeviceProfile
 
@@ -70,6 +77,7 @@ class SimResult:
     psnr_db: float
     split_layer: int
     stall_s: float
+    splits: list[int] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
 
@@ -78,8 +86,11 @@ class _Sim:
     def __init__(self, policy, trace, start_s, profile, ladders, floor, config):
         self.policy, self.trace, self.start_s, self.profile = policy, trace, start_s, profile
         self.ladders, self.floor, self.config = ladders, floor, config
-        self.L = len(ladders)
-        self.layers_per_step = self.L  # single mode; see PolicyState.layers_per_step
+        self.N = len(ladders)
+        S, L = profile.model.steps, profile.model.layers
+        self.per_step = S > 1 and self.N == S * L
+        self.L = L if self.per_step else self.N  # shards of one step
+        self.layers_per_step = self.L  # see PolicyState.layers_per_step
         self.rtt_s = max(config.min_rtt_s, 2 * trace.latency_ms / 1000)
         self.latency_target_s = config.latency_target_s
         self.estimator = ThroughputEstimator()
@@ -91,8 +102,9 @@ class _Sim:
         self.base_done = False
         self.forced: list[int] = []
         self.skipped: set[int] = set()
-        self.got: dict[int, list[tuple[int, float]]] = {}  # layer -> [(level, ready_t)] in fetch order
-        self.in_flight: dict[int, float] = {}
+        self.deferred: list[int] = []  # skipped "for now": asked again when the link would idle
+        self._got: dict[int, list[tuple[int, float]]] = {}  # layer -> [(level, ready_t)] in fetch order
+        self._pred: dict[int, tuple[float, int, float]] = {}  # shard -> (request time, bytes, true arrival)
         self.template_alive = True
         self.compute_t = 0.0
         self.compute_layer = 0
@@ -102,8 +114,57 @@ class _Sim:
         self.used: dict[int, list[int]] = {}  # layer -> the level it ran with at each step
         self.stall_s = 0.0
         self.split_layer = self.L
+        self.splits: list[int] = []
         self.device_all = False  # a fallback template pass made every layer's KV on the device
         self.ctx = Context(self)
+
+    @property
+    def got(self) -> dict[int, list[tuple[int, float]]]:
+        """Levels decoded by ``now`` (the policy's view; see the module docstring)."""
+        now = self.now + 1e-12
+        return {g: [x for x in v if x[1] <= now] for g, v in self._got.items() if v and v[0][1] <= now}
+
+    @property
+    def in_flight(self) -> dict[int, float]:
+        """Requested, not decoded by ``now``: its decode end once it has arrived, else a prediction from what a
+        client knows (request times and sizes, the bytes of the transfer in progress received so far) at the robust
+        estimate, lowered to the in-progress rate when that transfer is overdue; never the true future arrival."""
+        now = self.now + 1e-12
+        out: dict[int, float] = {}
+        rate = None
+        t = now
+        for g, (t0, nbytes, arrive) in sorted(self._pred.items(), key=lambda kv: kv[1][0]):
+            got = self._got.get(g)
+            if got and got[0][1] <= now:
+                continue
+            if arrive <= now:
+                out[g] = got[0][1]
+                continue
+            if rate is None:
+                self.flush_observations()
+                rate = self.estimator.robust()
+                prog = self.link_progress()
+                if prog is not None and prog[0] > self.rtt_s + prog[2] / rate:  # overdue: the link slowed
+                    rate = min(rate, max(prog[1], 1.0) / max(prog[0] - self.rtt_s, 1e-3))
+            if t0 <= now:
+                prog = self.link_progress()
+                left = nbytes - (prog[1] if prog is not None else 0.0)
+                t = now + left / rate
+            else:
+                t = max(t, t0) + nbytes / rate
+            out[g] = t + self.ladders[g][got[0][0]].decode_s
+        return out
+
+    def link_progress(self) -> tuple[float, float, float] | None:
+        """The transfer in progress at ``now``: (seconds since it was requested, bytes received so far, its size),
+        or None when the link is idle (what a client's read loop knows)."""
+        now = self.now
+        for t0, nbytes, arrive in self._pred.values():
+            if t0 - self.rtt_s <= now < arrive:
+                start = max(now, t0)
+                got = self.trace.delivered(self.start_s + start) - self.trace.delivered(self.start_s + t0)
+                return now - (t0 - self.rtt_s), float(min(max(got, 0.0), nbytes)), float(nbytes)
+        return None
 
     def flush_observations(self) -> None:
         """Feed the estimator the transfers that have completed by ``now`` (never one from the future)."""
@@ -118,11 +179,13 @@ class _Sim:
         t0 = self.link_free + self.rtt_s
         arrive = self.trace.finish_time(self.start_s + t0, nbytes) - self.start_s
         self.pending_obs.append((arrive, nbytes, arrive - t0))  # known to the estimator only once it has arrived
+        if layer not in self._pred:  # what a client knows of a request: when it left, its size (and later its arrival)
+            self._pred[layer] = (t0, nbytes, arrive)
         lv = self.ladders[layer][level]
         dec0 = max(arrive, self.decoder_free)
         dec1 = dec0 + (lv.decode_s if kind == "base" else lv.decode_s - self.ladders[layer][level - 1].decode_s)
         self.decoder_free = dec1
-        self.got.setdefault(layer, []).append((level, dec1))
+        self._got.setdefault(layer, []).append((level, dec1))
         self.events.append({"lane": "fetch", "start": self.link_free, "end": arrive, "layer": layer, "level": lv.name})
         self.events.append({"lane": "decode", "start": dec0, "end": dec1, "layer": layer, "level": lv.name})
         self.bytes += nbytes
@@ -136,7 +199,7 @@ class _Sim:
             self.decisions.append({"t": self.now, "layer": layer, "level": self.floor, "reason": "fallback: needed"})
             self._transfer(layer, self.floor, self.ladders[layer][self.floor].nbytes, "base")
             return True
-        if not self.base_done and self.next_layer < self.L:
+        if not self.base_done and self.next_layer < self.N:
             layer = self.next_layer
             d = self.policy.choose(self.ctx, layer)
             self.decisions.append({"t": self.now, "layer": layer, "level": d.level, "reason": d.reason})
@@ -146,12 +209,16 @@ class _Sim:
             self.next_layer += 1
             if d.level == LEVEL_COMPUTE:
                 self.skipped.add(layer)
+                if d.defer:
+                    self.deferred.append(layer)
                 if d.link_idle_until_s is not None:  # the policy's next decision waits (the link stays idle)
                     self.link_free = max(self.link_free, d.link_idle_until_s)
             else:
                 self._transfer(layer, d.level, self.ladders[layer][d.level].nbytes, "base")
-            if self.next_layer >= self.L:
+            if self.next_layer >= self.N:
                 self.base_done = True
+            return True
+        if self.base_done and self.deferred and self._retry_deferred():
             return True
         if self.config.upgrades and self.base_done:
             up = self.policy.upgrade(self.ctx)
@@ -164,40 +231,75 @@ class _Sim:
         return False
 
     def advance_link(self, until: float) -> None:
+        retried = False
         while self.link_free <= until:
-            if not self._link_step():
+            if self._link_step():
+                continue
+            if retried or not self.deferred:
                 break
+            retried = True  # the link would idle: ask again about the deferred shards, now
+            self.link_free = max(self.link_free, until)
+            if not self._retry_deferred():
+                break
+
+    def _retry_deferred(self) -> bool:
+        """Ask the policy again about each deferred shard the compute lane has not reached; fetch the first it
+        wants. False when it wants none."""
+        self.now = self.link_free
+        self.deferred = [g for g in self.deferred if g > self.compute_layer]
+        for g in list(self.deferred):
+            d = self.policy.choose(self.ctx, g)
+            if d.level == LEVEL_COMPUTE or d.level is None:
+                if not d.defer:
+                    self.deferred.remove(g)
+                continue
+            self.decisions.append({"t": self.now, "layer": g, "level": d.level, "reason": d.reason})
+            self.deferred.remove(g)
+            self.skipped.discard(g)
+            self._transfer(g, d.level, self.ladders[g][d.level].nbytes, "base")
+            return True
+        return False
 
     def wait_for(self, layer: int) -> float:
         """Run the link until ``layer`` has a decoded level; returns that time."""
-        while not self.got.get(layer):
-            if layer in self.skipped or (self.base_done and self.next_layer <= layer) or self.next_layer > layer:
+        while not self._got.get(layer):
+            if layer in self.skipped or self.base_done or self.next_layer > layer:
                 if layer not in self.forced:
                     self.forced.append(layer)
             if not self._link_step():
                 raise RuntimeError(f"simulation stuck: no way to obtain shard {layer}")
-        return self.got[layer][0][1]
+        return self._got[layer][0][1]
 
     def ready_by(self, layer: int, t: float) -> bool:
-        return any(ready <= t for _, ready in self.got.get(layer, []))
+        return any(ready <= t for _, ready in self._got.get(layer, []))
 
     def level_at(self, layer: int, t: float) -> int | None:
         best = None
-        for level, ready in self.got.get(layer, []):
+        for level, ready in self._got.get(layer, []):
             if ready <= t and (best is None or level > best):
                 best = level
         return best
 
     def run(self) -> SimResult:
-        """Step 0 layer by layer (the split, stalls, a late-shard recompute), then steps 1..S-1; the result."""
+        """Single mode: step 0 layer by layer (the split, stalls, a late-shard recompute), then steps 1..S-1 cached.
+        Per-step mode: every step layer by layer with its own split; the result."""
         pol = self.policy
         pol.reset()
         if pol.kv_preloaded:
-            for layer in range(self.L):
-                self.got[layer] = [(len(self.ladders[layer]) - 1, 0.0)]
+            for g in range(self.N):
+                self._got[g] = [(len(self.ladders[g]) - 1, 0.0)]
             self.base_done = True
+        if self.per_step:
+            for step in range(self.profile.model.steps):
+                self.template_alive, self.device_all = True, False
+                self.splits.append(self.L)
+                for layer in range(self.L):
+                    self._step0_layer(step * self.L + layer)
+            self.split_layer = self.splits[0]
+            return self._result()
         for layer in range(self.L):
             self._step0_layer(layer)
+        self.splits = [self.split_layer]
         for step in range(1, self.profile.model.steps):
             self._later_step(step)
         return self._result()
@@ -220,29 +322,43 @@ class _Sim:
                 return
             self.template_alive = False
             self.split_layer = layer
-        if not self.device_all and not self.ready_by(layer, self.compute_t) and pol.recompute_late(self.ctx, layer):
-            # late shards: one template-only pass gives every layer's KV here; stop waiting for the link
-            self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
-                                   "reason": "shards late: template pass on the device is sooner"})  # fmt: skip
-            self._compute(p.template_pass_s, -1, "fallback template pass")
-            self.device_all = True
-            self.base_done = True
-            self.next_layer = self.L
+            if self.per_step:
+                self.splits[-1] = layer % self.L
+        if not self.device_all:
+            self._wait_or_recompute(layer)
         if self.device_all:
             self._compute(p.layer_cached_s, layer, "cached")
             return
-        self._stall_until_ready(layer)
         self.used.setdefault(layer, []).append(self.level_at(layer, self.compute_t))
         self._compute(p.layer_cached_s, layer, "cached")
 
-    def _stall_until_ready(self, layer: int) -> None:
-        """Stall accounting: the compute lane waits until ``layer`` has a decoded level."""
-        ready = self.wait_for(layer)
-        if ready > self.compute_t:
-            self.events.append({"lane": "stall", "start": self.compute_t, "end": ready, "layer": layer,
-                                "level": "waiting for shard"})  # fmt: skip
-            self.stall_s += ready - self.compute_t
-            self.compute_t = ready
+    def _wait_or_recompute(self, layer: int) -> None:
+        """The compute lane needs shard ``layer``: while it is not decoded, ask the policy (again every cached-layer
+        time of waiting, as a live client would) whether a template pass on the device is sooner; else stall."""
+        p = self.profile
+        while not self.ready_by(layer, self.compute_t):
+            self.now = self.compute_t
+            if self.policy.recompute_late(self.ctx, layer):
+                # late shards: one template-only pass gives every layer's KV here; stop waiting for the link
+                self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
+                                       "reason": "shards late: template pass on the device is sooner"})  # fmt: skip
+                self._compute(p.template_pass_s, -1, "fallback template pass")
+                self.device_all = True
+                if self.per_step:  # this step's KV is on the device now; the link moves on to the next step
+                    self.next_layer = max(self.next_layer, (layer // self.L + 1) * self.L)
+                    self.base_done = self.next_layer >= self.N
+                else:
+                    self.base_done = True
+                    self.next_layer = self.L
+                return
+            ready = self.wait_for(layer)
+            until = min(ready, self.compute_t + p.layer_cached_s)
+            if until > self.compute_t:
+                self.events.append({"lane": "stall", "start": self.compute_t, "end": until, "layer": layer,
+                                    "level": "waiting for shard"})  # fmt: skip
+                self.stall_s += until - self.compute_t
+                self.compute_t = until
+            self.advance_link(self.compute_t)
 
     def _later_step(self, step: int) -> None:
         """Steps 1..S-1: every layer with the best level decoded by the step's start (upgrades land between)."""
@@ -268,6 +384,7 @@ class _Sim:
             psnr_db=psnr_from_mse(mse),
             split_layer=self.split_layer,
             stall_s=self.stall_s,
+            splits=list(self.splits),
             events=self.events,
             decisions=self.decisions,
         )
@@ -286,40 +403,57 @@ def simulate(
     family = policy.family
     if family not in ladders:
         raise ValueError(f"policy {policy.name} needs the {family!r} ladder; have {sorted(ladders)}")
-    if len(ladders[family]) != profile.model.layers:
-        raise ValueError(f"{family} ladder has {len(ladders[family])} shards, the model {profile.model.layers} layers")
+    g = profile.model
+    if len(ladders[family]) not in (g.layers, g.layers * g.steps):
+        raise ValueError(
+            f"{family} ladder has {len(ladders[family])} shards; the model needs {g.layers} (single KV mode) or "
+            f"{g.layers * g.steps} (per-step: steps x layers); build the ladders for kv_mode_view(profile, kv_mode)"
+        )
     return _Sim(policy, trace, start_s, profile, ladders[family], floors.get(family, 0), config or SimConfig()).run()
 
 
 class _FixedSplit(Policy):
-    """Compute layers < split on the device, fetch the rest at the floor level (used by the oracle search)."""
+    """Compute layers < split on the device, fetch the rest at the floor level (at every step in per-step mode; a
+    list gives one split per step). Used by the oracle search and the regime map."""
 
     family = "sakura"
 
-    def __init__(self, split: int):
+    def __init__(self, split: int | list[int] | tuple[int, ...]):
         self.split = split
         self.name = f"split-{split}"
 
+    def _k(self, ctx, shard: int) -> int:
+        if isinstance(self.split, int):
+            return self.split
+        return self.split[min(ctx.step_of(shard), len(self.split) - 1)]
+
     def choose(self, ctx, layer):
-        if layer < self.split:
+        if ctx.layer_of(layer) < self._k(ctx, layer):
             return Decision(LEVEL_COMPUTE, "fixed split")
         return Decision(ctx.floor, "fixed split: floor level")
 
     def keep_template(self, ctx, layer):
-        return layer < self.split
+        return ctx.layer_of(layer) < self._k(ctx, layer)
 
 
-def fixed_split_policy(split: int) -> Policy:
-    """A policy that computes layers < ``split`` on the device and fetches the rest at the floor level."""
+def fixed_split_policy(split: int | list[int]) -> Policy:
+    """A policy that computes layers < ``split`` on the device and fetches the rest at the floor level (``split``:
+    one split for every step, or one per step)."""
     return _FixedSplit(split)
 
 
 def simulate_oracle(policy: Policy, trace, profile, ladders, floors, start_s=0.0, config=None) -> SimResult:
-    """The oracle: its own adaptive run with exact transfer times, and every fixed split; the fastest wins."""
-    best = simulate(policy, trace, profile, ladders, floors, start_s, config)
-    for split in range(profile.model.layers + 1):
-        r = simulate(_FixedSplit(split), trace, profile, ladders, floors, start_s, config)
+    """The oracle: knows the trace. The best per-step split vector under exact transfer times (coordinate descent
+    over each step's split, :func:`~sakura_core.policy.planner.best_plan`), run through the simulator (upgrades in
+    the slack included), against the same policy's adaptive run with exact rates in single mode; the fastest wins."""
+    fam = ladders[policy.family]
+    probe = _Sim(fixed_split_policy(0), trace, start_s, profile, fam, floors.get(policy.family, 0),
+                 config or SimConfig())  # fmt: skip
+    plan = best_plan(Snapshot(probe.ctx, None))
+    best = simulate(fixed_split_policy(list(plan.splits)), trace, profile, ladders, floors, start_s, config)
+    if not probe.per_step:
+        r = simulate(policy, trace, profile, ladders, floors, start_s, config)
         if r.latency_s < best.latency_s - 1e-9:
-            r.policy = policy.name
             best = r
+    best.policy = policy.name
     return best

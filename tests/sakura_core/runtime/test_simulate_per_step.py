@@ -1,0 +1,99 @@
+"""The simulator's per-step protocol (steps x layers shards, the template restarting at every step with its own
+split, later steps prefetched), on a small model where every latency is a sum of known layer times."""
+
+import pytest
+
+from sakura_core.fetch.traces import Trace
+from sakura_core.policy.ladder import Level
+from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_policy
+from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.simulate import SimConfig, fixed_split_policy, simulate, simulate_oracle
+
+G = DitGeometry(name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32,
+                steps=3)  # fmt: skip
+P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
+F, C = P.layer_full_s, P.layer_cached_s  # ~10.3 ms, ~4.6 ms
+FP = G.shard_bytes_fp16
+Q = Level("q", FP // 6, FP // 6, 1e-3, 1e-4 / 12)
+LADDERS = {"sakura": [[Q, Level("fp16", FP, FP, 1e-3, 0.0)]] * 12}
+FLOORS = {"sakura": 0}
+NO_RTT = SimConfig(min_rtt_s=0.0)
+
+
+def _sim(policy, trace, config=NO_RTT):
+    return simulate(policy, trace, P, LADDERS, FLOORS, config=config)
+
+
+def test_on_device_runs_the_template_at_every_step():
+    for name in ("on-device", "on-device-cached", "sakura"):
+        # 0.1 Mbit/s: a floor shard (87 kB) takes ~7 s, the whole edit ~0.22 s on the device
+        r = _sim(make_policy(name), Trace.constant(0.1))
+        assert r.latency_s == pytest.approx(12 * F + 0.1), name
+        assert r.splits == [4, 4, 4], name
+
+
+def test_one_split_per_step_and_only_the_fetched_steps_pay_bytes():
+    # splits 4, 0, 4: step 0 and step 2 run the template (4 F each), step 1 runs cached on shards 4..7, fetched
+    # at 1000 Mbit/s (0.7 ms each + 1 ms decode) while step 0 computes: no stall
+    r = _sim(fixed_split_policy([4, 0, 4]), Trace.constant(1000))
+    assert r.splits == [4, 0, 4] and r.stall_s == 0.0
+    assert r.latency_s == pytest.approx(8 * F + 4 * C + 0.1)
+    assert r.bytes_fetched == 4 * Q.nbytes
+
+
+def test_later_steps_are_prefetched_while_earlier_steps_compute():
+    # split 0 everywhere: shard g decodes at 0.7 ms + (g + 1) ms, sooner than compute (4.6 ms a layer) needs it,
+    # so only shard 0 is waited for and step 1's shards are on the link before step 1 starts
+    r = _sim(fixed_split_policy(0), Trace.constant(1000))
+    first = Q.nbytes / 125e6 + 1e-3
+    assert r.latency_s == pytest.approx(first + 12 * C + 0.1)
+    step1_start = min(e["start"] for e in r.events if e["lane"] == "compute" and e["layer"] == 4)
+    assert all(e["start"] < step1_start for e in r.events if e["lane"] == "fetch" and e["layer"] in (4, 5, 6, 7))
+
+
+class _DeferOnce(Policy):
+    """Defers step 2's shards the first time it is asked, fetches them the second time; drops at layer 0."""
+
+    name = "defer-once"
+
+    def reset(self):
+        self.asked = set()
+
+    def choose(self, ctx, layer):
+        if ctx.step_of(layer) == 2 and layer not in self.asked:
+            self.asked.add(layer)
+            return Decision(LEVEL_COMPUTE, "not now", defer=True)
+        return Decision(ctx.floor, "floor")
+
+    def keep_template(self, ctx, layer):
+        return False
+
+
+def test_deferred_shards_are_asked_again_while_the_link_would_idle():
+    r = _sim(_DeferOnce(), Trace.constant(1000))
+    asked = [d["layer"] for d in r.decisions]
+    assert asked.count(8) == 2 and asked.index(8) < asked.index(9) < asked.index(11) < len(asked) - 4
+    assert r.splits == [0, 0, 0] and r.bytes_fetched == 12 * Q.nbytes
+
+
+def test_sakura_against_the_oracle_and_on_device_per_step():
+    for mbit in (0.5, 2.0, 8.0, 50.0):
+        tr = Trace.constant(mbit)
+        s = _sim(make_policy("sakura"), tr)
+        o = simulate_oracle(make_policy("oracle"), tr, P, LADDERS, FLOORS, config=NO_RTT)
+        dev = _sim(make_policy("on-device"), tr)
+        assert o.latency_s <= s.latency_s * 1.02, mbit
+        assert s.latency_s <= 1.10 * o.latency_s and s.latency_s <= 1.02 * dev.latency_s, mbit
+
+
+def test_a_0_kbit_stall_costs_sakura_at_most_2_percent_over_on_device():
+    # 50 Mbit/s for 20 ms, then nothing for 100 s: sakura must not wait for the link
+    tr = Trace("stall", [0.02, 100.0], [50e6 / 8, 0.0])
+    s = _sim(make_policy("sakura"), tr)
+    dev = _sim(make_policy("on-device"), tr)
+    assert s.latency_s <= 1.02 * dev.latency_s
+
+
+def test_the_ladder_count_names_the_kv_mode():
+    with pytest.raises(ValueError, match="steps x layers"):
+        simulate(make_policy("sakura"), Trace.constant(8), P, {"sakura": LADDERS["sakura"][:5]}, FLOORS)
