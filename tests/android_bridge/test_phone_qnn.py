@@ -73,3 +73,40 @@ def test_phone_run_on_the_emulated_htp_matches_the_torch_agent(qnn_agents, cloud
     assert "EMULATED" in device["compute"]
     assert reports["torch"]["executed_on"]["device"]["backend"]["backend"] == "torch"
     assert reports["qnn"]["fallbacks"] == [] and reports["qnn"]["policy"] == policy  # no silent fallback to torch
+
+
+PER_STEP_ID = "tpl-astro-per-step"
+
+
+@pytest.fixture(scope="module")
+def per_step_template(store, demo_model):
+    """``PER_STEP_ID``: the same template published with per-step KV for the 2-step schedule the runs use."""
+    from cloud_server.precompute import publish_template
+    from sakura_core.models.edit_model import load_image
+
+    image = load_image("astronaut", demo_model.spec.image_size)
+    publish_template(store, demo_model, image, PER_STEP_ID, codec="fp16", kv_mode="per-step", steps=2)
+    return PER_STEP_ID
+
+
+@pytest.mark.parametrize("policy", ["fetch-fp16", "on-device"])
+def test_per_step_phone_run_on_the_emulated_htp_matches_the_torch_agent(qnn_agents, cloud, user_image, tmp_path,
+                                                                        per_step_template, policy, capsys,
+                                                                        record_property):  # fmt: skip
+    from sakura_core.cli import main
+
+    image_path = tmp_path / "user.png"
+    Image.fromarray(user_image).save(image_path)
+    images, reports = {}, {}
+    for name in ("torch", "qnn"):
+        out, report = tmp_path / f"{name}.png", tmp_path / f"{name}.json"
+        rc = main(["phone", "run", "--agent", qnn_agents[name], "--token", PHONE_TOKEN, "--cloud", cloud.url,
+                   "--template", per_step_template, "--image", str(image_path), "--prompt", PROMPT, "--out", str(out),
+                   "--policy", policy, "--steps", "2", "--seed", "5", "--report", str(report), "--quiet"])  # fmt: skip
+        assert rc == 0, capsys.readouterr().err
+        images[name] = np.asarray(Image.open(out).convert("RGB"))
+        reports[name] = json.loads(report.read_text())
+    assert reports["qnn"]["kv_mode"] == "per-step" and reports["qnn"]["fallbacks"] == []
+    psnr = psnr_uint8(images["qnn"], images["torch"])
+    record_property("psnr_db_qnn_vs_torch", round(psnr, 2))
+    assert psnr >= EDIT_PSNR_DB_BOUND, psnr
