@@ -166,6 +166,15 @@ class ShardClient:
         """After ``failures`` consecutive failures spanning ``waited_s`` seconds of backoff."""
         return failures > self.config.max_retries and waited_s >= self.config.retry_window_s
 
+    async def _read_capped(self, resp: aiohttp.ClientResponse, what: str) -> bytes:
+        """The whole body (``content.read(n)`` may return less than is coming), refused past ``max_json_bytes``."""
+        limit, body = self.config.max_json_bytes, bytearray()
+        async for chunk in resp.content.iter_chunked(1 << 16):
+            body += chunk
+            if len(body) > limit:
+                raise FetchError(f"{what}: body over the client's limit of {limit}")
+        return bytes(body)
+
     async def _get_json(self, path: str, what: str) -> Any:
         failures, waited_s = 0, 0.0
         while True:
@@ -174,9 +183,7 @@ class ShardClient:
                     if resp.status == 200:
                         if (resp.content_length or 0) > self.config.max_json_bytes:
                             raise FetchError(f"{what}: {resp.content_length} bytes is over the client's limit")
-                        body = await resp.content.read(self.config.max_json_bytes + 1)
-                        if len(body) > self.config.max_json_bytes:
-                            raise FetchError(f"{what}: body over the client's limit of {self.config.max_json_bytes}")
+                        body = await self._read_capped(resp, what)
                         try:
                             return json.loads(body)
                         except ValueError as e:

@@ -19,6 +19,7 @@ from cloud_server.synthetic import make_synthetic_template
 from sakura_core.fetch.client import (
     AuthError,
     ClientConfig,
+    FetchError,
     ManifestError,
     ModelMismatchError,
     ServerUnreachableError,
@@ -409,3 +410,23 @@ def test_client_config_validates():
         ClientConfig(max_attempts=0)
     with pytest.raises(ValueError, match="base_url"):
         ShardClient("ftp://x")
+
+
+async def test_a_large_json_body_is_read_whole_and_the_limit_still_holds(aiohttp_server):
+    """A per-step manifest runs to hundreds of KB: one ``content.read(n)`` returns only what has arrived, so the
+    client must read to the end (it once parsed a truncated manifest: 'Unterminated string')."""
+    templates = [{"id": f"t-{i:05d}", "model_id": "ab" * 32, "note": "x" * 200} for i in range(2000)]  # ~0.5 MB
+
+    async def catalog(request):
+        return web.json_response({"model_id": "ab" * 32, "templates": templates})
+
+    app = web.Application()
+    app.router.add_get("/v1/templates", catalog)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("")).rstrip("/")
+    async with ShardClient(url, config=ClientConfig(max_attempts=1)) as client:
+        got = await client.get_catalog()
+    assert len(got["templates"]) == 2000 and got["templates"][-1]["id"] == "t-01999"
+    async with ShardClient(url, config=ClientConfig(max_attempts=1, max_json_bytes=100_000)) as client:
+        with pytest.raises(FetchError, match="over the client's limit"):
+            await client.get_catalog()
