@@ -10,13 +10,13 @@ each forward's model-vs-measured error is reported. Times are of this CPU, never
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import numpy as np
 import torch
 
 from ..runtime.geometry import DitGeometry
+from .timing import best_time_s
 
 __all__ = ["calibrate_cpu", "demo_geometry", "fit_cost_model", "format_calibration"]
 
@@ -50,16 +50,6 @@ def _wide_variant(model, heads: int, head_dim: int):
     return EditModel(spec, Flux2Transformer2DModel(**cfg).eval(), "random (calibration variant)")
 
 
-def _best_s(fn, repeats: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _measure(model, repeats: int) -> list[dict]:
     """Time the cached, full and template-only forwards of ``model``; FLOPs from the cost model."""
     a, spec = model.adapter, model.spec
@@ -88,7 +78,15 @@ def _measure(model, repeats: int) -> list[dict]:
         ("full", full, L * g.layer_full_flops),
         ("template", template, L * g.template_layer_flops),
     ):
-        rows.append({"width": g.width, "kind": kind, "layers": L, "flops": flops, "measured_s": _best_s(fn, repeats)})
+        rows.append(
+            {
+                "width": g.width,
+                "kind": kind,
+                "layers": L,
+                "flops": flops,
+                "measured_s": best_time_s(fn, repeats, warmup=True),
+            }
+        )
     return rows
 
 

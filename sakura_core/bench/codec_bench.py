@@ -34,6 +34,7 @@ from ..models.kv_types import TemplateKV
 from ..precompute import ProbeConfig, attention_error, capture_attention, estimate_importance
 from ..precompute.probes import make_probes
 from ..runtime.edit import run_edit
+from .timing import best_time_s
 
 __all__ = ["DEFAULT_PROMPT", "CodecBenchConfig", "format_table", "run_codec_bench"]
 
@@ -98,15 +99,6 @@ def _template_image(name: str, size: int) -> np.ndarray:
     from ..demo.edit_task import EditTaskConfig
 
     return demo_template(name, EditTaskConfig(image_size=size))
-
-
-def _best_time(fn: Callable[[], object], repeats: int) -> float:
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 UNIFORM = "sakura-uniform"  # the ablation: the SAKURA codec without learned token importance
@@ -238,12 +230,12 @@ def _average_rows(per_codec: dict[tuple[str, int], list[dict]]) -> list[dict]:
 def _measure(name, level, kv, importance, held, model, user_images, exact, config, fp16_bytes) -> dict:
     chains = encode_kv(name, kv, importance, level, shard_layers=config.shard_layers, template_id="bench")
     total = sum(len(b) for chain in chains for b in chain)
-    encode_s = _best_time(
+    encode_s = best_time_s(
         lambda: encode_kv(name, kv, importance, level, shard_layers=config.shard_layers, template_id="bench"),
         max(1, config.repeats // 2),
     )
     decoded = decode_kv(chains)
-    decode_s = _best_time(lambda: decode_kv(chains), config.repeats)
+    decode_s = best_time_s(lambda: decode_kv(chains), config.repeats)
     kv_hat = TemplateKV(decoded.float(), kv.model_id, kv.token_grid, kv.rope_layout)
     err = attention_error(held, kv, {i: (kv_hat.kv[i, 0], kv_hat.kv[i, 1]) for i in range(kv.num_layers)})
     psnrs = []
@@ -323,7 +315,7 @@ def _phone_scale(config: CodecBenchConfig, tokens: int = 1024, heads: int = 24, 
         for level in levels:
             blobs = codec.encode(shard, [lv for lv in codec.levels if lv <= level] if codec.progressive else [level])
             repeats = 1 if name == "cachegen" else max(2, config.repeats // 2)
-            decode_s = _best_time(lambda b=blobs: decode_chain(b), repeats)
+            decode_s = best_time_s(lambda b=blobs: decode_chain(b), repeats)
             rows.append(
                 {
                     "name": name,

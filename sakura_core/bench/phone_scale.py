@@ -8,14 +8,13 @@ level is re-encoded on one phone-scale layer — the demo template's real K/V ti
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ..fetch.traces import Trace
 from ..policy.policies import POLICIES
 from ..runtime.profiles import DeviceProfile
 from ..runtime.simulate import fixed_split_policy, kv_mode_view, simulate
+from .timing import best_time_s
 
 __all__ = ["PHONE_SHARD", "format_regime", "measure_phone_decode", "regime_map"]
 
@@ -27,15 +26,6 @@ def _tile(x: np.ndarray, tokens: int, channels: int) -> np.ndarray:
     flat = x.reshape(x.shape[0], -1)  # (tokens0, channels0)
     reps = (-(-tokens // flat.shape[0]), -(-channels // flat.shape[1]))
     return np.tile(flat, reps)[:tokens, :channels]
-
-
-def _best_s(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def measure_phone_decode(rows: list[dict], layer_kv: np.ndarray, repeats: int = 2, shard: dict | None = None) -> None:
@@ -58,7 +48,7 @@ def measure_phone_decode(rows: list[dict], layer_kv: np.ndarray, repeats: int = 
         level = r["level"]
         chain = [lv for lv in codec.levels if lv <= level] if codec.progressive else [level]
         blobs = codec.encode(inp, chain)
-        r["phone_decode_bytes_per_s"] = fp16_bytes / _best_s(lambda b=blobs: decode_chain(b), repeats)
+        r["phone_decode_bytes_per_s"] = fp16_bytes / best_time_s(lambda b=blobs: decode_chain(b), repeats)
         r["phone_shard"] = [1, 2, t, h, d]
 
 
