@@ -62,27 +62,14 @@ def run(args) -> int:
     print(f"server: template KV {tuple(kv.kv.shape)} = {kv.nbytes / 2**20:.2f} MiB fp32 in {t_extract:.3f} s")
 
     run_edit(model, user, args.prompt, steps=1, kv_source=kv)  # warm-up: keep one-time start-up out of the timings
-    runs = {}
-    common = dict(steps=args.steps, seed=args.seed)
-    for name, kwargs in {
+    print()
+    runs, report_runs = _exactness_runs(model, user, args.prompt, dict(steps=args.steps, seed=args.seed), {
         "on-device": dict(split_layer=L, template_image=template, template_every_step=True),
         "on-device-cached": dict(split_layer=L, template_image=template),
         "hybrid": dict(split_layer=L // 2, template_image=template, kv_source=kv),
         "fetched-kv": dict(split_layer=0, kv_source=kv),
-    }.items():
-        t0 = time.perf_counter()
-        res = run_edit(model, user, args.prompt, **common, **kwargs)
-        runs[name] = (res, time.perf_counter() - t0)
-
+    })  # fmt: skip
     ref = runs["on-device"][0].tokens
-    report_runs = []
-    print(f"\n{'run':<18}{'seconds':>9}{'layer calls':>13}{'max |diff| vs on-device':>26}")
-    for name, (res, secs) in runs.items():
-        diff = float((res.tokens - ref).abs().max())
-        report_runs.append(
-            {"name": name, "seconds": round(secs, 4), "layer_calls": res.layer_calls, "max_abs_diff": diff}
-        )
-        print(f"{name:<18}{secs:>9.3f}{res.layer_calls:>13}{diff:>26.2e}")
 
     edited = runs["fetched-kv"][0].image
     save_png(out / "template.png", template, scale=4)
@@ -124,22 +111,12 @@ def _per_step_local(model, template, user, args) -> dict:
     print(f"\nper-step KV mode — server: template KV {tuple(kv.kv.shape)} = {kv.kv.numel() * 2 / 2**20:.2f} MiB fp16 "
           f"({args.steps} steps x {L} layers) in {t_extract:.3f} s")  # fmt: skip
     common = dict(steps=args.steps, seed=args.seed, kv_mode="per-step")
-    runs = {}
-    for name, kwargs in {
+    runs, rows = _exactness_runs(model, user, args.prompt, common, {
         "on-device": dict(split_layer=L, template_image=template, template_every_step=True),
         "hybrid": dict(split_layer=L // 2, template_image=template, kv_source=kv),
         "fetched-kv": dict(split_layer=0, kv_source=kv),
-    }.items():
-        t0 = time.perf_counter()
-        res = run_edit(model, user, args.prompt, **common, **kwargs)
-        runs[name] = (res, time.perf_counter() - t0)
+    })  # fmt: skip
     ref = runs["on-device"][0].tokens
-    rows = []
-    print(f"{'run':<18}{'seconds':>9}{'layer calls':>13}{'max |diff| vs on-device':>26}")
-    for name, (res, secs) in runs.items():
-        diff = float((res.tokens - ref).abs().max())
-        rows.append({"name": name, "seconds": round(secs, 4), "layer_calls": res.layer_calls, "max_abs_diff": diff})
-        print(f"{name:<18}{secs:>9.3f}{res.layer_calls:>13}{diff:>26.2e}")
     exact = all(r["max_abs_diff"] <= 1e-5 for r in rows)
     print(f"exact per-step KV reuse: {exact}")
     return {"kv_shape": list(kv.kv.shape), "kv_bytes_fp16": kv.kv.numel() * 2, "server_extract_s": round(t_extract, 4),
@@ -182,3 +159,20 @@ def _served(model, template, user, args, exact_tokens, exact_per_step, out: Path
     print("often wins here — `sakura bench e2e --mode sim` shows the phone-scale picture.")
     return {"trace": args.trace, "profile": {"layer_full_s": profile.layer_full_s,
             "layer_cached_s": profile.layer_cached_s}, "runs": table}  # fmt: skip
+
+
+def _exactness_runs(model, user, prompt: str, common: dict, variants: dict) -> tuple[dict, list[dict]]:
+    """Run every edit variant (timed), print each one's max |diff| vs the "on-device" run; (runs, report rows)."""
+    runs = {}
+    for name, kwargs in variants.items():
+        t0 = time.perf_counter()
+        res = run_edit(model, user, prompt, **common, **kwargs)
+        runs[name] = (res, time.perf_counter() - t0)
+    ref = runs["on-device"][0].tokens
+    rows = []
+    print(f"{'run':<18}{'seconds':>9}{'layer calls':>13}{'max |diff| vs on-device':>26}")
+    for name, (res, secs) in runs.items():
+        diff = float((res.tokens - ref).abs().max())
+        rows.append({"name": name, "seconds": round(secs, 4), "layer_calls": res.layer_calls, "max_abs_diff": diff})
+        print(f"{name:<18}{secs:>9.3f}{res.layer_calls:>13}{diff:>26.2e}")
+    return runs, rows
