@@ -47,7 +47,7 @@ def timeline_image(report: dict) -> np.ndarray:
     with tempfile.TemporaryDirectory(prefix="sakura-timeline-") as tmp:
         path = Path(tmp, "timeline.png")
         try:
-            plot_timeline(report["timeline"], path, title=title)
+            plot_timeline(report["timeline"], path, title=title, decisions=report.get("decisions"))
         except ImportError as e:
             raise SakuraNodeError(
                 f"the timeline plot needs matplotlib in ComfyUI's Python: pip install matplotlib ({e})"

@@ -154,7 +154,8 @@ def _served(model, template, user, args, exact_tokens, exact_per_step, out: Path
         i, sak = next((i, r) for i, r in enumerate(rows) if r["policy"] == "sakura" and r["kv_mode"] == kv_mode)
         if kv_mode == "single":
             save_png(out / "served_edit.png", sak["image"], scale=4)
-        plot_timeline(sak["timeline"], out / png, f"{table[i]['summary']} ({kv_mode} KV, this CPU, shaped loopback)")
+        title = f"{table[i]['summary']} ({kv_mode} KV, this CPU, shaped loopback)"
+        plot_timeline(sak["timeline"], out / png, title, sak["decisions"])
     print("PSNR: each policy's image vs the exact-KV edit (same seed); this CPU is fast, so computing the template")
     print("often wins here — `sakura bench e2e --mode sim` shows the phone-scale picture.")
     return {"trace": args.trace, "profile": {"layer_full_s": profile.layer_full_s,

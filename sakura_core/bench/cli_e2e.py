@@ -60,7 +60,7 @@ def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:
     plots.mkdir(parents=True, exist_ok=True)
     sak = [r for r in runs if r["policy"] == "sakura"]
     pick = sorted(sak, key=lambda r: r["latency_s"])[len(sak) // 2]["_result"]
-    plot_timeline(pick.events, plots / "timeline.png", f"sakura on {pick.trace} (sim, {profile.name})")
+    plot_timeline(pick.events, plots / "timeline.png", f"sakura on {pick.trace} (sim, {profile.name})", pick.decisions)
     trace = next(t for t in traces if t.name == pick.trace)
     names = [lv.name for lv in ladders["sakura"][0]]
     plot_trace_levels(trace, pick.decisions, names, plots / "trace_levels.png", pick.start_s, pick.latency_s)

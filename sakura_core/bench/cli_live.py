@@ -73,7 +73,7 @@ def _plot(args, trace: str, policy: str, rep, bound: dict) -> str | None:
     path = Path(args.plots) / f"live.{rep.kv_mode}.{trace}.{policy}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     plot_timeline(rep.events, path, f"live, {rep.kv_mode} KV, {policy}, {trace}: {rep.latency_s:.2f} s, bound "
-                  f"{bound['bound_s']:.2f} s (x{bound['latency_over_bound']:.2f})")  # fmt: skip
+                  f"{bound['bound_s']:.2f} s (x{bound['latency_over_bound']:.2f})", rep.decisions)  # fmt: skip
     return str(path)
 
 

@@ -235,13 +235,16 @@ class Sakura(Policy):
       error)); re-planned as transfers complete, so an estimation error is corrected at the next decision.
     * Probe: with no throughput sample yet the first shard is fetched at the floor level (free: compute keeps the
       template until a shard is ready).
-    * Fetch lane: a shard below its step's planned split is computed on the device; otherwise the highest level
-      that leaves the predicted finish unchanged (slack in the link), never below the quality floor.
+    * Fetch lane: a shard below its step's planned split is deferred ("not now": the runtime asks again before later
+      shards and while the link would idle, until the compute lane reaches it — so a link that turns out faster
+      moves the split earlier); otherwise the quality floor, or under a latency target the highest level that
+      keeps the predicted finish under it.
     * Compute lane: drop the template at this layer only if the plan made with the slowest recent throughput drops
       here (a wrong drop costs a stall; the template restarts next step, so the risk is one step).
     * Late shards: once dropped, if waiting is predicted to end the step later than a template-only pass on the
       device, run that pass (the link misled the estimate).
-    * Upgrades: idle link time refines shards not used yet with the largest distortion drop per byte.
+    * Upgrades: once every shard the plan needs is requested, idle link time refines shards not used yet with the
+      largest distortion drop per byte.
     """
 
     name = "sakura"
@@ -301,31 +304,35 @@ class Sakura(Policy):
         step, lay = ctx.step_of(layer), ctx.layer_of(layer)
         k = plan.split(step) if (step > snap.cs or ctx.template_alive) else snap.l0
         why = self._why(ctx, plan, rate)
-        if lay < k:
-            later = step > snap.cs
-            wait = "for now (asked again while the link would idle)" if later else ""
-            return Decision(LEVEL_COMPUTE, f"device computes step {step} layer {lay}{' ' + wait if later else ''} ({why})",
-                            defer=later)  # fmt: skip
-        limit, slack = plan.finish_s + 1e-9, "slack in the link: predicted finish unchanged"
+        if lay < k:  # not now: asked again (before later shards, and while the link would idle) until compute is here
+            return Decision(LEVEL_COMPUTE, f"device computes step {step} layer {lay} for now, asked again until the "
+                            f"compute lane reaches it ({why})", defer=True)  # fmt: skip
+        best = self._level_under_target(ctx, layer, plan, snap, rate)
+        if best == ctx.floor:
+            return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} (the quality floor; idle link "
+                            f"time refines it later); {why}")  # fmt: skip
+        slack = f"slack under the {ctx.latency_target_s:.2f} s target"
+        return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} ({slack}); {why}")
+
+    def _level_under_target(self, ctx: Context, layer: int, plan: Plan, snap: Snapshot, rate: float | None) -> int:
+        """The highest level that keeps the predicted finish under the user's latency target, at the estimate and at
+        the slowest recent rate; the floor without a target. (Taking more than the floor because the link looks
+        idle now spends the margin a later slowdown needs; quality beyond the floor comes from upgrades once every
+        shard the plan needs is on its way.)"""
         target = ctx.latency_target_s
-        if target is not None and target > limit:  # time the user allows buys quality
-            limit, slack = target, f"slack under the {target:.2f} s target"
-        # the slack is checked at the slowest recent rate too: a higher level must not cost time if the link slows
+        if target is None or target <= plan.finish_s:
+            return ctx.floor
         worst = self.drop_rate(ctx)
         slow = Snapshot(ctx, worst, layer) if worst is not None and worst != rate else None
-        slow_limit = slow.finish(plan.splits) + 1e-9 if slow is not None else None
-        if slow is not None and target is not None:
-            slow_limit = max(slow_limit, target)
-        best = ctx.floor
+        ladder, best = ctx.ladder(layer), ctx.floor
         for idx in range(ctx.floor + 1, len(ladder)):
             lv = ladder[idx]
-            if snap.finish(plan.splits, lv.nbytes, lv.decode_s) > limit:
+            if snap.finish(plan.splits, lv.nbytes, lv.decode_s) > target:
                 break
-            if slow is not None and slow.finish(plan.splits, lv.nbytes, lv.decode_s) > slow_limit:
+            if slow is not None and slow.finish(plan.splits, lv.nbytes, lv.decode_s) > target:
                 break
             best = idx
-        floor = " (the quality floor)" if best == ctx.floor else f" ({slack})"
-        return Decision(best, f"step {step} layer {lay}: level {ladder[best].name}{floor}; {why}")
+        return best
 
     def keep_template(self, ctx: Context, layer: int) -> bool:
         rate = self.drop_rate(ctx)

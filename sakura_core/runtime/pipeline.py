@@ -37,9 +37,10 @@ from ..models.edit_model import EditModel
 from ..policy.context import Context, LiveState
 from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
-from ..policy.policies import LEVEL_COMPUTE, Policy
+from ..policy.policies import Policy
 from .backend import ComputeBackend, backend_of
 from .edit import run_edit
+from .fetch_lane import FetchLane
 from .live_profile import LiveProfile
 from .pipeline_config import Cancelled, RunReport, RuntimeConfig
 from .sampler import flow_timesteps
@@ -60,7 +61,7 @@ def _wait_or_cancel(ready: threading.Event, cancel: threading.Event, timeout_s: 
     return ready.is_set()
 
 
-class PipelinedEdit:
+class PipelinedEdit(FetchLane):
     """One pipelined edit: a fetch lane (base shards, then upgrades while the link is idle), a decode lane (thread
     pool), a compute lane (the edit in a worker thread) and the stall accounting between them.
 
@@ -128,6 +129,7 @@ class PipelinedEdit:
         self.kv: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}  # shard g -> (k, v, level)
         self.ready = {g: threading.Event() for g in range(self.N)}
         self.failed: set[int] = set()
+        self.deferred: list[int] = []  # shards the policy said "not now" to: asked again while the link would idle
         self.levels_used: dict[int, list[str]] = {}
         self.blobs: dict[str, bytes] = {}
         self.bytes_fetched = 0
@@ -146,97 +148,6 @@ class PipelinedEdit:
 
     def event(self, lane: str, start: float, end: float, layer: int, level) -> None:
         self.events.append({"lane": lane, "start": start, "end": end, "layer": layer, "level": level})
-
-    # ---- fetch lane
-
-    async def get_blob(self, digest: str, size: int, layer: int, level_name: str) -> bytes:
-        """One blob over the link (once per run: a chain reuses the blobs it already has)."""
-        if digest in self.blobs:
-            return self.blobs[digest]
-        t0 = self.st.now
-        data = await self.fetch_blob(digest, size)
-        t1 = self.st.now
-        self.estimator.observe(len(data), max(t1 - t0, 1e-6))
-        self.bytes_fetched += len(data)
-        self.event("fetch", t0, t1, layer, level_name)
-        self.blobs[digest] = data
-        return data
-
-    async def fetch_level(self, layer: int, level: int) -> None:
-        """Fetch the chain of ``layer`` up to ``level``, decode it in the pool and publish the KV."""
-        st = self.st
-        rep = self.reps[layer][level]
-        by_digest = {r["digest"]: r for r in self.reps[layer]}
-        digests = [*rep.get("requires", []), rep["digest"]]
-        name = self.ladders[layer][level].name
-        chain = [await self.get_blob(d, by_digest[d]["bytes"], layer, name) for d in digests]
-        k, v = await self._loop.run_in_executor(self._pool, self.decode_shard, layer, level, digests, chain)
-        with st.lock:
-            cur = self.kv.get(layer)
-            if cur is None or cur[2] < level:
-                self.kv[layer] = (k[0], v[0], level)
-            st.got.setdefault(layer, []).append((level, st.now))
-            st.in_flight.pop(layer, None)
-            st.decoder_free = st.now
-        self.ready[layer].set()
-
-    async def fetch_with_fallback(self, layer: int, level: int) -> None:
-        """Fetch at ``level``; on failure retry at the floor, then mark the layer for the device."""
-        try:
-            await self.fetch_level(layer, level)
-        except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
-            if level != self.floor:
-                name = self.ladders[layer][level].name
-                self.fallbacks.append(f"shard {layer} level {name}: {e}; retrying at the floor level")
-                try:
-                    await self.fetch_level(layer, self.floor)
-                    return
-                except Exception as e2:  # noqa: BLE001
-                    e = e2
-            self.fallbacks.append(f"shard {layer}: {e}; the device computes this layer's template KV")
-            self.failed.add(layer)
-            self.ready[layer].set()
-
-    async def fetch_lane(self) -> None:
-        """The link: every layer's base shard in order (as the policy chooses), then upgrades while it is idle."""
-        await self.base_fetches()
-        self.st.base_done = True
-        if self.cfg.upgrades:
-            await self.upgrade_fetches()
-
-    async def base_fetches(self) -> None:
-        st, ctx = self.st, self.ctx
-        while st.next_layer < self.N and not self.cancel.is_set():
-            layer = st.next_layer
-            with st.lock:
-                st.link_free = st.now
-                d = self.policy.choose(ctx, layer)
-            self.decisions.append({"t": st.now, "layer": layer, "level": d.level, "reason": d.reason})
-            if d.level is None:
-                break
-            st.next_layer += 1
-            if d.level == LEVEL_COMPUTE:
-                continue
-            with st.lock:
-                st.in_flight[layer] = ctx.predict_ready(layer, self.ladders[layer][d.level], self.estimator.robust())
-            await self.fetch_with_fallback(layer, d.level)
-
-    async def upgrade_fetches(self) -> None:
-        """The idle link: progressive enhancements the policy asks for, until the compute lane is done."""
-        st = self.st
-        while not self.cancel.is_set() and not self._done.is_set():
-            with st.lock:
-                st.link_free = st.now
-                up = self.policy.upgrade(self.ctx)
-            if up is None:
-                break
-            layer, level = up
-            self.decisions.append({"t": st.now, "layer": layer, "level": level, "reason": "upgrade"})
-            try:
-                await self.fetch_level(layer, level)
-            except Exception as e:  # noqa: BLE001 - an upgrade is optional: report and stop upgrading
-                self.fallbacks.append(f"upgrade of shard {layer} to {self.ladders[layer][level].name} failed: {e}")
-                break
 
     # ---- decode lane
 

@@ -199,6 +199,8 @@ class _Sim:
             self.decisions.append({"t": self.now, "layer": layer, "level": self.floor, "reason": "fallback: needed"})
             self._transfer(layer, self.floor, self.ladders[layer][self.floor].nbytes, "base")
             return True
+        if self.deferred and self._retry_deferred():  # a deferred shard the policy now wants goes first
+            return True
         if not self.base_done and self.next_layer < self.N:
             layer = self.next_layer
             d = self.policy.choose(self.ctx, layer)
@@ -217,8 +219,6 @@ class _Sim:
                 self._transfer(layer, d.level, self.ladders[layer][d.level].nbytes, "base")
             if self.next_layer >= self.N:
                 self.base_done = True
-            return True
-        if self.base_done and self.deferred and self._retry_deferred():
             return True
         if self.config.upgrades and self.base_done:
             up = self.policy.upgrade(self.ctx)
@@ -317,11 +317,14 @@ class _Sim:
         self.advance_link(self.compute_t)
         self.now = self.compute_t
         if self.template_alive:
-            if layer in self.skipped or pol.keep_template(self.ctx, layer):
+            if (layer in self.skipped and layer not in self.deferred) or pol.keep_template(self.ctx, layer):
                 self._compute(p.layer_full_s, layer, "template")
                 return
             self.template_alive = False
             self.split_layer = layer
+            where = f"step {layer // self.L} layer {layer % self.L}" if self.per_step else f"layer {layer}"
+            self.decisions.append({"t": self.compute_t, "layer": layer, "level": "drop",
+                                   "reason": f"template dropped at {where}"})  # fmt: skip
             if self.per_step:
                 self.splits[-1] = layer % self.L
         if not self.device_all:

@@ -8,13 +8,15 @@ import pytest
 from sakura_core.fetch.traces import Trace
 from sakura_core.kv import ScheduleMismatchError, decode_template
 from sakura_core.models.edit_model import load_demo_model, load_image
-from sakura_core.policy.ladder import ladders_from_manifest
+from sakura_core.policy.ladder import Level, ladders_from_manifest
 from sakura_core.policy.plan import plan_fetch
-from sakura_core.policy.policies import Policy, make_policy
+from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_policy
 from sakura_core.precompute import precompute_template
 from sakura_core.runtime.edit import run_edit
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import RuntimeConfig, run_pipelined_edit
+from sakura_core.runtime.profiles import get_profile
+from sakura_core.runtime.simulate import kv_mode_view, simulate
 
 STEPS = 3
 
@@ -44,8 +46,6 @@ class _SplitAt(Policy):
         self.splits = splits
 
     def choose(self, ctx, g):
-        from sakura_core.policy.policies import LEVEL_COMPUTE, Decision
-
         if ctx.layer_of(g) < self.splits[ctx.step_of(g)]:
             return Decision(LEVEL_COMPUTE, "the device computes it")
         return Decision(0, "fp16")
@@ -136,3 +136,60 @@ def test_corrupt_per_step_shard_falls_back_to_that_steps_template_kv(setup):
 def test_a_step_count_the_template_was_not_computed_for_is_refused(setup):
     with pytest.raises(ScheduleMismatchError, match="3 steps.*runs 4 steps.*--steps 4"):
         _run(setup, make_policy("fetch-fp16"), steps=4)
+
+
+class _Defer(Policy):
+    """Fetch every shard at the floor except ``target``: "not now" (deferred) on its first ``no`` asks, then the
+    floor (``no=None``: deferred for ever; the template runs that layer)."""
+
+    name = "defer"
+    family = "fp16"
+
+    def __init__(self, target, no):
+        self.target, self.no = target, no
+
+    def reset(self):
+        self.asked = 0
+
+    def choose(self, ctx, g):
+        if g == self.target:
+            self.asked += 1
+            if self.no is None or self.asked <= self.no:
+                return Decision(LEVEL_COMPUTE, "not now", defer=True)
+        return Decision(0, "fp16")
+
+    def keep_template(self, ctx, g):  # deferred for ever: the template runs through that layer of its step
+        t = self.target
+        return self.no is None and ctx.step_of(g) == ctx.step_of(t) and ctx.layer_of(g) <= ctx.layer_of(t)
+
+
+def test_a_deferred_shard_is_asked_again_and_fetched_when_wanted(setup):
+    L = setup[0].adapter.num_layers
+    target = L + 2  # step 1, layer 2
+    pol = _Defer(target, no=2)
+    rep = _run(setup, pol)
+    asks = [d for d in rep.decisions if d["layer"] == target]
+    # deferred on the first ask (logged), again on the second (not logged: nothing changed), fetched on the third
+    assert [d["level"] for d in asks] == [LEVEL_COMPUTE, 0] and pol.asked == 3
+    fetched = [e["layer"] for e in rep.events if e["lane"] == "fetch"]
+    assert target in fetched and fetched.index(target) > fetched.index(target + 1)  # asked again after later ones
+    assert rep.levels_by_step()["step 1"][2] == "fp16" and not rep.fallbacks
+    # the simulator plays the same protocol: the same decisions for that shard
+    prof = kv_mode_view(get_profile("snapdragon-8-elite-cpu", "phone-dit-512"), "per-step")
+    lv = [Level("fp16", 1000, 1000, 1e-3, 0.0, False)]
+    n = prof.model.layers
+    sim_pol = _Defer(n // 4 + 2, no=2)
+    sim = simulate(sim_pol, Trace.constant(50.0), get_profile("snapdragon-8-elite-cpu", "phone-dit-512"),
+                   {"fp16": [lv] * n}, {"fp16": 0})  # fmt: skip
+    assert [d["level"] for d in sim.decisions if d["layer"] == n // 4 + 2] == [LEVEL_COMPUTE, 0] and sim_pol.asked == 3
+
+
+def test_a_shard_deferred_for_ever_is_computed_and_the_lane_ends(setup):
+    L = setup[0].adapter.num_layers
+    target = L + 2
+    rep = _run(setup, _Defer(target, no=None))
+    assert target not in {e["layer"] for e in rep.events if e["lane"] == "fetch"}
+    assert rep.levels_by_step()["step 1"][2] == "template"  # the device ran the template through that layer
+    assert not rep.fallbacks
+    # asked again while compute had not reached it, never after
+    assert len([d for d in rep.decisions if d["layer"] == target]) >= 1

@@ -69,10 +69,14 @@ class _DeferOnce(Policy):
         return False
 
 
-def test_deferred_shards_are_asked_again_while_the_link_would_idle():
+def test_deferred_shards_are_asked_again_before_later_shards():
+    # a deferred shard has the earliest deadline of those not requested: the next link decision asks it again first
     r = _sim(_DeferOnce(), Trace.constant(1000))
-    asked = [d["layer"] for d in r.decisions]
-    assert asked.count(8) == 2 and asked.index(8) < asked.index(9) < asked.index(11) < len(asked) - 4
+    asked = [d["layer"] for d in r.decisions if d["level"] != "drop"]
+    for g in (8, 9, 10, 11):
+        first = asked.index(g)
+        assert asked.count(g) == 2 and asked[first + 1] == g
+    assert [d["level"] for d in r.decisions if d["layer"] == 8] == [LEVEL_COMPUTE, FLOORS["sakura"], "drop"]
     assert r.splits == [0, 0, 0] and r.bytes_fetched == 12 * Q.nbytes
 
 

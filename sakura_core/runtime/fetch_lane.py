@@ -1,0 +1,158 @@
+"""The fetch lane of :class:`~sakura_core.runtime.pipeline.PipelinedEdit`: the link, as the policy chooses.
+
+Every shard once, in execution order (``choose``); a shard the policy defers ("not now") is asked again before
+later shards and while the link would idle, until the compute lane reaches it; then progressive upgrades on the
+idle link. The same protocol as the simulator's (:mod:`sakura_core.runtime.simulate`). A failed shard is retried
+at the floor level, then left to the device (the compute lane runs a template pass for it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..policy.policies import LEVEL_COMPUTE
+
+__all__ = ["IDLE_POLL_S", "FetchLane"]
+
+IDLE_POLL_S = 0.02  # how often an idle fetch lane asks again about deferred shards (seconds)
+
+
+class FetchLane:
+    """Mixin: the fetch-lane half of a pipelined edit (state lives on the edit: ``st``, ``ctx``, ``policy``,
+    ``ladders``, ``reps``, ``kv``, ``ready``, ``deferred``, ...)."""
+
+    async def get_blob(self, digest: str, size: int, layer: int, level_name: str) -> bytes:
+        """One blob over the link (once per run: a chain reuses the blobs it already has)."""
+        if digest in self.blobs:
+            return self.blobs[digest]
+        t0 = self.st.now
+        data = await self.fetch_blob(digest, size)
+        t1 = self.st.now
+        self.estimator.observe(len(data), max(t1 - t0, 1e-6))
+        self.bytes_fetched += len(data)
+        self.event("fetch", t0, t1, layer, level_name)
+        self.blobs[digest] = data
+        return data
+
+    async def fetch_level(self, layer: int, level: int) -> None:
+        """Fetch the chain of ``layer`` up to ``level``, decode it in the pool and publish the KV."""
+        st = self.st
+        rep = self.reps[layer][level]
+        by_digest = {r["digest"]: r for r in self.reps[layer]}
+        digests = [*rep.get("requires", []), rep["digest"]]
+        name = self.ladders[layer][level].name
+        chain = [await self.get_blob(d, by_digest[d]["bytes"], layer, name) for d in digests]
+        k, v = await self._loop.run_in_executor(self._pool, self.decode_shard, layer, level, digests, chain)
+        with st.lock:
+            cur = self.kv.get(layer)
+            if cur is None or cur[2] < level:
+                self.kv[layer] = (k[0], v[0], level)
+            st.got.setdefault(layer, []).append((level, st.now))
+            st.in_flight.pop(layer, None)
+            st.decoder_free = st.now
+        self.ready[layer].set()
+
+    async def fetch_with_fallback(self, layer: int, level: int) -> None:
+        """Fetch at ``level``; on failure retry at the floor, then mark the layer for the device."""
+        try:
+            await self.fetch_level(layer, level)
+        except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
+            if level != self.floor:
+                name = self.ladders[layer][level].name
+                self.fallbacks.append(f"shard {layer} level {name}: {e}; retrying at the floor level")
+                try:
+                    await self.fetch_level(layer, self.floor)
+                    return
+                except Exception as e2:  # noqa: BLE001
+                    e = e2
+            self.fallbacks.append(f"shard {layer}: {e}; the device computes this layer's template KV")
+            self.failed.add(layer)
+            self.ready[layer].set()
+
+    async def fetch_lane(self) -> None:
+        """The link: every shard in order (as the policy chooses), then — while it would idle — the shards the policy
+        deferred (asked again until the compute lane reaches them) and progressive upgrades."""
+        await self.base_fetches()
+        self.st.base_done = True
+        upgrades = self.cfg.upgrades
+        while not self.cancel.is_set() and not self._done.is_set():
+            if await self.retry_deferred():
+                continue
+            if upgrades:
+                upgrades = await self.upgrade_once()
+                if upgrades:
+                    continue
+            if not self.deferred:
+                break
+            await asyncio.sleep(IDLE_POLL_S)  # deferred shards remain: ask again once the state has moved on
+
+    async def base_fetches(self) -> None:
+        """Each shard once, in execution order; a deferred shard that the policy now wants goes first."""
+        st, ctx = self.st, self.ctx
+        while st.next_layer < self.N and not self.cancel.is_set():
+            if await self.retry_deferred():
+                continue
+            layer = st.next_layer
+            with st.lock:
+                st.link_free = st.now
+                d = self.policy.choose(ctx, layer)
+            self.decisions.append({"t": st.now, "layer": layer, "level": d.level, "reason": d.reason})
+            if d.level is None:
+                break
+            st.next_layer += 1
+            if d.level == LEVEL_COMPUTE:
+                if d.defer:
+                    self.deferred.append(layer)
+                continue
+            await self.fetch_base(layer, d.level)
+
+    async def fetch_base(self, layer: int, level: int) -> None:
+        with self.st.lock:
+            self.st.in_flight[layer] = self.ctx.predict_ready(
+                layer, self.ladders[layer][level], self.estimator.robust()
+            )
+        await self.fetch_with_fallback(layer, level)
+
+    async def retry_deferred(self) -> bool:
+        """Ask the policy again about each deferred shard the compute lane has not reached; fetch the first it
+        wants (True). The same protocol as the simulator's."""
+        st = self.st
+        if not self.deferred:
+            return False
+        with st.lock:
+            st.link_free = st.now
+            self.deferred = [g for g in self.deferred if g > st.compute_layer]
+            pick = None
+            for g in list(self.deferred):
+                d = self.policy.choose(self.ctx, g)
+                if d.level is None or d.level == LEVEL_COMPUTE:
+                    if not d.defer:
+                        self.deferred.remove(g)
+                    continue
+                self.deferred.remove(g)
+                pick = (g, d)
+                break
+        if pick is None:
+            return False
+        g, d = pick
+        self.decisions.append({"t": st.now, "layer": g, "level": d.level, "reason": d.reason})
+        await self.fetch_base(g, d.level)
+        return True
+
+    async def upgrade_once(self) -> bool:
+        """One progressive enhancement the policy asks for on the idle link; False when it asks for none (or one
+        failed: upgrades are optional, the failure is reported and upgrading stops)."""
+        st = self.st
+        with st.lock:
+            st.link_free = st.now
+            up = self.policy.upgrade(self.ctx)
+        if up is None:
+            return False
+        layer, level = up
+        self.decisions.append({"t": st.now, "layer": layer, "level": level, "reason": "upgrade"})
+        try:
+            await self.fetch_level(layer, level)
+        except Exception as e:  # noqa: BLE001 - an upgrade is optional: report and stop upgrading
+            self.fallbacks.append(f"upgrade of shard {layer} to {self.ladders[layer][level].name} failed: {e}")
+            return False
+        return True
