@@ -33,6 +33,7 @@ from ..io_utils import atomic_write_json
 from ..metrics import psnr_tokens as psnr_db
 from ..models.edit_model import ModelSpec, load_demo_model, load_image
 from ..policy.plan import plan_fetch
+from ..policy.policies import make_policy
 from ..runtime.edit import run_edit
 from ..runtime.live_profile import measure_profile
 from ..runtime.pipeline import RuntimeConfig, run_pipelined_edit
@@ -163,9 +164,13 @@ def _report(args, spec, model, profile, runs: list[dict]) -> None:
     """Print the table and the pipeline efficiency; write the JSON report."""
     from .e2e import summarize
 
+    plans = {r["trace"]: r.pop("_plan") for r in runs if r["policy"] == "sakura"}
+    for r in runs:
+        r.pop("_plan", None)
     summary, ratios = summarize(runs)
     print()
     print(format_table(summary, ratios))
+    sim_check = _sim_check(runs, plans, profile, args)
     eff = [r["latency_over_lower_bound"] for r in runs if r["policy"] in ("fetch-fp16", "sakura", "cachegen")]
     print(f"\npipeline efficiency (latency / max(compute, transfer, decode)), fetching policies: median "
           f"{statistics.median(eff):.3f}, max {max(eff):.3f}")  # fmt: skip
@@ -188,9 +193,34 @@ def _report(args, spec, model, profile, runs: list[dict]) -> None:
         "summary": summary,
         "ratios_vs_sakura": ratios,
         "pipeline_efficiency": {"median": statistics.median(eff), "max": max(eff)},
+        "sim_check": sim_check,
     }
     atomic_write_json(args.json, json.loads(json.dumps(out, default=float)))
     print(f"wrote {args.json}")
+
+
+def _sim_check(runs: list[dict], plans: dict, profile, args) -> list[dict]:
+    """Replay each trace in the simulator with this run's inputs (the bench model's measured profile, the served
+    ladders, the same trace and RTT) and compare sakura's speed-up over on-device, live vs simulated."""
+    from ..runtime.simulate import SimConfig, simulate
+
+    by = {(r["trace"], r["policy"]): r for r in runs}
+    out = []
+    traces = {t.name: t for t in load_traces(args.traces)}
+    for name, (ladders, floor) in plans.items():
+        if (name, "on-device") not in by or name not in traces:
+            continue
+        sim = {p: simulate(make_policy(p), traces[name], profile, {"sakura": ladders}, {"sakura": floor},
+                           config=SimConfig(min_rtt_s=RuntimeConfig().rtt_s)).latency_s
+               for p in ("sakura", "on-device")}  # fmt: skip
+        live = by[(name, "on-device")]["latency_s"] / by[(name, "sakura")]["latency_s"]
+        pred = sim["on-device"] / sim["sakura"]
+        row = {"trace": name, "live_speedup": live, "sim_speedup": pred, "live_over_sim": live / pred,
+               "sim_latency_s": sim}  # fmt: skip
+        out.append(row)
+        print(f"sim check {name}: sakura vs on-device live {live:.2f}x, simulated {pred:.2f}x with this run's "
+              f"profile, ladders and trace (live / sim {live / pred:.3f})")  # fmt: skip
+    return out
 
 
 async def _run_all(args, model, traces, policies, profile, template, user, exact, url, link):
@@ -239,6 +269,7 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                     "kv_mode": rep.kv_mode,
                     "split_layers": rep.split_layers,
                     "timeline_png": timeline,
+                    "_plan": (plan.ladders, plan.floor),  # for the simulator replay (not written)
                 }
             )
             print(f"{trace.name:<28} {name:<18} {rep.latency_s:7.2f} s  {rep.bytes_fetched / 2**20:7.2f} MiB  "

@@ -62,3 +62,33 @@ def test_live_bench_takes_one_kv_mode():
         main(
             ["bench", "e2e", "--mode", "live", "--kv-mode", "single,per-step", "--traces", ".", "--json", "/dev/null"]
         )
+
+
+def test_live_bench_replays_its_traces_in_the_simulator(tmp_path, capsys):
+    """The live bench's sim check: the same trace, the bench model's measured profile (a LiveProfile, per-step
+    ladders of steps x layers shards) and the served ladders through the simulator; live vs simulated speed-up."""
+    import argparse
+
+    from sakura_core.bench.cli_live import _sim_check
+    from sakura_core.fetch.traces import Trace, load_traces
+    from sakura_core.policy.ladder import Level
+    from sakura_core.policy.policies import make_policy
+    from sakura_core.runtime.live_profile import LiveProfile
+    from sakura_core.runtime.simulate import simulate
+
+    trace = Trace.constant(2.0)
+    (tmp_path / "flat.log").write_text("\n".join(f"{i}.0 2.0" for i in range(100)))  # pensieve format, 2 Mbit/s
+    profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.05, layers=4, steps=2)
+    ladders = [[Level("s1", 20_000, 20_000, 0.001, 1e-6, False)] for _ in range(8)]  # per-step: 2 x 4 shards
+    name = load_traces(tmp_path)[0].name
+    runs = [{"trace": name, "policy": "on-device", "latency_s": 1.6}, {"trace": name, "policy": "sakura",
+                                                                        "latency_s": 0.8}]  # fmt: skip
+    out = _sim_check(runs, {name: (ladders, 0)}, profile, argparse.Namespace(traces=str(tmp_path)))
+    want = {p: simulate(make_policy(p), trace, profile, {"sakura": ladders}, {"sakura": 0}).latency_s
+            for p in ("sakura", "on-device")}  # fmt: skip
+    assert len(out) == 1 and out[0]["live_speedup"] == pytest.approx(2.0)
+    assert out[0]["sim_speedup"] == pytest.approx(want["on-device"] / want["sakura"], rel=1e-6)
+    assert want["on-device"] == pytest.approx(2 * 4 * 0.2)  # the template at both steps, nothing fetched
+    assert out[0]["sim_speedup"] > 1.0  # fetching 20 kB shards at 2 Mbit/s beats computing the template
+    assert out[0]["live_over_sim"] == pytest.approx(2.0 / out[0]["sim_speedup"])
+    assert "sim check" in capsys.readouterr().out
