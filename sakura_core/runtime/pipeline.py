@@ -171,20 +171,51 @@ class PipelinedEdit(FetchLane):
     # ---- stall accounting
 
     def wait_for_shard(self, layer: int, step: int) -> None:
-        """Block the compute lane until ``layer``'s shard is ready (a stall in the timeline) or give up on it."""
+        """Block the compute lane until ``layer``'s shard is ready (a stall in the timeline) or give up on it: every
+        cached-layer time of waiting the policy is asked whether a template pass on the device is sooner
+        (``recompute_late``, as in the simulator); after ``shard_wait_s`` the device computes it regardless."""
         st = self.st
-        if layer not in st.in_flight and not st.got.get(layer) and (st.base_done or st.next_layer > layer):
-            # the fetch lane skipped it (a policy may not foresee a drop) — fetch it now at the floor
+        with st.lock:
+            skipped = layer not in st.in_flight and not st.got.get(layer) and (st.base_done or st.next_layer > layer)
+            if skipped and layer in self.deferred:
+                self.deferred.remove(layer)
+        if skipped:  # the fetch lane skipped it (a policy may not foresee a drop) — fetch it now at the floor
             asyncio.run_coroutine_threadsafe(self.fetch_with_fallback(layer, self.floor), self._loop)
         t0 = st.now
-        if not _wait_or_cancel(self.ready[layer], self.cancel, self.cfg.shard_wait_s):
+        poll = min(max(self.profile.layer_cached_s, 0.01), self.cfg.shard_wait_s)
+        while not _wait_or_cancel(self.ready[layer], self.cancel, min(poll, t0 + self.cfg.shard_wait_s - st.now)):
             if self.cancel.is_set():
                 raise Cancelled(f"edit cancelled at step {step}, layer {layer} while waiting for its shard")
-            self.fallbacks.append(
-                f"shard {layer} not ready after {self.cfg.shard_wait_s}s; computing it on the device"
-            )
-            self.failed.add(layer)
+            if st.now - t0 >= self.cfg.shard_wait_s:
+                self.fallbacks.append(
+                    f"shard {layer} not ready after {self.cfg.shard_wait_s}s; computing it on the device"
+                )
+                self.failed.add(layer)
+                break
+            with st.lock:
+                st.compute_t = st.now
+                late = self.policy.recompute_late(self.ctx, layer)
+            if late:
+                self._give_up_on_link(layer, step)
+                break
         self.event("stall", t0, st.now, layer, f"step {step}")
+
+    def _give_up_on_link(self, layer: int, step: int) -> None:
+        """The policy says a template pass on the device is sooner than waiting: every shard of this step (every
+        shard in single mode) not decoded yet is computed on the device, and the fetch lane moves on to the next
+        step."""
+        st = self.st
+        end = (step + 1) * self.L if self.per_step else self.N
+        self.decisions.append({"t": st.now, "layer": layer, "level": "device",
+                               "reason": "shards late: template pass on the device is sooner"})  # fmt: skip
+        self.fallbacks.append(f"shard {layer} late: the device computes the template KV of "
+                              f"{f'step {step}' if self.per_step else 'every layer'} (policy: sooner than waiting)")  # fmt: skip
+        with st.lock:
+            for g in range(layer, end):
+                if not self.ready[g].is_set():
+                    self.failed.add(g)
+            st.next_layer = max(st.next_layer, end)
+            self.deferred = [g for g in self.deferred if g >= end]
 
     # ---- compute lane
 
@@ -208,7 +239,7 @@ class PipelinedEdit(FetchLane):
         """The KV the compute lane uses for ``layer`` at ``step``: the fetched shard (of that step, in per-step
         mode), or the device's."""
         g = step * self.L + layer if self.per_step else layer
-        if not self.ready[g].is_set():
+        if g not in self.failed and not self.ready[g].is_set():
             self.wait_for_shard(g, step)
         if g in self.failed:
             k, v = self.device_kv(g)

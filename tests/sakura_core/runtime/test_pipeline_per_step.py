@@ -193,3 +193,47 @@ def test_a_shard_deferred_for_ever_is_computed_and_the_lane_ends(setup):
     assert not rep.fallbacks
     # asked again while compute had not reached it, never after
     assert len([d for d in rep.decisions if d["layer"] == target]) >= 1
+
+
+class _LateThenDevice(_SplitAt):
+    """Split 0 at every step; a late shard of step 1 makes a template pass on the device "sooner" (recompute_late);
+    later steps wait for their shards."""
+
+    name = "late-then-device"
+
+    def __init__(self):
+        super().__init__([0] * STEPS)
+        self.asked_late = []
+
+    def recompute_late(self, ctx, layer):
+        self.asked_late.append(layer)
+        return ctx.step_of(layer) == 1
+
+
+def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_template_pass(setup):
+    model, tpl, usr, pre, on_device, _, profile = setup
+    L = model.adapter.num_layers
+    plan = plan_fetch(pre.manifest, "fetch-fp16")
+    slow = {r["digest"] for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 2
+            for r in sh["representations"]}  # fmt: skip
+
+    async def fetch_blob(digest, nbytes):
+        if digest in slow:
+            await asyncio.sleep(3.0)  # step 1 layer 2's shard is late (well under shard_wait_s)
+        return pre.blobs[digest]
+
+    pol = _LateThenDevice()
+    rep = asyncio.run(
+        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=pol, ladders=plan.ladders,
+                           reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
+                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0))
+    )  # fmt: skip
+    assert pol.asked_late and pol.asked_late[0] == L + 2  # asked while waiting, not after shard_wait_s
+    by_step = rep.levels_by_step()
+    assert by_step["step 0"] == ["fp16"] * L
+    assert by_step["step 1"][:2] == ["fp16"] * 2 and by_step["step 1"][2:] == ["device"] * (L - 2)
+    assert by_step["step 2"] == ["fp16"] * L  # the next step fetches again
+    assert any(d["level"] == "device" and "template pass on the device is sooner" in d["reason"]
+               for d in rep.decisions)  # fmt: skip
+    assert any(e["level"] == "fallback template pass (step 1)" for e in rep.events)
+    assert (rep.tokens - on_device.tokens).abs().max() < 2e-3  # step 1's own KV computed here: still right
