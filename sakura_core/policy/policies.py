@@ -242,7 +242,8 @@ class Sakura(Policy):
     * Compute lane: drop the template at this layer only if the plan made with the slowest recent throughput drops
       here (a wrong drop costs a stall; the template restarts next step, so the risk is one step).
     * Late shards: once dropped, if waiting is predicted to end the step later than a template-only pass on the
-      device, run that pass (the link misled the estimate).
+      device, run that pass (the link misled the estimate) — after ``late_patience`` of a template pass spent
+      waiting for that shard (ski rental: short outages end by themselves; the drop's outage check counts it).
     * Upgrades: once every shard the plan needs is requested, idle link time refines shards not used yet with the
       largest distortion drop per byte.
     """
@@ -253,9 +254,12 @@ class Sakura(Policy):
     # a drop must not lose against keeping the template even if the link is this many times slower than the
     # slowest recent sample
     regret_slowdown = 4.0
+    # wait this fraction of a template pass for a late shard before a template pass may replace it
+    late_patience = 0.25
 
     def reset(self) -> None:
         self._plan: Plan | None = None
+        self._late_since: dict[int, float] = {}
         self._cache: tuple | None = None
 
     def rate(self, ctx: Context) -> float | None:
@@ -353,13 +357,16 @@ class Sakura(Policy):
         needed = range(layer, snap.c - snap.l0 + ctx.layers_per_step)
         if all(ctx.ready(g) for g in needed):
             return False
-        outage_loss = snap.ct + p.template_pass_s + left * p.layer_cached_s - keep_all
+        outage_loss = snap.ct + (1 + self.late_patience) * p.template_pass_s + left * p.layer_cached_s - keep_all
         return keep_all - drop_end < outage_loss
 
     def recompute_late(self, ctx: Context, layer: int) -> bool:
+        since = self._late_since.setdefault(layer, ctx.now)
+        p = ctx.profile
+        if ctx.now - since < self.late_patience * p.template_pass_s:
+            return False
         snap = Snapshot(ctx, self.rate(ctx))
         wait = snap.finish([snap.l0] * (snap.S - snap.cs), upto_step=snap.cs)
-        p = ctx.profile
         recompute = ctx.now + p.template_pass_s + (ctx.layers_per_step - ctx.layer_of(layer)) * p.layer_cached_s
         return recompute < wait
 

@@ -294,11 +294,16 @@ def test_sakura_spends_the_slack_under_a_latency_target_on_quality(target, level
 
 
 def test_sakura_drops_the_template_when_the_shards_are_already_there():
-    # compute at layer 2 at t=2.0; shard 2 decoded at 1.05 s, shard 3 predicted at 2.10 s: dropping now ends step 0
-    # at 2.5 (layer 2) -> 3.0 s (layer 3), keeping one more layer at 3.5 s, keeping all at 4.0 s
+    # compute at layer 2 at t=2.0; shards 2 and 3 decoded at 1.05 and 1.9 s: dropping now ends step 0 at 3.0 s,
+    # keeping all at 4.0 s, and no link failure can cost anything
+    c = ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0, next_layer=4, got={2: [(0, 1.05)], 3: [(0, 1.9)]})
+    assert not policy("sakura").keep_template(c, 2)
+    # shard 3 only predicted (2.10 s): the drop gains 1.0 s, but if the link died now it would cost a quarter
+    # template pass of waiting (0.5 s) + a template pass (2.0 s) + 2 cached layers (1.0 s) - 2 full layers (2.0 s)
+    # = 1.5 s > 1.0 s: keep
     c = ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0, link_free=2.1, next_layer=4, got={2: [(0, 1.05)]},
             in_flight={3: 2.10})  # fmt: skip
-    assert not policy("sakura").keep_template(c, 2)
+    assert policy("sakura").keep_template(c, 2)
     # nothing fetched: shards 2, 3 would arrive 3.05, 4.10 s; dropping at 3 (shard 3 alone: 3.05 s) is best
     assert policy("sakura").keep_template(ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0), 2)
 
@@ -306,16 +311,20 @@ def test_sakura_drops_the_template_when_the_shards_are_already_there():
 @pytest.mark.parametrize(
     ("rate", "recompute"),
     [
-        # waiting: shards 1..3 arrive 2.05, 3.10, 4.15 s -> step 0 ends 4.65 s; a template pass ends
-        # 1.0 + 2.0 + 3 x 0.5 = 4.5 s, sooner -> recompute
+        # asked first at 1.0 s: a quarter of a template pass (0.5 s) of waiting comes first; at 1.5 s, waiting:
+        # shards 1..3 arrive 2.55, 3.60, 4.65 s -> step 0 ends 5.15 s; a template pass ends 1.5 + 2.0 + 3 x 0.5
+        # = 5.0 s, sooner -> recompute
         (1e6, True),
-        # at 16 Mbit/s the shards arrive 1.55, 2.10, 2.65 s -> step 0 ends 3.15 s < 4.5 s -> wait
+        # at 16 Mbit/s the shards arrive 2.05, 2.60, 3.15 s -> step 0 ends 3.65 s < 5.0 s -> wait
         (2e6, False),
     ],
 )
 def test_sakura_recomputes_on_the_device_when_waiting_for_late_shards_is_slower(rate, recompute):
-    c = ctx(rate, template_alive=False, compute_layer=1, compute_t=1.0, now=1.0, next_layer=4)
-    assert policy("sakura").recompute_late(c, 1) is recompute
+    p = policy("sakura")
+    assert not p.recompute_late(ctx(rate, template_alive=False, compute_layer=1, compute_t=1.0, now=1.0,
+                                    next_layer=4), 1)  # fmt: skip
+    c = ctx(rate, template_alive=False, compute_layer=1, compute_t=1.5, now=1.5, next_layer=4)
+    assert p.recompute_late(c, 1) is recompute
 
 
 def test_sakura_upgrades_the_largest_distortion_drop_per_byte():
