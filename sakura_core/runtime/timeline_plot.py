@@ -77,7 +77,7 @@ def plot_timeline(events: list[dict], path: str | Path, title: str = "", decisio
     plt = matplotlib_pyplot()
     lanes = _LANES + (["decisions"] if decisions else [])
     notes: list[str] = []
-    fig, ax = plt.subplots(figsize=(10, 3.2 + (0.6 + 0.14 * _MAX_NOTES if decisions else 0)))
+    fig, ax = plt.subplots(figsize=(10, 3.5 if decisions else 3.2))
     for lane_idx, lane in enumerate(_LANES):
         for e in (e for e in events if e["lane"] == lane):
             color = _COLORS[lane]
@@ -90,14 +90,15 @@ def plot_timeline(events: list[dict], path: str | Path, title: str = "", decisio
         used = {_decision_kind(d) for d in decisions}
         legend += [(label, color) for kind, (_, color, label) in _MARKS.items() if kind in used]
     handles = [plt.Rectangle((0, 0), 1, 1, color=color) for _, color in legend]
-    ax.legend(handles, [name for name, _ in legend], loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3,
+    leg = ax.legend(handles, [name for name, _ in legend], loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3,
               fontsize=7, frameon=False)  # fmt: skip
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the edit started")
     ax.set_title(textwrap.fill(title or "pipeline timeline", 110), fontsize=9)
-    if notes:
-        fig.text(0.01, 0.01, "\n".join(notes), fontsize=6, va="bottom", ha="left", family="monospace")
-    fig.tight_layout(rect=(0, 0.04 + 0.035 * len(notes), 1, 1))
-    fig.savefig(path, dpi=120)
+    fig.tight_layout()
+    if notes:  # under the legend; the saved figure grows to hold them
+        ax.annotate("\n".join(notes), xy=(0, 0), xycoords=leg, xytext=(0, -4), textcoords="offset points",
+                    va="top", ha="left", fontsize=6, family="monospace")  # fmt: skip
+    fig.savefig(path, dpi=120, bbox_inches="tight" if notes else None)
     plt.close(fig)
