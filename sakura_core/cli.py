@@ -34,6 +34,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "sakura_core.bench.cli_cross_step",
         "per-step KV coded per step vs across steps vs single mode: bytes at equal PSNR; JSON",
     ),
+    ("traces", "synth"): (
+        "sakura_core.fetch.cli_synth",
+        "write synthetic development traces (random walks, on/off links with outages) for policy work",
+    ),
     ("bench", "codec"): (
         "sakura_core.bench.cli_codec",
         "every KV codec and ladder level: size, error, PSNR, MB/s; JSON",

@@ -1,0 +1,76 @@
+"""Synthetic link traces for developing fetch policies without tuning them to the recorded ones.
+
+Two generators, both deterministic given a seed: a geometric random walk of the rate (per-second log-normal steps,
+clipped to 0.2 .. 400 Mbit/s) and an on/off link (exponential holding times, a high and a low rate — a low rate of 0
+is an outage). :func:`development_set` is the set the ``sakura`` policy's rules were chosen on (random walks from
+1.5 to 100 Mbit/s, on/off links with outages); ``sakura traces synth`` writes it (or any seed of it) as Pensieve-format
+files, so ``sakura bench e2e --traces DIR`` runs on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .traces import Trace
+
+__all__ = ["WALKS", "ON_OFF", "development_set", "on_off", "random_walk", "write_pensieve"]
+
+WALK_FLOOR_MBIT, WALK_CEIL_MBIT = 0.2, 400.0
+# (mean Mbit/s, per-second log sigma): slow, LTE-like and 5G-like walks, calm to very volatile
+WALKS = [(5, 0.1), (20, 0.1), (50, 0.1), (10, 0.3), (30, 0.3), (80, 0.3), (20, 0.5), (60, 0.5), (35, 0.2), (40, 0.4),
+         (1.5, 0.3), (3, 0.5), (2, 0.2), (6, 0.4), (30, 0.8), (100, 0.6)]  # fmt: skip
+# (high Mbit/s, low Mbit/s, mean holding time s): links with slumps and outages (low 0)
+ON_OFF = [(50, 1, 30), (20, 0, 20), (100, 5, 60), (10, 0.5, 10), (60, 0, 15), (3, 0.2, 20), (150, 0, 20),
+          (300, 2, 10), (80, 0, 40)]  # fmt: skip
+
+
+def random_walk(seed: int, mean_mbit: float, sigma: float, seconds: int = 900) -> Trace:
+    """A per-second geometric random walk of the rate starting at ``mean_mbit`` (log steps N(0, sigma))."""
+    if mean_mbit <= 0 or sigma < 0 or seconds < 2:
+        raise ValueError(f"random_walk needs mean_mbit > 0, sigma >= 0, seconds >= 2; got {mean_mbit}, {sigma}, "
+                         f"{seconds}")  # fmt: skip
+    rng = np.random.default_rng(seed)
+    steps = rng.normal(0.0, sigma, seconds)
+    x, lo, hi, out = np.log(mean_mbit), np.log(WALK_FLOOR_MBIT), np.log(WALK_CEIL_MBIT), np.empty(seconds)
+    for i, s in enumerate(steps):
+        x = min(max(x + s, lo), hi)
+        out[i] = np.exp(x)
+    return Trace(f"walk{seed}-{mean_mbit:g}-{sigma:g}", np.full(seconds, 1.0), out * 1e6 / 8)
+
+
+def on_off(seed: int, high_mbit: float, low_mbit: float, mean_hold_s: float, seconds: float = 2000.0) -> Trace:
+    """Alternating ``high_mbit`` / ``low_mbit`` periods (starting high) with exponential durations."""
+    if high_mbit <= 0 or low_mbit < 0 or mean_hold_s <= 0:
+        raise ValueError(f"on_off needs high_mbit > 0, low_mbit >= 0, mean_hold_s > 0; got {high_mbit}, {low_mbit}, "
+                         f"{mean_hold_s}")  # fmt: skip
+    rng = np.random.default_rng(seed)
+    durations, rates, total, high = [], [], 0.0, True
+    while total < seconds:
+        d = max(float(rng.exponential(mean_hold_s)), 0.05)
+        durations.append(d)
+        rates.append((high_mbit if high else low_mbit) * 1e6 / 8)
+        total += d
+        high = not high
+    return Trace(f"onoff{seed}-{high_mbit:g}-{low_mbit:g}", np.array(durations), np.array(rates))
+
+
+def development_set(seed: int = 100) -> list[Trace]:
+    """Every walk of :data:`WALKS` and every link of :data:`ON_OFF`, seeded from ``seed`` (the policy was developed
+    on seed 100; other seeds give fresh traces of the same kinds)."""
+    walks = [random_walk(seed + i, m, s) for i, (m, s) in enumerate(WALKS)]
+    links = [on_off(seed + i, h, lo, d) for i, (h, lo, d) in enumerate(ON_OFF)]
+    return walks + links
+
+
+def write_pensieve(trace: Trace, path: str | Path) -> Path:
+    """``trace`` as Pensieve lines ``time_s Mbit/s``, one per segment start, plus one at the end repeating the last
+    rate (the reader gives the last line the median gap, so every segment of ``trace`` keeps its duration)."""
+    path = Path(path)
+    ends = np.cumsum(trace.durations_s)
+    starts = np.concatenate([[0.0], ends])
+    rates = np.append(trace.rates_bytes_per_s, trace.rates_bytes_per_s[-1])
+    lines = [f"{t:.3f} {r * 8 / 1e6:.6f}" for t, r in zip(starts, rates, strict=True)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
