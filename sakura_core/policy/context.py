@@ -4,6 +4,7 @@ the edit started, sizes bytes, rates bytes/s."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Protocol
@@ -389,10 +390,24 @@ class LiveState:
         self.compute_t = 0.0
         self.compute_layer = 0
         self.lock = threading.RLock()
+        self._frozen = threading.local()  # this thread's frozen clock (see frozen_now)
 
     @property
     def now(self) -> float:
-        return time.monotonic() - self.t0
+        frozen = getattr(self._frozen, "t", None)
+        return time.monotonic() - self.t0 if frozen is None else frozen
+
+    @contextlib.contextmanager
+    def frozen_now(self):
+        """Within the block, ``now`` stays at its value on entry for the calling thread: a batch of decisions taken
+        at one moment sees one moment (and a policy can reuse one plan for all of them); other threads' clocks run
+        on."""
+        outer = getattr(self._frozen, "t", None)
+        self._frozen.t = self.now
+        try:
+            yield self._frozen.t
+        finally:
+            self._frozen.t = outer
 
     def flush_observations(self) -> None:
         """Live transfers are observed when they complete; nothing is pending."""

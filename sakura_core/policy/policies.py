@@ -272,18 +272,20 @@ class Sakura(Policy):
         """Dropping the template is irreversible within a step: decide it on the slowest recent throughput."""
         return ctx.slowed(ctx.estimator.worst())
 
-    def _replan(self, ctx: Context, rate: float | None, shard: int | None = None) -> tuple[Plan, Snapshot]:
-        snap = Snapshot(ctx, rate, shard)
+    def _replan(self, ctx: Context, rate: float | None) -> tuple[Plan, Snapshot]:
+        """The plan (and the snapshot it was made on) for this moment; reused while the moment is the same (a batch
+        of decisions at one time: the runtime asks about several deferred shards at once)."""
         key = (ctx.now, ctx.compute_layer, ctx.template_alive, rate, ctx.decided_upto, ctx.link_busy_until())
         cached = getattr(self, "_cache", None)
         if cached is not None and cached[0] == key:
-            return cached[1], snap
+            return cached[1], cached[2]
+        snap = Snapshot(ctx, rate)
         init = None
         prev = getattr(self, "_plan", None)
         if prev is not None and prev.first_step <= snap.cs < prev.first_step + len(prev.splits):
             init = prev.splits[snap.cs - prev.first_step :]
         plan = best_plan(snap, init)
-        self._plan, self._cache = plan, (key, plan)
+        self._plan, self._cache = plan, (key, plan, snap)
         return plan, snap
 
     @staticmethod
@@ -304,21 +306,21 @@ class Sakura(Policy):
             )
         if layer < ctx.compute_layer:
             return Decision(LEVEL_COMPUTE, f"compute is already past shard {layer}")
-        plan, snap = self._replan(ctx, rate, layer)
+        plan, snap = self._replan(ctx, rate)
         step, lay = ctx.step_of(layer), ctx.layer_of(layer)
         k = plan.split(step) if (step > snap.cs or ctx.template_alive) else snap.l0
         why = self._why(ctx, plan, rate)
         if lay < k:  # not now: asked again (before later shards, and while the link would idle) until compute is here
             return Decision(LEVEL_COMPUTE, f"device computes step {step} layer {lay} for now, asked again until the "
                             f"compute lane reaches it ({why})", defer=True)  # fmt: skip
-        best = self._level_under_target(ctx, layer, plan, snap, rate)
+        best = self._level_under_target(ctx, layer, plan, rate)
         if best == ctx.floor:
             return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} (the quality floor; idle link "
                             f"time refines it later); {why}")  # fmt: skip
         slack = f"slack under the {ctx.latency_target_s:.2f} s target"
         return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} ({slack}); {why}")
 
-    def _level_under_target(self, ctx: Context, layer: int, plan: Plan, snap: Snapshot, rate: float | None) -> int:
+    def _level_under_target(self, ctx: Context, layer: int, plan: Plan, rate: float | None) -> int:
         """The highest level that keeps the predicted finish under the user's latency target, at the estimate and at
         the slowest recent rate; the floor without a target. (Taking more than the floor because the link looks
         idle now spends the margin a later slowdown needs; quality beyond the floor comes from upgrades once every
@@ -326,6 +328,7 @@ class Sakura(Policy):
         target = ctx.latency_target_s
         if target is None or target <= plan.finish_s:
             return ctx.floor
+        snap = Snapshot(ctx, rate, layer)  # with this shard as the next one fetched (its level is the question)
         worst = self.drop_rate(ctx)
         slow = Snapshot(ctx, worst, layer) if worst is not None and worst != rate else None
         ladder, best = ctx.ladder(layer), ctx.floor

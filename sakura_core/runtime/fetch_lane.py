@@ -76,7 +76,9 @@ class FetchLane:
         self.st.base_done = True
         upgrades = self.cfg.upgrades
         while not self.cancel.is_set() and not self._done.is_set():
-            if await self.retry_deferred():
+            pick = self._decide(base=False)
+            if pick is not None:
+                await self.fetch_base(*pick)
                 continue
             if upgrades:
                 upgrades = await self.upgrade_once()
@@ -88,23 +90,35 @@ class FetchLane:
 
     async def base_fetches(self) -> None:
         """Each shard once, in execution order; a deferred shard that the policy now wants goes first."""
-        st, ctx = self.st, self.ctx
+        st = self.st
         while st.next_layer < self.N and not self.cancel.is_set():
-            if await self.retry_deferred():
-                continue
+            pick = self._decide(base=True)
+            if pick == "stop":
+                break
+            if pick is not None:
+                await self.fetch_base(*pick)
+
+    def _decide(self, base: bool):
+        """One link decision at one frozen moment (one plan serves it): a deferred shard the policy now wants, else
+        (``base``) the next shard in order. Returns ``(shard, level)`` to fetch, None (nothing to fetch now) or
+        "stop" (the policy stops fetching)."""
+        st = self.st
+        with st.lock, st.frozen_now():
+            st.link_free = st.now
+            again = self._ask_deferred()
+            if again is not None or not base:
+                return again
             layer = st.next_layer
-            with st.lock:
-                st.link_free = st.now
-                d = self.policy.choose(ctx, layer)
+            d = self.policy.choose(self.ctx, layer)
             self.decisions.append({"t": st.now, "layer": layer, "level": d.level, "reason": d.reason})
             if d.level is None:
-                break
+                return "stop"
             st.next_layer += 1
             if d.level == LEVEL_COMPUTE:
                 if d.defer:
                     self.deferred.append(layer)
-                continue
-            await self.fetch_base(layer, d.level)
+                return None
+            return layer, d.level
 
     async def fetch_base(self, layer: int, level: int) -> None:
         with self.st.lock:
@@ -113,31 +127,35 @@ class FetchLane:
             )
         await self.fetch_with_fallback(layer, level)
 
-    async def retry_deferred(self) -> bool:
-        """Ask the policy again about each deferred shard the compute lane has not reached; fetch the first it
-        wants (True). The same protocol as the simulator's."""
+    def _signature(self) -> tuple:
+        """What a deferral depends on besides the clock: compute position, decisions, transfers, samples."""
+        st = self.st
+        done = sum(len(v) for v in st.got.values())
+        return (st.compute_layer, st.template_alive, st.next_layer, done, len(st.in_flight), self.estimator.samples)
+
+    def _ask_deferred(self) -> tuple[int, int] | None:
+        """Ask the policy again about each deferred shard the compute lane has not reached (the caller holds the
+        lock and a frozen moment); ``(shard, level)`` for the first it wants. The same protocol as the simulator's;
+        not asked again until something has happened (a layer, a decision, a transfer) since the last "not now"."""
         st = self.st
         if not self.deferred:
-            return False
-        with st.lock:
-            st.link_free = st.now
-            self.deferred = [g for g in self.deferred if g > st.compute_layer]
-            pick = None
-            for g in list(self.deferred):
-                d = self.policy.choose(self.ctx, g)
-                if d.level is None or d.level == LEVEL_COMPUTE:
-                    if not d.defer:
-                        self.deferred.remove(g)
-                    continue
-                self.deferred.remove(g)
-                pick = (g, d)
-                break
-        if pick is None:
-            return False
-        g, d = pick
-        self.decisions.append({"t": st.now, "layer": g, "level": d.level, "reason": d.reason})
-        await self.fetch_base(g, d.level)
-        return True
+            return None
+        sig = self._signature()
+        if sig == self._deferred_sig:
+            return None
+        self.deferred = [g for g in self.deferred if g > st.compute_layer]
+        for g in list(self.deferred):
+            d = self.policy.choose(self.ctx, g)
+            if d.level is None or d.level == LEVEL_COMPUTE:
+                if not d.defer:
+                    self.deferred.remove(g)
+                continue
+            self.deferred.remove(g)
+            self._deferred_sig = None
+            self.decisions.append({"t": st.now, "layer": g, "level": d.level, "reason": d.reason})
+            return g, d.level
+        self._deferred_sig = sig
+        return None
 
     async def upgrade_once(self) -> bool:
         """One progressive enhancement the policy asks for on the idle link; False when it asks for none (or one

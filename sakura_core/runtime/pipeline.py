@@ -130,6 +130,7 @@ class PipelinedEdit(FetchLane):
         self.ready = {g: threading.Event() for g in range(self.N)}
         self.failed: set[int] = set()
         self.deferred: list[int] = []  # shards the policy said "not now" to: asked again while the link would idle
+        self._deferred_sig: tuple | None = None  # the state of the last "not now" to all of them (fetch_lane)
         self.levels_used: dict[int, list[str]] = {}
         self.blobs: dict[str, bytes] = {}
         self.bytes_fetched = 0
