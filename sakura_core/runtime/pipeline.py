@@ -9,7 +9,8 @@ while later steps run. Policies see the same :class:`~sakura_core.policy.context
 
 Failures never produce a silently wrong result: a shard that cannot be fetched or decoded is retried at the floor
 level; if that fails too, the device computes the template KV itself (a template-only pass) and the report says so.
-Every event lands in the timeline.
+A shard that is late is waited for while the policy (asked every cached-layer time, ``recompute_late``) finds a
+template pass on the device no sooner, at most ``shard_wait_s``. Every event lands in the timeline.
 
 Per-step KV mode (the per-step shard protocol of :mod:`sakura_core.policy.context`): the template pass restarts at
 every step and shard ``g = step * L + layer`` holds the KV of one (step, layer). The fetch lane walks ``g`` in order,
