@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from ..policy.policies import LEVEL_COMPUTE
+from .deferral import ask_deferred
 
 __all__ = ["IDLE_POLL_S", "FetchLane"]
 
@@ -143,19 +144,14 @@ class FetchLane:
         sig = self._signature()
         if sig == self._deferred_sig:
             return None
-        self.deferred = [g for g in self.deferred if g > st.compute_layer]
-        for g in list(self.deferred):
-            d = self.policy.choose(self.ctx, g)
-            if d.level is None or d.level == LEVEL_COMPUTE:
-                if not d.defer:
-                    self.deferred.remove(g)
-                continue
-            self.deferred.remove(g)
-            self._deferred_sig = None
-            self.decisions.append({"t": st.now, "layer": g, "level": d.level, "reason": d.reason})
-            return g, d.level
-        self._deferred_sig = sig
-        return None
+        pick = ask_deferred(self.policy, self.ctx, self.deferred, st.compute_layer)
+        if pick is None:
+            self._deferred_sig = sig
+            return None
+        g, d = pick
+        self._deferred_sig = None
+        self.decisions.append({"t": st.now, "layer": g, "level": d.level, "reason": d.reason})
+        return g, d.level
 
     async def upgrade_once(self) -> bool:
         """One progressive enhancement the policy asks for on the idle link; False when it asks for none (or one

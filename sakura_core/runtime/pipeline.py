@@ -40,6 +40,7 @@ from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
 from ..policy.policies import Policy
 from .backend import ComputeBackend, backend_of
+from .deferral import LATE_FALLBACK_REASON
 from .edit import run_edit
 from .fetch_lane import FetchLane
 from .live_profile import LiveProfile
@@ -209,7 +210,7 @@ class PipelinedEdit(FetchLane):
         st = self.st
         end = (step + 1) * self.L if self.per_step else self.N
         self.decisions.append({"t": st.now, "layer": layer, "level": "device",
-                               "reason": "shards late: template pass on the device is sooner"})  # fmt: skip
+                               "reason": LATE_FALLBACK_REASON})  # fmt: skip
         self.fallbacks.append(f"shard {layer} late: the device computes the template KV of "
                               f"{f'step {step}' if self.per_step else 'every layer'} (policy: sooner than waiting)")  # fmt: skip
         with st.lock:

@@ -35,6 +35,7 @@ from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
 from ..policy.planner import Snapshot, best_plan
 from ..policy.policies import LEVEL_COMPUTE, Decision, Policy
+from .deferral import LATE_FALLBACK_REASON, ask_deferred
 from .profiles import DeviceProfile
 
 __all__ = ["KV_MODES", "SimConfig", "SimResult", "fixed_split_policy", "kv_mode_view", "simulate", "simulate_oracle"]
@@ -246,19 +247,14 @@ class _Sim:
         """Ask the policy again about each deferred shard the compute lane has not reached; fetch the first it
         wants. False when it wants none."""
         self.now = self.link_free
-        self.deferred = [g for g in self.deferred if g > self.compute_layer]
-        for g in list(self.deferred):
-            d = self.policy.choose(self.ctx, g)
-            if d.level == LEVEL_COMPUTE or d.level is None:
-                if not d.defer:
-                    self.deferred.remove(g)
-                continue
-            self.decisions.append({"t": self.now, "layer": g, "level": d.level, "reason": d.reason})
-            self.deferred.remove(g)
-            self.skipped.discard(g)
-            self._transfer(g, d.level, self.ladders[g][d.level].nbytes, "base")
-            return True
-        return False
+        pick = ask_deferred(self.policy, self.ctx, self.deferred, self.compute_layer)
+        if pick is None:
+            return False
+        g, d = pick
+        self.decisions.append({"t": self.now, "layer": g, "level": d.level, "reason": d.reason})
+        self.skipped.discard(g)
+        self._transfer(g, d.level, self.ladders[g][d.level].nbytes, "base")
+        return True
 
     def wait_for(self, layer: int) -> float:
         """Run the link until ``layer`` has a decoded level; returns that time."""
@@ -344,7 +340,7 @@ class _Sim:
             if self.policy.recompute_late(self.ctx, layer):
                 # late shards: one template-only pass gives every layer's KV here; stop waiting for the link
                 self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
-                                       "reason": "shards late: template pass on the device is sooner"})  # fmt: skip
+                                       "reason": LATE_FALLBACK_REASON})  # fmt: skip
                 self._compute(p.template_pass_s, -1, "fallback template pass")
                 self.device_all = True
                 if self.per_step:  # this step's KV is on the device now; the link moves on to the next step
