@@ -16,8 +16,9 @@ from sakura_core.fetch.traces import Trace
 from sakura_core.policy.ladder import Level, ladders_from_manifest
 from sakura_core.policy.plan import floor_index, policy_levels
 from sakura_core.policy.policies import make_policy
+from sakura_core.runtime.oracle import simulate_oracle
 from sakura_core.runtime.profiles import DeviceProfile
-from sakura_core.runtime.simulate import simulate, simulate_oracle
+from sakura_core.runtime.simulate import simulate
 
 __all__ = ["SIMULATION_LABEL", "phone_ladder", "simulate_phone_job"]
 

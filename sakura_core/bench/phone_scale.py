@@ -12,8 +12,9 @@ import numpy as np
 
 from ..fetch.traces import Trace
 from ..policy.policies import POLICIES
+from ..runtime.oracle import fixed_split_policy
 from ..runtime.profiles import DeviceProfile
-from ..runtime.simulate import fixed_split_policy, kv_mode_view, simulate
+from ..runtime.simulate import kv_mode_view, simulate
 from .timing import best_time_s
 
 __all__ = ["PHONE_SHARD", "format_regime", "measure_phone_decode", "regime_map"]

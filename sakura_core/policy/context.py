@@ -1,19 +1,16 @@
 """What a fetch policy may look at: :class:`Context`, one typed view over a :class:`PolicyState` — the simulator's
-state or the live pipeline's (:class:`LiveState`) — so the same policy code runs in both. Times are seconds since
+state or the live pipeline's (:class:`~sakura_core.policy.live_state.LiveState`) — so the same policy code runs in both. Times are seconds since
 the edit started, sizes bytes, rates bytes/s."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
 from typing import Protocol
 
 from ..fetch.traces import Trace
 from .estimator import ThroughputEstimator
 from .ladder import Level
 
-__all__ = ["ComputeCosts", "Context", "LiveState", "PolicyState"]
+__all__ = ["ComputeCosts", "Context", "PolicyState"]
 
 
 class _Steps(Protocol):
@@ -42,7 +39,7 @@ class ComputeCosts(Protocol):
 
 class PolicyState(Protocol):
     """The state a :class:`Context` reads: the simulator (``runtime.simulate``) and the live pipeline
-    (:class:`LiveState`) both keep it. Policies never read it directly, only through :class:`Context`, and never
+    (:class:`~sakura_core.policy.live_state.LiveState`) both keep it. Policies never read it directly, only through :class:`Context`, and never
     write it.
 
     Every time is in seconds since the edit started (t = 0 when the first request may leave); sizes are bytes and
@@ -356,58 +353,3 @@ class Context:
         c = self._s.compute_layer
         extra = p.layer_full_s if self._s.template_alive else p.layer_cached_s
         return self._s.compute_t + (extra if layer > c else 0.0) + max(0, layer - c - 1) * p.layer_cached_s
-
-
-class LiveState:
-    """The :class:`PolicyState` the running pipeline keeps (times in seconds since the edit started; see
-    :class:`PolicyState` for every attribute); ``lock`` guards the updates a policy reads mid-decision."""
-
-    def __init__(
-        self,
-        profile: ComputeCosts,
-        trace: Trace,
-        ladders: list[list[Level]],
-        floor: int,
-        estimator: ThroughputEstimator,
-        rtt_s: float,
-        latency_target_s: float | None = None,
-        layers_per_step: int | None = None,
-    ):
-        self.profile, self.trace, self.ladders, self.floor = profile, trace, ladders, floor
-        self.L = len(ladders)
-        self.layers_per_step = layers_per_step or len(ladders)  # see PolicyState.layers_per_step
-        self.estimator, self.rtt_s = estimator, rtt_s
-        self.latency_target_s = latency_target_s
-        self.start_s = 0.0  # the live link starts its trace at the edit's start
-        self.t0 = time.monotonic()
-        self.link_free = 0.0
-        self.decoder_free = 0.0
-        self.next_layer = 0
-        self.base_done = False
-        self.got: dict[int, list[tuple[int, float]]] = {}
-        self.in_flight: dict[int, float] = {}
-        self.template_alive = True
-        self.compute_t = 0.0
-        self.compute_layer = 0
-        self.lock = threading.RLock()
-        self._frozen = threading.local()  # this thread's frozen clock (see frozen_now)
-
-    @property
-    def now(self) -> float:
-        frozen = getattr(self._frozen, "t", None)
-        return time.monotonic() - self.t0 if frozen is None else frozen
-
-    @contextlib.contextmanager
-    def frozen_now(self):
-        """Within the block, ``now`` stays at its value on entry for the calling thread: a batch of decisions taken
-        at one moment sees one moment (and a policy can reuse one plan for all of them); other threads' clocks run
-        on."""
-        outer = getattr(self._frozen, "t", None)
-        self._frozen.t = self.now
-        try:
-            yield self._frozen.t
-        finally:
-            self._frozen.t = outer
-
-    def flush_observations(self) -> None:
-        """Live transfers are observed when they complete; nothing is pending."""

@@ -35,9 +35,10 @@ from ..kv.binding import check_shard_binding, slot_from_manifest
 from ..kv.chain import ChainDecoder
 from ..kv.manifest import check_schedule, manifest_kv_mode
 from ..models.edit_model import EditModel
-from ..policy.context import Context, LiveState
+from ..policy.context import Context
 from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
+from ..policy.live_state import LiveState
 from ..policy.policies import Policy
 from .backend import ComputeBackend, backend_of
 from .deferral import LATE_FALLBACK_REASON

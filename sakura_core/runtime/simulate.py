@@ -26,19 +26,19 @@ the layer count); device-computed layers contribute nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from ..fetch.traces import Trace
 from ..metrics import psnr_from_mse
 from ..policy.context import Context
 from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
-from ..policy.planner import Snapshot, best_plan
-from ..policy.policies import LEVEL_COMPUTE, Decision, Policy
+from ..policy.policies import LEVEL_COMPUTE, Policy
 from .deferral import LATE_FALLBACK_REASON, ask_deferred
 from .profiles import DeviceProfile
+from .sim_types import SimConfig, SimResult
 
-__all__ = ["KV_MODES", "SimConfig", "SimResult", "fixed_split_policy", "kv_mode_view", "simulate", "simulate_oracle"]
+__all__ = ["KV_MODES", "SimConfig", "SimResult", "kv_mode_view", "simulate"]
 
 KV_MODES = ("single", "per-step")
 
@@ -53,34 +53,6 @@ def kv_mode_view(profile: DeviceProfile, kv_mode: str) -> DeviceProfile:
     g = profile.model
     flat = replace(g, name=f"{g.name}/per-step", layers=g.layers * g.steps, steps=1, double_layers=0)
     return profile.with_geometry(flat)
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """Attributes:
-    min_rtt_s: round trip charged per request when the trace has no latency (mobile default 40 ms).
-    upgrades: allow progressive upgrades during later steps (policies that support them).
-    latency_target_s: the user's latency target for the edit (seconds), or None.
-    """
-
-    min_rtt_s: float = 0.04
-    upgrades: bool = True
-    latency_target_s: float | None = None
-
-
-@dataclass
-class SimResult:
-    policy: str
-    trace: str
-    start_s: float
-    latency_s: float
-    bytes_fetched: int
-    psnr_db: float
-    split_layer: int
-    stall_s: float
-    splits: list[int] = field(default_factory=list)
-    events: list[dict] = field(default_factory=list)
-    decisions: list[dict] = field(default_factory=list)
 
 
 class _Sim:
@@ -409,50 +381,3 @@ def simulate(
             f"{g.layers * g.steps} (per-step: steps x layers); build the ladders for kv_mode_view(profile, kv_mode)"
         )
     return _Sim(policy, trace, start_s, profile, ladders[family], floors.get(family, 0), config or SimConfig()).run()
-
-
-class _FixedSplit(Policy):
-    """Compute layers < split on the device, fetch the rest at the floor level (at every step in per-step mode; a
-    list gives one split per step). Used by the oracle search and the regime map."""
-
-    family = "sakura"
-
-    def __init__(self, split: int | list[int] | tuple[int, ...]):
-        self.split = split
-        self.name = f"split-{split}"
-
-    def _k(self, ctx, shard: int) -> int:
-        if isinstance(self.split, int):
-            return self.split
-        return self.split[min(ctx.step_of(shard), len(self.split) - 1)]
-
-    def choose(self, ctx, layer):
-        if ctx.layer_of(layer) < self._k(ctx, layer):
-            return Decision(LEVEL_COMPUTE, "fixed split")
-        return Decision(ctx.floor, "fixed split: floor level")
-
-    def keep_template(self, ctx, layer):
-        return ctx.layer_of(layer) < self._k(ctx, layer)
-
-
-def fixed_split_policy(split: int | list[int]) -> Policy:
-    """A policy that computes layers < ``split`` on the device and fetches the rest at the floor level (``split``:
-    one split for every step, or one per step)."""
-    return _FixedSplit(split)
-
-
-def simulate_oracle(policy: Policy, trace, profile, ladders, floors, start_s=0.0, config=None) -> SimResult:
-    """The oracle: knows the trace. The best per-step split vector under exact transfer times (coordinate descent
-    over each step's split, :func:`~sakura_core.policy.planner.best_plan`), run through the simulator (upgrades in
-    the slack included), against the same policy's adaptive run with exact rates in single mode; the fastest wins."""
-    fam = ladders[policy.family]
-    probe = _Sim(fixed_split_policy(0), trace, start_s, profile, fam, floors.get(policy.family, 0),
-                 config or SimConfig())  # fmt: skip
-    plan = best_plan(Snapshot(probe.ctx, None))
-    best = simulate(fixed_split_policy(list(plan.splits)), trace, profile, ladders, floors, start_s, config)
-    if not probe.per_step:
-        r = simulate(policy, trace, profile, ladders, floors, start_s, config)
-        if r.latency_s < best.latency_s - 1e-9:
-            best = r
-    best.policy = policy.name
-    return best

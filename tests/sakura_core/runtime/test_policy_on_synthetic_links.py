@@ -7,8 +7,9 @@ import statistics
 from sakura_core.fetch.synth import WALKS, random_walk
 from sakura_core.policy.ladder import Level
 from sakura_core.policy.policies import make_policy
+from sakura_core.runtime.oracle import simulate_oracle
 from sakura_core.runtime.profiles import get_profile
-from sakura_core.runtime.simulate import kv_mode_view, simulate, simulate_oracle
+from sakura_core.runtime.simulate import kv_mode_view, simulate
 
 PROFILE = get_profile("snapdragon-8-elite-cpu", "klein4b-512-ref1024")
 FP = kv_mode_view(PROFILE, "per-step").model.shard_bytes_fp16

@@ -6,8 +6,9 @@ import pytest
 from sakura_core.fetch.traces import Trace
 from sakura_core.policy.ladder import Level
 from sakura_core.policy.policies import POLICIES, make_policy
+from sakura_core.runtime.oracle import simulate_oracle
 from sakura_core.runtime.profiles import PHONE_DIT, PROFILES
-from sakura_core.runtime.simulate import simulate, simulate_oracle
+from sakura_core.runtime.simulate import simulate
 
 FP = PHONE_DIT.shard_bytes_fp16
 CPU, NPU = PROFILES["snapdragon-8-elite-cpu"], PROFILES["snapdragon-8-elite-npu"]

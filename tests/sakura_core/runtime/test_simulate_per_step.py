@@ -6,8 +6,9 @@ import pytest
 from sakura_core.fetch.traces import Trace
 from sakura_core.policy.ladder import Level
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_policy
+from sakura_core.runtime.oracle import fixed_split_policy, simulate_oracle
 from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
-from sakura_core.runtime.simulate import SimConfig, fixed_split_policy, simulate, simulate_oracle
+from sakura_core.runtime.simulate import SimConfig, simulate
 
 G = DitGeometry(name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32,
                 steps=3)  # fmt: skip

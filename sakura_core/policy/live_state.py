@@ -1,0 +1,70 @@
+""":class:`LiveState`: the :class:`~sakura_core.policy.context.PolicyState` the running pipeline keeps (the
+simulator keeps its own), with a wall clock that a batch of decisions can freeze."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+from ..fetch.traces import Trace
+from .context import ComputeCosts
+from .estimator import ThroughputEstimator
+from .ladder import Level
+
+__all__ = ["LiveState"]
+
+
+class LiveState:
+    """The :class:`PolicyState` the running pipeline keeps (times in seconds since the edit started; see
+    :class:`PolicyState` for every attribute); ``lock`` guards the updates a policy reads mid-decision."""
+
+    def __init__(
+        self,
+        profile: ComputeCosts,
+        trace: Trace,
+        ladders: list[list[Level]],
+        floor: int,
+        estimator: ThroughputEstimator,
+        rtt_s: float,
+        latency_target_s: float | None = None,
+        layers_per_step: int | None = None,
+    ):
+        self.profile, self.trace, self.ladders, self.floor = profile, trace, ladders, floor
+        self.L = len(ladders)
+        self.layers_per_step = layers_per_step or len(ladders)  # see PolicyState.layers_per_step
+        self.estimator, self.rtt_s = estimator, rtt_s
+        self.latency_target_s = latency_target_s
+        self.start_s = 0.0  # the live link starts its trace at the edit's start
+        self.t0 = time.monotonic()
+        self.link_free = 0.0
+        self.decoder_free = 0.0
+        self.next_layer = 0
+        self.base_done = False
+        self.got: dict[int, list[tuple[int, float]]] = {}
+        self.in_flight: dict[int, float] = {}
+        self.template_alive = True
+        self.compute_t = 0.0
+        self.compute_layer = 0
+        self.lock = threading.RLock()
+        self._frozen = threading.local()  # this thread's frozen clock (see frozen_now)
+
+    @property
+    def now(self) -> float:
+        frozen = getattr(self._frozen, "t", None)
+        return time.monotonic() - self.t0 if frozen is None else frozen
+
+    @contextlib.contextmanager
+    def frozen_now(self):
+        """Within the block, ``now`` stays at its value on entry for the calling thread: a batch of decisions taken
+        at one moment sees one moment (and a policy can reuse one plan for all of them); other threads' clocks run
+        on."""
+        outer = getattr(self._frozen, "t", None)
+        self._frozen.t = self.now
+        try:
+            yield self._frozen.t
+        finally:
+            self._frozen.t = outer
+
+    def flush_observations(self) -> None:
+        """Live transfers are observed when they complete; nothing is pending."""

@@ -1,0 +1,190 @@
+"""The ``sakura`` policy (a receding-horizon plan over the remaining (step, layer) shards, :mod:`.planner`) and the
+``oracle`` (the same policy with exact transfer times from the trace)."""
+
+from __future__ import annotations
+
+from .base import LEVEL_COMPUTE, Decision, Policy, _at
+from .context import Context
+from .planner import Plan, Snapshot, best_plan
+
+__all__ = ["Oracle", "Sakura"]
+
+
+class Sakura(Policy):
+    """Receding-horizon plan over the remaining (step, layer) shards (:mod:`sakura_core.policy.planner`).
+
+    * Plan: at every decision, the split k_s of every remaining step (template through layers < k_s on the device,
+      shards >= k_s fetched back to back in execution order at the floor level, later steps prefetched) with the
+      earliest predicted finish, under an error-discounted throughput (RobustMPC: harmonic mean / (1 + max recent
+      error)); re-planned as transfers complete, so an estimation error is corrected at the next decision.
+    * Probe: with no throughput sample yet the first shard is fetched at the floor level (free: compute keeps the
+      template until a shard is ready).
+    * Fetch lane: a shard below its step's planned split is deferred ("not now": the runtime asks again before later
+      shards and while the link would idle, until the compute lane reaches it — so a link that turns out faster
+      moves the split earlier); otherwise the quality floor, or under a latency target the highest level that
+      keeps the predicted finish under it.
+    * Compute lane: drop the template at this layer only if the plan made with the slowest recent throughput drops
+      here (a wrong drop costs a stall; the template restarts next step, so the risk is one step).
+    * Late shards: once dropped, if waiting is predicted to end the step later than a template-only pass on the
+      device, run that pass (the link misled the estimate) — after ``late_patience`` of a template pass spent
+      waiting for that shard (ski rental: short outages end by themselves; the drop's outage check counts it).
+    * Upgrades: once every shard the plan needs is requested, idle link time refines shards not used yet with the
+      largest distortion drop per byte.
+    """
+
+    name = "sakura"
+    # the estimate the fetch plan uses: "robust" (harmonic mean / (1 + max recent error)) or "harmonic"
+    plan_estimate = "harmonic"
+    # a drop must not lose against keeping the template even if the link is this many times slower than the
+    # slowest recent sample
+    regret_slowdown = 4.0
+    # wait this fraction of a template pass for a late shard before a template pass may replace it
+    late_patience = 0.25
+
+    def reset(self) -> None:
+        self._plan: Plan | None = None
+        self._late_since: dict[int, float] = {}
+        self._cache: tuple | None = None
+
+    def rate(self, ctx: Context) -> float | None:
+        """Bytes/s the predictions use (None = exact transfer times from the trace): the error-discounted estimate,
+        lowered while the transfer in progress is overdue."""
+        est = ctx.estimator.harmonic() if self.plan_estimate == "harmonic" else ctx.estimator.robust()
+        return ctx.slowed(est)
+
+    def drop_rate(self, ctx: Context) -> float | None:
+        """Dropping the template is irreversible within a step: decide it on the slowest recent throughput."""
+        return ctx.slowed(ctx.estimator.worst())
+
+    def _replan(self, ctx: Context, rate: float | None) -> tuple[Plan, Snapshot]:
+        """The plan (and the snapshot it was made on) for this moment; reused while the moment is the same (a batch
+        of decisions at one time: the runtime asks about several deferred shards at once)."""
+        key = (ctx.now, ctx.compute_layer, ctx.template_alive, rate, ctx.decided_upto, ctx.link_busy_until())
+        cached = getattr(self, "_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        snap = Snapshot(ctx, rate)
+        init = None
+        prev = getattr(self, "_plan", None)
+        if prev is not None and prev.first_step <= snap.cs < prev.first_step + len(prev.splits):
+            init = prev.splits[snap.cs - prev.first_step :]
+        plan = best_plan(snap, init)
+        self._plan, self._cache = plan, (key, plan, snap)
+        return plan, snap
+
+    @staticmethod
+    def _why(ctx: Context, plan: Plan, rate: float | None) -> str:
+        L = ctx.layers_per_step
+        parts = []
+        for i, k in enumerate(plan.splits):
+            what = f"split at layer {k}" if k < L else "no split: the device computes all"
+            parts.append(f"step {plan.first_step + i} {what}" if ctx.per_step else what)
+        return f"plan: {'; '.join(parts)}; predicted finish t={plan.finish_s:.2f} s {_at(ctx, rate)}"
+
+    def choose(self, ctx: Context, layer: int) -> Decision:
+        rate = self.rate(ctx)
+        ladder = ctx.ladder(layer)
+        if rate is not None and ctx.estimator.samples == 0:
+            return Decision(
+                ctx.floor, f"bandwidth probe (no throughput sample yet): floor level {ladder[ctx.floor].name}"
+            )
+        if layer < ctx.compute_layer:
+            return Decision(LEVEL_COMPUTE, f"compute is already past shard {layer}")
+        plan, snap = self._replan(ctx, rate)
+        step, lay = ctx.step_of(layer), ctx.layer_of(layer)
+        k = plan.split(step) if (step > snap.cs or ctx.template_alive) else snap.l0
+        why = self._why(ctx, plan, rate)
+        if lay < k:  # not now: asked again (before later shards, and while the link would idle) until compute is here
+            return Decision(LEVEL_COMPUTE, f"device computes step {step} layer {lay} for now, asked again until the "
+                            f"compute lane reaches it ({why})", defer=True)  # fmt: skip
+        best = self._level_under_target(ctx, layer, plan, rate)
+        if best == ctx.floor:
+            return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} (the quality floor; idle link "
+                            f"time refines it later); {why}")  # fmt: skip
+        slack = f"slack under the {ctx.latency_target_s:.2f} s target"
+        return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} ({slack}); {why}")
+
+    def _level_under_target(self, ctx: Context, layer: int, plan: Plan, rate: float | None) -> int:
+        """The highest level that keeps the predicted finish under the user's latency target, at the estimate and at
+        the slowest recent rate; the floor without a target. (Taking more than the floor because the link looks
+        idle now spends the margin a later slowdown needs; quality beyond the floor comes from upgrades once every
+        shard the plan needs is on its way.)"""
+        target = ctx.latency_target_s
+        if target is None or target <= plan.finish_s:
+            return ctx.floor
+        snap = Snapshot(ctx, rate, layer)  # with this shard as the next one fetched (its level is the question)
+        worst = self.drop_rate(ctx)
+        slow = Snapshot(ctx, worst, layer) if worst is not None and worst != rate else None
+        ladder, best = ctx.ladder(layer), ctx.floor
+        for idx in range(ctx.floor + 1, len(ladder)):
+            lv = ladder[idx]
+            if snap.finish(plan.splits, lv.nbytes, lv.decode_s) > target:
+                break
+            if slow is not None and slow.finish(plan.splits, lv.nbytes, lv.decode_s) > target:
+                break
+            best = idx
+        return best
+
+    def keep_template(self, ctx: Context, layer: int) -> bool:
+        rate = self.drop_rate(ctx)
+        plan, snap = self._replan(ctx, rate)
+        if plan.splits[0] != ctx.layer_of(layer):
+            return True
+        if rate is None:
+            return False
+        # bounded regret: drop only if this step still ends no later than keeping the template to its end even
+        # when the link delivers 1/regret_slowdown of the slowest recent rate (that estimation error costs nothing)
+        p, left = ctx.profile, ctx.layers_per_step - snap.l0
+        keep_all = snap.ct + left * p.layer_full_s
+        drop_end = snap.finish(plan.splits, upto_step=snap.cs)
+        if Snapshot(ctx, rate / self.regret_slowdown).finish(plan.splits, upto_step=snap.cs) > keep_all:
+            return True
+        # outage: if the link died now, a template pass on the device would redo this step's KV; the drop must
+        # gain at least what it would then lose (unless every shard it needs is decoded already)
+        needed = range(layer, snap.c - snap.l0 + ctx.layers_per_step)
+        if all(ctx.ready(g) for g in needed):
+            return False
+        outage_loss = snap.ct + (1 + self.late_patience) * p.template_pass_s + left * p.layer_cached_s - keep_all
+        return keep_all - drop_end < outage_loss
+
+    def recompute_late(self, ctx: Context, layer: int) -> bool:
+        since = self._late_since.setdefault(layer, ctx.now)
+        p = ctx.profile
+        if ctx.now - since < self.late_patience * p.template_pass_s:
+            return False
+        snap = Snapshot(ctx, self.rate(ctx))
+        wait = snap.finish([snap.l0] * (snap.S - snap.cs), upto_step=snap.cs)
+        recompute = ctx.now + p.template_pass_s + (ctx.layers_per_step - ctx.layer_of(layer)) * p.layer_cached_s
+        return recompute < wait
+
+    def upgrade(self, ctx: Context) -> tuple[int, int] | None:
+        if ctx.per_step:  # never ahead of a shard the plan still needs
+            plan, snap = self._replan(ctx, self.rate(ctx))
+            if snap.pending(plan.splits):
+                return None
+        best, best_gain = None, 0.0
+        for shard, level in ctx.fetched_levels().items():
+            if ctx.per_step and shard <= ctx.compute_layer:
+                continue  # used already (per-step KV serves one step only)
+            ladder = ctx.ladder(shard)
+            if level + 1 < len(ladder) and ladder[level + 1].progressive:
+                gain = (ladder[level].mse - ladder[level + 1].mse) / max(ladder[level + 1].increment_bytes, 1)
+                if gain > best_gain:
+                    best, best_gain = (shard, level + 1), gain
+        return best
+
+
+class Oracle(Sakura):
+    """Knows the future: transfer times come from the trace itself (ready times are exact, not estimated).
+
+    The simulator additionally searches the per-step split vector with exact timings and keeps the best run, so
+    the oracle is a lower bound over this policy space.
+    """
+
+    name = "oracle"
+
+    def rate(self, ctx: Context) -> float | None:
+        return None  # None = exact transfer times from the trace
+
+    def drop_rate(self, ctx: Context) -> float | None:
+        return None
