@@ -22,20 +22,19 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from .edit_report import edit_report
-from .fetch.errors import ManifestError, TemplateNotFoundError
+from .fetch.errors import TemplateNotFoundError
 from .fetch.link import LinkSpec, shaped_fetcher
-from .fetch.manifest_check import check_manifest
-from .kv.manifest import ScheduleMismatchError, check_schedule, manifest_kv_mode
+from .kv.manifest import manifest_kv_mode
 from .models.edit_model import EditModel, load_image
 from .policy.plan import plan_fetch, runnable_policies
 from .runtime.live_profile import LiveProfile, measure_profile
 from .runtime.pipeline import RunReport, RuntimeConfig, run_pipelined_edit
-from .runtime.sampler import flow_timesteps
+from .template_check import ModelKey, check_request_schedule, check_template, schedule_label, template_grid_fits
 
 __all__ = [
     "EditOutcome",
@@ -95,43 +94,6 @@ def _source(source: TemplateSource | str, token: str | None = None) -> TemplateS
     return ServerSource(source, token) if isinstance(source, str) else source
 
 
-@dataclass(frozen=True)
-class ModelKey:
-    """What a template's KV must match: the model's content id and its token grid (rows, cols)."""
-
-    model_id: str
-    token_grid: tuple[int, ...]
-
-    @classmethod
-    def of(cls, model: EditModel | ModelKey) -> ModelKey:
-        if isinstance(model, ModelKey):
-            return model
-        return cls(model.model_id, tuple(model.spec.grid))
-
-
-def template_grid_fits(template_grid, edit_grid) -> bool:
-    """A template's token grid fits an edit when it is square and at least the edit's grid (a larger template gets
-    its own position ids; see ``EditModel.template_grid``)."""
-    rows, cols = (int(x) for x in template_grid)
-    return rows == cols and rows >= int(edit_grid[0]) and cols >= int(edit_grid[1])
-
-
-def check_template(manifest: Any, template_id: str, model: EditModel | ModelKey) -> dict:
-    """The one check of a template against the model that edits with it: the manifest's schema and ids (a model
-    mismatch raises ``ModelMismatchError``), the token grid (the edit's, or a larger square one), and a template
-    image named (the device computes the template layers from it). Returns the manifest; ``ValueError`` subclasses
-    say what to change."""
-    key = ModelKey.of(model)
-    manifest = check_manifest(manifest, template_id=template_id, model_id=key.model_id)
-    if not template_grid_fits(manifest["token_grid"], key.token_grid):
-        raise ManifestError(f"template {template_id!r} has token grid {list(manifest['token_grid'])}, the model edits "
-                            f"{list(key.token_grid)}; precompute it at the model's resolution or larger (a square "
-                            "--template-size)")  # fmt: skip
-    if not manifest.get("template_image"):
-        raise ManifestError(f"template {template_id!r}: its manifest names no template_image; republish it")
-    return manifest
-
-
 async def _get_manifest(client, label: str, template_id: str, model_id: str) -> dict:
     try:
         return await client.get_manifest(template_id, expected_model_id=model_id)
@@ -152,30 +114,6 @@ async def fetch_template_manifest(
     src, key = _source(source, token), ModelKey.of(model)
     async with src.base_url() as url, ShardClient(url, src.token) as client:
         return check_template(await _get_manifest(client, src.label, template_id, key.model_id), template_id, key)
-
-
-def schedule_label(manifest: dict) -> str:
-    """What a template's KV is valid for: ``"any schedule"`` (single mode) or ``"4 steps, shift 1"`` (per-step)."""
-    if manifest_kv_mode(manifest) == "single":
-        return "any schedule"
-    sched = manifest["schedule"]
-    return f"{sched['steps']} steps, shift {sched['shift']:g}"
-
-
-def check_request_schedule(manifest: dict, steps: int) -> None:
-    """Refuse an edit of ``steps`` steps (shift 1) against a per-step template computed for another schedule: the
-    ``ScheduleMismatchError`` names both and the fix (set steps to the template's, or precompute for the edit's)."""
-    if manifest_kv_mode(manifest) == "single":
-        return
-    sched, tid = manifest["schedule"], manifest.get("template_id")
-    if sched["steps"] != steps:
-        raise ScheduleMismatchError(
-            f"template {tid!r} was precomputed for {sched['steps']} steps (shift {sched['shift']:g}, per-step KV); "
-            f"the edit asks {steps} — set steps to {sched['steps']} or precompute the template with "
-            f"--kv-mode per-step --steps {steps}"
-        )
-    times = [float(t) for t in flow_timesteps(steps)[:-1]]
-    check_schedule(manifest, steps, 1.0, timesteps=times)
 
 
 @dataclass(frozen=True)
