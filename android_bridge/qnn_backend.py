@@ -96,14 +96,15 @@ class SplitForward:
             m.single_stream_modulation(temb)  # fmt: skip
 
     @torch.no_grad()
-    def _ref_stream(self, ref_tokens, ref_grid, ref_timestep) -> dict:
-        """Host-side inputs of the template graphs: embedded template tokens, its modulations and RoPE."""
+    def _ref_stream(self, ref_tokens, ref_grid, ref_timestep, hidden=None) -> dict:
+        """Host-side inputs of the template graphs: embedded template tokens (or ``hidden``, their state entering a
+        later layer), their modulations and RoPE."""
         m = self.adapter.model
         ref_t = self.adapter.ref_fixed_timestep if ref_timestep is None else float(ref_timestep)
         _, mod_img, _, mod_single = self._modulations(torch.tensor([ref_t * 1000.0]))
         cos, sin = m.pos_embed(image_ids(*ref_grid, t=REF_TIME_OFFSET))
-        return {"h": _np(m.x_embedder(ref_tokens.float())), "mod_img": _np(mod_img), "mod_single": _np(mod_single),
-                "cos": _np(cos), "sin": _np(sin)}  # fmt: skip
+        h = _np(m.x_embedder(ref_tokens.float())) if hidden is None else _np(hidden.float())
+        return {"h": h, "mod_img": _np(mod_img), "mod_single": _np(mod_single), "cos": _np(cos), "sin": _np(sin)}
 
     def _template_layer(self, layer: int, ref: dict) -> tuple[np.ndarray, np.ndarray]:
         mod = ref["mod_img"] if layer < self.adapter.num_double else ref["mod_single"]
@@ -113,8 +114,9 @@ class SplitForward:
 
     @torch.no_grad()
     def forward(self, x, txt, timestep, *, img_grid, ref_tokens=None, ref_grid=None, split_layer=0, cached=None,
-                on_layer=None, ref_timestep=None) -> ForwardResult:  # fmt: skip
-        """As ``Flux2KVAdapter.forward`` (``ref_timestep``: the template tokens' time, None = the fixed one)."""
+                on_layer=None, ref_timestep=None, on_drop=None) -> ForwardResult:  # fmt: skip
+        """As ``Flux2KVAdapter.forward`` (``ref_timestep``: the template tokens' time, None = the fixed one;
+        ``on_drop(layer, hidden)`` when the template tokens are dropped before ``layer``)."""
         a, m = self.adapter, self.adapter.model
         keep, split, cached = _resolve_split(a.num_layers, split_layer, cached)
         self._check_geometry(x, txt, img_grid, ref_tokens if split > 0 else None, ref_grid)
@@ -128,6 +130,8 @@ class SplitForward:
             if on_layer is not None:
                 on_layer(layer)
             if ref is not None and (layer >= split or (keep is not None and not keep(layer))):
+                if on_drop is not None:
+                    on_drop(layer, torch.from_numpy(ref["h"].copy()))
                 ref = None  # the template tokens are dropped for good
             if ref is not None:
                 k, v = self._template_layer(layer, ref)
@@ -156,6 +160,20 @@ class SplitForward:
         stacked = torch.from_numpy(np.stack([np.stack([k[0], v[0]]) for k, v in kv]))  # (layers, 2, tok, heads, hd)
         ref_t = self.adapter.ref_fixed_timestep if ref_timestep is None else float(ref_timestep)
         return TemplateKV(stacked, self.adapter.model_id, tuple(token_grid), ROPE_LAYOUT, ref_timestep=ref_t)
+
+    @torch.no_grad()
+    def resume_template_kv(self, ref_hidden, token_grid, start_layer, ref_timestep=None):
+        """The template graphs from ``start_layer`` on, from the template tokens' hidden state there (``on_drop``'s):
+        the KV of layers ``start_layer .. L-1``, as ``Flux2KVAdapter.resume_template_kv``."""
+        L, n = self.adapter.num_layers, token_grid[0] * token_grid[1]
+        if not 0 <= start_layer <= L:
+            raise ValueError(f"start_layer must be in [0, {L}], got {start_layer}")
+        if ref_hidden.ndim != 3 or ref_hidden.shape[:2] != (1, n):
+            raise ValueError(f"ref_hidden must be (1, {n}, dim) for token grid {tuple(token_grid)}, got "
+                             f"{tuple(ref_hidden.shape)}")  # fmt: skip
+        ref = self._ref_stream(None, token_grid, ref_timestep, hidden=ref_hidden)
+        kv = [self._template_layer(layer, ref) for layer in range(start_layer, L)]
+        return [(torch.from_numpy(k), torch.from_numpy(v)) for k, v in kv]
 
     def layer_times(self) -> dict[str, dict[str, float]]:
         """Mean seconds per call of each layer graph: ``{"<layer>/<kind>": {"mean_s", "calls"}}``."""

@@ -104,6 +104,7 @@ class ForwardResult:
 
 
 LayerHook = Callable[[int], None]
+DropHook = Callable[[int, torch.Tensor], None]  # (layer, template hidden state entering it)
 
 
 @dataclass
@@ -218,6 +219,50 @@ class Flux2KVAdapter:
         return TemplateKV(kv, self.model_id, (rows, cols), ROPE_LAYOUT, ref_timestep=ref_t)
 
     @torch.no_grad()
+    def resume_template_kv(
+        self,
+        ref_hidden: torch.Tensor,
+        token_grid: tuple[int, int],
+        start_layer: int,
+        ref_timestep: float | None = None,
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The template-only pass from ``start_layer`` on: the KV of layers ``start_layer .. L-1`` (each
+        (1, tokens, heads, head_dim)), equal to :meth:`extract_template_kv`'s for those layers.
+
+        Args:
+            ref_hidden: (1, rows*cols, dim) the template tokens' hidden state entering ``start_layer`` — what
+                :meth:`forward`'s ``on_drop`` handed over when a hybrid forward dropped them there (the template
+                tokens attend only to themselves, so it does not depend on the request).
+            token_grid: (rows, cols) of the template.
+            start_layer: 0 .. num_layers.
+            ref_timestep: as for :meth:`extract_template_kv` (the forward's own).
+        """
+        L, rows, cols = self.num_layers, *token_grid
+        if not 0 <= start_layer <= L:
+            raise ValueError(f"start_layer must be in [0, {L}], got {start_layer}")
+        dim = self.model.config.num_attention_heads * self.model.config.attention_head_dim
+        if ref_hidden.ndim != 3 or ref_hidden.shape[0] != 1 or tuple(ref_hidden.shape[1:]) != (rows * cols, dim):
+            raise ValueError(
+                f"ref_hidden must be (1, {rows * cols}, {dim}) for token grid {token_grid} (the template tokens' "
+                f"hidden state on_drop handed over), got {tuple(ref_hidden.shape)}"
+            )
+        n_ref, dtype, device = rows * cols, self.dtype, ref_hidden.device
+        cfg = self.model.config
+        x = torch.zeros(1, 1, cfg.in_channels, dtype=dtype, device=device)
+        txt = torch.zeros(1, 1, cfg.joint_attention_dim, dtype=dtype, device=device)
+        ref = torch.zeros(1, n_ref, cfg.in_channels, dtype=dtype, device=device)  # rows replaced below
+        s = self._embed(x, txt, torch.ones(1, device=device), (1, 1), ref, token_grid, n_ref, ref_timestep)
+        parts = [ref_hidden.to(dtype), s.hidden[:, n_ref:]]
+        s.hidden = torch.cat([s.enc, *parts] if self._joined(start_layer) else parts, dim=1)
+        out = []
+        for layer in range(start_layer, L):
+            cache = Flux2KVLayerCache()
+            self._run_block(layer, s, True, {"kv_cache": cache, "kv_cache_mode": "extract", "num_ref_tokens": n_ref})
+            k, v = cache.get()
+            out.append((k[:1], v[:1]))
+        return out
+
+    @torch.no_grad()
     def extract_per_step_kv(
         self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], timesteps: torch.Tensor | list[float]
     ) -> PerStepTemplateKV:
@@ -272,6 +317,7 @@ class Flux2KVAdapter:
         cached: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | TemplateKV | None = None,
         on_layer: LayerHook | None = None,
         ref_timestep: float | torch.Tensor | None = None,
+        on_drop: DropHook | None = None,
     ) -> ForwardResult:
         """One transformer forward without autograd; the arguments are those of :meth:`forward_grad`."""
         return self.forward_grad(
@@ -285,6 +331,7 @@ class Flux2KVAdapter:
             cached=cached,
             on_layer=on_layer,
             ref_timestep=ref_timestep,
+            on_drop=on_drop,
         )
 
     def forward_grad(
@@ -300,6 +347,7 @@ class Flux2KVAdapter:
         cached: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | TemplateKV | None = None,
         on_layer: LayerHook | None = None,
         ref_timestep: float | torch.Tensor | None = None,
+        on_drop: DropHook | None = None,
     ) -> ForwardResult:
         """One transformer forward with template KV computed for layers ``< split_layer`` and injected after.
 
@@ -323,6 +371,9 @@ class Flux2KVAdapter:
             ref_timestep: time (0..1) the template tokens are modulated with in this forward: ``None`` = the
                 adapter's ``ref_fixed_timestep`` (``single`` KV mode); the step's own ``t`` in ``per-step`` mode
                 (a float, or (batch,) per example when training both modes). Injected KV must match it.
+            on_drop: called as ``on_drop(layer, hidden)`` when the template tokens leave the sequence before
+                ``layer`` (not when no template ran): ``hidden`` (1, ref_tokens, dim) is their state entering
+                ``layer``, which :meth:`resume_template_kv` continues from (the device's fallback pass).
         """
         keep_template, split_layer, cached = self._resolve_split(
             split_layer, ref_tokens, ref_grid, cached, ref_timestep
@@ -336,6 +387,8 @@ class Flux2KVAdapter:
             if on_layer is not None:
                 on_layer(layer)
             if ref_live and (layer >= split_layer or (keep_template is not None and not keep_template(layer))):
+                if on_drop is not None:
+                    on_drop(layer, self._ref_rows(s.hidden, layer, s.n_txt, n_ref)[:1].detach().clone())
                 s.hidden = self._drop_ref(s.hidden, layer, s.n_txt, n_ref)
                 ref_live = False
             cache = Flux2KVLayerCache()
@@ -455,9 +508,18 @@ class Flux2KVAdapter:
                 joint_attention_kwargs={**kwargs, "num_txt_tokens": s.n_txt},
             )
 
+    def _joined(self, layer: int) -> bool:
+        """Entering ``layer``, is the sequence the single blocks' (txt, [ref,] img)? (Else (ref, img), text apart.)"""
+        return layer >= self.num_double and layer > 0  # with no double blocks, layer 0 joins them itself
+
+    def _ref_rows(self, hidden: torch.Tensor, layer: int, n_txt: int, n_ref: int) -> torch.Tensor:
+        """The template tokens' rows of the sequence entering ``layer``."""
+        off = n_txt if self._joined(layer) else 0
+        return hidden[:, off : off + n_ref]
+
     def _drop_ref(self, hidden: torch.Tensor, layer: int, n_txt: int, n_ref: int) -> torch.Tensor:
         """Remove the template tokens from the sequence before ``layer`` (they only ever attend to themselves)."""
-        if layer < self.num_double:  # double blocks: hidden = (ref, img), text kept apart
+        if not self._joined(layer):  # double blocks: hidden = (ref, img), text kept apart
             return hidden[:, n_ref:]
         return torch.cat([hidden[:, :n_txt], hidden[:, n_txt + n_ref :]], dim=1)  # single blocks: (txt, ref, img)
 

@@ -111,8 +111,18 @@ class PolicyState(Protocol):
         """The template tokens are still in step 0's sequence (not dropped yet)."""
 
     @property
+    def dropped_at(self) -> int:
+        """The layer (within the compute lane's step) where that step's template tokens were dropped; the device
+        keeps their hidden state there, so a fallback template pass resumes from it. ``layers_per_step`` while
+        the template is alive."""
+
+    @property
     def next_layer(self) -> int:
         """The next shard the fetch lane will ask the policy about; shards below it are decided."""
+
+    @property
+    def stalled_s(self) -> float:
+        """Seconds the compute lane has waited for shards so far in this edit (the wait in progress included)."""
 
     @property
     def got(self) -> dict[int, list[tuple[int, float]]]:
@@ -180,6 +190,26 @@ class Context:
     @property
     def template_alive(self) -> bool:
         return self._s.template_alive
+
+    @property
+    def stalled_s(self) -> float:
+        """Seconds the compute lane has waited for shards so far (the wait in progress included)."""
+        return float(self._s.stalled_s)
+
+    @property
+    def fetch_nothing_s(self) -> float:
+        """Predicted latency of the edit fetching nothing: every template KV it uses made on the device, then the
+        steps with it (``on-device-cached`` in single mode, ``on-device`` in per-step mode)."""
+        p = self.profile
+        return self.template_work_s + self.steps * self.layers_per_step * p.layer_cached_s + p.fixed_s
+
+    def resume_pass_s(self, from_layer: int | None = None) -> float:
+        """Seconds of the device's fallback template pass: the template tokens from layer ``from_layer`` of the step
+        (default: where this step's template was dropped; the device kept their hidden state there) to the last
+        layer — not a whole pass."""
+        L = self.layers_per_step
+        k = self._s.dropped_at if from_layer is None else from_layer
+        return self.profile.template_pass_s * (L - min(max(int(k), 0), L)) / L
 
     @property
     def compute_layer(self) -> int:

@@ -44,6 +44,9 @@ class LiveState:
         self.got: dict[int, list[tuple[int, float]]] = {}
         self.in_flight: dict[int, float] = {}
         self.template_alive = True
+        self.dropped_at = self.layers_per_step  # see PolicyState.dropped_at
+        self.stalls_done_s = 0.0  # waits for shards that have ended
+        self.waiting_since: float | None = None  # the wait in progress, if any
         self.compute_t = 0.0
         self.compute_layer = 0
         self.lock = threading.RLock()
@@ -53,6 +56,12 @@ class LiveState:
     def now(self) -> float:
         frozen = getattr(self._frozen, "t", None)
         return time.monotonic() - self.t0 if frozen is None else frozen
+
+    @property
+    def stalled_s(self) -> float:
+        """See PolicyState.stalled_s: the ended waits plus the one in progress."""
+        since = self.waiting_since
+        return self.stalls_done_s + (0.0 if since is None else max(self.now - since, 0.0))
 
     @contextlib.contextmanager
     def frozen_now(self):

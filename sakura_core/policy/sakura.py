@@ -25,9 +25,12 @@ class Sakura(Policy):
       keeps the predicted finish under it.
     * Compute lane: drop the template at this layer only if the plan made with the slowest recent throughput drops
       here (a wrong drop costs a stall; the template restarts next step, so the risk is one step).
-    * Late shards: once dropped, if waiting is predicted to end the step later than a template-only pass on the
-      device, run that pass (the link misled the estimate) — after ``late_patience`` of a template pass spent
-      waiting for that shard (ski rental: short outages end by themselves; the drop's outage check counts it).
+    * Late shards: once dropped, if waiting is predicted to end the step later than the template pass on the
+      device, run that pass (the link misled the estimate). The pass resumes where the step dropped the template
+      tokens (their hidden state is kept), so it costs about what fetching nothing would have from there. It waits
+      ``late_patience`` of that pass for the shard first (ski rental: short outages end by themselves; the drop's
+      outage check counts it), but never past the edit's waiting allowance, ``stall_budget`` of the fetch-nothing
+      latency in all (after that, waiting only while it is predicted sooner).
     * Upgrades: once every shard the plan needs is requested, idle link time refines shards not used yet with the
       largest distortion drop per byte.
     """
@@ -40,6 +43,9 @@ class Sakura(Policy):
     regret_slowdown = 4.0
     # wait this fraction of a template pass for a late shard before a template pass may replace it
     late_patience = 0.25
+    # the edit's waiting allowance: patience for late shards ends once the edit has waited this fraction of the
+    # fetch-nothing latency (the issue's guard: never more than 2 % slower than fetching nothing)
+    stall_budget = 0.015
 
     def reset(self) -> None:
         self._plan: Plan | None = None
@@ -144,17 +150,22 @@ class Sakura(Policy):
         needed = range(layer, snap.c - snap.l0 + ctx.layers_per_step)
         if all(ctx.ready(g) for g in needed):
             return False
-        outage_loss = snap.ct + (1 + self.late_patience) * p.template_pass_s + left * p.layer_cached_s - keep_all
+        resume = ctx.resume_pass_s(ctx.layer_of(layer))
+        outage_loss = snap.ct + (1 + self.late_patience) * resume + left * p.layer_cached_s - keep_all
         return keep_all - drop_end < outage_loss
 
     def recompute_late(self, ctx: Context, layer: int) -> bool:
         since = self._late_since.setdefault(layer, ctx.now)
-        p = ctx.profile
-        if ctx.now - since < self.late_patience * p.template_pass_s:
+        resume = ctx.resume_pass_s()  # the template pass resumes where this step's template was dropped
+        # patience, but never past the edit's waiting allowance: giving up later than that could not keep the edit
+        # within stall_budget of fetching nothing any more (the resumed pass costs what fetching nothing would)
+        allowance = self.stall_budget * ctx.fetch_nothing_s - ctx.stalled_s
+        patience = min(self.late_patience * resume, max(ctx.now - since + allowance, 0.0))
+        if ctx.now - since < patience:
             return False
         snap = Snapshot(ctx, self.rate(ctx))
         wait = snap.finish([snap.l0] * (snap.S - snap.cs), upto_step=snap.cs)
-        recompute = ctx.now + p.template_pass_s + (ctx.layers_per_step - ctx.layer_of(layer)) * p.layer_cached_s
+        recompute = ctx.now + resume + (ctx.layers_per_step - ctx.layer_of(layer)) * ctx.profile.layer_cached_s
         return recompute < wait
 
     def upgrade(self, ctx: Context) -> tuple[int, int] | None:

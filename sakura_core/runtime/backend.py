@@ -25,7 +25,9 @@ __all__ = ["ComputeBackend", "TorchBackend", "backend_of"]
 class ComputeBackend(Protocol):
     """Runs the model's blocks. ``name`` ("torch", "qnn"); ``forward`` as ``Flux2KVAdapter.forward`` (keyword
     ``ref_timestep`` is the template tokens' time in per-step mode, None = the fixed reference time);
-    ``extract_template_kv`` a template-only pass (the device's fallback when a shard cannot be had);
+    ``extract_template_kv`` a template-only pass; ``resume_template_kv`` its layers from ``start_layer`` on, from the
+    template tokens' hidden state that ``forward``'s ``on_drop`` handed over (the device's fallback when shards are
+    late: the layers before the drop are not run again);
     ``describe()`` what the agent's ``/v1/info`` and the report say about where the compute runs."""
 
     name: str
@@ -42,10 +44,15 @@ class ComputeBackend(Protocol):
         split_layer: int | Callable[[int], bool] = 0,
         cached=None,
         on_layer: Callable[[int], None] | None = None,
+        on_drop: Callable[[int, torch.Tensor], None] | None = None,
         **kwargs,
     ) -> ForwardResult: ...
 
     def extract_template_kv(self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], **kwargs) -> TemplateKV: ...
+
+    def resume_template_kv(
+        self, ref_hidden: torch.Tensor, token_grid: tuple[int, int], start_layer: int, ref_timestep=None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
 
     def describe(self) -> dict: ...
 
@@ -63,6 +70,9 @@ class TorchBackend:
 
     def extract_template_kv(self, *args, **kwargs) -> TemplateKV:
         return self.adapter.extract_template_kv(*args, **kwargs)
+
+    def resume_template_kv(self, *args, **kwargs) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return self.adapter.resume_template_kv(*args, **kwargs)
 
     def describe(self) -> dict:
         return {"backend": "torch", "where": "this host's CPU (torch, diffusers blocks)", "emulated_htp": False}

@@ -55,6 +55,7 @@ def run_edit(
     shift: float = 1.0,
     kv_mode: str = "single",
     backend: ComputeBackend | None = None,
+    on_drop: Callable[[int, int, torch.Tensor], None] | None = None,
 ) -> EditResult:
     """Edit ``user_image`` (uint8 (S, S, 3)) against a template with the demo model or a latent klein model.
 
@@ -69,6 +70,9 @@ def run_edit(
             (template modulated at each step's own time: every step is a hybrid forward with ``split_layer`` and
             ``kv_source(layer, step)`` — a PerStepTemplateKV computed for this ``steps``/``shift`` schedule).
         backend: what runs the blocks (:mod:`sakura_core.runtime.backend`); None = the torch adapter.
+        on_drop: ``(step, layer, hidden)`` when a step's template tokens are dropped before ``layer``: their hidden
+            state there (1, template tokens, dim), from which ``backend.resume_template_kv`` continues the template
+            pass (the runtime's fallback when shards are late).
     """
     adapter = model.adapter
     compute = backend_of(model, backend)
@@ -128,6 +132,7 @@ def run_edit(
             cached=cached if (dynamic or split_layer < L or not run_template) else None,
             on_layer=hook,
             ref_timestep=float(t[0]) if per_step else None,
+            on_drop=None if on_drop is None else (lambda layer, hidden: on_drop(step, layer, hidden)),
         )
         if step == 0 and not template_every_step and not per_step:
             device_kv.extend(result.extracted)

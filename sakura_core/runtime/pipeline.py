@@ -143,6 +143,7 @@ class PipelinedEdit(FetchLane):
         self.decoders: dict[int, tuple[list[str], ChainDecoder]] = {}  # layer -> (digests pushed, its decoder)
         self.decoder_lock = threading.Lock()
         self.fallback_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard g -> the device's KV
+        self.dropped: dict[int, tuple[int, torch.Tensor]] = {}  # step -> (drop layer, template hidden state there)
         self.span_t, self.span_key = 0.0, None  # the compute span open since the last layer hook
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -186,6 +187,19 @@ class PipelinedEdit(FetchLane):
         if skipped:  # the fetch lane skipped it (a policy may not foresee a drop) — fetch it now at the floor
             asyncio.run_coroutine_threadsafe(self.fetch_with_fallback(layer, self.floor), self._loop)
         t0 = st.now
+        with st.lock:
+            st.waiting_since = t0
+        try:
+            self._wait_or_give_up(layer, step, t0)
+        finally:
+            with st.lock:
+                st.stalls_done_s += st.now - t0
+                st.waiting_since = None
+        self.event("stall", t0, st.now, layer, f"step {step}")
+
+    def _wait_or_give_up(self, layer: int, step: int, t0: float) -> None:
+        """The waiting of :meth:`wait_for_shard`: until the shard is ready, the policy gives up on it, or timeout."""
+        st = self.st
         poll = min(max(self.profile.layer_cached_s, 0.01), self.cfg.shard_wait_s)
         while not _wait_or_cancel(self.ready[layer], self.cancel, min(poll, t0 + self.cfg.shard_wait_s - st.now)):
             if self.cancel.is_set():
@@ -202,7 +216,6 @@ class PipelinedEdit(FetchLane):
             if late:
                 self._give_up_on_link(layer, step)
                 break
-        self.event("stall", t0, st.now, layer, f"step {step}")
 
     def _give_up_on_link(self, layer: int, step: int) -> None:
         """The policy says a template pass on the device is sooner than waiting: every shard of this step (every
@@ -224,20 +237,31 @@ class PipelinedEdit(FetchLane):
     # ---- compute lane
 
     def device_kv(self, g: int):
-        """Shard ``g``'s template KV computed on the device: one template-only pass serves every layer (of its step,
-        at that step's own time, in per-step mode)."""
+        """Shard ``g``'s template KV computed on the device: one template-only pass serves every layer of its step
+        (at that step's own time, in per-step mode) — resumed where the step dropped the template tokens, from their
+        hidden state there, so the layers the device already ran are not run again."""
         if g not in self.fallback_kv:
             step = g // self.L if self.per_step else 0
             t0 = self.st.now
-            tokens = self.model.template_tokens(self.template_image)
             ref_t = float(self.times[step]) if self.per_step else None
             grid = self.model.template_grid(self.template_image)
-            tkv = self.backend.extract_template_kv(tokens, grid, ref_t)
-            what = f"fallback template pass (step {step})" if self.per_step else "fallback template pass"
+            start, hidden = self.dropped.get(step, (0, None))
+            if hidden is not None and start <= g % self.L:
+                kv = self.backend.resume_template_kv(hidden, grid, start, ref_t)
+            else:
+                start = 0
+                tokens = self.model.template_tokens(self.template_image)
+                tkv = self.backend.extract_template_kv(tokens, grid, ref_t)
+                kv = [tkv.layer(i) for i in range(self.L)]
+            what = f"fallback template pass from layer {start}" + (f" (step {step})" if self.per_step else "")
             self.event("compute", t0, self.st.now, -1, what)
-            for i in range(self.L):
-                self.fallback_kv[step * self.L + i] = tkv.layer(i)
+            for i, layer_kv in enumerate(kv):
+                self.fallback_kv[step * self.L + start + i] = layer_kv
         return self.fallback_kv[g]
+
+    def _on_drop(self, step: int, layer: int, hidden: torch.Tensor) -> None:
+        """The compute lane dropped the template tokens before ``layer``: keep their state for a fallback pass."""
+        self.dropped[max(step, 0) if self.per_step else 0] = (layer, hidden)
 
     def kv_source(self, layer: int, step: int):
         """The KV the compute lane uses for ``layer`` at ``step``: the fetched shard (of that step, in per-step
@@ -264,7 +288,7 @@ class PipelinedEdit(FetchLane):
         self.close_compute_span(now)
         with self.st.lock:
             if self.per_step and step != self.step:  # the template pass restarts at every step
-                self.st.template_alive = True
+                self.st.template_alive, self.st.dropped_at = True, self.L
             self.step = step
             self.st.compute_layer, self.st.compute_t = self._g(layer), now
         self.span_t = now
@@ -290,6 +314,7 @@ class PipelinedEdit(FetchLane):
             keep = self.policy.keep_template(self.ctx, g)
             if not keep:
                 st.template_alive = False
+                st.dropped_at = layer
                 self.split_layers[max(self.step, 0) if self.per_step else 0] = layer
                 if self.step <= 0:
                     self.split_layer = layer
@@ -314,7 +339,8 @@ class PipelinedEdit(FetchLane):
                             on_layer=self.on_layer, kv_mode=self.kv_mode, backend=self.backend)  # fmt: skip
         return run_edit(self.model, self.user_image, self.prompt, steps=cfg.steps, seed=cfg.seed,
                         split_layer=self.keep_template, kv_source=self.kv_source, template_image=self.template_image,
-                        on_layer=self.on_layer, kv_mode=self.kv_mode, backend=self.backend)  # fmt: skip
+                        on_layer=self.on_layer, kv_mode=self.kv_mode, backend=self.backend,
+                        on_drop=self._on_drop)  # fmt: skip
 
     # ---- the run
 

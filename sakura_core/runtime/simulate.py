@@ -92,6 +92,18 @@ class _Sim:
         self.ctx = Context(self)
 
     @property
+    def stalled_s(self) -> float:
+        """See PolicyState.stalled_s (the simulator's waits advance in steps; each is added as it ends)."""
+        return self.stall_s
+
+    @property
+    def dropped_at(self) -> int:
+        """Where the compute lane's step dropped its template (``L`` while alive; see PolicyState.dropped_at)."""
+        if self.template_alive:
+            return self.L
+        return self.splits[-1] if self.per_step else self.split_layer
+
+    @property
     def got(self) -> dict[int, list[tuple[int, float]]]:
         """Levels decoded by ``now`` (the policy's view; see the module docstring)."""
         now = self.now + 1e-12
@@ -313,7 +325,9 @@ class _Sim:
                 # late shards: one template-only pass gives every layer's KV here; stop waiting for the link
                 self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
                                        "reason": LATE_FALLBACK_REASON})  # fmt: skip
-                self._compute(p.template_pass_s, -1, "fallback template pass")
+                # resumed where this step's template was dropped (its hidden state kept there), not a whole pass
+                k = self.dropped_at
+                self._compute(p.template_pass_s * (self.L - k) / self.L, -1, f"fallback template pass from layer {k}")
                 self.device_all = True
                 if self.per_step:  # this step's KV is on the device now; the link moves on to the next step
                     self.next_layer = max(self.next_layer, (layer // self.L + 1) * self.L)

@@ -57,6 +57,24 @@ def test_template_only_pass_and_refusals(demo_model, inputs):
         split.forward(x, txt, t, img_grid=m.spec.grid, split_layer=2, ref_tokens=tpl, ref_grid=m.spec.grid)
 
 
+@pytest.mark.parametrize("drop", [1, 4])
+def test_the_layer_graphs_resume_the_template_pass_where_the_forward_dropped_it(demo_model, inputs, drop):
+    m, (tpl, kv, x, txt, t) = demo_model, inputs
+    split, seen, ref_seen = SplitForward(m, TorchLayerRunner(m)), [], []
+    args = dict(img_grid=m.spec.grid, ref_tokens=tpl, ref_grid=m.spec.grid, split_layer=drop, cached=kv)
+    split.forward(x, txt, t, on_drop=lambda layer, h: seen.append((layer, h)), **args)
+    m.adapter.forward(x, txt, t, on_drop=lambda layer, h: ref_seen.append((layer, h)), **args)
+    assert [s[0] for s in seen] == [r[0] for r in ref_seen] == [drop]
+    assert (seen[0][1] - ref_seen[0][1]).abs().max().item() < 1e-4  # the graphs' template state = the adapter's
+    rest = split.resume_template_kv(seen[0][1], m.spec.grid, drop)
+    assert len(rest) == m.adapter.num_layers - drop
+    for i, (k, v) in enumerate(rest):
+        assert (k[0] - kv.kv[drop + i, 0]).abs().max().item() < 1e-4
+        assert (v[0] - kv.kv[drop + i, 1]).abs().max().item() < 1e-4
+    with pytest.raises(ValueError, match="ref_hidden must be"):
+        split.resume_template_kv(seen[0][1][:, :3], m.spec.grid, drop)
+
+
 def test_a_whole_edit_through_the_seam_matches_the_default(demo_model):
     m = demo_model
     tpl, user = load_image("coffee", m.spec.image_size), load_image("chelsea", m.spec.image_size)

@@ -63,6 +63,8 @@ class World:
     compute_layer: int = 0
     compute_t: float = 0.0
     template_alive: bool = True
+    dropped_at: int = 0  # where the template was dropped (read once it is): 0 = a late fallback is a whole pass
+    stalled_s: float = 0.0
     next_layer: int = 0
     got: dict = field(default_factory=dict)
     in_flight: dict = field(default_factory=dict)
@@ -140,30 +142,53 @@ def test_a_link_that_collapses_mid_step_keeps_the_template():
     assert policy().keep_template(collapsed, 1)
     assert Snapshot(collapsed, collapsed.slowed(1e6)).known[1] == pytest.approx(3.0 + 9e5 / (1e5 / 3.0))
     # the same moment with the transfer on time (0.9 MB received in 0.9 s, due at 3.2 s): dropping would end step 0
-    # at 3.45 s instead of 4.0 s, a 0.55 s gain; if the link died now, a template pass would end it at
-    # 3.0 + 2.0 + 0.25 = 5.25 s, a 1.25 s loss: the drop waits for the shard
+    # at 3.45 s instead of 4.0 s, a 0.55 s gain; if the link died now, the device would wait a quarter of the
+    # template pass from layer 1 (half a pass: 0.25 s), run it (1.0 s) and the cached layer: 4.5 s, a 0.5 s loss:
+    # drop. Was that pass a whole one (4.0 s more, as before the hidden state was kept), the drop would wait.
     on_time = ctx(1e6, progress=(0.9, 9e5, float(MB)), **base)
-    assert policy().keep_template(on_time, 1)
+    assert not policy().keep_template(on_time, 1)
     # shard 1 decoded already (nothing exposed to the link): drop (step 0 ends 3.25 s)
     there = ctx(1e6, **dict(base, got={0: [(0, 1.0)], 1: [(0, 2.9)]}, in_flight={}))
     assert not policy().keep_template(there, 1)
 
 
+def _stalled(p, now, since=2.0, before=0.0, **extra):
+    """Shard 1 (template dropped at layer 1) waited for since ``since`` with 0 bytes in, after ``before`` s of
+    earlier waits; ``p.recompute_late`` at ``now``."""
+    c = ctx(1e6, template_alive=False, dropped_at=1, compute_layer=1, next_layer=2, in_flight={1: 1e9},
+            compute_t=now, now=now, progress=(now, 0.0, float(MB)), stalled_s=before + now - since, **extra)  # fmt: skip
+    return p.recompute_late(c, 1)
+
+
 def test_a_0_kbit_stall_after_the_drop_recomputes_on_the_device():
     # template dropped at layer 1 of step 0 at t=1.0; shard 1 requested at 0, 0 bytes after 2.0 s: the
-    # in-progress rate is 1 B / 2.0 s, waiting is hopeless -> a template pass (2.0 s) + one cached layer;
-    # but a quarter of a template pass (0.5 s) of waiting comes first (short outages end by themselves)
+    # in-progress rate is 1 B / 2.0 s, waiting is hopeless -> the template pass resumed at layer 1 (the second half
+    # of a pass, 1.0 s) + one cached layer; but a quarter of that (0.25 s) of waiting comes first (short outages
+    # end by themselves) — with a waiting allowance that does not bind here (100 % of the fetch-nothing 5.0 s)
     p = policy()
-    stalled = ctx(1e6, template_alive=False, compute_layer=1, compute_t=2.0, now=2.0, next_layer=2,
-                  progress=(2.0, 0.0, float(MB)), in_flight={1: 1e9})  # fmt: skip
+    p.stall_budget = 1.0
+    base = dict(template_alive=False, dropped_at=1, compute_layer=1, next_layer=2, in_flight={1: 1e9})
+    stalled = ctx(1e6, compute_t=2.0, now=2.0, progress=(2.0, 0.0, float(MB)), **base)
     assert stalled.slowed(1e6) == pytest.approx(0.5)
-    assert not p.recompute_late(stalled, 1)
-    later = ctx(1e6, template_alive=False, compute_layer=1, compute_t=2.5, now=2.5, next_layer=2,
-                progress=(2.5, 0.0, float(MB)), in_flight={1: 1e9})  # fmt: skip
-    assert p.recompute_late(later, 1)
-    # without the stall (shard 1 due at 2.2 s): wait (2.45 s) rather than recompute (4.25 s)
-    fine = ctx(1e6, template_alive=False, compute_layer=1, compute_t=2.0, now=2.0, next_layer=2, in_flight={1: 2.2})
+    assert stalled.resume_pass_s() == pytest.approx(1.0) and stalled.fetch_nothing_s == pytest.approx(5.0)
+    assert not _stalled(p, 2.0) and not _stalled(p, 2.2)
+    assert _stalled(p, 2.3)
+    # without the stall (shard 1 due at 2.2 s): wait (2.45 s) rather than recompute (3.25 s)
+    fine = ctx(1e6, **dict(base, compute_t=2.0, now=2.0, in_flight={1: 2.2}))
     assert not policy().recompute_late(fine, 1)
+
+
+def test_patience_ends_with_the_edits_waiting_allowance():
+    # the default allowance: 1.5 % of the fetch-nothing 5.0 s = 0.075 s of waiting in the whole edit
+    p = policy()
+    assert not _stalled(p, 2.0) and not _stalled(p, 2.05)
+    assert _stalled(p, 2.08)  # 0.08 s waited > 0.075 s: the quarter pass (0.25 s) is not waited out
+    # earlier waits used the allowance up: no patience at all, the first ask gives up (waiting is hopeless)
+    assert _stalled(policy(), 2.0, before=0.075)
+    # but a shard predicted soon is still waited for, allowance or not (2.45 s < 3.25 s)
+    c = ctx(1e6, template_alive=False, dropped_at=1, compute_layer=1, next_layer=2, in_flight={1: 2.2},
+            compute_t=2.0, now=2.0, stalled_s=1.0)  # fmt: skip
+    assert not policy().recompute_late(c, 1)
 
 
 def test_the_oracle_plans_on_the_trace_itself():

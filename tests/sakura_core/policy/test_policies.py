@@ -72,6 +72,8 @@ class FakeState:
     compute_layer: int = 0
     compute_t: float = 0.0
     template_alive: bool = True
+    dropped_at: int = 0  # where the template was dropped (read once it is): 0 = a late fallback is a whole pass
+    stalled_s: float = 0.0
     next_layer: int = 0
     got: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     in_flight: dict[int, float] = field(default_factory=dict)
@@ -298,11 +300,15 @@ def test_sakura_drops_the_template_when_the_shards_are_already_there():
     # keeping all at 4.0 s, and no link failure can cost anything
     c = ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0, next_layer=4, got={2: [(0, 1.05)], 3: [(0, 1.9)]})
     assert not policy("sakura").keep_template(c, 2)
-    # shard 3 only predicted (2.10 s): the drop gains 1.0 s, but if the link died now it would cost a quarter
-    # template pass of waiting (0.5 s) + a template pass (2.0 s) + 2 cached layers (1.0 s) - 2 full layers (2.0 s)
-    # = 1.5 s > 1.0 s: keep
+    # shard 3 only predicted (2.10 s): the drop gains 1.0 s; if the link died now the device would wait a quarter of
+    # the template pass from layer 2 (layers 2, 3: 1.0 s) and run it, then 2 cached layers: 2.0 + 0.25 + 1.0 + 1.0
+    # = 4.25 s, a 0.25 s loss < 1.0 s: drop
     c = ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0, link_free=2.1, next_layer=4, got={2: [(0, 1.05)]},
             in_flight={3: 2.10})  # fmt: skip
+    assert not policy("sakura").keep_template(c, 2)
+    # shard 3 predicted at 3.3 s: the drop gains 0.2 s (4.0 -> 3.8 s), less than that 0.25 s: keep
+    c = ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0, link_free=3.3, next_layer=4, got={2: [(0, 1.05)]},
+            in_flight={3: 3.3})  # fmt: skip
     assert policy("sakura").keep_template(c, 2)
     # nothing fetched: shards 2, 3 would arrive 3.05, 4.10 s; dropping at 3 (shard 3 alone: 3.05 s) is best
     assert policy("sakura").keep_template(ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0), 2)

@@ -129,7 +129,7 @@ def test_corrupt_per_step_shard_falls_back_to_that_steps_template_kv(setup):
     rep = _run(setup, make_policy("fetch-fp16"), corrupt={digest})
     assert any(f"shard {L + 1}" in f for f in rep.fallbacks)
     assert rep.levels_by_step()["step 1"][1] == "device"
-    assert any(e["level"] == "fallback template pass (step 1)" for e in rep.events)
+    assert any(e["level"] == "fallback template pass from layer 0 (step 1)" for e in rep.events)
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3  # step 1's own KV computed here: still right
 
 
@@ -201,8 +201,8 @@ class _LateThenDevice(_SplitAt):
 
     name = "late-then-device"
 
-    def __init__(self):
-        super().__init__([0] * STEPS)
+    def __init__(self, splits=(0,) * STEPS):
+        super().__init__(list(splits))
         self.asked_late = []
 
     def recompute_late(self, ctx, layer):
@@ -210,8 +210,15 @@ class _LateThenDevice(_SplitAt):
         return ctx.step_of(layer) == 1
 
 
-def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_template_pass(setup):
+@pytest.mark.parametrize("step1_split", [0, 1])
+def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_template_pass(
+    setup, monkeypatch, step1_split
+):
     model, tpl, usr, pre, on_device, _, profile = setup
+    resumed = []
+    real = model.adapter.resume_template_kv
+    monkeypatch.setattr(model.adapter, "resume_template_kv",
+                        lambda h, grid, start, t=None: resumed.append(start) or real(h, grid, start, t))  # fmt: skip
     L = model.adapter.num_layers
     plan = plan_fetch(pre.manifest, "fetch-fp16")
     slow = {r["digest"] for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 2
@@ -222,7 +229,7 @@ def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_
             await asyncio.sleep(3.0)  # step 1 layer 2's shard is late (well under shard_wait_s)
         return pre.blobs[digest]
 
-    pol = _LateThenDevice()
+    pol = _LateThenDevice([0, step1_split, 0])
     rep = asyncio.run(
         run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=pol, ladders=plan.ladders,
                            reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
@@ -231,9 +238,53 @@ def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_
     assert pol.asked_late and pol.asked_late[0] == L + 2  # asked while waiting, not after shard_wait_s
     by_step = rep.levels_by_step()
     assert by_step["step 0"] == ["fp16"] * L
-    assert by_step["step 1"][:2] == ["fp16"] * 2 and by_step["step 1"][2:] == ["device"] * (L - 2)
+    head = ["template"] * step1_split + ["fp16"] * (2 - step1_split)
+    assert by_step["step 1"][:2] == head and by_step["step 1"][2:] == ["device"] * (L - 2)
     assert by_step["step 2"] == ["fp16"] * L  # the next step fetches again
     assert any(d["level"] == "device" and "template pass on the device is sooner" in d["reason"]
                for d in rep.decisions)  # fmt: skip
-    assert any(e["level"] == "fallback template pass (step 1)" for e in rep.events)
+    # the device's template pass resumes where step 1 dropped the template tokens, not from layer 0
+    assert resumed == [step1_split]
+    assert any(e["level"] == f"fallback template pass from layer {step1_split} (step 1)" for e in rep.events)
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3  # step 1's own KV computed here: still right
+
+
+class _Patient(_SplitAt):
+    """Split 0 at every step; never gives up on a late shard, noting what it saw while waiting."""
+
+    name = "patient"
+
+    def __init__(self):
+        super().__init__([0] * STEPS)
+        self.seen = []
+
+    def recompute_late(self, ctx, layer):
+        self.seen.append((layer, ctx.now, ctx.stalled_s))
+        return False
+
+
+def test_the_live_pipeline_tells_the_policy_how_long_the_edit_has_waited(setup):
+    model, tpl, usr, pre, _, _, profile = setup
+    L = model.adapter.num_layers
+    plan = plan_fetch(pre.manifest, "fetch-fp16")
+    slow = {r["digest"] for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 2
+            for r in sh["representations"]}  # fmt: skip
+
+    async def fetch_blob(digest, nbytes):
+        if digest in slow:
+            await asyncio.sleep(1.0)  # step 1 layer 2's shard is late
+        return pre.blobs[digest]
+
+    pol = _Patient()
+    rep = asyncio.run(
+        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=pol, ladders=plan.ladders,
+                           reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
+                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0))
+    )  # fmt: skip
+    late = [(now, stalled) for g, now, stalled in pol.seen if g == L + 2]
+    assert len(late) >= 3  # asked every cached-layer time (0.1 s) of the wait
+    (t0, s0), (t1, s1) = late[0], late[-1]
+    assert s0 >= 0.0 and s1 - s0 == pytest.approx(t1 - t0, abs=0.03)  # the wait in progress is counted as it runs
+    stalls = sum(e["end"] - e["start"] for e in rep.events if e["lane"] == "stall")
+    assert stalls >= s1 and stalls >= 0.5  # the ended waits are what the timeline shows
+    assert rep.levels_by_step()["step 1"] == ["fp16"] * L  # it waited: the shard was used

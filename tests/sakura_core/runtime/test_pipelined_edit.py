@@ -97,12 +97,12 @@ def test_a_failed_shard_does_not_leak_into_the_next_run(setup):
     first = asyncio.run(edit.run())
     first_summary = _summary(first)
     assert any("shard 2" in f for f in first.fallbacks) and first.levels_used[2][0] == "device"
-    assert any(e["level"] == "fallback template pass" for e in first.events)
+    assert any(e["level"].startswith("fallback template pass") for e in first.events)
 
     second = asyncio.run(edit.run())  # the link now delivers shard 2 intact: the run must fetch and use it
     assert not second.fallbacks and not edit.failed and not edit.fallback_kv
     assert set(second.levels_used[2]) == {"fp16"}
-    assert not any(e["level"] == "fallback template pass" for e in second.events)
+    assert not any(e["level"].startswith("fallback template pass") for e in second.events)
     assert second.bytes_fetched == first.bytes_fetched  # every blob fetched again, none served from run 1
     assert _summary(first) == first_summary  # run 2 appended nothing to run 1's report
     assert _summary(second) == _summary(asyncio.run(_edit(setup).run()))

@@ -102,3 +102,35 @@ def test_a_0_kbit_stall_costs_sakura_at_most_2_percent_over_on_device():
 def test_the_ladder_count_names_the_kv_mode():
     with pytest.raises(ValueError, match="steps x layers"):
         simulate(make_policy("sakura"), Trace.constant(8), P, {"sakura": LADDERS["sakura"][:5]}, FLOORS)
+
+
+class _DropAtTwoThenGiveUp(Policy):
+    """Template through layers 0, 1 at every step; a late shard is given up on at once (noting the resume cost)."""
+
+    name = "drop-at-2"
+    family = "sakura"
+
+    def __init__(self):
+        self.resume_s = []
+
+    def choose(self, ctx, g):
+        return Decision(LEVEL_COMPUTE, "device") if ctx.layer_of(g) < 2 else Decision(0, "floor")
+
+    def keep_template(self, ctx, g):
+        return ctx.layer_of(g) < 2
+
+    def recompute_late(self, ctx, g):
+        self.resume_s.append(ctx.resume_pass_s())
+        return True
+
+
+def test_a_late_shard_resumes_the_template_pass_where_the_step_dropped_it():
+    # the link is dead: at every step layer 2's shard never comes; the device resumes the template pass at layer 2
+    # (layers 2, 3: half a template pass), not from layer 0
+    pol = _DropAtTwoThenGiveUp()
+    r = _sim(pol, Trace("dead", [100.0, 0.001], [0.0, 1e3]))
+    passes = [e for e in r.events if e["lane"] == "compute" and "fallback" in str(e["level"])]
+    assert [e["level"] for e in passes] == ["fallback template pass from layer 2"] * 3
+    assert all(e["end"] - e["start"] == pytest.approx(P.template_pass_s / 2) for e in passes)
+    assert pol.resume_s == [pytest.approx(P.template_pass_s / 2)] * 3 and r.splits == [2, 2, 2]
+    assert r.latency_s == pytest.approx(3 * (2 * F + P.template_pass_s / 2 + 2 * C) + P.fixed_s)
