@@ -14,11 +14,8 @@ then the single-stream blocks.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from diffusers.models.transformers.transformer_flux2 import (
@@ -28,7 +25,21 @@ from diffusers.models.transformers.transformer_flux2 import (
     Flux2Transformer2DModel,
 )
 
-from .kv_types import KVMismatchError, PerStepTemplateKV, TemplateKV, check_kv_compatible
+from .flux2_parts import (
+    REF_TIME_OFFSET,
+    ROPE_LAYOUT,
+    DropHook,
+    ForwardResult,
+    LayerHook,
+    _blend_rows,
+    _ref_time,
+    _Stream,
+    image_ids,
+    model_content_id,
+    text_ids,
+)
+from .flux2_template import TemplatePasses
+from .kv_types import KVMismatchError, TemplateKV, check_kv_compatible
 
 __all__ = [
     "REF_TIME_OFFSET",
@@ -42,95 +53,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Reference images sit at t = 10 on the first RoPE axis, as in diffusers' Flux2 pipelines (scale + scale * i, i = 0).
-REF_TIME_OFFSET = 10
-ROPE_LAYOUT = "flux2-ref-t10"
 
-
-def model_content_id(model: torch.nn.Module, config: dict | None = None) -> str:
-    """sha256 over the canonical JSON of the config and every parameter/buffer (name, dtype, shape, bytes).
-
-    Two models with the same id compute the same KV; any changed weight, dtype or config value changes it.
-    """
-    h = hashlib.sha256()
-    cfg = dict(config if config is not None else getattr(model, "config", {}))
-    h.update(json.dumps(_jsonable(cfg), sort_keys=True).encode())
-    for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().contiguous().cpu()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items() if not str(k).startswith("_")}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
-
-
-def text_ids(num_tokens: int, device: torch.device | None = None) -> torch.Tensor:
-    """RoPE ids of text tokens: (t, h, w, l) = (0, 0, 0, index). Shape (num_tokens, 4)."""
-    ids = torch.zeros(num_tokens, 4, dtype=torch.long, device=device)
-    ids[:, 3] = torch.arange(num_tokens, device=device)
-    return ids
-
-
-def image_ids(rows: int, cols: int, t: int = 0, device: torch.device | None = None) -> torch.Tensor:
-    """RoPE ids of an image token grid at time coordinate ``t``: (t, h, w, 0), row-major. Shape (rows*cols, 4)."""
-    hh, ww = torch.meshgrid(torch.arange(rows, device=device), torch.arange(cols, device=device), indexing="ij")
-    ids = torch.zeros(rows * cols, 4, dtype=torch.long, device=device)
-    ids[:, 0] = t
-    ids[:, 1] = hh.reshape(-1)
-    ids[:, 2] = ww.reshape(-1)
-    return ids
-
-
-@dataclass
-class ForwardResult:
-    """Output of one transformer forward.
-
-    Attributes:
-        sample: predicted velocity for the request image tokens, (batch, image_tokens, out_channels).
-        extracted: K/V computed on the device for layers ``< split_layer`` (each (1, ref_tokens, heads, head_dim)),
-            in layer order; empty when no template tokens were run.
-    """
-
-    sample: torch.Tensor
-    extracted: list[tuple[torch.Tensor, torch.Tensor]]
-
-
-LayerHook = Callable[[int], None]
-DropHook = Callable[[int, torch.Tensor], None]  # (layer, template hidden state entering it)
-
-
-@dataclass
-class _Stream:
-    """One forward's running state: the token sequence, the text stream and what every block reads.
-
-    ``hidden`` is (batch, [ref +] img, dim) before the single-stream blocks and (batch, txt + [ref +] img, dim) in
-    them; ``enc`` is (batch, txt, dim); the modulations are raw (batch, k * dim) vectors; the RoPE pairs cover
-    (txt, img) or (txt, ref, img). The ``ref_*`` fields are None when no template tokens are run.
-    """
-
-    n_txt: int
-    n_ref: int
-    temb: torch.Tensor
-    mod_img: torch.Tensor
-    mod_txt: torch.Tensor
-    mod_single: torch.Tensor
-    hidden: torch.Tensor
-    enc: torch.Tensor
-    rope_plain: tuple[torch.Tensor, torch.Tensor] | None = None
-    rope_with_ref: tuple[torch.Tensor, torch.Tensor] | None = None
-    ref_mod_img: torch.Tensor | None = None
-    ref_mod_single: torch.Tensor | None = None
-
-
-class Flux2KVAdapter:
+class Flux2KVAdapter(TemplatePasses):
     """Drives a ``Flux2Transformer2DModel`` layer by layer with per-layer choice of computed or injected template KV.
 
     Args:
@@ -183,104 +107,7 @@ class Flux2KVAdapter:
         """Size of one template's KV for this model (all layers, K and V)."""
         return self.num_layers * 2 * num_ref_tokens * self.num_heads * self.head_dim * bytes_per_value
 
-    # ---- template KV ----------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def extract_template_kv(
-        self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], ref_timestep: float | None = None
-    ) -> TemplateKV:
-        """Template-only pass: the template's KV for every layer, with one dummy request and one dummy text token.
-
-        Args:
-            ref_tokens: (1, rows*cols, in_channels) packed template tokens.
-            token_grid: (rows, cols) of the template.
-            ref_timestep: modulation time of the template tokens; ``None`` = ``ref_fixed_timestep`` (single mode).
-        """
-        rows, cols = token_grid
-        if ref_tokens.ndim != 3 or ref_tokens.shape[0] != 1 or ref_tokens.shape[1] != rows * cols:
-            raise ValueError(
-                f"ref_tokens must be (1, {rows * cols}, in_channels) for token grid {token_grid}, "
-                f"got {tuple(ref_tokens.shape)}"
-            )
-        dtype, device = self.dtype, ref_tokens.device
-        x = torch.zeros(1, 1, self.model.config.in_channels, dtype=dtype, device=device)
-        txt = torch.zeros(1, 1, self.model.config.joint_attention_dim, dtype=dtype, device=device)
-        result = self.forward(
-            x,
-            txt,
-            torch.ones(1, device=device),
-            img_grid=(1, 1),
-            ref_tokens=ref_tokens.to(dtype),
-            ref_grid=token_grid,
-            split_layer=self.num_layers,
-            ref_timestep=ref_timestep,
-        )
-        kv = torch.stack([torch.stack([k[0], v[0]]) for k, v in result.extracted])  # (layers, 2, tok, heads, hd)
-        ref_t = self.ref_fixed_timestep if ref_timestep is None else float(ref_timestep)
-        return TemplateKV(kv, self.model_id, (rows, cols), ROPE_LAYOUT, ref_timestep=ref_t)
-
-    @torch.no_grad()
-    def resume_template_kv(
-        self,
-        ref_hidden: torch.Tensor,
-        token_grid: tuple[int, int],
-        start_layer: int,
-        ref_timestep: float | None = None,
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The template-only pass from ``start_layer`` on: the KV of layers ``start_layer .. L-1`` (each
-        (1, tokens, heads, head_dim)), equal to :meth:`extract_template_kv`'s for those layers.
-
-        Args:
-            ref_hidden: (1, rows*cols, dim) the template tokens' hidden state entering ``start_layer`` — what
-                :meth:`forward`'s ``on_drop`` handed over when a hybrid forward dropped them there (the template
-                tokens attend only to themselves, so it does not depend on the request).
-            token_grid: (rows, cols) of the template.
-            start_layer: 0 .. num_layers.
-            ref_timestep: as for :meth:`extract_template_kv` (the forward's own).
-        """
-        L, rows, cols = self.num_layers, *token_grid
-        if not 0 <= start_layer <= L:
-            raise ValueError(f"start_layer must be in [0, {L}], got {start_layer}")
-        dim = self.model.config.num_attention_heads * self.model.config.attention_head_dim
-        if ref_hidden.ndim != 3 or ref_hidden.shape[0] != 1 or tuple(ref_hidden.shape[1:]) != (rows * cols, dim):
-            raise ValueError(
-                f"ref_hidden must be (1, {rows * cols}, {dim}) for token grid {token_grid} (the template tokens' "
-                f"hidden state on_drop handed over), got {tuple(ref_hidden.shape)}"
-            )
-        n_ref, dtype, device = rows * cols, self.dtype, ref_hidden.device
-        cfg = self.model.config
-        x = torch.zeros(1, 1, cfg.in_channels, dtype=dtype, device=device)
-        txt = torch.zeros(1, 1, cfg.joint_attention_dim, dtype=dtype, device=device)
-        ref = torch.zeros(1, n_ref, cfg.in_channels, dtype=dtype, device=device)  # rows replaced below
-        s = self._embed(x, txt, torch.ones(1, device=device), (1, 1), ref, token_grid, n_ref, ref_timestep)
-        parts = [ref_hidden.to(dtype), s.hidden[:, n_ref:]]
-        s.hidden = torch.cat([s.enc, *parts] if self._joined(start_layer) else parts, dim=1)
-        out = []
-        for layer in range(start_layer, L):
-            cache = Flux2KVLayerCache()
-            self._run_block(layer, s, True, {"kv_cache": cache, "kv_cache_mode": "extract", "num_ref_tokens": n_ref})
-            k, v = cache.get()
-            out.append((k[:1], v[:1]))
-        return out
-
-    @torch.no_grad()
-    def extract_per_step_kv(
-        self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], timesteps: torch.Tensor | list[float]
-    ) -> PerStepTemplateKV:
-        """``per-step`` KV mode: one template-only pass per sampler step, modulated with that step's own time.
-
-        Args:
-            ref_tokens: (1, rows*cols, in_channels) packed template tokens.
-            token_grid: (rows, cols) of the template.
-            timesteps: the sampler's step times ``t_0 .. t_{S-1}`` (``flow_timesteps(S, shift)[:-1]``): step ``s``
-                runs the transformer at ``t_s``, so its template KV is the extract pass at ``t_s``.
-        """
-        times = [float(t) for t in (timesteps.tolist() if isinstance(timesteps, torch.Tensor) else timesteps)]
-        if not times:
-            raise ValueError("timesteps is empty: pass the sampler's step times, e.g. flow_timesteps(steps)[:-1]")
-        per_step = [self.extract_template_kv(ref_tokens, token_grid, ref_timestep=t) for t in times]
-        kv = torch.stack([p.kv for p in per_step])  # (steps, layers, 2, tokens, heads, head_dim)
-        return PerStepTemplateKV(kv, self.model_id, tuple(token_grid), ROPE_LAYOUT, tuple(times))
-
+    # ---- template KV (the passes: flux2_template.TemplatePasses) ------------------------------------------------
     def check(self, kv: TemplateKV, token_grid: tuple[int, int]) -> None:
         """Refuse KV made for another model, grid or RoPE layout (error names both sides)."""
         check_kv_compatible(kv.model_id, kv.token_grid, kv.rope_layout, self.model_id, token_grid, ROPE_LAYOUT)
@@ -522,32 +349,3 @@ class Flux2KVAdapter:
         if not self._joined(layer):  # double blocks: hidden = (ref, img), text kept apart
             return hidden[:, n_ref:]
         return torch.cat([hidden[:, :n_txt], hidden[:, n_txt + n_ref :]], dim=1)  # single blocks: (txt, ref, img)
-
-
-def _blend_rows(mod: torch.Tensor, ref_mod: torch.Tensor, n_ref: int, seq_len: int, offset: int) -> torch.Tensor:
-    """Per-token modulation: rows ``[offset, offset + n_ref)`` take ``ref_mod``, the others ``mod``.
-
-    ``mod``/``ref_mod`` are raw modulation vectors (batch, k * dim) as ``Flux2Modulation`` returns them; the result is
-    (batch, seq_len, k * dim), which ``Flux2Modulation.split`` chunks along the last dim exactly like the unblended one.
-    """
-    batch = mod.shape[0]
-    out = mod.unsqueeze(1).expand(batch, seq_len, -1).clone()  # (batch, seq, k*dim)
-    out[:, offset : offset + n_ref] = ref_mod.unsqueeze(1).expand(batch, n_ref, -1)
-    return out
-
-
-def _ref_time(ref_timestep: float | torch.Tensor | None, fixed: float, t: torch.Tensor) -> torch.Tensor:
-    """The template tokens' modulation time, scaled like ``t`` (x1000): ``fixed`` when ``ref_timestep`` is None."""
-    if ref_timestep is None:
-        return torch.full_like(t, fixed * 1000)
-    if isinstance(ref_timestep, torch.Tensor) and ref_timestep.numel() > 1:
-        if ref_timestep.shape != t.shape:
-            raise ValueError(
-                f"ref_timestep must be a float or shaped like timestep {tuple(t.shape)}, "
-                f"got {tuple(ref_timestep.shape)}"
-            )
-        return ref_timestep.to(t.dtype) * 1000
-    value = float(ref_timestep)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"ref_timestep must be in [0, 1], got {value}")
-    return torch.full_like(t, value * 1000)

@@ -1,0 +1,113 @@
+"""The adapter's template-only passes (a mixin of :class:`~sakura_core.models.flux2_kv.Flux2KVAdapter`): every
+layer's template KV, the rest of a pass from where a hybrid forward dropped the template tokens, and per-step KV."""
+
+from __future__ import annotations
+
+import torch
+from diffusers.models.transformers.transformer_flux2 import Flux2KVLayerCache
+
+from .flux2_parts import ROPE_LAYOUT
+from .kv_types import PerStepTemplateKV, TemplateKV
+
+__all__ = ["TemplatePasses"]
+
+
+class TemplatePasses:
+    """Template-only passes over the adapter's blocks (needs ``forward``, ``_embed``, ``_run_block``, ``_joined``)."""
+
+    @torch.no_grad()
+    def extract_template_kv(
+        self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], ref_timestep: float | None = None
+    ) -> TemplateKV:
+        """Template-only pass: the template's KV for every layer, with one dummy request and one dummy text token.
+
+        Args:
+            ref_tokens: (1, rows*cols, in_channels) packed template tokens.
+            token_grid: (rows, cols) of the template.
+            ref_timestep: modulation time of the template tokens; ``None`` = ``ref_fixed_timestep`` (single mode).
+        """
+        rows, cols = token_grid
+        if ref_tokens.ndim != 3 or ref_tokens.shape[0] != 1 or ref_tokens.shape[1] != rows * cols:
+            raise ValueError(
+                f"ref_tokens must be (1, {rows * cols}, in_channels) for token grid {token_grid}, "
+                f"got {tuple(ref_tokens.shape)}"
+            )
+        dtype, device = self.dtype, ref_tokens.device
+        x = torch.zeros(1, 1, self.model.config.in_channels, dtype=dtype, device=device)
+        txt = torch.zeros(1, 1, self.model.config.joint_attention_dim, dtype=dtype, device=device)
+        result = self.forward(
+            x,
+            txt,
+            torch.ones(1, device=device),
+            img_grid=(1, 1),
+            ref_tokens=ref_tokens.to(dtype),
+            ref_grid=token_grid,
+            split_layer=self.num_layers,
+            ref_timestep=ref_timestep,
+        )
+        kv = torch.stack([torch.stack([k[0], v[0]]) for k, v in result.extracted])  # (layers, 2, tok, heads, hd)
+        ref_t = self.ref_fixed_timestep if ref_timestep is None else float(ref_timestep)
+        return TemplateKV(kv, self.model_id, (rows, cols), ROPE_LAYOUT, ref_timestep=ref_t)
+
+    @torch.no_grad()
+    def resume_template_kv(
+        self,
+        ref_hidden: torch.Tensor,
+        token_grid: tuple[int, int],
+        start_layer: int,
+        ref_timestep: float | None = None,
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The template-only pass from ``start_layer`` on: the KV of layers ``start_layer .. L-1`` (each
+        (1, tokens, heads, head_dim)), equal to :meth:`extract_template_kv`'s for those layers.
+
+        Args:
+            ref_hidden: (1, rows*cols, dim) the template tokens' hidden state entering ``start_layer`` — what
+                :meth:`forward`'s ``on_drop`` handed over when a hybrid forward dropped them there (the template
+                tokens attend only to themselves, so it does not depend on the request).
+            token_grid: (rows, cols) of the template.
+            start_layer: 0 .. num_layers.
+            ref_timestep: as for :meth:`extract_template_kv` (the forward's own).
+        """
+        L, rows, cols = self.num_layers, *token_grid
+        if not 0 <= start_layer <= L:
+            raise ValueError(f"start_layer must be in [0, {L}], got {start_layer}")
+        dim = self.model.config.num_attention_heads * self.model.config.attention_head_dim
+        if ref_hidden.ndim != 3 or ref_hidden.shape[0] != 1 or tuple(ref_hidden.shape[1:]) != (rows * cols, dim):
+            raise ValueError(
+                f"ref_hidden must be (1, {rows * cols}, {dim}) for token grid {token_grid} (the template tokens' "
+                f"hidden state on_drop handed over), got {tuple(ref_hidden.shape)}"
+            )
+        n_ref, dtype, device = rows * cols, self.dtype, ref_hidden.device
+        cfg = self.model.config
+        x = torch.zeros(1, 1, cfg.in_channels, dtype=dtype, device=device)
+        txt = torch.zeros(1, 1, cfg.joint_attention_dim, dtype=dtype, device=device)
+        ref = torch.zeros(1, n_ref, cfg.in_channels, dtype=dtype, device=device)  # rows replaced below
+        s = self._embed(x, txt, torch.ones(1, device=device), (1, 1), ref, token_grid, n_ref, ref_timestep)
+        parts = [ref_hidden.to(dtype), s.hidden[:, n_ref:]]
+        s.hidden = torch.cat([s.enc, *parts] if self._joined(start_layer) else parts, dim=1)
+        out = []
+        for layer in range(start_layer, L):
+            cache = Flux2KVLayerCache()
+            self._run_block(layer, s, True, {"kv_cache": cache, "kv_cache_mode": "extract", "num_ref_tokens": n_ref})
+            k, v = cache.get()
+            out.append((k[:1], v[:1]))
+        return out
+
+    @torch.no_grad()
+    def extract_per_step_kv(
+        self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], timesteps: torch.Tensor | list[float]
+    ) -> PerStepTemplateKV:
+        """``per-step`` KV mode: one template-only pass per sampler step, modulated with that step's own time.
+
+        Args:
+            ref_tokens: (1, rows*cols, in_channels) packed template tokens.
+            token_grid: (rows, cols) of the template.
+            timesteps: the sampler's step times ``t_0 .. t_{S-1}`` (``flow_timesteps(S, shift)[:-1]``): step ``s``
+                runs the transformer at ``t_s``, so its template KV is the extract pass at ``t_s``.
+        """
+        times = [float(t) for t in (timesteps.tolist() if isinstance(timesteps, torch.Tensor) else timesteps)]
+        if not times:
+            raise ValueError("timesteps is empty: pass the sampler's step times, e.g. flow_timesteps(steps)[:-1]")
+        per_step = [self.extract_template_kv(ref_tokens, token_grid, ref_timestep=t) for t in times]
+        kv = torch.stack([p.kv for p in per_step])  # (steps, layers, 2, tokens, heads, head_dim)
+        return PerStepTemplateKV(kv, self.model_id, tuple(token_grid), ROPE_LAYOUT, tuple(times))
