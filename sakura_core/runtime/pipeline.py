@@ -8,7 +8,8 @@ will compute it), and, once every needed shard is fetched, which shard to upgrad
 while later steps run. Policies see the same :class:`~sakura_core.policy.context.Context` as in the simulation.
 
 Failures never produce a silently wrong result: a shard that cannot be fetched or decoded is retried at the floor
-level; if that fails too, the device computes the template KV itself (a template-only pass) and the report says so.
+level; if that fails too, the device computes the template KV itself (the template-only pass, resumed where the step
+dropped the template tokens: their hidden state is kept there) and the report says so.
 A shard that is late is waited for while the policy (asked every cached-layer time, ``recompute_late``) finds a
 template pass on the device no sooner, at most ``shard_wait_s``. Every event lands in the timeline.
 

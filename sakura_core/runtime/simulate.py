@@ -322,7 +322,8 @@ class _Sim:
         while not self.ready_by(layer, self.compute_t):
             self.now = self.compute_t
             if self.policy.recompute_late(self.ctx, layer):
-                # late shards: one template-only pass gives every layer's KV here; stop waiting for the link
+                # late shards: the template pass, resumed where this step dropped it, gives every remaining layer's KV
+                # here; stop waiting for the link
                 self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
                                        "reason": LATE_FALLBACK_REASON})  # fmt: skip
                 # resumed where this step's template was dropped (its hidden state kept there), not a whole pass
