@@ -195,6 +195,25 @@ def test_a_shard_deferred_for_ever_is_computed_and_the_lane_ends(setup):
     assert len([d for d in rep.decisions if d["layer"] == target]) >= 1
 
 
+def _run_with_late_shard(setup, policy, delay_s):
+    """A per-step edit (fetch-fp16 ladders) whose step 1 layer 2 shard comes ``delay_s`` late; the report."""
+    model, tpl, usr, pre, *_, profile = setup
+    plan = plan_fetch(pre.manifest, "fetch-fp16")
+    slow = {r["digest"] for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 2
+            for r in sh["representations"]}  # fmt: skip
+
+    async def fetch_blob(digest, nbytes):
+        if digest in slow:
+            await asyncio.sleep(delay_s)
+        return pre.blobs[digest]
+
+    return asyncio.run(
+        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,
+                           reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
+                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0))
+    )  # fmt: skip
+
+
 class _LateThenDevice(_SplitAt):
     """Split 0 at every step; a late shard of step 1 makes a template pass on the device "sooner" (recompute_late);
     later steps wait for their shards."""
@@ -214,27 +233,14 @@ class _LateThenDevice(_SplitAt):
 def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_template_pass(
     setup, monkeypatch, step1_split
 ):
-    model, tpl, usr, pre, on_device, _, profile = setup
+    model, on_device = setup[0], setup[4]
     resumed = []
     real = model.adapter.resume_template_kv
     monkeypatch.setattr(model.adapter, "resume_template_kv",
                         lambda h, grid, start, t=None: resumed.append(start) or real(h, grid, start, t))  # fmt: skip
     L = model.adapter.num_layers
-    plan = plan_fetch(pre.manifest, "fetch-fp16")
-    slow = {r["digest"] for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 2
-            for r in sh["representations"]}  # fmt: skip
-
-    async def fetch_blob(digest, nbytes):
-        if digest in slow:
-            await asyncio.sleep(3.0)  # step 1 layer 2's shard is late (well under shard_wait_s)
-        return pre.blobs[digest]
-
     pol = _LateThenDevice([0, step1_split, 0])
-    rep = asyncio.run(
-        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=pol, ladders=plan.ladders,
-                           reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
-                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0))
-    )  # fmt: skip
+    rep = _run_with_late_shard(setup, pol, 3.0)  # well under shard_wait_s
     assert pol.asked_late and pol.asked_late[0] == L + 2  # asked while waiting, not after shard_wait_s
     by_step = rep.levels_by_step()
     assert by_step["step 0"] == ["fp16"] * L
@@ -264,23 +270,9 @@ class _Patient(_SplitAt):
 
 
 def test_the_live_pipeline_tells_the_policy_how_long_the_edit_has_waited(setup):
-    model, tpl, usr, pre, _, _, profile = setup
-    L = model.adapter.num_layers
-    plan = plan_fetch(pre.manifest, "fetch-fp16")
-    slow = {r["digest"] for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 2
-            for r in sh["representations"]}  # fmt: skip
-
-    async def fetch_blob(digest, nbytes):
-        if digest in slow:
-            await asyncio.sleep(1.0)  # step 1 layer 2's shard is late
-        return pre.blobs[digest]
-
+    L = setup[0].adapter.num_layers
     pol = _Patient()
-    rep = asyncio.run(
-        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=pol, ladders=plan.ladders,
-                           reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
-                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0))
-    )  # fmt: skip
+    rep = _run_with_late_shard(setup, pol, 1.0)
     late = [(now, stalled) for g, now, stalled in pol.seen if g == L + 2]
     assert len(late) >= 3  # asked every cached-layer time (0.1 s) of the wait
     (t0, s0), (t1, s1) = late[0], late[-1]
