@@ -2,9 +2,7 @@
 
 A plan is one template split ``k_s`` per remaining step: step ``s`` runs the template tokens through layers
 ``< k_s`` on the device and uses the fetched shards ``(s, l >= k_s)``; shards are fetched back to back in
-execution order (later steps prefetched while earlier ones compute) at the floor level. (The sakura policy takes a
-later step's shards last layer first; the model keeps execution order: the same bytes on the link, and a later
-step's shards are mostly in before that step starts.) :class:`Snapshot` takes
+execution order (later steps prefetched while earlier ones compute) at the floor level. :class:`Snapshot` takes
 what is known at one moment (decoded shards, predicted in-flight ones, the compute position) and predicts the
 edit's finish for a split vector in O(shards) with numpy: arrivals are a cumulative sum at a constant rate, the
 decode lane and each step's compute lane are max-plus recurrences. :func:`best_plan` searches the split vector by

@@ -22,9 +22,7 @@ class Sakura(Policy):
     * Fetch lane: a shard below its step's planned split is deferred ("not now": the runtime asks again before later
       shards and while the link would idle, until the compute lane reaches it — so a link that turns out faster
       moves the split earlier); otherwise the quality floor, or under a latency target the highest level that
-      keeps the predicted finish under it. A later step's shards (prefetched while an earlier step computes) come
-      last layer first: a shard waits (deferred) until the layers above it are requested, so whatever part of them
-      has arrived when the link slows is a usable suffix of that step (its split moves later; nothing is wasted).
+      keeps the predicted finish under it.
     * Compute lane: drop the template at this layer only if the plan made with the slowest recent throughput drops
       here (a wrong drop costs a stall; the template restarts next step, so the risk is one step).
     * Late shards: once dropped, if waiting is predicted to end the step later than the template pass on the
@@ -105,12 +103,6 @@ class Sakura(Policy):
         if lay < k:  # not now: asked again (before later shards, and while the link would idle) until compute is here
             return Decision(LEVEL_COMPUTE, f"device computes step {step} layer {lay} for now, asked again until the "
                             f"compute lane reaches it ({why})", defer=True)  # fmt: skip
-        if step > snap.cs:  # a later step's shards come last layer first: any prefix of them is a usable suffix
-            base = step * ctx.layers_per_step
-            above = [g for g in range(layer + 1, base + ctx.layers_per_step) if ctx.known_ready(g) is None]
-            if above:
-                return Decision(LEVEL_COMPUTE, f"step {step} layer {lay} after the layers above it (a later step's "
-                                f"shards come last layer first) ({why})", defer=True)  # fmt: skip
         best = self._level_under_target(ctx, layer, plan, rate)
         if best == ctx.floor:
             return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} (the quality floor; idle link "

@@ -127,13 +127,8 @@ def test_a_fast_link_fetches_every_shard_and_prefetches_the_next_step():
     c = ctx(8e6)
     plan = best_plan(Snapshot(c, 8e6))
     assert plan.splits == (0, 0) and plan.finish_s == pytest.approx(1.125)
-    # step 1's shards, asked while step 0 computes, are prefetched last layer first (whatever part of them arrives is
-    # a usable suffix of step 1 if the link slows): layer 0 waits for layer 1, layer 1 is fetched
-    d = policy().choose(c, 2)
-    assert d.level == LEVEL_COMPUTE and d.defer and "last layer first" in d.reason
-    top = policy().choose(c, 3)
-    assert top.level == 0 and "step 1 split at layer 0" in top.reason
-    assert policy().choose(ctx(8e6, in_flight={3: 0.25}, next_layer=4), 2).level == 0  # asked again: now fetched
+    d = policy().choose(c, 2)  # step 1's shard, asked while step 0 computes: fetched (prefetch)
+    assert d.level == 0 and "step 1 split at layer 0" in d.reason
     assert not policy().keep_template(c, 0)
 
 

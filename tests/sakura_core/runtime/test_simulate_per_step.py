@@ -134,17 +134,3 @@ def test_a_late_shard_resumes_the_template_pass_where_the_step_dropped_it():
     assert all(e["end"] - e["start"] == pytest.approx(P.template_pass_s / 2) for e in passes)
     assert pol.resume_s == [pytest.approx(P.template_pass_s / 2)] * 3 and r.splits == [2, 2, 2]
     assert r.latency_s == pytest.approx(3 * (2 * F + P.template_pass_s / 2 + 2 * C) + P.fixed_s)
-
-
-def test_later_steps_shards_are_prefetched_last_layer_first():
-    # a fast link: step 0's shards stream in execution order (the drop needs its first shard first); step 1's and
-    # step 2's are prefetched from their last layer down to the planned split, so whatever of them has arrived when a
-    # slower link ends the prefetch is a usable suffix (the split just moves later)
-    r = _sim(make_policy("sakura"), Trace.constant(200.0))
-    order = [e["layer"] for e in r.events if e["lane"] == "fetch"]
-    step0 = [g for g in order if g < 4]
-    assert step0 == sorted(step0) and len(step0) >= 3
-    for step in (1, 2):
-        later = [g for g in order if step * 4 <= g < step * 4 + 4]
-        assert later == sorted(later, reverse=True) and later[0] == step * 4 + 3, (step, order)
-        assert len(later) == 4 - r.splits[step]  # exactly the suffix the step used
