@@ -133,6 +133,8 @@ class Sakura(Policy):
 
     def keep_template(self, ctx: Context, layer: int) -> bool:
         rate = self.drop_rate(ctx)
+        if rate is not None and self._drop_cannot_pay(ctx, layer, rate):
+            return True  # no plan needed (a plan costs ms: as much as a layer of a small model)
         plan, snap = self._replan(ctx, rate)
         if plan.splits[0] != ctx.layer_of(layer):
             return True
@@ -153,6 +155,19 @@ class Sakura(Policy):
         resume = ctx.resume_pass_s(ctx.layer_of(layer))
         outage_loss = snap.ct + (1 + self.late_patience) * resume + left * p.layer_cached_s - keep_all
         return keep_all - drop_end < outage_loss
+
+    @staticmethod
+    def _drop_cannot_pay(ctx: Context, layer: int, rate: float) -> bool:
+        """A drop here gains at most the template work left in this step, (L - l) x (full - cached layer); if this
+        layer's shard cannot be decoded within that (at ``rate``, behind the transfers already requested), keeping
+        the template finishes no later, whatever the plan (a plan would keep it too)."""
+        p = ctx.profile
+        gain = (ctx.layers_per_step - ctx.layer_of(layer)) * (p.layer_full_s - p.layer_cached_s)
+        ready = ctx.known_ready(layer)
+        if ready is None:
+            lv = ctx.ladder(layer)[ctx.floor]
+            ready = max(ctx.now, ctx.link_busy_until()) + ctx.rtt_s + lv.nbytes / rate + lv.decode_s
+        return ready - max(ctx.compute_t, ctx.now) > gain
 
     def recompute_late(self, ctx: Context, layer: int) -> bool:
         since = self._late_since.setdefault(layer, ctx.now)

@@ -359,3 +359,22 @@ def test_oracle_plans_on_the_trace_without_probing():
 def test_every_policy_is_tested_here():
     tested = {"on-device", "on-device-cached", "fetch-fp16", "free-kv", "cachegen", "throughput", "sakura", "oracle"}
     assert set(POLICIES) == tested
+
+
+def test_sakura_keeps_the_template_without_planning_when_a_drop_cannot_pay(monkeypatch):
+    # fake device: full 1.0 s, cached 0.5 s per layer, 4 layers; at layer 2 a drop gains at most 2 x 0.5 = 1.0 s
+    import sakura_core.policy.sakura as sakura_module
+
+    calls = []
+    real = sakura_module.best_plan
+    monkeypatch.setattr(sakura_module, "best_plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    # shard 2 not requested, 1 MB at 1e6 B/s behind a link busy until 2.5 s: decoded at 3.55 s, 1.55 s after compute
+    # reaches layer 2 (2.0 s) > 1.0 s: keep, no plan made
+    far = ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0, next_layer=2, in_flight={1: 2.5}, got={0: [(0, 0.5)]})
+    assert policy("sakura").keep_template(far, 2) and calls == []
+    # the link idle: decoded at 3.05 s (1.05 s > 1.0 s): still no plan; in flight and due at 2.5 s: the plan decides
+    assert policy("sakura").keep_template(ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0, next_layer=2), 2)
+    assert calls == []
+    near = ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0, next_layer=4, in_flight={2: 2.5, 3: 3.55})
+    policy("sakura").keep_template(near, 2)
+    assert calls
