@@ -13,13 +13,13 @@ __all__ = ["TemplatePasses"]
 
 
 class TemplatePasses:
-    """Template-only passes over the adapter's blocks (needs ``forward``, ``_embed``, ``_run_block``, ``_joined``)."""
+    """Template-only passes over the adapter's blocks (needs ``_embed``, ``_run_block``, ``_joined``)."""
 
     @torch.no_grad()
     def extract_template_kv(
         self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], ref_timestep: float | None = None
     ) -> TemplateKV:
-        """Template-only pass: the template's KV for every layer, with one dummy request and one dummy text token.
+        """Template-only pass: the template's KV for every layer (:meth:`resume_template_kv` from the embedded tokens).
 
         Args:
             ref_tokens: (1, rows*cols, in_channels) packed template tokens.
@@ -32,20 +32,8 @@ class TemplatePasses:
                 f"ref_tokens must be (1, {rows * cols}, in_channels) for token grid {token_grid}, "
                 f"got {tuple(ref_tokens.shape)}"
             )
-        dtype, device = self.dtype, ref_tokens.device
-        x = torch.zeros(1, 1, self.model.config.in_channels, dtype=dtype, device=device)
-        txt = torch.zeros(1, 1, self.model.config.joint_attention_dim, dtype=dtype, device=device)
-        result = self.forward(
-            x,
-            txt,
-            torch.ones(1, device=device),
-            img_grid=(1, 1),
-            ref_tokens=ref_tokens.to(dtype),
-            ref_grid=token_grid,
-            split_layer=self.num_layers,
-            ref_timestep=ref_timestep,
-        )
-        kv = torch.stack([torch.stack([k[0], v[0]]) for k, v in result.extracted])  # (layers, 2, tok, heads, hd)
+        layers = self.resume_template_kv(self.model.x_embedder(ref_tokens.to(self.dtype)), token_grid, 0, ref_timestep)
+        kv = torch.stack([torch.stack([k[0], v[0]]) for k, v in layers])  # (layers, 2, tok, heads, hd)
         ref_t = self.ref_fixed_timestep if ref_timestep is None else float(ref_timestep)
         return TemplateKV(kv, self.model_id, (rows, cols), ROPE_LAYOUT, ref_timestep=ref_t)
 
@@ -57,7 +45,8 @@ class TemplatePasses:
         start_layer: int,
         ref_timestep: float | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The template-only pass from ``start_layer`` on: the KV of layers ``start_layer .. L-1`` (each
+        """The template-only pass from ``start_layer`` on (one dummy request token and one dummy text token beside
+        the template, which never reads them): the KV of layers ``start_layer .. L-1`` (each
         (1, tokens, heads, head_dim)), equal to :meth:`extract_template_kv`'s for those layers.
 
         Args:
