@@ -327,8 +327,7 @@ class _Sim:
                 self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
                                        "reason": LATE_FALLBACK_REASON})  # fmt: skip
                 # resumed where this step's template was dropped (its hidden state kept there), not a whole pass
-                k = self.dropped_at
-                self._compute(p.template_pass_s * (self.L - k) / self.L, -1, f"fallback template pass from layer {k}")
+                self._compute(self.ctx.resume_pass_s(), -1, f"fallback template pass from layer {self.dropped_at}")
                 self.device_all = True
                 if self.per_step:  # this step's KV is on the device now; the link moves on to the next step
                     self.next_layer = max(self.next_layer, (layer // self.L + 1) * self.L)
