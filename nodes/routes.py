@@ -24,7 +24,6 @@ ROUTE = "/sakura/templates"
 # the read token to a server_url of its choosing.
 REQUEST_HEADER = "X-Sakura-Request"
 DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
-_registered: set[int] = set()  # ids of the route tables this module has added its route to
 
 
 async def list_published(server_url: str, token: str | None) -> dict:
@@ -75,9 +74,8 @@ def register_routes(routes: web.RouteTableDef | None = None) -> bool:
         if instance is None:
             return False
         routes = instance.routes
-    if id(routes) in _registered:
-        return True
+    if any(getattr(r, "handler", None) is templates_handler for r in routes):
+        return True  # the table itself says so (an id() kept elsewhere can be reused by a new table)
     routes.get(ROUTE)(templates_handler)
-    _registered.add(id(routes))
     logger.debug("sakura: registered %s", ROUTE)
     return True

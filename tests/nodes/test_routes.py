@@ -71,3 +71,15 @@ async def test_other_pages_cannot_use_the_route(client):
     resp = await client.get("/sakura/templates", params={"server_url": "http://203.0.113.9:8080"})
     assert resp.status == 403
     assert "answers the SAKURA frontend only" in (await resp.json())["error"]
+
+
+def test_each_new_route_table_gets_the_route(comfy):
+    """A table freed and a new one allocated (ComfyUI restarted in one process, tests): the new one often has the
+    freed one's id(), and must still get the route."""
+    register_routes = comfy.nodes.routes.register_routes
+    for _ in range(20):
+        table = web.RouteTableDef()
+        assert register_routes(table) is True
+        assert register_routes(table) is True  # idempotent
+        assert [(r.method, r.path) for r in table] == [("GET", "/sakura/templates")]
+        del table
