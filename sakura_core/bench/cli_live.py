@@ -260,6 +260,7 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                     "policy": name,
                     "latency_s": rep.latency_s,
                     "bytes_fetched": rep.bytes_fetched,
+                    "peak_kv_bytes": rep.peak_kv_bytes,
                     "psnr_db": psnr_db(rep.tokens, exact),
                     "split_layer": rep.split_layer,
                     "lower_bound_s": bound["bound_s"],
@@ -273,7 +274,7 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                 }
             )
             print(f"{trace.name:<28} {name:<18} {rep.latency_s:7.2f} s  {rep.bytes_fetched / 2**20:7.2f} MiB  "
-                  f"split {rep.split_layers if rep.kv_mode == 'per-step' else rep.split_layer}  "
+                  f"KV held <= {rep.peak_kv_bytes / 2**20:.2f} MiB  split {rep.split_layers if rep.kv_mode == 'per-step' else rep.split_layer}  "
                   f"PSNR {runs[-1]['psnr_db']:.1f}  bound {bound['bound_s']:.2f} s "
                   f"(x{bound['latency_over_bound']:.2f})")  # fmt: skip
     return runs

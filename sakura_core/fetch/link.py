@@ -123,15 +123,16 @@ class LinkSpec:
 
 
 def shaped_fetcher(client, link: LinkSpec | Trace | None):
-    """``async (digest, nbytes) -> bytes`` over ``client`` (a ``ShardClient``), paced by the link's trace (a
-    ``LinkSpec``, a ``Trace``, or ``None`` = the real link, not paced)."""
+    """``async (digest, nbytes, on_chunk=None) -> bytes`` over ``client`` (a ``ShardClient``), paced by the link's
+    trace (a ``LinkSpec``, a ``Trace``, or ``None`` = the real link, not paced); ``on_chunk(n)`` after each chunk
+    received (the pipeline shows the policy the transfer in progress)."""
     trace = link.trace() if isinstance(link, LinkSpec) else link
     shaper = TraceShaper(trace) if trace is not None else None
 
-    async def fetch_blob(digest: str, nbytes: int) -> bytes:
+    async def fetch_blob(digest: str, nbytes: int, on_chunk=None) -> bytes:
         if shaper is None:
-            return await client.fetch_shard(digest, expected_bytes=nbytes)
+            return await client.fetch_shard(digest, expected_bytes=nbytes, on_chunk=on_chunk)
         await shaper.request_latency()
-        return await client.fetch_shard(digest, expected_bytes=nbytes, throttle=shaper.throttle)
+        return await client.fetch_shard(digest, expected_bytes=nbytes, throttle=shaper.throttle, on_chunk=on_chunk)
 
     return fetch_blob

@@ -43,6 +43,9 @@ class LiveState:
         self.base_done = False
         self.got: dict[int, list[tuple[int, float]]] = {}
         self.in_flight: dict[int, float] = {}
+        # shards being received: shard -> [requested at, bytes received, bytes] (kept only when the fetcher reports
+        # its chunks; see link_progress)
+        self.receiving: dict[int, list[float]] = {}
         self.template_alive = True
         self.dropped_at = self.layers_per_step  # see PolicyState.dropped_at
         self.stalls_done_s = 0.0  # waits for shards that have ended
@@ -62,6 +65,15 @@ class LiveState:
         """See PolicyState.stalled_s: the ended waits plus the one in progress."""
         since = self.waiting_since
         return self.stalls_done_s + (0.0 if since is None else max(self.now - since, 0.0))
+
+    def link_progress(self) -> tuple[float, float, float] | None:
+        """The transfer in progress, as the simulator's: (seconds since requested, bytes received so far, its size)
+        of the earliest shard being received; None when none is (or the fetcher does not report chunks)."""
+        with self.lock:
+            if not self.receiving:
+                return None
+            t0, got, size = min(self.receiving.values())
+        return self.now - t0, min(got, size), size
 
     @contextlib.contextmanager
     def frozen_now(self):

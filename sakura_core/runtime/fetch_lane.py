@@ -9,13 +9,23 @@ at the floor level, then left to the device (the compute lane runs a template pa
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 from ..policy.policies import LEVEL_COMPUTE
 from .deferral import ask_deferred
 
-__all__ = ["IDLE_POLL_S", "FetchLane"]
+__all__ = ["IDLE_POLL_S", "FetchLane", "takes_on_chunk"]
 
 IDLE_POLL_S = 0.02  # how often an idle fetch lane asks again about deferred shards (seconds)
+
+
+def takes_on_chunk(fetch_blob) -> bool:
+    """Whether ``fetch_blob`` takes ``on_chunk`` (then the policy sees the transfer in progress, as in the
+    simulator; a fetcher without it shows a transfer only once it completes)."""
+    try:
+        return "on_chunk" in inspect.signature(fetch_blob).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class FetchLane:
@@ -23,17 +33,23 @@ class FetchLane:
     ``ladders``, ``reps``, ``kv``, ``ready``, ``deferred``, ...)."""
 
     async def get_blob(self, digest: str, size: int, layer: int, level_name: str) -> bytes:
-        """One blob over the link (once per run: a chain reuses the blobs it already has)."""
-        if digest in self.blobs:
-            return self.blobs[digest]
+        """One blob over the link (not kept: the shard's chain decoder holds what it needs of the blobs before)."""
         t0 = self.st.now
-        data = await self.fetch_blob(digest, size)
+        if self.reports_chunks:
+            data = await self.fetch_blob(digest, size, on_chunk=lambda n: self._received(layer, n))
+        else:
+            data = await self.fetch_blob(digest, size)
         t1 = self.st.now
         self.estimator.observe(len(data), max(t1 - t0, 1e-6))
         self.bytes_fetched += len(data)
         self.event("fetch", t0, t1, layer, level_name)
-        self.blobs[digest] = data
         return data
+
+    def _received(self, layer: int, nbytes: int) -> None:
+        with self.st.lock:
+            entry = self.st.receiving.get(layer)
+            if entry is not None:
+                entry[1] += nbytes
 
     async def fetch_level(self, layer: int, level: int) -> None:
         """Fetch the chain of ``layer`` up to ``level``, decode it in the pool and publish the KV."""
@@ -42,12 +58,24 @@ class FetchLane:
         by_digest = {r["digest"]: r for r in self.reps[layer]}
         digests = [*rep.get("requires", []), rep["digest"]]
         name = self.ladders[layer][level].name
-        chain = [await self.get_blob(d, by_digest[d]["bytes"], layer, name) for d in digests]
-        k, v = await self._loop.run_in_executor(self._pool, self.decode_shard, layer, level, digests, chain)
+        start = self.decoded_prefix(layer, digests)  # an upgrade fetches only the blobs its decoder lacks
+        todo = digests[start:]
+        if self.reports_chunks:  # the policy sees this shard's transfer while it lasts (LiveState.link_progress)
+            with st.lock:
+                st.receiving[layer] = [st.now, 0.0, float(sum(by_digest[d]["bytes"] for d in todo))]
+        try:
+            chain = [await self.get_blob(d, by_digest[d]["bytes"], layer, name) for d in todo]
+        finally:
+            with st.lock:
+                st.receiving.pop(layer, None)
+        k, v = await self._loop.run_in_executor(self._pool, self.decode_shard, layer, level, digests, chain, start)
         with st.lock:
             cur = self.kv.get(layer)
-            if cur is None or cur[2] < level:
-                self.kv[layer] = (k[0], v[0], level)
+            if layer < self.released_below:  # used already (per-step): a late upgrade is not kept
+                with self.decoder_lock:
+                    self.decoders.pop(layer, None)
+            elif cur is None or cur[2] < level:
+                self.hold_kv(layer, (k[0], v[0], level))
             st.got.setdefault(layer, []).append((level, st.now))
             st.in_flight.pop(layer, None)
             st.decoder_free = st.now

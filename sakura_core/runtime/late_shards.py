@@ -110,8 +110,10 @@ class LateShards:
                 kv = [tkv.layer(i) for i in range(self.L)]
             what = f"fallback template pass from layer {start}" + (f" (step {step})" if self.per_step else "")
             self.event("compute", t0, self.st.now, -1, what)
-            for i, layer_kv in enumerate(kv):
-                self.fallback_kv[step * self.L + start + i] = layer_kv
+            with self.st.lock:
+                for i, layer_kv in enumerate(kv):
+                    self.fallback_kv[step * self.L + start + i] = layer_kv
+                    self._count_kv(added=layer_kv)
         return self.fallback_kv[g]
 
     def _on_drop(self, step: int, layer: int, hidden: torch.Tensor) -> None:

@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 from ..fetch.traces import Trace
-from ..kv.binding import check_shard_binding, slot_from_manifest
 from ..kv.chain import ChainDecoder
 from ..kv.manifest import check_schedule, manifest_kv_mode
 from ..models.edit_model import EditModel
@@ -42,8 +41,9 @@ from ..policy.ladder import Level
 from ..policy.live_state import LiveState
 from ..policy.policies import Policy
 from .backend import ComputeBackend, backend_of
+from .decode_lane import DecodeLane
 from .edit import run_edit
-from .fetch_lane import FetchLane
+from .fetch_lane import FetchLane, takes_on_chunk
 from .late_shards import LateShards
 from .live_profile import LiveProfile
 from .pipeline_config import Cancelled, RunReport, RuntimeConfig
@@ -54,7 +54,7 @@ __all__ = ["Cancelled", "PipelinedEdit", "RunReport", "RuntimeConfig", "run_pipe
 logger = logging.getLogger(__name__)
 
 
-class PipelinedEdit(FetchLane, LateShards):
+class PipelinedEdit(FetchLane, DecodeLane, LateShards):
     """One pipelined edit: a fetch lane (base shards, then upgrades while the link is idle), a decode lane (thread
     pool), a compute lane (the edit in a worker thread) and the stall accounting between them.
 
@@ -63,7 +63,18 @@ class PipelinedEdit(FetchLane, LateShards):
     own lists (one run at a time per instance). Mirrors :class:`~sakura_core.runtime.simulate._Sim`, which plays
     the same lanes against a trace.
 
-    Args: as :func:`run_pipelined_edit`.
+    Args:
+        fetch_blob: ``async (digest, nbytes[, on_chunk]) -> bytes`` (a ShardClient's fetch, shaped by the caller:
+            ``fetch.link.shaped_fetcher``); with ``on_chunk``, called with each chunk's size, the policy sees a
+            transfer while it lasts (a stalled one too), as in the simulator.
+        ladders/reps: from :func:`ladders_from_manifest`.
+        floor: index of the cheapest level the policy may pick (quality floor).
+        profile: measured per-layer compute times.
+        template_image: the public template image (for layers the device computes).
+        trace: the link's trace, for the policies that read it (cachegen's rule, the oracle).
+        cancel: set it to stop between layers (raises :class:`Cancelled`).
+        on_layer: ``(step, layer)`` before each layer (progress reporting).
+        backend: what runs the model's blocks (:mod:`sakura_core.runtime.backend`); None = the torch adapter.
     """
 
     def __init__(
@@ -100,6 +111,7 @@ class PipelinedEdit(FetchLane, LateShards):
             what = f"{self.cfg.steps} steps x {self.L} layers" if self.per_step else f"{self.L} layers"
             raise ValueError(f"{len(ladders)} shard ladders for a {self.kv_mode} template, the edit needs {what}")
         self.manifest, self.fetch_blob = manifest, fetch_blob
+        self.reports_chunks = takes_on_chunk(fetch_blob)
         self.user_image, self.prompt, self.template_image = user_image, prompt, template_image
         self.policy, self.ladders, self.reps, self.floor = policy, ladders, reps, floor
         self.profile, self.trace = profile, trace
@@ -125,7 +137,8 @@ class PipelinedEdit(FetchLane, LateShards):
         self.deferred: list[int] = []  # shards the policy said "not now" to: asked again while the link would idle
         self._deferred_sig: tuple | None = None  # the state of the last "not now" to all of them (fetch_lane)
         self.levels_used: dict[int, list[str]] = {}
-        self.blobs: dict[str, bytes] = {}
+        self.kv_bytes = self.peak_kv_bytes = 0  # template KV held now (fetched + the device's), and its peak
+        self.released_below = 0  # per-step: shards g below this belong to steps already done (their KV is freed)
         self.bytes_fetched = 0
         self.split_layer = self.L
         self.split_layers = [self.L] * (self.cfg.steps if self.per_step else 1)  # k_s per step (per-step mode)
@@ -143,25 +156,6 @@ class PipelinedEdit(FetchLane, LateShards):
 
     def event(self, lane: str, start: float, end: float, layer: int, level) -> None:
         self.events.append({"lane": lane, "start": start, "end": end, "layer": layer, "level": level})
-
-    # ---- decode lane
-
-    def decode_shard(self, layer: int, level: int, digests: list[str], chain: list[bytes]):
-        """Decode a chain; an upgrade that extends the chain already decoded applies only its new blobs."""
-        t0 = self.st.now
-        with self.decoder_lock:
-            done, dec = self.decoders.pop(layer, ([], None))
-        if dec is None or digests[: len(done)] != done or len(digests) <= len(done):
-            done, dec = [], ChainDecoder()
-        for blob in chain[len(done) :]:  # on an error the half-advanced decoder stays dropped (popped above)
-            dec.push(blob)
-        # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not)
-        check_shard_binding(dec.header, slot_from_manifest(self.manifest, layer % self.L, self.reps[layer][level]))
-        k, v = dec.tensors()
-        with self.decoder_lock:
-            self.decoders[layer] = (list(digests), dec)
-        self.event("decode", t0, self.st.now, layer, self.ladders[layer][level].name)
-        return k, v
 
     # ---- compute lane (waiting for shards, giving up on them: late_shards.LateShards)
 
@@ -191,6 +185,8 @@ class PipelinedEdit(FetchLane, LateShards):
         with self.st.lock:
             if self.per_step and step != self.step:  # the template pass restarts at every step
                 self.st.template_alive, self.st.dropped_at = True, self.L
+                if self.step >= 0:
+                    self.release_step(self.step)
             self.step = step
             self.st.compute_layer, self.st.compute_t = self._g(layer), now
         self.span_t = now
@@ -278,43 +274,11 @@ class PipelinedEdit(FetchLane, LateShards):
             levels_used=self.levels_used,
             kv_mode=self.kv_mode,
             layers_per_step=self.L,
+            peak_kv_bytes=self.peak_kv_bytes,
             split_layers=list(self.split_layers) if not self.policy.template_every_step else [],
         )
 
 
-async def run_pipelined_edit(
-    model: EditModel,
-    manifest: dict,
-    fetch_blob,
-    user_image: np.ndarray,
-    prompt: str,
-    *,
-    policy: Policy,
-    ladders: list[list[Level]],
-    reps: list[list[dict]],
-    floor: int,
-    profile: LiveProfile,
-    template_image: np.ndarray,
-    trace: Trace | None = None,
-    config: RuntimeConfig | None = None,
-    cancel: threading.Event | None = None,
-    on_layer: Callable[[int, int], None] | None = None,
-    backend: ComputeBackend | None = None,
-) -> RunReport:
-    """Run one edit with the three lanes overlapped (a :class:`PipelinedEdit` run once).
-
-    Args:
-        fetch_blob: ``async (digest, nbytes) -> bytes`` (a ShardClient's fetch, shaped by the caller).
-        ladders/reps: from :func:`ladders_from_manifest`.
-        floor: index of the cheapest level the policy may pick (quality floor).
-        profile: measured per-layer compute times.
-        template_image: the public template image (for layers the device computes).
-        trace: the link's trace, for the policies that read it (cachegen's rule, the oracle).
-        cancel: set it to stop between layers (raises :class:`Cancelled`).
-        on_layer: ``(step, layer)`` before each layer (progress reporting).
-        backend: what runs the model's blocks (:mod:`sakura_core.runtime.backend`); None = the torch adapter.
-    """
-    edit = PipelinedEdit(model, manifest, fetch_blob, user_image, prompt, policy=policy, ladders=ladders, reps=reps,
-                         floor=floor, profile=profile, template_image=template_image, trace=trace, config=config,
-                         cancel=cancel, on_layer=on_layer, backend=backend)  # fmt: skip
-    return await edit.run()
+async def run_pipelined_edit(*args, **kwargs) -> RunReport:
+    """Run one edit with the three lanes overlapped: a :class:`PipelinedEdit` (same arguments) run once."""
+    return await PipelinedEdit(*args, **kwargs).run()

@@ -66,6 +66,7 @@ class RunReport:
     kv_mode: str = "single"
     layers_per_step: int = 0
     split_layers: list[int] = field(default_factory=list)
+    peak_kv_bytes: int = 0
 
     def levels_by_step(self) -> dict[str, list[str]]:
         """Per-step mode: ``{"step s": [what layer 0, 1, ... used]}`` ("-" = nothing recorded)."""

@@ -90,6 +90,7 @@ def test_run_template_edit_report_format(opened, demo_model, demo_template):
         == f"on-device-cached: {r['latency_s']:.2f} s, 0.0 KiB fetched, every layer computed here, live link"
     )
     assert r["levels_used"] == "none fetched" and r["bytes_fetched"] == 0 and r["split_layer"] == L
+    assert r["peak_kv_bytes"] == 0
     assert r["link"] == "live" and r["executed_on"] == {"kind": "local"} and r["template_id"] == TID
     assert r["timeline"][0]["level"] == "template image" and r["timeline"][0]["end"] <= 0
     assert out.image.shape == demo_template.shape and out.run.image is out.image
@@ -102,6 +103,8 @@ def test_run_template_edit_over_a_fixed_link_fetches(opened, demo_model, demo_te
     r = out.report
     assert r["link"] == "fixed:200" and r["bytes_fetched"] > 0 and r["split_layer"] == 0
     assert set(r["levels_used"]) == {str(i) for i in range(demo_model.adapter.num_layers)}
+    a = demo_model.adapter  # single mode: every layer's fp16 K and V held for the whole edit
+    assert r["peak_kv_bytes"] == a.num_layers * 2 * demo_model.spec.num_tokens * a.num_heads * a.head_dim * 2
     assert ", split at layer 0 of " in r["summary"] and r["summary"].endswith("fixed 200 Mbit/s")
 
 

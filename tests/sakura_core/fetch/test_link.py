@@ -72,3 +72,28 @@ def test_direct_construction_is_validated():
         LinkSpec("live", mbit_s=3.0)
     with pytest.raises(ValueError, match="a fixed link needs mbit_s"):
         LinkSpec("fixed")
+
+
+def test_the_shaped_fetcher_reports_each_chunk_to_the_pipeline():
+    """``on_chunk`` reaches the client (paced or not), so the pipeline sees a transfer while it lasts."""
+    import asyncio
+
+    from sakura_core.fetch.link import shaped_fetcher
+    from sakura_core.runtime.fetch_lane import takes_on_chunk
+
+    class Client:
+        async def fetch_shard(self, digest, *, expected_bytes=None, on_chunk=None, throttle=None):
+            for n in (3, 4):
+                if throttle is not None:
+                    await throttle(n)
+                if on_chunk is not None:
+                    on_chunk(n)
+            return b"x" * 7
+
+    for link in (None, LinkSpec.fixed(1000.0)):
+        fetch = shaped_fetcher(Client(), link)
+        seen = []
+        assert takes_on_chunk(fetch)
+        assert asyncio.run(fetch("d", 7, on_chunk=seen.append)) == b"x" * 7 and seen == [3, 4]
+        assert asyncio.run(fetch("d", 7)) == b"x" * 7  # without a hook too
+    assert not takes_on_chunk(lambda digest, nbytes: None)

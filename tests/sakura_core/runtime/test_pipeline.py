@@ -32,7 +32,7 @@ def setup():
     return model, tpl, usr, pre, exact, profile
 
 
-def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False, on_layer=None):
+def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False, on_layer=None, log=None):
     model, tpl, usr, pre, exact, profile = setup
     ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
     if fp16_only:
@@ -43,6 +43,8 @@ def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False, o
     async def fetch_blob(digest, nbytes):
         blob = pre.blobs[digest]
         await shaper.throttle(len(blob))
+        if log is not None:
+            log.append(digest)
         if corrupt is not None and digest in corrupt:
             return blob[:-10] + b"\x00" * 10
         return blob
@@ -133,9 +135,13 @@ def test_upgrades_refine_shards_during_later_steps(setup):
     import time
 
     # emulate the slow device for real (20 ms per layer), so later steps leave the link idle time to upgrade
-    rep = _run((model, tpl, usr, pre, exact, slow), "sakura", mbit=30.0, on_layer=lambda step, layer: time.sleep(0.02))
+    log = []
+    rep = _run((model, tpl, usr, pre, exact, slow), "sakura", mbit=30.0, on_layer=lambda step, layer: time.sleep(0.02),
+               log=log)  # fmt: skip
     ups = [d for d in rep.decisions if d["reason"] == "upgrade"]
     assert ups and not rep.fallbacks
+    # an upgrade fetches only its new blobs: the shard's decoder holds the chain before them (no blob twice)
+    assert len(log) == len(set(log)) and sum(len(pre.blobs[d]) for d in log) == rep.bytes_fetched
     names = [lv.name for lv in ladders_from_manifest(pre.manifest, 6e8)[0][0]]
     upgraded = {d["layer"] for d in ups}
     # some upgraded layer was used at a higher level in a later step than at step 0 (incremental chain decode)

@@ -14,7 +14,7 @@ from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_po
 from sakura_core.precompute import precompute_template
 from sakura_core.runtime.edit import run_edit
 from sakura_core.runtime.live_profile import LiveProfile
-from sakura_core.runtime.pipeline import RuntimeConfig, run_pipelined_edit
+from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig, run_pipelined_edit
 from sakura_core.runtime.profiles import get_profile
 from sakura_core.runtime.simulate import kv_mode_view, simulate
 
@@ -280,3 +280,70 @@ def test_the_live_pipeline_tells_the_policy_how_long_the_edit_has_waited(setup):
     stalls = sum(e["end"] - e["start"] for e in rep.events if e["lane"] == "stall")
     assert stalls >= s1 and stalls >= 0.5  # the ended waits are what the timeline shows
     assert rep.levels_by_step()["step 1"] == ["fp16"] * L  # it waited: the shard was used
+
+
+def test_a_steps_kv_is_freed_once_the_step_is_done(setup):
+    """Per-step KV serves one step: when step s begins, the KV, decoders and drop state of the steps before it are
+    gone (the device holds the current step and what is prefetched, not the whole edit); the edit is unchanged."""
+    model, tpl, usr, pre, _, fp16_edit, profile = setup
+    L = model.adapter.num_layers
+    plan = plan_fetch(pre.manifest, "fetch-fp16")
+    seen = []
+
+    async def fetch_blob(digest, nbytes):
+        return pre.blobs[digest]
+
+    def look(step, layer):
+        with edit.st.lock:
+            held = sum(k.nbytes + v.nbytes for k, v, _ in edit.kv.values())
+            seen.append((step, set(edit.kv), set(edit.decoders), set(edit.dropped), held, edit.kv_bytes))
+
+    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=_SplitAt([1, 2, 0]), ladders=plan.ladders,
+                         reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
+                         config=RuntimeConfig(steps=STEPS), on_layer=look)  # fmt: skip
+    rep = asyncio.run(edit.run())
+    assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5
+    later = [x for x in seen if x[0] > 0]
+    assert later and all(min(kv | dec, default=step * L) >= (step - 1) * L for step, kv, dec, *_ in later)
+    # the hook runs before this layer's release of step s-1: from layer 1 of step s on nothing of s-1 is left
+    for i, (step, kv, dec, dropped, held, counted) in enumerate(seen):
+        if i and seen[i - 1][0] == step and step > 0:
+            assert min(kv | dec, default=step * L) >= step * L and min(dropped, default=step) >= step
+        assert held == counted  # the count of KV held is the KV held
+    shard = (
+        2 * model.spec.num_tokens * model.adapter.num_heads * model.adapter.head_dim * 2
+    )  # K and V of the fp16 level, as decoded
+    assert set(edit.kv) <= set(range((STEPS - 1) * L, STEPS * L)) and edit.kv_bytes == len(edit.kv) * shard
+    assert (
+        max(x[4] for x in seen) <= rep.peak_kv_bytes <= STEPS * L * shard and rep.peak_kv_bytes == edit.peak_kv_bytes
+    )
+
+
+def test_live_sakura_sees_a_stalled_transfer_and_does_not_wait_it_out(setup):
+    """A fetcher that reports progress (``on_chunk``): step 1 layer 3's shard stops half-way for 20 s, and every
+    later shard queues behind it. The policy sees the transfer in progress (``LiveState.link_progress``, as the
+    simulator's) and keeps the template or gives up on the link, instead of waiting for a shard predicted long
+    ago: the edit ends in seconds, equal to the on-device one; the stalled fetch is abandoned."""
+    model, tpl, usr, pre, on_device, _, profile = setup
+    plan = plan_fetch(pre.manifest, "fetch-fp16")
+    stalled = {r["digest"] for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 3
+               for r in sh["representations"]}  # fmt: skip
+
+    async def fetch_blob(digest, nbytes, on_chunk=None):
+        blob, report = pre.blobs[digest], on_chunk or (lambda n: None)
+        half = len(blob) // 2
+        report(half)
+        if digest in stalled:
+            await asyncio.sleep(20.0)
+        report(len(blob) - half)
+        return blob
+
+    rep = asyncio.run(
+        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=make_policy("sakura"),
+                           ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
+                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0))
+    )  # fmt: skip
+    assert rep.latency_s < 10.0  # 20.1 s when the live state did not report the transfer in progress
+    assert (rep.tokens - on_device.tokens).abs().max() < 2e-3
+    L = model.adapter.num_layers
+    assert "fp16" not in rep.levels_used.get(L + 3, ["-"])  # the stalled shard was never used

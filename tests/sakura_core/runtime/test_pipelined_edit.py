@@ -80,10 +80,10 @@ def test_two_runs_of_one_instance_equal_two_fresh_instances(setup):
 def test_reset_clears_every_lane(setup):
     edit = _edit(setup)
     first = asyncio.run(edit.run())
-    assert edit.blobs and edit.kv and edit.decoders and all(ev.is_set() for ev in edit.ready.values())
+    assert edit.kv and edit.decoders and edit.kv_bytes > 0 and all(ev.is_set() for ev in edit.ready.values())
     edit.reset()
     assert not (edit.events or edit.decisions or edit.fallbacks or edit.levels_used)
-    assert not (edit.blobs or edit.kv or edit.decoders or edit.failed or edit.fallback_kv)
+    assert not (edit.kv or edit.decoders or edit.failed or edit.fallback_kv or edit.kv_bytes or edit.peak_kv_bytes)
     assert not any(ev.is_set() for ev in edit.ready.values())
     assert edit.bytes_fetched == 0 and edit.split_layer == setup[0].adapter.num_layers and edit.span_key is None
     assert edit.st.next_layer == 0 and not edit.st.got and not edit.st.base_done and edit.st.template_alive

@@ -1,0 +1,79 @@
+"""The decode lane of :class:`~sakura_core.runtime.pipeline.PipelinedEdit` and the template KV the device holds.
+
+A shard's chain is decoded in the thread pool by one :class:`~sakura_core.kv.chain.ChainDecoder` per shard, kept
+while an upgrade may extend it, so an upgrade fetches and applies only its new blobs (no blob is kept after it is
+decoded). The decoded KV is counted (``kv_bytes``, ``peak_kv_bytes``); in per-step mode a step's KV serves that step
+only and is freed when the next step begins.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kv.binding import check_shard_binding, slot_from_manifest
+from ..kv.chain import ChainDecoder
+
+__all__ = ["DecodeLane"]
+
+
+class DecodeLane:
+    """Mixin: decoding and the KV held (state lives on the edit: ``kv``, ``decoders``, ``decoder_lock``,
+    ``fallback_kv``, ``dropped``, ``kv_bytes``, ``peak_kv_bytes``, ``released_below``, ``st``, ...)."""
+
+    def decoded_prefix(self, layer: int, digests: list[str]) -> int:
+        """How many of ``digests`` (a chain) this layer's decoder has applied already: the chain extends what it
+        decoded (an upgrade); 0 when there is no decoder or the chain starts afresh."""
+        with self.decoder_lock:
+            done = self.decoders.get(layer, ([], None))[0]
+        ok = 0 < len(done) < len(digests) and digests[: len(done)] == done
+        return len(done) if ok else 0
+
+    def decode_shard(self, layer: int, level: int, digests: list[str], blobs: list[bytes], start: int = 0):
+        """Decode ``blobs`` = ``digests[start:]``: with ``start`` > 0 on top of this layer's decoder, which has applied
+        ``digests[:start]`` (an upgrade applies only its new blobs); else a new decoder."""
+        t0 = self.st.now
+        with self.decoder_lock:
+            done, dec = self.decoders.pop(layer, ([], None))
+        if start:
+            if dec is None or done != digests[:start]:
+                raise RuntimeError(f"shard {layer}: the decoder no longer holds the chain prefix this upgrade extends")
+        else:
+            dec = ChainDecoder()
+        for blob in blobs:  # on an error the half-advanced decoder stays dropped (popped above)
+            dec.push(blob)
+        # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not)
+        check_shard_binding(dec.header, slot_from_manifest(self.manifest, layer % self.L, self.reps[layer][level]))
+        k, v = dec.tensors()
+        with self.decoder_lock:
+            self.decoders[layer] = (list(digests), dec)
+        self.event("decode", t0, self.st.now, layer, self.ladders[layer][level].name)
+        return k, v
+
+    def hold_kv(self, g: int, entry: tuple[torch.Tensor, torch.Tensor, int]) -> None:
+        """Keep shard ``g``'s decoded KV (replacing a coarser one); the caller holds ``st.lock``."""
+        old = self.kv.get(g)
+        self.kv[g] = entry
+        self._count_kv(entry[:2], old[:2] if old is not None else ())
+
+    def _count_kv(self, added=(), removed=()) -> None:
+        self.kv_bytes += sum(t.nbytes for t in added) - sum(t.nbytes for t in removed)
+        self.peak_kv_bytes = max(self.peak_kv_bytes, self.kv_bytes)
+
+    def release_step(self, step: int) -> None:
+        """Per-step mode: step ``step`` is done, its KV is never used again: free its shards' KV (fetched and the
+        device's), decoders and the template state kept at its drop, so the KV held is the current step's and what
+        is prefetched for later steps, not the whole edit's."""
+        lo, hi = step * self.L, (step + 1) * self.L
+        with self.st.lock:
+            self.released_below = max(self.released_below, hi)
+            for g in range(lo, hi):
+                entry = self.kv.pop(g, None)
+                if entry is not None:
+                    self._count_kv(removed=entry[:2])
+                fb = self.fallback_kv.pop(g, None)
+                if fb is not None:
+                    self._count_kv(removed=fb)
+        with self.decoder_lock:
+            for g in range(lo, hi):
+                self.decoders.pop(g, None)
+        self.dropped.pop(step, None)

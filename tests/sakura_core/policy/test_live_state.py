@@ -1,0 +1,34 @@
+"""LiveState.link_progress: the live pipeline shows the policy the transfer in progress as the simulator does."""
+
+from __future__ import annotations
+
+import pytest
+
+from sakura_core.fetch.traces import Trace
+from sakura_core.policy.context import Context
+from sakura_core.policy.estimator import ThroughputEstimator
+from sakura_core.policy.ladder import Level
+from sakura_core.policy.live_state import LiveState
+from sakura_core.runtime.live_profile import LiveProfile
+
+
+def _state():
+    ladders = [[Level("fp16", 1_000_000, 1_000_000, 0.0, 0.0)] for _ in range(4)]
+    profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.1, layers=4, steps=1)
+    return LiveState(profile, Trace.constant(8.0), ladders, 0, ThroughputEstimator(), 0.0)
+
+
+def test_no_transfer_no_progress():
+    assert _state().link_progress() is None
+
+
+def test_the_earliest_shard_being_received_is_the_transfer_in_progress():
+    st = _state()
+    with st.frozen_now() as now:
+        st.receiving[3] = [now - 1.0, 5.0, 100.0]
+        st.receiving[2] = [now - 4.0, 250.0, 200.0]  # more received than its size (a refetch): clamped
+        assert st.link_progress() == pytest.approx((4.0, 200.0, 200.0))
+        del st.receiving[2]
+        assert st.link_progress() == pytest.approx((1.0, 5.0, 100.0))
+        # the policy's view: 5 B in 1 s of a transfer due at 1 MB/s long ago -> the estimate drops to 5 B/s
+        assert Context(st).slowed(1e6) == pytest.approx(5.0)
