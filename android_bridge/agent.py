@@ -326,7 +326,8 @@ def create_app(
     config: AgentConfig, *, model=None, edit_fn: EditFn | None = None, live_profile=None
 ) -> web.Application:
     """The agent app. ``model`` defaults to the demo model (``config.weights``), ``edit_fn`` to
-    ``sakura_core.edit.edit_from_server``, ``live_profile`` to a measurement of ``model`` here."""
+    ``sakura_core.edit.edit_from_server`` (called as it is: ``(model, request, image, *, profile, cancel, on_layer,
+    prefetch_kv_bytes[, backend])``), ``live_profile`` to a measurement of ``model`` here."""
     app = web.Application(middlewares=[_auth], client_max_size=config.max_body_bytes)
     app[AGENT_STATE_KEY] = AgentState(config, model, edit_fn, live_profile)
     app.router.add_get("/healthz", handle_healthz)

@@ -45,9 +45,11 @@ async def _run_one(state: AgentState, job: Job) -> None:
         loop.call_soon_threadsafe(job.emit, event)
 
     backend = {"backend": state.backend} if state.backend is not None else {}  # None: the torch reference
+    # the memory the job's estimate leaves under the budget is what KV prefetched for later steps may use
+    room = max(int(job.memory["budget_bytes"]) - int(job.memory["total_bytes"]), 0)
     edit = asyncio.ensure_future(
         state.edit_fn(state.model, job.request, job.image, profile=state.live_profile, cancel=job.cancel,
-                      on_layer=on_layer, **backend)
+                      on_layer=on_layer, prefetch_kv_bytes=room, **backend)
     )  # fmt: skip
 
     def timeout() -> None:

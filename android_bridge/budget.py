@@ -3,8 +3,10 @@
 The estimate counts what one NPU session (or, without an NPU, the app) must hold while the DiT runs:
 
 * weights: ``params * profile.weight_bytes_per_param`` (w8a16 on the NPU: 1 byte per weight);
-* template KV: ``layers * 2 * template_tokens * heads * head_dim * activation_bytes`` (every layer's K and V stay
-  resident: one KV per layer serves every step);
+* template KV: ``layers * 2 * template_tokens * heads * head_dim * activation_bytes`` (single mode: every layer's
+  K and V stay resident, one KV per layer serves every step; per-step mode: at most the running step's, freed layer
+  by layer, plus what is prefetched for later steps, which the agent bounds by the room this estimate leaves under
+  the budget: ``RuntimeConfig.prefetch_kv_bytes``);
 * activations of the largest layer (layers run one after another, so one layer's working set is live at a time)::
 
       S = text_tokens + image_tokens, S_kv = S + template_tokens, D = heads * head_dim

@@ -253,13 +253,15 @@ async def run_template_edit(
     on_layer: Callable[[int, int], None] | None = None,
     executed_on: dict | None = None,
     backend=None,
+    prefetch_kv_bytes: int | None = None,
 ) -> EditOutcome:
     """Edit ``user_image`` against ``opened`` with ``settings.policy`` over ``link`` (default: the real link).
 
     ``profile`` defaults to :func:`measure_profile` of ``model`` (measured once per model). ``on_layer(step,
     layer)`` is called before each layer; ``cancel`` stops between layers (``runtime.pipeline.Cancelled``).
     ``executed_on`` goes into the report as is (default ``{"kind": "local"}``). ``backend`` runs the model's blocks
-    (``sakura_core.runtime.backend``; None = the torch adapter).
+    (``sakura_core.runtime.backend``; None = the torch adapter). ``prefetch_kv_bytes``: the memory the device lends
+    to KV prefetched for later steps (``RuntimeConfig.prefetch_kv_bytes``; None = no limit).
     """
     from .fetch.client import ShardClient
 
@@ -276,7 +278,8 @@ async def run_template_edit(
     # a template larger than the edit keeps its own size (its grid is the manifest's)
     template = opened.template_image(size * opened.token_grid[0] // key.token_grid[0])
     user = load_image(user_image, size)
-    config = RuntimeConfig(steps=settings.steps, seed=settings.seed, latency_target_s=settings.latency_target_s)
+    config = RuntimeConfig(steps=settings.steps, seed=settings.seed, latency_target_s=settings.latency_target_s,
+                           prefetch_kv_bytes=prefetch_kv_bytes)  # fmt: skip
     async with opened.source.base_url() as url, ShardClient(url, opened.source.token) as client:
         t0 = time.monotonic()
         run = await run_pipelined_edit(
@@ -348,8 +351,11 @@ async def edit_from_server(
     cancel: threading.Event | None = None,
     on_layer: Callable[[int, int], None] | None = None,
     backend=None,
+    prefetch_kv_bytes: int | None = None,
 ) -> EditOutcome:
-    """:func:`open_template` then :func:`run_template_edit` for ``request`` (``backend``: see there)."""
+    """:func:`open_template` then :func:`run_template_edit` for ``request`` (``backend``, ``prefetch_kv_bytes``: see
+    there)."""
     opened = await open_template(request.source, request.template_id, model)
     return await run_template_edit(model, opened, user_image, request.settings, link=request.link, profile=profile,
-                                   cancel=cancel, on_layer=on_layer, backend=backend)  # fmt: skip
+                                   cancel=cancel, on_layer=on_layer, backend=backend,
+                                   prefetch_kv_bytes=prefetch_kv_bytes)  # fmt: skip

@@ -2,8 +2,8 @@
 
 A shard's chain is decoded in the thread pool by one :class:`~sakura_core.kv.chain.ChainDecoder` per shard, kept
 while an upgrade may extend it, so an upgrade fetches and applies only its new blobs (no blob is kept after it is
-decoded). The decoded KV is counted (``kv_bytes``, ``peak_kv_bytes``); in per-step mode a step's KV serves that step
-only and is freed when the next step begins.
+decoded). The decoded KV is counted (``kv_bytes``, ``peak_kv_bytes``); in per-step mode a shard serves one (step,
+layer) only and is freed once the compute lane has passed it.
 """
 
 from __future__ import annotations
@@ -53,27 +53,36 @@ class DecodeLane:
         """Keep shard ``g``'s decoded KV (replacing a coarser one); the caller holds ``st.lock``."""
         old = self.kv.get(g)
         self.kv[g] = entry
+        self.shard_kv_nbytes = entry[0].nbytes + entry[1].nbytes
         self._count_kv(entry[:2], old[:2] if old is not None else ())
 
     def _count_kv(self, added=(), removed=()) -> None:
         self.kv_bytes += sum(t.nbytes for t in added) - sum(t.nbytes for t in removed)
         self.peak_kv_bytes = max(self.peak_kv_bytes, self.kv_bytes)
 
-    def release_step(self, step: int) -> None:
-        """Per-step mode: step ``step`` is done, its KV is never used again: free its shards' KV (fetched and the
-        device's), decoders and the template state kept at its drop, so the KV held is the current step's and what
-        is prefetched for later steps, not the whole edit's."""
-        lo, hi = step * self.L, (step + 1) * self.L
-        with self.st.lock:
-            self.released_below = max(self.released_below, hi)
-            for g in range(lo, hi):
-                entry = self.kv.pop(g, None)
-                if entry is not None:
-                    self._count_kv(removed=entry[:2])
-                fb = self.fallback_kv.pop(g, None)
-                if fb is not None:
-                    self._count_kv(removed=fb)
+    def release_before(self, g: int) -> None:
+        """Per-step mode: the compute lane is at shard ``g``; every shard before it served its (step, layer) and is
+        never used again: free their KV (fetched and the device's), decoders, and the template state kept at the
+        drops of steps before ``g``'s. The device holds the rest of the running step and what is prefetched for
+        later steps, not the whole edit's KV. The caller holds ``st.lock``."""
+        lo = self.released_below
+        if g <= lo:
+            return
+        self.released_below = g
+        for x in range(lo, g):
+            entry = self.kv.pop(x, None)
+            if entry is not None:
+                self._count_kv(removed=entry[:2])
+            fb = self.fallback_kv.pop(x, None)
+            if fb is not None:
+                self._count_kv(removed=fb)
         with self.decoder_lock:
-            for g in range(lo, hi):
-                self.decoders.pop(g, None)
-        self.dropped.pop(step, None)
+            for x in range(lo, g):
+                self.decoders.pop(x, None)
+        for step in [s for s in self.dropped if s < g // self.L]:
+            del self.dropped[step]
+
+    def held_ahead_bytes(self) -> int:
+        """Decoded KV held for steps after the running one (the caller holds ``st.lock``)."""
+        end = (max(self.step, 0) + 1) * self.L
+        return sum(k.nbytes + v.nbytes for g, (k, v, _) in self.kv.items() if g >= end)

@@ -149,7 +149,24 @@ class FetchLane:
                 return None
             return layer, d.level
 
+    async def room_for(self, g: int) -> None:
+        """Per-step mode with ``prefetch_kv_bytes``: before fetching shard ``g`` of a later step, wait until the
+        KV held for later steps leaves room for it (the compute lane frees shards as it passes them). The running
+        step's own shards never wait, nor does an upgrade of a shard held already. While the lane waits, the
+        running step's deferred shards are fetched only if the compute lane asks for them (late_shards)."""
+        cap = self.cfg.prefetch_kv_bytes
+        if cap is None or not self.per_step:
+            return
+        while not self.cancel.is_set() and not self._done.is_set():
+            with self.st.lock:
+                if g < (max(self.step, 0) + 1) * self.L or g in self.kv:
+                    return
+                if self.held_ahead_bytes() + self.shard_kv_nbytes <= cap:
+                    return
+            await asyncio.sleep(IDLE_POLL_S)
+
     async def fetch_base(self, layer: int, level: int) -> None:
+        await self.room_for(layer)
         with self.st.lock:
             self.st.in_flight[layer] = self.ctx.predict_ready(
                 layer, self.ladders[layer][level], self.estimator.robust()
@@ -191,6 +208,7 @@ class FetchLane:
         if up is None:
             return False
         layer, level = up
+        await self.room_for(layer)
         self.decisions.append({"t": st.now, "layer": layer, "level": level, "reason": "upgrade"})
         try:
             await self.fetch_level(layer, level)

@@ -112,8 +112,9 @@ class LateShards:
             self.event("compute", t0, self.st.now, -1, what)
             with self.st.lock:
                 for i, layer_kv in enumerate(kv):
-                    self.fallback_kv[step * self.L + start + i] = layer_kv
-                    self._count_kv(added=layer_kv)
+                    if step * self.L + start + i >= self.released_below:  # not a layer the compute lane has passed
+                        self.fallback_kv[step * self.L + start + i] = layer_kv
+                        self._count_kv(added=layer_kv)
         return self.fallback_kv[g]
 
     def _on_drop(self, step: int, layer: int, hidden: torch.Tensor) -> None:

@@ -138,7 +138,8 @@ class PipelinedEdit(FetchLane, DecodeLane, LateShards):
         self._deferred_sig: tuple | None = None  # the state of the last "not now" to all of them (fetch_lane)
         self.levels_used: dict[int, list[str]] = {}
         self.kv_bytes = self.peak_kv_bytes = 0  # template KV held now (fetched + the device's), and its peak
-        self.released_below = 0  # per-step: shards g below this belong to steps already done (their KV is freed)
+        self.released_below = 0  # per-step: shards g below this served their (step, layer): their KV is freed
+        self.shard_kv_nbytes = 0  # one decoded shard's K and V (0 until one is decoded)
         self.bytes_fetched = 0
         self.split_layer = self.L
         self.split_layers = [self.L] * (self.cfg.steps if self.per_step else 1)  # k_s per step (per-step mode)
@@ -185,10 +186,10 @@ class PipelinedEdit(FetchLane, DecodeLane, LateShards):
         with self.st.lock:
             if self.per_step and step != self.step:  # the template pass restarts at every step
                 self.st.template_alive, self.st.dropped_at = True, self.L
-                if self.step >= 0:
-                    self.release_step(self.step)
             self.step = step
             self.st.compute_layer, self.st.compute_t = self._g(layer), now
+            if self.per_step:
+                self.release_before(self._g(layer))
         self.span_t = now
         live = self.st.template_alive and (step == 0 or self.per_step or self.policy.template_every_step)
         self.span_key = (step, layer, "template" if live else "cached")

@@ -26,6 +26,10 @@ class RuntimeConfig:
     rtt_s: round trip charged per request in the policies' predictions.
     latency_target_s: the user's latency target for the edit (seconds) or None; policies trade the slack under it
         for quality (sakura) or use it as their SLO (cachegen).
+    prefetch_kv_bytes: per-step mode: the most decoded KV of later steps the device may hold (or receive) ahead
+        of the step it runs; the fetch lane waits for room before it fetches further ahead (the running step's own
+        shards are always fetched). None = no limit (what ``bench e2e --mode sim`` models); 0 = no prefetch.
+        The device then holds at most one step's KV plus this.
     """
 
     steps: int = 8
@@ -35,8 +39,11 @@ class RuntimeConfig:
     shard_wait_s: float = 120.0
     rtt_s: float = 0.04
     latency_target_s: float | None = None
+    prefetch_kv_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.prefetch_kv_bytes is not None and self.prefetch_kv_bytes < 0:
+            raise ValueError(f"prefetch_kv_bytes must be >= 0 bytes or None (no limit), got {self.prefetch_kv_bytes}")
         if self.latency_target_s is not None and not self.latency_target_s > 0:
             raise ValueError(f"latency_target_s must be > 0 seconds or None, got {self.latency_target_s}")
         if self.steps < 1 or self.decode_threads < 1 or self.shard_wait_s <= 0:

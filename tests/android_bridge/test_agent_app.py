@@ -33,9 +33,11 @@ class FakeEdit:
         self.gate.set()
         self.started = threading.Event()
         self.requests = []
+        self.prefetch = []
 
-    async def __call__(self, model, request, image, *, profile, cancel, on_layer):
+    async def __call__(self, model, request, image, *, profile, cancel, on_layer, prefetch_kv_bytes=None):
         self.requests.append((request, image.copy()))
+        self.prefetch.append(prefetch_kv_bytes)
 
         def work():
             self.started.set()
@@ -121,6 +123,9 @@ async def test_job_lifecycle_progress_result_and_forget(make_agent, cloud, user_
     assert last["done"] == last["total"] == 2 * demo_model.adapter.num_layers
     request, image = fake.requests[0]
     assert request.prompt == PROMPT and request.server_url == cloud.url and np.array_equal(image, user_image)
+    # the room the job's memory estimate leaves under the budget is lent to KV prefetched for later steps
+    mem = sub["memory"]
+    assert fake.prefetch == [mem["budget_bytes"] - mem["total_bytes"]] and fake.prefetch[0] > 0
     r = await client.get(sub["result_url"], headers=AUTH)
     assert r.status == 200 and r.headers["Content-Type"].startswith("multipart/mixed")
     reader = aiohttp.MultipartReader.from_response(r)

@@ -282,11 +282,10 @@ def test_the_live_pipeline_tells_the_policy_how_long_the_edit_has_waited(setup):
     assert rep.levels_by_step()["step 1"] == ["fp16"] * L  # it waited: the shard was used
 
 
-def test_a_steps_kv_is_freed_once_the_step_is_done(setup):
-    """Per-step KV serves one step: when step s begins, the KV, decoders and drop state of the steps before it are
-    gone (the device holds the current step and what is prefetched, not the whole edit); the edit is unchanged."""
-    model, tpl, usr, pre, _, fp16_edit, profile = setup
-    L = model.adapter.num_layers
+def _watched_edit(setup, policy, **config):
+    """A per-step PipelinedEdit (fetch-fp16 ladders, instant link) and the list its layer hook fills: at each
+    (step, layer), what the device holds then."""
+    model, tpl, usr, pre, *_, profile = setup
     plan = plan_fetch(pre.manifest, "fetch-fp16")
     seen = []
 
@@ -296,27 +295,53 @@ def test_a_steps_kv_is_freed_once_the_step_is_done(setup):
     def look(step, layer):
         with edit.st.lock:
             held = sum(k.nbytes + v.nbytes for k, v, _ in edit.kv.values())
-            seen.append((step, set(edit.kv), set(edit.decoders), set(edit.dropped), held, edit.kv_bytes))
+            seen.append((step, layer, set(edit.kv), set(edit.decoders), set(edit.dropped), held, edit.kv_bytes,
+                         edit.held_ahead_bytes()))  # fmt: skip
 
-    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=_SplitAt([1, 2, 0]), ladders=plan.ladders,
+    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,
                          reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
-                         config=RuntimeConfig(steps=STEPS), on_layer=look)  # fmt: skip
+                         config=RuntimeConfig(steps=STEPS, **config), on_layer=look)  # fmt: skip
+    return edit, seen
+
+
+def test_a_shards_kv_is_freed_once_the_compute_lane_has_passed_it(setup):
+    """Per-step KV serves one (step, layer): once the compute lane is past it, its KV, decoder and the drop state of
+    earlier steps are gone (the device holds the rest of the running step and what is prefetched, not the whole
+    edit's KV); the edit is unchanged."""
+    model, *_, fp16_edit, _ = setup
+    L = model.adapter.num_layers
+    edit, seen = _watched_edit(setup, _SplitAt([1, 2, 0]))
     rep = asyncio.run(edit.run())
     assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5
-    later = [x for x in seen if x[0] > 0]
-    assert later and all(min(kv | dec, default=step * L) >= (step - 1) * L for step, kv, dec, *_ in later)
-    # the hook runs before this layer's release of step s-1: from layer 1 of step s on nothing of s-1 is left
-    for i, (step, kv, dec, dropped, held, counted) in enumerate(seen):
-        if i and seen[i - 1][0] == step and step > 0:
-            assert min(kv | dec, default=step * L) >= step * L and min(dropped, default=step) >= step
+    # the hook runs before this layer's release: at (step, layer) = shard g nothing before g - 1 is left
+    for step, layer, kv, dec, dropped, held, counted, _ in seen:
+        g = step * L + layer
+        assert min(kv | dec, default=g) >= g - 1 and min(dropped, default=step) >= step - (layer == 0)
         assert held == counted  # the count of KV held is the KV held
-    shard = (
-        2 * model.spec.num_tokens * model.adapter.num_heads * model.adapter.head_dim * 2
-    )  # K and V of the fp16 level, as decoded
-    assert set(edit.kv) <= set(range((STEPS - 1) * L, STEPS * L)) and edit.kv_bytes == len(edit.kv) * shard
+    shard = 2 * model.spec.num_tokens * model.adapter.num_heads * model.adapter.head_dim * 2  # fp16 K and V
+    assert set(edit.kv) <= {STEPS * L - 1} and edit.kv_bytes == len(edit.kv) * shard
     assert (
-        max(x[4] for x in seen) <= rep.peak_kv_bytes <= STEPS * L * shard and rep.peak_kv_bytes == edit.peak_kv_bytes
+        max(x[5] for x in seen) <= rep.peak_kv_bytes <= STEPS * L * shard and rep.peak_kv_bytes == edit.peak_kv_bytes
     )
+
+
+@pytest.mark.parametrize("shards", [0, 2])
+def test_prefetch_for_later_steps_stays_within_its_memory(setup, shards):
+    """``prefetch_kv_bytes``: the KV held for steps after the running one never exceeds it (an instant link would
+    otherwise prefetch every later step at once); with 0 nothing is fetched ahead. The edit is unchanged."""
+    model, *_, fp16_edit, _ = setup
+    L = model.adapter.num_layers
+    shard = 2 * model.spec.num_tokens * model.adapter.num_heads * model.adapter.head_dim * 2
+    edit, seen = _watched_edit(setup, make_policy("fetch-fp16"), prefetch_kv_bytes=shards * shard)
+    rep = asyncio.run(edit.run())
+    assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5 and rep.split_layers == [0] * STEPS
+    assert all(ahead <= shards * shard for *_, ahead in seen)
+    assert rep.peak_kv_bytes <= (L + shards) * shard  # one step plus the prefetch room
+    unlimited, seen = _watched_edit(setup, make_policy("fetch-fp16"))
+    asyncio.run(unlimited.run())
+    assert max(ahead for *_, ahead in seen) > 2 * shard  # without the limit the link runs ahead
+    with pytest.raises(ValueError, match=r"prefetch_kv_bytes must be >= 0 bytes or None \(no limit\), got -1"):
+        RuntimeConfig(prefetch_kv_bytes=-1)
 
 
 def test_live_sakura_sees_a_stalled_transfer_and_does_not_wait_it_out(setup):
