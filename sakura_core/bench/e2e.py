@@ -177,6 +177,7 @@ def run_sim(
                         "psnr_db": float(r.psnr_db),
                         "split_layer": int(r.split_layer),
                         "splits": [int(k) for k in r.splits],  # one per step in per-step mode
+                        "peak_kv_bytes": int(r.peak_kv_bytes),  # decoded template KV held at once, at most
                         "_result": r,
                     }
                 )
@@ -201,7 +202,8 @@ def summarize_by_class(runs: list[dict]) -> dict[str, dict]:
 
 
 def summarize(runs: list[dict]) -> tuple[dict, dict]:
-    """Per policy: median / p90 latency, median PSNR; and per-run latency ratios vs sakura."""
+    """Per policy: median / p90 latency, median PSNR, median peak of the template KV held; and per-run latency
+    ratios vs sakura."""
     summary, ratios = {}, {}
     by_key = {(r["trace"], r["start_s"], r["policy"]): r for r in runs}
     for name in sorted({r["policy"] for r in runs}, key=list(POLICIES).index):
@@ -210,6 +212,7 @@ def summarize(runs: list[dict]) -> tuple[dict, dict]:
             "median_latency_s": statistics.median(lat),
             "p90_latency_s": float(np.percentile(lat, 90)),
             "median_psnr_db": statistics.median(r["psnr_db"] for r in runs if r["policy"] == name),
+            "median_peak_kv_bytes": statistics.median(r.get("peak_kv_bytes", 0) for r in runs if r["policy"] == name),
         }
         rel = [
             r["latency_s"] / by_key[(r["trace"], r["start_s"], "sakura")]["latency_s"]

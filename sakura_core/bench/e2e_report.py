@@ -21,14 +21,16 @@ def select_policies(arg: str, mode: str) -> list[str]:
 
 
 def format_table(summary: dict, ratios: dict) -> str:
-    """The printed e2e table: per policy, median / p90 latency, median PSNR and latency ratios vs sakura."""
-    head = f"{'policy':<18}{'median s':>10}{'p90 s':>10}{'PSNR dB':>9}{'x sakura (med)':>16}{'min':>9}{'max':>9}"
+    """The printed e2e table: per policy, median / p90 latency, median PSNR, latency ratios vs sakura and the median
+    peak of the decoded template KV held (GiB)."""
+    head = (f"{'policy':<18}{'median s':>10}{'p90 s':>10}{'PSNR dB':>9}{'x sakura (med)':>16}{'min':>9}{'max':>9}"
+            f"{'KV GiB':>8}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for name, s in summary.items():
         r = ratios.get(name, {})
         lines.append(
             f"{name:<18}{s['median_latency_s']:>10.2f}{s['p90_latency_s']:>10.2f}{s['median_psnr_db']:>9.1f}"
             f"{r.get('median_ratio_vs_sakura', float('nan')):>16.2f}{r.get('min_ratio_vs_sakura', float('nan')):>9.2f}"
-            f"{r.get('max_ratio_vs_sakura', float('nan')):>9.2f}"
+            f"{r.get('max_ratio_vs_sakura', float('nan')):>9.2f}{s.get('median_peak_kv_bytes', 0) / 2**30:>8.2f}"
         )
     return "\n".join(lines)

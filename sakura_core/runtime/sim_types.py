@@ -33,3 +33,4 @@ class SimResult:
     splits: list[int] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
+    peak_kv_bytes: int = 0  # the most decoded template KV held at once (fp16; what the live report's counts)

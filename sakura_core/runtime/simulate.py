@@ -89,6 +89,8 @@ class _Sim:
         self.split_layer = self.L
         self.splits: list[int] = []
         self.device_all = False  # a fallback template pass made every layer's KV on the device
+        self.passed: dict[int, float] = {}  # per-step: shard -> when the compute lane was past it (its KV freed)
+        self.device_kv_at: dict[int, float] = {}  # shard -> when a fallback pass made its KV on the device
         self.ctx = Context(self)
 
     @property
@@ -293,6 +295,8 @@ class _Sim:
     def _step0_layer(self, layer: int) -> None:
         """Step 0 at ``layer``: keep the template tokens, or use this layer's KV (device-made or fetched)."""
         p, pol = self.profile, self.policy
+        if self.per_step and layer > 0:
+            self.passed[layer - 1] = self.compute_t  # as the live pipeline: a shard is freed once the lane is past it
         self.compute_layer = layer
         self.advance_link(self.compute_t)
         self.now = self.compute_t
@@ -329,6 +333,8 @@ class _Sim:
                 # resumed where this step's template was dropped (its hidden state kept there), not a whole pass
                 self._compute(self.ctx.resume_pass_s(), -1, f"fallback template pass from layer {self.dropped_at}")
                 self.device_all = True
+                for g in range(layer, (layer // self.L + 1) * self.L if self.per_step else self.N):
+                    self.device_kv_at[g] = self.compute_t
                 if self.per_step:  # this step's KV is on the device now; the link moves on to the next step
                     self.next_layer = max(self.next_layer, (layer // self.L + 1) * self.L)
                     self.base_done = self.next_layer >= self.N
@@ -372,7 +378,29 @@ class _Sim:
             splits=list(self.splits),
             events=self.events,
             decisions=self.decisions,
+            peak_kv_bytes=self._peak_kv_bytes(),
         )
+
+    def _peak_kv_bytes(self) -> int:
+        """The most decoded template KV held at once, as the live pipeline counts it: a fetched shard from its first
+        decode, a fallback pass's KV from the pass, until the compute lane is past the shard (per-step mode) or the
+        edit ends (single mode: every step uses it); one shard's K and V in fp16."""
+        end = self.compute_t
+        spans = [(min(t for _, t in got), g) for g, got in self._got.items()]
+        spans += [(t, g) for g, t in self.device_kv_at.items()]
+        edges = []
+        for t0, g in spans:
+            t1 = self.passed.get(g, end) if self.per_step else end
+            if t0 < t1:
+                edges += [(t0, 1), (t1, -1)]
+        held = peak = 0
+        for _, d in sorted(edges):  # at one time a release (-1) comes before a hold (+1)
+            held += d
+            peak = max(peak, held)
+        shard = getattr(self.profile.model, "shard_bytes_fp16", None)
+        if shard is None:  # a measured live profile has no geometry: the ladder's fp16 level, if it has one
+            shard = next((lv.nbytes for lv in self.ladders[0] if lv.name == "fp16"), 0) if self.ladders else 0
+        return peak * int(shard)
 
 
 def simulate(

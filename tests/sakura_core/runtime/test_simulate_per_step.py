@@ -134,3 +134,18 @@ def test_a_late_shard_resumes_the_template_pass_where_the_step_dropped_it():
     assert all(e["end"] - e["start"] == pytest.approx(P.template_pass_s / 2) for e in passes)
     assert pol.resume_s == [pytest.approx(P.template_pass_s / 2)] * 3 and r.splits == [2, 2, 2]
     assert r.latency_s == pytest.approx(3 * (2 * F + P.template_pass_s / 2 + 2 * C) + P.fixed_s)
+
+
+def test_the_kv_held_is_counted_as_the_live_pipeline_frees_it():
+    # splits 4, 0, 4 at 1000 Mbit/s: shards 4..7 are decoded by ~5 ms, step 1 starts at 4 F (~41 ms): all four
+    # are held at once, then freed as step 1 passes them
+    r = _sim(fixed_split_policy([4, 0, 4]), Trace.constant(1000))
+    assert r.peak_kv_bytes == 4 * FP
+    # split 0 everywhere: shard g is decoded at 0.7 ms + (g + 1) ms and freed once the compute lane is past it
+    # (first + (g + 1) C); at the last decode, the shards already passed are gone
+    r = _sim(fixed_split_policy(0), Trace.constant(1000))
+    first = Q.nbytes / 125e6 + 1e-3
+    last = Q.nbytes / 125e6 + 12e-3
+    passed = sum(first + (g + 1) * C <= last for g in range(12))
+    assert 0 < passed < 12 and r.peak_kv_bytes == (12 - passed) * FP
+    assert _sim(make_policy("on-device"), Trace.constant(1000)).peak_kv_bytes == 0  # nothing fetched
