@@ -273,8 +273,9 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                     "_plan": (plan.ladders, plan.floor),  # for the simulator replay (not written)
                 }
             )
+            split = rep.split_layers if rep.kv_mode == "per-step" else rep.split_layer
             print(f"{trace.name:<28} {name:<18} {rep.latency_s:7.2f} s  {rep.bytes_fetched / 2**20:7.2f} MiB  "
-                  f"KV held <= {rep.peak_kv_bytes / 2**20:.2f} MiB  split {rep.split_layers if rep.kv_mode == 'per-step' else rep.split_layer}  "
+                  f"KV held <= {rep.peak_kv_bytes / 2**20:.2f} MiB  split {split}  "
                   f"PSNR {runs[-1]['psnr_db']:.1f}  bound {bound['bound_s']:.2f} s "
                   f"(x{bound['latency_over_bound']:.2f})")  # fmt: skip
     return runs

@@ -69,15 +69,10 @@ class DecodeLane:
         if g <= lo:
             return
         self.released_below = g
-        for x in range(lo, g):
-            entry = self.kv.pop(x, None)
-            if entry is not None:
-                self._count_kv(removed=entry[:2])
-            fb = self.fallback_kv.pop(x, None)
-            if fb is not None:
-                self._count_kv(removed=fb)
         with self.decoder_lock:
             for x in range(lo, g):
+                entry, fb = self.kv.pop(x, None), self.fallback_kv.pop(x, None)
+                self._count_kv(removed=(*(entry[:2] if entry else ()), *(fb or ())))
                 self.decoders.pop(x, None)
         for step in [s for s in self.dropped if s < g // self.L]:
             del self.dropped[step]

@@ -111,9 +111,9 @@ class LateShards:
             what = f"fallback template pass from layer {start}" + (f" (step {step})" if self.per_step else "")
             self.event("compute", t0, self.st.now, -1, what)
             with self.st.lock:
-                for i, layer_kv in enumerate(kv):
-                    if step * self.L + start + i >= self.released_below:  # not a layer the compute lane has passed
-                        self.fallback_kv[step * self.L + start + i] = layer_kv
+                for x, layer_kv in enumerate(kv, start=step * self.L + start):
+                    if x >= self.released_below:  # not a layer the compute lane has passed
+                        self.fallback_kv[x] = layer_kv
                         self._count_kv(added=layer_kv)
         return self.fallback_kv[g]
 

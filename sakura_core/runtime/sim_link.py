@@ -1,0 +1,173 @@
+"""The simulator's link: the fetch lane (one request at a time over the trace, the decoder behind it, deferred shards
+asked again while the link would idle, upgrades) and what a policy may know of it (levels decoded by now, predicted
+ready times, the transfer in progress). A mixin of :class:`~sakura_core.runtime.simulate._Sim`, as
+:class:`~sakura_core.runtime.fetch_lane.FetchLane` is of the live pipeline; the state lives on the simulation."""
+
+from __future__ import annotations
+
+from ..policy.policies import LEVEL_COMPUTE
+from .deferral import ask_deferred
+
+__all__ = ["SimLink"]
+
+
+class SimLink:
+    """Mixin: the link half of a simulated edit (``_got``, ``_pred``, ``link_free``, ``decoder_free``, ``estimator``,
+    ``pending_obs``, ``next_layer``, ``deferred``, ``forced``, ...)."""
+
+    @property
+    def got(self) -> dict[int, list[tuple[int, float]]]:
+        """Levels decoded by ``now`` (the policy's view; see the module docstring)."""
+        now = self.now + 1e-12
+        return {g: [x for x in v if x[1] <= now] for g, v in self._got.items() if v and v[0][1] <= now}
+
+    @property
+    def in_flight(self) -> dict[int, float]:
+        """Requested, not decoded by ``now``: its decode end once it has arrived, else a prediction from what a
+        client knows (request times and sizes, the bytes of the transfer in progress received so far) at the robust
+        estimate, lowered to the in-progress rate when that transfer is overdue; never the true future arrival."""
+        now = self.now + 1e-12
+        out: dict[int, float] = {}
+        rate = None
+        t = now
+        for g, (t0, nbytes, arrive) in sorted(self._pred.items(), key=lambda kv: kv[1][0]):
+            got = self._got.get(g)
+            if got and got[0][1] <= now:
+                continue
+            if arrive <= now:
+                out[g] = got[0][1]
+                continue
+            if rate is None:
+                self.flush_observations()
+                rate = self.estimator.robust()
+                prog = self.link_progress()
+                if prog is not None and prog[0] > self.rtt_s + prog[2] / rate:  # overdue: the link slowed
+                    rate = min(rate, max(prog[1], 1.0) / max(prog[0] - self.rtt_s, 1e-3))
+            if t0 <= now:
+                prog = self.link_progress()
+                left = nbytes - (prog[1] if prog is not None else 0.0)
+                t = now + left / rate
+            else:
+                t = max(t, t0) + nbytes / rate
+            out[g] = t + self.ladders[g][got[0][0]].decode_s
+        return out
+
+    def link_progress(self) -> tuple[float, float, float] | None:
+        """The transfer in progress at ``now``: (seconds since it was requested, bytes received so far, its size),
+        or None when the link is idle (what a client's read loop knows)."""
+        now = self.now
+        for t0, nbytes, arrive in self._pred.values():
+            if t0 - self.rtt_s <= now < arrive:
+                start = max(now, t0)
+                got = self.trace.delivered(self.start_s + start) - self.trace.delivered(self.start_s + t0)
+                return now - (t0 - self.rtt_s), float(min(max(got, 0.0), nbytes)), float(nbytes)
+        return None
+
+    def flush_observations(self) -> None:
+        """Feed the estimator the transfers that have completed by ``now`` (never one from the future)."""
+        done = [o for o in self.pending_obs if o[0] <= self.now + 1e-12]
+        if done:
+            self.pending_obs = [o for o in self.pending_obs if o[0] > self.now + 1e-12]
+            for _, nbytes, seconds in sorted(done):
+                self.estimator.observe(nbytes, seconds)
+
+    # the trace is read at start_s + t
+    def _transfer(self, layer: int, level: int, nbytes: int, kind: str) -> None:
+        t0 = self.link_free + self.rtt_s
+        arrive = self.trace.finish_time(self.start_s + t0, nbytes) - self.start_s
+        self.pending_obs.append((arrive, nbytes, arrive - t0))  # known to the estimator only once it has arrived
+        if layer not in self._pred:  # what a client knows of a request: when it left, its size (and later its arrival)
+            self._pred[layer] = (t0, nbytes, arrive)
+        lv = self.ladders[layer][level]
+        dec0 = max(arrive, self.decoder_free)
+        dec1 = dec0 + (lv.decode_s if kind == "base" else lv.decode_s - self.ladders[layer][level - 1].decode_s)
+        self.decoder_free = dec1
+        self._got.setdefault(layer, []).append((level, dec1))
+        self.events.append({"lane": "fetch", "start": self.link_free, "end": arrive, "layer": layer, "level": lv.name})
+        self.events.append({"lane": "decode", "start": dec0, "end": dec1, "layer": layer, "level": lv.name})
+        self.bytes += nbytes
+        self.link_free = arrive
+
+    def _link_step(self) -> bool:
+        """One link action at ``link_free``; False when the link has nothing to do."""
+        self.now = self.link_free
+        if self.forced:
+            layer = self.forced.pop(0)
+            self.decisions.append({"t": self.now, "layer": layer, "level": self.floor, "reason": "fallback: needed"})
+            self._transfer(layer, self.floor, self.ladders[layer][self.floor].nbytes, "base")
+            return True
+        if self.deferred and self._retry_deferred():  # a deferred shard the policy now wants goes first
+            return True
+        if not self.base_done and self.next_layer < self.N:
+            layer = self.next_layer
+            d = self.policy.choose(self.ctx, layer)
+            self.decisions.append({"t": self.now, "layer": layer, "level": d.level, "reason": d.reason})
+            if d.level is None:
+                self.base_done = True
+                return True
+            self.next_layer += 1
+            if d.level == LEVEL_COMPUTE:
+                self.skipped.add(layer)
+                if d.defer:
+                    self.deferred.append(layer)
+                if d.link_idle_until_s is not None:  # the policy's next decision waits (the link stays idle)
+                    self.link_free = max(self.link_free, d.link_idle_until_s)
+            else:
+                self._transfer(layer, d.level, self.ladders[layer][d.level].nbytes, "base")
+            if self.next_layer >= self.N:
+                self.base_done = True
+            return True
+        if self.config.upgrades and self.base_done:
+            up = self.policy.upgrade(self.ctx)
+            if up is not None:
+                layer, level = up
+                lv = self.ladders[layer][level]
+                self.decisions.append({"t": self.now, "layer": layer, "level": level, "reason": "upgrade"})
+                self._transfer(layer, level, lv.increment_bytes, "upgrade")
+                return True
+        return False
+
+    def advance_link(self, until: float) -> None:
+        retried = False
+        while self.link_free <= until:
+            if self._link_step():
+                continue
+            if retried or not self.deferred:
+                break
+            retried = True  # the link would idle: ask again about the deferred shards, now
+            self.link_free = max(self.link_free, until)
+            if not self._retry_deferred():
+                break
+
+    def _retry_deferred(self) -> bool:
+        """Ask the policy again about each deferred shard the compute lane has not reached; fetch the first it
+        wants. False when it wants none."""
+        self.now = self.link_free
+        pick = ask_deferred(self.policy, self.ctx, self.deferred, self.compute_layer)
+        if pick is None:
+            return False
+        g, d = pick
+        self.decisions.append({"t": self.now, "layer": g, "level": d.level, "reason": d.reason})
+        self.skipped.discard(g)
+        self._transfer(g, d.level, self.ladders[g][d.level].nbytes, "base")
+        return True
+
+    def wait_for(self, layer: int) -> float:
+        """Run the link until ``layer`` has a decoded level; returns that time."""
+        while not self._got.get(layer):
+            if layer in self.skipped or self.base_done or self.next_layer > layer:
+                if layer not in self.forced:
+                    self.forced.append(layer)
+            if not self._link_step():
+                raise RuntimeError(f"simulation stuck: no way to obtain shard {layer}")
+        return self._got[layer][0][1]
+
+    def ready_by(self, layer: int, t: float) -> bool:
+        return any(ready <= t for _, ready in self._got.get(layer, []))
+
+    def level_at(self, layer: int, t: float) -> int | None:
+        best = None
+        for level, ready in self._got.get(layer, []):
+            if ready <= t and (best is None or level > best):
+                best = level
+        return best
