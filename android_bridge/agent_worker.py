@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 
-from sakura_core.io_utils import png_bytes
+from sakura_core.files import png_bytes
 
 from .agent_state import AgentState, Job, _cancel, _finish, compute_description
 

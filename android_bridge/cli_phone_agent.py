@@ -53,7 +53,7 @@ def add_arguments(parser) -> None:
 
 async def serve(config: AgentConfig, *, ready=None) -> None:
     """Serve until SIGTERM/SIGINT; ``ready(port)`` is called once listening."""
-    from sakura_core.io_utils import bound_port
+    from sakura_core.http_serving import bound_port
 
     app = create_app(config)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)

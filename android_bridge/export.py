@@ -112,7 +112,7 @@ def _edit_samples(model, template_name: str, user_name: str, prompt: str, steps:
 
     ``velocity(inputs) -> (1, tokens, out)`` replaces the torch model inside the loop when given (an NPU run)."""
     from sakura_core.models.edit_model import load_image
-    from sakura_core.runtime.sampler import flow_timesteps
+    from sakura_core.runtime.schedule import flow_timesteps
 
     a = model.adapter
     size = model.spec.image_size

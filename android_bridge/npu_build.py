@@ -84,7 +84,7 @@ def _record_feeds(model, pairs, steps: int) -> dict[tuple[int, str], list[dict]]
     """Every layer graph's inputs in real hybrid edits (template computed at every layer, then cached-KV): at every
     step once with the template at its fixed time (``single``) and once at the step's own time (``per-step``)."""
     from sakura_core.models.edit_model import load_image
-    from sakura_core.runtime.sampler import flow_timesteps
+    from sakura_core.runtime.schedule import flow_timesteps
 
     torch_runner, feeds = TorchLayerRunner(model), {}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from sakura_core.io_utils import bound_port
+from sakura_core.http_serving import bound_port
 
 from .app import create_app
 from .config import MODELS, ServerConfig

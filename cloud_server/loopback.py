@@ -49,7 +49,7 @@ class StoreSource:
         """A read-only server over the store on a free loopback port, stopped when the context closes."""
         from aiohttp import web
 
-        from sakura_core.io_utils import bound_port
+        from sakura_core.http_serving import bound_port
 
         from .app import create_app
         from .config import ServerConfig

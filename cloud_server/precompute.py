@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from sakura_core.fetch.client import ManifestError, check_manifest
-from sakura_core.io_utils import png_bytes
+from sakura_core.files import png_bytes
 
 from .store import Store, validate_template_id
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from sakura_core.io_utils import atomic_write_bytes
+from sakura_core.files import atomic_write_bytes
 
 __all__ = [
     "DigestMismatchError",

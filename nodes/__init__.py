@@ -11,8 +11,8 @@ from comfy_api.latest import ComfyExtension, io
 from .adaptive_fetch import SakuraAdaptiveFetch
 from .model_loader import SakuraModelLoader
 from .phone_device import SakuraPhoneDevice
+from .pipelined_sampler import SakuraPipelinedSampler
 from .routes import register_routes
-from .sampler import SakuraPipelinedSampler
 from .template_loader import SakuraTemplateLoader
 
 __all__ = ["NODES", "SakuraExtension", "comfy_entrypoint"]

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from .demo.edit_task import EDIT_PROMPT, demo_template, task_for
-from .io_utils import atomic_write_json, save_png
+from .files import atomic_write_json, save_png
 from .models.edit_model import DEMO_TEMPLATES, load_demo_model, load_image
-from .runtime.edit import run_edit
+from .runtime.denoise import run_edit
 
 __all__ = ["add_arguments", "run"]
 
@@ -101,7 +101,7 @@ def run(args) -> int:
 def _per_step_local(model, template, user, args) -> dict:
     """The same check in ``per-step`` KV mode: one KV per (step, layer), each at its step's time; the fetched-KV and
     hybrid edits against the on-device edit that runs the template at every step (as a stock editing DiT does)."""
-    from .runtime.sampler import flow_timesteps
+    from .runtime.schedule import flow_timesteps
 
     L = model.adapter.num_layers
     t0 = time.perf_counter()

@@ -46,7 +46,7 @@ def _training_record(weights_path: Path | None) -> dict | None:
 def run(args) -> int:
     from .demo.edit_task import ImageBank
     from .demo.evaluate import evaluate
-    from .io_utils import atomic_write_json
+    from .files import atomic_write_json
     from .models.edit_model import ModelSpec, load_demo_model
 
     if args.pairs < 1 or args.steps < 1 or args.probes < 0:

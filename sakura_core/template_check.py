@@ -11,7 +11,7 @@ from .fetch.errors import ManifestError
 from .fetch.manifest_check import check_manifest
 from .kv.manifest import ScheduleMismatchError, check_schedule, manifest_kv_mode
 from .models.edit_model import EditModel
-from .runtime.sampler import flow_timesteps
+from .runtime.schedule import flow_timesteps
 
 __all__ = ["ModelKey", "check_request_schedule", "check_template", "schedule_label", "template_grid_fits"]
 

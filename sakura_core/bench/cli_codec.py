@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..io_utils import atomic_write_json
+from ..files import atomic_write_json
 from ..kv import CODECS
 from ..models.edit_model import DEMO_TEMPLATES
 from .codec_bench import DEFAULT_PROMPT, CodecBenchConfig, format_table, run_codec_bench

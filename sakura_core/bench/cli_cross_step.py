@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from ..io_utils import atomic_write_json
+from ..files import atomic_write_json
 from .cross_step import CrossStepConfig, run_cross_step
 
 __all__ = ["add_arguments", "run"]

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from ..fetch.traces import scan_traces
-from ..io_utils import atomic_write_json
+from ..files import atomic_write_json
 from ..policy.policies import POLICIES
 from ..runtime.profiles import GEOMETRIES, PROFILES, get_profile, sources_table
 from ..runtime.simulate import KV_MODES, kv_mode_view

@@ -29,12 +29,12 @@ import torch
 
 from ..fetch.link import shaped_fetcher
 from ..fetch.traces import load_traces
-from ..io_utils import atomic_write_json
+from ..files import atomic_write_json
 from ..metrics import psnr_tokens as psnr_db
 from ..models.edit_model import ModelSpec, load_demo_model, load_image
 from ..policy.plan import plan_fetch
 from ..policy.policies import make_policy
-from ..runtime.edit import run_edit
+from ..runtime.denoise import run_edit
 from ..runtime.live_profile import measure_profile
 from ..runtime.pipeline import RuntimeConfig, run_pipelined_edit
 from ..runtime.timeline import lower_bound

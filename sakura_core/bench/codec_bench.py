@@ -27,13 +27,13 @@ import numpy as np
 import torch
 
 from ..kv import decode_kv, encode_kv, get_codec
-from ..kv.codecs import ShardInput, ShardMeta
+from ..kv.codec_registry import ShardInput, ShardMeta
 from ..metrics import psnr_tokens
 from ..models.edit_model import EditModel, load_demo_model, load_image
 from ..models.kv_types import TemplateKV
 from ..precompute import ProbeConfig, attention_error, capture_attention, estimate_importance
 from ..precompute.probes import make_probes
-from ..runtime.edit import run_edit
+from ..runtime.denoise import run_edit
 from .timing import best_time_s
 
 __all__ = ["DEFAULT_PROMPT", "CodecBenchConfig", "format_table", "run_codec_bench"]

@@ -30,8 +30,8 @@ from ..models.kv_types import PerStepTemplateKV, TemplateKV
 from ..precompute.attention_capture import capture_attention
 from ..precompute.importance import importance_from_captures
 from ..precompute.probes import ProbeConfig, make_probes
-from ..runtime.edit import run_edit
-from ..runtime.sampler import flow_timesteps
+from ..runtime.denoise import run_edit
+from ..runtime.schedule import flow_timesteps
 
 __all__ = ["CrossStepConfig", "bytes_at_psnr", "run_cross_step"]
 

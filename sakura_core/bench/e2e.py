@@ -20,7 +20,7 @@ from ..models.edit_model import EditModel
 from ..models.kv_types import TemplateKV
 from ..policy.ladder import Level
 from ..policy.policies import POLICIES, make_policy
-from ..runtime.edit import run_edit
+from ..runtime.denoise import run_edit
 from ..runtime.oracle import simulate_oracle
 from ..runtime.profiles import PHONE_DIT, DeviceProfile, DitGeometry
 from ..runtime.simulate import kv_mode_view, simulate

@@ -35,7 +35,7 @@ def measure_phone_decode(rows: list[dict], layer_kv: np.ndarray, repeats: int = 
     ``layer_kv``: (2, tokens, heads, head_dim) of one demo layer (K, V), tiled to the phone-scale shard.
     """
     from ..kv.chain import decode_chain
-    from ..kv.codecs import ShardInput, ShardMeta, get_codec
+    from ..kv.codec_registry import ShardInput, ShardMeta, get_codec
 
     s = {**PHONE_SHARD, **(shard or {})}
     t, h, d = s["tokens"], s["heads"], s["head_dim"]

@@ -170,8 +170,8 @@ def evaluate(
 def _score_pairs(model: EditModel, bank: ImageBank, task, pairs: int, seed: int, steps: int, on_pair, kv_mode: str):
     """Edit each held-out pair in ``kv_mode``; PSNR/SSIM of the model and the baselines against the target, and
     the model's PSNR inside and outside the edited region."""
-    from ..runtime.edit import run_edit
-    from ..runtime.sampler import flow_timesteps
+    from ..runtime.denoise import run_edit
+    from ..runtime.schedule import flow_timesteps
 
     rows = {k: {"psnr": [], "ssim": []} for k in ("model", "template", "user_image", "naive_composite")}
     inside, outside = [], []

@@ -37,7 +37,7 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
     from cloud_server.precompute import publish_template
     from cloud_server.store import LocalStore
 
-    from ..io_utils import bound_port
+    from ..http_serving import bound_port
 
     rows = []
     link = LinkSpec.trace_file(trace_path)  # read once, for every policy

@@ -3,7 +3,7 @@
 Training goes through :meth:`Flux2KVAdapter.forward_grad` with ``split_layer = num_layers``: the template tokens are
 in the sequence in diffusers' KV "extract" mode (they attend only to themselves, modulated at the fixed reference
 timestep), so the trained weights are exactly what the cached-KV path serves. Objective: rectified flow, as
-:mod:`sakura_core.runtime.sampler` integrates it — ``x_t = (1 - t) x0 + t noise``, the model predicts the velocity
+:mod:`sakura_core.runtime.schedule` integrates it — ``x_t = (1 - t) x0 + t noise``, the model predicts the velocity
 ``noise - x0`` of the target tokens, conditioned on the user image (channel-concatenated) and the template (KV).
 
 Determinism: example ``j`` of step ``s`` is ``make_pair(seed, s * batch + j)``; the step's timesteps and noise come

@@ -10,10 +10,11 @@ Public surface:
 """
 
 from . import cachegen as _cachegen  # noqa: F401  (registers "cachegen")
+from . import plain_codecs as _plain_codecs  # noqa: F401  (registers "fp16", "int8", "int4")
 from . import sakura_codec as _sakura_codec  # noqa: F401  (registers "sakura")
 from .binding import ShardBindingError, ShardSlot, check_shard_binding, slot_from_manifest
 from .chain import ChainDecoder, decode_chain, decode_representation, parse_chain
-from .codecs import CODECS, Codec, ShardInput, ShardMeta, get_codec
+from .codec_registry import CODECS, Codec, ShardInput, ShardMeta, get_codec
 from .container import (
     ShardChainError,
     ShardCorruptError,

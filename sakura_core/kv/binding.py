@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .codecs import get_codec
+from .codec_registry import get_codec
 from .container import ShardCorruptError, ShardHeader
 
 __all__ = ["ShardBindingError", "ShardSlot", "check_shard_binding", "slot_from_manifest"]

@@ -33,17 +33,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .codecs import (
-    Codec,
-    Parsed,
-    ShardInput,
-    _check_levels,
-    _expect_len,
-    _expect_sections,
-    _f16_ceil,
-    _single,
-    register_codec,
-)
+from .codec_parts import check_levels, expect_len, expect_sections, f16_ceil, single_blob
+from .codec_registry import Codec, Parsed, ShardInput, register_codec
 from .container import ShardCorruptError, pack_shard
 
 __all__ = ["BLOCK_TOKENS", "CHUNK_TOKENS", "LEVEL_BINS", "cachegen_bins", "decode_cachegen", "encode_cachegen"]
@@ -116,7 +107,7 @@ def _encode_level(shard: ShardInput, level: int) -> bytes:
     maxes, tables, symbols = [], [], []
     for ti, x in enumerate((_split(shard.k), _split(shard.v))):
         big_c = (bins[ti] // 2 - 1).astype(np.float32)[:, None, None]  # (layers, 1, 1)
-        amax = _f16_ceil(np.abs(x).max(axis=-1, keepdims=True))  # (layers, tokens, 1) float16
+        amax = f16_ceil(np.abs(x).max(axis=-1, keepdims=True))  # (layers, tokens, 1) float16
         safe = np.where(amax > 0, amax.astype(np.float32), np.float32(1.0))
         sym = np.clip(np.rint(x * (big_c / safe) + big_c), 0, 2 * big_c).astype(np.int32)
         alphabet = int((kb_all, vb_all)[ti].max())  # as released: one table width for the whole model's K (V)
@@ -153,7 +144,7 @@ def _encode_level(shard: ShardInput, level: int) -> bytes:
 
 def encode_cachegen(shard: ShardInput, levels: Sequence[int] = (0,)) -> list[bytes]:
     """One independent blob per level (CacheGen is not progressive)."""
-    levels = _check_levels(levels, "cachegen", tuple(LEVEL_BINS))
+    levels = check_levels(levels, "cachegen", tuple(LEVEL_BINS))
     return [_encode_level(shard, level) for level in levels]
 
 
@@ -168,33 +159,33 @@ def _block_ranges(t: int) -> list[tuple[int, int, int]]:
 
 def decode_cachegen(parsed: Parsed) -> tuple[np.ndarray, np.ndarray]:
     c = _constriction()
-    header, sections = _single(parsed, "cachegen")
-    _expect_sections(sections, 6, header)
+    header, sections = single_blob(parsed, "cachegen")
+    expect_sections(sections, 6, header)
     n_l, t, h, d = header.tensor_shape
     n_ch = h * d
     n_chunks = -(-t // CHUNK_TOKENS)
     blocks = _block_ranges(t)
-    _expect_len(sections[0], 2 * n_l + 2, "cachegen bins")
+    expect_len(sections[0], 2 * n_l + 2, "cachegen bins")
     raw_bins = np.frombuffer(sections[0], dtype=np.uint8).astype(np.int64)
     bins, alphabets = raw_bins[:-2].reshape(2, n_l), raw_bins[-2:]
     if not set(bins.reshape(-1).tolist()) <= _ALLOWED_BINS or (alphabets < bins.max(axis=1)).any():
         raise ShardCorruptError(f"cachegen: bin counts {sorted(set(bins.reshape(-1).tolist()))} are not valid")
     if (alphabets > max(_ALLOWED_BINS)).any():
         raise ShardCorruptError(f"cachegen: table width {alphabets.tolist()} is not valid")
-    _expect_len(sections[1], 2 * n_l * t * 2, "cachegen max tensors")
+    expect_len(sections[1], 2 * n_l * t * 2, "cachegen max tensors")
     maxes = np.frombuffer(sections[1], dtype="<f2").reshape(2, n_l, t).astype(np.float32)
     if not np.isfinite(maxes).all() or (maxes < 0).any():
         raise ShardCorruptError("cachegen: max tensors are not finite and >= 0")
     tables = []
     for ti in range(2):
         alphabet = int(alphabets[ti])
-        _expect_len(sections[2 + ti], n_chunks * n_l * n_ch * (alphabet + 1) * 2, "cachegen tables")
+        expect_len(sections[2 + ti], n_chunks * n_l * n_ch * (alphabet + 1) * 2, "cachegen tables")
         tab = np.frombuffer(sections[2 + ti], dtype="<u2").reshape(n_chunks, n_l, n_ch, alphabet + 1)
         if (tab[..., 0] != 0).any() or (tab[..., -1] != _TOTAL).any() or (np.diff(tab.astype(np.int64)) <= 0).any():
             raise ShardCorruptError("cachegen: probability table is not a strictly increasing 16-bit CDF")
         tables.append(tab)
     n_streams = 2 * n_l * len(blocks) * n_ch
-    _expect_len(sections[4], 4 * n_streams, "cachegen stream lengths")
+    expect_len(sections[4], 4 * n_streams, "cachegen stream lengths")
     lengths = np.frombuffer(sections[4], dtype="<u4").astype(np.int64)
     if (lengths % 4).any() or int(lengths.sum()) != len(sections[5]):
         raise ShardCorruptError("cachegen: stream lengths do not add up to the bytestream")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .codecs import CODECS, get_codec
+from .codec_registry import CODECS, get_codec
 from .container import (
     ShardChainError,
     ShardHeader,

@@ -35,15 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .codecs import (
-    Codec,
-    ShardInput,
-    _check_levels,
-    _f16_ceil,
-    _f16_floor,
-    _zstd,
-    register_codec,
-)
+from .codec_parts import check_levels, f16_ceil, f16_floor, zstd_compress
+from .codec_registry import Codec, ShardInput, register_codec
 from .container import pack_shard, shard_digest
 from .sakura_decode import (  # the encoder measures exactly what the decoder will output
     _V_RANGE_BITS,
@@ -248,12 +241,12 @@ def _distortions(shard: ShardInput, config: SakuraConfig):
     k = np.asarray(shard.k, dtype=np.float32)
     v = np.asarray(shard.v, dtype=np.float32)
     n_l, t, h, d = k.shape
-    klo16 = _f16_floor(k.min(axis=1))  # (layers, heads, head_dim)
-    khi16 = _f16_ceil(k.max(axis=1))
+    klo16 = f16_floor(k.min(axis=1))  # (layers, heads, head_dim)
+    khi16 = f16_ceil(k.max(axis=1))
     kmean16 = k.mean(axis=1).astype(np.float16)
     vmean16 = v.mean(axis=1).astype(np.float16)
-    vlo16 = _f16_floor(v.min(axis=(2, 3)))  # (layers, tokens)
-    vhi16 = _f16_ceil(v.max(axis=(2, 3)))
+    vlo16 = f16_floor(v.min(axis=(2, 3)))  # (layers, tokens)
+    vhi16 = f16_ceil(v.max(axis=(2, 3)))
     params = _Params(
         klo=klo16.astype(np.float32),
         kstep=_steps(klo16, khi16),
@@ -320,13 +313,13 @@ def _level_blob(
     was_active = (prev[1] > 0).any(axis=-1)  # (layers, tokens)
     newly = (new_idx[1] > 0).any(axis=-1) & ~was_active
     head.append(plan.v_range16[newly].astype("<f2").tobytes())
-    sections = [_zstd(b"".join(head), config.zstd_level)]
+    sections = [zstd_compress(b"".join(head), config.zstd_level)]
     w_new, added, groups = _transition_groups(prev, new_idx)
     fine = plan.fine.reshape(-1, d)
     for m in groups:
         units = np.flatnonzero(added == m)
         sym = (fine[units] >> (8 - w_new[units]).astype(np.uint8)[:, None]) & np.uint8((1 << m) - 1)
-        sections.append(_zstd(_pack_symbols(sym, m), config.zstd_level))
+        sections.append(zstd_compress(_pack_symbols(sym, m), config.zstd_level))
     return pack_shard(shard.header("sakura", level, parent), sections)
 
 
@@ -335,7 +328,7 @@ def encode_sakura(
 ) -> list[bytes]:
     """Encode ``levels`` (default: the whole ladder) as a progressive chain: the first blob is a base at
     ``levels[0]``, each next one refines its predecessor. ``encode_sakura(s, [j])`` is the direct level-j blob."""
-    levels = _check_levels(config.levels if levels is None else levels, "sakura", config.levels)
+    levels = check_levels(config.levels if levels is None else levels, "sakura", config.levels)
     plan = _plan(shard, config)
     blobs: list[bytes] = []
     prev_idx = None

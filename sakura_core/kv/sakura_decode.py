@@ -9,10 +9,8 @@ import numpy as np
 import torch
 import zstandard
 
-from .codecs import (
-    Parsed,
-    _unzstd,
-)
+from .codec_parts import zstd_exact
+from .codec_registry import Parsed
 from .container import ShardCorruptError, ShardHeader
 
 __all__ = ["decode_sakura"]
@@ -151,7 +149,7 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
         raise ShardCorruptError(f"sakura: head section is not a zstd frame ({e})") from e
     if not fixed <= declared <= fixed + 4 * n_l * t or (declared - fixed) % 4:
         raise ShardCorruptError(f"sakura: head section declares {declared} bytes, not valid for this geometry")
-    head = _unzstd(head_section, declared, "sakura head")
+    head = zstd_exact(head_section, declared, "sakura head")
     pos = 0
     if base:
         meta = np.frombuffer(head, dtype="<f2", count=4 * n_l * h * d).reshape(4, n_l, h, d).astype(np.float32)
@@ -194,7 +192,7 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
     for m, section in zip(groups, sections[1:], strict=True):
         units = np.flatnonzero(added == m)
         n_sym = units.size * d
-        raw = _unzstd(section, _packed_size(n_sym, m), f"sakura {m}-bit group")
+        raw = zstd_exact(section, _packed_size(n_sym, m), f"sakura {m}-bit group")
         sym = _unpack_symbols(raw, m, n_sym).reshape(units.size, d)
         if units.size == n_units:  # every unit gains m bits: no gather/scatter
             acc <<= np.uint8(m)

@@ -10,7 +10,7 @@ import torch
 
 from ..models.kv_types import PerStepTemplateKV, TemplateKV
 from .chain import decode_chain
-from .codecs import ShardInput, ShardMeta, get_codec
+from .codec_registry import ShardInput, ShardMeta, get_codec
 
 __all__ = ["ImportanceWeights", "decode_kv", "decode_template", "encode_kv", "level_chains", "shard_inputs"]
 

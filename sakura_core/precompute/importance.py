@@ -167,11 +167,11 @@ def layer_gains(
     layer's template K and V get small seeded noise (``rel_noise`` x their std).
 
     The output is the probes' whole edit (``steps`` Euler steps from seeded noise with the probes' user images and
-    prompts, as :func:`sakura_core.runtime.edit.run_edit` samples), or with ``steps == 0`` one velocity prediction
+    prompts, as :func:`sakura_core.runtime.denoise.run_edit` samples), or with ``steps == 0`` one velocity prediction
     at the probes' own timesteps. Attention-output errors of different layers do not matter equally; this is the
     exchange rate. Costs ``max(steps, 1)`` forwards per layer (plus one reference run).
     """
-    from ..runtime.sampler import euler_sample, flow_timesteps
+    from ..runtime.schedule import euler_sample, flow_timesteps
 
     adapter = model.adapter
     grid = model.spec.grid

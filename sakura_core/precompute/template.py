@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..kv.chain import decode_chain
-from ..kv.codecs import get_codec
+from ..kv.codec_registry import get_codec
 from ..kv.container import shard_digest
 from ..kv.manifest import MANIFEST_VERSION, validate_manifest
 from ..kv.template_codec import decode_kv, level_chains, shard_inputs
@@ -79,7 +79,7 @@ def precompute_template(
             each step's time; shards carry ``step``).
         steps, shift: the per-step schedule (ignored in single mode).
     """
-    from ..runtime.edit import edit_times
+    from ..runtime.schedule import edit_times
 
     if kv_mode not in KV_MODES:
         raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
@@ -236,7 +236,7 @@ def _add_output_psnr(
     """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards (every step's, in
     per-step mode) at that level."""
     from ..metrics import psnr_from_mse
-    from ..runtime.edit import run_edit
+    from ..runtime.denoise import run_edit
     from .probes import sample_crop
 
     rng = np.random.default_rng([seed, 3, 0x5A4B])

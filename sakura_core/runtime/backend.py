@@ -1,6 +1,6 @@
 """The compute-backend seam of the runtime: what runs the model's blocks for the compute lane.
 
-The compute lane (:func:`~sakura_core.runtime.edit.run_edit`, driven by
+The compute lane (:func:`~sakura_core.runtime.denoise.run_edit`, driven by
 :class:`~sakura_core.runtime.pipeline.PipelinedEdit`) asks a backend for one transformer forward per step: template
 layers ``< k`` computed (their K/V kept), cached-KV layers ``>= k`` with the injected template K/V, the step's
 timestep (and, in ``per-step`` KV mode, the template tokens' timestep) as inputs. A backend has the signature of

@@ -42,12 +42,12 @@ from ..policy.live_state import LiveState
 from ..policy.policies import Policy
 from .backend import ComputeBackend, backend_of
 from .decode_lane import DecodeLane
-from .edit import run_edit
+from .denoise import run_edit
 from .fetch_lane import FetchLane, takes_on_chunk
 from .late_shards import LateShards
 from .live_profile import LiveProfile
 from .pipeline_config import Cancelled, RunReport, RuntimeConfig
-from .sampler import flow_timesteps
+from .schedule import flow_timesteps
 
 __all__ = ["Cancelled", "PipelinedEdit", "RunReport", "RuntimeConfig", "run_pipelined_edit"]
 

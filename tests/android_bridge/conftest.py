@@ -92,7 +92,7 @@ class RecordingCloud:
     def _serve(self) -> None:
         from aiohttp import web
 
-        from sakura_core.io_utils import bound_port
+        from sakura_core.http_serving import bound_port
 
         asyncio.set_event_loop(self._loop)
 

@@ -196,7 +196,7 @@ def agent_server(demo_model):
     from aiohttp import web as _web
 
     from android_bridge.agent import create_app
-    from sakura_core.io_utils import bound_port
+    from sakura_core.http_serving import bound_port
     from sakura_core.runtime.live_profile import LiveProfile
 
     app = create_app(AgentConfig(token=PHONE_TOKEN, port=0), model=demo_model, edit_fn=lambda *a, **k: None,

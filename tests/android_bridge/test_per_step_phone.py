@@ -10,7 +10,7 @@ import pytest
 from android_bridge.agent import AgentConfig, create_app
 from android_bridge.client import PhoneClient, PhoneError, PhoneJob
 from sakura_core.kv import decode_template
-from sakura_core.runtime.edit import run_edit
+from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.live_profile import LiveProfile
 
 from .conftest import PHONE_TOKEN, PROMPT, RecordingCloud

@@ -16,7 +16,7 @@ import torch
 from android_bridge.qnn_backend import SplitForward, TorchLayerRunner
 from sakura_core.metrics import psnr_uint8
 from sakura_core.models.edit_model import load_image
-from sakura_core.runtime.edit import run_edit
+from sakura_core.runtime.denoise import run_edit
 
 # Bounds (the build report prints the measured values): per layer graph on the emulated HTP, w8a16, held-out edit
 # inputs, the worst output's ||htp - torch|| / ||torch|| — measured 0.002-0.095 (worst: layer 0's template graph)
@@ -136,7 +136,7 @@ def test_an_edit_on_the_htp_matches_the_torch_edit(qnn_backend, demo_model, spli
 def _per_step_edit(model, backend, split: int, steps: int = 2):
     """A per-step edit (``run_edit(kv_mode="per-step")``: every step a hybrid forward with the template modulated
     at the step's time; layers >= ``split`` inject that step's KV, as the server's per-step precompute makes it)."""
-    from sakura_core.runtime.sampler import flow_timesteps
+    from sakura_core.runtime.schedule import flow_timesteps
 
     m, size = model, model.spec.image_size
     tpl, user = load_image("coffee", size), load_image("chelsea", size)

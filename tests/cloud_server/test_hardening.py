@@ -265,7 +265,7 @@ class _Fuzz:
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
-        from sakura_core.io_utils import bound_port
+        from sakura_core.http_serving import bound_port
 
         self.port = bound_port(self.runner)
 

@@ -77,7 +77,7 @@ def test_sampler_on_device_equals_the_core_edit(flow, demo_model, server_url, us
                                                 progress):  # fmt: skip
     """on-device: the template runs here every step, so the node's image must equal the core's run_edit exactly."""
     from sakura_core.models.edit_model import load_image
-    from sakura_core.runtime.edit import run_edit
+    from sakura_core.runtime.denoise import run_edit
 
     template = flow.load_template(demo_model, server_url=server_url)
     stream = flow.make_stream(template, policy="on-device")

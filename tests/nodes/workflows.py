@@ -285,7 +285,7 @@ def thumbnail(nodes: list[Node], model) -> bytes:
 
     from cloud_server.examples import KV_SETTINGS, template_image, user_image
     from sakura_core.models.edit_model import load_image
-    from sakura_core.runtime.edit import run_edit
+    from sakura_core.runtime.denoise import run_edit
 
     by_type = {n.type: n for n in nodes}
     template_id = by_type["SakuraTemplateLoader"].values["template_id"]

@@ -12,7 +12,7 @@ import pytest
 from cloud_server.loopback import StoreSource
 from sakura_core import edit
 from sakura_core.models.edit_model import load_image
-from sakura_core.runtime.edit import run_edit
+from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.live_profile import LiveProfile
 
 TID = "big-tpl"

@@ -44,7 +44,7 @@ def test_precompute_cli_publishes_latent_kv_for_the_folder_model(store, klein_mo
 @pytest.mark.parametrize("policy", ["sakura", "fetch-fp16", "on-device-cached"])
 def test_edit_with_a_policy_runs_and_fp16_kv_matches_exact(store, klein_model, policy):
     from sakura_core.models.edit_model import load_image
-    from sakura_core.runtime.edit import run_edit
+    from sakura_core.runtime.denoise import run_edit
 
     opened, user, outcome = _edit(klein_model, store, policy)
     run = outcome.run
@@ -74,7 +74,8 @@ def test_per_step_precompute_of_a_larger_template_on_the_folder(tmp_path, klein_
     from sakura_core.cli import main
     from sakura_core.kv.template_codec import decode_template
     from sakura_core.models.edit_model import load_image
-    from sakura_core.runtime.edit import edit_times, run_edit
+    from sakura_core.runtime.denoise import run_edit
+    from sakura_core.runtime.schedule import edit_times
 
     steps, m = 2, klein_model
     rc = main(["precompute", "--store", str(tmp_path), "--model", str(klein_folder), "--image", "coffee", "--id",

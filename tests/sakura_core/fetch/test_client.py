@@ -30,7 +30,7 @@ from sakura_core.fetch.client import (
     TemplateNotFoundError,
     check_manifest,
 )
-from sakura_core.io_utils import bound_port
+from sakura_core.http_serving import bound_port
 
 MODEL_ID = "ab" * 32
 FAST = ClientConfig(

@@ -16,7 +16,7 @@ from sakura_core.kv import (
     shard_digest,
 )
 from sakura_core.kv.cachegen import LEVEL_BINS, cachegen_bins
-from sakura_core.kv.codecs import _f16_ceil
+from sakura_core.kv.codec_parts import f16_ceil
 from sakura_core.kv.container import pack_shard
 from sakura_core.kv.sakura_codec import WIDTHS, SakuraConfig, allocate_widths, encode_sakura
 
@@ -136,7 +136,7 @@ def test_cachegen_entropy_coding_is_lossless_and_quantisation_bounded(level, mak
     for x, x_hat, bins in ((shard.k, k, kb[4]), (shard.v, v, vb[4])):
         n_l, t, h, d = x.shape
         flat = x.reshape(n_l, t, h * d)
-        amax = _f16_ceil(np.abs(flat).max(-1, keepdims=True)).astype(np.float32)  # as shipped: rounded up
+        amax = f16_ceil(np.abs(flat).max(-1, keepdims=True)).astype(np.float32)  # as shipped: rounded up
         c = bins // 2 - 1
         ref = (np.clip(np.rint(flat * (c / amax) + c), 0, 2 * c) - c) / c * amax  # quantise-dequantise, no coder
         got = x_hat.astype(np.float32).reshape(n_l, t, h * d)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sakura_core.models.edit_model import load_demo_model, load_image
-from sakura_core.runtime.edit import run_edit
+from sakura_core.runtime.denoise import run_edit
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DMo
 
 from sakura_core.models.flux2_kv import REF_TIME_OFFSET, Flux2KVAdapter, image_ids, text_ids
 from sakura_core.models.kv_types import KVMismatchError, PerStepTemplateKV
-from sakura_core.runtime.sampler import euler_sample, flow_timesteps
+from sakura_core.runtime.schedule import euler_sample, flow_timesteps
 
 GRID = (4, 4)
 N = GRID[0] * GRID[1]

@@ -5,7 +5,7 @@ import torch
 from diffusers.models.transformers.transformer_flux import FluxTransformer2DModel
 
 from sakura_core.models.joint_approx import APPROXIMATE, JointRefKVState, apply_joint_ref_kv
-from sakura_core.runtime.sampler import flow_timesteps
+from sakura_core.runtime.schedule import flow_timesteps
 
 N_IMG, N_REF, N_TXT, STEPS = 16, 16, 6, 4
 

@@ -47,7 +47,7 @@ def _diffusers_output(model, template, user, prompt, steps, seed):
 @pytest.mark.parametrize(("split_layer", "template_size"), [(0, 64), (2, 64), (0, 128), (1, 128)])
 def test_latent_edit_with_fetched_kv_equals_diffusers(klein, split_layer, template_size):
     """Fetched KV (split 0), or a hybrid split; a 128 px template (8x8 latent grid) on a 64 px edit too."""
-    from sakura_core.runtime.edit import run_edit
+    from sakura_core.runtime.denoise import run_edit
 
     _, model = klein
     size, steps, seed, prompt = model.spec.image_size, 3, 5, "swap the face"
@@ -68,7 +68,7 @@ def test_latent_edit_with_fetched_kv_equals_diffusers(klein, split_layer, templa
 
 
 def test_user_image_and_prompt_change_the_edit_template_kv_does_not_depend_on_them(klein):
-    from sakura_core.runtime.edit import run_edit
+    from sakura_core.runtime.denoise import run_edit
 
     _, model = klein
     template, user = _images(model.spec.image_size)

@@ -41,7 +41,7 @@ def _reference(model, template, start, prompt: str, steps: int) -> torch.Tensor:
 
 @torch.no_grad()
 def test_latent_per_step_edit_equals_diffusers(klein_model):
-    from sakura_core.runtime.edit import run_edit
+    from sakura_core.runtime.denoise import run_edit
 
     model = klein_model
     if not hasattr(model.adapter, "extract_per_step_kv"):

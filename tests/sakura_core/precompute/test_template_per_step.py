@@ -20,8 +20,8 @@ from sakura_core.kv import (
 )
 from sakura_core.models.kv_types import KVMismatchError, PerStepTemplateKV
 from sakura_core.precompute import ProbeConfig, precompute_template
-from sakura_core.runtime.edit import run_edit
-from sakura_core.runtime.sampler import flow_timesteps
+from sakura_core.runtime.denoise import run_edit
+from sakura_core.runtime.schedule import flow_timesteps
 
 STEPS, SHIFT = 3, 2.0
 

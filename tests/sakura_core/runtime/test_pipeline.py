@@ -11,7 +11,7 @@ from sakura_core.models.edit_model import load_demo_model, load_image
 from sakura_core.policy.ladder import ladders_from_manifest
 from sakura_core.policy.policies import make_policy
 from sakura_core.precompute import precompute_template
-from sakura_core.runtime.edit import run_edit
+from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import Cancelled, RuntimeConfig, run_pipelined_edit
 

@@ -12,7 +12,7 @@ from sakura_core.policy.ladder import Level, ladders_from_manifest
 from sakura_core.policy.plan import plan_fetch
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_policy
 from sakura_core.precompute import precompute_template
-from sakura_core.runtime.edit import run_edit
+from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig, run_pipelined_edit
 from sakura_core.runtime.profiles import get_profile

@@ -1,5 +1,5 @@
-"""Small I/O helpers shared by the CLI, the store, the servers and the benchmarks: atomic writes, PNG output, the
-port an aiohttp runner listens on."""
+"""Files written whole or not at all (temp file + fsync + rename), and PNG output: shared by the CLIs, the store, the
+servers and the benchmarks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "bound_port", "png_bytes", "save_png"]
+__all__ = ["atomic_write_bytes", "atomic_write_json", "png_bytes", "save_png"]
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -53,11 +53,3 @@ def png_bytes(image: np.ndarray, scale: int = 1) -> bytes:
 def save_png(path: str | Path, image: np.ndarray, scale: int = 1) -> None:
     """Save (H, W, 3) uint8 as PNG (see :func:`png_bytes`), atomically."""
     atomic_write_bytes(path, png_bytes(image, scale))
-
-
-def bound_port(runner) -> int:
-    """The TCP port a started ``aiohttp.web.AppRunner`` listens on (useful with port 0)."""
-    for addr in runner.addresses:
-        if isinstance(addr, tuple) and len(addr) >= 2:
-            return int(addr[1])
-    raise RuntimeError(f"runner has no TCP address: {runner.addresses}")

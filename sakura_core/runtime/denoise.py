@@ -15,9 +15,9 @@ import torch
 from ..models.edit_model import EditModel
 from ..models.kv_types import KV_MODES, KVMismatchError, PerStepTemplateKV, TemplateKV
 from .backend import ComputeBackend, backend_of
-from .sampler import euler_sample, flow_timesteps
+from .schedule import edit_times, euler_sample
 
-__all__ = ["EditResult", "KVSource", "edit_times", "run_edit"]
+__all__ = ["EditResult", "KVSource", "run_edit"]
 
 # KV for one layer at one step: (layer, step) -> (k, v), each (1, ref_tokens, heads, head_dim).
 KVSource = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -142,12 +142,6 @@ def run_edit(
     start = model.edit_start(user, noise, steps)[0] if hasattr(model, "edit_start") else noise
     out = euler_sample(velocity, start, times)
     return EditResult(tokens=out, image=model.unpack_tokens(out), device_kv=device_kv, layer_calls=calls[0])
-
-
-def edit_times(model, steps: int, shift: float = 1.0) -> torch.Tensor:
-    """The ``steps + 1`` flow times an edit with ``model`` runs (and per-step KV is computed for): a latent model's
-    own schedule (``model.schedule``: the diffusers pipeline's shifted sigmas), else ``flow_timesteps(steps, shift)``."""
-    return model.schedule(steps) if hasattr(model, "schedule") else flow_timesteps(steps, shift)
 
 
 def _per_step_source(adapter, kv: PerStepTemplateKV, grid, times: torch.Tensor, per_step: bool) -> KVSource:

@@ -1,4 +1,5 @@
-"""Flow-matching Euler sampler (rectified flow: x_t = (1 - t) x_0 + t noise, velocity = noise - x_0)."""
+"""The denoising schedule and the flow-matching Euler sampler over it (rectified flow: x_t = (1 - t) x_0 + t noise,
+velocity = noise - x_0)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["euler_sample", "flow_timesteps"]
+__all__ = ["edit_times", "euler_sample", "flow_timesteps"]
 
 
 def flow_timesteps(steps: int, shift: float = 1.0) -> torch.Tensor:
@@ -17,6 +18,12 @@ def flow_timesteps(steps: int, shift: float = 1.0) -> torch.Tensor:
         raise ValueError(f"shift must be > 0, got {shift}")
     t = torch.linspace(1.0, 0.0, steps + 1)
     return shift * t / (1 + (shift - 1) * t)
+
+
+def edit_times(model, steps: int, shift: float = 1.0) -> torch.Tensor:
+    """The ``steps + 1`` flow times an edit with ``model`` runs (and per-step KV is computed for): a latent model's
+    own schedule (``model.schedule``: the diffusers pipeline's shifted sigmas), else ``flow_timesteps(steps, shift)``."""
+    return model.schedule(steps) if hasattr(model, "schedule") else flow_timesteps(steps, shift)
 
 
 def euler_sample(
