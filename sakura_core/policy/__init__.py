@@ -14,7 +14,6 @@ Pure and deterministic given a trace, so the simulator and the live pipeline run
 from .context import ComputeCosts, Context, PolicyState
 from .estimator import EstimatorConfig, ThroughputEstimator
 from .ladder import Level, ladders_from_manifest
-from .live_state import LiveState
 from .plan import FLOOR_PSNR_DB, FetchPlan, floor_index, plan_fetch, policy_levels, runnable_policies
 from .policies import LEVEL_COMPUTE, POLICIES, Decision, Policy, make_policy
 
@@ -28,7 +27,6 @@ __all__ = [
     "EstimatorConfig",
     "FetchPlan",
     "Level",
-    "LiveState",
     "Policy",
     "PolicyState",
     "ThroughputEstimator",

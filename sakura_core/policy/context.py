@@ -1,5 +1,5 @@
 """What a fetch policy may look at: :class:`Context`, one typed view over a :class:`PolicyState` — the simulator's
-state or the live pipeline's (:class:`~sakura_core.policy.live_state.LiveState`) — so the same policy code runs in both. Times are seconds since
+state or the live pipeline's (:class:`~sakura_core.runtime.live_state.LiveState`) — so the same policy code runs in both. Times are seconds since
 the edit started, sizes bytes, rates bytes/s."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class ComputeCosts(Protocol):
 
 class PolicyState(Protocol):
     """The state a :class:`Context` reads: the simulator (``runtime.simulate``) and the live pipeline
-    (:class:`~sakura_core.policy.live_state.LiveState`) both keep it. Policies never read it directly, only through :class:`Context`, and never
+    (:class:`~sakura_core.runtime.live_state.LiveState`) both keep it. Policies never read it directly, only through :class:`Context`, and never
     write it.
 
     Every time is in seconds since the edit started (t = 0 when the first request may leave); sizes are bytes and

@@ -38,7 +38,6 @@ from ..models.edit_model import EditModel
 from ..policy.context import Context
 from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
-from ..policy.live_state import LiveState
 from ..policy.policies import Policy
 from .backend import ComputeBackend, backend_of
 from .decode_lane import DecodeLane
@@ -46,6 +45,7 @@ from .denoise import run_edit
 from .fetch_lane import FetchLane, takes_on_chunk
 from .late_shards import LateShards
 from .live_profile import LiveProfile
+from .live_state import LiveState
 from .pipeline_config import Cancelled, RunReport, RuntimeConfig
 from .schedule import flow_timesteps
 

@@ -8,9 +8,9 @@ import threading
 import time
 
 from ..fetch.traces import Trace
-from .context import ComputeCosts
-from .estimator import ThroughputEstimator
-from .ladder import Level
+from ..policy.context import ComputeCosts
+from ..policy.estimator import ThroughputEstimator
+from ..policy.ladder import Level
 
 __all__ = ["LiveState"]
 

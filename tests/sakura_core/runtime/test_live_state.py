@@ -8,8 +8,8 @@ from sakura_core.fetch.traces import Trace
 from sakura_core.policy.context import Context
 from sakura_core.policy.estimator import ThroughputEstimator
 from sakura_core.policy.ladder import Level
-from sakura_core.policy.live_state import LiveState
 from sakura_core.runtime.live_profile import LiveProfile
+from sakura_core.runtime.live_state import LiveState
 
 
 def _state():
