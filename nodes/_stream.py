@@ -72,12 +72,6 @@ class TemplateHandle:
         """One line for the UI: ``"face-swap-astronaut: per-step KV, 4 steps, shift 1 (from http://...)"``."""
         return f"{self.template_id}: {self.kv_mode} KV, {self.schedule} (from {self.source})"
 
-    def check_steps(self, steps: int) -> None:
-        """Refuse a step count a per-step template was not precomputed for (the message names the fix)."""
-        from sakura_core.edit import check_request_schedule
-
-        check_request_schedule(self.manifest(), steps)
-
     def template_source(self):
         """Where the edit fetches from: ``sakura_core.edit.ServerSource`` or ``cloud_server.loopback.StoreSource``."""
         if self.server_url is not None:

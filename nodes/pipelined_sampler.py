@@ -123,10 +123,6 @@ class SakuraPipelinedSampler(io.ComfyNode):
 
         from sakura_core.fetch.client import FetchError
 
-        try:  # a per-step template serves only the step count it was precomputed for: say so before any work
-            kv_stream.template.check_steps(steps)
-        except ValueError as e:
-            raise SakuraNodeError(str(e)) from e
         user = image_from_comfy(image, "image")
         run = EditRun(steps, model.adapter.num_layers)
         bar = comfy.utils.ProgressBar(run.total, node_id=cls.hidden.unique_id)

@@ -34,7 +34,7 @@ from .models.edit_model import EditModel, load_image
 from .policy.plan import plan_fetch, runnable_policies
 from .runtime.live_profile import LiveProfile, measure_profile
 from .runtime.pipeline import RunReport, RuntimeConfig, run_pipelined_edit
-from .template_check import ModelKey, check_request_schedule, check_template, schedule_label, template_grid_fits
+from .template_check import ModelKey, check_template, schedule_label, template_grid_fits
 
 __all__ = [
     "EditOutcome",
@@ -44,7 +44,6 @@ __all__ = [
     "OpenedTemplate",
     "ServerSource",
     "TemplateSource",
-    "check_request_schedule",
     "check_template",
     "edit_from_server",
     "fetch_template_manifest",
@@ -149,10 +148,6 @@ class OpenedTemplate:
     def schedule_label(self) -> str:
         """``"any schedule"`` (single mode) or ``"4 steps, shift 1"`` (the schedule per-step KV was computed for)."""
         return schedule_label(self.manifest)
-
-    def check_steps(self, steps: int) -> None:
-        """Refuse a step count a per-step template was not computed for (:func:`check_request_schedule`)."""
-        check_request_schedule(self.manifest, steps)
 
     def template_image(self, size: int) -> np.ndarray:
         """The template image as (size, size, 3) uint8."""
@@ -270,7 +265,6 @@ async def run_template_edit(
         raise ValueError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
                          f"{list(opened.token_grid)}), the edit runs model {key.model_id[:16]} (grid "
                          f"{list(key.token_grid)}); open the template with the model that edits")  # fmt: skip
-    opened.check_steps(settings.steps)  # a per-step template serves only the schedule it was computed for
     link = LinkSpec.parse(link)
     profile = profile if profile is not None else measure_profile(model, settings.steps)
     plan = plan_fetch(opened.manifest, settings.policy)

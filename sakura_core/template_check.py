@@ -1,6 +1,6 @@
-"""The checks of a published template against the model and the edit that use it: :func:`check_template` (ids,
-token grid, template image) and, for per-step templates, :func:`check_request_schedule` (the edit's step count and
-schedule). :mod:`sakura_core.edit` runs them (and re-exports them)."""
+"""The check of a published template against the model that edits with it: :func:`check_template` (ids, token grid,
+template image). :mod:`sakura_core.edit` runs it (and re-exports it). A per-step template's schedule is checked
+against the edit's (the model's own, ``runtime.schedule.edit_times``) once per run, by the pipeline that runs it."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from typing import Any
 
 from .fetch.errors import ManifestError
 from .fetch.manifest_check import check_manifest
-from .kv.manifest import ScheduleMismatchError, check_schedule, manifest_kv_mode
+from .kv.manifest import manifest_kv_mode
 from .models.edit_model import EditModel
-from .runtime.schedule import flow_timesteps
 
-__all__ = ["ModelKey", "check_request_schedule", "check_template", "schedule_label", "template_grid_fits"]
+__all__ = ["ModelKey", "check_template", "schedule_label", "template_grid_fits"]
 
 
 @dataclass(frozen=True)
@@ -59,19 +58,3 @@ def schedule_label(manifest: dict) -> str:
         return "any schedule"
     sched = manifest["schedule"]
     return f"{sched['steps']} steps, shift {sched['shift']:g}"
-
-
-def check_request_schedule(manifest: dict, steps: int) -> None:
-    """Refuse an edit of ``steps`` steps (shift 1) against a per-step template computed for another schedule: the
-    ``ScheduleMismatchError`` names both and the fix (set steps to the template's, or precompute for the edit's)."""
-    if manifest_kv_mode(manifest) == "single":
-        return
-    sched, tid = manifest["schedule"], manifest.get("template_id")
-    if sched["steps"] != steps:
-        raise ScheduleMismatchError(
-            f"template {tid!r} was precomputed for {sched['steps']} steps (shift {sched['shift']:g}, per-step KV); "
-            f"the edit asks {steps} — set steps to {sched['steps']} or precompute the template with "
-            f"--kv-mode per-step --steps {steps}"
-        )
-    times = [float(t) for t in flow_timesteps(steps)[:-1]]
-    check_schedule(manifest, steps, 1.0, timesteps=times)

@@ -223,16 +223,23 @@ def check_schedule(
 ) -> None:
     """Refuse a request whose sampler schedule differs from the one a per-step template's KV was computed for.
 
-    Single-mode KV is valid for any schedule (nothing is checked). The error names both schedules and the fixes:
-    run with the template's steps/shift, precompute the template for the request's schedule, or compute the
-    template on the device.
+    ``timesteps``: the times the request runs its steps at (``runtime.schedule.edit_times(model, steps)[:-1]``, the
+    model's own schedule). Single-mode KV is valid for any schedule (nothing is checked). The error names both
+    schedules and the fixes: run with the template's steps/shift, precompute the template for the request's
+    schedule, or compute the template on the device.
     """
     if manifest_kv_mode(manifest) == "single":
         return
-    sched = manifest["schedule"]
+    sched, tid = manifest["schedule"], manifest.get("template_id")
+    if sched["steps"] != steps:
+        raise ScheduleMismatchError(
+            f"template {tid!r} was precomputed for {sched['steps']} steps (shift {sched['shift']:g}, per-step KV); "
+            f"the edit asks {steps} — set steps to {sched['steps']} or precompute the template with "
+            f"--kv-mode per-step --steps {steps}"
+        )
     theirs = f"{sched['steps']} steps, shift {sched['shift']:g}, guidance {sched.get('guidance')}"
     ours = f"{steps} steps, shift {shift:g}, guidance {guidance}"
-    bad = sched["steps"] != steps or abs(sched["shift"] - shift) > tol or sched.get("guidance") != guidance
+    bad = abs(sched["shift"] - shift) > tol or sched.get("guidance") != guidance
     if not bad and timesteps is not None:
         bad = len(timesteps) != steps or any(
             abs(a - b) > tol for a, b in zip(timesteps, sched["timesteps"], strict=False)
@@ -241,7 +248,7 @@ def check_schedule(
             ours += f", t={[round(float(t), 4) for t in timesteps]} vs the template's {sched['timesteps']}"
     if bad:
         raise ScheduleMismatchError(
-            f"template {manifest.get('template_id')!r} holds per-step KV for {theirs}, but this request runs {ours}; "
+            f"template {tid!r} holds per-step KV for {theirs}, but this request runs {ours}; "
             f"run with --steps {sched['steps']} --shift {sched['shift']:g}, precompute the template for this schedule "
             f"(sakura precompute --kv-mode per-step --steps {steps} --shift {shift:g}), or compute the template on the "
             "device"
