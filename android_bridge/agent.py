@@ -146,12 +146,16 @@ def _job_memory(state: AgentState) -> dict:
         return e.memory.to_json()
 
 
-async def _check_template(state: AgentState, req, declared_model_id: str | None) -> dict:
-    """The template's manifest; refuse a template made for a model this phone does not hold (409), or that does not
-    exist (404). Only the template id and the cloud token go to the cloud."""
+async def _check_template(state: AgentState, req, declared_model_id: str | None):
+    """The template's manifest, checked against the model this phone holds (``sakura_core.edit.check_template``,
+    the one check: the job's edit gets this manifest and does not check it again); refuse a template made for a model
+    this phone does not hold (409), or that does not exist (404). Only the template id and the cloud token go to the
+    cloud."""
+    from sakura_core.edit import check_template
     from sakura_core.fetch.client import (
         AuthError,
         FetchError,
+        ManifestError,
         ModelMismatchError,
         ShardClient,
         TemplateNotFoundError,
@@ -163,9 +167,8 @@ async def _check_template(state: AgentState, req, declared_model_id: str | None)
                           f"({state.model.spec.name})", "model_not_held", held_model_id=held)  # fmt: skip
     try:
         async with ShardClient(req.server_url, req.token) as client:
-            return await asyncio.wait_for(
-                client.get_manifest(req.template_id, expected_model_id=held), state.config.manifest_timeout_s
-            )
+            manifest = await asyncio.wait_for(client.get_manifest(req.template_id), state.config.manifest_timeout_s)
+        return check_template(manifest, req.template_id, state.model)
     except ModelMismatchError as e:
         raise _error(409, f"template {req.template_id!r} was computed for another model than the one this phone "
                           f"holds ({held[:16]}…, {state.model.spec.name}): {str(e)[:160]}", "model_not_held",
@@ -175,6 +178,9 @@ async def _check_template(state: AgentState, req, declared_model_id: str | None)
     except AuthError as e:
         raise _error(502, f"the cloud at {req.server_url} refused this phone's token (set the job's cloud_token)",
                      "cloud_auth") from e  # fmt: skip
+    except ManifestError as e:  # the class only: the text may quote what the cloud sent
+        raise _error(502, f"the cloud at {req.server_url} sent a manifest of template {req.template_id!r} this "
+                          f"phone cannot use ({type(e).__name__})", "cloud_unreachable") from e  # fmt: skip
     except (FetchError, asyncio.TimeoutError, OSError) as e:
         # the error's class only: its text may quote whatever page the URL led to
         raise _error(502, f"cannot reach the cloud at {req.server_url} ({type(e).__name__})",
@@ -327,7 +333,8 @@ def create_app(
 ) -> web.Application:
     """The agent app. ``model`` defaults to the demo model (``config.weights``), ``edit_fn`` to
     ``sakura_core.edit.edit_from_server`` (called as it is: ``(model, request, image, *, profile, cancel, on_layer,
-    prefetch_kv_bytes[, backend])``), ``live_profile`` to a measurement of ``model`` here."""
+    prefetch_kv_bytes, manifest[, backend])``, ``manifest`` the template's, checked when the job was admitted),
+    ``live_profile`` to a measurement of ``model`` here."""
     app = web.Application(middlewares=[_auth], client_max_size=config.max_body_bytes)
     app[AGENT_STATE_KEY] = AgentState(config, model, edit_fn, live_profile)
     app.router.add_get("/healthz", handle_healthz)

@@ -126,7 +126,7 @@ class Job:
     request: Any  # sakura_core.edit.EditRequest
     image: np.ndarray
     memory: dict
-    manifest: dict | None = None
+    manifest: Any = None  # sakura_core.kv.Manifest, checked against the model when the job was admitted
     state: str = "queued"
     created_s: float = field(default_factory=time.monotonic)
     started_s: float | None = None

@@ -10,13 +10,12 @@ fetch lane streams the shards the policy picks while the device computes. Nothin
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import threading
 from dataclasses import dataclass, field
 
 from sakura_core.fetch.link import LinkSpec
-from sakura_core.policy.plan import runnable_policies
+from sakura_core.kv.manifest import Manifest
 
 from ._common import start_async
 
@@ -35,7 +34,8 @@ class TemplateHandle:
         server_url: SAKURA server (or CDN) base URL; ``None`` for a local store.
         store_dir: local store folder (served on a loopback port for each run); ``None`` for a server.
         token: bearer token of the server's read path (never shown in reprs or reports).
-        manifest_json: the manifest as fetched.
+        manifest: the manifest as the loader fetched and checked it against the model (a typed
+            ``sakura_core.kv.Manifest``, parsed once); None only for a handle nothing was loaded into.
     """
 
     template_id: str
@@ -43,7 +43,7 @@ class TemplateHandle:
     server_url: str | None
     store_dir: str | None
     token: str | None = field(default=None, repr=False)
-    manifest_json: str = field(default="{}", repr=False)
+    manifest: Manifest | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if (self.server_url is None) == (self.store_dir is None):
@@ -53,20 +53,15 @@ class TemplateHandle:
     def source(self) -> str:
         return self.server_url if self.server_url is not None else f"store:{self.store_dir}"
 
-    def manifest(self) -> dict:
-        return json.loads(self.manifest_json)
-
     @property
     def kv_mode(self) -> str:
         """``"single"`` (one KV per layer, valid for any step count) or ``"per-step"`` (one per (step, layer))."""
-        return self.manifest().get("kv_mode", "single")
+        return self.manifest.kv_mode
 
     @property
     def schedule(self) -> str:
         """What the template's KV is valid for: ``"any schedule"`` or ``"4 steps, shift 1"`` (per-step)."""
-        from sakura_core.edit import schedule_label
-
-        return schedule_label(self.manifest())
+        return self.manifest.schedule_label
 
     def describe(self) -> str:
         """One line for the UI: ``"face-swap-astronaut: per-step KV, 4 steps, shift 1 (from http://...)"``."""
@@ -99,10 +94,9 @@ class FetchSettings:
     latency_target_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.policy not in runnable_policies():
-            raise ValueError(
-                f"policy {self.policy!r} cannot run an edit; choose one of {', '.join(runnable_policies())}"
-            )
+        from sakura_core.edit import runnable_policy
+
+        runnable_policy(self.policy)  # raises with the choices named
         object.__setattr__(self, "link", LinkSpec.parse(self.link))  # raises with the bad value named
 
 
@@ -139,12 +133,10 @@ class KVStream:
         return self.start()
 
     async def _prefetch(self):
-        from sakura_core.edit import ModelKey, open_template
+        from sakura_core.edit import open_checked_template
 
-        t = self.template
-        manifest = t.manifest()  # checked against the model by the Template KV Loader; checked again here
-        key = ModelKey(t.model_id, tuple(manifest.get("token_grid", ())))
-        return await open_template(t.template_source(), t.template_id, key, manifest=manifest)
+        t = self.template  # its manifest was checked against the model by the Template KV Loader: only the image
+        return await open_checked_template(t.template_source(), t.manifest)
 
 
 class EditRun:

@@ -6,7 +6,6 @@ count it was precomputed for)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from comfy_api.latest import io
@@ -97,5 +96,5 @@ class SakuraTemplateLoader(io.ComfyNode):
             ) from e
         except (FetchError, ValueError) as e:
             raise SakuraNodeError(f"template {template_id!r}: {e}") from e
-        handle = dataclasses.replace(handle, manifest_json=json.dumps(manifest))
+        handle = dataclasses.replace(handle, manifest=manifest)
         return io.NodeOutput(handle, ui={"text": [handle.describe()]})

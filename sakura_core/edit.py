@@ -29,12 +29,12 @@ import numpy as np
 from .edit_report import edit_report
 from .fetch.errors import TemplateNotFoundError
 from .fetch.link import LinkSpec, shaped_fetcher
-from .kv.manifest import manifest_kv_mode
+from .kv.manifest import Manifest, ModelMismatchError
 from .models.edit_model import EditModel, load_image
 from .policy.plan import plan_fetch, runnable_policies
 from .runtime.live_profile import LiveProfile, measure_profile
 from .runtime.pipeline import RunReport, RuntimeConfig, run_pipelined_edit
-from .template_check import ModelKey, check_template, schedule_label, template_grid_fits
+from .template_check import ModelKey, check_template, template_grid_fits
 
 __all__ = [
     "EditOutcome",
@@ -47,9 +47,10 @@ __all__ = [
     "check_template",
     "edit_from_server",
     "fetch_template_manifest",
+    "open_checked_template",
     "open_template",
     "run_template_edit",
-    "schedule_label",
+    "runnable_policy",
 ]
 
 
@@ -93,9 +94,9 @@ def _source(source: TemplateSource | str, token: str | None = None) -> TemplateS
     return ServerSource(source, token) if isinstance(source, str) else source
 
 
-async def _get_manifest(client, label: str, template_id: str, model_id: str) -> dict:
+async def _get_manifest(client, label: str, template_id: str) -> Manifest:
     try:
-        return await client.get_manifest(template_id, expected_model_id=model_id)
+        return await client.get_manifest(template_id)
     except TemplateNotFoundError as e:
         catalog = await client.get_catalog()
         ids = sorted(str(t.get("id")) for t in catalog.get("templates", []) if isinstance(t, dict))
@@ -105,14 +106,14 @@ async def _get_manifest(client, label: str, template_id: str, model_id: str) -> 
 
 async def fetch_template_manifest(
     source: TemplateSource | str, template_id: str, model: EditModel | ModelKey, *, token: str | None = None
-) -> dict:
-    """The template's manifest from ``source``, checked against ``model`` (:func:`check_template`); an unknown id
-    raises ``TemplateNotFoundError`` listing what is published there."""
+) -> Manifest:
+    """The template's manifest from ``source`` (parsed once, as it arrives), checked against ``model``
+    (:func:`check_template`); an unknown id raises ``TemplateNotFoundError`` listing what is published there."""
     from .fetch.client import ShardClient
 
     src, key = _source(source, token), ModelKey.of(model)
     async with src.base_url() as url, ShardClient(url, src.token) as client:
-        return check_template(await _get_manifest(client, src.label, template_id, key.model_id), template_id, key)
+        return check_template(await _get_manifest(client, src.label, template_id), template_id, key)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ class OpenedTemplate:
         source: where the shards are fetched from during the edit.
         template_id: the template's id.
         model_id: content id of the model the manifest was checked against.
-        manifest: the checked manifest (do not modify).
+        manifest: the checked manifest (:func:`check_template`; its ``raw`` JSON is what the edit reads).
         image_file: the template image as published (PNG bytes).
         image_fetch_s: (started, finished) of the image fetch, ``time.monotonic()`` seconds.
     """
@@ -131,23 +132,18 @@ class OpenedTemplate:
     source: TemplateSource
     template_id: str
     model_id: str
-    manifest: dict = field(repr=False)
+    manifest: Manifest = field(repr=False)
     image_file: bytes = field(repr=False)
     image_fetch_s: tuple[float, float] = (0.0, 0.0)
 
     @property
     def token_grid(self) -> tuple[int, ...]:
-        return tuple(self.manifest["token_grid"])
+        return self.manifest.token_grid
 
     @property
     def kv_mode(self) -> str:
         """``"single"`` (one KV per layer, any schedule) or ``"per-step"`` (one per (step, layer), one schedule)."""
-        return manifest_kv_mode(self.manifest)
-
-    @property
-    def schedule_label(self) -> str:
-        """``"any schedule"`` (single mode) or ``"4 steps, shift 1"`` (the schedule per-step KV was computed for)."""
-        return schedule_label(self.manifest)
+        return self.manifest.kv_mode
 
     def template_image(self, size: int) -> np.ndarray:
         """The template image as (size, size, 3) uint8."""
@@ -159,7 +155,7 @@ class OpenedTemplate:
         """What a report says about the template: ids, source, geometry, bytes per level and the image fetch."""
         levels: dict[str, int] = {}
         m = self.manifest
-        for shard in m["shards"]:
+        for shard in m.shards:
             for rep in shard["representations"]:
                 name = rep.get("name", str(rep["level"]))
                 levels[name] = levels.get(name, 0) + rep["bytes"]
@@ -168,9 +164,9 @@ class OpenedTemplate:
             "model_id": self.model_id,
             "source": self.source.label,
             "token_grid": list(self.token_grid),
-            "num_layers": m["num_layers"],
-            "kv_mode": self.kv_mode,
-            "schedule": self.schedule_label,
+            "num_layers": m.num_layers,
+            "kv_mode": m.kv_mode,
+            "schedule": m.schedule_label,
             "bytes_per_level": levels,
             "image_bytes": len(self.image_file),
             "image_fetch_s": round(self.image_fetch_s[1] - self.image_fetch_s[0], 4),
@@ -178,25 +174,41 @@ class OpenedTemplate:
 
 
 async def open_template(
-    source: TemplateSource | str,
-    template_id: str,
-    model: EditModel | ModelKey,
-    *,
-    token: str | None = None,
-    manifest: dict | None = None,
+    source: TemplateSource | str, template_id: str, model: EditModel | ModelKey, *, token: str | None = None
 ) -> OpenedTemplate:
-    """Fetch and check the template's manifest (or check the one given, already fetched) and fetch its image."""
+    """Fetch the template's manifest, check it against ``model`` (:func:`check_template`) and fetch its image."""
     from .fetch.client import ShardClient
 
     src, key = _source(source, token), ModelKey.of(model)
     async with src.base_url() as url, ShardClient(url, src.token) as client:
-        if manifest is None:
-            manifest = await _get_manifest(client, src.label, template_id, key.model_id)
-        manifest = check_template(manifest, template_id, key)
-        image = manifest["template_image"]
-        t_image = time.monotonic()
-        blob = await client.fetch_shard(image["digest"], expected_bytes=image["bytes"])
-    return OpenedTemplate(src, template_id, key.model_id, manifest, blob, (t_image, time.monotonic()))
+        manifest = check_template(await _get_manifest(client, src.label, template_id), template_id, key)
+        return await _with_image(src, client, manifest)
+
+
+async def open_checked_template(
+    source: TemplateSource | str, manifest: Manifest, *, token: str | None = None
+) -> OpenedTemplate:
+    """A template whose manifest :func:`fetch_template_manifest` (or :func:`check_template`) already returned for
+    the model that will edit: only its image is fetched (the manifest is neither fetched nor checked again)."""
+    from .fetch.client import ShardClient
+
+    src = _source(source, token)
+    async with src.base_url() as url, ShardClient(url, src.token) as client:
+        return await _with_image(src, client, manifest)
+
+
+async def _with_image(source: TemplateSource, client, manifest: Manifest) -> OpenedTemplate:
+    image, started = manifest.template_image, time.monotonic()
+    blob = await client.fetch_shard(image.digest, expected_bytes=image.nbytes)
+    return OpenedTemplate(source, manifest.template_id, manifest.model_id, manifest, blob, (started, time.monotonic()))
+
+
+def runnable_policy(name: str) -> str:
+    """``name`` when it is a policy an edit can run (``sakura_core.policy.plan.runnable_policies()``), else a
+    ``ValueError`` listing them: the one check of a policy name (edit settings, the nodes' fetch settings)."""
+    if name not in runnable_policies():
+        raise ValueError(f"policy {name!r} cannot run an edit; choose one of {', '.join(runnable_policies())}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -218,9 +230,7 @@ class EditSettings:
     latency_target_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.policy not in runnable_policies():
-            raise ValueError(f"policy {self.policy!r} cannot run an edit; choose one of "
-                             f"{', '.join(runnable_policies())}")  # fmt: skip
+        runnable_policy(self.policy)
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.latency_target_s is not None and not self.latency_target_s > 0:
@@ -262,12 +272,12 @@ async def run_template_edit(
 
     key = ModelKey.of(model)
     if opened.model_id != key.model_id or not template_grid_fits(opened.token_grid, key.token_grid):
-        raise ValueError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
+        raise ModelMismatchError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
                          f"{list(opened.token_grid)}), the edit runs model {key.model_id[:16]} (grid "
                          f"{list(key.token_grid)}); open the template with the model that edits")  # fmt: skip
     link = LinkSpec.parse(link)
     profile = profile if profile is not None else measure_profile(model, settings.steps)
-    plan = plan_fetch(opened.manifest, settings.policy)
+    plan = plan_fetch(opened.manifest.raw, settings.policy)
     size = model.spec.image_size
     # a template larger than the edit keeps its own size (its grid is the manifest's)
     template = opened.template_image(size * opened.token_grid[0] // key.token_grid[0])
@@ -277,7 +287,7 @@ async def run_template_edit(
     async with opened.source.base_url() as url, ShardClient(url, opened.source.token) as client:
         t0 = time.monotonic()
         run = await run_pipelined_edit(
-            model, opened.manifest, shaped_fetcher(client, link), user, settings.prompt, policy=plan.policy,
+            model, opened.manifest.raw, shaped_fetcher(client, link), user, settings.prompt, policy=plan.policy,
             ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template,
             trace=link.trace(), config=config, cancel=cancel, on_layer=on_layer, backend=backend,
         )  # fmt: skip
@@ -346,10 +356,15 @@ async def edit_from_server(
     on_layer: Callable[[int, int], None] | None = None,
     backend=None,
     prefetch_kv_bytes: int | None = None,
+    manifest: Manifest | None = None,
 ) -> EditOutcome:
     """:func:`open_template` then :func:`run_template_edit` for ``request`` (``backend``, ``prefetch_kv_bytes``: see
-    there)."""
-    opened = await open_template(request.source, request.template_id, model)
+    there). ``manifest``: the request's template already fetched and checked against ``model``
+    (:func:`fetch_template_manifest`, as the phone agent does when it admits a job): only the image is fetched."""
+    if manifest is not None:
+        opened = await open_checked_template(request.source, manifest)
+    else:
+        opened = await open_template(request.source, request.template_id, model)
     return await run_template_edit(model, opened, user_image, request.settings, link=request.link, profile=profile,
                                    cancel=cancel, on_layer=on_layer, backend=backend,
                                    prefetch_kv_bytes=prefetch_kv_bytes)  # fmt: skip

@@ -35,7 +35,9 @@ class FakeEdit:
         self.requests = []
         self.prefetch = []
 
-    async def __call__(self, model, request, image, *, profile, cancel, on_layer, prefetch_kv_bytes=None):
+    async def __call__(
+        self, model, request, image, *, profile, cancel, on_layer, prefetch_kv_bytes=None, manifest=None
+    ):
         self.requests.append((request, image.copy()))
         self.prefetch.append(prefetch_kv_bytes)
 

@@ -178,6 +178,6 @@ async def test_post_precompute_with_the_codec(aiohttp_client, tmp_path):
     assert job["state"] == "done", job
     async with ShardClient(str(client.make_url("/"))) as shards:
         manifest = await shards.get_manifest("uploaded", expected_model_id=model_id)
-        for shard in manifest["shards"]:
+        for shard in manifest.shards:
             for rep in shard["representations"]:
                 await shards.fetch_shard(rep["digest"], expected_bytes=rep["bytes"])

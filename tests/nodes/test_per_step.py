@@ -28,7 +28,7 @@ def test_loader_shows_mode_and_schedule_and_the_sampler_checks_steps(comfy, node
     (template,) = out.args
     assert template.kv_mode == "per-step" and template.schedule == "4 steps, shift 1"
     assert out.ui == {"text": [f"{TEMPLATE}: per-step KV, 4 steps, shift 1 (from store:{per_step_store})"]}
-    manifest = template.manifest()
+    manifest = template.manifest.raw
     assert len(manifest["shards"]) == 4 * demo_model.adapter.num_layers
 
     stream = flow.make_stream(template, policy="fetch-fp16", bandwidth="fixed Mbit/s", mbit=100.0)
