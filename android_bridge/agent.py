@@ -24,13 +24,14 @@ forwarded. One job runs at a time; ``queue_size`` more may wait.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import uuid
 
 import numpy as np
 from aiohttp import WSMsgType, web
+
+from sakura_core.http_serving import bearer_token, token_matches
 
 from .agent_state import AGENT_STATE_KEY, AgentConfig, AgentState, EditFn, Job, _cancel, compute_description
 from .agent_worker import _worker
@@ -77,14 +78,7 @@ def _job(request: web.Request) -> Job:
 async def _auth(request: web.Request, handler):
     if request.path.startswith("/v1/"):
         state = request.app[AGENT_STATE_KEY]
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        given = given.strip()
-        if (
-            scheme.lower() != "bearer"
-            or not given
-            # header bytes that are not UTF-8 arrive as surrogate escapes: they simply do not match (401, not 500)
-            or not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), state.config.token.encode())
-        ):
+        if not token_matches(bearer_token(request.headers.get("Authorization")), state.config.token):
             raise _error(401, "a valid pairing token is required (Authorization: Bearer <token>)", "unauthorized",
                          {"WWW-Authenticate": 'Bearer realm="sakura-phone"'})  # fmt: skip
     return await handler(request)
