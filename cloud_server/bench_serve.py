@@ -226,7 +226,7 @@ def _shards(args, work: Path, sizes_kib: list[float]) -> tuple[LocalStore, list[
     """The store to serve and its shard digests: ``--store``'s, or a synthetic ladder in ``work``."""
     if args.store:
         store = LocalStore(args.store)
-        digests = sorted(p.name for p in store.root.glob("shards/*/*") if len(p.name) == 64)
+        digests = sorted(p.name for p in store.shards_dir.glob("*/*") if len(p.name) == 64)
         if not digests:
             print(f"sakura bench serve: no shards in {store.root}", file=sys.stderr)
             return None

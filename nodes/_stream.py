@@ -32,7 +32,7 @@ class TemplateHandle:
         template_id: the template's id.
         model_id: content id of the model the manifest was checked against.
         server_url: SAKURA server (or CDN) base URL; ``None`` for a local store.
-        store_dir: local store folder (served on a loopback port for each run); ``None`` for a server.
+        store_dir: local store folder (read directly); ``None`` for a server.
         token: bearer token of the server's read path (never shown in reprs or reports).
         manifest: the manifest as the loader fetched and checked it against the model (a typed
             ``sakura_core.kv.Manifest``, parsed once); None only for a handle nothing was loaded into.
@@ -68,13 +68,12 @@ class TemplateHandle:
         return f"{self.template_id}: {self.kv_mode} KV, {self.schedule} (from {self.source})"
 
     def template_source(self):
-        """Where the edit fetches from: ``sakura_core.edit.ServerSource`` or ``cloud_server.loopback.StoreSource``."""
+        """Where the edit fetches from: a ``ServerSource`` or a ``StoreSource`` (``sakura_core.fetch.sources``: the
+        store folder read directly)."""
+        from sakura_core.fetch.sources import ServerSource, StoreSource
+
         if self.server_url is not None:
-            from sakura_core.edit import ServerSource
-
             return ServerSource(self.server_url, self.token)
-        from cloud_server.loopback import StoreSource
-
         return StoreSource(self.store_dir)
 
 

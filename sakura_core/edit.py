@@ -5,11 +5,12 @@ and the CLI demo.
     outcome = await run_template_edit(model, opened, user_image, EditSettings(prompt, steps=8, policy="sakura"),
                                       link=LinkSpec.parse("fixed:20"))                      # image + report
 
-:func:`open_template` fetches the template's manifest and image from a source (a server URL, or anything with an
-async ``base_url()`` context, e.g. ``cloud_server.loopback.StoreSource`` for a local store) and checks them against
-the model once (:func:`check_template`: model id, token grid, template image named). :func:`run_template_edit`
-plans the fetch with the policy (``sakura_core.policy.plan.plan_fetch``), paces the shard client by the link, runs
-the pipelined edit and builds the report (:mod:`sakura_core.edit_report`). :func:`edit_from_server` does both for an
+:func:`open_template` fetches the template's manifest and image from a source (a server URL, a
+:class:`ServerSource`, or a :class:`StoreSource` for a store folder read directly: ``sakura_core.fetch.sources``)
+and checks them against the model once (:func:`check_template`: model id, token grid, template image named).
+:func:`run_template_edit` plans the fetch with the policy (``sakura_core.policy.plan.plan_fetch``), paces the
+source's shard fetches by the link, runs the pipelined edit (which checks a per-step template's schedule against
+the model's, once) and builds the report (:mod:`sakura_core.edit_report`). :func:`edit_from_server` does both for an
 :class:`EditRequest` (the phone agent's job, the demo). The user image and prompt stay in this process; only
 manifest and shard requests leave it.
 """
@@ -19,16 +20,15 @@ from __future__ import annotations
 import io
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from .edit_report import edit_report
 from .fetch.errors import TemplateNotFoundError
 from .fetch.link import LinkSpec, shaped_fetcher
+from .fetch.sources import ServerSource, StoreSource, TemplateSource
 from .kv.manifest import Manifest, ModelMismatchError
 from .models.edit_model import EditModel, load_image
 from .policy.plan import plan_fetch, runnable_policies
@@ -43,6 +43,7 @@ __all__ = [
     "ModelKey",
     "OpenedTemplate",
     "ServerSource",
+    "StoreSource",
     "TemplateSource",
     "check_template",
     "edit_from_server",
@@ -54,51 +55,15 @@ __all__ = [
 ]
 
 
-class TemplateSource(Protocol):
-    """Where a template is served: ``label`` (for messages and reports), ``token`` (bearer token of the read path
-    or None) and ``base_url()``, an async context yielding the base URL to fetch from while it is open."""
-
-    label: str
-    token: str | None
-
-    def base_url(self) -> AbstractAsyncContextManager[str]: ...
-
-
-@dataclass(frozen=True)
-class ServerSource:
-    """A SAKURA server (or a CDN in front of one).
-
-    Attributes:
-        url: base URL, ``http(s)://HOST[:PORT]`` (a trailing slash is dropped).
-        token: bearer token of the server's read path, if it has one (never shown in reprs or reports).
-    """
-
-    url: str
-    token: str | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or not self.url.strip():
-            raise ValueError(f"server url must be a non-empty http(s) URL, got {self.url!r}")
-        object.__setattr__(self, "url", self.url.strip().rstrip("/"))
-
-    @property
-    def label(self) -> str:
-        return self.url
-
-    @asynccontextmanager
-    async def base_url(self) -> AsyncIterator[str]:
-        yield self.url
-
-
 def _source(source: TemplateSource | str, token: str | None = None) -> TemplateSource:
     return ServerSource(source, token) if isinstance(source, str) else source
 
 
-async def _get_manifest(client, label: str, template_id: str) -> Manifest:
+async def _get_manifest(shards, label: str, template_id: str) -> Manifest:
     try:
-        return await client.get_manifest(template_id)
+        return await shards.get_manifest(template_id)
     except TemplateNotFoundError as e:
-        catalog = await client.get_catalog()
+        catalog = await shards.get_catalog()
         ids = sorted(str(t.get("id")) for t in catalog.get("templates", []) if isinstance(t, dict))
         raise TemplateNotFoundError(f"template {template_id!r} is not in the catalog of {label}; published there: "
                                     f"{', '.join(ids) or 'none'}") from e  # fmt: skip
@@ -109,11 +74,9 @@ async def fetch_template_manifest(
 ) -> Manifest:
     """The template's manifest from ``source`` (parsed once, as it arrives), checked against ``model``
     (:func:`check_template`); an unknown id raises ``TemplateNotFoundError`` listing what is published there."""
-    from .fetch.client import ShardClient
-
     src, key = _source(source, token), ModelKey.of(model)
-    async with src.base_url() as url, ShardClient(url, src.token) as client:
-        return check_template(await _get_manifest(client, src.label, template_id), template_id, key)
+    async with src.open() as shards:
+        return check_template(await _get_manifest(shards, src.label, template_id), template_id, key)
 
 
 @dataclass(frozen=True)
@@ -177,12 +140,10 @@ async def open_template(
     source: TemplateSource | str, template_id: str, model: EditModel | ModelKey, *, token: str | None = None
 ) -> OpenedTemplate:
     """Fetch the template's manifest, check it against ``model`` (:func:`check_template`) and fetch its image."""
-    from .fetch.client import ShardClient
-
     src, key = _source(source, token), ModelKey.of(model)
-    async with src.base_url() as url, ShardClient(url, src.token) as client:
-        manifest = check_template(await _get_manifest(client, src.label, template_id), template_id, key)
-        return await _with_image(src, client, manifest)
+    async with src.open() as shards:
+        manifest = check_template(await _get_manifest(shards, src.label, template_id), template_id, key)
+        return await _with_image(src, shards, manifest)
 
 
 async def open_checked_template(
@@ -190,16 +151,14 @@ async def open_checked_template(
 ) -> OpenedTemplate:
     """A template whose manifest :func:`fetch_template_manifest` (or :func:`check_template`) already returned for
     the model that will edit: only its image is fetched (the manifest is neither fetched nor checked again)."""
-    from .fetch.client import ShardClient
-
     src = _source(source, token)
-    async with src.base_url() as url, ShardClient(url, src.token) as client:
-        return await _with_image(src, client, manifest)
+    async with src.open() as shards:
+        return await _with_image(src, shards, manifest)
 
 
-async def _with_image(source: TemplateSource, client, manifest: Manifest) -> OpenedTemplate:
+async def _with_image(source: TemplateSource, shards, manifest: Manifest) -> OpenedTemplate:
     image, started = manifest.template_image, time.monotonic()
-    blob = await client.fetch_shard(image.digest, expected_bytes=image.nbytes)
+    blob = await shards.fetch_shard(image.digest, expected_bytes=image.nbytes)
     return OpenedTemplate(source, manifest.template_id, manifest.model_id, manifest, blob, (started, time.monotonic()))
 
 
@@ -268,8 +227,6 @@ async def run_template_edit(
     (``sakura_core.runtime.backend``; None = the torch adapter). ``prefetch_kv_bytes``: the memory the device lends
     to KV prefetched for later steps (``RuntimeConfig.prefetch_kv_bytes``; None = no limit).
     """
-    from .fetch.client import ShardClient
-
     key = ModelKey.of(model)
     if opened.model_id != key.model_id or not template_grid_fits(opened.token_grid, key.token_grid):
         raise ModelMismatchError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
@@ -284,10 +241,10 @@ async def run_template_edit(
     user = load_image(user_image, size)
     config = RuntimeConfig(steps=settings.steps, seed=settings.seed, latency_target_s=settings.latency_target_s,
                            prefetch_kv_bytes=prefetch_kv_bytes)  # fmt: skip
-    async with opened.source.base_url() as url, ShardClient(url, opened.source.token) as client:
+    async with opened.source.open() as shards:
         t0 = time.monotonic()
         run = await run_pipelined_edit(
-            model, opened.manifest.raw, shaped_fetcher(client, link), user, settings.prompt, policy=plan.policy,
+            model, opened.manifest.raw, shaped_fetcher(shards, link), user, settings.prompt, policy=plan.policy,
             ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template,
             trace=link.trace(), config=config, cancel=cancel, on_layer=on_layer, backend=backend,
         )  # fmt: skip

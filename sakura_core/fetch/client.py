@@ -51,12 +51,14 @@ __all__ = [
     "FetchStats",
     "ManifestError",
     "ModelMismatchError",
+    "OnChunk",
     "ServerUnreachableError",
     "ShardClient",
     "ShardIntegrityError",
     "ShardNotFoundError",
     "ShardUnavailableError",
     "TemplateNotFoundError",
+    "Throttle",
 ]
 
 logger = logging.getLogger(__name__)

@@ -9,11 +9,11 @@ import copy
 import numpy as np
 import pytest
 
-from cloud_server.loopback import StoreSource
 from sakura_core import edit
 from sakura_core.edit_report import REPORT_KEYS, edit_report, summary_line, with_psnr
 from sakura_core.fetch.errors import ManifestError, ModelMismatchError, TemplateNotFoundError
 from sakura_core.fetch.link import LinkSpec
+from sakura_core.fetch.sources import StoreSource
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import RunReport
 

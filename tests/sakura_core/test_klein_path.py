@@ -8,8 +8,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from cloud_server.loopback import StoreSource
 from sakura_core import edit
+from sakura_core.fetch.sources import StoreSource
 from sakura_core.runtime.live_profile import LiveProfile
 
 TID = "klein-tpl"

@@ -44,7 +44,7 @@ def _blobs(store, manifest) -> dict[str, bytes]:
 
 
 def _edit(model, root, steps: int, policy: str):
-    from cloud_server.loopback import StoreSource
+    from sakura_core.fetch.sources import StoreSource
 
     opened = asyncio.run(edit.open_template(StoreSource(str(root)), TID, model))
     user = np.asarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3)), np.uint8)
