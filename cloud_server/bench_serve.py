@@ -13,6 +13,7 @@ Prints a table and writes JSON (``--json``). Binds only 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import platform
@@ -29,7 +30,6 @@ import numpy as np
 from .loadgen import _cpu_s, _load, _rss_bytes
 from .nginx import NginxError, NginxProcess, find_nginx
 from .store import LocalStore
-from .synthetic import make_synthetic_template
 
 __all__ = ["add_arguments", "run"]
 
@@ -40,7 +40,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--requests", type=int, default=6000, help="requests per run (at least 2 per connection)")
     parser.add_argument("--sizes-kib", default="16,64,256,1024", help="shard sizes of the ladder (KiB, comma list)")
     parser.add_argument("--layers", type=int, default=8, help="shards per ladder level (default: %(default)s)")
-    parser.add_argument("--store", default=None, help="serve the shards of this store instead of synthetic ones")
+    parser.add_argument("--store", default=None, help="serve the shards of this store instead of random ones")
     parser.add_argument("--no-nginx", action="store_true", help="only the SAKURA server")
     parser.add_argument("--timeout", type=float, default=30.0, help="per-request timeout (s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the request order")
@@ -223,7 +223,8 @@ def _parse_lists(args) -> tuple[list[int], list[float]] | None:
 
 
 def _shards(args, work: Path, sizes_kib: list[float]) -> tuple[LocalStore, list[str]] | None:
-    """The store to serve and its shard digests: ``--store``'s, or a synthetic ladder in ``work``."""
+    """The store to serve and its shard digests: ``--store``'s, or random shards in ``work`` (a ladder of
+    ``sizes_kib`` per layer)."""
     if args.store:
         store = LocalStore(args.store)
         digests = sorted(p.name for p in store.shards_dir.glob("*/*") if len(p.name) == 64)
@@ -232,14 +233,21 @@ def _shards(args, work: Path, sizes_kib: list[float]) -> tuple[LocalStore, list[
             return None
         return store, digests
     store = LocalStore(work / "store")
-    manifest = make_synthetic_template(
-        store,
-        "bench",
-        model_id="0" * 64,
-        num_layers=args.layers,
-        level_bytes=tuple(int(k * 1024) for k in sizes_kib),
-    )
-    return store, [r["digest"] for s in manifest["shards"] for r in s["representations"]]
+    return store, _random_shards(store, args.layers, [int(k * 1024) for k in sizes_kib])
+
+
+def _random_shards(store: LocalStore, layers: int, sizes: list[int], seed: int = 0) -> list[str]:
+    """Seeded random blobs, ``layers`` of each size, stored as shards; their digests. Bytes, not KV: what is
+    measured is serving, which never looks inside a shard."""
+    rng = np.random.default_rng(seed)
+    digests = []
+    for _ in range(layers):
+        for nbytes in sizes:
+            blob = rng.integers(0, 256, size=nbytes, dtype=np.uint8).tobytes()
+            digest = hashlib.sha256(blob).hexdigest()
+            store.put_shard(digest, blob)
+            digests.append(digest)
+    return digests
 
 
 def _start_nginx(args, work: Path, store: LocalStore, servers: list) -> tuple[NginxProcess | None, str | None]:

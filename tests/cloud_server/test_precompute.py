@@ -16,8 +16,9 @@ from PIL import Image
 
 from cloud_server.precompute import ImageError, TemplateExistsError, decode_image, publish_template
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import SyntheticModel, SyntheticTemplate, build_synthetic, synthetic_precompute
 from sakura_core.fetch.client import ManifestError, ModelMismatchError
+
+from ..synthetic_templates import SyntheticModel, SyntheticTemplate, build_synthetic, synthetic_precompute
 
 MODEL_ID = "ab" * 32
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)

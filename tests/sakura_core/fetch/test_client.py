@@ -15,7 +15,6 @@ from aiohttp import web
 from cloud_server.app import create_app
 from cloud_server.config import ServerConfig
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import make_synthetic_template
 from sakura_core.fetch.client import (
     AuthError,
     ClientConfig,
@@ -31,6 +30,8 @@ from sakura_core.fetch.client import (
 )
 from sakura_core.http_serving import bound_port
 from sakura_core.kv import parse_manifest
+
+from ...synthetic_templates import make_synthetic_template
 
 MODEL_ID = "ab" * 32
 FAST = ClientConfig(
@@ -367,7 +368,7 @@ def test_connection_problem_names_the_cause():
 
 # ---- manifest checks ------------------------------------------------------------------------------------------
 def _good_manifest():
-    from cloud_server.synthetic import build_synthetic
+    from ...synthetic_templates import build_synthetic
 
     return build_synthetic("t", model_id=MODEL_ID, num_layers=2, level_bytes=(5, 10)).manifest
 

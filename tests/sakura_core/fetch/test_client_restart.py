@@ -6,8 +6,9 @@ from aiohttp import web
 from cloud_server.app import create_app
 from cloud_server.config import ServerConfig
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import make_synthetic_template
 from sakura_core.fetch.client import ClientConfig, ShardClient
+
+from ...synthetic_templates import make_synthetic_template
 
 MODEL_ID = "ab" * 32
 RESTART_S = 4.0  # a `sakura serve` restart takes 3-4 s

@@ -11,7 +11,6 @@ import pytest
 from cloud_server.app import create_app
 from cloud_server.config import ServerConfig
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import make_synthetic_template
 from sakura_core.fetch.client import (
     ClientConfig,
     ManifestError,
@@ -22,6 +21,8 @@ from sakura_core.fetch.client import (
 )
 from sakura_core.fetch.local_source import LocalShardSource
 from sakura_core.fetch.sources import ServerSource, StoreSource
+
+from ...synthetic_templates import make_synthetic_template
 
 MODEL_ID = "ab" * 32
 
