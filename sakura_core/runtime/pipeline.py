@@ -28,7 +28,12 @@ reads (:class:`~sakura_core.runtime.live_state.LiveState`, with the clock) and t
 (step, layer, and the flat ``g`` the policy protocol uses).
 
 Threads: a run uses the caller's event loop (the fetch lane and the transfers), one worker thread of its own for the
-compute lane, and the decode pool (``RuntimeConfig.decode_threads``); it starts no event loop.
+compute lane, and the decode pool (``RuntimeConfig.decode_threads``); it starts no event loop. The policy is asked
+from the loop (the fetch lane) and from the compute thread (the forward's hooks: ``keep_template``, and
+``recompute_late`` while a shard is late), always under ``LiveState.lock`` and at one frozen moment per batch of
+link decisions; HeldKV and the decode lane each guard their own state with their own lock, taken after
+``LiveState.lock`` where both are held. Anything the run starts (the compute thread, fetches the compute lane asked
+for) ends with it; a run cancelled as a task stops its compute thread at the next layer or shard wait.
 """
 
 from __future__ import annotations
