@@ -13,17 +13,19 @@ from .config import MODELS
 from .precompute import (
     ImageError,
     TemplateExistsError,
+    add_device_arguments,
     decode_image,
     load_model,
     publish_template,
 )
-from .store import InvalidNameError, LocalStore, validate_template_id
+from .store import InvalidNameError, StoreError, validate_template_id
+from .store_url import add_store_arguments, open_store
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--store", required=True, help="store folder (created if missing)")
+    add_store_arguments(parser)
     parser.add_argument(
         "--model",
         default="demo",
@@ -52,6 +54,7 @@ def add_arguments(parser) -> None:
         help="template side in pixels (default: the model's edit size; e.g. 128 for the 64 px demo edit gives "
         "4x the edit's tokens)",
     )
+    add_device_arguments(parser)
 
 
 def _read_image(source: str) -> tuple:
@@ -79,17 +82,21 @@ def run(args) -> int:
         if args.steps < 1 or args.shift <= 0:
             raise ValueError(f"--steps must be >= 1 and --shift > 0, got {args.steps} and {args.shift}")
         image, source = _read_image(args.image)
-    except (ValueError, InvalidNameError, ImageError) as e:
+        store = open_store(args.store, endpoint_url=args.s3_endpoint)
+        store.check()
+        published = store.has_template(args.template_id)
+    except (ValueError, InvalidNameError, ImageError, StoreError) as e:
         print(f"sakura precompute: {e}", file=sys.stderr)
         return 2
-    store = LocalStore(args.store)
-    if not args.overwrite and store.has_template(args.template_id):
-        print(
-            f"sakura precompute: template {args.template_id!r} is already published in {store.root}", file=sys.stderr
-        )
+    if not args.overwrite and published:
+        print(f"sakura precompute: template {args.template_id!r} is already published in {args.store}", file=sys.stderr)
         return 1
     t0 = time.perf_counter()
-    model = load_model(args.model)
+    try:
+        model = load_model(args.model, device=args.device, dtype=args.dtype)
+    except ValueError as e:
+        print(f"sakura precompute: {e}", file=sys.stderr)
+        return 2
     print(f"model {args.model} ({model.model_id[:16]}) loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     last = {"stage": None}
 
@@ -122,7 +129,7 @@ def run(args) -> int:
     secs = time.perf_counter() - t0
     m = result.manifest
     print(
-        f"published {result.template_id} in {store.root}: {len(m['shards'])} shards, "
+        f"published {result.template_id} in {args.store}: {len(m['shards'])} shards, "
         f"{result.shards} blobs, {result.shard_bytes / 2**20:.2f} MiB in {secs:.1f} s"
     )
     _print_level_bytes(m)

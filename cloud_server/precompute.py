@@ -27,6 +27,8 @@ __all__ = [
     "Progress",
     "PublishResult",
     "TemplateExistsError",
+    "add_device_arguments",
+    "compute_info",
     "decode_image",
     "load_model",
     "publish_template",
@@ -61,12 +63,33 @@ class PublishResult:
     shard_bytes: int
 
 
-def load_model(name: str):
+def load_model(name: str, *, device: str = "cpu", dtype: str | None = None):
     """The served model: ``demo`` (the embedded demo model, ``MODELS``) or a diffusers FLUX.2 [klein] pipeline
-    folder's path (VAE-encoded templates, latent-space KV)."""
+    folder's path (VAE-encoded templates, latent-space KV), on ``device`` in ``dtype`` (``load_edit_model``)."""
     from sakura_core.models.loading import load_edit_model
 
-    return load_edit_model(name)
+    return load_edit_model(name, device=device, dtype=dtype)
+
+
+def add_device_arguments(parser, *, what: str = "precompute") -> None:
+    """``--device`` and ``--dtype`` of the model that runs ``what``."""
+    from sakura_core.models.loading import DTYPES
+
+    parser.add_argument("--device", default="cpu",
+                        help=f"device {what} runs the model on: cpu, cuda, cuda:N (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--dtype", default=None, choices=sorted(DTYPES),
+        help=f"parameter dtype for {what} (default: the checkpoint's, float32 for the demo model); part of the model "
+        "id, so clients must run the model in the same dtype",
+    )  # fmt: skip
+
+
+def compute_info(model) -> dict | None:
+    """``{"device": ..., "dtype": ...}`` the model computes with (recorded in the manifest), when it says."""
+    adapter = getattr(model, "adapter", None)
+    if adapter is None or not hasattr(adapter, "dtype"):
+        return None
+    return {"device": str(adapter.device), "dtype": str(adapter.dtype).removeprefix("torch.")}
 
 
 _OBJECT_REPR = re.compile(r"<[^<>]{1,80} object at 0x[0-9a-fA-F]+>")
@@ -136,6 +159,7 @@ def publish_template(
     steps: int = 4,
     shift: float = 1.0,
     template_size: int | None = None,
+    annotations: dict | None = None,
 ) -> PublishResult:
     """Precompute a template's KV ladder and publish it in ``store``; the manifest is written last.
 
@@ -157,6 +181,8 @@ def publish_template(
             schedule ``steps``/``shift``; the manifest names it). Passed to the codec only in per-step mode.
         template_size: side in pixels the template is resized to (default: the model's edit size); a larger
             template has more tokens than the edit (its own grid of position ids).
+        annotations: JSON-able facts about how the template was made, merged into the manifest's ``precompute``
+            object with the model's device and dtype (``sakura precompute-catalog`` keeps its entry key there).
     """
     validate_template_id(template_id)
     if not overwrite and store.has_template(template_id):
@@ -179,6 +205,9 @@ def publish_template(
     image_png = png_bytes(image)
     image_ref = {"digest": hashlib.sha256(image_png).hexdigest(), "bytes": len(image_png), "format": "png"}
     manifest = {**manifest, "template_image": image_ref}
+    made = {**(compute_info(model) or {}), **(annotations or {})}
+    if made:
+        manifest["precompute"] = made
     digests = [rep["digest"] for shard in manifest["shards"] for rep in shard["representations"]]
     unused = set(blobs) - set(digests)
     if unused:

@@ -42,8 +42,8 @@ async def _start_serve(store_root, *extra, env=None):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-async def test_serve_process_serves_and_stops_gracefully(store, manifest, sig):
-    proc, port = await _start_serve(store.root, env={"SAKURA_TOKEN": "env-token-123"})
+async def test_serve_process_serves_and_stops_gracefully(store_arg, manifest, sig):
+    proc, port = await _start_serve(store_arg, env={"SAKURA_TOKEN": "env-token-123"})
     try:
         async with ShardClient(f"http://127.0.0.1:{port}") as client:
             catalog = await client.get_catalog()
@@ -66,12 +66,12 @@ async def test_serve_process_serves_and_stops_gracefully(store, manifest, sig):
             await proc.wait()
 
 
-async def test_sigterm_drains_an_in_flight_download(store, tmp_path):
+async def test_sigterm_drains_an_in_flight_download(store, store_arg, tmp_path):
     """A shard being downloaded when SIGTERM arrives is completed (graceful shutdown), then the process exits."""
     blob = os.urandom(8 * 2**20)
     digest = hashlib.sha256(blob).hexdigest()
     store.put_shard(digest, blob)
-    proc, port = await _start_serve(store.root)
+    proc, port = await _start_serve(store_arg)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(f"GET /v1/shards/{digest} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
