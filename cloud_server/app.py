@@ -365,7 +365,9 @@ async def _lifecycle(app: web.Application):
         await loop.run_in_executor(None, state.store.sweep_temp_files)
     if state.model is None and cfg.model is not None:
         logger.info("loading model %r ...", cfg.model)
-        state.model = await loop.run_in_executor(None, lambda: load_model(cfg.model, device=cfg.device, dtype=cfg.dtype))
+        state.model = await loop.run_in_executor(
+            None, lambda: load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        )
         logger.info("serving model %s (%s)", cfg.model, state.model_id)
     state.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sakura-precompute")
     yield

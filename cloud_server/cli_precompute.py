@@ -89,7 +89,9 @@ def run(args) -> int:
         print(f"sakura precompute: {e}", file=sys.stderr)
         return 2
     if not args.overwrite and published:
-        print(f"sakura precompute: template {args.template_id!r} is already published in {args.store}", file=sys.stderr)
+        print(
+            f"sakura precompute: template {args.template_id!r} is already published in {args.store}", file=sys.stderr
+        )
         return 1
     t0 = time.perf_counter()
     try:

@@ -18,9 +18,9 @@ from aiohttp import web
 from sakura_core.http_serving import bound_port
 
 from .app import create_app
-from .store import StoreError
 from .config import MODELS, ServerConfig
 from .precompute import add_device_arguments
+from .store import StoreError
 from .store_url import S3_ENDPOINT_HELP, is_s3_url
 
 __all__ = ["add_arguments", "run", "serve"]

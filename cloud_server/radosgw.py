@@ -153,12 +153,25 @@ class RadosGateway:
         mon_port = free_port()
         self.conf.write_text(
             _CONF.format(
-                fsid=fsid, mon_port=mon_port, rgw_port=self.rgw_port, dir=self.dir,
+                fsid=fsid,
+                mon_port=mon_port,
+                rgw_port=self.rgw_port,
+                dir=self.dir,
                 memstore_bytes=self.memstore_mib * 2**20,
             )  # fmt: skip
         )
         monmap = self.dir / "monmap"
-        self._run("monmaptool", "--create", "--clobber", "--add", "a", f"v1:127.0.0.1:{mon_port}", "--fsid", fsid, str(monmap))
+        self._run(
+            "monmaptool",
+            "--create",
+            "--clobber",
+            "--add",
+            "a",
+            f"v1:127.0.0.1:{mon_port}",
+            "--fsid",
+            fsid,
+            str(monmap),
+        )
         self._run("ceph-mon", "--mkfs", "-i", "a", "--monmap", str(monmap))
         self._spawn("mon", "ceph-mon", "-f", "-i", "a")
 

@@ -215,7 +215,9 @@ class S3Store(Store):
     def _fail(self, what: str, e: Exception) -> StoreError:
         code = _code(e)
         if code == "NoSuchBucket":
-            return StoreError(f"{self}: bucket {self.bucket!r} does not exist; create it first (S3Store.create_bucket)")
+            return StoreError(
+                f"{self}: bucket {self.bucket!r} does not exist; create it first (S3Store.create_bucket)"
+            )
         if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
             return StoreError(f"{self}: {what}: {code}; check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
         return StoreError(f"{self}: {what} failed: {type(e).__name__}: {str(e)[:300]}")
@@ -257,7 +259,9 @@ class S3Store(Store):
 
     def copy_object(self, src_key: str, dest_key: str) -> None:
         try:
-            self._client.copy_object(Bucket=self.bucket, Key=dest_key, CopySource={"Bucket": self.bucket, "Key": src_key})
+            self._client.copy_object(
+                Bucket=self.bucket, Key=dest_key, CopySource={"Bucket": self.bucket, "Key": src_key}
+            )
         except self._errors as e:
             raise self._fail(f"COPY {src_key} -> {dest_key}", e) from e
 

@@ -123,6 +123,7 @@ class Store(abc.ABC):
     def check(self) -> None:
         """Raise ``StoreError`` saying what is wrong unless the store can be used (a network store: reachable, the
         bucket exists, the credentials work). Nothing to check for a local folder."""
+        return None
 
     def get_manifest(self, template_id: str) -> dict:
         """The parsed manifest."""

@@ -63,7 +63,9 @@ def new_s3_store(radosgw, name: str = "t"):
     """An ``S3Store`` under a fresh prefix of the session bucket (tests never see each other's objects)."""
     from cloud_server.s3_store import S3Store
 
-    return S3Store(f"s3://{S3_BUCKET}/{name}{next(_prefixes)}-{uuid.uuid4().hex[:8]}", endpoint_url=radosgw.endpoint_url)
+    return S3Store(
+        f"s3://{S3_BUCKET}/{name}{next(_prefixes)}-{uuid.uuid4().hex[:8]}", endpoint_url=radosgw.endpoint_url
+    )
 
 
 @pytest.fixture(params=["local", "s3"])
