@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 from sakura_core.models.loading import check_model_source
 
@@ -14,9 +13,9 @@ from .precompute import (
     ImageError,
     TemplateExistsError,
     add_device_arguments,
-    decode_image,
     load_model,
     publish_template,
+    read_template_image,
 )
 from .store import InvalidNameError, StoreError, validate_template_id
 from .store_url import add_store_arguments, open_store
@@ -57,22 +56,6 @@ def add_arguments(parser) -> None:
     add_device_arguments(parser)
 
 
-def _read_image(source: str) -> tuple:
-    """(image array, (file bytes, ext) or None) from a file, or a demo sample name."""
-    path = Path(source)
-    if path.is_file():
-        data = path.read_bytes()
-        image, ext = decode_image(data, max_pixels=100_000_000)
-        return image, (data, ext)
-    if path.suffix or "/" in source:
-        raise ImageError(f"image file {source!r} not found")
-    from sakura_core.models.edit_model import DEMO_TEMPLATES, load_image
-
-    if source in DEMO_TEMPLATES:
-        return load_image(source, 512), None
-    raise ImageError(f"image {source!r} is neither a file nor a demo sample ({', '.join(DEMO_TEMPLATES)})")
-
-
 def run(args) -> int:
     try:
         check_model_source(args.model)
@@ -81,7 +64,7 @@ def run(args) -> int:
             raise ValueError(f"--shard-layers must be >= 1, got {args.shard_layers}")
         if args.steps < 1 or args.shift <= 0:
             raise ValueError(f"--steps must be >= 1 and --shift > 0, got {args.steps} and {args.shift}")
-        image, source = _read_image(args.image)
+        image, source = read_template_image(args.image)
         store = open_store(args.store, endpoint_url=args.s3_endpoint)
         store.check()
         published = store.has_template(args.template_id)

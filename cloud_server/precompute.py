@@ -13,6 +13,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ __all__ = [
     "decode_image",
     "load_model",
     "publish_template",
+    "read_template_image",
 ]
 
 logger = logging.getLogger(__name__)
@@ -117,6 +119,22 @@ def decode_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, str]:
         detail = _OBJECT_REPR.sub("the upload", str(e))  # PIL names its file object: <_io.BytesIO object at 0x...>
         raise ImageError(f"not a readable PNG/JPEG/WebP image: {detail}") from e
     return rgb, _FORMATS[fmt]
+
+
+def read_template_image(source: str) -> tuple:
+    """(image array, (file bytes, ext) or ``None``) from an image file, or a demo sample name (``astronaut``, ...)."""
+    path = Path(source)
+    if path.is_file():
+        data = path.read_bytes()
+        image, ext = decode_image(data, max_pixels=100_000_000)
+        return image, (data, ext)
+    if path.suffix or "/" in source:
+        raise ImageError(f"image file {source!r} not found")
+    from sakura_core.models.edit_model import DEMO_TEMPLATES, load_image
+
+    if source in DEMO_TEMPLATES:
+        return load_image(source, 512), None
+    raise ImageError(f"image {source!r} is neither a file nor a demo sample ({', '.join(DEMO_TEMPLATES)})")
 
 
 def _default_precompute_fn() -> PrecomputeFn:

@@ -19,6 +19,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "demo-model"): ("sakura_core.cli_eval", "evaluate the demo model on held-out pairs; writes JSON"),
     ("serve",): ("cloud_server.cli_serve", "run the template/shard server (catalog, manifests, shards, precompute)"),
     ("precompute",): ("cloud_server.cli_precompute", "compute a template's KV ladder and publish it into a store"),
+    ("precompute-catalog",): (
+        "cloud_server.cli_precompute_catalog",
+        "publish every entry of a template catalog (local workers or a Ray cluster); skips what is published",
+    ),
     ("examples",): (
         "cloud_server.cli_examples",
         "publish the ComfyUI example workflows' templates into a store; write their user images",

@@ -35,6 +35,12 @@ def unavailable(reason: str):
 
 
 @pytest.fixture(scope="session")
+def skip_or_fail():
+    """``skip_or_fail(reason)``: ``unavailable`` as a fixture, for test modules starting servers of their own."""
+    return unavailable
+
+
+@pytest.fixture(scope="session")
 def radosgw(tmp_path_factory):
     """A real S3 server for the session: mon + memstore OSD + radosgw on 127.0.0.1, its credentials in the
     process environment (so ``sakura`` subprocesses find them too) and the bucket ``sakura-tests``."""
