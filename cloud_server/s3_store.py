@@ -192,6 +192,11 @@ class S3Store(Store):
         )
         return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
 
+    @property
+    def client(self):
+        """The boto3 S3 client (for what this class does not wrap)."""
+        return self._client
+
     def __repr__(self) -> str:
         where = f" at {self.endpoint_url}" if self.endpoint_url else ""
         return f"S3Store({str(self.location)!r}{where})"
@@ -218,7 +223,7 @@ class S3Store(Store):
             return StoreError(
                 f"{self}: bucket {self.bucket!r} does not exist; create it first (S3Store.create_bucket)"
             )
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"):
             return StoreError(f"{self}: {what}: {code}; check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
         return StoreError(f"{self}: {what} failed: {type(e).__name__}: {str(e)[:300]}")
 

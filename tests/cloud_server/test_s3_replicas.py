@@ -7,7 +7,6 @@ import hashlib
 import os
 
 import aiohttp
-import pytest
 
 from cloud_server.nginx import NginxProcess, find_nginx
 from cloud_server.synthetic import make_synthetic_template
@@ -26,9 +25,11 @@ def _same(a: dict, b: dict, *names: str) -> None:
         assert a.get(name) == b.get(name), (name, a.get(name), b.get(name))
 
 
-async def test_two_replicas_over_one_bucket_answer_identically_behind_the_cdn(radosgw, sakura_serve, tmp_path):
+async def test_two_replicas_over_one_bucket_answer_identically_behind_the_cdn(
+    radosgw, sakura_serve, skip_or_fail, tmp_path
+):
     if find_nginx() is None:
-        pytest.skip("nginx is not installed (apt-get install nginx-light; .ci/run does)")
+        skip_or_fail("nginx is not installed (apt-get install nginx-light; .ci/run does): replica CDN test skipped")
     from cloud_server.s3_store import S3Store
 
     store = S3Store(f"s3://sakura-tests/replicas-{os.getpid()}", endpoint_url=radosgw.endpoint_url)
