@@ -21,7 +21,7 @@ from .app import create_app
 from .config import MODELS, ServerConfig
 from .precompute import add_device_arguments
 from .store import StoreError
-from .store_url import S3_ENDPOINT_HELP, is_s3_url
+from .store_url import S3_ENDPOINT_HELP, check_store_location, is_s3_url
 
 __all__ = ["add_arguments", "run", "serve"]
 
@@ -55,6 +55,7 @@ def add_arguments(parser) -> None:
 
 def config_from_args(args) -> ServerConfig:
     model = None if args.model == "none" else args.model
+    check_store_location(args.store)
     return ServerConfig(
         store_dir=None if is_s3_url(args.store) else Path(args.store),
         store_url=args.store if is_s3_url(args.store) else None,
@@ -115,5 +116,8 @@ def run(args) -> int:
     except StoreError as e:
         print(f"sakura serve: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # the model could not be loaded as asked (e.g. --device cuda without a GPU)
+        print(f"sakura serve: {e}", file=sys.stderr)
+        return 2
     print("sakura serve: stopped", flush=True)
     return 0

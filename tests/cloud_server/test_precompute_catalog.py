@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cloud_server.catalog import CatalogError, load_catalog
+from cloud_server.synthetic import make_synthetic_template
 from sakura_core.kv.manifest import manifest_kv_mode
 
 pytestmark = pytest.mark.slow
@@ -225,11 +226,9 @@ async def test_a_worker_killed_mid_publish_is_retried_without_a_half_published_t
     from cloud_server.s3_store import S3Store
 
     store = S3Store(f"s3://sakura-tests/kill-{os.getpid()}", endpoint_url=radosgw.endpoint_url)
-    v1 = _catalog(tmp_path / "v1.json", [("swap", "astronaut")])
-    rc, out = await _finish(await _driver(v1, store, radosgw.endpoint_url, "--ray", ray_cluster.address))
-    assert rc == 0, out
+    make_synthetic_template(store, "swap-demo-single", model_id="ab" * 32)  # an older version of the entry
     old = store.get_manifest_bytes("swap-demo-single")
-    v2 = _catalog(tmp_path / "v2.json", [("swap", "coffee")])  # the entry changed: it is published again
+    v2 = _catalog(tmp_path / "v2.json", [("swap", "coffee")])  # its key is not the published one: republished
     hold = s3_gate.hold("PUT", r"/templates/swap-demo-single/manifest\.json$")
     driver = await _driver(v2, store, s3_gate.url, "--ray", ray_cluster.address, "--json", str(tmp_path / "r.json"))
     await asyncio.wait_for(hold.arrived.wait(), 300)
@@ -243,7 +242,7 @@ async def test_a_worker_killed_mid_publish_is_retried_without_a_half_published_t
     result = _results(tmp_path / "r.json")["swap-demo-single"]
     assert result["status"] == "published" and result["pid"] != pids[0]  # Ray retried it on a new worker
     new = store.get_manifest("swap-demo-single")
-    assert new["precompute"]["catalog_entry"] == result["key"] != json.loads(old)["precompute"]["catalog_entry"]
+    assert new["precompute"]["catalog_entry"] == result["key"] and new != json.loads(old)
     args = ["--store", str(store.location), "--s3-endpoint", radosgw.endpoint_url, "--orphan-age-s", "0"]
     rc, out = await sakura_cli("store", "repair", *args)  # the old version's shards are orphans now
     assert rc == 0, out

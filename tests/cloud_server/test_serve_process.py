@@ -8,6 +8,7 @@ import signal
 import sys
 
 import pytest
+import torch
 
 from cloud_server.config import ServerConfig
 from sakura_core.cli import main
@@ -102,6 +103,15 @@ def test_cli_argument_errors(tmp_path, capsys):
     assert "invalid template id" in capsys.readouterr().err
     assert main(["precompute", "--store", str(tmp_path), "--image", "no-such.png", "--id", "ok"]) == 2
     assert "image file 'no-such.png' not found" in capsys.readouterr().err
+    assert main(["serve", "--store", str(tmp_path), "--device", "tpu"]) == 2
+    assert "unknown device 'tpu'" in capsys.readouterr().err
+    assert main(["serve", "--store", "gs://bucket/x"]) == 2
+    assert "s3://" in capsys.readouterr().err
+    assert main(["precompute", "--store", "s3://Bad_Bucket", "--image", "astronaut", "--id", "ok"]) == 2
+    assert "invalid bucket name" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["serve", "--store", str(tmp_path), "--device", "cuda", "--port", "0"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
