@@ -100,7 +100,7 @@ class _RayCluster:
         return False
 
     def stop(self) -> None:
-        for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):  # the raylets' workers exit with them
             for proc in reversed(self.procs):
                 try:
                     os.killpg(proc.pid, sig)
