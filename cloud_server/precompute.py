@@ -160,6 +160,21 @@ def _check_result(result: Any, model_id: str, template_id: str) -> tuple[dict, d
     return manifest, blobs
 
 
+def _publishable(manifest: dict, image: np.ndarray, model, annotations: dict | None) -> tuple[dict, bytes]:
+    """The manifest to publish (the codec's + ``template_image`` + ``precompute``) and the template image's PNG.
+
+    The device computes the template's first layers itself (hybrid split): it needs the exact image the KV was
+    computed from. Lossless PNG at the model's resolution, content-addressed like a shard.
+    """
+    image_png = png_bytes(image)
+    image_ref = {"digest": hashlib.sha256(image_png).hexdigest(), "bytes": len(image_png), "format": "png"}
+    manifest = {**manifest, "template_image": image_ref}
+    made = {**(compute_info(model) or {}), **(annotations or {})}
+    if made:
+        manifest["precompute"] = made
+    return manifest, image_png
+
+
 def publish_template(
     store: Store,
     model,
@@ -218,14 +233,8 @@ def publish_template(
         model, image, template_id, codec=codec, shard_layers=shard_layers, seed=seed, progress=progress, **mode_kwargs
     )
     manifest, blobs = _check_result(result, model.model_id, template_id)
-    # The device computes the template's first layers itself (hybrid split): it needs the exact image the KV was
-    # computed from. Lossless PNG at the model's resolution, content-addressed like a shard.
-    image_png = png_bytes(image)
-    image_ref = {"digest": hashlib.sha256(image_png).hexdigest(), "bytes": len(image_png), "format": "png"}
-    manifest = {**manifest, "template_image": image_ref}
-    made = {**(compute_info(model) or {}), **(annotations or {})}
-    if made:
-        manifest["precompute"] = made
+    manifest, image_png = _publishable(manifest, image, model, annotations)
+    image_ref = manifest["template_image"]
     digests = [rep["digest"] for shard in manifest["shards"] for rep in shard["representations"]]
     unused = set(blobs) - set(digests)
     if unused:
