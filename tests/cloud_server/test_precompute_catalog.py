@@ -6,6 +6,7 @@ Also the catalog format's errors, and the local ``--workers`` pool."""
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,6 +112,7 @@ class _RayCluster:
                 time.sleep(0.25)
         for proc in self.procs:
             proc.wait(5)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     @staticmethod
     def _group_alive(pgid: int) -> bool:
