@@ -122,7 +122,7 @@ class PipelinedEdit(FetchLane, DecodeLane, LateShards):
     def reset(self) -> None:
         """Fresh per-run state: clock, estimator, policy, timeline, shards, decoders, stall and split bookkeeping."""
         cfg = self.cfg
-        self.estimator = ThroughputEstimator()
+        self.estimator = ThroughputEstimator(cfg.estimator)
         trace = self.trace or Trace.constant(1e4)
         self.st = LiveState(self.profile, trace, self.ladders, self.floor, self.estimator, cfg.rtt_s,
                             cfg.latency_target_s, layers_per_step=self.L)  # fmt: skip

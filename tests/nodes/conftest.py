@@ -102,9 +102,11 @@ def flow(run_node, node_classes):
                              bandwidth=bandwidth, fixed_mbit_s=mbit, trace="norway_bus_1", trace_path="")  # fmt: skip
         return stream
 
-    def sample(model, stream, image, steps=3, seed=0, device=None):
+    def sample(model, stream, image, steps=3, seed=0, device=None, save_prefix="",
+               device_timing="this machine (measured)"):  # fmt: skip
         return run_node(node_classes["SakuraPipelinedSampler"], model=model, kv_stream=stream, image=image,
-                        prompt=PROMPT, steps=steps, seed=seed, device=device)  # fmt: skip
+                        prompt=PROMPT, steps=steps, seed=seed, save_prefix=save_prefix, device_timing=device_timing,
+                        device=device)  # fmt: skip
 
     return SimpleNamespace(
         load_template=load_template, make_stream=make_stream, sample=sample, template=TEMPLATE, prompt=PROMPT
