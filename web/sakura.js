@@ -74,7 +74,7 @@ function widget(node, name) {
 
 // what the chooser lists for a template: its id, and the step count a per-step template serves
 function templateLabel(t) {
-  return t.kv_mode === "per-step" ? `${t.id}  (per-step KV: ${t.steps} steps)` : t.id;
+  return t.kv_mode === "per-step" ? `${t.id} (per-step KV: ${t.steps} steps)` : t.id;
 }
 
 function showInfo(node, lines) {
