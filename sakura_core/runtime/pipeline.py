@@ -146,7 +146,8 @@ class PipelinedEdit:
         self._stop = threading.Event()  # set when the run itself is cancelled: the compute thread stops too
         stop = _EitherSet(self.cancel, self._stop)
         # shared by every lane: the live state (the clock, and what the policy sees) and the run's log
-        self.st = LiveState(profile, trace or Trace.constant(1e4), ladders, floor, ThroughputEstimator(), cfg.rtt_s,
+        estimator = ThroughputEstimator(cfg.estimator)
+        self.st = LiveState(profile, trace or Trace.constant(1e4), ladders, floor, estimator, cfg.rtt_s,
                             cfg.latency_target_s, layers_per_step=L, clock=clock)  # fmt: skip
         self.ctx = Context(self.st)
         self.log = RunLog()
