@@ -13,7 +13,6 @@ Prints a table and writes JSON (``--json``). Binds only 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import platform
@@ -27,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .loadgen import _cpu_s, _load, _rss_bytes
+from .bench_shards import put_random_shards
+from .loadgen import cpu_s, load, rss_bytes
 from .nginx import NginxError, NginxProcess, find_nginx
 from .store import LocalStore
 
@@ -77,12 +77,12 @@ def _pct(values: list[float], q: float) -> float:
 
 def _measure(name, port, pids_fn, digests, sizes, conns, n_requests, seed, timeout_s) -> dict:
     pids = pids_fn()
-    rss_before, cpu_before = _rss_bytes(pids), _cpu_s(pids)
+    rss_before, cpu_before = rss_bytes(pids), cpu_s(pids)
     gen_cpu0 = time.process_time()
-    run, wall_s = asyncio.run(_load(port, digests, sizes, conns, n_requests, seed, timeout_s))
+    run, wall_s = asyncio.run(load(port, digests, sizes, conns, n_requests, seed, timeout_s))
     gen_cpu = time.process_time() - gen_cpu0
     pids = pids_fn()
-    cpu = _cpu_s(pids) - cpu_before
+    cpu = cpu_s(pids) - cpu_before
     done = len(run.latencies_s)
     return {
         "server": name,
@@ -101,7 +101,7 @@ def _measure(name, port, pids_fn, digests, sizes, conns, n_requests, seed, timeo
         "server_cpu_ms_per_req": round(1e3 * cpu / max(done, 1), 4),
         "loadgen_cpu_s": round(gen_cpu, 3),
         "rss_before_mib": round(rss_before / 2**20, 1),
-        "rss_after_mib": round(_rss_bytes(pids) / 2**20, 1),
+        "rss_after_mib": round(rss_bytes(pids) / 2**20, 1),
     }
 
 
@@ -233,21 +233,7 @@ def _shards(args, work: Path, sizes_kib: list[float]) -> tuple[LocalStore, list[
             return None
         return store, digests
     store = LocalStore(work / "store")
-    return store, _random_shards(store, args.layers, [int(k * 1024) for k in sizes_kib])
-
-
-def _random_shards(store: LocalStore, layers: int, sizes: list[int], seed: int = 0) -> list[str]:
-    """Seeded random blobs, ``layers`` of each size, stored as shards; their digests. Bytes, not KV: what is
-    measured is serving, which never looks inside a shard."""
-    rng = np.random.default_rng(seed)
-    digests = []
-    for _ in range(layers):
-        for nbytes in sizes:
-            blob = rng.integers(0, 256, size=nbytes, dtype=np.uint8).tobytes()
-            digest = hashlib.sha256(blob).hexdigest()
-            store.put_shard(digest, blob)
-            digests.append(digest)
-    return digests
+    return store, list(put_random_shards([store], args.layers, [int(k * 1024) for k in sizes_kib]))
 
 
 def _start_nginx(args, work: Path, store: LocalStore, servers: list) -> tuple[NginxProcess | None, str | None]:
@@ -270,7 +256,7 @@ def _start_nginx(args, work: Path, store: LocalStore, servers: list) -> tuple[Ng
 
 
 def _rss_mib(servers: list) -> dict[str, float]:
-    return {name: round(_rss_bytes(pids()) / 2**20, 1) for name, _, pids in servers}
+    return {name: round(rss_bytes(pids()) / 2**20, 1) for name, _, pids in servers}
 
 
 def _measure_levels(servers: list, digests, sizes, levels: list[int], args) -> tuple[list[dict], list[dict]]:

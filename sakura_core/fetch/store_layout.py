@@ -1,4 +1,5 @@
-"""A SAKURA store folder: its on-disk layout (written once, here) and its read side. The server's ``LocalStore``
+"""A SAKURA store: its layout (written once, here: the keys under a folder, or under an object store's prefix) and
+the read side of a store folder. The server's ``LocalStore``
 (``cloud_server.store``) adds the writes on top of :class:`StoreReader`; a local shard source
 (:mod:`sakura_core.fetch.local_source`) reads a store through it directly, without a server.
 
@@ -29,6 +30,8 @@ __all__ = [
     "StoreError",
     "StoreReader",
     "TEMPLATES_DIR",
+    "shard_key",
+    "template_key",
     "validate_digest",
     "validate_template_id",
 ]
@@ -67,6 +70,17 @@ def validate_digest(digest: object) -> str:
     return digest
 
 
+def shard_key(digest: str) -> str:
+    """A shard's key relative to the store root: ``shards/<aa>/<digest>`` (the digest validated first)."""
+    digest = validate_digest(digest)
+    return f"{SHARDS_DIR}/{digest[:2]}/{digest}"
+
+
+def template_key(template_id: str, name: str) -> str:
+    """A template file's key relative to the store root: ``templates/<id>/<name>`` (the id validated first)."""
+    return f"{TEMPLATES_DIR}/{validate_template_id(template_id)}/{name}"
+
+
 class StoreReader:
     """The read side of a store folder (see the module docstring for the layout); creates nothing.
 
@@ -96,8 +110,7 @@ class StoreReader:
 
     # ---- paths (only ever built from validated names) -----------------------------------------------------
     def shard_path(self, digest: str) -> Path:
-        digest = validate_digest(digest)
-        return self.shards_dir / digest[:2] / digest
+        return self.root / shard_key(digest)
 
     def template_dir(self, template_id: str) -> Path:
         return self.templates_dir / validate_template_id(template_id)
