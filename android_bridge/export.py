@@ -112,7 +112,7 @@ def _edit_samples(model, template_name: str, user_name: str, prompt: str, steps:
 
     ``velocity(inputs) -> (1, tokens, out)`` replaces the torch model inside the loop when given (an NPU run)."""
     from sakura_core.models.edit_model import load_image
-    from sakura_core.runtime.schedule import flow_timesteps
+    from sakura_core.runtime.schedule import edit_times
 
     a = model.adapter
     size = model.spec.image_size
@@ -120,10 +120,9 @@ def _edit_samples(model, template_name: str, user_name: str, prompt: str, steps:
     kv = a.extract_template_kv(model.template_tokens(template), model.spec.grid)
     packed, txt = model.pack_image(user), model.encode_prompt(prompt)
     x = torch.randn(packed.shape, generator=torch.Generator().manual_seed(seed))
-    if hasattr(model, "edit_start"):  # a latent model: its own start (user latents + noise) and schedule
-        x, times = model.edit_start(packed, x, steps)
-    else:
-        times = flow_timesteps(steps)
+    times = edit_times(model, steps)  # the edit's schedule: a latent model's own
+    if hasattr(model, "edit_start"):  # a latent model: its own start (user latents + noise)
+        x = model.edit_start(packed, x, steps)[0]
     inputs, outputs = [], []
     for step in range(steps):
         t, t_next = times[step], times[step + 1]

@@ -84,7 +84,7 @@ def _record_feeds(model, pairs, steps: int) -> dict[tuple[int, str], list[dict]]
     """Every layer graph's inputs in real hybrid edits (template computed at every layer, then cached-KV): at every
     step once with the template at its fixed time (``single``) and once at the step's own time (``per-step``)."""
     from sakura_core.models.edit_model import load_image
-    from sakura_core.runtime.schedule import flow_timesteps
+    from sakura_core.runtime.schedule import edit_times
 
     torch_runner, feeds = TorchLayerRunner(model), {}
 
@@ -97,7 +97,7 @@ def _record_feeds(model, pairs, steps: int) -> dict[tuple[int, str], list[dict]]
         ref = model.template_tokens(load_image(template, spec.image_size))
         packed, txt = model.pack_image(load_image(user, spec.image_size)), model.encode_prompt(prompt)
         x = torch.randn(packed.shape, generator=torch.Generator().manual_seed(i))
-        times = flow_timesteps(steps)
+        times = edit_times(model, steps)
         for step in range(steps):
             t = times[step].reshape(1)
             for ref_t in (None, float(t)):  # single mode (the fixed template time), per-step (the step's own)

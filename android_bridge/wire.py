@@ -249,7 +249,6 @@ def decode_job_body(
 
 
 _MAX_STEPS = 1000
-_TEMPLATE_ID = re.compile(r"[a-z0-9-]{1,64}")
 
 
 _URL_PATH = re.compile(r"(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?")
@@ -279,14 +278,15 @@ def edit_request_from_header(job: dict):
     field."""
     from sakura_core.edit import EditRequest
     from sakura_core.fetch.link import LinkSpec
+    from sakura_core.kv.names import TEMPLATE_ID_FORM, is_template_id
 
     required = ("template_id", "cloud_url", "prompt")
     missing = [k for k in required if k not in job]
     if missing:
         raise ValueError(f"job header lacks {', '.join(missing)}")
     template_id = job["template_id"]
-    if not isinstance(template_id, str) or not _TEMPLATE_ID.fullmatch(template_id):
-        raise ValueError(f"template_id must match [a-z0-9-]{{1,64}}, got {str(template_id)[:80]!r}")
+    if not is_template_id(template_id):
+        raise ValueError(f"template_id must match {TEMPLATE_ID_FORM}, got {str(template_id)[:80]!r}")
     url = _cloud_url(job["cloud_url"])
     if not isinstance(job["prompt"], str) or len(job["prompt"]) > 4096:
         raise ValueError("prompt must be a string of at most 4096 characters")

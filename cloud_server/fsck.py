@@ -109,7 +109,7 @@ def _scan_shards(store: LocalStore, cfg: FsckConfig, refs: dict[str, list[str]],
     """Re-hash every shard file; returns the digests still on disk under their name (intact or not)."""
     now = time.time()
     present: set[str] = set()
-    shards_dir = store.root / "shards"
+    shards_dir = store.shards_dir
     for dirpath, _dirs, files in os.walk(shards_dir):
         for name in sorted(files):
             path = Path(dirpath) / name

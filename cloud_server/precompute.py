@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from sakura_core.fetch.client import ManifestError, check_manifest
 from sakura_core.files import png_bytes
+from sakura_core.kv.manifest import ManifestError, parse_manifest
 
 from .store import Store, validate_template_id
 
@@ -147,7 +147,7 @@ def _check_result(result: Any, model_id: str, template_id: str) -> tuple[dict, d
     manifest, blobs = getattr(result, "manifest", None), getattr(result, "blobs", None)
     if not isinstance(manifest, dict) or not isinstance(blobs, dict):
         raise ManifestError(f"precompute returned {type(result).__name__}, expected .manifest dict and .blobs dict")
-    check_manifest(manifest, template_id=template_id, model_id=model_id)
+    parse_manifest(manifest, template_id=template_id, model_id=model_id)
     for i, shard in enumerate(manifest["shards"]):
         for rep in shard["representations"]:
             blob = blobs.get(rep["digest"])

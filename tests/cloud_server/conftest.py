@@ -17,7 +17,8 @@ import pytest
 from cloud_server.app import create_app
 from cloud_server.config import ServerConfig
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import SyntheticModel, make_synthetic_template, synthetic_precompute
+
+from ..synthetic_templates import SyntheticModel, make_synthetic_template, synthetic_precompute
 
 MODEL_ID = "ab" * 32
 WRITE_TOKEN = "write-token-0123"

@@ -12,7 +12,8 @@ from PIL import Image
 
 from cloud_server.app import parse_range
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import make_synthetic_template
+
+from ..synthetic_templates import make_synthetic_template
 
 MODEL_ID = "ab" * 32  # as in conftest.py
 WRITE_TOKEN = "write-token-0123"
@@ -337,7 +338,8 @@ async def test_upload_without_a_model_is_refused(aiohttp_client, store, store_cf
 async def test_failing_precompute_publishes_nothing(aiohttp_client, store, store_cfg):
     from cloud_server.app import create_app
     from cloud_server.config import ServerConfig
-    from cloud_server.synthetic import SyntheticModel
+
+    from ..synthetic_templates import SyntheticModel
 
     def broken(model, image, template_id, **kw):
         kw["progress"]("encode", 0, 2)

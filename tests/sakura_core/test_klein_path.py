@@ -8,8 +8,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from cloud_server.loopback import StoreSource
 from sakura_core import edit
+from sakura_core.fetch.sources import StoreSource
 from sakura_core.runtime.live_profile import LiveProfile
 
 TID = "klein-tpl"
@@ -38,7 +38,7 @@ def _edit(model, store, policy: str, steps: int = 2):
 def test_precompute_cli_publishes_latent_kv_for_the_folder_model(store, klein_model):
     opened = asyncio.run(edit.open_template(StoreSource(str(store)), TID, klein_model))
     assert opened.model_id == klein_model.model_id and opened.token_grid == klein_model.spec.grid == (4, 4)
-    assert opened.manifest["num_layers"] == 3 and opened.manifest["heads"] == 2
+    assert opened.manifest.num_layers == 3 and opened.manifest.heads == 2
 
 
 @pytest.mark.parametrize("policy", ["sakura", "fetch-fp16", "on-device-cached"])
