@@ -146,7 +146,13 @@ async def test_conditional_requests_304_and_412(aiohttp_client, make_app, manife
         assert resp.headers["Cache-Control"] == "public, max-age=31536000, immutable"
     assert (await client.get(url, headers={"If-None-Match": '"other"'})).status == 200
     assert (await client.get(url, headers={"If-Match": '"other"'})).status == 412
-    assert (await client.get(url, headers={"If-Match": f'"{rep["digest"]}"'})).status == 200
+    for im in (f'"{rep["digest"]}"', '"x", ' + f'"{rep["digest"]}"', "*"):
+        assert (await client.get(url, headers={"If-Match": im})).status == 200, im
+    # If-Match compares strongly (RFC 9110 13.1.1): a weak tag of the same value does not match
+    for im in (f'W/"{rep["digest"]}"', '"x", ' + f'W/"{rep["digest"]}"'):
+        resp = await client.get(url, headers={"If-Match": im})
+        assert resp.status == 412, im
+        assert "does not match" in (await resp.json())["error"]
 
 
 @pytest.mark.parametrize(
