@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from ci_deps import QNN_WHEELS, import_or_skip, require_or_skip
 
 from android_bridge.npu_graph import CachedKVGraph, graph_input_names, graph_inputs
 
@@ -48,7 +49,7 @@ def test_export_graph_matches_the_kv_adapter(demo_model, step_inputs):
 
 
 def test_graph_checks_refuse_single_input_einsum_dynamic_shapes_and_float64(tmp_path):
-    onnx = pytest.importorskip("onnx", reason="onnx is not installed (pip install 'sakura-kv[npu]')")
+    onnx = import_or_skip("onnx", "onnx is not installed (pip install 'sakura-kv[npu]')")
     from onnx import TensorProto, helper
 
     from android_bridge.export import ExportError
@@ -73,9 +74,7 @@ def test_graph_checks_refuse_single_input_einsum_dynamic_shapes_and_float64(tmp_
 def test_npu_gate_demo_dit_runs_fully_on_the_emulated_htp(tmp_path, capsys, record_property):
     from android_bridge.qnn import qnn_available
 
-    ok, why = qnn_available()
-    if not ok:
-        pytest.skip(why)
+    require_or_skip(*qnn_available(), ci_installs=QNN_WHEELS)
     from sakura_core.cli import main
 
     out = tmp_path / "npu"

@@ -2,10 +2,11 @@
 
 Fast: the per-layer decomposition (template graphs + cached-KV graphs, as torch modules) is the adapter's forward
 for every split, a dynamic split and the template-only pass, and a whole edit through the seam matches the default.
-Marked ``npu`` (skipped with the reason when onnxruntime-qnn is absent): the context binaries build once per test
-session into a temporary cache, run 100 % on the emulated HTP with CPU fallback disabled, match their torch modules
-per layer graph, load again from the cache without a rebuild, and a whole edit on the HTP is >= 40 dB from the torch
-edit for fetched KV and for on-device template layers.
+Marked ``npu`` (skipped with the reason when onnxruntime-qnn is absent; with ``CI=true`` on linux x86-64, which has
+its wheel, they fail instead): the context binaries build once per test session into a temporary cache, run 100 % on
+the emulated HTP with CPU fallback disabled, match their torch modules per layer graph, load again from the cache
+without a rebuild, and a whole edit on the HTP is >= 40 dB from the torch edit for fetched KV and for on-device
+template layers.
 """
 
 from __future__ import annotations

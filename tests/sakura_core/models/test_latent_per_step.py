@@ -5,10 +5,10 @@ modulated with that step's time) equals diffusers' own transformer run with the 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
+from ci_deps import import_or_skip
 
-pytest.importorskip("transformers", reason="the klein text encoder needs transformers (pip install transformers)")
+import_or_skip("transformers", "the klein text encoder needs transformers (pip install transformers)")
 
 
 def _reference(model, template, start, prompt: str, steps: int) -> torch.Tensor:
