@@ -1,9 +1,9 @@
 """Skips for dependencies CI installs: outside CI a missing one skips with its reason; with ``CI=true`` it fails.
 
 CI is a fresh machine running ``.ci/run``, which installs every dependency the tests use (the Makefile's pip extras
-``test,npu,phone``; apt's ``nginx-light`` and ``iproute2``) and exports ``CI=true``. There a skip for one of them
-would turn a regression (a package that stopped installing, a tool no longer found) into a quiet pass, so
-:func:`require_or_skip` fails the test instead. Outside CI the test skips and ``-ra`` prints the reason.
+``test,npu,phone,cloud``; apt's ``nginx-light``, ``iproute2`` and Ceph's radosgw) and exports ``CI=true``. There a
+skip for one of them would turn a regression (a package that stopped installing, a tool no longer found) into a
+quiet pass, so :func:`require_or_skip` fails the test instead. Outside CI the test skips and ``-ra`` prints the reason.
 
 What CI cannot install skips everywhere with its reason through ``pytest.skip`` itself: ComfyUI and Chromium (no
 package index serves ComfyUI), root and the kernel's network namespaces. ``tests/test_ci_skips.py`` keeps that list.
