@@ -217,7 +217,7 @@ async def handle_shard(request: web.Request) -> web.StreamResponse:
         if _etag_matches(request.headers.get("If-None-Match"), etag):
             return web.Response(status=304, headers=headers)
         if_match = request.headers.get("If-Match")
-        if if_match is not None and not _etag_matches(if_match, etag):
+        if if_match is not None and not _etag_matches(if_match, etag, strong=True):
             raise _json_error(412, f"If-Match {if_match!r} does not match {etag}")
         rng = _range_of(request, etag, size)
         offset, count = rng if rng is not None else (0, size)

@@ -44,13 +44,17 @@ def _access(kind: str) -> Callable:
     return mark
 
 
-def _etag_matches(header: str | None, etag: str) -> bool:
-    """Weak comparison of an ``If-None-Match``/``If-Match`` list against a quoted etag (``*`` matches)."""
+def _etag_matches(header: str | None, etag: str, *, strong: bool = False) -> bool:
+    """Does an ``If-None-Match``/``If-Match`` list name the quoted strong ``etag`` (``*`` matches any)?
+
+    RFC 9110 8.8.3.2: ``If-None-Match`` uses the weak comparison (``W/"x"`` matches ``"x"``); ``If-Match`` the strong
+    one (``strong=True``, 13.1.1): a weak entity tag never matches.
+    """
     if header is None:
         return False
     for item in header.split(","):
         item = item.strip()
-        if item == "*" or item.removeprefix("W/") == etag:
+        if item == "*" or item == etag or (not strong and item.removeprefix("W/") == etag):
             return True
     return False
 

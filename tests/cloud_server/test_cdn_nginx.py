@@ -3,15 +3,17 @@
 import hashlib
 
 import aiohttp
-import pytest
+from ci_deps import require_or_skip
 
 from cloud_server.app import create_app
 from cloud_server.config import ServerConfig
 from cloud_server.nginx import NginxProcess, find_nginx
 from sakura_core.fetch.client import ShardClient
 
-pytestmark = pytest.mark.skipif(
-    find_nginx() is None, reason="nginx is not installed (apt-get install nginx-light; .ci/run does): CDN test skipped"
+require_or_skip(
+    find_nginx() is not None,
+    "nginx is not installed (apt-get install nginx-light; .ci/run does)",
+    allow_module_level=True,
 )
 
 

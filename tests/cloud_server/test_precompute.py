@@ -1,7 +1,7 @@
 """Precompute glue: checks the codec's output, stores shards before the manifest, publishes nothing on failure.
 
 The last two tests run the real codec (``sakura_core.precompute.precompute_template``) through ``sakura precompute`` and
-``POST /v1/templates``; they skip, with the reason, in a build without it.
+``POST /v1/templates``.
 """
 
 import asyncio

@@ -1,10 +1,13 @@
-"""The one loopback test and the one bearer-token check the cloud server and the phone agent share."""
+"""The one loopback test and the one bearer-token check the cloud server and the phone agent share; ``bound_port``:
+the port a runner started on port 0 really listens on (a runner without a TCP site is an error)."""
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
+from aiohttp import web
 
-from sakura_core.http_serving import bearer_token, is_loopback, token_matches
+from sakura_core.http_serving import bearer_token, bound_port, is_loopback, token_matches
 
 
 @pytest.mark.parametrize(
@@ -29,3 +32,25 @@ def test_token_matches_any_configured_token_and_never_raises_on_odd_bytes():
     assert not token_matches("s3cret-toke", "s3cret-token") and not token_matches("s3cret-token!", "s3cret-token")
     odd = b"s3cret-\xff".decode("utf-8", "surrogateescape")  # how aiohttp keeps header bytes that are not UTF-8
     assert not token_matches(odd, "s3cret-token")
+
+
+async def _here(request: web.Request) -> web.Response:
+    return web.Response(text="here")
+
+
+async def test_bound_port_is_the_port_that_answers(tmp_path):
+    app = web.Application()
+    app.router.add_get("/", _here)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        await web.UnixSite(runner, str(tmp_path / "s.sock")).start()  # listed first: not a TCP address
+        with pytest.raises(RuntimeError, match="no TCP address"):
+            bound_port(runner)
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port = bound_port(runner)
+        assert port > 0
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/") as resp:
+            assert await resp.text() == "here"
+    finally:
+        await runner.cleanup()

@@ -28,7 +28,6 @@ from sakura_core.fetch.client import (
     ShardUnavailableError,
     TemplateNotFoundError,
 )
-from sakura_core.http_serving import bound_port
 from sakura_core.kv import parse_manifest
 
 from ...synthetic_templates import make_synthetic_template
@@ -156,7 +155,6 @@ async def test_server_restart_mid_fetch_resumes_with_range(store, unused_tcp_por
             assert client.stats.bytes_received < 2 * len(blob)
     finally:
         await runners[-1].cleanup()
-    assert bound_port  # imported API stays available
 
 
 # ---- scripted faulty servers ----------------------------------------------------------------------------------
