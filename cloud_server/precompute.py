@@ -20,6 +20,7 @@ import numpy as np
 
 from sakura_core.fetch.client import ManifestError, check_manifest
 from sakura_core.files import png_bytes
+from sakura_core.models.loading import add_device_arguments
 
 from .store import Store, validate_template_id
 
@@ -71,19 +72,6 @@ def load_model(name: str, *, device: str = "cpu", dtype: str | None = None):
     from sakura_core.models.loading import load_edit_model
 
     return load_edit_model(name, device=device, dtype=dtype)
-
-
-def add_device_arguments(parser, *, what: str = "precompute") -> None:
-    """``--device`` and ``--dtype`` of the model that runs ``what``."""
-    from sakura_core.models.loading import DTYPES
-
-    parser.add_argument("--device", default="cpu",
-                        help=f"device {what} runs the model on: cpu, cuda, cuda:N (default: %(default)s)")  # fmt: skip
-    parser.add_argument(
-        "--dtype", default=None, choices=sorted(DTYPES),
-        help=f"parameter dtype for {what} (default: the checkpoint's, float32 for the demo model); part of the model "
-        "id, so clients must run the model in the same dtype",
-    )  # fmt: skip
 
 
 def compute_info(model) -> dict | None:

@@ -29,10 +29,14 @@ ROPE_LAYOUT = "flux2-ref-t10"
 def model_content_id(model: torch.nn.Module, config: dict | None = None) -> str:
     """sha256 over the canonical JSON of the config and every parameter/buffer (name, dtype, shape, bytes).
 
-    Two models with the same id compute the same KV; any changed weight, dtype or config value changes it.
+    Two models with the same id compute the same KV; any changed weight, dtype or config value changes it. A
+    config's ``out_channels: None`` counts as its ``in_channels`` (what diffusers builds), so a transformer read
+    from a single file (whose config is read off its tensors) has the id of the same weights in a folder.
     """
     h = hashlib.sha256()
     cfg = dict(config if config is not None else getattr(model, "config", {}))
+    if "out_channels" in cfg and cfg["out_channels"] is None and "in_channels" in cfg:
+        cfg["out_channels"] = cfg["in_channels"]
     h.update(json.dumps(_jsonable(cfg), sort_keys=True).encode())
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().contiguous().cpu()
