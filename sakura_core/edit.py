@@ -30,7 +30,9 @@ from .edit_report import edit_report, with_timing
 from .fetch.errors import TemplateNotFoundError
 from .fetch.link import LinkSpec, shaped_fetcher
 from .kv.manifest import manifest_kv_mode
+from .kv.references import reference_entries, reference_images
 from .models.edit_model import EditModel, load_image
+from .models.ref_layout import grids_of
 from .policy.plan import plan_fetch, runnable_policies
 from .runtime.backend import backend_of
 from .runtime.emulated_device import EmulatedTiming
@@ -52,6 +54,7 @@ __all__ = [
     "edit_from_server",
     "fetch_template_manifest",
     "open_template",
+    "reference_grids",
     "run_template_edit",
     "schedule_label",
 ]
@@ -93,6 +96,11 @@ class ServerSource:
         yield self.url
 
 
+def reference_grids(manifest: dict) -> tuple[tuple[int, int], ...]:
+    """Each reference's token grid of a template's manifest, in order (:mod:`sakura_core.models.ref_layout`)."""
+    return grids_of(manifest["token_grid"], manifest["rope_layout"])
+
+
 def _source(source: TemplateSource | str, token: str | None = None) -> TemplateSource:
     return ServerSource(source, token) if isinstance(source, str) else source
 
@@ -128,8 +136,9 @@ class OpenedTemplate:
         template_id: the template's id.
         model_id: content id of the model the manifest was checked against.
         manifest: the checked manifest (do not modify).
-        image_file: the template image as published (PNG bytes).
-        image_fetch_s: (started, finished) of the image fetch, ``time.monotonic()`` seconds.
+        image_file: the template image as published (PNG bytes): the first reference's.
+        image_fetch_s: (started, finished) of the image fetch(es), ``time.monotonic()`` seconds.
+        reference_files: every reference image as published (PNG bytes), in order; ``(image_file,)`` for one.
     """
 
     source: TemplateSource
@@ -138,10 +147,20 @@ class OpenedTemplate:
     manifest: dict = field(repr=False)
     image_file: bytes = field(repr=False)
     image_fetch_s: tuple[float, float] = (0.0, 0.0)
+    reference_files: tuple[bytes, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.reference_files:
+            object.__setattr__(self, "reference_files", (self.image_file,))
 
     @property
     def token_grid(self) -> tuple[int, ...]:
         return tuple(self.manifest["token_grid"])
+
+    @property
+    def ref_grids(self) -> tuple[tuple[int, int], ...]:
+        """Each reference's token grid, in order (one entry for a one-reference template)."""
+        return reference_grids(self.manifest)
 
     @property
     def kv_mode(self) -> str:
@@ -157,11 +176,12 @@ class OpenedTemplate:
         """Refuse a step count a per-step template was not computed for (:func:`check_request_schedule`)."""
         check_request_schedule(self.manifest, steps)
 
-    def template_image(self, size: int) -> np.ndarray:
-        """The template image as (size, size, 3) uint8."""
+    def template_image(self, size: int) -> np.ndarray | list[np.ndarray]:
+        """The template image as (size, size, 3) uint8; a list of them, in order, for several references."""
         from PIL import Image
 
-        return load_image(np.asarray(Image.open(io.BytesIO(self.image_file)).convert("RGB")), size)
+        images = [load_image(np.asarray(Image.open(io.BytesIO(f)).convert("RGB")), size) for f in self.reference_files]
+        return images[0] if len(images) == 1 else images
 
     def summary(self) -> dict:
         """What a report says about the template: ids, source, geometry, bytes per level and the image fetch."""
@@ -176,11 +196,15 @@ class OpenedTemplate:
             "model_id": self.model_id,
             "source": self.source.label,
             "token_grid": list(self.token_grid),
+            "references": [
+                {k: r[k] for k in ("name", "size", "token_grid", "tokens") if r.get(k) is not None}
+                for r in reference_entries(m)
+            ],  # fmt: skip
             "num_layers": m["num_layers"],
             "kv_mode": self.kv_mode,
             "schedule": self.schedule_label,
             "bytes_per_level": levels,
-            "image_bytes": len(self.image_file),
+            "image_bytes": sum(len(f) for f in self.reference_files),
             "image_fetch_s": round(self.image_fetch_s[1] - self.image_fetch_s[0], 4),
         }
 
@@ -201,10 +225,12 @@ async def open_template(
         if manifest is None:
             manifest = await _get_manifest(client, src.label, template_id, key.model_id)
         manifest = check_template(manifest, template_id, key)
-        image = manifest["template_image"]
         t_image = time.monotonic()
-        blob = await client.fetch_shard(image["digest"], expected_bytes=image["bytes"])
-    return OpenedTemplate(src, template_id, key.model_id, manifest, blob, (t_image, time.monotonic()))
+        blobs = [await client.fetch_shard(image["digest"], expected_bytes=image["bytes"])
+                 for image in reference_images(manifest)]  # fmt: skip
+    return OpenedTemplate(
+        src, template_id, key.model_id, manifest, blobs[0], (t_image, time.monotonic()), tuple(blobs)
+    )
 
 
 @dataclass(frozen=True)
@@ -272,7 +298,9 @@ async def run_template_edit(
     from .fetch.client import ShardClient
 
     key = ModelKey.of(model)
-    if opened.model_id != key.model_id or not template_grid_fits(opened.token_grid, key.token_grid):
+    if opened.model_id != key.model_id or not template_grid_fits(
+        opened.token_grid, key.token_grid, opened.manifest["rope_layout"]
+    ):
         raise ValueError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
                          f"{list(opened.token_grid)}), the edit runs model {key.model_id[:16]} (grid "
                          f"{list(key.token_grid)}); open the template with the model that edits")  # fmt: skip
@@ -288,8 +316,8 @@ async def run_template_edit(
     profile = profile if profile is not None else measure_profile(model, settings.steps)
     plan = plan_fetch(opened.manifest, settings.policy)
     size = model.spec.image_size
-    # a template larger than the edit keeps its own size (its grid is the manifest's)
-    template = opened.template_image(size * opened.token_grid[0] // key.token_grid[0])
+    # a template larger than the edit keeps its own size (each reference's grid is the manifest's)
+    template = opened.template_image(size * opened.ref_grids[0][0] // key.token_grid[0])
     user = load_image(user_image, size)
     config = RuntimeConfig(steps=settings.steps, seed=settings.seed, latency_target_s=settings.latency_target_s,
                            prefetch_kv_bytes=prefetch_kv_bytes,

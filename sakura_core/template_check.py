@@ -10,7 +10,9 @@ from typing import Any
 from .fetch.errors import ManifestError
 from .fetch.manifest_check import check_manifest
 from .kv.manifest import ScheduleMismatchError, check_schedule, manifest_kv_mode
+from .kv.references import check_references, reference_images
 from .models.edit_model import EditModel
+from .models.ref_layout import ROPE_LAYOUT, grids_of
 from .runtime.schedule import flow_timesteps
 
 __all__ = ["ModelKey", "check_request_schedule", "check_template", "schedule_label", "template_grid_fits"]
@@ -30,26 +32,31 @@ class ModelKey:
         return cls(model.model_id, tuple(model.spec.grid))
 
 
-def template_grid_fits(template_grid, edit_grid) -> bool:
-    """A template's token grid fits an edit when it is square and at least the edit's grid (a larger template gets
-    its own position ids; see ``EditModel.template_grid``)."""
-    rows, cols = (int(x) for x in template_grid)
-    return rows == cols and rows >= int(edit_grid[0]) and cols >= int(edit_grid[1])
+def template_grid_fits(template_grid, edit_grid, rope_layout: str | None = None) -> bool:
+    """A template's token grid fits an edit when each of its references' grids (``rope_layout`` says how many are
+    stacked in ``template_grid``; see :mod:`sakura_core.models.ref_layout`) is square and at least the edit's grid (a
+    larger template gets its own position ids; see ``EditModel.template_grid``)."""
+    try:
+        grids = grids_of(template_grid, rope_layout or ROPE_LAYOUT)
+    except ValueError:
+        return False
+    return all(r == c and r >= int(edit_grid[0]) and c >= int(edit_grid[1]) for r, c in grids)
 
 
 def check_template(manifest: Any, template_id: str, model: EditModel | ModelKey) -> dict:
     """The one check of a template against the model that edits with it: the manifest's schema and ids (a model
-    mismatch raises ``ModelMismatchError``), the token grid (the edit's, or a larger square one), and a template
-    image named (the device computes the template layers from it). Returns the manifest; ``ValueError`` subclasses
+    mismatch raises ``ModelMismatchError``), the references (each the edit's grid or a larger square one; their
+    list agrees with the token grid), and a template image named (the device computes the template layers from it). Returns the manifest; ``ValueError`` subclasses
     say what to change."""
     key = ModelKey.of(model)
     manifest = check_manifest(manifest, template_id=template_id, model_id=key.model_id)
-    if not template_grid_fits(manifest["token_grid"], key.token_grid):
-        raise ManifestError(f"template {template_id!r} has token grid {list(manifest['token_grid'])}, the model edits "
+    check_references(manifest)
+    if not template_grid_fits(manifest["token_grid"], key.token_grid, manifest["rope_layout"]):
+        grids = " + ".join(f"{r}x{c}" for r, c in grids_of(manifest["token_grid"], manifest["rope_layout"]))
+        raise ManifestError(f"template {template_id!r} has token grid(s) {grids}, the model edits "
                             f"{list(key.token_grid)}; precompute it at the model's resolution or larger (a square "
                             "--template-size)")  # fmt: skip
-    if not manifest.get("template_image"):
-        raise ManifestError(f"template {template_id!r}: its manifest names no template_image; republish it")
+    reference_images(manifest)  # the device computes on-device layers from them: named, or refused
     return manifest
 
 

@@ -34,6 +34,7 @@ import torch
 
 from .flux2_kv import Flux2KVAdapter
 from .folders import KLEIN_PIPELINES, is_klein_folder
+from .ref_layout import as_references, layout_of
 
 __all__ = ["LatentEditModel", "LatentSpec", "build_latent_model", "load_klein_folder", "read_spec_fields"]
 
@@ -127,7 +128,11 @@ class LatentEditModel:
         return self.pipe._pack_latents(latents).float().cpu()  # (1, h*w, 4C)
 
     def template_grid(self, template: np.ndarray) -> tuple[int, int]:
-        """Token grid of a square template of side ``S >= image_size``, a multiple of 2 x the VAE scale factor."""
+        """Token grid of a square template of side ``S >= image_size``, a multiple of 2 x the VAE scale factor; of a
+        list of reference images (one size), their grids (:mod:`.ref_layout`)."""
+        refs = as_references(template)
+        if refs is not None:
+            return layout_of([self.template_grid(r) for r in refs])
         shape, m = np.shape(template), 2 * self.spec.vae_scale_factor
         if len(shape) != 3 or shape[0] != shape[1] or shape[2] != 3 or shape[0] % m or shape[0] < self.spec.image_size:
             raise ValueError(
@@ -138,7 +143,11 @@ class LatentEditModel:
 
     def template_tokens(self, template: np.ndarray) -> torch.Tensor:
         """Template image -> (1, tokens, in_channels): its packed latents (the pipeline's reference tokens), at
-        its own size (a larger template gets its own grid of position ids at t = 10, as diffusers gives one)."""
+        its own size (a larger template gets its own grid of position ids at t = 10, as diffusers gives one). A list
+        of reference images: their tokens in order, each VAE-encoded on its own as the pipeline encodes them."""
+        refs = as_references(template)
+        if refs is not None:
+            return torch.cat([self.template_tokens(r) for r in refs], dim=1)
         return self.pack_image(template, self.template_grid(template)[0] * 2 * self.spec.vae_scale_factor)
 
     def request_tokens(self, noisy: torch.Tensor, user: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from ..kv.manifest import MANIFEST_VERSION, validate_manifest
 from ..kv.template_codec import decode_kv, level_chains, shard_inputs
 from ..models.edit_model import EditModel, load_image
 from ..models.kv_types import KV_MODES, PerStepTemplateKV, TemplateKV
+from ..models.ref_layout import REF_TIME_OFFSET, as_references
 from .attention_capture import capture_attention
 from .importance import attention_error, importance_from_captures, layer_gains
 from .probes import ProbeConfig, make_probes
@@ -62,7 +63,9 @@ def precompute_template(
     Args:
         model: the demo model (anything with ``adapter``, ``spec``, ``template_tokens``, ``pack_image``).
         template_image: (S, S, 3) uint8 at the model's resolution, or larger (S a multiple of the patch size): a
-            larger template's tokens keep their own grid of position ids, so it costs more KV than the edit.
+            larger template's tokens keep their own grid of position ids, so it costs more KV than the edit. Or a
+            list of up to 4 such reference images of one size (try-on: person, garment): one KV over all of them,
+            the references attending to each other as in klein's KV mode; the manifest lists them (``references``).
         template_id: ``[a-z0-9-]{1,64}``.
         codec: ladder codec: ``"sakura"`` (progressive), ``"cachegen"``, ``"int8"``, ``"int4"`` or ``"fp16"``.
         shard_layers: consecutive layers per shard.
@@ -85,8 +88,9 @@ def precompute_template(
         raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
     ladder = get_codec(codec)
     report = progress or (lambda stage, done, total: None)
-    image = _check_image(model, template_image)
-    grid = model.template_grid(image)  # larger than the edit's grid for a larger template
+    images = _check_images(model, template_image)
+    image = images[0] if len(images) == 1 else images
+    grid = model.template_grid(image)  # larger than the edit's grid for a larger template; one per reference
     config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
     report("kv", 0, 1)
     ref = model.template_tokens(image)
@@ -97,8 +101,8 @@ def precompute_template(
         per_step, kvs = None, [model.adapter.extract_template_kv(ref, grid)]
     report("kv", 1, 1)
     # probes' clean latents are edit-sized: a larger template is scaled down to the edit's size for them
-    size = model.spec.image_size
-    packed = model.pack_image(image if image.shape[0] == size else load_image(image, size))
+    size, first = model.spec.image_size, images[0]
+    packed = model.pack_image(first if first.shape[0] == size else load_image(first, size))
     blobs: dict[str, bytes] = {}
     shards: list[dict] = []
     for s, kv in enumerate(kvs):
@@ -120,6 +124,7 @@ def precompute_template(
         "template_id": template_id,
         "token_grid": [int(kv.token_grid[0]), int(kv.token_grid[1])],
         "rope_layout": kv.rope_layout,
+        "references": _references(images, kv),
         "num_layers": kv.num_layers,
         "heads": kv.num_heads,
         "head_dim": kv.head_dim,
@@ -166,15 +171,31 @@ def _encode_step(ladder, kv: TemplateKV, template_id, importance, held, shard_la
     return shards
 
 
-def _check_image(model: EditModel, template_image: np.ndarray) -> np.ndarray:
-    image = np.asarray(template_image)
+def _check_images(model: EditModel, template_image) -> list[np.ndarray]:
+    """The template's reference images (one image, or a list of them of one size)."""
+    refs = as_references(template_image)
+    images = [np.asarray(x) for x in (refs if refs is not None else [template_image])]
     size = model.spec.image_size
-    if image.ndim != 3 or image.shape[0] < size or image.shape[0] != image.shape[1] or image.dtype != np.uint8:
-        raise ValueError(
-            f"template_image must be (S, S, 3) uint8 with S >= {size} for this model, got {image.shape} "
-            f"{image.dtype}; resize it with sakura_core.models.edit_model.load_image"
-        )
-    return image
+    for image in images:
+        if image.ndim != 3 or image.shape[0] < size or image.shape[0] != image.shape[1] or image.dtype != np.uint8:
+            raise ValueError(
+                f"template_image must be (S, S, 3) uint8 with S >= {size} for this model (or a list of such reference "
+                f"images), got {image.shape} {image.dtype}; resize it with sakura_core.models.edit_model.load_image"
+            )
+    if len({x.shape for x in images}) > 1:
+        raise ValueError(f"the references of one template must share one size, got {[x.shape[0] for x in images]}; "
+                         "resize them to one template size")  # fmt: skip
+    return images
+
+
+def _references(images: list[np.ndarray], kv: TemplateKV) -> list[dict]:
+    """The manifest's ``references`` (:mod:`sakura_core.kv.references`) as the codec knows them (no images yet)."""
+    out, offset = [], 0
+    for i, (image, (rows, cols)) in enumerate(zip(images, kv.ref_grids, strict=True)):
+        out.append({"size": [int(image.shape[0]), int(image.shape[1])], "token_grid": [rows, cols],
+                    "rope_t": REF_TIME_OFFSET * (i + 1), "token_offset": offset, "tokens": rows * cols})  # fmt: skip
+        offset += rows * cols
+    return out
 
 
 def _importance(model: EditModel, kv: TemplateKV, packed, config: ProbeConfig, held_out: int, report):

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..fetch.traces import Trace
+from ..models.ref_layout import grids_of
 from ..policy.estimator import EstimatorConfig
 from .live_profile import LiveProfile
 from .profiles import PROFILES, get_profile
@@ -72,8 +73,13 @@ class EmulatedTiming:
 
     @classmethod
     def for_manifest(cls, profile_name: str, manifest: dict) -> EmulatedTiming:
-        """The profile's phone times for the model a template ``manifest`` was computed for."""
+        """The profile's phone times for the model a template ``manifest`` was computed for; a template of several
+        reference images makes the phone's template as many times larger (its tokens attend to each other)."""
         profile = get_profile(profile_name)
+        refs = len(grids_of(manifest["token_grid"], manifest.get("rope_layout", "")))
+        if refs > 1:  # the phone's DiT holds as many template images as the template: its tokens (and KV) scale
+            model = profile.model
+            profile = profile.with_geometry(replace(model, template_tokens=refs * model.template_tokens))
         layers = int(manifest["num_layers"])
         per = profile.model.layers / layers
         return cls(

@@ -44,7 +44,8 @@ def test_the_files_are_in_comfyuis_layout(klein_single_files):
     transformer = _keys(klein_single_files.diffusion_model)
     assert not any(k.startswith(("transformer_blocks.", "x_embedder")) or k.endswith(".bias") for k in transformer)
     assert not any("down_blocks" in k or "to_q" in k for k in _keys(klein_single_files.vae))
-    assert "lm_head.weight" not in _keys(klein_single_files.text_encoder)  # tied, as Qwen3-4B's (qwen_3_4b.safetensors)
+    # tied, as Qwen3-4B's (qwen_3_4b.safetensors)
+    assert "lm_head.weight" not in _keys(klein_single_files.text_encoder)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
