@@ -145,11 +145,12 @@ class KVStream:
         return self.start()
 
     async def _prefetch(self):
-        from sakura_core.edit import ModelKey, open_template
+        from sakura_core.edit import ModelKey, open_template, reference_grids
 
         t = self.template
         manifest = t.manifest()  # checked against the model by the Template KV Loader; checked again here
-        key = ModelKey(t.model_id, tuple(manifest.get("token_grid", ())))
+        # the loader checked the template against the model's grid; its smallest fitting grid is a reference's
+        key = ModelKey(t.model_id, reference_grids(manifest)[0])
         return await open_template(t.template_source(), t.template_id, key, manifest=manifest)
 
 

@@ -46,14 +46,24 @@ def template_info(handle: TemplateHandle) -> list[str]:
         mode = f"KV mode: per-step (one KV per step and layer): {handle.schedule}; the sampler must run {steps} steps"
     else:
         mode = "KV mode: single (one KV per layer): serves any step count"
-    refs = manifest.get("references") or [{"tokens": rows * cols}]
-    tokens = ", ".join(str(r.get("tokens", "?")) for r in refs)
+    refs = manifest.get("references") or [{"tokens": rows * cols, "token_grid": [rows, cols]}]
+    shown = [_reference_label(i, r) for i, r in enumerate(refs)]
+    total = sum(int(r.get("tokens", 0)) for r in refs)
     return [
         f"template: {handle.template_id}",
         mode,
-        f"references: {len(refs)} ({tokens} tokens; grid {rows}x{cols}), {manifest['num_layers']} layers",
+        f"references: {len(refs)} ({total} tokens, attending to each other), {manifest['num_layers']} layers",
+        *(f"  {line}" for line in shown),
         f"from: {handle.source}",
     ]
+
+
+def _reference_label(i: int, ref: dict) -> str:
+    """``1. person: 64 px, 4x4 = 16 tokens`` (what the manifest says of one reference)."""
+    name = ref.get("name") or f"reference {i + 1}"
+    size = f"{ref['size'][0]} px, " if ref.get("size") else ""
+    r, c = ref.get("token_grid", ["?", "?"])
+    return f"{i + 1}. {name}: {size}{r}x{c} = {ref.get('tokens', '?')} tokens"
 
 
 class SakuraTemplateLoader(io.ComfyNode):
