@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from sakura_core.fetch.client import ManifestError, check_manifest
 from sakura_core.files import png_bytes
+from sakura_core.kv.manifest import ManifestError, parse_manifest
 from sakura_core.models.loading import add_device_arguments
 
 from .store import Store, validate_template_id
@@ -135,7 +135,7 @@ def _check_result(result: Any, model_id: str, template_id: str) -> tuple[dict, d
     manifest, blobs = getattr(result, "manifest", None), getattr(result, "blobs", None)
     if not isinstance(manifest, dict) or not isinstance(blobs, dict):
         raise ManifestError(f"precompute returned {type(result).__name__}, expected .manifest dict and .blobs dict")
-    check_manifest(manifest, template_id=template_id, model_id=model_id)
+    parse_manifest(manifest, template_id=template_id, model_id=model_id)
     for i, shard in enumerate(manifest["shards"]):
         for rep in shard["representations"]:
             blob = blobs.get(rep["digest"])
@@ -243,10 +243,23 @@ def publish_template(
                 seed=seed, progress=progress, **mode_kwargs)  # fmt: skip
     manifest, blobs = _check_result(result, model.model_id, template_id)
     manifest, image_pngs = _publishable(manifest, images, names, model, annotations)
+    count, total_bytes = _store_blobs(store, manifest, blobs, image_pngs, progress)
+    store.put_source_image(template_id, *source)
+    if progress is not None:
+        progress("store", count, count)
+    store.put_manifest(template_id, manifest)  # last: publishes the template
+    logger.info("template %s published: %d shard(s), %d bytes", template_id, count, total_bytes)
+    return PublishResult(template_id, manifest, count, total_bytes)
+
+
+def _store_blobs(store: Store, manifest: dict, blobs: dict[str, bytes], image_pngs: list[bytes], progress):
+    """Store the shards the manifest names (each re-hashed against its name) and the reference images' PNGs;
+    (shards stored, their bytes)."""
     digests = [rep["digest"] for shard in manifest["shards"] for rep in shard["representations"]]
     unused = set(blobs) - set(digests)
     if unused:
-        logger.warning("template %s: %d blob(s) not named by the manifest are not stored", template_id, len(unused))
+        logger.warning("template %s: %d blob(s) not named by the manifest are not stored", manifest["template_id"],
+                       len(unused))  # fmt: skip
     total_bytes = 0
     for i, digest in enumerate(digests):
         if progress is not None:
@@ -256,13 +269,7 @@ def publish_template(
             raise ManifestError(f"blob named {digest} hashes to {hashlib.sha256(blob).hexdigest()}")
         store.put_shard(digest, blob)
         total_bytes += len(blob)
-    for ref, png in zip(
-        manifest.get("references") or [{"image": manifest["template_image"]}], image_pngs, strict=True
-    ):
+    images = manifest.get("references") or [{"image": manifest["template_image"]}]
+    for ref, png in zip(images, image_pngs, strict=True):
         store.put_shard(ref["image"]["digest"], png)
-    store.put_source_image(template_id, *source)
-    if progress is not None:
-        progress("store", len(digests), len(digests))
-    store.put_manifest(template_id, manifest)  # last: publishes the template
-    logger.info("template %s published: %d shard(s), %d bytes", template_id, len(digests), total_bytes)
-    return PublishResult(template_id, manifest, len(digests), total_bytes)
+    return len(digests), total_bytes

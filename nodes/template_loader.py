@@ -6,10 +6,11 @@ count it was precomputed for)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from comfy_api.latest import io
+
+from sakura_core.kv.manifest import Reference
 
 from ._common import (
     CATEGORY,
@@ -39,31 +40,29 @@ def check_server_url(field: str, url: str) -> str:
 
 def template_info(handle: TemplateHandle) -> list[str]:
     """What the node shows once it ran: the template, its KV mode, the steps it serves, its references, where from."""
-    manifest = handle.manifest()
-    rows, cols = manifest["token_grid"]
-    if handle.kv_mode == "per-step":
-        steps = manifest["schedule"]["steps"]
+    manifest = handle.manifest
+    if manifest.schedule is not None:
+        steps = manifest.schedule.steps
         mode = f"KV mode: per-step (one KV per step and layer): {handle.schedule}; the sampler must run {steps} steps"
     else:
         mode = "KV mode: single (one KV per layer): serves any step count"
-    refs = manifest.get("references") or [{"tokens": rows * cols, "token_grid": [rows, cols]}]
-    shown = [_reference_label(i, r) for i, r in enumerate(refs)]
-    total = sum(int(r.get("tokens", 0)) for r in refs)
+    refs = manifest.references
+    total = sum(r.tokens for r in refs)
+    together = ", attending to each other" if len(refs) > 1 else ""
     return [
         f"template: {handle.template_id}",
         mode,
-        f"references: {len(refs)} ({total} tokens, attending to each other), {manifest['num_layers']} layers",
-        *(f"  {line}" for line in shown),
+        f"references: {len(refs)} ({total} tokens{together}), {manifest.num_layers} layers",
+        *(f"  {_reference_label(i, r)}" for i, r in enumerate(refs)),
         f"from: {handle.source}",
     ]
 
 
-def _reference_label(i: int, ref: dict) -> str:
+def _reference_label(i: int, ref: Reference) -> str:
     """``1. person: 64 px, 4x4 = 16 tokens`` (what the manifest says of one reference)."""
-    name = ref.get("name") or f"reference {i + 1}"
-    size = f"{ref['size'][0]} px, " if ref.get("size") else ""
-    r, c = ref.get("token_grid", ["?", "?"])
-    return f"{i + 1}. {name}: {size}{r}x{c} = {ref.get('tokens', '?')} tokens"
+    size = f"{ref.size[0]} px, " if ref.size else ""
+    rows, cols = ref.token_grid
+    return f"{i + 1}. {ref.name or f'reference {i + 1}'}: {size}{rows}x{cols} = {ref.tokens} tokens"
 
 
 class SakuraTemplateLoader(io.ComfyNode):
@@ -143,5 +142,5 @@ class SakuraTemplateLoader(io.ComfyNode):
             ) from e
         except (FetchError, ValueError) as e:
             raise SakuraNodeError(f"template {template_id!r}: {e}") from e
-        handle = dataclasses.replace(handle, manifest_json=json.dumps(manifest))
+        handle = dataclasses.replace(handle, manifest=manifest)
         return io.NodeOutput(handle, ui={"text": template_info(handle)})

@@ -12,8 +12,9 @@ import hashlib
 import numpy as np
 import pytest
 
-from cloud_server.loopback import StoreSource
 from sakura_core import edit
+from sakura_core.fetch.sources import StoreSource
+from sakura_core.kv.manifest import ManifestError
 from sakura_core.runtime.live_profile import LiveProfile
 
 pytest.importorskip("transformers", reason="the klein text encoder needs transformers (pip install transformers)")
@@ -86,9 +87,15 @@ def test_fetched_kv_edits_as_the_device_does_with_both_images(published, klein_m
     [
         (lambda m: m.pop("references"), "2 references .*has no 'references' field"),
         (lambda m: m["references"].pop(), "must list the 2 reference"),
-        (lambda m: m["references"][1].update(token_offset=0), r"references\[1\].token_offset must be 16"),
-        (lambda m: m["references"][1].update(rope_t=10), r"references\[1\].rope_t must be 20"),
-        (lambda m: m["references"][0].pop("image"), r"references\[0\].image must be"),
+        (lambda m: m["references"][1].update(token_offset=0), r"'references\[1\].token_offset' must be 16"),
+        (lambda m: m["references"][1].update(rope_t=10), r"'references\[1\].rope_t' must be 20"),
+        (lambda m: m["references"][0].update(image={"digest": "x"}), r"'references\[0\].image' must be \{digest"),
+        (lambda m: m["references"][1].pop("image"), "names no template_image; republish it"),
+        (lambda m: m["references"][0].update(image=m["references"][1]["image"]), "'template_image' must be refer"),
+        (
+            lambda m: m["references"][1].update(token_grid=[2, 8]),
+            r"'references\[1\]': size .* must be \[S, S\] / \[4, 4\]",
+        ),
         (lambda m: m.update(rope_layout="flux2-ref-t10-x3"), "do not stack 3 equal references"),
     ],
 )
@@ -96,7 +103,7 @@ def test_a_manifest_whose_references_disagree_is_refused(published, klein_model,
     _, m = published
     bad = copy.deepcopy(m)
     change(bad)
-    with pytest.raises(ValueError, match=message):  # a ManifestError (kv's; one class once the schemas are one)
+    with pytest.raises(ManifestError, match=message):
         edit.check_template(bad, TID, klein_model)
 
 
