@@ -209,7 +209,8 @@ def _check_images(model: EditModel, template_image) -> list[np.ndarray]:
 
 
 def _references(images: list[np.ndarray], kv: TemplateKV) -> list[dict]:
-    """The manifest's ``references`` (:mod:`sakura_core.kv.references`) as the codec knows them (no images yet)."""
+    """The manifest's ``references`` (:func:`sakura_core.kv.manifest_schema.check_references`) as the codec knows
+    them (no images yet: the publisher adds them)."""
     out, offset = [], 0
     for i, (image, (rows, cols)) in enumerate(zip(images, kv.ref_grids, strict=True)):
         out.append({"size": [int(image.shape[0]), int(image.shape[1])], "token_grid": [rows, cols],
