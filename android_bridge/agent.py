@@ -344,7 +344,8 @@ def create_app(
 def _load_model(config: AgentConfig):
     from sakura_core.models.loading import load_edit_model
 
-    return load_edit_model(config.model, weights=None if config.weights == "none" else config.weights)
+    weights = None if config.weights == "none" else config.weights
+    return load_edit_model(config.model, weights=weights, device=config.device, dtype=config.dtype)
 
 
 def _open_qnn(model, cache_dir: str | None):

@@ -50,8 +50,12 @@ class AgentConfig:
             binaries through onnxruntime-qnn, CPU fallback disabled; on x86 the HTP is EMULATED).
         qnn_cache_dir: root of the QNN context-binary cache (one folder per model id); None = $SAKURA_QNN_CACHE or
             ~/.cache/sakura/qnn.
-        model: "demo", or the path of a diffusers FLUX.2 [klein] pipeline folder (latent space: VAE + text encoder
-            run here too; the user's image and prompt stay on this device).
+        model: "demo", the path of a diffusers FLUX.2 [klein] pipeline folder, or klein single files
+            (``klein-files:...``; latent space: VAE + text encoder run here too; the user's image and prompt stay on
+            this device).
+        device: where the model runs (``cpu``, ``cuda``, ``cuda:N``, ``mps``); the torch backend only.
+        dtype: the model's parameter dtype (None = float32); part of the model id: templates must be precomputed in
+            the same dtype. The torch backend only (the QNN export is float32 -> w8a16).
     """
 
     token: str
@@ -71,13 +75,19 @@ class AgentConfig:
     backend: str = "torch"
     qnn_cache_dir: str | None = None
     model: str = "demo"
+    device: str = "cpu"
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
-        from sakura_core.models.loading import check_model_source
+        from sakura_core.models.loading import check_device_dtype, check_model_source
 
         check_model_source(self.model)
+        check_device_dtype(self.device, self.dtype)
         if self.backend not in ("torch", "qnn"):
             raise ValueError(f"backend must be 'torch' or 'qnn', got {self.backend!r}")
+        if self.backend == "qnn" and (self.device != "cpu" or self.dtype not in (None, "float32", "fp32")):
+            raise ValueError(f"backend 'qnn' exports the float32 model from the CPU; drop --device {self.device} / "
+                             f"--dtype {self.dtype} (or use --backend torch)")  # fmt: skip
         if not isinstance(self.token, str) or len(self.token) < 8 or not self.token.isprintable() or " " in self.token:
             raise ValueError("token must be at least 8 printable characters without spaces (the pairing token)")
         get_profile(self.profile)  # raises naming the choices

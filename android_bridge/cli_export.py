@@ -22,7 +22,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--validation-steps", type=int, default=4, help="steps of the held-out validation edit")
     parser.add_argument("--weights", default="auto", help="demo model weights: auto, none or a path")
     parser.add_argument("--model", default="demo",
-                        help="demo, or the path of a diffusers FLUX.2 [klein] pipeline folder (its transformer)")  # fmt: skip
+                        help="demo, the path of a diffusers FLUX.2 [klein] pipeline folder, or klein-files:"
+                        "diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR (its transformer)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 
 

@@ -15,6 +15,7 @@ import sys
 
 from aiohttp import web
 
+from sakura_core.models.loading import add_device_arguments
 from sakura_core.runtime.profiles import PROFILES
 
 from .agent import AgentConfig, create_app
@@ -38,7 +39,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads for the emulated phone")
     parser.add_argument("--weights", default="auto", help="demo model weights: auto, none (random init) or a path")
     parser.add_argument("--model", default="demo",
-                        help="demo, or the path of a diffusers FLUX.2 [klein] pipeline folder (model_index.json)")  # fmt: skip
+                        help="demo, the path of a diffusers FLUX.2 [klein] pipeline folder (model_index.json), or "
+                        "klein-files:diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR (ComfyUI's single files)")  # fmt: skip
+    add_device_arguments(parser, what="the emulated phone")
     parser.add_argument("--job-timeout", type=float, default=600.0, help="seconds before a running job is cancelled")
     parser.add_argument("--no-simulation", action="store_true", help="do not add the simulated phone latency")
     parser.add_argument("--backend", choices=("torch", "qnn"), default="torch",
@@ -92,6 +95,8 @@ def run(args) -> int:
             backend=args.backend,
             qnn_cache_dir=args.qnn_cache,
             model=args.model,
+            device=args.device,
+            dtype=args.dtype,
         )
     except ValueError as e:
         print(f"sakura phone-agent: {e}", file=sys.stderr)

@@ -16,6 +16,7 @@ from sakura_core.fetch.traces import Trace
 from sakura_core.policy.ladder import Level, ladders_from_manifest
 from sakura_core.policy.plan import floor_index, policy_levels
 from sakura_core.policy.policies import make_policy
+from sakura_core.runtime.emulated_device import profile_for_template
 from sakura_core.runtime.oracle import simulate_oracle
 from sakura_core.runtime.profiles import DeviceProfile
 from sakura_core.runtime.simulate import simulate
@@ -83,6 +84,7 @@ def simulate_phone_job(
             trace = Trace.constant(measured_bytes_per_s * 8 / 1e6, name="measured-live")
         else:
             trace = Trace.constant(profile.link_mbit_s, name=f"{profile.name}-typical")
+    profile = profile_for_template(profile, manifest)  # several references: as many phone template images
     policy = make_policy(policy_name)
     ladder, floor = phone_ladder(manifest, profile, fp16_only=policy.family == "fp16")
     ladders = {policy.family: ladder}

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from sakura_core.models.loading import check_model_source
+from sakura_core.models.ref_layout import MAX_REFERENCES
 
 from .config import MODELS
 from .precompute import (
@@ -28,10 +30,16 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--model",
         default="demo",
-        help=f"model to compute the KV with: {', '.join(MODELS)} or the path of a diffusers FLUX.2 [klein] pipeline "
-        "folder (its model_index.json names Flux2KleinKVPipeline)",
+        help=f"model to compute the KV with: {', '.join(MODELS)}, the path of a diffusers FLUX.2 [klein] pipeline "
+        "folder (its model_index.json names Flux2KleinKVPipeline), or ComfyUI's single files as "
+        "klein-files:diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR",
     )
-    parser.add_argument("--image", required=True, help="template image file (PNG/JPEG/WebP) or a demo sample name")
+    parser.add_argument("--image", required=True, action="append", metavar="IMAGE",
+                        help="template image file (PNG/JPEG/WebP) or a demo sample name; repeat it (up to 4) for a "
+                        "template of several reference images, in the model's order (try-on: --image person.png "
+                        "--image garment.png)")  # fmt: skip
+    parser.add_argument("--reference-name", action="append", default=None, metavar="NAME",
+                        help="a short name per --image (shown by the nodes); default: the file stems / sample names")  # fmt: skip
     parser.add_argument("--id", required=True, dest="template_id", help="template id, [a-z0-9-]{1,64}")
     parser.add_argument("--codec", default="sakura", help="codec name (default: %(default)s)")
     parser.add_argument("--shard-layers", type=int, default=1, help="consecutive layers per shard (default: 1)")
@@ -64,7 +72,14 @@ def run(args) -> int:
             raise ValueError(f"--shard-layers must be >= 1, got {args.shard_layers}")
         if args.steps < 1 or args.shift <= 0:
             raise ValueError(f"--steps must be >= 1 and --shift > 0, got {args.steps} and {args.shift}")
-        image, source = read_template_image(args.image)
+        if not 1 <= len(args.image) <= MAX_REFERENCES:
+            raise ValueError(f"--image: give 1..{MAX_REFERENCES} reference images, got {len(args.image)}")
+        read = [read_template_image(x) for x in args.image]
+        image = [im for im, _ in read] if len(read) > 1 else read[0][0]
+        source = read[0][1]
+        names = args.reference_name or [Path(x).stem[:64] or f"reference-{i + 1}" for i, x in enumerate(args.image)]
+        if len(names) != len(args.image):
+            raise ValueError(f"--reference-name: give one per --image ({len(args.image)}), got {len(names)}")
         store = open_store(args.store, endpoint_url=args.s3_endpoint)
         store.check()
         published = store.has_template(args.template_id)
@@ -107,6 +122,7 @@ def run(args) -> int:
             steps=args.steps,
             shift=args.shift,
             template_size=args.template_size,
+            reference_names=names,
         )
     except TemplateExistsError as e:
         print(f"sakura precompute: {e}", file=sys.stderr)
@@ -132,8 +148,10 @@ def _print_level_bytes(manifest: dict) -> None:
             key = (rep["level"], rep["name"])
             per_level[key] = per_level.get(key, 0) + rep.get("total_bytes", rep["bytes"])
     what = f"per-step, {steps} steps x {manifest['num_layers']} layers" if sched else "single, one KV per layer"
-    rows, cols = manifest["token_grid"]
-    what += f"; template {rows}x{cols} = {rows * cols} tokens"
+    refs = manifest.get("references") or [{"token_grid": manifest["token_grid"]}]
+    grids = " + ".join(f"{r['token_grid'][0]}x{r['token_grid'][1]}" for r in refs)
+    tokens = sum(r["token_grid"][0] * r["token_grid"][1] for r in refs)
+    what += f"; template {grids} = {tokens} tokens" + (f" ({len(refs)} references)" if len(refs) > 1 else "")
     print(f"bytes per template, kv_mode {mode} ({what}):")
     print(f"  {'level':>5} {'name':<16}{'bytes':>12}{'KiB':>10}{'per step KiB':>14}  psnr_db")
     for (level, name), nbytes in sorted(per_level.items()):

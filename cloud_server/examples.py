@@ -15,9 +15,11 @@ import numpy as np
 
 __all__ = [
     "KV_SETTINGS",
+    "REFERENCES",
     "TEMPLATES",
     "USER_IMAGES",
     "publish_examples",
+    "reference_names",
     "template_image",
     "user_image",
     "write_user_images",
@@ -31,6 +33,12 @@ TEMPLATES = {
     "try-on-astronaut": ("astronaut", (40, 8, 64, 56)),  # the suit's torso
     "in-context-coffee": ("coffee", (16, 12, 48, 52)),  # the cup
     "face-swap-astronaut-per-step": ("astronaut", (12, 12, 40, 52)),  # the face swap with per-step KV
+}
+
+# template id -> (name of the marked scene, [(name, scikit-image sample) of each further reference image]): templates
+# of several references (the scene first, then these, in the model's order; the demo model was trained on one)
+REFERENCES = {
+    "try-on-astronaut": ("person", [("garment", "brick")]),  # the shop's photo of a person + its garment (a knit)
 }
 
 # template id -> how its KV is precomputed, when not the default single mode (``publish_template`` keywords)
@@ -49,14 +57,32 @@ USER_IMAGES = {
 USER_SIZE = 128  # pixels; the sampler fits any size to the model's
 
 
-def template_image(template_id: str, spec) -> np.ndarray:
-    """The marked template image (``spec.image_size`` square) for ``template_id``."""
+def template_image(template_id: str, spec) -> np.ndarray | list[np.ndarray]:
+    """The marked template image (``spec.image_size`` square) for ``template_id``; for a template of several
+    references (``REFERENCES``), the list of its images (the marked scene first)."""
     from sakura_core.demo.edit_task import demo_template, task_for
+    from sakura_core.models.edit_model import load_image
 
     sample, box = TEMPLATES[template_id]
     scale = spec.image_size / 64
     box = tuple(int(round(v * scale)) for v in box)
-    return demo_template(sample, task_for(spec), box=box)
+    scene = demo_template(sample, task_for(spec), box=box)
+    if template_id not in REFERENCES:
+        return scene
+    import skimage.data
+
+    return [
+        scene,
+        *(load_image(getattr(skimage.data, src)(), spec.image_size) for _, src in REFERENCES[template_id][1]),
+    ]
+
+
+def reference_names(template_id: str) -> list[str] | None:
+    """The names of a several-reference template's images (``REFERENCES``), None for a one-image template."""
+    if template_id not in REFERENCES:
+        return None
+    first, rest = REFERENCES[template_id]
+    return [first, *(name for name, _ in rest)]
 
 
 def user_image(name: str) -> np.ndarray:
@@ -90,7 +116,8 @@ def publish_examples(store_dir: str | Path, model=None, template_ids=None) -> li
         if store.has_template(template_id):
             continue
         kv = KV_SETTINGS.get(template_id, {})
-        publish_template(store, model, template_image(template_id, model.spec), template_id, **kv)
+        publish_template(store, model, template_image(template_id, model.spec), template_id,
+                         reference_names=reference_names(template_id), **kv)  # fmt: skip
         logger.info("published %s in %s", template_id, store.root)
         done.append(template_id)
     return done

@@ -75,7 +75,7 @@ class FsckReport:
 
 
 def referenced_digests(store: Store, report: FsckReport) -> dict[str, list[str]]:
-    """digest -> templates whose manifest names it (representations, their chains, the template image); manifests
+    """digest -> templates whose manifest names it (representations, their chains, the reference images); manifests
     that cannot be read or name malformed digests go to ``report.bad_manifests``. Any ``Store``."""
     refs: dict[str, list[str]] = {}
     for template_id in store.list_templates():
@@ -86,6 +86,9 @@ def referenced_digests(store: Store, report: FsckReport) -> dict[str, list[str]]
             digests += [d for s in manifest["shards"] for r in s["representations"] for d in r.get("requires", [])]
             if isinstance(manifest.get("template_image"), dict):
                 digests.append(manifest["template_image"]["digest"])
+            for ref in manifest.get("references") or []:  # each reference image (a try-on's garment too)
+                if isinstance(ref, dict) and isinstance(ref.get("image"), dict):
+                    digests.append(ref["image"]["digest"])
             for d in digests:
                 validate_digest(d)
         except (NotFoundError, ValueError, KeyError, TypeError) as e:

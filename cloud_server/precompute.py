@@ -20,6 +20,7 @@ import numpy as np
 
 from sakura_core.files import png_bytes
 from sakura_core.kv.manifest import ManifestError, parse_manifest
+from sakura_core.models.loading import add_device_arguments
 
 from .store import Store, validate_template_id
 
@@ -71,19 +72,6 @@ def load_model(name: str, *, device: str = "cpu", dtype: str | None = None):
     from sakura_core.models.loading import load_edit_model
 
     return load_edit_model(name, device=device, dtype=dtype)
-
-
-def add_device_arguments(parser, *, what: str = "precompute") -> None:
-    """``--device`` and ``--dtype`` of the model that runs ``what``."""
-    from sakura_core.models.loading import DTYPES
-
-    parser.add_argument("--device", default="cpu",
-                        help=f"device {what} runs the model on: cpu, cuda, cuda:N (default: %(default)s)")  # fmt: skip
-    parser.add_argument(
-        "--dtype", default=None, choices=sorted(DTYPES),
-        help=f"parameter dtype for {what} (default: the checkpoint's, float32 for the demo model); part of the model "
-        "id, so clients must run the model in the same dtype",
-    )  # fmt: skip
 
 
 def compute_info(model) -> dict | None:
@@ -160,25 +148,42 @@ def _check_result(result: Any, model_id: str, template_id: str) -> tuple[dict, d
     return manifest, blobs
 
 
-def _publishable(manifest: dict, image: np.ndarray, model, annotations: dict | None) -> tuple[dict, bytes]:
-    """The manifest to publish (the codec's + ``template_image`` + ``precompute``) and the template image's PNG.
+def _publishable(
+    manifest: dict, images: list[np.ndarray], names: list[str] | None, model, annotations: dict | None
+) -> tuple[dict, list[bytes]]:
+    """The manifest to publish (the codec's + each reference's ``image`` and ``name`` + ``template_image`` +
+    ``precompute``) and the reference images' PNGs, in order.
 
-    The device computes the template's first layers itself (hybrid split): it needs the exact image the KV was
-    computed from. Lossless PNG at the model's resolution, content-addressed like a shard.
+    The device computes the template's first layers itself (hybrid split): it needs the exact images the KV was
+    computed from. Lossless PNGs at the template's resolution, content-addressed like shards; ``template_image`` is
+    the first (what a one-reference client reads).
     """
-    image_png = png_bytes(image)
-    image_ref = {"digest": hashlib.sha256(image_png).hexdigest(), "bytes": len(image_png), "format": "png"}
-    manifest = {**manifest, "template_image": image_ref}
+    pngs = [png_bytes(image) for image in images]
+    refs = [{"digest": hashlib.sha256(png).hexdigest(), "bytes": len(png), "format": "png"} for png in pngs]
+    entries = manifest.get("references") or [{}]
+    if len(entries) != len(refs):
+        raise ManifestError(f"precompute listed {len(entries)} reference(s) for {len(refs)} image(s)")
+    named = [{**e, **({"name": names[i]} if names else {}), "image": refs[i]} for i, e in enumerate(entries)]
+    manifest = {**manifest, "template_image": refs[0], **({"references": named} if manifest.get("references") else {})}
     made = {**(compute_info(model) or {}), **(annotations or {})}
     if made:
         manifest["precompute"] = made
-    return manifest, image_png
+    return manifest, pngs
+
+
+def _reference_names(names, count: int) -> list[str] | None:
+    if names is None:
+        return None
+    names = [str(n) for n in names]
+    if len(names) != count or any(not 0 < len(n) <= 64 for n in names):
+        raise ValueError(f"reference names {names!r}: give one name of 1-64 characters per image ({count})")
+    return names
 
 
 def publish_template(
     store: Store,
     model,
-    image: np.ndarray,
+    image: np.ndarray | list[np.ndarray],
     template_id: str,
     *,
     codec: str = "sakura",
@@ -193,6 +198,7 @@ def publish_template(
     shift: float = 1.0,
     template_size: int | None = None,
     annotations: dict | None = None,
+    reference_names: list[str] | None = None,
 ) -> PublishResult:
     """Precompute a template's KV ladder and publish it in ``store``; the manifest is written last.
 
@@ -203,7 +209,8 @@ def publish_template(
     Args:
         store: where shards, source image and manifest go.
         model: the model (``.model_id``; ``.spec.image_size`` when the image must be resized to the model's size).
-        image: (H, W, 3) uint8 template image; centre-cropped and resized to the model's size.
+        image: (H, W, 3) uint8 template image; centre-cropped and resized to the model's size. Or a list of up to 4
+            reference images (try-on: person, garment), each resized to that size: one template over all of them.
         template_id: ``[a-z0-9-]{1,64}``.
         codec, shard_layers, seed: passed to the codec.
         source: (bytes, ext) of the image file to keep next to the manifest; a PNG of ``image`` when omitted.
@@ -216,29 +223,43 @@ def publish_template(
             template has more tokens than the edit (its own grid of position ids).
         annotations: JSON-able facts about how the template was made, merged into the manifest's ``precompute``
             object with the model's device and dtype (``sakura precompute-catalog`` keeps its entry key there).
+        reference_names: one short name per reference image (``references[i].name``, shown by the nodes).
     """
     validate_template_id(template_id)
     if not overwrite and store.has_template(template_id):
         raise TemplateExistsError(f"template {template_id!r} is already published; pick another id or overwrite")
     fn = precompute_fn or _default_precompute_fn()
+    images = list(image) if isinstance(image, (list, tuple)) else [image]
+    names = _reference_names(reference_names, len(images))
     if source is None:
-        source = (png_bytes(image), "png")
+        source = (png_bytes(images[0]), "png")
     spec = getattr(model, "spec", None)
     if spec is not None:
         from sakura_core.models.edit_model import load_image
 
-        image = load_image(image, template_size or spec.image_size)
+        images = [load_image(x, template_size or spec.image_size) for x in images]
     mode_kwargs = {} if kv_mode == "single" else {"kv_mode": kv_mode, "steps": steps, "shift": shift}
-    result = fn(
-        model, image, template_id, codec=codec, shard_layers=shard_layers, seed=seed, progress=progress, **mode_kwargs
-    )
+    result = fn(model, images if len(images) > 1 else images[0], template_id, codec=codec, shard_layers=shard_layers,
+                seed=seed, progress=progress, **mode_kwargs)  # fmt: skip
     manifest, blobs = _check_result(result, model.model_id, template_id)
-    manifest, image_png = _publishable(manifest, image, model, annotations)
-    image_ref = manifest["template_image"]
+    manifest, image_pngs = _publishable(manifest, images, names, model, annotations)
+    count, total_bytes = _store_blobs(store, manifest, blobs, image_pngs, progress)
+    store.put_source_image(template_id, *source)
+    if progress is not None:
+        progress("store", count, count)
+    store.put_manifest(template_id, manifest)  # last: publishes the template
+    logger.info("template %s published: %d shard(s), %d bytes", template_id, count, total_bytes)
+    return PublishResult(template_id, manifest, count, total_bytes)
+
+
+def _store_blobs(store: Store, manifest: dict, blobs: dict[str, bytes], image_pngs: list[bytes], progress):
+    """Store the shards the manifest names (each re-hashed against its name) and the reference images' PNGs;
+    (shards stored, their bytes)."""
     digests = [rep["digest"] for shard in manifest["shards"] for rep in shard["representations"]]
     unused = set(blobs) - set(digests)
     if unused:
-        logger.warning("template %s: %d blob(s) not named by the manifest are not stored", template_id, len(unused))
+        logger.warning("template %s: %d blob(s) not named by the manifest are not stored", manifest["template_id"],
+                       len(unused))  # fmt: skip
     total_bytes = 0
     for i, digest in enumerate(digests):
         if progress is not None:
@@ -248,10 +269,7 @@ def publish_template(
             raise ManifestError(f"blob named {digest} hashes to {hashlib.sha256(blob).hexdigest()}")
         store.put_shard(digest, blob)
         total_bytes += len(blob)
-    store.put_shard(image_ref["digest"], image_png)
-    store.put_source_image(template_id, *source)
-    if progress is not None:
-        progress("store", len(digests), len(digests))
-    store.put_manifest(template_id, manifest)  # last: publishes the template
-    logger.info("template %s published: %d shard(s), %d bytes", template_id, len(digests), total_bytes)
-    return PublishResult(template_id, manifest, len(digests), total_bytes)
+    images = manifest.get("references") or [{"image": manifest["template_image"]}]
+    for ref, png in zip(images, image_pngs, strict=True):
+        store.put_shard(ref["image"]["digest"], png)
+    return len(digests), total_bytes

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from comfy_api.latest import io
 
+from sakura_core.kv.manifest import Reference
+
 from ._common import (
     CATEGORY,
     READ_TOKEN_ENV,
@@ -39,20 +41,28 @@ def check_server_url(field: str, url: str) -> str:
 def template_info(handle: TemplateHandle) -> list[str]:
     """What the node shows once it ran: the template, its KV mode, the steps it serves, its references, where from."""
     manifest = handle.manifest
-    rows, cols = manifest.token_grid
     if manifest.schedule is not None:
         steps = manifest.schedule.steps
         mode = f"KV mode: per-step (one KV per step and layer): {handle.schedule}; the sampler must run {steps} steps"
     else:
         mode = "KV mode: single (one KV per layer): serves any step count"
-    refs = manifest.raw.get("references") or [{"tokens": rows * cols}]
-    tokens = ", ".join(str(r.get("tokens", "?")) for r in refs)
+    refs = manifest.references
+    total = sum(r.tokens for r in refs)
+    together = ", attending to each other" if len(refs) > 1 else ""
     return [
         f"template: {handle.template_id}",
         mode,
-        f"references: {len(refs)} ({tokens} tokens; grid {rows}x{cols}), {manifest.num_layers} layers",
+        f"references: {len(refs)} ({total} tokens{together}), {manifest.num_layers} layers",
+        *(f"  {_reference_label(i, r)}" for i, r in enumerate(refs)),
         f"from: {handle.source}",
     ]
+
+
+def _reference_label(i: int, ref: Reference) -> str:
+    """``1. person: 64 px, 4x4 = 16 tokens`` (what the manifest says of one reference)."""
+    size = f"{ref.size[0]} px, " if ref.size else ""
+    rows, cols = ref.token_grid
+    return f"{i + 1}. {ref.name or f'reference {i + 1}'}: {size}{rows}x{cols} = {ref.tokens} tokens"
 
 
 class SakuraTemplateLoader(io.ComfyNode):

@@ -5,7 +5,7 @@ and the CLI demo.
     outcome = await run_template_edit(model, opened, user_image, EditSettings(prompt, steps=8, policy="sakura"),
                                       link=LinkSpec.parse("fixed:20"))                      # image + report
 
-:func:`open_template` fetches the template's manifest and image from a source (a server URL, a
+:func:`open_template` fetches the template's manifest and image(s) from a source (a server URL, a
 :class:`ServerSource`, or a :class:`StoreSource` for a store folder read directly: ``sakura_core.fetch.sources``)
 and checks them against the model once (:func:`check_template`: model id, token grid, template image named).
 :func:`run_template_edit` plans the fetch with the policy (``sakura_core.policy.plan.plan_fetch``), paces the
@@ -91,8 +91,9 @@ class OpenedTemplate:
         template_id: the template's id.
         model_id: content id of the model the manifest was checked against.
         manifest: the checked manifest (:func:`check_template`; its ``raw`` JSON is what the edit reads).
-        image_file: the template image as published (PNG bytes).
-        image_fetch_s: (started, finished) of the image fetch, ``time.monotonic()`` seconds.
+        image_file: the template image as published (PNG bytes): the first reference's.
+        image_fetch_s: (started, finished) of the image fetch(es), ``time.monotonic()`` seconds.
+        reference_files: every reference image as published (PNG bytes), in order; ``(image_file,)`` for one.
     """
 
     source: TemplateSource
@@ -101,21 +102,32 @@ class OpenedTemplate:
     manifest: Manifest = field(repr=False)
     image_file: bytes = field(repr=False)
     image_fetch_s: tuple[float, float] = (0.0, 0.0)
+    reference_files: tuple[bytes, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.reference_files:
+            object.__setattr__(self, "reference_files", (self.image_file,))
 
     @property
     def token_grid(self) -> tuple[int, ...]:
         return self.manifest.token_grid
 
     @property
+    def ref_grids(self) -> tuple[tuple[int, int], ...]:
+        """Each reference's token grid, in order (one entry for a one-reference template)."""
+        return self.manifest.ref_grids
+
+    @property
     def kv_mode(self) -> str:
         """``"single"`` (one KV per layer, any schedule) or ``"per-step"`` (one per (step, layer), one schedule)."""
         return self.manifest.kv_mode
 
-    def template_image(self, size: int) -> np.ndarray:
-        """The template image as (size, size, 3) uint8."""
+    def template_image(self, size: int) -> np.ndarray | list[np.ndarray]:
+        """The template image as (size, size, 3) uint8; a list of them, in order, for several references."""
         from PIL import Image
 
-        return load_image(np.asarray(Image.open(io.BytesIO(self.image_file)).convert("RGB")), size)
+        images = [load_image(np.asarray(Image.open(io.BytesIO(f)).convert("RGB")), size) for f in self.reference_files]
+        return images[0] if len(images) == 1 else images
 
     def summary(self) -> dict:
         """What a report says about the template: ids, source, geometry, bytes per level and the image fetch."""
@@ -130,11 +142,12 @@ class OpenedTemplate:
             "model_id": self.model_id,
             "source": self.source.label,
             "token_grid": list(self.token_grid),
+            "references": [r.summary() for r in m.references],
             "num_layers": m.num_layers,
             "kv_mode": m.kv_mode,
             "schedule": m.schedule_label,
             "bytes_per_level": levels,
-            "image_bytes": len(self.image_file),
+            "image_bytes": sum(len(f) for f in self.reference_files),
             "image_fetch_s": round(self.image_fetch_s[1] - self.image_fetch_s[0], 4),
         }
 
@@ -160,9 +173,12 @@ async def open_checked_template(
 
 
 async def _with_image(source: TemplateSource, shards, manifest: Manifest) -> OpenedTemplate:
-    image, started = manifest.template_image, time.monotonic()
-    blob = await shards.fetch_shard(image.digest, expected_bytes=image.nbytes)
-    return OpenedTemplate(source, manifest.template_id, manifest.model_id, manifest, blob, (started, time.monotonic()))
+    """The opened template with its reference images fetched, in order (the first is ``template_image``)."""
+    started = time.monotonic()
+    blobs = tuple([await shards.fetch_shard(r.image.digest, expected_bytes=r.image.nbytes)
+                   for r in manifest.references])  # fmt: skip
+    return OpenedTemplate(source, manifest.template_id, manifest.model_id, manifest, blobs[0],
+                          (started, time.monotonic()), blobs)  # fmt: skip
 
 
 def runnable_policy(name: str) -> str:
@@ -234,7 +250,7 @@ async def run_template_edit(
     slowed to phone-size shards, the policy predicting with those times; the report says so.
     """
     key = ModelKey.of(model)
-    if opened.model_id != key.model_id or not template_grid_fits(opened.token_grid, key.token_grid):
+    if opened.model_id != key.model_id or not template_grid_fits(opened.ref_grids, key.token_grid):
         raise ModelMismatchError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
                          f"{list(opened.token_grid)}), the edit runs model {key.model_id[:16]} (grid "
                          f"{list(key.token_grid)}); open the template with the model that edits")  # fmt: skip
@@ -249,8 +265,8 @@ async def run_template_edit(
     profile = profile if profile is not None else measure_profile(model, settings.steps)
     plan = plan_fetch(opened.manifest.raw, settings.policy)
     size = model.spec.image_size
-    # a template larger than the edit keeps its own size (its grid is the manifest's)
-    template = opened.template_image(size * opened.token_grid[0] // key.token_grid[0])
+    # a template larger than the edit keeps its own size (each reference's grid is the manifest's)
+    template = opened.template_image(size * opened.ref_grids[0][0] // key.token_grid[0])
     user = load_image(user_image, size)
     config = RuntimeConfig(steps=settings.steps, seed=settings.seed, latency_target_s=settings.latency_target_s,
                            prefetch_kv_bytes=prefetch_kv_bytes,

@@ -1,5 +1,5 @@
 """The check of a published template against the model that edits with it: :func:`check_template` (ids, token grid,
-template image). :mod:`sakura_core.edit` runs it (and re-exports it). A per-step template's schedule is checked
+template images). :mod:`sakura_core.edit` runs it (and re-exports it). A per-step template's schedule is checked
 against the edit's (the model's own, ``runtime.schedule.edit_times``) once per run, by the pipeline that runs it."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from .kv.manifest import Manifest, ManifestError, parse_manifest
 from .models.edit_model import EditModel
+from .models.ref_layout import ref_grids
 
 __all__ = ["ModelKey", "check_template", "template_grid_fits"]
 
@@ -26,28 +27,29 @@ class ModelKey:
         return cls(model.model_id, tuple(model.spec.grid))
 
 
-def template_grid_fits(template_grid, edit_grid) -> bool:
-    """A template's token grid fits an edit when it is square and at least the edit's grid (a larger template gets
-    its own position ids; see ``EditModel.template_grid``)."""
-    rows, cols = (int(x) for x in template_grid)
-    return rows == cols and rows >= int(edit_grid[0]) and cols >= int(edit_grid[1])
+def template_grid_fits(template_grids, edit_grid) -> bool:
+    """A template fits an edit when each of its references' token grids (``template_grids``: one (rows, cols), or
+    the references' grids, ``Manifest.ref_grids``) is square and at least the edit's grid (a larger template gets its
+    own position ids; see ``EditModel.template_grid``)."""
+    return all(r == c and r >= int(edit_grid[0]) and c >= int(edit_grid[1]) for r, c in ref_grids(template_grids))
 
 
 def check_template(manifest: Manifest | dict, template_id: str, model: EditModel | ModelKey) -> Manifest:
     """The one check of a template against the model that edits with it: the template and model ids (another model
-    raises ``ModelMismatchError``), the token grid (the edit's, or a larger square one), and a template image named
-    (the device computes the template layers from it). ``manifest``: as a source returned it (parsed once,
-    ``sakura_core.kv.parse_manifest``), or its JSON (parsed here). Returns the typed manifest; ``ValueError``
-    subclasses say what to change."""
+    raises ``ModelMismatchError``), the token grid of each reference (the edit's, or a larger square one), and every
+    reference image named (the device computes the template layers from them). ``manifest``: as a source returned it
+    (parsed once, ``sakura_core.kv.parse_manifest``: the references agree with the token grid there), or its JSON
+    (parsed here). Returns the typed manifest; ``ValueError`` subclasses say what to change."""
     key = ModelKey.of(model)
     if isinstance(manifest, Manifest):
         manifest.expect(template_id=template_id, model_id=key.model_id)
     else:
         manifest = parse_manifest(manifest, template_id=template_id, model_id=key.model_id)
-    if not template_grid_fits(manifest.token_grid, key.token_grid):
-        raise ManifestError(f"template {template_id!r} has token grid {list(manifest.token_grid)}, the model edits "
+    if not template_grid_fits(manifest.ref_grids, key.token_grid):
+        grids = " + ".join(f"{r}x{c}" for r, c in manifest.ref_grids)
+        raise ManifestError(f"template {template_id!r} has token grid(s) {grids}, the model edits "
                             f"{list(key.token_grid)}; precompute it at the model's resolution or larger (a square "
                             "--template-size)")  # fmt: skip
-    if manifest.template_image is None:
+    if manifest.template_image is None or any(r.image is None for r in manifest.references):
         raise ManifestError(f"template {template_id!r}: its manifest names no template_image; republish it")
     return manifest

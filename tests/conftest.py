@@ -22,3 +22,12 @@ def klein_model(klein_folder):
     from sakura_core.models.latent_model import load_klein_folder
 
     return load_klein_folder(klein_folder)
+
+
+@pytest.fixture(scope="session")
+def klein_single_files(klein_folder, tmp_path_factory):
+    """The tiny klein folder written as ComfyUI's three single files (``diffusion_models/``, ``text_encoders/``,
+    ``vae/`` under one ``models`` folder; ``single_file_export``), with the folder's tokenizer."""
+    from sakura_core.models.single_file_export import save_single_files
+
+    return save_single_files(klein_folder, tmp_path_factory.mktemp("comfy") / "models")

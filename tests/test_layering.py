@@ -110,6 +110,9 @@ ONE_HOME = (
     "ScheduleMismatchError",
     "Manifest",  # the typed manifest, parsed once
     "parse_manifest",  # the manifest validation
+    "check_references",  # the manifest's references (a template's reference images), in the one schema
+    "Reference",
+    "grids_of",  # the references' token layout (token_grid + rope_layout)
     "validate_manifest",
     "manifest_kv_mode",
     "ManifestError",

@@ -7,7 +7,13 @@ Schema::
       "model_id": hex content id of the model,
       "template_id": "[a-z0-9-]{1,64}",
       "token_grid": [rows, cols],
-      "rope_layout": str,
+      "rope_layout": str,                          # "flux2-ref-t10" (one reference) or "flux2-ref-t10-xN" (N)
+      "references": [                              # optional for one reference; in the model's order
+        {"name": str,                              # optional, 1-64 characters (shown by the nodes)
+         "size": [S, S], "token_grid": [rows, cols],   # the image as the KV was computed from it, its tokens
+         "rope_t": 10 (i + 1), "token_offset": int, "tokens": rows * cols,  # its RoPE time, where its tokens start
+         "image": {"digest", "bytes", "format"}}   # the publisher's: the exact PNG (template_image = the first's)
+      ],
       "num_layers": int, "heads": int, "head_dim": int,
       "codec": the ladder's codec ("sakura", "cachegen", ...),
       "distortion_metric": "attn_rel_err" (relative error of the attention output on held-out probe requests),
@@ -33,6 +39,9 @@ representation (codec "fp16", the highest level, ``requires == []``) is always p
 the exact KV. A ``per-step`` manifest holds S x (layer ranges) shards, keyed by (step, layers); a request whose
 step count or schedule differs from ``schedule`` is refused by :func:`check_schedule`. The publisher adds
 ``"template_image": {"digest", "bytes"}``, the template image as a blob (the device computes template layers from it).
+A template of several reference images (try-on: person + garment) is one KV block over all of them: ``token_grid``
+is their grids stacked, ``rope_layout`` says how many (:mod:`sakura_core.models.ref_layout`), and ``references``
+lists each with its image; a manifest without ``references`` has one, its ``template_image``.
 
 :func:`parse_manifest` is the one validation (field by field in :mod:`sakura_core.kv.manifest_schema`): it builds a
 typed :class:`Manifest` once, where the JSON enters (the shard client, a local store, the publisher); everything after
@@ -51,6 +60,7 @@ from .manifest_schema import (
     ModelMismatchError,
     check_blob_ref,
     check_header,
+    check_references,
     check_schedule_field,
     check_shards,
     manifest_kv_mode,
@@ -63,6 +73,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "ModelMismatchError",
+    "Reference",
     "Schedule",
     "ScheduleMismatchError",
     "check_schedule",
@@ -110,6 +121,35 @@ class BlobRef:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """One reference image of a template (:mod:`sakura_core.models.ref_layout`).
+
+    Attributes:
+        token_grid: (rows, cols) of its tokens.
+        rope_t: its RoPE time coordinate, ``10 (i + 1)`` for reference ``i``.
+        token_offset: where its tokens start in the template's token sequence (and in every shard's K/V).
+        tokens: rows * cols.
+        name: a short name (``"person"``), or None.
+        size: (S, S) pixels of the image the KV was computed from; None for a manifest without ``references``.
+        image: its PNG as a blob (the device computes on-device layers from it); None before publishing.
+    """
+
+    token_grid: tuple[int, int]
+    rope_t: int
+    token_offset: int
+    tokens: int
+    name: str | None = None
+    size: tuple[int, int] | None = None
+    image: BlobRef | None = None
+
+    def summary(self) -> dict:
+        """What a report says of it: name, size, token grid, tokens (the ones known)."""
+        out = {"name": self.name, "size": None if self.size is None else list(self.size),
+               "token_grid": list(self.token_grid), "tokens": self.tokens}  # fmt: skip
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A manifest that passed the schema (built by :func:`parse_manifest` only): the header typed, the shards as in
     the JSON.
@@ -124,7 +164,8 @@ class Manifest:
         codec: the ladder's codec.
         kv_mode: ``"single"`` (one KV per layer, any schedule) or ``"per-step"`` (one per (step, layer)).
         schedule: the schedule per-step KV is valid for; None in single mode.
-        template_image: the template image blob the publisher added, or None.
+        template_image: the template image blob the publisher added, or None (the first reference's image).
+        references: the template's reference images in order (one for a manifest without ``references``).
     """
 
     raw: dict = field(repr=False, compare=False)
@@ -139,6 +180,12 @@ class Manifest:
     kv_mode: str
     schedule: Schedule | None = None
     template_image: BlobRef | None = None
+    references: tuple[Reference, ...] = ()
+
+    @property
+    def ref_grids(self) -> tuple[tuple[int, int], ...]:
+        """Each reference's token grid, in order."""
+        return tuple(r.token_grid for r in self.references)
 
     @property
     def shards(self) -> list[dict]:
@@ -167,7 +214,7 @@ class Manifest:
 def parse_manifest(manifest: Any, *, template_id: str | None = None, model_id: str | None = None) -> Manifest:
     """The one validation of a manifest: the schema (:mod:`.manifest_schema`: version, ids, grid, shards covering
     layers 0..L-1 in order (per step), representations with level, name, bytes, distortion, digest, requires chains,
-    the per-step schedule, the template image reference), then the template and model asked for
+    the per-step schedule, the template image reference, the references), then the template and model asked for
     (:meth:`Manifest.expect`). Returns the typed :class:`Manifest`; raises ``ManifestError`` naming the bad field."""
     header = check_header(manifest)
     per_step = header["kv_mode"] == "per-step"
@@ -176,8 +223,12 @@ def parse_manifest(manifest: Any, *, template_id: str | None = None, model_id: s
         raise ManifestError("manifest field 'schedule' is only for kv_mode 'per-step' (single-mode KV fits any)")
     check_shards(manifest.get("shards"), header["num_layers"], schedule.steps if per_step else None)
     image = check_blob_ref(manifest.get("template_image"))
+    refs = tuple(
+        Reference(**{**r, "image": None if r["image"] is None else BlobRef(*r["image"])})
+        for r in check_references(manifest, header["token_grid"], header["rope_layout"])
+    )
     parsed = Manifest(raw=manifest, schedule=schedule, template_image=None if image is None else BlobRef(*image),
-                      **header)  # fmt: skip
+                      references=refs, **header)  # fmt: skip
     return parsed.expect(template_id=template_id, model_id=model_id)
 
 

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from ..models.kv_types import KV_MODES
+from ..models.ref_layout import MAX_REFERENCES, REF_TIME_OFFSET, grids_of
 from .names import MODEL_ID_RE, TEMPLATE_ID_FORM, is_digest, is_template_id
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "ModelMismatchError",
     "check_blob_ref",
     "check_header",
+    "check_references",
     "check_schedule_field",
     "check_shards",
     "manifest_kv_mode",
@@ -126,14 +128,75 @@ def check_schedule_field(schedule: Any) -> dict:
             "sampler": sampler if isinstance(sampler, str) else None}  # fmt: skip
 
 
-def check_blob_ref(image: Any) -> tuple[str, int] | None:
-    """The optional ``template_image`` blob reference the publisher adds: (digest, bytes), or None when absent."""
+def check_blob_ref(image: Any, where: str = "template_image") -> tuple[str, int] | None:
+    """An optional blob reference the publisher adds (``template_image``, ``references[i].image``): (digest, bytes),
+    or None when absent."""
     if image is None:
         return None
     if not (isinstance(image, dict) and is_digest(image.get("digest")) and _is_int(image.get("bytes"))
             and image["bytes"] > 0):  # fmt: skip
-        raise ManifestError(f"manifest field 'template_image' must be {{digest, bytes}} of a blob, got {image!r}")
+        raise ManifestError(f"manifest field {where!r} must be {{digest, bytes}} of a blob, got {image!r}")
     return image["digest"], image["bytes"]
+
+
+_REFERENCE_FIELDS = ("size", "token_grid", "rope_t", "token_offset", "tokens")
+
+
+def _pair(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(_is_int(x) and x > 0 for x in value)
+
+
+def check_references(manifest: dict, token_grid: tuple[int, int], rope_layout: str) -> list[dict]:
+    """The template's reference images, typed, in the model's order (:mod:`sakura_core.models.ref_layout`): the
+    ``references`` list agrees with ``token_grid`` (their grids stacked) and ``rope_layout`` (how many), each entry
+    ``{name?, size, token_grid, rope_t = 10 (i + 1), token_offset, tokens, image?}``; the first one's image is
+    ``template_image``. A manifest without ``references`` (published before them) has one reference: its token grid
+    and ``template_image``; several references need the list. Each returned entry: ``name`` (or None), ``size``
+    (or None), ``token_grid``, ``rope_t``, ``token_offset``, ``tokens``, ``image`` ((digest, bytes) or None: the
+    codec's manifest has no images yet)."""
+    try:
+        grids = grids_of(token_grid, rope_layout)
+    except ValueError as e:
+        raise ManifestError(f"manifest fields 'token_grid' / 'rope_layout': {e}") from e
+    template_image = check_blob_ref(manifest.get("template_image"))
+    refs = manifest.get("references")
+    if refs is None:
+        if len(grids) > 1:
+            raise ManifestError(f"manifest of {len(grids)} references (rope_layout {rope_layout!r}) has no "
+                                "'references' field; republish it")  # fmt: skip
+        ((rows, cols),) = grids
+        return [{"name": None, "size": None, "token_grid": (rows, cols), "rope_t": REF_TIME_OFFSET, "token_offset": 0,
+                 "tokens": rows * cols, "image": template_image}]  # fmt: skip
+    if not isinstance(refs, list) or len(refs) != len(grids) or len(refs) > MAX_REFERENCES:
+        raise ManifestError(f"manifest field 'references' must list the {len(grids)} reference(s) rope_layout "
+                            f"{rope_layout!r} names, got {refs!r:.200}")  # fmt: skip
+    out, offset = [], 0
+    for i, (ref, grid) in enumerate(zip(refs, grids, strict=True)):
+        out.append(_check_reference(i, ref, grid, offset))
+        offset += grid[0] * grid[1]
+    if template_image is not None and out[0]["image"] != template_image:
+        raise ManifestError("manifest field 'template_image' must be references[0].image (the first reference)")
+    return out
+
+
+def _check_reference(i: int, ref: Any, grid: tuple[int, int], offset: int) -> dict:
+    where = f"references[{i}]"
+    if not isinstance(ref, dict) or any(k not in ref for k in _REFERENCE_FIELDS):
+        raise ManifestError(f"manifest field {where!r} must be an object with {', '.join(_REFERENCE_FIELDS)}, got "
+                            f"{ref!r:.200}")  # fmt: skip
+    size, ref_grid = ref["size"], ref["token_grid"]
+    if not _pair(size) or not _pair(ref_grid) or tuple(ref_grid) != grid:
+        raise ManifestError(f"manifest field {where!r}: size {size!r} / token_grid {ref_grid!r} must be [S, S] / "
+                            f"{list(grid)} (the manifest's token_grid and rope_layout stack that grid)")  # fmt: skip
+    expect = {"rope_t": REF_TIME_OFFSET * (i + 1), "token_offset": offset, "tokens": grid[0] * grid[1]}
+    for key, want in expect.items():
+        if ref[key] != want or not _is_int(ref[key]):
+            raise ManifestError(f"manifest field '{where}.{key}' must be {want}, got {ref[key]!r}")
+    name = ref.get("name")
+    if name is not None and not (isinstance(name, str) and 0 < len(name) <= 64):
+        raise ManifestError(f"manifest field '{where}.name' must be a string of 1-64 characters, got {name!r}")
+    image = check_blob_ref(ref.get("image"), f"{where}.image")
+    return {"name": name, "size": (size[0], size[1]), "token_grid": grid, "image": image, **expect}
 
 
 def check_shards(shards: Any, num_layers: int, steps: int | None) -> None:

@@ -24,6 +24,7 @@ import torch
 from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
 
 from .flux2_kv import Flux2KVAdapter
+from .ref_layout import as_references, layout_of
 
 __all__ = ["EditModel", "ModelSpec", "load_demo_model", "load_image", "DEMO_TEMPLATES"]
 
@@ -191,11 +192,18 @@ class EditModel:
         The template may be larger than the edit (any square side that is a multiple of ``patch_size``, see
         :meth:`template_grid`): its tokens get their own position ids (the template's grid at the reference time).
         """
+        refs = as_references(template)
+        if refs is not None:  # several references: their tokens in order (their positions: ref_layout)
+            return torch.cat([self.template_tokens(r) for r in refs], dim=1)
         t = self.pack_image(template, self.template_grid(template)[0] * self.spec.patch_size)
         return torch.cat([t, torch.zeros_like(t)], dim=-1)
 
     def template_grid(self, template: np.ndarray) -> tuple[int, int]:
-        """Token grid of a square template image of side ``S >= image_size``, a multiple of ``patch_size``."""
+        """Token grid of a square template image of side ``S >= image_size``, a multiple of ``patch_size``; of a list
+        of reference images (one size), their grids (:mod:`.ref_layout`)."""
+        refs = as_references(template)
+        if refs is not None:
+            return layout_of([self.template_grid(r) for r in refs])
         shape, p = np.shape(template), self.spec.patch_size
         if len(shape) != 3 or shape[0] != shape[1] or shape[2] != 3 or shape[0] % p or shape[0] < self.spec.image_size:
             raise ValueError(

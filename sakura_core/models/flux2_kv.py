@@ -36,10 +36,12 @@ from .flux2_parts import (
     _Stream,
     image_ids,
     model_content_id,
+    ref_position_ids,
     text_ids,
 )
 from .flux2_template import TemplatePasses
 from .kv_types import KVMismatchError, TemplateKV, check_kv_compatible
+from .ref_layout import num_tokens, rope_layout_of, stacked_grid
 
 __all__ = [
     "REF_TIME_OFFSET",
@@ -113,9 +115,11 @@ class Flux2KVAdapter(TemplatePasses):
         return self.num_layers * 2 * num_ref_tokens * self.num_heads * self.head_dim * bytes_per_value
 
     # ---- template KV (the passes: flux2_template.TemplatePasses) ------------------------------------------------
-    def check(self, kv: TemplateKV, token_grid: tuple[int, int]) -> None:
-        """Refuse KV made for another model, grid or RoPE layout (error names both sides)."""
-        check_kv_compatible(kv.model_id, kv.token_grid, kv.rope_layout, self.model_id, token_grid, ROPE_LAYOUT)
+    def check(self, kv: TemplateKV, token_grid) -> None:
+        """Refuse KV made for another model, grid, references or RoPE layout (error names both sides).
+        ``token_grid``: the template's (rows, cols), or its references' grids (:mod:`.ref_layout`)."""
+        check_kv_compatible(kv.model_id, kv.token_grid, kv.rope_layout, self.model_id, stacked_grid(token_grid),
+                            rope_layout_of(token_grid))  # fmt: skip
         if kv.num_layers != self.num_layers or kv.num_heads != self.num_heads or kv.head_dim != self.head_dim:
             raise ValueError(
                 f"template KV geometry (layers={kv.num_layers}, heads={kv.num_heads}, head_dim={kv.head_dim}) "
@@ -191,8 +195,10 @@ class Flux2KVAdapter(TemplatePasses):
             txt: (batch, text_tokens, joint_attention_dim) prompt embedding.
             timestep: (batch,) flow-matching time in [0, 1].
             img_grid: (rows, cols) of the request image tokens.
-            ref_tokens: (1, ref_tokens, in_channels) template tokens; needed when ``split_layer > 0``.
-            ref_grid: (rows, cols) of the template tokens.
+            ref_tokens: (1, ref_tokens, in_channels) template tokens (all references, in order); needed when
+                ``split_layer > 0``.
+            ref_grid: (rows, cols) of the template tokens, or the grids of its references (:mod:`.ref_layout`:
+                reference ``i`` at RoPE time 10 (i + 1); they attend to each other, as in diffusers' KV mode).
             split_layer: layers ``< split_layer`` run the template tokens here; the rest use ``cached``. Or a
                 function ``layer -> bool`` asked before each layer while the template tokens are still in the
                 sequence: True keeps computing them, False drops them for good (the runtime's adaptive split).
@@ -302,7 +308,10 @@ class Flux2KVAdapter(TemplatePasses):
             ref_temb = m.time_guidance_embed(ref_t, None)
             s.ref_mod_img = m.double_stream_modulation_img(ref_temb)
             s.ref_mod_single = m.single_stream_modulation(ref_temb)
-            rope_ref = m.pos_embed(image_ids(*ref_grid, t=REF_TIME_OFFSET, device=device))
+            if num_tokens(ref_grid) != n_ref:
+                raise ValueError(f"ref_tokens hold {n_ref} tokens but the template's grid {ref_grid} holds "
+                                 f"{num_tokens(ref_grid)}")  # fmt: skip
+            rope_ref = m.pos_embed(ref_position_ids(ref_grid, device=device))
             s.rope_with_ref = (
                 torch.cat([rope_txt[0], rope_ref[0], rope_img[0]]),
                 torch.cat([rope_txt[1], rope_ref[1], rope_img[1]]),

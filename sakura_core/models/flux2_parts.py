@@ -18,21 +18,24 @@ __all__ = [
     "LayerHook",
     "image_ids",
     "model_content_id",
+    "ref_position_ids",
     "text_ids",
 ]
 
-# Reference images sit at t = 10 on the first RoPE axis, as in diffusers' Flux2 pipelines (scale + scale * i, i = 0).
-REF_TIME_OFFSET = 10
-ROPE_LAYOUT = "flux2-ref-t10"
+from .ref_layout import REF_TIME_OFFSET, ROPE_LAYOUT, ref_grids
 
 
 def model_content_id(model: torch.nn.Module, config: dict | None = None) -> str:
     """sha256 over the canonical JSON of the config and every parameter/buffer (name, dtype, shape, bytes).
 
-    Two models with the same id compute the same KV; any changed weight, dtype or config value changes it.
+    Two models with the same id compute the same KV; any changed weight, dtype or config value changes it. A
+    config's ``out_channels: None`` counts as its ``in_channels`` (what diffusers builds), so a transformer read
+    from a single file (whose config is read off its tensors) has the id of the same weights in a folder.
     """
     h = hashlib.sha256()
     cfg = dict(config if config is not None else getattr(model, "config", {}))
+    if "out_channels" in cfg and cfg["out_channels"] is None and "in_channels" in cfg:
+        cfg["out_channels"] = cfg["in_channels"]
     h.update(json.dumps(_jsonable(cfg), sort_keys=True).encode())
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().contiguous().cpu()
@@ -66,6 +69,13 @@ def image_ids(rows: int, cols: int, t: int = 0, device: torch.device | None = No
     ids[:, 1] = hh.reshape(-1)
     ids[:, 2] = ww.reshape(-1)
     return ids
+
+
+def ref_position_ids(grid, device: torch.device | None = None) -> torch.Tensor:
+    """RoPE ids of a template's references (a layout, :mod:`.ref_layout`): reference ``i`` at time
+    ``REF_TIME_OFFSET * (i + 1)``, in order. Shape (template tokens, 4)."""
+    grids = ref_grids(grid)
+    return torch.cat([image_ids(r, c, t=REF_TIME_OFFSET * (i + 1), device=device) for i, (r, c) in enumerate(grids)])
 
 
 @dataclass

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from diffusers.models.transformers.transformer_flux2 import Flux2KVLayerCache
 
-from .flux2_parts import ROPE_LAYOUT
 from .kv_types import PerStepTemplateKV, TemplateKV
+from .ref_layout import num_tokens, rope_layout_of, stacked_grid
 
 __all__ = ["TemplatePasses"]
 
@@ -22,22 +22,21 @@ class TemplatePasses:
         """Template-only pass: the template's KV for every layer (:meth:`resume_template_kv` from the embedded tokens).
 
         Args:
-            ref_tokens: (1, rows*cols, in_channels) packed template tokens.
-            token_grid: (rows, cols) of the template.
+            ref_tokens: (1, tokens, in_channels) packed template tokens (every reference's, in order).
+            token_grid: (rows, cols) of the template, or its references' grids (:mod:`.ref_layout`).
             ref_timestep: modulation time of the template tokens; ``None`` = ``ref_fixed_timestep`` (single mode).
         """
-        rows, cols = token_grid
-        if ref_tokens.ndim != 3 or ref_tokens.shape[0] != 1 or ref_tokens.shape[1] != rows * cols:
+        n = num_tokens(token_grid)
+        if ref_tokens.ndim != 3 or ref_tokens.shape[0] != 1 or ref_tokens.shape[1] != n:
             raise ValueError(
-                f"ref_tokens must be (1, {rows * cols}, in_channels) for token grid {token_grid}, "
-                f"got {tuple(ref_tokens.shape)}"
+                f"ref_tokens must be (1, {n}, in_channels) for token grid {token_grid}, got {tuple(ref_tokens.shape)}"
             )
         layers = self.resume_template_kv(
             self.model.x_embedder(ref_tokens.to(self.device, self.dtype)), token_grid, 0, ref_timestep
         )
         kv = torch.stack([torch.stack([k[0], v[0]]) for k, v in layers])  # (layers, 2, tok, heads, hd)
         ref_t = self.ref_fixed_timestep if ref_timestep is None else float(ref_timestep)
-        return TemplateKV(kv, self.model_id, (rows, cols), ROPE_LAYOUT, ref_timestep=ref_t)
+        return TemplateKV(kv, self.model_id, stacked_grid(token_grid), rope_layout_of(token_grid), ref_timestep=ref_t)
 
     @torch.no_grad()
     def resume_template_kv(
@@ -55,20 +54,20 @@ class TemplatePasses:
             ref_hidden: (1, rows*cols, dim) the template tokens' hidden state entering ``start_layer`` — what
                 :meth:`forward`'s ``on_drop`` handed over when a hybrid forward dropped them there (the template
                 tokens attend only to themselves, so it does not depend on the request).
-            token_grid: (rows, cols) of the template.
+            token_grid: (rows, cols) of the template, or its references' grids.
             start_layer: 0 .. num_layers.
             ref_timestep: as for :meth:`extract_template_kv` (the forward's own).
         """
-        L, rows, cols = self.num_layers, *token_grid
+        L, n_ref = self.num_layers, num_tokens(token_grid)
         if not 0 <= start_layer <= L:
             raise ValueError(f"start_layer must be in [0, {L}], got {start_layer}")
         dim = self.model.config.num_attention_heads * self.model.config.attention_head_dim
-        if ref_hidden.ndim != 3 or ref_hidden.shape[0] != 1 or tuple(ref_hidden.shape[1:]) != (rows * cols, dim):
+        if ref_hidden.ndim != 3 or ref_hidden.shape[0] != 1 or tuple(ref_hidden.shape[1:]) != (n_ref, dim):
             raise ValueError(
-                f"ref_hidden must be (1, {rows * cols}, {dim}) for token grid {token_grid} (the template tokens' "
+                f"ref_hidden must be (1, {n_ref}, {dim}) for token grid {token_grid} (the template tokens' "
                 f"hidden state on_drop handed over), got {tuple(ref_hidden.shape)}"
             )
-        n_ref, dtype, device = rows * cols, self.dtype, ref_hidden.device
+        dtype, device = self.dtype, ref_hidden.device
         cfg = self.model.config
         x = torch.zeros(1, 1, cfg.in_channels, dtype=dtype, device=device)
         txt = torch.zeros(1, 1, cfg.joint_attention_dim, dtype=dtype, device=device)
@@ -91,8 +90,8 @@ class TemplatePasses:
         """``per-step`` KV mode: one template-only pass per sampler step, modulated with that step's own time.
 
         Args:
-            ref_tokens: (1, rows*cols, in_channels) packed template tokens.
-            token_grid: (rows, cols) of the template.
+            ref_tokens: (1, tokens, in_channels) packed template tokens.
+            token_grid: (rows, cols) of the template, or its references' grids.
             timesteps: the sampler's step times ``t_0 .. t_{S-1}`` (``flow_timesteps(S, shift)[:-1]``): step ``s``
                 runs the transformer at ``t_s``, so its template KV is the extract pass at ``t_s``.
         """
@@ -101,4 +100,4 @@ class TemplatePasses:
             raise ValueError("timesteps is empty: pass the sampler's step times, e.g. flow_timesteps(steps)[:-1]")
         per_step = [self.extract_template_kv(ref_tokens, token_grid, ref_timestep=t) for t in times]
         kv = torch.stack([p.kv for p in per_step])  # (steps, layers, 2, tokens, heads, head_dim)
-        return PerStepTemplateKV(kv, self.model_id, tuple(token_grid), ROPE_LAYOUT, tuple(times))
+        return PerStepTemplateKV(kv, self.model_id, per_step[0].token_grid, per_step[0].rope_layout, tuple(times))

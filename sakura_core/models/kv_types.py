@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .ref_layout import grids_of
+
 __all__ = ["KV_MODES", "KVMismatchError", "PerStepTemplateKV", "TemplateKV", "check_kv_compatible"]
 
 # ``single``: one KV per layer, template tokens at a fixed time, reused by every step (FLUX.2 [klein] KV mode).
@@ -25,8 +27,10 @@ class TemplateKV:
         kv: tensor of shape (layers, 2, tokens, heads, head_dim); index 0 of dim 1 is K, 1 is V.
             Layers are in execution order (double-stream blocks first, then single-stream blocks).
         model_id: content hash of the transformer config + weights the KV was computed with.
-        token_grid: (rows, cols) of the template's token grid; rows * cols == tokens.
-        rope_layout: name of the position-id layout of the reference tokens (e.g. ``"flux2-ref-t10"``).
+        token_grid: (rows, cols) of the template's token grid; rows * cols == tokens (several references: their
+            grids stacked, see :mod:`.ref_layout`).
+        rope_layout: name of the position-id layout of the reference tokens (``"flux2-ref-t10"``: one reference;
+            ``"flux2-ref-t10-xN"``: N references).
         ref_timestep: time (0..1) the template tokens were modulated with: the fixed reference time in ``single``
             mode, the step's own time in ``per-step`` mode.
     """
@@ -51,6 +55,11 @@ class TemplateKV:
     @property
     def num_layers(self) -> int:
         return self.kv.shape[0]
+
+    @property
+    def ref_grids(self) -> tuple[tuple[int, int], ...]:
+        """The grid of each reference image the tokens hold, in order (:func:`.ref_layout.grids_of`)."""
+        return grids_of(self.token_grid, self.rope_layout)
 
     @property
     def num_tokens(self) -> int:
@@ -110,6 +119,10 @@ class PerStepTemplateKV:
     @property
     def num_steps(self) -> int:
         return self.kv.shape[0]
+
+    @property
+    def ref_grids(self) -> tuple[tuple[int, int], ...]:
+        return grids_of(self.token_grid, self.rope_layout)
 
     @property
     def nbytes(self) -> int:

@@ -34,8 +34,9 @@ import torch
 
 from .flux2_kv import Flux2KVAdapter
 from .folders import KLEIN_PIPELINES, is_klein_folder
+from .ref_layout import as_references, layout_of
 
-__all__ = ["LatentEditModel", "LatentSpec", "load_klein_folder"]
+__all__ = ["LatentEditModel", "LatentSpec", "build_latent_model", "load_klein_folder", "read_spec_fields"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,11 +123,16 @@ class LatentEditModel:
             raise ValueError(f"image must be ({s}, {s}, 3) uint8 for {self.spec.name}, got {np.shape(image)}; "
                              "use load_image()")  # fmt: skip
         pixels = self.pipe.image_processor.preprocess(Image.fromarray(image), height=s, width=s, resize_mode="crop")
-        latents = self.pipe._encode_vae_image(pixels.to(self.vae.dtype), generator=None)  # (1, 4C, h, w)
-        return self.pipe._pack_latents(latents).float()  # (1, h*w, 4C)
+        pixels = pixels.to(self.vae.device, self.vae.dtype)
+        latents = self.pipe._encode_vae_image(pixels, generator=None)  # (1, 4C, h, w)
+        return self.pipe._pack_latents(latents).float().cpu()  # (1, h*w, 4C)
 
     def template_grid(self, template: np.ndarray) -> tuple[int, int]:
-        """Token grid of a square template of side ``S >= image_size``, a multiple of 2 x the VAE scale factor."""
+        """Token grid of a square template of side ``S >= image_size``, a multiple of 2 x the VAE scale factor; of a
+        list of reference images (one size), their grids (:mod:`.ref_layout`)."""
+        refs = as_references(template)
+        if refs is not None:
+            return layout_of([self.template_grid(r) for r in refs])
         shape, m = np.shape(template), 2 * self.spec.vae_scale_factor
         if len(shape) != 3 or shape[0] != shape[1] or shape[2] != 3 or shape[0] % m or shape[0] < self.spec.image_size:
             raise ValueError(
@@ -137,7 +143,11 @@ class LatentEditModel:
 
     def template_tokens(self, template: np.ndarray) -> torch.Tensor:
         """Template image -> (1, tokens, in_channels): its packed latents (the pipeline's reference tokens), at
-        its own size (a larger template gets its own grid of position ids at t = 10, as diffusers gives one)."""
+        its own size (a larger template gets its own grid of position ids at t = 10, as diffusers gives one). A list
+        of reference images: their tokens in order, each VAE-encoded on its own as the pipeline encodes them."""
+        refs = as_references(template)
+        if refs is not None:
+            return torch.cat([self.template_tokens(r) for r in refs], dim=1)
         return self.pack_image(template, self.template_grid(template)[0] * 2 * self.spec.vae_scale_factor)
 
     def request_tokens(self, noisy: torch.Tensor, user: torch.Tensor) -> torch.Tensor:
@@ -147,7 +157,9 @@ class LatentEditModel:
     def unpack_latents(self, tokens: torch.Tensor) -> torch.Tensor:
         """(1, tokens, 4C) packed normalised latents -> (1, C, H/8, W/8) VAE latents (the pipeline's decode prep)."""
         rows, cols = self.spec.grid
-        x = tokens.detach().to(self.vae.dtype).permute(0, 2, 1).reshape(1, -1, rows, cols)  # (1, 4C, rows, cols)
+        x = (
+            tokens.detach().to(self.vae.device, self.vae.dtype).permute(0, 2, 1).reshape(1, -1, rows, cols)
+        )  # (1, 4C, rows, cols)
         bn = self.vae.bn
         mean = bn.running_mean.view(1, -1, 1, 1).to(x.dtype)
         std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + self.vae.config.batch_norm_eps).to(x.dtype)
@@ -174,7 +186,7 @@ class LatentEditModel:
             max_sequence_length=self.spec.text_tokens,
             hidden_states_layers=self.spec.text_encoder_layers,
         )
-        return emb.float()
+        return emb.float().cpu()
 
     def sigmas_in(self, steps: int) -> list[float]:
         """The ``sigmas`` argument the pipeline is called with for this edit (before the scheduler's shift)."""
@@ -230,12 +242,13 @@ def load_klein_folder(
     image_size: int | None = None,
     text_tokens: int | None = None,
     strength: float | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | dict[str, torch.dtype] = torch.float32,
 ) -> LatentEditModel:
     """Load a diffusers FLUX.2 [klein] pipeline folder (``model_index.json``) as a :class:`LatentEditModel`.
 
     The optional ``sakura_spec.json`` in the folder may set ``image_size``, ``text_tokens``, ``strength``,
-    ``text_encoder_layers`` and ``name``; keyword arguments override it. Default image size: 512.
+    ``text_encoder_layers`` and ``name``; keyword arguments override it. Default image size: 512. ``dtype`` may be
+    one per component (``{"transformer": ..., "vae": ..., "text_encoder": ..., "default": ...}``, as diffusers takes).
     """
     folder = Path(folder)
     if not is_klein_folder(folder):
@@ -245,26 +258,54 @@ def load_klein_folder(
         )
     from diffusers import Flux2KleinKVPipeline
 
-    fields = _spec_fields(folder)
+    fields = read_spec_fields(folder / "sakura_spec.json")
     for key, value in (("image_size", image_size), ("text_tokens", text_tokens), ("strength", strength)):
         if value is not None:
             fields[key] = value
     pipe = Flux2KleinKVPipeline.from_pretrained(str(folder), dtype=dtype)
+    return build_latent_model(pipe, folder.name, fields, f"folder:{folder.name}")
+
+
+def build_latent_model(pipe, name: str, fields: dict, weights_source: str) -> LatentEditModel:
+    """A :class:`LatentEditModel` over a loaded ``Flux2KleinKVPipeline`` (from a folder or from single files):
+    ``fields`` are :class:`LatentSpec` fields (image size, prompt length, ...), the geometry is the pipeline's."""
     for module in (pipe.vae, pipe.text_encoder, pipe.transformer):
         module.eval()
+        _own_storage(module)
     cfg = {k: v for k, v in pipe.transformer.config.items() if not k.startswith("_")}
     scale = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
-    spec = LatentSpec(**{"name": folder.name, **fields, "vae_scale_factor": scale, "transformer": _jsonable(cfg)})
+    spec = LatentSpec(**{"name": name, **fields, "vae_scale_factor": scale, "transformer": _jsonable(cfg)})
     if pipe.transformer.config.in_channels != 4 * pipe.vae.config.latent_channels:
         raise ValueError(
-            f"{folder}: transformer in_channels {pipe.transformer.config.in_channels} != 4 x VAE latent_channels "
+            f"{name}: transformer in_channels {pipe.transformer.config.in_channels} != 4 x VAE latent_channels "
             f"{pipe.vae.config.latent_channels}; the transformer and VAE are not one klein pipeline"
         )
-    return LatentEditModel(spec, pipe, f"folder:{folder.name}")
+    return LatentEditModel(spec, pipe, weights_source)
 
 
-def _spec_fields(folder: Path) -> dict:
-    path = folder / "sakura_spec.json"
+_ALIGN_BYTES = 64
+
+
+@torch.no_grad()
+def _own_storage(module: torch.nn.Module) -> None:
+    """Give every parameter and buffer not at a 64-byte boundary storage of its own (a fresh, aligned copy).
+
+    Where a loader leaves weights (inside a memory-mapped file, or views into a fused checkpoint tensor) decides
+    which CPU matmul kernels run, and so the last bits of every result: aligned weights make the same weights compute
+    the same bits however they were loaded (a folder and ComfyUI's single files edit bit-identically)."""
+    for sub in module.modules():
+        for name, tensor in [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]:
+            if tensor is None or tensor.device.type != "cpu" or tensor.data_ptr() % _ALIGN_BYTES == 0:
+                continue
+            if isinstance(tensor, torch.nn.Parameter):
+                tensor.data = tensor.data.clone(memory_format=torch.contiguous_format)
+            else:
+                setattr(sub, name, tensor.clone(memory_format=torch.contiguous_format))  # stays a buffer
+
+
+def read_spec_fields(path: Path) -> dict:
+    """The :class:`LatentSpec` fields a ``sakura_spec.json`` sets (``{}`` when there is none); a bad file raises
+    ``ValueError`` naming the allowed keys."""
     if not path.is_file():
         return {}
     fields = json.loads(path.read_text())

@@ -1,5 +1,6 @@
-"""Which model a name or a path means (the embedded demo model, or a diffusers FLUX.2 [klein] pipeline folder), on
-which device and in which precision.
+"""Which model a name or a path means (the embedded demo model, a diffusers FLUX.2 [klein] pipeline folder, or a
+user's klein single files as ComfyUI keeps them: ``klein-files:diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR``),
+on which device and in which precision.
 
 Cheap to import (no torch until a model is loaded), so configs can validate ``--model``, ``--device`` and
 ``--dtype`` values.
@@ -14,12 +15,15 @@ from __future__ import annotations
 
 import re
 
-from .folders import KLEIN_PIPELINES, is_klein_folder
+from .folders import KLEIN_FILES_PREFIX, KLEIN_PIPELINES, KleinFiles, is_klein_folder
 
 __all__ = [
     "DEMO_MODEL",
     "DTYPES",
+    "add_device_arguments",
+    "KLEIN_FILES_PREFIX",
     "KLEIN_PIPELINES",
+    "KleinFiles",
     "check_device_dtype",
     "check_model_source",
     "is_klein_folder",
@@ -40,13 +44,29 @@ DTYPES = {
 _DEVICE_RE = re.compile(r"cpu|cuda(:[0-9]{1,2})?|mps")
 
 
-def check_model_source(source: str) -> None:
-    """Raise ValueError naming the fix unless ``source`` is ``demo`` or a klein pipeline folder."""
-    if source == DEMO_MODEL or is_klein_folder(source):
+def add_device_arguments(parser, *, what: str = "precompute") -> None:
+    """``--device`` and ``--dtype`` of the model that runs ``what`` (every CLI that loads a model)."""
+    parser.add_argument("--device", default="cpu",
+                        help=f"device {what} runs the model on: cpu, cuda, cuda:N, mps (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--dtype", default=None, choices=sorted(DTYPES),
+        help=f"parameter dtype for {what} (default: float32); part of the model id, so a client and the server that "
+        "precomputed its templates must run the model in the same dtype",
+    )  # fmt: skip
+
+
+def check_model_source(source: str | KleinFiles) -> None:
+    """Raise ValueError naming the fix unless ``source`` is ``demo``, a klein pipeline folder or a klein files spec
+    (whose files are checked: safetensors paths, a tokenizer folder)."""
+    if isinstance(source, KleinFiles) or source == DEMO_MODEL or is_klein_folder(source):
+        return
+    if KleinFiles.is_spec(source):
+        KleinFiles.parse(source)
         return
     raise ValueError(
-        f"unknown model {source!r}: use {DEMO_MODEL!r} or the path of a diffusers FLUX.2 [klein] pipeline folder "
-        f"(its model_index.json names one of {', '.join(KLEIN_PIPELINES)})"
+        f"unknown model {source!r}: use {DEMO_MODEL!r}, the path of a diffusers FLUX.2 [klein] pipeline folder "
+        f"(its model_index.json names one of {', '.join(KLEIN_PIPELINES)}), or ComfyUI-style single files as "
+        f"{KLEIN_FILES_PREFIX}diffusion_model=A.safetensors,text_encoder=B.safetensors,vae=C.safetensors,tokenizer=DIR"
     )
 
 
@@ -78,26 +98,56 @@ def torch_device(device: str):
     return torch.device(device)
 
 
-def load_edit_model(source: str, *, weights: str | None = "auto", device: str = "cpu", dtype: str | None = None):
-    """The model ``source`` names: ``demo`` (``weights`` as ``load_demo_model``'s) or a klein pipeline folder, with
-    its parameters in ``dtype`` (``None``: float32 for the demo model, float32 for a folder, as before) on
-    ``device``. The model id is computed from the weights in ``dtype`` (see the module docstring)."""
+def load_edit_model(
+    source: str | KleinFiles,
+    *,
+    weights: str | None = "auto",
+    device: str = "cpu",
+    dtype: str | None = None,
+    parts: dict[str, tuple[str, str | None]] | None = None,
+):
+    """The model ``source`` names: ``demo`` (``weights`` as ``load_demo_model``'s), a klein pipeline folder or klein
+    single files, with its parameters in ``dtype`` (``None``: float32) on ``device``. The model id is computed from
+    the weights in ``dtype`` (see the module docstring); a folder and single files of the same weights share it.
+
+    ``parts`` places a klein pipeline's ``"vae"`` and ``"text_encoder"`` apart from the transformer, as
+    ``(device, dtype)`` each (ComfyUI picks a device and dtype per part); they do not change the model id.
+    """
     check_model_source(source)
     check_device_dtype(device, dtype)
+    unknown = sorted(set(parts or {}) - {"vae", "text_encoder"})
+    if unknown:
+        raise ValueError(f"parts {unknown}: only 'vae' and 'text_encoder' can be placed apart from the transformer")
+    for part_device, part_dtype in (parts or {}).values():
+        check_device_dtype(part_device, part_dtype)
     import torch
 
+    def as_dtype(name: str | None):
+        return getattr(torch, DTYPES[name]) if name is not None else torch.float32
+
     target = torch_device(device)
-    torch_dtype = getattr(torch, DTYPES[dtype]) if dtype is not None else torch.float32
     if source == DEMO_MODEL:
         from .edit_model import load_demo_model
 
-        model = load_demo_model(weights=weights, dtype=torch_dtype)
+        model = load_demo_model(weights=weights, dtype=as_dtype(dtype))
         if target.type != "cpu":
             model.adapter.model.to(target)
         return model
-    from .latent_model import load_klein_folder
+    placed = {"transformer": (target, as_dtype(dtype))}
+    for part in ("vae", "text_encoder"):
+        part_device, part_dtype = (parts or {}).get(part, (device, dtype))
+        placed[part] = (torch_device(part_device), as_dtype(part_dtype))
+    dtypes = {part: dt for part, (_, dt) in placed.items()}
+    if isinstance(source, KleinFiles) or KleinFiles.is_spec(source):
+        from .single_files import load_klein_files
 
-    model = load_klein_folder(source, dtype=torch_dtype)
-    if target.type != "cpu":
-        model.pipe.to(target)
+        files = source if isinstance(source, KleinFiles) else KleinFiles.parse(source)
+        model = load_klein_files(files, dtypes=dtypes)
+    else:
+        from .latent_model import load_klein_folder
+
+        model = load_klein_folder(source, dtype={**dtypes, "default": dtypes["transformer"]})
+    for part, (part_device, _) in placed.items():
+        if part_device.type != "cpu":
+            getattr(model.pipe, part).to(part_device)
     return model

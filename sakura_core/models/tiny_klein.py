@@ -1,9 +1,11 @@
 """A tiny random FLUX.2 [klein] KV pipeline folder, built offline: the same classes as the real one, seconds on a CPU.
 
 ``Flux2KleinKVPipeline`` with a 3-layer ``Flux2Transformer2DModel`` (in_channels 16), a 4-level
-``AutoencoderKLFlux2`` (scale factor 8, 4 latent channels), a 28-layer width-16 ``Qwen3ForCausalLM`` (so the
-pipeline's default hidden-state layers 9, 18, 27 exist) and a byte-level ``Qwen2TokenizerFast`` with the Qwen
-chat markers, saved with ``save_pretrained``. No hub download. The edits are noise; every path (precompute,
+``AutoencoderKLFlux2`` (scale factor 8, 4 latent channels, 32-64 channels in 32-group norms as the real VAE's), a
+28-layer width-16 ``Qwen3ForCausalLM`` (so the pipeline's default hidden-state layers 9, 18, 27 exist; Qwen3's
+rope_theta 1e6) and a byte-level ``Qwen2TokenizerFast`` with the Qwen chat markers, saved with ``save_pretrained``.
+Whatever the real klein files fix by convention rather than store (group count, RoPE constants) is the real value
+here, so ``single_file_export.save_single_files`` of this folder loads back through ``single_files`` unchanged. No hub download. The edits are noise; every path (precompute,
 serving, fetching, the ComfyUI nodes, the phone agent, exactness against diffusers) runs on it as on a real folder.
 
     python -m sakura_core.models.tiny_klein OUT_FOLDER
@@ -57,11 +59,13 @@ def build_tiny_klein(out: str | Path, seed: int = 0, text_tokens: int = TINY_TEX
     tokenizer = _tokenizer()
     torch.manual_seed(seed)
     te_cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=28,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=1024)  # fmt: skip
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=1024,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+                         tie_word_embeddings=True)  # fmt: skip
     text_encoder = Qwen3ForCausalLM(te_cfg).eval()
-    vae = AutoencoderKLFlux2(block_out_channels=(8, 8, 8, 8), down_block_types=("DownEncoderBlock2D",) * 4,
+    vae = AutoencoderKLFlux2(block_out_channels=(32, 32, 64, 64), down_block_types=("DownEncoderBlock2D",) * 4,
                              up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1, latent_channels=4,
-                             norm_num_groups=4, sample_size=TINY_IMAGE_SIZE).eval()  # fmt: skip
+                             norm_num_groups=32).eval()  # fmt: skip
     with torch.no_grad():  # a non-trivial batch-norm so (de)normalisation is exercised
         vae.bn.running_mean.copy_(torch.linspace(-0.2, 0.2, vae.bn.running_mean.numel()))
         vae.bn.running_var.copy_(torch.linspace(0.5, 1.5, vae.bn.running_var.numel()))

@@ -81,7 +81,7 @@ def qkv_single(attn, kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
 def capture_attention(model: EditModel, kv: TemplateKV, probes: Probes) -> list[AttentionCapture]:
     """Run the probes with ``kv`` injected and return every layer's request-side attention inputs."""
     adapter = model.adapter
-    adapter.check(kv, kv.token_grid)  # model, RoPE layout and geometry; the template grid may exceed the edit's
+    adapter.check(kv, kv.ref_grids)  # model, RoPE layout and geometry; the template grid may exceed the edit's
     captures: dict[int, AttentionCapture] = {}
     blocks = [b.attn for b in adapter.model.transformer_blocks] + [
         b.attn for b in adapter.model.single_transformer_blocks

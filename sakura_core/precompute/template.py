@@ -20,6 +20,7 @@ from ..kv.manifest import MANIFEST_VERSION, validate_manifest
 from ..kv.template_codec import decode_kv, level_chains, shard_inputs
 from ..models.edit_model import EditModel, load_image
 from ..models.kv_types import KV_MODES, PerStepTemplateKV, TemplateKV
+from ..models.ref_layout import REF_TIME_OFFSET, as_references
 from .attention_capture import capture_attention
 from .importance import attention_error, importance_from_captures, layer_gains
 from .probes import ProbeConfig, make_probes
@@ -62,7 +63,9 @@ def precompute_template(
     Args:
         model: the demo model (anything with ``adapter``, ``spec``, ``template_tokens``, ``pack_image``).
         template_image: (S, S, 3) uint8 at the model's resolution, or larger (S a multiple of the patch size): a
-            larger template's tokens keep their own grid of position ids, so it costs more KV than the edit.
+            larger template's tokens keep their own grid of position ids, so it costs more KV than the edit. Or a
+            list of up to 4 such reference images of one size (try-on: person, garment): one KV over all of them,
+            the references attending to each other as in klein's KV mode; the manifest lists them (``references``).
         template_id: ``[a-z0-9-]{1,64}``.
         codec: ladder codec: ``"sakura"`` (progressive), ``"cachegen"``, ``"int8"``, ``"int4"`` or ``"fp16"``.
         shard_layers: consecutive layers per shard.
@@ -83,18 +86,18 @@ def precompute_template(
         raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
     ladder = get_codec(codec)
     report = progress or (lambda stage, done, total: None)
-    image = _check_image(model, template_image)
+    images = _check_images(model, template_image)
     config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
-    per_step, kvs = _template_kvs(model, image, kv_mode, steps, shift, report)
+    per_step, kvs = _template_kvs(model, images[0] if len(images) == 1 else images, kv_mode, steps, shift, report)
     blobs: dict[str, bytes] = {}
-    shards = _encode_kvs(model, image, kvs, per_step is not None, ladder, template_id, config, held_out_probes,
+    shards = _encode_kvs(model, images[0], kvs, per_step is not None, ladder, template_id, config, held_out_probes,
                          shard_layers, blobs, report)  # fmt: skip
     if psnr_steps > 0:
         _add_output_psnr(
             model, per_step or kvs[0], shards, blobs, seed, steps if per_step else psnr_steps, shift, report
         )
     manifest = _manifest(kvs[0], per_step, template_id, ladder, config, held_out_probes, psnr_steps, kv_mode, shift,
-                         shards)  # fmt: skip
+                         shards, _references(images, kvs[0]))  # fmt: skip
     validate_manifest(manifest)
     logger.info(
         "precomputed template %s (%s): %d shards, %d blobs, %d bytes",
@@ -108,10 +111,11 @@ def precompute_template(
 
 
 def _template_kvs(model, image, kv_mode: str, steps: int, shift: float, report):
-    """(the per-step KV or None, the TemplateKV of each step — one in single mode) of the exact template KV."""
+    """(the per-step KV or None, the TemplateKV of each step — one in single mode) of the exact template KV
+    (``image``: the template image, or the list of its reference images)."""
     from ..runtime.schedule import edit_times
 
-    grid = model.template_grid(image)  # larger than the edit's grid for a larger template
+    grid = model.template_grid(image)  # larger than the edit's grid for a larger template; one per reference
     report("kv", 0, 1)
     ref = model.template_tokens(image)
     if kv_mode == "per-step":
@@ -124,7 +128,8 @@ def _template_kvs(model, image, kv_mode: str, steps: int, shift: float, report):
 
 
 def _encode_kvs(model, image, kvs, per_step: bool, ladder, template_id, config, held_out, shard_layers, blobs, report):
-    """Importance and every representation of every shard of each step's KV (blobs go to ``blobs``); the shards."""
+    """Importance and every representation of every shard of each step's KV (blobs go to ``blobs``); the shards.
+    ``image``: the (first) reference image, what the probes' clean latents are made of."""
     # probes' clean latents are edit-sized: a larger template is scaled down to the edit's size for them
     size = model.spec.image_size
     packed = model.pack_image(image if image.shape[0] == size else load_image(image, size))
@@ -139,14 +144,17 @@ def _encode_kvs(model, image, kvs, per_step: bool, ladder, template_id, config, 
     return shards
 
 
-def _manifest(kv: TemplateKV, per_step, template_id, ladder, config, held_out, psnr_steps, kv_mode, shift, shards):
-    """The manifest (see :mod:`sakura_core.kv.manifest`) of the encoded ``shards``; ``kv``: the first step's KV."""
+def _manifest(kv: TemplateKV, per_step, template_id, ladder, config, held_out, psnr_steps, kv_mode, shift, shards,
+              references: list[dict]):  # fmt: skip
+    """The manifest (see :mod:`sakura_core.kv.manifest`) of the encoded ``shards``; ``kv``: the first step's KV;
+    ``references``: the manifest's (:func:`_references`, without images: the publisher adds them)."""
     return {
         "version": MANIFEST_VERSION,
         "model_id": kv.model_id,
         "template_id": template_id,
         "token_grid": [int(kv.token_grid[0]), int(kv.token_grid[1])],
         "rope_layout": kv.rope_layout,
+        "references": references,
         "num_layers": kv.num_layers,
         "heads": kv.num_heads,
         "head_dim": kv.head_dim,
@@ -183,15 +191,32 @@ def _encode_step(ladder, kv: TemplateKV, template_id, importance, held, shard_la
     return shards
 
 
-def _check_image(model: EditModel, template_image: np.ndarray) -> np.ndarray:
-    image = np.asarray(template_image)
+def _check_images(model: EditModel, template_image) -> list[np.ndarray]:
+    """The template's reference images (one image, or a list of them of one size)."""
+    refs = as_references(template_image)
+    images = [np.asarray(x) for x in (refs if refs is not None else [template_image])]
     size = model.spec.image_size
-    if image.ndim != 3 or image.shape[0] < size or image.shape[0] != image.shape[1] or image.dtype != np.uint8:
-        raise ValueError(
-            f"template_image must be (S, S, 3) uint8 with S >= {size} for this model, got {image.shape} "
-            f"{image.dtype}; resize it with sakura_core.models.edit_model.load_image"
-        )
-    return image
+    for image in images:
+        if image.ndim != 3 or image.shape[0] < size or image.shape[0] != image.shape[1] or image.dtype != np.uint8:
+            raise ValueError(
+                f"template_image must be (S, S, 3) uint8 with S >= {size} for this model (or a list of such reference "
+                f"images), got {image.shape} {image.dtype}; resize it with sakura_core.models.edit_model.load_image"
+            )
+    if len({x.shape for x in images}) > 1:
+        raise ValueError(f"the references of one template must share one size, got {[x.shape[0] for x in images]}; "
+                         "resize them to one template size")  # fmt: skip
+    return images
+
+
+def _references(images: list[np.ndarray], kv: TemplateKV) -> list[dict]:
+    """The manifest's ``references`` (:func:`sakura_core.kv.manifest_schema.check_references`) as the codec knows
+    them (no images yet: the publisher adds them)."""
+    out, offset = [], 0
+    for i, (image, (rows, cols)) in enumerate(zip(images, kv.ref_grids, strict=True)):
+        out.append({"size": [int(image.shape[0]), int(image.shape[1])], "token_grid": [rows, cols],
+                    "rope_t": REF_TIME_OFFSET * (i + 1), "token_offset": offset, "tokens": rows * cols})  # fmt: skip
+        offset += rows * cols
+    return out
 
 
 def _importance(model: EditModel, kv: TemplateKV, packed, config: ProbeConfig, held_out: int, report):

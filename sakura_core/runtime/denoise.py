@@ -187,10 +187,12 @@ def _per_step_source(adapter, kv: PerStepTemplateKV, grid, times: torch.Tensor, 
     return source
 
 
-def _template_grid(model: EditModel, kv_source, template_image) -> tuple[int, int]:
-    """The template's token grid: from its image, else from its KV, else the edit's own grid."""
+def _template_grid(model: EditModel, kv_source, template_image):
+    """The template's token grid (its references' grids when it has several): from its image(s), else from its
+    KV, else the edit's own grid."""
     if template_image is not None:
         return model.template_grid(template_image)
     if isinstance(kv_source, (TemplateKV, PerStepTemplateKV)):
-        return tuple(kv_source.token_grid)
+        grids = kv_source.ref_grids
+        return grids[0] if len(grids) == 1 else grids
     return model.spec.grid

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..fetch.traces import Trace
+from ..models.ref_layout import grids_of
 from ..policy.estimator import EstimatorConfig
 from .live_profile import LiveProfile
-from .profiles import PROFILES, get_profile
+from .profiles import PROFILES, DeviceProfile, get_profile
 
-__all__ = ["EMULATED_LABEL", "EmulatedTiming", "PacedBackend"]
+__all__ = ["EMULATED_LABEL", "EmulatedTiming", "PacedBackend", "profile_for_template"]
 
 EMULATED_LABEL = (
     "EMULATED phone timing (not measured on a phone): compute paced to the device profile's phone-class DiT, the "
@@ -39,6 +40,16 @@ def _model_shard_bytes_fp16(manifest: dict) -> int:
     """One layer's template K and V of the manifest's model in fp16."""
     rows, cols = manifest["token_grid"]
     return 2 * rows * cols * int(manifest["heads"]) * int(manifest["head_dim"]) * 2  # K and V, 2 bytes each
+
+
+def profile_for_template(profile: DeviceProfile, manifest: dict) -> DeviceProfile:
+    """``profile`` with its phone DiT holding as many template images as the template ``manifest`` has references
+    (its ``token_grid`` / ``rope_layout``): a try-on's two references are twice the phone's template tokens and KV,
+    attending to each other. A one-reference template: ``profile`` itself."""
+    refs = len(grids_of(manifest["token_grid"], manifest.get("rope_layout", "")))
+    if refs == 1:
+        return profile
+    return profile.with_geometry(replace(profile.model, template_tokens=refs * profile.model.template_tokens))
 
 
 @dataclass(frozen=True)
@@ -72,8 +83,9 @@ class EmulatedTiming:
 
     @classmethod
     def for_manifest(cls, profile_name: str, manifest: dict) -> EmulatedTiming:
-        """The profile's phone times for the model a template ``manifest`` was computed for."""
-        profile = get_profile(profile_name)
+        """The profile's phone times for the model a template ``manifest`` was computed for; a template of several
+        reference images makes the phone's template as many times larger (its tokens attend to each other)."""
+        profile = profile_for_template(get_profile(profile_name), manifest)
         layers = int(manifest["num_layers"])
         per = profile.model.layers / layers
         return cls(

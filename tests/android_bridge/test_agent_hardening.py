@@ -126,6 +126,22 @@ def test_a_non_loopback_bind_needs_the_explicit_flag_and_a_long_token():
         AgentConfig(token=PHONE_TOKEN, host=host)
 
 
+def test_device_and_dtype_are_checked_and_reach_the_model(monkeypatch):
+    import android_bridge.agent as agent
+    import sakura_core.models.loading as loading
+
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        AgentConfig(token=PHONE_TOKEN, device="gpu")
+    with pytest.raises(ValueError, match="unknown dtype 'int4'"):
+        AgentConfig(token=PHONE_TOKEN, dtype="int4")
+    with pytest.raises(ValueError, match="backend 'qnn' exports the float32 model"):
+        AgentConfig(token=PHONE_TOKEN, backend="qnn", dtype="bf16")
+    asked = []
+    monkeypatch.setattr(loading, "load_edit_model", lambda source, **kw: asked.append((source, kw)))
+    agent._load_model(AgentConfig(token=PHONE_TOKEN, device="cuda:1", dtype="bf16", weights="none"))
+    assert asked == [("demo", {"weights": None, "device": "cuda:1", "dtype": "bf16"})]
+
+
 @pytest.mark.parametrize(
     "url",
     ["http://127.0.0.1:8080/admin?x=1", "http://127.0.0.1:8080/#frag", "http://user:pw@127.0.0.1/",

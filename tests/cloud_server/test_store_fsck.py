@@ -1,5 +1,6 @@
 """A corrupt shard is repaired on republish, and ``sakura store verify|repair`` finds and fixes store damage."""
 
+import hashlib
 import json
 import os
 import time
@@ -77,6 +78,25 @@ def test_verify_reports_and_repair_fixes(tmp_path):
     again = fsck(store)
     assert again.corrupt == [] and again.orphans == [] and again.temp_files == [] and again.misplaced == []
     assert again.missing == {"tpl-a": sorted([corrupt, missing])}  # republishing the template restores them
+
+
+def test_each_reference_image_is_kept(tmp_path):
+    """A template of two references (try-on: person + garment) names both images: repair keeps the second one."""
+    store = LocalStore(tmp_path / "store")
+    manifest = make_synthetic_template(store, "tpl-a", model_id=MODEL_ID)
+    images = []
+    for name in ("person", "garment"):
+        png = f"PNG of the {name}".encode()
+        images.append({"digest": hashlib.sha256(png).hexdigest(), "bytes": len(png), "format": "png"})
+        store.put_shard(images[-1]["digest"], png)
+        _age(store.shard_path(images[-1]["digest"]))
+    assert sorted(fsck(store).orphans) == sorted(i["digest"] for i in images)  # named by no manifest yet
+    store.put_manifest(
+        "tpl-a", {**manifest, "template_image": images[0], "references": [{"image": i} for i in images]}
+    )
+    fsck(store, FsckConfig(repair=True))
+    assert all(store.shard_path(i["digest"]).exists() for i in images)
+    assert fsck(store).clean
 
 
 def test_cli_store_verify_and_repair(tmp_path, capsys):

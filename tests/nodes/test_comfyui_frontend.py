@@ -214,7 +214,9 @@ def test_ui_workflow_runs_in_the_frontend(comfyui, page, server_url, phone_url, 
         info = page.wait_for_function(  # web/sakura.js renders the node's text
             "() => window.app.graph.nodes.find((n) => n.type === 'SakuraTemplateLoader').sakuraInfo", timeout=30_000
         ).json_value()
-        assert f"template: {report['template_id']}" in info and "references: 1 " in info
+        refs = len(report["template"]["references"])  # the try-on template holds two: person + garment
+        assert f"template: {report['template_id']}" in info and f"references: {refs} " in info
+        assert all(f"{i + 1}. " in info for i in range(refs))
         if report["kv_mode"] == "per-step":
             assert "KV mode: per-step" in info and "the sampler must run 4 steps" in info
         else:

@@ -71,7 +71,8 @@ def klein_phone(klein_folder):
 
 def test_model_loader_lists_and_loads_the_pipeline_folder(node_classes, run_node, diffusers_klein, klein_model):
     loader = node_classes["SakuraModelLoader"]
-    assert loader.GET_SCHEMA().inputs[0].options == ["demo (embedded)", "tiny-klein"]  # not tiny-klein/transformer
+    assert loader.GET_SCHEMA().inputs[0].options == ["demo (embedded)", "klein single files (below)", "tiny-klein"]
+    # (not tiny-klein/transformer: part of the pipeline)
     (model,) = run_node(loader, model_name="tiny-klein")
     assert model.model_id == klein_model.model_id  # the id derives from the transformer weights
     assert model.spec.grid == (4, 4) and model.weights_source == "folder:tiny-klein"

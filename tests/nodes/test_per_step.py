@@ -30,7 +30,8 @@ def test_loader_shows_mode_and_schedule_and_the_sampler_checks_steps(comfy, node
     assert out.ui == {"text": [
         f"template: {TEMPLATE}",
         "KV mode: per-step (one KV per step and layer): 4 steps, shift 1; the sampler must run 4 steps",
-        f"references: 1 (256 tokens; grid 16x16), {demo_model.adapter.num_layers} layers",
+        f"references: 1 (256 tokens), {demo_model.adapter.num_layers} layers",
+        "  1. reference 1: 64 px, 16x16 = 256 tokens",
         f"from: store:{per_step_store}",
     ]}  # fmt: skip
     manifest = template.manifest.raw

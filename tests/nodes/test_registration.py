@@ -122,7 +122,8 @@ def diffusers_root(comfy, tmp_path, demo_model):
 
 def test_model_loader_lists_transformer_folders(node_classes, diffusers_root):
     schema = node_classes["SakuraModelLoader"].GET_SCHEMA()
-    assert schema.inputs[0].options == ["demo (embedded)", "flux2-klein-kv/transformer", "sakura-demo-copy"]
+    assert schema.inputs[0].options == ["demo (embedded)", "klein single files (below)", "flux2-klein-kv/transformer",
+                                       "sakura-demo-copy"]  # fmt: skip
 
 
 def test_model_loader_loads_a_folder(node_classes, run_node, diffusers_root, demo_model):

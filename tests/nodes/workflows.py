@@ -116,12 +116,18 @@ WORKFLOWS = {
         "try-on-astronaut",
         "sakura-garment.png",
         "sakura/try-on",
-        "SAKURA virtual try-on: dresses the template 'try-on-astronaut' in the garment of 'Private user image', "
-        "over an emulated LTE link (the bundled ATT-LTE-driving trace).\n\n" + EMULATED_HOW + "\n\nWhy sakura "
-        "fetched or computed: the phone computes the template's layers while it waits; the KV of the last layer "
-        "arrives before the phone gets there, so sakura drops the template there (split at layer 5 of 6) and "
-        "fetches that shard at the quality floor, upgrading it on the idle link (levels_used: sakura-l3, then l4). "
-        "~23 s vs ~36 s computing the template at every step (on-device).",
+        "SAKURA virtual try-on with two reference images: the template 'try-on-astronaut' holds the shop's photo of "
+        "a person (torso marked) and its garment (a knit); their KV is one block (the references attend to each "
+        "other, as in FLUX.2 [klein]) and the Template KV Loader lists both. The demo model puts the garment of "
+        "'Private user image' on the person; it was trained with one reference, so its 64 px edit blends in the "
+        "second one's texture (FLUX.2 [klein], trained on up to 4, uses them) — what this shows is the KV path, "
+        "exact for any number of references. Over an emulated LTE link (the bundled ATT-LTE-driving trace).\n\n"
+        + EMULATED_HOW
+        + "\n\nWhy sakura fetched or computed: the phone computes the template's layers while it waits; the KV of "
+        "the last layer arrives before the phone gets there, so sakura drops the template there (split at layer 5 "
+        "of 6) and fetches that shard at the quality floor, upgrading it on the idle link (levels_used: sakura-l3, "
+        "then l4). ~30 s vs ~57 s computing both references at every step (on-device): two references double the "
+        "template the phone would otherwise recompute.",
         bandwidth="trace file",
         trace="ATT-LTE-driving-2016.down",
         steps=4,
@@ -311,8 +317,8 @@ def sakura_schemas() -> dict:
 
 
 def thumbnail(nodes: list[Node], model) -> bytes:
-    """``<name>.jpg`` for the template browser (256 x 256): the template (marked region) and the user image on the
-    left, the demo model's edit of them on the right (computed on this machine, template every step)."""
+    """``<name>.jpg`` for the template browser (256 x 256): the template (marked region; several references side by
+    side) and the user image on the left, the demo model's edit of them on the right (computed on this machine, template every step)."""
     import io
 
     from PIL import Image, ImageDraw
@@ -331,7 +337,10 @@ def thumbnail(nodes: list[Node], model) -> bytes:
     edited = run_edit(model, user, PROMPT, steps=steps, seed=0, split_layer=L, template_image=template,
                       template_every_step=kv_mode == "per-step", kv_mode=kv_mode).image  # fmt: skip
     canvas = Image.new("RGB", (256, 256), (24, 24, 28))
-    for image, box in ((template, (4, 4, 124, 124)), (user, (4, 132, 124, 252)), (edited, (132, 68, 252, 188))):
+    refs = template if isinstance(template, list) else [template]  # several references side by side in the tile
+    w = 120 // len(refs)
+    tiles = [(ref, (4 + i * w, 4 + (120 - w) // 2, 4 + (i + 1) * w, 4 + (120 + w) // 2)) for i, ref in enumerate(refs)]
+    for image, box in (*tiles, (user, (4, 132, 124, 252)), (edited, (132, 68, 252, 188))):
         tile = Image.fromarray(image).resize((box[2] - box[0], box[3] - box[1]), Image.Resampling.NEAREST)
         canvas.paste(tile, box[:2])
     draw = ImageDraw.Draw(canvas)

@@ -44,9 +44,13 @@ def test_check_template_is_the_one_check(opened, demo_model):
     assert edit.check_template(opened.manifest, TID, demo_model) is opened.manifest  # parsed already: not again
     manifest = opened.manifest.raw
     assert edit.check_template(copy.deepcopy(manifest), TID, demo_model).template_id == TID
+    assert len(manifest["references"]) == 1 and manifest["references"][0]["image"] == manifest["template_image"]
+    manifest = {k: v for k, v in manifest.items() if k != "references"}  # as published before references: any grid
     for grid in ([g // 2 for g in manifest["token_grid"]], [manifest["token_grid"][0] * 2, manifest["token_grid"][1]]):
         wrong_grid = {**copy.deepcopy(manifest), "token_grid": grid}  # smaller, or not square
-        with pytest.raises(ManifestError, match=r"has token grid \[.*\], the model edits .*resolution or larger"):
+        with pytest.raises(
+            ManifestError, match=r"has token grid\(s\) \d+x\d+, the model edits .*resolution or larger"
+        ):
             edit.check_template(wrong_grid, TID, demo_model)
     larger = {**copy.deepcopy(manifest), "token_grid": [g * 2 for g in manifest["token_grid"]]}
     assert edit.check_template(larger, TID, demo_model).token_grid == tuple(larger["token_grid"])  # its own ids

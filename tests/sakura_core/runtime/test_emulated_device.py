@@ -116,3 +116,17 @@ def test_phone_scale_numbers_of_the_demo_manifest():
     assert est.prior_bytes_per_s == pytest.approx(0.5e6 / 8 / t.bytes_scale)
     with pytest.raises(ValueError, match="unknown device profile 'pixel'"):
         EmulatedTiming.for_manifest("pixel", manifest)
+
+
+def test_two_references_make_the_phones_template_twice_as_large():
+    """A two-reference demo template (its 2 x 256 tokens stacked 32x16): the phone's DiT then holds 2 x 1024 template
+    tokens, attending to each other (by hand as above, with 2048 template tokens)."""
+    manifest = {"num_layers": 6, "token_grid": [32, 16], "rope_layout": "flux2-ref-t10-x2", "heads": 4, "head_dim": 24}
+    t = EmulatedTiming.for_manifest("snapdragon-8-elite-cpu", manifest)
+    d, r, tmpl, flops_s = 1024, 1152, 2048, 0.8e12 / 4.0
+    cached = 26 * d**2 * r + 4 * r * (r + tmpl) * d
+    template = 26 * d**2 * tmpl + 4 * tmpl * tmpl * d
+    assert t.layer_cached_s == pytest.approx(4 * (cached / flops_s + 1e-4))
+    assert t.template_layer_s == pytest.approx(4 * (template / flops_s + 1e-4))
+    # phone shard 2 x 2048 x 1024 x 2 B = 8 MiB; the demo's 2 x 512 x 96 x 2 B = 192 KiB: the same scale as one
+    assert t.bytes_scale == pytest.approx(4 * 8 * 2**20 / (192 * 2**10))
