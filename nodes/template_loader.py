@@ -46,7 +46,9 @@ def template_info(handle: TemplateHandle) -> list[str]:
     else:
         mode = "KV mode: single (one KV per layer): serves any step count"
     refs = manifest.raw.get("references") or [{"tokens": rows * cols}]
-    tokens = ", ".join(str(r.get("tokens", "?")) for r in refs)
+    if not isinstance(refs, list):  # shown, not used: a malformed list is shown as such, it never breaks the node
+        refs = []
+    tokens = ", ".join(str(r.get("tokens", "?"))[:12] if isinstance(r, dict) else "?" for r in refs[:16])
     return [
         f"template: {handle.template_id}",
         mode,

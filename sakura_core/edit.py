@@ -17,7 +17,6 @@ manifest and shard requests leave it.
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 from collections.abc import Callable
@@ -113,9 +112,9 @@ class OpenedTemplate:
 
     def template_image(self, size: int) -> np.ndarray:
         """The template image as (size, size, 3) uint8."""
-        from PIL import Image
+        from .images import decode_image
 
-        return load_image(np.asarray(Image.open(io.BytesIO(self.image_file)).convert("RGB")), size)
+        return load_image(decode_image(self.image_file, f"template image of {self.template_id!r}")[0], size)
 
     def summary(self) -> dict:
         """What a report says about the template: ids, source, geometry, bytes per level and the image fetch."""

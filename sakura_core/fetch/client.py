@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
-import json
 import logging
 import random
 import re
@@ -29,6 +28,7 @@ import aiohttp
 
 from ..kv.manifest import Manifest, parse_manifest
 from ..kv.names import is_digest, is_template_id
+from ..limits import bounded_json
 from .client_config import ClientConfig, FetchStats
 from .errors import (
     AuthError,
@@ -187,9 +187,9 @@ class ShardClient:
                             raise FetchError(f"{what}: {resp.content_length} bytes is over the client's limit")
                         body = await self._read_capped(resp, what)
                         try:
-                            return json.loads(body)
-                        except ValueError as e:
-                            raise ManifestError(f"{what}: server sent invalid JSON: {e}") from e
+                            return bounded_json(body, what, max_bytes=self.config.max_json_bytes)
+                        except ValueError as e:  # not JSON, too deep, NaN
+                            raise ManifestError(f"the server sent {e}") from e
                     detail = await _error_detail(resp)
                     if resp.status in (401, 403):
                         raise AuthError(f"{what}: HTTP {resp.status} {detail} (pass the server's token)")
@@ -379,6 +379,6 @@ async def _error_detail(resp: aiohttp.ClientResponse) -> str:
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return ""
     try:
-        return str(json.loads(text).get("error", text))[:300]
+        return str(bounded_json(text, "error body").get("error", text))[:300]
     except (ValueError, AttributeError):
         return text[:200]

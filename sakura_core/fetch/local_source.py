@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
-import json
 import os
 
 from ..kv.manifest import Manifest, parse_manifest
 from ..kv.names import is_digest, is_template_id
+from ..limits import bounded_json
 from .client import OnChunk, Throttle
 from .client_config import ClientConfig, FetchStats
 from .errors import FetchError, ManifestError, ShardIntegrityError, ShardNotFoundError, TemplateNotFoundError
@@ -68,9 +68,9 @@ class LocalShardSource:
         if len(raw) > self.config.max_json_bytes:
             raise FetchError(f"{what}: {len(raw)} bytes is over the client's limit")
         try:
-            manifest = json.loads(raw)
-        except ValueError as e:
-            raise ManifestError(f"{what}: the store holds invalid JSON: {e}") from e
+            manifest = bounded_json(raw, what, max_bytes=self.config.max_json_bytes)
+        except ValueError as e:  # not JSON, too deep, NaN
+            raise ManifestError(f"the store holds {e}") from e
         return parse_manifest(manifest, template_id=template_id, model_id=expected_model_id)
 
     async def fetch_shard(

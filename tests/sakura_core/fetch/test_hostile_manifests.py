@@ -1,0 +1,78 @@
+"""A hostile or broken manifest is a ``ManifestError`` naming the problem, from the HTTP client and from a local
+store alike (issue 28): a nesting bomb (json.loads raised RecursionError), NaN, a grid past the bounds; and the
+client does not retry it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aiohttp import web
+
+from cloud_server.store import LocalStore
+from sakura_core.fetch.client import ClientConfig, ManifestError, ShardClient
+from sakura_core.fetch.local_source import LocalShardSource
+from sakura_core.fetch.store_layout import MANIFEST_FILE
+from sakura_core.kv.manifest import ManifestLimitError
+
+from ...synthetic_templates import build_synthetic, make_synthetic_template
+
+MODEL_ID = "ab" * 32
+BOMB = b"[" * 50_000 + b"]" * 50_000
+
+
+def _good() -> dict:
+    return build_synthetic("tpl", model_id=MODEL_ID, num_layers=2).manifest
+
+
+def _bodies() -> dict[str, bytes]:
+    return {
+        "bomb": BOMB,
+        "nan": json.dumps({**_good(), "heads": float("nan")}).encode(),  # json.dumps writes NaN
+        "huge": json.dumps({**_good(), "token_grid": [100_000, 100_000]}).encode(),
+    }
+
+
+@pytest.fixture
+async def hostile(aiohttp_server):
+    """A stand-in cloud whose manifest of template KIND is the body ``_bodies()[KIND]``; records each request."""
+    hits: list[str] = []
+    bodies = _bodies()
+
+    async def manifest(request: web.Request) -> web.Response:
+        hits.append(request.match_info["tid"])
+        return web.Response(body=bodies[request.match_info["tid"]], content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/v1/templates/{tid}/manifest", manifest)
+    server = await aiohttp_server(app)
+    return str(server.make_url("")).rstrip("/"), hits
+
+
+@pytest.mark.parametrize(
+    "kind, error, says",
+    [
+        ("bomb", ManifestError, "nested 50000 deep"),
+        ("nan", ManifestError, "NaN is not a JSON number"),
+        ("huge", ManifestLimitError, "'token_grid[0]' is 100000, over the limit"),
+    ],  # fmt: skip
+)
+async def test_the_client_refuses_with_a_manifest_error_and_does_not_retry(hostile, kind, error, says):
+    url, hits = hostile
+    cfg = ClientConfig(backoff_initial_s=0.01, backoff_max_s=0.02)
+    async with ShardClient(url, config=cfg) as client:
+        with pytest.raises(error) as info:
+            await client.get_manifest(kind)
+    assert says in str(info.value)
+    assert hits == [kind]  # asked once: a bad manifest is not transient
+
+
+@pytest.mark.parametrize("kind, says", [("bomb", "nested 50000 deep"), ("nan", "NaN is not a JSON number"),
+                                        ("huge", "over the limit of 256")])  # fmt: skip
+async def test_a_local_store_refuses_the_same_way(tmp_path, kind, says):
+    store = LocalStore(tmp_path / "store")
+    make_synthetic_template(store, "tpl", model_id=MODEL_ID)
+    (store.root / "templates" / "tpl" / MANIFEST_FILE).write_bytes(_bodies()[kind])
+    async with LocalShardSource(store.root) as source:
+        with pytest.raises(ManifestError, match=says):
+            await source.get_manifest("tpl")
