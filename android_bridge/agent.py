@@ -174,9 +174,8 @@ async def _check_template(state: AgentState, req, declared_model_id: str | None)
         raise _error(502, f"the cloud at {req.server_url} refused this phone's token (set the job's cloud_token)",
                      "cloud_auth") from e  # fmt: skip
     except ManifestLimitError as e:  # our own message: the field, its value (a number) and the bound
-        raise _error(
-            422, f"template {req.template_id!r} is too large for this phone: {e}", "template_too_large"
-        ) from e
+        raise _error(422, f"template {req.template_id!r} is too large for this phone: {e}",
+                     "template_too_large") from e  # fmt: skip
     except ManifestError as e:  # the class only: the text may quote what the cloud sent
         raise _error(502, f"the cloud at {req.server_url} sent a manifest of template {req.template_id!r} this "
                           f"phone cannot use ({type(e).__name__})", "cloud_unreachable") from e  # fmt: skip

@@ -21,7 +21,7 @@ from sakura_core.images import ImageError
 from sakura_core.images import decode_image as decode_core_image
 from sakura_core.kv.manifest import ManifestError, parse_manifest
 
-from .store import Store, validate_template_id
+from .store import ManifestExistsError, Store, validate_template_id
 
 __all__ = [
     "ImageError",
@@ -232,6 +232,10 @@ def publish_template(
     store.put_source_image(template_id, *source)
     if progress is not None:
         progress("store", len(digests), len(digests))
-    store.put_manifest(template_id, manifest)  # last: publishes the template
+    try:  # last: publishes the template (without overwrite, only if no other writer published the id meanwhile)
+        (store.put_manifest if overwrite else store.put_new_manifest)(template_id, manifest)
+    except ManifestExistsError as e:
+        raise TemplateExistsError(f"template {template_id!r} was published by another writer while this one computed "
+                                  "it; pick another id or overwrite") from e  # fmt: skip
     logger.info("template %s published: %d shard(s), %d bytes", template_id, len(digests), total_bytes)
     return PublishResult(template_id, manifest, len(digests), total_bytes)

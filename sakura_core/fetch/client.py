@@ -197,7 +197,7 @@ class ShardClient:
                         raise TemplateNotFoundError(f"{what}: not found ({detail})")
                     if resp.status == 409:
                         raise ModelMismatchError(f"{what}: {detail}")
-                    if resp.status not in _RETRY_STATUSES:
+                    if resp.status not in _RETRY_STATUSES or _not_transient(resp):
                         raise FetchError(f"{what}: HTTP {resp.status} {detail}")
                     raise _Retry(f"HTTP {resp.status} {detail}")
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, _Retry) as e:
@@ -340,7 +340,7 @@ class ShardClient:
                 if resp.status == 416:
                     progress.reset()
                     raise _Retry(f"HTTP 416 at offset {offset}")
-                if resp.status in _RETRY_STATUSES:
+                if resp.status in _RETRY_STATUSES and not _not_transient(resp):
                     raise _Retry(f"HTTP {resp.status} {detail}")
                 raise ShardUnavailableError(digest, f"HTTP {resp.status} {detail}", 1)
             if total is not None:
@@ -370,6 +370,11 @@ class ShardClient:
                 raise _Retry(f"body ended at {len(progress.buf)} of {progress.total} bytes")
             if progress.total is None:
                 progress.total = len(progress.buf)
+
+
+def _not_transient(resp: aiohttp.ClientResponse) -> bool:
+    """The server marked the error as one retrying cannot fix (``Sakura-Retry: no``: a store fault)."""
+    return resp.headers.get("Sakura-Retry", "").strip().lower() == "no"
 
 
 async def _error_detail(resp: aiohttp.ClientResponse) -> str:
