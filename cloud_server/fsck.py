@@ -19,7 +19,7 @@ from pathlib import Path
 from sakura_core.kv.manifest import ManifestError, parse_manifest
 from sakura_core.limits import bounded_json
 
-from .store import LocalStore, NotFoundError, Store, file_sha256, validate_digest
+from .store import LocalStore, Store, StoreError, file_sha256, validate_digest
 
 __all__ = ["FsckConfig", "FsckReport", "fsck", "missing_digests", "referenced_digests"]
 
@@ -91,7 +91,7 @@ def referenced_digests(store: Store, report: FsckReport) -> dict[str, list[str]]
                 digests.append(manifest["template_image"]["digest"])
             for d in digests:
                 validate_digest(d)
-        except (NotFoundError, OSError, ValueError, LookupError, TypeError, AttributeError) as e:
+        except (StoreError, OSError, ValueError, LookupError, TypeError, AttributeError) as e:
             # any shape a broken manifest has: reported, the check goes on (OSError: unreadable, e.g. its mode)
             report.bad_manifests[template_id] = f"{type(e).__name__}: {str(e)[:200]}"
             continue
@@ -148,6 +148,9 @@ def _scan_shards(store: LocalStore, cfg: FsckConfig, refs: dict[str, list[str]],
                     _quarantine(store, path, report)
                 continue
             report.shards_checked += 1
+            if path.is_symlink():  # never served (the store follows no link): say so, do not hash its target
+                report.unreadable.append(f"{rel}: a symbolic link (the server refuses it; put the file itself)")
+                continue
             try:
                 actual = file_sha256(path)
             except OSError as e:  # unreadable (its mode, a folder in its place, an I/O error): reported, not fatal

@@ -182,3 +182,20 @@ def test_put_new_manifest_lets_exactly_one_of_two_racing_writers_win(store):
         t.join()
     assert sorted(outcomes) == ["refused"] * 7 + ["won"]
     assert not [p for p in store.template_dir("tpl-race").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_verify_reports_links_and_a_linked_manifest(store, tmp_path):
+    digest = store.get_manifest("tpl-a")["shards"][0]["representations"][0]["digest"]
+    path = store.shard_path(digest)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to(outside)
+    manifest = store.template_dir("tpl-b") / "manifest.json"
+    (tmp_path / "m.json").write_bytes(manifest.read_bytes())
+    manifest.unlink()
+    manifest.symlink_to(tmp_path / "m.json")
+    report = fsck(store)
+    assert report.unreadable == [f"shards/{digest[:2]}/{digest}: a symbolic link (the server refuses it; put the "
+                                 "file itself)"]  # fmt: skip
+    assert report.bad_manifests["tpl-b"].startswith("StoreFaultError: manifest of template 'tpl-b' cannot be read")

@@ -131,3 +131,21 @@ def test_fuzzed_manifests_give_the_client_s_errors_only():
 
     run()
     assert outcomes["refused"] > 50 and outcomes["parsed"] > 0, outcomes
+
+
+async def test_a_local_store_s_unreadable_files_are_fetch_errors(tmp_path):
+    from sakura_core.fetch.client import ShardUnavailableError
+
+    store = LocalStore(tmp_path / "store")
+    manifest = make_synthetic_template(store, "tpl", model_id=MODEL_ID)
+    digest = manifest["shards"][0]["representations"][0]["digest"]
+    path = store.shard_path(digest)
+    path.unlink()
+    path.mkdir()  # a folder in the shard's place
+    (store.root / "templates" / "tpl" / MANIFEST_FILE).unlink()
+    (store.root / "templates" / "tpl" / MANIFEST_FILE).symlink_to(tmp_path / "elsewhere.json")
+    async with LocalShardSource(store.root) as source:
+        with pytest.raises(ShardUnavailableError, match="it is not a regular file"):
+            await source.fetch_shard(digest)
+        with pytest.raises(FetchError, match="it is a symbolic link"):
+            await source.get_manifest("tpl")
