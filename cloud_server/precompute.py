@@ -117,6 +117,15 @@ def read_template_image(source: str) -> tuple:
     raise ImageError(f"image {source!r} is neither a file nor a demo sample ({', '.join(DEMO_TEMPLATES)})")
 
 
+def _publish_manifest(store: Store, template_id: str, manifest: dict, overwrite: bool) -> None:
+    """Write the manifest; without ``overwrite``, only if no other writer published the id meanwhile."""
+    try:
+        (store.put_manifest if overwrite else store.put_new_manifest)(template_id, manifest)
+    except ManifestExistsError as e:
+        raise TemplateExistsError(f"template {template_id!r} was published by another writer while this one computed "
+                                  "it; pick another id or overwrite") from e  # fmt: skip
+
+
 def _default_precompute_fn() -> PrecomputeFn:
     from sakura_core.precompute import precompute_template
 
@@ -232,10 +241,6 @@ def publish_template(
     store.put_source_image(template_id, *source)
     if progress is not None:
         progress("store", len(digests), len(digests))
-    try:  # last: publishes the template (without overwrite, only if no other writer published the id meanwhile)
-        (store.put_manifest if overwrite else store.put_new_manifest)(template_id, manifest)
-    except ManifestExistsError as e:
-        raise TemplateExistsError(f"template {template_id!r} was published by another writer while this one computed "
-                                  "it; pick another id or overwrite") from e  # fmt: skip
+    _publish_manifest(store, template_id, manifest, overwrite)  # last: publishes the template
     logger.info("template %s published: %d shard(s), %d bytes", template_id, len(digests), total_bytes)
     return PublishResult(template_id, manifest, len(digests), total_bytes)
