@@ -4,14 +4,18 @@ the phone's budget is a 422, where the agent used to accept it); a nesting-bomb 
 
 from __future__ import annotations
 
+import asyncio
 import json
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
 
+from ..manifest_fuzz import hostile_manifest_bytes
 from ..synthetic_templates import build_synthetic
-from .conftest import TEMPLATE_ID
+from .conftest import PHONE_TOKEN, TEMPLATE_ID
 from .test_agent_app import _body, _submit, make_agent  # noqa: F401 - make_agent is a fixture
 
 
@@ -80,3 +84,45 @@ async def test_a_nesting_bomb_manifest_is_a_502(make_agent, hostile_cloud, user_
     r = await _submit(client, _body(hostile_cloud, user_image))
     body = await r.json()
     assert r.status == 502 and body["code"] == "cloud_unreachable" and "ManifestError" in body["error"], body
+
+
+# ---- a hypothesis fuzz of the cloud's manifest through the agent: a 202 or a 4xx/502 with a code, never a 500 -------
+_FUZZ = settings(max_examples=40, deadline=timedelta(seconds=30), derandomize=True,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+
+
+async def _submit_against(body: bytes, demo_model, user_image) -> tuple[int, dict]:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from android_bridge.agent import AgentConfig, create_app
+    from sakura_core.runtime.live_profile import LiveProfile
+
+    from .test_agent_app import FakeEdit
+
+    async def manifest(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    cloud_app = web.Application()
+    cloud_app.router.add_get("/v1/templates/{tid}/manifest", manifest)
+    layers = demo_model.adapter.num_layers
+    agent_app = create_app(AgentConfig(token=PHONE_TOKEN, port=0), model=demo_model, edit_fn=FakeEdit(layers),
+                           live_profile=LiveProfile(0.01, 0.005, layers, 8))  # fmt: skip
+    async with TestServer(cloud_app) as cloud, TestClient(TestServer(agent_app)) as agent:
+        r = await _submit(agent, _body(SimpleNamespace(url=str(cloud.make_url("")).rstrip("/")), user_image))
+        return r.status, await r.json()
+
+
+def test_fuzzed_cloud_manifests_never_make_the_agent_fail(demo_model, user_image):
+    valid = _manifest(demo_model, tuple(demo_model.spec.grid))
+    statuses: dict[int, int] = {}
+
+    @_FUZZ
+    @given(body=hostile_manifest_bytes(valid))
+    def run(body):
+        status, answer = asyncio.run(_submit_against(body, demo_model, user_image))
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status in (202, 409, 422, 502), (status, answer)
+        assert status == 202 or answer.get("code"), answer
+
+    run()
+    assert statuses.get(502, 0) + statuses.get(422, 0) > 0, statuses
