@@ -154,6 +154,7 @@ async def _check_template(state: AgentState, req, declared_model_id: str | None)
         ShardClient,
         TemplateNotFoundError,
     )
+    from sakura_core.kv.manifest import ManifestLimitError
 
     held = state.model_id
     if declared_model_id is not None and declared_model_id != held:
@@ -172,6 +173,9 @@ async def _check_template(state: AgentState, req, declared_model_id: str | None)
     except AuthError as e:
         raise _error(502, f"the cloud at {req.server_url} refused this phone's token (set the job's cloud_token)",
                      "cloud_auth") from e  # fmt: skip
+    except ManifestLimitError as e:  # our own message: the field, its value (a number) and the bound
+        raise _error(422, f"template {req.template_id!r} is too large for this phone: {e}",
+                     "template_too_large") from e  # fmt: skip
     except ManifestError as e:  # the class only: the text may quote what the cloud sent
         raise _error(502, f"the cloud at {req.server_url} sent a manifest of template {req.template_id!r} this "
                           f"phone cannot use ({type(e).__name__})", "cloud_unreachable") from e  # fmt: skip
@@ -208,6 +212,12 @@ async def handle_submit(request: web.Request) -> web.Response:
         raise _error(422, str(e), "over_memory_budget", memory=e.memory.to_json()) from e
     _admit(state)
     manifest = await _check_template(state, req, header.get("model_id"))
+    rows, cols = manifest.token_grid  # the template's own tokens count (it may be larger than the model's grid)
+    try:
+        memory = check_budget(state.geometry, state.profile, cfg.memory_budget_bytes, rows * cols).to_json()
+    except OverBudgetError as e:
+        raise _error(422, f"template {req.template_id!r} ({rows}x{cols} tokens): {e}", "over_memory_budget",
+                     memory=e.memory.to_json()) from e  # fmt: skip
     _admit(state)  # again: other jobs may have arrived while the manifest was fetched
     job = Job(job_id=uuid.uuid4().hex, request=req, image=np.array(image), memory=memory, manifest=manifest)
     state.jobs[job.job_id] = job

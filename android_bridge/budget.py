@@ -20,7 +20,7 @@ It is an estimate for admission control (refuse what cannot fit, with the number
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from sakura_core.runtime.profiles import DeviceProfile
 
@@ -135,8 +135,13 @@ def estimate_job_memory(geometry: DiTGeometry, profile: DeviceProfile, budget_by
     )
 
 
-def check_budget(geometry: DiTGeometry, profile: DeviceProfile, budget_bytes: int | None = None) -> JobMemory:
-    """The estimate, or :class:`OverBudgetError` with a message that gives every term and the budget."""
+def check_budget(
+    geometry: DiTGeometry, profile: DeviceProfile, budget_bytes: int | None = None, template_tokens: int | None = None
+) -> JobMemory:
+    """The estimate, or :class:`OverBudgetError` with a message that gives every term and the budget;
+    ``template_tokens``: the template's own token count (its manifest's grid) in place of the geometry's."""
+    if template_tokens is not None:
+        geometry = replace(geometry, template_tokens=template_tokens)
     mem = estimate_job_memory(geometry, profile, budget_bytes)
     if not mem.fits:
         mib = 2**20

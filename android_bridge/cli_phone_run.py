@@ -37,8 +37,9 @@ def _summary(report: dict) -> dict:
 
 
 def run(args) -> int:
-    import numpy as np
     from PIL import Image
+
+    from sakura_core.images import open_image_file
 
     from .client import TOKEN_ENV, PhoneClient, PhoneError, PhoneJob
 
@@ -50,7 +51,11 @@ def run(args) -> int:
     if not path.is_file():
         print(f"sakura phone run: image {path} not found", file=sys.stderr)
         return 2
-    image = np.asarray(Image.open(path).convert("RGB"))
+    try:
+        image = open_image_file(path)
+    except ValueError as e:  # not an image, past the pixel limit
+        print(f"sakura phone run: {e}", file=sys.stderr)
+        return 2
     job = PhoneJob(cloud_url=args.cloud, template_id=args.template, prompt=args.prompt, steps=args.steps,
                    seed=args.seed, policy=args.policy, bandwidth=args.bandwidth, cloud_token=args.cloud_token)  # fmt: skip
 

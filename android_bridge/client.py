@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
-import io
 import json
 import logging
 import os
@@ -310,7 +309,7 @@ class PhoneClient:
                     return event
 
     async def _result(self, session, job_id: str) -> tuple[np.ndarray, dict]:
-        from PIL import Image
+        from sakura_core.images import decode_image
 
         async with session.get(
             f"/v1/jobs/{job_id}/result", timeout=aiohttp.ClientTimeout(total=self.timeout_s)
@@ -327,7 +326,10 @@ class PhoneClient:
         if report is None or png is None:
             raise PhoneError(f"result of job {job_id}: expected a JSON report and a PNG, got "
                              f"{'no report' if report is None else 'no image'}")  # fmt: skip
-        image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+        try:
+            image = decode_image(png, f"result image of job {job_id}")[0]
+        except ValueError as e:  # not an image, past the pixel limit
+            raise PhoneError(str(e)) from e
         digest = hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest()
         if report.get("image_sha256") not in (None, digest):
             raise PhoneError(f"result of job {job_id}: image digest {digest[:16]}… does not match the report's "

@@ -25,7 +25,6 @@ import asyncio
 import base64
 import concurrent.futures
 import hashlib
-import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -34,6 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from sakura_core.http_serving import bearer_token, token_matches
+from sakura_core.kv.manifest import ManifestError
 
 from .config import ServerConfig
 from .http_util import (
@@ -47,6 +47,7 @@ from .http_util import (
 from .precompute import PrecomputeFn, load_model
 from .state import CONFIG_KEY, STATE_KEY, Metrics, ServerState
 from .store import InvalidNameError, LocalStore, NotFoundError, Store, validate_digest, validate_template_id
+from .store_faults import StoreFaultError, checked_manifest, store_fault
 from .write_path import _MULTIPART_OVERHEAD_BYTES, handle_job, handle_upload
 
 __all__ = ["CONFIG_KEY", "STATE_KEY", "Metrics", "ServerState", "create_app", "parse_range"]
@@ -171,16 +172,14 @@ async def handle_manifest(request: web.Request) -> web.Response:
 
     def read() -> tuple[bytes, str | None]:
         raw = state.store.get_manifest_bytes(template_id)
-        try:
-            model_id = json.loads(raw).get("model_id")
-        except (ValueError, AttributeError):
-            model_id = None
-        return raw, model_id
+        return raw, checked_manifest(raw, template_id).model_id  # a corrupt manifest is not served
 
     try:
         raw, model_id = await asyncio.get_running_loop().run_in_executor(None, read)
     except NotFoundError as e:
         raise _json_error(404, f"no published template {template_id!r}") from e
+    except (StoreFaultError, ManifestError) as e:  # the store's fault, not transient: say so (the client fails fast)
+        raise store_fault(f"template {template_id!r}: {e}"[:400]) from e
     if state.model_id is not None and model_id != state.model_id:
         raise _json_error(
             409,
@@ -205,6 +204,8 @@ async def handle_shard(request: web.Request) -> web.StreamResponse:
             fobj, size = await loop.run_in_executor(None, state.store.open_shard, digest)
     except NotFoundError as e:
         raise _json_error(404, f"no shard {digest}") from e
+    except StoreFaultError as e:
+        raise store_fault(str(e)) from e
     try:
         etag = f'"{digest}"'
         headers = {
@@ -344,6 +345,7 @@ def create_app(
             "max_line_size": config.max_header_bytes,
             "max_field_size": config.max_header_bytes,
             "max_headers": config.max_headers,
+            "keepalive_timeout": config.idle_timeout_s,  # armed at connect: an idle or half-sent request is closed
         },
     )
     state = ServerState(config, store or config.open_store(), model, precompute_fn)

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from sakura_core.http_serving import bound_port, is_loopback
+from sakura_core.http_serving import is_loopback
 
 from .app import create_app
 from .config import MODELS, ServerConfig
+from .conn_guard import RefusalLog, capped_protocol_factory, connection_cap
 from .precompute import add_device_arguments
 from .store import StoreError
 from .store_url import S3_ENDPOINT_HELP, check_store_location, is_s3_url
@@ -51,6 +52,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-upload-mib", type=float, default=16.0, help="largest template upload (MiB)")
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (default: %(default)s)")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds to drain on shutdown")
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=15.0,
+        help="seconds an idle connection (or an unfinished request head) is kept (default: %(default)s)",
+    )
+    parser.add_argument("--max-connections", type=int, default=4096,
+                        help="open connections at most, lowered below the fd limit (default: %(default)s)")  # fmt: skip
 
 
 def config_from_args(args) -> ServerConfig:
@@ -70,30 +79,43 @@ def config_from_args(args) -> ServerConfig:
         max_upload_bytes=int(args.max_upload_mib * 2**20),
         backlog=args.backlog,
         shutdown_timeout_s=args.shutdown_timeout,
+        idle_timeout_s=args.idle_timeout,
+        max_connections=args.max_connections,
     )
 
 
 async def serve(config: ServerConfig, *, ready=None) -> None:
-    """Serve ``config`` until SIGTERM/SIGINT; ``ready(port)`` is called once listening."""
+    """Serve ``config`` until SIGTERM/SIGINT; ``ready(port)`` is called once listening. Connections are capped
+    (``conn_guard``) and refusals logged one line per kind per interval."""
     app = create_app(config)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.shutdown_timeout_s, access_log=None)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    refusals = RefusalLog(config.refusal_log_interval_s)
+    aiohttp_log = logging.getLogger("aiohttp.server")
+    aiohttp_log.addFilter(refusals)
+    loop.set_exception_handler(refusals.loop_exception_handler)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    server = None
     try:
-        site = web.TCPSite(runner, config.host, config.port, backlog=config.backlog)
-        await site.start()
-        port = bound_port(runner)
+        cap = connection_cap(config.max_connections)
+        factory = capped_protocol_factory(runner.server, cap, refusals)
+        server = await loop.create_server(factory, config.host, config.port, backlog=config.backlog)
+        logger.info("at most %d connections, idle ones closed after %g s", cap, config.idle_timeout_s)
         if ready is not None:
-            ready(port)
+            ready(server.sockets[0].getsockname()[1])
         await stop.wait()
         logger.info("shutting down (draining for up to %.0f s)", config.shutdown_timeout_s)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if server is not None:
+            server.close()  # no new connections; the runner drains the open ones
         await runner.cleanup()
+        aiohttp_log.removeFilter(refusals)
+        loop.set_exception_handler(None)
 
 
 def run(args) -> int:

@@ -59,7 +59,8 @@ def run(args) -> int:
         return 2
     print(f"store {report.root}: {report.shards_checked} shards, {report.templates_checked} templates checked")
     for label, items in (("corrupt shard", report.corrupt), ("misplaced file", report.misplaced),
-                         ("stale temp file", report.temp_files), ("orphan shard", report.orphans)):  # fmt: skip
+                         ("stale temp file", report.temp_files), ("orphan shard", report.orphans),
+                         ("unreadable shard", report.unreadable)):  # fmt: skip
         for item in items:
             print(f"  {label}: {item}")
     for template_id, digests in report.missing.items():
@@ -74,5 +75,5 @@ def run(args) -> int:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
     print("clean" if report.clean else ("repaired" if cfg.repair else "problems found"))
     if cfg.repair:
-        return 1 if (report.missing or report.bad_manifests) else 0
+        return 1 if (report.missing or report.bad_manifests or report.unreadable) else 0
     return 0 if report.clean else 1

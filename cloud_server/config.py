@@ -45,6 +45,11 @@ class ServerConfig:
         backlog: listen backlog (connections waiting for accept); raise it for thousands of concurrent clients.
         shutdown_timeout_s: seconds in-flight requests get to finish on SIGTERM/SIGINT before they are dropped.
         send_chunk_bytes: read size when a shard must be streamed instead of sent with sendfile (non-file stores).
+        idle_timeout_s: seconds a connection may stay idle (no request, or a request's head not yet complete)
+            before it is closed: aiohttp's keep-alive timeout, armed when a connection opens (header timeout too).
+        max_connections: open connections at most (``sakura serve`` lowers it below the file-descriptor limit);
+            more are closed as they arrive.
+        refusal_log_interval_s: one log line per kind of refused connection per this many seconds.
     """
 
     store_dir: Path | None = None
@@ -69,6 +74,9 @@ class ServerConfig:
     send_chunk_bytes: int = 256 * 2**10
     device: str = "cpu"
     dtype: str | None = None
+    idle_timeout_s: float = 15.0
+    max_connections: int = 4096
+    refusal_log_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         if (self.store_dir is None) == (self.store_url is None):
@@ -99,7 +107,7 @@ class ServerConfig:
 
             check_model_source(self.model)
         positive = ("max_upload_bytes", "max_image_pixels", "max_header_bytes", "max_headers", "max_pending_jobs")
-        for name in (*positive, "shard_layers", "backlog", "send_chunk_bytes"):
+        for name in (*positive, "shard_layers", "backlog", "send_chunk_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_header_bytes < 1024:
@@ -108,6 +116,9 @@ class ServerConfig:
             raise ValueError(
                 f"catalog_ttl_s and shutdown_timeout_s must be >= 0, got {self.catalog_ttl_s}, {self.shutdown_timeout_s}"
             )
+        if not 0 < self.idle_timeout_s <= 3600 or self.refusal_log_interval_s < 0:
+            raise ValueError(f"idle_timeout_s must be in (0, 3600] and refusal_log_interval_s >= 0, got "
+                             f"{self.idle_timeout_s}, {self.refusal_log_interval_s}")  # fmt: skip
         if not self.codec:
             raise ValueError("codec must be a codec name such as 'sakura'")
 

@@ -10,14 +10,16 @@ shards older than a grace period are deleted. A template whose shard was quarant
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .store import LocalStore, NotFoundError, Store, file_sha256, validate_digest
+from sakura_core.kv.manifest import ManifestError, parse_manifest
+from sakura_core.limits import bounded_json
+
+from .store import LocalStore, Store, StoreError, file_sha256, validate_digest
 
 __all__ = ["FsckConfig", "FsckReport", "fsck", "missing_digests", "referenced_digests"]
 
@@ -61,6 +63,7 @@ class FsckReport:
     orphans: list[str] = field(default_factory=list)
     missing: dict[str, list[str]] = field(default_factory=dict)  # template -> named digests with no file
     bad_manifests: dict[str, str] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)  # shard files that cannot be read: "path: reason"
     quarantined: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
 
@@ -68,7 +71,7 @@ class FsckReport:
     def clean(self) -> bool:
         """Nothing found at all."""
         return not (self.corrupt or self.misplaced or self.temp_files or self.orphans or self.missing
-                    or self.bad_manifests)  # fmt: skip
+                    or self.bad_manifests or self.unreadable)  # fmt: skip
 
     def to_json(self) -> dict:
         return {**asdict(self), "clean": self.clean}
@@ -81,7 +84,7 @@ def referenced_digests(store: Store, report: FsckReport) -> dict[str, list[str]]
     for template_id in store.list_templates():
         report.templates_checked += 1
         try:
-            manifest = json.loads(store.get_manifest_bytes(template_id))
+            manifest = bounded_json(store.get_manifest_bytes(template_id), f"manifest of {template_id!r}")
             digests = [r["digest"] for s in manifest["shards"] for r in s["representations"]]
             digests += [d for s in manifest["shards"] for r in s["representations"] for d in r.get("requires", [])]
             if isinstance(manifest.get("template_image"), dict):
@@ -91,9 +94,14 @@ def referenced_digests(store: Store, report: FsckReport) -> dict[str, list[str]]
                     digests.append(ref["image"]["digest"])
             for d in digests:
                 validate_digest(d)
-        except (NotFoundError, ValueError, KeyError, TypeError) as e:
+        except (StoreError, OSError, ValueError, LookupError, TypeError, AttributeError) as e:
+            # any shape a broken manifest has: reported, the check goes on (OSError: unreadable, e.g. its mode)
             report.bad_manifests[template_id] = f"{type(e).__name__}: {str(e)[:200]}"
             continue
+        try:  # its shards are referenced whatever the verdict (repair never deletes them), but a schema fault shows
+            parse_manifest(manifest, template_id=template_id)
+        except ManifestError as e:
+            report.bad_manifests[template_id] = f"{type(e).__name__}: {str(e)[:200]}"
         for d in digests:
             if template_id not in refs.setdefault(d, []):
                 refs[d].append(template_id)
@@ -102,10 +110,24 @@ def referenced_digests(store: Store, report: FsckReport) -> dict[str, list[str]]
 
 def _quarantine(store: LocalStore, path: Path, report: FsckReport) -> None:
     dest_dir = store.root / QUARANTINE_DIR
-    dest_dir.mkdir(exist_ok=True)
     dest = dest_dir / f"{path.name}.{int(time.time())}"
-    os.replace(path, dest)
+    try:
+        dest_dir.mkdir(exist_ok=True)
+        os.replace(path, dest)
+    except OSError as e:  # a read-only store, another owner's file: reported, the repair goes on
+        report.unreadable.append(f"{path.relative_to(store.root)}: cannot quarantine: {e.strerror or e}")
+        return
     report.quarantined.append(str(dest.relative_to(store.root)))
+
+
+def _remove(store: LocalStore, path: Path, report: FsckReport) -> None:
+    rel = str(path.relative_to(store.root))
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        report.unreadable.append(f"{rel}: cannot remove: {e.strerror or e}")
+        return
+    report.removed.append(rel)
 
 
 def _scan_shards(store: LocalStore, cfg: FsckConfig, refs: dict[str, list[str]], report: FsckReport) -> set[str]:
@@ -129,7 +151,16 @@ def _scan_shards(store: LocalStore, cfg: FsckConfig, refs: dict[str, list[str]],
                     _quarantine(store, path, report)
                 continue
             report.shards_checked += 1
-            if file_sha256(path) != digest:
+            if path.is_symlink():  # never served (the store follows no link): say so, do not hash its target
+                report.unreadable.append(f"{rel}: a symbolic link (the server refuses it; put the file itself)")
+                continue
+            try:
+                actual = file_sha256(path)
+            except OSError as e:  # unreadable (its mode, a folder in its place, an I/O error): reported, not fatal
+                report.unreadable.append(f"{rel}: {type(e).__name__}: {e.strerror or e}")
+                present.add(digest)
+                continue
+            if actual != digest:
                 report.corrupt.append(digest)
                 logger.warning("store %s: shard %s is corrupt (its bytes hash to something else)", store.root, digest)
                 if cfg.repair:
@@ -138,12 +169,19 @@ def _scan_shards(store: LocalStore, cfg: FsckConfig, refs: dict[str, list[str]],
                     present.add(digest)
                 continue
             present.add(digest)
-            if digest not in refs and now - path.stat().st_mtime >= cfg.orphan_age_s:
+            if digest not in refs and now - _mtime(path, now) >= cfg.orphan_age_s:
                 report.orphans.append(digest)
                 if cfg.repair:
-                    path.unlink()
-                    report.removed.append(rel)
+                    _remove(store, path, report)
     return present
+
+
+def _mtime(path: Path, now: float) -> float:
+    """The file's mtime, or ``now`` when it vanished or cannot be stat'ed (then it is never taken for an orphan)."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return now
 
 
 def _sweep_temp(store: LocalStore, cfg: FsckConfig, report: FsckReport) -> None:
@@ -154,15 +192,10 @@ def _sweep_temp(store: LocalStore, cfg: FsckConfig, report: FsckReport) -> None:
         for name in sorted(files):
             path = Path(dirpath) / name
             if name.startswith(".") and name.endswith(".tmp"):
-                try:
-                    stale = now - path.stat().st_mtime >= cfg.temp_age_s
-                except FileNotFoundError:
-                    continue
-                if stale:
+                if now - _mtime(path, now) >= cfg.temp_age_s:
                     report.temp_files.append(str(path.relative_to(store.root)))
                     if cfg.repair:
-                        path.unlink(missing_ok=True)
-                        report.removed.append(report.temp_files[-1])
+                        _remove(store, path, report)
 
 
 def missing_digests(refs: dict[str, list[str]], present: set[str], report: FsckReport) -> None:

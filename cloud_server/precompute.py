@@ -8,9 +8,7 @@ manifest — so a crash at any point leaves the template unpublished rather than
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +17,12 @@ from typing import Any
 import numpy as np
 
 from sakura_core.files import png_bytes
+from sakura_core.images import ImageError
+from sakura_core.images import decode_image as decode_core_image
 from sakura_core.kv.manifest import ManifestError, parse_manifest
 from sakura_core.models.loading import add_device_arguments
 
-from .store import Store, validate_template_id
+from .store import ManifestExistsError, Store, validate_template_id
 
 __all__ = [
     "ImageError",
@@ -45,10 +45,6 @@ Progress = Callable[[str, int, int], None]
 PrecomputeFn = Callable[..., Any]
 
 _FORMATS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp"}
-
-
-class ImageError(ValueError):
-    """An uploaded template image cannot be used (format, size, corrupt data)."""
 
 
 class TemplateExistsError(ValueError):
@@ -82,30 +78,14 @@ def compute_info(model) -> dict | None:
     return {"device": str(adapter.device), "dtype": str(adapter.dtype).removeprefix("torch.")}
 
 
-_OBJECT_REPR = re.compile(r"<[^<>]{1,80} object at 0x[0-9a-fA-F]+>")
-
-
 def decode_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, str]:
-    """Decode an uploaded PNG/JPEG/WebP into (H, W, 3) uint8; returns it with the file extension to keep it under.
-
-    The pixel count is checked from the header before any pixel is decoded (decompression bombs).
-    """
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            fmt = img.format
-            if fmt not in _FORMATS:
-                raise ImageError(f"image format {fmt} not accepted: upload PNG, JPEG or WebP")
-            w, h = img.size
-            if w * h > max_pixels:
-                raise ImageError(f"image is {w}x{h} = {w * h} pixels, over the limit of {max_pixels}")
-            if min(w, h) < 8:
-                raise ImageError(f"image is {w}x{h}; templates need at least 8 pixels a side")
-            rgb = np.asarray(img.convert("RGB"))
-    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as e:
-        detail = _OBJECT_REPR.sub("the upload", str(e))  # PIL names its file object: <_io.BytesIO object at 0x...>
-        raise ImageError(f"not a readable PNG/JPEG/WebP image: {detail}") from e
+    """Decode an uploaded PNG/JPEG/WebP into (H, W, 3) uint8 (``sakura_core.images.decode_image``: the pixel count
+    checked from the header before any pixel is decoded, 16-bit and palette images converted by their mode); returns
+    it with the file extension to keep it under."""
+    rgb, fmt = decode_core_image(data, "the upload", max_pixels=max_pixels, formats=tuple(_FORMATS))
+    h, w = rgb.shape[:2]
+    if min(w, h) < 8:
+        raise ImageError(f"image is {w}x{h}; templates need at least 8 pixels a side")
     return rgb, _FORMATS[fmt]
 
 
@@ -123,6 +103,15 @@ def read_template_image(source: str) -> tuple:
     if source in DEMO_TEMPLATES:
         return load_image(source, 512), None
     raise ImageError(f"image {source!r} is neither a file nor a demo sample ({', '.join(DEMO_TEMPLATES)})")
+
+
+def _publish_manifest(store: Store, template_id: str, manifest: dict, overwrite: bool) -> None:
+    """Write the manifest; without ``overwrite``, only if no other writer published the id meanwhile."""
+    try:
+        (store.put_manifest if overwrite else store.put_new_manifest)(template_id, manifest)
+    except ManifestExistsError as e:
+        raise TemplateExistsError(f"template {template_id!r} was published by another writer while this one computed "
+                                  "it; pick another id or overwrite") from e  # fmt: skip
 
 
 def _default_precompute_fn() -> PrecomputeFn:
@@ -247,7 +236,7 @@ def publish_template(
     store.put_source_image(template_id, *source)
     if progress is not None:
         progress("store", count, count)
-    store.put_manifest(template_id, manifest)  # last: publishes the template
+    _publish_manifest(store, template_id, manifest, overwrite)  # last: publishes the template
     logger.info("template %s published: %d shard(s), %d bytes", template_id, count, total_bytes)
     return PublishResult(template_id, manifest, count, total_bytes)
 

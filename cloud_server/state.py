@@ -15,9 +15,12 @@ from typing import Any
 
 from aiohttp import web
 
+from sakura_core.kv.manifest import ManifestError
+
 from .config import ServerConfig
 from .precompute import PrecomputeFn
 from .store import NotFoundError, Store
+from .store_faults import StoreFaultError, checked_manifest
 
 __all__ = ["CONFIG_KEY", "STATE_KEY", "Job", "Metrics", "ServerState"]
 
@@ -155,10 +158,12 @@ class ServerState:
     def _build_catalog(self) -> bytes:
         entries, skipped = [], 0
         for template_id in self.store.list_templates():
-            try:
-                m = self.store.get_manifest(template_id)
-            except (NotFoundError, ValueError) as e:
-                logger.warning("catalog: template %s skipped: %s", template_id, e)
+            try:  # one template at a time: a corrupt or unreadable one is left out, never the whole catalog
+                m = checked_manifest(self.store.get_manifest_bytes(template_id), template_id).raw
+            except NotFoundError:
+                continue  # unpublished while the catalog was built
+            except (StoreFaultError, ManifestError) as e:
+                logger.warning("catalog: template %s left out: %s", template_id, str(e)[:300])
                 continue
             if self.model_id is not None and m.get("model_id") != self.model_id:
                 skipped += 1

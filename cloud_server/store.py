@@ -27,12 +27,13 @@ from sakura_core.fetch.store_layout import (
     validate_digest,
     validate_template_id,
 )
-from sakura_core.files import atomic_write_bytes
+from sakura_core.files import atomic_create_bytes, atomic_write_bytes
 
 __all__ = [
     "DigestMismatchError",
     "InvalidNameError",
     "LocalStore",
+    "ManifestExistsError",
     "NotFoundError",
     "SOURCE_IMAGE_EXTS",
     "Store",
@@ -43,6 +44,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class ManifestExistsError(StoreError, FileExistsError):
+    """A template with this id was published (by another writer) before this manifest could be."""
 
 
 class DigestMismatchError(StoreError, ValueError):
@@ -103,6 +108,13 @@ class Store(abc.ABC):
             return json.loads(raw)
         except ValueError as e:
             raise StoreError(f"manifest of template {template_id!r} is not valid JSON: {e}") from e
+
+    def put_new_manifest(self, template_id: str, manifest: dict) -> None:
+        """:meth:`put_manifest` unless the template is published: ``ManifestExistsError`` then. Atomic in a
+        ``LocalStore`` (two concurrent publishers of one id: one wins, the other is told); check-then-put here."""
+        if self.has_template(template_id):
+            raise ManifestExistsError(f"template {template_id!r} is already published")
+        self.put_manifest(template_id, manifest)
 
     def has_template(self, template_id: str) -> bool:
         try:
@@ -173,6 +185,15 @@ class LocalStore(StoreReader, Store):
         folder = self.template_dir(template_id)
         data = (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
         atomic_write_bytes(folder / MANIFEST_FILE, data)
+        _fsync_dir(folder)
+
+    def put_new_manifest(self, template_id: str, manifest: dict) -> None:
+        folder = self.template_dir(template_id)
+        data = (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
+        try:
+            atomic_create_bytes(folder / MANIFEST_FILE, data)
+        except FileExistsError as e:
+            raise ManifestExistsError(f"template {template_id!r} is already published in {self}") from e
         _fsync_dir(folder)
 
     def put_source_image(self, template_id: str, data: bytes, ext: str) -> None:

@@ -4,17 +4,34 @@ publishes, so the Template KV Loader can offer them as a choice (``web/sakura.js
 
 Registered on ComfyUI's ``PromptServer`` by :func:`register_routes`, which ``comfy_entrypoint`` calls: only inside
 ComfyUI, once. ComfyUI also serves it under ``/api/sakura/templates``.
+
+The route talks only to the servers ComfyUI's owner configured (:func:`allowed_server_urls`: the default
+``http://127.0.0.1:8080`` and ``$SAKURA_SERVER_URLS``), so a page cannot make it send the read token elsewhere or
+use it to probe ports; it answers within :data:`TOTAL_TIMEOUT_S`, and a failure is one message whatever the cause
+(refused, timed out, an error page), never the foreign server's text (the cause goes to ComfyUI's log).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 
 from aiohttp import web
 
 from ._common import READ_TOKEN_ENV, SakuraNodeError, refused_token_message, resolve_token_source
 
-__all__ = ["DEFAULT_SERVER_URL", "REQUEST_HEADER", "ROUTE", "list_published", "register_routes", "templates_handler"]
+__all__ = [
+    "ALLOWED_URLS_ENV",
+    "DEFAULT_SERVER_URL",
+    "REQUEST_HEADER",
+    "ROUTE",
+    "TOTAL_TIMEOUT_S",
+    "allowed_server_urls",
+    "list_published",
+    "register_routes",
+    "templates_handler",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +41,20 @@ ROUTE = "/sakura/templates"
 # the read token to a server_url of its choosing.
 REQUEST_HEADER = "X-Sakura-Request"
 DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
+#: Comma-separated server URLs the route may talk to, besides :data:`DEFAULT_SERVER_URL` (ComfyUI's environment).
+ALLOWED_URLS_ENV = "SAKURA_SERVER_URLS"
+#: Seconds the route takes at most, whatever the server does.
+TOTAL_TIMEOUT_S = 4.0
+
+
+def _normal(url: str) -> str:
+    return url.strip().rstrip("/").lower()
+
+
+def allowed_server_urls() -> list[str]:
+    """The server URLs the route may ask: :data:`DEFAULT_SERVER_URL` and those in ``$SAKURA_SERVER_URLS``."""
+    extra = [u for u in os.environ.get(ALLOWED_URLS_ENV, "").replace(" ", ",").split(",") if u.strip()]
+    return [DEFAULT_SERVER_URL, *(u.strip().rstrip("/") for u in extra)]
 
 
 async def list_published(server_url: str, token: str | None, token_source: str = "the read token") -> dict:
@@ -37,16 +68,26 @@ async def list_published(server_url: str, token: str | None, token_source: str =
     if not url.startswith(("http://", "https://")):
         return {"server_url": url, "templates": [], "error": f"server_url {url!r} must start with http:// or "
                 "https://, e.g. http://127.0.0.1:8080"}  # fmt: skip
-    config = ClientConfig(connect_timeout_s=2.0, read_timeout_s=5.0, max_retries=0, retry_window_s=0.0)
-    try:
+    config = ClientConfig(connect_timeout_s=2.0, read_timeout_s=3.0, max_retries=0, retry_window_s=0.0)
+
+    async def read() -> dict:
         async with ShardClient(url, token, config=config) as client:
-            catalog = await client.get_catalog()
+            return await client.get_catalog()
+
+    try:
+        catalog = await asyncio.wait_for(read(), TOTAL_TIMEOUT_S)
     except AuthError:
         what = f"the SAKURA server at {url}"
         why = refused_token_message(what, token_source, READ_TOKEN_ENV, None)  # the browser never sends a token
         return {"server_url": url, "templates": [], "error": why}
-    except (FetchError, ValueError) as e:
-        return {"server_url": url, "templates": [], "error": str(e)}
+    except (FetchError, ValueError, asyncio.TimeoutError) as e:
+        logger.info("sakura: the template catalog of %s could not be read: %s", url, str(e)[:300])
+        return {
+            "server_url": url,
+            "templates": [],
+            "error": f"no template catalog could be read from {url} "
+            "(not reachable, no SAKURA server there, or it answered with an error; ComfyUI's log says which)",
+        }
     templates = [
         {"id": t["id"], "model_id": t.get("model_id"), "kv_mode": t.get("kv_mode", "single"), "steps": t.get("steps")}
         for t in catalog["templates"]
@@ -68,7 +109,13 @@ async def templates_handler(request: web.Request) -> web.Response:
         token, source = resolve_token_source("", READ_TOKEN_ENV)
     except SakuraNodeError as e:
         return web.json_response({"server_url": None, "templates": [], "error": str(e)})
-    return web.json_response(await list_published(request.query.get("server_url", ""), token, source))
+    url = request.query.get("server_url", "").strip().rstrip("/") or DEFAULT_SERVER_URL
+    allowed = allowed_server_urls()
+    if _normal(url) not in {_normal(u) for u in allowed}:  # nothing is sent there, not even a connection
+        return web.json_response({"server_url": url, "templates": [], "error": (
+            f"server_url {url!r} is not one of the servers this ComfyUI may ask ({', '.join(allowed)}); add it to "
+            f"${ALLOWED_URLS_ENV} (comma-separated) in ComfyUI's environment, or type the template id")})  # fmt: skip
+    return web.json_response(await list_published(url, token, source))
 
 
 def register_routes(routes: web.RouteTableDef | None = None) -> bool:

@@ -17,7 +17,6 @@ manifest and shard requests leave it.
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 from collections.abc import Callable
@@ -123,10 +122,12 @@ class OpenedTemplate:
         return self.manifest.kv_mode
 
     def template_image(self, size: int) -> np.ndarray | list[np.ndarray]:
-        """The template image as (size, size, 3) uint8; a list of them, in order, for several references."""
-        from PIL import Image
+        """The template image as (size, size, 3) uint8; a list of them, in order, for several references (each decoded
+        with the pixel limits and mode-correct conversion of :func:`sakura_core.images.decode_image`)."""
+        from .images import decode_image
 
-        images = [load_image(np.asarray(Image.open(io.BytesIO(f)).convert("RGB")), size) for f in self.reference_files]
+        images = [load_image(decode_image(f, f"reference {i + 1} of template {self.template_id!r}")[0], size)
+                  for i, f in enumerate(self.reference_files)]  # fmt: skip
         return images[0] if len(images) == 1 else images
 
     def summary(self) -> dict:

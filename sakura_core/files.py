@@ -10,7 +10,41 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "png_bytes", "save_png"]
+__all__ = ["atomic_create_bytes", "atomic_write_bytes", "atomic_write_json", "png_bytes", "save_png"]
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: read by setting it back at once (start-up, before threads)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
+def _write_temp(path: Path, data: bytes) -> str:
+    """``data`` in a fsynced temp file beside ``path``, with the mode a plain ``open`` would give (0666 less the
+    umask: mkstemp's 0600 would hide a store from a CDN origin running as another user); returns its path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -19,17 +53,24 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     A crash at any point leaves either the old file or the new one, never a partial file under ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = _write_temp(path, data)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_create_bytes(path: str | Path, data: bytes) -> None:
+    """:func:`atomic_write_bytes` that never replaces a file: ``FileExistsError`` when ``path`` exists, also when
+    another writer creates it at the same moment (a hard link of the temp file, which the kernel refuses to put
+    over an existing name)."""
+    path = Path(path)
+    tmp = _write_temp(path, data)
+    try:
+        os.link(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def atomic_write_json(path: str | Path, obj) -> None:

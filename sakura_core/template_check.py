@@ -15,16 +15,20 @@ __all__ = ["ModelKey", "check_template", "template_grid_fits"]
 
 @dataclass(frozen=True)
 class ModelKey:
-    """What a template's KV must match: the model's content id and its token grid (rows, cols)."""
+    """What a template's KV must match: the model's content id, its token grid (rows, cols) and, when known, its KV
+    geometry (layers, heads, head_dim; None: not checked)."""
 
     model_id: str
     token_grid: tuple[int, ...]
+    geometry: tuple[int, int, int] | None = None
 
     @classmethod
     def of(cls, model: EditModel | ModelKey) -> ModelKey:
         if isinstance(model, ModelKey):
             return model
-        return cls(model.model_id, tuple(model.spec.grid))
+        a = getattr(model, "adapter", None)
+        geometry = None if a is None else (int(a.num_layers), int(a.num_heads), int(a.head_dim))
+        return cls(model.model_id, tuple(model.spec.grid), geometry)
 
 
 def template_grid_fits(template_grids, edit_grid) -> bool:
@@ -50,6 +54,10 @@ def check_template(manifest: Manifest | dict, template_id: str, model: EditModel
         raise ManifestError(f"template {template_id!r} has token grid(s) {grids}, the model edits "
                             f"{list(key.token_grid)}; precompute it at the model's resolution or larger (a square "
                             "--template-size)")  # fmt: skip
+    theirs = (manifest.num_layers, manifest.heads, manifest.head_dim)
+    if key.geometry is not None and theirs != key.geometry:
+        raise ManifestError(f"template {template_id!r} has KV of (layers, heads, head_dim) {theirs}, the model "
+                            f"{key.geometry}: the manifest does not describe this model's KV; republish it")  # fmt: skip
     if manifest.template_image is None or any(r.image is None for r in manifest.references):
         raise ManifestError(f"template {template_id!r}: its manifest names no template_image; republish it")
     return manifest

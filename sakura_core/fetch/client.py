@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
-import json
 import logging
 import random
 import re
@@ -29,6 +28,7 @@ import aiohttp
 
 from ..kv.manifest import Manifest, parse_manifest
 from ..kv.names import is_digest, is_template_id
+from ..limits import bounded_json
 from .client_config import ClientConfig, FetchStats
 from .errors import (
     AuthError,
@@ -187,9 +187,9 @@ class ShardClient:
                             raise FetchError(f"{what}: {resp.content_length} bytes is over the client's limit")
                         body = await self._read_capped(resp, what)
                         try:
-                            return json.loads(body)
-                        except ValueError as e:
-                            raise ManifestError(f"{what}: server sent invalid JSON: {e}") from e
+                            return bounded_json(body, what, max_bytes=self.config.max_json_bytes)
+                        except ValueError as e:  # not JSON, too deep, NaN
+                            raise ManifestError(f"the server sent {e}") from e
                     detail = await _error_detail(resp)
                     if resp.status in (401, 403):
                         raise AuthError(f"{what}: HTTP {resp.status} {detail} (pass the server's token)")
@@ -197,7 +197,7 @@ class ShardClient:
                         raise TemplateNotFoundError(f"{what}: not found ({detail})")
                     if resp.status == 409:
                         raise ModelMismatchError(f"{what}: {detail}")
-                    if resp.status not in _RETRY_STATUSES:
+                    if resp.status not in _RETRY_STATUSES or _not_transient(resp):
                         raise FetchError(f"{what}: HTTP {resp.status} {detail}")
                     raise _Retry(f"HTTP {resp.status} {detail}")
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, _Retry) as e:
@@ -340,7 +340,7 @@ class ShardClient:
                 if resp.status == 416:
                     progress.reset()
                     raise _Retry(f"HTTP 416 at offset {offset}")
-                if resp.status in _RETRY_STATUSES:
+                if resp.status in _RETRY_STATUSES and not _not_transient(resp):
                     raise _Retry(f"HTTP {resp.status} {detail}")
                 raise ShardUnavailableError(digest, f"HTTP {resp.status} {detail}", 1)
             if total is not None:
@@ -372,6 +372,11 @@ class ShardClient:
                 progress.total = len(progress.buf)
 
 
+def _not_transient(resp: aiohttp.ClientResponse) -> bool:
+    """The server marked the error as one retrying cannot fix (``Sakura-Retry: no``: a store fault)."""
+    return resp.headers.get("Sakura-Retry", "").strip().lower() == "no"
+
+
 async def _error_detail(resp: aiohttp.ClientResponse) -> str:
     """The server's error message (JSON ``{"error": ...}`` or the first 200 characters of text)."""
     try:
@@ -379,6 +384,6 @@ async def _error_detail(resp: aiohttp.ClientResponse) -> str:
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return ""
     try:
-        return str(json.loads(text).get("error", text))[:300]
+        return str(bounded_json(text, "error body").get("error", text))[:300]
     except (ValueError, AttributeError):
         return text[:200]

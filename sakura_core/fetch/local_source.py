@@ -10,15 +10,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
-import json
 import os
 
 from ..kv.manifest import Manifest, parse_manifest
 from ..kv.names import is_digest, is_template_id
+from ..limits import bounded_json
 from .client import OnChunk, Throttle
 from .client_config import ClientConfig, FetchStats
-from .errors import FetchError, ManifestError, ShardIntegrityError, ShardNotFoundError, TemplateNotFoundError
-from .store_layout import NotFoundError, StoreReader
+from .errors import (
+    FetchError,
+    ManifestError,
+    ShardIntegrityError,
+    ShardNotFoundError,
+    ShardUnavailableError,
+    TemplateNotFoundError,
+)
+from .store_layout import NotFoundError, StoreFaultError, StoreReader
 
 __all__ = ["LocalShardSource"]
 
@@ -65,12 +72,14 @@ class LocalShardSource:
             raw = await asyncio.to_thread(self.store.get_manifest_bytes, template_id)
         except NotFoundError as e:
             raise TemplateNotFoundError(f"{what}: not found ({e})") from e
+        except StoreFaultError as e:  # a folder or a link in its place, no permission: not transient
+            raise FetchError(str(e)) from e
         if len(raw) > self.config.max_json_bytes:
             raise FetchError(f"{what}: {len(raw)} bytes is over the client's limit")
         try:
-            manifest = json.loads(raw)
-        except ValueError as e:
-            raise ManifestError(f"{what}: the store holds invalid JSON: {e}") from e
+            manifest = bounded_json(raw, what, max_bytes=self.config.max_json_bytes)
+        except ValueError as e:  # not JSON, too deep, NaN
+            raise ManifestError(f"the store holds {e}") from e
         return parse_manifest(manifest, template_id=template_id, model_id=expected_model_id)
 
     async def fetch_shard(
@@ -93,6 +102,8 @@ class LocalShardSource:
             f, size = await asyncio.to_thread(self.store.open_shard, digest)
         except NotFoundError as e:
             raise ShardNotFoundError(digest, f"not in {self.store}", 1) from e
+        except StoreFaultError as e:
+            raise ShardUnavailableError(digest, str(e), 1) from e
         with f:
             if expected_bytes is not None and size != expected_bytes:
                 raise ShardIntegrityError(digest, f"the store holds {size} bytes, the manifest {expected_bytes}")

@@ -15,11 +15,14 @@ characters (``sakura_core.kv.names``). A name that fails raises ``InvalidNameErr
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import BinaryIO
 
 from ..kv.names import TEMPLATE_ID_RE, is_digest, is_template_id
+from ..limits import MAX_JSON_BYTES
 
 __all__ = [
     "InvalidNameError",
@@ -28,6 +31,7 @@ __all__ = [
     "SHARDS_DIR",
     "SOURCE_IMAGE_EXTS",
     "StoreError",
+    "StoreFaultError",
     "StoreReader",
     "TEMPLATES_DIR",
     "shard_key",
@@ -52,6 +56,32 @@ class InvalidNameError(StoreError, ValueError):
 
 class NotFoundError(StoreError, LookupError):
     """No shard with this digest, or no published template with this id."""
+
+
+class StoreFaultError(StoreError):
+    """A file the store names cannot be read: a folder or a symbolic link in its place (links are never followed,
+    so nothing outside the store is served), no permission, an I/O error. Not transient: retrying does not help; the
+    message says which file and why (``sakura store verify`` lists them)."""
+
+
+def _open_in_store(path: str, what: str, missing: str):
+    """``open(path, "rb", buffering=0)`` that never follows a symbolic link at ``path``; ``NotFoundError`` (absent,
+    message ``missing``) or :class:`StoreFaultError` saying why ``what`` cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError as e:
+        raise NotFoundError(missing) from e
+    except OSError as e:
+        why = "it is a symbolic link (the store never follows one)" if e.errno == errno.ELOOP else e.strerror
+        raise StoreFaultError(f"{what} cannot be read from the store: {why}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreFaultError(f"{what} cannot be read from the store: it is not a regular file (a folder?)")
+        return os.fdopen(fd, "rb", buffering=0), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def validate_template_id(template_id: object) -> str:
@@ -122,23 +152,20 @@ class StoreReader:
         validate_digest(digest)
         # the hot path of every shard request: plain strings and an unbuffered file (sendfile reads the fd)
         path = f"{self._shards_prefix}{digest[:2]}{os.sep}{digest}"
-        try:
-            f = open(path, "rb", buffering=0)  # returned to the caller, who closes it
-        except FileNotFoundError as e:
-            raise NotFoundError(f"no shard {digest} in {self}") from e
-        try:
-            return f, os.fstat(f.fileno()).st_size
-        except BaseException:
-            f.close()
-            raise
+        return _open_in_store(path, f"shard {digest}", f"no shard {digest} in {self}")  # the caller closes it
 
     def get_manifest_bytes(self, template_id: str) -> bytes:
         """The manifest exactly as stored; ``NotFoundError`` when the template is not published."""
         path = self.template_dir(template_id) / MANIFEST_FILE
-        try:
-            return path.read_bytes()
-        except FileNotFoundError as e:
-            raise NotFoundError(f"no published template {template_id!r} in {self}") from e
+        what = f"manifest of template {template_id!r}"
+        f, size = _open_in_store(str(path), what, f"no published template {template_id!r} in {self}")
+        with f:
+            if size > MAX_JSON_BYTES:
+                raise StoreFaultError(f"{what} is {size} bytes, over the limit of {MAX_JSON_BYTES}")
+            try:
+                return f.read()
+            except OSError as e:  # e.g. EIO
+                raise StoreFaultError(f"{what} cannot be read from the store: {e.strerror}") from e
 
     def list_templates(self) -> list[str]:
         """Ids of published templates (those with a manifest), sorted."""

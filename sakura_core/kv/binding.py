@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .codec_registry import get_codec
 from .container import ShardCorruptError, ShardHeader
 
-__all__ = ["ShardBindingError", "ShardSlot", "check_shard_binding", "slot_from_manifest"]
+__all__ = ["ShardBindingError", "ShardSlot", "check_shard_binding", "check_shard_geometry", "slot_from_manifest"]
 
 
 class ShardBindingError(ShardCorruptError):
@@ -33,6 +33,8 @@ class ShardSlot:
         layers: (first, last) layers of the manifest's shard entry, inclusive.
         codec: the representation's codec name.
         level_name: the representation's level name (``codec.level_name(header.level)`` of its top blob).
+        token_grid, heads, head_dim: the manifest's KV geometry (None: not checked), compared with every blob's
+            header before it is decompressed (:func:`check_shard_geometry`).
     """
 
     template_id: str
@@ -40,6 +42,9 @@ class ShardSlot:
     layers: tuple[int, int]
     codec: str
     level_name: str
+    token_grid: tuple[int, int] | None = None
+    heads: int | None = None
+    head_dim: int | None = None
 
     def __post_init__(self) -> None:
         first, last = self.layers
@@ -53,12 +58,26 @@ def slot_from_manifest(manifest: dict, layer: int, rep: dict) -> ShardSlot:
         first, last = shard["layers"]
         if first <= layer <= last:
             codec = rep.get("codec") or manifest["codec"]
-            return ShardSlot(manifest["template_id"], manifest["model_id"], (first, last), codec, rep["name"])
+            return ShardSlot(manifest["template_id"], manifest["model_id"], (first, last), codec, rep["name"],
+                             _grid(manifest.get("token_grid")), manifest.get("heads"), manifest.get("head_dim"))  # fmt: skip
     raise ValueError(f"manifest of template {manifest.get('template_id')!r} has no shard holding layer {layer}")
 
 
-def check_shard_binding(header: ShardHeader, slot: ShardSlot) -> None:
-    """Raise :class:`ShardBindingError` naming every field where ``header`` disagrees with ``slot``."""
+def _grid(grid) -> tuple[int, int] | None:
+    return None if grid is None else (grid[0], grid[1])
+
+
+def check_shard_geometry(header: ShardHeader, slot: ShardSlot) -> None:
+    """Raise :class:`ShardBindingError` unless ``header`` (any blob of the slot's chain, its level aside) names the
+    slot's template, model, layers, codec and geometry: run on each blob's header before it is decompressed, so a
+    small blob claiming another grid is refused before its size is allocated."""
+    problems = _identity_problems(header, slot)
+    if header.codec != slot.codec:
+        problems.append(f"codec {header.codec!r} (expected {slot.codec!r})")
+    _raise_if(problems)
+
+
+def _identity_problems(header: ShardHeader, slot: ShardSlot) -> list[str]:
     problems = []
     if header.template_id != slot.template_id:
         problems.append(f"template {header.template_id!r} (expected {slot.template_id!r})")
@@ -68,12 +87,29 @@ def check_shard_binding(header: ShardHeader, slot: ShardSlot) -> None:
         problems.append(
             f"layers {header.layer_first}-{header.layer_last} (expected {slot.layers[0]}-{slot.layers[1]})"
         )
+    if slot.token_grid is not None and tuple(header.token_grid) != tuple(slot.token_grid):
+        problems.append(f"token grid {list(header.token_grid)} (expected {list(slot.token_grid)})")
+    if slot.heads is not None and header.heads != slot.heads:
+        problems.append(f"heads {header.heads} (expected {slot.heads})")
+    if slot.head_dim is not None and header.head_dim != slot.head_dim:
+        problems.append(f"head_dim {header.head_dim} (expected {slot.head_dim})")
+    return problems
+
+
+def check_shard_binding(header: ShardHeader, slot: ShardSlot) -> None:
+    """Raise :class:`ShardBindingError` naming every field where ``header`` (the chain's top blob) disagrees with
+    ``slot``, its level included."""
+    problems = _identity_problems(header, slot)
     if header.codec != slot.codec:
         problems.append(f"codec {header.codec!r} (expected {slot.codec!r})")
     else:
         name = get_codec(header.codec).level_name(header.level)
         if name != slot.level_name:
             problems.append(f"level {name!r} (expected {slot.level_name!r})")
+    _raise_if(problems)
+
+
+def _raise_if(problems: list[str]) -> None:
     if problems:
         raise ShardBindingError(
             "shard does not belong where the manifest puts it: its header says "

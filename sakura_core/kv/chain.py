@@ -12,7 +12,7 @@ read the upgraded tensors — a progressive codec then only applies the new blob
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -121,11 +121,15 @@ class ChainDecoder:
         """Header of the latest blob (its level is the level :meth:`tensors` returns), or ``None`` before any."""
         return self._parsed[-1][0] if self._parsed else None
 
-    def push(self, blob: bytes) -> ShardHeader:
+    def push(self, blob: bytes, check: Callable[[ShardHeader], None] | None = None) -> ShardHeader:
+        """Parse ``blob``, check it follows the chain, then ``check(header)`` (the caller's test of the header
+        against what it expects, e.g. ``kv.binding.check_shard_geometry``), all before anything is decompressed."""
         header, sections = parse_shard(blob)
         first = self._parsed[0][0] if self._parsed else None
         prev = self._parsed[-1][0] if self._parsed else None
         _check_link(len(self._parsed), header, first, prev, lambda: shard_digest(self._blobs[-1]))
+        if check is not None:
+            check(header)
         codec = get_codec(header.codec)
         if codec.decode_step is not None:
             self._state = codec.decode_step(self._state, header, sections)

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..models.kv_types import KV_MODES
+from .manifest_limits import ManifestLimitError, check_geometry_limits, check_steps_limit, check_value_limits
 from .manifest_schema import (
     MANIFEST_VERSION,
     ManifestError,
@@ -72,6 +73,7 @@ __all__ = [
     "BlobRef",
     "Manifest",
     "ManifestError",
+    "ManifestLimitError",
     "ModelMismatchError",
     "Reference",
     "Schedule",
@@ -217,12 +219,16 @@ def parse_manifest(manifest: Any, *, template_id: str | None = None, model_id: s
     the per-step schedule, the template image reference, the references), then the template and model asked for
     (:meth:`Manifest.expect`). Returns the typed :class:`Manifest`; raises ``ManifestError`` naming the bad field."""
     header = check_header(manifest)
+    check_geometry_limits(header)  # the bounds (sakura_core.limits), before anything is sized from the header
     per_step = header["kv_mode"] == "per-step"
     schedule = Schedule(**check_schedule_field(manifest.get("schedule"))) if per_step else None
+    if schedule is not None:
+        check_steps_limit(schedule.steps)
     if schedule is None and manifest.get("schedule") is not None:
         raise ManifestError("manifest field 'schedule' is only for kv_mode 'per-step' (single-mode KV fits any)")
     check_shards(manifest.get("shards"), header["num_layers"], schedule.steps if per_step else None)
     image = check_blob_ref(manifest.get("template_image"))
+    check_value_limits(manifest, header)
     refs = tuple(
         Reference(**{**r, "image": None if r["image"] is None else BlobRef(*r["image"])})
         for r in check_references(manifest, header["token_grid"], header["rope_layout"])

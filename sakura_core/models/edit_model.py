@@ -94,6 +94,8 @@ def load_image(source, size: int) -> np.ndarray:
     """
     from PIL import Image
 
+    from ..images import open_image_file, to_uint8
+
     if isinstance(source, str) and source in DEMO_TEMPLATES:
         import skimage.data
 
@@ -102,15 +104,14 @@ def load_image(source, size: int) -> np.ndarray:
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"image {path} not found (or use a sample name: {', '.join(DEMO_TEMPLATES)})")
-        arr = np.asarray(Image.open(path).convert("RGB"))
+        arr = open_image_file(path)  # the pixel limit, 16-bit and palette images converted by their mode
     else:
         arr = np.asarray(source)
     if arr.ndim == 2:
         arr = np.stack([arr] * 3, axis=-1)
     if arr.ndim != 3 or arr.shape[2] not in (3, 4):
         raise ValueError(f"image must be (H, W, 3) or (H, W, 4), got shape {arr.shape}")
-    if arr.dtype != np.uint8:
-        arr = np.clip(arr * (255.0 if arr.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
+    arr = to_uint8(arr)  # uint16 scaled (not clipped), floats in [0, 1] times 255
     arr = arr[..., :3]
     h, w = arr.shape[:2]
     s = min(h, w)

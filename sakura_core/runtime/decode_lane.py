@@ -14,7 +14,7 @@ import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..kv.binding import check_shard_binding, slot_from_manifest
+from ..kv.binding import check_shard_binding, check_shard_geometry, slot_from_manifest
 from ..kv.chain import ChainDecoder
 from ..policy.ladder import Level
 from .live_state import LiveState
@@ -81,10 +81,12 @@ class DecodeLane:
                 raise RuntimeError(f"{shard}: the decoder no longer holds the chain prefix this upgrade extends")
         else:
             dec = ChainDecoder()
+        # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not): each
+        # blob's header is checked against the slot's geometry before it is decompressed, the top one's level after
+        slot = slot_from_manifest(self.manifest, shard.layer, self.reps[shard.g][level])
         for blob in blobs:  # on an error the half-advanced decoder stays dropped (popped above)
-            dec.push(blob)
-        # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not)
-        check_shard_binding(dec.header, slot_from_manifest(self.manifest, shard.layer, self.reps[shard.g][level]))
+            dec.push(blob, lambda header: check_shard_geometry(header, slot))
+        check_shard_binding(dec.header, slot)
         k, v = dec.tensors()
         with self._lock:
             self.decoders[shard] = (list(digests), dec)

@@ -47,7 +47,8 @@ async def client(comfy, prompt_server, aiohttp_client, monkeypatch):
 
 
 @pytest.mark.slow
-async def test_lists_the_published_templates(client, server_url, examples, store_dir, demo_model):
+async def test_lists_the_published_templates(client, server_url, examples, store_dir, demo_model, monkeypatch):
+    monkeypatch.setenv("SAKURA_SERVER_URLS", f"http://example.invalid, {server_url}")
     examples.publish_examples(store_dir, demo_model, ["face-swap-astronaut-per-step"])
     resp = await client.get("/sakura/templates", headers=OURS, params={"server_url": server_url})
     assert resp.status == 200
@@ -61,31 +62,89 @@ async def test_lists_the_published_templates(client, server_url, examples, store
     assert (per_step["kv_mode"], per_step["steps"]) == ("per-step", 4)
 
 
-async def test_a_failing_server_is_asked_once(comfy, aiohttp_server):
+UNIFORM = "(not reachable, no SAKURA server there, or it answered with an error; ComfyUI's log says which)"
+
+
+async def test_a_failing_server_is_asked_once_and_its_page_never_echoed(comfy, aiohttp_server):
     """The chooser must answer at once: one request, no retry window (the client's default retries for 8 s)."""
     hits = []
 
     async def catalog(request):
         hits.append(request.path)
-        return web.json_response({"error": "warming up"}, status=503)
+        return web.json_response({"error": "warming up: SECRET-PAGE-TEXT"}, status=503)
 
     app = web.Application()
     app.router.add_get("/v1/templates", catalog)
     srv = await aiohttp_server(app)
-    body = await comfy.nodes.routes.list_published(str(srv.make_url("")), None)
-    assert body["templates"] == [] and "503" in body["error"]
+    url = str(srv.make_url("")).rstrip("/")
+    body = await comfy.nodes.routes.list_published(url, None)
+    assert body == {"server_url": url, "templates": [], "error": f"no template catalog could be read from {url} "
+                    + UNIFORM}  # fmt: skip
     assert hits == ["/v1/templates"]
 
 
-async def test_an_unreachable_server_is_a_readable_answer(client):
-    closed = f"http://127.0.0.1:{free_port()}"
-    body = await (await client.get("/sakura/templates", headers=OURS, params={"server_url": closed})).json()
-    assert body["templates"] == []
-    assert body["error"] == (
-        f"catalog: cannot reach the SAKURA server at {closed} (connection refused) — is `sakura serve` running?"
-    )
+async def test_refused_and_an_error_page_read_the_same(client, aiohttp_server, monkeypatch):
+    """No port-scan oracle: a closed port and a server answering 500 give one message (but for the URL)."""
+
+    async def page(request):
+        return web.Response(status=500, text="<html>internal details</html>")
+
+    app = web.Application()
+    app.router.add_get("/v1/templates", page)
+    srv = await aiohttp_server(app)
+    answering, closed = str(srv.make_url("")).rstrip("/"), f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("SAKURA_SERVER_URLS", f"{answering},{closed}")
+    errors = []
+    for url in (answering, closed):
+        body = await (await client.get("/sakura/templates", headers=OURS, params={"server_url": url})).json()
+        assert body["templates"] == [] and "internal details" not in body["error"]
+        errors.append(body["error"].replace(url, "URL"))
+    assert errors[0] == errors[1] == f"no template catalog could be read from URL {UNIFORM}"
+
+
+async def test_only_the_configured_servers_are_asked(client, aiohttp_server, monkeypatch):
+    hits = []
+
+    async def catalog(request):
+        hits.append(request.headers.get("Authorization"))
+        return web.json_response({"model_id": None, "templates": [{"id": "x"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/templates", catalog)
+    srv = await aiohttp_server(app)
+    url = str(srv.make_url("")).rstrip("/")
+    monkeypatch.setenv("SAKURA_READ_TOKEN", "read-token-123")
+    monkeypatch.delenv("SAKURA_SERVER_URLS", raising=False)
+    body = await (await client.get("/sakura/templates", headers=OURS, params={"server_url": url})).json()
+    assert body["templates"] == [] and f"server_url {url!r} is not one of the servers" in body["error"]
+    assert "$SAKURA_SERVER_URLS" in body["error"] and hits == []  # not even a connection, so no token sent
     body = await (await client.get("/sakura/templates", headers=OURS, params={"server_url": "ftp://x"})).json()
-    assert body["error"] == "server_url 'ftp://x' must start with http:// or https://, e.g. http://127.0.0.1:8080"
+    assert "server_url 'ftp://x' is not one of the servers" in body["error"]
+    monkeypatch.setenv("SAKURA_SERVER_URLS", url + "/")
+    body = await (await client.get("/sakura/templates", headers=OURS, params={"server_url": url})).json()
+    assert body["error"] is None and [t["id"] for t in body["templates"]] == ["x"]
+    assert hits == ["Bearer read-token-123"]
+
+
+async def test_a_silent_server_is_answered_within_the_total_timeout(comfy, monkeypatch):
+    """A server that accepts and never answers: the route gives up after TOTAL_TIMEOUT_S (here 0.3 s), not after the
+    client's own read timeouts."""
+    held = []
+
+    async def hold(reader, writer):  # accepts, reads the request, never answers
+        held.append(writer)
+        await asyncio.sleep(30)
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    monkeypatch.setattr(comfy.nodes.routes, "TOTAL_TIMEOUT_S", 0.3)
+    try:
+        body = await asyncio.wait_for(comfy.nodes.routes.list_published(url, None), 3.0)
+    finally:
+        for writer in held:
+            writer.close()
+        silent.close()
+    assert held and body["error"] == f"no template catalog could be read from {url} {UNIFORM}"
 
 
 async def test_other_pages_cannot_use_the_route(client):
