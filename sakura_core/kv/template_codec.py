@@ -21,7 +21,9 @@ class ImportanceWeights(Protocol):
     k_weight: np.ndarray  # (layers, tokens, heads, head_dim)
     v_weight: np.ndarray  # (layers, tokens, heads)
     k_drop: np.ndarray  # (layers, tokens, heads)
-    layer_gain: np.ndarray | None  # (layers,)
+
+    def layer_scale(self) -> np.ndarray:
+        """(layers,) factor on each layer's weights (layers in the same units for a template-wide allocation)."""
 
 
 def shard_inputs(
@@ -36,9 +38,7 @@ def shard_inputs(
     if importance is not None and importance.k_weight.shape[0] != kv.num_layers:
         raise ValueError(f"importance covers {importance.k_weight.shape[0]} layers, the KV has {kv.num_layers}")
     x = kv.kv.detach().float().cpu().numpy()  # (layers, 2, tokens, heads, head_dim)
-    gain = np.ones(kv.num_layers)
-    if importance is not None and importance.layer_gain is not None:
-        gain = np.asarray(importance.layer_gain, dtype=np.float64)
+    gain = np.ones(kv.num_layers) if importance is None else np.asarray(importance.layer_scale(), dtype=np.float64)
     out = []
     for first in range(0, kv.num_layers, shard_layers):
         last = min(first + shard_layers, kv.num_layers) - 1
