@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sakura_core.kv.manifest import MANIFEST_VERSION
+
 from .store import Store, validate_template_id
 
 __all__ = ["SyntheticModel", "SyntheticTemplate", "make_synthetic_template", "synthetic_precompute"]
@@ -71,7 +73,7 @@ def build_synthetic(
             )
         shards.append({"layers": [layer, layer], "representations": reps})
     manifest = {
-        "version": 1,
+        "version": MANIFEST_VERSION,
         "model_id": model_id,
         "template_id": template_id,
         "token_grid": list(token_grid),

@@ -11,7 +11,7 @@ __all__ = ["DIGEST_RE", "MANIFEST_VERSION", "TEMPLATE_ID_RE", "check_manifest"]
 
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 TEMPLATE_ID_RE = re.compile(r"[a-z0-9-]{1,64}")
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 
 
 def _is_int(x: Any) -> bool:
@@ -28,11 +28,13 @@ def check_manifest(manifest: Any, *, template_id: str | None = None, model_id: s
     """
     if not isinstance(manifest, dict):
         raise ManifestError(f"manifest must be a JSON object, got {type(manifest).__name__}")
+    from sakura_core.kv import validate_manifest  # the schema lives with the codec
+    from sakura_core.kv.manifest import version_problem
+
     if manifest.get("version") != MANIFEST_VERSION:
         raise ManifestError(
-            f"manifest field 'version' is {manifest.get('version')!r}; this client reads version {MANIFEST_VERSION}"
+            f"{version_problem(manifest.get('version'))}; this client reads version {MANIFEST_VERSION}"
         )
-    from sakura_core.kv import validate_manifest  # the schema lives with the codec
 
     try:
         validate_manifest(manifest)

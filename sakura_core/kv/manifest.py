@@ -3,7 +3,7 @@
 Schema::
 
     {
-      "version": 1,
+      "version": 2,                                # 1: before shard format 2 (step + reference); refused
       "model_id": hex content id of the model,
       "template_id": "[a-z0-9-]{1,64}",
       "token_grid": [rows, cols],
@@ -23,7 +23,10 @@ Schema::
             "total_bytes": bytes of this blob plus every blob it requires (what fetching it from nothing costs),
             "distortion": measured attention-output relative error of the decoded chain (0 = exact),
             "digest": sha256 hex of the blob (its name: GET /v1/shards/{digest}),
-            "requires": [digests of the lower-level blobs this one refines, base first; [] for a base]}
+            "requires": [digests of the lower-level blobs this one refines, base first; [] for a base],
+            "psnr_db": measured end-to-end PSNR of an edit with every shard at this level (optional),
+            "ref": per-step only, optional: {"mode": "residual" | "reuse", "step": r, "digest": fp16 digest of
+                   the shard (r, same layers)} — the shard that must be decoded first (see manifest_refs.py)}
          ]}
       ]
     }
@@ -41,6 +44,7 @@ import re
 from typing import Any
 
 from ..models.kv_types import KV_MODES
+from .manifest_refs import check_references, ref_mode
 
 __all__ = [
     "KV_MODES",
@@ -51,9 +55,10 @@ __all__ = [
     "manifest_kv_mode",
     "shards_for_step",
     "validate_manifest",
+    "version_problem",
 ]
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _MODEL_ID = re.compile(r"^[0-9a-f]{1,128}$")
 _TEMPLATE_ID = re.compile(r"^[a-z0-9-]{1,64}$")
@@ -83,7 +88,7 @@ def validate_manifest(manifest: dict) -> None:
     if not isinstance(manifest, dict):
         raise ManifestError(f"manifest must be a JSON object, got {type(manifest).__name__}")
     if manifest.get("version") != MANIFEST_VERSION:
-        raise ManifestError(f"manifest field 'version' must be {MANIFEST_VERSION}, got {manifest.get('version')!r}")
+        raise ManifestError(version_problem(manifest.get("version")))
     model_id = manifest.get("model_id")
     if not isinstance(model_id, str) or not _MODEL_ID.match(model_id):
         raise ManifestError(f"manifest field 'model_id' must be lowercase hex, got {model_id!r}")
@@ -125,6 +130,18 @@ def validate_manifest(manifest: dict) -> None:
     for step in range(steps):
         group = [(i, sh) for i, sh in enumerate(shards) if keys[i] == step]
         _validate_layer_cover(group, num_layers, seen_digests, step)
+    check_references(shards)
+
+
+def version_problem(version: Any) -> str:
+    """What is wrong with a manifest's ``version`` and how to fix it."""
+    if version == 1:
+        return (
+            "manifest field 'version' is 1: the template was published before shard format 2 (shards carrying their "
+            "step and cross-step reference), which this client reads; republish it (sakura precompute ... "
+            "--overwrite, or sakura examples --store DIR)"
+        )
+    return f"manifest field 'version' must be {MANIFEST_VERSION}, got {version!r}"
 
 
 def _validate_layer_cover(group: list[tuple[int, Any]], num_layers: int, seen_digests: set[str], step) -> None:
@@ -146,7 +163,7 @@ def _validate_layer_cover(group: list[tuple[int, Any]], num_layers: int, seen_di
                 f"without gaps (expected first = {next_layer})"
             )
         next_layer = layers[1] + 1
-        _validate_representations(shard.get("representations"), where, seen_digests)
+        _validate_representations(shard.get("representations"), where, seen_digests, step)
     if next_layer != num_layers:
         raise ManifestError(
             f"manifest field {what!r} covers layers 0..{next_layer - 1}, but num_layers = {num_layers}"
@@ -248,7 +265,7 @@ def check_schedule(
         )
 
 
-def _validate_representations(reps: Any, where: str, seen_digests: set[str]) -> None:
+def _validate_representations(reps: Any, where: str, seen_digests: set[str], step: int | None = None) -> None:
     if not isinstance(reps, list) or not reps:
         raise ManifestError(f"manifest field '{where}.representations' must be a non-empty list")
     by_digest: dict[str, dict] = {}
@@ -262,6 +279,9 @@ def _validate_representations(reps: Any, where: str, seen_digests: set[str]) -> 
             raise ManifestError(f"manifest field '{w}.level' must be an int >= 0, got {level!r}")
         if not isinstance(rep.get("name"), str) or not rep["name"]:
             raise ManifestError(f"manifest field '{w}.name' must be a non-empty string, got {rep.get('name')!r}")
+        if ref_mode(rep, w, step) == "reuse":  # zero bytes, no blob: nothing more to check here
+            levels.append(level)
+            continue
         size = rep.get("bytes")
         if not _is_int(size) or size < 1:
             raise ManifestError(f"manifest field '{w}.bytes' must be a positive int, got {size!r}")
@@ -289,6 +309,8 @@ def _validate_representations(reps: Any, where: str, seen_digests: set[str]) -> 
     for j, rep in enumerate(reps):
         w = f"{where}.representations[{j}].requires"
         requires = rep["requires"]
+        if rep["digest"] is None:  # a reuse representation
+            continue
         for r in requires:
             if r not in by_digest:
                 raise ManifestError(
