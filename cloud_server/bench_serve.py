@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sakura_core.kv.manifest_refs import blob_digests
+
 from .loadgen import _cpu_s, _load, _rss_bytes
 from .nginx import NginxError, NginxProcess, find_nginx
 from .store import LocalStore
@@ -239,7 +241,7 @@ def _shards(args, work: Path, sizes_kib: list[float]) -> tuple[LocalStore, list[
         num_layers=args.layers,
         level_bytes=tuple(int(k * 1024) for k in sizes_kib),
     )
-    return store, [r["digest"] for s in manifest["shards"] for r in s["representations"]]
+    return store, blob_digests(manifest)
 
 
 def _start_nginx(args, work: Path, store: LocalStore, servers: list) -> tuple[NginxProcess | None, str | None]:

@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sakura_core.kv.manifest_refs import blob_digests
+
 from .store import LocalStore, NotFoundError, file_sha256, validate_digest
 
 __all__ = ["FsckConfig", "FsckReport", "fsck"]
@@ -81,7 +83,7 @@ def _referenced(store: LocalStore, report: FsckReport) -> dict[str, list[str]]:
         report.templates_checked += 1
         try:
             manifest = json.loads(store.get_manifest_bytes(template_id))
-            digests = [r["digest"] for s in manifest["shards"] for r in s["representations"]]
+            digests = blob_digests(manifest)
             digests += [d for s in manifest["shards"] for r in s["representations"] for d in r.get("requires", [])]
             if isinstance(manifest.get("template_image"), dict):
                 digests.append(manifest["template_image"]["digest"])

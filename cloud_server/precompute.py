@@ -19,6 +19,7 @@ import numpy as np
 
 from sakura_core.fetch.client import ManifestError, check_manifest
 from sakura_core.files import png_bytes
+from sakura_core.kv.manifest_refs import blob_digests
 
 from .store import Store, validate_template_id
 
@@ -109,6 +110,8 @@ def _check_result(result: Any, model_id: str, template_id: str) -> tuple[dict, d
     check_manifest(manifest, template_id=template_id, model_id=model_id)
     for i, shard in enumerate(manifest["shards"]):
         for rep in shard["representations"]:
+            if rep["digest"] is None:  # a zero-byte cross-step "reuse" rung: no blob
+                continue
             blob = blobs.get(rep["digest"])
             if blob is None:
                 raise ManifestError(f"manifest shards[{i}] names digest {rep['digest']} but no blob was produced")
@@ -136,6 +139,7 @@ def publish_template(
     steps: int = 4,
     shift: float = 1.0,
     template_size: int | None = None,
+    cross_step: bool = True,
 ) -> PublishResult:
     """Precompute a template's KV ladder and publish it in ``store``; the manifest is written last.
 
@@ -154,7 +158,8 @@ def publish_template(
         progress: ``progress(stage, done, total)``; may raise to abort (nothing is published then).
         precompute_fn: the codec entry point (default ``sakura_core.precompute.precompute_template``).
         kv_mode, steps, shift: ``"single"`` (one KV per layer) or ``"per-step"`` (one per (step, layer) for the
-            schedule ``steps``/``shift``; the manifest names it). Passed to the codec only in per-step mode.
+            schedule ``steps``/``shift``; the manifest names it). Passed to the codec only in per-step mode, with
+            ``cross_step`` (steps >= 1 coded against step 0; see ``sakura_core.precompute.cross_step``).
         template_size: side in pixels the template is resized to (default: the model's edit size); a larger
             template has more tokens than the edit (its own grid of position ids).
     """
@@ -170,6 +175,8 @@ def publish_template(
 
         image = load_image(image, template_size or spec.image_size)
     mode_kwargs = {} if kv_mode == "single" else {"kv_mode": kv_mode, "steps": steps, "shift": shift}
+    if kv_mode != "single" and not cross_step:  # the codec's default is cross-step coding
+        mode_kwargs["cross_step"] = False
     result = fn(
         model, image, template_id, codec=codec, shard_layers=shard_layers, seed=seed, progress=progress, **mode_kwargs
     )
@@ -179,7 +186,7 @@ def publish_template(
     image_png = png_bytes(image)
     image_ref = {"digest": hashlib.sha256(image_png).hexdigest(), "bytes": len(image_png), "format": "png"}
     manifest = {**manifest, "template_image": image_ref}
-    digests = [rep["digest"] for shard in manifest["shards"] for rep in shard["representations"]]
+    digests = blob_digests(manifest)
     unused = set(blobs) - set(digests)
     if unused:
         logger.warning("template %s: %d blob(s) not named by the manifest are not stored", template_id, len(unused))

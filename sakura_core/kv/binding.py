@@ -59,7 +59,7 @@ def slot_from_manifest(manifest: dict, layer: int, rep: dict, step: int | None =
         if first <= layer <= last and shard.get("step") == step:
             codec = rep.get("codec") or manifest["codec"]
             ref = rep.get("ref")
-            reference = (ref["step"], ref["base"]) if ref and ref.get("mode") == "residual" else None
+            reference = (ref["step"], ref["digest"]) if ref and ref.get("mode") == "residual" else None
             return ShardSlot(
                 manifest["template_id"], manifest["model_id"], (first, last), codec, rep["name"], step, reference
             )

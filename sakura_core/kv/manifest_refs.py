@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["REF_MODES", "check_references", "ref_mode"]
+__all__ = ["REF_MODES", "blob_digests", "check_references", "ref_mode"]
 
 REF_MODES = ("residual", "reuse")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -67,3 +67,14 @@ def check_references(shards: list[Any]) -> None:
                     f"manifest field 'shards[{i}].representations[{j}].ref' names {ref['digest'][:12]}…, but the "
                     f"fp16 representation of step {ref['step']} layers {sh['layers']} is {str(want)[:12]}…"
                 )
+
+
+def blob_digests(manifest: dict) -> list[str]:
+    """Every blob digest a manifest's representations name (their own and their chains'), without the zero-byte
+    ``reuse`` representations, which have none; in manifest order, repeats included."""
+    out = []
+    for shard in manifest["shards"]:
+        for rep in shard["representations"]:
+            if rep.get("digest") is not None:
+                out.append(rep["digest"])
+    return out

@@ -17,10 +17,11 @@ from ..kv.chain import decode_chain
 from ..kv.codec_registry import get_codec
 from ..kv.container import shard_digest
 from ..kv.manifest import MANIFEST_VERSION, validate_manifest
-from ..kv.template_codec import decode_kv, level_chains, shard_inputs
+from ..kv.template_codec import decode_kv, decode_per_step, level_chains, shard_inputs
 from ..models.edit_model import EditModel, load_image
 from ..models.kv_types import KV_MODES, PerStepTemplateKV, TemplateKV
 from .attention_capture import capture_attention
+from .cross_step import REUSE, StepBase, encode_residual_step, reuse_representation
 from .importance import attention_error, importance_from_captures, layer_gains
 from .probes import ProbeConfig, make_probes
 
@@ -55,6 +56,7 @@ def precompute_template(
     kv_mode: str = "single",
     steps: int = 4,
     shift: float = 1.0,
+    cross_step: bool = True,
 ) -> PrecomputedTemplate:
     """Compute a template's exact KV, estimate token importance, encode every shard at every level of ``codec`` plus
     the fp16 reference, measure each representation's distortion on held-out probes, and build the manifest.
@@ -78,6 +80,8 @@ def precompute_template(
             ``flow_timesteps(steps, shift)``, or a latent model's own schedule for ``steps``; importance probes run at
             each step's time; shards carry ``step``).
         steps, shift: the per-step schedule (ignored in single mode).
+        cross_step: per-step mode: code steps >= 1 as residuals against step 0 (plus their fp16 and a zero-byte
+            ``reuse`` rung; see :mod:`.cross_step`) instead of each step on its own.
     """
     from ..runtime.schedule import edit_times
 
@@ -101,10 +105,28 @@ def precompute_template(
     packed = model.pack_image(image if image.shape[0] == size else load_image(image, size))
     blobs: dict[str, bytes] = {}
     shards: list[dict] = []
+    cross = per_step is not None and cross_step
+    base = None  # what the next step is coded against (cross-step coding)
     for s, kv in enumerate(kvs):
         step_cfg = config if per_step is None else replace(config, timesteps=(kv.ref_timestep,))
         importance, held = _importance(model, kv, packed, step_cfg, held_out_probes, report)
-        step_shards = _encode_step(ladder, kv, template_id, importance, held, shard_layers, blobs, report)
+        step = None if per_step is None else s
+        if cross and s > 0:
+            prev_exact = base.exact_digest
+            step_shards, base = encode_residual_step(
+                ladder, kv, base, s, importance, held, template_id, shard_layers, blobs, steps
+            )
+            for sh in step_shards:
+                sh["representations"].insert(
+                    0, reuse_representation(s, sh["layers"], prev_exact, held, kv, kvs[s - 1])
+                )
+        else:
+            base = StepBase(kv) if cross else None
+            step_shards = _encode_step(
+                ladder, kv, template_id, importance, held, shard_layers, blobs, report, step, base
+            )
+            if base is not None:
+                base.exact_digest = {sh["layers"][0]: _fp16_digest(sh) for sh in step_shards}
         if per_step is not None:
             step_shards = [{"step": s, **sh} for sh in step_shards]
         shards += step_shards
@@ -129,6 +151,7 @@ def precompute_template(
         "psnr_metric": PSNR_METRIC if psnr_steps > 0 else None,
         "kv_mode": kv_mode,
         **({"schedule": _schedule(per_step, shift)} if per_step is not None else {}),
+        **({"per_step_coding": "cross-step" if cross else "independent"} if per_step is not None else {}),
         "shards": shards,
     }
     validate_manifest(manifest)
@@ -154,14 +177,23 @@ def _schedule(per_step: PerStepTemplateKV, shift: float) -> dict:
     }
 
 
-def _encode_step(ladder, kv: TemplateKV, template_id, importance, held, shard_layers, blobs, report) -> list[dict]:
-    """Every representation of every shard (and its distortion on the held-out probes) for one TemplateKV."""
+def _fp16_digest(entry: dict) -> str:
+    return next(r["digest"] for r in entry["representations"] if r["codec"] == "fp16")
 
-    inputs = ladder.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers))
+
+def _encode_step(
+    ladder, kv: TemplateKV, template_id, importance, held, shard_layers, blobs, report, step=None, base=None
+) -> list[dict]:
+    """Every representation of every shard (and its distortion on the held-out probes) for one TemplateKV; with a
+    :class:`StepBase`, also what later steps are coded against (thresholds, decoded KV per level name)."""
+
+    inputs = ladder.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers, step=step))
+    if base is not None:
+        base.slopes = inputs[0].level_slopes if inputs else None
     shards = []
     for i, shard in enumerate(inputs):
         report("encode", i, len(inputs))
-        shards.append(_encode_shard(ladder, shard, kv, held, blobs))
+        shards.append(_encode_shard(ladder, shard, kv, held, blobs, None if base is None else base.decoded))
     report("encode", len(inputs), len(inputs))
     return shards
 
@@ -196,8 +228,9 @@ def _importance(model: EditModel, kv: TemplateKV, packed, config: ProbeConfig, h
     return importance, held
 
 
-def _encode_shard(ladder, shard, kv: TemplateKV, held, blobs: dict[str, bytes]) -> dict:
-    """One shard's manifest entry: every level of ``ladder`` and the fp16 reference on top; blobs go to ``blobs``."""
+def _encode_shard(ladder, shard, kv: TemplateKV, held, blobs: dict[str, bytes], decoded=None) -> dict:
+    """One shard's manifest entry: every level of ``ladder`` and the fp16 reference on top; blobs go to ``blobs``
+    (and each level's decoded K, V to ``decoded[(first layer, level name)]`` when given)."""
     first, last = shard.meta.layer_first, shard.meta.layer_first + shard.k.shape[0] - 1
     reps = []
     if ladder.name != "fp16":
@@ -205,7 +238,7 @@ def _encode_shard(ladder, shard, kv: TemplateKV, held, blobs: dict[str, bytes]) 
         chain: list[bytes] = []
         for level, blob in zip(ladder.levels, encoded, strict=True):
             chain = chain + [blob] if ladder.progressive else [blob]
-            reps.append(_representation(ladder, level, chain, kv, held, first))
+            reps.append(_representation(ladder, level, chain, kv, held, first, decoded))
             blobs[reps[-1]["digest"]] = blob
     top = (max(ladder.levels) + 1) if ladder.name != "fp16" else 0
     fp16 = get_codec("fp16")
@@ -246,13 +279,15 @@ def _add_output_psnr(
     run = dict(steps=steps, seed=seed, shift=shift, kv_mode=mode)
     exact = _output_pixels(model, run_edit(model, user, prompt, kv_source=kv, **run).tokens)
     names = [r["name"] for r in shards[0]["representations"]]
+    names += [REUSE] if any(r["name"] == REUSE for sh in shards for r in sh["representations"]) else []
     for i, name in enumerate(names):
         report("psnr", i, len(names))
         approx = _decode_level(kv, shards, blobs, name)
         out = _output_pixels(model, run_edit(model, user, prompt, kv_source=approx, **run).tokens)
         psnr = psnr_from_mse(float(((out - exact) ** 2).mean()))
         for shard in shards:
-            next(r for r in shard["representations"] if r["name"] == name)["psnr_db"] = round(psnr, 3)
+            for r in (r for r in shard["representations"] if r["name"] == name):
+                r["psnr_db"] = round(psnr, 3)
     report("psnr", len(names), len(names))
 
 
@@ -266,17 +301,16 @@ def _output_pixels(model, tokens: torch.Tensor) -> torch.Tensor:
 def _decode_level(kv, shards: list[dict], blobs: dict[str, bytes], name: str):
     """The whole template decoded at the level called ``name``, typed like ``kv`` (single or per-step)."""
     if isinstance(kv, PerStepTemplateKV):
-        per_step = [
-            decode_kv(level_chains([sh for sh in shards if sh["step"] == s], blobs, name)).float()
-            for s in range(kv.num_steps)
-        ]  # each (layers, 2, tokens, heads, head_dim)
-        return PerStepTemplateKV(torch.stack(per_step), kv.model_id, kv.token_grid, kv.rope_layout, kv.timesteps)
+        per_step = decode_per_step(shards, blobs, name, kv.num_steps)  # (steps, layers, 2, tokens, heads, head_dim)
+        return PerStepTemplateKV(per_step, kv.model_id, kv.token_grid, kv.rope_layout, kv.timesteps)
     decoded = decode_kv(level_chains(shards, blobs, name)).float()  # (layers, 2, tokens, heads, head_dim)
     return TemplateKV(decoded, kv.model_id, kv.token_grid, kv.rope_layout, kv.ref_timestep)
 
 
-def _representation(codec, level: int, chain: list[bytes], kv: TemplateKV, held, first: int) -> dict:
+def _representation(codec, level: int, chain: list[bytes], kv: TemplateKV, held, first: int, decoded=None) -> dict:
     _, k, v = decode_chain(chain)
+    if decoded is not None:
+        decoded[(first, codec.level_name(level))] = (k, v)
     approx = {first + i: (torch.from_numpy(k[i]), torch.from_numpy(v[i])) for i in range(k.shape[0])}
     digest = shard_digest(chain[-1])
     return {
