@@ -3,15 +3,21 @@
 A shard's chain is decoded in the thread pool by one :class:`~sakura_core.kv.chain.ChainDecoder` per shard, kept
 while an upgrade may extend it, so an upgrade fetches and applies only its new blobs (no blob is kept after it is
 decoded). The decoded KV is counted (``kv_bytes``, ``peak_kv_bytes``); in per-step mode a shard serves one (step,
-layer) only and is freed once the compute lane has passed it.
+layer) only and is freed once the compute lane has passed it — in a cross-step template, once the compute lane has
+passed the same layer of the next step too, since that step's residual is decoded against it.
+
+A cross-step residual is decoded against the reference shard's KV as the device holds it (decoded from any of its
+levels, or computed by the device's fallback pass): :meth:`DecodeLane.reference_for`; without it the shard is not
+fetched and falls back (:class:`~sakura_core.kv.chain.MissingReferenceError`, in the report's ``fallbacks``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..kv.binding import check_shard_binding, slot_from_manifest
-from ..kv.chain import ChainDecoder
+from ..kv.chain import ChainDecoder, DecodedReference, MissingReferenceError
 
 __all__ = ["DecodeLane"]
 
@@ -28,9 +34,30 @@ class DecodeLane:
         ok = 0 < len(done) < len(digests) and digests[: len(done)] == done
         return len(done) if ok else 0
 
-    def decode_shard(self, layer: int, level: int, digests: list[str], blobs: list[bytes], start: int = 0):
+    def reference_for(self, g: int, rep: dict) -> DecodedReference | None:
+        """The decoded reference a cross-step residual representation ``rep`` of shard ``g`` needs (``None`` for a
+        self-contained one); raises MissingReferenceError when the device holds no KV of the reference shard."""
+        ref = rep.get("ref")
+        if ref is None or ref.get("mode") != "residual":
+            return None
+        gr = ref["step"] * self.L + g % self.L
+        with self.st.lock:
+            entry = self.kv.get(gr)
+            kv = (entry[0], entry[1]) if entry is not None else self.fallback_kv.get(gr)
+        if kv is None:
+            raise MissingReferenceError(
+                f"its level {rep['name']} is coded against step {ref['step']} layer {g % self.L}, which the device "
+                "does not hold (not fetched, or freed)"
+            )
+        k, v = (np.ascontiguousarray(t.detach().to(torch.float16).reshape(1, *t.shape[-3:]).numpy()) for t in kv)
+        return DecodedReference(ref["step"], ref["digest"], k, v)
+
+    def decode_shard(
+        self, layer: int, level: int, digests: list[str], blobs: list[bytes], start: int = 0, reference=None
+    ):
         """Decode ``blobs`` = ``digests[start:]``: with ``start`` > 0 on top of this layer's decoder, which has applied
-        ``digests[:start]`` (an upgrade applies only its new blobs); else a new decoder."""
+        ``digests[:start]`` (an upgrade applies only its new blobs); else a new decoder. ``reference``: the decoded
+        reference of a cross-step residual (:meth:`reference_for`)."""
         t0 = self.st.now
         with self.decoder_lock:
             done, dec = self.decoders.pop(layer, ([], None))
@@ -42,7 +69,11 @@ class DecodeLane:
         for blob in blobs:  # on an error the half-advanced decoder stays dropped (popped above)
             dec.push(blob)
         # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not)
-        check_shard_binding(dec.header, slot_from_manifest(self.manifest, layer % self.L, self.reps[layer][level]))
+        step = layer // self.L if self.per_step else None
+        check_shard_binding(
+            dec.header, slot_from_manifest(self.manifest, layer % self.L, self.reps[layer][level], step)
+        )
+        dec.set_reference(reference)
         k, v = dec.tensors()
         with self.decoder_lock:
             self.decoders[layer] = (list(digests), dec)
@@ -65,6 +96,8 @@ class DecodeLane:
         never used again: free their KV (fetched and the device's), decoders, and the template state kept at the
         drops of steps before ``g``'s. The device holds the rest of the running step and what is prefetched for
         later steps, not the whole edit's KV. The caller holds ``st.lock``."""
+        if self.manifest.get("per_step_coding") == "cross-step":
+            g -= self.L  # the next step's residuals are decoded against this step's KV: keep one step more
         lo = self.released_below
         if g <= lo:
             return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 
+from ..kv.chain import MissingReferenceError
 from ..policy.policies import LEVEL_COMPUTE
 from .deferral import ask_deferred
 
@@ -59,6 +60,7 @@ class FetchLane:
         digests = [*rep.get("requires", []), rep["digest"]]
         name = self.ladders[layer][level].name
         start = self.decoded_prefix(layer, digests)  # an upgrade fetches only the blobs its decoder lacks
+        reference = self.reference_for(layer, rep)  # a residual whose reference the device lacks: not fetched
         todo = digests[start:]
         if self.reports_chunks:  # the policy sees this shard's transfer while it lasts (LiveState.link_progress)
             with st.lock:
@@ -68,7 +70,9 @@ class FetchLane:
         finally:
             with st.lock:
                 st.receiving.pop(layer, None)
-        k, v = await self._loop.run_in_executor(self._pool, self.decode_shard, layer, level, digests, chain, start)
+        k, v = await self._loop.run_in_executor(
+            self._pool, self.decode_shard, layer, level, digests, chain, start, reference
+        )
         with st.lock:
             cur = self.kv.get(layer)
             if layer < self.released_below:  # used already (per-step): a late upgrade is not kept
@@ -82,15 +86,18 @@ class FetchLane:
         self.ready[layer].set()
 
     async def fetch_with_fallback(self, layer: int, level: int) -> None:
-        """Fetch at ``level``; on failure retry at the floor, then mark the layer for the device."""
+        """Fetch at ``level``; on failure retry at the floor (a cross-step residual whose reference the device lacks:
+        at its self-contained exact level), then mark the layer for the device."""
         try:
             await self.fetch_level(layer, level)
         except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
-            if level != self.floor:
-                name = self.ladders[layer][level].name
-                self.fallbacks.append(f"shard {layer} level {name}: {e}; retrying at the floor level")
+            name = self.ladders[layer][level].name
+            retry = len(self.ladders[layer]) - 1 if isinstance(e, MissingReferenceError) else self.floor
+            if level != retry:
+                what = "its self-contained exact level" if retry != self.floor else "the floor level"
+                self.fallbacks.append(f"shard {layer} level {name}: {e}; retrying at {what}")
                 try:
-                    await self.fetch_level(layer, self.floor)
+                    await self.fetch_level(layer, retry)
                     return
                 except Exception as e2:  # noqa: BLE001
                     e = e2
