@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sakura_core.kv.manifest import MANIFEST_VERSION, version_problem
 from sakura_core.kv.manifest_refs import blob_digests
 
 from .store import LocalStore, NotFoundError, file_sha256, validate_digest
@@ -92,6 +93,8 @@ def _referenced(store: LocalStore, report: FsckReport) -> dict[str, list[str]]:
         except (NotFoundError, ValueError, KeyError, TypeError) as e:
             report.bad_manifests[template_id] = f"{type(e).__name__}: {str(e)[:200]}"
             continue
+        if manifest.get("version") != MANIFEST_VERSION:  # readable, but not by this build's clients: say the fix
+            report.bad_manifests[template_id] = version_problem(manifest.get("version"))  # its shards stay referenced
         for d in digests:
             if template_id not in refs.setdefault(d, []):
                 refs[d].append(template_id)
