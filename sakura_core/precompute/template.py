@@ -80,8 +80,9 @@ def precompute_template(
             ``flow_timesteps(steps, shift)``, or a latent model's own schedule for ``steps``; importance probes run at
             each step's time; shards carry ``step``).
         steps, shift: the per-step schedule (ignored in single mode).
-        cross_step: per-step mode: code steps >= 1 as residuals against step 0 (plus their fp16 and a zero-byte
-            ``reuse`` rung; see :mod:`.cross_step`) instead of each step on its own.
+        cross_step: per-step mode: code steps >= 1 as residuals against step s - 1 (plus their fp16 and a zero-byte
+            ``reuse`` rung; see :mod:`.cross_step`) instead of each step on its own (an fp16 ladder: always on its
+            own).
     """
     from ..runtime.schedule import edit_times
 
@@ -105,7 +106,7 @@ def precompute_template(
     packed = model.pack_image(image if image.shape[0] == size else load_image(image, size))
     blobs: dict[str, bytes] = {}
     shards: list[dict] = []
-    cross = per_step is not None and cross_step
+    cross = per_step is not None and cross_step and ladder.name != "fp16"  # an fp16 ladder is its own exact rung
     base = None  # what the next step is coded against (cross-step coding)
     for s, kv in enumerate(kvs):
         step_cfg = config if per_step is None else replace(config, timesteps=(kv.ref_timestep,))
