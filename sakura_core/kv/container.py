@@ -15,8 +15,8 @@ Layout (little endian, no pickle)::
 The blob's name is ``sha256(blob)`` (:func:`shard_digest`); a refinement blob names the blob it refines by that
 digest, so a chain can be checked link by link. A cross-step blob (per-step KV coded as a residual against another
 step's decoded KV of the same layers) names that step and that shard's base blob, so a decoder can refuse a wrong
-reference; a per-step blob says its step, so a shard served in another step's slot is caught (:mod:`.binding`).
-Format version 1 (before ``step`` and the reference) is refused naming the fix. :func:`parse_shard` validates every length and limit against the
+reference; a per-step blob says its step, so a shard served in another step's slot is caught (:mod:`.binding`);
+version 1 blobs (before ``step`` and the reference) are refused naming the fix. :func:`parse_shard` validates every length and limit against the
 blob's actual size before anything is allocated, and raises a specific :class:`ShardFormatError` subclass.
 """
 
@@ -84,8 +84,7 @@ _TRAILER = struct.Struct("<I")
 _FLAG_REFINES = 0x01
 _FLAG_REFERENCE = 0x02
 _KNOWN_FLAGS = _FLAG_REFINES | _FLAG_REFERENCE
-_NO_STEP = 0xFFFF
-_MAX_STEP = _NO_STEP - 1
+_NO_STEP, _MAX_STEP = 0xFFFF, 0xFFFE
 _DTYPES = {1: "float16", 2: "float32"}
 _DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
 _ZERO_DIGEST = bytes(32)

@@ -44,7 +44,7 @@ import re
 from typing import Any
 
 from ..models.kv_types import KV_MODES
-from .manifest_refs import check_references, ref_mode
+from .manifest_refs import ManifestError, check_references, ref_mode
 
 __all__ = [
     "KV_MODES",
@@ -62,10 +62,6 @@ MANIFEST_VERSION = 2
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _MODEL_ID = re.compile(r"^[0-9a-f]{1,128}$")
 _TEMPLATE_ID = re.compile(r"^[a-z0-9-]{1,64}$")
-
-
-class ManifestError(ValueError):
-    """A manifest does not follow the schema; the message names the offending field (e.g. ``shards[2].layers``)."""
 
 
 class ScheduleMismatchError(ValueError):

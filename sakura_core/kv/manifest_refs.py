@@ -8,7 +8,8 @@ A representation of the shard (step s, layers) may carry ``"ref"``::
 ``r < s``; ``D`` is the digest of the fp16 representation of the shard (r, same layers) — the identity of the exact
 KV the residual was computed against; any decoded representation of that shard serves as the reference. A
 ``reuse`` representation has ``bytes`` 0, ``digest`` null and ``requires`` []. :func:`check_references` checks
-every ``ref`` against the shards of the manifest.
+every ``ref`` against the shards of the manifest. :class:`ManifestError` (the schema's error, re-exported by
+:mod:`.manifest`) lives here so that both modules raise it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["REF_MODES", "blob_digests", "check_references", "ref_mode"]
+__all__ = ["REF_MODES", "ManifestError", "blob_digests", "check_references", "ref_mode"]
+
+
+class ManifestError(ValueError):
+    """A manifest does not follow the schema; the message names the offending field (e.g. ``shards[2].layers``)."""
+
 
 REF_MODES = ("residual", "reuse")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -24,8 +30,6 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 def ref_mode(rep: dict, where: str, step: int | None) -> str | None:
     """``None`` for a self-contained representation, else its validated ``ref`` mode (raises ManifestError)."""
-    from .manifest import ManifestError  # the schema's error (manifest.py imports this module)
-
     ref = rep.get("ref")
     if ref is None:
         return None
@@ -49,8 +53,6 @@ def ref_mode(rep: dict, where: str, step: int | None) -> str | None:
 
 def check_references(shards: list[Any]) -> None:
     """Every ``ref`` names the fp16 representation of the shard (ref step, same layers) of this manifest."""
-    from .manifest import ManifestError
-
     exact = {}
     for sh in shards:
         for rep in sh["representations"]:

@@ -80,9 +80,7 @@ def precompute_template(
             ``flow_timesteps(steps, shift)``, or a latent model's own schedule for ``steps``; importance probes run at
             each step's time; shards carry ``step``).
         steps, shift: the per-step schedule (ignored in single mode).
-        cross_step: per-step mode: code steps >= 1 as residuals against step s - 1 (plus their fp16 and a zero-byte
-            ``reuse`` rung; see :mod:`.cross_step`) instead of each step on its own (an fp16 ladder: always on its
-            own).
+        cross_step: per-step mode: code steps >= 1 against step s - 1 (:mod:`.cross_step`), not on their own.
     """
     from ..runtime.schedule import edit_times
 
@@ -105,39 +103,28 @@ def precompute_template(
     size = model.spec.image_size
     packed = model.pack_image(image if image.shape[0] == size else load_image(image, size))
     blobs: dict[str, bytes] = {}
-    shards: list[dict] = []
     cross = per_step is not None and cross_step and ladder.name != "fp16"  # an fp16 ladder is its own exact rung
-    base = None  # what the next step is coded against (cross-step coding)
-    for s, kv in enumerate(kvs):
-        step_cfg = config if per_step is None else replace(config, timesteps=(kv.ref_timestep,))
-        importance, held = _importance(model, kv, packed, step_cfg, held_out_probes, report)
-        step = None if per_step is None else s
-        if cross and s > 0:
-            prev_exact = base.exact_digest
-            step_shards, base = encode_residual_step(
-                ladder, kv, base, s, importance, held, template_id, shard_layers, blobs, steps
-            )
-            for sh in step_shards:
-                sh["representations"].insert(
-                    0, reuse_representation(s, sh["layers"], prev_exact, held, kv, kvs[s - 1])
-                )
-        else:
-            base = StepBase(kv) if cross else None
-            step_shards = _encode_step(
-                ladder, kv, template_id, importance, held, shard_layers, blobs, report, step, base
-            )
-            if base is not None:
-                base.exact_digest = {sh["layers"][0]: _fp16_digest(sh) for sh in step_shards}
-        if per_step is not None:
-            step_shards = [{"step": s, **sh} for sh in step_shards]
-        shards += step_shards
+    enc = _StepEncoder(model, ladder, template_id, shard_layers, packed, held_out_probes, blobs, report)
+    shards = enc.all_steps(kvs, config, per_step is not None, cross)
     if psnr_steps > 0:
         _add_output_psnr(
             model, per_step or kvs[0], shards, blobs, seed, steps if per_step else psnr_steps, shift, report
         )
 
-    kv = kvs[0]
-    manifest = {
+    probes_used = {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes}
+    coding = None if per_step is None else ("cross-step" if cross else "independent")
+    manifest = _manifest(
+        kvs[0], template_id, ladder.name, probes_used, psnr_steps > 0, per_step, shift, coding, shards
+    )
+    validate_manifest(manifest)
+    total = sum(len(b) for b in blobs.values())
+    logger.info("precomputed template %s (%s): %d shards, %d blobs, %d bytes", template_id, kv_mode, len(shards),
+                len(blobs), total)  # fmt: skip
+    return PrecomputedTemplate(manifest, blobs)
+
+
+def _manifest(kv: TemplateKV, template_id, codec, probes, psnr: bool, per_step, shift, coding, shards) -> dict:
+    return {
         "version": MANIFEST_VERSION,
         "model_id": kv.model_id,
         "template_id": template_id,
@@ -146,25 +133,50 @@ def precompute_template(
         "num_layers": kv.num_layers,
         "heads": kv.num_heads,
         "head_dim": kv.head_dim,
-        "codec": ladder.name,
+        "codec": codec,
         "distortion_metric": DISTORTION_METRIC,
-        "probes": {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes},
-        "psnr_metric": PSNR_METRIC if psnr_steps > 0 else None,
-        "kv_mode": kv_mode,
-        **({"schedule": _schedule(per_step, shift)} if per_step is not None else {}),
-        **({"per_step_coding": "cross-step" if cross else "independent"} if per_step is not None else {}),
+        "probes": probes,
+        "psnr_metric": PSNR_METRIC if psnr else None,
+        "kv_mode": "single" if per_step is None else "per-step",
+        **({"schedule": _schedule(per_step, shift), "per_step_coding": coding} if per_step is not None else {}),
         "shards": shards,
     }
-    validate_manifest(manifest)
-    logger.info(
-        "precomputed template %s (%s): %d shards, %d blobs, %d bytes",
-        template_id,
-        kv_mode,
-        len(shards),
-        len(blobs),
-        sum(len(b) for b in blobs.values()),
-    )
-    return PrecomputedTemplate(manifest, blobs)
+
+
+@dataclass
+class _StepEncoder:
+    """Encodes the steps of a template in order: each step on its own, or (cross-step) step s >= 1 against s - 1."""
+
+    model: EditModel
+    ladder: object
+    template_id: str
+    shard_layers: int
+    packed: torch.Tensor
+    held_out: int
+    blobs: dict[str, bytes]
+    report: Progress
+
+    def all_steps(self, kvs: list[TemplateKV], config: ProbeConfig, per_step: bool, cross: bool) -> list[dict]:
+        shards: list[dict] = []
+        base = None  # what the next step is coded against (cross-step coding)
+        for s, kv in enumerate(kvs):
+            step_cfg = replace(config, timesteps=(kv.ref_timestep,)) if per_step else config
+            importance, held = _importance(self.model, kv, self.packed, step_cfg, self.held_out, self.report)
+            if cross and s > 0:
+                prev_exact = base.exact_digest
+                step_shards, base = encode_residual_step(self.ladder, kv, base, s, importance, held, self.template_id,
+                                                         self.shard_layers, self.blobs, len(kvs))  # fmt: skip
+                for sh in step_shards:
+                    reuse = reuse_representation(s, sh["layers"], prev_exact, held, kv, kvs[s - 1])
+                    sh["representations"].insert(0, reuse)
+            else:
+                base = StepBase(kv) if cross else None
+                step_shards = _encode_step(self.ladder, kv, self.template_id, importance, held, self.shard_layers,
+                                           self.blobs, self.report, s if per_step else None, base)  # fmt: skip
+                if base is not None:
+                    base.exact_digest = {sh["layers"][0]: _fp16_digest(sh) for sh in step_shards}
+            shards += [{"step": s, **sh} for sh in step_shards] if per_step else step_shards
+        return shards
 
 
 def _schedule(per_step: PerStepTemplateKV, shift: float) -> dict:
