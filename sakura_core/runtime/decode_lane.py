@@ -3,8 +3,8 @@
 A shard's chain is decoded in the thread pool by one :class:`~sakura_core.kv.chain.ChainDecoder` per shard, kept
 while an upgrade may extend it, so an upgrade fetches and applies only its new blobs (no blob is kept after it is
 decoded). The decoded KV is counted (``kv_bytes``, ``peak_kv_bytes``); in per-step mode a shard serves one (step,
-layer) only and is freed once the compute lane has passed it — in a cross-step template, once the compute lane has
-passed the same layer of the next step too, since that step's residual is decoded against it.
+layer) only and is freed once the compute lane has passed it — in a cross-step template, and with a policy that may
+fetch residual levels, once the same layer of the next step is decoded too (that residual is decoded against it).
 
 A cross-step residual is decoded against the reference shard's KV as the device holds it (decoded from any of its
 levels, or computed by the device's fallback pass): :meth:`DecodeLane.reference_for`; without it the shard is not
@@ -96,19 +96,29 @@ class DecodeLane:
         never used again: free their KV (fetched and the device's), decoders, and the template state kept at the
         drops of steps before ``g``'s. The device holds the rest of the running step and what is prefetched for
         later steps, not the whole edit's KV. The caller holds ``st.lock``."""
-        if self.manifest.get("per_step_coding") == "cross-step":
-            g -= self.L  # the next step's residuals are decoded against this step's KV: keep one step more
         lo = self.released_below
         if g <= lo:
             return
         self.released_below = g
         with self.decoder_lock:
-            for x in range(lo, g):
+            for x in sorted({*range(lo, g), *self.kept_refs}):
+                if self._reference_pending(x):  # freed at a later call, once the shard it serves is decoded
+                    self.kept_refs.add(x)
+                    continue
+                self.kept_refs.discard(x)
                 entry, fb = self.kv.pop(x, None), self.fallback_kv.pop(x, None)
                 self._count_kv(removed=(*(entry[:2] if entry else ()), *(fb or ())))
                 self.decoders.pop(x, None)
         for step in [s for s in self.dropped if s < g // self.L]:
             del self.dropped[step]
+
+    def _reference_pending(self, x: int) -> bool:
+        """Shard ``x`` is the reference of the same layer of the next step, which may still be fetched at a residual
+        level (this policy's ladder has one) and is not decoded yet: it stays held until then."""
+        nxt = x + self.L
+        if nxt >= len(self.ladders) or nxt in self.failed or self.ready[nxt].is_set():
+            return False
+        return any(lv.ref_step == x // self.L for lv in self.ladders[nxt])
 
     def held_ahead_bytes(self) -> int:
         """Decoded KV held for steps after the running one (the caller holds ``st.lock``)."""

@@ -139,6 +139,7 @@ class PipelinedEdit(FetchLane, DecodeLane, LateShards):
         self.levels_used: dict[int, list[str]] = {}
         self.kv_bytes = self.peak_kv_bytes = 0  # template KV held now (fetched + the device's), and its peak
         self.released_below = 0  # per-step: shards g below this served their (step, layer): their KV is freed
+        self.kept_refs: set[int] = set()  # cross-step: shards kept as the reference of a shard in flight
         self.shard_kv_nbytes = 0  # one decoded shard's K and V (0 until one is decoded)
         self.bytes_fetched = 0
         self.split_layer = self.L
