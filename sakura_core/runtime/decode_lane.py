@@ -112,6 +112,18 @@ class DecodeLane:
         for step in [s for s in self.dropped if s < g // self.L]:
             del self.dropped[step]
 
+    def keep_device_kv(self, step: int, extracted: list) -> None:
+        """The template KV the device computed at ``step`` (layers below its split): kept, like a fallback pass's,
+        where the next step's same layer may be fetched as a residual against it (per-step mode)."""
+        if not self.per_step:
+            return
+        with self.st.lock:
+            for layer, (k, v) in enumerate(extracted):
+                g = step * self.L + layer
+                if g not in self.fallback_kv and self._reference_pending(g):
+                    self.fallback_kv[g] = (k, v)
+                    self._count_kv(added=(k, v))
+
     def _reference_pending(self, x: int) -> bool:
         """Shard ``x`` is the reference of the same layer of the next step, which may still be fetched at a residual
         level (this policy's ladder has one) and is not decoded yet: it stays held until then."""

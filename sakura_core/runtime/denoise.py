@@ -56,6 +56,7 @@ def run_edit(
     kv_mode: str = "single",
     backend: ComputeBackend | None = None,
     on_drop: Callable[[int, int, torch.Tensor], None] | None = None,
+    on_extracted: Callable[[int, list], None] | None = None,
 ) -> EditResult:
     """Edit ``user_image`` (uint8 (S, S, 3)) against a template with the demo model or a latent klein model.
 
@@ -73,6 +74,8 @@ def run_edit(
         on_drop: ``(step, layer, hidden)`` when a step's template tokens are dropped before ``layer``: their hidden
             state there (1, template tokens, dim), from which ``backend.resume_template_kv`` continues the template
             pass (the runtime's fallback when shards are late).
+        on_extracted: ``(step, [(k, v), ...])`` after each step, with the template KV the device computed at that
+            step (layers below its split): a cross-step template's next-step residuals are decoded against it.
     """
     adapter = model.adapter
     compute = backend_of(model, backend)
@@ -136,6 +139,8 @@ def run_edit(
         )
         if step == 0 and not template_every_step and not per_step:
             device_kv.extend(result.extracted)
+        if on_extracted is not None and result.extracted:
+            on_extracted(step, result.extracted)
         return result.sample
 
     # latent models: the user image is the flow's start; the demo model concatenates it and flows from pure noise

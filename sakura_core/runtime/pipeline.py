@@ -240,7 +240,7 @@ class PipelinedEdit(FetchLane, DecodeLane, LateShards):
         return run_edit(self.model, self.user_image, self.prompt, steps=cfg.steps, seed=cfg.seed,
                         split_layer=self.keep_template, kv_source=self.kv_source, template_image=self.template_image,
                         on_layer=self.on_layer, kv_mode=self.kv_mode, backend=self.backend,
-                        on_drop=self._on_drop)  # fmt: skip
+                        on_drop=self._on_drop, on_extracted=self.keep_device_kv)  # fmt: skip
 
     # ---- the run
 

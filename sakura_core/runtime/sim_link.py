@@ -74,8 +74,9 @@ class SimLink:
     # the trace is read at start_s + t
     def _reference_ready(self, layer: int, level: int) -> tuple[int, float]:
         """A cross-step residual level decodes only after its reference shard (same layer, ``ref_step``): (the level
-        to fetch, the earliest decode start). Without a decoded reference (the device computed it, or it was not
-        fetched) the shard's self-contained exact level is fetched instead, as the live runtime does."""
+        to fetch, the earliest decode start). The device's own KV of it serves too (it computed that layer at that
+        step: taken as there when the decode starts). Without either (not fetched, or not yet) the shard's
+        self-contained exact level is fetched instead, as the live runtime does."""
         lv = self.ladders[layer][level]
         if lv.ref_step is None:
             return level, 0.0
@@ -83,6 +84,8 @@ class SimLink:
         done = [t for _, t in self._got.get(ref, [])]
         if done:
             return level, min(done)
+        if ref in self.skipped:  # computed on the device at that step
+            return level, 0.0
         top = len(self.ladders[layer]) - 1
         reason = f"fallback: level {lv.name} needs shard {ref}, which is not decoded: fetching it exact"
         self.decisions.append({"t": self.now, "layer": layer, "level": top, "reason": reason})

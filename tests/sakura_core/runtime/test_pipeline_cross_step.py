@@ -3,18 +3,20 @@ the device holds it; a residual whose reference the device lacks, and a shard se
 back to the device and the report says so."""
 
 import asyncio
+import copy
 
 import pytest
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.kv import decode_template
+from sakura_core.kv.chain import MissingReferenceError
 from sakura_core.models.edit_model import load_demo_model, load_image
 from sakura_core.policy.plan import plan_fetch
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy
 from sakura_core.precompute import precompute_template
 from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.live_profile import LiveProfile
-from sakura_core.runtime.pipeline import RuntimeConfig, run_pipelined_edit
+from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig, run_pipelined_edit
 
 STEPS = 2
 
@@ -86,17 +88,53 @@ def test_residual_levels_decode_against_the_previous_steps_kv(setup):
     assert (rep.tokens - expected.tokens).abs().max() <= 1e-5
 
 
-def test_a_residual_without_its_reference_falls_back_and_the_report_says_so(setup):
+def test_the_devices_own_kv_of_a_layer_serves_as_the_next_steps_reference(setup):
     model, tpl, usr, pre, _ = setup
-    L = model.adapter.num_layers
-    rep = _run(setup, _Levels(1, [2, 0]))  # step 0 computes layers 0-1 on the device: no decoded reference for them
-    missing = [f for f in rep.fallbacks if "coded against step 0" in f]
-    assert len(missing) == 2 and all(f.startswith((f"shard {L} ", f"shard {L + 1} ")) for f in missing), rep.fallbacks
-    assert all("retrying at its self-contained exact level" in f for f in missing)
-    assert rep.levels_by_step()["step 1"][:3] == ["fp16", "fp16", "sakura-l1"]
-    on_device = run_edit(model, usr, "p", steps=STEPS, split_layer=L, template_image=tpl, template_every_step=True,
-                         kv_mode="per-step")  # fmt: skip
+    rep = _run(setup, _Levels(1, [2, 0]))  # step 0 computes layers 0-1 on the device: their KV is the reference
+    assert not rep.fallbacks, rep.fallbacks
+    assert rep.levels_by_step()["step 1"] == ["sakura-l1"] * model.adapter.num_layers
+    on_device = run_edit(model, usr, "p", steps=STEPS, split_layer=model.adapter.num_layers, template_image=tpl,
+                         template_every_step=True, kv_mode="per-step")  # fmt: skip
     assert (rep.tokens - on_device.tokens).abs().max() < 0.5  # a lossy level, but never a residual used as KV
+
+
+def test_a_residual_without_its_reference_is_not_decoded(setup):
+    model, tpl, usr, pre, profile = setup
+    plan = plan_fetch(pre.manifest, "sakura")
+
+    async def fetch_blob(digest, nbytes):
+        return pre.blobs[digest]
+
+    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=_Levels(1, [0, 0]), ladders=plan.ladders,
+                         reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
+                         config=RuntimeConfig(steps=STEPS))  # fmt: skip
+    L = model.adapter.num_layers
+    residual = plan.reps[L + 2][1]
+    with pytest.raises(MissingReferenceError, match="coded against step 0 layer 2, which the device does not hold"):
+        edit.reference_for(L + 2, residual)  # nothing decoded yet: it would not be fetched
+    assert edit.reference_for(L + 2, plan.reps[L + 2][-1]) is None  # the exact level needs none
+
+
+def test_a_residual_whose_manifest_names_another_reference_falls_back_and_the_report_says_so(setup):
+    model, tpl, usr, pre, profile = setup
+    L = model.adapter.num_layers
+    manifest = copy.deepcopy(pre.manifest)
+    sh = next(s for s in manifest["shards"] if s["step"] == 1 and s["layers"][0] == 2)
+    for r in sh["representations"]:
+        if (r.get("ref") or {}).get("mode") == "residual":
+            r["ref"]["digest"] = _rep(pre, 0, 3, "fp16")["digest"]  # layer 3's: a mixed-up manifest
+    plan = plan_fetch(manifest, "sakura")
+
+    async def fetch_blob(digest, nbytes):
+        return pre.blobs[digest]
+
+    rep = asyncio.run(run_pipelined_edit(model, manifest, fetch_blob, usr, "p", policy=_Levels(1, [0, 0]),
+                                         ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile,
+                                         template_image=tpl, trace=Trace.constant(50.0),
+                                         config=RuntimeConfig(steps=STEPS, upgrades=False)))  # fmt: skip
+    refused = [f for f in rep.fallbacks if f.startswith(f"shard {L + 2}")]
+    assert refused and all("reference" in f for f in refused[:-1]), rep.fallbacks
+    assert rep.levels_by_step()["step 1"][2] == "device" and len(refused) == len(rep.fallbacks)
 
 
 def test_a_shard_served_in_another_steps_slot_is_refused(setup):

@@ -30,10 +30,15 @@ def test_a_residual_decodes_after_its_reference_and_costs_only_its_bytes():
     assert not [d for d in r.decisions if "needs shard" in str(d["reason"])]
 
 
-def test_a_residual_whose_reference_the_device_computed_is_fetched_exact():
-    r = _sim([2, 0])  # step 0 computes layers 0-1 on the device: step 1's residuals of layers 0-1 have no reference
-    fallback = [d for d in r.decisions if "needs shard" in str(d["reason"])]
-    assert [d["layer"] for d in fallback] == [4, 5] and all("fetching it exact" in d["reason"] for d in fallback)
-    assert r.bytes_fetched == 2 * BASE[0].nbytes + 2 * EXACT.nbytes + 2 * RESIDUAL[0].nbytes
-    fetched = {e["layer"]: e["level"] for e in r.events if e["lane"] == "fetch"}
-    assert fetched[4] == fetched[5] == "fp16" and fetched[6] == "q"
+def test_the_devices_own_kv_of_a_layer_serves_as_a_reference():
+    r = _sim([2, 0])  # step 0 computes layers 0-1 on the device: step 1's residuals of layers 0-1 decode against it
+    assert not [d for d in r.decisions if "needs shard" in str(d["reason"])]
+    assert r.bytes_fetched == 2 * BASE[0].nbytes + 4 * RESIDUAL[0].nbytes
+
+
+def test_a_residual_whose_reference_was_never_decided_is_fetched_exact():
+    ladders = {"sakura": [BASE] * 4 + [[Level("q", FP // 20, FP // 20, 1e-3, 1e-5, ref_step=1), EXACT]] * 4}
+    r = simulate(fixed_split_policy([0, 0]), Trace.constant(1000.0), P, ladders, {"sakura": 0}, config=NO_RTT)
+    fallback = [d for d in r.decisions if "needs shard" in str(d["reason"])]  # names step 1 itself: never there
+    assert [d["layer"] for d in fallback] == [4, 5, 6, 7] and all("fetching it exact" in d["reason"] for d in fallback)
+    assert r.bytes_fetched == 4 * BASE[0].nbytes + 4 * EXACT.nbytes
