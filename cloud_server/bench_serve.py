@@ -28,7 +28,7 @@ import numpy as np
 
 from sakura_core.kv.manifest_refs import blob_digests
 
-from .loadgen import _cpu_s, _load, _rss_bytes
+from .loadgen import cpu_s, load, rss_bytes
 from .nginx import NginxError, NginxProcess, find_nginx
 from .store import LocalStore
 from .synthetic import make_synthetic_template
@@ -79,12 +79,12 @@ def _pct(values: list[float], q: float) -> float:
 
 def _measure(name, port, pids_fn, digests, sizes, conns, n_requests, seed, timeout_s) -> dict:
     pids = pids_fn()
-    rss_before, cpu_before = _rss_bytes(pids), _cpu_s(pids)
+    rss_before, cpu_before = rss_bytes(pids), cpu_s(pids)
     gen_cpu0 = time.process_time()
-    run, wall_s = asyncio.run(_load(port, digests, sizes, conns, n_requests, seed, timeout_s))
+    run, wall_s = asyncio.run(load(port, digests, sizes, conns, n_requests, seed, timeout_s))
     gen_cpu = time.process_time() - gen_cpu0
     pids = pids_fn()
-    cpu = _cpu_s(pids) - cpu_before
+    cpu = cpu_s(pids) - cpu_before
     done = len(run.latencies_s)
     return {
         "server": name,
@@ -103,7 +103,7 @@ def _measure(name, port, pids_fn, digests, sizes, conns, n_requests, seed, timeo
         "server_cpu_ms_per_req": round(1e3 * cpu / max(done, 1), 4),
         "loadgen_cpu_s": round(gen_cpu, 3),
         "rss_before_mib": round(rss_before / 2**20, 1),
-        "rss_after_mib": round(_rss_bytes(pids) / 2**20, 1),
+        "rss_after_mib": round(rss_bytes(pids) / 2**20, 1),
     }
 
 
@@ -264,7 +264,7 @@ def _start_nginx(args, work: Path, store: LocalStore, servers: list) -> tuple[Ng
 
 
 def _rss_mib(servers: list) -> dict[str, float]:
-    return {name: round(_rss_bytes(pids()) / 2**20, 1) for name, _, pids in servers}
+    return {name: round(rss_bytes(pids()) / 2**20, 1) for name, _, pids in servers}
 
 
 def _measure_levels(servers: list, digests, sizes, levels: list[int], args) -> tuple[list[dict], list[dict]]:

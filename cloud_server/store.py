@@ -120,6 +120,11 @@ class Store(abc.ABC):
     def put_source_image(self, template_id: str, data: bytes, ext: str) -> None:
         """Keep the template image a template was computed from (``ext`` in ``SOURCE_IMAGE_EXTS``)."""
 
+    def check(self) -> None:
+        """Raise ``StoreError`` saying what is wrong unless the store can be used (a network store: reachable, the
+        bucket exists, the credentials work). Nothing to check for a local folder."""
+        return None
+
     def get_manifest(self, template_id: str) -> dict:
         """The parsed manifest."""
         raw = self.get_manifest_bytes(template_id)

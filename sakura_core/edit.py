@@ -26,12 +26,14 @@ from typing import Protocol
 
 import numpy as np
 
-from .edit_report import edit_report
+from .edit_report import edit_report, with_timing
 from .fetch.errors import TemplateNotFoundError
 from .fetch.link import LinkSpec, shaped_fetcher
 from .kv.manifest import manifest_kv_mode
 from .models.edit_model import EditModel, load_image
 from .policy.plan import plan_fetch, runnable_policies
+from .runtime.backend import backend_of
+from .runtime.emulated_device import EmulatedTiming
 from .runtime.live_profile import LiveProfile, measure_profile
 from .runtime.pipeline import RunReport, RuntimeConfig, run_pipelined_edit
 from .template_check import ModelKey, check_request_schedule, check_template, schedule_label, template_grid_fits
@@ -40,6 +42,7 @@ __all__ = [
     "EditOutcome",
     "EditRequest",
     "EditSettings",
+    "EmulatedTiming",
     "ModelKey",
     "OpenedTemplate",
     "ServerSource",
@@ -254,6 +257,7 @@ async def run_template_edit(
     executed_on: dict | None = None,
     backend=None,
     prefetch_kv_bytes: int | None = None,
+    timing: EmulatedTiming | None = None,
 ) -> EditOutcome:
     """Edit ``user_image`` against ``opened`` with ``settings.policy`` over ``link`` (default: the real link).
 
@@ -261,7 +265,9 @@ async def run_template_edit(
     layer)`` is called before each layer; ``cancel`` stops between layers (``runtime.pipeline.Cancelled``).
     ``executed_on`` goes into the report as is (default ``{"kind": "local"}``). ``backend`` runs the model's blocks
     (``sakura_core.runtime.backend``; None = the torch adapter). ``prefetch_kv_bytes``: the memory the device lends
-    to KV prefetched for later steps (``RuntimeConfig.prefetch_kv_bytes``; None = no limit).
+    to KV prefetched for later steps (``RuntimeConfig.prefetch_kv_bytes``; None = no limit). ``timing``: EMULATED
+    phone timing (``runtime.emulated_device``; needs an emulated link): compute paced to a phone profile, the link
+    slowed to phone-size shards, the policy predicting with those times; the report says so.
     """
     from .fetch.client import ShardClient
 
@@ -272,6 +278,13 @@ async def run_template_edit(
                          f"{list(key.token_grid)}); open the template with the model that edits")  # fmt: skip
     opened.check_steps(settings.steps)  # a per-step template serves only the schedule it was computed for
     link = LinkSpec.parse(link)
+    trace = link.trace()
+    if timing is not None:
+        if trace is None:
+            raise ValueError("emulated phone timing needs an emulated link (fixed Mbit/s or a trace file): the live "
+                             "link's shards cannot be paced at phone scale")  # fmt: skip
+        trace, profile = timing.phone_scale_trace(trace), timing.live_profile(settings.steps)
+        backend = timing.backend(backend_of(model, backend))
     profile = profile if profile is not None else measure_profile(model, settings.steps)
     plan = plan_fetch(opened.manifest, settings.policy)
     size = model.spec.image_size
@@ -279,13 +292,14 @@ async def run_template_edit(
     template = opened.template_image(size * opened.token_grid[0] // key.token_grid[0])
     user = load_image(user_image, size)
     config = RuntimeConfig(steps=settings.steps, seed=settings.seed, latency_target_s=settings.latency_target_s,
-                           prefetch_kv_bytes=prefetch_kv_bytes)  # fmt: skip
+                           prefetch_kv_bytes=prefetch_kv_bytes,
+                           estimator=timing.estimator_config() if timing is not None else None)  # fmt: skip
     async with opened.source.base_url() as url, ShardClient(url, opened.source.token) as client:
         t0 = time.monotonic()
         run = await run_pipelined_edit(
-            model, opened.manifest, shaped_fetcher(client, link), user, settings.prompt, policy=plan.policy,
+            model, opened.manifest, shaped_fetcher(client, trace), user, settings.prompt, policy=plan.policy,
             ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template,
-            trace=link.trace(), config=config, cancel=cancel, on_layer=on_layer, backend=backend,
+            trace=trace, config=config, cancel=cancel, on_layer=on_layer, backend=backend,
         )  # fmt: skip
     started, finished = opened.image_fetch_s
     image_event = {
@@ -300,6 +314,8 @@ async def run_template_edit(
         seed=settings.seed, latency_target_s=settings.latency_target_s, floor_level=plan.floor_name, profile=profile,
         executed_on=executed_on if executed_on is not None else {"kind": "local"}, extra_events=[image_event],
     )  # fmt: skip
+    if timing is not None:
+        report = with_timing(report, timing.describe(run.bytes_fetched))
     return EditOutcome(run.image, report, run)
 
 

@@ -99,9 +99,9 @@ async def test_shard_full_body_and_cache_headers(aiohttp_client, make_app, store
         ("bytes=-99999", (0, 8192)),
     ],
 )
-async def test_single_range_206(aiohttp_client, make_app, store, manifest, header, expected):
+async def test_single_range_206(aiohttp_client, make_app, stored, manifest, header, expected):
     rep = _rep(manifest)
-    full = store.shard_path(rep["digest"]).read_bytes()
+    full = stored(digest=rep["digest"])
     client = await aiohttp_client(make_app())
     resp = await client.get(f"/v1/shards/{rep['digest']}", headers={"Range": header})
     assert resp.status == 206
@@ -246,7 +246,7 @@ async def _wait_job(client, status_url, timeout_s=10.0):
     raise AssertionError(f"job {status_url} did not finish: {job}")
 
 
-async def test_upload_multipart_precomputes_and_publishes(aiohttp_client, make_app, store):
+async def test_upload_multipart_precomputes_and_publishes(aiohttp_client, make_app, store, stored):
     client = await aiohttp_client(make_app())
     form = FormData()
     form.add_field("id", "new-tpl")
@@ -263,7 +263,7 @@ async def test_upload_multipart_precomputes_and_publishes(aiohttp_client, make_a
     for shard in manifest["shards"]:
         for rep in shard["representations"]:
             assert store.has_shard(rep["digest"])
-    assert store.source_image_path("new-tpl").read_bytes() == _png()
+    assert stored("templates/new-tpl/source.png") == _png()
     catalog = await (await client.get("/v1/templates")).json()
     assert "new-tpl" in [t["id"] for t in catalog["templates"]]
     # the same id again: conflict
@@ -324,17 +324,17 @@ async def test_upload_rejects_non_images_and_wrong_types(aiohttp_client, make_ap
     assert resp.status == 400 and "GIF" in (await resp.json())["error"]
 
 
-async def test_upload_without_a_model_is_refused(aiohttp_client, store):
+async def test_upload_without_a_model_is_refused(aiohttp_client, store, store_cfg):
     from cloud_server.app import create_app
     from cloud_server.config import ServerConfig
 
-    app = create_app(ServerConfig(store_dir=store.root, model=None, write_token=WRITE_TOKEN), store=store)
+    app = create_app(ServerConfig(**store_cfg, model=None, write_token=WRITE_TOKEN), store=store)
     client = await aiohttp_client(app)
     resp = await client.post("/v1/templates?id=x", data=_png(), headers={"Content-Type": "image/png", **AUTH_W})
     assert resp.status == 409 and "no model" in (await resp.json())["error"]
 
 
-async def test_failing_precompute_publishes_nothing(aiohttp_client, store):
+async def test_failing_precompute_publishes_nothing(aiohttp_client, store, store_cfg):
     from cloud_server.app import create_app
     from cloud_server.config import ServerConfig
     from cloud_server.synthetic import SyntheticModel
@@ -344,7 +344,7 @@ async def test_failing_precompute_publishes_nothing(aiohttp_client, store):
         raise RuntimeError("codec exploded")
 
     app = create_app(
-        ServerConfig(store_dir=store.root, model=None, write_token=WRITE_TOKEN),
+        ServerConfig(**store_cfg, model=None, write_token=WRITE_TOKEN),
         store=store,
         model=SyntheticModel(MODEL_ID),
         precompute_fn=broken,

@@ -22,8 +22,8 @@ def _shard_requests(metrics_text: str) -> int:
     return 0
 
 
-async def test_second_fetch_is_a_cache_hit_and_byte_identical(aiohttp_server, store, manifest, tmp_path):
-    server = await aiohttp_server(create_app(ServerConfig(store_dir=store.root, model=None), store=store))
+async def test_second_fetch_is_a_cache_hit_and_byte_identical(aiohttp_server, store, store_cfg, manifest, tmp_path):
+    server = await aiohttp_server(create_app(ServerConfig(**store_cfg, model=None), store=store))
     rep = manifest["shards"][0]["representations"][-1]  # the 8 KiB one
     with NginxProcess(tmp_path / "nginx", upstream_port=server.port) as cdn:
         url = f"{cdn.base_url}/v1/shards/{rep['digest']}"

@@ -48,7 +48,7 @@ def test_template_loader_errors_are_readable(comfy, flow, demo_model, server_url
         err, match=rf"cannot reach the SAKURA server at {closed} \(connection refused\) — is `sakura serve` running\?"
     ):
         flow.load_template(demo_model, server_url=closed)
-    with pytest.raises(err, match="must start with http"):
+    with pytest.raises(err, match=r"^server_url '127.0.0.1:8080' must start with http:// or https://"):
         flow.load_template(demo_model, server_url="127.0.0.1:8080")
     with pytest.raises(err, match="is not a SAKURA store"):
         flow.load_template(demo_model, source="local store", store_dir=str(tmp_path))

@@ -115,8 +115,8 @@ def test_a_residual_without_its_reference_is_not_decoded(setup):
     L = model.adapter.num_layers
     residual = plan.reps[L + 2][1]
     with pytest.raises(MissingReferenceError, match="coded against step 0 layer 2, which the device does not hold"):
-        edit.reference_for(L + 2, residual)  # nothing decoded yet: it would not be fetched
-    assert edit.reference_for(L + 2, plan.reps[L + 2][-1]) is None  # the exact level needs none
+        edit.held.reference_for(edit.grid[L + 2], residual)  # nothing decoded yet: it would not be fetched
+    assert edit.held.reference_for(edit.grid[L + 2], plan.reps[L + 2][-1]) is None  # the exact level needs none
 
 
 def test_a_residual_whose_manifest_names_another_reference_falls_back_and_the_report_says_so(setup):
