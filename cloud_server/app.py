@@ -33,14 +33,14 @@ from typing import Any
 
 from aiohttp import web
 
+from sakura_core.http_serving import bearer_token, token_matches
+
 from .config import ServerConfig
 from .http_util import (
     _access,
-    _bearer,
     _ClientGone,
     _etag_matches,
     _json_error,
-    _token_ok,
     _Unsatisfiable,
     parse_range,
 )
@@ -85,12 +85,12 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
         if access == "write":
             if cfg.write_token is None:
                 raise _json_error(403, "the write path is disabled: start the server with --token or SAKURA_TOKEN")
-            if not _token_ok(_bearer(request), cfg.write_token):
+            if not token_matches(bearer_token(request.headers.get("Authorization")), cfg.write_token):
                 raise _json_error(
                     401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="sakura"'}
                 )
         elif access == "read" and cfg.read_token is not None:
-            if not _token_ok(_bearer(request), cfg.read_token, cfg.write_token):
+            if not token_matches(bearer_token(request.headers.get("Authorization")), cfg.read_token, cfg.write_token):
                 raise _json_error(
                     401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="sakura"'}
                 )
@@ -217,7 +217,7 @@ async def handle_shard(request: web.Request) -> web.StreamResponse:
         if _etag_matches(request.headers.get("If-None-Match"), etag):
             return web.Response(status=304, headers=headers)
         if_match = request.headers.get("If-Match")
-        if if_match is not None and not _etag_matches(if_match, etag):
+        if if_match is not None and not _etag_matches(if_match, etag, strong=True):
             raise _json_error(412, f"If-Match {if_match!r} does not match {etag}")
         rng = _range_of(request, etag, size)
         offset, count = rng if rng is not None else (0, size)

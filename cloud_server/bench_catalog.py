@@ -30,13 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .bench_shards import put_random_shards
 from .catalog import load_catalog
 from .catalog_jobs import LocalRunner, make_job
 from .loadgen import load
 from .nginx import NginxError, NginxProcess, find_nginx
 from .store import LocalStore
 from .store_url import S3_ENDPOINT_HELP, open_store
-from .synthetic import build_synthetic
 
 __all__ = ["add_arguments", "run"]
 
@@ -130,13 +130,8 @@ def _precompute(args, catalog: Path, store_url: str, endpoint: str | None, worke
 # ---- 2: shard GETs ----------------------------------------------------------------------------------------------
 def _publish_shards(stores: list, args) -> tuple[list[str], list[int]]:
     sizes = tuple(int(float(k) * 1024) for k in args.sizes_kib.split(",") if k.strip())
-    t = build_synthetic("bench-shards", model_id="0" * 64, num_layers=args.layers, level_bytes=sizes)
-    for store in stores:
-        for digest, blob in t.blobs.items():
-            store.put_shard(digest, blob)
-        store.put_manifest("bench-shards", t.manifest)
-    digests = list(t.blobs)
-    return digests, [len(t.blobs[d]) for d in digests]
+    blobs = put_random_shards(stores, args.layers, list(sizes))  # GET by digest only: no manifest needed
+    return list(blobs), [len(b) for b in blobs.values()]
 
 
 def _serve(store: str, endpoint: str | None, log: Path) -> tuple[subprocess.Popen, int]:

@@ -26,12 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sakura_core.kv.manifest_refs import blob_digests
-
+from .bench_shards import put_random_shards
 from .loadgen import cpu_s, load, rss_bytes
 from .nginx import NginxError, NginxProcess, find_nginx
 from .store import LocalStore
-from .synthetic import make_synthetic_template
 
 __all__ = ["add_arguments", "run"]
 
@@ -42,7 +40,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--requests", type=int, default=6000, help="requests per run (at least 2 per connection)")
     parser.add_argument("--sizes-kib", default="16,64,256,1024", help="shard sizes of the ladder (KiB, comma list)")
     parser.add_argument("--layers", type=int, default=8, help="shards per ladder level (default: %(default)s)")
-    parser.add_argument("--store", default=None, help="serve the shards of this store instead of synthetic ones")
+    parser.add_argument("--store", default=None, help="serve the shards of this store instead of random ones")
     parser.add_argument("--no-nginx", action="store_true", help="only the SAKURA server")
     parser.add_argument("--timeout", type=float, default=30.0, help="per-request timeout (s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the request order")
@@ -225,23 +223,17 @@ def _parse_lists(args) -> tuple[list[int], list[float]] | None:
 
 
 def _shards(args, work: Path, sizes_kib: list[float]) -> tuple[LocalStore, list[str]] | None:
-    """The store to serve and its shard digests: ``--store``'s, or a synthetic ladder in ``work``."""
+    """The store to serve and its shard digests: ``--store``'s, or random shards in ``work`` (a ladder of
+    ``sizes_kib`` per layer)."""
     if args.store:
         store = LocalStore(args.store)
-        digests = sorted(p.name for p in store.root.glob("shards/*/*") if len(p.name) == 64)
+        digests = sorted(p.name for p in store.shards_dir.glob("*/*") if len(p.name) == 64)
         if not digests:
             print(f"sakura bench serve: no shards in {store.root}", file=sys.stderr)
             return None
         return store, digests
     store = LocalStore(work / "store")
-    manifest = make_synthetic_template(
-        store,
-        "bench",
-        model_id="0" * 64,
-        num_layers=args.layers,
-        level_bytes=tuple(int(k * 1024) for k in sizes_kib),
-    )
-    return store, blob_digests(manifest)
+    return store, list(put_random_shards([store], args.layers, [int(k * 1024) for k in sizes_kib]))
 
 
 def _start_nginx(args, work: Path, store: LocalStore, servers: list) -> tuple[NginxProcess | None, str | None]:

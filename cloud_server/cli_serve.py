@@ -15,7 +15,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from sakura_core.http_serving import bound_port
+from sakura_core.http_serving import bound_port, is_loopback
 
 from .app import create_app
 from .config import MODELS, ServerConfig
@@ -102,7 +102,7 @@ def run(args) -> int:
     except ValueError as e:
         print(f"sakura serve: {e}", file=sys.stderr)
         return 2
-    if config.host not in ("127.0.0.1", "::1") and config.write_token is None and config.read_token is None:
+    if not is_loopback(config.host) and config.write_token is None and config.read_token is None:
         logger.warning("serving on %s without any token: anyone who can reach it can read every template", config.host)
 
     def ready(port: int) -> None:

@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from sakura_core.fetch.store_layout import SHARDS_DIR, TEMPLATES_DIR
+
 from .fsck import FsckConfig, FsckReport, fsck
 from .store import LocalStore, StoreError
 from .store_url import S3_ENDPOINT_HELP, is_s3_url, open_store
@@ -41,7 +43,7 @@ def _check(args, cfg: FsckConfig) -> FsckReport:
         store.check()
         return fsck_s3(store, cfg)
     root = Path(args.store)
-    if not (root / "shards").is_dir() or not (root / "templates").is_dir():
+    if not (root / SHARDS_DIR).is_dir() or not (root / TEMPLATES_DIR).is_dir():
         raise ValueError(f"{root} is not a store (no shards/ and templates/ folders); pass --store DIR")
     if args.s3_endpoint is not None:
         raise ValueError("--s3-endpoint is only for s3:// stores")

@@ -17,8 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sakura_core.kv.manifest import MANIFEST_VERSION, version_problem
-from sakura_core.kv.manifest_refs import blob_digests
+from sakura_core.kv.manifest import MANIFEST_VERSION, blob_digests, version_problem
 
 from .store import LocalStore, NotFoundError, Store, file_sha256, validate_digest
 
@@ -114,7 +113,7 @@ def _scan_shards(store: LocalStore, cfg: FsckConfig, refs: dict[str, list[str]],
     """Re-hash every shard file; returns the digests still on disk under their name (intact or not)."""
     now = time.time()
     present: set[str] = set()
-    shards_dir = store.root / "shards"
+    shards_dir = store.shards_dir
     for dirpath, _dirs, files in os.walk(shards_dir):
         for name in sorted(files):
             path = Path(dirpath) / name

@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from sakura_core.fetch.store_layout import SHARDS_DIR
+
 __all__ = ["NginxError", "NginxProcess", "find_nginx", "free_port"]
 
 logger = logging.getLogger(__name__)
@@ -96,7 +98,7 @@ _STATIC = """\
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         location ~ "^/v1/shards/(?<aa>[0-9a-f]{{2}})(?<rest>[0-9a-f]{{62}})$" {{
-            alias {store}/shards/$aa/$aa$rest;
+            alias {store}/{shards_dir}/$aa/$aa$rest;
             add_header Cache-Control "public, max-age=31536000, immutable";
         }}
     }}
@@ -135,6 +137,7 @@ class NginxProcess:
             port=self.port,
             upstream_servers="\n".join(f"        server 127.0.0.1:{p};" for p in ports),
             store=Path(static_store).resolve() if static_store else None,
+            shards_dir=SHARDS_DIR,  # the store layout (sakura_core.fetch.store_layout)
             cache_mib=cache_mib,
         )
         body = (_PROXY if upstream_port is not None else _STATIC).format(**fields)

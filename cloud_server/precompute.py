@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from sakura_core.fetch.client import ManifestError, check_manifest
 from sakura_core.files import png_bytes
-from sakura_core.kv.manifest_refs import blob_digests
+from sakura_core.kv.manifest import ManifestError, blob_digests, parse_manifest
 
 from .store import Store, validate_template_id
 
@@ -148,7 +147,7 @@ def _check_result(result: Any, model_id: str, template_id: str) -> tuple[dict, d
     manifest, blobs = getattr(result, "manifest", None), getattr(result, "blobs", None)
     if not isinstance(manifest, dict) or not isinstance(blobs, dict):
         raise ManifestError(f"precompute returned {type(result).__name__}, expected .manifest dict and .blobs dict")
-    check_manifest(manifest, template_id=template_id, model_id=model_id)
+    parse_manifest(manifest, template_id=template_id, model_id=model_id)
     for i, shard in enumerate(manifest["shards"]):
         for rep in shard["representations"]:
             if rep["digest"] is None:  # a zero-byte cross-step "reuse" rung: no blob
@@ -216,7 +215,7 @@ def publish_template(
         precompute_fn: the codec entry point (default ``sakura_core.precompute.precompute_template``).
         kv_mode, steps, shift: ``"single"`` (one KV per layer) or ``"per-step"`` (one per (step, layer) for the
             schedule ``steps``/``shift``; the manifest names it). Passed to the codec only in per-step mode, with
-            ``cross_step`` (steps >= 1 coded against step 0; see ``sakura_core.precompute.cross_step``).
+            ``cross_step`` (step s >= 1 coded against step s - 1; see ``sakura_core.precompute.cross_step``).
         template_size: side in pixels the template is resized to (default: the model's edit size); a larger
             template has more tokens than the edit (its own grid of position ids).
         annotations: JSON-able facts about how the template was made, merged into the manifest's ``precompute``
@@ -246,6 +245,18 @@ def publish_template(
     unused = set(blobs) - set(digests)
     if unused:
         logger.warning("template %s: %d blob(s) not named by the manifest are not stored", template_id, len(unused))
+    total_bytes = _store_blobs(store, blobs, digests, progress)
+    store.put_shard(image_ref["digest"], image_png)
+    store.put_source_image(template_id, *source)
+    if progress is not None:
+        progress("store", len(digests), len(digests))
+    store.put_manifest(template_id, manifest)  # last: publishes the template
+    logger.info("template %s published: %d shard(s), %d bytes", template_id, len(digests), total_bytes)
+    return PublishResult(template_id, manifest, len(digests), total_bytes)
+
+
+def _store_blobs(store: Store, blobs: dict[str, bytes], digests: list[str], progress: Progress | None) -> int:
+    """Put the blobs named ``digests`` in ``store`` (each checked against its digest first); their total bytes."""
     total_bytes = 0
     for i, digest in enumerate(digests):
         if progress is not None:
@@ -255,10 +266,4 @@ def publish_template(
             raise ManifestError(f"blob named {digest} hashes to {hashlib.sha256(blob).hexdigest()}")
         store.put_shard(digest, blob)
         total_bytes += len(blob)
-    store.put_shard(image_ref["digest"], image_png)
-    store.put_source_image(template_id, *source)
-    if progress is not None:
-        progress("store", len(digests), len(digests))
-    store.put_manifest(template_id, manifest)  # last: publishes the template
-    logger.info("template %s published: %d shard(s), %d bytes", template_id, len(digests), total_bytes)
-    return PublishResult(template_id, manifest, len(digests), total_bytes)
+    return total_bytes

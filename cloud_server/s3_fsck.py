@@ -16,6 +16,8 @@ import logging
 import re
 import time
 
+from sakura_core.fetch.store_layout import SHARDS_DIR
+
 from .fsck import FsckConfig, FsckReport, missing_digests, referenced_digests
 from .s3_store import S3Store
 from .store import NotFoundError
@@ -24,7 +26,7 @@ __all__ = ["fsck_s3"]
 
 logger = logging.getLogger(__name__)
 
-_SHARD_KEY = re.compile(r"shards/([0-9a-f]{2})/([0-9a-f]{64})")
+_SHARD_KEY = re.compile(rf"{SHARDS_DIR}/([0-9a-f]{{2}})/([0-9a-f]{{64}})")  # the layout's shard_key
 
 
 def _object_sha256(store: S3Store, key: str, chunk_bytes: int = 1 << 20) -> str | None:
@@ -53,7 +55,7 @@ def _scan_shards(store: S3Store, cfg: FsckConfig, refs: dict[str, list[str]], re
     """Re-hash every shard object; returns the digests still stored under their name (intact or not)."""
     now = time.time()
     present: set[str] = set()
-    for obj in store.list_objects("shards/"):
+    for obj in store.list_objects(f"{SHARDS_DIR}/"):
         rel = store.relative(obj["Key"])
         m = _SHARD_KEY.fullmatch(rel)
         if m is None or m.group(2)[:2] != m.group(1):

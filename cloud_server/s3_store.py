@@ -1,6 +1,7 @@
 """The ``Store`` on an S3 object store (AWS S3, Ceph radosgw, MinIO, ...), through boto3.
 
-Keys under ``s3://BUCKET/PREFIX`` mirror the local store's layout, so a bucket and a folder hold the same names::
+Keys under ``s3://BUCKET/PREFIX`` are the local store's layout (``sakura_core.fetch.store_layout``), so a bucket and
+a folder hold the same names::
 
     PREFIX/shards/<aa>/<digest>                 immutable shard blob (sha256 hex of the blob = its name)
     PREFIX/templates/<id>/manifest.json         the template's manifest (published last)
@@ -29,13 +30,14 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from sakura_core.fetch.store_layout import MANIFEST_FILE, TEMPLATES_DIR, shard_key, template_key
+
 from .store import (
     SOURCE_IMAGE_EXTS,
     DigestMismatchError,
     NotFoundError,
     Store,
     StoreError,
-    validate_digest,
     validate_template_id,
 )
 
@@ -45,7 +47,6 @@ logger = logging.getLogger(__name__)
 
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
-_MANIFEST = "manifest.json"
 _NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
 
 
@@ -203,11 +204,10 @@ class S3Store(Store):
 
     # ---- keys (only ever built from validated names) ---------------------------------------------------------
     def shard_key(self, digest: str) -> str:
-        digest = validate_digest(digest)
-        return f"{self._root}shards/{digest[:2]}/{digest}"
+        return f"{self._root}{shard_key(digest)}"
 
     def template_key(self, template_id: str, name: str) -> str:
-        return f"{self._root}templates/{validate_template_id(template_id)}/{name}"
+        return f"{self._root}{template_key(template_id, name)}"
 
     def key(self, relative: str) -> str:
         """The object key of a name relative to the store root (``shards/..``, ``quarantine/..``)."""
@@ -349,23 +349,23 @@ class S3Store(Store):
     # ---- templates ------------------------------------------------------------------------------------------
     def put_manifest(self, template_id: str, manifest: dict) -> None:
         data = (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
-        self.put_object(self.template_key(template_id, _MANIFEST), data, "application/json")
+        self.put_object(self.template_key(template_id, MANIFEST_FILE), data, "application/json")
 
     def get_manifest_bytes(self, template_id: str) -> bytes:
-        key = self.template_key(template_id, _MANIFEST)
+        key = self.template_key(template_id, MANIFEST_FILE)
         try:
             return self.read_object(key)
         except NotFoundError as e:
             raise NotFoundError(f"no published template {template_id!r} in {self}") from e
 
     def has_template(self, template_id: str) -> bool:
-        return self.head_object(self.template_key(template_id, _MANIFEST)) is not None
+        return self.head_object(self.template_key(template_id, MANIFEST_FILE)) is not None
 
     def list_templates(self) -> list[str]:
         ids = []
-        for obj in self.list_objects("templates/"):
+        for obj in self.list_objects(f"{TEMPLATES_DIR}/"):
             parts = self.relative(obj["Key"]).split("/")
-            if len(parts) == 3 and parts[2] == _MANIFEST:
+            if len(parts) == 3 and parts[2] == MANIFEST_FILE:
                 try:
                     ids.append(validate_template_id(parts[1]))
                 except ValueError:

@@ -162,10 +162,6 @@ class SakuraPipelinedSampler(io.ComfyNode):
 
         from sakura_core.fetch.client import FetchError
 
-        try:  # a per-step template serves only the step count it was precomputed for: say so before any work
-            kv_stream.template.check_steps(steps)
-        except ValueError as e:
-            raise SakuraNodeError(str(e)) from e
         user = image_from_comfy(image, "image")
         timing = cls._timing(device_timing, kv_stream, device)
         run = EditRun(steps, model.adapter.num_layers)
@@ -209,7 +205,7 @@ class SakuraPipelinedSampler(io.ComfyNode):
                                   "at phone scale)")  # fmt: skip
         from sakura_core.runtime.emulated_device import EmulatedTiming
 
-        return EmulatedTiming.for_manifest(device_timing[len(_EMULATED) :], kv_stream.template.manifest())
+        return EmulatedTiming.for_manifest(device_timing[len(_EMULATED) :], kv_stream.template.manifest.raw)
 
     @classmethod
     def _run_here(cls, model, kv_stream, user, prompt, steps, seed, run, tick, timing=None):

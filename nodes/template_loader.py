@@ -6,7 +6,6 @@ count it was precomputed for)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from comfy_api.latest import io
@@ -39,19 +38,19 @@ def check_server_url(field: str, url: str) -> str:
 
 def template_info(handle: TemplateHandle) -> list[str]:
     """What the node shows once it ran: the template, its KV mode, the steps it serves, its references, where from."""
-    manifest = handle.manifest()
-    rows, cols = manifest["token_grid"]
-    if handle.kv_mode == "per-step":
-        steps = manifest["schedule"]["steps"]
+    manifest = handle.manifest
+    rows, cols = manifest.token_grid
+    if manifest.schedule is not None:
+        steps = manifest.schedule.steps
         mode = f"KV mode: per-step (one KV per step and layer): {handle.schedule}; the sampler must run {steps} steps"
     else:
         mode = "KV mode: single (one KV per layer): serves any step count"
-    refs = manifest.get("references") or [{"tokens": rows * cols}]
+    refs = manifest.raw.get("references") or [{"tokens": rows * cols}]
     tokens = ", ".join(str(r.get("tokens", "?")) for r in refs)
     return [
         f"template: {handle.template_id}",
         mode,
-        f"references: {len(refs)} ({tokens} tokens; grid {rows}x{cols}), {manifest['num_layers']} layers",
+        f"references: {len(refs)} ({tokens} tokens; grid {rows}x{cols}), {manifest.num_layers} layers",
         f"from: {handle.source}",
     ]
 
@@ -133,5 +132,5 @@ class SakuraTemplateLoader(io.ComfyNode):
             ) from e
         except (FetchError, ValueError) as e:
             raise SakuraNodeError(f"template {template_id!r}: {e}") from e
-        handle = dataclasses.replace(handle, manifest_json=json.dumps(manifest))
+        handle = dataclasses.replace(handle, manifest=manifest)
         return io.NodeOutput(handle, ui={"text": template_info(handle)})

@@ -82,27 +82,17 @@ def precompute_template(
         steps, shift: the per-step schedule (ignored in single mode).
         cross_step: per-step mode: code steps >= 1 against step s - 1 (:mod:`.cross_step`), not on their own.
     """
-    from ..runtime.schedule import edit_times
-
     if kv_mode not in KV_MODES:
         raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
     ladder = get_codec(codec)
     report = progress or (lambda stage, done, total: None)
     image = _check_image(model, template_image)
-    grid = model.template_grid(image)  # larger than the edit's grid for a larger template
     config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
-    report("kv", 0, 1)
-    ref = model.template_tokens(image)
-    if kv_mode == "per-step":
-        per_step = model.adapter.extract_per_step_kv(ref, grid, edit_times(model, steps, shift)[:-1])
-        kvs = [per_step.at_step(s) for s in range(steps)]
-    else:
-        per_step, kvs = None, [model.adapter.extract_template_kv(ref, grid)]
-    report("kv", 1, 1)
+    per_step, kvs = _template_kvs(model, image, kv_mode, steps, shift, report)
+    blobs: dict[str, bytes] = {}
     # probes' clean latents are edit-sized: a larger template is scaled down to the edit's size for them
     size = model.spec.image_size
     packed = model.pack_image(image if image.shape[0] == size else load_image(image, size))
-    blobs: dict[str, bytes] = {}
     cross = per_step is not None and cross_step and ladder.name != "fp16"  # an fp16 ladder is its own exact rung
     enc = _StepEncoder(model, ladder, template_id, shard_layers, packed, held_out_probes, blobs, report)
     shards = enc.all_steps(kvs, config, per_step is not None, cross)
@@ -177,6 +167,22 @@ class _StepEncoder:
                     base.exact_digest = {sh["layers"][0]: _fp16_digest(sh) for sh in step_shards}
             shards += [{"step": s, **sh} for sh in step_shards] if per_step else step_shards
         return shards
+
+
+def _template_kvs(model, image, kv_mode: str, steps: int, shift: float, report):
+    """(the per-step KV or None, the TemplateKV of each step — one in single mode) of the exact template KV."""
+    from ..runtime.schedule import edit_times
+
+    grid = model.template_grid(image)  # larger than the edit's grid for a larger template
+    report("kv", 0, 1)
+    ref = model.template_tokens(image)
+    if kv_mode == "per-step":
+        per_step = model.adapter.extract_per_step_kv(ref, grid, edit_times(model, steps, shift)[:-1])
+        kvs = [per_step.at_step(s) for s in range(steps)]
+    else:
+        per_step, kvs = None, [model.adapter.extract_template_kv(ref, grid)]
+    report("kv", 1, 1)
+    return per_step, kvs
 
 
 def _schedule(per_step: PerStepTemplateKV, shift: float) -> dict:

@@ -65,7 +65,7 @@ from .live_profile import LiveProfile
 from .live_state import LiveState
 from .pipeline_config import Cancelled, RunReport, RuntimeConfig
 from .run_log import RunLog
-from .schedule import flow_timesteps
+from .schedule import edit_times
 from .shard_index import ShardGrid
 
 __all__ = ["Cancelled", "PipelinedEdit", "RunReport", "RuntimeConfig", "run_pipelined_edit"]
@@ -134,8 +134,8 @@ class PipelinedEdit:
         self.cfg = cfg = config or RuntimeConfig()
         self.kv_mode = manifest_kv_mode(manifest)
         self.per_step = self.kv_mode == "per-step"
-        self.times = flow_timesteps(self.cfg.steps)  # the edit's schedule (shift 1)
-        if self.per_step:  # the KV of step s is only valid at the schedule it was computed for
+        self.times = edit_times(model, self.cfg.steps)  # the edit's schedule: the model's own (shift 1)
+        if self.per_step:  # the KV of step s is only valid at the schedule it was computed for (the run's one check)
             check_schedule(manifest, self.cfg.steps, 1.0, timesteps=[float(t) for t in self.times[:-1]])
         self.grid = grid = ShardGrid.for_edit(L, cfg.steps, self.per_step)  # shards: g = step * L + layer
         if len(ladders) != len(grid):

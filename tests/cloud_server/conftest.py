@@ -13,11 +13,13 @@ import sys
 import uuid
 
 import pytest
+from ci_deps import require_or_skip
 
 from cloud_server.app import create_app
 from cloud_server.config import ServerConfig
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import SyntheticModel, make_synthetic_template, synthetic_precompute
+
+from ..synthetic_templates import SyntheticModel, make_synthetic_template, synthetic_precompute
 
 MODEL_ID = "ab" * 32
 WRITE_TOKEN = "write-token-0123"
@@ -28,10 +30,9 @@ _prefixes = itertools.count()
 
 
 def unavailable(reason: str):
-    """Skip with ``reason``; under CI (``CI=true``) fail instead: CI installs every server these tests need."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason} (CI=true: .ci/run installs it, so this is a failure)")
-    pytest.skip(reason)
+    """Skip with ``reason``; under CI (``CI=true``) fail instead: CI installs every server these tests need
+    (``ci_deps.require_or_skip``, the one mechanism)."""
+    require_or_skip(False, reason)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,8 @@ from PIL import Image
 
 from cloud_server.app import parse_range
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import make_synthetic_template
+
+from ..synthetic_templates import make_synthetic_template
 
 MODEL_ID = "ab" * 32  # as in conftest.py
 WRITE_TOKEN = "write-token-0123"
@@ -146,7 +147,13 @@ async def test_conditional_requests_304_and_412(aiohttp_client, make_app, manife
         assert resp.headers["Cache-Control"] == "public, max-age=31536000, immutable"
     assert (await client.get(url, headers={"If-None-Match": '"other"'})).status == 200
     assert (await client.get(url, headers={"If-Match": '"other"'})).status == 412
-    assert (await client.get(url, headers={"If-Match": f'"{rep["digest"]}"'})).status == 200
+    for im in (f'"{rep["digest"]}"', '"x", ' + f'"{rep["digest"]}"', "*"):
+        assert (await client.get(url, headers={"If-Match": im})).status == 200, im
+    # If-Match compares strongly (RFC 9110 13.1.1): a weak tag of the same value does not match
+    for im in (f'W/"{rep["digest"]}"', '"x", ' + f'W/"{rep["digest"]}"'):
+        resp = await client.get(url, headers={"If-Match": im})
+        assert resp.status == 412, im
+        assert "does not match" in (await resp.json())["error"]
 
 
 @pytest.mark.parametrize(
@@ -292,13 +299,18 @@ async def test_upload_rejects_bad_ids(aiohttp_client, make_app, store, bad_id):
 
 async def test_upload_size_limit_413(aiohttp_client, make_app, store):
     client = await aiohttp_client(make_app(max_upload_bytes=2048))
-    big = _png(side=200)
-    assert len(big) > 2048 + 64 * 2**10 or len(big) > 2048
-    # declared too large up front (raw body)
+    # declared too large up front (raw body over the limit + the 64 KiB multipart slack): refused before reading
     resp = await client.post(
         "/v1/templates?id=big", data=b"\0" * 200_000, headers={"Content-Type": "image/png", **AUTH_W}
     )
     assert resp.status == 413
+    assert "upload of 200000 bytes is over the limit of 2048" in (await resp.json())["error"]
+    # a real PNG over the limit but under the slack: its Content-Length passes, reading it stops at the limit
+    big = _png(side=40)
+    assert 2048 < len(big) < 64 * 2**10
+    resp = await client.post("/v1/templates?id=big", data=big, headers={"Content-Type": "image/png", **AUTH_W})
+    assert resp.status == 413
+    assert "the image is over the limit of 2048 bytes" in (await resp.json())["error"]
     # multipart whose image part is over the limit while the request is under the multipart slack
     form = FormData()
     form.add_field("id", "big")
@@ -337,7 +349,8 @@ async def test_upload_without_a_model_is_refused(aiohttp_client, store, store_cf
 async def test_failing_precompute_publishes_nothing(aiohttp_client, store, store_cfg):
     from cloud_server.app import create_app
     from cloud_server.config import ServerConfig
-    from cloud_server.synthetic import SyntheticModel
+
+    from ..synthetic_templates import SyntheticModel
 
     def broken(model, image, template_id, **kw):
         kw["progress"]("encode", 0, 2)

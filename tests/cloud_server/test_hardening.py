@@ -17,8 +17,8 @@ from PIL import Image
 from cloud_server.app import create_app, parse_range
 from cloud_server.config import ServerConfig
 from cloud_server.http_util import _Unsatisfiable
-from cloud_server.synthetic import SyntheticModel, make_synthetic_template, synthetic_precompute
 
+from ..synthetic_templates import SyntheticModel, make_synthetic_template, synthetic_precompute
 from .conftest import MODEL_ID, READ_TOKEN, WRITE_TOKEN
 
 AUTH_W = {"Authorization": f"Bearer {WRITE_TOKEN}"}

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from cloud_server.catalog import CatalogError, load_catalog
-from cloud_server.synthetic import make_synthetic_template
 from sakura_core.kv.manifest import manifest_kv_mode
+
+from ..synthetic_templates import make_synthetic_template
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cloud_server.synthetic import make_synthetic_template
 from sakura_core.fetch.client import ShardClient
+
+from ..synthetic_templates import make_synthetic_template
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,9 @@ import os
 import aiohttp
 
 from cloud_server.nginx import NginxProcess, find_nginx
-from cloud_server.synthetic import make_synthetic_template
 from sakura_core.fetch.client import ShardClient
+
+from ..synthetic_templates import make_synthetic_template
 
 MODEL_ID = "ab" * 32  # as in conftest.py
 

@@ -11,9 +11,9 @@ from cloud_server.s3_fsck import fsck_s3
 from cloud_server.s3_store import parse_s3_url
 from cloud_server.store import DigestMismatchError, InvalidNameError, NotFoundError, StoreError
 from cloud_server.store_url import open_store
-from cloud_server.synthetic import build_synthetic, make_synthetic_template
 from sakura_core.cli import main
 
+from ..synthetic_templates import build_synthetic, make_synthetic_template
 from .conftest import MODEL_ID, new_s3_store
 
 

@@ -6,9 +6,9 @@ import time
 
 from cloud_server.fsck import FsckConfig, fsck
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import build_synthetic, make_synthetic_template
 from sakura_core.cli import main
 
+from ..synthetic_templates import build_synthetic, make_synthetic_template
 from .conftest import MODEL_ID
 
 OLD_S = 2 * 3600  # older than the default grace periods

@@ -36,14 +36,14 @@ def test_bfloat16_is_another_model_with_kv_close_to_float32(models):
 def test_bfloat16_precompute_publishes_a_template_that_says_how_it_was_made(models, tmp_path):
     from cloud_server.precompute import publish_template
     from cloud_server.store import LocalStore
-    from sakura_core.fetch.client import check_manifest
+    from sakura_core.kv import parse_manifest
 
     _, bf16 = models
     store = LocalStore(tmp_path / "s")
     image = load_image("coffee", bf16.spec.image_size)
     result = publish_template(store, bf16, image, "tpl-bf16")
     manifest = store.get_manifest("tpl-bf16")
-    check_manifest(manifest, template_id="tpl-bf16", model_id=bf16.model_id)
+    parse_manifest(manifest, template_id="tpl-bf16", model_id=bf16.model_id)
     assert manifest["precompute"] == {"device": "cpu", "dtype": "bfloat16"}
     assert result.shards == sum(len(s["representations"]) for s in manifest["shards"])
     psnr = [r.get("psnr_db") for r in manifest["shards"][0]["representations"]]

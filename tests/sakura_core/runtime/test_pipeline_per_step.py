@@ -135,7 +135,7 @@ def test_corrupt_per_step_shard_falls_back_to_that_steps_template_kv(setup):
 
 
 def test_a_step_count_the_template_was_not_computed_for_is_refused(setup):
-    with pytest.raises(ScheduleMismatchError, match="3 steps.*runs 4 steps.*--steps 4"):
+    with pytest.raises(ScheduleMismatchError, match="precomputed for 3 steps .*asks 4 — set steps to 3 .*--steps 4"):
         _run(setup, make_policy("fetch-fp16"), steps=4)
 
 
