@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
 
+from sakura_core.files import atomic_write_json
 from sakura_core.models.loading import check_model_source
 from sakura_core.models.ref_layout import MAX_REFERENCES
+from sakura_core.precompute.cross_step import compare_to_single, level_totals
 
 from .config import MODELS
 from .precompute import (
@@ -54,6 +57,21 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--steps", type=int, default=4, help="per-step mode: sampler steps (default: %(default)s)")
     parser.add_argument("--shift", type=float, default=1.0, help="per-step mode: schedule shift (default: 1.0)")
+    parser.add_argument(
+        "--per-step-coding",
+        choices=("cross-step", "independent"),
+        default="cross-step",
+        help="per-step mode: code steps >= 1 as residuals against step 0 (+ a zero-byte reuse rung), or every step "
+        "on its own (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--compare-single",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="per-step mode: also precompute the single-mode template (not published) and print bytes per level "
+        "against it at equal end-to-end PSNR (default: on)",
+    )
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the per-level table (and comparison) here")
     parser.add_argument(
         "--template-size",
         type=int,
@@ -123,6 +141,7 @@ def run(args) -> int:
             shift=args.shift,
             template_size=args.template_size,
             reference_names=names,
+            **({"cross_step": args.per_step_coding == "cross-step"} if args.kv_mode == "per-step" else {}),
         )
     except TemplateExistsError as e:
         print(f"sakura precompute: {e}", file=sys.stderr)
@@ -134,7 +153,51 @@ def run(args) -> int:
         f"{result.shards} blobs, {result.shard_bytes / 2**20:.2f} MiB in {secs:.1f} s"
     )
     _print_level_bytes(m)
+    report = {"template_id": result.template_id, "kv_mode": args.kv_mode, "levels": level_totals(m)}
+    if args.kv_mode == "per-step" and args.compare_single:
+        report["vs_single"] = _compare_single(store, model, image, args, m)
+    if args.json:
+        atomic_write_json(args.json, report)
+        print(f"wrote {args.json}")
     return 0
+
+
+def _compare_single(store, model, image, args, manifest: dict) -> dict:
+    """Precompute the single-mode template of the same image (not published) and print the per-step one against it."""
+    from sakura_core.models.edit_model import load_image
+    from sakura_core.precompute import precompute_template
+
+    size = args.template_size or model.spec.image_size
+    t0 = time.perf_counter()
+    single = precompute_template(
+        model, load_image(image, size), args.template_id, codec=args.codec, shard_layers=args.shard_layers,
+        seed=args.seed,
+    ).manifest  # fmt: skip
+    cmp = compare_to_single(manifest, single)
+    print(f"\nvs the single-mode template of the same image ({time.perf_counter() - t0:.1f} s), at equal PSNR:")
+    print(f"  {'level':<16}{'per-step B':>12}{'PSNR dB':>9}{'single B at PSNR':>18}{'x single':>10}")
+    for r in cmp["levels"]:
+        sb, x = r["single_bytes_at_psnr"], r["x_single"]
+        print(f"  {r['name']:<16}{r['bytes']:>12}{_f(r['psnr_db'], '.2f'):>9}{_f(sb, 'd'):>18}{_f(x, '.3f'):>10}")
+    print("  single-mode levels: " + ", ".join(f"{r['name']} {r['bytes']} B {_f(r['psnr_db'], '.2f')} dB"
+                                               for r in cmp["single_levels"]))  # fmt: skip
+    fl = cmp["floor"]
+    if fl["per_step"] and fl["single"]:
+        print(
+            f"  floor (cheapest >= 35 dB): per-step {fl['per_step']['name']} {fl['per_step']['bytes']} B "
+            f"({fl['per_step']['psnr_db']} dB), single {fl['single']['name']} {fl['single']['bytes']} B "
+            f"({fl['single']['psnr_db']} dB): {fl['x_single']}x; at the per-step floor's PSNR: "
+            f"{fl['per_step']['x_single']}x"
+        )
+    st = cmp["stored_bytes"]
+    print(
+        f"  stored bytes (every representation): per-step {st['per_step']}, single {st['single']}: {st['x_single']}x"
+    )
+    return cmp
+
+
+def _f(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def _print_level_bytes(manifest: dict) -> None:
@@ -142,21 +205,23 @@ def _print_level_bytes(manifest: dict) -> None:
     mode = manifest.get("kv_mode", "single")
     sched = manifest.get("schedule")
     steps = sched["steps"] if sched else 1
-    per_level: dict[tuple[int, str], int] = {}
-    for shard in manifest["shards"]:
-        for rep in shard["representations"]:
-            key = (rep["level"], rep["name"])
-            per_level[key] = per_level.get(key, 0) + rep.get("total_bytes", rep["bytes"])
-    what = f"per-step, {steps} steps x {manifest['num_layers']} layers" if sched else "single, one KV per layer"
+    coding = manifest.get("per_step_coding")
+    what = (
+        f"per-step ({coding}), {steps} steps x {manifest['num_layers']} layers"
+        if sched
+        else "single, one KV per layer"
+    )
     refs = manifest.get("references") or [{"token_grid": manifest["token_grid"]}]
     grids = " + ".join(f"{r['token_grid'][0]}x{r['token_grid'][1]}" for r in refs)
     tokens = sum(r["token_grid"][0] * r["token_grid"][1] for r in refs)
     what += f"; template {grids} = {tokens} tokens" + (f" ({len(refs)} references)" if len(refs) > 1 else "")
     print(f"bytes per template, kv_mode {mode} ({what}):")
-    print(f"  {'level':>5} {'name':<16}{'bytes':>12}{'KiB':>10}{'per step KiB':>14}  psnr_db")
-    for (level, name), nbytes in sorted(per_level.items()):
-        psnr = next((r.get("psnr_db") for r in manifest["shards"][0]["representations"] if r["level"] == level), None)
+    print(
+        f"  {'name':<16}{'bytes':>12}{'KiB':>10}{'per step KiB':>14}  psnr_db   (bytes: the whole template at that level)"
+    )
+    for r in level_totals(manifest):
+        nbytes, psnr = r["bytes"], r["psnr_db"]
         print(
-            f"  {level:>5} {name:<16}{nbytes:>12}{nbytes / 2**10:>10.1f}{nbytes / steps / 2**10:>14.1f}"
+            f"  {r['name']:<16}{nbytes:>12}{nbytes / 2**10:>10.1f}{nbytes / steps / 2**10:>14.1f}"
             f"  {'-' if psnr is None else psnr}"
         )

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sakura_core.kv.manifest import ManifestError, parse_manifest
+from sakura_core.kv.manifest import ManifestError, blob_digests, parse_manifest
 from sakura_core.limits import bounded_json
 
 from .store import LocalStore, Store, StoreError, file_sha256, validate_digest
@@ -85,7 +85,7 @@ def referenced_digests(store: Store, report: FsckReport) -> dict[str, list[str]]
         report.templates_checked += 1
         try:
             manifest = bounded_json(store.get_manifest_bytes(template_id), f"manifest of {template_id!r}")
-            digests = [r["digest"] for s in manifest["shards"] for r in s["representations"]]
+            digests = blob_digests(manifest)
             digests += [d for s in manifest["shards"] for r in s["representations"] for d in r.get("requires", [])]
             if isinstance(manifest.get("template_image"), dict):
                 digests.append(manifest["template_image"]["digest"])

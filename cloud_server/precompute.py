@@ -19,7 +19,7 @@ import numpy as np
 from sakura_core.files import png_bytes
 from sakura_core.images import ImageError
 from sakura_core.images import decode_image as decode_core_image
-from sakura_core.kv.manifest import ManifestError, parse_manifest
+from sakura_core.kv.manifest import ManifestError, blob_digests, parse_manifest
 from sakura_core.models.loading import add_device_arguments
 
 from .store import ManifestExistsError, Store, validate_template_id
@@ -127,6 +127,8 @@ def _check_result(result: Any, model_id: str, template_id: str) -> tuple[dict, d
     parse_manifest(manifest, template_id=template_id, model_id=model_id)
     for i, shard in enumerate(manifest["shards"]):
         for rep in shard["representations"]:
+            if rep["digest"] is None:  # a zero-byte cross-step "reuse" rung: no blob
+                continue
             blob = blobs.get(rep["digest"])
             if blob is None:
                 raise ManifestError(f"manifest shards[{i}] names digest {rep['digest']} but no blob was produced")
@@ -186,6 +188,7 @@ def publish_template(
     steps: int = 4,
     shift: float = 1.0,
     template_size: int | None = None,
+    cross_step: bool = True,
     annotations: dict | None = None,
     reference_names: list[str] | None = None,
 ) -> PublishResult:
@@ -207,7 +210,8 @@ def publish_template(
         progress: ``progress(stage, done, total)``; may raise to abort (nothing is published then).
         precompute_fn: the codec entry point (default ``sakura_core.precompute.precompute_template``).
         kv_mode, steps, shift: ``"single"`` (one KV per layer) or ``"per-step"`` (one per (step, layer) for the
-            schedule ``steps``/``shift``; the manifest names it). Passed to the codec only in per-step mode.
+            schedule ``steps``/``shift``; the manifest names it). Passed to the codec only in per-step mode, with
+            ``cross_step`` (step s >= 1 coded against step s - 1; see ``sakura_core.precompute.cross_step``).
         template_size: side in pixels the template is resized to (default: the model's edit size); a larger
             template has more tokens than the edit (its own grid of position ids).
         annotations: JSON-able facts about how the template was made, merged into the manifest's ``precompute``
@@ -228,6 +232,8 @@ def publish_template(
 
         images = [load_image(x, template_size or spec.image_size) for x in images]
     mode_kwargs = {} if kv_mode == "single" else {"kv_mode": kv_mode, "steps": steps, "shift": shift}
+    if kv_mode != "single" and not cross_step:  # the codec's default is cross-step coding
+        mode_kwargs["cross_step"] = False
     result = fn(model, images if len(images) > 1 else images[0], template_id, codec=codec, shard_layers=shard_layers,
                 seed=seed, progress=progress, **mode_kwargs)  # fmt: skip
     manifest, blobs = _check_result(result, model.model_id, template_id)
@@ -244,7 +250,7 @@ def publish_template(
 def _store_blobs(store: Store, manifest: dict, blobs: dict[str, bytes], image_pngs: list[bytes], progress):
     """Store the shards the manifest names (each re-hashed against its name) and the reference images' PNGs;
     (shards stored, their bytes)."""
-    digests = [rep["digest"] for shard in manifest["shards"] for rep in shard["representations"]]
+    digests = blob_digests(manifest)  # the reuse rung has no blob
     unused = set(blobs) - set(digests)
     if unused:
         logger.warning("template %s: %d blob(s) not named by the manifest are not stored", manifest["template_id"],

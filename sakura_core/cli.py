@@ -50,6 +50,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "sakura_core.bench.cli_codec",
         "every KV codec and ladder level: size, error, PSNR, MB/s; JSON",
     ),
+    ("bench", "decode"): (
+        "sakura_core.bench.cli_decode",
+        "one decode thread on a phone-scale shard, SAKURA vs CacheGen: fp16 MB/s and Mbit/s of wire; JSON",
+    ),
 }
 
 

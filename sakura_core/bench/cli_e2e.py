@@ -23,6 +23,13 @@ def add_arguments(parser) -> None:
     default_traces = str(resources.files("sakura_core.fetch").joinpath("traces"))
     parser.add_argument("--traces", default=default_traces, help="folder of traces (any of the 3 formats)")
     parser.add_argument(
+        "--per-step-ladders",
+        choices=("measured", "single"),
+        default="measured",
+        help="per-step sim: sakura's ladders measured on per-step KV (bench/per_step_ladders.json) or the single-mode "
+        "ratios replicated per step (the old model; default: %(default)s)",
+    )
+    parser.add_argument(
         "--trace-classes", help="JSON {glob: class} (default: trace_classes.json in --traces, else folder names)"
     )
     parser.add_argument("--policies", default="all", help=f"comma list or 'all' ({','.join(POLICIES)})")
@@ -93,7 +100,7 @@ def _combos(args) -> list[tuple[str, str, str]]:
 
 def _simulate_combo(args, combo, traces, policies, rows, plots_dir) -> dict:
     """One (kv_mode, geometry, profile): the simulation over every trace, tables and regime map printed."""
-    from .e2e import build_phone_ladders, run_sim, summarize, summarize_by_class
+    from .e2e import build_phone_ladders, measured_per_step_sakura, run_sim, summarize, summarize_by_class
     from .phone_scale import format_regime, regime_map
 
     kv_mode, geometry, name = combo
@@ -105,6 +112,9 @@ def _simulate_combo(args, combo, traces, policies, rows, plots_dir) -> dict:
         f"{g.kv_bytes_fp16 / 2**20:.0f} MiB fp16 per template{' per step' if kv_mode == 'per-step' else ''}) ====="
     )
     ladders, floors = build_phone_ladders(rows, kv_mode_view(profile, kv_mode).model)
+    if kv_mode == "per-step" and getattr(args, "per_step_ladders", "measured") == "measured":
+        ladders["sakura"], floors["sakura"] = measured_per_step_sakura(rows, g)
+        print("sakura per-step ladders: measured on cross-step coded per-step KV (bench/per_step_ladders.json)")
     for fam in ("sakura", "cachegen"):
         print(f"quality floor {fam} (cheapest level with PSNR >= 35 dB): {ladders[fam][0][floors[fam]].name}")
     runs = run_sim(traces, policies, profile, ladders, floors, args.starts, kv_mode=kv_mode)

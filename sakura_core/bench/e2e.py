@@ -29,6 +29,7 @@ from .phone_scale import measure_phone_decode
 __all__ = [
     "CodecLevel",
     "build_phone_ladders",
+    "measured_per_step_sakura",
     "measure_codec_levels",
     "quality_floor",
     "psnr_db",
@@ -142,6 +143,22 @@ def build_phone_ladders(rows: list[CodecLevel], geometry: DitGeometry = PHONE_DI
         ladders[family] = [levels] * layers
         floors[family] = quality_floor([r["psnr_db"] for r in fam], PSNR_TARGET_DB)
     return ladders, floors
+
+
+def measured_per_step_sakura(rows: list[CodecLevel], geometry: DitGeometry) -> tuple[list, int]:
+    """SAKURA's per-step ladders (steps x layers shards of ``geometry``) from the per-step measurement shipped in
+    ``per_step_ladders.json`` (cross-step coded per-step KV: step s's bytes and the PSNR of every level), decode
+    speeds from the phone-scale rows measured in this run; and the floor (cheapest level with PSNR >= 35 dB)."""
+    from .per_step_ladders import load, per_step_ladders
+
+    data = load()
+    speed = {r["name"]: r.get("phone_decode_bytes_per_s", r["decode_bytes_per_s"]) for r in rows
+             if r["family"] in ("sakura", "fp16")}  # fmt: skip
+    missing = [lv["name"] for lv in data["levels"] if lv["name"] not in speed]
+    if missing:
+        raise ValueError(f"per_step_ladders.json names levels {missing} this run did not measure: re-measure it")
+    ladders = per_step_ladders(data, geometry.shard_bytes_fp16, geometry.layers, speed)
+    return ladders, quality_floor([lv["psnr_db"] for lv in data["levels"]], PSNR_TARGET_DB)
 
 
 def run_sim(

@@ -17,7 +17,7 @@ from ..runtime.profiles import DeviceProfile
 from ..runtime.simulate import kv_mode_view, simulate
 from .timing import best_time_s
 
-__all__ = ["PHONE_SHARD", "format_regime", "measure_phone_decode", "regime_map"]
+__all__ = ["PHONE_SHARD", "format_regime", "level_chain", "measure_phone_decode", "phone_scale_input", "regime_map"]
 
 PHONE_SHARD = {"tokens": 1024, "heads": 16, "head_dim": 64}  # 4 MiB of fp16 K+V: one phone-class DiT layer
 
@@ -29,28 +29,38 @@ def _tile(x: np.ndarray, tokens: int, channels: int) -> np.ndarray:
     return np.tile(flat, reps)[:tokens, :channels]
 
 
-def measure_phone_decode(rows: list[dict], layer_kv: np.ndarray, repeats: int = 2, shard: dict | None = None) -> None:
-    """Add ``phone_decode_bytes_per_s`` (fp16 bytes of K+V decoded per second) to every measured level row.
-
-    ``layer_kv``: (2, tokens, heads, head_dim) of one demo layer (K, V), tiled to the phone-scale shard.
-    """
-    from ..kv.chain import decode_chain
-    from ..kv.codec_registry import ShardInput, ShardMeta, get_codec
+def phone_scale_input(layer_kv: np.ndarray, shard: dict | None = None):
+    """``(ShardInput, fp16 bytes)`` of one phone-scale layer: ``layer_kv`` (2, tokens, heads, head_dim) of one demo
+    layer (K, V) tiled to ``shard`` (default :data:`PHONE_SHARD`); uniform importance."""
+    from ..kv.codec_registry import ShardInput, ShardMeta
 
     s = {**PHONE_SHARD, **(shard or {})}
     t, h, d = s["tokens"], s["heads"], s["head_dim"]
     k = _tile(np.asarray(layer_kv[0], dtype=np.float32), t, h * d).reshape(1, t, h, d)  # (1, tokens, heads, hd)
     v = _tile(np.asarray(layer_kv[1], dtype=np.float32), t, h * d).reshape(1, t, h, d)
     meta = ShardMeta("0" * 64, "phone-scale", "flux2-ref-t10", 0, (t // 32, 32), 24)
-    inp = ShardInput(np.ascontiguousarray(k), np.ascontiguousarray(v), meta)
-    fp16_bytes = 2 * k.size * 2
+    return ShardInput(np.ascontiguousarray(k), np.ascontiguousarray(v), meta), 2 * k.size * 2
+
+
+def level_chain(codec, level: int) -> list[int]:
+    """The levels a chain up to ``level`` of ``codec`` encodes (a progressive codec: every level up to it)."""
+    return [lv for lv in codec.levels if lv <= level] if codec.progressive else [level]
+
+
+def measure_phone_decode(rows: list[dict], layer_kv: np.ndarray, repeats: int = 2, shard: dict | None = None) -> None:
+    """Add ``phone_decode_bytes_per_s`` (fp16 bytes of K+V decoded per second) to every measured level row.
+
+    ``layer_kv``: (2, tokens, heads, head_dim) of one demo layer (K, V), tiled to the phone-scale shard.
+    """
+    from ..kv.chain import decode_chain
+    from ..kv.codec_registry import get_codec
+
+    inp, fp16_bytes = phone_scale_input(layer_kv, shard)
     for r in rows:
         codec = get_codec(r["codec"])
-        level = r["level"]
-        chain = [lv for lv in codec.levels if lv <= level] if codec.progressive else [level]
-        blobs = codec.encode(inp, chain)
+        blobs = codec.encode(inp, level_chain(codec, r["level"]))
         r["phone_decode_bytes_per_s"] = fp16_bytes / best_time_s(lambda b=blobs: decode_chain(b), repeats)
-        r["phone_shard"] = [1, 2, t, h, d]
+        r["phone_shard"] = [1, 2, *inp.k.shape[1:]]
 
 
 def regime_map(

@@ -41,7 +41,15 @@ from .manifest import (
     validate_manifest,
 )
 from .sakura_codec import SakuraConfig
-from .template_codec import ImportanceWeights, decode_kv, decode_template, encode_kv, level_chains, shard_inputs
+from .template_codec import (
+    ImportanceWeights,
+    decode_kv,
+    decode_per_step,
+    decode_template,
+    encode_kv,
+    level_chains,
+    shard_inputs,
+)
 
 __all__ = [
     "CODECS",
@@ -70,6 +78,7 @@ __all__ = [
     "check_schedule",
     "decode_chain",
     "decode_kv",
+    "decode_per_step",
     "decode_template",
     "decode_representation",
     "encode_kv",

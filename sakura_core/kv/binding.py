@@ -1,5 +1,5 @@
 """Binding of a shard to the slot a manifest puts it in: the blob's own header must name the same template, model,
-layers and level as the manifest entry it was fetched for.
+layers, step, reference and level as the manifest entry it was fetched for.
 
 A digest only proves that the bytes are the ones the manifest names, not that the manifest named the right ones: a
 tampered or mixed-up manifest (two layers' digests swapped, a layer pointing at another template's shard) would
@@ -35,6 +35,8 @@ class ShardSlot:
         level_name: the representation's level name (``codec.level_name(header.level)`` of its top blob).
         token_grid, heads, head_dim: the manifest's KV geometry (None: not checked), compared with every blob's
             header before it is decompressed (:func:`check_shard_geometry`).
+        step: the shard entry's sampler step (per-step manifests), ``None`` for single-mode KV.
+        reference: ``(step, base digest)`` a cross-step residual is coded against, ``None`` for a self-contained one.
     """
 
     template_id: str
@@ -45,6 +47,8 @@ class ShardSlot:
     token_grid: tuple[int, int] | None = None
     heads: int | None = None
     head_dim: int | None = None
+    step: int | None = None
+    reference: tuple[int, str] | None = None
 
     def __post_init__(self) -> None:
         first, last = self.layers
@@ -52,15 +56,20 @@ class ShardSlot:
             raise ValueError(f"ShardSlot.layers must be (first, last) with 0 <= first <= last, got {self.layers}")
 
 
-def slot_from_manifest(manifest: dict, layer: int, rep: dict) -> ShardSlot:
-    """The slot of representation ``rep`` in the manifest shard entry that holds ``layer``."""
+def slot_from_manifest(manifest: dict, layer: int, rep: dict, step: int | None = None) -> ShardSlot:
+    """The slot of representation ``rep`` in the manifest shard entry that holds ``layer`` (at ``step``: per-step
+    manifests key their shards by (step, layers); ``None`` for a single-mode manifest)."""
     for shard in manifest["shards"]:
         first, last = shard["layers"]
-        if first <= layer <= last:
+        if first <= layer <= last and shard.get("step") == step:
             codec = rep.get("codec") or manifest["codec"]
+            ref = rep.get("ref")
+            reference = (ref["step"], ref["digest"]) if ref and ref.get("mode") == "residual" else None
             return ShardSlot(manifest["template_id"], manifest["model_id"], (first, last), codec, rep["name"],
-                             _grid(manifest.get("token_grid")), manifest.get("heads"), manifest.get("head_dim"))  # fmt: skip
-    raise ValueError(f"manifest of template {manifest.get('template_id')!r} has no shard holding layer {layer}")
+                             token_grid=_grid(manifest.get("token_grid")), heads=manifest.get("heads"),
+                             head_dim=manifest.get("head_dim"), step=step, reference=reference)  # fmt: skip
+    at = "" if step is None else f" at step {step}"
+    raise ValueError(f"manifest of template {manifest.get('template_id')!r} has no shard holding layer {layer}{at}")
 
 
 def _grid(grid) -> tuple[int, int] | None:
@@ -100,6 +109,10 @@ def check_shard_binding(header: ShardHeader, slot: ShardSlot) -> None:
     """Raise :class:`ShardBindingError` naming every field where ``header`` (the chain's top blob) disagrees with
     ``slot``, its level included."""
     problems = _identity_problems(header, slot)
+    if header.step != slot.step:
+        problems.append(f"step {header.step} (expected {slot.step})")
+    if header.reference != slot.reference:
+        problems.append(f"reference {_ref(header.reference)} (expected {_ref(slot.reference)})")
     if header.codec != slot.codec:
         problems.append(f"codec {header.codec!r} (expected {slot.codec!r})")
     else:
@@ -116,3 +129,7 @@ def _raise_if(problems: list[str]) -> None:
             + ", ".join(problems)
             + "; the manifest is tampered with or mixed up — treating the shard as corrupt"
         )
+
+
+def _ref(ref: tuple[int, str] | None) -> str:
+    return "none" if ref is None else f"step {ref[0]} base {ref[1][:12]}…"

@@ -8,11 +8,18 @@ increasing levels, and each refinement must name the sha256 of the blob before i
 
 :class:`ChainDecoder` does the same incrementally: push the base, read the tensors, push an enhancement later and
 read the upgraded tensors — a progressive codec then only applies the new blob instead of re-decoding the chain.
+
+A cross-step residual (per-step KV of step s coded as ``KV_s - KV_r`` against an earlier step r of the same layers;
+its header names r and the reference shard's identity, the digest of its exact fp16 blob) decodes to the
+reference's decoded KV — at whatever level the client holds it — plus the decoded residual: pass that
+:class:`DecodedReference`. Without it, or with another one, decoding raises :class:`MissingReferenceError` /
+:class:`~sakura_core.kv.container.ShardChainError` naming what it needs: never a residual used as KV.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,7 +33,65 @@ from .container import (
     shard_digest,
 )
 
-__all__ = ["ChainDecoder", "decode_chain", "decode_representation", "parse_chain"]
+__all__ = [
+    "ChainDecoder",
+    "DecodedReference",
+    "MissingReferenceError",
+    "apply_reference",
+    "decode_chain",
+    "decode_representation",
+    "parse_chain",
+]
+
+
+class MissingReferenceError(ShardChainError):
+    """A cross-step residual was to be decoded without its reference shard's decoded KV."""
+
+
+@dataclass(frozen=True)
+class DecodedReference:
+    """The decoded KV of a reference shard, as a cross-step residual needs it.
+
+    Attributes:
+        step: the reference shard's sampler step.
+        digest: its identity: the digest of its exact (fp16) representation, as residual headers name it.
+        k, v: its decoded K and V (any representation of it), float16 (layers, tokens, heads, head_dim).
+    """
+
+    step: int
+    digest: str
+    k: np.ndarray
+    v: np.ndarray
+
+
+def apply_reference(header: ShardHeader, k, v, reference: DecodedReference | None):
+    """The shard's KV from its decoded chain: ``k, v`` themselves for a self-contained shard, the reference's KV plus
+    them for a cross-step residual (float16 numpy arrays in, float16 numpy arrays out)."""
+    need = header.reference
+    if need is None:
+        return k, v
+    if reference is None:
+        raise MissingReferenceError(
+            f"layers {header.layer_first}-{header.layer_last} of step {header.step} are coded against step {need[0]} "
+            f"(shard {need[1][:12]}…), which is not decoded: decode that shard first, or fetch a self-contained "
+            "representation"
+        )
+    if (reference.step, reference.digest) != need:
+        raise ShardChainError(
+            f"step {header.step} layers {header.layer_first}-{header.layer_last} is coded against step {need[0]} "
+            f"shard {need[1][:12]}…, but the reference given is step {reference.step} shard {reference.digest[:12]}…"
+        )
+    rk, rv = np.asarray(reference.k), np.asarray(reference.v)
+    if rk.shape != tuple(header.tensor_shape) or rv.shape != tuple(header.tensor_shape):
+        raise ShardChainError(f"reference KV has shape {rk.shape}, the shard needs {header.tensor_shape}")
+    return _add16(rk, k), _add16(rv, v)
+
+
+def _add16(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = a.astype(np.float32)
+    out += b
+    return out.astype(np.float16)
+
 
 Parsed = list[tuple[ShardHeader, list[memoryview]]]
 
@@ -76,13 +141,18 @@ def parse_chain(blobs: Sequence[bytes]) -> Parsed:
     return parsed
 
 
-def decode_chain(blobs: Sequence[bytes]) -> tuple[ShardHeader, np.ndarray, np.ndarray]:
-    """Validate and decode a chain; returns the top blob's header and float16 numpy K, V
-    (layers, tokens, heads, head_dim)."""
+def decode_chain(
+    blobs: Sequence[bytes], reference: DecodedReference | None = None
+) -> tuple[ShardHeader, np.ndarray, np.ndarray]:
+    """Validate and decode a chain (plus its reference, for a cross-step residual); returns the top blob's header
+    and float16 numpy K, V (layers, tokens, heads, head_dim)."""
     parsed = parse_chain(blobs)
     header = parsed[-1][0]
+    if header.reference is None and reference is not None:
+        raise ShardChainError(f"a self-contained shard (step {header.step}) was given a reference to add")
     k, v = get_codec(header.codec).decode(parsed)
     _check_shapes(header, k, v)
+    k, v = apply_reference(header, k, v, reference)
     return header, k, v
 
 
@@ -92,14 +162,17 @@ def _check_shapes(header: ShardHeader, k, v) -> None:
         raise RuntimeError(f"codec {header.codec!r} decoded shapes {k.shape}/{v.shape}, header says {expected}")
 
 
-def decode_representation(blobs: Sequence[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode one representation of one shard: ``blobs`` = the chain base..level, in order.
+def decode_representation(
+    blobs: Sequence[bytes], reference: DecodedReference | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode one representation of one shard: ``blobs`` = the chain base..level, in order (``reference``: the
+    decoded reference shard of a cross-step residual).
 
     Returns K and V, each float16 (layers_in_shard, tokens, heads, head_dim). Raises a
     :class:`~sakura_core.kv.container.ShardFormatError` subclass on any corrupt, truncated, foreign or
-    out-of-order blob.
+    out-of-order blob, and :class:`MissingReferenceError` for a residual without its reference.
     """
-    _, k, v = decode_chain(blobs)
+    _, k, v = decode_chain(blobs, reference)
     return torch.from_numpy(k), torch.from_numpy(v)
 
 
@@ -108,13 +181,18 @@ class ChainDecoder:
 
     Each pushed blob is validated like :func:`parse_chain` does (a rejected blob leaves the decoder unchanged). A
     progressive codec with incremental hooks (SAKURA) applies only the new blob; other codecs decode the chain.
-    One instance per shard and thread.
+    One instance per shard and thread. A cross-step residual's :meth:`tensors` add ``reference`` (set it, or
+    :meth:`set_reference` when it is decoded; an upgraded reference is set again).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reference: DecodedReference | None = None) -> None:
         self._blobs: list[bytes] = []
         self._parsed: Parsed = []
         self._state = None
+        self.reference = reference
+
+    def set_reference(self, reference: DecodedReference | None) -> None:
+        self.reference = reference
 
     @property
     def header(self) -> ShardHeader | None:
@@ -148,4 +226,5 @@ class ChainDecoder:
         else:
             k, v = codec.decode(self._parsed)
         _check_shapes(header, k, v)
+        k, v = apply_reference(header, np.asarray(k), np.asarray(v), self.reference)
         return torch.as_tensor(k), torch.as_tensor(v)

@@ -41,6 +41,9 @@ class ShardMeta:
         layer_first: index of the shard's first layer in the model (execution order).
         token_grid: (rows, cols) of the template tokens.
         num_model_layers: depth of the whole model (CacheGen scales its layer boundaries with it).
+        step: the sampler step of per-step KV (``None``: single-mode KV).
+        ref_step, ref_digest: a cross-step residual's reference — the step and base-blob digest of the shard (same
+            layers) whose decoded KV the decoded residual is added to; ``None`` for a self-contained shard.
     """
 
     model_id: str
@@ -49,6 +52,9 @@ class ShardMeta:
     layer_first: int
     token_grid: tuple[int, int]
     num_model_layers: int
+    step: int | None = None
+    ref_step: int | None = None
+    ref_digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,9 @@ class ShardInput:
             head_dim=head_dim,
             dtype="float16",
             parent=parent,
+            step=m.step,
+            ref_step=m.ref_step,
+            ref_digest=m.ref_digest,
         )
 
 

@@ -4,6 +4,8 @@ Layout (little endian, no pickle)::
 
     fixed header   _FIXED (see below): magic "SKKV", format version, header size, flags, dtype, level,
                    layer range, token grid, heads, head_dim, parent digest (32 bytes, zero for a base),
+                   sampler step (0xFFFF: none, single-mode KV), reference step (0xFFFF: none) and reference
+                   digest (32 bytes, zero for none: the base blob of the shard this one is coded against),
                    section count and the lengths of the four strings
     strings        codec name, model id, template id, RoPE layout (utf-8)
     section table  one uint32 length per payload section
@@ -11,7 +13,10 @@ Layout (little endian, no pickle)::
     trailer        crc32 of everything before it
 
 The blob's name is ``sha256(blob)`` (:func:`shard_digest`); a refinement blob names the blob it refines by that
-digest, so a chain can be checked link by link. :func:`parse_shard` validates every length and limit against the
+digest, so a chain can be checked link by link. A cross-step blob (per-step KV coded as a residual against another
+step's decoded KV of the same layers) names that step and that shard's base blob, so a decoder can refuse a wrong
+reference; a per-step blob says its step, so a shard served in another step's slot is caught (:mod:`.binding`);
+version 1 blobs (before ``step`` and the reference) are refused naming the fix. :func:`parse_shard` validates every length and limit against the
 blob's actual size before anything is allocated, and raises a specific :class:`ShardFormatError` subclass.
 """
 
@@ -24,7 +29,17 @@ import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .names import MODEL_ID_RE, TEMPLATE_ID_FORM, is_template_id
+from .names import MODEL_ID_RE, TEMPLATE_ID_FORM, is_digest, is_template_id
+from .shard_errors import (
+    ShardChainError,
+    ShardCorruptError,
+    ShardFormatError,
+    ShardMagicError,
+    ShardOversizedError,
+    ShardTruncatedError,
+    ShardVersionError,
+    UnknownCodecError,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -46,7 +61,7 @@ __all__ = [
 ]
 
 MAGIC = b"SKKV"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 #: Largest blob accepted by the decoder (bytes).
 MAX_BLOB_BYTES = 1 << 30
@@ -62,46 +77,16 @@ _CODEC_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _ROPE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 # magic, version, header_size, flags, dtype, level, layer_first, layer_last, grid_rows, grid_cols, heads, head_dim,
-# parent digest, n_sections, len(codec), len(model_id), len(template_id), len(rope_layout)
-_FIXED = struct.Struct("<4sHHBBHHHHHHH32sBBBBB")
+# parent digest, step, ref_step, ref digest, n_sections, len(codec), len(model_id), len(template_id), len(rope_layout)
+_FIXED = struct.Struct("<4sHHBBHHHHHHH32sHH32sBBBBB")
 _TRAILER = struct.Struct("<I")
 _FLAG_REFINES = 0x01
-_KNOWN_FLAGS = _FLAG_REFINES
+_FLAG_REFERENCE = 0x02
+_KNOWN_FLAGS = _FLAG_REFINES | _FLAG_REFERENCE
+_NO_STEP, _MAX_STEP = 0xFFFF, 0xFFFE
 _DTYPES = {1: "float16", 2: "float32"}
 _DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
 _ZERO_DIGEST = bytes(32)
-
-
-class ShardFormatError(ValueError):
-    """A shard blob is not a valid SAKURA shard (base class of every decode-side format error)."""
-
-
-class ShardMagicError(ShardFormatError):
-    """The blob does not start with the SAKURA shard magic (not a shard, or the wrong file)."""
-
-
-class ShardVersionError(ShardFormatError):
-    """The blob's format version is not one this decoder reads."""
-
-
-class ShardTruncatedError(ShardFormatError):
-    """The blob is shorter than its header says (an interrupted download?)."""
-
-
-class ShardCorruptError(ShardFormatError):
-    """The blob's bytes are inconsistent: checksum mismatch, bad field, bad payload."""
-
-
-class ShardOversizedError(ShardFormatError):
-    """The blob, or the tensor it describes, exceeds the decoder's limits."""
-
-
-class ShardChainError(ShardFormatError):
-    """Blobs passed as a refinement chain do not belong together (wrong order, other shard, missing link)."""
-
-
-class UnknownCodecError(ShardFormatError):
-    """The blob names a codec this build does not know."""
 
 
 def shard_digest(blob: bytes) -> str:
@@ -124,6 +109,9 @@ class ShardHeader:
         heads, head_dim: attention geometry.
         dtype: dtype of the reconstructed tensors (``"float16"`` or ``"float32"``).
         parent: hex digest of the blob this one refines (a progressive enhancement), or ``None`` for a base.
+        step: the sampler step whose KV this is (per-step KV), or ``None`` (single-mode KV, valid at every step).
+        ref_step, ref_digest: the step and base-blob digest of the shard (same layers) this one is coded against
+            (a cross-step residual: decoded KV = the reference's decoded KV + this chain's), or ``None``.
     """
 
     codec: str
@@ -138,6 +126,9 @@ class ShardHeader:
     head_dim: int
     dtype: str = "float16"
     parent: str | None = None
+    step: int | None = None
+    ref_step: int | None = None
+    ref_digest: str | None = None
 
     def __post_init__(self) -> None:
         problems = _header_problems(self)
@@ -174,7 +165,15 @@ class ShardHeader:
             and self.heads == other.heads
             and self.head_dim == other.head_dim
             and self.dtype == other.dtype
+            and self.step == other.step
+            and self.ref_step == other.ref_step
+            and self.ref_digest == other.ref_digest
         )
+
+    @property
+    def reference(self) -> tuple[int, str] | None:
+        """(step, base digest) of the shard this one is coded against, or ``None`` for a self-contained shard."""
+        return None if self.ref_step is None else (self.ref_step, self.ref_digest)
 
 
 def _header_problems(h: ShardHeader) -> str:
@@ -200,8 +199,23 @@ def _header_problems(h: ShardHeader) -> str:
         return f"head_dim {h.head_dim} must be in [1, {_MAX_HEAD_DIM}]"
     if h.dtype not in _DTYPE_CODES:
         return f"dtype {h.dtype!r} must be one of {sorted(_DTYPE_CODES)}"
-    if h.parent is not None and (not isinstance(h.parent, str) or not re.match(r"^[0-9a-f]{64}$", h.parent)):
+    if h.parent is not None and not is_digest(h.parent):
         return f"parent {h.parent!r} must be a 64-character hex sha256 digest or None"
+    return _step_problems(h)
+
+
+def _step_problems(h: ShardHeader) -> str:
+    """The step and reference fields: a reference needs a step after it and a digest."""
+    if h.step is not None and not (isinstance(h.step, int) and 0 <= h.step <= _MAX_STEP):
+        return f"step {h.step!r} must be None or an int in [0, {_MAX_STEP}]"
+    if (h.ref_step is None) != (h.ref_digest is None):
+        return f"ref_step {h.ref_step!r} and ref_digest {h.ref_digest!r} must both be set or both None"
+    if h.ref_step is None:
+        return ""
+    if h.step is None or not (isinstance(h.ref_step, int) and 0 <= h.ref_step < h.step):
+        return f"ref_step {h.ref_step!r} must be an earlier step than the shard's step {h.step!r}"
+    if not is_digest(h.ref_digest):
+        return f"ref_digest {h.ref_digest!r} must be a 64-character hex sha256 digest"
     return ""
 
 
@@ -215,7 +229,7 @@ def pack_shard(header: ShardHeader, sections: list[bytes]) -> bytes:
         MAGIC,
         FORMAT_VERSION,
         header_size,
-        _FLAG_REFINES if header.parent else 0,
+        (_FLAG_REFINES if header.parent else 0) | (_FLAG_REFERENCE if header.ref_digest else 0),
         _DTYPE_CODES[header.dtype],
         header.level,
         header.layer_first,
@@ -225,6 +239,9 @@ def pack_shard(header: ShardHeader, sections: list[bytes]) -> bytes:
         header.heads,
         header.head_dim,
         bytes.fromhex(header.parent) if header.parent else _ZERO_DIGEST,
+        _NO_STEP if header.step is None else header.step,
+        _NO_STEP if header.ref_step is None else header.ref_step,
+        bytes.fromhex(header.ref_digest) if header.ref_digest else _ZERO_DIGEST,
         len(sections),
         *(len(s) for s in strings),
     )
@@ -251,6 +268,9 @@ class _Fixed(NamedTuple):
     heads: int
     head_dim: int
     parent_raw: bytes
+    step: int
+    ref_step: int
+    ref_raw: bytes
     n_sections: int
     len_codec: int
     len_model: int
@@ -295,7 +315,12 @@ def _check_prefix(view: memoryview) -> None:
     if version != FORMAT_VERSION:
         raise ShardVersionError(
             f"shard format version {version} is not supported (this build reads version {FORMAT_VERSION}); "
-            "upgrade the client or re-encode the template"
+            + (
+                "the template was encoded before shards carried their step and reference: re-encode it "
+                "(sakura precompute ... --overwrite)"
+                if version < FORMAT_VERSION
+                else "upgrade the client"
+            )
         )
     if n < _FIXED.size + _TRAILER.size:
         raise ShardTruncatedError(f"shard blob of {n} bytes is shorter than the fixed header ({_FIXED.size} bytes)")
@@ -335,6 +360,9 @@ def _header(view: memoryview, f: _Fixed) -> ShardHeader:
     refines = bool(f.flags & _FLAG_REFINES)
     if refines == (f.parent_raw == _ZERO_DIGEST):
         raise ShardCorruptError("shard refinement flag and parent digest disagree")
+    has_ref = bool(f.flags & _FLAG_REFERENCE)
+    if has_ref == (f.ref_raw == _ZERO_DIGEST) or has_ref == (f.ref_step == _NO_STEP):
+        raise ShardCorruptError("shard reference flag, reference step and reference digest disagree")
     pos = _FIXED.size
     strings = []
     for size in (f.len_codec, f.len_model, f.len_template, f.len_rope):
@@ -357,6 +385,9 @@ def _header(view: memoryview, f: _Fixed) -> ShardHeader:
             head_dim=f.head_dim,
             dtype=_DTYPES[f.dtype_code],
             parent=f.parent_raw.hex() if refines else None,
+            step=None if f.step == _NO_STEP else f.step,
+            ref_step=f.ref_step if has_ref else None,
+            ref_digest=f.ref_raw.hex() if has_ref else None,
         )
     except ValueError as e:
         raise ShardCorruptError(f"shard header field out of range: {e}") from e

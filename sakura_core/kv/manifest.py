@@ -1,9 +1,9 @@
-"""Template manifest (JSON, version 1): what a client needs to choose and fetch representations shard by shard.
+"""Template manifest (JSON, version 2): what a client needs to choose and fetch representations shard by shard.
 
 Schema::
 
     {
-      "version": 1,
+      "version": 2,                                # 1: before shard format 2 (step + reference); refused
       "model_id": hex content id of the model,
       "template_id": "[a-z0-9-]{1,64}",
       "token_grid": [rows, cols],
@@ -29,7 +29,11 @@ Schema::
             "total_bytes": bytes of this blob plus every blob it requires (what fetching it from nothing costs),
             "distortion": measured attention-output relative error of the decoded chain (0 = exact),
             "digest": sha256 hex of the blob (its name: GET /v1/shards/{digest}),
-            "requires": [digests of the lower-level blobs this one refines, base first; [] for a base]}
+            "requires": [digests of the lower-level blobs this one refines, base first; [] for a base],
+            "psnr_db": measured end-to-end PSNR of an edit with every shard at this level (optional),
+            "ref": per-step only, optional: {"mode": "residual" | "reuse", "step": r, "digest": fp16 digest of
+                   the shard (r, same layers)} — the shard that must be decoded first (a "reuse" representation:
+                   bytes 0, digest null, requires []; see manifest_schema.py)}
          ]}
       ]
     }
@@ -57,6 +61,7 @@ from ..models.kv_types import KV_MODES
 from .manifest_limits import ManifestLimitError, check_geometry_limits, check_steps_limit, check_value_limits
 from .manifest_schema import (
     MANIFEST_VERSION,
+    REF_MODES,
     ManifestError,
     ModelMismatchError,
     check_blob_ref,
@@ -65,11 +70,13 @@ from .manifest_schema import (
     check_schedule_field,
     check_shards,
     manifest_kv_mode,
+    version_problem,
 )
 
 __all__ = [
     "KV_MODES",
     "MANIFEST_VERSION",
+    "REF_MODES",
     "BlobRef",
     "Manifest",
     "ManifestError",
@@ -78,11 +85,13 @@ __all__ = [
     "Reference",
     "Schedule",
     "ScheduleMismatchError",
+    "blob_digests",
     "check_schedule",
     "manifest_kv_mode",
     "parse_manifest",
     "shards_for_step",
     "validate_manifest",
+    "version_problem",
 ]
 
 
@@ -242,6 +251,12 @@ def validate_manifest(manifest: Any) -> None:
     """:func:`parse_manifest` for a caller that only needs the verdict: ``ManifestError`` naming the first bad field,
     else ``None``."""
     parse_manifest(manifest)
+
+
+def blob_digests(manifest: dict) -> list[str]:
+    """The digest of every representation that has a blob (not the zero-byte cross-step ``reuse`` ones), in manifest
+    order; the blobs their ``requires`` name are among them (a chain stays within its shard)."""
+    return [rep["digest"] for shard in manifest["shards"] for rep in shard["representations"] if rep.get("digest")]
 
 
 def shards_for_step(manifest: dict, step: int) -> list[dict]:

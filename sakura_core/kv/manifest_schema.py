@@ -4,6 +4,16 @@ functions return). A bound on a field (a size, a range, finiteness) is added her
 manifest (the shard client, a local store, the publisher, the nodes, the phone agent) gets it.
 
 Each check raises :class:`ManifestError` naming the offending field (``shards[2].layers``) and what it must be.
+
+Version 2 (issue 24, shard container format 2): a per-step representation may carry a cross-step ``ref``::
+
+    {"mode": "residual", "step": r, "digest": D}   # its blobs code KV_s - KV_r: decode = (r, layers) + this chain
+    {"mode": "reuse",    "step": r, "digest": D}   # zero bytes, no blob: the KV is (r, layers)'s decoded KV
+
+``r < s``; ``D`` is the digest of the fp16 representation of the shard (r, same layers), the identity of the exact
+KV the residual was computed against (any decoded representation of that shard serves as the reference). A
+``reuse`` representation has ``bytes`` 0, ``digest`` null and ``requires`` []. A version-1 manifest is refused
+naming the fix (:func:`version_problem`).
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from .names import MODEL_ID_RE, TEMPLATE_ID_FORM, is_digest, is_template_id
 
 __all__ = [
     "MANIFEST_VERSION",
+    "REF_MODES",
     "ManifestError",
     "ModelMismatchError",
     "check_blob_ref",
@@ -25,9 +36,12 @@ __all__ = [
     "check_schedule_field",
     "check_shards",
     "manifest_kv_mode",
+    "version_problem",
 ]
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+#: A representation's cross-step ``ref`` modes (per-step manifests only).
+REF_MODES = ("residual", "reuse")
 
 
 class ManifestError(ValueError):
@@ -69,13 +83,24 @@ def manifest_kv_mode(manifest: dict) -> str:
     return mode
 
 
+def version_problem(version: Any) -> str:
+    """What is wrong with a manifest's ``version`` and how to fix it."""
+    if version == 1:
+        return (
+            "manifest field 'version' is 1: the template was published before shard format 2 (shards carrying their "
+            "step and cross-step reference), which this client reads; republish it (sakura precompute ... "
+            "--overwrite, or sakura examples --store DIR)"
+        )
+    return f"manifest field 'version' must be {MANIFEST_VERSION}, got {version!r}"
+
+
 def check_header(manifest: Any) -> dict:
     """The top-level fields but ``shards``, ``schedule`` and ``template_image``, typed: version, ids, token grid,
     RoPE layout, layers, heads, head dim, codec, KV mode."""
     if not isinstance(manifest, dict):
         raise ManifestError(f"manifest must be a JSON object, got {type(manifest).__name__}")
     if manifest.get("version") != MANIFEST_VERSION:
-        raise ManifestError(f"manifest field 'version' must be {MANIFEST_VERSION}, got {manifest.get('version')!r}")
+        raise ManifestError(version_problem(manifest.get("version")))
     model_id = manifest.get("model_id")
     if not isinstance(model_id, str) or not MODEL_ID_RE.fullmatch(model_id):
         raise ManifestError(f"manifest field 'model_id' must be lowercase hex, got {model_id!r}")
@@ -220,6 +245,7 @@ def check_shards(shards: Any, num_layers: int, steps: int | None) -> None:
     for step in range(steps):
         group = [(i, sh) for i, sh in enumerate(shards) if keys[i] == step]
         _check_layer_cover(group, num_layers, seen_digests, step)
+    _check_references(shards)
 
 
 def _shard_step(shard: Any, i: int) -> int:
@@ -250,7 +276,7 @@ def _check_layer_cover(group: list[tuple[int, Any]], num_layers: int, seen_diges
                 f"without gaps (expected first = {next_layer})"
             )
         next_layer = layers[1] + 1
-        _check_representations(shard.get("representations"), where, seen_digests)
+        _check_representations(shard.get("representations"), where, seen_digests, step)
     if next_layer != num_layers:
         raise ManifestError(
             f"manifest field {what!r} covers layers 0..{next_layer - 1}, but num_layers = {num_layers}"
@@ -283,13 +309,16 @@ def _check_representation(rep: Any, w: str) -> None:
         raise ManifestError(f"manifest field '{w}.total_bytes' must be an int >= bytes, got {rep['total_bytes']!r}")
 
 
-def _check_representations(reps: Any, where: str, seen_digests: set[str]) -> None:
+def _check_representations(reps: Any, where: str, seen_digests: set[str], step: int | None) -> None:
     if not isinstance(reps, list) or not reps:
         raise ManifestError(f"manifest field '{where}.representations' must be a non-empty list")
     by_digest: dict[str, dict] = {}
     levels: list[int] = []
     for j, rep in enumerate(reps):
         w = f"{where}.representations[{j}]"
+        if _ref_mode(rep, w, step) == "reuse":  # zero bytes, no blob, no chain: its ref is all there is to check
+            levels.append(rep["level"])
+            continue
         _check_representation(rep, w)
         digest = rep["digest"]
         if digest in by_digest or digest in seen_digests:
@@ -301,7 +330,8 @@ def _check_representations(reps: Any, where: str, seen_digests: set[str]) -> Non
     if levels != sorted(levels):
         raise ManifestError(f"manifest field '{where}.representations' must be in ascending level order, got {levels}")
     for j, rep in enumerate(reps):
-        _check_chain(rep, by_digest, f"{where}.representations[{j}]")
+        if rep["digest"] is not None:  # (a reuse representation has no chain)
+            _check_chain(rep, by_digest, f"{where}.representations[{j}]")
     seen_digests.update(by_digest)
 
 
@@ -324,3 +354,51 @@ def _check_chain(rep: dict, by_digest: dict[str, dict], w: str) -> None:
         total = rep["bytes"]
     if "total_bytes" in rep and rep["total_bytes"] != total:
         raise ManifestError(f"manifest field '{w}.total_bytes' is {rep['total_bytes']}, the chain is {total}")
+
+
+def _ref_mode(rep: Any, w: str, step: int | None) -> str | None:
+    """``None`` for a self-contained representation, else its ``ref`` mode, checked (``step``: the shard's step, None
+    in single mode). A reuse representation's level and name are checked here too (it skips the blob checks)."""
+    if not isinstance(rep, dict) or rep.get("ref") is None:
+        return None
+    ref = rep["ref"]
+    if step is None:
+        raise ManifestError(f"manifest field '{w}.ref' is set, but cross-step references need a per-step manifest")
+    if not isinstance(ref, dict) or ref.get("mode") not in REF_MODES:
+        raise ManifestError(f"manifest field '{w}.ref.mode' must be one of {list(REF_MODES)}, got {ref!r}")
+    r = ref.get("step")
+    if not (_is_int(r) and 0 <= r < step):
+        raise ManifestError(f"manifest field '{w}.ref.step' must be an earlier step than {step}, got {r!r}")
+    if not is_digest(ref.get("digest")):
+        raise ManifestError(f"manifest field '{w}.ref.digest' must be 64 lowercase hex characters")
+    if ref["mode"] == "reuse":
+        level = rep.get("level")
+        if not _is_int(level) or level < 0:
+            raise ManifestError(f"manifest field '{w}.level' must be an int >= 0, got {level!r}")
+        if not isinstance(rep.get("name"), str) or not rep["name"]:
+            raise ManifestError(f"manifest field '{w}.name' must be a non-empty string, got {rep.get('name')!r}")
+        if rep.get("bytes") != 0 or rep.get("digest") is not None or rep.get("requires") != []:
+            raise ManifestError(
+                f"manifest field {w!r}: a 'reuse' representation has bytes 0, digest null, requires []"
+            )
+    return ref["mode"]
+
+
+def _check_references(shards: list[dict]) -> None:
+    """Every ``ref`` names the fp16 representation of the shard (ref step, same layers) of this manifest."""
+    exact = {}
+    for sh in shards:
+        for rep in sh["representations"]:
+            if rep.get("codec") == "fp16" and rep.get("ref") is None:
+                exact[(sh["step"], tuple(sh["layers"]))] = rep["digest"]
+    for i, sh in enumerate(shards):
+        for j, rep in enumerate(sh["representations"]):
+            ref = rep.get("ref")
+            if ref is None:
+                continue
+            want = exact.get((ref["step"], tuple(sh["layers"])))
+            if want != ref["digest"]:
+                raise ManifestError(
+                    f"manifest field 'shards[{i}].representations[{j}].ref' names {ref['digest'][:12]}…, but the "
+                    f"fp16 representation of step {ref['step']} layers {sh['layers']} is {str(want)[:12]}…"
+                )

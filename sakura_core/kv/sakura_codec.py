@@ -1,10 +1,12 @@
 """The SAKURA codec: importance-aware, rate-distortion-allocated, progressive KV compression.
 
-Quantisation. Every value gets an 8-bit *fine code*: keys per channel (min/max over the shard's tokens, one range
-per (layer, head, channel)), values per token (one range per (layer, token) over all heads and channels). A unit —
-one (K or V, layer, token, head) row of ``head_dim`` values — is represented at a width ``w`` in {0, 2, 3, 4, 8}
-by the top ``w`` bits of its fine codes, reconstructed at the centre of the bin they select. Width 0 drops the unit:
-it is reconstructed as the per-channel mean (so it still attends, at an average logit with an average value).
+Quantisation. Every value gets an 8-bit *fine code*, keys and values alike per channel (min/max over the shard's
+tokens, one range per (K or V, layer, head, channel): measured on the trained demo model, per-channel value ranges
+give 0.7-1.5 dB less value error than per-token ranges at 2-4 bits, and need no per-token side information). A
+unit — one (K or V, layer, token, head) row of ``head_dim`` values — is represented at a width ``w`` in
+{0, 1, 2, 3, 4, 5, 6, 8} by the top ``w`` bits of its codes, reconstructed at the centre of the bin they select.
+Width 0 drops the unit: it is reconstructed as the per-channel mean (so it still attends, at an average logit with
+an average value).
 
 Allocation. Each unit's distortion at each width is the squared reconstruction error weighted by the attention
 sensitivity from :mod:`sakura_core.precompute.importance` (keys: per channel; values: per unit; a dropped key: the exact
@@ -16,13 +18,14 @@ bits per value over the whole template — bits go to the layers that need them 
 encoded on its own. (Without weights, each shard gets ``level_bits[j]`` itself.) Every level is a prefix of the
 same order, so level ``j + 1`` only adds bits to level ``j``: the ladder is progressive.
 
-Bitstream. Level ``j + 1``'s blob carries, for each upgraded unit, the next ``w_new - w_old`` bits of its fine codes
-(grouped by how many bits were added, packed whole symbols per byte, one zstd frame per group), the width deltas,
-and the value ranges of tokens seen for the first time. The base blob also carries the per-channel key ranges and
-the means used for dropped units. Decoding a chain base..j equals decoding the direct level-j blob bit for bit.
+Bitstream. Level ``j + 1``'s blob carries, for each upgraded unit, the next ``w_new - w_old`` bits of its codes
+(grouped by how many bits were added, packed whole symbols per byte, one zstd frame per group) and the width
+deltas. The base blob also carries the per-channel ranges and the means used for dropped units. Decoding a chain
+base..j equals decoding the direct level-j blob bit for bit.
 
-Sections of a level blob: ``[head, group_1, ..., group_n]``; ``head`` = zstd(meta (base only) | width deltas
-(uint8, (2, layers, tokens, heads)) | new value ranges (float16, (n_new, 2))), ``group_m`` = zstd(packed symbols).
+Sections of a level blob: ``[head, group_1, ..., group_n]``; ``head`` = zstd(meta (base only: float16
+(3, 2, layers, heads, head_dim) = channel minima, maxima, means of K and V) | width deltas (uint8,
+(2, layers, tokens, heads))), ``group_m`` = zstd(packed symbols).
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ from .codec_parts import check_levels, f16_ceil, f16_floor, zstd_compress
 from .codec_registry import Codec, ShardInput, register_codec
 from .container import pack_shard, shard_digest
 from .sakura_decode import (  # the encoder measures exactly what the decoder will output
-    _V_RANGE_BITS,
     _W,
     WIDTHS,
     _fine_codes,
@@ -72,17 +74,19 @@ class SakuraConfig:
 
     Attributes:
         level_bits: bit budget of each level in raw bits per K/V value (before zstd; fp16 = 16), strictly
-            increasing; one level per entry. Default: 6 levels from 0.75 to 9 bits per value — the top one has room
-            to put every unit at 8 bits, value ranges included. zstd then saves roughly another 10-25 %.
+            increasing; one level per entry. Default: 8 levels, one cheap rung (1.2) below the quality floor, finer
+            rungs around 35-40 dB output PSNR (1.5, 1.75, 2.0, 2.4; ~35.8, ~38.5, ~40.9, ~43 dB on the trained demo
+            model, 4 templates x 3 edits) and a top one (9.0) with room to put every unit at 8 bits. zstd then saves
+            roughly another 10-25 %.
         uniform_mix: the allocation weighs each unit by ``importance + uniform_mix * mean importance`` (per layer
             and tensor): 0 trusts the probe-estimated sensitivities fully, large values approach a uniform
-            allocation (a guard against requests unlike the probes). Measured on the trained demo model (4
+            allocation (a guard against requests unlike the probes). Measured on the stage-1 demo weights (4
             templates x 3 edits, mean PSNR at ~7x): 37.6 dB at 0, 34.6 at 0.1, 32.1 at 0.3, 29.9 at 1 — so 0.
         zstd_level: zstd compression level of the entropy stage (1..22; higher = smaller, slower encode; decode
             speed barely changes).
     """
 
-    level_bits: tuple[float, ...] = (0.75, 1.25, 2.0, 3.0, 4.5, 9.0)
+    level_bits: tuple[float, ...] = (1.2, 1.5, 1.75, 2.0, 2.4, 3.0, 4.5, 9.0)
     uniform_mix: float = 0.0
     zstd_level: int = 19
 
@@ -111,8 +115,7 @@ DEFAULT_CONFIG = SakuraConfig()
 @dataclass
 class _Plan:
     params: _Params
-    meta16: np.ndarray  # (4, layers, heads, head_dim) float16: klo, khi, kmean, vmean
-    v_range16: np.ndarray  # (layers, tokens, 2) float16: vlo, vhi
+    meta16: np.ndarray  # (3, 2, layers, heads, head_dim) float16: channel minima, maxima, means of K and V
     fine: np.ndarray  # (2, layers, tokens, heads, head_dim) uint8
     level_idx: list[np.ndarray]  # per level: (2, layers, tokens, heads) uint8 width indices
 
@@ -238,52 +241,33 @@ def _mix(weight: np.ndarray, mix: float) -> np.ndarray:
 
 def _distortions(shard: ShardInput, config: SakuraConfig):
     """Quantiser parameters, fine codes, and each unit's (distortion, bits) at every width."""
-    k = np.asarray(shard.k, dtype=np.float32)
-    v = np.asarray(shard.v, dtype=np.float32)
-    n_l, t, h, d = k.shape
-    klo16 = f16_floor(k.min(axis=1))  # (layers, heads, head_dim)
-    khi16 = f16_ceil(k.max(axis=1))
-    kmean16 = k.mean(axis=1).astype(np.float16)
-    vmean16 = v.mean(axis=1).astype(np.float16)
-    vlo16 = f16_floor(v.min(axis=(2, 3)))  # (layers, tokens)
-    vhi16 = f16_ceil(v.max(axis=(2, 3)))
-    params = _Params(
-        klo=klo16.astype(np.float32),
-        kstep=_steps(klo16, khi16),
-        kmean=kmean16.astype(np.float32),
-        vmean=vmean16.astype(np.float32),
-        vlo=vlo16.astype(np.float32),
-        vstep=_steps(vlo16, vhi16),
-    )
-    fine = np.stack(
-        [
-            _fine_codes(k, params.klo[:, None], params.kstep[:, None]),
-            _fine_codes(v, params.vlo[:, :, None, None], params.vstep[:, :, None, None]),
-        ]
-    )  # (2, layers, tokens, heads, head_dim)
-
-    kw = np.ones_like(k) if shard.k_weight is None else _mix(shard.k_weight, config.uniform_mix)
-    vw = np.ones(k.shape[:3], np.float32) if shard.v_weight is None else _mix(shard.v_weight, config.uniform_mix)
+    x = np.stack([np.asarray(shard.k, dtype=np.float32), np.asarray(shard.v, dtype=np.float32)])
+    _, n_l, t, h, d = x.shape  # (2, layers, tokens, heads, head_dim)
+    lo16, hi16 = f16_floor(x.min(axis=2)), f16_ceil(x.max(axis=2))  # (2, layers, heads, head_dim)
+    mean16 = x.mean(axis=2).astype(np.float16)
+    params = _Params(lo=lo16.astype(np.float32), step=_steps(lo16, hi16), mean=mean16.astype(np.float32))
+    fine = _fine_codes(x, params.lo[:, :, None], params.step[:, :, None])  # (2, layers, tokens, heads, head_dim)
+    kw = np.ones(x.shape[1:], np.float64) if shard.k_weight is None else _mix(shard.k_weight, config.uniform_mix)
+    vw = np.ones(x.shape[1:4], np.float64) if shard.v_weight is None else _mix(shard.v_weight, config.uniform_mix)
     n_w = len(WIDTHS)
     dist = np.empty((2, n_l, t, h, n_w), dtype=np.float64)
+    acc = torch.from_numpy(fine)
     for wi, w in enumerate(WIDTHS):
         idx = np.full((2, n_l, t, h), wi, dtype=np.uint8)
-        acc = torch.from_numpy(fine >> (8 - w) if w else np.zeros_like(fine))
-        k_hat, v_hat = (x.float().numpy() for x in _reconstruct(idx, acc, params))
-        dist[0, ..., wi] = (kw * (k - k_hat) ** 2).sum(-1)
-        dist[1, ..., wi] = vw * ((v - v_hat) ** 2).sum(-1)
+        top = acc >> (8 - w) if w else acc * 0  # the top w bits of each code, right-aligned
+        k_hat, v_hat = (y.float().numpy() for y in _reconstruct(idx, top, params))
+        dist[0, ..., wi] = (kw * (x[0] - k_hat) ** 2).sum(-1)
+        dist[1, ..., wi] = vw * ((x[1] - v_hat) ** 2).sum(-1)
     if shard.k_drop is not None and shard.k_weight is not None:
         dist[0, ..., 0] = _mix(shard.k_drop, config.uniform_mix)
     rate = np.empty_like(dist)
     rate[...] = _W.astype(np.float64) * d
-    rate[1, ..., 1:] += _V_RANGE_BITS / h  # value range, shared by a token's heads
-    meta16 = np.stack([klo16, khi16, kmean16, vmean16])
-    v_range16 = np.stack([vlo16, vhi16], axis=-1)
-    return params, meta16, v_range16, fine, dist, rate
+    meta16 = np.stack([lo16, hi16, mean16])
+    return params, meta16, fine, dist, rate
 
 
 def _plan(shard: ShardInput, config: SakuraConfig) -> _Plan:
-    params, meta16, v_range16, fine, dist, rate = _cached_distortions(shard, config)
+    params, meta16, fine, dist, rate = _cached_distortions(shard, config)
     n_w = len(WIDTHS)
     if shard.level_slopes is not None:
         if len(shard.level_slopes) != len(config.level_bits):
@@ -293,7 +277,7 @@ def _plan(shard: ShardInput, config: SakuraConfig) -> _Plan:
         budgets = [b * 2 * shard.k.size for b in config.level_bits]
         flat = allocate_widths(dist.reshape(-1, n_w), rate.reshape(-1, n_w), budgets_bits=budgets)
     level_idx = [a.reshape(dist.shape[:4]) for a in flat]
-    return _Plan(params, meta16, v_range16, fine, level_idx)
+    return _Plan(params, meta16, fine, level_idx)
 
 
 def _level_blob(
@@ -310,9 +294,6 @@ def _level_blob(
     prev = np.zeros_like(new_idx) if base else prev_idx
     head = [plan.meta16.astype("<f2").tobytes()] if base else []
     head.append((new_idx.astype(np.int16) - prev).astype(np.uint8).tobytes())
-    was_active = (prev[1] > 0).any(axis=-1)  # (layers, tokens)
-    newly = (new_idx[1] > 0).any(axis=-1) & ~was_active
-    head.append(plan.v_range16[newly].astype("<f2").tobytes())
     sections = [zstd_compress(b"".join(head), config.zstd_level)]
     w_new, added, groups = _transition_groups(prev, new_idx)
     fine = plan.fine.reshape(-1, d)
@@ -349,7 +330,7 @@ register_codec(
         False,
         encode_sakura,
         decode_sakura,
-        "importance-aware RD allocation of {0,2,3,4,8}-bit widths, progressive bit-plane ladder + zstd",
+        "importance-aware RD widths {0,1,2,3,4,5,6,8}, per-channel ranges, progressive + zstd",
         decode_step=_step,
         decode_finish=_finish,
         prepare=prepare_sakura,

@@ -1,5 +1,11 @@
 """Decoder of the SAKURA codec (runs on the phone): symbol unpacking, the shared reconstruction the encoder also
-measures with, and the incremental decode steps a progressive chain applies blob by blob."""
+measures with, and the incremental decode steps a progressive chain applies blob by blob.
+
+Keys and values are quantised alike: one range per (tensor, layer, head, channel) over the shard's tokens, 8-bit
+fine codes. A unit at width ``w`` holds the top ``w`` bits of each of its fine codes (right-aligned: a refinement
+shifts them up and appends its bits); decoding takes the centre of the bin they select. (Gray-coding the codes was
+measured too: it changed the compressed sizes by under 0.3 %.)
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import zstandard
 
 from .codec_parts import zstd_exact
 from .codec_registry import Parsed
@@ -15,11 +20,10 @@ from .container import ShardCorruptError, ShardHeader
 
 __all__ = ["decode_sakura"]
 
-WIDTHS = (0, 2, 3, 4, 8)
+WIDTHS = (0, 1, 2, 3, 4, 5, 6, 8)
 _W = np.array(WIDTHS, dtype=np.int16)
 _MULT = np.array([256.0] + [float(1 << (8 - w)) for w in WIDTHS[1:]], dtype=np.float32)  # fine codes per bin
 _OFF = (_MULT - 1.0) / 2.0  # bin centre, in fine-code units
-_V_RANGE_BITS = 32  # fp16 (min, max) per (layer, token) of V
 
 
 # ---- shared reconstruction (encoder measures exactly what the decoder will output) --------------------------------
@@ -27,12 +31,9 @@ _V_RANGE_BITS = 32  # fp16 (min, max) per (layer, token) of V
 
 @dataclass
 class _Params:
-    klo: np.ndarray  # (layers, heads, head_dim) float32, from fp16
-    kstep: np.ndarray  # (layers, heads, head_dim)
-    kmean: np.ndarray  # (layers, heads, head_dim)
-    vmean: np.ndarray  # (layers, heads, head_dim)
-    vlo: np.ndarray  # (layers, tokens) float32; 0 where not yet sent
-    vstep: np.ndarray  # (layers, tokens)
+    lo: np.ndarray  # (2, layers, heads, head_dim) float32 (from float16): K and V channel minima
+    step: np.ndarray  # (2, layers, heads, head_dim): fine-code step
+    mean: np.ndarray  # (2, layers, heads, head_dim): what a dropped unit decodes to
 
 
 def _steps(lo16: np.ndarray, hi16: np.ndarray) -> np.ndarray:
@@ -40,6 +41,7 @@ def _steps(lo16: np.ndarray, hi16: np.ndarray) -> np.ndarray:
 
 
 def _fine_codes(x: np.ndarray, lo: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """8-bit fine codes of ``x`` on the grid ``lo + i * step``."""
     safe = np.where(step > 0, step, np.float32(1.0)).astype(np.float32)
     return np.clip(np.rint((x - lo) / safe), 0, 255).astype(np.uint8)
 
@@ -48,19 +50,18 @@ def _reconstruct(idx: np.ndarray, acc: torch.Tensor, p: _Params) -> tuple[torch.
     """Dequantise (vectorised torch, in place on one float32 buffer).
 
     ``idx``: (2, layers, tokens, heads) width indices; ``acc``: (2, layers, tokens, heads, head_dim) uint8, the top
-    ``w`` bits of each fine code. Returns float16 K and V (layers, tokens, heads, head_dim).
+    ``w`` bits of each fine code (right-aligned). Returns float16 K and V (layers, tokens, heads, head_dim).
     """
     code = acc.to(torch.float32)
     code.mul_(torch.from_numpy(_MULT[idx]).unsqueeze(-1)).add_(torch.from_numpy(_OFF[idx]).unsqueeze(-1))
-    code[0].mul_(torch.from_numpy(p.kstep).unsqueeze(1)).add_(torch.from_numpy(p.klo).unsqueeze(1))
-    code[1].mul_(torch.from_numpy(p.vstep)[..., None, None]).add_(torch.from_numpy(p.vlo)[..., None, None])
+    code.mul_(torch.from_numpy(p.step).unsqueeze(2)).add_(torch.from_numpy(p.lo).unsqueeze(2))
     out = code.to(torch.float16)  # (2, layers, tokens, heads, head_dim)
     n_l, t, h, d = out.shape[1:]
-    flat = out.numpy().reshape(2, n_l * t * h, d)  # shares memory with ``out``
-    for ti, mean in ((0, p.kmean), (1, p.vmean)):
-        dropped = np.flatnonzero(idx[ti] == 0)  # flat (layer, token, head) units
-        if dropped.size:  # a dropped unit is the mean of its (layer, head) channels
-            flat[ti, dropped] = mean.astype(np.float16).reshape(n_l * h, d)[(dropped // (t * h)) * h + dropped % h]
+    flat = out.numpy().reshape(2 * n_l * t * h, d)  # shares memory with ``out``
+    dropped = np.flatnonzero(idx.reshape(-1) == 0)  # flat (tensor, layer, token, head) units
+    if dropped.size:  # a dropped unit is the mean of its (tensor, layer, head) channels
+        block = (dropped // (t * h)) * h + dropped % h  # flat (tensor, layer, head)
+        flat[dropped] = p.mean.astype(np.float16).reshape(2 * n_l * h, d)[block]
     return out[0], out[1]
 
 
@@ -132,6 +133,14 @@ class _State:
     params: _Params
 
 
+def _base_params(head: bytes, n_l: int, h: int, d: int) -> _Params:
+    """The per-channel ranges and means at the start of a base blob's head section."""
+    meta = np.frombuffer(head, dtype="<f2", count=6 * n_l * h * d).reshape(3, 2, n_l, h, d).astype(np.float32)
+    if not np.isfinite(meta).all() or (meta[1] < meta[0]).any():
+        raise ShardCorruptError("sakura: channel ranges / means are not finite or inverted")
+    return _Params(lo=meta[0], step=(meta[1] - meta[0]) / np.float32(255.0), mean=meta[2])
+
+
 def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]) -> _State:
     n_l, t, h, d = header.tensor_shape
     n_units = 2 * n_l * t * h
@@ -140,52 +149,20 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
         raise ShardCorruptError("sakura: the first blob of a chain must be a base and the others refinements")
     if not sections:
         raise ShardCorruptError("sakura: blob has no sections")
-    meta_bytes = 4 * n_l * h * d * 2 if base else 0
-    fixed = meta_bytes + n_units
-    head_section = sections[0]
-    try:
-        declared = zstandard.frame_content_size(head_section)
-    except zstandard.ZstdError as e:
-        raise ShardCorruptError(f"sakura: head section is not a zstd frame ({e})") from e
-    if not fixed <= declared <= fixed + 4 * n_l * t or (declared - fixed) % 4:
-        raise ShardCorruptError(f"sakura: head section declares {declared} bytes, not valid for this geometry")
-    head = zstd_exact(head_section, declared, "sakura head")
-    pos = 0
+    meta_bytes = 6 * n_l * h * d * 2 if base else 0
+    head = zstd_exact(sections[0], meta_bytes + n_units, "sakura head")
     if base:
-        meta = np.frombuffer(head, dtype="<f2", count=4 * n_l * h * d).reshape(4, n_l, h, d).astype(np.float32)
-        if not np.isfinite(meta).all() or (meta[1] < meta[0]).any():
-            raise ShardCorruptError("sakura: key ranges / means are not finite or inverted")
-        params = _Params(
-            klo=meta[0],
-            kstep=(meta[1] - meta[0]) / np.float32(255.0),
-            kmean=meta[2],
-            vmean=meta[3],
-            vlo=np.zeros((n_l, t), np.float32),
-            vstep=np.zeros((n_l, t), np.float32),
-        )
+        params = _base_params(head, n_l, h, d)
         prev = np.zeros((2, n_l, t, h), np.uint8)
         acc = np.zeros((n_units, d), dtype=np.uint8)
-        pos = meta_bytes
     else:
         params, prev, acc = state.params, state.idx, state.acc
-    delta = np.frombuffer(head, dtype=np.uint8, count=n_units, offset=pos).reshape(2, n_l, t, h)
-    pos += n_units
+    delta = np.frombuffer(head, dtype=np.uint8, count=n_units, offset=meta_bytes).reshape(2, n_l, t, h)
     if delta.max(initial=0) >= len(WIDTHS):
         raise ShardCorruptError("sakura: width delta out of range")
     new = prev + delta
     if new.max(initial=0) >= len(WIDTHS):
         raise ShardCorruptError("sakura: width index out of range")
-    was_active = (prev[1] > 0).any(axis=-1)
-    newly = (new[1] > 0).any(axis=-1) & ~was_active
-    n_new = int(newly.sum())
-    if len(head) - pos != 4 * n_new:
-        raise ShardCorruptError(f"sakura: head has {len(head) - pos} bytes of value ranges, expected {4 * n_new}")
-    if n_new:
-        rng = np.frombuffer(head, dtype="<f2", offset=pos).reshape(n_new, 2).astype(np.float32)
-        if not np.isfinite(rng).all() or (rng[:, 1] < rng[:, 0]).any():
-            raise ShardCorruptError("sakura: value ranges are not finite or inverted")
-        params.vlo[newly] = rng[:, 0]
-        params.vstep[newly] = (rng[:, 1] - rng[:, 0]) / np.float32(255.0)
     w_new, added, groups = _transition_groups(prev, new)
     if len(sections) != 1 + len(groups):
         raise ShardCorruptError(f"sakura: blob has {len(sections)} sections, its widths need {1 + len(groups)}")
@@ -194,7 +171,9 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
         n_sym = units.size * d
         raw = zstd_exact(section, _packed_size(n_sym, m), f"sakura {m}-bit group")
         sym = _unpack_symbols(raw, m, n_sym).reshape(units.size, d)
-        if units.size == n_units:  # every unit gains m bits: no gather/scatter
+        if base:  # nothing there yet: no gather
+            acc[units] = sym
+        elif units.size == n_units:  # every unit gains m bits: no gather/scatter
             acc <<= np.uint8(m)
             acc |= sym
         else:
@@ -222,7 +201,5 @@ def _finish(state: _State, header: ShardHeader) -> tuple[np.ndarray, np.ndarray]
 def _step(state: _State | None, header: ShardHeader, sections: list[memoryview]) -> _State:
     """One incremental step that leaves ``state`` untouched (so a rejected blob changes nothing)."""
     if state is not None:
-        p = state.params
-        params = _Params(p.klo, p.kstep, p.kmean, p.vmean, p.vlo.copy(), p.vstep.copy())
-        state = _State(state.idx.copy(), state.acc.copy(), params)
+        state = _State(state.idx.copy(), state.acc.copy(), state.params)  # params are never written after the base
     return _apply(state, header, sections)

@@ -9,10 +9,18 @@ import numpy as np
 import torch
 
 from ..models.kv_types import PerStepTemplateKV, TemplateKV
-from .chain import decode_chain
+from .chain import DecodedReference, decode_chain
 from .codec_registry import ShardInput, ShardMeta, get_codec
 
-__all__ = ["ImportanceWeights", "decode_kv", "decode_template", "encode_kv", "level_chains", "shard_inputs"]
+__all__ = [
+    "ImportanceWeights",
+    "decode_kv",
+    "decode_per_step",
+    "decode_template",
+    "encode_kv",
+    "level_chains",
+    "shard_inputs",
+]
 
 
 class ImportanceWeights(Protocol):
@@ -21,7 +29,9 @@ class ImportanceWeights(Protocol):
     k_weight: np.ndarray  # (layers, tokens, heads, head_dim)
     v_weight: np.ndarray  # (layers, tokens, heads)
     k_drop: np.ndarray  # (layers, tokens, heads)
-    layer_gain: np.ndarray | None  # (layers,)
+
+    def layer_scale(self) -> np.ndarray:
+        """(layers,) factor on each layer's weights (layers in the same units for a template-wide allocation)."""
 
 
 def shard_inputs(
@@ -29,20 +39,35 @@ def shard_inputs(
     template_id: str,
     importance: ImportanceWeights | None = None,
     shard_layers: int = 1,
+    step: int | None = None,
+    references: dict[int, tuple[int, str]] | None = None,
 ) -> list[ShardInput]:
-    """Split a template's KV into encoder inputs of ``shard_layers`` consecutive layers (the last may be shorter)."""
+    """Split a template's KV into encoder inputs of ``shard_layers`` consecutive layers (the last may be shorter).
+
+    ``step``: the sampler step of per-step KV (goes into every header); ``references``: for a cross-step residual
+    (``kv`` = KV_s - KV_r), per first layer the (step, fp16 digest) of the shard it is coded against.
+    """
     if shard_layers < 1:
         raise ValueError(f"shard_layers must be >= 1, got {shard_layers}")
     if importance is not None and importance.k_weight.shape[0] != kv.num_layers:
         raise ValueError(f"importance covers {importance.k_weight.shape[0]} layers, the KV has {kv.num_layers}")
     x = kv.kv.detach().float().cpu().numpy()  # (layers, 2, tokens, heads, head_dim)
-    gain = np.ones(kv.num_layers)
-    if importance is not None and importance.layer_gain is not None:
-        gain = np.asarray(importance.layer_gain, dtype=np.float64)
+    gain = np.ones(kv.num_layers) if importance is None else np.asarray(importance.layer_scale(), dtype=np.float64)
     out = []
     for first in range(0, kv.num_layers, shard_layers):
         last = min(first + shard_layers, kv.num_layers) - 1
-        meta = ShardMeta(kv.model_id, template_id, kv.rope_layout, first, tuple(kv.token_grid), kv.num_layers)
+        ref_step, ref_digest = (references or {}).get(first, (None, None))
+        meta = ShardMeta(
+            kv.model_id,
+            template_id,
+            kv.rope_layout,
+            first,
+            tuple(kv.token_grid),
+            kv.num_layers,
+            step,
+            ref_step,
+            ref_digest,
+        )
         s = slice(first, last + 1)
         out.append(
             ShardInput(
@@ -103,16 +128,49 @@ def level_chains(shards: list[dict], blobs: dict[str, bytes], name: str) -> list
     return chains
 
 
+def decode_per_step(shards: list[dict], blobs: dict[str, bytes], name: str, steps: int) -> torch.Tensor:
+    """Every step of a per-step template decoded at the representation called ``name`` (float32, (steps, layers, 2,
+    tokens, heads, head_dim)), following cross-step references: a residual adds the decoded reference shard (at the
+    same name), a ``reuse`` representation takes it whole. ``name == "reuse"``: step 0 exact (fp16), every later step
+    reuses the one before it. ``shards``: the manifest's, step-major."""
+    decoded: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (step, first layer) -> fp16 K, V
+    exact = {(sh["step"], sh["layers"][0]): _exact_digest(sh) for sh in shards}
+    out = []
+    for s in range(steps):
+        parts = []
+        for sh in (x for x in shards if x["step"] == s):
+            first = sh["layers"][0]
+            want = "fp16" if (name == "reuse" and s == 0) else name
+            rep = next(r for r in sh["representations"] if r["name"] == want)
+            ref = rep.get("ref")
+            if ref is not None and ref["mode"] == "reuse":
+                k, v = decoded[(ref["step"], first)]
+            else:
+                reference = None
+                if ref is not None:  # a residual: the reference shard is decoded first (earlier step)
+                    rk, rv = decoded[(ref["step"], first)]
+                    reference = DecodedReference(ref["step"], exact[(ref["step"], first)], rk, rv)
+                _, k, v = decode_chain([blobs[d] for d in [*rep.get("requires", []), rep["digest"]]], reference)
+            decoded[(s, first)] = (k, v)
+            parts.append(torch.stack([torch.from_numpy(k), torch.from_numpy(v)], dim=1).float())
+        out.append(torch.cat(parts))  # (layers, 2, tokens, heads, head_dim)
+    return torch.stack(out)
+
+
+def _exact_digest(shard: dict) -> str | None:
+    """Digest of a shard entry's self-contained fp16 representation (its identity as a cross-step reference)."""
+    return next((r["digest"] for r in shard["representations"] if r.get("codec") == "fp16" and not r.get("ref")), None)
+
+
 def decode_template(manifest: dict, blobs: dict[str, bytes], name: str) -> TemplateKV | PerStepTemplateKV:
     """A whole template decoded at the representation called ``name`` (fp32), typed by the manifest's KV mode:
     a TemplateKV (single) or a PerStepTemplateKV tagged with the manifest's schedule (per-step)."""
-    from .manifest import manifest_kv_mode, shards_for_step
+    from .manifest import manifest_kv_mode
 
     grid, rope = tuple(manifest["token_grid"]), manifest["rope_layout"]
     if manifest_kv_mode(manifest) == "single":
         kv = decode_kv(level_chains(manifest["shards"], blobs, name)).float()  # (layers, 2, tokens, heads, hd)
         return TemplateKV(kv, manifest["model_id"], grid, rope)
     sched = manifest["schedule"]
-    steps = [decode_kv(level_chains(shards_for_step(manifest, s), blobs, name)).float() for s in range(sched["steps"])]
-    kv = torch.stack(steps)  # (steps, layers, 2, tokens, heads, head_dim)
+    kv = decode_per_step(manifest["shards"], blobs, name, sched["steps"])  # (steps, layers, 2, tokens, heads, hd)
     return PerStepTemplateKV(kv, manifest["model_id"], grid, rope, tuple(float(t) for t in sched["timesteps"]))

@@ -19,6 +19,8 @@ class Level:
         decode_s: seconds to decode this level (whole chain).
         mse: output MSE (images in [-1, 1]) if every layer used this level, divided by the layer count.
         progressive: refines the previous level (an upgrade fetches only ``increment_bytes``).
+        ref_step: a cross-step residual's reference: the step whose same layer must be decoded (or computed on the
+            device) before this level decodes; ``None`` for a self-contained level.
     """
 
     name: str
@@ -27,6 +29,7 @@ class Level:
     decode_s: float
     mse: float
     progressive: bool = False
+    ref_step: int | None = None
 
 
 def ladders_from_manifest(
@@ -50,7 +53,9 @@ def ladders_from_manifest(
         g = shard["step"] * L + first if per_step else first
         if first != last:
             raise ValueError(f"the live runtime fetches one layer per shard; shard {first}-{last} groups layers")
-        reps = sorted(shard["representations"], key=lambda r: (r["name"] == "fp16", r["level"]))
+        # a zero-byte "reuse" rung (cross-step templates) is not a fetchable level: it is not in the index ladder
+        reps = [r for r in shard["representations"] if (r.get("ref") or {}).get("mode") != "reuse"]
+        reps = sorted(reps, key=lambda r: (r["name"] == "fp16", r["level"]))
         rows, cols = manifest["token_grid"]
         # what every level decodes to: K and V of this shard's layers in fp16, whatever the level's size on the wire
         fp16_bytes = (last - first + 1) * 2 * rows * cols * manifest["heads"] * manifest["head_dim"] * 2
@@ -72,6 +77,7 @@ def ladders_from_manifest(
                     decode_s=fp16_bytes / decode_bytes_per_s,
                     mse=mse,
                     progressive=progressive and chain_bytes > prev_bytes,
+                    ref_step=(r.get("ref") or {}).get("step"),
                 )
             )
             prev_bytes = chain_bytes

@@ -17,11 +17,12 @@ from ..kv.chain import decode_chain
 from ..kv.codec_registry import get_codec
 from ..kv.container import shard_digest
 from ..kv.manifest import MANIFEST_VERSION, validate_manifest
-from ..kv.template_codec import decode_kv, level_chains, shard_inputs
+from ..kv.template_codec import decode_kv, decode_per_step, level_chains, shard_inputs
 from ..models.edit_model import EditModel, load_image
 from ..models.kv_types import KV_MODES, PerStepTemplateKV, TemplateKV
 from ..models.ref_layout import REF_TIME_OFFSET, as_references
 from .attention_capture import capture_attention
+from .cross_step import REUSE, StepBase, encode_residual_step, reuse_representation
 from .importance import attention_error, importance_from_captures, layer_gains
 from .probes import ProbeConfig, make_probes
 
@@ -56,6 +57,7 @@ def precompute_template(
     kv_mode: str = "single",
     steps: int = 4,
     shift: float = 1.0,
+    cross_step: bool = True,
 ) -> PrecomputedTemplate:
     """Compute a template's exact KV, estimate token importance, encode every shard at every level of ``codec`` plus
     the fp16 reference, measure each representation's distortion on held-out probes, and build the manifest.
@@ -81,6 +83,7 @@ def precompute_template(
             ``flow_timesteps(steps, shift)``, or a latent model's own schedule for ``steps``; importance probes run at
             each step's time; shards carry ``step``).
         steps, shift: the per-step schedule (ignored in single mode).
+        cross_step: per-step mode: code steps >= 1 against step s - 1 (:mod:`.cross_step`), not on their own.
     """
     if kv_mode not in KV_MODES:
         raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
@@ -90,24 +93,97 @@ def precompute_template(
     config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
     per_step, kvs = _template_kvs(model, images[0] if len(images) == 1 else images, kv_mode, steps, shift, report)
     blobs: dict[str, bytes] = {}
-    shards = _encode_kvs(model, images[0], kvs, per_step is not None, ladder, template_id, config, held_out_probes,
-                         shard_layers, blobs, report)  # fmt: skip
+    # probes' clean latents are edit-sized: a larger template is scaled down to the edit's size for them (the first
+    # reference's image)
+    size, first = model.spec.image_size, images[0]
+    packed = model.pack_image(first if first.shape[0] == size else load_image(first, size))
+    cross = per_step is not None and cross_step and ladder.name != "fp16"  # an fp16 ladder is its own exact rung
+    enc = _StepEncoder(model, ladder, template_id, shard_layers, packed, held_out_probes, blobs, report)
+    shards = enc.all_steps(kvs, config, per_step is not None, cross)
     if psnr_steps > 0:
         _add_output_psnr(
             model, per_step or kvs[0], shards, blobs, seed, steps if per_step else psnr_steps, shift, report
         )
-    manifest = _manifest(kvs[0], per_step, template_id, ladder, config, held_out_probes, psnr_steps, kv_mode, shift,
-                         shards, _references(images, kvs[0]))  # fmt: skip
-    validate_manifest(manifest)
-    logger.info(
-        "precomputed template %s (%s): %d shards, %d blobs, %d bytes",
+
+    probes_used = {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes}
+    coding = None if per_step is None else ("cross-step" if cross else "independent")
+    manifest = _manifest(
+        kvs[0],
         template_id,
-        kv_mode,
-        len(shards),
-        len(blobs),
-        sum(len(b) for b in blobs.values()),
+        ladder.name,
+        probes_used,
+        psnr_steps > 0,
+        per_step,
+        shift,
+        coding,
+        shards,
+        _references(images, kvs[0]),
     )
+    validate_manifest(manifest)
+    total = sum(len(b) for b in blobs.values())
+    logger.info("precomputed template %s (%s): %d shards, %d blobs, %d bytes", template_id, kv_mode, len(shards),
+                len(blobs), total)  # fmt: skip
     return PrecomputedTemplate(manifest, blobs)
+
+
+def _manifest(kv: TemplateKV, template_id, codec, probes, psnr: bool, per_step, shift, coding, shards,
+              references: list[dict]) -> dict:  # fmt: skip
+    """The manifest (see :mod:`sakura_core.kv.manifest`) of the encoded ``shards``; ``kv``: the first step's KV;
+    ``references``: the manifest's (:func:`_references`, without images: the publisher adds them)."""
+    return {
+        "version": MANIFEST_VERSION,
+        "model_id": kv.model_id,
+        "template_id": template_id,
+        "token_grid": [int(kv.token_grid[0]), int(kv.token_grid[1])],
+        "rope_layout": kv.rope_layout,
+        "references": references,
+        "num_layers": kv.num_layers,
+        "heads": kv.num_heads,
+        "head_dim": kv.head_dim,
+        "codec": codec,
+        "distortion_metric": DISTORTION_METRIC,
+        "probes": probes,
+        "psnr_metric": PSNR_METRIC if psnr else None,
+        "kv_mode": "single" if per_step is None else "per-step",
+        **({"schedule": _schedule(per_step, shift), "per_step_coding": coding} if per_step is not None else {}),
+        "shards": shards,
+    }
+
+
+@dataclass
+class _StepEncoder:
+    """Encodes the steps of a template in order: each step on its own, or (cross-step) step s >= 1 against s - 1."""
+
+    model: EditModel
+    ladder: object
+    template_id: str
+    shard_layers: int
+    packed: torch.Tensor
+    held_out: int
+    blobs: dict[str, bytes]
+    report: Progress
+
+    def all_steps(self, kvs: list[TemplateKV], config: ProbeConfig, per_step: bool, cross: bool) -> list[dict]:
+        shards: list[dict] = []
+        base = None  # what the next step is coded against (cross-step coding)
+        for s, kv in enumerate(kvs):
+            step_cfg = replace(config, timesteps=(kv.ref_timestep,)) if per_step else config
+            importance, held = _importance(self.model, kv, self.packed, step_cfg, self.held_out, self.report)
+            if cross and s > 0:
+                prev_exact = base.exact_digest
+                step_shards, base = encode_residual_step(self.ladder, kv, base, s, importance, held, self.template_id,
+                                                         self.shard_layers, self.blobs, len(kvs))  # fmt: skip
+                for sh in step_shards:
+                    reuse = reuse_representation(s, sh["layers"], prev_exact, held, kv, kvs[s - 1])
+                    sh["representations"].insert(0, reuse)
+            else:
+                base = StepBase(kv) if cross else None
+                step_shards = _encode_step(self.ladder, kv, self.template_id, importance, held, self.shard_layers,
+                                           self.blobs, self.report, s if per_step else None, base)  # fmt: skip
+                if base is not None:
+                    base.exact_digest = {sh["layers"][0]: _fp16_digest(sh) for sh in step_shards}
+            shards += [{"step": s, **sh} for sh in step_shards] if per_step else step_shards
+        return shards
 
 
 def _template_kvs(model, image, kv_mode: str, steps: int, shift: float, report):
@@ -127,47 +203,6 @@ def _template_kvs(model, image, kv_mode: str, steps: int, shift: float, report):
     return per_step, kvs
 
 
-def _encode_kvs(model, image, kvs, per_step: bool, ladder, template_id, config, held_out, shard_layers, blobs, report):
-    """Importance and every representation of every shard of each step's KV (blobs go to ``blobs``); the shards.
-    ``image``: the (first) reference image, what the probes' clean latents are made of."""
-    # probes' clean latents are edit-sized: a larger template is scaled down to the edit's size for them
-    size = model.spec.image_size
-    packed = model.pack_image(image if image.shape[0] == size else load_image(image, size))
-    shards: list[dict] = []
-    for s, kv in enumerate(kvs):
-        step_cfg = replace(config, timesteps=(kv.ref_timestep,)) if per_step else config
-        importance, held = _importance(model, kv, packed, step_cfg, held_out, report)
-        step_shards = _encode_step(ladder, kv, template_id, importance, held, shard_layers, blobs, report)
-        if per_step:
-            step_shards = [{"step": s, **sh} for sh in step_shards]
-        shards += step_shards
-    return shards
-
-
-def _manifest(kv: TemplateKV, per_step, template_id, ladder, config, held_out, psnr_steps, kv_mode, shift, shards,
-              references: list[dict]):  # fmt: skip
-    """The manifest (see :mod:`sakura_core.kv.manifest`) of the encoded ``shards``; ``kv``: the first step's KV;
-    ``references``: the manifest's (:func:`_references`, without images: the publisher adds them)."""
-    return {
-        "version": MANIFEST_VERSION,
-        "model_id": kv.model_id,
-        "template_id": template_id,
-        "token_grid": [int(kv.token_grid[0]), int(kv.token_grid[1])],
-        "rope_layout": kv.rope_layout,
-        "references": references,
-        "num_layers": kv.num_layers,
-        "heads": kv.num_heads,
-        "head_dim": kv.head_dim,
-        "codec": ladder.name,
-        "distortion_metric": DISTORTION_METRIC,
-        "probes": {"seed": config.seed, "num_probes": config.num_probes, "held_out": held_out},
-        "psnr_metric": PSNR_METRIC if psnr_steps > 0 else None,
-        "kv_mode": kv_mode,
-        **({"schedule": _schedule(per_step, shift)} if per_step is not None else {}),
-        "shards": shards,
-    }
-
-
 def _schedule(per_step: PerStepTemplateKV, shift: float) -> dict:
     """The manifest's ``schedule``: what a request must run for this per-step KV to be exact."""
     return {
@@ -179,14 +214,23 @@ def _schedule(per_step: PerStepTemplateKV, shift: float) -> dict:
     }
 
 
-def _encode_step(ladder, kv: TemplateKV, template_id, importance, held, shard_layers, blobs, report) -> list[dict]:
-    """Every representation of every shard (and its distortion on the held-out probes) for one TemplateKV."""
+def _fp16_digest(entry: dict) -> str:
+    return next(r["digest"] for r in entry["representations"] if r["codec"] == "fp16")
 
-    inputs = ladder.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers))
+
+def _encode_step(
+    ladder, kv: TemplateKV, template_id, importance, held, shard_layers, blobs, report, step=None, base=None
+) -> list[dict]:
+    """Every representation of every shard (and its distortion on the held-out probes) for one TemplateKV; with a
+    :class:`StepBase`, also what later steps are coded against (thresholds, decoded KV per level name)."""
+
+    inputs = ladder.prepare_shards(shard_inputs(kv, template_id, importance, shard_layers, step=step))
+    if base is not None:
+        base.slopes = inputs[0].level_slopes if inputs else None
     shards = []
     for i, shard in enumerate(inputs):
         report("encode", i, len(inputs))
-        shards.append(_encode_shard(ladder, shard, kv, held, blobs))
+        shards.append(_encode_shard(ladder, shard, kv, held, blobs, None if base is None else base.decoded))
     report("encode", len(inputs), len(inputs))
     return shards
 
@@ -238,8 +282,9 @@ def _importance(model: EditModel, kv: TemplateKV, packed, config: ProbeConfig, h
     return importance, held
 
 
-def _encode_shard(ladder, shard, kv: TemplateKV, held, blobs: dict[str, bytes]) -> dict:
-    """One shard's manifest entry: every level of ``ladder`` and the fp16 reference on top; blobs go to ``blobs``."""
+def _encode_shard(ladder, shard, kv: TemplateKV, held, blobs: dict[str, bytes], decoded=None) -> dict:
+    """One shard's manifest entry: every level of ``ladder`` and the fp16 reference on top; blobs go to ``blobs``
+    (and each level's decoded K, V to ``decoded[(first layer, level name)]`` when given)."""
     first, last = shard.meta.layer_first, shard.meta.layer_first + shard.k.shape[0] - 1
     reps = []
     if ladder.name != "fp16":
@@ -247,7 +292,7 @@ def _encode_shard(ladder, shard, kv: TemplateKV, held, blobs: dict[str, bytes]) 
         chain: list[bytes] = []
         for level, blob in zip(ladder.levels, encoded, strict=True):
             chain = chain + [blob] if ladder.progressive else [blob]
-            reps.append(_representation(ladder, level, chain, kv, held, first))
+            reps.append(_representation(ladder, level, chain, kv, held, first, decoded))
             blobs[reps[-1]["digest"]] = blob
     top = (max(ladder.levels) + 1) if ladder.name != "fp16" else 0
     fp16 = get_codec("fp16")
@@ -288,13 +333,15 @@ def _add_output_psnr(
     run = dict(steps=steps, seed=seed, shift=shift, kv_mode=mode)
     exact = _output_pixels(model, run_edit(model, user, prompt, kv_source=kv, **run).tokens)
     names = [r["name"] for r in shards[0]["representations"]]
+    names += [REUSE] if any(r["name"] == REUSE for sh in shards for r in sh["representations"]) else []
     for i, name in enumerate(names):
         report("psnr", i, len(names))
         approx = _decode_level(kv, shards, blobs, name)
         out = _output_pixels(model, run_edit(model, user, prompt, kv_source=approx, **run).tokens)
         psnr = psnr_from_mse(float(((out - exact) ** 2).mean()))
         for shard in shards:
-            next(r for r in shard["representations"] if r["name"] == name)["psnr_db"] = round(psnr, 3)
+            for r in (r for r in shard["representations"] if r["name"] == name):
+                r["psnr_db"] = round(psnr, 3)
     report("psnr", len(names), len(names))
 
 
@@ -308,17 +355,16 @@ def _output_pixels(model, tokens: torch.Tensor) -> torch.Tensor:
 def _decode_level(kv, shards: list[dict], blobs: dict[str, bytes], name: str):
     """The whole template decoded at the level called ``name``, typed like ``kv`` (single or per-step)."""
     if isinstance(kv, PerStepTemplateKV):
-        per_step = [
-            decode_kv(level_chains([sh for sh in shards if sh["step"] == s], blobs, name)).float()
-            for s in range(kv.num_steps)
-        ]  # each (layers, 2, tokens, heads, head_dim)
-        return PerStepTemplateKV(torch.stack(per_step), kv.model_id, kv.token_grid, kv.rope_layout, kv.timesteps)
+        per_step = decode_per_step(shards, blobs, name, kv.num_steps)  # (steps, layers, 2, tokens, heads, head_dim)
+        return PerStepTemplateKV(per_step, kv.model_id, kv.token_grid, kv.rope_layout, kv.timesteps)
     decoded = decode_kv(level_chains(shards, blobs, name)).float()  # (layers, 2, tokens, heads, head_dim)
     return TemplateKV(decoded, kv.model_id, kv.token_grid, kv.rope_layout, kv.ref_timestep)
 
 
-def _representation(codec, level: int, chain: list[bytes], kv: TemplateKV, held, first: int) -> dict:
+def _representation(codec, level: int, chain: list[bytes], kv: TemplateKV, held, first: int, decoded=None) -> dict:
     _, k, v = decode_chain(chain)
+    if decoded is not None:
+        decoded[(first, codec.level_name(level))] = (k, v)
     approx = {first + i: (torch.from_numpy(k[i]), torch.from_numpy(v[i])) for i in range(k.shape[0])}
     digest = shard_digest(chain[-1])
     return {

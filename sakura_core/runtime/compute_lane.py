@@ -79,7 +79,8 @@ class ComputeLane:
             return run_edit(self.model, self.user_image, self.prompt, split_layer=L, template_every_step=True,
                             **common)  # fmt: skip
         return run_edit(self.model, self.user_image, self.prompt, split_layer=self.keep_template,
-                        kv_source=self.kv_source, on_drop=self.device.on_drop, **common)  # fmt: skip
+                        kv_source=self.kv_source, on_drop=self.device.on_drop, on_extracted=self.device.on_extracted,
+                        **common)  # fmt: skip
 
     # ---- the forward's hooks
 

@@ -3,8 +3,9 @@ turns a shard's fetched blobs into K/V.
 
 A shard's chain is decoded by one :class:`~sakura_core.kv.chain.ChainDecoder` per shard, kept while an upgrade may
 extend it, so an upgrade fetches and applies only its new blobs (no blob is kept after it is decoded). Every decoded
-shard is checked against the slot the manifest gives it (a corrupt or misplaced shard raises). The lane owns its
-decoders and its pool; the fetch lane calls :meth:`DecodeLane.decode` and publishes the result.
+shard is checked against the slot the manifest gives it (a corrupt or misplaced shard raises: per-step manifests
+bind the step, and a cross-step residual its reference). The lane owns its decoders and its pool; the fetch lane calls
+:meth:`DecodeLane.decode` (with a residual's decoded reference) and publishes the result.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..kv.binding import check_shard_binding, check_shard_geometry, slot_from_manifest
-from ..kv.chain import ChainDecoder
+from ..kv.chain import ChainDecoder, DecodedReference
+from ..kv.manifest import manifest_kv_mode
 from ..policy.ladder import Level
 from .live_state import LiveState
 from .run_log import RunLog
@@ -38,6 +40,7 @@ class DecodeLane:
     def __init__(self, manifest: dict, ladders: list[list[Level]], reps: list[list[dict]], st: LiveState,
                  log: RunLog, threads: int) -> None:  # fmt: skip
         self.manifest, self.ladders, self.reps, self.st, self.log = manifest, ladders, reps, st, log
+        self.per_step = manifest_kv_mode(manifest) == "per-step"  # its shards' slots name their step
         self.threads = threads
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -64,15 +67,18 @@ class DecodeLane:
         ok = 0 < len(done) < len(digests) and digests[: len(done)] == done
         return len(done) if ok else 0
 
-    async def decode(self, shard: ShardId, level: int, digests: list[str], blobs: list[bytes], start: int = 0):
+    async def decode(self, shard: ShardId, level: int, digests: list[str], blobs: list[bytes], start: int = 0,
+                     reference: DecodedReference | None = None):  # fmt: skip
         """``(k, v)`` of ``shard`` at ``level``, decoded in the pool from ``blobs`` = ``digests[start:]`` (see
         :meth:`decode_now`)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.decode_now, shard, level, digests, blobs, start)
+        return await loop.run_in_executor(self._pool, self.decode_now, shard, level, digests, blobs, start, reference)
 
-    def decode_now(self, shard: ShardId, level: int, digests: list[str], blobs: list[bytes], start: int = 0):
+    def decode_now(self, shard: ShardId, level: int, digests: list[str], blobs: list[bytes], start: int = 0,
+                   reference: DecodedReference | None = None):  # fmt: skip
         """Decode ``blobs`` = ``digests[start:]``: with ``start`` > 0 on top of this shard's decoder, which has
-        applied ``digests[:start]`` (an upgrade applies only its new blobs); else a new decoder."""
+        applied ``digests[:start]`` (an upgrade applies only its new blobs); else a new decoder. ``reference``: the
+        decoded reference a cross-step residual adds to (``HeldKV.reference_for``), None for a self-contained level."""
         t0 = self.st.now
         with self._lock:
             done, dec = self.decoders.pop(shard, ([], None))
@@ -83,10 +89,12 @@ class DecodeLane:
             dec = ChainDecoder()
         # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not): each
         # blob's header is checked against the slot's geometry before it is decompressed, the top one's level after
-        slot = slot_from_manifest(self.manifest, shard.layer, self.reps[shard.g][level])
+        slot = slot_from_manifest(self.manifest, shard.layer, self.reps[shard.g][level],
+                                  shard.step if self.per_step else None)  # fmt: skip
         for blob in blobs:  # on an error the half-advanced decoder stays dropped (popped above)
             dec.push(blob, lambda header: check_shard_geometry(header, slot))
         check_shard_binding(dec.header, slot)
+        dec.set_reference(reference)
         k, v = dec.tensors()
         with self._lock:
             self.decoders[shard] = (list(digests), dec)

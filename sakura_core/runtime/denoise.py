@@ -56,6 +56,7 @@ def run_edit(
     kv_mode: str = "single",
     backend: ComputeBackend | None = None,
     on_drop: Callable[[int, int, torch.Tensor], None] | None = None,
+    on_extracted: Callable[[int, list], None] | None = None,
 ) -> EditResult:
     """Edit ``user_image`` (uint8 (S, S, 3)) against a template with the demo model or a latent klein model.
 
@@ -73,6 +74,8 @@ def run_edit(
         on_drop: ``(step, layer, hidden)`` when a step's template tokens are dropped before ``layer``: their hidden
             state there (1, template tokens, dim), from which ``backend.resume_template_kv`` continues the template
             pass (the runtime's fallback when shards are late).
+        on_extracted: ``(step, [(k, v), ...])`` after each step, with the template KV the device computed at that
+            step (layers below its split): a cross-step template's next-step residuals are decoded against it.
     """
     L = model.adapter.num_layers
     # the template's own token grid: larger than the edit's when the template image is (its KV says which)
@@ -91,7 +94,7 @@ def run_edit(
     user = model.pack_image(user_image)
     velocity = _Velocity(model, backend_of(model, backend), user, model.encode_prompt(prompt), ref, ref_grid,
                          split_layer, kv_source, template_every_step=template_every_step, per_step=per_step,
-                         on_layer=on_layer, on_drop=on_drop)  # fmt: skip
+                         on_layer=on_layer, on_drop=on_drop, on_extracted=on_extracted)  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn(user.shape, generator=gen)
     # latent models: the user image is the flow's start; the demo model concatenates it and flows from pure noise
@@ -107,12 +110,12 @@ class _Velocity:
     layers run (``calls``) and keeping step 0's device KV (``device_kv``, single mode)."""
 
     def __init__(self, model: EditModel, compute: ComputeBackend, user, txt, ref, ref_grid, split_layer, kv_source,
-                 *, template_every_step: bool, per_step: bool, on_layer, on_drop) -> None:  # fmt: skip
+                 *, template_every_step: bool, per_step: bool, on_layer, on_drop, on_extracted=None) -> None:  # fmt: skip
         self.model, self.compute, self.user, self.txt = model, compute, user, txt
         self.ref, self.ref_grid = ref, ref_grid
         self.split_layer, self.kv_source = split_layer, kv_source
         self.template_every_step, self.per_step = template_every_step, per_step
-        self.on_layer, self.on_drop = on_layer, on_drop
+        self.on_layer, self.on_drop, self.on_extracted = on_layer, on_drop, on_extracted
         # layers past the split take injected KV (a dynamic split may drop the template anywhere)
         self.injects = callable(split_layer) or split_layer < model.adapter.num_layers
         self.device_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -146,6 +149,8 @@ class _Velocity:
         )
         if step == 0 and not self.template_every_step and not self.per_step:
             self.device_kv.extend(result.extracted)
+        if self.on_extracted is not None and result.extracted:
+            self.on_extracted(step, result.extracted)
         return result.sample
 
 

@@ -1,7 +1,8 @@
 """:class:`DeviceKV`: the template KV the device computes itself when a shard fails or is late — one template-only
 pass per step (at that step's own time in per-step mode), resumed where the step dropped the template tokens: the
 compute lane hands their hidden state over when it drops them (:meth:`DeviceKV.on_drop`), so the layers the device
-already ran are not run again."""
+already ran are not run again. The template layers the device runs at a step serve a cross-step template's next
+step as the reference of its residual levels (:meth:`DeviceKV.on_extracted`)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,12 @@ class DeviceKV:
     def on_drop(self, step: int, layer: int, hidden: torch.Tensor) -> None:
         """The compute lane dropped the template tokens before ``layer``: keep their state for a fallback pass."""
         self.dropped[max(step, 0) if self.grid.per_step else 0] = (layer, hidden)
+
+    def on_extracted(self, step: int, extracted: list[KV]) -> None:
+        """Per-step mode: the template KV the device computed at ``step`` (its layers below the split): held where it
+        is the reference of a later shard's residual level (:meth:`HeldKV.keep_references`)."""
+        if self.grid.per_step:
+            self.held.keep_references({self.grid.at(step, layer): kv for layer, kv in enumerate(extracted)})
 
     def release_before(self, step: int) -> None:
         """Per-step mode: the compute lane is in ``step``; the template state of earlier steps is never used again."""

@@ -4,7 +4,9 @@ policy chooses.
 Every shard once, in execution order (``choose``); a shard the policy defers ("not now") is asked again before
 later shards and while the link would idle, until the compute lane reaches it; then progressive upgrades on the
 idle link. The same protocol as the simulator's (:mod:`sakura_core.runtime.simulate`). A failed shard is retried
-at the floor level, then left to the device (the compute lane runs a template pass for it).
+at the floor level, then left to the device (the compute lane runs a template pass for it). A cross-step residual
+whose reference the device does not hold (:meth:`~sakura_core.runtime.held_kv.HeldKV.reference_for`) is not
+fetched: its self-contained exact level is, and the report says so.
 
 The lane owns what it fetched (``bytes_fetched``), the shards deferred, and the fetches the compute lane asked for;
 it writes the link's part of the live state (``next_layer``, ``in_flight``, ``got``, ``receiving``, ...), decodes
@@ -19,6 +21,7 @@ import asyncio
 import inspect
 import threading
 
+from ..kv.chain import MissingReferenceError
 from ..policy.context import Context
 from ..policy.policies import LEVEL_COMPUTE, Policy
 from .decode_lane import DecodeLane
@@ -239,15 +242,18 @@ class FetchLane:
         await self._fetch_with_fallback(shard, level)
 
     async def _fetch_with_fallback(self, shard: ShardId, level: int) -> None:
-        """Fetch at ``level``; on failure retry at the floor, then leave the shard to the device."""
+        """Fetch at ``level``; on failure retry at the floor (a cross-step residual whose reference the device lacks:
+        at its self-contained exact level), then leave the shard to the device."""
         try:
             await self._fetch_level(shard, level)
         except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
-            if level != self.floor:
+            retry = len(self.ladders[shard.g]) - 1 if isinstance(e, MissingReferenceError) else self.floor
+            if level != retry:
                 name = self.ladders[shard.g][level].name
-                self.log.fallback(f"{shard} level {name}: {e}; retrying at the floor level")
+                what = "its self-contained exact level" if retry != self.floor else "the floor level"
+                self.log.fallback(f"{shard} level {name}: {e}; retrying at {what}")
                 try:
-                    await self._fetch_level(shard, self.floor)
+                    await self._fetch_level(shard, retry)
                     return
                 except Exception as e2:  # noqa: BLE001
                     e = e2
@@ -262,6 +268,7 @@ class FetchLane:
         digests = [*rep.get("requires", []), rep["digest"]]
         name = self.ladders[g][level].name
         start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
+        reference = self.held.reference_for(shard, rep)  # a residual whose reference the device lacks: not fetched
         todo = digests[start:]
         if self.reports_chunks:  # the policy sees this shard's transfer while it lasts (LiveState.link_progress)
             with st.lock:
@@ -271,7 +278,7 @@ class FetchLane:
         finally:
             with st.lock:
                 st.receiving.pop(g, None)
-        k, v = await self.decoder.decode(shard, level, digests, chain, start)
+        k, v = await self.decoder.decode(shard, level, digests, chain, start, reference)
         if not self.held.publish(shard, k[0], v[0], level):
             self.decoder.forget(shard)  # used already (per-step): a late upgrade is not kept
         with st.lock:

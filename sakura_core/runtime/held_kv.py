@@ -7,14 +7,23 @@ KV after a failed shard, a ``ready`` event (set once the shard is decoded or has
 held are counted (``kv_bytes``, its peak ``peak_kv_bytes``); in per-step mode a shard serves one (step, layer) only,
 and :meth:`release_before` frees every shard the compute lane has passed. One lock (``lock``) guards it all: the
 fetch lane writes from the event loop, the compute lane from its thread.
+
+Cross-step templates: a residual level of shard (s, layer) decodes against the KV the device holds of its reference
+shard (s', layer) — decoded at any level, or computed here (a fallback pass, or the template layers the device ran at
+step s': :meth:`keep_references`). :meth:`reference_for` gives it (or raises
+:class:`~sakura_core.kv.chain.MissingReferenceError`); a passed shard stays held only while a shard that may still be
+fetched at a residual level against it is not decoded (:meth:`release_before`).
 """
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
 import torch
 
+from ..kv.chain import DecodedReference, MissingReferenceError
+from ..policy.ladder import Level
 from .shard_index import ShardGrid, ShardId
 
 __all__ = ["HeldKV"]
@@ -23,11 +32,21 @@ KV = tuple[torch.Tensor, torch.Tensor]  # (k, v), each (ref_tokens, heads, head_
 
 
 class HeldKV:
-    """The KV the device holds, per shard of ``grid`` (see the module docstring); :meth:`reset` empties it."""
+    """The KV the device holds, per shard of ``grid`` (see the module docstring); :meth:`reset` empties it.
 
-    def __init__(self, grid: ShardGrid) -> None:
+    Args:
+        grid: the edit's shards.
+        ladders: per shard (flat index) the levels the policy may fetch; a level with ``ref_step`` makes the same
+            layer of that step a reference, kept past the compute lane while the shard may still need it.
+    """
+
+    def __init__(self, grid: ShardGrid, ladders: list[list[Level]] | None = None) -> None:
         self.grid = grid
         self.lock = threading.RLock()
+        self.dependents: dict[ShardId, list[ShardId]] = {}  # reference shard -> shards with a residual level on it
+        for shard in grid if ladders is not None else ():
+            for step in sorted({lv.ref_step for lv in ladders[shard.g]} - {None}):
+                self.dependents.setdefault(grid.at(step, shard.layer), []).append(shard)
         self.reset()
 
     def reset(self) -> None:
@@ -38,6 +57,7 @@ class HeldKV:
         self.kv_bytes = self.peak_kv_bytes = 0  # template KV held now (fetched + the device's), and its peak
         self.shard_kv_nbytes = 0  # one decoded shard's K and V (0 until one is decoded)
         self.released_below = 0  # per-step: shards with g below this served their (step, layer): their KV is freed
+        self.kept: set[ShardId] = set()  # passed shards still held as the reference of a shard not decoded yet
 
     # ---- the fetch lane's side
 
@@ -108,17 +128,65 @@ class HeldKV:
                     self._count(added=kv)
 
     def release_before(self, g: int) -> range:
-        """Per-step mode: the compute lane is at flat index ``g``; every shard before it served its (step, layer)
-        and is never used again: free their KV, fetched and the device's. Returns the flat indices released now."""
+        """Per-step mode: the compute lane is at flat index ``g``; every shard before it served its (step, layer):
+        free its KV, fetched and the device's — unless it is the reference of a shard that may still be fetched at
+        a residual level and is not decoded (then it is freed at a later call, once that shard no longer needs it).
+        Returns the flat indices passed now (their decoders are never used again)."""
         with self.lock:
             lo = self.released_below
             if g <= lo:
                 return range(0)
             self.released_below = g
-            for shard in (self.grid[x] for x in range(lo, g)):
+            for shard in sorted({*(self.grid[x] for x in range(lo, g)), *self.kept}):
+                if self._referenced(shard):
+                    self.kept.add(shard)
+                    continue
+                self.kept.discard(shard)
                 entry, own = self.kv.pop(shard, None), self.device_kv.pop(shard, None)
                 self._count(removed=(*(entry[:2] if entry else ()), *(own or ())))
             return range(lo, g)
+
+    # ---- cross-step references
+
+    def keep_references(self, kv_from: dict[ShardId, KV]) -> None:
+        """The template KV the device computed itself (the layers it ran at a step): kept for the shards that are
+        still the reference of a shard not decoded yet and not held already; the rest is not kept."""
+        with self.lock:
+            for shard, kv in kv_from.items():
+                if shard in self.kv or shard in self.device_kv or not self._referenced(shard):
+                    continue
+                self.device_kv[shard] = kv
+                self._count(added=kv)
+                if shard.g < self.released_below:
+                    self.kept.add(shard)
+
+    def reference_for(self, shard: ShardId, rep: dict) -> DecodedReference | None:
+        """The decoded reference that representation ``rep`` (a manifest entry) of ``shard`` needs: None for a
+        self-contained one; the KV held of its reference shard (fetched at any level, or the device's own) for a
+        cross-step residual. Raises MissingReferenceError when the device holds none."""
+        ref = rep.get("ref")
+        if ref is None or ref.get("mode") != "residual":
+            return None
+        ref_shard = self.grid.at(ref["step"], shard.layer)
+        with self.lock:
+            entry = self.kv.get(ref_shard)
+            kv = entry[:2] if entry is not None else self.device_kv.get(ref_shard)
+        if kv is None:
+            raise MissingReferenceError(
+                f"its level {rep['name']} is coded against step {ref['step']} layer {shard.layer}, which the device "
+                "does not hold (not fetched, or freed)"
+            )
+        # (1, ref_tokens, heads, head_dim) float16: the shard's one layer, as the codec decodes it
+        k, v = (np.ascontiguousarray(t.detach().to(torch.float16).reshape(1, *t.shape[-3:]).numpy()) for t in kv)
+        return DecodedReference(ref["step"], ref["digest"], k, v)
+
+    def _referenced(self, shard: ShardId) -> bool:
+        """``shard`` is the reference of a shard the compute lane has not passed, not decoded and not given up on
+        (the caller holds the lock)."""
+        return any(
+            d.g >= self.released_below and not self.ready[d].is_set() and d not in self.failed
+            for d in self.dependents.get(shard, ())
+        )
 
     def held_bytes(self) -> int:
         """The KV held now, counted tensor by tensor (what ``kv_bytes`` must equal)."""

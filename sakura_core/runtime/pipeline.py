@@ -151,7 +151,7 @@ class PipelinedEdit:
                             cfg.latency_target_s, layers_per_step=L, clock=clock)  # fmt: skip
         self.ctx = Context(self.st)
         self.log = RunLog()
-        self.held = HeldKV(grid)
+        self.held = HeldKV(grid, ladders)
         self.decoder = DecodeLane(manifest, ladders, reps, self.st, self.log, cfg.decode_threads)
         self.fetch = FetchLane(fetch_blob, grid, ladders, reps, floor, self.st, self.ctx, policy, self.held,
                                self.decoder, self.log, cfg, stop)  # fmt: skip

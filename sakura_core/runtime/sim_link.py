@@ -72,14 +72,36 @@ class SimLink:
                 self.estimator.observe(nbytes, seconds)
 
     # the trace is read at start_s + t
+    def _reference_ready(self, layer: int, level: int) -> tuple[int, float]:
+        """A cross-step residual level decodes only after its reference shard (same layer, ``ref_step``): (the level
+        to fetch, the earliest decode start). The device's own KV of it serves too (it computed that layer at that
+        step: taken as there when the decode starts). Without either (not fetched, or not yet) the shard's
+        self-contained exact level is fetched instead, as the live runtime does."""
+        lv = self.ladders[layer][level]
+        if lv.ref_step is None:
+            return level, 0.0
+        ref = lv.ref_step * self.L + layer % self.L
+        done = [t for _, t in self._got.get(ref, [])]
+        if done:
+            return level, min(done)
+        if ref in self.skipped:  # computed on the device at that step
+            return level, 0.0
+        top = len(self.ladders[layer]) - 1
+        reason = f"fallback: level {lv.name} needs shard {ref}, which is not decoded: fetching it exact"
+        self.decisions.append({"t": self.now, "layer": layer, "level": top, "reason": reason})
+        return top, 0.0
+
     def _transfer(self, layer: int, level: int, nbytes: int, kind: str) -> None:
+        level, ref_done = self._reference_ready(layer, level)
+        if kind == "base":
+            nbytes = self.ladders[layer][level].nbytes
         t0 = self.link_free + self.rtt_s
         arrive = self.trace.finish_time(self.start_s + t0, nbytes) - self.start_s
         self.pending_obs.append((arrive, nbytes, arrive - t0))  # known to the estimator only once it has arrived
         if layer not in self._pred:  # what a client knows of a request: when it left, its size (and later its arrival)
             self._pred[layer] = (t0, nbytes, arrive)
         lv = self.ladders[layer][level]
-        dec0 = max(arrive, self.decoder_free)
+        dec0 = max(arrive, self.decoder_free, ref_done)
         dec1 = dec0 + (lv.decode_s if kind == "base" else lv.decode_s - self.ladders[layer][level - 1].decode_s)
         self.decoder_free = dec1
         self._got.setdefault(layer, []).append((level, dec1))

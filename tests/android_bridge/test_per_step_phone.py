@@ -39,6 +39,8 @@ def _blobs(store, manifest):
     out = {}
     for shard in manifest["shards"]:
         for rep in shard["representations"]:
+            if rep["digest"] is None:  # the zero-byte reuse rung of a cross-step template: no blob
+                continue
             f, _ = store.open_shard(rep["digest"])
             with f:
                 out[rep["digest"]] = f.read()
@@ -71,6 +73,23 @@ async def test_phone_run_per_step_equals_the_on_device_edit(aiohttp_server, per_
     on_device = run_edit(demo_model, user_image, PROMPT, steps=STEPS, split_layer=L, template_image=tpl,
                          template_every_step=True, kv_mode="per-step")  # fmt: skip
     assert np.abs(image.astype(int) - on_device.image.astype(int)).max() <= 2  # fp16 storage of the KV only
+
+
+async def test_phone_run_at_a_lossy_cross_step_level_is_within_its_measured_psnr(aiohttp_server, per_step_cloud,
+                                                                                  demo_model, user_image):  # fmt: skip
+    from sakura_core.metrics import psnr_from_mse
+
+    cloud, store, manifest, tpl = per_step_cloud
+    assert manifest["per_step_coding"] == "cross-step"
+    image, report = await _job(aiohttp_server, demo_model, cloud.url, user_image, STEPS, policy="sakura")
+    assert not report["fallbacks"], report["fallbacks"]
+    used = {n for names in report["levels_used"].values() for n in names} - {"template", "device"}
+    assert used and used != {"fp16"}, used  # a lossy level, residual for step 1
+    psnr = {r["name"]: r["psnr_db"] for sh in manifest["shards"] for r in sh["representations"]}
+    on_device = run_edit(demo_model, user_image, PROMPT, steps=STEPS, split_layer=demo_model.adapter.num_layers,
+                         template_image=tpl, template_every_step=True, kv_mode="per-step")  # fmt: skip
+    err = ((image.astype(float) - on_device.image.astype(float)) / 127.5) ** 2
+    assert psnr_from_mse(float(err.mean())) >= min(psnr[n] for n in used) - 3.0  # another edit than the manifest's
 
 
 async def test_a_step_count_the_template_was_not_computed_for_is_refused(aiohttp_server, per_step_cloud, demo_model,

@@ -115,3 +115,26 @@ def test_cli_store_verify_and_repair(tmp_path, capsys):
     make_synthetic_template(clean, "tpl-a", model_id=MODEL_ID)
     assert main(["store", "verify", "--store", str(clean.root)]) == 0
     assert main(["store", "verify", "--store", str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_version_1_manifest_is_reported_with_the_fix_and_its_shards_kept(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    manifest = make_synthetic_template(store, "tpl-old", model_id=MODEL_ID)
+    path = store.root / "templates" / "tpl-old" / "manifest.json"
+    path.write_text(json.dumps({**manifest, "version": 1}))  # published before shard format 2
+    for digest in (r["digest"] for s in manifest["shards"] for r in s["representations"]):
+        _age(store.shard_path(digest))
+    report = fsck(store, FsckConfig(repair=True))
+    assert "republish" in report.bad_manifests["tpl-old"] and "sakura precompute" in report.bad_manifests["tpl-old"]
+    assert not report.orphans and not report.removed  # still referenced: republishing needs nothing deleted
+
+
+def test_a_cross_step_manifests_blob_less_reuse_rung_is_not_missing(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    manifest = make_synthetic_template(store, "tpl-xs", model_id=MODEL_ID)
+    reuse = {"level": 0, "name": "reuse", "codec": "reuse", "bytes": 0, "total_bytes": 0, "distortion": 0.1,
+             "digest": None, "requires": [], "ref": {"mode": "reuse", "step": 0, "digest": "ab" * 32}}  # fmt: skip
+    manifest["shards"][0]["representations"].insert(0, reuse)
+    (store.root / "templates" / "tpl-xs" / "manifest.json").write_text(json.dumps(manifest))
+    report = fsck(store, FsckConfig())
+    assert "tpl-xs" not in report.bad_manifests and not report.missing

@@ -374,7 +374,8 @@ def _good_manifest():
 @pytest.mark.parametrize(
     "mutate, field",
     [
-        (lambda m: m.update(version=2), "version"),
+        (lambda m: m.update(version=3), "version"),
+        (lambda m: m.update(version=1), "version.*republish"),
         (lambda m: m.pop("model_id"), "model_id"),
         (lambda m: m.update(template_id="../x"), "template_id"),
         (lambda m: m.update(token_grid=[16]), "token_grid"),

@@ -21,8 +21,9 @@ from sakura_core.fetch.client import (
 )
 from sakura_core.fetch.local_source import LocalShardSource
 from sakura_core.fetch.sources import ServerSource, StoreSource
+from sakura_core.kv.manifest import blob_digests
 
-from ...synthetic_templates import make_synthetic_template
+from ...synthetic_templates import build_cross_step_synthetic, make_synthetic_template
 
 MODEL_ID = "ab" * 32
 
@@ -123,3 +124,23 @@ def test_an_edit_against_a_local_store_starts_no_server_and_no_http_session(tmp_
                                              profile=profile))  # fmt: skip
     assert out.report["bytes_fetched"] > 0 and not out.report["fallbacks"]
     assert out.report["template"]["source"] == f"store:{tmp_path}"
+
+
+async def test_a_cross_step_template_reads_with_its_blob_less_reuse_rungs(tmp_path):
+    """The local store holds no blob for a zero-byte reuse rung: the manifest parses as stored, and every blob the
+    manifest names (``blob_digests``) is read and verified."""
+    store = LocalStore(tmp_path / "xs")
+    t = build_cross_step_synthetic("tpl-xs", model_id=MODEL_ID)
+    for digest, blob in t.blobs.items():
+        store.put_shard(digest, blob)
+    store.put_manifest("tpl-xs", t.manifest)
+    async with StoreSource(str(store.root)).open() as local:
+        manifest = await local.get_manifest("tpl-xs", expected_model_id=MODEL_ID)
+        reuse = [r for r in _reps(manifest.raw) if (r.get("ref") or {}).get("mode") == "reuse"]
+        assert manifest.kv_mode == "per-step" and len(reuse) == 2 and all(r["digest"] is None for r in reuse)
+        sizes = {r["digest"]: r["bytes"] for r in _reps(manifest.raw)}
+        for digest in blob_digests(manifest.raw):
+            assert await local.fetch_shard(digest, expected_bytes=sizes[digest]) == t.blobs[digest]
+        store.put_manifest("tpl-xs", {**t.manifest, "version": 1})  # published before shard format 2
+        with pytest.raises(ManifestError, match="republish it"):
+            await local.get_manifest("tpl-xs")

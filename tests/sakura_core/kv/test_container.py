@@ -65,7 +65,16 @@ def test_wrong_magic():
 def test_wrong_version_is_reported_before_anything_else():
     blob = bytearray(pack_shard(HEADER, SECTIONS))
     blob[4:6] = struct.pack("<H", c.FORMAT_VERSION + 1)
-    with pytest.raises(ShardVersionError, match="version 2 is not supported"):
+    with pytest.raises(
+        ShardVersionError, match=f"version {c.FORMAT_VERSION + 1} is not supported.*upgrade the client"
+    ):
+        parse_shard(bytes(blob))
+
+
+def test_a_version_1_blob_is_refused_naming_the_fix():
+    blob = bytearray(pack_shard(HEADER, SECTIONS))
+    blob[4:6] = struct.pack("<H", 1)
+    with pytest.raises(ShardVersionError, match=r"before shards carried their step.*sakura precompute .* --overwrite"):
         parse_shard(bytes(blob))
 
 

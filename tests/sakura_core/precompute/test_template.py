@@ -121,7 +121,8 @@ def test_encode_kv_decode_kv_round_trip(demo_kv):
 @pytest.mark.parametrize(
     "path, value, field",
     [
-        (("version",), 2, "version"),
+        (("version",), 3, "version"),
+        (("version",), 1, "version.*republish"),
         (("model_id",), "not-hex", "model_id"),
         (("template_id",), "Bad", "template_id"),
         (("token_grid",), [16], "token_grid"),

@@ -1,0 +1,100 @@
+"""Per-step SAKURA ladders measured on per-step (cross-step) KV, for the simulator: the data and how it scales.
+
+``per_step_ladders.json`` (beside this file) holds one measured per-step template (``sakura precompute --kv-mode
+per-step --steps S`` on the trained demo model; its ``source`` says which) in this shape::
+
+    {"steps": S, "coding": "cross-step" | "independent", "source": {...},
+     "levels": [                                   # cheapest first, the fetchable levels (fp16 last)
+       {"name": "sakura-l3",
+        "psnr_db": end-to-end PSNR of the edit with every (step, layer) at this level,
+        "ratio_vs_fp16": [r_0, ..., r_{S-1}],      # per step: fp16 bytes of a step / bytes of its level-j chain
+        "increment_ratio": [...],                  # per step: fp16 bytes / bytes of this level's own blob
+        "ref_step": [null, 0, 1, ...]}],           # per step: the step it is decoded against (null: none)
+     "reuse": {"psnr_db": ..., "ref_step": [null, 0, 1, ...]}}   # the zero-byte rung of steps >= 1 (or null)
+
+A shard of step s at level j costs ``shard_fp16 / ratio_vs_fp16[s][j]`` bytes from nothing; upgrading it from level
+j-1 costs ``shard_fp16 / increment_ratio[s][j]``; when ``ref_step[s]`` is set, it decodes only once the same layer
+of that step is decoded (or computed) on the device, so its chain costs that shard's decode first
+(:func:`per_step_ladders` sets ``Level.ref_step``). :func:`from_manifest` makes the data from a per-step manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..policy.ladder import Level
+
+__all__ = ["DATA_PATH", "from_manifest", "load", "per_step_ladders"]
+
+DATA_PATH = Path(__file__).with_name("per_step_ladders.json")
+
+
+def from_manifest(manifest: dict, source: dict | None = None) -> dict:
+    """The JSON shape above from a per-step manifest (one layer per shard; ratios averaged over the layers)."""
+    sched = manifest["schedule"]
+    steps = sched["steps"]
+    rows, cols = manifest["token_grid"]
+    fp16 = 2 * rows * cols * manifest["heads"] * manifest["head_dim"] * 2  # one layer's K + V in fp16
+    by = {}
+    for sh in manifest["shards"]:
+        for r in sh["representations"]:
+            by.setdefault(r["name"], {}).setdefault(sh["step"], []).append(r)
+    names = sorted(
+        (n for n in by if n != "reuse"), key=lambda n: (n == "fp16", sum(r["total_bytes"] for r in by[n][0]))
+    )
+    levels = []
+    for n in names:
+        per = [by[n][s] for s in range(steps)]
+        levels.append({
+            "name": n,
+            "psnr_db": per[0][0].get("psnr_db"),
+            "ratio_vs_fp16": [round(len(p) * fp16 / sum(r["total_bytes"] for r in p), 4) for p in per],
+            "increment_ratio": [round(len(p) * fp16 / sum(r["bytes"] for r in p), 4) for p in per],
+            "ref_step": [(p[0].get("ref") or {}).get("step") for p in per],
+        })  # fmt: skip
+    reuse = by.get("reuse")
+    return {
+        "steps": steps,
+        "coding": manifest.get("per_step_coding", "independent"),
+        "source": source or {},
+        "levels": levels,
+        "reuse": None if reuse is None else {
+            "psnr_db": next(iter(reuse.values()))[0].get("psnr_db"),
+            "ref_step": [None] + [reuse[s][0]["ref"]["step"] for s in range(1, steps)],
+        },
+    }  # fmt: skip
+
+
+def load(path: Path | str = DATA_PATH) -> dict:
+    """The shipped measurement (or another file of the same shape)."""
+    return json.loads(Path(path).read_text())
+
+
+def per_step_ladders(data: dict, shard_fp16_bytes: int, layers: int, decode_bytes_per_s: dict) -> list[list[Level]]:
+    """Ladders of the ``steps x layers`` shards (index ``s * layers + l``) of a geometry whose one-layer shard is
+    ``shard_fp16_bytes`` in fp16. ``decode_bytes_per_s``: level name -> fp16 bytes decoded per second (phone-scale
+    measurement). Output MSE per shard: ``4 * 10 ** (-psnr / 10) / (steps * layers)``, as the single-mode ladders."""
+    steps = data["steps"]
+    n = steps * layers
+    out = []
+    for s in range(steps):
+        ladder, prev = [], 0
+        for lv in data["levels"]:
+            nbytes = int(round(shard_fp16_bytes / lv["ratio_vs_fp16"][s]))
+            inc = int(round(shard_fp16_bytes / lv["increment_ratio"][s]))
+            prog = lv["name"] != "fp16" and nbytes > prev and inc < nbytes
+            ladder.append(
+                Level(
+                    name=lv["name"],
+                    nbytes=nbytes,
+                    increment_bytes=inc if prog else nbytes,
+                    decode_s=shard_fp16_bytes / decode_bytes_per_s[lv["name"]],
+                    mse=4 * 10 ** (-lv["psnr_db"] / 10) / n,
+                    progressive=prog,
+                    ref_step=lv["ref_step"][s],
+                )
+            )
+            prev = nbytes
+        out += [ladder] * layers
+    return out

@@ -1,0 +1,199 @@
+"""Per-step templates coded across steps: step 0 as a self-contained ladder, every later step s as a ladder of
+residuals ``KV_s - KV_{s-1}`` against the step before it, plus its exact fp16 and a zero-byte ``reuse`` rung.
+
+What a client fetches for step s at level j: the residual chain of (s, layer) up to level j (``requires`` + its
+digest); what it needs decoded first: the shard (s-1, layer) at any level, or its exact KV computed on the device
+(the manifest ``ref`` names it by its fp16 digest). Decoded KV = the reference as decoded + the decoded residual.
+Open loop: the residual is coded against the *exact* KV_{s-1}, so any representation of the reference serves (an
+upgrade of it improves what adds it) and the errors of a chain add up, no more (residuals against step 0 were
+measured too: on the demo model they grow with the distance, step 3's costing 80 % of a self-contained step at
+level 3, against 25-30 % for step-to-step residuals). The ``reuse`` rung (0 bytes) takes step s-1's decoded KV of the layer as it is. The fp16
+representation of every shard stays self-contained (a client whose base is missing or corrupt can still fetch the
+exact KV). Residuals are allocated with the base's rate-distortion thresholds (level j spends a bit on a residual
+unit only where it buys as much output error as a bit of the base), their dropped units reconstructed as the mean
+residual (i.e. the base's value), so a layer that barely moves between steps costs almost nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..kv.chain import DecodedReference, decode_chain
+from ..kv.codec_registry import Codec, get_codec
+from ..kv.container import shard_digest
+from ..kv.template_codec import shard_inputs
+from ..models.kv_types import TemplateKV
+from .importance import attention_error
+
+__all__ = [
+    "REUSE",
+    "StepBase",
+    "bytes_at_psnr",
+    "compare_to_single",
+    "encode_residual_step",
+    "level_totals",
+    "reuse_representation",
+]
+
+REUSE = "reuse"
+#: Weigh a residual unit of step s by the steps its error reaches, ``(steps - s) / steps`` of a step-0 unit (open
+#: loop: step s's residual error stays in every later step's decoded KV, step 0's in all of them).
+PROPAGATION_WEIGHTS = True
+
+
+@dataclass
+class StepBase:
+    """What the next step is coded against: this step's exact KV, per first layer its shard's fp16 digest and its
+    decoded KV at every level name, and the ladder's rate-distortion thresholds (step 0's, shared by every step;
+    ``None`` without importance weights)."""
+
+    kv: TemplateKV
+    slopes: tuple[float, ...] | None = None
+    exact_digest: dict[int, str] = field(default_factory=dict)
+    decoded: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+def _attn_error(held, kv: TemplateKV, first: int, k: np.ndarray, v: np.ndarray) -> float:
+    import torch
+
+    approx = {first + i: (torch.from_numpy(k[i]), torch.from_numpy(v[i])) for i in range(k.shape[0])}
+    return round(attention_error(held, kv, approx), 8)
+
+
+def reuse_representation(step: int, layers: list[int], prev_exact: dict[int, str], held, kv, prev_kv) -> dict:
+    """The zero-byte rung of shard (step, layers): step - 1's decoded KV as it is (distortion: the exact previous
+    step's KV against this step's; its end-to-end PSNR is measured with the others)."""
+    first, last = layers
+    x = prev_kv.kv[first : last + 1].float().numpy()  # (layers, 2, tokens, heads, head_dim)
+    return {
+        "level": 0,
+        "name": REUSE,
+        "codec": REUSE,
+        "bytes": 0,
+        "total_bytes": 0,
+        "distortion": _attn_error(held, kv, first, x[:, 0], x[:, 1]),
+        "digest": None,
+        "requires": [],
+        "ref": {"mode": REUSE, "step": step - 1, "digest": prev_exact[first]},
+    }
+
+
+def encode_residual_step(
+    ladder: Codec,
+    kv: TemplateKV,
+    base: StepBase,
+    step: int,
+    importance,
+    held,
+    template_id: str,
+    shard_layers: int,
+    blobs: dict[str, bytes],
+    steps: int | None = None,
+) -> tuple[list[dict], StepBase]:
+    """Shard entries of step ``step`` (residual ladder against ``base`` = step - 1, fp16) and what step + 1 is
+    coded against."""
+    residual = TemplateKV(kv.kv.float() - base.kv.kv.float(), kv.model_id, kv.token_grid, kv.rope_layout)
+    ref_step = step - 1
+    refs = {first: (ref_step, d) for first, d in base.exact_digest.items()}
+    inputs = shard_inputs(residual, template_id, importance, shard_layers, step=step, references=refs)
+    # a dropped residual unit keeps the base's value: its cost is the weighted residual itself, not k_drop
+    f = (steps - step) / steps if (steps and PROPAGATION_WEIGHTS) else 1.0
+    inputs = [replace(x, k_drop=None, level_slopes=base.slopes, **_scaled_weights(x, f)) for x in inputs]
+    exact_inputs = shard_inputs(kv, template_id, None, shard_layers, step=step)
+    entries, nxt = [], StepBase(kv, base.slopes)
+    for shard, exact_shard in zip(inputs, exact_inputs, strict=True):
+        first = shard.meta.layer_first
+        last = first + shard.k.shape[0] - 1
+        reps = []
+        chain: list[bytes] = []
+        for level, blob in zip(ladder.levels, ladder.encode(shard, ladder.levels), strict=True):
+            chain = chain + [blob] if ladder.progressive else [blob]
+            name = ladder.level_name(level)
+            ref = DecodedReference(ref_step, base.exact_digest[first], *base.decoded[(first, name)])
+            _, k, v = decode_chain(chain, ref)
+            nxt.decoded[(first, name)] = (k, v)
+            reps.append(_rep(ladder, level + 1, name, chain, _attn_error(held, kv, first, k, v)))
+            reps[-1]["ref"] = {"mode": "residual", "step": ref_step, "digest": base.exact_digest[first]}
+            blobs[reps[-1]["digest"]] = blob
+        fp16 = get_codec("fp16")
+        (fp16_blob,) = fp16.encode(exact_shard, [0])
+        _, k, v = decode_chain([fp16_blob])
+        nxt.decoded[(first, "fp16")] = (k, v)
+        reps.append(_rep(fp16, len(ladder.levels) + 1, "fp16", [fp16_blob], _attn_error(held, kv, first, k, v)))
+        blobs[reps[-1]["digest"]] = fp16_blob
+        nxt.exact_digest[first] = reps[-1]["digest"]
+        entries.append({"layers": [first, last], "representations": reps})
+    return entries, nxt
+
+
+def _scaled_weights(shard, f: float) -> dict:
+    if shard.k_weight is None or f == 1.0:
+        return {}
+    return {"k_weight": shard.k_weight * np.float32(f), "v_weight": shard.v_weight * np.float32(f)}
+
+
+def _rep(codec: Codec, level: int, name: str, chain: list[bytes], distortion: float) -> dict:
+    return {
+        "level": int(level),
+        "name": name,
+        "codec": codec.name,
+        "bytes": len(chain[-1]),
+        "total_bytes": sum(len(b) for b in chain),
+        "distortion": distortion,
+        "digest": shard_digest(chain[-1]),
+        "requires": [shard_digest(b) for b in chain[:-1]],
+    }
+
+
+def level_totals(manifest: dict) -> list[dict]:
+    """Per level name (cheapest first): bytes to fetch the whole template at that level from nothing (every shard's
+    chain; a residual's reference is counted once, with its own shard) and its measured ``psnr_db``."""
+    per_name: dict[str, dict] = {}
+    for shard in manifest["shards"]:
+        for rep in shard["representations"]:
+            row = per_name.setdefault(rep["name"], {"name": rep["name"], "bytes": 0, "psnr_db": rep.get("psnr_db")})
+            row["bytes"] += rep.get("total_bytes", rep["bytes"])
+    if REUSE in per_name:  # step 0 has no reuse rung: it is fetched exact (what the PSNR was measured with)
+        per_name[REUSE]["bytes"] += sum(
+            r["bytes"] for sh in manifest["shards"] if sh.get("step") == 0 for r in sh["representations"]
+            if r["name"] == "fp16"
+        )  # fmt: skip
+    return sorted(per_name.values(), key=lambda r: (r["name"] == "fp16", r["bytes"]))
+
+
+def bytes_at_psnr(rows: list[dict], psnr_db: float) -> float | None:
+    """Bytes a ladder (rows of :func:`level_totals`) needs for ``psnr_db``: log-bytes interpolated linearly in dB
+    between its levels; ``None`` outside the ladder's range."""
+    pts = sorted((r["psnr_db"], r["bytes"]) for r in rows if r["psnr_db"] is not None and r["bytes"] > 0)
+    for (p0, b0), (p1, b1) in zip(pts, pts[1:], strict=False):
+        if p0 <= psnr_db <= p1:
+            f = 0.0 if p1 == p0 else (psnr_db - p0) / (p1 - p0)
+            return float(np.exp(np.log(b0) + f * (np.log(b1) - np.log(b0))))
+    return None
+
+
+def compare_to_single(per_step: dict, single: dict, floor_psnr_db: float = 35.0) -> dict:
+    """A per-step manifest's bytes against the single-mode template's, at equal end-to-end PSNR: per level, the
+    single-mode bytes interpolated at that level's PSNR and the ratio; the floor levels (cheapest with
+    ``psnr_db >= floor_psnr_db``) of both; and the total stored bytes of both."""
+    ps_rows, single_rows = level_totals(per_step), level_totals(single)
+    for r in ps_rows:
+        b = None if r["psnr_db"] is None else bytes_at_psnr(single_rows, r["psnr_db"])
+        r["single_bytes_at_psnr"] = None if b is None else int(round(b))
+        r["x_single"] = None if b is None else round(r["bytes"] / b, 3)
+
+    def floor(rows):
+        return next((r for r in rows if r["psnr_db"] is not None and r["psnr_db"] >= floor_psnr_db), None)
+
+    def stored(m):
+        return sum(r["bytes"] for sh in m["shards"] for r in sh["representations"])
+
+    fp, fs = floor(ps_rows), floor(single_rows)
+    return {
+        "levels": ps_rows,
+        "single_levels": single_rows,
+        "floor": {"per_step": fp, "single": fs, "x_single": None if not (fp and fs) else round(fp["bytes"] / fs["bytes"], 3)},
+        "stored_bytes": {"per_step": stored(per_step), "single": stored(single), "x_single": round(stored(per_step) / stored(single), 3)},
+    }  # fmt: skip

@@ -1,0 +1,152 @@
+"""The pipelined runtime on a cross-step per-step template: step s's residual shards decode against step s-1's KV as
+the device holds it; a residual whose reference the device lacks, and a shard served in another step's slot, fall
+back to the device and the report says so."""
+
+import asyncio
+import copy
+
+import pytest
+
+from sakura_core.fetch.traces import Trace
+from sakura_core.kv import decode_template
+from sakura_core.kv.chain import MissingReferenceError
+from sakura_core.models.edit_model import load_demo_model, load_image
+from sakura_core.policy.plan import plan_fetch
+from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy
+from sakura_core.precompute import precompute_template
+from sakura_core.runtime.denoise import run_edit
+from sakura_core.runtime.live_profile import LiveProfile
+from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig, run_pipelined_edit
+
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = load_demo_model(weights=None)
+    size = model.spec.image_size
+    tpl, usr = load_image("astronaut", size), load_image("chelsea", size)
+    pre = precompute_template(model, tpl, "tpl-xs", held_out_probes=1, psnr_steps=1, kv_mode="per-step", steps=STEPS)
+    L = model.adapter.num_layers
+    profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.1, layers=L, steps=STEPS)
+    return model, tpl, usr, pre, profile
+
+
+class _Levels(Policy):
+    """Fetch every shard at ladder index ``level``; the device computes layers < ``splits[step]``."""
+
+    name = "levels"
+    family = "sakura"
+
+    def __init__(self, level, splits):
+        self.level, self.splits = level, splits
+
+    def choose(self, ctx, g):
+        if ctx.layer_of(g) < self.splits[ctx.step_of(g)]:
+            return Decision(LEVEL_COMPUTE, "the device computes it")
+        return Decision(self.level, "fixed level")
+
+    def keep_template(self, ctx, g):
+        return ctx.layer_of(g) < self.splits[ctx.step_of(g)]
+
+
+def _run(setup, policy, swap=None, **config):
+    model, tpl, usr, pre, profile = setup
+    plan = plan_fetch(pre.manifest, "sakura")
+    swap = swap or {}
+
+    async def fetch_blob(digest, nbytes):
+        return pre.blobs[swap.get(digest, digest)]
+
+    return asyncio.run(
+        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,
+                           reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
+                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, upgrades=False, **config))
+    )  # fmt: skip
+
+
+def _rep(pre, step, layer, name):
+    sh = next(s for s in pre.manifest["shards"] if s["step"] == step and s["layers"][0] == layer)
+    return next(r for r in sh["representations"] if r["name"] == name)
+
+
+def test_the_manifest_states_each_residuals_reference_and_a_zero_byte_reuse_rung(setup):
+    _, _, _, pre, _ = setup
+    assert pre.manifest["per_step_coding"] == "cross-step"
+    res, reuse, exact0 = _rep(pre, 1, 2, "sakura-l1"), _rep(pre, 1, 2, "reuse"), _rep(pre, 0, 2, "fp16")
+    assert res["ref"] == {"mode": "residual", "step": 0, "digest": exact0["digest"]}
+    assert reuse["bytes"] == 0 and reuse["digest"] is None and reuse["ref"]["step"] == 0 and "psnr_db" in reuse
+    assert "ref" not in _rep(pre, 0, 2, "sakura-l1") and "ref" not in _rep(pre, 1, 2, "fp16")
+
+
+def test_residual_levels_decode_against_the_previous_steps_kv(setup):
+    model, tpl, usr, pre, _ = setup
+    rep = _run(setup, _Levels(1, [0] * STEPS))
+    assert not rep.fallbacks, rep.fallbacks
+    kv = decode_template(pre.manifest, pre.blobs, "sakura-l1")  # step 1 = step 0 decoded + its residual
+    expected = run_edit(model, usr, "p", steps=STEPS, kv_source=kv, kv_mode="per-step")
+    assert (rep.tokens - expected.tokens).abs().max() <= 1e-5
+
+
+def test_the_devices_own_kv_of_a_layer_serves_as_the_next_steps_reference(setup):
+    model, tpl, usr, pre, _ = setup
+    # step 0 computes layers 0-1 on the device: their KV (kept at the end of step 0) is the reference. Nothing is
+    # prefetched here: a shard of step 1 fetched while step 0 still computes would find no reference yet (and fall
+    # back to its exact level, as test_a_residual_without_its_reference_is_not_decoded shows)
+    rep = _run(setup, _Levels(1, [2, 0]), prefetch_kv_bytes=0)
+    assert not rep.fallbacks, rep.fallbacks
+    step1 = rep.levels_by_step()["step 1"]  # residual levels everywhere (a late shard may come at the floor)
+    assert len(step1) == model.adapter.num_layers and all(n.startswith("sakura-l") for n in step1), step1
+    on_device = run_edit(model, usr, "p", steps=STEPS, split_layer=model.adapter.num_layers, template_image=tpl,
+                         template_every_step=True, kv_mode="per-step")  # fmt: skip
+    assert (rep.tokens - on_device.tokens).abs().max() < 0.5  # a lossy level, but never a residual used as KV
+
+
+def test_a_residual_without_its_reference_is_not_decoded(setup):
+    model, tpl, usr, pre, profile = setup
+    plan = plan_fetch(pre.manifest, "sakura")
+
+    async def fetch_blob(digest, nbytes):
+        return pre.blobs[digest]
+
+    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=_Levels(1, [0, 0]), ladders=plan.ladders,
+                         reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
+                         config=RuntimeConfig(steps=STEPS))  # fmt: skip
+    L = model.adapter.num_layers
+    residual = plan.reps[L + 2][1]
+    with pytest.raises(MissingReferenceError, match="coded against step 0 layer 2, which the device does not hold"):
+        edit.held.reference_for(edit.grid[L + 2], residual)  # nothing decoded yet: it would not be fetched
+    assert edit.held.reference_for(edit.grid[L + 2], plan.reps[L + 2][-1]) is None  # the exact level needs none
+
+
+def test_a_residual_whose_manifest_names_another_reference_falls_back_and_the_report_says_so(setup):
+    model, tpl, usr, pre, profile = setup
+    L = model.adapter.num_layers
+    manifest = copy.deepcopy(pre.manifest)
+    sh = next(s for s in manifest["shards"] if s["step"] == 1 and s["layers"][0] == 2)
+    for r in sh["representations"]:
+        if (r.get("ref") or {}).get("mode") == "residual":
+            r["ref"]["digest"] = _rep(pre, 0, 3, "fp16")["digest"]  # layer 3's: a mixed-up manifest
+    plan = plan_fetch(manifest, "sakura")
+
+    async def fetch_blob(digest, nbytes):
+        return pre.blobs[digest]
+
+    rep = asyncio.run(run_pipelined_edit(model, manifest, fetch_blob, usr, "p", policy=_Levels(1, [0, 0]),
+                                         ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile,
+                                         template_image=tpl, trace=Trace.constant(50.0),
+                                         config=RuntimeConfig(steps=STEPS, upgrades=False)))  # fmt: skip
+    refused = [f for f in rep.fallbacks if f.startswith(f"shard {L + 2}")]
+    assert refused and all("reference" in f for f in refused[:-1]), rep.fallbacks
+    assert rep.levels_by_step()["step 1"][2] == "device" and len(refused) == len(rep.fallbacks)
+
+
+def test_a_shard_served_in_another_steps_slot_is_refused(setup):
+    model, *_ = setup
+    pre = setup[3]
+    L = model.adapter.num_layers
+    step1, step0 = _rep(pre, 1, 3, "fp16")["digest"], _rep(pre, 0, 3, "fp16")["digest"]
+    rep = _run(setup, _Levels(len(plan_fetch(pre.manifest, "sakura").ladders[0]) - 1, [0] * STEPS), {step1: step0})
+    (refused,) = rep.fallbacks  # the misplaced blob is refused, the floor level of the right slot taken instead
+    assert refused.startswith(f"shard {L + 3} level fp16:") and "step 0 (expected 1)" in refused
+    assert rep.levels_by_step()["step 1"][3] == plan_fetch(pre.manifest, "sakura").floor_name
