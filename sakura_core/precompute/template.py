@@ -93,10 +93,7 @@ def precompute_template(
     config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
     per_step, kvs = _template_kvs(model, images[0] if len(images) == 1 else images, kv_mode, steps, shift, report)
     blobs: dict[str, bytes] = {}
-    # probes' clean latents are edit-sized: a larger template is scaled down to the edit's size for them (the first
-    # reference's image)
-    size, first = model.spec.image_size, images[0]
-    packed = model.pack_image(first if first.shape[0] == size else load_image(first, size))
+    packed = _probe_latents(model, images[0])
     cross = per_step is not None and cross_step and ladder.name != "fp16"  # an fp16 ladder is its own exact rung
     enc = _StepEncoder(model, ladder, template_id, shard_layers, packed, held_out_probes, blobs, report)
     shards = enc.all_steps(kvs, config, per_step is not None, cross)
@@ -124,6 +121,13 @@ def precompute_template(
     logger.info("precomputed template %s (%s): %d shards, %d blobs, %d bytes", template_id, kv_mode, len(shards),
                 len(blobs), total)  # fmt: skip
     return PrecomputedTemplate(manifest, blobs)
+
+
+def _probe_latents(model: EditModel, image: np.ndarray) -> torch.Tensor:
+    """The importance probes' clean latents, edit-sized: a larger template (or the first of several references) is
+    scaled down to the edit's size for them."""
+    size = model.spec.image_size
+    return model.pack_image(image if image.shape[0] == size else load_image(image, size))
 
 
 def _manifest(kv: TemplateKV, template_id, codec, probes, psnr: bool, per_step, shift, coding, shards,
