@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ..fetch.traces import Trace
 from ..metrics import psnr_from_mse
 from ..policy.context import Context
@@ -79,6 +81,10 @@ class _Sim(SimLink):
         self.deferred: list[int] = []  # skipped "for now": asked again when the link would idle
         self._got: dict[int, list[tuple[int, float]]] = {}  # layer -> [(level, ready_t)] in fetch order
         self._pred: dict[int, tuple[float, int, float]] = {}  # shard -> (request time, bytes, true arrival)
+        self._first_ready = np.full(self.N, np.inf)  # shard -> when its first level is decoded (true)
+        self._pending: list[int] = []  # requested shards that may not be decoded yet, in request order
+        self._req_t0: list[float] = []  # request times (when each shard's first request leaves), in order
+        self._req_g: list[int] = []
         self.template_alive = True
         self.compute_t = 0.0
         self.compute_layer = 0

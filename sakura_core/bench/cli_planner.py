@@ -1,0 +1,46 @@
+"""``sakura bench planner``: the sakura policy's time per decision and per edit at growing steps x layers (4 x 25,
+28 x 25, 50 x 25 by default), on this CPU. Prints a table and writes JSON."""
+# ruff: noqa: T201 - a CLI prints
+
+from __future__ import annotations
+
+import platform
+
+from ..files import atomic_write_json
+from .planner_bench import bench_case, format_planner_table
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--json", required=True, metavar="FILE", help="write the results as JSON here")
+    parser.add_argument("--steps", default="4,28,50", help="comma list of step counts (default: %(default)s)")
+    parser.add_argument("--policy", default="sakura", help="the policy to time (default: %(default)s)")
+    parser.add_argument("--profile", default="snapdragon-8-elite-cpu", help="device profile (default: %(default)s)")
+    parser.add_argument("--geometry", default="klein4b-512-ref1024", help="DiT geometry (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=7, help="seed of the synthetic random-walk link")
+    parser.add_argument("--mean-mbit", type=float, default=30.0, help="the walk's starting rate, Mbit/s")
+    parser.add_argument("--max-decisions", type=int, help="stop a case after this many decisions (for slow planners)")
+
+
+def run(args) -> int:
+    try:
+        steps = [int(s) for s in args.steps.split(",") if s.strip()]
+    except ValueError:
+        print(f"sakura bench planner: --steps must be a comma list of integers, got {args.steps!r}")
+        return 2
+    if not steps or min(steps) < 1:
+        print(f"sakura bench planner: --steps needs step counts >= 1, got {args.steps!r}")
+        return 2
+    rows = []
+    for s in steps:
+        rows.append(bench_case(s, args.policy, args.profile, args.geometry, args.seed, args.mean_mbit,
+                               args.max_decisions))  # fmt: skip
+        print(f"{s} steps: {rows[-1]['decisions']} decisions, {rows[-1]['ms_per_decision_mean']:.2f} ms each",
+              flush=True)  # fmt: skip
+    print(f"\nsakura bench planner: policy {args.policy}, per-step KV, {args.geometry}, {args.profile}, synthetic "
+          f"walk (seed {args.seed}, from {args.mean_mbit:g} Mbit/s); wall clock of this CPU ({platform.processor() or platform.machine()}), one thread")  # fmt: skip
+    print(format_planner_table(rows))
+    atomic_write_json(args.json, {"cpu": platform.processor() or platform.machine(), "rows": rows})
+    print(f"wrote {args.json}")
+    return 0
