@@ -8,7 +8,6 @@ model's real KV (every codec, every level), then scaled to the phone-class DiT o
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 
 import numpy as np
@@ -19,11 +18,12 @@ from ..metrics import psnr_tokens as psnr_db
 from ..models.edit_model import EditModel
 from ..models.kv_types import TemplateKV
 from ..policy.ladder import Level
-from ..policy.policies import POLICIES, make_policy
+from ..policy.policies import make_policy
 from ..runtime.denoise import run_edit
-from ..runtime.oracle import simulate_oracle
+from ..runtime.oracle import fluid_bound, simulate_oracle
 from ..runtime.profiles import PHONE_DIT, DeviceProfile, DitGeometry
-from ..runtime.simulate import kv_mode_view, simulate
+from ..runtime.simulate import SimConfig, kv_mode_view, simulate
+from .e2e_summary import FLUID_BOUND, summarize, summarize_by_class  # the summaries: re-exported here
 from .phone_scale import measure_phone_decode
 
 __all__ = [
@@ -153,19 +153,26 @@ def run_sim(
     starts_per_trace: int = 3,
     progress=None,
     kv_mode: str = "single",
+    config: SimConfig | None = None,
 ) -> list[dict]:
-    """Every policy on every trace at ``starts_per_trace`` evenly spaced start offsets. ``ladders`` must match the
-    shard count (``kv_mode_view(profile, kv_mode).model``: steps x layers shards in per-step mode); the simulator
-    runs the real protocol on ``profile`` (one split per step in per-step mode)."""
+    """Every policy on every trace at ``starts_per_trace`` evenly spaced start offsets (the trace's length split in
+    equal parts). ``ladders`` must match the shard count (``kv_mode_view(profile, kv_mode).model``: steps x layers
+    shards in per-step mode); the simulator runs the real protocol on ``profile`` (one split per step in per-step
+    mode) with ``config`` (planning charges). Each (trace, start) also gets a ``fluid-bound`` row: the fluid lower
+    bound (:func:`~sakura_core.runtime.oracle.fluid_bound`)."""
     kv_mode_view(profile, kv_mode)  # validates kv_mode
     runs = []
     for trace in traces:
         for i in range(starts_per_trace):
             start = trace.period_s * i / starts_per_trace
+            bound = fluid_bound(trace, kv_mode_view(profile, kv_mode), ladders, floors, start)
+            runs.append({"trace": trace.name, "trace_class": trace.trace_class or "other", "start_s": round(start, 3),
+                         "policy": FLUID_BOUND, "latency_s": bound, "bytes_fetched": 0, "psnr_db": float("nan"),
+                         "split_layer": 0, "splits": [], "peak_kv_bytes": 0})  # fmt: skip
             for name in policies:
                 pol = make_policy(name)
                 sim = simulate_oracle if name == "oracle" else simulate
-                r = sim(pol, trace, profile, ladders, floors, start)
+                r = sim(pol, trace, profile, ladders, floors, start, config)
                 runs.append(
                     {
                         "trace": trace.name,
@@ -178,51 +185,12 @@ def run_sim(
                         "split_layer": int(r.split_layer),
                         "splits": [int(k) for k in r.splits],  # one per step in per-step mode
                         "peak_kv_bytes": int(r.peak_kv_bytes),  # decoded template KV held at once, at most
+                        "planning_s": float(r.planning_s),  # the phone's time charged for the decisions
+                        "decisions": int(r.decisions_timed),
+                        "contention_s": float(r.contention_s),  # the DiT's loss to decode / planning threads
                         "_result": r,
                     }
                 )
         if progress:
             progress(f"trace {trace.name}: {len(policies)} policies x {starts_per_trace} starts")
     return runs
-
-
-def summarize_by_class(runs: list[dict]) -> dict[str, dict]:
-    """:func:`summarize` per trace class (3G, 4G, broadband, 5G, other; classes with no run left out), plus "all"."""
-    from ..fetch.trace_classes import TRACE_CLASSES
-
-    out = {}
-    for cls in TRACE_CLASSES:
-        sub = [r for r in runs if r.get("trace_class", "other") == cls]
-        if sub:
-            summary, ratios = summarize(sub)
-            out[cls] = {"traces": len({r["trace"] for r in sub}), "summary": summary, "ratios_vs_sakura": ratios}
-    summary, ratios = summarize(runs)
-    out["all"] = {"traces": len({r["trace"] for r in runs}), "summary": summary, "ratios_vs_sakura": ratios}
-    return out
-
-
-def summarize(runs: list[dict]) -> tuple[dict, dict]:
-    """Per policy: median / p90 latency, median PSNR, median peak of the template KV held; and per-run latency
-    ratios vs sakura."""
-    summary, ratios = {}, {}
-    by_key = {(r["trace"], r["start_s"], r["policy"]): r for r in runs}
-    for name in sorted({r["policy"] for r in runs}, key=list(POLICIES).index):
-        lat = [r["latency_s"] for r in runs if r["policy"] == name]
-        summary[name] = {
-            "median_latency_s": statistics.median(lat),
-            "p90_latency_s": float(np.percentile(lat, 90)),
-            "median_psnr_db": statistics.median(r["psnr_db"] for r in runs if r["policy"] == name),
-            "median_peak_kv_bytes": statistics.median(r.get("peak_kv_bytes", 0) for r in runs if r["policy"] == name),
-        }
-        rel = [
-            r["latency_s"] / by_key[(r["trace"], r["start_s"], "sakura")]["latency_s"]
-            for r in runs
-            if r["policy"] == name and (r["trace"], r["start_s"], "sakura") in by_key
-        ]
-        if rel:
-            ratios[name] = {
-                "median_ratio_vs_sakura": statistics.median(rel),
-                "min_ratio_vs_sakura": min(rel),
-                "max_ratio_vs_sakura": max(rel),
-            }
-    return summary, ratios

@@ -64,6 +64,8 @@ class Snapshot:
         self.per_step = ctx.per_step
         self.S = ctx.steps if self.per_step else 1
         self.F, self.C = p.layer_full_s, p.layer_cached_s
+        cores = int(getattr(p, "dit_cpu_cores", 0))
+        self.share = 1.0 / cores if cores else 0.0  # a decode on the DiT's cores costs it decode_s / cores
         self.tail = p.fixed_s + (0.0 if self.per_step else (p.model.steps - 1) * self.L * p.layer_cached_s)
         self.c = ctx.compute_layer
         self.cs, self.l0 = ctx.step_of(self.c), ctx.layer_of(self.c)
@@ -81,6 +83,8 @@ class Snapshot:
                 t = t if i == 0 else t + self.rtt + self.nb[g] / rate
                 known[g] = max(known[g], t + self.dec[g])
         self.known = known
+        # the compute lane's cost of a fetched layer: cached, plus its shard's decode share when the DiT shares the CPU
+        self.cf = self.C + self.share * np.where(np.isnan(known), self.dec, 0.0)
         self.link0 = max(ctx.now, ctx.link_busy_until())
         self.nl = ctx.decided_upto if fetch_from is None else fetch_from
         self.layer = np.arange(self.N) % self.L
@@ -128,7 +132,7 @@ class Snapshot:
             ready[idx] = dc + np.maximum(np.maximum.accumulate(arrive - (dc - d)), self.link0)
         # the compute lane from the compute position: a template layer costs F and never waits, a fetched one
         # costs C once its shard is ready: the end = max(start + all work, max over fetched (ready + work from it))
-        cost = np.where(need[self.c : end], self.C, self.F)
+        cost = np.where(need[self.c : end], self.cf[self.c : end], self.F)
         work_from = np.cumsum(cost[::-1])[::-1]  # work from each slot to the end
         r = ready[self.c : end][need[self.c : end]] + work_from[need[self.c : end]]
         t = max(self.ct + float(work_from[0]) if work_from.size else self.ct, float(r.max()) if r.size else _NEG)
@@ -150,9 +154,10 @@ class Snapshot:
         ``use_known``, a step on the device still uses the shards at the end of it that are decoded or on their way
         (its split is where they start). The finish of every cut at once is a few running maxima (the module
         docstring): O(shards) numpy work per split."""
-        L, N, C, F = self.L, self.N, self.C, self.F
+        L, N, F = self.L, self.N, self.F
         e0 = min((self.cs + 1) * L, N) if self.per_step else N
         unk = np.isnan(self.known)
+        wf = np.concatenate([np.cumsum(self.cf[::-1])[::-1], [0.0]])  # wf[g]: fetched work from g to the end
         tau = np.where(unk, self.rtt + self.nb / self.rate, 0.0)
         dd = np.where(unk, self.dec, 0.0)
         U = np.concatenate([[0.0], np.cumsum(tau)])  # U[g]: link time of the unknown shards before g
@@ -161,16 +166,16 @@ class Snapshot:
         t_pre, r_pre, u_pre = pre[:, :1], pre[:, 1:2], pre[:, 2:3]  # (splits, 1) each
         g, P = np.arange(e0, N), np.arange(e0, N + 1)
         ug = unk[g]
-        sm = _suffix_max(np.where(ug, Dc[g + 1] + C * (N - g), _NEG))  # decode-bound, from each g on
+        sm = _suffix_max(np.where(ug, Dc[g + 1] + wf[g], _NEG))  # decode-bound, from each g on
         sv = _suffix_max(np.where(ug, U[g + 1] - Dc[g] + sm[:-1], _NEG))  # link-bound
-        sk = _suffix_max(np.where(ug, _NEG, self.known[g] + C * (N - g)))  # shards already on their way
+        sk = _suffix_max(np.where(ug, _NEG, self.known[g] + wf[g]))  # shards already on their way
         # the terms that do not depend on the cut family: (splits, cuts)
         shared = np.maximum(r_pre + (sm - Dc[P]), u_pre + (self.link0 - U[P] + sv))
         out = []
         for use_known in (False, True):
             ks = self.known_suffix()[e0:] if use_known else np.zeros(g.size, dtype=bool)
-            cb = np.concatenate([[0.0], np.cumsum(np.where(ks, C, F))])  # device work on [e0, P)
-            after = cb + (N - P) * C  # work from the next step's start to the end
+            cb = np.concatenate([[0.0], np.cumsum(np.where(ks, self.cf[e0:], F))])  # device work on [e0, P)
+            after = cb + wf[P]  # work from the next step's start to the end
             rest = sk
             if use_known:  # the known suffixes of steps on the device: their shards are used
                 pk = np.concatenate([[_NEG], np.maximum.accumulate(np.where(ks, self.known[g] - cb[:-1], _NEG))])
@@ -191,7 +196,8 @@ class Snapshot:
         """(splits, 3): for each current-step split k0 (the template on [c, a), shards on [a, e0), a = step start +
         k0): when the step's compute ends, when the decoder is free after its shards, their link time (seconds).
         One (splits x layers) array: the current step has at most L slots."""
-        C, F, c = self.C, self.F, self.c
+        F, c = self.F, self.c
+        wf = np.concatenate([np.cumsum(self.cf[c:e0][::-1])[::-1], [0.0]])  # fetched work from each slot to e0
         a = np.maximum(self.cs * self.L + np.asarray(k0s, dtype=int), c)[:, None]  # (splits, 1)
         g = np.arange(c, e0)[None, :]  # (1, slots)
         fetched = g >= a
@@ -201,8 +207,8 @@ class Snapshot:
         lane = np.maximum.accumulate(np.where(uk, arr - (dc - dd[g]), _NEG), axis=1)
         ru = np.where(uk, dc + np.maximum(lane, self.link0), _NEG)
         ready = np.where(uk, ru, np.where(fetched, self.known[g], _NEG))
-        wait = np.max(ready + C * (e0 - g), axis=1, initial=_NEG) if g.size else np.full(a.shape[0], _NEG)
-        t_pre = np.maximum(self.ct + (a[:, 0] - c) * F + (e0 - a[:, 0]) * C, wait)
+        wait = np.max(ready + wf[:-1], axis=1, initial=_NEG) if g.size else np.full(a.shape[0], _NEG)
+        t_pre = np.maximum(self.ct + (a[:, 0] - c) * F + wf[a[:, 0] - c], wait)
         r_pre = np.maximum(np.max(ru, axis=1, initial=_NEG) if g.size else _NEG, self.link0)
         return np.stack([t_pre, r_pre, U[e0] - U[a[:, 0]]], axis=1)
 

@@ -127,6 +127,7 @@ class SimLink:
         dec0 = max(arrive, self.decoder_free)
         dec1 = dec0 + (lv.decode_s if kind == "base" else lv.decode_s - self.ladders[layer][level - 1].decode_s)
         self.decoder_free = dec1
+        self.cpu_busy("decode", dec0, dec1)
         if layer not in self._got:
             self._first_ready[layer] = dec1
         self._got.setdefault(layer, []).append((level, dec1))
@@ -134,6 +135,15 @@ class SimLink:
         self.events.append({"lane": "decode", "start": dec0, "end": dec1, "layer": layer, "level": lv.name})
         self.bytes += nbytes
         self.link_free = arrive
+
+    def _charge_link(self) -> None:
+        """The link-side decision just made took the phone this long: the request it leads to leaves that much
+        later, and the planning thread is busy meanwhile."""
+        owed = self.policy.take()
+        if owed > 0:
+            self.cpu_busy("planning", self.now, self.now + owed)
+            self.link_free = max(self.link_free, self.now + owed)
+            self.now = self.link_free
 
     def _link_step(self) -> bool:
         """One link action at ``link_free``; False when the link has nothing to do."""
@@ -149,6 +159,7 @@ class SimLink:
             layer = self.next_layer
             d = self.policy.choose(self.ctx, layer)
             self.decisions.append({"t": self.now, "layer": layer, "level": d.level, "reason": d.reason})
+            self._charge_link()
             if d.level is None:
                 self.base_done = True
                 return True
@@ -166,6 +177,7 @@ class SimLink:
             return True
         if self.config.upgrades and self.base_done:
             up = self.policy.upgrade(self.ctx)
+            self._charge_link()
             if up is not None:
                 layer, level = up
                 lv = self.ladders[layer][level]
@@ -191,6 +203,7 @@ class SimLink:
         wants. False when it wants none."""
         self.now = self.link_free
         pick = ask_deferred(self.policy, self.ctx, self.deferred, self.compute_layer)
+        self._charge_link()
         if pick is None:
             return False
         g, d = pick

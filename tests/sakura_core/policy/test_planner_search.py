@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -18,9 +19,15 @@ from sakura_core.policy.policies import LEVEL_COMPUTE, make_policy
 from .test_planner import MB, Costs, World, _estimator
 
 
+@dataclass(frozen=True)
+class CpuCosts(Costs):
+    dit_cpu_cores: int = 0  # > 0: the DiT shares the CPU with decoding (a decode costs it decode_s / cores)
+
+
 def _world(rng: random.Random, uniform: bool, known: bool) -> tuple[Context, float]:
     S, L = rng.choice([2, 3, 4]), rng.choice([2, 3, 5])
-    costs = Costs(layer_full_s=1.0, layer_cached_s=rng.choice([0.1, 0.25, 0.5]), template_pass_s=2.0, steps=S)
+    costs = CpuCosts(layer_full_s=1.0, layer_cached_s=rng.choice([0.1, 0.25, 0.5]), template_pass_s=2.0, steps=S,
+                     dit_cpu_cores=rng.choice([0, 0, 4]))  # fmt: skip
     ladders = []
     for _ in range(S * L):
         b = MB if uniform else int(MB * rng.choice([0.5, 1.0, 2.0]))
@@ -58,6 +65,16 @@ def test_the_cut_plans_closed_form_is_the_exact_model():
         for use_known, (cuts, finishes) in zip((False, True), snap.cut_table(k0s), strict=True):
             for k0, i, f in zip(k0s, cuts, finishes, strict=True):
                 assert f == pytest.approx(snap.finish(snap.cut_splits(k0, int(i), use_known)), abs=1e-9)
+
+
+def test_a_decode_on_the_dits_cores_costs_the_compute_lane_its_share():
+    # 2 steps x 2 layers, 1e15 B/s (shards arrive at once), decode 0.4 s each, 4 cores: a fetched layer costs
+    # 0.25 + 0.4 / 4 = 0.35 s. (0,0): decodes end 0.4, 0.8, 1.2, 1.6; layers end 0.75, 1.15, 1.55, 1.95 s
+    world = World(estimator=_estimator(1e15), profile=CpuCosts(dit_cpu_cores=4), ladders=[
+        [Level("q", MB, MB, 0.4, 1e-4)]] * 4)  # fmt: skip
+    assert Snapshot(Context(world), 1e15).finish((0, 0)) == pytest.approx(1.95)
+    world.profile = CpuCosts(dit_cpu_cores=0)  # not shared: 0.65, 1.05, 1.45, 1.85
+    assert Snapshot(Context(world), 1e15).finish((0, 0)) == pytest.approx(1.85)
 
 
 def test_with_equal_shards_and_nothing_requested_the_plan_is_optimal():
