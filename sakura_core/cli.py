@@ -42,6 +42,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "sakura_core.bench.cli_planner",
         "the sakura policy's time per decision and per edit at 4x25, 28x25, 50x25 shards; JSON",
     ),
+    ("bench", "readme"): (
+        "sakura_core.bench.cli_readme",
+        "regenerate the README's measured results from docs/results/*.json (--check: compare only)",
+    ),
     ("bench", "codec"): (
         "sakura_core.bench.cli_codec",
         "every KV codec and ladder level: size, error, PSNR, MB/s; JSON",

@@ -3,6 +3,7 @@ decode and compute on this CPU). Prints a table and writes JSON (and PNG plots w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -53,6 +54,9 @@ def add_arguments(parser) -> None:
         "time on this host x the profile's cpu_slowdown), 'off', or a fixed number of milliseconds"
     )  # fmt: skip
     parser.add_argument(
+        "--no-runs", action="store_true", help="sim: leave the per-run rows out of the JSON (summaries only)"
+    )
+    parser.add_argument(
         "--synth-layers", default="0,3", help="sim: demo layers synthesised at each geometry's shard size (the "
         "codecs' size effects; default %(default)s)"
     )  # fmt: skip
@@ -88,7 +92,20 @@ def _argv(args) -> list[str]:
         v = getattr(args, k, None)
         if v is not None:
             out += [f"--{k.replace('_', '-')}", str(v)]
-    return out + (["--no-calibrate"] if args.no_calibrate else [])
+    return out + [f for f, on in (("--no-calibrate", args.no_calibrate), ("--no-runs", args.no_runs)) if on]
+
+
+def _ladder_refs(args, ladders_by: dict) -> dict:
+    """The ladders the run used: their files and digests with ``--ladders``, else the ladders themselves."""
+    from .e2e_ladders import ladder_file
+
+    if not args.ladders:
+        return {f"{g}.{m}": lad.as_dict() for (g, m), lad in ladders_by.items()}
+    out = {}
+    for g, m in ladders_by:
+        path = ladder_file(args.ladders, g, m)
+        out[f"{g}.{m}"] = {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return out
 
 
 def _calibration(model, args) -> dict | None:
@@ -267,11 +284,15 @@ def run(args) -> int:
         "mode": "sim",
         "label": "SIMULATION (discrete-event, phone-scale model, ladders measured on the demo model)",
         "command": "sakura bench e2e " + " ".join(_argv(args)),
+        "argv": _argv(args),
         "calibration": calibration,
-        "ladders": {f"{g}.{m}": lad.as_dict() for (g, m), lad in ladders_by.items()},
+        "ladders": _ladder_refs(args, ladders_by),
         "skipped_traces": [{"path": p, "reason": why} for p, why in scan.skipped],
         "seconds": round(time.perf_counter() - t0, 1),
     }
+    if args.no_runs:
+        for r in results:
+            r.pop("runs")
     out = {**common, **results[0]} if len(results) == 1 else {**common, "results": results}
     atomic_write_json(args.json, json.loads(json.dumps(out, default=float)))
     print(f"wrote {args.json}")

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import json
 import platform
+from pathlib import Path
 
 from ..files import atomic_write_json
 from .planner_bench import bench_case, format_planner_table
@@ -23,6 +25,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-decisions", type=int, help="stop a case after this many decisions (for slow planners)")
 
 
+def _command(args) -> str:
+    parts = ["sakura bench planner", f"--steps {args.steps}", f"--policy {args.policy}", f"--profile {args.profile}",
+             f"--geometry {args.geometry}", f"--seed {args.seed}", f"--mean-mbit {args.mean_mbit:g}"]  # fmt: skip
+    if args.max_decisions:
+        parts.append(f"--max-decisions {args.max_decisions}")
+    return " ".join(parts)
+
+
 def run(args) -> int:
     try:
         steps = [int(s) for s in args.steps.split(",") if s.strip()]
@@ -39,8 +49,11 @@ def run(args) -> int:
         print(f"{s} steps: {rows[-1]['decisions']} decisions, {rows[-1]['ms_per_decision_mean']:.2f} ms each",
               flush=True)  # fmt: skip
     print(f"\nsakura bench planner: policy {args.policy}, per-step KV, {args.geometry}, {args.profile}, synthetic "
-          f"walk (seed {args.seed}, from {args.mean_mbit:g} Mbit/s); wall clock of this CPU ({platform.processor() or platform.machine()}), one thread")  # fmt: skip
+          f"walk (seed {args.seed}, from {args.mean_mbit:g} Mbit/s); CPU time of the deciding thread on this host ({platform.processor() or platform.machine()})")  # fmt: skip
     print(format_planner_table(rows))
-    atomic_write_json(args.json, {"cpu": platform.processor() or platform.machine(), "rows": rows})
+    out = {"cpu": platform.processor() or platform.machine(), "rows": rows, "command": _command(args)}
+    if args.before:
+        out["before"] = json.loads(Path(args.before).read_text())
+    atomic_write_json(args.json, out)
     print(f"wrote {args.json}")
     return 0

@@ -43,13 +43,15 @@ def load_or_measure_ladders(pairs: list[tuple[str, str]], folder: str | None, cf
     if not missing:
         return out
     model = model_fn()
-    demos, effects = {}, {}
+    demos = {}
+    # the size effects are the codecs' at the geometry's shard size: reuse those a file of the geometry measured
+    effects = {g: lad.source["size_effects"] for (g, _), lad in out.items() if "size_effects" in lad.source}
     for geometry, kv_mode in missing:
         g = get_geometry(geometry)
         if kv_mode not in demos:
             say(f"measuring {kv_mode} ladders on the demo model ({model.weights_source}) ...")
             demos[kv_mode] = demo_ladders(model, cfg, kv_mode, say)
-        if geometry not in effects:  # the size effects use step 0's KV (per-step) or the single-mode KV
+        if geometry not in effects:  # measured on step 0's KV (per-step) or the single-mode KV
             say(
                 f"measuring codec size effects at {geometry}'s shard size ({g.template_tokens} tokens x {g.width}) ..."
             )

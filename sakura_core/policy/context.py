@@ -66,8 +66,9 @@ class PolicyState(Protocol):
         """Throughput estimator fed with completed transfers (bytes/s)."""
 
     @property
-    def trace(self) -> Trace:
-        """The link's rate over time; only the trace-reading policies (cachegen's rule, the oracle) use it."""
+    def trace(self) -> Trace | None:
+        """The link's rate over time, or None for a live link with no trace (nothing to read: the trace-reading rules
+        then use the estimator's rate); only the trace-reading policies (cachegen's rule, the oracle) use it."""
 
     @property
     def rtt_s(self) -> float:
@@ -178,8 +179,14 @@ class Context:
         return self._s.estimator
 
     @property
-    def trace(self) -> Trace:
+    def trace(self) -> Trace | None:
         return self._s.trace
+
+    @property
+    def has_trace(self) -> bool:
+        """The link's future is known (a trace: the simulator, or a live link shaped by a trace); False on a live
+        link, where a rule that reads the link gets the estimator's rate instead (never a made-up constant)."""
+        return self._s.trace is not None
 
     def ladder(self, layer: int) -> list[Level]:
         """Shard ``layer``'s levels, cheapest first."""
@@ -343,7 +350,10 @@ class Context:
         return float(self._s.start_s)
 
     def link_rate_now(self) -> float:
-        """The trace's rate (bytes/s) at ``now``, on the edit's clock (start offset included)."""
+        """The trace's rate (bytes/s) at ``now``, on the edit's clock (start offset included); without a trace, the
+        estimator's harmonic mean (what a client measures)."""
+        if self._s.trace is None:
+            return self.estimator.harmonic()
         return self._s.trace.rate_at(self.trace_offset_s + self._s.now)
 
     def fmt_rate(self, rate: float | None) -> str:
@@ -353,6 +363,8 @@ class Context:
         """When ``nbytes`` requested at ``start`` (seconds) arrive: RTT + bytes at ``rate`` (None = the real trace).
         The one place where predictions read the trace."""
         t0 = start + self._s.rtt_s
+        if rate is None and self._s.trace is None:
+            raise ValueError("exact transfer times need a trace; this link has none (use an estimated rate)")
         if rate is None:  # the trace is read at offset + t, like the simulator's own transfers
             off = self.trace_offset_s
             return self._s.trace.finish_time(off + t0, nbytes) - off

@@ -199,3 +199,16 @@ def test_the_oracle_plans_on_the_trace_itself():
     d = policy("oracle").choose(c, 0)
     assert d.level == 0 and "exact transfer times" in d.reason
     assert policy().choose(c, 0).reason.startswith("bandwidth probe")
+
+
+def test_without_a_trace_the_trace_readers_use_the_estimate():
+    # a live link has no trace: the oracle cannot know the future and plans on the estimate (8e6 B/s, like the
+    # fast-link case: fetch shard 0 at the floor), cachegen's rule reads the estimator's rate instead of a trace
+    c = ctx(8e6, trace=None)
+    assert not c.has_trace and c.link_rate_now() == pytest.approx(8e6)
+    d = policy("oracle").choose(c, 0)
+    assert d.level == 0 and "64.00 Mbit/s" in d.reason and "exact" not in d.reason
+    with pytest.raises(ValueError, match="need a trace"):
+        c.transfer_end(0.0, MB, None)
+    g = policy("cachegen").choose(ctx(8e6, trace=None), 0)
+    assert "64.00 Mbit/s" in g.reason  # 1 MB at 64 Mbit/s = 0.125 s < the per-shard budget
