@@ -197,8 +197,8 @@ def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dic
         print(format_table(part["summary"], part["ratios_vs_sakura"]))
         print(format_headline(part["headline"]))
     timed = [r for r in runs if r.get("decisions")]
-    if timed:
-        per = sum(r["planning_s"] for r in timed) / sum(r["decisions"] for r in timed)
+    per = sum(r["planning_s"] for r in timed) / sum(r["decisions"] for r in timed) if timed else None
+    if per is not None:
         print(f"\nplanning charged: {per * 1e3:.3f} ms per decision on average over {len(timed)} runs")
     regime = regime_map(profile, ladders, floors, REGIME_TFLOPS, REGIME_MBITS, kv_mode=kv_mode)
     print()
