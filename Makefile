@@ -10,8 +10,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# CPU torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	# test extras + the NPU toolchain (emulated Hexagon HTP) and adbutils, so CI runs those gates too
-	$(BIN)/pip install -q -e '.[test,npu,phone]'
+	# test extras + the NPU toolchain (emulated Hexagon HTP), adbutils, boto3 + ray (S3 store, catalog on Ray),
+	# so CI runs those gates too
+	$(BIN)/pip install -q -e '.[test,npu,phone,cloud]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -24,13 +24,14 @@ forwarded. One job runs at a time; ``queue_size`` more may wait.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import uuid
 
 import numpy as np
 from aiohttp import WSMsgType, web
+
+from sakura_core.http_serving import bearer_token, token_matches
 
 from .agent_state import AGENT_STATE_KEY, AgentConfig, AgentState, EditFn, Job, _cancel, compute_description
 from .agent_worker import _worker
@@ -77,14 +78,7 @@ def _job(request: web.Request) -> Job:
 async def _auth(request: web.Request, handler):
     if request.path.startswith("/v1/"):
         state = request.app[AGENT_STATE_KEY]
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        given = given.strip()
-        if (
-            scheme.lower() != "bearer"
-            or not given
-            # header bytes that are not UTF-8 arrive as surrogate escapes: they simply do not match (401, not 500)
-            or not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), state.config.token.encode())
-        ):
+        if not token_matches(bearer_token(request.headers.get("Authorization")), state.config.token):
             raise _error(401, "a valid pairing token is required (Authorization: Bearer <token>)", "unauthorized",
                          {"WWW-Authenticate": 'Bearer realm="sakura-phone"'})  # fmt: skip
     return await handler(request)
@@ -146,12 +140,16 @@ def _job_memory(state: AgentState) -> dict:
         return e.memory.to_json()
 
 
-async def _check_template(state: AgentState, req, declared_model_id: str | None) -> dict:
-    """The template's manifest; refuse a template made for a model this phone does not hold (409), or that does not
-    exist (404). Only the template id and the cloud token go to the cloud."""
+async def _check_template(state: AgentState, req, declared_model_id: str | None):
+    """The template's manifest, checked against the model this phone holds (``sakura_core.edit.check_template``,
+    the one check: the job's edit gets this manifest and does not check it again); refuse a template made for a model
+    this phone does not hold (409), or that does not exist (404). Only the template id and the cloud token go to the
+    cloud."""
+    from sakura_core.edit import check_template
     from sakura_core.fetch.client import (
         AuthError,
         FetchError,
+        ManifestError,
         ModelMismatchError,
         ShardClient,
         TemplateNotFoundError,
@@ -163,9 +161,8 @@ async def _check_template(state: AgentState, req, declared_model_id: str | None)
                           f"({state.model.spec.name})", "model_not_held", held_model_id=held)  # fmt: skip
     try:
         async with ShardClient(req.server_url, req.token) as client:
-            return await asyncio.wait_for(
-                client.get_manifest(req.template_id, expected_model_id=held), state.config.manifest_timeout_s
-            )
+            manifest = await asyncio.wait_for(client.get_manifest(req.template_id), state.config.manifest_timeout_s)
+        return check_template(manifest, req.template_id, state.model)
     except ModelMismatchError as e:
         raise _error(409, f"template {req.template_id!r} was computed for another model than the one this phone "
                           f"holds ({held[:16]}…, {state.model.spec.name}): {str(e)[:160]}", "model_not_held",
@@ -175,6 +172,9 @@ async def _check_template(state: AgentState, req, declared_model_id: str | None)
     except AuthError as e:
         raise _error(502, f"the cloud at {req.server_url} refused this phone's token (set the job's cloud_token)",
                      "cloud_auth") from e  # fmt: skip
+    except ManifestError as e:  # the class only: the text may quote what the cloud sent
+        raise _error(502, f"the cloud at {req.server_url} sent a manifest of template {req.template_id!r} this "
+                          f"phone cannot use ({type(e).__name__})", "cloud_unreachable") from e  # fmt: skip
     except (FetchError, asyncio.TimeoutError, OSError) as e:
         # the error's class only: its text may quote whatever page the URL led to
         raise _error(502, f"cannot reach the cloud at {req.server_url} ({type(e).__name__})",
@@ -327,7 +327,8 @@ def create_app(
 ) -> web.Application:
     """The agent app. ``model`` defaults to the demo model (``config.weights``), ``edit_fn`` to
     ``sakura_core.edit.edit_from_server`` (called as it is: ``(model, request, image, *, profile, cancel, on_layer,
-    prefetch_kv_bytes[, backend])``), ``live_profile`` to a measurement of ``model`` here."""
+    prefetch_kv_bytes, manifest[, backend])``, ``manifest`` the template's, checked when the job was admitted),
+    ``live_profile`` to a measurement of ``model`` here."""
     app = web.Application(middlewares=[_auth], client_max_size=config.max_body_bytes)
     app[AGENT_STATE_KEY] = AgentState(config, model, edit_fn, live_profile)
     app.router.add_get("/healthz", handle_healthz)

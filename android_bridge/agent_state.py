@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import threading
 import time
@@ -15,6 +14,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from sakura_core.http_serving import is_loopback
 from sakura_core.runtime.profiles import DeviceProfile, get_profile
 
 from .budget import DiTGeometry
@@ -81,7 +81,7 @@ class AgentConfig:
         if not isinstance(self.token, str) or len(self.token) < 8 or not self.token.isprintable() or " " in self.token:
             raise ValueError("token must be at least 8 printable characters without spaces (the pairing token)")
         get_profile(self.profile)  # raises naming the choices
-        if not _is_loopback(self.host):
+        if not is_loopback(self.host):
             if not self.allow_lan:
                 raise ValueError(f"host {self.host!r} is not a loopback address: the agent would be reachable from "
                                  "the network; pass allow_lan=True (--allow-lan) to mean it")  # fmt: skip
@@ -109,15 +109,6 @@ class AgentConfig:
         return get_profile(self.profile)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
-
-
 @dataclass
 class Job:
     """One edit job; lives on the event loop (``emit`` is only called there)."""
@@ -126,7 +117,7 @@ class Job:
     request: Any  # sakura_core.edit.EditRequest
     image: np.ndarray
     memory: dict
-    manifest: dict | None = None
+    manifest: Any = None  # sakura_core.kv.Manifest, checked against the model when the job was admitted
     state: str = "queued"
     created_s: float = field(default_factory=time.monotonic)
     started_s: float | None = None

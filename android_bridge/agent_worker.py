@@ -18,13 +18,20 @@ logger = logging.getLogger(__name__)
 
 # ---- worker ---------------------------------------------------------------------------------------------------
 def _error_code(e: BaseException) -> str:
-    from sakura_core.fetch.client import AuthError, FetchError, ModelMismatchError, TemplateNotFoundError
+    from sakura_core.fetch.client import (
+        AuthError,
+        FetchError,
+        ManifestError,
+        ModelMismatchError,
+        TemplateNotFoundError,
+    )
 
     for cls, code in (
         (ModelMismatchError, "model_not_held"),
         (TemplateNotFoundError, "template_not_found"),
         (AuthError, "cloud_auth"),
         (FetchError, "fetch_failed"),
+        (ManifestError, "fetch_failed"),
         (ValueError, "bad_job"),
     ):
         if isinstance(e, cls):
@@ -49,7 +56,7 @@ async def _run_one(state: AgentState, job: Job) -> None:
     room = max(int(job.memory["budget_bytes"]) - int(job.memory["total_bytes"]), 0)
     edit = asyncio.ensure_future(
         state.edit_fn(state.model, job.request, job.image, profile=state.live_profile, cancel=job.cancel,
-                      on_layer=on_layer, prefetch_kv_bytes=room, **backend)
+                      on_layer=on_layer, prefetch_kv_bytes=room, manifest=job.manifest, **backend)
     )  # fmt: skip
 
     def timeout() -> None:
@@ -145,7 +152,7 @@ def _simulate(state: AgentState, job: Job, outcome) -> dict:
             raise ValueError("no manifest was fetched for this job")
         fetch_s = sum(e["end"] - e["start"] for e in outcome.report.get("timeline", []) if e.get("lane") == "fetch")
         measured = outcome.report.get("bytes_fetched", 0) / fetch_s if fetch_s > 0 else None
-        return simulate_phone_job(job.manifest, job.request.policy, state.profile,
+        return simulate_phone_job(job.manifest.raw, job.request.policy, state.profile,
                                   trace=job.request.link.trace(), measured_bytes_per_s=measured)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - the simulation is an annotation; say why it is missing
         logger.info("job %s: no simulated phone latency: %s", job.job_id, e)

@@ -32,15 +32,17 @@ from sakura_core.metrics import psnr_uint8
 
 from .npu_graph import CachedKVGraph, graph_input_names, graph_inputs
 from .qnn import (
+    CALIBRATION_EDITS,
+    VALIDATION_EDIT,
     ExportError,
-    _check_graph,
-    _ctx_coverage,
-    _feeds,
-    _op_counts,
-    _range_overrides,
-    _Reader,
+    check_graph,
+    ctx_coverage,
+    graph_feeds,
+    op_counts,
     qnn_available,
     qnn_session,
+    quantize_w8a16,
+    w8a16_bounds,
 )
 
 __all__ = ["ExportConfig", "ExportError", "export_demo", "parity", "qnn_available", "qnn_session"]
@@ -50,9 +52,10 @@ logger = logging.getLogger(__name__)
 FP32_NAME = "dit_cached_kv.onnx"
 QDQ_NAME = "dit_cached_kv.w8a16.onnx"
 CTX_NAME = "dit_cached_kv.w8a16.qnn_ctx.onnx"
-# calibration: (template, user image, prompt); validation uses a pair calibration never saw
-_CALIBRATION = (("astronaut", "chelsea", "make it a watercolor"), ("coffee", "rocket", "put it on the table"))
-_VALIDATION = ("rocket", "astronaut", "swap the background")
+# Fixed ranges where the calibration set cannot bound a tensor: the noisy latent (Gaussian noise beside an image in
+# [-1, 1]) and the velocity (noise - image) are covered to +-8 sigma; the RoPE / timestep tables are exact. The rest
+# (the prompt embedding, the template K/V: other templates than calibration saw) get a margin on the calibrated range.
+_FIXED_RANGES = {"x": 8.0, "velocity": 8.0, "t_freq": 1.0, "rope_cos": 1.0, "rope_sin": 1.0}
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ def _edit_samples(model, template_name: str, user_name: str, prompt: str, steps:
 
     ``velocity(inputs) -> (1, tokens, out)`` replaces the torch model inside the loop when given (an NPU run)."""
     from sakura_core.models.edit_model import load_image
-    from sakura_core.runtime.schedule import flow_timesteps
+    from sakura_core.runtime.schedule import edit_times
 
     a = model.adapter
     size = model.spec.image_size
@@ -120,10 +123,9 @@ def _edit_samples(model, template_name: str, user_name: str, prompt: str, steps:
     kv = a.extract_template_kv(model.template_tokens(template), model.spec.grid)
     packed, txt = model.pack_image(user), model.encode_prompt(prompt)
     x = torch.randn(packed.shape, generator=torch.Generator().manual_seed(seed))
-    if hasattr(model, "edit_start"):  # a latent model: its own start (user latents + noise) and schedule
-        x, times = model.edit_start(packed, x, steps)
-    else:
-        times = flow_timesteps(steps)
+    times = edit_times(model, steps)  # the edit's schedule: a latent model's own
+    if hasattr(model, "edit_start"):  # a latent model: its own start (user latents + noise)
+        x = model.edit_start(packed, x, steps)[0]
     inputs, outputs = [], []
     for step in range(steps):
         t, t_next = times[step], times[step + 1]
@@ -203,10 +205,10 @@ def _collect_samples(model, graph, config: ExportConfig, report: dict, say) -> _
     """Step 1: calibration samples from some edits, validation from a held-out one; checks the export graph."""
     t0 = time.perf_counter()
     calib = []
-    for i, (tpl, user, prompt) in enumerate(_CALIBRATION):
+    for i, (tpl, user, prompt) in enumerate(CALIBRATION_EDITS):
         ins, _, _ = _edit_samples(model, tpl, user, prompt, config.calibration_steps, config.seed + i)
         calib += ins
-    val_in, val_out, val_image = _edit_samples(model, *_VALIDATION, config.validation_steps, config.seed + 100)
+    val_in, val_out, val_image = _edit_samples(model, *VALIDATION_EDIT, config.validation_steps, config.seed + 100)
     samples = _Samples(calib, val_in, val_out, val_image)
     with torch.no_grad():
         graph_err = _worst(samples.parity_of(lambda i: graph(*i).numpy()))
@@ -228,12 +230,12 @@ def _export_fp32(graph, names: list[str], samples: _Samples, config: ExportConfi
                           dynamo=True, opset_version=config.opset, external_data=False, verbose=False)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - the exporter raises many types; name the step
         raise ExportError(f"torch.onnx.export of the cached-KV graph failed: {e}") from e
-    _check_graph(fp32)
+    check_graph(fp32)
     report["timings_s"]["onnx_export"] = round(time.perf_counter() - t0, 2)
-    report["ops_fp32"] = _op_counts(fp32)
+    report["ops_fp32"] = op_counts(fp32)
     cpu = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"])
     report["parity"]["onnx_fp32_cpu_vs_torch"] = _worst(
-        samples.parity_of(lambda i: cpu.run(None, _feeds(names, i))[0])
+        samples.parity_of(lambda i: cpu.run(None, graph_feeds(names, i))[0])
     )
     say(f"fp32 ONNX: {sum(report['ops_fp32'].values())} nodes; ORT CPU vs torch max abs "
         f"{report['parity']['onnx_fp32_cpu_vs_torch']['max_abs']:.2e}")  # fmt: skip
@@ -243,25 +245,18 @@ def _export_fp32(graph, names: list[str], samples: _Samples, config: ExportConfi
 def _quantize_w8a16(fp32: Path, names: list[str], samples: _Samples, config: ExportConfig, report: dict, say) -> Path:
     """Step 3: the w8a16 QDQ graph (calibrated on the samples), with its parity on ORT CPU."""
     import onnxruntime as ort
-    from onnxruntime.quantization import QuantType, quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
 
     t0 = time.perf_counter()
-    out, calib = config.out_dir, samples.calib
-    pre = out / "dit_cached_kv.pre.onnx"
-    src = pre if qnn_preprocess_model(str(fp32), str(pre)) else fp32
-    qcfg = get_qnn_qdq_config(str(src), _Reader(names, calib), activation_type=QuantType.QUInt16,
-                              weight_type=QuantType.QUInt8, init_overrides=_range_overrides(names, calib))  # fmt: skip
-    qdq = out / QDQ_NAME
-    quantize(str(src), str(qdq), qcfg)
-    if pre.exists():
-        pre.unlink()
+    calib = [graph_feeds(names, s) for s in samples.calib]
+    bounds = {**w8a16_bounds(calib, _FIXED_RANGES), "velocity": _FIXED_RANGES["velocity"]}  # + the output
+    qdq = config.out_dir / QDQ_NAME
+    quantize_w8a16(fp32, qdq, calib, bounds)
     report["timings_s"]["quantize"] = round(time.perf_counter() - t0, 2)
-    ops_qdq = _op_counts(qdq)
+    ops_qdq = op_counts(qdq)
     report["ops_w8a16"] = ops_qdq
     cpu_q = ort.InferenceSession(str(qdq), providers=["CPUExecutionProvider"])
     report["parity"]["w8a16_qdq_cpu_vs_torch"] = _worst(
-        samples.parity_of(lambda i: cpu_q.run(None, _feeds(names, i))[0])
+        samples.parity_of(lambda i: cpu_q.run(None, graph_feeds(names, i))[0])
     )
     say(f"w8a16 QDQ: {sum(ops_qdq.values())} nodes; ORT CPU (simulated quantization) vs torch rel L2 "
         f"{report['parity']['w8a16_qdq_cpu_vs_torch']['rel_l2']:.3e}")  # fmt: skip
@@ -290,7 +285,7 @@ def _compile_and_validate_qnn(qdq: Path, names, samples: _Samples, model, config
         raise ExportError(f"the QNN HTP did not take the whole graph (CPU fallback disabled): {str(e)[:500]}; "
                           f"see {out / 'export_report.json'}") from e  # fmt: skip
     report["timings_s"]["qnn_compile"] = round(time.perf_counter() - t0, 2)
-    coverage = _ctx_coverage(ctx)
+    coverage = ctx_coverage(ctx)
     n_outside = sum(coverage["nodes_outside_qnn"].values())
     n_compute = sum(compute_ops.values())
     say(f"QNN context binary for soc_model {config.soc_model}: {coverage['qnn_partitions']} partition(s), "
@@ -319,14 +314,14 @@ def _validate_on_htp(ctx: Path, names, samples: _Samples, model, config: ExportC
     htp = qnn_session(ctx, soc_model=config.soc_model, strict=True, extra_options=config.extra_provider_options)
     report["timings_s"]["qnn_load_context"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
-    per_step = samples.parity_of(lambda i: htp.run(None, _feeds(names, i))[0])
+    per_step = samples.parity_of(lambda i: htp.run(None, graph_feeds(names, i))[0])
     run_s = (time.perf_counter() - t0) / len(samples.val_in)
     report["timings_s"]["qnn_emulated_run_per_step"] = round(run_s, 3)
     report["parity"]["qnn_htp_vs_torch"] = _worst(per_step)
     report["parity"]["qnn_htp_vs_torch_per_step"] = per_step
     # a whole edit with every step on the HTP, against the same edit in torch
-    _, _, htp_image = _edit_samples(model, *_VALIDATION, config.validation_steps, config.seed + 100,
-                                    velocity=lambda ins: htp.run(None, _feeds(names, ins))[0])  # fmt: skip
+    _, _, htp_image = _edit_samples(model, *VALIDATION_EDIT, config.validation_steps, config.seed + 100,
+                                    velocity=lambda ins: htp.run(None, graph_feeds(names, ins))[0])  # fmt: skip
     report["parity"]["qnn_htp_edit_psnr_db_vs_torch"] = round(psnr_uint8(htp_image, samples.val_image), 2)
 
 
@@ -336,7 +331,7 @@ def _permissive_coverage(qdq: Path, config: ExportConfig, out: Path) -> dict:
     try:
         qnn_session(qdq, soc_model=config.soc_model, strict=False, context_path=probe,
                     extra_options=config.extra_provider_options)  # fmt: skip
-        return _ctx_coverage(probe)
+        return ctx_coverage(probe)
     except Exception as e:  # noqa: BLE001 - best effort: the strict error is reported either way
         return {"coverage_probe_error": str(e)[:1000]}
     finally:

@@ -24,8 +24,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .export import _CALIBRATION, _VALIDATION, parity
-from .qnn import ExportError, _check_graph, _ctx_coverage, _op_counts, qnn_available, qnn_session
+from .export import parity
+from .qnn import (
+    CALIBRATION_EDITS,
+    VALIDATION_EDIT,
+    ExportError,
+    check_graph,
+    ctx_coverage,
+    op_counts,
+    qnn_available,
+    qnn_session,
+    quantize_w8a16,
+    w8a16_bounds,
+)
 from .qnn_backend import QnnBackend, SplitForward, TorchLayerRunner, graph_io
 
 __all__ = ["CACHE_ENV", "QnnBuildConfig", "default_cache_root", "open_qnn_backend"]
@@ -37,7 +48,6 @@ _BUILD_VERSION = 2
 # fp16 on the emulated HTP came back wrong for plain MatMuls / RMSNorms of these graphs (rel. L2 0.4-0.7 for some
 # outputs, deterministic; see DEVELOPERS.md); w8a16 QDQ is the mode that matches torch there.
 _PRECISIONS = {"w8a16": {}}
-_MARGIN = 1.5  # calibrated input ranges are widened by this (other templates, prompts and lossy shards)
 
 
 def default_cache_root() -> Path:
@@ -84,7 +94,7 @@ def _record_feeds(model, pairs, steps: int) -> dict[tuple[int, str], list[dict]]
     """Every layer graph's inputs in real hybrid edits (template computed at every layer, then cached-KV): at every
     step once with the template at its fixed time (``single``) and once at the step's own time (``per-step``)."""
     from sakura_core.models.edit_model import load_image
-    from sakura_core.runtime.schedule import flow_timesteps
+    from sakura_core.runtime.schedule import edit_times
 
     torch_runner, feeds = TorchLayerRunner(model), {}
 
@@ -97,7 +107,7 @@ def _record_feeds(model, pairs, steps: int) -> dict[tuple[int, str], list[dict]]
         ref = model.template_tokens(load_image(template, spec.image_size))
         packed, txt = model.pack_image(load_image(user, spec.image_size)), model.encode_prompt(prompt)
         x = torch.randn(packed.shape, generator=torch.Generator().manual_seed(i))
-        times = flow_timesteps(steps)
+        times = edit_times(model, steps)
         for step in range(steps):
             t = times[step].reshape(1)
             for ref_t in (None, float(t)):  # single mode (the fixed template time), per-step (the step's own)
@@ -107,35 +117,10 @@ def _record_feeds(model, pairs, steps: int) -> dict[tuple[int, str], list[dict]]
     return feeds
 
 
-def _range_overrides(calib: list[dict]) -> dict:
-    """Fixed uint16 ranges of the graph inputs: RoPE tables +-1, the rest the calibrated max |x| times a margin."""
-    from onnxruntime.quantization import QuantType
-
-    overrides = {}
-    for name in calib[0]:
-        bound = 1.0 if name.endswith(("_cos", "_sin")) else _MARGIN * max(float(np.abs(f[name]).max()) for f in calib)
-        overrides[name] = [{"quant_type": QuantType.QUInt16, "rmin": np.float32(-bound), "rmax": np.float32(bound)}]
-    return overrides
-
-
-class _Reader:
-    def __init__(self, calib: list[dict]):
-        self._it = iter(calib)
-
-    def get_next(self):
-        return next(self._it, None)
-
-
 def _quantize(fp32: Path, qdq: Path, calib: list[dict]) -> None:
-    from onnxruntime.quantization import QuantType, quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
-
-    pre = fp32.with_suffix(".pre.onnx")
-    src = pre if qnn_preprocess_model(str(fp32), str(pre)) else fp32
-    qcfg = get_qnn_qdq_config(str(src), _Reader(calib), activation_type=QuantType.QUInt16,
-                              weight_type=QuantType.QUInt8, init_overrides=_range_overrides(calib))  # fmt: skip
-    quantize(str(src), str(qdq), qcfg)
-    pre.unlink(missing_ok=True)
+    """w8a16 QDQ of one layer graph: RoPE tables fixed to +-1, the other inputs their calibrated range x the margin."""
+    fixed = {name: 1.0 for name in calib[0] if name.endswith(("_cos", "_sin"))}
+    quantize_w8a16(fp32, qdq, calib, w8a16_bounds(calib, fixed))
 
 
 def _export(module, feeds: dict, out_names: list[str], path: Path, opset: int) -> None:
@@ -145,7 +130,7 @@ def _export(module, feeds: dict, out_names: list[str], path: Path, opset: int) -
                           opset_version=opset, external_data=False, verbose=False)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - the exporter raises many types; name the graph
         raise ExportError(f"torch.onnx.export of {path.name} failed: {e}") from e
-    _check_graph(path)
+    check_graph(path)
 
 
 def _build_one(model, runner, layer, kind, folder: Path, config: QnnBuildConfig, calib: list[dict]) -> dict:
@@ -163,8 +148,8 @@ def _build_one(model, runner, layer, kind, folder: Path, config: QnnBuildConfig,
     except Exception as e:  # noqa: BLE001 - ORT raises its own Fail types; name the graph and the rule
         raise ExportError(f"the QNN HTP did not take {name} whole (CPU fallback disabled): {str(e)[:500]}") from e
     t2 = time.perf_counter()
-    ops = {k: v for k, v in _op_counts(onnx_path).items()}
-    coverage = _ctx_coverage(ctx)
+    ops = {k: v for k, v in op_counts(onnx_path).items()}
+    coverage = ctx_coverage(ctx)
     n_out = sum(coverage["nodes_outside_qnn"].values())
     onnx_path.unlink()  # the context model + its .bin are what runs
     qdq.unlink()
@@ -226,7 +211,7 @@ def _build(model, runner, folder: Path, config: QnnBuildConfig, toolchain: str) 
     for stale in folder.glob("layer*"):
         stale.unlink()
     logger.info("QNN backend: building %d layer graphs into %s (once per model)", 2 * model.adapter.num_layers, folder)
-    calib = _record_feeds(model, _CALIBRATION, config.calibration_steps)
+    calib = _record_feeds(model, CALIBRATION_EDITS, config.calibration_steps)
     rows = [
         _build_one(model, runner, layer, kind, folder, config, calib[(layer, kind)]) for layer, kind in _graphs(model)
     ]
@@ -246,7 +231,7 @@ def _build(model, runner, folder: Path, config: QnnBuildConfig, toolchain: str) 
             "fraction_on_htp": (nodes - outside) / nodes,
             "cpu_fallback": "disabled",
         },  # fmt: skip
-        "parity_vs_torch": _parity_rows(model, runner, sessions, _record_feeds(model, [_VALIDATION], 2)),
+        "parity_vs_torch": _parity_rows(model, runner, sessions, _record_feeds(model, [VALIDATION_EDIT], 2)),
     }
     (folder / "build.json").write_text(json.dumps(build, indent=1))
     return build, sessions

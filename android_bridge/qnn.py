@@ -1,5 +1,6 @@
 """onnxruntime + QNN execution provider (the emulated Hexagon HTP): availability, strict sessions with CPU
-fallback disabled, graph checks, op coverage of compiled contexts, and calibration data for w8a16 quantization."""
+fallback disabled, graph checks, op coverage of compiled contexts, and the one w8a16 quantisation recipe (the
+calibration edits, input ranges, onnxruntime's QNN QDQ quantiser) that the demo export and the QNN backend share."""
 
 from __future__ import annotations
 
@@ -8,7 +9,21 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["QNN_EP", "ExportError", "qnn_available", "qnn_session"]
+__all__ = [
+    "CALIBRATION_EDITS",
+    "INPUT_RANGE_MARGIN",
+    "QNN_EP",
+    "VALIDATION_EDIT",
+    "ExportError",
+    "check_graph",
+    "ctx_coverage",
+    "graph_feeds",
+    "op_counts",
+    "qnn_available",
+    "qnn_session",
+    "quantize_w8a16",
+    "w8a16_bounds",
+]
 
 QNN_EP = "QNNExecutionProvider"
 
@@ -17,7 +32,8 @@ class ExportError(RuntimeError):
     """An export step failed (names the step and what to install or change)."""
 
 
-def _feeds(names: list[str], inputs) -> dict[str, np.ndarray]:
+def graph_feeds(names: list[str], inputs) -> dict[str, np.ndarray]:
+    """ORT feeds: graph input ``names[i]`` -> ``inputs[i]`` (a torch tensor) as float32."""
     return {n: t.detach().numpy().astype(np.float32) for n, t in zip(names, inputs, strict=True)}
 
 
@@ -66,14 +82,15 @@ def qnn_session(model_path: Path, *, soc_model: str = "69", strict: bool = True,
     return ort.InferenceSession(str(model_path), so)
 
 
-def _op_counts(path: Path) -> dict[str, int]:
+def op_counts(path: Path) -> dict[str, int]:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
     return dict(sorted(collections.Counter(n.op_type for n in model.graph.node).items()))
 
 
-def _check_graph(path: Path) -> None:
+def check_graph(path: Path) -> None:
+    """Refuse (:class:`ExportError`) what QNN cannot take: single-input Einsum, dynamic shapes, float64 I/O."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
@@ -90,7 +107,8 @@ def _check_graph(path: Path) -> None:
             raise ExportError(f"graph {vi.name} is float64; compute RoPE/timestep inputs in fp32")
 
 
-def _ctx_coverage(ctx_path: Path) -> dict:
+def ctx_coverage(ctx_path: Path) -> dict:
+    """QNN partitions (EPContext nodes) of a compiled context model, and the nodes left outside them by op type."""
     import onnx
 
     ctx = onnx.load(str(ctx_path), load_external_data=False)
@@ -99,34 +117,49 @@ def _ctx_coverage(ctx_path: Path) -> dict:
     return {"qnn_partitions": counts.get("EPContext", 0), "nodes_outside_qnn": outside}
 
 
-# Fixed quantization ranges where the calibration set cannot bound a tensor: the noisy latent (Gaussian noise beside an
-# image in [-1, 1]) and the velocity (noise - image) are covered to +-8 sigma; the RoPE / timestep tables are exact.
-# The prompt embedding and the template K/V (other templates than calibration saw) get a margin on the calibrated
-# range. uint16 keeps the resolution: 16 / 65535 = 2.4e-4 for +-8.
-_FIXED_RANGES = {"x": 8.0, "velocity": 8.0, "t_freq": 1.0, "rope_cos": 1.0, "rope_sin": 1.0}
-_MARGIN = 1.5
+# ---- w8a16 quantisation: weights uint8, activations uint16 ------------------------------------------------------
+# calibration edits: (template, user image, prompt); validation uses a pair calibration never saw
+CALIBRATION_EDITS = (("astronaut", "chelsea", "make it a watercolor"), ("coffee", "rocket", "put it on the table"))
+VALIDATION_EDIT = ("rocket", "astronaut", "swap the background")
+# calibrated input ranges are widened by this: other templates, prompts and lossy shards than calibration saw
+INPUT_RANGE_MARGIN = 1.5
 
 
-def _range_overrides(names: list[str], calib: list) -> dict:
-    from onnxruntime.quantization import QuantType
-
-    overrides = {}
-    for j, name in enumerate(names):
-        if name in _FIXED_RANGES:
-            bound = _FIXED_RANGES[name]
-        else:
-            bound = _MARGIN * max(float(s[j].abs().max()) for s in calib)
-        overrides[name] = [{"quant_type": QuantType.QUInt16, "rmin": np.float32(-bound), "rmax": np.float32(bound)}]
-    overrides["velocity"] = [{"quant_type": QuantType.QUInt16, "rmin": np.float32(-_FIXED_RANGES["velocity"]),
-                              "rmax": np.float32(_FIXED_RANGES["velocity"])}]  # fmt: skip
-    return overrides
+def w8a16_bounds(calib: list[dict[str, np.ndarray]], fixed: dict[str, float], margin: float = INPUT_RANGE_MARGIN):
+    """Symmetric range (+-bound) per graph input of the calibration feeds: ``fixed[name]`` where the calibration set
+    cannot bound a tensor (or the bound is known), else ``margin`` x the calibrated max |x|."""
+    return {
+        name: fixed[name] if name in fixed else margin * max(float(np.abs(f[name]).max()) for f in calib)
+        for name in calib[0]
+    }
 
 
 class _Reader:
-    """Calibration data reader over captured graph inputs."""
+    """Calibration data reader over graph feeds."""
 
-    def __init__(self, names: list[str], samples: list):
-        self._it = iter([_feeds(names, s) for s in samples])
+    def __init__(self, calib: list[dict[str, np.ndarray]]):
+        self._it = iter(calib)
 
     def get_next(self):
         return next(self._it, None)
+
+
+def quantize_w8a16(fp32: Path, qdq: Path, calib: list[dict[str, np.ndarray]], bounds: dict[str, float]) -> None:
+    """Write ``qdq``, the w8a16 QDQ graph of ``fp32`` for the QNN HTP (onnxruntime's QNN preprocessing,
+    ``get_qnn_qdq_config``, ``quantize``), calibrated on the ``calib`` feeds; every tensor named in ``bounds`` gets
+    the fixed uint16 range +-bound (uint16 keeps the resolution: 16 / 65535 = 2.4e-4 for +-8)."""
+    from onnxruntime.quantization import QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
+
+    overrides = {
+        name: [{"quant_type": QuantType.QUInt16, "rmin": np.float32(-bound), "rmax": np.float32(bound)}]
+        for name, bound in bounds.items()
+    }
+    pre = fp32.with_suffix(".pre.onnx")
+    try:
+        src = pre if qnn_preprocess_model(str(fp32), str(pre)) else fp32
+        qcfg = get_qnn_qdq_config(str(src), _Reader(calib), activation_type=QuantType.QUInt16,
+                                  weight_type=QuantType.QUInt8, init_overrides=overrides)  # fmt: skip
+        quantize(str(src), str(qdq), qcfg)
+    finally:
+        pre.unlink(missing_ok=True)

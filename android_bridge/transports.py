@@ -11,10 +11,11 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from typing import Any, Protocol
 from urllib.parse import urlsplit
+
+from sakura_core.http_serving import is_loopback
 
 __all__ = [
     "DEFAULT_AGENT_PORT",
@@ -47,15 +48,6 @@ class Transport(Protocol):
     def describe(self) -> dict: ...
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class UrlTransport:
     """An agent reachable at ``url`` (``http(s)://host:port``)."""
 
@@ -68,7 +60,7 @@ class UrlTransport:
         if parts.path not in ("", "/") or parts.query:
             raise TransportError(f"agent URL {url!r}: give the base URL only (no path or query)")
         self.url = f"{parts.scheme}://{parts.netloc}"
-        self.loopback = _is_loopback(parts.hostname)
+        self.loopback = is_loopback(parts.hostname)
         if not self.loopback and parts.scheme == "http":
             logger.warning("phone agent %s is off loopback over plain http: the pairing token and the image cross "
                            "the LAN unencrypted; prefer adb forward or https", self.url)  # fmt: skip

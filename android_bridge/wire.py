@@ -171,6 +171,27 @@ def decode_job_body(
     """
     lim = limits or WireLimits()
     view = memoryview(body)
+    header, end = _read_header(view, lim)
+    metas = header.get("parts")
+    if not isinstance(metas, list) or len(metas) > lim.max_parts:
+        raise WireError(f"header 'parts' must be a list of at most {lim.max_parts} parts")
+    # check every length first, so nothing is decompressed from a body that cannot be right
+    plan, offset, total_raw = [], end, 0
+    for i, meta in enumerate(metas):
+        part = _plan_part(i, meta, offset, total_raw, view, lim, expect)
+        total_raw += part[3]
+        plan.append(part)
+        offset += part[6]
+    if offset != len(view):
+        raise WireError(f"{len(view) - offset} trailing bytes after the last part")
+    names = [p[0] for p in plan]
+    if len(set(names)) != len(names):
+        raise WireError(f"duplicate part names in {names}")
+    return header["job"], _decode_parts(view, plan)
+
+
+def _read_header(view: memoryview, lim: WireLimits) -> tuple[dict, int]:
+    """The preamble checked and the JSON header parsed: (header, offset of the first part)."""
     if len(view) < _PREAMBLE.size:
         raise WireError(f"body is {len(view)} bytes, shorter than the {_PREAMBLE.size}-byte preamble")
     magic, version, flags, header_bytes = _PREAMBLE.unpack_from(view, 0)
@@ -191,49 +212,47 @@ def decode_job_body(
         raise WireError(f"header is not UTF-8 JSON: {e}") from e
     if not isinstance(header, dict) or not isinstance(header.get("job"), dict):
         raise WireError("header must be a JSON object with a 'job' object")
-    metas = header.get("parts")
-    if not isinstance(metas, list) or len(metas) > lim.max_parts:
-        raise WireError(f"header 'parts' must be a list of at most {lim.max_parts} parts")
-    # check every length first, so nothing is decompressed from a body that cannot be right
-    plan, offset, total_raw = [], end, 0
-    for i, meta in enumerate(metas):
-        if not isinstance(meta, dict):
-            raise WireError(f"parts[{i}] must be an object")
-        name = meta.get("name")
-        if not isinstance(name, str) or not name or len(name) > 64:
-            raise WireError(f"parts[{i}].name must be a non-empty string of at most 64 characters")
-        dtype_name = meta.get("dtype")
-        if dtype_name not in _DTYPES:
-            raise WireError(f"part {name!r}: dtype {dtype_name!r} not allowed; use one of {', '.join(_DTYPES)}")
-        shape = meta.get("shape")
-        if (
-            not isinstance(shape, list)
-            or len(shape) > _MAX_NDIM
-            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in shape)
-        ):
-            raise WireError(f"part {name!r}: shape must be a list of at most {_MAX_NDIM} non-negative ints")
-        _check_expected(name, dtype_name, shape, expect)
-        raw_bytes, zstd_bytes = _int(meta, "raw_bytes", name), _int(meta, "zstd_bytes", name)
-        itemsize = np.dtype(_DTYPES[dtype_name]).itemsize
-        if raw_bytes != math.prod(shape) * itemsize:
-            raise WireError(f"part {name!r}: raw_bytes {raw_bytes} != prod({shape}) * {itemsize}")
-        if raw_bytes > lim.max_part_bytes:
-            raise WireError(f"part {name!r}: {raw_bytes} bytes is over the limit of {lim.max_part_bytes}")
-        total_raw += raw_bytes
-        if total_raw > lim.max_total_raw_bytes:
-            raise WireError(f"parts total over the limit of {lim.max_total_raw_bytes} bytes")
-        digest = meta.get("sha256")
-        if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise WireError(f"part {name!r}: sha256 must be 64 lowercase hex digits")
-        if offset + zstd_bytes > len(view):
-            raise WireError(f"body truncated: part {name!r} needs {zstd_bytes} bytes, {len(view) - offset} left")
-        plan.append((name, dtype_name, shape, raw_bytes, digest, offset, zstd_bytes))
-        offset += zstd_bytes
-    if offset != len(view):
-        raise WireError(f"{len(view) - offset} trailing bytes after the last part")
-    names = [p[0] for p in plan]
-    if len(set(names)) != len(names):
-        raise WireError(f"duplicate part names in {names}")
+    return header, end
+
+
+def _plan_part(i: int, meta, offset: int, total_raw: int, view: memoryview, lim: WireLimits, expect) -> tuple:
+    """``parts[i]`` (at ``offset``, after ``total_raw`` raw bytes of parts) checked against the limits, ``expect``
+    and the body's length, before any decompression: (name, dtype name, shape, raw bytes, sha256, offset, zstd
+    bytes)."""
+    if not isinstance(meta, dict):
+        raise WireError(f"parts[{i}] must be an object")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name or len(name) > 64:
+        raise WireError(f"parts[{i}].name must be a non-empty string of at most 64 characters")
+    dtype_name = meta.get("dtype")
+    if dtype_name not in _DTYPES:
+        raise WireError(f"part {name!r}: dtype {dtype_name!r} not allowed; use one of {', '.join(_DTYPES)}")
+    shape = meta.get("shape")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > _MAX_NDIM
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in shape)
+    ):
+        raise WireError(f"part {name!r}: shape must be a list of at most {_MAX_NDIM} non-negative ints")
+    _check_expected(name, dtype_name, shape, expect)
+    raw_bytes, zstd_bytes = _int(meta, "raw_bytes", name), _int(meta, "zstd_bytes", name)
+    itemsize = np.dtype(_DTYPES[dtype_name]).itemsize
+    if raw_bytes != math.prod(shape) * itemsize:
+        raise WireError(f"part {name!r}: raw_bytes {raw_bytes} != prod({shape}) * {itemsize}")
+    if raw_bytes > lim.max_part_bytes:
+        raise WireError(f"part {name!r}: {raw_bytes} bytes is over the limit of {lim.max_part_bytes}")
+    if total_raw + raw_bytes > lim.max_total_raw_bytes:
+        raise WireError(f"parts total over the limit of {lim.max_total_raw_bytes} bytes")
+    digest = meta.get("sha256")
+    if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise WireError(f"part {name!r}: sha256 must be 64 lowercase hex digits")
+    if offset + zstd_bytes > len(view):
+        raise WireError(f"body truncated: part {name!r} needs {zstd_bytes} bytes, {len(view) - offset} left")
+    return name, dtype_name, shape, raw_bytes, digest, offset, zstd_bytes
+
+
+def _decode_parts(view: memoryview, plan: list[tuple]) -> dict[str, np.ndarray]:
+    """Every planned part decompressed and digest-checked; none kept when one fails."""
     dctx = zstandard.ZstdDecompressor()
     parts: dict[str, np.ndarray] = {}
     raw = None
@@ -245,11 +264,10 @@ def decode_job_body(
         parts.clear()  # the parts decoded so far go now, not with the traceback
         raw = None  # noqa: F841
         raise
-    return header["job"], parts
+    return parts
 
 
 _MAX_STEPS = 1000
-_TEMPLATE_ID = re.compile(r"[a-z0-9-]{1,64}")
 
 
 _URL_PATH = re.compile(r"(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?")
@@ -279,14 +297,15 @@ def edit_request_from_header(job: dict):
     field."""
     from sakura_core.edit import EditRequest
     from sakura_core.fetch.link import LinkSpec
+    from sakura_core.kv.names import TEMPLATE_ID_FORM, is_template_id
 
     required = ("template_id", "cloud_url", "prompt")
     missing = [k for k in required if k not in job]
     if missing:
         raise ValueError(f"job header lacks {', '.join(missing)}")
     template_id = job["template_id"]
-    if not isinstance(template_id, str) or not _TEMPLATE_ID.fullmatch(template_id):
-        raise ValueError(f"template_id must match [a-z0-9-]{{1,64}}, got {str(template_id)[:80]!r}")
+    if not is_template_id(template_id):
+        raise ValueError(f"template_id must match {TEMPLATE_ID_FORM}, got {str(template_id)[:80]!r}")
     url = _cloud_url(job["cloud_url"])
     if not isinstance(job["prompt"], str) or len(job["prompt"]) > 4096:
         raise ValueError("prompt must be a string of at most 4096 characters")

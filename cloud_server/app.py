@@ -33,14 +33,14 @@ from typing import Any
 
 from aiohttp import web
 
+from sakura_core.http_serving import bearer_token, token_matches
+
 from .config import ServerConfig
 from .http_util import (
     _access,
-    _bearer,
     _ClientGone,
     _etag_matches,
     _json_error,
-    _token_ok,
     _Unsatisfiable,
     parse_range,
 )
@@ -85,12 +85,12 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
         if access == "write":
             if cfg.write_token is None:
                 raise _json_error(403, "the write path is disabled: start the server with --token or SAKURA_TOKEN")
-            if not _token_ok(_bearer(request), cfg.write_token):
+            if not token_matches(bearer_token(request.headers.get("Authorization")), cfg.write_token):
                 raise _json_error(
                     401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="sakura"'}
                 )
         elif access == "read" and cfg.read_token is not None:
-            if not _token_ok(_bearer(request), cfg.read_token, cfg.write_token):
+            if not token_matches(bearer_token(request.headers.get("Authorization")), cfg.read_token, cfg.write_token):
                 raise _json_error(
                     401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="sakura"'}
                 )
@@ -217,7 +217,7 @@ async def handle_shard(request: web.Request) -> web.StreamResponse:
         if _etag_matches(request.headers.get("If-None-Match"), etag):
             return web.Response(status=304, headers=headers)
         if_match = request.headers.get("If-Match")
-        if if_match is not None and not _etag_matches(if_match, etag):
+        if if_match is not None and not _etag_matches(if_match, etag, strong=True):
             raise _json_error(412, f"If-Match {if_match!r} does not match {etag}")
         rng = _range_of(request, etag, size)
         offset, count = rng if rng is not None else (0, size)
@@ -334,7 +334,7 @@ def create_app(
     model: Any | None = None,
     precompute_fn: PrecomputeFn | None = None,
 ) -> web.Application:
-    """Build the app. ``store`` defaults to ``LocalStore(config.store_dir)``; ``model`` (anything with ``model_id``)
+    """Build the app. ``store`` defaults to the store ``config`` names (``LocalStore`` or ``S3Store``); ``model`` (anything with ``model_id``)
     defaults to loading ``config.model`` at startup; ``precompute_fn`` to ``sakura_core.precompute.precompute_template``.
     """
     app = web.Application(
@@ -346,7 +346,7 @@ def create_app(
             "max_headers": config.max_headers,
         },
     )
-    state = ServerState(config, store or LocalStore(config.store_dir), model, precompute_fn)
+    state = ServerState(config, store or config.open_store(), model, precompute_fn)
     app[CONFIG_KEY] = config
     app[STATE_KEY] = state
     app.add_routes(_routes())
@@ -355,15 +355,19 @@ def create_app(
 
 
 async def _lifecycle(app: web.Application):
-    """Startup: sweep stale temp files, load the served model, start the precompute worker. Cleanup: stop it."""
+    """Startup: check the store (an object store: the bucket answers), sweep stale temp files, load the served
+    model, start the precompute worker. Cleanup: stop it."""
     state = app[STATE_KEY]
     cfg = state.config
     loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, state.store.check)
     if isinstance(state.store, LocalStore):
         await loop.run_in_executor(None, state.store.sweep_temp_files)
     if state.model is None and cfg.model is not None:
         logger.info("loading model %r ...", cfg.model)
-        state.model = await loop.run_in_executor(None, load_model, cfg.model)
+        state.model = await loop.run_in_executor(
+            None, lambda: load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        )
         logger.info("serving model %s (%s)", cfg.model, state.model_id)
     state.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sakura-precompute")
     yield

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .loadgen import _cpu_s, _load, _rss_bytes
+from .bench_shards import put_random_shards
+from .loadgen import cpu_s, load, rss_bytes
 from .nginx import NginxError, NginxProcess, find_nginx
 from .store import LocalStore
-from .synthetic import make_synthetic_template
 
 __all__ = ["add_arguments", "run"]
 
@@ -40,7 +40,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--requests", type=int, default=6000, help="requests per run (at least 2 per connection)")
     parser.add_argument("--sizes-kib", default="16,64,256,1024", help="shard sizes of the ladder (KiB, comma list)")
     parser.add_argument("--layers", type=int, default=8, help="shards per ladder level (default: %(default)s)")
-    parser.add_argument("--store", default=None, help="serve the shards of this store instead of synthetic ones")
+    parser.add_argument("--store", default=None, help="serve the shards of this store instead of random ones")
     parser.add_argument("--no-nginx", action="store_true", help="only the SAKURA server")
     parser.add_argument("--timeout", type=float, default=30.0, help="per-request timeout (s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the request order")
@@ -77,12 +77,12 @@ def _pct(values: list[float], q: float) -> float:
 
 def _measure(name, port, pids_fn, digests, sizes, conns, n_requests, seed, timeout_s) -> dict:
     pids = pids_fn()
-    rss_before, cpu_before = _rss_bytes(pids), _cpu_s(pids)
+    rss_before, cpu_before = rss_bytes(pids), cpu_s(pids)
     gen_cpu0 = time.process_time()
-    run, wall_s = asyncio.run(_load(port, digests, sizes, conns, n_requests, seed, timeout_s))
+    run, wall_s = asyncio.run(load(port, digests, sizes, conns, n_requests, seed, timeout_s))
     gen_cpu = time.process_time() - gen_cpu0
     pids = pids_fn()
-    cpu = _cpu_s(pids) - cpu_before
+    cpu = cpu_s(pids) - cpu_before
     done = len(run.latencies_s)
     return {
         "server": name,
@@ -101,7 +101,7 @@ def _measure(name, port, pids_fn, digests, sizes, conns, n_requests, seed, timeo
         "server_cpu_ms_per_req": round(1e3 * cpu / max(done, 1), 4),
         "loadgen_cpu_s": round(gen_cpu, 3),
         "rss_before_mib": round(rss_before / 2**20, 1),
-        "rss_after_mib": round(_rss_bytes(pids) / 2**20, 1),
+        "rss_after_mib": round(rss_bytes(pids) / 2**20, 1),
     }
 
 
@@ -223,23 +223,17 @@ def _parse_lists(args) -> tuple[list[int], list[float]] | None:
 
 
 def _shards(args, work: Path, sizes_kib: list[float]) -> tuple[LocalStore, list[str]] | None:
-    """The store to serve and its shard digests: ``--store``'s, or a synthetic ladder in ``work``."""
+    """The store to serve and its shard digests: ``--store``'s, or random shards in ``work`` (a ladder of
+    ``sizes_kib`` per layer)."""
     if args.store:
         store = LocalStore(args.store)
-        digests = sorted(p.name for p in store.root.glob("shards/*/*") if len(p.name) == 64)
+        digests = sorted(p.name for p in store.shards_dir.glob("*/*") if len(p.name) == 64)
         if not digests:
             print(f"sakura bench serve: no shards in {store.root}", file=sys.stderr)
             return None
         return store, digests
     store = LocalStore(work / "store")
-    manifest = make_synthetic_template(
-        store,
-        "bench",
-        model_id="0" * 64,
-        num_layers=args.layers,
-        level_bytes=tuple(int(k * 1024) for k in sizes_kib),
-    )
-    return store, [r["digest"] for s in manifest["shards"] for r in s["representations"]]
+    return store, list(put_random_shards([store], args.layers, [int(k * 1024) for k in sizes_kib]))
 
 
 def _start_nginx(args, work: Path, store: LocalStore, servers: list) -> tuple[NginxProcess | None, str | None]:
@@ -262,7 +256,7 @@ def _start_nginx(args, work: Path, store: LocalStore, servers: list) -> tuple[Ng
 
 
 def _rss_mib(servers: list) -> dict[str, float]:
-    return {name: round(_rss_bytes(pids()) / 2**20, 1) for name, _, pids in servers}
+    return {name: round(rss_bytes(pids()) / 2**20, 1) for name, _, pids in servers}
 
 
 def _measure_levels(servers: list, digests, sizes, levels: list[int], args) -> tuple[list[dict], list[dict]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 from sakura_core.models.loading import check_model_source
 
@@ -13,17 +12,19 @@ from .config import MODELS
 from .precompute import (
     ImageError,
     TemplateExistsError,
-    decode_image,
+    add_device_arguments,
     load_model,
     publish_template,
+    read_template_image,
 )
-from .store import InvalidNameError, LocalStore, validate_template_id
+from .store import InvalidNameError, StoreError, validate_template_id
+from .store_url import add_store_arguments, open_store
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--store", required=True, help="store folder (created if missing)")
+    add_store_arguments(parser)
     parser.add_argument(
         "--model",
         default="demo",
@@ -52,22 +53,7 @@ def add_arguments(parser) -> None:
         help="template side in pixels (default: the model's edit size; e.g. 128 for the 64 px demo edit gives "
         "4x the edit's tokens)",
     )
-
-
-def _read_image(source: str) -> tuple:
-    """(image array, (file bytes, ext) or None) from a file, or a demo sample name."""
-    path = Path(source)
-    if path.is_file():
-        data = path.read_bytes()
-        image, ext = decode_image(data, max_pixels=100_000_000)
-        return image, (data, ext)
-    if path.suffix or "/" in source:
-        raise ImageError(f"image file {source!r} not found")
-    from sakura_core.models.edit_model import DEMO_TEMPLATES, load_image
-
-    if source in DEMO_TEMPLATES:
-        return load_image(source, 512), None
-    raise ImageError(f"image {source!r} is neither a file nor a demo sample ({', '.join(DEMO_TEMPLATES)})")
+    add_device_arguments(parser)
 
 
 def run(args) -> int:
@@ -78,18 +64,24 @@ def run(args) -> int:
             raise ValueError(f"--shard-layers must be >= 1, got {args.shard_layers}")
         if args.steps < 1 or args.shift <= 0:
             raise ValueError(f"--steps must be >= 1 and --shift > 0, got {args.steps} and {args.shift}")
-        image, source = _read_image(args.image)
-    except (ValueError, InvalidNameError, ImageError) as e:
+        image, source = read_template_image(args.image)
+        store = open_store(args.store, endpoint_url=args.s3_endpoint)
+        store.check()
+        published = store.has_template(args.template_id)
+    except (ValueError, InvalidNameError, ImageError, StoreError) as e:
         print(f"sakura precompute: {e}", file=sys.stderr)
         return 2
-    store = LocalStore(args.store)
-    if not args.overwrite and store.has_template(args.template_id):
+    if not args.overwrite and published:
         print(
-            f"sakura precompute: template {args.template_id!r} is already published in {store.root}", file=sys.stderr
+            f"sakura precompute: template {args.template_id!r} is already published in {args.store}", file=sys.stderr
         )
         return 1
     t0 = time.perf_counter()
-    model = load_model(args.model)
+    try:
+        model = load_model(args.model, device=args.device, dtype=args.dtype)
+    except ValueError as e:
+        print(f"sakura precompute: {e}", file=sys.stderr)
+        return 2
     print(f"model {args.model} ({model.model_id[:16]}) loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     last = {"stage": None}
 
@@ -122,7 +114,7 @@ def run(args) -> int:
     secs = time.perf_counter() - t0
     m = result.manifest
     print(
-        f"published {result.template_id} in {store.root}: {len(m['shards'])} shards, "
+        f"published {result.template_id} in {args.store}: {len(m['shards'])} shards, "
         f"{result.shards} blobs, {result.shard_bytes / 2**20:.2f} MiB in {secs:.1f} s"
     )
     _print_level_bytes(m)

@@ -15,10 +15,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from sakura_core.http_serving import bound_port
+from sakura_core.http_serving import bound_port, is_loopback
 
 from .app import create_app
 from .config import MODELS, ServerConfig
+from .precompute import add_device_arguments
+from .store import StoreError
+from .store_url import S3_ENDPOINT_HELP, check_store_location, is_s3_url
 
 __all__ = ["add_arguments", "run", "serve"]
 
@@ -29,7 +32,8 @@ READ_TOKEN_ENV = "SAKURA_READ_TOKEN"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--store", required=True, help="store folder (created if missing)")
+    parser.add_argument("--store", required=True, help="store: a folder (created if missing) or s3://BUCKET/PREFIX")
+    parser.add_argument("--s3-endpoint", default=None, help=S3_ENDPOINT_HELP)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback)")
     parser.add_argument("--port", type=int, default=8080, help="TCP port, 0 = any free port (default: %(default)s)")
     parser.add_argument(
@@ -43,6 +47,7 @@ def add_arguments(parser) -> None:
         default="demo",
         help=f"served model: {', '.join(MODELS)}, a FLUX.2 [klein] pipeline folder's path, or none (templates of any model, read-only) (default: %(default)s)",
     )
+    add_device_arguments(parser, what="the write path's precompute jobs")
     parser.add_argument("--max-upload-mib", type=float, default=16.0, help="largest template upload (MiB)")
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (default: %(default)s)")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds to drain on shutdown")
@@ -50,8 +55,13 @@ def add_arguments(parser) -> None:
 
 def config_from_args(args) -> ServerConfig:
     model = None if args.model == "none" else args.model
+    check_store_location(args.store)
     return ServerConfig(
-        store_dir=Path(args.store),
+        store_dir=None if is_s3_url(args.store) else Path(args.store),
+        store_url=args.store if is_s3_url(args.store) else None,
+        s3_endpoint=args.s3_endpoint,
+        device=args.device,
+        dtype=args.dtype,
         host=args.host,
         port=args.port,
         write_token=args.token or os.environ.get(TOKEN_ENV) or None,
@@ -92,15 +102,22 @@ def run(args) -> int:
     except ValueError as e:
         print(f"sakura serve: {e}", file=sys.stderr)
         return 2
-    if config.host not in ("127.0.0.1", "::1") and config.write_token is None and config.read_token is None:
+    if not is_loopback(config.host) and config.write_token is None and config.read_token is None:
         logger.warning("serving on %s without any token: anyone who can reach it can read every template", config.host)
 
     def ready(port: int) -> None:
         host = f"[{config.host}]" if ":" in config.host else config.host
         write = "on" if config.write_enabled else "off (no --token)"
         model = config.model or "none"
-        print(f"serving http://{host}:{port} store={config.store_dir} model={model} write={write}", flush=True)
+        print(f"serving http://{host}:{port} store={config.store_label} model={model} write={write}", flush=True)
 
-    asyncio.run(serve(config, ready=ready))
+    try:
+        asyncio.run(serve(config, ready=ready))
+    except StoreError as e:
+        print(f"sakura serve: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # the model could not be loaded as asked (e.g. --device cuda without a GPU)
+        print(f"sakura serve: {e}", file=sys.stderr)
+        return 2
     print("sakura serve: stopped", flush=True)
     return 0

@@ -1,4 +1,5 @@
-"""``sakura store verify|repair``: check a local store (re-hash shards, read manifests) and optionally repair it.
+"""``sakura store verify|repair``: check a store (a folder or ``s3://bucket/prefix``: re-hash shards, read manifests)
+and optionally repair it.
 
 Exit status: 0 when the store is clean (``verify``) or everything found could be repaired (``repair``); 1 when
 problems remain (``verify``: any finding; ``repair``: corrupt manifests or shards a manifest names that are
@@ -12,8 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-from .fsck import FsckConfig, fsck
-from .store import LocalStore
+from sakura_core.fetch.store_layout import SHARDS_DIR, TEMPLATES_DIR
+
+from .fsck import FsckConfig, FsckReport, fsck
+from .store import LocalStore, StoreError
+from .store_url import S3_ENDPOINT_HELP, is_s3_url, open_store
 
 __all__ = ["add_arguments", "run"]
 
@@ -21,7 +25,8 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser) -> None:
     parser.add_argument("action", choices=("verify", "repair"),
                         help="verify: report only; repair: also quarantine, sweep temp files and orphan shards")  # fmt: skip
-    parser.add_argument("--store", required=True, help="store folder")
+    parser.add_argument("--store", required=True, help="store folder or s3://BUCKET/PREFIX")
+    parser.add_argument("--s3-endpoint", default=None, help=S3_ENDPOINT_HELP)
     parser.add_argument("--temp-age-s", type=float, default=3600.0,
                         help="temp files older than this are stale (default: %(default)s s)")  # fmt: skip
     parser.add_argument("--orphan-age-s", type=float, default=3600.0,
@@ -29,18 +34,29 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", default=None, help="also write the report as JSON to this path")
 
 
-def run(args) -> int:
+def _check(args, cfg: FsckConfig) -> FsckReport:
+    """Run the check of the store ``args.store`` names (``ValueError``/``StoreError`` when it cannot be opened)."""
+    if is_s3_url(args.store):
+        from .s3_fsck import fsck_s3
+
+        store = open_store(args.store, endpoint_url=args.s3_endpoint)
+        store.check()
+        return fsck_s3(store, cfg)
     root = Path(args.store)
-    if not (root / "shards").is_dir() or not (root / "templates").is_dir():
-        print(f"sakura store: {root} is not a store (no shards/ and templates/ folders); pass --store DIR",
-              file=sys.stderr)  # fmt: skip
-        return 2
+    if not (root / SHARDS_DIR).is_dir() or not (root / TEMPLATES_DIR).is_dir():
+        raise ValueError(f"{root} is not a store (no shards/ and templates/ folders); pass --store DIR")
+    if args.s3_endpoint is not None:
+        raise ValueError("--s3-endpoint is only for s3:// stores")
+    return fsck(LocalStore(root), cfg)
+
+
+def run(args) -> int:
     try:
         cfg = FsckConfig(repair=args.action == "repair", temp_age_s=args.temp_age_s, orphan_age_s=args.orphan_age_s)
-    except ValueError as e:
+        report = _check(args, cfg)
+    except (ValueError, StoreError) as e:
         print(f"sakura store: {e}", file=sys.stderr)
         return 2
-    report = fsck(LocalStore(root), cfg)
     print(f"store {report.root}: {report.shards_checked} shards, {report.templates_checked} templates checked")
     for label, items in (("corrupt shard", report.corrupt), ("misplaced file", report.misplaced),
                          ("stale temp file", report.temp_files), ("orphan shard", report.orphans)):  # fmt: skip

@@ -17,7 +17,12 @@ class ServerConfig:
     """Configuration of ``create_app`` / ``sakura serve``.
 
     Attributes:
-        store_dir: folder of the ``LocalStore`` (created if missing).
+        store_dir: folder of the ``LocalStore`` (created if missing); or give ``store_url``.
+        store_url: an object store instead of a folder: ``s3://bucket/prefix`` (an ``S3Store``); exactly one of
+            ``store_dir`` and ``store_url``.
+        s3_endpoint: the S3 endpoint URL of ``store_url`` (default: ``$AWS_ENDPOINT_URL``, else AWS).
+        device, dtype: where and in which precision the write path's precompute jobs run the model (``cpu`` /
+            ``cuda`` / ``cuda:N``; ``float32`` / ``bfloat16`` / ``float16``, ``None`` = the checkpoint's own).
         host: address to bind; loopback by default. Use a public address only behind TLS and a token.
         port: TCP port; 0 picks a free one (the CLI prints it).
         write_token: bearer token the write path (``POST /v1/templates``, ``GET /v1/jobs/*``) requires.
@@ -42,7 +47,9 @@ class ServerConfig:
         send_chunk_bytes: read size when a shard must be streamed instead of sent with sendfile (non-file stores).
     """
 
-    store_dir: Path
+    store_dir: Path | None = None
+    store_url: str | None = None
+    s3_endpoint: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
     write_token: str | None = None
@@ -60,9 +67,23 @@ class ServerConfig:
     backlog: int = 2048
     shutdown_timeout_s: float = 10.0
     send_chunk_bytes: int = 256 * 2**10
+    device: str = "cpu"
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "store_dir", Path(self.store_dir))
+        if (self.store_dir is None) == (self.store_url is None):
+            raise ValueError("give exactly one of store_dir (a folder) and store_url (s3://bucket/prefix)")
+        if self.store_dir is not None:
+            object.__setattr__(self, "store_dir", Path(self.store_dir))
+        else:
+            from .s3_store import parse_s3_url
+
+            parse_s3_url(self.store_url)
+        if self.s3_endpoint is not None and self.store_url is None:
+            raise ValueError("s3_endpoint is only for an s3:// store_url")
+        from sakura_core.models.loading import check_device_dtype
+
+        check_device_dtype(self.device, self.dtype)
         try:
             ipaddress.ip_address(self.host)
         except ValueError as e:
@@ -89,6 +110,17 @@ class ServerConfig:
             )
         if not self.codec:
             raise ValueError("codec must be a codec name such as 'sakura'")
+
+    @property
+    def store_label(self) -> str:
+        """The store as the user named it: its folder or its URL."""
+        return str(self.store_dir) if self.store_dir is not None else self.store_url
+
+    def open_store(self):
+        """The ``Store`` this config names (a ``LocalStore`` or an ``S3Store``)."""
+        from .store_url import open_store
+
+        return open_store(self.store_url or self.store_dir, endpoint_url=self.s3_endpoint)
 
     @property
     def write_enabled(self) -> bool:

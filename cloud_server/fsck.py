@@ -17,9 +17,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .store import LocalStore, NotFoundError, file_sha256, validate_digest
+from .store import LocalStore, NotFoundError, Store, file_sha256, validate_digest
 
-__all__ = ["FsckConfig", "FsckReport", "fsck"]
+__all__ = ["FsckConfig", "FsckReport", "fsck", "missing_digests", "referenced_digests"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +74,9 @@ class FsckReport:
         return {**asdict(self), "clean": self.clean}
 
 
-def _referenced(store: LocalStore, report: FsckReport) -> dict[str, list[str]]:
-    """digest -> templates whose manifest names it (representations, their chains, the template image)."""
+def referenced_digests(store: Store, report: FsckReport) -> dict[str, list[str]]:
+    """digest -> templates whose manifest names it (representations, their chains, the template image); manifests
+    that cannot be read or name malformed digests go to ``report.bad_manifests``. Any ``Store``."""
     refs: dict[str, list[str]] = {}
     for template_id in store.list_templates():
         report.templates_checked += 1
@@ -108,7 +109,7 @@ def _scan_shards(store: LocalStore, cfg: FsckConfig, refs: dict[str, list[str]],
     """Re-hash every shard file; returns the digests still on disk under their name (intact or not)."""
     now = time.time()
     present: set[str] = set()
-    shards_dir = store.root / "shards"
+    shards_dir = store.shards_dir
     for dirpath, _dirs, files in os.walk(shards_dir):
         for name in sorted(files):
             path = Path(dirpath) / name
@@ -161,15 +162,20 @@ def _sweep_temp(store: LocalStore, cfg: FsckConfig, report: FsckReport) -> None:
                         report.removed.append(report.temp_files[-1])
 
 
-def fsck(store: LocalStore, config: FsckConfig | None = None) -> FsckReport:
-    """Check (and with ``config.repair``, repair) ``store``; see the module docstring."""
-    cfg = config or FsckConfig()
-    report = FsckReport(root=str(store.root))
-    refs = _referenced(store, report)
-    present = _scan_shards(store, cfg, refs, report)
+def missing_digests(refs: dict[str, list[str]], present: set[str], report: FsckReport) -> None:
+    """Record in ``report.missing`` every referenced digest that is not ``present``, under each template naming it."""
     for digest, templates in sorted(refs.items()):
         if digest not in present:
             for template_id in templates:
                 report.missing.setdefault(template_id, []).append(digest)
+
+
+def fsck(store: LocalStore, config: FsckConfig | None = None) -> FsckReport:
+    """Check (and with ``config.repair``, repair) ``store``; see the module docstring."""
+    cfg = config or FsckConfig()
+    report = FsckReport(root=str(store.root))
+    refs = referenced_digests(store, report)
+    present = _scan_shards(store, cfg, refs, report)
+    missing_digests(refs, present, report)
     _sweep_temp(store, cfg, report)
     return report

@@ -1,8 +1,8 @@
-"""HTTP helpers of the cloud server: JSON errors, access classes, conditional requests, Range parsing, tokens."""
+"""HTTP helpers of the cloud server: JSON errors, access classes, conditional requests, Range parsing (the bearer
+token check is ``sakura_core.http_serving``'s)."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import re
 from collections.abc import Callable
@@ -44,13 +44,17 @@ def _access(kind: str) -> Callable:
     return mark
 
 
-def _etag_matches(header: str | None, etag: str) -> bool:
-    """Weak comparison of an ``If-None-Match``/``If-Match`` list against a quoted etag (``*`` matches)."""
+def _etag_matches(header: str | None, etag: str, *, strong: bool = False) -> bool:
+    """Does an ``If-None-Match``/``If-Match`` list name the quoted strong ``etag`` (``*`` matches any)?
+
+    RFC 9110 8.8.3.2: ``If-None-Match`` uses the weak comparison (``W/"x"`` matches ``"x"``); ``If-Match`` the strong
+    one (``strong=True``, 13.1.1): a weak entity tag never matches.
+    """
     if header is None:
         return False
     for item in header.split(","):
         item = item.strip()
-        if item == "*" or item.removeprefix("W/") == etag:
+        if item == "*" or item == etag or (not strong and item.removeprefix("W/") == etag):
             return True
     return False
 
@@ -106,18 +110,3 @@ def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
     if first >= size or end < first:
         raise _Unsatisfiable
     return first, end - first + 1
-
-
-def _bearer(request: web.Request) -> str | None:
-    auth = request.headers.get("Authorization", "")
-    scheme, _, token = auth.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def _token_ok(given: str | None, *allowed: str | None) -> bool:
-    """Constant-time check of a bearer token; header bytes that are not UTF-8 (kept by aiohttp as surrogate escapes)
-    simply do not match."""
-    if given is None:
-        return False
-    raw = given.encode("utf-8", "surrogateescape")
-    return any(t is not None and hmac.compare_digest(raw, t.encode()) for t in allowed)

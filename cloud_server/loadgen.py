@@ -1,4 +1,4 @@
-"""The load generator of ``sakura bench serve``: bounded concurrent loopback clients and per-process RSS/CPU
+"""The load generator of ``sakura bench serve`` and ``sakura bench catalog``: bounded concurrent loopback clients and per-process RSS/CPU
 probes (read from /proc)."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__: list[str] = []  # internal to bench_serve
+__all__ = ["cpu_s", "load", "rss_bytes"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = resource.getpagesize()
 
 
 # ---- process probes -------------------------------------------------------------------------------------------
-def _rss_bytes(pids: list[int]) -> int:
+def rss_bytes(pids: list[int]) -> int:
     total = 0
     for pid in pids:
         try:
@@ -30,7 +30,7 @@ def _rss_bytes(pids: list[int]) -> int:
     return total
 
 
-def _cpu_s(pids: list[int]) -> float:
+def cpu_s(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
         try:
@@ -133,7 +133,7 @@ async def _client(port, reqs, sizes, digests, order, run: _Run, timeout_s: float
             sock.close()
 
 
-async def _load(port, digests, sizes, conns, n_requests, seed, timeout_s) -> tuple[_Run, float]:
+async def load(port, digests, sizes, conns, n_requests, seed, timeout_s) -> tuple[_Run, float]:
     reqs = [f"GET /v1/shards/{d} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode() for d in digests]
     order = random.Random(seed).choices(range(len(digests)), k=n_requests)
     run = _Run()

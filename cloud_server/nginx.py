@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from sakura_core.fetch.store_layout import SHARDS_DIR
+
 __all__ = ["NginxError", "NginxProcess", "find_nginx", "free_port"]
 
 logger = logging.getLogger(__name__)
@@ -70,7 +72,7 @@ _PROXY = """\
     proxy_cache_path {dir}/cache levels=1:2 keys_zone=sakura_shards:10m max_size={cache_mib}m inactive=7d
                      use_temp_path=off;
     upstream sakura {{
-        server 127.0.0.1:{upstream_port};
+{upstream_servers}
         keepalive 64;
     }}
     server {{
@@ -96,7 +98,7 @@ _STATIC = """\
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         location ~ "^/v1/shards/(?<aa>[0-9a-f]{{2}})(?<rest>[0-9a-f]{{62}})$" {{
-            alias {store}/shards/$aa/$aa$rest;
+            alias {store}/{shards_dir}/$aa/$aa$rest;
             add_header Cache-Control "public, max-age=31536000, immutable";
         }}
     }}
@@ -106,15 +108,16 @@ _STATIC = """\
 class NginxProcess:
     """Run nginx in the foreground with a config written to ``workdir``; a context manager.
 
-    Exactly one of ``upstream_port`` (reverse proxy with ``proxy_cache``: the CDN stand-in) and ``static_store``
-    (serve ``STORE/shards/<aa>/<digest>`` at ``/v1/shards/<digest>`` directly) is given.
+    Exactly one of ``upstream_port`` (reverse proxy with ``proxy_cache``: the CDN stand-in; a list of ports
+    balances round-robin over several ``sakura serve`` replicas) and ``static_store`` (serve
+    ``STORE/shards/<aa>/<digest>`` at ``/v1/shards/<digest>`` directly) is given.
     """
 
     def __init__(
         self,
         workdir: str | os.PathLike,
         *,
-        upstream_port: int | None = None,
+        upstream_port: int | list[int] | None = None,
         static_store: str | os.PathLike | None = None,
         workers: int = 1,
         cache_mib: int = 1024,
@@ -128,11 +131,13 @@ class NginxProcess:
         self.dir = Path(workdir).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
+        ports = [upstream_port] if isinstance(upstream_port, int) else list(upstream_port or [])
         fields = dict(
             dir=self.dir,
             port=self.port,
-            upstream_port=upstream_port,
+            upstream_servers="\n".join(f"        server 127.0.0.1:{p};" for p in ports),
             store=Path(static_store).resolve() if static_store else None,
+            shards_dir=SHARDS_DIR,  # the store layout (sakura_core.fetch.store_layout)
             cache_mib=cache_mib,
         )
         body = (_PROXY if upstream_port is not None else _STATIC).format(**fields)

@@ -13,12 +13,13 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sakura_core.fetch.client import ManifestError, check_manifest
 from sakura_core.files import png_bytes
+from sakura_core.kv.manifest import ManifestError, parse_manifest
 
 from .store import Store, validate_template_id
 
@@ -27,9 +28,12 @@ __all__ = [
     "Progress",
     "PublishResult",
     "TemplateExistsError",
+    "add_device_arguments",
+    "compute_info",
     "decode_image",
     "load_model",
     "publish_template",
+    "read_template_image",
 ]
 
 logger = logging.getLogger(__name__)
@@ -61,12 +65,33 @@ class PublishResult:
     shard_bytes: int
 
 
-def load_model(name: str):
+def load_model(name: str, *, device: str = "cpu", dtype: str | None = None):
     """The served model: ``demo`` (the embedded demo model, ``MODELS``) or a diffusers FLUX.2 [klein] pipeline
-    folder's path (VAE-encoded templates, latent-space KV)."""
+    folder's path (VAE-encoded templates, latent-space KV), on ``device`` in ``dtype`` (``load_edit_model``)."""
     from sakura_core.models.loading import load_edit_model
 
-    return load_edit_model(name)
+    return load_edit_model(name, device=device, dtype=dtype)
+
+
+def add_device_arguments(parser, *, what: str = "precompute") -> None:
+    """``--device`` and ``--dtype`` of the model that runs ``what``."""
+    from sakura_core.models.loading import DTYPES
+
+    parser.add_argument("--device", default="cpu",
+                        help=f"device {what} runs the model on: cpu, cuda, cuda:N (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--dtype", default=None, choices=sorted(DTYPES),
+        help=f"parameter dtype for {what} (default: the checkpoint's, float32 for the demo model); part of the model "
+        "id, so clients must run the model in the same dtype",
+    )  # fmt: skip
+
+
+def compute_info(model) -> dict | None:
+    """``{"device": ..., "dtype": ...}`` the model computes with (recorded in the manifest), when it says."""
+    adapter = getattr(model, "adapter", None)
+    if adapter is None or not hasattr(adapter, "dtype"):
+        return None
+    return {"device": str(adapter.device), "dtype": str(adapter.dtype).removeprefix("torch.")}
 
 
 _OBJECT_REPR = re.compile(r"<[^<>]{1,80} object at 0x[0-9a-fA-F]+>")
@@ -96,6 +121,22 @@ def decode_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, str]:
     return rgb, _FORMATS[fmt]
 
 
+def read_template_image(source: str) -> tuple:
+    """(image array, (file bytes, ext) or ``None``) from an image file, or a demo sample name (``astronaut``, ...)."""
+    path = Path(source)
+    if path.is_file():
+        data = path.read_bytes()
+        image, ext = decode_image(data, max_pixels=100_000_000)
+        return image, (data, ext)
+    if path.suffix or "/" in source:
+        raise ImageError(f"image file {source!r} not found")
+    from sakura_core.models.edit_model import DEMO_TEMPLATES, load_image
+
+    if source in DEMO_TEMPLATES:
+        return load_image(source, 512), None
+    raise ImageError(f"image {source!r} is neither a file nor a demo sample ({', '.join(DEMO_TEMPLATES)})")
+
+
 def _default_precompute_fn() -> PrecomputeFn:
     from sakura_core.precompute import precompute_template
 
@@ -106,7 +147,7 @@ def _check_result(result: Any, model_id: str, template_id: str) -> tuple[dict, d
     manifest, blobs = getattr(result, "manifest", None), getattr(result, "blobs", None)
     if not isinstance(manifest, dict) or not isinstance(blobs, dict):
         raise ManifestError(f"precompute returned {type(result).__name__}, expected .manifest dict and .blobs dict")
-    check_manifest(manifest, template_id=template_id, model_id=model_id)
+    parse_manifest(manifest, template_id=template_id, model_id=model_id)
     for i, shard in enumerate(manifest["shards"]):
         for rep in shard["representations"]:
             blob = blobs.get(rep["digest"])
@@ -117,6 +158,21 @@ def _check_result(result: Any, model_id: str, template_id: str) -> tuple[dict, d
                     f"shard {rep['digest']}: blob is {len(blob)} bytes, the manifest says {rep['bytes']}"
                 )
     return manifest, blobs
+
+
+def _publishable(manifest: dict, image: np.ndarray, model, annotations: dict | None) -> tuple[dict, bytes]:
+    """The manifest to publish (the codec's + ``template_image`` + ``precompute``) and the template image's PNG.
+
+    The device computes the template's first layers itself (hybrid split): it needs the exact image the KV was
+    computed from. Lossless PNG at the model's resolution, content-addressed like a shard.
+    """
+    image_png = png_bytes(image)
+    image_ref = {"digest": hashlib.sha256(image_png).hexdigest(), "bytes": len(image_png), "format": "png"}
+    manifest = {**manifest, "template_image": image_ref}
+    made = {**(compute_info(model) or {}), **(annotations or {})}
+    if made:
+        manifest["precompute"] = made
+    return manifest, image_png
 
 
 def publish_template(
@@ -136,6 +192,7 @@ def publish_template(
     steps: int = 4,
     shift: float = 1.0,
     template_size: int | None = None,
+    annotations: dict | None = None,
 ) -> PublishResult:
     """Precompute a template's KV ladder and publish it in ``store``; the manifest is written last.
 
@@ -157,6 +214,8 @@ def publish_template(
             schedule ``steps``/``shift``; the manifest names it). Passed to the codec only in per-step mode.
         template_size: side in pixels the template is resized to (default: the model's edit size); a larger
             template has more tokens than the edit (its own grid of position ids).
+        annotations: JSON-able facts about how the template was made, merged into the manifest's ``precompute``
+            object with the model's device and dtype (``sakura precompute-catalog`` keeps its entry key there).
     """
     validate_template_id(template_id)
     if not overwrite and store.has_template(template_id):
@@ -174,11 +233,8 @@ def publish_template(
         model, image, template_id, codec=codec, shard_layers=shard_layers, seed=seed, progress=progress, **mode_kwargs
     )
     manifest, blobs = _check_result(result, model.model_id, template_id)
-    # The device computes the template's first layers itself (hybrid split): it needs the exact image the KV was
-    # computed from. Lossless PNG at the model's resolution, content-addressed like a shard.
-    image_png = png_bytes(image)
-    image_ref = {"digest": hashlib.sha256(image_png).hexdigest(), "bytes": len(image_png), "format": "png"}
-    manifest = {**manifest, "template_image": image_ref}
+    manifest, image_png = _publishable(manifest, image, model, annotations)
+    image_ref = manifest["template_image"]
     digests = [rep["digest"] for shard in manifest["shards"] for rep in shard["representations"]]
     unused = set(blobs) - set(digests)
     if unused:

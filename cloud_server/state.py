@@ -174,6 +174,8 @@ class ServerState:
                     "token_grid": m.get("token_grid"),
                     "codec": m.get("codec"),
                     "num_layers": m.get("num_layers"),
+                    "kv_mode": m.get("kv_mode", "single"),
+                    "steps": (m.get("schedule") or {}).get("steps") if m.get("kv_mode") == "per-step" else None,
                     "shards": len(m.get("shards", [])),
                     "bytes_by_level": {str(k): v for k, v in sorted(levels.items())},
                     "manifest_url": f"/v1/templates/{template_id}/manifest",

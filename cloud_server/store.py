@@ -1,14 +1,9 @@
 """Where templates and shards live: a small ``Store`` interface and the local-folder implementation.
 
-Layout of a ``LocalStore`` (the same keys work unchanged as object-store keys or CDN paths)::
-
-    ROOT/shards/<aa>/<digest>                 immutable shard blob; <digest> = sha256 hex of the blob, <aa> its first 2
-    ROOT/templates/<id>/manifest.json         the template's manifest (published last)
-    ROOT/templates/<id>/source.<png|jpg|webp> the template image it was computed from
-
-Every write goes through a temp file in the same folder + fsync + rename, so a crash never leaves a visible partial
-shard or manifest. Names are validated before any path is built: template ids ``[a-z0-9-]{1,64}``, digests 64
-lowercase hex characters. A name that fails raises ``InvalidNameError`` without touching the filesystem.
+A ``LocalStore`` is a store folder (its layout and read side: ``sakura_core.fetch.store_layout``, which a local
+shard source reads directly) with the writes on top. Every write goes through a temp file in the same folder +
+fsync + rename, so a crash never leaves a visible partial shard or manifest. Names are validated before any path is
+built; a name that fails raises ``InvalidNameError`` without touching the filesystem.
 """
 
 from __future__ import annotations
@@ -18,11 +13,20 @@ import hashlib
 import json
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import BinaryIO
 
+from sakura_core.fetch.store_layout import (
+    MANIFEST_FILE,
+    SOURCE_IMAGE_EXTS,
+    InvalidNameError,
+    NotFoundError,
+    StoreError,
+    StoreReader,
+    validate_digest,
+    validate_template_id,
+)
 from sakura_core.files import atomic_write_bytes
 
 __all__ = [
@@ -40,42 +44,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_TEMPLATE_ID_RE = re.compile(r"[a-z0-9-]{1,64}")
-_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
-SOURCE_IMAGE_EXTS = ("png", "jpg", "webp")
-_MANIFEST = "manifest.json"
-
-
-class StoreError(Exception):
-    """Base class of store errors."""
-
-
-class InvalidNameError(StoreError, ValueError):
-    """A template id or digest is malformed (this is what a path-traversal attempt looks like)."""
-
-
-class NotFoundError(StoreError, LookupError):
-    """No shard with this digest, or no published template with this id."""
-
 
 class DigestMismatchError(StoreError, ValueError):
     """A shard's bytes do not hash to the digest it is stored under."""
-
-
-def validate_template_id(template_id: object) -> str:
-    """Return ``template_id`` if it matches ``[a-z0-9-]{1,64}``, else raise ``InvalidNameError``."""
-    if not isinstance(template_id, str) or _TEMPLATE_ID_RE.fullmatch(template_id) is None:
-        raise InvalidNameError(
-            f"invalid template id {str(template_id)[:80]!r}: use 1-64 characters from a-z, 0-9 and '-'"
-        )
-    return template_id
-
-
-def validate_digest(digest: object) -> str:
-    """Return ``digest`` if it is 64 lowercase hex characters (sha256), else raise ``InvalidNameError``."""
-    if not isinstance(digest, str) or _DIGEST_RE.fullmatch(digest) is None:
-        raise InvalidNameError(f"invalid shard digest {str(digest)[:80]!r}: expected 64 lowercase hex characters")
-    return digest
 
 
 class Store(abc.ABC):
@@ -120,6 +91,11 @@ class Store(abc.ABC):
     def put_source_image(self, template_id: str, data: bytes, ext: str) -> None:
         """Keep the template image a template was computed from (``ext`` in ``SOURCE_IMAGE_EXTS``)."""
 
+    def check(self) -> None:
+        """Raise ``StoreError`` saying what is wrong unless the store can be used (a network store: reachable, the
+        bucket exists, the credentials work). Nothing to check for a local folder."""
+        return None
+
     def get_manifest(self, template_id: str) -> dict:
         """The parsed manifest."""
         raw = self.get_manifest_bytes(template_id)
@@ -158,8 +134,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class LocalStore(Store):
-    """A store in a local folder (the default); see the module docstring for the layout.
+class LocalStore(StoreReader, Store):
+    """A store in a local folder (the default): :class:`~sakura_core.fetch.store_layout.StoreReader`'s layout and
+    reads, plus the writes.
 
     Args:
         root: the store folder; created if missing.
@@ -168,23 +145,9 @@ class LocalStore(Store):
     open_is_fast = True
 
     def __init__(self, root: str | os.PathLike):
-        self.root = Path(root).resolve()
-        self._shards = self.root / "shards"
-        self._shards_prefix = f"{self._shards}{os.sep}"
-        self._templates = self.root / "templates"
-        self._shards.mkdir(parents=True, exist_ok=True)
-        self._templates.mkdir(parents=True, exist_ok=True)
-
-    def __repr__(self) -> str:
-        return f"LocalStore({str(self.root)!r})"
-
-    # ---- paths (only ever built from validated names) -----------------------------------------------------
-    def shard_path(self, digest: str) -> Path:
-        digest = validate_digest(digest)
-        return self._shards / digest[:2] / digest
-
-    def _template_dir(self, template_id: str) -> Path:
-        return self._templates / validate_template_id(template_id)
+        super().__init__(root)
+        self.shards_dir.mkdir(parents=True, exist_ok=True)
+        self.templates_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- shards ----------------------------------------------------------------------------------------------
     def put_shard(self, digest: str, data: bytes) -> None:
@@ -205,53 +168,18 @@ class LocalStore(Store):
     def has_shard(self, digest: str) -> bool:
         return self.shard_path(digest).is_file()
 
-    def open_shard(self, digest: str) -> tuple[BinaryIO, int]:
-        validate_digest(digest)
-        # the hot path of every shard request: plain strings and an unbuffered file (sendfile reads the fd)
-        path = f"{self._shards_prefix}{digest[:2]}{os.sep}{digest}"
-        try:
-            f = open(path, "rb", buffering=0)  # returned to the caller, who closes it
-        except FileNotFoundError as e:
-            raise NotFoundError(f"no shard {digest} in {self}") from e
-        try:
-            return f, os.fstat(f.fileno()).st_size
-        except BaseException:
-            f.close()
-            raise
-
     # ---- templates ------------------------------------------------------------------------------------------
     def put_manifest(self, template_id: str, manifest: dict) -> None:
-        folder = self._template_dir(template_id)
+        folder = self.template_dir(template_id)
         data = (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
-        atomic_write_bytes(folder / _MANIFEST, data)
+        atomic_write_bytes(folder / MANIFEST_FILE, data)
         _fsync_dir(folder)
-
-    def get_manifest_bytes(self, template_id: str) -> bytes:
-        path = self._template_dir(template_id) / _MANIFEST
-        try:
-            return path.read_bytes()
-        except FileNotFoundError as e:
-            raise NotFoundError(f"no published template {template_id!r} in {self}") from e
-
-    def list_templates(self) -> list[str]:
-        ids = []
-        for entry in os.scandir(self._templates):
-            if _TEMPLATE_ID_RE.fullmatch(entry.name) and os.path.isfile(os.path.join(entry.path, _MANIFEST)):
-                ids.append(entry.name)
-        return sorted(ids)
 
     def put_source_image(self, template_id: str, data: bytes, ext: str) -> None:
         if ext not in SOURCE_IMAGE_EXTS:
             raise ValueError(f"source image extension {ext!r} not one of {SOURCE_IMAGE_EXTS}")
-        folder = self._template_dir(template_id)
+        folder = self.template_dir(template_id)
         atomic_write_bytes(folder / f"source.{ext}", data)
-
-    def source_image_path(self, template_id: str) -> Path | None:
-        folder = self._template_dir(template_id)
-        for ext in SOURCE_IMAGE_EXTS:
-            if (folder / f"source.{ext}").is_file():
-                return folder / f"source.{ext}"
-        return None
 
     # ---- housekeeping ---------------------------------------------------------------------------------------
     def sweep_temp_files(self, older_than_s: float = 3600.0) -> int:

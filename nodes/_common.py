@@ -31,7 +31,9 @@ __all__ = [
     "PHONE_TOKEN_ENV",
     "READ_TOKEN_ENV",
     "TOKENS_FILE",
+    "refused_token_message",
     "resolve_token",
+    "resolve_token_source",
     "run_async",
     "start_async",
     "wait_interruptible",
@@ -79,19 +81,39 @@ def _user_tokens() -> tuple[dict, str]:
     return tokens, path
 
 
-def resolve_token(typed: str, env_name: str) -> str | None:
-    """The token to use: the node's field when something is typed there (it is then saved in the workflow and in
-    every saved image's metadata), else ``$env_name``, else that key of ``sakura_tokens.json`` in ComfyUI's user
-    folder (outside ``user/default``, so the frontend's userdata API does not serve it), else None."""
+def resolve_token_source(typed: str, env_name: str) -> tuple[str | None, str]:
+    """``(token, where it came from)``: the node's field when something is typed there (it is then saved in the
+    workflow and in every saved image's metadata), else ``$env_name``, else that key of ``sakura_tokens.json`` in
+    ComfyUI's user folder (outside ``user/default``, so the frontend's userdata API does not serve it), else None.
+    The second item names the source for messages, e.g. ``"$SAKURA_READ_TOKEN in ComfyUI's environment"``."""
     if typed.strip():
-        return typed.strip()
+        return typed.strip(), "the token typed into the node's token field"
     if os.environ.get(env_name, "").strip():
-        return os.environ[env_name].strip()
+        return os.environ[env_name].strip(), f"${env_name} in ComfyUI's environment"
     tokens, path = _user_tokens()
     token = tokens.get(env_name, "").strip()
     if token:
         logger.debug("sakura: %s read from %s", env_name, path)
-    return token or None
+        return token, f"{env_name} in {path}"
+    where = path or f"ComfyUI's user/{TOKENS_FILE}"
+    return None, f"no token was found (the token field, ${env_name} and {env_name} in {where} are all empty)"
+
+
+def resolve_token(typed: str, env_name: str) -> str | None:
+    """The token to use (see :func:`resolve_token_source`), or None."""
+    return resolve_token_source(typed, env_name)[0]
+
+
+def refused_token_message(what: str, source: str, env_name: str, token_field: str | None) -> str:
+    """Why ``what`` answered HTTP 401 and what to do: ``source`` is :func:`resolve_token_source`'s second item;
+    ``token_field`` the node field that may hold a token (None where none is read, e.g. the template chooser)."""
+    if source.startswith("no token"):
+        field_fix = (
+            f" (or type it into the {token_field} field, which saves it in the workflow)" if token_field else ""
+        )
+        return (f"{what} requires a token (HTTP 401) and {source}: set ${env_name} in ComfyUI's environment or "
+                f"{env_name} in ComfyUI's user/{TOKENS_FILE}{field_fix}")  # fmt: skip
+    return f"{what} refused {source} (HTTP 401): it is not the token {what} was started with; correct it there"
 
 
 def image_from_comfy(image, what: str = "image") -> np.ndarray:

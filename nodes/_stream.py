@@ -10,13 +10,12 @@ fetch lane streams the shards the policy picks while the device computes. Nothin
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import threading
 from dataclasses import dataclass, field
 
 from sakura_core.fetch.link import LinkSpec
-from sakura_core.policy.plan import runnable_policies
+from sakura_core.kv.manifest import Manifest
 
 from ._common import start_async
 
@@ -33,9 +32,10 @@ class TemplateHandle:
         template_id: the template's id.
         model_id: content id of the model the manifest was checked against.
         server_url: SAKURA server (or CDN) base URL; ``None`` for a local store.
-        store_dir: local store folder (served on a loopback port for each run); ``None`` for a server.
+        store_dir: local store folder (read directly); ``None`` for a server.
         token: bearer token of the server's read path (never shown in reprs or reports).
-        manifest_json: the manifest as fetched.
+        manifest: the manifest as the loader fetched and checked it against the model (a typed
+            ``sakura_core.kv.Manifest``, parsed once); None only for a handle nothing was loaded into.
     """
 
     template_id: str
@@ -43,7 +43,7 @@ class TemplateHandle:
     server_url: str | None
     store_dir: str | None
     token: str | None = field(default=None, repr=False)
-    manifest_json: str = field(default="{}", repr=False)
+    manifest: Manifest | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if (self.server_url is None) == (self.store_dir is None):
@@ -53,39 +53,27 @@ class TemplateHandle:
     def source(self) -> str:
         return self.server_url if self.server_url is not None else f"store:{self.store_dir}"
 
-    def manifest(self) -> dict:
-        return json.loads(self.manifest_json)
-
     @property
     def kv_mode(self) -> str:
         """``"single"`` (one KV per layer, valid for any step count) or ``"per-step"`` (one per (step, layer))."""
-        return self.manifest().get("kv_mode", "single")
+        return self.manifest.kv_mode
 
     @property
     def schedule(self) -> str:
         """What the template's KV is valid for: ``"any schedule"`` or ``"4 steps, shift 1"`` (per-step)."""
-        from sakura_core.edit import schedule_label
-
-        return schedule_label(self.manifest())
+        return self.manifest.schedule_label
 
     def describe(self) -> str:
         """One line for the UI: ``"face-swap-astronaut: per-step KV, 4 steps, shift 1 (from http://...)"``."""
         return f"{self.template_id}: {self.kv_mode} KV, {self.schedule} (from {self.source})"
 
-    def check_steps(self, steps: int) -> None:
-        """Refuse a step count a per-step template was not precomputed for (the message names the fix)."""
-        from sakura_core.edit import check_request_schedule
-
-        check_request_schedule(self.manifest(), steps)
-
     def template_source(self):
-        """Where the edit fetches from: ``sakura_core.edit.ServerSource`` or ``cloud_server.loopback.StoreSource``."""
+        """Where the edit fetches from: a ``ServerSource`` or a ``StoreSource`` (``sakura_core.fetch.sources``: the
+        store folder read directly)."""
+        from sakura_core.fetch.sources import ServerSource, StoreSource
+
         if self.server_url is not None:
-            from sakura_core.edit import ServerSource
-
             return ServerSource(self.server_url, self.token)
-        from cloud_server.loopback import StoreSource
-
         return StoreSource(self.store_dir)
 
 
@@ -105,10 +93,9 @@ class FetchSettings:
     latency_target_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.policy not in runnable_policies():
-            raise ValueError(
-                f"policy {self.policy!r} cannot run an edit; choose one of {', '.join(runnable_policies())}"
-            )
+        from sakura_core.edit import runnable_policy
+
+        runnable_policy(self.policy)  # raises with the choices named
         object.__setattr__(self, "link", LinkSpec.parse(self.link))  # raises with the bad value named
 
 
@@ -145,12 +132,10 @@ class KVStream:
         return self.start()
 
     async def _prefetch(self):
-        from sakura_core.edit import ModelKey, open_template
+        from sakura_core.edit import open_checked_template
 
-        t = self.template
-        manifest = t.manifest()  # checked against the model by the Template KV Loader; checked again here
-        key = ModelKey(t.model_id, tuple(manifest.get("token_grid", ())))
-        return await open_template(t.template_source(), t.template_id, key, manifest=manifest)
+        t = self.template  # its manifest was checked against the model by the Template KV Loader: only the image
+        return await open_checked_template(t.template_source(), t.manifest)
 
 
 class EditRun:

@@ -4,6 +4,7 @@ the template's KV from the cloud itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,8 @@ from ._common import (
     PHONE_TOKEN_ENV,
     SakuraDevice,
     SakuraNodeError,
-    resolve_token,
+    refused_token_message,
+    resolve_token_source,
     start_async,
     wait_interruptible,
 )
@@ -32,6 +34,7 @@ class PhoneDevice:
     Attributes:
         connection: ``http(s)://HOST:PORT`` (LAN or loopback), ``adb`` or ``adb:SERIAL[@PORT]``.
         token: pairing token (never shown in reprs or reports).
+        token_source: where the token came from (the field, the environment, sakura_tokens.json), for messages.
         cloud_url: the SAKURA server as the phone reaches it; empty = the template's server URL.
         info_json: the agent's ``/v1/info`` answer when the node ran.
     """
@@ -40,6 +43,7 @@ class PhoneDevice:
     token: str = field(default="", repr=False)
     cloud_url: str = ""
     info_json: str = field(default="{}", repr=False)
+    token_source: str = "the node's token field"
 
     def info(self) -> dict:
         return json.loads(self.info_json)
@@ -50,14 +54,12 @@ class PhoneDevice:
         return PhoneClient.connect(self.connection, self.token or None, check=False)
 
 
-def phone_error_message(connection: str, error) -> str:
-    """A ``PhoneError`` as the node shows it; a refused pairing token (401) says where the token comes from."""
+def phone_error_message(connection: str, error, token_source: str = "the pairing token") -> str:
+    """A ``PhoneError`` as the node shows it; a refused pairing token (401) says which token source was refused
+    (``token_source``: the field, the environment or sakura_tokens.json) and what to do."""
     if getattr(error, "status", 0) == 401:
-        return (
-            f"phone {connection} refused the pairing token (HTTP 401): set $SAKURA_PHONE_TOKEN in ComfyUI's "
-            "environment to the token the phone agent was started with (or type it into the Sakura Phone Device "
-            "node's token field, which saves it in the workflow)"
-        )
+        what = f"the phone agent at {connection}"
+        return refused_token_message(what, token_source, PHONE_TOKEN_ENV, "Sakura Phone Device's token")
     return f"phone {connection}: {error}"
 
 
@@ -117,7 +119,7 @@ def run_on_phone(
         try:
             image, report = wait_interruptible(future, on_tick=on_tick, on_interrupt=stop)
         except PhoneError as e:
-            raise SakuraNodeError(phone_error_message(device.connection, e)) from e
+            raise SakuraNodeError(phone_error_message(device.connection, e, device.token_source)) from e
     finally:
         client.close()
     report = dict(report)  # the phone's report has the local report's shape (sakura_core.edit_report)
@@ -166,8 +168,13 @@ class SakuraPhoneDevice(io.ComfyNode):
     def execute(cls, connection: str, token: str, cloud_url: str) -> io.NodeOutput:
         from android_bridge import PhoneError, TransportError
 
-        token = resolve_token(token, PHONE_TOKEN_ENV) or ""
-        device = PhoneDevice(connection=connection.strip(), token=token, cloud_url=cloud_url.strip())
+        token, source = resolve_token_source(token, PHONE_TOKEN_ENV)
+        connection, cloud_url = connection.strip(), cloud_url.strip()
+        if cloud_url:
+            from .template_loader import check_server_url
+
+            cloud_url = check_server_url("cloud_url", cloud_url)
+        device = PhoneDevice(connection=connection, token=token or "", cloud_url=cloud_url, token_source=source)
         try:
             client = device.connect()
             try:
@@ -175,9 +182,7 @@ class SakuraPhoneDevice(io.ComfyNode):
             finally:
                 client.close()
         except PhoneError as e:
-            raise SakuraNodeError(phone_error_message(device.connection, e)) from e
+            raise SakuraNodeError(phone_error_message(device.connection, e, source)) from e
         except (TransportError, ValueError, OSError) as e:
-            raise SakuraNodeError(f"phone {device.connection}: {e}") from e
-        return io.NodeOutput(
-            PhoneDevice(device.connection, device.token, device.cloud_url, info_json=json.dumps(info))
-        )
+            raise SakuraNodeError(f"phone {device.connection} (the connection field): {e}") from e
+        return io.NodeOutput(dataclasses.replace(device, info_json=json.dumps(info)))

@@ -22,8 +22,19 @@ from ._common import (
     wait_interruptible,
 )
 from ._stream import EditRun
+from .saved_outputs import save_run_files
 
-__all__ = ["SakuraPipelinedSampler", "report_json", "timeline_image"]
+__all__ = ["MEASURED", "SakuraPipelinedSampler", "device_timings", "report_json", "timeline_image"]
+
+MEASURED = "this machine (measured)"
+_EMULATED = "emulated phone: "
+
+
+def device_timings() -> list[str]:
+    """The ``device_timing`` choices: this machine's measured times, or a phone profile's EMULATED ones."""
+    from sakura_core.runtime.profiles import PROFILES
+
+    return [MEASURED, *(f"{_EMULATED}{name}" for name in PROFILES)]
 
 
 def _json_default(value):
@@ -93,6 +104,23 @@ class SakuraPipelinedSampler(io.ComfyNode):
                     control_after_generate=True,
                     tooltip="Seed of the starting noise: the same seed, inputs and policy give the same image.",
                 ),
+                io.String.Input(
+                    "save_prefix",
+                    default="sakura/edit",
+                    tooltip="The report (JSON) and timeline (PNG) are saved in ComfyUI's output folder as "
+                    "<save_prefix>_report_<n>.json and <save_prefix>_timeline_<n>.png, n = the number a Save Image "
+                    "node with the same filename_prefix gives the edited image. Empty = not saved.",
+                ),
+                io.Combo.Input(
+                    "device_timing",
+                    options=device_timings(),
+                    default=MEASURED,
+                    tooltip="Whose compute speed the edit runs at. 'this machine' = measured here (the demo model is "
+                    "tiny: computing a layer here beats fetching it, so sakura computes). 'emulated phone: <profile>' "
+                    "= EMULATED timing of that phone running a phone-class DiT: each layer is paced to the phone's "
+                    "time and the emulated link to phone-size shards, so the policy faces a phone's trade-off; the "
+                    "image is still this model's. Needs an emulated link (fixed Mbit/s or a trace).",
+                ),
                 SakuraDevice.Input(
                     "device", optional=True, tooltip="A Sakura Phone Device: the edit runs on the phone instead."
                 ),
@@ -118,16 +146,24 @@ class SakuraPipelinedSampler(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, model, kv_stream, image, prompt: str, steps: int, seed: int, device=None) -> io.NodeOutput:
+    def execute(
+        cls,
+        model,
+        kv_stream,
+        image,
+        prompt: str,
+        steps: int,
+        seed: int,
+        save_prefix: str,
+        device_timing: str,
+        device=None,
+    ) -> io.NodeOutput:
         import comfy.utils
 
         from sakura_core.fetch.client import FetchError
 
-        try:  # a per-step template serves only the step count it was precomputed for: say so before any work
-            kv_stream.template.check_steps(steps)
-        except ValueError as e:
-            raise SakuraNodeError(str(e)) from e
         user = image_from_comfy(image, "image")
+        timing = cls._timing(device_timing, kv_stream, device)
         run = EditRun(steps, model.adapter.num_layers)
         bar = comfy.utils.ProgressBar(run.total, node_id=cls.hidden.unique_id)
 
@@ -142,16 +178,37 @@ class SakuraPipelinedSampler(io.ComfyNode):
                     device, kv_stream, user, prompt, steps=steps, seed=seed, run=run, on_tick=tick
                 )
             else:
-                edited, report = cls._run_here(model, kv_stream, user, prompt, steps, seed, run, tick)
+                edited, report = cls._run_here(model, kv_stream, user, prompt, steps, seed, run, tick, timing)
             bar.update_absolute(run.total, run.total)
         except (FetchError, ValueError) as e:
             raise SakuraNodeError(f"edit against template {kv_stream.template.template_id!r} failed: {e}") from e
         finally:
             run.reset()
-        return io.NodeOutput(image_to_comfy(edited), report_json(report), image_to_comfy(timeline_image(report)))
+        text, timeline = report_json(report), timeline_image(report)
+        save_run_files(save_prefix, text, timeline)
+        return io.NodeOutput(image_to_comfy(edited), text, image_to_comfy(timeline))
 
     @classmethod
-    def _run_here(cls, model, kv_stream, user, prompt, steps, seed, run, tick):
+    def _timing(cls, device_timing: str, kv_stream, device):
+        """The EMULATED phone timing chosen (``sakura_core.runtime.emulated_device``), or None (measured here)."""
+        if device_timing == MEASURED:
+            return None
+        if not device_timing.startswith(_EMULATED) or device_timing not in device_timings():
+            raise SakuraNodeError(f"device_timing {device_timing!r} is not one of {', '.join(device_timings())}")
+        if device is not None:
+            raise SakuraNodeError("device_timing emulates a phone on this machine, but a Sakura Phone Device is "
+                                  f"connected (the phone has its own timing): set device_timing to {MEASURED!r} or "
+                                  "disconnect the device")  # fmt: skip
+        if not kv_stream.settings.link.emulated:
+            raise SakuraNodeError(f"device_timing {device_timing!r} needs an emulated link: set the fetch node's "
+                                  "bandwidth to 'fixed Mbit/s' or 'trace file' (a live link's shards cannot be paced "
+                                  "at phone scale)")  # fmt: skip
+        from sakura_core.runtime.emulated_device import EmulatedTiming
+
+        return EmulatedTiming.for_manifest(device_timing[len(_EMULATED) :], kv_stream.template.manifest.raw)
+
+    @classmethod
+    def _run_here(cls, model, kv_stream, user, prompt, steps, seed, run, tick, timing=None):
         from sakura_core import edit
 
         template = kv_stream.template
@@ -165,7 +222,14 @@ class SakuraPipelinedSampler(io.ComfyNode):
         opened = wait_interruptible(kv_stream.join())
         future = start_async(
             lambda: edit.run_template_edit(
-                model, opened, user, settings, link=fetch.link, cancel=run.cancel, on_layer=run.on_layer
+                model,
+                opened,
+                user,
+                settings,
+                link=fetch.link,
+                cancel=run.cancel,
+                on_layer=run.on_layer,
+                timing=timing,
             ),
             name="sakura-edit",
         )

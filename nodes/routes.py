@@ -12,7 +12,7 @@ import logging
 
 from aiohttp import web
 
-from ._common import READ_TOKEN_ENV, SakuraNodeError, resolve_token
+from ._common import READ_TOKEN_ENV, SakuraNodeError, refused_token_message, resolve_token_source
 
 __all__ = ["DEFAULT_SERVER_URL", "REQUEST_HEADER", "ROUTE", "list_published", "register_routes", "templates_handler"]
 
@@ -26,20 +26,29 @@ REQUEST_HEADER = "X-Sakura-Request"
 DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
 
 
-async def list_published(server_url: str, token: str | None) -> dict:
-    """``{"server_url", "templates": [{"id", "model_id"}], "error"}``: one quick try (no retries), so the UI waits at
-    most a few seconds; ``error`` is the readable reason when the catalog cannot be read."""
-    from sakura_core.fetch.client import ClientConfig, FetchError, ShardClient
+async def list_published(server_url: str, token: str | None, token_source: str = "the read token") -> dict:
+    """``{"server_url", "templates": [{"id", "model_id", "kv_mode", "steps"}], "error"}``: one quick try (no retries,
+    no retry window), so a dead server answers at once and a silent one within the timeouts; ``steps`` is the step
+    count a per-step template serves (None in single mode); ``error`` is the readable reason when the catalog cannot
+    be read."""
+    from sakura_core.fetch.client import AuthError, ClientConfig, FetchError, ShardClient
 
     url = server_url.strip().rstrip("/") or DEFAULT_SERVER_URL
-    config = ClientConfig(connect_timeout_s=2.0, read_timeout_s=5.0, max_retries=0)
+    if not url.startswith(("http://", "https://")):
+        return {"server_url": url, "templates": [], "error": f"server_url {url!r} must start with http:// or "
+                "https://, e.g. http://127.0.0.1:8080"}  # fmt: skip
+    config = ClientConfig(connect_timeout_s=2.0, read_timeout_s=5.0, max_retries=0, retry_window_s=0.0)
     try:
         async with ShardClient(url, token, config=config) as client:
             catalog = await client.get_catalog()
+    except AuthError:
+        what = f"the SAKURA server at {url}"
+        why = refused_token_message(what, token_source, READ_TOKEN_ENV, None)  # the browser never sends a token
+        return {"server_url": url, "templates": [], "error": why}
     except (FetchError, ValueError) as e:
         return {"server_url": url, "templates": [], "error": str(e)}
     templates = [
-        {"id": t["id"], "model_id": t.get("model_id")}
+        {"id": t["id"], "model_id": t.get("model_id"), "kv_mode": t.get("kv_mode", "single"), "steps": t.get("steps")}
         for t in catalog["templates"]
         if isinstance(t, dict) and isinstance(t.get("id"), str)
     ]
@@ -56,10 +65,10 @@ async def templates_handler(request: web.Request) -> web.Response:
             status=403,
         )  # fmt: skip
     try:
-        token = resolve_token("", READ_TOKEN_ENV)
+        token, source = resolve_token_source("", READ_TOKEN_ENV)
     except SakuraNodeError as e:
         return web.json_response({"server_url": None, "templates": [], "error": str(e)})
-    return web.json_response(await list_published(request.query.get("server_url", ""), token))
+    return web.json_response(await list_published(request.query.get("server_url", ""), token, source))
 
 
 def register_routes(routes: web.RouteTableDef | None = None) -> bool:

@@ -6,18 +6,53 @@ count it was precomputed for)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from comfy_api.latest import io
 
-from ._common import CATEGORY, READ_TOKEN_ENV, SakuraModel, SakuraNodeError, SakuraTemplate, resolve_token, run_async
+from ._common import (
+    CATEGORY,
+    READ_TOKEN_ENV,
+    SakuraModel,
+    SakuraNodeError,
+    SakuraTemplate,
+    refused_token_message,
+    resolve_token_source,
+    run_async,
+)
 from ._stream import TemplateHandle
 
-__all__ = ["SERVER", "STORE", "SakuraTemplateLoader"]
+__all__ = ["SERVER", "STORE", "SakuraTemplateLoader", "check_server_url", "template_info"]
 
 SERVER = "server"
 STORE = "local store"
+
+
+def check_server_url(field: str, url: str) -> str:
+    """``url`` without a trailing slash; a SakuraNodeError naming ``field`` when it is not an http(s) URL."""
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise SakuraNodeError(f"{field} {url!r} must start with http:// or https://, e.g. http://127.0.0.1:8080")
+    return url
+
+
+def template_info(handle: TemplateHandle) -> list[str]:
+    """What the node shows once it ran: the template, its KV mode, the steps it serves, its references, where from."""
+    manifest = handle.manifest
+    rows, cols = manifest.token_grid
+    if manifest.schedule is not None:
+        steps = manifest.schedule.steps
+        mode = f"KV mode: per-step (one KV per step and layer): {handle.schedule}; the sampler must run {steps} steps"
+    else:
+        mode = "KV mode: single (one KV per layer): serves any step count"
+    refs = manifest.raw.get("references") or [{"tokens": rows * cols}]
+    tokens = ", ".join(str(r.get("tokens", "?")) for r in refs)
+    return [
+        f"template: {handle.template_id}",
+        mode,
+        f"references: {len(refs)} ({tokens} tokens; grid {rows}x{cols}), {manifest.num_layers} layers",
+        f"from: {handle.source}",
+    ]
 
 
 class SakuraTemplateLoader(io.ComfyNode):
@@ -75,9 +110,9 @@ class SakuraTemplateLoader(io.ComfyNode):
         from sakura_core.fetch.client import AuthError, FetchError
 
         template_id = template_id.strip()
-        token = resolve_token(token, READ_TOKEN_ENV)
+        token, token_source = resolve_token_source(token, READ_TOKEN_ENV)
         if source == SERVER:
-            where = {"server_url": server_url.strip().rstrip("/"), "store_dir": None}
+            where = {"server_url": check_server_url("server_url", server_url), "store_dir": None}
         elif source == STORE:
             if not store_dir.strip():
                 raise SakuraNodeError("source is 'local store' but store_dir is empty: give the store folder")
@@ -91,11 +126,11 @@ class SakuraTemplateLoader(io.ComfyNode):
                 name="sakura-template-loader",
             )
         except AuthError as e:
+            what = f"the SAKURA server at {handle.source}"
             raise SakuraNodeError(
-                f"template {template_id!r}: {e}. The server requires a read token: set $SAKURA_READ_TOKEN in "
-                "ComfyUI's environment (or type it into this node's token field, which saves it in the workflow)"
+                f"template {template_id!r}: {refused_token_message(what, token_source, READ_TOKEN_ENV, 'token')}"
             ) from e
         except (FetchError, ValueError) as e:
             raise SakuraNodeError(f"template {template_id!r}: {e}") from e
-        handle = dataclasses.replace(handle, manifest_json=json.dumps(manifest))
-        return io.NodeOutput(handle, ui={"text": [handle.describe()]})
+        handle = dataclasses.replace(handle, manifest=manifest)
+        return io.NodeOutput(handle, ui={"text": template_info(handle)})

@@ -19,6 +19,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "demo-model"): ("sakura_core.cli_eval", "evaluate the demo model on held-out pairs; writes JSON"),
     ("serve",): ("cloud_server.cli_serve", "run the template/shard server (catalog, manifests, shards, precompute)"),
     ("precompute",): ("cloud_server.cli_precompute", "compute a template's KV ladder and publish it into a store"),
+    ("precompute-catalog",): (
+        "cloud_server.cli_precompute_catalog",
+        "publish every entry of a template catalog (local workers or a Ray cluster); skips what is published",
+    ),
     ("examples",): (
         "cloud_server.cli_examples",
         "publish the ComfyUI example workflows' templates into a store; write their user images",
@@ -26,6 +30,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("store",): ("cloud_server.cli_store", "verify|repair a store: re-hash shards, quarantine, sweep temp/orphans"),
     ("bench", "e2e"): ("sakura_core.bench.cli_e2e", "every fetch policy over every trace (sim or live); JSON + plots"),
     ("bench", "serve"): ("cloud_server.bench_serve", "load-test the shard server vs nginx over loopback; JSON"),
+    ("bench", "catalog"): (
+        "cloud_server.bench_catalog",
+        "catalog precompute with 1 vs 2 workers; shard GETs from S3 vs local vs nginx CDN (radosgw); JSON",
+    ),
     ("phone-agent",): ("android_bridge.cli_phone_agent", "run the (emulated) phone agent"),
     ("phone", "run"): ("android_bridge.cli_phone_run", "dispatch one edit to a phone agent; writes the image"),
     ("phone", "devices"): ("android_bridge.cli_phone_devices", "list adb devices, or show a phone agent's info"),

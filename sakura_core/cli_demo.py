@@ -101,12 +101,12 @@ def run(args) -> int:
 def _per_step_local(model, template, user, args) -> dict:
     """The same check in ``per-step`` KV mode: one KV per (step, layer), each at its step's time; the fetched-KV and
     hybrid edits against the on-device edit that runs the template at every step (as a stock editing DiT does)."""
-    from .runtime.schedule import flow_timesteps
+    from .runtime.schedule import edit_times
 
     L = model.adapter.num_layers
     t0 = time.perf_counter()
     kv = model.adapter.extract_per_step_kv(model.template_tokens(template), model.spec.grid,
-                                           flow_timesteps(args.steps)[:-1])  # fmt: skip
+                                           edit_times(model, args.steps)[:-1])  # fmt: skip
     t_extract = time.perf_counter() - t0
     print(f"\nper-step KV mode — server: template KV {tuple(kv.kv.shape)} = {kv.kv.numel() * 2 / 2**20:.2f} MiB fp16 "
           f"({args.steps} steps x {L} layers) in {t_extract:.3f} s")  # fmt: skip

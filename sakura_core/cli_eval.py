@@ -45,12 +45,32 @@ def _training_record(weights_path: Path | None) -> dict | None:
 
 def run(args) -> int:
     from .demo.edit_task import ImageBank
-    from .demo.evaluate import evaluate
     from .files import atomic_write_json
-    from .models.edit_model import ModelSpec, load_demo_model
 
     if args.pairs < 1 or args.steps < 1 or args.probes < 0:
         raise SystemExit("sakura eval demo-model: --pairs and --steps must be >= 1, --probes >= 0")
+    model, reference, record = _load_models(args)
+    bank = ImageBank.load()
+    t0 = time.perf_counter()
+    per_mode = _evaluate_modes(model, reference, bank, args)
+    result = dict(next(iter(per_mode.values())))
+    result["kv_mode"] = args.kv_mode
+    if len(per_mode) > 1:
+        result["modes"] = {m: {"psnr_db": r["psnr_db"], "ssim": r["ssim"]} for m, r in per_mode.items()}
+        result["per_step_minus_single_db"] = per_mode["per-step"]["psnr_db"] - per_mode["single"]["psnr_db"]
+    result["eval_s"] = round(time.perf_counter() - t0, 1)
+    if record is not None:
+        result["training"] = {k: record.get(k) for k in ("steps", "elapsed_s", "train_config")}
+    atomic_write_json(args.json, result)
+    _print_results(model, args, result, per_mode)
+    return 0
+
+
+def _load_models(args):
+    """(the evaluated model, the random-init reference or None, the weights' training record or None); refuses the
+    training seed as the held-out seed."""
+    from .models.edit_model import ModelSpec, load_demo_model
+
     spec = ModelSpec.load()
     if args.weights == "auto":
         path = Path(str(resources.files("sakura_core.models").joinpath(spec.weights)))
@@ -64,8 +84,13 @@ def run(args) -> int:
     if model.weights_source.startswith("random"):
         print("note: no trained weights found — evaluating the random init")
     reference = None if args.no_reference else load_demo_model(spec, weights=None)
-    bank = ImageBank.load()
-    t0 = time.perf_counter()
+    return model, reference, record
+
+
+def _evaluate_modes(model, reference, bank, args) -> dict[str, dict]:
+    """``evaluate`` per KV mode asked for (``--kv-mode both``: single, then per-step), in that order."""
+    from .demo.evaluate import evaluate
+
     modes = ("single", "per-step") if args.kv_mode == "both" else (args.kv_mode,)
     per_mode = {}
     for i, mode in enumerate(modes):
@@ -80,16 +105,10 @@ def run(args) -> int:
             reference_model=reference,
             kv_mode=mode,
         )
-    result = dict(per_mode[modes[0]])
-    result["kv_mode"] = args.kv_mode
-    if len(modes) > 1:
-        result["modes"] = {m: {"psnr_db": r["psnr_db"], "ssim": r["ssim"]} for m, r in per_mode.items()}
-        result["per_step_minus_single_db"] = per_mode["per-step"]["psnr_db"] - per_mode["single"]["psnr_db"]
-    result["eval_s"] = round(time.perf_counter() - t0, 1)
-    if record is not None:
-        result["training"] = {k: record.get(k) for k in ("steps", "elapsed_s", "train_config")}
-    atomic_write_json(args.json, result)
+    return per_mode
 
+
+def _print_results(model, args, result: dict, per_mode: dict[str, dict]) -> None:
     b = result["baselines"]
     print(
         f"model {model.spec.name} ({model.weights_source}), {args.pairs} held-out pairs (seed {args.seed}), "
@@ -103,7 +122,7 @@ def run(args) -> int:
     print(f"{'baseline: return the user image':<34}{b['user_image']['psnr_db']:>9.2f}{b['user_image']['ssim']:>8.3f}")
     nc = b["naive_composite"]
     print(f"{'reference: paste, no recolour *':<34}{nc['psnr_db']:>9.2f}{nc['ssim']:>8.3f}")
-    if len(modes) > 1:
+    if len(per_mode) > 1:
         print(f"per-step minus single: {result['per_step_minus_single_db']:+.2f} dB")
     gain = result["psnr_db"] - max(b["template"]["psnr_db"], b["user_image"]["psnr_db"])
     print(f"\ngain over the better trivial baseline: {gain:+.2f} dB")
@@ -124,4 +143,3 @@ def run(args) -> int:
             f"template: {imp['template_share']:.1%}"
         )
     print(f"wrote {args.json} ({result['eval_s']} s)")
-    return 0

@@ -5,11 +5,12 @@ and the CLI demo.
     outcome = await run_template_edit(model, opened, user_image, EditSettings(prompt, steps=8, policy="sakura"),
                                       link=LinkSpec.parse("fixed:20"))                      # image + report
 
-:func:`open_template` fetches the template's manifest and image from a source (a server URL, or anything with an
-async ``base_url()`` context, e.g. ``cloud_server.loopback.StoreSource`` for a local store) and checks them against
-the model once (:func:`check_template`: model id, token grid, template image named). :func:`run_template_edit`
-plans the fetch with the policy (``sakura_core.policy.plan.plan_fetch``), paces the shard client by the link, runs
-the pipelined edit and builds the report (:mod:`sakura_core.edit_report`). :func:`edit_from_server` does both for an
+:func:`open_template` fetches the template's manifest and image from a source (a server URL, a
+:class:`ServerSource`, or a :class:`StoreSource` for a store folder read directly: ``sakura_core.fetch.sources``)
+and checks them against the model once (:func:`check_template`: model id, token grid, template image named).
+:func:`run_template_edit` plans the fetch with the policy (``sakura_core.policy.plan.plan_fetch``), paces the
+source's shard fetches by the link, runs the pipelined edit (which checks a per-step template's schedule against
+the model's, once) and builds the report (:mod:`sakura_core.edit_report`). :func:`edit_from_server` does both for an
 :class:`EditRequest` (the phone agent's job, the demo). The user image and prompt stay in this process; only
 manifest and shard requests leave it.
 """
@@ -19,86 +20,53 @@ from __future__ import annotations
 import io
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
-from .edit_report import edit_report
+from .edit_report import edit_report, with_timing
 from .fetch.errors import TemplateNotFoundError
 from .fetch.link import LinkSpec, shaped_fetcher
-from .kv.manifest import manifest_kv_mode
+from .fetch.sources import ServerSource, StoreSource, TemplateSource
+from .kv.manifest import Manifest, ModelMismatchError
 from .models.edit_model import EditModel, load_image
 from .policy.plan import plan_fetch, runnable_policies
+from .runtime.backend import backend_of
+from .runtime.emulated_device import EmulatedTiming
 from .runtime.live_profile import LiveProfile, measure_profile
 from .runtime.pipeline import RunReport, RuntimeConfig, run_pipelined_edit
-from .template_check import ModelKey, check_request_schedule, check_template, schedule_label, template_grid_fits
+from .template_check import ModelKey, check_template, template_grid_fits
 
 __all__ = [
     "EditOutcome",
     "EditRequest",
     "EditSettings",
+    "EmulatedTiming",
     "ModelKey",
     "OpenedTemplate",
     "ServerSource",
+    "StoreSource",
     "TemplateSource",
-    "check_request_schedule",
     "check_template",
     "edit_from_server",
     "fetch_template_manifest",
+    "open_checked_template",
     "open_template",
     "run_template_edit",
-    "schedule_label",
+    "runnable_policy",
 ]
-
-
-class TemplateSource(Protocol):
-    """Where a template is served: ``label`` (for messages and reports), ``token`` (bearer token of the read path
-    or None) and ``base_url()``, an async context yielding the base URL to fetch from while it is open."""
-
-    label: str
-    token: str | None
-
-    def base_url(self) -> AbstractAsyncContextManager[str]: ...
-
-
-@dataclass(frozen=True)
-class ServerSource:
-    """A SAKURA server (or a CDN in front of one).
-
-    Attributes:
-        url: base URL, ``http(s)://HOST[:PORT]`` (a trailing slash is dropped).
-        token: bearer token of the server's read path, if it has one (never shown in reprs or reports).
-    """
-
-    url: str
-    token: str | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or not self.url.strip():
-            raise ValueError(f"server url must be a non-empty http(s) URL, got {self.url!r}")
-        object.__setattr__(self, "url", self.url.strip().rstrip("/"))
-
-    @property
-    def label(self) -> str:
-        return self.url
-
-    @asynccontextmanager
-    async def base_url(self) -> AsyncIterator[str]:
-        yield self.url
 
 
 def _source(source: TemplateSource | str, token: str | None = None) -> TemplateSource:
     return ServerSource(source, token) if isinstance(source, str) else source
 
 
-async def _get_manifest(client, label: str, template_id: str, model_id: str) -> dict:
+async def _get_manifest(shards, label: str, template_id: str) -> Manifest:
     try:
-        return await client.get_manifest(template_id, expected_model_id=model_id)
+        return await shards.get_manifest(template_id)
     except TemplateNotFoundError as e:
-        catalog = await client.get_catalog()
+        catalog = await shards.get_catalog()
         ids = sorted(str(t.get("id")) for t in catalog.get("templates", []) if isinstance(t, dict))
         raise TemplateNotFoundError(f"template {template_id!r} is not in the catalog of {label}; published there: "
                                     f"{', '.join(ids) or 'none'}") from e  # fmt: skip
@@ -106,14 +74,12 @@ async def _get_manifest(client, label: str, template_id: str, model_id: str) -> 
 
 async def fetch_template_manifest(
     source: TemplateSource | str, template_id: str, model: EditModel | ModelKey, *, token: str | None = None
-) -> dict:
-    """The template's manifest from ``source``, checked against ``model`` (:func:`check_template`); an unknown id
-    raises ``TemplateNotFoundError`` listing what is published there."""
-    from .fetch.client import ShardClient
-
+) -> Manifest:
+    """The template's manifest from ``source`` (parsed once, as it arrives), checked against ``model``
+    (:func:`check_template`); an unknown id raises ``TemplateNotFoundError`` listing what is published there."""
     src, key = _source(source, token), ModelKey.of(model)
-    async with src.base_url() as url, ShardClient(url, src.token) as client:
-        return check_template(await _get_manifest(client, src.label, template_id, key.model_id), template_id, key)
+    async with src.open() as shards:
+        return check_template(await _get_manifest(shards, src.label, template_id), template_id, key)
 
 
 @dataclass(frozen=True)
@@ -124,7 +90,7 @@ class OpenedTemplate:
         source: where the shards are fetched from during the edit.
         template_id: the template's id.
         model_id: content id of the model the manifest was checked against.
-        manifest: the checked manifest (do not modify).
+        manifest: the checked manifest (:func:`check_template`; its ``raw`` JSON is what the edit reads).
         image_file: the template image as published (PNG bytes).
         image_fetch_s: (started, finished) of the image fetch, ``time.monotonic()`` seconds.
     """
@@ -132,27 +98,18 @@ class OpenedTemplate:
     source: TemplateSource
     template_id: str
     model_id: str
-    manifest: dict = field(repr=False)
+    manifest: Manifest = field(repr=False)
     image_file: bytes = field(repr=False)
     image_fetch_s: tuple[float, float] = (0.0, 0.0)
 
     @property
     def token_grid(self) -> tuple[int, ...]:
-        return tuple(self.manifest["token_grid"])
+        return self.manifest.token_grid
 
     @property
     def kv_mode(self) -> str:
         """``"single"`` (one KV per layer, any schedule) or ``"per-step"`` (one per (step, layer), one schedule)."""
-        return manifest_kv_mode(self.manifest)
-
-    @property
-    def schedule_label(self) -> str:
-        """``"any schedule"`` (single mode) or ``"4 steps, shift 1"`` (the schedule per-step KV was computed for)."""
-        return schedule_label(self.manifest)
-
-    def check_steps(self, steps: int) -> None:
-        """Refuse a step count a per-step template was not computed for (:func:`check_request_schedule`)."""
-        check_request_schedule(self.manifest, steps)
+        return self.manifest.kv_mode
 
     def template_image(self, size: int) -> np.ndarray:
         """The template image as (size, size, 3) uint8."""
@@ -164,7 +121,7 @@ class OpenedTemplate:
         """What a report says about the template: ids, source, geometry, bytes per level and the image fetch."""
         levels: dict[str, int] = {}
         m = self.manifest
-        for shard in m["shards"]:
+        for shard in m.shards:
             for rep in shard["representations"]:
                 name = rep.get("name", str(rep["level"]))
                 levels[name] = levels.get(name, 0) + rep["bytes"]
@@ -173,9 +130,9 @@ class OpenedTemplate:
             "model_id": self.model_id,
             "source": self.source.label,
             "token_grid": list(self.token_grid),
-            "num_layers": m["num_layers"],
-            "kv_mode": self.kv_mode,
-            "schedule": self.schedule_label,
+            "num_layers": m.num_layers,
+            "kv_mode": m.kv_mode,
+            "schedule": m.schedule_label,
             "bytes_per_level": levels,
             "image_bytes": len(self.image_file),
             "image_fetch_s": round(self.image_fetch_s[1] - self.image_fetch_s[0], 4),
@@ -183,25 +140,37 @@ class OpenedTemplate:
 
 
 async def open_template(
-    source: TemplateSource | str,
-    template_id: str,
-    model: EditModel | ModelKey,
-    *,
-    token: str | None = None,
-    manifest: dict | None = None,
+    source: TemplateSource | str, template_id: str, model: EditModel | ModelKey, *, token: str | None = None
 ) -> OpenedTemplate:
-    """Fetch and check the template's manifest (or check the one given, already fetched) and fetch its image."""
-    from .fetch.client import ShardClient
-
+    """Fetch the template's manifest, check it against ``model`` (:func:`check_template`) and fetch its image."""
     src, key = _source(source, token), ModelKey.of(model)
-    async with src.base_url() as url, ShardClient(url, src.token) as client:
-        if manifest is None:
-            manifest = await _get_manifest(client, src.label, template_id, key.model_id)
-        manifest = check_template(manifest, template_id, key)
-        image = manifest["template_image"]
-        t_image = time.monotonic()
-        blob = await client.fetch_shard(image["digest"], expected_bytes=image["bytes"])
-    return OpenedTemplate(src, template_id, key.model_id, manifest, blob, (t_image, time.monotonic()))
+    async with src.open() as shards:
+        manifest = check_template(await _get_manifest(shards, src.label, template_id), template_id, key)
+        return await _with_image(src, shards, manifest)
+
+
+async def open_checked_template(
+    source: TemplateSource | str, manifest: Manifest, *, token: str | None = None
+) -> OpenedTemplate:
+    """A template whose manifest :func:`fetch_template_manifest` (or :func:`check_template`) already returned for
+    the model that will edit: only its image is fetched (the manifest is neither fetched nor checked again)."""
+    src = _source(source, token)
+    async with src.open() as shards:
+        return await _with_image(src, shards, manifest)
+
+
+async def _with_image(source: TemplateSource, shards, manifest: Manifest) -> OpenedTemplate:
+    image, started = manifest.template_image, time.monotonic()
+    blob = await shards.fetch_shard(image.digest, expected_bytes=image.nbytes)
+    return OpenedTemplate(source, manifest.template_id, manifest.model_id, manifest, blob, (started, time.monotonic()))
+
+
+def runnable_policy(name: str) -> str:
+    """``name`` when it is a policy an edit can run (``sakura_core.policy.plan.runnable_policies()``), else a
+    ``ValueError`` listing them: the one check of a policy name (edit settings, the nodes' fetch settings)."""
+    if name not in runnable_policies():
+        raise ValueError(f"policy {name!r} cannot run an edit; choose one of {', '.join(runnable_policies())}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -223,9 +192,7 @@ class EditSettings:
     latency_target_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.policy not in runnable_policies():
-            raise ValueError(f"policy {self.policy!r} cannot run an edit; choose one of "
-                             f"{', '.join(runnable_policies())}")  # fmt: skip
+        runnable_policy(self.policy)
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.latency_target_s is not None and not self.latency_target_s > 0:
@@ -254,6 +221,7 @@ async def run_template_edit(
     executed_on: dict | None = None,
     backend=None,
     prefetch_kv_bytes: int | None = None,
+    timing: EmulatedTiming | None = None,
 ) -> EditOutcome:
     """Edit ``user_image`` against ``opened`` with ``settings.policy`` over ``link`` (default: the real link).
 
@@ -261,31 +229,38 @@ async def run_template_edit(
     layer)`` is called before each layer; ``cancel`` stops between layers (``runtime.pipeline.Cancelled``).
     ``executed_on`` goes into the report as is (default ``{"kind": "local"}``). ``backend`` runs the model's blocks
     (``sakura_core.runtime.backend``; None = the torch adapter). ``prefetch_kv_bytes``: the memory the device lends
-    to KV prefetched for later steps (``RuntimeConfig.prefetch_kv_bytes``; None = no limit).
+    to KV prefetched for later steps (``RuntimeConfig.prefetch_kv_bytes``; None = no limit). ``timing``: EMULATED
+    phone timing (``runtime.emulated_device``; needs an emulated link): compute paced to a phone profile, the link
+    slowed to phone-size shards, the policy predicting with those times; the report says so.
     """
-    from .fetch.client import ShardClient
-
     key = ModelKey.of(model)
     if opened.model_id != key.model_id or not template_grid_fits(opened.token_grid, key.token_grid):
-        raise ValueError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
+        raise ModelMismatchError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
                          f"{list(opened.token_grid)}), the edit runs model {key.model_id[:16]} (grid "
                          f"{list(key.token_grid)}); open the template with the model that edits")  # fmt: skip
-    opened.check_steps(settings.steps)  # a per-step template serves only the schedule it was computed for
     link = LinkSpec.parse(link)
+    trace = link.trace()
+    if timing is not None:
+        if trace is None:
+            raise ValueError("emulated phone timing needs an emulated link (fixed Mbit/s or a trace file): the live "
+                             "link's shards cannot be paced at phone scale")  # fmt: skip
+        trace, profile = timing.phone_scale_trace(trace), timing.live_profile(settings.steps)
+        backend = timing.backend(backend_of(model, backend))
     profile = profile if profile is not None else measure_profile(model, settings.steps)
-    plan = plan_fetch(opened.manifest, settings.policy)
+    plan = plan_fetch(opened.manifest.raw, settings.policy)
     size = model.spec.image_size
     # a template larger than the edit keeps its own size (its grid is the manifest's)
     template = opened.template_image(size * opened.token_grid[0] // key.token_grid[0])
     user = load_image(user_image, size)
     config = RuntimeConfig(steps=settings.steps, seed=settings.seed, latency_target_s=settings.latency_target_s,
-                           prefetch_kv_bytes=prefetch_kv_bytes)  # fmt: skip
-    async with opened.source.base_url() as url, ShardClient(url, opened.source.token) as client:
+                           prefetch_kv_bytes=prefetch_kv_bytes,
+                           estimator=timing.estimator_config() if timing is not None else None)  # fmt: skip
+    async with opened.source.open() as shards:
         t0 = time.monotonic()
         run = await run_pipelined_edit(
-            model, opened.manifest, shaped_fetcher(client, link), user, settings.prompt, policy=plan.policy,
+            model, opened.manifest.raw, shaped_fetcher(shards, trace), user, settings.prompt, policy=plan.policy,
             ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template,
-            trace=link.trace(), config=config, cancel=cancel, on_layer=on_layer, backend=backend,
+            trace=trace, config=config, cancel=cancel, on_layer=on_layer, backend=backend,
         )  # fmt: skip
     started, finished = opened.image_fetch_s
     image_event = {
@@ -300,6 +275,8 @@ async def run_template_edit(
         seed=settings.seed, latency_target_s=settings.latency_target_s, floor_level=plan.floor_name, profile=profile,
         executed_on=executed_on if executed_on is not None else {"kind": "local"}, extra_events=[image_event],
     )  # fmt: skip
+    if timing is not None:
+        report = with_timing(report, timing.describe(run.bytes_fetched))
     return EditOutcome(run.image, report, run)
 
 
@@ -352,10 +329,15 @@ async def edit_from_server(
     on_layer: Callable[[int, int], None] | None = None,
     backend=None,
     prefetch_kv_bytes: int | None = None,
+    manifest: Manifest | None = None,
 ) -> EditOutcome:
     """:func:`open_template` then :func:`run_template_edit` for ``request`` (``backend``, ``prefetch_kv_bytes``: see
-    there)."""
-    opened = await open_template(request.source, request.template_id, model)
+    there). ``manifest``: the request's template already fetched and checked against ``model``
+    (:func:`fetch_template_manifest`, as the phone agent does when it admits a job): only the image is fetched."""
+    if manifest is not None:
+        opened = await open_checked_template(request.source, manifest)
+    else:
+        opened = await open_template(request.source, request.template_id, model)
     return await run_template_edit(model, opened, user_image, request.settings, link=request.link, profile=profile,
                                    cancel=cancel, on_layer=on_layer, backend=backend,
                                    prefetch_kv_bytes=prefetch_kv_bytes)  # fmt: skip

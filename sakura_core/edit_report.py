@@ -13,7 +13,7 @@ import hashlib
 
 import numpy as np
 
-__all__ = ["REPORT_KEYS", "TIMELINE_ORIGIN", "edit_report", "summary_line", "with_psnr"]
+__all__ = ["REPORT_KEYS", "TIMELINE_ORIGIN", "edit_report", "summary_line", "with_psnr", "with_timing"]
 
 REPORT_KEYS = (
     "summary",
@@ -138,3 +138,10 @@ def edit_report(
 def with_psnr(report: dict, psnr_db: float) -> dict:
     """``report`` with its summary line ending in the PSNR (the caller measured it against a reference)."""
     return {**report, "summary": f"{report['summary']}, PSNR {psnr_db:.1f} dB"}
+
+
+def with_timing(report: dict, timing: dict) -> dict:
+    """``report`` of an edit run with EMULATED phone timing (``EmulatedTiming.describe``): the summary says so and
+    ``executed_on["timing"]`` holds the emulation (profile, per-layer times, byte scale)."""
+    summary = f"{report['summary']}, EMULATED {timing['profile']} timing"
+    return {**report, "summary": summary, "executed_on": {**report["executed_on"], "timing": timing}}

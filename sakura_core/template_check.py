@@ -1,19 +1,15 @@
-"""The checks of a published template against the model and the edit that use it: :func:`check_template` (ids,
-token grid, template image) and, for per-step templates, :func:`check_request_schedule` (the edit's step count and
-schedule). :mod:`sakura_core.edit` runs them (and re-exports them)."""
+"""The check of a published template against the model that edits with it: :func:`check_template` (ids, token grid,
+template image). :mod:`sakura_core.edit` runs it (and re-exports it). A per-step template's schedule is checked
+against the edit's (the model's own, ``runtime.schedule.edit_times``) once per run, by the pipeline that runs it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from .fetch.errors import ManifestError
-from .fetch.manifest_check import check_manifest
-from .kv.manifest import ScheduleMismatchError, check_schedule, manifest_kv_mode
+from .kv.manifest import Manifest, ManifestError, parse_manifest
 from .models.edit_model import EditModel
-from .runtime.schedule import flow_timesteps
 
-__all__ = ["ModelKey", "check_request_schedule", "check_template", "schedule_label", "template_grid_fits"]
+__all__ = ["ModelKey", "check_template", "template_grid_fits"]
 
 
 @dataclass(frozen=True)
@@ -37,41 +33,21 @@ def template_grid_fits(template_grid, edit_grid) -> bool:
     return rows == cols and rows >= int(edit_grid[0]) and cols >= int(edit_grid[1])
 
 
-def check_template(manifest: Any, template_id: str, model: EditModel | ModelKey) -> dict:
-    """The one check of a template against the model that edits with it: the manifest's schema and ids (a model
-    mismatch raises ``ModelMismatchError``), the token grid (the edit's, or a larger square one), and a template
-    image named (the device computes the template layers from it). Returns the manifest; ``ValueError`` subclasses
-    say what to change."""
+def check_template(manifest: Manifest | dict, template_id: str, model: EditModel | ModelKey) -> Manifest:
+    """The one check of a template against the model that edits with it: the template and model ids (another model
+    raises ``ModelMismatchError``), the token grid (the edit's, or a larger square one), and a template image named
+    (the device computes the template layers from it). ``manifest``: as a source returned it (parsed once,
+    ``sakura_core.kv.parse_manifest``), or its JSON (parsed here). Returns the typed manifest; ``ValueError``
+    subclasses say what to change."""
     key = ModelKey.of(model)
-    manifest = check_manifest(manifest, template_id=template_id, model_id=key.model_id)
-    if not template_grid_fits(manifest["token_grid"], key.token_grid):
-        raise ManifestError(f"template {template_id!r} has token grid {list(manifest['token_grid'])}, the model edits "
+    if isinstance(manifest, Manifest):
+        manifest.expect(template_id=template_id, model_id=key.model_id)
+    else:
+        manifest = parse_manifest(manifest, template_id=template_id, model_id=key.model_id)
+    if not template_grid_fits(manifest.token_grid, key.token_grid):
+        raise ManifestError(f"template {template_id!r} has token grid {list(manifest.token_grid)}, the model edits "
                             f"{list(key.token_grid)}; precompute it at the model's resolution or larger (a square "
                             "--template-size)")  # fmt: skip
-    if not manifest.get("template_image"):
+    if manifest.template_image is None:
         raise ManifestError(f"template {template_id!r}: its manifest names no template_image; republish it")
     return manifest
-
-
-def schedule_label(manifest: dict) -> str:
-    """What a template's KV is valid for: ``"any schedule"`` (single mode) or ``"4 steps, shift 1"`` (per-step)."""
-    if manifest_kv_mode(manifest) == "single":
-        return "any schedule"
-    sched = manifest["schedule"]
-    return f"{sched['steps']} steps, shift {sched['shift']:g}"
-
-
-def check_request_schedule(manifest: dict, steps: int) -> None:
-    """Refuse an edit of ``steps`` steps (shift 1) against a per-step template computed for another schedule: the
-    ``ScheduleMismatchError`` names both and the fix (set steps to the template's, or precompute for the edit's)."""
-    if manifest_kv_mode(manifest) == "single":
-        return
-    sched, tid = manifest["schedule"], manifest.get("template_id")
-    if sched["steps"] != steps:
-        raise ScheduleMismatchError(
-            f"template {tid!r} was precomputed for {sched['steps']} steps (shift {sched['shift']:g}, per-step KV); "
-            f"the edit asks {steps} — set steps to {sched['steps']} or precompute the template with "
-            f"--kv-mode per-step --steps {steps}"
-        )
-    times = [float(t) for t in flow_timesteps(steps)[:-1]]
-    check_schedule(manifest, steps, 1.0, timesteps=times)

@@ -2,13 +2,17 @@
 // * a "choose a published template" button on the Template KV Loader. It reads the pack's route
 //   GET /api/sakura/templates?server_url=... (nodes/routes.py) and writes the chosen id into the template_id text
 //   field, which stays editable: a typed id works offline;
+//   Per-step templates are marked with the step count they serve;
 // * widgets that do not apply are hidden (still saved and sent): the link settings the bandwidth mode does not use,
-//   the server fields with a local store and the store folder with a server.
+//   the server fields with a local store and the store folder with a server;
+// * once the Template KV Loader ran, it shows what it loaded (the text the node returns: template, KV mode and the
+//   steps it serves, references, source) in a read-only box on the node.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
 const NODE = "SakuraTemplateLoader";
 const CHOOSE = "choose a published template";
+const INFO = "loaded template";
 // node type -> [the widget deciding, {widget: (its value) => shown}]
 const APPLIES = {
   SakuraAdaptiveFetch: ["bandwidth", {
@@ -68,11 +72,39 @@ function widget(node, name) {
   return node.widgets?.find((w) => w.name === name);
 }
 
+// what the chooser lists for a template: its id, and the step count a per-step template serves
+function templateLabel(t) {
+  return t.kv_mode === "per-step" ? `${t.id} (per-step KV: ${t.steps} steps)` : t.id;
+}
+
+function showInfo(node, lines) {
+  let w = widget(node, INFO);
+  if (!w) {
+    const box = document.createElement("textarea");
+    box.readOnly = true;
+    box.rows = 4;
+    box.style.cssText = "width:100%;resize:none;font:11px monospace;opacity:0.9;white-space:pre-wrap";
+    w = node.addDOMWidget(INFO, "sakura_info", box, {
+      getValue: () => box.value,
+      setValue: (v) => { box.value = v; },
+      serialize: false, // not part of the saved widgets_values
+    });
+    w.serialize = false;
+  }
+  w.value = lines.join("\n");
+  w.element && (w.element.value = w.value);
+  node.sakuraInfo = w.value; // for tests and the console
+  const [, height] = node.computeSize();
+  node.setSize([node.size[0], Math.max(node.size[1], height)]);
+  node.setDirtyCanvas(true, true);
+}
+
 async function chooseTemplate(node, event) {
   const idWidget = widget(node, "template_id");
   const urlWidget = widget(node, "server_url");
   const listing = await publishedTemplates(urlWidget?.value);
   const ids = listing.templates.map((t) => t.id);
+  const labels = listing.templates.map(templateLabel);
   node.sakuraPublished = listing; // for tests and the console
   if (!ids.length) {
     const why = listing.error || `no templates are published at ${listing.server_url}`;
@@ -86,7 +118,11 @@ async function chooseTemplate(node, event) {
   };
   const ContextMenu = window.LiteGraph?.ContextMenu;
   if (ContextMenu) {
-    new ContextMenu(ids, { event, title: `published at ${listing.server_url}`, callback: (v) => pick(v) });
+    new ContextMenu(labels, {
+      event,
+      title: `published at ${listing.server_url}`,
+      callback: (label) => pick(ids[labels.indexOf(label?.content ?? label)]),
+    });
   } else {
     pick(ids[0]);
   }
@@ -94,6 +130,15 @@ async function chooseTemplate(node, event) {
 
 app.registerExtension({
   name: "sakura.templateChoice",
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (nodeData.name !== NODE) return;
+    const executed = nodeType.prototype.onExecuted;
+    nodeType.prototype.onExecuted = function (output) {
+      const r = executed?.apply(this, arguments);
+      if (Array.isArray(output?.text)) showInfo(this, output.text);
+      return r;
+    };
+  },
   async nodeCreated(node) {
     if (node.comfyClass in APPLIES) followVisibility(node);
     if (node.comfyClass !== NODE) return;

@@ -171,7 +171,7 @@ def _score_pairs(model: EditModel, bank: ImageBank, task, pairs: int, seed: int,
     """Edit each held-out pair in ``kv_mode``; PSNR/SSIM of the model and the baselines against the target, and
     the model's PSNR inside and outside the edited region."""
     from ..runtime.denoise import run_edit
-    from ..runtime.schedule import flow_timesteps
+    from ..runtime.schedule import edit_times
 
     rows = {k: {"psnr": [], "ssim": []} for k in ("model", "template", "user_image", "naive_composite")}
     inside, outside = [], []
@@ -179,7 +179,7 @@ def _score_pairs(model: EditModel, bank: ImageBank, task, pairs: int, seed: int,
         p = make_pair(bank, task, seed, i)
         ref = model.template_tokens(p.template)
         if kv_mode == "per-step":
-            kv = model.adapter.extract_per_step_kv(ref, model.spec.grid, flow_timesteps(steps)[:-1])
+            kv = model.adapter.extract_per_step_kv(ref, model.spec.grid, edit_times(model, steps)[:-1])
         else:
             kv = model.adapter.extract_template_kv(ref, model.spec.grid)
         out = run_edit(

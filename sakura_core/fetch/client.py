@@ -8,8 +8,8 @@ wrong bytes. Two hooks serve the runtime: ``on_chunk(nbytes)`` after each chunk 
 Example::
 
     async with ShardClient("http://127.0.0.1:8080") as client:
-        manifest = await client.get_manifest("astronaut", expected_model_id=model.model_id)
-        rep = manifest["shards"][0]["representations"][0]
+        manifest = await client.get_manifest("astronaut", expected_model_id=model.model_id)   # a kv.Manifest
+        rep = manifest.shards[0]["representations"][0]
         blob = await client.fetch_shard(rep["digest"], expected_bytes=rep["bytes"])
 """
 
@@ -27,6 +27,8 @@ from typing import Any
 
 import aiohttp
 
+from ..kv.manifest import Manifest, parse_manifest
+from ..kv.names import is_digest, is_template_id
 from .client_config import ClientConfig, FetchStats
 from .errors import (
     AuthError,
@@ -41,7 +43,6 @@ from .errors import (
     connection_problem,
     unreachable_message,
 )
-from .manifest_check import DIGEST_RE, TEMPLATE_ID_RE, check_manifest
 
 __all__ = [
     "AuthError",
@@ -50,13 +51,14 @@ __all__ = [
     "FetchStats",
     "ManifestError",
     "ModelMismatchError",
+    "OnChunk",
     "ServerUnreachableError",
     "ShardClient",
     "ShardIntegrityError",
     "ShardNotFoundError",
     "ShardUnavailableError",
     "TemplateNotFoundError",
-    "check_manifest",
+    "Throttle",
 ]
 
 logger = logging.getLogger(__name__)
@@ -217,12 +219,13 @@ class ShardClient:
             raise FetchError(f"catalog: expected an object with a 'templates' list, got {str(catalog)[:200]}")
         return catalog
 
-    async def get_manifest(self, template_id: str, *, expected_model_id: str | None = None) -> dict:
-        """``GET /v1/templates/{id}/manifest``, checked with ``check_manifest`` (model id too, when given)."""
-        if not isinstance(template_id, str) or not TEMPLATE_ID_RE.fullmatch(template_id):
+    async def get_manifest(self, template_id: str, *, expected_model_id: str | None = None) -> Manifest:
+        """``GET /v1/templates/{id}/manifest``, parsed (``sakura_core.kv.parse_manifest``: the schema, the template
+        asked for and, when given, the model)."""
+        if not is_template_id(template_id):
             raise ValueError(f"invalid template id {template_id!r}: use 1-64 characters from a-z, 0-9 and '-'")
         manifest = await self._get_json(f"/v1/templates/{template_id}/manifest", f"manifest of {template_id!r}")
-        return check_manifest(manifest, template_id=template_id, model_id=expected_model_id)
+        return parse_manifest(manifest, template_id=template_id, model_id=expected_model_id)
 
     # ---- shards ---------------------------------------------------------------------------------------------
     async def fetch_shard(
@@ -247,7 +250,7 @@ class ShardClient:
             ShardUnavailableError: retries exhausted (the last error is chained).
             AuthError: the server refused the token.
         """
-        if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest):
+        if not is_digest(digest):
             raise ValueError(f"invalid shard digest {digest!r}: expected 64 lowercase hex characters")
         cfg = self.config
         if expected_bytes is not None and not 0 <= expected_bytes <= cfg.max_shard_bytes:

@@ -1,9 +1,13 @@
-"""Errors of the shard client: each says what failed and carries the digest or template it was about."""
+"""Errors of the shard client: each says what failed and carries the digest or template it was about. A bad
+manifest raises the schema's ``ManifestError`` / ``ModelMismatchError`` (:mod:`sakura_core.kv.manifest_schema`,
+re-exported here)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+
+from ..kv.manifest_schema import ManifestError, ModelMismatchError  # a manifest's errors (the schema's own)
 
 __all__ = [
     "AuthError",
@@ -49,14 +53,6 @@ class ShardNotFoundError(ShardUnavailableError):
 
 class AuthError(FetchError):
     """The server wants a (different) bearer token: 401/403."""
-
-
-class ManifestError(FetchError, ValueError):
-    """A manifest is malformed; the message names the offending field."""
-
-
-class ModelMismatchError(ManifestError):
-    """The template's KV was computed for another model than the one asked for."""
 
 
 class TemplateNotFoundError(FetchError, LookupError):

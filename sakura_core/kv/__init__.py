@@ -4,7 +4,8 @@ chain decoding and the manifest. Server-side work that produces them (importance
 
 Public surface:
 
-* :func:`decode_representation` (a chain of blobs -> K, V tensors), :func:`validate_manifest`, :func:`shard_digest`;
+* :func:`decode_representation` (a chain of blobs -> K, V tensors), :func:`parse_manifest` (the typed
+  :class:`Manifest`; :func:`validate_manifest`), :func:`shard_digest`;
 * :data:`CODECS` registry with :func:`encode_kv` / :func:`decode_kv` for whole templates (benchmarks);
 * the container's error classes, all subclasses of :class:`ShardFormatError` (a ``ValueError``).
 """
@@ -29,10 +30,13 @@ from .container import (
     shard_digest,
 )
 from .manifest import (
+    Manifest,
     ManifestError,
+    ModelMismatchError,
     ScheduleMismatchError,
     check_schedule,
     manifest_kv_mode,
+    parse_manifest,
     shards_for_step,
     validate_manifest,
 )
@@ -44,7 +48,9 @@ __all__ = [
     "ChainDecoder",
     "ImportanceWeights",
     "Codec",
+    "Manifest",
     "ManifestError",
+    "ModelMismatchError",
     "ShardBindingError",
     "ShardSlot",
     "SakuraConfig",
@@ -71,6 +77,7 @@ __all__ = [
     "level_chains",
     "manifest_kv_mode",
     "parse_chain",
+    "parse_manifest",
     "parse_shard",
     "shard_digest",
     "shard_inputs",

@@ -24,6 +24,8 @@ import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .names import MODEL_ID_RE, TEMPLATE_ID_FORM, is_template_id
+
 __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
@@ -56,9 +58,7 @@ _MAX_GRID_SIDE = 4096
 _MAX_HEADS = 1024
 _MAX_HEAD_DIM = 1024
 
-_ID_RE = re.compile(r"^[a-z0-9-]{1,64}$")
 _CODEC_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_HEX_RE = re.compile(r"^[0-9a-f]{1,128}$")
 _ROPE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 # magic, version, header_size, flags, dtype, level, layer_first, layer_last, grid_rows, grid_cols, heads, head_dim,
@@ -181,10 +181,10 @@ def _header_problems(h: ShardHeader) -> str:
     """Empty string when the header is valid, else a message naming the bad field and value."""
     if not isinstance(h.codec, str) or not _CODEC_RE.match(h.codec):
         return f"codec {h.codec!r} must match [a-z0-9][a-z0-9_-]{{0,31}}"
-    if not isinstance(h.model_id, str) or not _HEX_RE.match(h.model_id):
+    if not isinstance(h.model_id, str) or not MODEL_ID_RE.fullmatch(h.model_id):
         return f"model_id {h.model_id!r} must be 1-128 lowercase hex characters"
-    if not isinstance(h.template_id, str) or not _ID_RE.match(h.template_id):
-        return f"template_id {h.template_id!r} must match [a-z0-9-]{{1,64}}"
+    if not is_template_id(h.template_id):
+        return f"template_id {h.template_id!r} must match {TEMPLATE_ID_FORM}"
     if not isinstance(h.rope_layout, str) or not _ROPE_RE.match(h.rope_layout):
         return f"rope_layout {h.rope_layout!r} must be 1-64 characters of [A-Za-z0-9._-]"
     if not 0 <= h.level <= 0xFFFF:

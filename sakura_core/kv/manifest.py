@@ -31,173 +31,160 @@ Schema::
 A progressive representation at level j is decoded from ``requires + [digest]`` in that order. The fp16
 representation (codec "fp16", the highest level, ``requires == []``) is always present, so a client can always get
 the exact KV. A ``per-step`` manifest holds S x (layer ranges) shards, keyed by (step, layers); a request whose
-step count or schedule differs from ``schedule`` is refused by :func:`check_schedule`.
+step count or schedule differs from ``schedule`` is refused by :func:`check_schedule`. The publisher adds
+``"template_image": {"digest", "bytes"}``, the template image as a blob (the device computes template layers from it).
+
+:func:`parse_manifest` is the one validation (field by field in :mod:`sakura_core.kv.manifest_schema`): it builds a
+typed :class:`Manifest` once, where the JSON enters (the shard client, a local store, the publisher); everything after
+reads the typed fields and never validates again.
 """
 
 from __future__ import annotations
 
-import math
-import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..models.kv_types import KV_MODES
+from .manifest_schema import (
+    MANIFEST_VERSION,
+    ManifestError,
+    ModelMismatchError,
+    check_blob_ref,
+    check_header,
+    check_schedule_field,
+    check_shards,
+    manifest_kv_mode,
+)
 
 __all__ = [
     "KV_MODES",
     "MANIFEST_VERSION",
+    "BlobRef",
+    "Manifest",
     "ManifestError",
+    "ModelMismatchError",
+    "Schedule",
     "ScheduleMismatchError",
     "check_schedule",
     "manifest_kv_mode",
+    "parse_manifest",
     "shards_for_step",
     "validate_manifest",
 ]
-
-MANIFEST_VERSION = 1
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_MODEL_ID = re.compile(r"^[0-9a-f]{1,128}$")
-_TEMPLATE_ID = re.compile(r"^[a-z0-9-]{1,64}$")
-
-
-class ManifestError(ValueError):
-    """A manifest does not follow the schema; the message names the offending field (e.g. ``shards[2].layers``)."""
 
 
 class ScheduleMismatchError(ValueError):
     """A per-step template's KV was computed for another sampler schedule than the request's (see check_schedule)."""
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+@dataclass(frozen=True)
+class Schedule:
+    """The sampler schedule a per-step template's KV is valid for.
+
+    Attributes:
+        steps: sampler steps S.
+        timesteps: the time (0..1) of each step, t_0 .. t_{S-1}.
+        shift: the schedule's shift (> 0).
+        guidance: guidance scale, or None.
+        sampler: the sampler's name (``"flow-euler"``), or None.
+    """
+
+    steps: int
+    timesteps: tuple[float, ...]
+    shift: float
+    guidance: float | None = None
+    sampler: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``"4 steps, shift 1"``."""
+        return f"{self.steps} steps, shift {self.shift:g}"
 
 
-def _pos_int(m: dict, key: str) -> int:
-    value = m.get(key)
-    if not _is_int(value) or value < 1:
-        raise ManifestError(f"manifest field {key!r} must be a positive int, got {value!r}")
-    return value
+@dataclass(frozen=True)
+class BlobRef:
+    """A blob the manifest names besides the shards (the template image): its digest and size in bytes."""
+
+    digest: str
+    nbytes: int
 
 
-def validate_manifest(manifest: dict) -> None:
-    """Raise :class:`ManifestError` naming the first bad field; return ``None`` for a valid manifest."""
-    if not isinstance(manifest, dict):
-        raise ManifestError(f"manifest must be a JSON object, got {type(manifest).__name__}")
-    if manifest.get("version") != MANIFEST_VERSION:
-        raise ManifestError(f"manifest field 'version' must be {MANIFEST_VERSION}, got {manifest.get('version')!r}")
-    model_id = manifest.get("model_id")
-    if not isinstance(model_id, str) or not _MODEL_ID.match(model_id):
-        raise ManifestError(f"manifest field 'model_id' must be lowercase hex, got {model_id!r}")
-    template_id = manifest.get("template_id")
-    if not isinstance(template_id, str) or not _TEMPLATE_ID.match(template_id):
-        raise ManifestError(f"manifest field 'template_id' must match [a-z0-9-]{{1,64}}, got {template_id!r}")
-    grid = manifest.get("token_grid")
-    if not (isinstance(grid, list) and len(grid) == 2 and all(_is_int(g) and g > 0 for g in grid)):
-        raise ManifestError(f"manifest field 'token_grid' must be [rows, cols] of positive ints, got {grid!r}")
-    if not isinstance(manifest.get("rope_layout"), str) or not manifest["rope_layout"]:
-        raise ManifestError(
-            f"manifest field 'rope_layout' must be a non-empty string, got {manifest.get('rope_layout')!r}"
-        )
-    num_layers = _pos_int(manifest, "num_layers")
-    _pos_int(manifest, "heads")
-    _pos_int(manifest, "head_dim")
-    if not isinstance(manifest.get("codec"), str) or not manifest["codec"]:
-        raise ManifestError(f"manifest field 'codec' must be a non-empty string, got {manifest.get('codec')!r}")
-    shards = manifest.get("shards")
-    if not isinstance(shards, list) or not shards:
-        raise ManifestError("manifest field 'shards' must be a non-empty list")
-    kv_mode = manifest_kv_mode(manifest)
-    steps = _validate_schedule(manifest.get("schedule")) if kv_mode == "per-step" else None
-    if steps is None and manifest.get("schedule") is not None:
-        raise ManifestError("manifest field 'schedule' is only for kv_mode 'per-step' (single-mode KV fits any)")
-    seen_digests: set[str] = set()
-    if steps is None:
-        _validate_layer_cover(list(enumerate(shards)), num_layers, seen_digests, None)
-        for i, shard in enumerate(shards):
-            if shard.get("step") is not None:
-                raise ManifestError(f"manifest field 'shards[{i}].step' is set but kv_mode is 'single'")
-        return
-    keys = [_shard_step(sh, i) for i, sh in enumerate(shards)]
-    if keys != sorted(keys) or keys[-1] >= steps:
-        raise ManifestError(
-            f"manifest field 'shards' must be step-major with steps 0..{steps - 1} (all shards of step 0, then "
-            f"step 1, ...), got steps {sorted(set(keys))} in the order {keys}"
-        )
-    for step in range(steps):
-        group = [(i, sh) for i, sh in enumerate(shards) if keys[i] == step]
-        _validate_layer_cover(group, num_layers, seen_digests, step)
+@dataclass(frozen=True)
+class Manifest:
+    """A manifest that passed the schema (built by :func:`parse_manifest` only): the header typed, the shards as in
+    the JSON.
 
+    Attributes:
+        raw: the JSON object as received; what the policy and the runtime lanes read shard by shard (``raw["shards"]``).
+            Do not modify it.
+        model_id, template_id: hex content id of the model; the template's id.
+        token_grid: (rows, cols) of the template's tokens.
+        rope_layout: position-id layout of the template tokens.
+        num_layers, heads, head_dim: the KV's geometry.
+        codec: the ladder's codec.
+        kv_mode: ``"single"`` (one KV per layer, any schedule) or ``"per-step"`` (one per (step, layer)).
+        schedule: the schedule per-step KV is valid for; None in single mode.
+        template_image: the template image blob the publisher added, or None.
+    """
 
-def _validate_layer_cover(group: list[tuple[int, Any]], num_layers: int, seen_digests: set[str], step) -> None:
-    """The shards of one step (or of a single-mode template) cover layers 0..num_layers-1 in order."""
-    what = "shards" if step is None else f"shards of step {step}"
-    if not group:
-        raise ManifestError(f"manifest field 'shards' has no shard for step {step}")
-    next_layer = 0
-    for i, shard in group:
-        where = f"shards[{i}]"
-        if not isinstance(shard, dict):
-            raise ManifestError(f"manifest field {where!r} must be an object")
-        layers = shard.get("layers")
-        if not (isinstance(layers, list) and len(layers) == 2 and all(_is_int(x) for x in layers)):
-            raise ManifestError(f"manifest field '{where}.layers' must be [first, last] ints, got {layers!r}")
-        if layers[0] != next_layer or layers[1] < layers[0] or layers[1] >= num_layers:
+    raw: dict = field(repr=False, compare=False)
+    model_id: str
+    template_id: str
+    token_grid: tuple[int, int]
+    rope_layout: str
+    num_layers: int
+    heads: int
+    head_dim: int
+    codec: str
+    kv_mode: str
+    schedule: Schedule | None = None
+    template_image: BlobRef | None = None
+
+    @property
+    def shards(self) -> list[dict]:
+        return self.raw["shards"]
+
+    @property
+    def schedule_label(self) -> str:
+        """What the KV is valid for: ``"any schedule"`` (single mode) or ``"4 steps, shift 1"`` (per-step)."""
+        return "any schedule" if self.schedule is None else self.schedule.label
+
+    def expect(self, *, template_id: str | None = None, model_id: str | None = None) -> Manifest:
+        """Self, when it is the template asked for and was computed for ``model_id`` (either None: not checked);
+        else ``ManifestError`` (another template) or ``ModelMismatchError`` (another model)."""
+        if template_id is not None and self.template_id != template_id:
             raise ManifestError(
-                f"manifest field '{where}.layers' is {layers}: {what} must cover layers 0..{num_layers - 1} in order "
-                f"without gaps (expected first = {next_layer})"
+                f"manifest field 'template_id' is {self.template_id!r} but template {template_id!r} was asked for"
             )
-        next_layer = layers[1] + 1
-        _validate_representations(shard.get("representations"), where, seen_digests)
-    if next_layer != num_layers:
-        raise ManifestError(
-            f"manifest field {what!r} covers layers 0..{next_layer - 1}, but num_layers = {num_layers}"
-        )
+        if model_id is not None and self.model_id != model_id:
+            raise ModelMismatchError(
+                f"template {self.template_id!r} was computed for model {self.model_id}, not for the model in use "
+                f"({model_id}); precompute it for this model"
+            )
+        return self
 
 
-def manifest_kv_mode(manifest: dict) -> str:
-    """``"single"`` or ``"per-step"``; a manifest without ``kv_mode`` (every manifest before per-step) is single."""
-    mode = manifest.get("kv_mode", "single")
-    if mode not in KV_MODES:
-        raise ManifestError(f"manifest field 'kv_mode' must be one of {list(KV_MODES)}, got {mode!r}")
-    return mode
+def parse_manifest(manifest: Any, *, template_id: str | None = None, model_id: str | None = None) -> Manifest:
+    """The one validation of a manifest: the schema (:mod:`.manifest_schema`: version, ids, grid, shards covering
+    layers 0..L-1 in order (per step), representations with level, name, bytes, distortion, digest, requires chains,
+    the per-step schedule, the template image reference), then the template and model asked for
+    (:meth:`Manifest.expect`). Returns the typed :class:`Manifest`; raises ``ManifestError`` naming the bad field."""
+    header = check_header(manifest)
+    per_step = header["kv_mode"] == "per-step"
+    schedule = Schedule(**check_schedule_field(manifest.get("schedule"))) if per_step else None
+    if schedule is None and manifest.get("schedule") is not None:
+        raise ManifestError("manifest field 'schedule' is only for kv_mode 'per-step' (single-mode KV fits any)")
+    check_shards(manifest.get("shards"), header["num_layers"], schedule.steps if per_step else None)
+    image = check_blob_ref(manifest.get("template_image"))
+    parsed = Manifest(raw=manifest, schedule=schedule, template_image=None if image is None else BlobRef(*image),
+                      **header)  # fmt: skip
+    return parsed.expect(template_id=template_id, model_id=model_id)
 
 
-def _shard_step(shard: Any, i: int) -> int:
-    step = shard.get("step") if isinstance(shard, dict) else None
-    if not _is_int(step) or step < 0:
-        raise ManifestError(
-            f"manifest field 'shards[{i}].step' must be an int >= 0 in a per-step manifest, got {step!r}"
-        )
-    return step
-
-
-def _validate_schedule(schedule: Any) -> int:
-    """Check a per-step ``schedule``; return its step count."""
-    if not isinstance(schedule, dict):
-        raise ManifestError(f"manifest field 'schedule' must be an object in a per-step manifest, got {schedule!r}")
-    steps = schedule.get("steps")
-    if not _is_int(steps) or steps < 1:
-        raise ManifestError(f"manifest field 'schedule.steps' must be a positive int, got {steps!r}")
-    times = schedule.get("timesteps")
-    if not (
-        isinstance(times, list)
-        and len(times) == steps
-        and all(_is_number(t) and 0.0 <= t <= 1.0 for t in times)
-        and all(a >= b for a, b in zip(times, times[1:], strict=False))
-    ):
-        raise ManifestError(
-            f"manifest field 'schedule.timesteps' must be {steps} non-increasing times in [0, 1], got {times!r}"
-        )
-    shift = schedule.get("shift")
-    if not _is_number(shift) or shift <= 0:
-        raise ManifestError(f"manifest field 'schedule.shift' must be a number > 0, got {shift!r}")
-    guidance = schedule.get("guidance")
-    if guidance is not None and not _is_number(guidance):
-        raise ManifestError(f"manifest field 'schedule.guidance' must be a number or null, got {guidance!r}")
-    return steps
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+def validate_manifest(manifest: Any) -> None:
+    """:func:`parse_manifest` for a caller that only needs the verdict: ``ManifestError`` naming the first bad field,
+    else ``None``."""
+    parse_manifest(manifest)
 
 
 def shards_for_step(manifest: dict, step: int) -> list[dict]:
@@ -223,16 +210,23 @@ def check_schedule(
 ) -> None:
     """Refuse a request whose sampler schedule differs from the one a per-step template's KV was computed for.
 
-    Single-mode KV is valid for any schedule (nothing is checked). The error names both schedules and the fixes:
-    run with the template's steps/shift, precompute the template for the request's schedule, or compute the
-    template on the device.
+    ``timesteps``: the times the request runs its steps at (``runtime.schedule.edit_times(model, steps)[:-1]``, the
+    model's own schedule). Single-mode KV is valid for any schedule (nothing is checked). The error names both
+    schedules and the fixes: run with the template's steps/shift, precompute the template for the request's
+    schedule, or compute the template on the device.
     """
     if manifest_kv_mode(manifest) == "single":
         return
-    sched = manifest["schedule"]
+    sched, tid = manifest["schedule"], manifest.get("template_id")
+    if sched["steps"] != steps:
+        raise ScheduleMismatchError(
+            f"template {tid!r} was precomputed for {sched['steps']} steps (shift {sched['shift']:g}, per-step KV); "
+            f"the edit asks {steps} — set steps to {sched['steps']} or precompute the template with "
+            f"--kv-mode per-step --steps {steps}"
+        )
     theirs = f"{sched['steps']} steps, shift {sched['shift']:g}, guidance {sched.get('guidance')}"
     ours = f"{steps} steps, shift {shift:g}, guidance {guidance}"
-    bad = sched["steps"] != steps or abs(sched["shift"] - shift) > tol or sched.get("guidance") != guidance
+    bad = abs(sched["shift"] - shift) > tol or sched.get("guidance") != guidance
     if not bad and timesteps is not None:
         bad = len(timesteps) != steps or any(
             abs(a - b) > tol for a, b in zip(timesteps, sched["timesteps"], strict=False)
@@ -241,70 +235,8 @@ def check_schedule(
             ours += f", t={[round(float(t), 4) for t in timesteps]} vs the template's {sched['timesteps']}"
     if bad:
         raise ScheduleMismatchError(
-            f"template {manifest.get('template_id')!r} holds per-step KV for {theirs}, but this request runs {ours}; "
+            f"template {tid!r} holds per-step KV for {theirs}, but this request runs {ours}; "
             f"run with --steps {sched['steps']} --shift {sched['shift']:g}, precompute the template for this schedule "
             f"(sakura precompute --kv-mode per-step --steps {steps} --shift {shift:g}), or compute the template on the "
             "device"
         )
-
-
-def _validate_representations(reps: Any, where: str, seen_digests: set[str]) -> None:
-    if not isinstance(reps, list) or not reps:
-        raise ManifestError(f"manifest field '{where}.representations' must be a non-empty list")
-    by_digest: dict[str, dict] = {}
-    levels: list[int] = []
-    for j, rep in enumerate(reps):
-        w = f"{where}.representations[{j}]"
-        if not isinstance(rep, dict):
-            raise ManifestError(f"manifest field {w!r} must be an object")
-        level = rep.get("level")
-        if not _is_int(level) or level < 0:
-            raise ManifestError(f"manifest field '{w}.level' must be an int >= 0, got {level!r}")
-        if not isinstance(rep.get("name"), str) or not rep["name"]:
-            raise ManifestError(f"manifest field '{w}.name' must be a non-empty string, got {rep.get('name')!r}")
-        size = rep.get("bytes")
-        if not _is_int(size) or size < 1:
-            raise ManifestError(f"manifest field '{w}.bytes' must be a positive int, got {size!r}")
-        dist = rep.get("distortion")
-        if not isinstance(dist, (int, float)) or isinstance(dist, bool) or not math.isfinite(dist) or dist < 0:
-            raise ManifestError(f"manifest field '{w}.distortion' must be a finite number >= 0, got {dist!r}")
-        digest = rep.get("digest")
-        if not isinstance(digest, str) or not _HEX64.match(digest):
-            raise ManifestError(f"manifest field '{w}.digest' must be 64 lowercase hex characters, got {digest!r}")
-        if digest in by_digest or digest in seen_digests:
-            raise ManifestError(f"manifest field '{w}.digest' {digest[:12]}… appears twice")
-        requires = rep.get("requires")
-        if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
-            raise ManifestError(f"manifest field '{w}.requires' must be a list of digests, got {requires!r}")
-        if "total_bytes" in rep and (not _is_int(rep["total_bytes"]) or rep["total_bytes"] < size):
-            raise ManifestError(
-                f"manifest field '{w}.total_bytes' must be an int >= bytes, got {rep['total_bytes']!r}"
-            )
-        by_digest[digest] = rep
-        levels.append(level)
-    if len(set(levels)) != len(levels):
-        raise ManifestError(f"manifest field '{where}.representations' has repeated levels {sorted(levels)}")
-    if levels != sorted(levels):
-        raise ManifestError(f"manifest field '{where}.representations' must be in ascending level order, got {levels}")
-    for j, rep in enumerate(reps):
-        w = f"{where}.representations[{j}].requires"
-        requires = rep["requires"]
-        for r in requires:
-            if r not in by_digest:
-                raise ManifestError(
-                    f"manifest field {w!r} names {r[:12]}…, which is not a representation of this shard"
-                )
-        if requires:
-            parent = by_digest[requires[-1]]
-            if parent["requires"] + [requires[-1]] != requires:
-                raise ManifestError(f"manifest field {w!r} is not its parent's requires plus the parent")
-            if parent["level"] >= rep["level"]:
-                raise ManifestError(f"manifest field {w!r}: a representation must refine a lower level")
-            total = sum(by_digest[r]["bytes"] for r in requires) + rep["bytes"]
-        else:
-            total = rep["bytes"]
-        if "total_bytes" in rep and rep["total_bytes"] != total:
-            raise ManifestError(
-                f"manifest field '{where}.representations[{j}].total_bytes' is {rep['total_bytes']}, the chain is {total}"
-            )
-    seen_digests.update(by_digest)

@@ -183,7 +183,7 @@ class EditModel:
         g = s // p
         x = tokens.detach().float().reshape(g, g, p, p, 3).permute(0, 2, 1, 3, 4)  # (g, p, g, p, 3)
         x = x.reshape(s, s, 3)
-        return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
+        return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()
 
     def template_tokens(self, template: np.ndarray) -> torch.Tensor:
         """Template image -> (1, tokens, in_channels): patch then zeros (no user image on the template side).

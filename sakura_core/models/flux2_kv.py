@@ -103,6 +103,11 @@ class Flux2KVAdapter(TemplatePasses):
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are; inputs made elsewhere (CPU probes, prompts) are moved here."""
+        return next(self.model.parameters()).device
+
     def kv_bytes(self, num_ref_tokens: int, bytes_per_value: int = 2) -> int:
         """Size of one template's KV for this model (all layers, K and V)."""
         return self.num_layers * 2 * num_ref_tokens * self.num_heads * self.head_dim * bytes_per_value
@@ -224,7 +229,8 @@ class Flux2KVAdapter(TemplatePasses):
             else:
                 k, v = cached(layer)
                 batch = s.hidden.shape[0]
-                cache.store(k.to(self.dtype).expand(batch, -1, -1, -1), v.to(self.dtype).expand(batch, -1, -1, -1))
+                k, v = k.to(s.hidden.device, self.dtype), v.to(s.hidden.device, self.dtype)
+                cache.store(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
                 kwargs = {"kv_cache": cache, "kv_cache_mode": "cached", "num_ref_tokens": 0}
             self._run_block(layer, s, ref_live, kwargs)
             if ref_live:
@@ -265,11 +271,16 @@ class Flux2KVAdapter(TemplatePasses):
     def _embed(self, x, txt, timestep, img_grid, ref_tokens, ref_grid, n_ref: int, ref_timestep=None) -> _Stream:
         """Time embeddings, modulations, RoPE and the input token embeddings (the template's first when ``n_ref``)."""
         m = self.model
-        dtype, device = self.dtype, x.device
+        dtype, device = self.dtype, self.device
         batch = x.shape[0]
         n_txt = txt.shape[1]
+        x, txt = x.to(device), txt.to(device)
+        if ref_tokens is not None:
+            ref_tokens = ref_tokens.to(device)
+        if isinstance(ref_timestep, torch.Tensor):
+            ref_timestep = ref_timestep.to(device)
 
-        t = timestep.to(dtype) * 1000
+        t = timestep.to(device, dtype) * 1000
         temb = m.time_guidance_embed(t, None)
         s = _Stream(
             n_txt=n_txt,

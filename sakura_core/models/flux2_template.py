@@ -32,7 +32,9 @@ class TemplatePasses:
                 f"ref_tokens must be (1, {rows * cols}, in_channels) for token grid {token_grid}, "
                 f"got {tuple(ref_tokens.shape)}"
             )
-        layers = self.resume_template_kv(self.model.x_embedder(ref_tokens.to(self.dtype)), token_grid, 0, ref_timestep)
+        layers = self.resume_template_kv(
+            self.model.x_embedder(ref_tokens.to(self.device, self.dtype)), token_grid, 0, ref_timestep
+        )
         kv = torch.stack([torch.stack([k[0], v[0]]) for k, v in layers])  # (layers, 2, tok, heads, hd)
         ref_t = self.ref_fixed_timestep if ref_timestep is None else float(ref_timestep)
         return TemplateKV(kv, self.model_id, (rows, cols), ROPE_LAYOUT, ref_timestep=ref_t)

@@ -35,8 +35,8 @@ class AttentionCapture:
     def keys_values(self, k_ref: torch.Tensor, v_ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Full key/value sequences with template K/V (tokens, heads, head_dim) inserted: (B, H, N_all, D)."""
         b = self.q.shape[0]
-        kr = k_ref.to(self.k.dtype).permute(1, 0, 2).unsqueeze(0).expand(b, -1, -1, -1)  # (B, H, T, D)
-        vr = v_ref.to(self.v.dtype).permute(1, 0, 2).unsqueeze(0).expand(b, -1, -1, -1)
+        kr = k_ref.to(self.k.device, self.k.dtype).permute(1, 0, 2).unsqueeze(0).expand(b, -1, -1, -1)  # (B, H, T, D)
+        vr = v_ref.to(self.v.device, self.v.dtype).permute(1, 0, 2).unsqueeze(0).expand(b, -1, -1, -1)
         n = self.n_txt
         return (
             torch.cat([self.k[:, :, :n], kr, self.k[:, :, n:]], dim=2),

@@ -124,10 +124,10 @@ def importance_from_captures(captures: list[AttentionCapture], kv: TemplateKV, s
         share.append(float(p_ref.sum(-1).mean()))
     assert len(mass) == n_layers
     return TokenImportance(
-        mass=torch.stack(mass).float().numpy(),
-        k_weight=torch.stack(kw).float().numpy(),
-        v_weight=torch.stack(vw).float().numpy(),
-        k_drop=torch.stack(kd).float().numpy(),
+        mass=torch.stack(mass).float().cpu().numpy(),
+        k_weight=torch.stack(kw).float().cpu().numpy(),
+        v_weight=torch.stack(vw).float().cpu().numpy(),
+        k_drop=torch.stack(kd).float().cpu().numpy(),
         out_energy=np.asarray(energy, dtype=np.float64),
         template_share=np.asarray(share, dtype=np.float64),
         num_probes=int(captures[0].q.shape[0]),
@@ -203,8 +203,8 @@ def layer_gains(
     gains = []
     for layer in range(kv.num_layers):
         k, v = kv.kv[layer, 0].float(), kv.kv[layer, 1].float()
-        k_n = k + torch.randn(k.shape, generator=gen) * (rel_noise * float(k.std()))
-        v_n = v + torch.randn(v.shape, generator=gen) * (rel_noise * float(v.std()))
+        k_n = k + torch.randn(k.shape, generator=gen).to(k.device) * (rel_noise * float(k.std()))
+        v_n = v + torch.randn(v.shape, generator=gen).to(v.device) * (rel_noise * float(v.std()))
         perturbed = kv.kv.clone()
         perturbed[layer, 0], perturbed[layer, 1] = k_n.to(kv.kv.dtype), v_n.to(kv.kv.dtype)
         out = output(TemplateKV(perturbed, kv.model_id, kv.token_grid, kv.rope_layout, kv.ref_timestep))

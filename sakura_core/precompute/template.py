@@ -79,58 +79,22 @@ def precompute_template(
             each step's time; shards carry ``step``).
         steps, shift: the per-step schedule (ignored in single mode).
     """
-    from ..runtime.schedule import edit_times
-
     if kv_mode not in KV_MODES:
         raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
     ladder = get_codec(codec)
     report = progress or (lambda stage, done, total: None)
     image = _check_image(model, template_image)
-    grid = model.template_grid(image)  # larger than the edit's grid for a larger template
     config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
-    report("kv", 0, 1)
-    ref = model.template_tokens(image)
-    if kv_mode == "per-step":
-        per_step = model.adapter.extract_per_step_kv(ref, grid, edit_times(model, steps, shift)[:-1])
-        kvs = [per_step.at_step(s) for s in range(steps)]
-    else:
-        per_step, kvs = None, [model.adapter.extract_template_kv(ref, grid)]
-    report("kv", 1, 1)
-    # probes' clean latents are edit-sized: a larger template is scaled down to the edit's size for them
-    size = model.spec.image_size
-    packed = model.pack_image(image if image.shape[0] == size else load_image(image, size))
+    per_step, kvs = _template_kvs(model, image, kv_mode, steps, shift, report)
     blobs: dict[str, bytes] = {}
-    shards: list[dict] = []
-    for s, kv in enumerate(kvs):
-        step_cfg = config if per_step is None else replace(config, timesteps=(kv.ref_timestep,))
-        importance, held = _importance(model, kv, packed, step_cfg, held_out_probes, report)
-        step_shards = _encode_step(ladder, kv, template_id, importance, held, shard_layers, blobs, report)
-        if per_step is not None:
-            step_shards = [{"step": s, **sh} for sh in step_shards]
-        shards += step_shards
+    shards = _encode_kvs(model, image, kvs, per_step is not None, ladder, template_id, config, held_out_probes,
+                         shard_layers, blobs, report)  # fmt: skip
     if psnr_steps > 0:
         _add_output_psnr(
             model, per_step or kvs[0], shards, blobs, seed, steps if per_step else psnr_steps, shift, report
         )
-
-    kv = kvs[0]
-    manifest = {
-        "version": MANIFEST_VERSION,
-        "model_id": kv.model_id,
-        "template_id": template_id,
-        "token_grid": [int(kv.token_grid[0]), int(kv.token_grid[1])],
-        "rope_layout": kv.rope_layout,
-        "num_layers": kv.num_layers,
-        "heads": kv.num_heads,
-        "head_dim": kv.head_dim,
-        "codec": ladder.name,
-        "distortion_metric": DISTORTION_METRIC,
-        "probes": {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes},
-        "psnr_metric": PSNR_METRIC if psnr_steps > 0 else None,
-        "kv_mode": kv_mode,
-        **({"schedule": _schedule(per_step, shift)} if per_step is not None else {}),
-        "shards": shards,
-    }
+    manifest = _manifest(kvs[0], per_step, template_id, ladder, config, held_out_probes, psnr_steps, kv_mode, shift,
+                         shards)  # fmt: skip
     validate_manifest(manifest)
     logger.info(
         "precomputed template %s (%s): %d shards, %d blobs, %d bytes",
@@ -141,6 +105,59 @@ def precompute_template(
         sum(len(b) for b in blobs.values()),
     )
     return PrecomputedTemplate(manifest, blobs)
+
+
+def _template_kvs(model, image, kv_mode: str, steps: int, shift: float, report):
+    """(the per-step KV or None, the TemplateKV of each step — one in single mode) of the exact template KV."""
+    from ..runtime.schedule import edit_times
+
+    grid = model.template_grid(image)  # larger than the edit's grid for a larger template
+    report("kv", 0, 1)
+    ref = model.template_tokens(image)
+    if kv_mode == "per-step":
+        per_step = model.adapter.extract_per_step_kv(ref, grid, edit_times(model, steps, shift)[:-1])
+        kvs = [per_step.at_step(s) for s in range(steps)]
+    else:
+        per_step, kvs = None, [model.adapter.extract_template_kv(ref, grid)]
+    report("kv", 1, 1)
+    return per_step, kvs
+
+
+def _encode_kvs(model, image, kvs, per_step: bool, ladder, template_id, config, held_out, shard_layers, blobs, report):
+    """Importance and every representation of every shard of each step's KV (blobs go to ``blobs``); the shards."""
+    # probes' clean latents are edit-sized: a larger template is scaled down to the edit's size for them
+    size = model.spec.image_size
+    packed = model.pack_image(image if image.shape[0] == size else load_image(image, size))
+    shards: list[dict] = []
+    for s, kv in enumerate(kvs):
+        step_cfg = replace(config, timesteps=(kv.ref_timestep,)) if per_step else config
+        importance, held = _importance(model, kv, packed, step_cfg, held_out, report)
+        step_shards = _encode_step(ladder, kv, template_id, importance, held, shard_layers, blobs, report)
+        if per_step:
+            step_shards = [{"step": s, **sh} for sh in step_shards]
+        shards += step_shards
+    return shards
+
+
+def _manifest(kv: TemplateKV, per_step, template_id, ladder, config, held_out, psnr_steps, kv_mode, shift, shards):
+    """The manifest (see :mod:`sakura_core.kv.manifest`) of the encoded ``shards``; ``kv``: the first step's KV."""
+    return {
+        "version": MANIFEST_VERSION,
+        "model_id": kv.model_id,
+        "template_id": template_id,
+        "token_grid": [int(kv.token_grid[0]), int(kv.token_grid[1])],
+        "rope_layout": kv.rope_layout,
+        "num_layers": kv.num_layers,
+        "heads": kv.num_heads,
+        "head_dim": kv.head_dim,
+        "codec": ladder.name,
+        "distortion_metric": DISTORTION_METRIC,
+        "probes": {"seed": config.seed, "num_probes": config.num_probes, "held_out": held_out},
+        "psnr_metric": PSNR_METRIC if psnr_steps > 0 else None,
+        "kv_mode": kv_mode,
+        **({"schedule": _schedule(per_step, shift)} if per_step is not None else {}),
+        "shards": shards,
+    }
 
 
 def _schedule(per_step: PerStepTemplateKV, shift: float) -> dict:

@@ -1,83 +1,103 @@
-"""The decode lane of :class:`~sakura_core.runtime.pipeline.PipelinedEdit` and the template KV the device holds.
+"""The decode lane of a pipelined edit (:class:`~sakura_core.runtime.pipeline.PipelinedEdit`): a thread pool that
+turns a shard's fetched blobs into K/V.
 
-A shard's chain is decoded in the thread pool by one :class:`~sakura_core.kv.chain.ChainDecoder` per shard, kept
-while an upgrade may extend it, so an upgrade fetches and applies only its new blobs (no blob is kept after it is
-decoded). The decoded KV is counted (``kv_bytes``, ``peak_kv_bytes``); in per-step mode a shard serves one (step,
-layer) only and is freed once the compute lane has passed it.
+A shard's chain is decoded by one :class:`~sakura_core.kv.chain.ChainDecoder` per shard, kept while an upgrade may
+extend it, so an upgrade fetches and applies only its new blobs (no blob is kept after it is decoded). Every decoded
+shard is checked against the slot the manifest gives it (a corrupt or misplaced shard raises). The lane owns its
+decoders and its pool; the fetch lane calls :meth:`DecodeLane.decode` and publishes the result.
 """
 
 from __future__ import annotations
 
-import torch
+import asyncio
+import contextlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from ..kv.binding import check_shard_binding, slot_from_manifest
 from ..kv.chain import ChainDecoder
+from ..policy.ladder import Level
+from .live_state import LiveState
+from .run_log import RunLog
+from .shard_index import ShardId
 
 __all__ = ["DecodeLane"]
 
 
 class DecodeLane:
-    """Mixin: decoding and the KV held (state lives on the edit: ``kv``, ``decoders``, ``decoder_lock``,
-    ``fallback_kv``, ``dropped``, ``kv_bytes``, ``peak_kv_bytes``, ``released_below``, ``st``, ...)."""
+    """Decoders per shard and the pool they run in (``threads`` workers, open while :meth:`pool_open` is).
 
-    def decoded_prefix(self, layer: int, digests: list[str]) -> int:
-        """How many of ``digests`` (a chain) this layer's decoder has applied already: the chain extends what it
+    Args:
+        manifest: the template's manifest (each decoded shard is checked against its slot there).
+        ladders/reps: per shard (flat index), the levels and their manifest entries.
+        st: the run's live state (its clock times the decode events).
+        log: the run's timeline.
+        threads: decoder threads.
+    """
+
+    def __init__(self, manifest: dict, ladders: list[list[Level]], reps: list[list[dict]], st: LiveState,
+                 log: RunLog, threads: int) -> None:  # fmt: skip
+        self.manifest, self.ladders, self.reps, self.st, self.log = manifest, ladders, reps, st, log
+        self.threads = threads
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.decoders: dict[ShardId, tuple[list[str], ChainDecoder]] = {}  # shard -> (digests pushed, its decoder)
+
+    @contextlib.contextmanager
+    def pool_open(self):
+        """The decoder pool for one run: shut down (its decodes waited for) when the block ends."""
+        self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sakura-decode")
+        try:
+            yield self
+        finally:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def decoded_prefix(self, shard: ShardId, digests: list[str]) -> int:
+        """How many of ``digests`` (a chain) this shard's decoder has applied already: the chain extends what it
         decoded (an upgrade); 0 when there is no decoder or the chain starts afresh."""
-        with self.decoder_lock:
-            done = self.decoders.get(layer, ([], None))[0]
+        with self._lock:
+            done = self.decoders.get(shard, ([], None))[0]
         ok = 0 < len(done) < len(digests) and digests[: len(done)] == done
         return len(done) if ok else 0
 
-    def decode_shard(self, layer: int, level: int, digests: list[str], blobs: list[bytes], start: int = 0):
-        """Decode ``blobs`` = ``digests[start:]``: with ``start`` > 0 on top of this layer's decoder, which has applied
-        ``digests[:start]`` (an upgrade applies only its new blobs); else a new decoder."""
+    async def decode(self, shard: ShardId, level: int, digests: list[str], blobs: list[bytes], start: int = 0):
+        """``(k, v)`` of ``shard`` at ``level``, decoded in the pool from ``blobs`` = ``digests[start:]`` (see
+        :meth:`decode_now`)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.decode_now, shard, level, digests, blobs, start)
+
+    def decode_now(self, shard: ShardId, level: int, digests: list[str], blobs: list[bytes], start: int = 0):
+        """Decode ``blobs`` = ``digests[start:]``: with ``start`` > 0 on top of this shard's decoder, which has
+        applied ``digests[:start]`` (an upgrade applies only its new blobs); else a new decoder."""
         t0 = self.st.now
-        with self.decoder_lock:
-            done, dec = self.decoders.pop(layer, ([], None))
+        with self._lock:
+            done, dec = self.decoders.pop(shard, ([], None))
         if start:
             if dec is None or done != digests[:start]:
-                raise RuntimeError(f"shard {layer}: the decoder no longer holds the chain prefix this upgrade extends")
+                raise RuntimeError(f"{shard}: the decoder no longer holds the chain prefix this upgrade extends")
         else:
             dec = ChainDecoder()
         for blob in blobs:  # on an error the half-advanced decoder stays dropped (popped above)
             dec.push(blob)
         # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not)
-        check_shard_binding(dec.header, slot_from_manifest(self.manifest, layer % self.L, self.reps[layer][level]))
+        check_shard_binding(dec.header, slot_from_manifest(self.manifest, shard.layer, self.reps[shard.g][level]))
         k, v = dec.tensors()
-        with self.decoder_lock:
-            self.decoders[layer] = (list(digests), dec)
-        self.event("decode", t0, self.st.now, layer, self.ladders[layer][level].name)
+        with self._lock:
+            self.decoders[shard] = (list(digests), dec)
+        self.log.event("decode", t0, self.st.now, shard.g, self.ladders[shard.g][level].name)
         return k, v
 
-    def hold_kv(self, g: int, entry: tuple[torch.Tensor, torch.Tensor, int]) -> None:
-        """Keep shard ``g``'s decoded KV (replacing a coarser one); the caller holds ``st.lock``."""
-        old = self.kv.get(g)
-        self.kv[g] = entry
-        self.shard_kv_nbytes = entry[0].nbytes + entry[1].nbytes
-        self._count_kv(entry[:2], old[:2] if old is not None else ())
+    def forget(self, shard: ShardId) -> None:
+        """Drop ``shard``'s decoder (it will not be upgraded: the compute lane has passed it)."""
+        with self._lock:
+            self.decoders.pop(shard, None)
 
-    def _count_kv(self, added=(), removed=()) -> None:
-        self.kv_bytes += sum(t.nbytes for t in added) - sum(t.nbytes for t in removed)
-        self.peak_kv_bytes = max(self.peak_kv_bytes, self.kv_bytes)
-
-    def release_before(self, g: int) -> None:
-        """Per-step mode: the compute lane is at shard ``g``; every shard before it served its (step, layer) and is
-        never used again: free their KV (fetched and the device's), decoders, and the template state kept at the
-        drops of steps before ``g``'s. The device holds the rest of the running step and what is prefetched for
-        later steps, not the whole edit's KV. The caller holds ``st.lock``."""
-        lo = self.released_below
-        if g <= lo:
-            return
-        self.released_below = g
-        with self.decoder_lock:
-            for x in range(lo, g):
-                entry, fb = self.kv.pop(x, None), self.fallback_kv.pop(x, None)
-                self._count_kv(removed=(*(entry[:2] if entry else ()), *(fb or ())))
-                self.decoders.pop(x, None)
-        for step in [s for s in self.dropped if s < g // self.L]:
-            del self.dropped[step]
-
-    def held_ahead_bytes(self) -> int:
-        """Decoded KV held for steps after the running one (the caller holds ``st.lock``)."""
-        end = (max(self.step, 0) + 1) * self.L
-        return sum(k.nbytes + v.nbytes for g, (k, v, _) in self.kv.items() if g >= end)
+    def release(self, shards) -> None:
+        """Drop the decoders of ``shards`` (served: never upgraded again)."""
+        with self._lock:
+            for shard in shards:
+                self.decoders.pop(shard, None)

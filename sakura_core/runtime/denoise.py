@@ -74,10 +74,7 @@ def run_edit(
             state there (1, template tokens, dim), from which ``backend.resume_template_kv`` continues the template
             pass (the runtime's fallback when shards are late).
     """
-    adapter = model.adapter
-    compute = backend_of(model, backend)
-    L = adapter.num_layers
-    grid = model.spec.grid
+    L = model.adapter.num_layers
     # the template's own token grid: larger than the edit's when the template image is (its KV says which)
     ref_grid = _template_grid(model, kv_source, template_image)
     dynamic = callable(split_layer)
@@ -87,61 +84,88 @@ def run_edit(
         raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
     per_step = kv_mode == "per-step"
     times = edit_times(model, steps, shift)
-    if per_step and isinstance(kv_source, TemplateKV):
-        raise KVMismatchError("per-step edit given single-mode template KV: pass a PerStepTemplateKV (or a function)")
-    if isinstance(kv_source, PerStepTemplateKV):
-        kv_source = _per_step_source(adapter, kv_source, ref_grid, times, per_step)
-    if isinstance(kv_source, TemplateKV):
-        adapter.check(kv_source, ref_grid)
-        adapter.check_ref_time(kv_source, None)
-        kv_obj = kv_source
-
-        def kv_source(layer: int, step: int, _kv=kv_obj):
-            return _kv.layer(layer)
-
+    kv_source = _kv_lookup(model.adapter, kv_source, ref_grid, times, per_step)
     if (dynamic or split_layer > 0) and template_image is None:
         raise ValueError("running template layers on the device needs template_image")
     ref = model.template_tokens(template_image) if (dynamic or split_layer > 0) else None
     user = model.pack_image(user_image)
-    txt = model.encode_prompt(prompt)
+    velocity = _Velocity(model, backend_of(model, backend), user, model.encode_prompt(prompt), ref, ref_grid,
+                         split_layer, kv_source, template_every_step=template_every_step, per_step=per_step,
+                         on_layer=on_layer, on_drop=on_drop)  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn(user.shape, generator=gen)
-    device_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-    calls = [0]
-
-    def velocity(x: torch.Tensor, t: torch.Tensor, step: int) -> torch.Tensor:
-        def hook(layer: int) -> None:
-            calls[0] += 1
-            if on_layer is not None:
-                on_layer(step, layer)
-
-        def cached(layer: int):
-            if layer < len(device_kv):
-                return device_kv[layer]
-            return kv_source(layer, step)
-
-        run_template = step == 0 or template_every_step or per_step
-        result = compute.forward(
-            model.request_tokens(x, user),
-            txt,
-            t,
-            img_grid=grid,
-            ref_tokens=ref if run_template else None,
-            ref_grid=ref_grid,
-            split_layer=split_layer if run_template else 0,
-            cached=cached if (dynamic or split_layer < L or not run_template) else None,
-            on_layer=hook,
-            ref_timestep=float(t[0]) if per_step else None,
-            on_drop=None if on_drop is None else (lambda layer, hidden: on_drop(step, layer, hidden)),
-        )
-        if step == 0 and not template_every_step and not per_step:
-            device_kv.extend(result.extracted)
-        return result.sample
-
     # latent models: the user image is the flow's start; the demo model concatenates it and flows from pure noise
     start = model.edit_start(user, noise, steps)[0] if hasattr(model, "edit_start") else noise
     out = euler_sample(velocity, start, times)
-    return EditResult(tokens=out, image=model.unpack_tokens(out), device_kv=device_kv, layer_calls=calls[0])
+    return EditResult(tokens=out, image=model.unpack_tokens(out), device_kv=velocity.device_kv,
+                      layer_calls=velocity.calls)  # fmt: skip
+
+
+class _Velocity:
+    """The velocity :func:`run_edit` integrates: at each step one hybrid forward (template layers computed here,
+    the rest from ``kv_source`` — or, after step 0 in single mode, from the KV step 0 computed here), counting the
+    layers run (``calls``) and keeping step 0's device KV (``device_kv``, single mode)."""
+
+    def __init__(self, model: EditModel, compute: ComputeBackend, user, txt, ref, ref_grid, split_layer, kv_source,
+                 *, template_every_step: bool, per_step: bool, on_layer, on_drop) -> None:  # fmt: skip
+        self.model, self.compute, self.user, self.txt = model, compute, user, txt
+        self.ref, self.ref_grid = ref, ref_grid
+        self.split_layer, self.kv_source = split_layer, kv_source
+        self.template_every_step, self.per_step = template_every_step, per_step
+        self.on_layer, self.on_drop = on_layer, on_drop
+        # layers past the split take injected KV (a dynamic split may drop the template anywhere)
+        self.injects = callable(split_layer) or split_layer < model.adapter.num_layers
+        self.device_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.calls = 0
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, step: int) -> torch.Tensor:
+        def hook(layer: int) -> None:
+            self.calls += 1
+            if self.on_layer is not None:
+                self.on_layer(step, layer)
+
+        def cached(layer: int):
+            if layer < len(self.device_kv):
+                return self.device_kv[layer]
+            return self.kv_source(layer, step)
+
+        on_drop = self.on_drop
+        run_template = step == 0 or self.template_every_step or self.per_step
+        result = self.compute.forward(
+            self.model.request_tokens(x, self.user),
+            self.txt,
+            t,
+            img_grid=self.model.spec.grid,
+            ref_tokens=self.ref if run_template else None,
+            ref_grid=self.ref_grid,
+            split_layer=self.split_layer if run_template else 0,
+            cached=cached if (self.injects or not run_template) else None,
+            on_layer=hook,
+            ref_timestep=float(t[0]) if self.per_step else None,
+            on_drop=None if on_drop is None else (lambda layer, hidden: on_drop(step, layer, hidden)),
+        )
+        if step == 0 and not self.template_every_step and not self.per_step:
+            self.device_kv.extend(result.extracted)
+        return result.sample
+
+
+def _kv_lookup(adapter, kv_source, ref_grid, times: torch.Tensor, per_step: bool) -> KVSource | None:
+    """``kv_source`` as a ``(layer, step) -> (k, v)`` function (None stays None), after checking stored KV against
+    the edit: its KV mode, token grid, reference time and (per-step) schedule."""
+    if per_step and isinstance(kv_source, TemplateKV):
+        raise KVMismatchError("per-step edit given single-mode template KV: pass a PerStepTemplateKV (or a function)")
+    if isinstance(kv_source, PerStepTemplateKV):
+        return _per_step_source(adapter, kv_source, ref_grid, times, per_step)
+    if isinstance(kv_source, TemplateKV):
+        adapter.check(kv_source, ref_grid)
+        adapter.check_ref_time(kv_source, None)
+        kv = kv_source
+
+        def source(layer: int, step: int):
+            return kv.layer(layer)
+
+        return source
+    return kv_source
 
 
 def _per_step_source(adapter, kv: PerStepTemplateKV, grid, times: torch.Tensor, per_step: bool) -> KVSource:

@@ -1,18 +1,33 @@
-"""The fetch lane of :class:`~sakura_core.runtime.pipeline.PipelinedEdit`: the link, as the policy chooses.
+"""The fetch lane of a pipelined edit (:class:`~sakura_core.runtime.pipeline.PipelinedEdit`): the link, as the
+policy chooses.
 
 Every shard once, in execution order (``choose``); a shard the policy defers ("not now") is asked again before
 later shards and while the link would idle, until the compute lane reaches it; then progressive upgrades on the
 idle link. The same protocol as the simulator's (:mod:`sakura_core.runtime.simulate`). A failed shard is retried
 at the floor level, then left to the device (the compute lane runs a template pass for it).
+
+The lane owns what it fetched (``bytes_fetched``), the shards deferred, and the fetches the compute lane asked for;
+it writes the link's part of the live state (``next_layer``, ``in_flight``, ``got``, ``receiving``, ...), decodes
+through the :class:`~sakura_core.runtime.decode_lane.DecodeLane` and publishes into
+:class:`~sakura_core.runtime.held_kv.HeldKV`. The compute lane reaches it through :meth:`FetchLane.fetch_skipped`
+and :meth:`FetchLane.skip_to` only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 
-from ..policy.policies import LEVEL_COMPUTE
+from ..policy.context import Context
+from ..policy.policies import LEVEL_COMPUTE, Policy
+from .decode_lane import DecodeLane
 from .deferral import ask_deferred
+from .held_kv import HeldKV
+from .live_state import LiveState
+from .pipeline_config import RuntimeConfig
+from .run_log import RunLog
+from .shard_index import ShardGrid, ShardId
 
 __all__ = ["IDLE_POLL_S", "FetchLane", "takes_on_chunk"]
 
@@ -29,103 +44,77 @@ def takes_on_chunk(fetch_blob) -> bool:
 
 
 class FetchLane:
-    """Mixin: the fetch-lane half of a pipelined edit (state lives on the edit: ``st``, ``ctx``, ``policy``,
-    ``ladders``, ``reps``, ``kv``, ``ready``, ``deferred``, ...)."""
+    """The link of one edit (see the module docstring); :meth:`reset` before each run, :meth:`run` is the lane.
 
-    async def get_blob(self, digest: str, size: int, layer: int, level_name: str) -> bytes:
-        """One blob over the link (not kept: the shard's chain decoder holds what it needs of the blobs before)."""
-        t0 = self.st.now
-        if self.reports_chunks:
-            data = await self.fetch_blob(digest, size, on_chunk=lambda n: self._received(layer, n))
-        else:
-            data = await self.fetch_blob(digest, size)
-        t1 = self.st.now
-        self.estimator.observe(len(data), max(t1 - t0, 1e-6))
-        self.bytes_fetched += len(data)
-        self.event("fetch", t0, t1, layer, level_name)
-        return data
+    Args:
+        fetch_blob: ``async (digest, nbytes[, on_chunk]) -> bytes``.
+        grid, ladders, reps, floor: the shards, their levels (the policy's family), manifest entries, the floor.
+        st, ctx, policy: the shared live state, the policy's view of it, the policy.
+        held, decoder: where decoded shards go, and the decode lane.
+        log, config, cancel: the run's timeline, settings and cancel flag.
+    """
 
-    def _received(self, layer: int, nbytes: int) -> None:
-        with self.st.lock:
-            entry = self.st.receiving.get(layer)
-            if entry is not None:
-                entry[1] += nbytes
+    def __init__(self, fetch_blob, grid: ShardGrid, ladders, reps, floor: int, st: LiveState, ctx: Context,
+                 policy: Policy, held: HeldKV, decoder: DecodeLane, log: RunLog, config: RuntimeConfig,
+                 cancel: threading.Event) -> None:  # fmt: skip
+        self.fetch_blob, self.reports_chunks = fetch_blob, takes_on_chunk(fetch_blob)
+        self.grid, self.ladders, self.reps, self.floor = grid, ladders, reps, floor
+        self.st, self.ctx, self.policy, self.held, self.decoder = st, ctx, policy, held, decoder
+        self.log, self.cfg, self.cancel = log, config, cancel
+        self.reset()
 
-    async def fetch_level(self, layer: int, level: int) -> None:
-        """Fetch the chain of ``layer`` up to ``level``, decode it in the pool and publish the KV."""
-        st = self.st
-        rep = self.reps[layer][level]
-        by_digest = {r["digest"]: r for r in self.reps[layer]}
-        digests = [*rep.get("requires", []), rep["digest"]]
-        name = self.ladders[layer][level].name
-        start = self.decoded_prefix(layer, digests)  # an upgrade fetches only the blobs its decoder lacks
-        todo = digests[start:]
-        if self.reports_chunks:  # the policy sees this shard's transfer while it lasts (LiveState.link_progress)
-            with st.lock:
-                st.receiving[layer] = [st.now, 0.0, float(sum(by_digest[d]["bytes"] for d in todo))]
-        try:
-            chain = [await self.get_blob(d, by_digest[d]["bytes"], layer, name) for d in todo]
-        finally:
-            with st.lock:
-                st.receiving.pop(layer, None)
-        k, v = await self._loop.run_in_executor(self._pool, self.decode_shard, layer, level, digests, chain, start)
-        with st.lock:
-            cur = self.kv.get(layer)
-            if layer < self.released_below:  # used already (per-step): a late upgrade is not kept
-                with self.decoder_lock:
-                    self.decoders.pop(layer, None)
-            elif cur is None or cur[2] < level:
-                self.hold_kv(layer, (k[0], v[0], level))
-            st.got.setdefault(layer, []).append((level, st.now))
-            st.in_flight.pop(layer, None)
-            st.decoder_free = st.now
-        self.ready[layer].set()
+    def reset(self) -> None:
+        self.bytes_fetched = 0
+        self.deferred: list[int] = []  # shards (g) the policy said "not now" to: asked again while the link would idle
+        self._deferred_sig: tuple | None = None  # the state of the last "not now" to all of them
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._done = threading.Event()  # the compute lane has finished: nothing more is needed
+        self._asked: set[asyncio.Task] = set()  # fetches the compute lane asked for (fetch_skipped)
 
-    async def fetch_with_fallback(self, layer: int, level: int) -> None:
-        """Fetch at ``level``; on failure retry at the floor, then mark the layer for the device."""
-        try:
-            await self.fetch_level(layer, level)
-        except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
-            if level != self.floor:
-                name = self.ladders[layer][level].name
-                self.fallbacks.append(f"shard {layer} level {name}: {e}; retrying at the floor level")
-                try:
-                    await self.fetch_level(layer, self.floor)
-                    return
-                except Exception as e2:  # noqa: BLE001
-                    e = e2
-            self.fallbacks.append(f"shard {layer}: {e}; the device computes this layer's template KV")
-            self.failed.add(layer)
-            self.ready[layer].set()
+    # ---- the lane
 
-    async def fetch_lane(self) -> None:
+    async def run(self) -> None:
         """The link: every shard in order (as the policy chooses), then — while it would idle — the shards the policy
         deferred (asked again until the compute lane reaches them) and progressive upgrades."""
-        await self.base_fetches()
+        self._loop = asyncio.get_running_loop()
+        await self._base_fetches()
         self.st.base_done = True
         upgrades = self.cfg.upgrades
         while not self.cancel.is_set() and not self._done.is_set():
             pick = self._decide(base=False)
             if pick is not None:
-                await self.fetch_base(*pick)
+                await self._fetch_base(*pick)
                 continue
             if upgrades:
-                upgrades = await self.upgrade_once()
+                upgrades = await self._upgrade_once()
                 if upgrades:
                     continue
             if not self.deferred:
                 break
             await asyncio.sleep(IDLE_POLL_S)  # deferred shards remain: ask again once the state has moved on
 
-    async def base_fetches(self) -> None:
+    async def stop(self, task: asyncio.Task) -> None:
+        """End the lane's ``task`` and every fetch the compute lane asked for (the edit is over)."""
+        self._done.set()
+        tasks = [task, *self._asked]
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        for t in tasks:
+            try:
+                await t
+            except asyncio.CancelledError:
+                pass
+
+    async def _base_fetches(self) -> None:
         """Each shard once, in execution order; a deferred shard that the policy now wants goes first."""
         st = self.st
-        while st.next_layer < self.N and not self.cancel.is_set():
+        while st.next_layer < len(self.grid) and not self.cancel.is_set():
             pick = self._decide(base=True)
             if pick == "stop":
                 break
             if pick is not None:
-                await self.fetch_base(*pick)
+                await self._fetch_base(*pick)
 
     def _decide(self, base: bool):
         """One link decision at one frozen moment (one plan serves it): a deferred shard the policy now wants, else
@@ -137,49 +126,25 @@ class FetchLane:
             again = self._ask_deferred()
             if again is not None or not base:
                 return again
-            layer = st.next_layer
-            d = self.policy.choose(self.ctx, layer)
-            self.decisions.append({"t": st.now, "layer": layer, "level": d.level, "reason": d.reason})
+            g = st.next_layer
+            d = self.policy.choose(self.ctx, g)
+            self.log.decision(st.now, g, d.level, d.reason)
             if d.level is None:
                 return "stop"
             st.next_layer += 1
             if d.level == LEVEL_COMPUTE:
                 if d.defer:
-                    self.deferred.append(layer)
+                    self.deferred.append(g)
                 return None
-            return layer, d.level
-
-    async def room_for(self, g: int) -> None:
-        """Per-step mode with ``prefetch_kv_bytes``: before fetching shard ``g`` of a later step, wait until the
-        KV held for later steps leaves room for it (the compute lane frees shards as it passes them). The running
-        step's own shards never wait, nor does an upgrade of a shard held already. While the lane waits, the
-        running step's deferred shards are fetched only if the compute lane asks for them (late_shards)."""
-        cap = self.cfg.prefetch_kv_bytes
-        if cap is None or not self.per_step:
-            return
-        while not self.cancel.is_set() and not self._done.is_set():
-            with self.st.lock:
-                if g < (max(self.step, 0) + 1) * self.L or g in self.kv:
-                    return
-                if self.held_ahead_bytes() + self.shard_kv_nbytes <= cap:
-                    return
-            await asyncio.sleep(IDLE_POLL_S)
-
-    async def fetch_base(self, layer: int, level: int) -> None:
-        await self.room_for(layer)
-        with self.st.lock:
-            self.st.in_flight[layer] = self.ctx.predict_ready(
-                layer, self.ladders[layer][level], self.estimator.robust()
-            )
-        await self.fetch_with_fallback(layer, level)
+            return self.grid[g], d.level
 
     def _signature(self) -> tuple:
         """What a deferral depends on besides the clock: compute position, decisions, transfers, samples."""
         st = self.st
         done = sum(len(v) for v in st.got.values())
-        return (st.compute_layer, st.template_alive, st.next_layer, done, len(st.in_flight), self.estimator.samples)
+        return (st.compute_layer, st.template_alive, st.next_layer, done, len(st.in_flight), st.estimator.samples)
 
-    def _ask_deferred(self) -> tuple[int, int] | None:
+    def _ask_deferred(self) -> tuple[ShardId, int] | None:
         """Ask the policy again about each deferred shard the compute lane has not reached (the caller holds the
         lock and a frozen moment); ``(shard, level)`` for the first it wants. The same protocol as the simulator's;
         not asked again until something has happened (a layer, a decision, a transfer) since the last "not now"."""
@@ -195,10 +160,10 @@ class FetchLane:
             return None
         g, d = pick
         self._deferred_sig = None
-        self.decisions.append({"t": st.now, "layer": g, "level": d.level, "reason": d.reason})
-        return g, d.level
+        self.log.decision(st.now, g, d.level, d.reason)
+        return self.grid[g], d.level
 
-    async def upgrade_once(self) -> bool:
+    async def _upgrade_once(self) -> bool:
         """One progressive enhancement the policy asks for on the idle link; False when it asks for none (or one
         failed: upgrades are optional, the failure is reported and upgrading stops)."""
         st = self.st
@@ -207,12 +172,129 @@ class FetchLane:
             up = self.policy.upgrade(self.ctx)
         if up is None:
             return False
-        layer, level = up
-        await self.room_for(layer)
-        self.decisions.append({"t": st.now, "layer": layer, "level": level, "reason": "upgrade"})
+        shard, level = self.grid[up[0]], up[1]
+        await self._room_for(shard)
+        self.log.decision(st.now, shard.g, level, "upgrade")
         try:
-            await self.fetch_level(layer, level)
+            await self._fetch_level(shard, level)
         except Exception as e:  # noqa: BLE001 - an upgrade is optional: report and stop upgrading
-            self.fallbacks.append(f"upgrade of shard {layer} to {self.ladders[layer][level].name} failed: {e}")
+            self.log.fallback(f"upgrade of {shard} to {self.ladders[shard.g][level].name} failed: {e}")
             return False
         return True
+
+    # ---- what the compute lane may ask (from its thread)
+
+    def fetch_skipped(self, shard: ShardId) -> bool:
+        """The compute lane needs ``shard``, which the lane skipped (the policy computes it, or deferred it, and a
+        policy may not foresee a drop): fetch it now at the floor level. False when it was not skipped (it is in
+        flight, fetched, or not decided yet). Thread-safe."""
+        st = self.st
+        with st.lock:
+            g = shard.g
+            skipped = g not in st.in_flight and not st.got.get(g) and (st.base_done or st.next_layer > g)
+            if not skipped:
+                return False
+            if g in self.deferred:
+                self.deferred.remove(g)
+        self._loop.call_soon_threadsafe(self._start_asked, shard)
+        return True
+
+    def _start_asked(self, shard: ShardId) -> None:
+        if self._done.is_set():
+            return
+        task = self._loop.create_task(self._fetch_with_fallback(shard, self.floor))
+        self._asked.add(task)
+        task.add_done_callback(self._asked.discard)
+
+    def skip_to(self, end: int) -> None:
+        """The compute lane gave up on the link for every shard below flat index ``end``: neither fetch nor ask
+        about them any more. The caller holds ``st.lock``."""
+        self.st.next_layer = max(self.st.next_layer, end)
+        self.deferred[:] = [g for g in self.deferred if g >= end]
+
+    # ---- fetching one shard
+
+    async def _room_for(self, shard: ShardId) -> None:
+        """Per-step mode with ``prefetch_kv_bytes``: before fetching a shard of a later step, wait until the KV held
+        for later steps leaves room for it (the compute lane frees shards as it passes them). The running step's own
+        shards never wait, nor does an upgrade of a shard held already. While the lane waits, the running step's
+        deferred shards are fetched only if the compute lane asks for them (late_shards)."""
+        cap = self.cfg.prefetch_kv_bytes
+        if cap is None or not self.grid.per_step:
+            return
+        while not self.cancel.is_set() and not self._done.is_set():
+            with self.st.lock:
+                running_end = self.grid.step_end(self.grid[self.st.compute_layer].step)
+                if shard.g < running_end or self.held.is_held(shard):
+                    return
+                if self.held.held_from_bytes(running_end) + self.held.shard_kv_nbytes <= cap:
+                    return
+            await asyncio.sleep(IDLE_POLL_S)
+
+    async def _fetch_base(self, shard: ShardId, level: int) -> None:
+        await self._room_for(shard)
+        with self.st.lock:
+            predicted = self.ctx.predict_ready(shard.g, self.ladders[shard.g][level], self.st.estimator.robust())
+            self.st.in_flight[shard.g] = predicted
+        await self._fetch_with_fallback(shard, level)
+
+    async def _fetch_with_fallback(self, shard: ShardId, level: int) -> None:
+        """Fetch at ``level``; on failure retry at the floor, then leave the shard to the device."""
+        try:
+            await self._fetch_level(shard, level)
+        except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
+            if level != self.floor:
+                name = self.ladders[shard.g][level].name
+                self.log.fallback(f"{shard} level {name}: {e}; retrying at the floor level")
+                try:
+                    await self._fetch_level(shard, self.floor)
+                    return
+                except Exception as e2:  # noqa: BLE001
+                    e = e2
+            self.log.fallback(f"{shard}: {e}; the device computes this layer's template KV")
+            self.held.fail(shard)
+
+    async def _fetch_level(self, shard: ShardId, level: int) -> None:
+        """Fetch the chain of ``shard`` up to ``level``, decode it in the pool and publish the KV."""
+        st, g = self.st, shard.g
+        rep = self.reps[g][level]
+        by_digest = {r["digest"]: r for r in self.reps[g]}
+        digests = [*rep.get("requires", []), rep["digest"]]
+        name = self.ladders[g][level].name
+        start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
+        todo = digests[start:]
+        if self.reports_chunks:  # the policy sees this shard's transfer while it lasts (LiveState.link_progress)
+            with st.lock:
+                st.receiving[g] = [st.now, 0.0, float(sum(by_digest[d]["bytes"] for d in todo))]
+        try:
+            chain = [await self._get_blob(d, by_digest[d]["bytes"], g, name) for d in todo]
+        finally:
+            with st.lock:
+                st.receiving.pop(g, None)
+        k, v = await self.decoder.decode(shard, level, digests, chain, start)
+        if not self.held.publish(shard, k[0], v[0], level):
+            self.decoder.forget(shard)  # used already (per-step): a late upgrade is not kept
+        with st.lock:
+            st.got.setdefault(g, []).append((level, st.now))
+            st.in_flight.pop(g, None)
+            st.decoder_free = st.now
+        self.held.set_ready(shard)
+
+    async def _get_blob(self, digest: str, size: int, g: int, level_name: str) -> bytes:
+        """One blob over the link (not kept: the shard's chain decoder holds what it needs of the blobs before)."""
+        t0 = self.st.now
+        if self.reports_chunks:
+            data = await self.fetch_blob(digest, size, on_chunk=lambda n: self._received(g, n))
+        else:
+            data = await self.fetch_blob(digest, size)
+        t1 = self.st.now
+        self.st.estimator.observe(len(data), max(t1 - t0, 1e-6))
+        self.bytes_fetched += len(data)
+        self.log.event("fetch", t0, t1, g, level_name)
+        return data
+
+    def _received(self, g: int, nbytes: int) -> None:
+        with self.st.lock:
+            entry = self.st.receiving.get(g)
+            if entry is not None:
+                entry[1] += nbytes

@@ -1,23 +1,26 @@
 """:class:`LiveState`: the :class:`~sakura_core.policy.context.PolicyState` the running pipeline keeps (the
-simulator keeps its own), with a wall clock that a batch of decisions can freeze."""
+simulator keeps its own), on a clock (:mod:`sakura_core.runtime.clock`, the wall clock by default) that a batch of
+decisions can freeze. It is what the lanes share with the policy: each lane writes its own fields (the fetch lane
+the link's, the compute lane the compute position and the stalls) under ``lock``."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 
 from ..fetch.traces import Trace
 from ..policy.context import ComputeCosts
 from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
+from .clock import Clock, WallClock
 
 __all__ = ["LiveState"]
 
 
 class LiveState:
     """The :class:`PolicyState` the running pipeline keeps (times in seconds since the edit started; see
-    :class:`PolicyState` for every attribute); ``lock`` guards the updates a policy reads mid-decision."""
+    :class:`PolicyState` for every attribute); ``lock`` guards the updates a policy reads mid-decision. ``clock``:
+    what ``now`` reads (seconds since the last :meth:`reset`) and the waits of the compute lane use."""
 
     def __init__(
         self,
@@ -29,6 +32,8 @@ class LiveState:
         rtt_s: float,
         latency_target_s: float | None = None,
         layers_per_step: int | None = None,
+        *,
+        clock: Clock | None = None,
     ):
         self.profile, self.trace, self.ladders, self.floor = profile, trace, ladders, floor
         self.L = len(ladders)
@@ -36,7 +41,15 @@ class LiveState:
         self.estimator, self.rtt_s = estimator, rtt_s
         self.latency_target_s = latency_target_s
         self.start_s = 0.0  # the live link starts its trace at the edit's start
-        self.t0 = time.monotonic()
+        self.clock = clock or WallClock()
+        self.lock = threading.RLock()
+        self._frozen = threading.local()  # this thread's frozen clock (see frozen_now)
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh edit: the clock starts at 0 now, the estimator has no samples, nothing is fetched or computed."""
+        self.estimator.reset()
+        self.t0 = self.clock.now()
         self.link_free = 0.0
         self.decoder_free = 0.0
         self.next_layer = 0
@@ -52,13 +65,11 @@ class LiveState:
         self.waiting_since: float | None = None  # the wait in progress, if any
         self.compute_t = 0.0
         self.compute_layer = 0
-        self.lock = threading.RLock()
-        self._frozen = threading.local()  # this thread's frozen clock (see frozen_now)
 
     @property
     def now(self) -> float:
         frozen = getattr(self._frozen, "t", None)
-        return time.monotonic() - self.t0 if frozen is None else frozen
+        return self.clock.now() - self.t0 if frozen is None else frozen
 
     @property
     def stalled_s(self) -> float:

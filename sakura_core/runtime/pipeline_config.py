@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..policy.estimator import EstimatorConfig
+
 __all__ = ["Cancelled", "RunReport", "RuntimeConfig"]
 
 
@@ -30,6 +32,8 @@ class RuntimeConfig:
         of the step it runs; the fetch lane waits for room before it fetches further ahead (the running step's own
         shards are always fetched). None = no limit (what ``bench e2e --mode sim`` models); 0 = no prefetch.
         The device then holds at most one step's KV plus this.
+    estimator: the throughput estimator's settings (None = its defaults); EMULATED phone timing scales its prior
+        and smallest sample to the model's shard bytes (``runtime.emulated_device``).
     """
 
     steps: int = 8
@@ -40,6 +44,7 @@ class RuntimeConfig:
     rtt_s: float = 0.04
     latency_target_s: float | None = None
     prefetch_kv_bytes: int | None = None
+    estimator: EstimatorConfig | None = None
 
     def __post_init__(self) -> None:
         if self.prefetch_kv_bytes is not None and self.prefetch_kv_bytes < 0:

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..fetch.traces import Trace
 from ..metrics import psnr_from_mse
+from ..models.kv_types import KV_MODES
 from ..policy.context import Context
 from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
@@ -43,8 +44,6 @@ from .sim_link import SimLink
 from .sim_types import SimConfig, SimResult
 
 __all__ = ["KV_MODES", "SimConfig", "SimResult", "kv_mode_view", "simulate"]
-
-KV_MODES = ("single", "per-step")
 
 
 def kv_mode_view(profile: DeviceProfile, kv_mode: str) -> DeviceProfile:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ci_deps import QNN_WHEELS, require_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
 PHONE_TOKEN = "pairing-token-0123"
@@ -199,9 +200,7 @@ def qnn_cache(tmp_path_factory):
 def qnn_backend(demo_model, qnn_cache):
     from android_bridge.qnn import qnn_available
 
-    ok, why = qnn_available()
-    if not ok:
-        pytest.skip(why)
+    require_or_skip(*qnn_available(), ci_installs=QNN_WHEELS)
     import torch
 
     from android_bridge.npu_build import QnnBuildConfig, open_qnn_backend

@@ -35,7 +35,9 @@ class FakeEdit:
         self.requests = []
         self.prefetch = []
 
-    async def __call__(self, model, request, image, *, profile, cancel, on_layer, prefetch_kv_bytes=None):
+    async def __call__(
+        self, model, request, image, *, profile, cancel, on_layer, prefetch_kv_bytes=None, manifest=None
+    ):
         self.requests.append((request, image.copy()))
         self.prefetch.append(prefetch_kv_bytes)
 
@@ -214,7 +216,7 @@ async def test_bad_requests_are_refused_with_a_reason(make_agent, cloud, user_im
 
 
 async def test_over_budget_and_models_it_does_not_hold(make_agent, cloud, store, user_image, demo_model):
-    from cloud_server.synthetic import make_synthetic_template
+    from ..synthetic_templates import make_synthetic_template
 
     client, _ = await make_agent(memory_budget_bytes=4096)
     r = await _submit(client, _body(cloud, user_image))

@@ -167,7 +167,9 @@ class _DeadLinkEdit:
     def __init__(self):
         self.requests = []
 
-    async def __call__(self, model, request, image, *, profile, cancel, on_layer, prefetch_kv_bytes=None):
+    async def __call__(
+        self, model, request, image, *, profile, cancel, on_layer, prefetch_kv_bytes=None, manifest=None
+    ):
         self.requests.append(request)
         await asyncio.Event().wait()
 

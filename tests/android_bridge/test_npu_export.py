@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
+from ci_deps import QNN_WHEELS, import_or_skip, require_or_skip
 
 from android_bridge.npu_graph import CachedKVGraph, graph_input_names, graph_inputs
 
@@ -47,12 +49,57 @@ def test_export_graph_matches_the_kv_adapter(demo_model, step_inputs):
         graph(*inputs[:-1])
 
 
+def test_w8a16_bounds_fix_what_calibration_cannot_bound_and_widen_the_rest():
+    from android_bridge.qnn import INPUT_RANGE_MARGIN, w8a16_bounds
+
+    calib = [{"x": np.array([0.5, -3.0], np.float32), "k": np.array([1.0, -2.0], np.float32)},
+             {"x": np.array([1.0], np.float32), "k": np.array([-4.0], np.float32)}]  # fmt: skip
+    assert INPUT_RANGE_MARGIN == 1.5
+    assert w8a16_bounds(calib, {"x": 8.0, "velocity": 8.0}) == {"x": 8.0, "k": 6.0}  # 1.5 x max |k| = 1.5 x 4
+    assert w8a16_bounds(calib, {}, margin=2.0) == {"x": 6.0, "k": 8.0}
+
+
+def test_quantize_w8a16_gives_uint8_weights_uint16_activations_and_the_fixed_range(tmp_path):
+    """The one quantisation recipe (the export's and the QNN backend's) on a two-branch graph b = a @ w, e = c @ w:
+    input ``a``'s fixed +-8 range becomes a uint16 scale of 16 / 65535 around 32768; ``c`` (calibrated) and both
+    outputs are uint16 too, ``w`` uint8; the preprocessed temp file is gone."""
+    onnx = import_or_skip("onnx", "onnx is not installed (pip install 'sakura-kv[npu]')")
+    import_or_skip("onnxruntime", "onnxruntime is not installed (pip install 'sakura-kv[npu]')")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from android_bridge.qnn import quantize_w8a16
+
+    def info(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    w = numpy_helper.from_array(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), "w")
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["b"]), helper.make_node("MatMul", ["c", "w"], ["e"])]
+    g = helper.make_graph(
+        nodes, "g", [info("a", [2, 3]), info("c", [2, 3])], [info("b", [2, 4]), info("e", [2, 4])], [w]
+    )
+    fp32, qdq = tmp_path / "g.onnx", tmp_path / "g.w8a16.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(fp32))
+    rng = np.random.default_rng(0)
+    calib = [{"a": rng.uniform(-1, 1, (2, 3)).astype(np.float32), "c": rng.uniform(-2, 2, (2, 3)).astype(np.float32)}
+             for _ in range(4)]  # fmt: skip
+    quantize_w8a16(fp32, qdq, calib, {"a": 8.0})
+    model = onnx.load(str(qdq))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    quant = {n.input[0]: n for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    scale, zero = inits[quant["a"].input[1]], inits[quant["a"].input[2]]
+    assert zero.dtype == np.uint16 and int(zero) == 32768 and float(scale) == pytest.approx(16 / 65535, rel=1e-4)
+    assert quant.keys() >= {"a", "c"} and all(inits[n.input[2]].dtype == np.uint16 for n in quant.values())
+    dq_w = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits)
+    assert inits[dq_w.input[0]].dtype == np.uint8 and inits[dq_w.input[0]].shape == (3, 4)  # the weight, uint8
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.onnx", "g.w8a16.onnx"]
+
+
 def test_graph_checks_refuse_single_input_einsum_dynamic_shapes_and_float64(tmp_path):
-    onnx = pytest.importorskip("onnx", reason="onnx is not installed (pip install 'sakura-kv[npu]')")
+    onnx = import_or_skip("onnx", "onnx is not installed (pip install 'sakura-kv[npu]')")
     from onnx import TensorProto, helper
 
     from android_bridge.export import ExportError
-    from android_bridge.qnn import _check_graph
+    from android_bridge.qnn import check_graph
 
     def save(node, in_type=TensorProto.FLOAT, dims=(2, 3)):
         g = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", in_type, list(dims))],
@@ -62,20 +109,18 @@ def test_graph_checks_refuse_single_input_einsum_dynamic_shapes_and_float64(tmp_
         return path
 
     with pytest.raises(ExportError, match="single-input Einsum"):
-        _check_graph(save(helper.make_node("Einsum", ["a"], ["b"], equation="ij->ji")))
+        check_graph(save(helper.make_node("Einsum", ["a"], ["b"], equation="ij->ji")))
     with pytest.raises(ExportError, match="dynamic dimension"):
-        _check_graph(save(helper.make_node("Relu", ["a"], ["b"]), dims=("n", 3)))
+        check_graph(save(helper.make_node("Relu", ["a"], ["b"]), dims=("n", 3)))
     with pytest.raises(ExportError, match="float64"):
-        _check_graph(save(helper.make_node("Relu", ["a"], ["b"]), in_type=TensorProto.DOUBLE))
+        check_graph(save(helper.make_node("Relu", ["a"], ["b"]), in_type=TensorProto.DOUBLE))
 
 
 @pytest.mark.npu
 def test_npu_gate_demo_dit_runs_fully_on_the_emulated_htp(tmp_path, capsys, record_property):
     from android_bridge.qnn import qnn_available
 
-    ok, why = qnn_available()
-    if not ok:
-        pytest.skip(why)
+    require_or_skip(*qnn_available(), ci_installs=QNN_WHEELS)
     from sakura_core.cli import main
 
     out = tmp_path / "npu"

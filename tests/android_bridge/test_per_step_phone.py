@@ -1,6 +1,7 @@
 """The phone path in per-step KV mode: a job against a per-step template gives the image of the on-device edit with
-that template's KV (exactly, at the fp16 level), and a step count the template was not computed for is refused
-with the fix."""
+that template's KV (exactly, at the fp16 level), for the demo model and for the tiny klein folder (whose own schedule
+the KV is computed for and checked against), and a step count the template was not computed for is refused with the
+fix."""
 
 from __future__ import annotations
 
@@ -44,14 +45,14 @@ def _blobs(store, manifest):
     return out
 
 
-async def _job(aiohttp_server, model, cloud_url, user_image, steps, policy="fetch-fp16"):
+async def _job(aiohttp_server, model, cloud_url, user_image, steps, policy="fetch-fp16", template=TEMPLATE):
     profile = LiveProfile(0.01, 0.005, model.adapter.num_layers, steps)
     server = await aiohttp_server(
         create_app(AgentConfig(token=PHONE_TOKEN, port=0), model=model, live_profile=profile)
     )
     client = PhoneClient.connect(str(server.make_url("")).rstrip("/"), PHONE_TOKEN, check=False)
     try:
-        job = PhoneJob(cloud_url=cloud_url, template_id=TEMPLATE, prompt=PROMPT, steps=steps, seed=0, policy=policy,
+        job = PhoneJob(cloud_url=cloud_url, template_id=template, prompt=PROMPT, steps=steps, seed=0, policy=policy,
                        bandwidth="fixed:100")  # fmt: skip
         return await client.arun_job(user_image, job)
     finally:
@@ -77,3 +78,29 @@ async def test_a_step_count_the_template_was_not_computed_for_is_refused(aiohttp
     cloud, *_ = per_step_cloud
     with pytest.raises(PhoneError, match=f"precomputed for {STEPS} steps.*asks 3.*set steps to {STEPS}"):
         await _job(aiohttp_server, demo_model, cloud.url, user_image, 3)
+
+
+@pytest.fixture(scope="module")
+def klein_cloud(tmp_path_factory, klein_model):
+    from cloud_server.precompute import publish_template
+    from cloud_server.store import LocalStore
+    from sakura_core.models.edit_model import load_image
+
+    store = LocalStore(tmp_path_factory.mktemp("klein-per-step-store"))
+    tpl = load_image("astronaut", klein_model.spec.image_size)
+    published = publish_template(store, klein_model, tpl, "tpl-klein-ps", kv_mode="per-step", steps=STEPS)
+    with RecordingCloud(store) as cloud:
+        yield cloud, store, published.manifest
+
+
+async def test_phone_run_of_a_klein_per_step_template_equals_the_stored_kv_edit(aiohttp_server, klein_cloud,
+                                                                                klein_model, user_image):  # fmt: skip
+    """Refused before: the agent's edit checked the folder's per-step KV against ``flow_timesteps``."""
+    cloud, store, manifest = klein_cloud
+    image, report = await _job(aiohttp_server, klein_model, cloud.url, user_image, STEPS, template="tpl-klein-ps")
+    assert report["kv_mode"] == "per-step" and report["split_layers"] == [0] * STEPS and not report["fallbacks"]
+    kv = decode_template(manifest, _blobs(store, manifest), "fp16")
+    stored = run_edit(klein_model, user_image, PROMPT, steps=STEPS, kv_source=kv, kv_mode="per-step")
+    np.testing.assert_array_equal(image, stored.image)
+    with pytest.raises(PhoneError, match=f"precomputed for {STEPS} steps.*asks 3.*set steps to {STEPS}"):
+        await _job(aiohttp_server, klein_model, cloud.url, user_image, 3, template="tpl-klein-ps")

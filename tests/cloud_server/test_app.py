@@ -12,7 +12,8 @@ from PIL import Image
 
 from cloud_server.app import parse_range
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import make_synthetic_template
+
+from ..synthetic_templates import make_synthetic_template
 
 MODEL_ID = "ab" * 32  # as in conftest.py
 WRITE_TOKEN = "write-token-0123"
@@ -99,9 +100,9 @@ async def test_shard_full_body_and_cache_headers(aiohttp_client, make_app, store
         ("bytes=-99999", (0, 8192)),
     ],
 )
-async def test_single_range_206(aiohttp_client, make_app, store, manifest, header, expected):
+async def test_single_range_206(aiohttp_client, make_app, stored, manifest, header, expected):
     rep = _rep(manifest)
-    full = store.shard_path(rep["digest"]).read_bytes()
+    full = stored(digest=rep["digest"])
     client = await aiohttp_client(make_app())
     resp = await client.get(f"/v1/shards/{rep['digest']}", headers={"Range": header})
     assert resp.status == 206
@@ -146,7 +147,13 @@ async def test_conditional_requests_304_and_412(aiohttp_client, make_app, manife
         assert resp.headers["Cache-Control"] == "public, max-age=31536000, immutable"
     assert (await client.get(url, headers={"If-None-Match": '"other"'})).status == 200
     assert (await client.get(url, headers={"If-Match": '"other"'})).status == 412
-    assert (await client.get(url, headers={"If-Match": f'"{rep["digest"]}"'})).status == 200
+    for im in (f'"{rep["digest"]}"', '"x", ' + f'"{rep["digest"]}"', "*"):
+        assert (await client.get(url, headers={"If-Match": im})).status == 200, im
+    # If-Match compares strongly (RFC 9110 13.1.1): a weak tag of the same value does not match
+    for im in (f'W/"{rep["digest"]}"', '"x", ' + f'W/"{rep["digest"]}"'):
+        resp = await client.get(url, headers={"If-Match": im})
+        assert resp.status == 412, im
+        assert "does not match" in (await resp.json())["error"]
 
 
 @pytest.mark.parametrize(
@@ -246,7 +253,7 @@ async def _wait_job(client, status_url, timeout_s=10.0):
     raise AssertionError(f"job {status_url} did not finish: {job}")
 
 
-async def test_upload_multipart_precomputes_and_publishes(aiohttp_client, make_app, store):
+async def test_upload_multipart_precomputes_and_publishes(aiohttp_client, make_app, store, stored):
     client = await aiohttp_client(make_app())
     form = FormData()
     form.add_field("id", "new-tpl")
@@ -263,7 +270,7 @@ async def test_upload_multipart_precomputes_and_publishes(aiohttp_client, make_a
     for shard in manifest["shards"]:
         for rep in shard["representations"]:
             assert store.has_shard(rep["digest"])
-    assert store.source_image_path("new-tpl").read_bytes() == _png()
+    assert stored("templates/new-tpl/source.png") == _png()
     catalog = await (await client.get("/v1/templates")).json()
     assert "new-tpl" in [t["id"] for t in catalog["templates"]]
     # the same id again: conflict
@@ -292,13 +299,18 @@ async def test_upload_rejects_bad_ids(aiohttp_client, make_app, store, bad_id):
 
 async def test_upload_size_limit_413(aiohttp_client, make_app, store):
     client = await aiohttp_client(make_app(max_upload_bytes=2048))
-    big = _png(side=200)
-    assert len(big) > 2048 + 64 * 2**10 or len(big) > 2048
-    # declared too large up front (raw body)
+    # declared too large up front (raw body over the limit + the 64 KiB multipart slack): refused before reading
     resp = await client.post(
         "/v1/templates?id=big", data=b"\0" * 200_000, headers={"Content-Type": "image/png", **AUTH_W}
     )
     assert resp.status == 413
+    assert "upload of 200000 bytes is over the limit of 2048" in (await resp.json())["error"]
+    # a real PNG over the limit but under the slack: its Content-Length passes, reading it stops at the limit
+    big = _png(side=40)
+    assert 2048 < len(big) < 64 * 2**10
+    resp = await client.post("/v1/templates?id=big", data=big, headers={"Content-Type": "image/png", **AUTH_W})
+    assert resp.status == 413
+    assert "the image is over the limit of 2048 bytes" in (await resp.json())["error"]
     # multipart whose image part is over the limit while the request is under the multipart slack
     form = FormData()
     form.add_field("id", "big")
@@ -324,27 +336,28 @@ async def test_upload_rejects_non_images_and_wrong_types(aiohttp_client, make_ap
     assert resp.status == 400 and "GIF" in (await resp.json())["error"]
 
 
-async def test_upload_without_a_model_is_refused(aiohttp_client, store):
+async def test_upload_without_a_model_is_refused(aiohttp_client, store, store_cfg):
     from cloud_server.app import create_app
     from cloud_server.config import ServerConfig
 
-    app = create_app(ServerConfig(store_dir=store.root, model=None, write_token=WRITE_TOKEN), store=store)
+    app = create_app(ServerConfig(**store_cfg, model=None, write_token=WRITE_TOKEN), store=store)
     client = await aiohttp_client(app)
     resp = await client.post("/v1/templates?id=x", data=_png(), headers={"Content-Type": "image/png", **AUTH_W})
     assert resp.status == 409 and "no model" in (await resp.json())["error"]
 
 
-async def test_failing_precompute_publishes_nothing(aiohttp_client, store):
+async def test_failing_precompute_publishes_nothing(aiohttp_client, store, store_cfg):
     from cloud_server.app import create_app
     from cloud_server.config import ServerConfig
-    from cloud_server.synthetic import SyntheticModel
+
+    from ..synthetic_templates import SyntheticModel
 
     def broken(model, image, template_id, **kw):
         kw["progress"]("encode", 0, 2)
         raise RuntimeError("codec exploded")
 
     app = create_app(
-        ServerConfig(store_dir=store.root, model=None, write_token=WRITE_TOKEN),
+        ServerConfig(**store_cfg, model=None, write_token=WRITE_TOKEN),
         store=store,
         model=SyntheticModel(MODEL_ID),
         precompute_fn=broken,

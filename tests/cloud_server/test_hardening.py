@@ -17,8 +17,8 @@ from PIL import Image
 from cloud_server.app import create_app, parse_range
 from cloud_server.config import ServerConfig
 from cloud_server.http_util import _Unsatisfiable
-from cloud_server.synthetic import SyntheticModel, make_synthetic_template, synthetic_precompute
 
+from ..synthetic_templates import SyntheticModel, make_synthetic_template, synthetic_precompute
 from .conftest import MODEL_ID, READ_TOKEN, WRITE_TOKEN
 
 AUTH_W = {"Authorization": f"Bearer {WRITE_TOKEN}"}
@@ -157,18 +157,18 @@ async def test_unreadable_image_message_names_no_python_object(aiohttp_client, m
 
 
 # ---- admission --------------------------------------------------------------------------------------------------
-def _gated_app(store, gate: threading.Event, **overrides):
+def _gated_app(store, store_cfg, gate: threading.Event, **overrides):
     def slow(model, image, template_id, **kw):
         gate.wait(60)  # holds the precompute worker, so accepted jobs stay pending
         return synthetic_precompute(model, image, template_id, **kw)
 
-    cfg = ServerConfig(store_dir=store.root, model=None, write_token=WRITE_TOKEN, shutdown_timeout_s=5, **overrides)
+    cfg = ServerConfig(**store_cfg, model=None, write_token=WRITE_TOKEN, shutdown_timeout_s=5, **overrides)
     return create_app(cfg, store=store, model=SyntheticModel(MODEL_ID), precompute_fn=slow)
 
 
-async def test_concurrent_uploads_respect_the_pending_limit(aiohttp_client, store):
+async def test_concurrent_uploads_respect_the_pending_limit(aiohttp_client, store, store_cfg):
     gate = threading.Event()
-    client = await aiohttp_client(_gated_app(store, gate, max_pending_jobs=4))
+    client = await aiohttp_client(_gated_app(store, store_cfg, gate, max_pending_jobs=4))
     try:
         posts = [client.post(f"/v1/templates?id=t{i}", data=_png(seed=i), headers={"Content-Type": "image/png",
                              **AUTH_W}) for i in range(8)]  # fmt: skip
@@ -178,9 +178,9 @@ async def test_concurrent_uploads_respect_the_pending_limit(aiohttp_client, stor
         gate.set()
 
 
-async def test_concurrent_uploads_of_one_id_get_one_202(aiohttp_client, store):
+async def test_concurrent_uploads_of_one_id_get_one_202(aiohttp_client, store, store_cfg):
     gate = threading.Event()
-    client = await aiohttp_client(_gated_app(store, gate))
+    client = await aiohttp_client(_gated_app(store, store_cfg, gate))
     try:
         posts = [client.post("/v1/templates?id=same", data=_png(seed=i), headers={"Content-Type": "image/png",
                              **AUTH_W}) for i in range(6)]  # fmt: skip
@@ -204,7 +204,7 @@ def _state_key():
 @pytest.mark.parametrize("close", ["rst", "fin", "shutdown"])
 @pytest.mark.parametrize("sendfile", ["native", "fallback"])
 async def test_client_disconnects_are_counted_as_aborted_not_errors(
-    aiohttp_server, store, monkeypatch, caplog, sendfile, close
+    aiohttp_server, store, store_cfg, monkeypatch, caplog, sendfile, close
 ):
     if sendfile == "fallback":  # asyncio's copy fallback (no sendfile(2) for this file/transport) raises a plain
         loop = asyncio.get_running_loop()  # ConnectionError("Connection closed by peer") when the client leaves
@@ -215,7 +215,7 @@ async def test_client_disconnects_are_counted_as_aborted_not_errors(
         monkeypatch.setattr(loop, "_sendfile_native", unavailable)
     big = make_synthetic_template(store, "big", model_id=MODEL_ID, level_bytes=(100, 8 * 2**20))
     digest = big["shards"][0]["representations"][1]["digest"]
-    cfg = ServerConfig(store_dir=store.root, model=None, write_token=WRITE_TOKEN)
+    cfg = ServerConfig(**store_cfg, model=None, write_token=WRITE_TOKEN)
     app = create_app(cfg, store=store, model=SyntheticModel(MODEL_ID))
     server = await aiohttp_server(app)
     clients = 10
@@ -252,10 +252,10 @@ _FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthC
 class _Fuzz:
     """One server for every example (hypothesis and function-scoped async fixtures do not mix)."""
 
-    def __init__(self, store):
+    def __init__(self, store, store_cfg):
         self.manifest = make_synthetic_template(store, "fz", model_id=MODEL_ID, level_bytes=(100, 4096))
         self.digest = self.manifest["shards"][0]["representations"][1]["digest"]
-        cfg = ServerConfig(store_dir=store.root, model=None, write_token=WRITE_TOKEN, read_token=READ_TOKEN,
+        cfg = ServerConfig(**store_cfg, model=None, write_token=WRITE_TOKEN, read_token=READ_TOKEN,
                            max_pending_jobs=64)  # fmt: skip
         self.app = create_app(cfg, store=store, model=SyntheticModel(MODEL_ID), precompute_fn=synthetic_precompute)
         self.loop = asyncio.new_event_loop()
@@ -278,8 +278,8 @@ class _Fuzz:
 
 
 @pytest.fixture
-def fuzz(store):
-    f = _Fuzz(store)
+def fuzz(store, store_cfg):
+    f = _Fuzz(store, store_cfg)
     yield f
     assert f.app[_state_key()].metrics.errors == 0
     f.close()

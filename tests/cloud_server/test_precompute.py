@@ -1,7 +1,7 @@
 """Precompute glue: checks the codec's output, stores shards before the manifest, publishes nothing on failure.
 
 The last two tests run the real codec (``sakura_core.precompute.precompute_template``) through ``sakura precompute`` and
-``POST /v1/templates``; they skip, with the reason, in a build without it.
+``POST /v1/templates``.
 """
 
 import asyncio
@@ -16,8 +16,9 @@ from PIL import Image
 
 from cloud_server.precompute import ImageError, TemplateExistsError, decode_image, publish_template
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import SyntheticModel, SyntheticTemplate, build_synthetic, synthetic_precompute
 from sakura_core.fetch.client import ManifestError, ModelMismatchError
+
+from ..synthetic_templates import SyntheticModel, SyntheticTemplate, build_synthetic, synthetic_precompute
 
 MODEL_ID = "ab" * 32
 IMAGE = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
@@ -178,6 +179,6 @@ async def test_post_precompute_with_the_codec(aiohttp_client, tmp_path):
     assert job["state"] == "done", job
     async with ShardClient(str(client.make_url("/"))) as shards:
         manifest = await shards.get_manifest("uploaded", expected_model_id=model_id)
-        for shard in manifest["shards"]:
+        for shard in manifest.shards:
             for rep in shard["representations"]:
                 await shards.fetch_shard(rep["digest"], expected_bytes=rep["bytes"])

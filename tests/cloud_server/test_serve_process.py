@@ -8,6 +8,7 @@ import signal
 import sys
 
 import pytest
+import torch
 
 from cloud_server.config import ServerConfig
 from sakura_core.cli import main
@@ -42,8 +43,8 @@ async def _start_serve(store_root, *extra, env=None):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-async def test_serve_process_serves_and_stops_gracefully(store, manifest, sig):
-    proc, port = await _start_serve(store.root, env={"SAKURA_TOKEN": "env-token-123"})
+async def test_serve_process_serves_and_stops_gracefully(store_arg, manifest, sig):
+    proc, port = await _start_serve(store_arg, env={"SAKURA_TOKEN": "env-token-123"})
     try:
         async with ShardClient(f"http://127.0.0.1:{port}") as client:
             catalog = await client.get_catalog()
@@ -66,12 +67,12 @@ async def test_serve_process_serves_and_stops_gracefully(store, manifest, sig):
             await proc.wait()
 
 
-async def test_sigterm_drains_an_in_flight_download(store, tmp_path):
+async def test_sigterm_drains_an_in_flight_download(store, store_arg, tmp_path):
     """A shard being downloaded when SIGTERM arrives is completed (graceful shutdown), then the process exits."""
     blob = os.urandom(8 * 2**20)
     digest = hashlib.sha256(blob).hexdigest()
     store.put_shard(digest, blob)
-    proc, port = await _start_serve(store.root)
+    proc, port = await _start_serve(store_arg)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(f"GET /v1/shards/{digest} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
@@ -102,6 +103,15 @@ def test_cli_argument_errors(tmp_path, capsys):
     assert "invalid template id" in capsys.readouterr().err
     assert main(["precompute", "--store", str(tmp_path), "--image", "no-such.png", "--id", "ok"]) == 2
     assert "image file 'no-such.png' not found" in capsys.readouterr().err
+    assert main(["serve", "--store", str(tmp_path), "--device", "tpu"]) == 2
+    assert "unknown device 'tpu'" in capsys.readouterr().err
+    assert main(["serve", "--store", "gs://bucket/x"]) == 2
+    assert "s3://" in capsys.readouterr().err
+    assert main(["precompute", "--store", "s3://Bad_Bucket", "--image", "astronaut", "--id", "ok"]) == 2
+    assert "invalid bucket name" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["serve", "--store", str(tmp_path), "--device", "cuda", "--port", "0"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,8 @@ from cloud_server.store import (
     validate_digest,
     validate_template_id,
 )
-from cloud_server.synthetic import build_synthetic
+
+from ..synthetic_templates import build_synthetic
 
 
 @pytest.mark.parametrize("good", ["a", "a-b-9", "0" * 64, "-"])
@@ -110,8 +112,9 @@ def test_failed_write_leaves_no_visible_file(tmp_path, monkeypatch):
 _CRASHER = textwrap.dedent(
     """
     import os, sys, time
+    sys.path.insert(0, sys.argv[3])  # tests/, for the synthetic template fixtures
     from cloud_server.store import LocalStore
-    from cloud_server.synthetic import build_synthetic
+    from synthetic_templates import build_synthetic
 
     root, point = sys.argv[1], sys.argv[2]
     real_replace = os.replace
@@ -139,7 +142,9 @@ def test_sigkill_mid_publish_leaves_nothing_visible(tmp_path, point):
     """SIGKILL a writer just before its rename: no partial shard or manifest is ever visible."""
     root = tmp_path / "s"
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CRASHER, str(root), point], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-c", _CRASHER, str(root), point, str(Path(__file__).resolve().parents[1])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         line = proc.stdout.readline()

@@ -6,9 +6,9 @@ import time
 
 from cloud_server.fsck import FsckConfig, fsck
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import build_synthetic, make_synthetic_template
 from sakura_core.cli import main
 
+from ..synthetic_templates import build_synthetic, make_synthetic_template
 from .conftest import MODEL_ID
 
 OLD_S = 2 * 3600  # older than the default grace periods
@@ -25,7 +25,8 @@ def _age(path, seconds: float = OLD_S) -> None:
     os.utime(path, (t, t))
 
 
-def test_put_shard_rewrites_a_corrupt_file_of_the_same_size(store):
+def test_put_shard_rewrites_a_corrupt_file_of_the_same_size(tmp_path):
+    store = LocalStore(tmp_path / "store")
     t = build_synthetic("tpl-a", model_id=MODEL_ID)
     digest, blob = next(iter(t.blobs.items()))
     store.put_shard(digest, blob)

@@ -102,9 +102,11 @@ def flow(run_node, node_classes):
                              bandwidth=bandwidth, fixed_mbit_s=mbit, trace="norway_bus_1", trace_path="")  # fmt: skip
         return stream
 
-    def sample(model, stream, image, steps=3, seed=0, device=None):
+    def sample(model, stream, image, steps=3, seed=0, device=None, save_prefix="",
+               device_timing="this machine (measured)"):  # fmt: skip
         return run_node(node_classes["SakuraPipelinedSampler"], model=model, kv_stream=stream, image=image,
-                        prompt=PROMPT, steps=steps, seed=seed, device=device)  # fmt: skip
+                        prompt=PROMPT, steps=steps, seed=seed, save_prefix=save_prefix, device_timing=device_timing,
+                        device=device)  # fmt: skip
 
     return SimpleNamespace(
         load_template=load_template, make_stream=make_stream, sample=sample, template=TEMPLATE, prompt=PROMPT
@@ -208,16 +210,41 @@ def start_process(argv: list[str], pattern: str, what: str, timeout_s: float = 1
     return proc, found["url"], lines
 
 
-def start_comfyui(comfyui_dir: str, base: Path, examples, env: dict | None = None):
-    """A real ComfyUI (``comfyui_dir``, Python ``$COMFYUI_PYTHON``) on a free loopback port with ``--base-directory``
-    ``base``: ``custom_nodes/sakura`` -> this repo, ``input/`` with the example user images. Returns (proc, url, log)."""
+def manager_install_module():
+    """``tests/comfyui_manager_install.py`` as a module (the script that installs the pack as ComfyUI-Manager does)."""
+    name = "sakura_comfyui_manager_install"
+    if name not in sys.modules:
+        _load_file(name, REPO / "tests" / "comfyui_manager_install.py")
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def comfyui_python(tmp_path_factory) -> str:
+    """The Python real ComfyUI runs with: ``$COMFYUI_PYTHON`` (default this one) when it has the pack's
+    requirements, else a fresh venv layered on it with ``requirements.txt`` installed as ComfyUI-Manager does."""
+    import os
+
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    mgr = manager_install_module()
+    if not mgr._missing(Path(python), mgr._requirement_names(REPO / "requirements.txt")):
+        return python
+    work = tmp_path_factory.mktemp("comfyui-venv")
+    layered = mgr.layered_venv(python, work / "venv")
+    mgr.manager_install(layered, REPO, python, work)
+    return str(layered)
+
+
+def start_comfyui(comfyui_dir: str, base: Path, examples, env: dict | None = None, python: str | None = None):
+    """A real ComfyUI (``comfyui_dir``, Python ``python``, default ``$COMFYUI_PYTHON``) on a free loopback port with
+    ``--base-directory`` ``base``: ``custom_nodes/sakura`` -> this repo, ``input/`` with the example user images.
+    Returns (proc, url, log)."""
     import os
 
     (base / "custom_nodes").mkdir(parents=True)
     (base / "custom_nodes" / "sakura").symlink_to(REPO, target_is_directory=True)
     (base / "models" / "diffusers").mkdir(parents=True)
     examples.write_user_images(base / "input")
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    python = python or os.environ.get("COMFYUI_PYTHON", sys.executable)
     argv = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(free_port()), "--base-directory",
             str(base), "--database-url", "sqlite:///:memory:", "--disable-auto-launch", "--log-stdout"]  # fmt: skip
     full_env = {**os.environ, **(env or {})}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 import urllib.request
@@ -47,11 +48,12 @@ def _get(url: str):
 
 
 @pytest.fixture(scope="module")
-def comfyui(tmp_path_factory, examples, demo_model, store_dir, phone_token):
+def comfyui(tmp_path_factory, examples, demo_model, store_dir, phone_token, comfyui_python):
     base = tmp_path_factory.mktemp("comfyui-frontend")
-    examples.publish_examples(store_dir, demo_model)
+    examples.publish_examples(store_dir, demo_model, list(examples.TEMPLATES))  # the per-step one too
     # the phone workflow's token field is empty: ComfyUI reads the pairing token from its environment
-    proc, url, log = start_comfyui(COMFYUI_DIR, base, examples, env={"SAKURA_PHONE_TOKEN": phone_token})
+    proc, url, log = start_comfyui(COMFYUI_DIR, base, examples, env={"SAKURA_PHONE_TOKEN": phone_token},
+                                   python=comfyui_python)  # fmt: skip
     try:
         yield url, base, log
     finally:
@@ -203,9 +205,32 @@ def test_ui_workflow_runs_in_the_frontend(comfyui, page, server_url, phone_url, 
     assert entry["outputs"][TIMELINE_NODE]["images"], "timeline preview missing"
     report = json.loads(entry["outputs"][REPORT_NODE]["text"][0])
     assert report["template"]["template_id"] == loader["widgets"][0][1]
+    stem, n = re.fullmatch(r"(.+)_(\d+)_\.png", saved[0]["filename"]).groups()  # Save Image's <prefix>_<n>_.png
+    assert json.loads((path.parent / f"{stem}_report_{n}.json").read_text()) == report  # saved next to the image
+    with Image.open(path.parent / f"{stem}_timeline_{n}.png") as timeline:
+        assert timeline.width > 300
+    cached = {n for kind, data in entry["status"]["messages"] if kind == "execution_cached" for n in data["nodes"]}
+    if "2" not in cached:  # the Template KV Loader ran (not served from ComfyUI's cache): it shows what it loaded
+        info = page.wait_for_function(  # web/sakura.js renders the node's text
+            "() => window.app.graph.nodes.find((n) => n.type === 'SakuraTemplateLoader').sakuraInfo", timeout=30_000
+        ).json_value()
+        assert f"template: {report['template_id']}" in info and "references: 1 " in info
+        if report["kv_mode"] == "per-step":
+            assert "KV mode: per-step" in info and "the sampler must run 4 steps" in info
+        else:
+            assert "KV mode: single" in info
     if name.endswith("on_phone"):
         assert report["executed_on"]["kind"] == "phone"
-    if name == "sakura_virtual_try_on":
+    timing = next(w[1] for n in loaded if n["type"] == "SakuraPipelinedSampler" for w in n["widgets"]
+                  if w[0] == "device_timing")  # fmt: skip
+    if timing.startswith("emulated phone"):  # the shipped workflows where fetching wins (EMULATED phone timing)
+        assert "EMULATED snapdragon-8-elite-cpu timing" in report["summary"]
+        assert report["executed_on"]["timing"]["profile"] == "snapdragon-8-elite-cpu"
+        fetched = [lv for levels in (report["levels_used"].values() if isinstance(report["levels_used"], dict)
+                                     else []) for lv in levels if lv.startswith("sakura-")]  # fmt: skip
+        assert fetched, f"{name}: nothing fetched: {report['summary']}"
+        assert any(e["lane"] == "fetch" and e["layer"] >= 0 for e in report["timeline"])
+    if name in ("sakura_virtual_try_on", "sakura_face_swap_per_step"):
         page.wait_for_timeout(1500)  # the frontend draws the outputs into the nodes
         _shot(page, f"{name}_result.png")
 
@@ -221,6 +246,8 @@ def test_template_choice_button_lists_the_server(comfyui, page, server_url):
     )
     assert listing["error"] is None
     assert {"face-swap-astronaut", "try-on-astronaut", "in-context-coffee"} <= {t["id"] for t in listing["templates"]}
+    # the menu marks the per-step template with the step count it serves
+    page.get_by_text("face-swap-astronaut-per-step (per-step KV: 4 steps)", exact=True).last.wait_for(timeout=10_000)
     page.get_by_text("try-on-astronaut", exact=True).last.click()  # the menu the button opened
     chosen = page.evaluate(
         """() => window.app.graph.nodes.find((n) => n.type === "SakuraTemplateLoader")

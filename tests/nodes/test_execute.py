@@ -31,7 +31,7 @@ def test_template_loader_from_server(flow, demo_model, server_url):
     assert template.template_id == "face-swap-astronaut"
     assert template.server_url == server_url and template.store_dir is None
     assert template.model_id == demo_model.model_id
-    manifest = template.manifest()
+    manifest = template.manifest.raw
     assert len(manifest["shards"]) == demo_model.adapter.num_layers
     assert manifest["token_grid"] == list(demo_model.spec.grid) and manifest["template_image"]["bytes"] > 0
     assert "fp16" in {rep["name"] for rep in manifest["shards"][0]["representations"]}
@@ -48,7 +48,7 @@ def test_template_loader_errors_are_readable(comfy, flow, demo_model, server_url
         err, match=rf"cannot reach the SAKURA server at {closed} \(connection refused\) — is `sakura serve` running\?"
     ):
         flow.load_template(demo_model, server_url=closed)
-    with pytest.raises(err, match="must start with http"):
+    with pytest.raises(err, match=r"^server_url '127.0.0.1:8080' must start with http:// or https://"):
         flow.load_template(demo_model, server_url="127.0.0.1:8080")
     with pytest.raises(err, match="is not a SAKURA store"):
         flow.load_template(demo_model, source="local store", store_dir=str(tmp_path))
@@ -187,7 +187,7 @@ def test_prefetch_failure_is_readable_and_retried(comfy, flow, demo_model, serve
     """A server that went away: the sampler says so (with the template id); the next run fetches again."""
     template = flow.load_template(demo_model, server_url=server_url)
     gone = type(template)(template.template_id, template.model_id, f"http://127.0.0.1:{free_port()}", None,
-                          manifest_json=template.manifest_json)  # fmt: skip
+                          manifest=template.manifest)  # fmt: skip
     stream = flow.make_stream(gone, policy="on-device")
     for attempt in (1, 2):
         with pytest.raises(comfy.nodes._common.SakuraNodeError, match=r"'face-swap-astronaut'.*unavailable"):

@@ -27,8 +27,13 @@ def test_loader_shows_mode_and_schedule_and_the_sampler_checks_steps(comfy, node
                         store_dir=str(per_step_store))  # fmt: skip
     (template,) = out.args
     assert template.kv_mode == "per-step" and template.schedule == "4 steps, shift 1"
-    assert out.ui == {"text": [f"{TEMPLATE}: per-step KV, 4 steps, shift 1 (from store:{per_step_store})"]}
-    manifest = template.manifest()
+    assert out.ui == {"text": [
+        f"template: {TEMPLATE}",
+        "KV mode: per-step (one KV per step and layer): 4 steps, shift 1; the sampler must run 4 steps",
+        f"references: 1 (256 tokens; grid 16x16), {demo_model.adapter.num_layers} layers",
+        f"from: store:{per_step_store}",
+    ]}  # fmt: skip
+    manifest = template.manifest.raw
     assert len(manifest["shards"]) == 4 * demo_model.adapter.num_layers
 
     stream = flow.make_stream(template, policy="fetch-fp16", bandwidth="fixed Mbit/s", mbit=100.0)

@@ -41,8 +41,11 @@ def test_phone_errors_are_readable(comfy, node_classes, run_node, flow, demo_mod
                                    phone_token, user):  # fmt: skip
     err = comfy.nodes._common.SakuraNodeError
     phone = node_classes["SakuraPhoneDevice"]
-    with pytest.raises(err, match=r"refused the pairing token \(HTTP 401\): set \$SAKURA_PHONE_TOKEN.*token field"):
+    with pytest.raises(err, match=rf"the phone agent at {phone_url} refused the token typed into the node's token "
+                                  r"field \(HTTP 401\): it is not the token"):  # fmt: skip
         run_node(phone, connection=phone_url, token="wrong-token-123", cloud_url="")
+    with pytest.raises(err, match=r"cloud_url '127.0.0.1:8080' must start with http:// or https://"):
+        run_node(phone, connection=phone_url, token=phone_token, cloud_url="127.0.0.1:8080")
     closed = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(
         err, match=rf"cannot reach the phone agent at {closed} \(connection refused\) — is `sakura phone-agent`"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -53,10 +54,10 @@ def _post(url: str, payload: dict | None, timeout: float = 30.0):
 
 
 @pytest.fixture(scope="module")
-def comfyui(tmp_path_factory, examples, demo_model, store_dir):
+def comfyui(tmp_path_factory, examples, demo_model, store_dir, comfyui_python):
     base = tmp_path_factory.mktemp("comfyui-base")
-    examples.publish_examples(store_dir, demo_model)  # every example template (face swap is there already)
-    proc, url, log = start_comfyui(COMFYUI_DIR, base, examples)
+    examples.publish_examples(store_dir, demo_model, list(examples.TEMPLATES))  # every example template
+    proc, url, log = start_comfyui(COMFYUI_DIR, base, examples, python=comfyui_python)
     try:
         yield url, base, log
     finally:
@@ -122,6 +123,10 @@ def test_api_workflow_runs(comfyui, server_url, phone_url, phone_token, name):
     outputs = entry["outputs"]
     saved = outputs["6"]["images"]
     assert len(saved) == 1 and (base / "output" / saved[0]["subfolder"] / saved[0]["filename"]).is_file()
+    name_, n = re.fullmatch(r"(.+)_(\d+)_\.png", saved[0]["filename"]).groups()  # Save Image's <prefix>_<n>_.png
+    beside = base / "output" / saved[0]["subfolder"]
+    assert json.loads((beside / f"{name_}_report_{n}.json").read_text()) == json.loads(outputs["8"]["text"][0])
+    assert (beside / f"{name_}_timeline_{n}.png").is_file()  # the sampler saved both next to the image
     assert outputs["7"]["images"], "timeline preview missing"
     report = json.loads(outputs["8"]["text"][0])
     assert report["template"]["template_id"] == template_id["template_id"]

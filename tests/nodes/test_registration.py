@@ -84,7 +84,7 @@ def test_fetch_offers_every_runnable_policy(node_classes):
 
 
 def test_fetch_settings_errors_are_readable(comfy, node_classes, run_node, tmp_path):
-    handle = comfy.nodes._stream.TemplateHandle("t", "m" * 64, "http://127.0.0.1:9", None, manifest_json="{}")
+    handle = comfy.nodes._stream.TemplateHandle("t", "m" * 64, "http://127.0.0.1:9", None)
     fetch = node_classes["SakuraAdaptiveFetch"]
     missing = tmp_path / "nope.trace"
     with pytest.raises(comfy.nodes._common.SakuraNodeError, match="nope.trace"):

@@ -47,12 +47,34 @@ async def client(comfy, prompt_server, aiohttp_client, monkeypatch):
 
 
 @pytest.mark.slow
-async def test_lists_the_published_templates(client, server_url):
+async def test_lists_the_published_templates(client, server_url, examples, store_dir, demo_model):
+    examples.publish_examples(store_dir, demo_model, ["face-swap-astronaut-per-step"])
     resp = await client.get("/sakura/templates", headers=OURS, params={"server_url": server_url})
     assert resp.status == 200
     body = await resp.json()
     assert body["error"] is None and body["server_url"] == server_url
-    assert TEMPLATE in [t["id"] for t in body["templates"]]
+    listed = {t["id"]: t for t in body["templates"]}
+    assert TEMPLATE in listed
+    # the chooser marks a per-step template with the step count it serves (examples.KV_SETTINGS: 4 steps)
+    assert (listed[TEMPLATE]["kv_mode"], listed[TEMPLATE]["steps"]) == ("single", None)
+    per_step = listed["face-swap-astronaut-per-step"]
+    assert (per_step["kv_mode"], per_step["steps"]) == ("per-step", 4)
+
+
+async def test_a_failing_server_is_asked_once(comfy, aiohttp_server):
+    """The chooser must answer at once: one request, no retry window (the client's default retries for 8 s)."""
+    hits = []
+
+    async def catalog(request):
+        hits.append(request.path)
+        return web.json_response({"error": "warming up"}, status=503)
+
+    app = web.Application()
+    app.router.add_get("/v1/templates", catalog)
+    srv = await aiohttp_server(app)
+    body = await comfy.nodes.routes.list_published(str(srv.make_url("")), None)
+    assert body["templates"] == [] and "503" in body["error"]
+    assert hits == ["/v1/templates"]
 
 
 async def test_an_unreachable_server_is_a_readable_answer(client):
@@ -63,7 +85,7 @@ async def test_an_unreachable_server_is_a_readable_answer(client):
         f"catalog: cannot reach the SAKURA server at {closed} (connection refused) — is `sakura serve` running?"
     )
     body = await (await client.get("/sakura/templates", headers=OURS, params={"server_url": "ftp://x"})).json()
-    assert "must start with http" in body["error"]
+    assert body["error"] == "server_url 'ftp://x' must start with http:// or https://, e.g. http://127.0.0.1:8080"
 
 
 async def test_other_pages_cannot_use_the_route(client):

@@ -32,6 +32,18 @@ def test_token_precedence(comfy, user_dir, monkeypatch):
     assert resolve(" typed ", "SAKURA_READ_TOKEN") == "typed"
 
 
+def test_the_token_source_is_named(comfy, user_dir, monkeypatch):
+    source = comfy.nodes._common.resolve_token_source
+    path = user_dir / "sakura_tokens.json"
+    assert source("", "SAKURA_READ_TOKEN") == (None, "no token was found (the token field, $SAKURA_READ_TOKEN and "
+                                                     f"SAKURA_READ_TOKEN in {path} are all empty)")  # fmt: skip
+    path.write_text(json.dumps({"SAKURA_READ_TOKEN": "from-file"}))
+    assert source("", "SAKURA_READ_TOKEN") == ("from-file", f"SAKURA_READ_TOKEN in {path}")
+    monkeypatch.setenv("SAKURA_READ_TOKEN", "from-env")
+    assert source("", "SAKURA_READ_TOKEN") == ("from-env", "$SAKURA_READ_TOKEN in ComfyUI's environment")
+    assert source("t", "SAKURA_READ_TOKEN") == ("t", "the token typed into the node's token field")
+
+
 def test_a_broken_tokens_file_says_what_it_must_hold(comfy, user_dir):
     (user_dir / "sakura_tokens.json").write_text('["not", "an object"]')
     with pytest.raises(comfy.nodes._common.SakuraNodeError, match=r"sakura_tokens.json: it must hold a JSON object"):
@@ -73,7 +85,15 @@ def guarded_server(store_dir):
 @pytest.mark.slow
 def test_template_loader_reads_the_server_token_from_the_environment(comfy, flow, demo_model, guarded_server,
                                                                      user_dir, monkeypatch):  # fmt: skip
-    with pytest.raises(comfy.nodes._common.SakuraNodeError, match=r"HTTP 401.*set \$SAKURA_READ_TOKEN"):
+    err = comfy.nodes._common.SakuraNodeError
+    with pytest.raises(err, match=rf"server at {guarded_server} requires a token \(HTTP 401\) and no token was found "
+                                  r".*: set \$SAKURA_READ_TOKEN"):  # fmt: skip
+        flow.load_template(demo_model, server_url=guarded_server)
+    (user_dir / "sakura_tokens.json").write_text(json.dumps({"SAKURA_READ_TOKEN": "stale-token"}))
+    with pytest.raises(err, match=r"refused SAKURA_READ_TOKEN in .*sakura_tokens.json \(HTTP 401\): it is not"):
+        flow.load_template(demo_model, server_url=guarded_server)
+    monkeypatch.setenv("SAKURA_READ_TOKEN", "wrong-env-token")
+    with pytest.raises(err, match=r"refused \$SAKURA_READ_TOKEN in ComfyUI's environment \(HTTP 401\)"):
         flow.load_template(demo_model, server_url=guarded_server)
     monkeypatch.setenv("SAKURA_READ_TOKEN", READ_TOKEN)
     template = flow.load_template(demo_model, server_url=guarded_server)
@@ -87,3 +107,12 @@ def test_phone_device_reads_the_pairing_token_from_the_user_folder(node_classes,
     (user_dir / "sakura_tokens.json").write_text(json.dumps({"SAKURA_PHONE_TOKEN": phone_token}))
     (device,) = run_node(node_classes["SakuraPhoneDevice"], connection=phone_url, token="", cloud_url="")
     assert device.info()["model"]["id"] and phone_token not in repr(device)
+
+
+@pytest.mark.slow
+async def test_the_template_chooser_says_the_server_needs_a_token(comfy, guarded_server, user_dir):
+    token, source = comfy.nodes._common.resolve_token_source("", "SAKURA_READ_TOKEN")
+    body = await comfy.nodes.routes.list_published(guarded_server, token, source)
+    assert body["templates"] == []
+    assert body["error"].startswith(f"the SAKURA server at {guarded_server} requires a token (HTTP 401)")
+    assert "type it into" not in body["error"]  # the browser never sends a node's token field

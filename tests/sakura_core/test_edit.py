@@ -9,11 +9,11 @@ import copy
 import numpy as np
 import pytest
 
-from cloud_server.loopback import StoreSource
 from sakura_core import edit
 from sakura_core.edit_report import REPORT_KEYS, edit_report, summary_line, with_psnr
 from sakura_core.fetch.errors import ManifestError, ModelMismatchError, TemplateNotFoundError
 from sakura_core.fetch.link import LinkSpec
+from sakura_core.fetch.sources import StoreSource
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import RunReport
 
@@ -41,14 +41,15 @@ def _profile(model, steps):
 
 
 def test_check_template_is_the_one_check(opened, demo_model):
-    manifest = opened.manifest
-    assert edit.check_template(copy.deepcopy(manifest), TID, demo_model)["template_id"] == TID
+    assert edit.check_template(opened.manifest, TID, demo_model) is opened.manifest  # parsed already: not again
+    manifest = opened.manifest.raw
+    assert edit.check_template(copy.deepcopy(manifest), TID, demo_model).template_id == TID
     for grid in ([g // 2 for g in manifest["token_grid"]], [manifest["token_grid"][0] * 2, manifest["token_grid"][1]]):
         wrong_grid = {**copy.deepcopy(manifest), "token_grid": grid}  # smaller, or not square
         with pytest.raises(ManifestError, match=r"has token grid \[.*\], the model edits .*resolution or larger"):
             edit.check_template(wrong_grid, TID, demo_model)
     larger = {**copy.deepcopy(manifest), "token_grid": [g * 2 for g in manifest["token_grid"]]}
-    assert edit.check_template(larger, TID, demo_model)["token_grid"] == larger["token_grid"]  # its own positions
+    assert edit.check_template(larger, TID, demo_model).token_grid == tuple(larger["token_grid"])  # its own ids
     no_image = {k: v for k, v in copy.deepcopy(manifest).items() if k != "template_image"}
     with pytest.raises(ManifestError, match="names no template_image; republish it"):
         edit.check_template(no_image, TID, demo_model)

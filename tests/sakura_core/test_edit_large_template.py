@@ -9,8 +9,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from cloud_server.loopback import StoreSource
 from sakura_core import edit
+from sakura_core.fetch.sources import StoreSource
 from sakura_core.models.edit_model import load_image
 from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.live_profile import LiveProfile

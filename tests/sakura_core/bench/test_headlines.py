@@ -1,8 +1,9 @@
 """Headline guards on the trained demo model (shipped weights, seeded, CI-sized): the codec claim of the README —
 SAKURA beats CacheGen at equal bytes and reaches >= 5x fp16 compression at >= 35 dB. Skips (with the reason) when
-the shipped weights are absent."""
+the shipped weights are absent; with ``CI=true`` (a checkout, which holds them) it fails instead."""
 
 import pytest
+from ci_deps import require_or_skip
 
 from sakura_core.bench.codec_bench import CodecBenchConfig, run_codec_bench
 
@@ -12,8 +13,10 @@ def trained():
     from sakura_core.models.edit_model import load_demo_model
 
     model = load_demo_model()
-    if not model.weights_source.startswith("trained"):
-        pytest.skip(f"shipped demo weights not found ({model.weights_source}): the headline needs trained weights")
+    require_or_skip(
+        model.weights_source.startswith("trained"),
+        f"shipped demo weights not found ({model.weights_source}): the headline needs trained weights",
+    )
     return model
 
 

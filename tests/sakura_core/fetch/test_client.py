@@ -15,7 +15,6 @@ from aiohttp import web
 from cloud_server.app import create_app
 from cloud_server.config import ServerConfig
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import make_synthetic_template
 from sakura_core.fetch.client import (
     AuthError,
     ClientConfig,
@@ -28,9 +27,10 @@ from sakura_core.fetch.client import (
     ShardNotFoundError,
     ShardUnavailableError,
     TemplateNotFoundError,
-    check_manifest,
 )
-from sakura_core.http_serving import bound_port
+from sakura_core.kv import parse_manifest
+
+from ...synthetic_templates import make_synthetic_template
 
 MODEL_ID = "ab" * 32
 FAST = ClientConfig(
@@ -71,7 +71,7 @@ async def test_catalog_manifest_and_shards_from_the_real_app(aiohttp_server, sto
         catalog = await client.get_catalog()
         assert [t["id"] for t in catalog["templates"]] == ["tpl-a"]
         got = await client.get_manifest("tpl-a", expected_model_id=MODEL_ID)
-        assert got == manifest
+        assert got.raw == manifest
         with pytest.raises(ModelMismatchError, match="cd" * 32):
             await client.get_manifest("tpl-a", expected_model_id="cd" * 32)
         with pytest.raises(TemplateNotFoundError):
@@ -155,7 +155,6 @@ async def test_server_restart_mid_fetch_resumes_with_range(store, unused_tcp_por
             assert client.stats.bytes_received < 2 * len(blob)
     finally:
         await runners[-1].cleanup()
-    assert bound_port  # imported API stays available
 
 
 # ---- scripted faulty servers ----------------------------------------------------------------------------------
@@ -367,7 +366,7 @@ def test_connection_problem_names_the_cause():
 
 # ---- manifest checks ------------------------------------------------------------------------------------------
 def _good_manifest():
-    from cloud_server.synthetic import build_synthetic
+    from ...synthetic_templates import build_synthetic
 
     return build_synthetic("t", model_id=MODEL_ID, num_layers=2, level_bytes=(5, 10)).manifest
 
@@ -389,20 +388,20 @@ def _good_manifest():
         (lambda m: m.update(template_image={"digest": "x", "bytes": 1}), "template_image"),
     ],
 )
-def test_check_manifest_names_the_bad_field(mutate, field):
+def test_parse_manifest_names_the_bad_field(mutate, field):
     m = _good_manifest()
-    assert check_manifest(m, template_id="t", model_id=MODEL_ID) is m
+    assert parse_manifest(m, template_id="t", model_id=MODEL_ID).raw is m
     mutate(m)
     with pytest.raises(ManifestError, match=field.replace("[", r"\[").replace("]", r"\]")):
-        check_manifest(m)
+        parse_manifest(m)
 
 
-def test_check_manifest_ids():
+def test_parse_manifest_ids():
     m = _good_manifest()
     with pytest.raises(ModelMismatchError, match="cd" * 32):
-        check_manifest(m, model_id="cd" * 32)
+        parse_manifest(m, model_id="cd" * 32)
     with pytest.raises(ManifestError, match="was asked for"):
-        check_manifest(m, template_id="other")
+        parse_manifest(m, template_id="other")
 
 
 def test_client_config_validates():

@@ -6,8 +6,9 @@ from aiohttp import web
 from cloud_server.app import create_app
 from cloud_server.config import ServerConfig
 from cloud_server.store import LocalStore
-from cloud_server.synthetic import make_synthetic_template
 from sakura_core.fetch.client import ClientConfig, ShardClient
+
+from ...synthetic_templates import make_synthetic_template
 
 MODEL_ID = "ab" * 32
 RESTART_S = 4.0  # a `sakura serve` restart takes 3-4 s
@@ -41,7 +42,7 @@ async def test_default_client_waits_out_a_restart_and_resumes(tmp_path, unused_t
     server = _RestartingServer(store, unused_tcp_port)
     try:
         async with ShardClient(f"http://127.0.0.1:{unused_tcp_port}", sleep=server.sleep) as client:
-            assert (await client.get_manifest("tpl-a"))["template_id"] == "tpl-a"
+            assert (await client.get_manifest("tpl-a")).template_id == "tpl-a"
             await server.close()  # it goes down again (no partial body: the shard fetch starts while it is down)
             server.runner, server.waited_s = None, 0.0
             blob = await client.fetch_shard(rep["digest"], expected_bytes=rep["bytes"])

@@ -1,14 +1,26 @@
-"""Kernel shaping in a network namespace we create (root only; skipped with the reason otherwise)."""
+"""Kernel shaping in a network namespace we create (root only; skipped with the reason otherwise).
 
+``ip`` and ``tc`` (Debian's iproute2) are installed by CI: with ``CI=true`` their absence fails. Root and a kernel
+that lets us create namespaces cannot be installed: without them the tests skip, in CI too, with the reason.
+"""
+
+import os
+import shutil
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+from ci_deps import require_or_skip
 
 from sakura_core.fetch.netns import NetnsConfig, NetnsLink, netns_available
 
+require_or_skip(
+    os.geteuid() != 0 or all(shutil.which(tool) for tool in ("ip", "tc")),  # without root: netns_available's skip
+    "`ip`/`tc` not found (Debian package iproute2; .ci/run installs it)",
+    allow_module_level=True,
+)
 OK, WHY = netns_available()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(not OK, reason=f"kernel shaping unavailable: {WHY}")]
 

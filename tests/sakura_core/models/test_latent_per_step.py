@@ -5,10 +5,10 @@ modulated with that step's time) equals diffusers' own transformer run with the 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
+from ci_deps import import_or_skip
 
-pytest.importorskip("transformers", reason="the klein text encoder needs transformers (pip install transformers)")
+import_or_skip("transformers", "the klein text encoder needs transformers (pip install transformers)")
 
 
 def _reference(model, template, start, prompt: str, steps: int) -> torch.Tensor:
@@ -44,8 +44,6 @@ def test_latent_per_step_edit_equals_diffusers(klein_model):
     from sakura_core.runtime.denoise import run_edit
 
     model = klein_model
-    if not hasattr(model.adapter, "extract_per_step_kv"):
-        pytest.skip("per-step KV mode (issue 12) is not on this branch")
     torch.set_num_threads(1)
     size, steps, seed, prompt = model.spec.image_size, 3, 2, "swap the face"
     rng = np.random.default_rng(3)

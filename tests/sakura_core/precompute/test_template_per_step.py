@@ -107,7 +107,8 @@ def test_schedule_check_refuses_another_schedule_naming_both(per_step, exact, de
     m = per_step.manifest
     times = flow_timesteps(STEPS, SHIFT)[:-1].tolist()
     check_schedule(m, STEPS, SHIFT, times)
-    with pytest.raises(ScheduleMismatchError, match=r"3 steps.*4 steps.*--steps 3 --shift 2"):
+    step_count = r"precomputed for 3 steps \(shift 2.*asks 4 — set steps to 3 .*--steps 4"
+    with pytest.raises(ScheduleMismatchError, match=step_count):
         check_schedule(m, 4, SHIFT)
     with pytest.raises(ScheduleMismatchError, match=r"shift 2.*shift 1"):
         check_schedule(m, STEPS, 1.0)

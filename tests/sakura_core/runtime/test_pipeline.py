@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -13,7 +14,7 @@ from sakura_core.policy.policies import make_policy
 from sakura_core.precompute import precompute_template
 from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.live_profile import LiveProfile
-from sakura_core.runtime.pipeline import Cancelled, RuntimeConfig, run_pipelined_edit
+from sakura_core.runtime.pipeline import Cancelled, PipelinedEdit, RuntimeConfig, run_pipelined_edit
 
 STEPS = 3
 
@@ -128,25 +129,63 @@ def test_cancel_stops_between_layers(setup):
         _run(setup, "on-device-cached", cancel=ev)
 
 
-def test_upgrades_refine_shards_during_later_steps(setup):
+async def _until(event: threading.Event, real_limit_s: float = 120.0) -> None:
+    """On the event loop: wait until ``event`` is set (a bound on real time, so a broken run fails, not hangs)."""
+    for _ in range(int(real_limit_s / 0.005)):
+        if event.is_set():
+            return
+        await asyncio.sleep(0.005)
+    raise TimeoutError(f"not set within {real_limit_s} s")
+
+
+def test_upgrades_refine_shards_during_later_steps(setup, manual_clock):
+    """Idle link time during later steps upgrades the shards fetched at low levels, and later steps use them. On
+    the test's clock (a blob takes its size at 30 Mbit/s of it), with the order made explicit instead of left to
+    the machine's speed: step 0 starts once the base fetches are done, the fetches after them (the upgrades) go
+    out once step 0 is over, and step 1 starts once the policy wants no more."""
     model, tpl, usr, pre, exact, _ = setup
     L = model.adapter.num_layers
     slow = LiveProfile(layer_full_s=0.4, layer_cached_s=0.2, layers=L, steps=STEPS)  # device slow: fetching pays
-    import time
+    ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
+    step0_over, no_more = threading.Event(), threading.Event()
+    log, edit = [], None
 
-    # emulate the slow device for real (20 ms per layer), so later steps leave the link idle time to upgrade
-    log = []
-    rep = _run((model, tpl, usr, pre, exact, slow), "sakura", mbit=30.0, on_layer=lambda step, layer: time.sleep(0.02),
-               log=log)  # fmt: skip
+    class Watched(type(make_policy("sakura"))):
+        def upgrade(self, ctx):
+            up = super().upgrade(ctx)
+            if up is None:
+                no_more.set()
+            return up
+
+    async def fetch_blob(digest, nbytes):
+        if edit.st.base_done:  # an upgrade
+            await _until(step0_over)
+        blob = pre.blobs[digest]
+        manual_clock.advance(len(blob) * 8 / 30e6)
+        log.append(digest)
+        return blob
+
+    def hook(step, layer):
+        if (step, layer) == (0, 0):
+            for _ in range(12000):  # at most 60 s of real time
+                if edit.st.base_done:
+                    break
+                time.sleep(0.005)
+        elif (step, layer) == (1, 0):
+            step0_over.set()
+            no_more.wait(60)
+
+    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=Watched(), ladders=ladders, reps=reps,
+                         floor=0, profile=slow, template_image=tpl, trace=Trace.constant(30.0),
+                         config=RuntimeConfig(steps=STEPS), on_layer=hook, clock=manual_clock)  # fmt: skip
+    rep = asyncio.run(edit.run())
     ups = [d for d in rep.decisions if d["reason"] == "upgrade"]
-    assert ups and not rep.fallbacks
+    assert ups and not rep.fallbacks and no_more.is_set()
     # an upgrade fetches only its new blobs: the shard's decoder holds the chain before them (no blob twice)
     assert len(log) == len(set(log)) and sum(len(pre.blobs[d]) for d in log) == rep.bytes_fetched
-    names = [lv.name for lv in ladders_from_manifest(pre.manifest, 6e8)[0][0]]
+    names = [lv.name for lv in ladders[0]]
     upgraded = {d["layer"] for d in ups}
-    # some upgraded layer was used at a higher level in a later step than at step 0 (incremental chain decode)
-    assert any(
-        names.index(rep.levels_used[layer][-1]) > names.index(rep.levels_used[layer][0])
-        for layer in upgraded
-        if layer in rep.levels_used and "device" not in rep.levels_used[layer]
-    )
+    # every upgraded layer that was fetched was used at a higher level in the later steps than at step 0
+    # (incremental chain decode), and none at a lower one
+    used = {g: rep.levels_used[g] for g in upgraded if "device" not in rep.levels_used.get(g, ["device"])}
+    assert used and all(names.index(lv[-1]) > names.index(lv[0]) for lv in used.values())

@@ -2,6 +2,7 @@
 the device's template pass at step s's time) at every step, and schedule checks."""
 
 import asyncio
+import threading
 
 import pytest
 
@@ -134,7 +135,7 @@ def test_corrupt_per_step_shard_falls_back_to_that_steps_template_kv(setup):
 
 
 def test_a_step_count_the_template_was_not_computed_for_is_refused(setup):
-    with pytest.raises(ScheduleMismatchError, match="3 steps.*runs 4 steps.*--steps 4"):
+    with pytest.raises(ScheduleMismatchError, match="precomputed for 3 steps .*asks 4 — set steps to 3 .*--steps 4"):
         _run(setup, make_policy("fetch-fp16"), steps=4)
 
 
@@ -195,8 +196,21 @@ def test_a_shard_deferred_for_ever_is_computed_and_the_lane_ends(setup):
     assert len([d for d in rep.decisions if d["layer"] == target]) >= 1
 
 
-def _run_with_late_shard(setup, policy, delay_s):
-    """A per-step edit (fetch-fp16 ladders) whose step 1 layer 2 shard comes ``delay_s`` late; the report."""
+POLL_S = 0.1  # how often the compute lane asks the policy while it waits: the profile's cached-layer time
+
+
+async def _until(event: threading.Event, real_limit_s: float = 120.0) -> None:
+    """On the event loop: wait until ``event`` is set (a bound on real time, so a broken run fails, not hangs)."""
+    for _ in range(int(real_limit_s / 0.005)):
+        if event.is_set():
+            return
+        await asyncio.sleep(0.005)
+    raise TimeoutError(f"not set within {real_limit_s} s")
+
+
+def _run_with_late_shard(setup, policy, release: threading.Event, clock):
+    """A per-step edit (fetch-fp16 ladders, on ``clock``) whose step 1 layer 2 shard arrives only once ``release``
+    is set (by the policy: what it saw decides when); the report."""
     model, tpl, usr, pre, *_, profile = setup
     plan = plan_fetch(pre.manifest, "fetch-fp16")
     slow = {r["digest"] for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 2
@@ -204,34 +218,43 @@ def _run_with_late_shard(setup, policy, delay_s):
 
     async def fetch_blob(digest, nbytes):
         if digest in slow:
-            await asyncio.sleep(delay_s)
+            await _until(release)
         return pre.blobs[digest]
 
     return asyncio.run(
         run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,
                            reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
-                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0))
+                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
+                           clock=clock)
     )  # fmt: skip
 
 
+def _stall_of(rep, g: int) -> dict:
+    return next(e for e in rep.events if e["lane"] == "stall" and e["layer"] == g)
+
+
 class _LateThenDevice(_SplitAt):
-    """Split 0 at every step; a late shard of step 1 makes a template pass on the device "sooner" (recompute_late);
-    later steps wait for their shards."""
+    """Split 0 at every step; a late shard of step 1 makes a template pass on the device "sooner" (recompute_late),
+    and only then does that shard arrive (``release``); later steps wait for their shards."""
 
     name = "late-then-device"
 
     def __init__(self, splits=(0,) * STEPS):
         super().__init__(list(splits))
         self.asked_late = []
+        self.release = threading.Event()
 
     def recompute_late(self, ctx, layer):
         self.asked_late.append(layer)
-        return ctx.step_of(layer) == 1
+        late = ctx.step_of(layer) == 1
+        if late:
+            self.release.set()
+        return late
 
 
 @pytest.mark.parametrize("step1_split", [0, 1])
 def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_template_pass(
-    setup, monkeypatch, step1_split
+    setup, monkeypatch, step1_split, manual_clock
 ):
     model, on_device = setup[0], setup[4]
     resumed = []
@@ -240,15 +263,17 @@ def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_
                         lambda h, grid, start, t=None: resumed.append(start) or real(h, grid, start, t))  # fmt: skip
     L = model.adapter.num_layers
     pol = _LateThenDevice([0, step1_split, 0])
-    rep = _run_with_late_shard(setup, pol, 3.0)  # well under shard_wait_s
-    assert pol.asked_late and pol.asked_late[0] == L + 2  # asked while waiting, not after shard_wait_s
+    rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
+    assert pol.asked_late and pol.asked_late[0] == L + 2
+    # asked after one poll of the wait (not after shard_wait_s), and the device took over then
+    gave_up = next(d for d in rep.decisions if d["level"] == "device")
+    assert gave_up["layer"] == L + 2 and "template pass on the device is sooner" in gave_up["reason"]
+    assert gave_up["t"] - _stall_of(rep, L + 2)["start"] == pytest.approx(POLL_S)
     by_step = rep.levels_by_step()
     assert by_step["step 0"] == ["fp16"] * L
     head = ["template"] * step1_split + ["fp16"] * (2 - step1_split)
     assert by_step["step 1"][:2] == head and by_step["step 1"][2:] == ["device"] * (L - 2)
     assert by_step["step 2"] == ["fp16"] * L  # the next step fetches again
-    assert any(d["level"] == "device" and "template pass on the device is sooner" in d["reason"]
-               for d in rep.decisions)  # fmt: skip
     # the device's template pass resumes where step 1 dropped the template tokens, not from layer 0
     assert resumed == [step1_split]
     assert any(e["level"] == f"fallback template pass from layer {step1_split} (step 1)" for e in rep.events)
@@ -256,35 +281,42 @@ def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_
 
 
 class _Patient(_SplitAt):
-    """Split 0 at every step; never gives up on a late shard, noting what it saw while waiting."""
+    """Split 0 at every step; never gives up on a late shard, noting what it saw while waiting; the late shard
+    (``target``) arrives once it has been asked about it three times."""
 
     name = "patient"
 
-    def __init__(self):
+    def __init__(self, target):
         super().__init__([0] * STEPS)
-        self.seen = []
+        self.target, self.seen = target, []
+        self.release = threading.Event()
 
     def recompute_late(self, ctx, layer):
         self.seen.append((layer, ctx.now, ctx.stalled_s))
+        if sum(g == self.target for g, *_ in self.seen) >= 3:
+            self.release.set()
         return False
 
 
-def test_the_live_pipeline_tells_the_policy_how_long_the_edit_has_waited(setup):
+def test_the_live_pipeline_tells_the_policy_how_long_the_edit_has_waited(setup, manual_clock):
     L = setup[0].adapter.num_layers
-    pol = _Patient()
-    rep = _run_with_late_shard(setup, pol, 1.0)
+    pol = _Patient(L + 2)
+    rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
     late = [(now, stalled) for g, now, stalled in pol.seen if g == L + 2]
-    assert len(late) >= 3  # asked every cached-layer time (0.1 s) of the wait
-    (t0, s0), (t1, s1) = late[0], late[-1]
-    assert s0 >= 0.0 and s1 - s0 == pytest.approx(t1 - t0, abs=0.03)  # the wait in progress is counted as it runs
+    stall = _stall_of(rep, L + 2)
+    earlier = sum(e["end"] - e["start"] for e in rep.events if e["lane"] == "stall" and e["end"] <= stall["start"])
+    assert len(late) >= 3
+    for k, (now, stalled) in enumerate(late[:3], start=1):
+        assert now - stall["start"] == pytest.approx(k * POLL_S)  # asked every cached-layer time of the wait
+        assert stalled == pytest.approx(earlier + now - stall["start"])  # the wait in progress is counted as it runs
     stalls = sum(e["end"] - e["start"] for e in rep.events if e["lane"] == "stall")
-    assert stalls >= s1 and stalls >= 0.5  # the ended waits are what the timeline shows
+    assert stalls >= late[-1][1] and stall["end"] - stall["start"] >= 3 * POLL_S - 1e-9  # the timeline
     assert rep.levels_by_step()["step 1"] == ["fp16"] * L  # it waited: the shard was used
 
 
-def _watched_edit(setup, policy, **config):
+def _watched_edit(setup, policy, all_first=False, **config):
     """A per-step PipelinedEdit (fetch-fp16 ladders, instant link) and the list its layer hook fills: at each
-    (step, layer), what the device holds then."""
+    (step, layer), what the device holds then. ``all_first``: step 0 starts once every shard is decoded."""
     model, tpl, usr, pre, *_, profile = setup
     plan = plan_fetch(pre.manifest, "fetch-fp16")
     seen = []
@@ -293,10 +325,13 @@ def _watched_edit(setup, policy, **config):
         return pre.blobs[digest]
 
     def look(step, layer):
-        with edit.st.lock:
-            held = sum(k.nbytes + v.nbytes for k, v, _ in edit.kv.values())
-            seen.append((step, layer, set(edit.kv), set(edit.decoders), set(edit.dropped), held, edit.kv_bytes,
-                         edit.held_ahead_bytes()))  # fmt: skip
+        if all_first and (step, layer) == (0, 0):
+            assert all(edit.held.ready[shard].wait(60) for shard in edit.grid)
+        h = edit.held
+        with h.lock:  # a consistent look (the fetch lane publishes meanwhile)
+            ahead = h.held_from_bytes(edit.grid.step_end(edit.compute.step))  # after the step the lane is in
+            seen.append((step, layer, {s.g for s in h.kv}, {s.g for s in edit.decoder.decoders},
+                         set(edit.device.dropped), h.held_bytes(), h.kv_bytes, ahead))  # fmt: skip
 
     edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,
                          reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
@@ -319,9 +354,10 @@ def test_a_shards_kv_is_freed_once_the_compute_lane_has_passed_it(setup):
         assert min(kv | dec, default=g) >= g - 1 and min(dropped, default=step) >= step - (layer == 0)
         assert held == counted  # the count of KV held is the KV held
     shard = 2 * model.spec.num_tokens * model.adapter.num_heads * model.adapter.head_dim * 2  # fp16 K and V
-    assert set(edit.kv) <= {STEPS * L - 1} and edit.kv_bytes == len(edit.kv) * shard
+    held = edit.held
+    assert {s.g for s in held.kv} <= {STEPS * L - 1} and held.kv_bytes == len(held.kv) * shard
     assert (
-        max(x[5] for x in seen) <= rep.peak_kv_bytes <= STEPS * L * shard and rep.peak_kv_bytes == edit.peak_kv_bytes
+        max(x[5] for x in seen) <= rep.peak_kv_bytes <= STEPS * L * shard and rep.peak_kv_bytes == held.peak_kv_bytes
     )
 
 
@@ -337,18 +373,19 @@ def test_prefetch_for_later_steps_stays_within_its_memory(setup, shards):
     assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5 and rep.split_layers == [0] * STEPS
     assert all(ahead <= shards * shard for *_, ahead in seen)
     assert rep.peak_kv_bytes <= (L + shards) * shard  # one step plus the prefetch room
-    unlimited, seen = _watched_edit(setup, make_policy("fetch-fp16"))
+    unlimited, seen = _watched_edit(setup, make_policy("fetch-fp16"), all_first=True)
     asyncio.run(unlimited.run())
-    assert max(ahead for *_, ahead in seen) > 2 * shard  # without the limit the link runs ahead
+    assert seen[0][-1] == (STEPS - 1) * L * shard  # without the limit the link runs ahead: every later step held
     with pytest.raises(ValueError, match=r"prefetch_kv_bytes must be >= 0 bytes or None \(no limit\), got -1"):
         RuntimeConfig(prefetch_kv_bytes=-1)
 
 
-def test_live_sakura_sees_a_stalled_transfer_and_does_not_wait_it_out(setup):
-    """A fetcher that reports progress (``on_chunk``): step 1 layer 3's shard stops half-way for 20 s, and every
+def test_live_sakura_sees_a_stalled_transfer_and_does_not_wait_it_out(setup, manual_clock):
+    """A fetcher that reports progress (``on_chunk``): step 1 layer 3's shard stops half-way for good, and every
     later shard queues behind it. The policy sees the transfer in progress (``LiveState.link_progress``, as the
     simulator's) and keeps the template or gives up on the link, instead of waiting for a shard predicted long
-    ago: the edit ends in seconds, equal to the on-device one; the stalled fetch is abandoned."""
+    ago: the edit ends in seconds (of the test's clock), equal to the on-device one; the stalled fetch is
+    abandoned. Without the progress it waits out ``shard_wait_s`` (60 s) for that shard."""
     model, tpl, usr, pre, on_device, _, profile = setup
     plan = plan_fetch(pre.manifest, "fetch-fp16")
     stalled = {r["digest"] for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 3
@@ -359,16 +396,17 @@ def test_live_sakura_sees_a_stalled_transfer_and_does_not_wait_it_out(setup):
         half = len(blob) // 2
         report(half)
         if digest in stalled:
-            await asyncio.sleep(20.0)
+            await asyncio.Event().wait()  # never: the run abandons it
         report(len(blob) - half)
         return blob
 
     rep = asyncio.run(
         run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=make_policy("sakura"),
                            ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
-                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0))
+                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
+                           clock=manual_clock)
     )  # fmt: skip
-    assert rep.latency_s < 10.0  # 20.1 s when the live state did not report the transfer in progress
+    assert rep.latency_s < 10.0 and not any("not ready after" in f for f in rep.fallbacks)
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3
     L = model.adapter.num_layers
     assert "fp16" not in rep.levels_used.get(L + 3, ["-"])  # the stalled shard was never used

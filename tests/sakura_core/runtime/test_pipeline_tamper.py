@@ -88,35 +88,41 @@ def test_shards_of_another_template_fall_back_to_the_on_device_edit(setup):
     assert (rep.tokens - on_device.tokens).abs().max() <= 1e-5  # the on-device edit, not the other template's
 
 
-def test_cancel_is_honoured_while_waiting_for_a_shard(setup):
+def test_cancel_is_honoured_while_waiting_for_a_shard(setup, manual_clock):
+    """The job is cancelled (its timeout) while the compute lane waits for a shard that never comes: the wait
+    ends with the cancel, not after ``shard_wait_s``. The cancel comes the first time the policy is asked about
+    the late shard (the compute lane is waiting then), on the test's clock."""
     _, _, _, pre, _, _ = setup
     cancel = threading.Event()
-    timer = threading.Timer(0.3, cancel.set)  # the job timeout, 0.3 s after the edit starts
     outcome = {}
 
-    def start_timer_once(step: int, layer: int) -> None:
-        if step == 0 and layer == 0:
-            timer.start()
+    class CancelWhileWaiting(type(make_policy("fetch-fp16"))):
+        def recompute_late(self, ctx, layer):
+            outcome["waited_s"] = ctx.stalled_s
+            cancel.set()
+            return False
 
     def run() -> None:
-        async def never(digest, nbytes):  # a nearly dead link: the shard never arrives
+        async def never(digest, nbytes):  # a dead link: the shard never arrives
             await asyncio.Event().wait()
 
         model, tpl, usr, _pre, _other, profile = setup
         ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
         try:
             asyncio.run(run_pipelined_edit(
-                model, pre.manifest, never, usr, "p", policy=make_policy("fetch-fp16"), ladders=ladders, reps=reps,
+                model, pre.manifest, never, usr, "p", policy=CancelWhileWaiting(), ladders=ladders, reps=reps,
                 floor=0, profile=profile, template_image=tpl, config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
-                cancel=cancel, on_layer=start_timer_once))  # fmt: skip
+                cancel=cancel, clock=manual_clock))  # fmt: skip
         except Cancelled as e:
             outcome["cancelled"] = str(e)
+            outcome["at_s"] = manual_clock.now()
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    worker.join(60)  # the shard wait is 600 s: only honouring the cancel ends the run before this
+    worker.join(60)  # the shard wait is 600 s of the clock (2 min of real time): only the cancel ends it sooner
     assert not worker.is_alive(), "the compute thread kept waiting for its shard after the cancel"
-    assert "while waiting for its shard" in outcome["cancelled"]
+    assert outcome["cancelled"] == "edit cancelled at step 0, layer 0 while waiting for its shard"
+    assert outcome["waited_s"] == pytest.approx(0.1) and outcome["at_s"] < 1.0  # one poll, then the cancel
 
 
 async def test_a_tampered_manifest_json_on_the_server_is_reported_by_the_edit(setup, tmp_path, aiohttp_server):

@@ -1,6 +1,8 @@
-"""PipelinedEdit as an object: reset() gives a fresh run, and no lane's state leaks from one run into the next."""
+"""PipelinedEdit as an object: reset() gives a fresh run, no lane's state leaks from one run into the next, and
+nothing a run started outlives it."""
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -9,7 +11,7 @@ from sakura_core.fetch.shaper import ShaperConfig, TraceShaper
 from sakura_core.fetch.traces import Trace
 from sakura_core.models.edit_model import load_image
 from sakura_core.policy.ladder import ladders_from_manifest
-from sakura_core.policy.policies import make_policy
+from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_policy
 from sakura_core.precompute import precompute_template
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig
@@ -80,12 +82,16 @@ def test_two_runs_of_one_instance_equal_two_fresh_instances(setup):
 def test_reset_clears_every_lane(setup):
     edit = _edit(setup)
     first = asyncio.run(edit.run())
-    assert edit.kv and edit.decoders and edit.kv_bytes > 0 and all(ev.is_set() for ev in edit.ready.values())
+    held, decoders = edit.held, edit.decoder.decoders
+    assert held.kv and decoders and held.kv_bytes > 0 and all(ev.is_set() for ev in held.ready.values())
     edit.reset()
-    assert not (edit.events or edit.decisions or edit.fallbacks or edit.levels_used)
-    assert not (edit.kv or edit.decoders or edit.failed or edit.fallback_kv or edit.kv_bytes or edit.peak_kv_bytes)
-    assert not any(ev.is_set() for ev in edit.ready.values())
-    assert edit.bytes_fetched == 0 and edit.split_layer == setup[0].adapter.num_layers and edit.span_key is None
+    assert not (edit.log.events or edit.log.decisions or edit.log.fallbacks or edit.compute.levels_used)
+    assert not (
+        held.kv or edit.decoder.decoders or held.failed or held.device_kv or held.kv_bytes or held.peak_kv_bytes
+    )
+    assert not any(ev.is_set() for ev in held.ready.values())
+    L = setup[0].adapter.num_layers
+    assert edit.fetch.bytes_fetched == 0 and edit.compute.split_layer == L and edit.compute.span_key is None
     assert edit.st.next_layer == 0 and not edit.st.got and not edit.st.base_done and edit.st.template_alive
     assert first.events and first.decisions  # the report keeps its own lists
 
@@ -100,9 +106,82 @@ def test_a_failed_shard_does_not_leak_into_the_next_run(setup):
     assert any(e["level"].startswith("fallback template pass") for e in first.events)
 
     second = asyncio.run(edit.run())  # the link now delivers shard 2 intact: the run must fetch and use it
-    assert not second.fallbacks and not edit.failed and not edit.fallback_kv
+    assert not second.fallbacks and not edit.held.failed and not edit.held.device_kv
     assert set(second.levels_used[2]) == {"fp16"}
     assert not any(e["level"].startswith("fallback template pass") for e in second.events)
     assert second.bytes_fetched == first.bytes_fetched  # every blob fetched again, none served from run 1
     assert _summary(first) == first_summary  # run 2 appended nothing to run 1's report
     assert _summary(second) == _summary(asyncio.run(_edit(setup).run()))
+
+
+class _SkipTwo(Policy):
+    """Shard 2 left to the device (no defer) although the template is dropped at layer 0: the compute lane asks
+    for it; the policy gives up waiting at once (the device is sooner)."""
+
+    name, family = "skip-two", "fp16"
+
+    def choose(self, ctx, g):
+        return Decision(LEVEL_COMPUTE, "the device computes it") if g == 2 else Decision(0, "fp16")
+
+    def keep_template(self, ctx, g):
+        return False
+
+    def recompute_late(self, ctx, g):
+        return True
+
+
+async def test_a_fetch_the_compute_lane_asked_for_ends_with_the_run(setup):
+    """The compute lane asks for shard 2 (the fetch lane skipped it), then gives up on it: that fetch is the run's
+    and ends with it — it used to go on after run() returned and append a fallback to the returned report."""
+    model, tpl, usr, pre, ladders, reps, profile = setup
+    two = {r["digest"] for r in pre.manifest["shards"][2]["representations"]}
+    release, seen = asyncio.Event(), {}
+
+    async def fetch_blob(digest, nbytes):
+        if digest in two:
+            seen["asked"] = True
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                seen["cancelled"] = True
+                raise
+        return pre.blobs[digest]
+
+    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=_SkipTwo(), ladders=ladders, reps=reps,
+                         floor=0, profile=profile, template_image=tpl, config=RuntimeConfig(steps=STEPS))  # fmt: skip
+    rep = await edit.run()
+    fallbacks = list(rep.fallbacks)
+    release.set()
+    for _ in range(20):  # let a fetch that outlived the run finish (it would decode in a pool shut down)
+        await asyncio.sleep(0.01)
+    assert seen == {"asked": True, "cancelled": True}
+    assert rep.fallbacks == fallbacks and rep.levels_used[2] == ["device"] * STEPS
+
+
+async def test_cancelling_the_run_stops_its_compute_thread(setup):
+    """A run cancelled as a task (the agent shutting down) stops its compute thread too, instead of leaving it to
+    wait ``shard_wait_s`` for a shard no one fetches any more and then run the rest of the edit."""
+    model, tpl, usr, pre, ladders, reps, profile = setup
+    waiting = asyncio.Event()
+    threads = []
+    loop = asyncio.get_running_loop()
+
+    class Patient(type(make_policy("fetch-fp16"))):
+        def recompute_late(self, ctx, g):
+            threads.append(threading.current_thread())
+            loop.call_soon_threadsafe(waiting.set)
+            return False
+
+    async def never(digest, nbytes):
+        await asyncio.Event().wait()
+
+    edit = PipelinedEdit(model, pre.manifest, never, usr, "p", policy=Patient(), ladders=ladders, reps=reps, floor=0,
+                         profile=profile, template_image=tpl, config=RuntimeConfig(steps=STEPS, shard_wait_s=600))  # fmt: skip
+    task = asyncio.create_task(edit.run())
+    await asyncio.wait_for(waiting.wait(), 60)  # the compute lane waits for shard 0
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    compute = threads[0]
+    await asyncio.to_thread(compute.join, 30)  # the shard wait is 600 s: only the stop ends the thread sooner
+    assert not compute.is_alive() and compute.name.startswith("sakura-compute")

@@ -48,7 +48,14 @@ def test_physical_bounds_hold_on_every_trace(trace):
     res = {name: run(name, trace) for name in POLICIES}
     for name, r in res.items():
         assert r.latency_s >= res["free-kv"].latency_s - 1e-9, name
-        assert r.decisions is not None
+        # the template is dropped once, where the result says (never when the device ran every layer)
+        assert [d["layer"] for d in r.decisions if d["level"] == "drop"] == ([r.split_layer] if r.split_layer < 24
+                                                                              else []), name  # fmt: skip
+        # bytes cross the link only for a decision to fetch a level, and every decision says why
+        fetches = [d for d in r.decisions if isinstance(d["level"], int) and d["level"] >= 0]
+        assert (r.bytes_fetched > 0) == bool(fetches) and all(d["reason"] for d in r.decisions), name
+    assert res["fetch-fp16"].bytes_fetched == 24 * FP and res["fetch-fp16"].split_layer == 0  # each shard once
+    assert res["on-device"].bytes_fetched == res["on-device-cached"].bytes_fetched == 0
     assert res["oracle"].latency_s <= res["sakura"].latency_s + 1e-9
     assert res["sakura"].latency_s <= res["on-device-cached"].latency_s + 1e-9
     assert res["on-device-cached"].latency_s < res["on-device"].latency_s

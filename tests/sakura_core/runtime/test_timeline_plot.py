@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 from sakura_core.runtime.timeline_plot import plot_timeline
 
 
 def test_timeline_has_a_legend_for_both_greens(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib", reason="the timeline plot needs matplotlib")
     import matplotlib.pyplot as plt
 
     seen = {}
@@ -38,7 +35,6 @@ def test_timeline_has_a_legend_for_both_greens(tmp_path, monkeypatch):
 
 
 def test_decisions_get_a_row_and_the_drops_and_fallbacks_their_reasons(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib", reason="the timeline plot needs matplotlib")
     import matplotlib.pyplot as plt
 
     seen = {}

@@ -1,4 +1,5 @@
-"""Synthetic templates: random shard blobs and a well-formed manifest, for tests and ``sakura bench serve``.
+"""Test fixtures: synthetic templates (random shard blobs and a well-formed manifest) for the store, server, client
+and agent tests.
 
 The blobs are seeded random bytes (not KV): they exercise storage, serving, caching and fetching without the
 codec. ``synthetic_precompute`` has the signature of ``sakura_core.precompute.precompute_template`` so the write path can
@@ -12,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .store import Store, validate_template_id
+from cloud_server.store import Store, validate_template_id
 
-__all__ = ["SyntheticModel", "SyntheticTemplate", "make_synthetic_template", "synthetic_precompute"]
+__all__ = ["SyntheticModel", "SyntheticTemplate", "build_synthetic", "make_synthetic_template", "synthetic_precompute"]
 
 
 @dataclass(frozen=True)

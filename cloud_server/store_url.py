@@ -1,0 +1,58 @@
+"""``--store`` values: a local folder or ``s3://bucket/prefix``, opened as the matching ``Store``.
+
+Every command that takes ``--store`` (serve, precompute, precompute-catalog, store verify|repair, examples, bench
+catalog) opens it here, with the same ``--s3-endpoint`` flag. S3 credentials come from the AWS variables.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .store import LocalStore, Store
+
+__all__ = ["S3_ENDPOINT_HELP", "add_store_arguments", "check_store_location", "is_s3_url", "open_store"]
+
+S3_ENDPOINT_HELP = (
+    "S3 endpoint URL for an s3:// store (default: $AWS_ENDPOINT_URL_S3 / $AWS_ENDPOINT_URL, else AWS); credentials "
+    "from $AWS_ACCESS_KEY_ID / $AWS_SECRET_ACCESS_KEY (or a profile)"
+)
+
+
+def is_s3_url(location: str | os.PathLike) -> bool:
+    return isinstance(location, str) and location.startswith("s3://")
+
+
+def check_store_location(location: str | os.PathLike) -> str:
+    """``location`` as text after checking it is a folder path or a well-formed ``s3://`` URL (``ValueError``)."""
+    text = os.fspath(location)
+    if is_s3_url(text):
+        from .s3_store import parse_s3_url
+
+        parse_s3_url(text)
+        return text
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme.isalnum():
+        raise ValueError(f"store {text[:80]!r}: unsupported scheme {scheme!r}; use a folder or s3://BUCKET/PREFIX")
+    return text
+
+
+def open_store(location: str | os.PathLike, *, endpoint_url: str | None = None) -> Store:
+    """A ``LocalStore`` for a folder (created if missing), an ``S3Store`` for ``s3://bucket/prefix``.
+
+    ``ValueError`` for another URL scheme or a malformed S3 URL (the message names the fix).
+    """
+    text = check_store_location(location)
+    if is_s3_url(text):
+        from .s3_store import S3Store
+
+        return S3Store(text, endpoint_url=endpoint_url)
+    if endpoint_url is not None:
+        raise ValueError(f"--s3-endpoint is only for s3:// stores, but the store is the folder {text!r}")
+    return LocalStore(Path(text))
+
+
+def add_store_arguments(parser, *, what: str = "store") -> None:
+    """``--store`` (required) and ``--s3-endpoint``."""
+    parser.add_argument("--store", required=True, help=f"{what}: a folder (created if missing) or s3://BUCKET/PREFIX")
+    parser.add_argument("--s3-endpoint", default=None, help=S3_ENDPOINT_HELP)

@@ -1,0 +1,155 @@
+"""The compute lane of a pipelined edit (:class:`~sakura_core.runtime.pipeline.PipelinedEdit`): the edit itself
+(:func:`~sakura_core.runtime.denoise.run_edit`), run in one worker thread, and the hooks its forward calls.
+
+Before each layer (:meth:`ComputeLane.on_layer`) the lane checks for a cancel, records the compute span of the
+previous layer and tells the live state where it is (per-step: a new step restarts the template pass and frees the
+shards passed). While the template tokens run, the policy says per layer whether the device keeps them
+(:meth:`ComputeLane.keep_template`: the split). A cached layer takes its KV from :meth:`ComputeLane.kv_source`:
+the fetched shard (waiting for it if late: :class:`~sakura_core.runtime.late_shards.LateShards`) or the device's
+own (:class:`~sakura_core.runtime.device_kv.DeviceKV`). The lane owns the split it took, the levels each (step,
+layer) used and its open span.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from ..models.edit_model import EditModel
+from ..policy.context import Context
+from ..policy.policies import Policy
+from .backend import ComputeBackend
+from .decode_lane import DecodeLane
+from .denoise import EditResult, run_edit
+from .device_kv import DeviceKV
+from .held_kv import HeldKV
+from .late_shards import LateShards
+from .live_state import LiveState
+from .pipeline_config import Cancelled, RuntimeConfig
+from .run_log import RunLog
+from .shard_index import ShardGrid
+
+__all__ = ["ComputeLane"]
+
+
+class ComputeLane:
+    """The edit and its per-layer hooks (see the module docstring); :meth:`reset` before each run.
+
+    Args:
+        model, backend, user_image, prompt, template_image, kv_mode: the edit.
+        grid, ladders, st, ctx, policy: the shards, their levels, the live state, the policy's view of it, the policy.
+        config, cancel, log: the settings, the cancel flag and the timeline.
+        held, decoder, device, late: the KV held, the decode lane (its decoders are freed with the shards), the
+            device's fallback passes, the late-shard waits.
+        user_hook: ``(step, layer)`` before each layer (the caller's progress hook), or None.
+    """
+
+    def __init__(self, model: EditModel, backend: ComputeBackend, user_image: np.ndarray, prompt: str,
+                 template_image: np.ndarray, kv_mode: str, *, grid: ShardGrid, ladders, st: LiveState, ctx: Context,
+                 policy: Policy, config: RuntimeConfig, cancel: threading.Event, log: RunLog, held: HeldKV,
+                 decoder: DecodeLane, device: DeviceKV, late: LateShards,
+                 user_hook: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+        self.model, self.backend, self.user_image, self.prompt = model, backend, user_image, prompt
+        self.template_image, self.kv_mode = template_image, kv_mode
+        self.grid, self.ladders, self.st, self.ctx, self.policy = grid, ladders, st, ctx, policy
+        self.cfg, self.cancel, self.log = config, cancel, log
+        self.held, self.decoder, self.device, self.late = held, decoder, device, late
+        self.user_hook = user_hook
+        self.reset()
+
+    def reset(self) -> None:
+        L = self.grid.layers
+        self.step = -1  # the step the lane is in
+        self.split_layer = L  # step 0's split
+        self.split_layers = [L] * self.grid.kv_steps  # k_s per step (per-step mode)
+        self.levels_used: dict[int, list[str]] = {}  # shard g -> what each use of it took
+        self.span_t, self.span_key = 0.0, None  # the compute span open since the last layer hook
+
+    def run(self) -> EditResult:
+        """The edit itself (in the lane's worker thread)."""
+        cfg, L = self.cfg, self.grid.layers
+        common = dict(steps=cfg.steps, seed=cfg.seed, template_image=self.template_image, on_layer=self.on_layer,
+                      kv_mode=self.kv_mode, backend=self.backend)  # fmt: skip
+        if self.policy.kv_preloaded:
+            raise ValueError("free-kv is a simulation-only bound")
+        if self.policy.template_every_step:
+            self.st.template_alive = True
+            return run_edit(self.model, self.user_image, self.prompt, split_layer=L, template_every_step=True,
+                            **common)  # fmt: skip
+        return run_edit(self.model, self.user_image, self.prompt, split_layer=self.keep_template,
+                        kv_source=self.kv_source, on_drop=self.device.on_drop, **common)  # fmt: skip
+
+    # ---- the forward's hooks
+
+    def on_layer(self, step: int, layer: int) -> None:
+        """Before each layer: cancellation, the caller's hook, and the compute span of the previous layer."""
+        if self.cancel.is_set():
+            raise Cancelled(f"edit cancelled at step {step}, layer {layer}")
+        if self.user_hook is not None:
+            self.user_hook(step, layer)
+        st = self.st
+        now = st.now
+        self.close_span(now)
+        with st.lock:
+            if self.grid.per_step and step != self.step:  # the template pass restarts at every step
+                st.template_alive, st.dropped_at = True, self.grid.layers
+            self.step = step
+            shard = self.grid.at(step, layer)
+            st.compute_layer, st.compute_t = shard.g, now
+            if self.grid.per_step:
+                self._release_before(shard.g)
+        self.span_t = now
+        live = st.template_alive and (step == 0 or self.grid.per_step or self.policy.template_every_step)
+        self.span_key = (step, layer, "template" if live else "cached")
+
+    def keep_template(self, layer: int) -> bool:
+        """The split (step 0's; every step's in per-step mode): ask the policy whether the device keeps computing
+        the template tokens at ``layer``."""
+        st, shard = self.st, self.grid.at(self.step, layer)
+        with st.lock:
+            st.compute_layer, st.compute_t = shard.g, st.now
+            keep = self.policy.keep_template(self.ctx, shard.g)
+            if not keep:
+                st.template_alive = False
+                st.dropped_at = layer
+                self.split_layers[shard.step] = layer
+                if self.step <= 0:
+                    self.split_layer = layer
+        if keep and self.grid.per_step:
+            self.levels_used[shard.g] = ["template"]
+        if not keep:
+            if self.span_key is not None and self.span_key[1] == layer:  # the span opened for this layer: no template
+                self.span_key = (*self.span_key[:2], "cached")
+            where = f"step {self.step} layer {layer}" if self.grid.per_step else f"layer {layer}"
+            self.log.decision(st.now, shard.g, "drop", f"template dropped at {where}")
+        return keep
+
+    def kv_source(self, layer: int, step: int):
+        """The KV for ``layer`` at ``step``: the fetched shard (of that step, in per-step mode), or the device's."""
+        shard = self.grid.at(step, layer)
+        held = self.held
+        if not held.is_failed(shard) and not held.is_ready(shard):
+            self.late.wait_for(shard, step)
+        if held.is_failed(shard):
+            k, v = self.device.kv(shard)
+            self.levels_used.setdefault(shard.g, []).append("device")
+            return k, v
+        k, v, level = held.fetched(shard)
+        self.levels_used.setdefault(shard.g, []).append(self.ladders[shard.g][level].name)
+        return k.unsqueeze(0), v.unsqueeze(0)
+
+    def close_span(self, end: float) -> None:
+        """Record the compute span open since the last layer hook (if any) as ending at ``end``."""
+        if self.span_key is not None:
+            _, layer, level = self.span_key
+            self.log.event("compute", self.span_t, end, layer, level)
+
+    def _release_before(self, g: int) -> None:
+        """Per-step mode: every shard before flat index ``g`` served its (step, layer): free its KV and decoder, and
+        the template state kept at the drops of the steps before ``g``'s (the caller holds ``st.lock``)."""
+        released = self.held.release_before(g)
+        if released:
+            self.decoder.release(self.grid[x] for x in released)
+            self.device.release_before(self.grid[g].step)

@@ -1,0 +1,69 @@
+""":class:`DeviceKV`: the template KV the device computes itself when a shard fails or is late — one template-only
+pass per step (at that step's own time in per-step mode), resumed where the step dropped the template tokens: the
+compute lane hands their hidden state over when it drops them (:meth:`DeviceKV.on_drop`), so the layers the device
+already ran are not run again."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..models.edit_model import EditModel
+from .backend import ComputeBackend
+from .held_kv import KV, HeldKV
+from .live_state import LiveState
+from .run_log import RunLog
+from .shard_index import ShardGrid, ShardId
+
+__all__ = ["DeviceKV"]
+
+
+class DeviceKV:
+    """The device's fallback template passes of one edit; it owns the template state kept at each step's drop.
+
+    Args:
+        model, backend, template_image: what the pass runs, and on which template.
+        times: the edit's schedule (per-step mode: step s's pass runs at ``times[s]``).
+        grid, held, st, log: the shards, where the computed KV goes, the live state (clock), the timeline.
+    """
+
+    def __init__(self, model: EditModel, backend: ComputeBackend, template_image: np.ndarray, times,
+                 grid: ShardGrid, held: HeldKV, st: LiveState, log: RunLog) -> None:  # fmt: skip
+        self.model, self.backend, self.template_image, self.times = model, backend, template_image, times
+        self.grid, self.held, self.st, self.log = grid, held, st, log
+        self.reset()
+
+    def reset(self) -> None:
+        self.dropped: dict[int, tuple[int, torch.Tensor]] = {}  # step -> (drop layer, template hidden state there)
+
+    def on_drop(self, step: int, layer: int, hidden: torch.Tensor) -> None:
+        """The compute lane dropped the template tokens before ``layer``: keep their state for a fallback pass."""
+        self.dropped[max(step, 0) if self.grid.per_step else 0] = (layer, hidden)
+
+    def release_before(self, step: int) -> None:
+        """Per-step mode: the compute lane is in ``step``; the template state of earlier steps is never used again."""
+        for s in [s for s in self.dropped if s < step]:
+            del self.dropped[s]
+
+    def kv(self, shard: ShardId) -> KV:
+        """``shard``'s template KV computed here: one pass serves every layer of its step from the drop on (or from
+        layer 0 when the step kept no template state there), kept in :class:`HeldKV` for the layers to come."""
+        own = self.held.device(shard)
+        if own is not None:
+            return own
+        grid, step = self.grid, shard.step
+        t0 = self.st.now
+        ref_t = float(self.times[step]) if grid.per_step else None
+        token_grid = self.model.template_grid(self.template_image)
+        start, hidden = self.dropped.get(step, (0, None))
+        if hidden is not None and start <= shard.layer:
+            kv = self.backend.resume_template_kv(hidden, token_grid, start, ref_t)
+        else:
+            start = 0
+            tokens = self.model.template_tokens(self.template_image)
+            tkv = self.backend.extract_template_kv(tokens, token_grid, ref_t)
+            kv = [tkv.layer(i) for i in range(grid.layers)]
+        what = f"fallback template pass from layer {start}" + (f" (step {step})" if grid.per_step else "")
+        self.log.event("compute", t0, self.st.now, -1, what)
+        self.held.hold_device({grid.at(step, layer): layer_kv for layer, layer_kv in enumerate(kv, start=start)})
+        return self.held.device(shard)

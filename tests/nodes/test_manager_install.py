@@ -1,0 +1,35 @@
+"""The pack installed as ComfyUI-Manager installs it (a copy in ``custom_nodes/`` + ``pip install -r
+requirements.txt``, nothing else) into a fresh venv layered on a real ComfyUI's: its five nodes are in
+``/object_info`` (``tests/comfyui_manager_install.py`` does the work; DEVELOPERS.md says how to set it up)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .conftest import manager_install_module
+
+pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
+
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
+if not COMFYUI_DIR:
+    pytest.skip("COMFYUI_DIR is not set: the Manager-install test needs a ComfyUI checkout (see DEVELOPERS.md)",
+                allow_module_level=True)  # fmt: skip
+
+
+def test_a_manager_install_registers_the_five_nodes(tmp_path):
+    import sys
+    from pathlib import Path
+
+    mgr = manager_install_module()
+    res = mgr.run_check(Path(COMFYUI_DIR), os.environ.get("COMFYUI_PYTHON", sys.executable), tmp_path)
+    assert res.ok, "\n".join(res.problems)
+    assert res.nodes == sorted(mgr.NODE_IDS)
+    assert res.torch_after == res.torch_before  # requirements.txt never brings a torch
+    if res.missing_before:  # a bare ComfyUI: before the install the pack said what was missing and how to fix it
+        assert "pip install -r" in res.import_error_before and res.missing_before[0] in res.import_error_before
+    else:
+        import warnings
+
+        warnings.warn("COMFYUI_PYTHON already has every requirement: the import-error check did not run", stacklevel=1)
