@@ -57,6 +57,10 @@ def add_arguments(parser) -> None:
         "--no-runs", action="store_true", help="sim: leave the per-run rows out of the JSON (summaries only)"
     )
     parser.add_argument(
+        "--no-regime-map", action="store_true", help="sim: skip the regime map (link Mbit/s x device TFLOP/s; "
+        "its simulations on constant links outnumber the traces' runs)"
+    )  # fmt: skip
+    parser.add_argument(
         "--synth-layers", default="0,3", help="sim: demo layers synthesised at each geometry's shard size (the "
         "codecs' size effects; default %(default)s)"
     )  # fmt: skip
@@ -79,8 +83,9 @@ def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:
     trace = next(t for t in traces if t.name == pick.trace)
     names = [lv.name for lv in ladders["sakura"][0]]
     plot_trace_levels(trace, pick.decisions, names, plots / "trace_levels.png", pick.start_s, pick.latency_s)
-    plot_regime_map(regime, plots / "regime_map.png")
-    print(f"plots: {plots}/timeline.png, trace_levels.png, regime_map.png")
+    if regime is not None:
+        plot_regime_map(regime, plots / "regime_map.png")
+    print(f"plots: {plots}/timeline.png, trace_levels.png{', regime_map.png' if regime is not None else ''}")
 
 
 def _argv(args) -> list[str]:
@@ -92,7 +97,9 @@ def _argv(args) -> list[str]:
         v = getattr(args, k, None)
         if v is not None:
             out += [f"--{k.replace('_', '-')}", str(v)]
-    return out + [f for f, on in (("--no-calibrate", args.no_calibrate), ("--no-runs", args.no_runs)) if on]
+    flags = (("--no-calibrate", args.no_calibrate), ("--no-runs", args.no_runs),
+             ("--no-regime-map", getattr(args, "no_regime_map", False)))  # fmt: skip
+    return out + [f for f, on in flags if on]
 
 
 def _ladder_refs(args, ladders_by: dict) -> dict:
@@ -200,9 +207,11 @@ def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dic
     per = sum(r["planning_s"] for r in timed) / sum(r["decisions"] for r in timed) if timed else None
     if per is not None:
         print(f"\nplanning charged: {per * 1e3:.3f} ms per decision on average over {len(timed)} runs")
-    regime = regime_map(profile, ladders, floors, REGIME_TFLOPS, REGIME_MBITS, kv_mode=kv_mode)
-    print()
-    print(format_regime(regime))
+    regime = None
+    if not args.no_regime_map:
+        regime = regime_map(profile, ladders, floors, REGIME_TFLOPS, REGIME_MBITS, kv_mode=kv_mode)
+        print()
+        print(format_regime(regime))
     out = {
         "profile": profile.name,
         "profile_details": {

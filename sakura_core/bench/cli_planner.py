@@ -11,7 +11,7 @@ from pathlib import Path
 from ..files import atomic_write_json
 from .planner_bench import bench_case, format_planner_table
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["ROW_KEYS", "add_arguments", "read_before", "run"]
 
 
 def add_arguments(parser) -> None:
@@ -23,6 +23,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=7, help="seed of the synthetic random-walk link")
     parser.add_argument("--mean-mbit", type=float, default=30.0, help="the walk's starting rate, Mbit/s")
     parser.add_argument("--max-decisions", type=int, help="stop a case after this many decisions (for slow planners)")
+    parser.add_argument(
+        "--before", metavar="JSON", help="a planner JSON of an earlier planner, kept beside these rows"
+    )
 
 
 def _command(args) -> str:
@@ -33,7 +36,36 @@ def _command(args) -> str:
     return " ".join(parts)
 
 
+ROW_KEYS = ("steps", "layers", "decisions", "ms_per_decision_mean", "ms_per_decision_p99", "ms_per_decision_max",
+            "planning_s_per_edit", "complete", "planning_share_of_latency")  # fmt: skip
+
+
+def read_before(path: str) -> dict:
+    """An earlier planner's ``sakura bench planner`` JSON (its ``rows`` are kept beside the new ones); a clear
+    ValueError naming the file when it is not one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--before {path}: not a readable JSON file ({e})") from None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"--before {path}: no 'rows' list: give the JSON a `sakura bench planner --json` wrote")
+    for i, r in enumerate(rows):
+        missing = [k for k in ROW_KEYS if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise ValueError(f"--before {path}: row {i} lacks {missing}: give a `sakura bench planner` JSON")
+    data.pop("before", None)  # one earlier planner, not a chain
+    return data
+
+
 def run(args) -> int:
+    before = None
+    if args.before:
+        try:
+            before = read_before(args.before)
+        except ValueError as e:
+            print(f"sakura bench planner: {e}")
+            return 2
     try:
         steps = [int(s) for s in args.steps.split(",") if s.strip()]
     except ValueError:
@@ -52,8 +84,8 @@ def run(args) -> int:
           f"walk (seed {args.seed}, from {args.mean_mbit:g} Mbit/s); CPU time of the deciding thread on this host ({platform.processor() or platform.machine()})")  # fmt: skip
     print(format_planner_table(rows))
     out = {"cpu": platform.processor() or platform.machine(), "rows": rows, "command": _command(args)}
-    if args.before:
-        out["before"] = json.loads(Path(args.before).read_text())
+    if before is not None:
+        out["before"] = before
     atomic_write_json(args.json, out)
     print(f"wrote {args.json}")
     return 0
