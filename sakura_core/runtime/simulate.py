@@ -43,7 +43,11 @@ from .sim_cpu import CpuShare, PlanClock
 from .sim_link import SimLink
 from .sim_types import SimConfig, SimResult
 
-__all__ = ["KV_MODES", "SimConfig", "SimResult", "kv_mode_view", "simulate"]
+__all__ = ["KV_MODES", "RECHECK_MIN_S", "SimConfig", "SimResult", "kv_mode_view", "simulate"]
+
+# a waiting compute lane asks recompute_late again every cached-layer time, but no more often than this (a client's
+# timer; on a very fast device a multi-second stall would otherwise be millions of asks)
+RECHECK_MIN_S = 1e-3
 
 
 def kv_mode_view(profile: DeviceProfile, kv_mode: str) -> DeviceProfile:
@@ -186,8 +190,9 @@ class _Sim(SimLink, CpuShare):
 
     def _wait_or_recompute(self, layer: int) -> None:
         """The compute lane needs shard ``layer``: while it is not decoded, ask the policy (again every cached-layer
-        time of waiting, as a live client would) whether a template pass on the device is sooner; else stall."""
-        p = self.profile
+        time of waiting, at least :data:`RECHECK_MIN_S` apart, as a live client would) whether a template pass on the
+        device is sooner; else stall."""
+        recheck_s = max(self.profile.layer_cached_s, RECHECK_MIN_S)
         while not self.ready_by(layer, self.compute_t):
             self.now = self.compute_t
             late = self.policy.recompute_late(self.ctx, layer)
@@ -210,7 +215,7 @@ class _Sim(SimLink, CpuShare):
                     self.next_layer = self.L
                 return
             ready = self.wait_for(layer)
-            until = min(ready, self.compute_t + p.layer_cached_s)
+            until = min(ready, self.compute_t + recheck_s)
             if until > self.compute_t:
                 self.events.append({"lane": "stall", "start": self.compute_t, "end": until, "layer": layer,
                                     "level": "waiting for shard"})  # fmt: skip
