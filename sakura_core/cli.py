@@ -46,6 +46,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "sakura_core.fetch.cli_synth",
         "write synthetic development traces (random walks, on/off links with outages) for policy work",
     ),
+    ("bench", "planner"): (
+        "sakura_core.bench.cli_planner",
+        "the sakura policy's time per decision and per edit at 4x25, 28x25, 50x25 shards; JSON",
+    ),
+    ("bench", "readme"): (
+        "sakura_core.bench.cli_readme",
+        "regenerate the README's measured results from docs/results/*.json (--check: compare only)",
+    ),
     ("bench", "codec"): (
         "sakura_core.bench.cli_codec",
         "every KV codec and ladder level: size, error, PSNR, MB/s; JSON",

@@ -3,6 +3,7 @@ decode and compute on this CPU). Prints a table and writes JSON (and PNG plots w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -10,9 +11,11 @@ from pathlib import Path
 from ..fetch.traces import scan_traces
 from ..files import atomic_write_json
 from ..policy.policies import POLICIES
-from ..runtime.profiles import GEOMETRIES, PROFILES, get_profile, sources_table
-from ..runtime.simulate import KV_MODES, kv_mode_view
+from ..runtime.profiles import CPU_SLOWDOWN_SOURCE, GEOMETRIES, PROFILES, get_profile, sources_table
+from ..runtime.simulate import KV_MODES, SimConfig
+from .e2e_ladders import ladder_lines
 from .e2e_report import format_table, select_policies
+from .e2e_summary import FLUID_BOUND
 
 __all__ = ["add_arguments", "run"]
 
@@ -44,20 +47,36 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-calibrate", action="store_true", help="sim: skip the CPU calibration of the cost model")
     parser.add_argument("--json", required=True, help="write results here")
     parser.add_argument("--plots", help="folder for PNG plots")
-    parser.add_argument("--starts", type=int, default=3, help="start offsets per trace (sim; default %(default)s)")
+    parser.add_argument(
+        "--starts", type=int, default=3, help="start offsets per trace, evenly spaced over its length (sim; default "
+        "%(default)s; reported figures use >= 3)"
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=4, help="edit steps (sim: for the codec measurements)")
+    parser.add_argument(
+        "--ladders", metavar="DIR", help="sim: per-shard ladder files <geometry>.<kv_mode>.json: read the ones there, "
+        "measure and write the missing ones (default: measure all, keep none)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--planning", default="measured", help="sim: what each policy decision costs the phone: 'measured' (its CPU "
+        "time on this host x the profile's cpu_slowdown), 'off', or a fixed number of milliseconds"
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-runs", action="store_true", help="sim: leave the per-run rows out of the JSON (summaries only)"
+    )
+    parser.add_argument(
+        "--no-regime-map", action="store_true", help="sim: skip the regime map (link Mbit/s x device TFLOP/s; "
+        "its simulations on constant links outnumber the traces' runs)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--synth-layers", default="0,3", help="sim: demo layers synthesised at each geometry's shard size (the "
+        "codecs' size effects; default %(default)s)"
+    )  # fmt: skip
     parser.add_argument("--max-traces", type=int, default=3, help="live: traces to run (default %(default)s)")
     parser.add_argument("--shaping", choices=["inproc", "kernel"], default="inproc", help="live: link shaper")
 
 
 REGIME_TFLOPS = [0.05, 0.2, 1.0, 3.5, 14.0, 50.0]  # device effective TFLOP/s (phone CPU .. NPU and beyond)
 REGIME_MBITS = [1, 3, 10, 30, 100, 300, 1000]  # link Mbit/s
-
-
-def _print_by_class(by_class: dict) -> None:
-    for cls, part in by_class.items():
-        print(f"\n[{cls}] {part['traces']} traces")
-        print(format_table(part["summary"], part["ratios_vs_sakura"]))
 
 
 def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:
@@ -71,13 +90,39 @@ def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:
     trace = next(t for t in traces if t.name == pick.trace)
     names = [lv.name for lv in ladders["sakura"][0]]
     plot_trace_levels(trace, pick.decisions, names, plots / "trace_levels.png", pick.start_s, pick.latency_s)
-    plot_regime_map(regime, plots / "regime_map.png")
-    print(f"plots: {plots}/timeline.png, trace_levels.png, regime_map.png")
+    if regime is not None:
+        plot_regime_map(regime, plots / "regime_map.png")
+    print(f"plots: {plots}/timeline.png, trace_levels.png{', regime_map.png' if regime is not None else ''}")
+
+
+def _argv(args) -> list[str]:
+    """The sim command's options as given (the JSON records the command that made it)."""
+    keys = ("mode", "traces", "policies", "profile", "kv_mode", "geometry", "starts", "steps", "ladders", "planning",
+            "synth_layers")  # fmt: skip
+    out = []
+    for k in keys:
+        v = getattr(args, k, None)
+        if v is not None:
+            out += [f"--{k.replace('_', '-')}", str(v)]
+    flags = (("--no-calibrate", args.no_calibrate), ("--no-runs", args.no_runs),
+             ("--no-regime-map", getattr(args, "no_regime_map", False)))  # fmt: skip
+    return out + [f for f, on in flags if on]
+
+
+def _ladder_refs(args, ladders_by: dict) -> dict:
+    """The ladders the run used: their files and digests with ``--ladders``, else the ladders themselves."""
+    from .e2e_ladders import ladder_file
+
+    if not args.ladders:
+        return {f"{g}.{m}": lad.as_dict() for (g, m), lad in ladders_by.items()}
+    out = {}
+    for g, m in ladders_by:
+        path = ladder_file(args.ladders, g, m)
+        out[f"{g}.{m}"] = {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return out
 
 
 def _calibration(model, args) -> dict | None:
-    if args.no_calibrate:
-        return None
     from .calibrate import calibrate_cpu, format_calibration
 
     cal = calibrate_cpu(model)
@@ -98,9 +143,51 @@ def _combos(args) -> list[tuple[str, str, str]]:
     return [(m, g, p) for m in modes for g in geos for p in profs]
 
 
-def _simulate_combo(args, combo, traces, policies, rows, plots_dir) -> dict:
+def _sim_config(args) -> SimConfig:
+    arg = str(args.planning).strip()
+    if arg in ("measured", "off"):
+        return SimConfig(planning=arg)
+    try:
+        ms = float(arg)
+    except ValueError:
+        raise SystemExit(f"sakura bench e2e: --planning must be measured, off or milliseconds; got {arg!r}") from None
+    return SimConfig(planning="fixed", planning_s=ms / 1000)
+
+
+def _header(args, kv_mode, profile, lad, config) -> list[str]:
+    """What every table below rests on, stated (the issue-25 defaults)."""
+    g = profile.model
+    shards = f"{g.steps} steps x {g.layers} layers" if kv_mode == "per-step" else f"{g.layers} layers"
+    starts = f"every trace x {args.starts} start offsets, evenly spaced over its length"
+    lines = [
+        "SIMULATION. Every median and worst case below is over " + starts
+        + ("" if args.starts >= 3 else f" -- DEVELOPMENT RUN: --starts {args.starts} < 3, not a reported figure"),
+        f"ladders: one per shard ({shards}); {kv_mode} KV measured on the demo model; bytes and decode speed at this "
+        f"geometry's shard size ({g.template_tokens} tokens x {g.heads} x {g.head_dim}; demo layers synthesised by "
+        f"token mixing, no repeats for zstd){' from ' + args.ladders if args.ladders else ''}",
+        *ladder_lines(lad, g.shard_bytes_fp16, getattr(profile, "cpu_slowdown", 1.0)),
+    ]  # fmt: skip
+    if config.planning == "measured":
+        plan = f"each decision's CPU time on this host x {profile.cpu_slowdown:g} (the phone's CPU vs this one)"
+    elif config.planning == "fixed":
+        plan = f"{config.planning_s * 1e3:g} ms per decision (fixed)"
+    else:
+        plan = "NOT charged (--planning off)"
+    lines.append(f"planning charged: {plan}")
+    cores = profile.dit_cpu_cores
+    share = f"decode and planning threads each take 1 of the DiT's {cores} cores while they work"
+    lines.append(f"CPU sharing: {share if cores else f'none (the DiT runs on the {profile.soc})'}")
+    if profile.name.endswith("-cpu") or profile.name.endswith("-gpu"):
+        lines.append(f"the profile's CPU speed: {CPU_SLOWDOWN_SOURCE}")
+    lines.append("links: the trace itself for the trace-reading rules (cachegen, oracle); every other policy sees only "
+                 "what a client measures")  # fmt: skip
+    return lines
+
+
+def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dict:
     """One (kv_mode, geometry, profile): the simulation over every trace, tables and regime map printed."""
-    from .e2e import build_phone_ladders, measured_per_step_sakura, run_sim, summarize, summarize_by_class
+    from .e2e import cross_step_sakura, run_sim
+    from .e2e_summary import format_headline, summarize, summarize_by_class
     from .phone_scale import format_regime, regime_map
 
     kv_mode, geometry, name = combo
@@ -111,19 +198,31 @@ def _simulate_combo(args, combo, traces, policies, rows, plots_dir) -> dict:
         f"step {profile.step_cached_s:.3f} s, template pass {profile.template_pass_s:.3f} s; KV "
         f"{g.kv_bytes_fp16 / 2**20:.0f} MiB fp16 per template{' per step' if kv_mode == 'per-step' else ''}) ====="
     )
-    ladders, floors = build_phone_ladders(rows, kv_mode_view(profile, kv_mode).model)
+    lad = ladders_by[(geometry, kv_mode)]
+    config = _sim_config(args)
+    header = _header(args, kv_mode, profile, lad, config)
+    ladders, floors = lad.for_simulator()
     if kv_mode == "per-step" and getattr(args, "per_step_ladders", "measured") == "measured":
-        ladders["sakura"], floors["sakura"] = measured_per_step_sakura(rows, g)
-        print("sakura per-step ladders: measured on cross-step coded per-step KV (bench/per_step_ladders.json)")
-    for fam in ("sakura", "cachegen"):
-        print(f"quality floor {fam} (cheapest level with PSNR >= 35 dB): {ladders[fam][0][floors[fam]].name}")
-    runs = run_sim(traces, policies, profile, ladders, floors, args.starts, kv_mode=kv_mode)
+        ladders["sakura"], floors["sakura"] = cross_step_sakura(lad, g)
+        header.append("sakura per-step ladders: cross-step coded per-step KV (bench/per_step_ladders.json: bytes and "
+                      "PSNR per level and step, trained demo model), decode time per level from the ladders above")  # fmt: skip
+    print("\n".join(header))
+    runs = run_sim(traces, policies, profile, ladders, floors, args.starts, kv_mode=kv_mode, config=config)
     summary, ratios = summarize(runs)
     by_class = summarize_by_class(runs)
-    _print_by_class(by_class)
-    regime = regime_map(profile, ladders, floors, REGIME_TFLOPS, REGIME_MBITS, kv_mode=kv_mode)
-    print()
-    print(format_regime(regime))
+    for cls, part in by_class.items():
+        print(f"\n[{cls}] {part['traces']} traces")
+        print(format_table(part["summary"], part["ratios_vs_sakura"]))
+        print(format_headline(part["headline"]))
+    timed = [r for r in runs if r.get("decisions")]
+    per = sum(r["planning_s"] for r in timed) / sum(r["decisions"] for r in timed) if timed else None
+    if per is not None:
+        print(f"\nplanning charged: {per * 1e3:.3f} ms per decision on average over {len(timed)} runs")
+    regime = None
+    if not args.no_regime_map:
+        regime = regime_map(profile, ladders, floors, REGIME_TFLOPS, REGIME_MBITS, kv_mode=kv_mode)
+        print()
+        print(format_regime(regime))
     out = {
         "profile": profile.name,
         "profile_details": {
@@ -134,10 +233,20 @@ def _simulate_combo(args, combo, traces, policies, rows, plots_dir) -> dict:
             "layer_cached_s": profile.layer_cached_s,
             "layer_full_s": profile.layer_full_s,
             "template_pass_s": profile.template_pass_s,
+            "cpu_slowdown": profile.cpu_slowdown,
+            "dit_cpu_cores": profile.dit_cpu_cores,
         },  # fmt: skip
         "kv_mode": kv_mode,
         "geometry": g.name,
         "model": g.as_dict(),
+        "header": header,
+        "settings": {
+            "starts": args.starts,
+            "planning": config.planning,
+            "planning_s": config.planning_s,
+            "ladders": args.ladders,
+            "ladder_source": lad.source,
+        },  # fmt: skip
         "floors": floors,
         "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
         "summary": summary,
@@ -147,7 +256,7 @@ def _simulate_combo(args, combo, traces, policies, rows, plots_dir) -> dict:
     }
     if plots_dir:
         sub = Path(plots_dir) / f"{kv_mode}.{g.name}.{profile.name}" if len(_combos(args)) > 1 else plots_dir
-        _plots(sub, runs, traces, ladders, profile, regime)
+        _plots(sub, [r for r in runs if r["policy"] != FLUID_BOUND], traces, ladders, profile, regime)
     return out
 
 
@@ -159,32 +268,51 @@ def run(args) -> int:
         from .cli_live import run_live
 
         return run_live(args)
-    from ..models.edit_model import load_demo_model, load_image
-    from .e2e import measure_codec_levels
+    from ..models.edit_model import load_demo_model
+    from .e2e_ladders import load_or_measure_ladders
+    from .geometry_ladders import LadderConfig
 
     combos = _combos(args)
+    if args.starts < 1:
+        raise SystemExit(f"sakura bench e2e: --starts must be >= 1 (reported figures use >= 3), got {args.starts}")
+    try:
+        synth = tuple(int(x) for x in args.synth_layers.split(",") if x.strip())
+    except ValueError:
+        raise SystemExit(
+            f"sakura bench e2e: --synth-layers must be a comma list of layers, got {args.synth_layers!r}"
+        ) from None
     scan = scan_traces(args.traces, args.trace_classes)
     for path, why in scan.skipped:
         print(f"skipped {path}: {why}")
     policies = select_policies(args.policies, "sim")
     t0 = time.perf_counter()
-    model = load_demo_model()
-    size = model.spec.image_size
     print(sources_table())
-    print(f"SIMULATION at phone scale; codec costs measured now on the demo model ({model.weights_source})")
-    calibration = _calibration(model, args)
-    rows = measure_codec_levels(
-        model, load_image("astronaut", size), load_image("chelsea", size), "place it", args.steps, progress=print
-    )
-    results = [_simulate_combo(args, c, scan.traces, policies, rows, args.plots) for c in combos]
+    print("SIMULATION at phone scale; per-shard ladders measured on the demo model (bench/geometry_ladders.py)")
+    model = None
+
+    def demo_model():
+        nonlocal model
+        model = model or load_demo_model()
+        return model
+
+    calibration = None if args.no_calibrate else _calibration(demo_model(), args)
+    cfg = LadderConfig(steps=args.steps, synth_layers=synth)
+    pairs = list(dict.fromkeys((g, m) for m, g, _ in combos))
+    ladders_by = load_or_measure_ladders(pairs, args.ladders, cfg, demo_model)
+    results = [_simulate_combo(args, c, scan.traces, policies, ladders_by, args.plots) for c in combos]
     common = {
         "mode": "sim",
-        "label": "SIMULATION (discrete-event, phone-scale model, codec costs measured in this run)",
+        "label": "SIMULATION (discrete-event, phone-scale model, ladders measured on the demo model)",
+        "command": "sakura bench e2e " + " ".join(_argv(args)),
+        "argv": _argv(args),
         "calibration": calibration,
-        "codec_levels": rows,
+        "ladders": _ladder_refs(args, ladders_by),
         "skipped_traces": [{"path": p, "reason": why} for p, why in scan.skipped],
         "seconds": round(time.perf_counter() - t0, 1),
     }
+    if args.no_runs:
+        for r in results:
+            r.pop("runs")
     out = {**common, **results[0]} if len(results) == 1 else {**common, "results": results}
     atomic_write_json(args.json, json.loads(json.dumps(out, default=float)))
     print(f"wrote {args.json}")

@@ -8,7 +8,6 @@ model's real KV (every codec, every level), then scaled to the phone-class DiT o
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 
 import numpy as np
@@ -19,17 +18,18 @@ from ..metrics import psnr_tokens as psnr_db
 from ..models.edit_model import EditModel
 from ..models.kv_types import TemplateKV
 from ..policy.ladder import Level
-from ..policy.policies import POLICIES, make_policy
+from ..policy.policies import make_policy
 from ..runtime.denoise import run_edit
-from ..runtime.oracle import simulate_oracle
+from ..runtime.oracle import fluid_bound, simulate_oracle
 from ..runtime.profiles import PHONE_DIT, DeviceProfile, DitGeometry
-from ..runtime.simulate import kv_mode_view, simulate
+from ..runtime.simulate import SimConfig, kv_mode_view, simulate
+from .e2e_summary import FLUID_BOUND, summarize, summarize_by_class  # the summaries: re-exported here
 from .phone_scale import measure_phone_decode
 
 __all__ = [
     "CodecLevel",
     "build_phone_ladders",
-    "measured_per_step_sakura",
+    "cross_step_sakura",
     "measure_codec_levels",
     "quality_floor",
     "psnr_db",
@@ -145,18 +145,23 @@ def build_phone_ladders(rows: list[CodecLevel], geometry: DitGeometry = PHONE_DI
     return ladders, floors
 
 
-def measured_per_step_sakura(rows: list[CodecLevel], geometry: DitGeometry) -> tuple[list, int]:
+def cross_step_sakura(lad, geometry: DitGeometry) -> tuple[list, int]:
     """SAKURA's per-step ladders (steps x layers shards of ``geometry``) from the per-step measurement shipped in
-    ``per_step_ladders.json`` (cross-step coded per-step KV: step s's bytes and the PSNR of every level), decode
-    speeds from the phone-scale rows measured in this run; and the floor (cheapest level with PSNR >= 35 dB)."""
+    ``per_step_ladders.json`` (cross-step coded per-step KV: step s's bytes and the PSNR of every level), each level's
+    decode time from ``lad`` (the geometry's :class:`~sakura_core.runtime.sim_ladders.ShardLadders`: its sakura
+    family at the same level name); and the floor (cheapest level with PSNR >= 35 dB)."""
     from .per_step_ladders import load, per_step_ladders
 
     data = load()
-    speed = {r["name"]: r.get("phone_decode_bytes_per_s", r["decode_bytes_per_s"]) for r in rows
-             if r["family"] in ("sakura", "fp16")}  # fmt: skip
+    if data["steps"] != geometry.steps:
+        raise ValueError(f"per_step_ladders.json is measured for {data['steps']} steps, {geometry.name} runs "
+                         f"{geometry.steps}: measure it for this schedule or use --per-step-ladders single")  # fmt: skip
+    fam = lad.families["sakura"]
+    speed = {name: geometry.shard_bytes_fp16 / fam.decode_s[0][j] for j, name in enumerate(fam.levels)}
     missing = [lv["name"] for lv in data["levels"] if lv["name"] not in speed]
     if missing:
-        raise ValueError(f"per_step_ladders.json names levels {missing} this run did not measure: re-measure it")
+        raise ValueError(f"per_step_ladders.json names levels {missing} the {lad.geometry} ladders do not have "
+                         f"({list(fam.levels)}): re-measure the ladders (delete the file) or per_step_ladders.json")  # fmt: skip
     ladders = per_step_ladders(data, geometry.shard_bytes_fp16, geometry.layers, speed)
     return ladders, quality_floor([lv["psnr_db"] for lv in data["levels"]], PSNR_TARGET_DB)
 
@@ -170,19 +175,26 @@ def run_sim(
     starts_per_trace: int = 3,
     progress=None,
     kv_mode: str = "single",
+    config: SimConfig | None = None,
 ) -> list[dict]:
-    """Every policy on every trace at ``starts_per_trace`` evenly spaced start offsets. ``ladders`` must match the
-    shard count (``kv_mode_view(profile, kv_mode).model``: steps x layers shards in per-step mode); the simulator
-    runs the real protocol on ``profile`` (one split per step in per-step mode)."""
+    """Every policy on every trace at ``starts_per_trace`` evenly spaced start offsets (the trace's length split in
+    equal parts). ``ladders`` must match the shard count (``kv_mode_view(profile, kv_mode).model``: steps x layers
+    shards in per-step mode); the simulator runs the real protocol on ``profile`` (one split per step in per-step
+    mode) with ``config`` (planning charges). Each (trace, start) also gets a ``fluid-bound`` row: the fluid lower
+    bound (:func:`~sakura_core.runtime.oracle.fluid_bound`)."""
     kv_mode_view(profile, kv_mode)  # validates kv_mode
     runs = []
     for trace in traces:
         for i in range(starts_per_trace):
             start = trace.period_s * i / starts_per_trace
+            bound = fluid_bound(trace, kv_mode_view(profile, kv_mode), ladders, floors, start)
+            runs.append({"trace": trace.name, "trace_class": trace.trace_class or "other", "start_s": round(start, 3),
+                         "policy": FLUID_BOUND, "latency_s": bound, "bytes_fetched": 0, "psnr_db": float("nan"),
+                         "split_layer": 0, "splits": [], "peak_kv_bytes": 0})  # fmt: skip
             for name in policies:
                 pol = make_policy(name)
                 sim = simulate_oracle if name == "oracle" else simulate
-                r = sim(pol, trace, profile, ladders, floors, start)
+                r = sim(pol, trace, profile, ladders, floors, start, config)
                 runs.append(
                     {
                         "trace": trace.name,
@@ -195,51 +207,12 @@ def run_sim(
                         "split_layer": int(r.split_layer),
                         "splits": [int(k) for k in r.splits],  # one per step in per-step mode
                         "peak_kv_bytes": int(r.peak_kv_bytes),  # decoded template KV held at once, at most
+                        "planning_s": float(r.planning_s),  # the phone's time charged for the decisions
+                        "decisions": int(r.decisions_timed),
+                        "contention_s": float(r.contention_s),  # the DiT's loss to decode / planning threads
                         "_result": r,
                     }
                 )
         if progress:
             progress(f"trace {trace.name}: {len(policies)} policies x {starts_per_trace} starts")
     return runs
-
-
-def summarize_by_class(runs: list[dict]) -> dict[str, dict]:
-    """:func:`summarize` per trace class (3G, 4G, broadband, 5G, other; classes with no run left out), plus "all"."""
-    from ..fetch.trace_classes import TRACE_CLASSES
-
-    out = {}
-    for cls in TRACE_CLASSES:
-        sub = [r for r in runs if r.get("trace_class", "other") == cls]
-        if sub:
-            summary, ratios = summarize(sub)
-            out[cls] = {"traces": len({r["trace"] for r in sub}), "summary": summary, "ratios_vs_sakura": ratios}
-    summary, ratios = summarize(runs)
-    out["all"] = {"traces": len({r["trace"] for r in runs}), "summary": summary, "ratios_vs_sakura": ratios}
-    return out
-
-
-def summarize(runs: list[dict]) -> tuple[dict, dict]:
-    """Per policy: median / p90 latency, median PSNR, median peak of the template KV held; and per-run latency
-    ratios vs sakura."""
-    summary, ratios = {}, {}
-    by_key = {(r["trace"], r["start_s"], r["policy"]): r for r in runs}
-    for name in sorted({r["policy"] for r in runs}, key=list(POLICIES).index):
-        lat = [r["latency_s"] for r in runs if r["policy"] == name]
-        summary[name] = {
-            "median_latency_s": statistics.median(lat),
-            "p90_latency_s": float(np.percentile(lat, 90)),
-            "median_psnr_db": statistics.median(r["psnr_db"] for r in runs if r["policy"] == name),
-            "median_peak_kv_bytes": statistics.median(r.get("peak_kv_bytes", 0) for r in runs if r["policy"] == name),
-        }
-        rel = [
-            r["latency_s"] / by_key[(r["trace"], r["start_s"], "sakura")]["latency_s"]
-            for r in runs
-            if r["policy"] == name and (r["trace"], r["start_s"], "sakura") in by_key
-        ]
-        if rel:
-            ratios[name] = {
-                "median_ratio_vs_sakura": statistics.median(rel),
-                "min_ratio_vs_sakura": min(rel),
-                "max_ratio_vs_sakura": max(rel),
-            }
-    return summary, ratios

@@ -86,6 +86,12 @@ class Policy:
         """``(layer, level)`` to refine with its progressive enhancement, or None."""
         return None
 
+    def worth_asking(self, ctx: Context, shards: list[int]) -> list[int]:
+        """Of the deferred ``shards`` (in order), those worth asking ``choose`` about again now: a policy may leave
+        out shards its ``choose`` would defer again at this moment (an optimisation that never changes a decision:
+        a runtime asks each deferred shard again while the link would idle). Default: all of them."""
+        return shards
+
     def recompute_late(self, ctx: Context, layer: int) -> bool:
         """The template is dropped and shard ``layer`` is not ready: give up on the link and run a template-only
         pass on the device (all layers' KV)? Baselines wait."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
+
 from ..fetch.traces import Trace
 from .estimator import ThroughputEstimator
 from .ladder import Level
@@ -64,8 +66,9 @@ class PolicyState(Protocol):
         """Throughput estimator fed with completed transfers (bytes/s)."""
 
     @property
-    def trace(self) -> Trace:
-        """The link's rate over time; only the trace-reading policies (cachegen's rule, the oracle) use it."""
+    def trace(self) -> Trace | None:
+        """The link's rate over time, or None for a live link with no trace (nothing to read: the trace-reading rules
+        then use the estimator's rate); only the trace-reading policies (cachegen's rule, the oracle) use it."""
 
     @property
     def rtt_s(self) -> float:
@@ -152,6 +155,8 @@ class Context:
                 "give it those attributes (see sakura_core.policy.context.PolicyState)"
             )
         self._s = state
+        self._floor_arrays: tuple[np.ndarray, np.ndarray] | None = None
+        self._per_step: bool | None = None
 
     # static
     @property
@@ -174,12 +179,29 @@ class Context:
         return self._s.estimator
 
     @property
-    def trace(self) -> Trace:
+    def trace(self) -> Trace | None:
         return self._s.trace
+
+    @property
+    def has_trace(self) -> bool:
+        """The link's future is known (a trace: the simulator, or a live link shaped by a trace); False on a live
+        link, where a rule that reads the link gets the estimator's rate instead (never a made-up constant)."""
+        return self._s.trace is not None
 
     def ladder(self, layer: int) -> list[Level]:
         """Shard ``layer``'s levels, cheapest first."""
         return self._s.ladders[layer]
+
+    def floor_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes, decode seconds) of every shard's floor level, as (shards,) arrays (computed once: the ladders
+        and the floor are fixed for the edit). Callers must not write into them."""
+        if self._floor_arrays is None:
+            fl, lads = self._s.floor, self._s.ladders
+            nb = np.array([lad[fl].nbytes for lad in lads], dtype=float)
+            dec = np.array([lad[fl].decode_s for lad in lads], dtype=float)
+            nb.flags.writeable = dec.flags.writeable = False
+            self._floor_arrays = (nb, dec)
+        return self._floor_arrays
 
     # dynamic
     @property
@@ -220,13 +242,6 @@ class Context:
         """The user's latency target for the whole edit (seconds), or None."""
         return self._s.latency_target_s
 
-    def predicted_finish(self, rate: float | None) -> float:
-        """Predicted end of the whole edit (all steps, seconds) from here, shards at the floor level."""
-        p, c = self.profile, self._s.compute_layer
-        drop = self.best_drop(c, rate) if self._s.template_alive else c
-        step0 = self.predicted_step0_finish(c, drop, rate)
-        return step0 + (p.model.steps - 1) * self.num_layers * p.layer_cached_s + p.fixed_s
-
     @property
     def decided_upto(self) -> int:
         """Shards below this index have had their fetch decision."""
@@ -249,7 +264,9 @@ class Context:
     @property
     def per_step(self) -> bool:
         """The KV is per (step, layer): shard g serves step ``g // L`` only and the template restarts every step."""
-        return len(self._s.ladders) > self.layers_per_step
+        if self._per_step is None:  # fixed for the edit (the ladders and L are)
+            self._per_step = len(self._s.ladders) > self.layers_per_step
+        return self._per_step
 
     def step_of(self, shard: int) -> int:
         """The denoising step shard ``shard`` (= step * L + layer) belongs to (0 in single mode)."""
@@ -289,6 +306,25 @@ class Context:
         pred = self._s.in_flight.get(shard)
         return None if pred is None else float(pred)
 
+    def known_ready_array(self) -> np.ndarray:
+        """:meth:`known_ready` of every shard as a (shards,) array, NaN where None (a fresh array). A state may
+        provide it itself (``known_ready_array()``, same meaning) when it can do so without a dict per shard."""
+        fast = getattr(self._s, "known_ready_array", None)
+        if fast is not None:
+            return fast()
+        out = np.full(self.num_layers, np.nan)
+        now = self._s.now + 1e-12
+        for g, t in self._s.in_flight.items():
+            out[g] = t
+        for g, got in self._s.got.items():
+            if got and got[0][1] <= now:
+                out[g] = got[0][1]
+        return out
+
+    def pending_shards(self) -> list[int]:
+        """Shards requested and not decoded by now, in shard order."""
+        return sorted(g for g in self._s.in_flight if not self.ready(g))
+
     def link_progress(self) -> tuple[float, float, float] | None:
         """The transfer in progress: (seconds since requested, bytes received so far, its size), or None (idle link,
         or a state that does not report progress)."""
@@ -314,7 +350,10 @@ class Context:
         return float(self._s.start_s)
 
     def link_rate_now(self) -> float:
-        """The trace's rate (bytes/s) at ``now``, on the edit's clock (start offset included)."""
+        """The trace's rate (bytes/s) at ``now``, on the edit's clock (start offset included); without a trace, the
+        estimator's harmonic mean (what a client measures)."""
+        if self._s.trace is None:
+            return self.estimator.harmonic()
         return self._s.trace.rate_at(self.trace_offset_s + self._s.now)
 
     def fmt_rate(self, rate: float | None) -> str:
@@ -324,6 +363,8 @@ class Context:
         """When ``nbytes`` requested at ``start`` (seconds) arrive: RTT + bytes at ``rate`` (None = the real trace).
         The one place where predictions read the trace."""
         t0 = start + self._s.rtt_s
+        if rate is None and self._s.trace is None:
+            raise ValueError("exact transfer times need a trace; this link has none (use an estimated rate)")
         if rate is None:  # the trace is read at offset + t, like the simulator's own transfers
             off = self.trace_offset_s
             return self._s.trace.finish_time(off + t0, nbytes) - off
@@ -333,44 +374,6 @@ class Context:
         """When ``level`` of shard ``layer`` would be decoded if requested as soon as the link is free (seconds)."""
         arrive = self.transfer_end(max(self._s.link_free, self._s.now), level.nbytes, rate)
         return max(arrive, self._s.decoder_free) + level.decode_s
-
-    def expected_ready(self, layer: int, rate: float | None) -> float:
-        """Predicted decode time of ``layer``'s first level (queued behind the shards before it at the floor)."""
-        got = self._s.got.get(layer)
-        if got:
-            return got[0][1]
-        if layer in self._s.in_flight:
-            return self._s.in_flight[layer]
-        t = max(self._s.link_free, self._s.now)
-        for x in range(self._s.next_layer, layer + 1):
-            t = self.transfer_end(t, self.ladder(x)[self.floor].nbytes, rate)
-        return max(t, self._s.decoder_free) + self.ladder(layer)[self.floor].decode_s
-
-    def predicted_step0_finish(self, layer: int, drop: int, rate: float | None) -> float:
-        """Predicted end of step 0 (seconds) if compute (now at ``layer``) keeps the template up to ``drop`` and
-        then uses shards; shards not yet requested are fetched from ``drop`` on, back to back, at the floor level."""
-        p, s = self.profile, self._s
-        t = s.now + (drop - layer) * p.layer_full_s
-        link = max(s.link_free, s.now)
-        dec = s.decoder_free
-        for x in range(drop, self.num_layers):
-            got = s.got.get(x)
-            if got:
-                ready = got[0][1]
-            elif x in s.in_flight:
-                ready = s.in_flight[x]
-            else:
-                lv = self.ladder(x)[self.floor]
-                link = self.transfer_end(link, lv.nbytes, rate)
-                dec = max(link, dec) + lv.decode_s
-                ready = dec
-            t = max(t, ready) + p.layer_cached_s
-        return t
-
-    def best_drop(self, layer: int, rate: float | None) -> int:
-        """The drop point (>= ``layer``) with the earliest predicted step-0 finish (the first on ties)."""
-        finishes = [self.predicted_step0_finish(layer, d, rate) for d in range(layer, self.num_layers + 1)]
-        return layer + min(range(len(finishes)), key=finishes.__getitem__)
 
     def template_eta(self, layer: int) -> float:
         """When compute reaches ``layer`` (seconds) if it keeps running the template tokens from where it is."""

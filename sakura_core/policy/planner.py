@@ -4,13 +4,20 @@ A plan is one template split ``k_s`` per remaining step: step ``s`` runs the tem
 ``< k_s`` on the device and uses the fetched shards ``(s, l >= k_s)``; shards are fetched back to back in
 execution order (later steps prefetched while earlier ones compute) at the floor level. :class:`Snapshot` takes
 what is known at one moment (decoded shards, predicted in-flight ones, the compute position) and predicts the
-edit's finish for a split vector in O(shards) with numpy: arrivals are a cumulative sum at a constant rate, the
-decode lane and each step's compute lane are max-plus recurrences. :func:`best_plan` searches the split vector by
-coordinate descent (every split of one step with the others fixed, from the best uniform split); re-planned at
-every decision, so estimation error is corrected as transfers complete (RobustMPC's receding horizon).
+edit's finish for a split vector in O(shards) numpy operations: arrivals are a cumulative sum at a constant rate,
+the decode lane and the compute lane max-plus recurrences, each a running maximum.
 
-With ``rate=None`` transfers follow the trace exactly (the oracle's static search), one shard at a time.
-In ``single`` KV mode there is one plan step (step 0's split); later steps run cached.
+The search (:func:`best_plan`) is O(shards) numpy work per candidate family, not a search over split vectors.
+Front-loading is optimal when the shards still to fetch cost the same (swap a fetched shard with a later
+template layer: the layers between start later and their shards arrive no later, so no wait grows), so the plan
+is a *cut*: the current step's split ``k``, then every later layer up to a cut position ``P`` on the device and
+every one from ``P`` on fetched. For each ``k``, the finish of every ``P`` at once is a few running maxima
+(:meth:`Snapshot.cut_finishes`); the best (k, P), the best uniform split and the previous plan are compared with
+the exact :meth:`Snapshot.finish`. Cost per decision: O((L + 1) x shards) numpy work, L the layers per step.
+
+With ``rate=None`` transfers follow the trace exactly (the oracle's static search), one shard at a time; there the
+cut is searched by exact evaluation and refined by coordinate descent over each step's split (the oracle runs
+once per edit). In ``single`` KV mode there is one plan step (step 0's split); later steps run cached.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import numpy as np
 from .context import Context
 
 __all__ = ["Plan", "Snapshot", "best_plan"]
+
+_NEG = -np.inf
 
 
 @dataclass(frozen=True)
@@ -36,9 +45,17 @@ class Plan:
         return self.splits[step - self.first_step]
 
 
+def _suffix_max(x: np.ndarray) -> np.ndarray:
+    """``out[i] = max(x[i:])`` (``-inf`` past the end: one extra element)."""
+    out = np.full(x.size + 1, _NEG)
+    if x.size:
+        out[:-1] = np.maximum.accumulate(x[::-1])[::-1]
+    return out
+
+
 class Snapshot:
     """What is known now, frozen for the search. ``rate``: bytes/s for transfers not yet decoded (None = the trace).
-    ``nbytes`` overrides the floor size of the next undecided shard (level choice)."""
+    ``fetch_from`` overrides the next undecided shard (the one a level choice is about)."""
 
     def __init__(self, ctx: Context, rate: float | None, fetch_from: int | None = None):
         p = ctx.profile
@@ -47,61 +64,62 @@ class Snapshot:
         self.per_step = ctx.per_step
         self.S = ctx.steps if self.per_step else 1
         self.F, self.C = p.layer_full_s, p.layer_cached_s
+        cores = int(getattr(p, "dit_cpu_cores", 0))
+        self.share = 1.0 / cores if cores else 0.0  # a decode on the DiT's cores costs it decode_s / cores
         self.tail = p.fixed_s + (0.0 if self.per_step else (p.model.steps - 1) * self.L * p.layer_cached_s)
         self.c = ctx.compute_layer
         self.cs, self.l0 = ctx.step_of(self.c), ctx.layer_of(self.c)
         self.alive = ctx.template_alive
         self.ct = max(ctx.compute_t, ctx.now)
         self.rtt = ctx.rtt_s
-        fl = ctx.floor
-        self.nb = np.array([ctx.ladder(g)[fl].nbytes for g in range(self.N)], dtype=float)
-        self.dec = np.array([ctx.ladder(g)[fl].decode_s for g in range(self.N)], dtype=float)
-        known = np.full(self.N, np.nan)
-        for g in range(self.c, self.N):
-            r = ctx.known_ready(g)
-            if r is not None:
-                known[g] = r
-        self.known = known
+        self.nb, self.dec = ctx.floor_arrays()
+        known = ctx.known_ready_array()  # (N,) decoded-at or predicted ready time; nan = not requested
+        known[: self.c] = np.nan
         prog = ctx.link_progress()
         if prog is not None and rate is not None:  # in-flight shards: no sooner than the link's progress allows
-            pending = [g for g in range(self.c, self.N) if not np.isnan(known[g]) and not ctx.ready(g)]
+            pending = [g for g in ctx.pending_shards() if g >= self.c]
             t = ctx.now + max(prog[2] - prog[1], 0.0) / rate
             for i, g in enumerate(pending):
                 t = t if i == 0 else t + self.rtt + self.nb[g] / rate
                 known[g] = max(known[g], t + self.dec[g])
+        self.known = known
+        # the compute lane's cost of a fetched layer: cached, plus its shard's decode share when the DiT shares the CPU
+        self.cf = self.C + self.share * np.where(np.isnan(known), self.dec, 0.0)
         self.link0 = max(ctx.now, ctx.link_busy_until())
         self.nl = ctx.decided_upto if fetch_from is None else fetch_from
         self.layer = np.arange(self.N) % self.L
         self.step = np.arange(self.N) // self.L if self.per_step else np.zeros(self.N, dtype=int)
+        self._ksuf: np.ndarray | None = None
 
     def lows(self) -> list[int]:
         """Smallest split each plan step may take (the current step cannot undo layers already run)."""
         lo = [0] * (self.S - self.cs)
-        lo[0] = self.l0 if self.alive else self.l0
+        lo[0] = self.l0
         return lo
+
+    def _need(self, splits) -> np.ndarray:
+        """(N,) bool: shards the plan ``splits`` fetches (from the compute position on)."""
+        k = np.array(splits, dtype=int)
+        if not self.alive:
+            k[0] = self.l0
+        kk = np.concatenate([np.full(self.cs, self.L), k])  # earlier steps: nothing needed
+        need = self.layer >= kk[self.step]
+        need[: self.c] = False
+        return need
 
     def pending(self, splits) -> int:
         """Shards the plan ``splits`` still needs that are not requested yet."""
-        k = np.concatenate([np.full(self.cs, self.L), np.array(splits, dtype=int)])
-        need = self.layer >= k[self.step]
-        need[: self.c] = False
-        return int(np.count_nonzero(need & np.isnan(self.known)))
+        return int(np.count_nonzero(self._need(splits) & np.isnan(self.known)))
 
     def finish(self, splits, first_nbytes: float | None = None, first_dec: float | None = None,
                upto_step: int | None = None) -> float:  # fmt: skip
         """Predicted end of the edit (seconds) with ``splits`` for steps cs.. (the current step's is ignored once
         the template is dropped); ``first_nbytes`` / ``first_dec``: the next undecided shard at another level;
         ``upto_step``: the end of that step instead (no tail)."""
-        L, c = self.L, self.c
-        k = np.array(splits, dtype=int)
-        if not self.alive:
-            k[0] = self.l0
-        kk = np.concatenate([np.full(self.cs, L), k])  # earlier steps: nothing needed
-        need = self.layer >= kk[self.step]
-        need[:c] = False
-        unknown = need & np.isnan(self.known)
+        need = self._need(splits)
+        end = self.N if upto_step is None else min(self.N, (upto_step + 1) * self.L if self.per_step else self.N)
         ready = self.known.copy()
-        idx = np.nonzero(unknown)[0]
+        idx = np.nonzero(need & np.isnan(self.known))[0]
         if idx.size:
             nb, d = self.nb[idx], self.dec[idx]
             pos = int(np.searchsorted(idx, self.nl))
@@ -112,16 +130,12 @@ class Snapshot:
             arrive = self._arrivals(nb)
             dc = np.cumsum(d)
             ready[idx] = dc + np.maximum(np.maximum.accumulate(arrive - (dc - d)), self.link0)
-        t = self.ct
-        last = self.S if upto_step is None else upto_step + 1
-        for i, s in enumerate(range(self.cs, last)):
-            start = self.l0 if i == 0 else 0
-            ks = max(int(k[i]), start)
-            base = s * L
-            t += (ks - start) * self.F if (i > 0 or self.alive) else 0.0
-            if ks < L:
-                r = ready[base + ks : base + L] + self.C * np.arange(L - ks, 0, -1)
-                t = max(t + (L - ks) * self.C, float(r.max()))
+        # the compute lane from the compute position: a template layer costs F and never waits, a fetched one
+        # costs C once its shard is ready: the end = max(start + all work, max over fetched (ready + work from it))
+        cost = np.where(need[self.c : end], self.cf[self.c : end], self.F)
+        work_from = np.cumsum(cost[::-1])[::-1]  # work from each slot to the end
+        r = ready[self.c : end][need[self.c : end]] + work_from[need[self.c : end]]
+        t = max(self.ct + float(work_from[0]) if work_from.size else self.ct, float(r.max()) if r.size else _NEG)
         return t if upto_step is not None else t + self.tail
 
     def _arrivals(self, nb: np.ndarray) -> np.ndarray:
@@ -133,37 +147,141 @@ class Snapshot:
             out[i] = t
         return out
 
+    def cut_table(self, k0s) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The best cut plan for each current-step split in ``k0s`` (constant rate only), for both cut families
+        (``use_known`` False, True): (cut index, finish) per split. A cut ``i`` runs the later steps' layers on the
+        device from the next step's start ``e0`` to ``e0 + i`` and fetches every later shard from there; with
+        ``use_known``, a step on the device still uses the shards at the end of it that are decoded or on their way
+        (its split is where they start). The finish of every cut at once is a few running maxima (the module
+        docstring): O(shards) numpy work per split."""
+        L, N, F = self.L, self.N, self.F
+        e0 = min((self.cs + 1) * L, N) if self.per_step else N
+        unk = np.isnan(self.known)
+        wf = np.concatenate([np.cumsum(self.cf[::-1])[::-1], [0.0]])  # wf[g]: fetched work from g to the end
+        tau = np.where(unk, self.rtt + self.nb / self.rate, 0.0)
+        dd = np.where(unk, self.dec, 0.0)
+        U = np.concatenate([[0.0], np.cumsum(tau)])  # U[g]: link time of the unknown shards before g
+        Dc = np.concatenate([[0.0], np.cumsum(dd)])
+        pre = self._current_steps(k0s, e0, unk, U, Dc, dd)
+        t_pre, r_pre, u_pre = pre[:, :1], pre[:, 1:2], pre[:, 2:3]  # (splits, 1) each
+        g, P = np.arange(e0, N), np.arange(e0, N + 1)
+        ug = unk[g]
+        sm = _suffix_max(np.where(ug, Dc[g + 1] + wf[g], _NEG))  # decode-bound, from each g on
+        sv = _suffix_max(np.where(ug, U[g + 1] - Dc[g] + sm[:-1], _NEG))  # link-bound
+        sk = _suffix_max(np.where(ug, _NEG, self.known[g] + wf[g]))  # shards already on their way
+        # the terms that do not depend on the cut family: (splits, cuts)
+        shared = np.maximum(r_pre + (sm - Dc[P]), u_pre + (self.link0 - U[P] + sv))
+        out = []
+        for use_known in (False, True):
+            ks = self.known_suffix()[e0:] if use_known else np.zeros(g.size, dtype=bool)
+            cb = np.concatenate([[0.0], np.cumsum(np.where(ks, self.cf[e0:], F))])  # device work on [e0, P)
+            after = cb + wf[P]  # work from the next step's start to the end
+            rest = sk
+            if use_known:  # the known suffixes of steps on the device: their shards are used
+                pk = np.concatenate([[_NEG], np.maximum.accumulate(np.where(ks, self.known[g] - cb[:-1], _NEG))])
+                rest = np.maximum(sk, pk + after)
+            t = np.maximum(np.maximum(t_pre + after, rest), shared)
+            best = np.argmin(t, axis=1)
+            out.append((best, t[np.arange(len(pre)), best] + self.tail))
+        return out
+
+    def known_suffix(self) -> np.ndarray:
+        """(N,) bool: shards decoded or on their way whose later layers in the same step all are too."""
+        if self._ksuf is None:
+            k = (~np.isnan(self.known)).reshape(self.S, self.N // self.S)[:, ::-1]
+            self._ksuf = np.logical_and.accumulate(k, axis=1)[:, ::-1].reshape(-1)
+        return self._ksuf
+
+    def _current_steps(self, k0s, e0: int, unk, U, Dc, dd) -> np.ndarray:
+        """(splits, 3): for each current-step split k0 (the template on [c, a), shards on [a, e0), a = step start +
+        k0): when the step's compute ends, when the decoder is free after its shards, their link time (seconds).
+        One (splits x layers) array: the current step has at most L slots."""
+        F, c = self.F, self.c
+        wf = np.concatenate([np.cumsum(self.cf[c:e0][::-1])[::-1], [0.0]])  # fetched work from each slot to e0
+        a = np.maximum(self.cs * self.L + np.asarray(k0s, dtype=int), c)[:, None]  # (splits, 1)
+        g = np.arange(c, e0)[None, :]  # (1, slots)
+        fetched = g >= a
+        uk = fetched & unk[g]
+        arr = self.link0 + U[g + 1] - U[a]
+        dc = np.where(uk, Dc[g + 1] - Dc[a], 0.0)
+        lane = np.maximum.accumulate(np.where(uk, arr - (dc - dd[g]), _NEG), axis=1)
+        ru = np.where(uk, dc + np.maximum(lane, self.link0), _NEG)
+        ready = np.where(uk, ru, np.where(fetched, self.known[g], _NEG))
+        wait = np.max(ready + wf[:-1], axis=1, initial=_NEG) if g.size else np.full(a.shape[0], _NEG)
+        t_pre = np.maximum(self.ct + (a[:, 0] - c) * F + wf[a[:, 0] - c], wait)
+        r_pre = np.maximum(np.max(ru, axis=1, initial=_NEG) if g.size else _NEG, self.link0)
+        return np.stack([t_pre, r_pre, U[e0] - U[a[:, 0]]], axis=1)
+
+    def cut_splits(self, k0: int, i: int, use_known: bool = False) -> tuple[int, ...]:
+        """The split vector of the current-step split ``k0`` and cut ``i`` (see :meth:`cut_table`)."""
+        L = self.L
+        ks = self.known_suffix().reshape(self.S, -1) if use_known else None
+        out = [k0 if self.alive else self.l0]
+        for s in range(self.cs + 1, self.S):
+            k = min(max(L * (self.cs + 1) + i - s * L, 0), L)
+            if ks is not None and ks[s].any():
+                k = min(k, int(ks[s].argmax()))  # where the step's known suffix starts
+            out.append(k)
+        return tuple(out)
+
 
 def best_plan(snap: Snapshot, init: tuple[int, ...] | None = None, rounds: int = 2) -> Plan:
-    """The split vector with the earliest predicted finish: best uniform split (or ``init``), then coordinate
-    descent over each step's split."""
+    """The split vector with the earliest predicted finish: the best cut plan (every current-step split, every cut
+    of the later steps, with and without the shards already on their way) or ``init`` (the previous plan, which
+    wins ties). With exact transfer times (``rate=None``: the oracle's one search per edit) the cuts and the uniform
+    splits are evaluated exactly, and the best uniform split and the best cut are each refined by coordinate
+    descent over every step's split."""
     n, L = snap.S - snap.cs, snap.L
     lo = snap.lows()
-
-    def clip(v):
-        return tuple(max(lo[i], min(L, int(x))) for i, x in enumerate(v))
-
-    best, best_t = None, float("inf")
-    cands = [clip([k] * n) for k in range(L + 1)]
+    k0s = list(range(lo[0], L + 1)) if snap.alive else [snap.l0]
+    if snap.rate is not None:  # the cut plans' finishes come from the closed form (equal to finish(): tested)
+        best, best_t = None, float("inf")
+        if init is not None and len(init) == n:
+            best = tuple(max(lo[i], min(L, int(x))) for i, x in enumerate(init))
+            best_t = snap.finish(best)
+        for use_known, (cuts, finishes) in zip((False, True), snap.cut_table(k0s), strict=True):
+            j = int(np.argmin(finishes))
+            if finishes[j] < best_t - 1e-12:
+                best, best_t = snap.cut_splits(k0s[j], int(cuts[j]), use_known), float(finishes[j])
+        return Plan(snap.cs, best, best_t)
+    cands = [tuple(max(lo[i], k) for i in range(n)) for k in range(L + 1)]
     if init is not None and len(init) == n:
-        cands.insert(0, clip(init))
-    for v in cands:
+        cands.insert(0, tuple(max(lo[i], min(L, int(x))) for i, x in enumerate(init)))
+    best, best_t = _best_of(snap, cands)
+    if n == 1 and snap.alive:
+        return Plan(snap.cs, best, best_t)
+    best, best_t = _descend(snap, best, best_t, lo, rounds)
+    m = (n - 1) * L
+    cut, cut_t = _best_of(snap, [snap.cut_splits(k0, i) for k0 in (lo[0], L) for i in range(m + 1)])
+    cut, cut_t = _descend(snap, cut, cut_t, lo, rounds)
+    return Plan(snap.cs, *((cut, cut_t) if cut_t < best_t - 1e-12 else (best, best_t)))
+
+
+def _best_of(snap: Snapshot, cands: list[tuple[int, ...]]) -> tuple[tuple[int, ...], float]:
+    """The first candidate with the earliest :meth:`Snapshot.finish` (repeats evaluated once)."""
+    best, best_t = None, float("inf")
+    for v in dict.fromkeys(cands):
         t = snap.finish(v)
         if t < best_t - 1e-12:
             best, best_t = v, t
-    if n > 1 or (n == 1 and not snap.alive):
-        for _ in range(rounds):
-            improved = False
-            for i in range(n):
-                if i == 0 and not snap.alive:
+    return best, best_t
+
+
+def _descend(snap: Snapshot, best: tuple, best_t: float, lo: list[int], rounds: int) -> tuple[tuple, float]:
+    """Coordinate descent over each step's split (the oracle's refinement; O(steps x layers) evaluations)."""
+    n, L = len(best), snap.L
+    for _ in range(rounds):
+        improved = False
+        for i in range(n):
+            if i == 0 and not snap.alive:
+                continue
+            for k in range(lo[i], L + 1):
+                if k == best[i]:
                     continue
-                for k in range(lo[i], L + 1):
-                    if k == best[i]:
-                        continue
-                    v = best[:i] + (k,) + best[i + 1 :]
-                    t = snap.finish(v)
-                    if t < best_t - 1e-12:
-                        best, best_t, improved = v, t, True
-            if not improved:
-                break
-    return Plan(snap.cs, best, best_t)
+                v = best[:i] + (k,) + best[i + 1 :]
+                t = snap.finish(v)
+                if t < best_t - 1e-12:
+                    best, best_t, improved = v, t, True
+        if not improved:
+            break
+    return best, best_t

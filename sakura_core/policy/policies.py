@@ -50,7 +50,7 @@ class CacheGen(Policy):
     else recompute; ``bw`` read from the trace at decision time (no estimator). A chunk here is a shard.
 
     SLO: the latency target when one is set, else the time the device needs to compute the whole template (the
-    recompute alternative). Held to the same quality floor as sakura: levels below ``ctx.floor`` are never chosen.
+    recompute alternative). On a live link without a trace the rate is the estimator's (there is nothing to read). Held to the same quality floor as sakura: levels below ``ctx.floor`` are never chosen.
     The trace is read on the simulator's clock (start offset included); a recomputed chunk holds the link until the
     device has computed it, so the next chunk is decided on the rate at that time, not on one early sample.
     """
@@ -62,7 +62,7 @@ class CacheGen(Policy):
         self.recompute: set[int] = set()
 
     def choose(self, ctx: Context, layer: int) -> Decision:
-        bw = ctx.link_rate_now()  # bytes/s, read from the trace as the released code does (no estimator)
+        bw = ctx.link_rate_now()  # bytes/s, read from the trace as the released code does (live, no trace: estimated)
         slo = ctx.latency_target_s if ctx.latency_target_s is not None else ctx.template_work_s
         budget = slo / ctx.num_layers
         ladder = ctx.ladder(layer)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .base import LEVEL_COMPUTE, Decision, Policy, _at
 from .context import Context
 from .planner import Plan, Snapshot, best_plan
@@ -39,8 +41,11 @@ class Sakura(Policy):
     # the estimate the fetch plan uses: "robust" (harmonic mean / (1 + max recent error)) or "harmonic"
     plan_estimate = "harmonic"
     # a drop must not lose against keeping the template even if the link is this many times slower than the
-    # slowest recent sample
-    regret_slowdown = 4.0
+    # slowest recent sample. 4.0 (issue 14) kept the template for several layers of step 0 on fast links while a
+    # few early samples were slow; the outage check below already insures a drop against the link dying. 1.0:
+    # synthetic links, per-step klein cpu, 4 starts: seed 100 sakura/oracle median 1.0625 -> 1.0565 (10 runs
+    # > 2 % faster, 2 slower), fresh seed 200 1.0678 -> 1.0666 (7 faster, 2 slower)
+    regret_slowdown = 1.0
     # wait this fraction of a template pass for a late shard before a template pass may replace it
     late_patience = 0.25
     # the edit's waiting allowance: patience for late shards ends once the edit has waited this fraction of the
@@ -75,17 +80,40 @@ class Sakura(Policy):
         if prev is not None and prev.first_step <= snap.cs < prev.first_step + len(prev.splits):
             init = prev.splits[snap.cs - prev.first_step :]
         plan = best_plan(snap, init)
-        self._plan, self._cache = plan, (key, plan, snap)
+        self._plan, self._cache, self._why_cache = plan, (key, plan, snap), None
         return plan, snap
 
-    @staticmethod
-    def _why(ctx: Context, plan: Plan, rate: float | None) -> str:
-        L = ctx.layers_per_step
-        parts = []
-        for i, k in enumerate(plan.splits):
+    def _why(self, ctx: Context, plan: Plan, rate: float | None) -> str:
+        """The plan in words (made once per plan: a batch of decisions shares it). Runs of steps with the same split
+        are said once."""
+        cached = getattr(self, "_why_cache", None)
+        if cached is not None and cached[0] is plan and cached[1] == rate:
+            return cached[2]
+        L, parts, i = ctx.layers_per_step, [], 0
+        while i < len(plan.splits):
+            k, j = plan.splits[i], i
+            while j + 1 < len(plan.splits) and plan.splits[j + 1] == k:
+                j += 1
             what = f"split at layer {k}" if k < L else "no split: the device computes all"
-            parts.append(f"step {plan.first_step + i} {what}" if ctx.per_step else what)
-        return f"plan: {'; '.join(parts)}; predicted finish t={plan.finish_s:.2f} s {_at(ctx, rate)}"
+            first, last = plan.first_step + i, plan.first_step + j
+            steps = f"step {first}" if i == j else f"steps {first}-{last}"
+            parts.append(f"{steps} {what}" if ctx.per_step else what)
+            i = j + 1
+        why = f"plan: {'; '.join(parts)}; predicted finish t={plan.finish_s:.2f} s {_at(ctx, rate)}"
+        self._why_cache = (plan, rate, why)
+        return why
+
+    def worth_asking(self, ctx: Context, shards: list[int]) -> list[int]:
+        """The deferred shards at or above their step's planned split (``choose`` defers the others again)."""
+        rate = self.rate(ctx)
+        if rate is not None and ctx.estimator.samples == 0:
+            return shards  # the probe answers without a plan
+        plan, snap = self._replan(ctx, rate)
+        g = np.asarray(shards, dtype=int)
+        step, k = snap.step[g], np.asarray(plan.splits)[snap.step[g] - plan.first_step]
+        if not ctx.template_alive:
+            k = np.where(step == snap.cs, snap.l0, k)
+        return g[(g < ctx.compute_layer) | (snap.layer[g] >= k)].tolist()
 
     def choose(self, ctx: Context, layer: int) -> Decision:
         rate = self.rate(ctx)
@@ -201,7 +229,8 @@ class Sakura(Policy):
 
 
 class Oracle(Sakura):
-    """Knows the future: transfer times come from the trace itself (ready times are exact, not estimated).
+    """Knows the future: transfer times come from the trace itself (ready times are exact, not estimated). On a live
+    link without a trace there is no future to know: it plans on the estimator's rates, as ``sakura`` does.
 
     The simulator additionally searches the per-step split vector with exact timings and keeps the best run, so
     the oracle is a lower bound over this policy space.
@@ -210,7 +239,8 @@ class Oracle(Sakura):
     name = "oracle"
 
     def rate(self, ctx: Context) -> float | None:
-        return None  # None = exact transfer times from the trace
+        # None = exact transfer times from the trace; a live link without one has no future to know: the estimate
+        return None if ctx.has_trace else super().rate(ctx)
 
     def drop_rate(self, ctx: Context) -> float | None:
-        return None
+        return None if ctx.has_trace else super().drop_rate(ctx)

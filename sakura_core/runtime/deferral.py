@@ -14,9 +14,10 @@ LATE_FALLBACK_REASON = "shards late: template pass on the device is sooner"
 def ask_deferred(policy: Policy, ctx: Context, deferred: list[int], compute_layer: int) -> tuple[int, Decision] | None:
     """Ask ``policy`` again about each shard of ``deferred`` the compute lane has not reached (``> compute_layer``),
     in order; the first it now wants leaves the list and is returned with its decision. ``deferred`` is updated in
-    place: shards already reached, and shards the policy now computes for good (no ``defer``), are dropped."""
+    place: shards already reached, and shards the policy now computes for good (no ``defer``), are dropped. Only the
+    shards :meth:`Policy.worth_asking` keeps are asked (those it leaves out, its ``choose`` would defer again)."""
     deferred[:] = [g for g in deferred if g > compute_layer]
-    for g in list(deferred):
+    for g in policy.worth_asking(ctx, list(deferred)):
         d = policy.choose(ctx, g)
         if d.level is None or d.level == LEVEL_COMPUTE:
             if not d.defer:

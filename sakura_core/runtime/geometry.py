@@ -11,6 +11,12 @@ Single KV mode (the template tokens attend only to themselves):
 * a layer that also runs the template tokens (``full``, extract mode): cached + the template tokens' own layer;
 * a template-only pass: every layer's template part.
 Per KV byte of a template token-layer (4 d bytes in fp16) that is ``6.5 d + keys`` FLOPs: the regime-map rule.
+
+Several references (``references`` > 1, try-on / in-context edits with 2-4 reference images): ``template_tokens``
+is all of them together, in the model's order. In FLUX.2 [klein] KV mode the reference tokens attend to every
+reference token (diffusers 0.42.1 ``_flux2_kv_causal_attention``: one self-attention over the whole reference
+block), so the refs attend to each other and the template's attention is ``4 * T^2 * d`` over all T of them; the
+request attends to all of them too.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class DitGeometry:
         steps: denoising steps.
         mlp_ratio: gated MLP hidden width over d.
         double_layers: how many of ``layers`` are double-stream blocks (information only: same FLOPs per token).
+        references: reference images the template tokens hold (equal shares of ``template_tokens``; they attend to
+            each other, see the module docstring).
         description: where the numbers come from.
     """
 
@@ -47,6 +55,7 @@ class DitGeometry:
     steps: int = 4
     mlp_ratio: float = 3.0
     double_layers: int = 0
+    references: int = 1
     description: str = "phone-class DiT: 24 layers, width 1024, 512^2 edit with one 512^2 template, 128 text tokens"
 
     def __post_init__(self) -> None:
@@ -55,6 +64,11 @@ class DitGeometry:
             raise ValueError(
                 f"geometry {self.name}: layers, heads, head_dim, image_tokens, template_tokens, steps must be >= 1, "
                 f"text_tokens >= 0 and mlp_ratio > 0; got {self}"
+            )
+        if self.references < 1 or self.template_tokens % self.references:
+            raise ValueError(
+                f"geometry {self.name}: references must be >= 1 and divide template_tokens ({self.template_tokens}), "
+                f"got {self.references}"
             )
         if not 0 <= self.double_layers <= self.layers:
             raise ValueError(f"geometry {self.name}: double_layers {self.double_layers} must be in 0..{self.layers}")
@@ -91,7 +105,8 @@ class DitGeometry:
 
     @property
     def template_layer_flops(self) -> float:
-        """The template tokens' own part of one layer (they attend only to themselves)."""
+        """The template tokens' own part of one layer (they attend only to template tokens: every reference to
+        every reference, as FLUX.2 [klein] KV mode does)."""
         t = self.template_tokens
         return self.linear_flops(t) + self.attention_flops(t, t)
 
@@ -118,6 +133,15 @@ GEOMETRIES = {
             template_tokens=4096,
             description="FLUX.2 [klein] 4B-like: 5 double + 20 single blocks, width 3072, 512 text tokens; a 512^2 "
             "edit (1024 tokens) against one 1024^2 template (4096 tokens, ~2.7x the request)",
+            **_KLEIN,
+        ),
+        DitGeometry(
+            name="klein4b-512-2ref1024",
+            image_tokens=1024,
+            template_tokens=2 * 4096,
+            references=2,
+            description="FLUX.2 [klein] 4B-like (as above); a 512^2 edit against two 1024^2 references (8192 tokens, "
+            "~5.3x the request; the references attend to each other): try-on / in-context with two images",
             **_KLEIN,
         ),
         DitGeometry(

@@ -25,7 +25,7 @@ class LiveState:
     def __init__(
         self,
         profile: ComputeCosts,
-        trace: Trace,
+        trace: Trace | None,
         ladders: list[list[Level]],
         floor: int,
         estimator: ThroughputEstimator,

@@ -100,7 +100,8 @@ class PipelinedEdit:
         floor: index of the cheapest level the policy may pick (quality floor).
         profile: measured per-layer compute times.
         template_image: the public template image (for layers the device computes).
-        trace: the link's trace, for the policies that read it (cachegen's rule, the oracle).
+        trace: the link's trace, for the policies that read it (cachegen's rule, the oracle); None on a live
+            link: those rules then use the estimator's rate (``Context.has_trace``).
         cancel: set it to stop between layers (raises :class:`Cancelled`).
         on_layer: ``(step, layer)`` before each layer (progress reporting).
         backend: what runs the model's blocks (:mod:`sakura_core.runtime.backend`); None = the torch adapter.
@@ -147,7 +148,7 @@ class PipelinedEdit:
         stop = _EitherSet(self.cancel, self._stop)
         # shared by every lane: the live state (the clock, and what the policy sees) and the run's log
         estimator = ThroughputEstimator(cfg.estimator)
-        self.st = LiveState(profile, trace or Trace.constant(1e4), ladders, floor, estimator, cfg.rtt_s,
+        self.st = LiveState(profile, trace, ladders, floor, estimator, cfg.rtt_s,
                             cfg.latency_target_s, layers_per_step=L, clock=clock)  # fmt: skip
         self.ctx = Context(self.st)
         self.log = RunLog()

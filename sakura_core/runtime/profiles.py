@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from .geometry import GEOMETRIES, PHONE_DIT, DitGeometry, PhoneDiT, get_geometry
 
 __all__ = [
+    "CPU_SLOWDOWN_SOURCE",
     "GEOMETRIES",
     "PHONE_DIT",
     "PROFILES",
@@ -59,6 +60,11 @@ class DeviceProfile:
         weight_bytes_per_param: bytes per weight where the DiT runs (w8a16 on the NPU: 1; fp16 elsewhere: 2).
         activation_bytes: bytes per activation / KV value where the DiT runs (a16 or fp16: 2).
         link_mbit_s: typical downlink of the phone (Mbit/s), the default link of phone-scale simulations.
+        cpu_slowdown: seconds the phone's application CPU (one big core) takes for a second of single-thread work
+            (decode, planning) on the host that measured it; assumed, see :data:`CPU_SLOWDOWN_SOURCE`.
+        dit_cpu_cores: cores the DiT runs on when it runs on the application CPU (0 = it runs on the GPU / NPU):
+            then each decode or planning thread takes one of them while it works (the DiT's speed x
+            (cores - busy) / cores), as the simulator models it.
     """
 
     name: str
@@ -72,6 +78,8 @@ class DeviceProfile:
     weight_bytes_per_param: int = 2
     activation_bytes: int = 2
     link_mbit_s: float = 20.0
+    cpu_slowdown: float = 1.0
+    dit_cpu_cores: int = 0
 
     def __post_init__(self) -> None:
         if not self.effective_flop_per_s > 0 or self.fixed_s < 0 or self.layer_overhead_s < 0:
@@ -83,6 +91,11 @@ class DeviceProfile:
             raise ValueError(
                 f"profile {self.name}: npu_session_bytes must be >= 0 and host_budget_bytes > 0, got "
                 f"{self.npu_session_bytes}, {self.host_budget_bytes}"
+            )
+        if not self.cpu_slowdown > 0 or self.dit_cpu_cores < 0:
+            raise ValueError(
+                f"profile {self.name}: cpu_slowdown must be > 0 (1.0 = as fast as the measuring host) and "
+                f"dit_cpu_cores >= 0 (0 = the DiT is not on the CPU); got {self.cpu_slowdown}, {self.dit_cpu_cores}"
             )
         if self.weight_bytes_per_param < 1 or self.activation_bytes < 1 or self.link_mbit_s <= 0:
             raise ValueError(
@@ -154,6 +167,12 @@ PROFILE_SOURCES = (
      "layer_overhead_s": 1e-4, "overhead_source": "assumed"},
 )  # fmt: skip
 _FIXED_S = {"npu": 0.225, "gpu": 0.225, "cpu": 0.5}  # VAE encode (~0.05 s) + decode (150-200 ms, NOTES.md)
+# Snapdragon 8 Elite (SM8750): 2 Oryon prime cores at 4.32 GHz + 6 at 3.53 GHz; the CPU profile's DiT uses all 8
+SM8750_CPU_CORES = 8
+CPU_SLOWDOWN_SOURCE = (
+    "assumed 1.0: an Oryon prime core's single-thread speed is about a current x86 core's (public single-core "
+    "benchmark scores of the same order); decode and planning times are measured on this host and charged x 1.0"
+)
 
 
 def _profile(src: dict) -> DeviceProfile:
@@ -167,6 +186,7 @@ def _profile(src: dict) -> DeviceProfile:
         npu_session_bytes=int(3.75 * _GIB) if npu else 0,
         layer_overhead_s=src["layer_overhead_s"],
         weight_bytes_per_param=1 if npu else 2,
+        dit_cpu_cores=SM8750_CPU_CORES if name.endswith("-cpu") else 0,
     )
 
 

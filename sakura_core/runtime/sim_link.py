@@ -5,10 +5,34 @@ ready times, the transfer in progress). A mixin of :class:`~sakura_core.runtime.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
 from ..policy.policies import LEVEL_COMPUTE
 from .deferral import ask_deferred
 
 __all__ = ["SimLink"]
+
+
+class _GotView(Mapping):
+    """``got`` as a policy sees it at ``now``: a shard's levels decoded by then (shards with none are absent)."""
+
+    def __init__(self, got: dict[int, list[tuple[int, float]]], now: float):
+        self._got, self._now = got, now
+
+    def __getitem__(self, g: int) -> list[tuple[int, float]]:
+        v = self._got[g]
+        if not v or v[0][1] > self._now:
+            raise KeyError(g)
+        return [x for x in v if x[1] <= self._now]
+
+    def __iter__(self) -> Iterator[int]:
+        return (g for g, v in self._got.items() if v and v[0][1] <= self._now)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class SimLink:
@@ -16,10 +40,25 @@ class SimLink:
     ``pending_obs``, ``next_layer``, ``deferred``, ``forced``, ...)."""
 
     @property
-    def got(self) -> dict[int, list[tuple[int, float]]]:
-        """Levels decoded by ``now`` (the policy's view; see the module docstring)."""
+    def got(self) -> Mapping[int, list[tuple[int, float]]]:
+        """Levels decoded by ``now`` (the policy's view; see the module docstring): a read-only view, O(1) a key."""
+        return _GotView(self._got, self.now + 1e-12)
+
+    def known_ready_array(self) -> np.ndarray:
+        """``Context.known_ready`` of every shard at once (NaN where None), without a dict per shard."""
         now = self.now + 1e-12
-        return {g: [x for x in v if x[1] <= now] for g, v in self._got.items() if v and v[0][1] <= now}
+        first = self._first_ready
+        out = np.where(first <= now, first, np.nan)
+        for g, t in self.in_flight.items():
+            out[g] = t
+        return out
+
+    def _pending_now(self, now: float) -> list[int]:
+        """Shards requested and not decoded by ``now``, in request order (those decoded before every later
+        ``now`` can be, leave the list for good: ``now`` is always >= min(link_free, compute_t))."""
+        floor = min(self.link_free, self.compute_t)
+        self._pending = [g for g in self._pending if self._first_ready[g] > floor]
+        return [g for g in self._pending if self._first_ready[g] > now]
 
     @property
     def in_flight(self) -> dict[int, float]:
@@ -30,10 +69,9 @@ class SimLink:
         out: dict[int, float] = {}
         rate = None
         t = now
-        for g, (t0, nbytes, arrive) in sorted(self._pred.items(), key=lambda kv: kv[1][0]):
-            got = self._got.get(g)
-            if got and got[0][1] <= now:
-                continue
+        for g in self._pending_now(now):
+            t0, nbytes, arrive = self._pred[g]
+            got = self._got[g]
             if arrive <= now:
                 out[g] = got[0][1]
                 continue
@@ -54,14 +92,18 @@ class SimLink:
 
     def link_progress(self) -> tuple[float, float, float] | None:
         """The transfer in progress at ``now``: (seconds since it was requested, bytes received so far, its size),
-        or None when the link is idle (what a client's read loop knows)."""
+        or None when the link is idle (what a client's read loop knows). Requests are sequential: only the last one
+        requested by ``now`` can be in progress."""
         now = self.now
-        for t0, nbytes, arrive in self._pred.values():
-            if t0 - self.rtt_s <= now < arrive:
-                start = max(now, t0)
-                got = self.trace.delivered(self.start_s + start) - self.trace.delivered(self.start_s + t0)
-                return now - (t0 - self.rtt_s), float(min(max(got, 0.0), nbytes)), float(nbytes)
-        return None
+        i = bisect.bisect_right(self._req_t0, now + self.rtt_s) - 1
+        if i < 0:
+            return None
+        t0, nbytes, arrive = self._pred[self._req_g[i]]
+        if not t0 - self.rtt_s <= now < arrive:
+            return None
+        start = max(now, t0)
+        got = self.trace.delivered(self.start_s + start) - self.trace.delivered(self.start_s + t0)
+        return now - (t0 - self.rtt_s), float(min(max(got, 0.0), nbytes)), float(nbytes)
 
     def flush_observations(self) -> None:
         """Feed the estimator the transfers that have completed by ``now`` (never one from the future)."""
@@ -100,15 +142,30 @@ class SimLink:
         self.pending_obs.append((arrive, nbytes, arrive - t0))  # known to the estimator only once it has arrived
         if layer not in self._pred:  # what a client knows of a request: when it left, its size (and later its arrival)
             self._pred[layer] = (t0, nbytes, arrive)
+            self._pending.append(layer)
+            self._req_t0.append(t0)
+            self._req_g.append(layer)
         lv = self.ladders[layer][level]
         dec0 = max(arrive, self.decoder_free, ref_done)
         dec1 = dec0 + (lv.decode_s if kind == "base" else lv.decode_s - self.ladders[layer][level - 1].decode_s)
         self.decoder_free = dec1
+        self.cpu_busy("decode", dec0, dec1)
+        if layer not in self._got:
+            self._first_ready[layer] = dec1
         self._got.setdefault(layer, []).append((level, dec1))
         self.events.append({"lane": "fetch", "start": self.link_free, "end": arrive, "layer": layer, "level": lv.name})
         self.events.append({"lane": "decode", "start": dec0, "end": dec1, "layer": layer, "level": lv.name})
         self.bytes += nbytes
         self.link_free = arrive
+
+    def _charge_link(self) -> None:
+        """The link-side decision just made took the phone this long: the request it leads to leaves that much
+        later, and the planning thread is busy meanwhile."""
+        owed = self.policy.take()
+        if owed > 0:
+            self.cpu_busy("planning", self.now, self.now + owed)
+            self.link_free = max(self.link_free, self.now + owed)
+            self.now = self.link_free
 
     def _link_step(self) -> bool:
         """One link action at ``link_free``; False when the link has nothing to do."""
@@ -124,6 +181,7 @@ class SimLink:
             layer = self.next_layer
             d = self.policy.choose(self.ctx, layer)
             self.decisions.append({"t": self.now, "layer": layer, "level": d.level, "reason": d.reason})
+            self._charge_link()
             if d.level is None:
                 self.base_done = True
                 return True
@@ -141,6 +199,7 @@ class SimLink:
             return True
         if self.config.upgrades and self.base_done:
             up = self.policy.upgrade(self.ctx)
+            self._charge_link()
             if up is not None:
                 layer, level = up
                 lv = self.ladders[layer][level]
@@ -166,6 +225,7 @@ class SimLink:
         wants. False when it wants none."""
         self.now = self.link_free
         pick = ask_deferred(self.policy, self.ctx, self.deferred, self.compute_layer)
+        self._charge_link()
         if pick is None:
             return False
         g, d = pick

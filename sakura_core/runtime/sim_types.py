@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["SimConfig", "SimResult"]
+__all__ = ["PLANNING_MODES", "SimConfig", "SimResult"]
+
+PLANNING_MODES = ("off", "measured", "fixed")
 
 
 @dataclass(frozen=True)
@@ -13,11 +15,25 @@ class SimConfig:
     min_rtt_s: round trip charged per request when the trace has no latency (mobile default 40 ms).
     upgrades: allow progressive upgrades during later steps (policies that support them).
     latency_target_s: the user's latency target for the edit (seconds), or None.
+    planning: what a policy's decisions cost the simulated phone: "off" (nothing), "measured" (each call's CPU
+        time on this host, ``time.thread_time``, x the profile's ``cpu_slowdown``), or "fixed" (``planning_s``
+        per call). A fetch decision delays its request, a compute-lane decision (``keep_template``,
+        ``recompute_late``) the compute lane; on a profile whose DiT shares the CPU, planning on the link side also
+        takes a core from it.
+    planning_s: seconds per decision with ``planning="fixed"``.
     """
 
     min_rtt_s: float = 0.04
     upgrades: bool = True
     latency_target_s: float | None = None
+    planning: str = "off"
+    planning_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.planning not in PLANNING_MODES:
+            raise ValueError(f"planning must be one of {', '.join(PLANNING_MODES)}, got {self.planning!r}")
+        if self.planning_s < 0 or self.min_rtt_s < 0:
+            raise ValueError(f"planning_s and min_rtt_s must be >= 0, got {self.planning_s}, {self.min_rtt_s}")
 
 
 @dataclass
@@ -34,3 +50,6 @@ class SimResult:
     events: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
     peak_kv_bytes: int = 0  # the most decoded template KV held at once (fp16; what the live report's counts)
+    planning_s: float = 0.0  # seconds of the phone's time charged for the policy's decisions
+    decisions_timed: int = 0  # policy calls charged
+    contention_s: float = 0.0  # seconds the DiT lost to decode / planning threads on its cores

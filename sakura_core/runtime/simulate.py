@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ..fetch.traces import Trace
 from ..metrics import psnr_from_mse
 from ..models.kv_types import KV_MODES
@@ -37,10 +39,15 @@ from ..policy.ladder import Level
 from ..policy.policies import Policy
 from .deferral import LATE_FALLBACK_REASON
 from .profiles import DeviceProfile
+from .sim_cpu import CpuShare, PlanClock
 from .sim_link import SimLink
 from .sim_types import SimConfig, SimResult
 
-__all__ = ["KV_MODES", "SimConfig", "SimResult", "kv_mode_view", "simulate"]
+__all__ = ["KV_MODES", "RECHECK_MIN_S", "SimConfig", "SimResult", "kv_mode_view", "simulate"]
+
+# a waiting compute lane asks recompute_late again every cached-layer time, but no more often than this (a client's
+# timer; on a very fast device a multi-second stall would otherwise be millions of asks)
+RECHECK_MIN_S = 1e-3
 
 
 def kv_mode_view(profile: DeviceProfile, kv_mode: str) -> DeviceProfile:
@@ -55,9 +62,14 @@ def kv_mode_view(profile: DeviceProfile, kv_mode: str) -> DeviceProfile:
     return profile.with_geometry(flat)
 
 
-class _Sim(SimLink):
+class _Sim(SimLink, CpuShare):
     def __init__(self, policy, trace, start_s, profile, ladders, floor, config):
-        self.policy, self.trace, self.start_s, self.profile = policy, trace, start_s, profile
+        slowdown = float(getattr(profile, "cpu_slowdown", 1.0))
+        self.policy = PlanClock(policy, config.planning, config.planning_s, slowdown)
+        self.trace, self.start_s, self.profile = trace, start_s, profile
+        if slowdown != 1.0:  # decode runs on the phone's CPU: its measured times scale with it
+            ladders = [[replace(lv, decode_s=lv.decode_s * slowdown) for lv in lad] for lad in ladders]
+        self._init_cpu_share(int(getattr(profile, "dit_cpu_cores", 0)))
         self.ladders, self.floor, self.config = ladders, floor, config
         self.N = len(ladders)
         S, L = profile.model.steps, profile.model.layers
@@ -78,6 +90,10 @@ class _Sim(SimLink):
         self.deferred: list[int] = []  # skipped "for now": asked again when the link would idle
         self._got: dict[int, list[tuple[int, float]]] = {}  # layer -> [(level, ready_t)] in fetch order
         self._pred: dict[int, tuple[float, int, float]] = {}  # shard -> (request time, bytes, true arrival)
+        self._first_ready = np.full(self.N, np.inf)  # shard -> when its first level is decoded (true)
+        self._pending: list[int] = []  # requested shards that may not be decoded yet, in request order
+        self._req_t0: list[float] = []  # request times (when each shard's first request leaves), in order
+        self._req_g: list[int] = []
         self.template_alive = True
         self.compute_t = 0.0
         self.compute_layer = 0
@@ -133,7 +149,14 @@ class _Sim(SimLink):
         """The compute lane runs for ``seconds`` from ``compute_t``."""
         self.events.append({"lane": "compute", "start": self.compute_t, "end": self.compute_t + seconds,
                             "layer": layer, "level": level})  # fmt: skip
+        self._segs.append((self.compute_t, self.compute_t + seconds))
         self.compute_t += seconds
+
+    def _charge_compute(self, layer: int) -> None:
+        """The compute lane's own decision (``keep_template``, ``recompute_late``) took the phone this long."""
+        owed = self.policy.take()
+        if owed > 0:
+            self._compute(owed, layer, "policy decision")
 
     def _step0_layer(self, layer: int) -> None:
         """Step 0 at ``layer``: keep the template tokens, or use this layer's KV (device-made or fetched)."""
@@ -142,9 +165,12 @@ class _Sim(SimLink):
             self.passed[layer - 1] = self.compute_t  # as the live pipeline: a shard is freed once the lane is past it
         self.compute_layer = layer
         self.advance_link(self.compute_t)
+        self.settle_contention()
         self.now = self.compute_t
         if self.template_alive:
-            if (layer in self.skipped and layer not in self.deferred) or pol.keep_template(self.ctx, layer):
+            keep = (layer in self.skipped and layer not in self.deferred) or pol.keep_template(self.ctx, layer)
+            self._charge_compute(layer)
+            if keep:
                 self._compute(p.layer_full_s, layer, "template")
                 return
             self.template_alive = False
@@ -164,11 +190,14 @@ class _Sim(SimLink):
 
     def _wait_or_recompute(self, layer: int) -> None:
         """The compute lane needs shard ``layer``: while it is not decoded, ask the policy (again every cached-layer
-        time of waiting, as a live client would) whether a template pass on the device is sooner; else stall."""
-        p = self.profile
+        time of waiting, at least :data:`RECHECK_MIN_S` apart, as a live client would) whether a template pass on the
+        device is sooner; else stall."""
+        recheck_s = max(self.profile.layer_cached_s, RECHECK_MIN_S)
         while not self.ready_by(layer, self.compute_t):
             self.now = self.compute_t
-            if self.policy.recompute_late(self.ctx, layer):
+            late = self.policy.recompute_late(self.ctx, layer)
+            self._charge_compute(layer)
+            if late:
                 # late shards: the template pass, resumed where this step dropped it, gives every remaining layer's KV
                 # here; stop waiting for the link
                 self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
@@ -186,7 +215,7 @@ class _Sim(SimLink):
                     self.next_layer = self.L
                 return
             ready = self.wait_for(layer)
-            until = min(ready, self.compute_t + p.layer_cached_s)
+            until = min(ready, self.compute_t + recheck_s)
             if until > self.compute_t:
                 self.events.append({"lane": "stall", "start": self.compute_t, "end": until, "layer": layer,
                                     "level": "waiting for shard"})  # fmt: skip
@@ -198,6 +227,7 @@ class _Sim(SimLink):
         """Steps 1..S-1: every layer with the best level decoded by the step's start (upgrades land between)."""
         p = self.profile
         self.advance_link(self.compute_t)
+        self.settle_contention()
         cost = self.L * (p.layer_full_s if self.policy.template_every_step else p.layer_cached_s)
         for layer in range(self.split_layer, self.L):
             if layer in self.used:
@@ -205,6 +235,7 @@ class _Sim(SimLink):
         self._compute(cost, -1, f"step {step}")
 
     def _result(self) -> SimResult:
+        self.settle_contention()  # the threads that overlapped the last layer (no new transfer after the edit)
         mse = 0.0
         for layer, levels in self.used.items():
             for lv in levels:
@@ -222,6 +253,9 @@ class _Sim(SimLink):
             events=self.events,
             decisions=self.decisions,
             peak_kv_bytes=self._peak_kv_bytes(),
+            planning_s=self.policy.total_s,
+            decisions_timed=self.policy.calls,
+            contention_s=self.contention_s,
         )
 
     def _peak_kv_bytes(self) -> int:

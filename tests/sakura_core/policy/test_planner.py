@@ -98,14 +98,15 @@ def test_a_link_faster_than_decode_is_paced_by_the_decoder():
     # 1e15 B/s: every shard arrives at once; decoding takes 1.0 s each, one at a time.
     # splits (0,0): shards decoded at 1, 2, 3, 4 s -> layers end 1.25, 2.25, 3.25, 4.25 s;
     # (1,1): shards 1 and 3 decoded at 1, 2 s -> step 0: 1.0 (full), 1.25; step 1: 2.25 (full), 2.5 -> 2.5 s;
-    # (2,0) ties at 2.5 s (step 0 all full: 2.0; shards 2, 3 at 1, 2 s: 2.25, 2.5); (2,2) = 4.0 s; the first
-    # best (uniform candidates first) is (1,1)
+    # (2,0) ties at 2.5 s (step 0 all full: 2.0; shards 2, 3 at 1, 2 s: 2.25, 2.5); (2,2) = 4.0 s; the planner
+    # takes the front-loaded cut (2,0) (its arrivals carry no 1e15-rate rounding, (1,1)'s end 1e-9 s later)
     c = ctx(1e15, ladders=[_ladder(1.0)] * 4)
     snap = Snapshot(c, 1e15)
     assert snap.finish((0, 0)) == pytest.approx(4.25)
     assert snap.finish((2, 0)) == pytest.approx(2.5)
+    assert snap.finish((1, 1)) == pytest.approx(2.5)
     plan = best_plan(snap)
-    assert plan.splits == (1, 1) and plan.finish_s == pytest.approx(2.5)
+    assert plan.splits == (2, 0) and plan.finish_s == pytest.approx(2.5)
 
 
 def test_a_template_cheaper_than_its_transfer_is_computed():
@@ -128,7 +129,7 @@ def test_a_fast_link_fetches_every_shard_and_prefetches_the_next_step():
     plan = best_plan(Snapshot(c, 8e6))
     assert plan.splits == (0, 0) and plan.finish_s == pytest.approx(1.125)
     d = policy().choose(c, 2)  # step 1's shard, asked while step 0 computes: fetched (prefetch)
-    assert d.level == 0 and "step 1 split at layer 0" in d.reason
+    assert d.level == 0 and "steps 0-1 split at layer 0" in d.reason
     assert not policy().keep_template(c, 0)
 
 
@@ -198,3 +199,16 @@ def test_the_oracle_plans_on_the_trace_itself():
     d = policy("oracle").choose(c, 0)
     assert d.level == 0 and "exact transfer times" in d.reason
     assert policy().choose(c, 0).reason.startswith("bandwidth probe")
+
+
+def test_without_a_trace_the_trace_readers_use_the_estimate():
+    # a live link has no trace: the oracle cannot know the future and plans on the estimate (8e6 B/s, like the
+    # fast-link case: fetch shard 0 at the floor), cachegen's rule reads the estimator's rate instead of a trace
+    c = ctx(8e6, trace=None)
+    assert not c.has_trace and c.link_rate_now() == pytest.approx(8e6)
+    d = policy("oracle").choose(c, 0)
+    assert d.level == 0 and "64.00 Mbit/s" in d.reason and "exact" not in d.reason
+    with pytest.raises(ValueError, match="need a trace"):
+        c.transfer_end(0.0, MB, None)
+    g = policy("cachegen").choose(ctx(8e6, trace=None), 0)
+    assert "64.00 Mbit/s" in g.reason  # 1 MB at 64 Mbit/s = 0.125 s < the per-shard budget

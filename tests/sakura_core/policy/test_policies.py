@@ -96,17 +96,12 @@ def policy(name: str):
 # --- the context's predictions (what every rule below builds on) ---
 
 
-def test_context_predicts_deadlines_transfers_and_step0_finishes_by_hand():
+def test_context_predicts_deadlines_and_transfers_by_hand():
     c = ctx(1e6)
     # template alive at layer 0, t = 0: layer 0 now, layer 1 after one full layer, then 0.5 s per cached layer
     assert [c.deadline(x) for x in range(4)] == [0.0, 1.0, 1.5, 2.0]
     # 2 MB at 1 MB/s + 0.05 s RTT = 2.05 s
     assert c.predict_ready(1, S2, 1e6) == pytest.approx(2.05)
-    # drop at 2: compute 2 full layers (2.0 s); s1 of layer 2 arrives 1.05 s, layer 3 at 2.10 s;
-    # layer 2 runs 2.0-2.5, layer 3 waits for 2.10 < 2.5 and runs 2.5-3.0
-    assert c.predicted_step0_finish(0, 2, 1e6) == pytest.approx(3.0)
-    # step-0 finishes for drops 0..4: 4.70, 3.65, 3.00, 3.50, 4.00 -> the best drop is 2
-    assert c.best_drop(0, 1e6) == 2
     dropped = ctx(1e6, template_alive=False)
     assert [dropped.deadline(x) for x in range(4)] == [0.0, 0.5, 1.0, 1.5]  # 0.5 s per cached layer
 
@@ -243,7 +238,7 @@ def test_sakura_splits_at_the_earliest_predicted_step0_finish():
 def test_sakura_fetches_everything_on_a_fast_link_and_computes_everything_on_a_slow_one():
     p = policy("sakura")
     # 128 Mbit/s: a floor shard takes 0.05 + 0.0625 s; dropping at 0 ends step 0 at 2.11 s, the best; it still
-    # wins at a quarter of that rate (2.30 s < 4.0 s) and gains more (1.89 s) than a dead link would cost
+    # wins at the slowest recent rate and gains more (1.89 s) than a dead link would cost
     # (a 2.0 s template pass + 4 cached layers - 4 full layers = 0 s)
     fast = ctx(16e6)
     assert p.choose(fast, 0).level == 0 and not p.keep_template(fast, 0)
@@ -252,6 +247,17 @@ def test_sakura_fetches_everything_on_a_fast_link_and_computes_everything_on_a_s
     d = p.choose(slow, 3)
     assert d.level == LEVEL_COMPUTE and "the device computes all" in d.reason
     assert p.keep_template(slow, 3)
+
+
+def test_a_drop_that_pays_at_the_slowest_recent_rate_is_taken():
+    # 32 Mbit/s (4e6 B/s, the only sample): shards at 0.30, 0.55, 0.80, 1.05 s; dropping at 0 ends step 0 at
+    # ~2.3 s instead of 4.0 s and gains more than a dead link would cost (a 2.0 s pass + 2.0 s cached + 0.5 s of
+    # patience - 4.0 s = 0.5 s). The old rule also asked the drop to win at a quarter of the slowest rate (1e6 B/s:
+    # step 0 would end at 4.45 s > 4.0 s) and kept the template at step 0 of fast links with one slow sample
+    p = policy("sakura")
+    assert p.regret_slowdown == 1.0 and not p.keep_template(ctx(4e6), 0)
+    p.regret_slowdown = 4.0
+    assert p.keep_template(ctx(4e6), 0)
 
 
 def test_sakura_probes_the_link_with_the_first_shard_at_the_floor():

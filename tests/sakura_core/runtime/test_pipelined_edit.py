@@ -185,3 +185,20 @@ async def test_cancelling_the_run_stops_its_compute_thread(setup):
     compute = threads[0]
     await asyncio.to_thread(compute.join, 30)  # the shard wait is 600 s: only the stop ends the thread sooner
     assert not compute.is_alive() and compute.name.startswith("sakura-compute")
+
+
+def test_a_live_link_without_a_trace_is_not_given_a_made_up_one(setup):
+    # the real link (no trace): the policy must see no trace, and a rate-reading rule the estimator's rate, not a
+    # constant stand-in link
+    model, tpl, usr, pre, ladders, reps, profile = setup
+
+    async def fetch_blob(digest, nbytes):
+        return pre.blobs[digest]
+
+    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=make_policy("cachegen"), ladders=ladders,
+                         reps=reps, floor=0, profile=profile, template_image=tpl, trace=None,
+                         config=RuntimeConfig(steps=STEPS))  # fmt: skip
+    assert not edit.ctx.has_trace
+    edit.st.estimator.observe(1e6, 0.5)  # one sample: 2e6 B/s
+    assert edit.ctx.link_rate_now() == pytest.approx(edit.st.estimator.harmonic())
+    assert edit.ctx.link_rate_now() < 1e7

@@ -1,0 +1,91 @@
+"""The ladders ``sakura bench e2e --mode sim`` simulates each (geometry, KV mode) with: read from ``--ladders DIR``
+(``<geometry>.<kv_mode>.json``, :class:`~sakura_core.runtime.sim_ladders.ShardLadders`) or measured now
+(:mod:`.geometry_ladders`) and written there; and the one-line summaries the tables' headers print."""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ..files import atomic_write_json
+from ..runtime.geometry import get_geometry
+from ..runtime.sim_ladders import ShardLadders
+from .geometry_ladders import LadderConfig, demo_ladders, geometry_ladders, size_effects
+
+__all__ = ["ladder_file", "ladder_lines", "load_or_measure_ladders"]
+
+
+def ladder_file(folder: str | Path, geometry: str, kv_mode: str) -> Path:
+    return Path(folder) / f"{geometry}.{kv_mode}.json"
+
+
+def load_or_measure_ladders(pairs: list[tuple[str, str]], folder: str | None, cfg: LadderConfig, model_fn: Callable,
+                            say: Callable[[str], None] = print) -> dict[tuple[str, str], ShardLadders]:  # fmt: skip
+    """(geometry, kv_mode) -> ladders: the file in ``folder`` when there is one, else measured (on the demo model
+    ``model_fn()``; once per KV mode, the size effects once per geometry) and written to ``folder``."""
+    out, missing = {}, []
+    for geometry, kv_mode in pairs:
+        path = ladder_file(folder, geometry, kv_mode) if folder else None
+        if path is not None and path.exists():
+            try:
+                out[(geometry, kv_mode)] = ShardLadders.from_dict(json.loads(path.read_text()))
+            except (OSError, ValueError) as e:
+                raise SystemExit(
+                    f"sakura bench e2e: cannot read ladders {path}: {e}; delete it to measure again"
+                ) from e
+            say(f"ladders {geometry} {kv_mode}: read {path}")
+        else:
+            missing.append((geometry, kv_mode))
+    if not missing:
+        return out
+    model = model_fn()
+    demos = {}
+    # the size effects are the codecs' at the geometry's shard size: reuse those a file of the geometry measured
+    effects = {g: lad.source["size_effects"] for (g, _), lad in out.items() if "size_effects" in lad.source}
+    for geometry, kv_mode in missing:
+        g = get_geometry(geometry)
+        if kv_mode not in demos:
+            say(f"measuring {kv_mode} ladders on the demo model ({model.weights_source}) ...")
+            demos[kv_mode] = demo_ladders(model, cfg, kv_mode, say)
+        if geometry not in effects:  # measured on step 0's KV (per-step) or the single-mode KV
+            say(
+                f"measuring codec size effects at {geometry}'s shard size ({g.template_tokens} tokens x {g.width}) ..."
+            )
+            effects[geometry] = size_effects(demos[kv_mode], g, cfg, say)
+        source = {
+            "measured_on": f"demo model ({model.weights_source}), templates {', '.join(cfg.templates[: g.references])}"
+            f", user {cfg.user}, {cfg.steps} steps",
+            "shard_size": [g.template_tokens, g.heads, g.head_dim],
+            "synthesised_demo_layers": list(cfg.synth_layers),
+            "size_effects": effects[geometry],
+            "host_cpu": platform.processor() or platform.machine(),
+            "method": "sakura_core.bench.geometry_ladders (module docstring)",
+        }
+        lad = geometry_ladders(demos[kv_mode], effects[geometry], g, kv_mode, source)
+        out[(geometry, kv_mode)] = lad
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            atomic_write_json(ladder_file(folder, geometry, kv_mode), lad.as_dict())
+            say(f"ladders {geometry} {kv_mode}: wrote {ladder_file(folder, geometry, kv_mode)}")
+    return out
+
+
+def ladder_lines(lad: ShardLadders, fp16_shard_bytes: int, slowdown: float = 1.0) -> list[str]:
+    """Per family: each level's mean ratio vs fp16 over the shards (min-max), edit PSNR, decode MB/s; the floor."""
+    lines = []
+    for name, fam in lad.families.items():
+        b = np.array(fam.bytes, dtype=float)  # (shards, levels)
+        d = np.array(fam.decode_s, dtype=float) * slowdown
+        psnr = fam.psnr_db()
+        parts = []
+        for j, lv in enumerate(fam.levels):
+            r = fp16_shard_bytes / b[:, j]
+            mark = "*" if j == fam.floor else ""
+            parts.append(f"{lv}{mark} {fp16_shard_bytes / b[:, j].mean():.2f}x ({r.min():.2f}-{r.max():.2f}) "
+                         f"{psnr[j]:.1f} dB {fp16_shard_bytes / d[:, j].mean() / 1e6:.0f} MB/s")  # fmt: skip
+        lines.append(f"  {name}: " + "; ".join(parts))
+    return lines
