@@ -9,7 +9,7 @@ from cloud_server.fsck import FsckConfig, fsck
 from cloud_server.store import LocalStore
 from sakura_core.cli import main
 
-from ..synthetic_templates import build_synthetic, make_synthetic_template
+from ..synthetic_templates import build_cross_step_synthetic, build_synthetic, make_synthetic_template
 from .conftest import MODEL_ID
 
 OLD_S = 2 * 3600  # older than the default grace periods
@@ -131,10 +131,10 @@ def test_a_version_1_manifest_is_reported_with_the_fix_and_its_shards_kept(tmp_p
 
 def test_a_cross_step_manifests_blob_less_reuse_rung_is_not_missing(tmp_path):
     store = LocalStore(tmp_path / "store")
-    manifest = make_synthetic_template(store, "tpl-xs", model_id=MODEL_ID)
-    reuse = {"level": 0, "name": "reuse", "codec": "reuse", "bytes": 0, "total_bytes": 0, "distortion": 0.1,
-             "digest": None, "requires": [], "ref": {"mode": "reuse", "step": 0, "digest": "ab" * 32}}  # fmt: skip
-    manifest["shards"][0]["representations"].insert(0, reuse)
-    (store.root / "templates" / "tpl-xs" / "manifest.json").write_text(json.dumps(manifest))
+    t = build_cross_step_synthetic("tpl-xs", model_id=MODEL_ID)
+    for digest, blob in t.blobs.items():
+        store.put_shard(digest, blob)
+    store.put_manifest("tpl-xs", t.manifest)
+    assert any(r["digest"] is None for s in t.manifest["shards"] for r in s["representations"])  # the reuse rung
     report = fsck(store, FsckConfig())
     assert "tpl-xs" not in report.bad_manifests and not report.missing

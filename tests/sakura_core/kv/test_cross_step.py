@@ -124,11 +124,13 @@ def test_the_chain_decoder_needs_the_reference_to_read_tensors(make_shard):
 
 def test_binding_refuses_a_shard_of_another_step_or_reference():
     h = ShardHeader("sakura", 2, MODEL_ID, "tmpl", "r", 3, 3, (8, 8), 2, 16, step=2, ref_step=1, ref_digest=REF)
-    check_shard_binding(h, ShardSlot("tmpl", MODEL_ID, (3, 3), "sakura", "sakura-l2", 2, (1, REF)))
+    check_shard_binding(h, ShardSlot("tmpl", MODEL_ID, (3, 3), "sakura", "sakura-l2", step=2, reference=(1, REF)))
     with pytest.raises(ShardBindingError, match=r"step 2 \(expected 1\)"):
-        check_shard_binding(h, ShardSlot("tmpl", MODEL_ID, (3, 3), "sakura", "sakura-l2", 1, (1, REF)))
+        check_shard_binding(h, ShardSlot("tmpl", MODEL_ID, (3, 3), "sakura", "sakura-l2", step=1, reference=(1, REF)))
     with pytest.raises(ShardBindingError, match="reference step 1 base cdcd.*expected step 1 base efef"):
-        check_shard_binding(h, ShardSlot("tmpl", MODEL_ID, (3, 3), "sakura", "sakura-l2", 2, (1, "ef" * 32)))
+        check_shard_binding(
+            h, ShardSlot("tmpl", MODEL_ID, (3, 3), "sakura", "sakura-l2", step=2, reference=(1, "ef" * 32))
+        )
     with pytest.raises(ShardBindingError, match=r"step None \(expected 2\)"):
         check_shard_binding(dataclasses.replace(h, step=None, ref_step=None, ref_digest=None),
-                            ShardSlot("tmpl", MODEL_ID, (3, 3), "sakura", "sakura-l2", 2, None))  # fmt: skip
+                            ShardSlot("tmpl", MODEL_ID, (3, 3), "sakura", "sakura-l2", step=2, reference=None))  # fmt: skip
