@@ -81,6 +81,7 @@ def test_per_step_precompute_of_a_larger_template_on_the_folder(tmp_path, klein_
 
     from cloud_server.store import LocalStore
     from sakura_core.cli import main
+    from sakura_core.kv.manifest import blob_digests
     from sakura_core.kv.template_codec import decode_template
     from sakura_core.models.edit_model import load_image
     from sakura_core.runtime.denoise import run_edit
@@ -96,11 +97,10 @@ def test_per_step_precompute_of_a_larger_template_on_the_folder(tmp_path, klein_
     times = edit_times(m, steps)
     assert manifest["schedule"]["timesteps"] == pytest.approx([float(t) for t in times[:-1]])  # the model's own
     blobs = {}
-    for shard in manifest["shards"]:
-        for rep in shard["representations"]:
-            f, _ = store.open_shard(rep["digest"])
-            with f:
-                blobs[rep["digest"]] = f.read()
+    for digest in blob_digests(manifest):  # a cross-step template's reuse rung has no blob
+        f, _ = store.open_shard(digest)
+        with f:
+            blobs[digest] = f.read()
     fetched = decode_template(manifest, blobs, "fp16")
     f, _ = store.open_shard(manifest["template_image"]["digest"])  # the published template (lossless PNG)
     with f:

@@ -143,8 +143,7 @@ def test_token_counts_agree_with_the_simulators_geometry(klein_model):
     grids = klein_model.template_grid(blank)  # from the image sizes alone (nothing is encoded)
     edit = klein_model.template_grid(np.zeros((512, 512, 3), np.uint8))
     template_tokens = sum(r * c for r, c in grids)
-    two = GEOMETRIES.get("klein4b-512-2ref1024")
-    if two is not None:  # issue 25's geometry
-        assert (two.image_tokens, two.template_tokens, two.references) == (edit[0] * edit[1], template_tokens, 2)
+    two = GEOMETRIES["klein4b-512-2ref1024"]  # issue 25's geometry
+    assert (two.image_tokens, two.template_tokens, two.references) == (edit[0] * edit[1], template_tokens, 2)
     one = GEOMETRIES["klein4b-512-ref1024"]
     assert (one.image_tokens, 2 * one.template_tokens) == (edit[0] * edit[1], template_tokens)
