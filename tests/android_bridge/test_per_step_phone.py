@@ -47,8 +47,9 @@ def _blobs(store, manifest):
     return out
 
 
-async def _job(aiohttp_server, model, cloud_url, user_image, steps, policy="fetch-fp16", template=TEMPLATE):
-    profile = LiveProfile(0.01, 0.005, model.adapter.num_layers, steps)
+async def _job(aiohttp_server, model, cloud_url, user_image, steps, policy="fetch-fp16", template=TEMPLATE,
+               layer_s=(0.01, 0.005)):  # fmt: skip
+    profile = LiveProfile(*layer_s, model.adapter.num_layers, steps)
     server = await aiohttp_server(
         create_app(AgentConfig(token=PHONE_TOKEN, port=0), model=model, live_profile=profile)
     )
@@ -81,7 +82,10 @@ async def test_phone_run_at_a_lossy_cross_step_level_is_within_its_measured_psnr
 
     cloud, store, manifest, tpl = per_step_cloud
     assert manifest["per_step_coding"] == "cross-step"
-    image, report = await _job(aiohttp_server, demo_model, cloud.url, user_image, STEPS, policy="sakura")
+    # a phone-slow device (1 s a layer, as the policy is told): fetching the cross-step levels beats computing even at
+    # the estimator's cautious prior (the demo's shards are below its sample size, so it never leaves the prior)
+    image, report = await _job(aiohttp_server, demo_model, cloud.url, user_image, STEPS, policy="sakura",
+                               layer_s=(1.0, 0.5))  # fmt: skip
     assert not report["fallbacks"], report["fallbacks"]
     used = {n for names in report["levels_used"].values() for n in names} - {"template", "device"}
     assert used and used != {"fp16"}, used  # a lossy level, residual for step 1
