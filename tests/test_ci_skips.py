@@ -16,6 +16,8 @@ PLAIN_SKIPS = {
     "nodes/test_comfyui_frontend.py": "ComfyUI and a Chromium for its frontend (COMFYUI_DIR, CHROMIUM)",
     "nodes/test_manager_install.py": "ComfyUI: no package index serves it (COMFYUI_DIR)",
     "sakura_core/models/test_loading.py": "not a missing dependency: a machine with CUDA has no CUDA error to refuse",
+    "sakura_core/runtime/test_pipeline_cross_step.py": "not a dependency: an open race, marked xfail (see its reason)",
+    "nodes/test_klein_files.py": "not a missing dependency: a machine with a GPU has no CUDA error to refuse",
     "sakura_core/fetch/test_netns.py": "root and a kernel that lets us create network namespaces",
     "support/ci_deps.py": "the helper itself",
 }

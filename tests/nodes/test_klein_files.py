@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from ci_deps import import_or_skip
 
-pytest.importorskip("transformers", reason="the klein text encoder needs transformers (pip install transformers)")
+import_or_skip("transformers", "the klein text encoder needs transformers (pip install transformers)")
 
 
 @pytest.fixture(scope="module")

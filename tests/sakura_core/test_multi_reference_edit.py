@@ -11,13 +11,14 @@ import hashlib
 
 import numpy as np
 import pytest
+from ci_deps import import_or_skip
 
 from sakura_core import edit
 from sakura_core.fetch.sources import StoreSource
 from sakura_core.kv.manifest import ManifestError
 from sakura_core.runtime.live_profile import LiveProfile
 
-pytest.importorskip("transformers", reason="the klein text encoder needs transformers (pip install transformers)")
+import_or_skip("transformers", "the klein text encoder needs transformers (pip install transformers)")
 
 TID = "try-on-pair"
 PROMPT = "dress the person in the garment"

@@ -3,10 +3,13 @@
 import json
 import shutil
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
 from sakura_core.cli import main
+
+LADDERS = Path(__file__).resolve().parents[3] / "docs" / "results" / "ladders"  # the committed ones
 
 
 @pytest.mark.slow
@@ -19,7 +22,7 @@ def test_sim_bench_writes_consistent_json_and_plots(tmp_path, capsys):
     rc = main(["bench", "e2e", "--mode", "sim", "--traces", str(traces), "--policies",
                "on-device-cached,fetch-fp16,cachegen,sakura,oracle,free-kv", "--json", str(out),
                "--plots", str(tmp_path / "plots"), "--starts", "2", "--steps", "2", "--no-calibrate",
-               "--geometry", "klein4b-512-ref1024", "--kv-mode", "single"])  # fmt: skip
+               "--geometry", "klein4b-512-ref1024", "--kv-mode", "single", "--ladders", str(LADDERS)])  # fmt: skip
     assert rc == 0
     data = json.loads(out.read_text())
     assert data["mode"] == "sim" and "SIMULATION" in data["label"]
@@ -30,15 +33,15 @@ def test_sim_bench_writes_consistent_json_and_plots(tmp_path, capsys):
     assert data["geometry"] == "klein4b-512-ref1024" and data["model"]["kv_bytes_fp16"] == 25 * 2 * 4096 * 3072 * 2
     assert {r["trace_class"] for r in data["runs"]} == {"3G"}
     assert set(data["by_class"]) == {"3G", "all"}
-    assert all("phone_decode_bytes_per_s" in r for r in data["codec_levels"])
+    assert data["settings"]["ladders"] == str(LADDERS) and any(line.startswith("ladders: ") for line in data["header"])
     assert data["regime_map"]["cells"]
-    assert len(data["runs"]) == 6 * 2
+    assert len(data["runs"]) == (6 + 1) * 2  # each policy and the fluid lower bound, at 2 start offsets
     s = data["summary"]
-    assert set(s) == {"on-device-cached", "fetch-fp16", "cachegen", "sakura", "oracle", "free-kv"}
+    assert set(s) == {"on-device-cached", "fetch-fp16", "cachegen", "sakura", "oracle", "free-kv", "fluid-bound"}
+    assert s["fluid-bound"]["median_latency_s"] <= s["oracle"]["median_latency_s"]  # what no policy beats
     assert s["free-kv"]["median_latency_s"] <= s["oracle"]["median_latency_s"] <= s["sakura"]["median_latency_s"]
     assert s["sakura"]["median_latency_s"] <= s["on-device-cached"]["median_latency_s"]
-    fams = {r["family"] for r in data["codec_levels"]}
-    assert fams == {"sakura", "cachegen", "fp16"}
+    assert set(data["floors"]) == {"sakura", "cachegen", "fp16"}  # every family's ladders reached the simulator
     for name in ("timeline.png", "trace_levels.png", "regime_map.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
     printed = capsys.readouterr().out

@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from ci_deps import import_or_skip
 
-pytest.importorskip("transformers", reason="the klein text encoder needs transformers (pip install transformers)")
+import_or_skip("transformers", "the klein text encoder needs transformers (pip install transformers)")
 
 PROMPT = "put the garment on the person"
 

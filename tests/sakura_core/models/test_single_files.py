@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from ci_deps import import_or_skip
 
-pytest.importorskip("transformers", reason="the klein text encoder needs transformers (pip install transformers)")
+import_or_skip("transformers", "the klein text encoder needs transformers (pip install transformers)")
 
 # What ComfyUI reads to tell the three files apart (comfy/model_detection.py detect_unet_config, comfy/sd.py
 # detect_te_model and its VAE branch): present in every file we write, as in Comfy-Org's klein files.
