@@ -5,8 +5,8 @@ Routes (every ``/v1`` route needs ``Authorization: Bearer <pairing token>``; 401
     GET    /healthz                   liveness, no token, no information
     GET    /v1/info                   device profile, model id, memory budget, queue
     POST   /v1/jobs                   a job body (android_bridge.wire: JSON header + zstd tensor parts, sha256 each)
-                                      -> 202 {job_id, ...}; 400 bad body, 409 model not held, 413 too large,
-                                      422 over the memory budget, 429 queue full, 502 cloud unreachable
+                                      -> 202 {job_id}; 400 bad body, 409 model not held, 413 too large, 422 over
+                                      the memory budget / template too large, 429 queue full, 502 cloud unreachable
     GET    /v1/jobs/{id}              job status (JSON); with a WebSocket upgrade: progress events
     GET    /v1/jobs/{id}/result       multipart/mixed: the JSON report, then the edited image as PNG
     DELETE /v1/jobs/{id}              cancel a queued or running job (between layers); forget a finished one
@@ -16,9 +16,8 @@ WebSocket events (JSON): ``{"type": "state", "state": "queued"|"running"}``, ``{
 ``{"type": "error", "code", "error"}``, ``{"type": "cancelled", "reason"}``. A client may send ``{"type":
 "cancel"}``. Events so far are replayed to a late subscriber (progress coalesced to the latest).
 
-The phone fetches the template's manifest, image and KV shards from the cloud itself
-(:func:`sakura_core.edit.edit_from_server`, the same core edit the ComfyUI sampler runs); the user image and prompt arrive here only and are never
-forwarded. One job runs at a time; ``queue_size`` more may wait.
+The phone fetches the template's manifest, image and KV shards itself (``sakura_core.edit.edit_from_server``, the
+core edit the sampler node runs); image and prompt arrive here only. One job runs; ``queue_size`` more may wait.
 """
 
 from __future__ import annotations

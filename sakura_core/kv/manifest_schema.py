@@ -1,19 +1,15 @@
 """The manifest's schema, field by field: the one place its structure, types and ranges are checked (the layout is
 in :mod:`sakura_core.kv.manifest`, which builds the typed :class:`~sakura_core.kv.manifest.Manifest` from what these
-functions return). A bound on a field (a size, a range, finiteness) is added here, once, and every reader of a
-manifest (the shard client, a local store, the publisher, the nodes, the phone agent) gets it.
-
-Each check raises :class:`ManifestError` naming the offending field (``shards[2].layers``) and what it must be.
-
+functions return; every reader of a manifest gets each check). Each check raises :class:`ManifestError` naming the
+offending field (``shards[2].layers``) and what it must be; the size bounds are in :mod:`.manifest_limits`.
 Version 2 (issue 24, shard container format 2): a per-step representation may carry a cross-step ``ref``::
 
     {"mode": "residual", "step": r, "digest": D}   # its blobs code KV_s - KV_r: decode = (r, layers) + this chain
     {"mode": "reuse",    "step": r, "digest": D}   # zero bytes, no blob: the KV is (r, layers)'s decoded KV
 
-``r < s``; ``D`` is the digest of the fp16 representation of the shard (r, same layers), the identity of the exact
-KV the residual was computed against (any decoded representation of that shard serves as the reference). A
-``reuse`` representation has ``bytes`` 0, ``digest`` null and ``requires`` []. A version-1 manifest is refused
-naming the fix (:func:`version_problem`).
+``r < s``; ``D``: the fp16 digest of shard (r, same layers), the exact KV the residual was computed against (any
+decoded representation of it serves as the reference). ``reuse``: ``bytes`` 0, ``digest`` null, ``requires`` [].
+A version-1 manifest is refused naming the fix (:func:`version_problem`).
 """
 
 from __future__ import annotations
