@@ -15,9 +15,8 @@ from ..policy.policies import POLICIES
 from ..runtime.oracle import fixed_split_policy
 from ..runtime.profiles import DeviceProfile
 from ..runtime.simulate import kv_mode_view, simulate
-from .timing import best_time_s
 
-__all__ = ["PHONE_SHARD", "format_regime", "level_chain", "measure_phone_decode", "phone_scale_input", "regime_map"]
+__all__ = ["PHONE_SHARD", "format_regime", "level_chain", "phone_scale_input", "regime_map"]
 
 PHONE_SHARD = {"tokens": 1024, "heads": 16, "head_dim": 64}  # 4 MiB of fp16 K+V: one phone-class DiT layer
 
@@ -45,22 +44,6 @@ def phone_scale_input(layer_kv: np.ndarray, shard: dict | None = None):
 def level_chain(codec, level: int) -> list[int]:
     """The levels a chain up to ``level`` of ``codec`` encodes (a progressive codec: every level up to it)."""
     return [lv for lv in codec.levels if lv <= level] if codec.progressive else [level]
-
-
-def measure_phone_decode(rows: list[dict], layer_kv: np.ndarray, repeats: int = 2, shard: dict | None = None) -> None:
-    """Add ``phone_decode_bytes_per_s`` (fp16 bytes of K+V decoded per second) to every measured level row.
-
-    ``layer_kv``: (2, tokens, heads, head_dim) of one demo layer (K, V), tiled to the phone-scale shard.
-    """
-    from ..kv.chain import decode_chain
-    from ..kv.codec_registry import get_codec
-
-    inp, fp16_bytes = phone_scale_input(layer_kv, shard)
-    for r in rows:
-        codec = get_codec(r["codec"])
-        blobs = codec.encode(inp, level_chain(codec, r["level"]))
-        r["phone_decode_bytes_per_s"] = fp16_bytes / best_time_s(lambda b=blobs: decode_chain(b), repeats)
-        r["phone_shard"] = [1, 2, *inp.k.shape[1:]]
 
 
 def regime_map(
