@@ -3,6 +3,7 @@ servers and the benchmarks."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -10,7 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["atomic_create_bytes", "atomic_write_bytes", "atomic_write_json", "png_bytes", "save_png"]
+__all__ = [
+    "atomic_create_bytes",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "folder_write_problem",
+    "png_bytes",
+    "save_png",
+]
 
 
 def _umask() -> int:
@@ -71,6 +79,22 @@ def atomic_create_bytes(path: str | Path, data: bytes) -> None:
         os.link(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def folder_write_problem(folder: str | Path) -> str | None:
+    """Why files cannot be created in ``folder`` (``folder: strerror (ERRNO)``), or ``None``: a probe file is created
+    and removed (``os.access`` is no test: root passes it on a read-only mount or an immutable folder)."""
+    folder = Path(folder)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        return f"{folder}: {e.strerror} ({errno.errorcode.get(e.errno, e.errno)})"
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError as e:
+        return f"{folder}: a file created there cannot be removed: {e.strerror}"
+    return None
 
 
 def atomic_write_json(path: str | Path, obj) -> None:
