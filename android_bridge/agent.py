@@ -5,8 +5,8 @@ Routes (every ``/v1`` route needs ``Authorization: Bearer <pairing token>``; 401
     GET    /healthz                   liveness, no token, no information
     GET    /v1/info                   device profile, model id, memory budget, queue
     POST   /v1/jobs                   a job body (android_bridge.wire: JSON header + zstd tensor parts, sha256 each)
-                                      -> 202 {job_id}; 400 bad body, 409 model not held, 413 too large, 422 over
-                                      the memory budget / template too large, 429 queue full, 502 cloud unreachable
+                                      -> 202 {job_id}; 4xx/5xx {"error", "code"}: codes in DEVELOPERS.md
+                                      ("Phone agent error codes"), e.g. 502 bad_manifest / cloud_unreachable
     GET    /v1/jobs/{id}              job status (JSON); with a WebSocket upgrade: progress events
     GET    /v1/jobs/{id}/result       multipart/mixed: the JSON report, then the edited image as PNG
     DELETE /v1/jobs/{id}              cancel a queued or running job (between layers); forget a finished one
@@ -177,7 +177,7 @@ async def _check_template(state: AgentState, req, declared_model_id: str | None)
                      "template_too_large") from e  # fmt: skip
     except ManifestError as e:  # the class only: the text may quote what the cloud sent
         raise _error(502, f"the cloud at {req.server_url} sent a manifest of template {req.template_id!r} this "
-                          f"phone cannot use ({type(e).__name__})", "cloud_unreachable") from e  # fmt: skip
+                          f"phone cannot use ({type(e).__name__})", "bad_manifest") from e  # fmt: skip
     except (FetchError, asyncio.TimeoutError, OSError) as e:
         # the error's class only: its text may quote whatever page the URL led to
         raise _error(502, f"cannot reach the cloud at {req.server_url} ({type(e).__name__})",

@@ -30,8 +30,8 @@ def _error_code(e: BaseException) -> str:
         (ModelMismatchError, "model_not_held"),
         (TemplateNotFoundError, "template_not_found"),
         (AuthError, "cloud_auth"),
+        (ManifestError, "bad_manifest"),
         (FetchError, "fetch_failed"),
-        (ManifestError, "fetch_failed"),
         (ValueError, "bad_job"),
     ):
         if isinstance(e, cls):
