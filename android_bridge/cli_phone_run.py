@@ -56,8 +56,12 @@ def run(args) -> int:
     except ValueError as e:  # not an image, past the pixel limit
         print(f"sakura phone run: {e}", file=sys.stderr)
         return 2
-    job = PhoneJob(cloud_url=args.cloud, template_id=args.template, prompt=args.prompt, steps=args.steps,
-                   seed=args.seed, policy=args.policy, bandwidth=args.bandwidth, cloud_token=args.cloud_token)  # fmt: skip
+    try:
+        job = PhoneJob(cloud_url=args.cloud, template_id=args.template, prompt=args.prompt, steps=args.steps,
+                       seed=args.seed, policy=args.policy, bandwidth=args.bandwidth, cloud_token=args.cloud_token)  # fmt: skip
+    except ValueError as e:  # a prompt that is not text (a lone surrogate), a bad --bandwidth
+        print(f"sakura phone run: {e}", file=sys.stderr)
+        return 2
 
     def progress(event: dict) -> None:
         if not args.quiet and event["layer"] == event["layers"] - 1:

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_LAYERS",
+    "MAX_PROMPT_CHARS",
     "MAX_REPRESENTATIONS",
     "MAX_SHARD_ELEMENTS",
     "MAX_STEPS",
@@ -30,6 +31,7 @@ __all__ = [
     "LimitError",
     "bounded_json",
     "check_at_most",
+    "check_prompt",
     "json_depth",
 ]
 
@@ -57,6 +59,8 @@ MAX_IMAGE_PIXELS = 8192 * 8192
 MAX_JSON_BYTES = 64 << 20
 #: Nesting depth of a JSON document (a manifest nests 5 deep).
 MAX_JSON_DEPTH = 64
+#: Characters of an edit prompt.
+MAX_PROMPT_CHARS = 4096
 
 
 class LimitError(ValueError):
@@ -68,6 +72,24 @@ def check_at_most(what: str, value: int, bound: int) -> int:
     if value > bound:
         raise LimitError(f"{what} is {value}, over the limit of {bound}")
     return value
+
+
+def check_prompt(prompt: object) -> str:
+    """``prompt`` when it is text a tokenizer can take: a ``str`` of at most :data:`MAX_PROMPT_CHARS` characters that
+    encodes as UTF-8. A lone surrogate (bytes that were not UTF-8 on a command line, half of an emoji cut off by a
+    client) is refused here, where the prompt enters, with a :class:`LimitError` naming its position and the fix."""
+    if not isinstance(prompt, str):
+        raise LimitError(f"the prompt must be text (a string), got {type(prompt).__name__}")
+    check_at_most("the prompt's length in characters", len(prompt), MAX_PROMPT_CHARS)
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise LimitError(
+            f"the prompt is not valid Unicode text: character {e.start} is U+{ord(prompt[e.start]):04X}, a lone "
+            "surrogate (bytes that were not UTF-8, or half of a character pair cut off); type that part again, "
+            "or pass the prompt as UTF-8"
+        ) from None
+    return prompt
 
 
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)

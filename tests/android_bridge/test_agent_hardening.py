@@ -250,3 +250,16 @@ def test_fuzz_agent_authorization_and_job_bodies(agent_server, auth, body):
            + b"\r\nContent-Type: application/x-sakura-job\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
            + body)  # fmt: skip
     assert 0 < loop.run_until_complete(_status(port, req)) < 500
+
+
+@pytest.mark.parametrize("prompt", ["a face \ud83d", "\udcff\udcfe bytes from a shell", 7])
+async def test_a_prompt_that_is_not_text_is_refused_at_the_door(make_agent, user_image, prompt):  # noqa: F811
+    """A lone surrogate (JSON may carry one as \\udxxx) is refused with the job, not accepted to fail in the
+    tokenizer later (issue 28; main answered 202)."""
+    client, fake = await make_agent()
+    job = {"template_id": TEMPLATE_ID, "cloud_url": "http://127.0.0.1:9", "prompt": prompt}
+    r = await _submit(client, encode_job_body(job, {"image": user_image}))
+    got = await r.json()
+    assert r.status == 400 and got["code"] == "bad_job", got
+    assert ("lone surrogate" if isinstance(prompt, str) else "must be text") in got["error"], got
+    assert fake.requests == []
