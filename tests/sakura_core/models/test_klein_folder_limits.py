@@ -45,9 +45,14 @@ def test_a_vae_that_downsamples_less_is_bounded_before_loading(klein_folder, tmp
 
     folder = _variant(klein_folder, tmp_path, {"text_tokens": 32, "name": "tiny"})  # image_size: the default 512
     shutil.rmtree(folder / "vae")
-    AutoencoderKLFlux2(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
-                       up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4,
-                       norm_num_groups=32).save_pretrained(folder / "vae")  # fmt: skip  (downsamples 2x)
+    AutoencoderKLFlux2(
+        block_out_channels=(32, 32),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=32,
+    ).save_pretrained(folder / "vae")  # fmt: skip  (downsamples 2x)
 
     def no_load(*args, **kwargs):
         raise AssertionError("weights loaded before the geometry was checked")
