@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sakura_core.files import atomic_write_json
+from sakura_core.files import atomic_write_json, output_problem
 from sakura_core.models.loading import check_model_source
 from sakura_core.models.ref_layout import MAX_REFERENCES
 from sakura_core.precompute.cross_step import compare_to_single, level_totals
@@ -104,6 +104,10 @@ def run(args) -> int:
     except (ValueError, InvalidNameError, ImageError, StoreError) as e:
         print(f"sakura precompute: {e}", file=sys.stderr)
         return 2
+    problem = store.write_problem() or (output_problem(args.json) if args.json else None)
+    if problem is not None:  # a read-only or forbidden store (or --json folder): said before the compute
+        print(f"sakura precompute: {problem}", file=sys.stderr)
+        return 1
     if not args.overwrite and published:
         print(
             f"sakura precompute: template {args.template_id!r} is already published in {args.store}", file=sys.stderr
