@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench_shards import put_random_shards
 from .loadgen import cpu_s, load, rss_bytes
 from .nginx import NginxError, NginxProcess, find_nginx
+from .random_shards import put_random_shards
 from .store import LocalStore
 
 __all__ = ["add_arguments", "run"]
