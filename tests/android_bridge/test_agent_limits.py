@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 
-from ..manifest_fuzz import hostile_manifest_bytes
+from ..manifest_fuzz import FUZZ_RSS_BOUND_BYTES, RssPeak, hostile_manifest_bytes
 from ..synthetic_templates import build_synthetic
 from .conftest import PHONE_TOKEN, TEMPLATE_ID
 from .test_agent_app import _body, _submit, make_agent  # noqa: F401 - make_agent is a fixture
@@ -126,5 +127,8 @@ def test_fuzzed_cloud_manifests_never_make_the_agent_fail(demo_model, user_image
         assert status in (202, 409, 422, 502), (status, answer)
         assert status == 202 or answer.get("code"), answer
 
-    run()
+    with RssPeak() as rss:
+        run()
+    logging.getLogger(__name__).info(f"agent fuzz: peak RSS growth {rss.growth_bytes / 2**20:.1f} MiB")
+    assert rss.growth_bytes < FUZZ_RSS_BOUND_BYTES, f"peak RSS grew {rss.growth_bytes / 2**20:.1f} MiB"
     assert statuses.get(502, 0) + statuses.get(422, 0) > 0, statuses
