@@ -116,7 +116,8 @@ class Store(abc.ABC):
 
     def put_new_manifest(self, template_id: str, manifest: dict) -> None:
         """:meth:`put_manifest` unless the template is published: ``ManifestExistsError`` then. Atomic in a
-        ``LocalStore`` (two concurrent publishers of one id: one wins, the other is told); check-then-put here."""
+        ``LocalStore`` (link(2)) and an ``S3Store`` whose server honours ``If-None-Match: *`` (AWS S3, radosgw):
+        of concurrent publishers of one id one wins, the others are told; check-then-put in this default."""
         if self.has_template(template_id):
             raise ManifestExistsError(f"template {template_id!r} is already published")
         self.put_manifest(template_id, manifest)
