@@ -263,3 +263,16 @@ async def test_a_prompt_that_is_not_text_is_refused_at_the_door(make_agent, user
     assert r.status == 400 and got["code"] == "bad_job", got
     assert ("lone surrogate" if isinstance(prompt, str) else "must be text") in got["error"], got
     assert fake.requests == []
+
+
+async def test_wrong_pairing_tokens_are_rate_limited_per_address(make_agent):  # noqa: F811
+    """Past 20 wrong pairing tokens a minute from one address: 429 with Retry-After instead of 401 (issue 28; main:
+    401 for ever); the right token from that address still passes."""
+    client, _ = await make_agent()
+    wrong = {"Authorization": "Bearer not-the-pairing-token"}
+    for _ in range(20):
+        assert (await client.get("/v1/info", headers=wrong)).status == 401
+    r = await client.get("/v1/info", headers=wrong)
+    got = await r.json()
+    assert r.status == 429 and got["code"] == "rate_limited" and 1 <= int(r.headers["Retry-After"]) <= 60, got
+    assert (await client.get("/v1/info", headers=AUTH)).status == 200
