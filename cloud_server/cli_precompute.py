@@ -82,25 +82,30 @@ def add_arguments(parser) -> None:
     add_device_arguments(parser)
 
 
+def _inputs(args):
+    """(image(s), source, reference names, store, published?) from the arguments; raises naming the bad one."""
+    check_model_source(args.model)
+    validate_template_id(args.template_id)
+    if args.shard_layers < 1:
+        raise ValueError(f"--shard-layers must be >= 1, got {args.shard_layers}")
+    if args.steps < 1 or args.shift <= 0:
+        raise ValueError(f"--steps must be >= 1 and --shift > 0, got {args.steps} and {args.shift}")
+    if not 1 <= len(args.image) <= MAX_REFERENCES:
+        raise ValueError(f"--image: give 1..{MAX_REFERENCES} reference images, got {len(args.image)}")
+    read = [read_template_image(x) for x in args.image]
+    image = [im for im, _ in read] if len(read) > 1 else read[0][0]
+    source = read[0][1]
+    names = args.reference_name or [Path(x).stem[:64] or f"reference-{i + 1}" for i, x in enumerate(args.image)]
+    if len(names) != len(args.image):
+        raise ValueError(f"--reference-name: give one per --image ({len(args.image)}), got {len(names)}")
+    store = open_store(args.store, endpoint_url=args.s3_endpoint)
+    store.check()
+    return image, source, names, store, store.has_template(args.template_id)
+
+
 def run(args) -> int:
     try:
-        check_model_source(args.model)
-        validate_template_id(args.template_id)
-        if args.shard_layers < 1:
-            raise ValueError(f"--shard-layers must be >= 1, got {args.shard_layers}")
-        if args.steps < 1 or args.shift <= 0:
-            raise ValueError(f"--steps must be >= 1 and --shift > 0, got {args.steps} and {args.shift}")
-        if not 1 <= len(args.image) <= MAX_REFERENCES:
-            raise ValueError(f"--image: give 1..{MAX_REFERENCES} reference images, got {len(args.image)}")
-        read = [read_template_image(x) for x in args.image]
-        image = [im for im, _ in read] if len(read) > 1 else read[0][0]
-        source = read[0][1]
-        names = args.reference_name or [Path(x).stem[:64] or f"reference-{i + 1}" for i, x in enumerate(args.image)]
-        if len(names) != len(args.image):
-            raise ValueError(f"--reference-name: give one per --image ({len(args.image)}), got {len(names)}")
-        store = open_store(args.store, endpoint_url=args.s3_endpoint)
-        store.check()
-        published = store.has_template(args.template_id)
+        image, source, names, store, published = _inputs(args)
     except (ValueError, InvalidNameError, ImageError, StoreError) as e:
         print(f"sakura precompute: {e}", file=sys.stderr)
         return 2
