@@ -47,7 +47,7 @@ from .http_util import (
 from .precompute import PrecomputeFn, load_model
 from .state import CONFIG_KEY, STATE_KEY, Metrics, ServerState
 from .store import InvalidNameError, LocalStore, NotFoundError, Store, validate_digest, validate_template_id
-from .store_faults import StoreFaultError, checked_manifest, store_fault
+from .store_faults import NO_RETRY_HEADER, StoreFaultError, checked_manifest, store_fault
 from .write_path import _MULTIPART_OVERHEAD_BYTES, handle_job, handle_upload
 
 __all__ = ["CONFIG_KEY", "STATE_KEY", "Metrics", "ServerState", "create_app", "parse_range"]
@@ -138,7 +138,7 @@ def _check_token(request: web.Request, state: ServerState, *allowed: str | None)
     if retry_after_s is not None:
         raise _json_error(
             429, f"too many wrong bearer tokens from this address; retry in {retry_after_s:.0f} s with the right one",
-            {"Retry-After": f"{retry_after_s:.0f}"},
+            {"Retry-After": f"{retry_after_s:.0f}", NO_RETRY_HEADER: "no"},  # a client retrying the token is told
         )  # fmt: skip
     raise _json_error(401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="sakura"'})
 

@@ -40,6 +40,13 @@ async def test_wrong_tokens_past_the_limit_get_429_and_right_ones_pass(client, c
     for _ in range(5):  # the same address with the right token: never limited
         assert (await client.get("/v1/templates", headers=RIGHT)).status == 200
     assert (await client.get("/v1/templates")).status == 429  # no token at all counts as a wrong one
+    from sakura_core.fetch.client import ClientConfig, FetchError, ShardClient
+
+    url = str(client.make_url("")).rstrip("/")
+    async with ShardClient(url, "wrong-token-000", config=ClientConfig(backoff_initial_s=0.2)) as shards:
+        with pytest.raises(FetchError, match="HTTP 429 .*too many wrong bearer tokens"):
+            await shards.get_catalog()
+        assert shards.stats.errors == {}  # Sakura-Retry: no: the client does not retry (no _Retry counted)
     lines = [r for r in caplog.records if "wrong bearer token" in r.getMessage()]
     assert len(lines) == 1 and lines[0].getMessage().startswith("refused 1 wrong bearer token(s)")
 
