@@ -7,6 +7,7 @@ Read path (optionally behind a read token):
 - ``GET /v1/shards/{digest}``            an immutable shard: strong ETag = digest, single ``Range`` (206/416),
                                          ``If-None-Match`` (304), ``Cache-Control: public, max-age=31536000,
                                          immutable`` (``private`` behind a read token), sent with ``sendfile``
+  (all three: ``If-Match`` compared strongly, 412; a wrong token 401, or 429 past ``max_token_failures``)
 - ``GET /metrics``                       Prometheus text: requests, bytes, errors, in-flight, jobs
 
 Write path (bearer write token): ``POST /v1/templates`` (a template image, multipart or raw, size-limited) starts a
@@ -42,6 +43,7 @@ from .http_util import (
     _etag_matches,
     _json_error,
     _Unsatisfiable,
+    check_if_match,
     parse_range,
 )
 from .precompute import PrecomputeFn, load_model
@@ -160,19 +162,10 @@ async def handle_metrics(request: web.Request) -> web.Response:
     return web.Response(text=state.metrics.render(state.job_counts()), content_type="text/plain", charset="utf-8")
 
 
-def _check_if_match(request: web.Request, etag: str) -> None:
-    """412 unless an ``If-Match`` (when sent) names ``etag`` by the strong comparison (RFC 9110 13.1.1: a weak
-    ``W/"x"`` never matches), on shards, manifests and the catalog alike."""
-    if_match = request.headers.get("If-Match")
-    if if_match is not None and not _etag_matches(if_match, etag, strong=True):
-        shown = if_match if len(if_match) <= 80 else if_match[:80] + "…"
-        raise _json_error(412, f"If-Match {shown!r} does not match {etag}")
-
-
 def _json_response(request: web.Request, body: bytes, etag: str) -> web.Response:
     gated = request.app[STATE_KEY].config.read_token is not None
     headers = {"ETag": etag, "Cache-Control": PRIVATE_JSON_CACHE_CONTROL if gated else JSON_CACHE_CONTROL}
-    _check_if_match(request, etag)
+    check_if_match(request, etag)
     if _etag_matches(request.headers.get("If-None-Match"), etag):
         return web.Response(status=304, headers=headers)
     return web.Response(body=body, content_type="application/json", headers=headers)
@@ -239,7 +232,7 @@ async def handle_shard(request: web.Request) -> web.StreamResponse:
         }
         if _etag_matches(request.headers.get("If-None-Match"), etag):
             return web.Response(status=304, headers=headers)
-        _check_if_match(request, etag)
+        check_if_match(request, etag)
         rng = _range_of(request, etag, size)
         offset, count = rng if rng is not None else (0, size)
         resp = web.StreamResponse(status=206 if rng is not None else 200, headers=headers)
