@@ -23,6 +23,7 @@ from sakura_core.fetch.store_layout import (
     InvalidNameError,
     NotFoundError,
     StoreError,
+    StoreFaultError,
     StoreReader,
     validate_digest,
     validate_template_id,
@@ -167,9 +168,21 @@ class LocalStore(StoreReader, Store):
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.templates_dir.mkdir(parents=True, exist_ok=True)
 
+    def _writable_folder(self, folder: Path) -> Path:
+        """``folder`` (under the root) unless it or a folder above it in the store is a symbolic link: a write is
+        never sent out of the store (``StoreFaultError``, as reads are refused)."""
+        for part in (folder, *folder.parents):
+            if part == self.root:
+                return folder
+            if part.is_symlink():
+                raise StoreFaultError(f"cannot write under {part.relative_to(self.root)}: it is a symbolic link (the "
+                                      "store never follows one; put the folder itself)")  # fmt: skip
+        raise StoreFaultError(f"{folder} is not inside the store {self.root}")
+
     # ---- shards ----------------------------------------------------------------------------------------------
     def put_shard(self, digest: str, data: bytes) -> None:
         path = self.shard_path(digest)
+        self._writable_folder(path.parent)
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest:
             raise DigestMismatchError(f"shard bytes hash to {actual}, not to the digest {digest} they were put under")
@@ -188,13 +201,13 @@ class LocalStore(StoreReader, Store):
 
     # ---- templates ------------------------------------------------------------------------------------------
     def put_manifest(self, template_id: str, manifest: dict) -> None:
-        folder = self.template_dir(template_id)
+        folder = self._writable_folder(self.template_dir(template_id))
         data = (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
         atomic_write_bytes(folder / MANIFEST_FILE, data)
         _fsync_dir(folder)
 
     def put_new_manifest(self, template_id: str, manifest: dict) -> None:
-        folder = self.template_dir(template_id)
+        folder = self._writable_folder(self.template_dir(template_id))
         data = (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
         try:
             atomic_create_bytes(folder / MANIFEST_FILE, data)
@@ -205,7 +218,7 @@ class LocalStore(StoreReader, Store):
     def put_source_image(self, template_id: str, data: bytes, ext: str) -> None:
         if ext not in SOURCE_IMAGE_EXTS:
             raise ValueError(f"source image extension {ext!r} not one of {SOURCE_IMAGE_EXTS}")
-        folder = self.template_dir(template_id)
+        folder = self._writable_folder(self.template_dir(template_id))
         atomic_write_bytes(folder / f"source.{ext}", data)
 
     # ---- housekeeping ---------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ the link, ``Sakura-Retry: no``), the catalog leaves a linked template out, ``sto
 ``store repair`` touches nothing behind it. On main the file-level ``O_NOFOLLOW`` let a linked folder through:
 its shards and manifests were served, and repair deleted "orphans" outside the store."""
 
+import hashlib
 import shutil
 
 import pytest
@@ -84,3 +85,21 @@ def test_verify_reports_a_linked_subfolder_and_a_linked_template(store, tmp_path
     assert f"shards/{digest[:2]}: a symbolic link to a folder" in " ".join(report.unreadable)
     assert "templates/tpl-b: a symbolic link to a folder" in " ".join(report.unreadable)
     assert digest in report.missing["tpl-a"] and report.templates_checked == 1
+
+
+@pytest.mark.parametrize("linked", ["shards", "shards/aa", "templates/tpl-b"])
+def test_writes_never_go_through_a_linked_folder(store, tmp_path, linked):
+    from cloud_server.store import StoreFaultError
+
+    digest = store.get_manifest("tpl-a")["shards"][0]["representations"][0]["digest"]
+    blob = next(b for i in range(100_000) if hashlib.sha256(b := b"new %d" % i).hexdigest()[:2] == digest[:2])
+    folder = {"shards": store.shards_dir, "shards/aa": store.shards_dir / digest[:2]}.get(linked)
+    outside = tmp_path / "outside"
+    _move_out(folder or store.template_dir("tpl-b"), outside)
+    before = sorted(outside.rglob("*"))
+    with pytest.raises(StoreFaultError, match="it is a symbolic link"):  # main: written outside the store
+        if folder is None:
+            store.put_manifest("tpl-b", store.get_manifest("tpl-a"))
+        else:
+            store.put_shard(hashlib.sha256(blob).hexdigest(), blob)  # lands in shards/<aa>/ of the digest
+    assert sorted(outside.rglob("*")) == before
