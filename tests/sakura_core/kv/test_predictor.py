@@ -8,11 +8,13 @@ import zlib
 
 import numpy as np
 import pytest
+import zstandard as zstd
 
 from sakura_core.kv import ShardCorruptError, ShardHeader, ShardTruncatedError, get_codec
 from sakura_core.kv.chain import ChainDecoder, DecodedReference, decode_chain
 from sakura_core.kv.container import pack_shard, parse_shard
 from sakura_core.kv.predictor import SCALE_DENOM, fit_scale_codes, scale_codes_size, scales_from_codes
+from sakura_core.kv.sakura_decode import compact_ranges, meta_size, span_codes
 
 MODEL_ID = "ab" * 32
 REF = "cd" * 32
@@ -61,8 +63,10 @@ def test_a_scaled_residual_decodes_to_the_scaled_reference_plus_the_residual(mak
     ref = DecodedReference(0, REF, ref_k, ref_v)
     _, k, v = decode_chain(chain, ref)
     for got, exact, r in ((k, k1, res.k), (v, v1, res.v)):
-        step = (r.max(1, keepdims=True) - r.min(1, keepdims=True)) / 255  # the top level: within a fine step
-        bound = 0.5 * step * 1.01 + np.abs(exact) * 2**-9 + 2e-3  # + fp16 rounding of the reference and the sum
+        # the top level: within half a fine step, of a range up to 2 ** (1/8) wider than the residual's (compact
+        # ranges), + fp16 rounding of the reference and of the sum
+        step = 2 ** (1 / 8) * (r.max(1, keepdims=True) - r.min(1, keepdims=True)) / 255
+        bound = 0.5 * step * 1.01 + np.abs(exact) * 2**-9 + 1e-4
         assert (np.abs(got.astype(np.float32) - exact) <= bound).all()
     dec = ChainDecoder(ref)
     for blob in chain:
@@ -104,3 +108,31 @@ def test_a_corrupt_or_truncated_scale_is_refused(make_shard):
     blob[at] ^= 0x55  # a flipped scale code: the checksum catches it
     with pytest.raises(ShardCorruptError, match="checksum"):
         parse_shard(bytes(blob))
+
+
+def test_compact_ranges_cover_the_residual_and_stay_within_one_code_of_it():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((2, 1, 64, 2, 8)) * np.exp(rng.uniform(-8, 2, (2, 1, 1, 2, 8)))).astype(np.float32)
+    mean16 = x.mean(axis=2).astype(np.float16)
+    m = mean16.astype(np.float32)
+    lo_code, hi_code = span_codes(m - x.min(axis=2)), span_codes(x.max(axis=2) - m)
+    lo, hi = compact_ranges(mean16, lo_code, hi_code)
+    assert (lo <= x.min(axis=2)).all() and (hi >= x.max(axis=2)).all()
+    assert ((hi - m) <= 2 ** (1 / 8) * (x.max(axis=2) - m) * 1.0001).all()  # outward by under one code
+    assert ((m - lo) <= 2 ** (1 / 8) * (m - x.min(axis=2)) * 1.0001).all()
+    assert meta_size(1, 2, 8, compact=True) == 4 * 2 * 16 < meta_size(1, 2, 8, compact=False)
+
+
+def test_a_predicted_residual_base_with_corrupt_ranges_is_refused(make_shard):
+    _, _, res, *_ = _scaled_step(make_shard)
+    header, sections = parse_shard(get_codec("sakura").encode(res, [0])[0])
+    n = 2 * header.num_layers * header.heads * header.head_dim
+    head = bytearray(zstd.ZstdDecompressor().decompress(bytes(sections[0])))
+    head[0:2] = np.float16(np.inf).tobytes()  # a mean that is not finite
+    forged = pack_shard(header, [zstd.ZstdCompressor().compress(bytes(head)), *(bytes(x) for x in sections[1:])])
+    with pytest.raises(ShardCorruptError, match="not finite"):
+        decode_chain([forged], DecodedReference(0, REF, res.k.astype(np.float16), res.v.astype(np.float16)))
+    short = zstd.ZstdCompressor().compress(bytes(head[: 3 * n]))  # the six-byte layout's length is not this one's
+    with pytest.raises(ShardCorruptError):
+        decode_chain([pack_shard(header, [short, *(bytes(x) for x in sections[1:])])],
+                     DecodedReference(0, REF, res.k.astype(np.float16), res.v.astype(np.float16)))  # fmt: skip
