@@ -1,9 +1,11 @@
 """Per-step templates coded across steps: step 0 as a self-contained ladder, every later step s as a ladder of
-residuals ``KV_s - KV_{s-1}`` against the step before it, plus its exact fp16 and a zero-byte ``reuse`` rung.
+residuals ``KV_s - a * KV_{s-1}`` against the step before it (``a``: a per-channel predictor scale, :mod:`..kv.
+predictor`, in the residual's base blob header), plus its exact fp16 and a zero-byte ``reuse`` rung.
 
-What a client fetches for step s at level j: the residual chain of (s, layer) up to level j (``requires`` + its
-digest); what it needs decoded first: the shard (s-1, layer) at any level, or its exact KV computed on the device
-(the manifest ``ref`` names it by its fp16 digest). Decoded KV = the reference as decoded + the decoded residual.
+What a client fetches for step s at level j: the residual of (s, layer) at level j (one direct blob per level, see
+``PROGRESSIVE_RESIDUALS``; ``requires`` + its digest); what it needs decoded first: the shard (s-1, layer) at any
+level, or its exact KV computed on the device (the manifest ``ref`` names it by its fp16 digest). Decoded KV =
+``a`` * the reference as decoded + the decoded residual.
 Open loop: the residual is coded against the *exact* KV_{s-1}, so any representation of the reference serves (an
 upgrade of it improves what adds it) and the errors of a chain add up, no more (residuals against step 0 were
 measured too: on the demo model they grow with the distance, step 3's costing 80 % of a self-contained step at
@@ -42,6 +44,11 @@ __all__ = [
 REUSE = "reuse"
 #: Predict step s as a per-channel scale of step s - 1 (:mod:`..kv.predictor`), not as step s - 1 itself.
 AFFINE_PREDICTOR = True
+#: Code a residual level as a chain of refinements of the lower ones (progressive) — or, off, as one direct blob per
+#: level. A per-step shard serves one step, so its level is picked before that step and an upgrade in between is
+#: rare; a chain pays each blob's container and width table again (on the demo model ~0.4 KB a residual blob, most
+#: of a cheap residual level's bytes), a direct blob once. Step 0 and single-mode ladders stay progressive.
+PROGRESSIVE_RESIDUALS = False
 #: Weigh a residual unit of step s by the steps its error reaches, ``(steps - s) / steps`` of a step-0 unit (open
 #: loop: step s's residual error stays in every later step's decoded KV, step 0's in all of them).
 PROPAGATION_WEIGHTS = True
@@ -119,8 +126,8 @@ def encode_residual_step(
         last = first + shard.k.shape[0] - 1
         reps = []
         chain: list[bytes] = []
-        for level, blob in zip(ladder.levels, ladder.encode(shard, ladder.levels), strict=True):
-            chain = chain + [blob] if ladder.progressive else [blob]
+        for level, blob in zip(ladder.levels, _residual_blobs(ladder, shard), strict=True):
+            chain = chain + [blob] if (ladder.progressive and PROGRESSIVE_RESIDUALS) else [blob]
             name = ladder.level_name(level)
             ref = DecodedReference(ref_step, base.exact_digest[first], *base.decoded[(first, name)])
             _, k, v = decode_chain(chain, ref)
@@ -137,6 +144,14 @@ def encode_residual_step(
         nxt.exact_digest[first] = reps[-1]["digest"]
         entries.append({"layers": [first, last], "representations": reps})
     return entries, nxt
+
+
+def _residual_blobs(ladder: Codec, shard) -> list[bytes]:
+    """A residual shard's blob per level: the progressive chain, or (``PROGRESSIVE_RESIDUALS`` off) each level's
+    direct blob (the same decoded KV, bit for bit, in one blob)."""
+    if ladder.progressive and not PROGRESSIVE_RESIDUALS:
+        return [ladder.encode(shard, [level])[0] for level in ladder.levels]
+    return ladder.encode(shard, ladder.levels)
 
 
 def _shard_geometry(kv: TemplateKV, first: int, shard_layers: int) -> tuple[int, int, int]:
