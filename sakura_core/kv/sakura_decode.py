@@ -18,7 +18,7 @@ from .codec_parts import zstd_exact
 from .codec_registry import Parsed
 from .container import ShardCorruptError, ShardHeader
 
-__all__ = ["compact_ranges", "decode_sakura", "meta_size", "span_codes"]
+__all__ = ["MAX_SPAN", "compact_ranges", "decode_sakura", "meta_size", "span_codes"]
 
 WIDTHS = (0, 1, 2, 3, 4, 5, 6, 8)
 _W = np.array(WIDTHS, dtype=np.int16)
@@ -131,9 +131,10 @@ class _State:
 
 #: Compact ranges of a predicted residual (a base blob whose header has a predictor scale): per channel the mean
 #: (float16) and its distance to the minimum and to the maximum as a log code ``c`` (uint8): ``_SPAN[c]`` =
-#: 2 ** ((c - 200) / 8) (0 for c = 0), rounded outward by the encoder — 4 bytes a channel instead of 6 (min, max,
-#: mean in float16); a residual's ranges are small and many, so its side information is what this saves.
-_SPAN = np.concatenate([[0.0], 2.0 ** ((np.arange(1, 256) - 200) / 8)]).astype(np.float32)
+#: 2 ** ((c - 168) / 8) (0 for c = 0; 5e-7 .. 1868), rounded outward by the encoder — 4 bytes a channel instead of 6
+#: (min, max, mean in float16); a residual's ranges are small and many, so its side information is what this saves.
+_SPAN = np.concatenate([[0.0], 2.0 ** ((np.arange(1, 256) - 168) / 8)]).astype(np.float32)
+MAX_SPAN = float(_SPAN[-1])
 
 
 def meta_size(n_l: int, h: int, d: int, compact: bool) -> int:
@@ -142,8 +143,13 @@ def meta_size(n_l: int, h: int, d: int, compact: bool) -> int:
 
 
 def span_codes(dist: np.ndarray) -> np.ndarray:
-    """The smallest log codes whose span covers ``dist`` (>= 0, float32), uint8 (the last code caps it)."""
-    return np.minimum(np.searchsorted(_SPAN, dist.astype(np.float32), side="left"), 255).astype(np.uint8)
+    """The smallest log codes whose span covers ``dist`` (>= 0, float32), uint8; a distance over ``MAX_SPAN`` is
+    refused (ValueError: a residual that large is no cross-step residual — code that step without the predictor)."""
+    dist = dist.astype(np.float32)
+    if dist.size and float(dist.max()) > MAX_SPAN:
+        raise ValueError(f"a residual channel spans {float(dist.max()):.4g} from its mean, over the compact ranges' "
+                         f"{MAX_SPAN:.4g}: encode this step without the cross-step predictor")  # fmt: skip
+    return np.searchsorted(_SPAN, dist, side="left").astype(np.uint8)
 
 
 def compact_ranges(mean16: np.ndarray, lo_code: np.ndarray, hi_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

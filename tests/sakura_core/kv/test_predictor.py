@@ -14,7 +14,7 @@ from sakura_core.kv import ShardCorruptError, ShardHeader, ShardTruncatedError, 
 from sakura_core.kv.chain import ChainDecoder, DecodedReference, decode_chain
 from sakura_core.kv.container import pack_shard, parse_shard
 from sakura_core.kv.predictor import SCALE_DENOM, fit_scale_codes, scale_codes_size, scales_from_codes
-from sakura_core.kv.sakura_decode import compact_ranges, meta_size, span_codes
+from sakura_core.kv.sakura_decode import MAX_SPAN, compact_ranges, meta_size, span_codes
 
 MODEL_ID = "ab" * 32
 REF = "cd" * 32
@@ -121,6 +121,8 @@ def test_compact_ranges_cover_the_residual_and_stay_within_one_code_of_it():
     assert ((hi - m) <= 2 ** (1 / 8) * (x.max(axis=2) - m) * 1.0001).all()  # outward by under one code
     assert ((m - lo) <= 2 ** (1 / 8) * (m - x.min(axis=2)) * 1.0001).all()
     assert meta_size(1, 2, 8, compact=True) == 4 * 2 * 16 < meta_size(1, 2, 8, compact=False)
+    with pytest.raises(ValueError, match="without the cross-step predictor"):
+        span_codes(np.array([2 * MAX_SPAN], np.float32))  # no silently clipped range
 
 
 def test_a_predicted_residual_base_with_corrupt_ranges_is_refused(make_shard):
