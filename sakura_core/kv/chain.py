@@ -32,6 +32,7 @@ from .container import (
     parse_shard,
     shard_digest,
 )
+from .predictor import scales_from_codes
 
 __all__ = [
     "ChainDecoder",
@@ -64,9 +65,10 @@ class DecodedReference:
     v: np.ndarray
 
 
-def apply_reference(header: ShardHeader, k, v, reference: DecodedReference | None):
+def apply_reference(header: ShardHeader, k, v, reference: DecodedReference | None, scale: bytes | None = None):
     """The shard's KV from its decoded chain: ``k, v`` themselves for a self-contained shard, the reference's KV plus
-    them for a cross-step residual (float16 numpy arrays in, float16 numpy arrays out)."""
+    them for a cross-step residual — the reference scaled per channel by the chain base's predictor ``scale``
+    (``ShardHeader.ref_scale``, :mod:`.predictor`) when it has one (float16 numpy arrays in, float16 out)."""
     need = header.reference
     if need is None:
         return k, v
@@ -84,11 +86,14 @@ def apply_reference(header: ShardHeader, k, v, reference: DecodedReference | Non
     rk, rv = np.asarray(reference.k), np.asarray(reference.v)
     if rk.shape != tuple(header.tensor_shape) or rv.shape != tuple(header.tensor_shape):
         raise ShardChainError(f"reference KV has shape {rk.shape}, the shard needs {header.tensor_shape}")
-    return _add16(rk, k), _add16(rv, v)
+    a = None if scale is None else scales_from_codes(scale, header.num_layers, header.heads, header.head_dim)
+    return _add16(rk, k, None if a is None else a[0]), _add16(rv, v, None if a is None else a[1])
 
 
-def _add16(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _add16(a: np.ndarray, b: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
     out = a.astype(np.float32)
+    if scale is not None:
+        out *= scale  # (layers, 1, heads, head_dim) over (layers, tokens, heads, head_dim)
     out += b
     return out.astype(np.float16)
 
@@ -107,6 +112,9 @@ def _check_link(index: int, header: ShardHeader, first: ShardHeader | None, prev
         if header.codec not in CODECS:
             raise UnknownCodecError(f"shard codec {header.codec!r} is not known; known: {sorted(CODECS)}")
         return
+    if header.ref_scale is not None:
+        raise ShardChainError(f"blob {index} (level {header.level}) is a refinement carrying a predictor scale: only "
+                              "a chain's base carries it")  # fmt: skip
     if header.codec != first.codec:
         raise ShardChainError(f"blob {index} is codec {header.codec!r}, the chain's base is {first.codec!r}")
     if not get_codec(first.codec).progressive:
@@ -152,7 +160,7 @@ def decode_chain(
         raise ShardChainError(f"a self-contained shard (step {header.step}) was given a reference to add")
     k, v = get_codec(header.codec).decode(parsed)
     _check_shapes(header, k, v)
-    k, v = apply_reference(header, k, v, reference)
+    k, v = apply_reference(header, k, v, reference, parsed[0][0].ref_scale)
     return header, k, v
 
 
@@ -226,5 +234,5 @@ class ChainDecoder:
         else:
             k, v = codec.decode(self._parsed)
         _check_shapes(header, k, v)
-        k, v = apply_reference(header, np.asarray(k), np.asarray(v), self.reference)
+        k, v = apply_reference(header, np.asarray(k), np.asarray(v), self.reference, self._parsed[0][0].ref_scale)
         return torch.as_tensor(k), torch.as_tensor(v)

@@ -44,6 +44,8 @@ class ShardMeta:
         step: the sampler step of per-step KV (``None``: single-mode KV).
         ref_step, ref_digest: a cross-step residual's reference — the step and base-blob digest of the shard (same
             layers) whose decoded KV the decoded residual is added to; ``None`` for a self-contained shard.
+        ref_scale: the residual's per-channel predictor scale codes (:mod:`.predictor`; the base blob's header
+            carries them), ``None`` for a plain difference.
     """
 
     model_id: str
@@ -55,6 +57,7 @@ class ShardMeta:
     step: int | None = None
     ref_step: int | None = None
     ref_digest: str | None = None
+    ref_scale: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,7 @@ class ShardInput:
             step=m.step,
             ref_step=m.ref_step,
             ref_digest=m.ref_digest,
+            ref_scale=m.ref_scale if parent is None else None,  # the chain's base carries the predictor
         )
 
 

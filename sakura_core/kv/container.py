@@ -8,6 +8,8 @@ Layout (little endian, no pickle)::
                    digest (32 bytes, zero for none: the base blob of the shard this one is coded against),
                    section count and the lengths of the four strings
     strings        codec name, model id, template id, RoPE layout (utf-8)
+    scale codes    only with flag 0x04: a cross-step residual base's predictor, int8 (2, layers, heads,
+                   head_dim) (:mod:`.predictor`)
     section table  one uint32 length per payload section
     sections       codec-defined payload (zstd frames, raw arrays, ...)
     trailer        crc32 of everything before it
@@ -23,13 +25,13 @@ blob's actual size before anything is allocated, and raises a specific :class:`S
 from __future__ import annotations
 
 import hashlib
-import re
 import struct
 import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .names import MODEL_ID_RE, TEMPLATE_ID_FORM, is_digest, is_template_id
+from .header_checks import DTYPE_CODES, header_problems
+from .predictor import scale_codes_size
 from .shard_errors import (
     ShardChainError,
     ShardCorruptError,
@@ -68,13 +70,6 @@ MAX_BLOB_BYTES = 1 << 30
 #: Largest K (or V) tensor a shard may describe, in elements: layers * tokens * heads * head_dim.
 MAX_ELEMENTS = 1 << 28
 MAX_SECTIONS = 32
-_MAX_LAYER = 4095
-_MAX_GRID_SIDE = 4096
-_MAX_HEADS = 1024
-_MAX_HEAD_DIM = 1024
-
-_CODEC_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_ROPE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 # magic, version, header_size, flags, dtype, level, layer_first, layer_last, grid_rows, grid_cols, heads, head_dim,
 # parent digest, step, ref_step, ref digest, n_sections, len(codec), len(model_id), len(template_id), len(rope_layout)
@@ -82,10 +77,10 @@ _FIXED = struct.Struct("<4sHHBBHHHHHHH32sHH32sBBBBB")
 _TRAILER = struct.Struct("<I")
 _FLAG_REFINES = 0x01
 _FLAG_REFERENCE = 0x02
-_KNOWN_FLAGS = _FLAG_REFINES | _FLAG_REFERENCE
-_NO_STEP, _MAX_STEP = 0xFFFF, 0xFFFE
-_DTYPES = {1: "float16", 2: "float32"}
-_DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
+_FLAG_SCALE = 0x04  # a cross-step predictor's scale codes follow the strings
+_KNOWN_FLAGS = _FLAG_REFINES | _FLAG_REFERENCE | _FLAG_SCALE
+_NO_STEP = 0xFFFF
+_DTYPES = {code: name for name, code in DTYPE_CODES.items()}
 _ZERO_DIGEST = bytes(32)
 
 
@@ -112,6 +107,9 @@ class ShardHeader:
         step: the sampler step whose KV this is (per-step KV), or ``None`` (single-mode KV, valid at every step).
         ref_step, ref_digest: the step and base-blob digest of the shard (same layers) this one is coded against
             (a cross-step residual: decoded KV = the reference's decoded KV + this chain's), or ``None``.
+        ref_scale: a residual base blob's predictor (:mod:`.predictor`): int8 scale codes, (2, layers, heads,
+            head_dim) — decoded KV = scale * reference + this chain's; ``None`` = plain difference. Refinements of
+            the chain do not repeat it (the chain's base carries it).
     """
 
     codec: str
@@ -129,9 +127,10 @@ class ShardHeader:
     step: int | None = None
     ref_step: int | None = None
     ref_digest: str | None = None
+    ref_scale: bytes | None = None
 
     def __post_init__(self) -> None:
-        problems = _header_problems(self)
+        problems = header_problems(self)
         if problems:
             raise ValueError(f"invalid shard header: {problems}")
 
@@ -176,61 +175,21 @@ class ShardHeader:
         return None if self.ref_step is None else (self.ref_step, self.ref_digest)
 
 
-def _header_problems(h: ShardHeader) -> str:
-    """Empty string when the header is valid, else a message naming the bad field and value."""
-    if not isinstance(h.codec, str) or not _CODEC_RE.match(h.codec):
-        return f"codec {h.codec!r} must match [a-z0-9][a-z0-9_-]{{0,31}}"
-    if not isinstance(h.model_id, str) or not MODEL_ID_RE.fullmatch(h.model_id):
-        return f"model_id {h.model_id!r} must be 1-128 lowercase hex characters"
-    if not is_template_id(h.template_id):
-        return f"template_id {h.template_id!r} must match {TEMPLATE_ID_FORM}"
-    if not isinstance(h.rope_layout, str) or not _ROPE_RE.match(h.rope_layout):
-        return f"rope_layout {h.rope_layout!r} must be 1-64 characters of [A-Za-z0-9._-]"
-    if not 0 <= h.level <= 0xFFFF:
-        return f"level {h.level} must be in [0, 65535]"
-    if not 0 <= h.layer_first <= h.layer_last <= _MAX_LAYER:
-        return f"layer range [{h.layer_first}, {h.layer_last}] must satisfy 0 <= first <= last <= {_MAX_LAYER}"
-    rows, cols = h.token_grid
-    if not (1 <= rows <= _MAX_GRID_SIDE and 1 <= cols <= _MAX_GRID_SIDE):
-        return f"token_grid {tuple(h.token_grid)} sides must be in [1, {_MAX_GRID_SIDE}]"
-    if not 1 <= h.heads <= _MAX_HEADS:
-        return f"heads {h.heads} must be in [1, {_MAX_HEADS}]"
-    if not 1 <= h.head_dim <= _MAX_HEAD_DIM:
-        return f"head_dim {h.head_dim} must be in [1, {_MAX_HEAD_DIM}]"
-    if h.dtype not in _DTYPE_CODES:
-        return f"dtype {h.dtype!r} must be one of {sorted(_DTYPE_CODES)}"
-    if h.parent is not None and not is_digest(h.parent):
-        return f"parent {h.parent!r} must be a 64-character hex sha256 digest or None"
-    return _step_problems(h)
-
-
-def _step_problems(h: ShardHeader) -> str:
-    """The step and reference fields: a reference needs a step after it and a digest."""
-    if h.step is not None and not (isinstance(h.step, int) and 0 <= h.step <= _MAX_STEP):
-        return f"step {h.step!r} must be None or an int in [0, {_MAX_STEP}]"
-    if (h.ref_step is None) != (h.ref_digest is None):
-        return f"ref_step {h.ref_step!r} and ref_digest {h.ref_digest!r} must both be set or both None"
-    if h.ref_step is None:
-        return ""
-    if h.step is None or not (isinstance(h.ref_step, int) and 0 <= h.ref_step < h.step):
-        return f"ref_step {h.ref_step!r} must be an earlier step than the shard's step {h.step!r}"
-    if not is_digest(h.ref_digest):
-        return f"ref_digest {h.ref_digest!r} must be a 64-character hex sha256 digest"
-    return ""
-
-
 def pack_shard(header: ShardHeader, sections: list[bytes]) -> bytes:
     """Serialise a header and payload sections into one blob (deterministic: same input, same bytes)."""
     if len(sections) > MAX_SECTIONS:
         raise ValueError(f"a shard holds at most {MAX_SECTIONS} sections, got {len(sections)}")
     strings = [s.encode("utf-8") for s in (header.codec, header.model_id, header.template_id, header.rope_layout)]
-    header_size = _FIXED.size + sum(len(s) for s in strings) + 4 * len(sections)
+    scale = header.ref_scale or b""
+    header_size = _FIXED.size + sum(len(s) for s in strings) + len(scale) + 4 * len(sections)
     fixed = _FIXED.pack(
         MAGIC,
         FORMAT_VERSION,
         header_size,
-        (_FLAG_REFINES if header.parent else 0) | (_FLAG_REFERENCE if header.ref_digest else 0),
-        _DTYPE_CODES[header.dtype],
+        (_FLAG_REFINES if header.parent else 0)
+        | (_FLAG_REFERENCE if header.ref_digest else 0)
+        | (_FLAG_SCALE if scale else 0),
+        DTYPE_CODES[header.dtype],
         header.level,
         header.layer_first,
         header.layer_last,
@@ -246,7 +205,7 @@ def pack_shard(header: ShardHeader, sections: list[bytes]) -> bytes:
         *(len(s) for s in strings),
     )
     table = struct.pack(f"<{len(sections)}I", *(len(s) for s in sections))
-    body = b"".join([fixed, *strings, table, *sections])
+    body = b"".join([fixed, *strings, scale, table, *sections])
     if len(body) + _TRAILER.size > MAX_BLOB_BYTES:
         raise ValueError(f"shard of {len(body)} bytes exceeds MAX_BLOB_BYTES={MAX_BLOB_BYTES}")
     return body + _TRAILER.pack(zlib.crc32(body))
@@ -332,7 +291,9 @@ def _section_lengths(view: memoryview, f: _Fixed) -> tuple[int, ...]:
     if f.n_sections > MAX_SECTIONS:
         raise ShardCorruptError(f"shard declares {f.n_sections} sections, at most {MAX_SECTIONS} are allowed")
     header_size = f.header_size
-    expected_header = _FIXED.size + f.len_codec + f.len_model + f.len_template + f.len_rope + 4 * f.n_sections
+    scale = scale_codes_size(f.layer_last - f.layer_first + 1, f.heads, f.head_dim) if f.flags & _FLAG_SCALE else 0
+    strings = f.len_codec + f.len_model + f.len_template + f.len_rope
+    expected_header = _FIXED.size + strings + scale + 4 * f.n_sections
     if header_size != expected_header:
         raise ShardCorruptError(f"shard header size field {header_size} != {expected_header} computed from its fields")
     if n < header_size + _TRAILER.size:
@@ -388,6 +349,7 @@ def _header(view: memoryview, f: _Fixed) -> ShardHeader:
             step=None if f.step == _NO_STEP else f.step,
             ref_step=f.ref_step if has_ref else None,
             ref_digest=f.ref_raw.hex() if has_ref else None,
+            ref_scale=bytes(view[pos : f.header_size - 4 * f.n_sections]) if f.flags & _FLAG_SCALE else None,
         )
     except ValueError as e:
         raise ShardCorruptError(f"shard header field out of range: {e}") from e

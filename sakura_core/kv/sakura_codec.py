@@ -24,8 +24,10 @@ deltas. The base blob also carries the per-channel ranges and the means used for
 base..j equals decoding the direct level-j blob bit for bit.
 
 Sections of a level blob: ``[head, group_1, ..., group_n]``; ``head`` = zstd(meta (base only: float16
-(3, 2, layers, heads, head_dim) = channel minima, maxima, means of K and V) | width deltas (uint8,
-(2, layers, tokens, heads))), ``group_m`` = zstd(packed symbols).
+(3, 2, layers, heads, head_dim) = channel minima, maxima, means of K and V; a cross-step residual with a predictor
+scale in its header: float16 means + uint8 log codes of the distances to the minima and maxima, (2, 2, layers, heads,
+head_dim), see ``sakura_decode._SPAN``) | width deltas (uint8, (2, layers, tokens, heads))), ``group_m`` =
+zstd(packed symbols).
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ from .sakura_decode import (  # the encoder measures exactly what the decoder wi
     _Params,
     _reconstruct,
     _step,
-    _steps,
     _transition_groups,
+    compact_ranges,
     decode_sakura,
+    span_codes,
 )
 
 __all__ = [
@@ -115,7 +118,7 @@ DEFAULT_CONFIG = SakuraConfig()
 @dataclass
 class _Plan:
     params: _Params
-    meta16: np.ndarray  # (3, 2, layers, heads, head_dim) float16: channel minima, maxima, means of K and V
+    meta: bytes  # a base blob's per-channel ranges and means (sakura_decode._base_params reads them)
     fine: np.ndarray  # (2, layers, tokens, heads, head_dim) uint8
     level_idx: list[np.ndarray]  # per level: (2, layers, tokens, heads) uint8 width indices
 
@@ -243,9 +246,20 @@ def _distortions(shard: ShardInput, config: SakuraConfig):
     """Quantiser parameters, fine codes, and each unit's (distortion, bits) at every width."""
     x = np.stack([np.asarray(shard.k, dtype=np.float32), np.asarray(shard.v, dtype=np.float32)])
     _, n_l, t, h, d = x.shape  # (2, layers, tokens, heads, head_dim)
-    lo16, hi16 = f16_floor(x.min(axis=2)), f16_ceil(x.max(axis=2))  # (2, layers, heads, head_dim)
-    mean16 = x.mean(axis=2).astype(np.float16)
-    params = _Params(lo=lo16.astype(np.float32), step=_steps(lo16, hi16), mean=mean16.astype(np.float32))
+    mean16 = x.mean(axis=2).astype(np.float16)  # (2, layers, heads, head_dim)
+    if shard.meta.ref_scale is not None:  # a predicted residual: compact ranges around the mean
+        m32 = mean16.astype(np.float32)
+        lo_code, hi_code = (
+            span_codes(np.maximum(m32 - x.min(axis=2), 0)),
+            span_codes(np.maximum(x.max(axis=2) - m32, 0)),
+        )
+        lo, hi = compact_ranges(mean16, lo_code, hi_code)
+        meta = mean16.astype("<f2").tobytes() + lo_code.tobytes() + hi_code.tobytes()
+    else:
+        lo16, hi16 = f16_floor(x.min(axis=2)), f16_ceil(x.max(axis=2))
+        lo, hi = lo16.astype(np.float32), hi16.astype(np.float32)
+        meta = np.stack([lo16, hi16, mean16]).astype("<f2").tobytes()
+    params = _Params(lo=lo, step=(hi - lo) / np.float32(255.0), mean=mean16.astype(np.float32))
     fine = _fine_codes(x, params.lo[:, :, None], params.step[:, :, None])  # (2, layers, tokens, heads, head_dim)
     kw = np.ones(x.shape[1:], np.float64) if shard.k_weight is None else _mix(shard.k_weight, config.uniform_mix)
     vw = np.ones(x.shape[1:4], np.float64) if shard.v_weight is None else _mix(shard.v_weight, config.uniform_mix)
@@ -262,12 +276,11 @@ def _distortions(shard: ShardInput, config: SakuraConfig):
         dist[0, ..., 0] = _mix(shard.k_drop, config.uniform_mix)
     rate = np.empty_like(dist)
     rate[...] = _W.astype(np.float64) * d
-    meta16 = np.stack([lo16, hi16, mean16])
-    return params, meta16, fine, dist, rate
+    return params, meta, fine, dist, rate
 
 
 def _plan(shard: ShardInput, config: SakuraConfig) -> _Plan:
-    params, meta16, fine, dist, rate = _cached_distortions(shard, config)
+    params, meta, fine, dist, rate = _cached_distortions(shard, config)
     n_w = len(WIDTHS)
     if shard.level_slopes is not None:
         if len(shard.level_slopes) != len(config.level_bits):
@@ -277,7 +290,7 @@ def _plan(shard: ShardInput, config: SakuraConfig) -> _Plan:
         budgets = [b * 2 * shard.k.size for b in config.level_bits]
         flat = allocate_widths(dist.reshape(-1, n_w), rate.reshape(-1, n_w), budgets_bits=budgets)
     level_idx = [a.reshape(dist.shape[:4]) for a in flat]
-    return _Plan(params, meta16, fine, level_idx)
+    return _Plan(params, meta, fine, level_idx)
 
 
 def _level_blob(
@@ -292,7 +305,7 @@ def _level_blob(
     n_l, t, h, d = shard.k.shape
     base = prev_idx is None
     prev = np.zeros_like(new_idx) if base else prev_idx
-    head = [plan.meta16.astype("<f2").tobytes()] if base else []
+    head = [plan.meta] if base else []
     head.append((new_idx.astype(np.int16) - prev).astype(np.uint8).tobytes())
     sections = [zstd_compress(b"".join(head), config.zstd_level)]
     w_new, added, groups = _transition_groups(prev, new_idx)

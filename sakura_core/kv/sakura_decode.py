@@ -18,7 +18,7 @@ from .codec_parts import zstd_exact
 from .codec_registry import Parsed
 from .container import ShardCorruptError, ShardHeader
 
-__all__ = ["decode_sakura"]
+__all__ = ["MAX_SPAN", "compact_ranges", "decode_sakura", "meta_size", "span_codes"]
 
 WIDTHS = (0, 1, 2, 3, 4, 5, 6, 8)
 _W = np.array(WIDTHS, dtype=np.int16)
@@ -34,10 +34,6 @@ class _Params:
     lo: np.ndarray  # (2, layers, heads, head_dim) float32 (from float16): K and V channel minima
     step: np.ndarray  # (2, layers, heads, head_dim): fine-code step
     mean: np.ndarray  # (2, layers, heads, head_dim): what a dropped unit decodes to
-
-
-def _steps(lo16: np.ndarray, hi16: np.ndarray) -> np.ndarray:
-    return (hi16.astype(np.float32) - lo16.astype(np.float32)) / np.float32(255.0)
 
 
 def _fine_codes(x: np.ndarray, lo: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -133,9 +129,46 @@ class _State:
     params: _Params
 
 
-def _base_params(head: bytes, n_l: int, h: int, d: int) -> _Params:
-    """The per-channel ranges and means at the start of a base blob's head section."""
-    meta = np.frombuffer(head, dtype="<f2", count=6 * n_l * h * d).reshape(3, 2, n_l, h, d).astype(np.float32)
+#: Compact ranges of a predicted residual (a base blob whose header has a predictor scale): per channel the mean
+#: (float16) and its distance to the minimum and to the maximum as a log code ``c`` (uint8): ``_SPAN[c]`` =
+#: 2 ** ((c - 168) / 8) (0 for c = 0; 5e-7 .. 1868), rounded outward by the encoder — 4 bytes a channel instead of 6
+#: (min, max, mean in float16); a residual's ranges are small and many, so its side information is what this saves.
+_SPAN = np.concatenate([[0.0], 2.0 ** ((np.arange(1, 256) - 168) / 8)]).astype(np.float32)
+MAX_SPAN = float(_SPAN[-1])
+
+
+def meta_size(n_l: int, h: int, d: int, compact: bool) -> int:
+    """Bytes of a base blob's per-channel ranges and means (``compact``: a predicted residual's)."""
+    return (4 if compact else 6) * 2 * n_l * h * d
+
+
+def span_codes(dist: np.ndarray) -> np.ndarray:
+    """The smallest log codes whose span covers ``dist`` (>= 0, float32), uint8; a distance over ``MAX_SPAN`` is
+    refused (ValueError: a residual that large is no cross-step residual — code that step without the predictor)."""
+    dist = dist.astype(np.float32)
+    if dist.size and float(dist.max()) > MAX_SPAN:
+        raise ValueError(f"a residual channel spans {float(dist.max()):.4g} from its mean, over the compact ranges' "
+                         f"{MAX_SPAN:.4g}: encode this step without the cross-step predictor")  # fmt: skip
+    return np.searchsorted(_SPAN, dist, side="left").astype(np.uint8)
+
+
+def compact_ranges(mean16: np.ndarray, lo_code: np.ndarray, hi_code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) float32 of a predicted residual's compact ranges: the mean minus / plus the codes' spans."""
+    mean = mean16.astype(np.float32)
+    return mean - _SPAN[lo_code], mean + _SPAN[hi_code]
+
+
+def _base_params(head: bytes, n_l: int, h: int, d: int, compact: bool = False) -> _Params:
+    """The per-channel ranges and means at the start of a base blob's head section (``compact``: mean + log codes,
+    see ``_SPAN``)."""
+    n = 2 * n_l * h * d
+    if compact:
+        mean = np.frombuffer(head, dtype="<f2", count=n).reshape(2, n_l, h, d)
+        codes = np.frombuffer(head, dtype=np.uint8, count=2 * n, offset=2 * n).reshape(2, 2, n_l, h, d)
+        lo, hi = compact_ranges(mean, codes[0], codes[1])
+        meta = np.stack([lo, hi, mean.astype(np.float32)])
+    else:
+        meta = np.frombuffer(head, dtype="<f2", count=3 * n).reshape(3, 2, n_l, h, d).astype(np.float32)
     if not np.isfinite(meta).all() or (meta[1] < meta[0]).any():
         raise ShardCorruptError("sakura: channel ranges / means are not finite or inverted")
     return _Params(lo=meta[0], step=(meta[1] - meta[0]) / np.float32(255.0), mean=meta[2])
@@ -149,10 +182,11 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
         raise ShardCorruptError("sakura: the first blob of a chain must be a base and the others refinements")
     if not sections:
         raise ShardCorruptError("sakura: blob has no sections")
-    meta_bytes = 6 * n_l * h * d * 2 if base else 0
+    compact = header.ref_scale is not None  # a predicted residual's base: compact ranges
+    meta_bytes = meta_size(n_l, h, d, compact) if base else 0
     head = zstd_exact(sections[0], meta_bytes + n_units, "sakura head")
     if base:
-        params = _base_params(head, n_l, h, d)
+        params = _base_params(head, n_l, h, d, compact)
         prev = np.zeros((2, n_l, t, h), np.uint8)
         acc = np.zeros((n_units, d), dtype=np.uint8)
     else:

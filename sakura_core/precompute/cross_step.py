@@ -1,9 +1,11 @@
 """Per-step templates coded across steps: step 0 as a self-contained ladder, every later step s as a ladder of
-residuals ``KV_s - KV_{s-1}`` against the step before it, plus its exact fp16 and a zero-byte ``reuse`` rung.
+residuals ``KV_s - a * KV_{s-1}`` against the step before it (``a``: a per-channel predictor scale, :mod:`..kv.
+predictor`, in the residual's base blob header), plus its exact fp16 and a zero-byte ``reuse`` rung.
 
-What a client fetches for step s at level j: the residual chain of (s, layer) up to level j (``requires`` + its
-digest); what it needs decoded first: the shard (s-1, layer) at any level, or its exact KV computed on the device
-(the manifest ``ref`` names it by its fp16 digest). Decoded KV = the reference as decoded + the decoded residual.
+What a client fetches for step s at level j: the residual of (s, layer) at level j (one direct blob per level, see
+``PROGRESSIVE_RESIDUALS``; ``requires`` + its digest); what it needs decoded first: the shard (s-1, layer) at any
+level, or its exact KV computed on the device (the manifest ``ref`` names it by its fp16 digest). Decoded KV =
+``a`` * the reference as decoded + the decoded residual.
 Open loop: the residual is coded against the *exact* KV_{s-1}, so any representation of the reference serves (an
 upgrade of it improves what adds it) and the errors of a chain add up, no more (residuals against step 0 were
 measured too: on the demo model they grow with the distance, step 3's costing 80 % of a self-contained step at
@@ -19,10 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import torch
 
 from ..kv.chain import DecodedReference, decode_chain
 from ..kv.codec_registry import Codec, get_codec
 from ..kv.container import shard_digest
+from ..kv.predictor import fit_scale_codes, scales_from_codes
 from ..kv.template_codec import shard_inputs
 from ..models.kv_types import TemplateKV
 from .importance import attention_error
@@ -38,6 +42,13 @@ __all__ = [
 ]
 
 REUSE = "reuse"
+#: Predict step s as a per-channel scale of step s - 1 (:mod:`..kv.predictor`), not as step s - 1 itself.
+AFFINE_PREDICTOR = True
+#: Code a residual level as a chain of refinements of the lower ones (progressive) — or, off, as one direct blob per
+#: level. A per-step shard serves one step, so its level is picked before that step and an upgrade in between is
+#: rare; a chain pays each blob's container and width table again (on the demo model ~0.4 KB a residual blob, most
+#: of a cheap residual level's bytes), a direct blob once. Step 0 and single-mode ladders stay progressive.
+PROGRESSIVE_RESIDUALS = False
 #: Weigh a residual unit of step s by the steps its error reaches, ``(steps - s) / steps`` of a step-0 unit (open
 #: loop: step s's residual error stays in every later step's decoded KV, step 0's in all of them).
 PROPAGATION_WEIGHTS = True
@@ -94,13 +105,20 @@ def encode_residual_step(
 ) -> tuple[list[dict], StepBase]:
     """Shard entries of step ``step`` (residual ladder against ``base`` = step - 1, fp16) and what step + 1 is
     coded against."""
-    residual = TemplateKV(kv.kv.float() - base.kv.kv.float(), kv.model_id, kv.token_grid, kv.rope_layout)
+    scales = _predictor_scales(kv, base.kv, shard_layers) if AFFINE_PREDICTOR else {}
+    prediction = base.kv.kv.float().clone()  # (layers, 2, tokens, heads, head_dim): a * KV_{s-1}
+    for first, codes in scales.items():
+        a = scales_from_codes(codes, *_shard_geometry(kv, first, shard_layers))  # (2, layers, 1, heads, head_dim)
+        n_l = a.shape[1]
+        prediction[first : first + n_l] *= torch.from_numpy(a).transpose(0, 1)
+    residual = TemplateKV(kv.kv.float() - prediction, kv.model_id, kv.token_grid, kv.rope_layout)
     ref_step = step - 1
     refs = {first: (ref_step, d) for first, d in base.exact_digest.items()}
     inputs = shard_inputs(residual, template_id, importance, shard_layers, step=step, references=refs)
     # a dropped residual unit keeps the base's value: its cost is the weighted residual itself, not k_drop
     f = (steps - step) / steps if (steps and PROPAGATION_WEIGHTS) else 1.0
-    inputs = [replace(x, k_drop=None, level_slopes=base.slopes, **_scaled_weights(x, f)) for x in inputs]
+    inputs = [replace(x, k_drop=None, level_slopes=base.slopes, meta=replace(x.meta, ref_scale=scales.get(
+        x.meta.layer_first)), **_scaled_weights(x, f)) for x in inputs]  # fmt: skip
     exact_inputs = shard_inputs(kv, template_id, None, shard_layers, step=step)
     entries, nxt = [], StepBase(kv, base.slopes)
     for shard, exact_shard in zip(inputs, exact_inputs, strict=True):
@@ -108,8 +126,8 @@ def encode_residual_step(
         last = first + shard.k.shape[0] - 1
         reps = []
         chain: list[bytes] = []
-        for level, blob in zip(ladder.levels, ladder.encode(shard, ladder.levels), strict=True):
-            chain = chain + [blob] if ladder.progressive else [blob]
+        for level, blob in zip(ladder.levels, _residual_blobs(ladder, shard), strict=True):
+            chain = chain + [blob] if (ladder.progressive and PROGRESSIVE_RESIDUALS) else [blob]
             name = ladder.level_name(level)
             ref = DecodedReference(ref_step, base.exact_digest[first], *base.decoded[(first, name)])
             _, k, v = decode_chain(chain, ref)
@@ -126,6 +144,29 @@ def encode_residual_step(
         nxt.exact_digest[first] = reps[-1]["digest"]
         entries.append({"layers": [first, last], "representations": reps})
     return entries, nxt
+
+
+def _residual_blobs(ladder: Codec, shard) -> list[bytes]:
+    """A residual shard's blob per level: the progressive chain, or (``PROGRESSIVE_RESIDUALS`` off) each level's
+    direct blob (the same decoded KV, bit for bit, in one blob)."""
+    if ladder.progressive and not PROGRESSIVE_RESIDUALS:
+        return [ladder.encode(shard, [level])[0] for level in ladder.levels]
+    return ladder.encode(shard, ladder.levels)
+
+
+def _shard_geometry(kv: TemplateKV, first: int, shard_layers: int) -> tuple[int, int, int]:
+    return min(shard_layers, kv.num_layers - first), kv.num_heads, kv.head_dim
+
+
+def _predictor_scales(kv: TemplateKV, prev: TemplateKV, shard_layers: int) -> dict[int, bytes]:
+    """Per shard (first layer), the scale codes of step s's exact KV on step s - 1's (:mod:`..kv.predictor`)."""
+    out = {}
+    for first in range(0, kv.num_layers, shard_layers):
+        s = slice(first, first + shard_layers)
+        # (layers, 2, tokens, heads, head_dim) -> (2, layers, tokens, heads, head_dim)
+        ref, cur = (x.kv[s].float().transpose(0, 1).numpy() for x in (prev, kv))
+        out[first] = fit_scale_codes(ref, cur)
+    return out
 
 
 def _scaled_weights(shard, f: float) -> dict:
