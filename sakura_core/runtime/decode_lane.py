@@ -48,6 +48,7 @@ class DecodeLane:
 
     def reset(self) -> None:
         self.decoders: dict[ShardId, tuple[list[str], ChainDecoder]] = {}  # shard -> (digests pushed, its decoder)
+        self.passed: set[ShardId] = set()  # shards whose decoder was dropped because they were served
 
     @contextlib.contextmanager
     def pool_open(self):
@@ -78,10 +79,14 @@ class DecodeLane:
                    reference: DecodedReference | None = None):  # fmt: skip
         """Decode ``blobs`` = ``digests[start:]``: with ``start`` > 0 on top of this shard's decoder, which has
         applied ``digests[:start]`` (an upgrade applies only its new blobs); else a new decoder. ``reference``: the
-        decoded reference a cross-step residual adds to (``HeldKV.reference_for``), None for a self-contained level."""
+        decoded reference a cross-step residual adds to (``HeldKV.reference_for``), None for a self-contained level.
+        None (nothing decoded) for an upgrade of a shard served while its blobs came: its decoder is gone, and the
+        upgrade is of no use any more."""
         t0 = self.st.now
         with self._lock:
             done, dec = self.decoders.pop(shard, ([], None))
+            if start and dec is None and shard in self.passed:
+                return None
         if start:
             if dec is None or done != digests[:start]:
                 raise RuntimeError(f"{shard}: the decoder no longer holds the chain prefix this upgrade extends")
@@ -105,9 +110,11 @@ class DecodeLane:
         """Drop ``shard``'s decoder (it will not be upgraded: the compute lane has passed it)."""
         with self._lock:
             self.decoders.pop(shard, None)
+            self.passed.add(shard)
 
     def release(self, shards) -> None:
         """Drop the decoders of ``shards`` (served: never upgraded again)."""
         with self._lock:
             for shard in shards:
                 self.decoders.pop(shard, None)
+                self.passed.add(shard)
