@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench_shards import put_random_shards
 from .catalog import load_catalog
 from .catalog_jobs import LocalRunner, make_job
 from .loadgen import load
 from .nginx import NginxError, NginxProcess, find_nginx
+from .random_shards import put_random_shards
 from .store import LocalStore
 from .store_url import S3_ENDPOINT_HELP, open_store
 

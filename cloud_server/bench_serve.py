@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench_shards import put_random_shards
 from .loadgen import cpu_s, load, rss_bytes
 from .nginx import NginxError, NginxProcess, find_nginx
+from .random_shards import put_random_shards
 from .store import LocalStore
 
 __all__ = ["add_arguments", "run"]
@@ -286,7 +286,8 @@ def _measure_levels(servers: list, digests, sizes, levels: list[int], args) -> t
 
 
 def _ratios(runs: list[dict], levels: list[int]) -> dict:
-    """Per level with both servers: nginx/sakura requests per second, sakura/nginx server CPU per request."""
+    """Per level with both servers: nginx/sakura requests per second, sakura/nginx server CPU per request (None when
+    either server's CPU time is below the clock's resolution: a short run)."""
     ratios = {}
     for conns in levels:
         s = next(r for r in runs if r["server"] == "sakura" and r["connections"] == conns)
@@ -294,9 +295,9 @@ def _ratios(runs: list[dict], levels: list[int]) -> dict:
         if n is not None:
             ratios[str(conns)] = {
                 "nginx_over_sakura_req_per_s": round(n["req_per_s"] / max(s["req_per_s"], 1e-9), 2),
-                "sakura_over_nginx_cpu_per_req": round(
-                    s["server_cpu_ms_per_req"] / max(n["server_cpu_ms_per_req"], 1e-9), 2
-                ),
+                "sakura_over_nginx_cpu_per_req": round(s["server_cpu_ms_per_req"] / n["server_cpu_ms_per_req"], 2)
+                if n["server_cpu_ms_per_req"] > 0 and s["server_cpu_ms_per_req"] > 0
+                else None,
             }
     return ratios
 
@@ -329,10 +330,14 @@ def _print_summary(runs, ratios, rss, top, targets, json_path) -> None:
     print()
     print(_table(runs))
     for conns, v in ratios.items():
-        print(
-            f"{conns:>5} conns: nginx/sakura req/s {v['nginx_over_sakura_req_per_s']:.2f}x, "
-            f"sakura/nginx server CPU per request {v['sakura_over_nginx_cpu_per_req']:.2f}x"
+        cpu = v["sakura_over_nginx_cpu_per_req"]
+        cpu = (
+            "n/a (a server's CPU time is below the clock's resolution: more --requests)"
+            if cpu is None
+            else f"{cpu:.2f}x"
         )
+        print(f"{conns:>5} conns: nginx/sakura req/s {v['nginx_over_sakura_req_per_s']:.2f}x, "
+              f"sakura/nginx server CPU per request {cpu}")  # fmt: skip
     print(f"RSS MiB: start {rss['start']}, after first {top}-connection run "
           f"{rss['sakura_after_first_top_level_run']}, after soak runs {rss['sakura_after_each_soak_run']}")  # fmt: skip
     print(f"targets: {targets}")

@@ -98,27 +98,28 @@ def user_image(name: str) -> np.ndarray:
     return load_image(getattr(skimage.data, source)(), USER_SIZE)
 
 
-def publish_examples(store_dir: str | Path, model=None, template_ids=None) -> list[str]:
-    """Publish the example templates into the store (those already there are kept); returns the ids published.
+def publish_examples(store, model=None, template_ids=None) -> list[str]:
+    """Publish the example templates into ``store`` (a :class:`~cloud_server.store.Store`, or a folder for a local
+    one); those already there are kept; returns the ids published.
 
     ``template_ids`` picks some of :data:`TEMPLATES` (default: all); an unknown id raises ``ValueError``."""
     from cloud_server.precompute import publish_template
-    from cloud_server.store import LocalStore
+    from cloud_server.store import LocalStore, Store
     from sakura_core.models.edit_model import load_demo_model
 
-    store = LocalStore(store_dir)
-    model = model or load_demo_model()
-    done = []
     unknown = sorted(set(template_ids or ()) - set(TEMPLATES))
     if unknown:
         raise ValueError(f"unknown example template(s) {', '.join(unknown)}; the examples are {', '.join(TEMPLATES)}")
+    store = store if isinstance(store, Store) else LocalStore(store)
+    model = model or load_demo_model()
+    done = []
     for template_id in template_ids or TEMPLATES:
         if store.has_template(template_id):
             continue
         kv = KV_SETTINGS.get(template_id, {})
         publish_template(store, model, template_image(template_id, model.spec), template_id,
                          reference_names=reference_names(template_id), **kv)  # fmt: skip
-        logger.info("published %s in %s", template_id, store.root)
+        logger.info("published %s in %s", template_id, getattr(store, "root", store))
         done.append(template_id)
     return done
 

@@ -96,6 +96,10 @@ def headline(runs: list[dict]) -> dict:
         "starts_per_trace": min(starts) if starts else 0,
         "sakura_vs_oracle": _stats(_ratios(by, "sakura", "oracle")),
         "speedup_median": {p: statistics.median(x) for p in SPEEDUP_OVER if (x := _ratios(by, p, "sakura"))},
+        # the speed-up no policy can pass with these bytes: the fluid lower bound's over each baseline
+        "speedup_ceiling_median": {
+            p: statistics.median(x) for p in SPEEDUP_OVER if (x := _ratios(by, p, FLUID_BOUND))
+        },
         "sakura_vs_fetch_nothing": _stats(_ratios(by, "sakura", nothing)),
         "fluid_bound_median_s": statistics.median(bounds) if bounds else None,
         "sakura_vs_fluid": _stats(_ratios(by, "sakura", FLUID_BOUND)),
@@ -111,12 +115,14 @@ def format_headline(h: dict) -> str:
         return "-" if s is None else f"{s['median']:.3f} / {s['worst']:.3f}"
 
     sp = ", ".join(f"{p} {x:.2f}x" for p, x in h["speedup_median"].items()) or "-"
+    ceiling = ", ".join(f"{p} {x:.2f}x" for p, x in h.get("speedup_ceiling_median", {}).items()) or "-"
     psnr = h["sakura_psnr_db_median"]
     fb = h["fluid_bound_median_s"]
     return "\n".join([
         f"runs: {h['runs']} ({h['traces']} traces x >= {h['starts_per_trace']} start offsets)",
         f"sakura / oracle (median / worst): {pair(h['sakura_vs_oracle'])}",
         f"sakura's speed-up (median of per-run ratios): {sp}",
+        f"ceiling: the fluid bound's speed-up (no policy passes it with these bytes): {ceiling}",
         f"sakura / best fetch-nothing policy (median / worst): {pair(h['sakura_vs_fetch_nothing'])}",
         f"fluid lower bound: median {'-' if fb is None else f'{fb:.1f} s'}; sakura / bound {pair(h['sakura_vs_fluid'])}"
         f"; oracle / bound {pair(h['oracle_vs_fluid'])}",

@@ -12,7 +12,9 @@ __all__ = ["EstimatorConfig", "ThroughputEstimator"]
 class EstimatorConfig:
     """Attributes:
     window: samples in the harmonic mean (RobustMPC: 5).
-    min_sample_bytes: transfers smaller than this are not samples (latency-dominated).
+    min_sample_bytes: a transfer smaller than this is no sample on its own (latency-dominated): consecutive small
+        transfers are pooled (their bytes over their summed time) until they reach it, so a run of small shards
+        still moves the estimate off the prior.
     prior_bytes_per_s: estimate before any sample (conservative: 0.5 Mbit/s).
     """
 
@@ -38,14 +40,21 @@ class ThroughputEstimator:
         self._samples: deque[float] = deque(maxlen=self.config.window)
         self._errors: deque[float] = deque(maxlen=self.config.window)
         self._last_prediction: float | None = None
+        self._pooled = (0.0, 0.0)  # small transfers not yet a sample: bytes, seconds
 
     @property
     def samples(self) -> int:
         return len(self._samples)
 
     def observe(self, nbytes: float, seconds: float) -> None:
-        if nbytes < self.config.min_sample_bytes or seconds <= 0:
+        if nbytes <= 0 or seconds <= 0:
             return
+        if nbytes < self.config.min_sample_bytes:
+            nbytes, seconds = self._pooled[0] + nbytes, self._pooled[1] + seconds
+            if nbytes < self.config.min_sample_bytes:
+                self._pooled = (nbytes, seconds)
+                return
+        self._pooled = (0.0, 0.0)
         rate = nbytes / seconds
         if self._last_prediction is not None:
             self._errors.append(abs(self._last_prediction - rate) / rate)

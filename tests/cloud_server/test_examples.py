@@ -9,6 +9,8 @@ from cloud_server.examples import USER_IMAGES
 from cloud_server.store import LocalStore
 from sakura_core.cli import main
 
+from .conftest import new_s3_store
+
 
 @pytest.mark.slow
 def test_examples_command(tmp_path, capsys):
@@ -24,6 +26,25 @@ def test_examples_command(tmp_path, capsys):
             assert img.size == (128, 128)
     assert main(argv) == 0  # a rerun keeps what is there
     assert "face-swap-astronaut: already published" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_examples_command_publishes_into_an_s3_store(radosgw, capsys):
+    store = new_s3_store(radosgw, "examples")
+    argv = ["examples", "--store", str(store.location), "--s3-endpoint", radosgw.endpoint_url,
+            "--template", "face-swap-astronaut"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"face-swap-astronaut: published in {store.location}" in out
+    assert f"--s3-endpoint {radosgw.endpoint_url}" in out  # the serve line names the endpoint too
+    assert store.list_templates() == ["face-swap-astronaut"]
+    assert main(argv) == 0
+    assert "face-swap-astronaut: already published" in capsys.readouterr().out
+
+
+def test_examples_command_names_a_bad_store_url(capsys):
+    assert main(["examples", "--store", "gs://bucket/x", "--template", "face-swap-astronaut"]) == 2
+    assert "unsupported scheme 'gs'" in capsys.readouterr().err
 
 
 def test_examples_command_refuses_a_missing_comfyui_folder(tmp_path, capsys):

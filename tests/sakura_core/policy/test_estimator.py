@@ -15,10 +15,19 @@ def test_harmonic_mean_and_error_discount():
     assert e.harmonic() == pytest.approx(200)  # window of 3 forgot the old samples
 
 
-def test_small_transfers_are_not_samples():
+def test_small_transfers_are_pooled_into_one_sample_once_they_reach_the_minimum():
     e = ThroughputEstimator(EstimatorConfig(min_sample_bytes=1000))
-    e.observe(10, 0.001)
-    assert e.samples == 0
+    e.observe(400, 0.1)
+    e.observe(400, 0.3)
+    assert e.samples == 0 and e.harmonic() == EstimatorConfig().prior_bytes_per_s  # 800 B: not yet a sample
+    e.observe(400, 0.2)
+    assert e.samples == 1 and e.harmonic() == pytest.approx(1200 / 0.6)  # the pool: its bytes over its time
+    e.observe(5000, 1.0)  # a large transfer is a sample of its own
+    assert e.samples == 2 and e.harmonic() == pytest.approx(2 / (0.6 / 1200 + 1 / 5000))
+    e.observe(0, 0.5)  # an empty transfer tells nothing
+    e.reset()
+    e.observe(999, 0.1)
+    assert e.samples == 0  # reset emptied the pool too
 
 
 def test_config_is_validated():
