@@ -47,9 +47,11 @@ def shard_floor(floor, g: int) -> int:
 
 
 def levels_from(ladder: list[Level], floor: int) -> list[int]:
-    """The indices of ``ladder`` a policy may pick with its quality floor at ``floor``: the floor and the levels above
-    it that are no worse (a ladder that starts with a ``reuse`` rung is not ordered by quality: a fetched level
+    """The indices of ``ladder`` a policy may pick with its quality floor at ``floor``: the floor and every level above
+    it; above a ``reuse`` rung only those no worse than it (such a ladder is not ordered by quality: a fetched level
     cheaper than the floor the rung replaced may be worse than the rung)."""
+    if not ladder[floor].reuse:
+        return list(range(floor, len(ladder)))
     return [j for j in range(floor, len(ladder)) if j == floor or ladder[j].mse <= ladder[floor].mse]
 
 

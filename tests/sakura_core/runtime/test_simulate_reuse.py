@@ -11,7 +11,7 @@ from sakura_core.bench.e2e import PSNR_TARGET_DB, cross_step_sakura
 from sakura_core.bench.per_step_ladders import load
 from sakura_core.fetch.traces import Trace
 from sakura_core.metrics import psnr_from_mse
-from sakura_core.policy.ladder import Level
+from sakura_core.policy.ladder import Level, levels_from
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.geometry import GEOMETRIES
 from sakura_core.runtime.oracle import fixed_split_policy
@@ -102,3 +102,10 @@ def test_the_free_rung_costs_no_round_trip_in_the_plan():
     cfg = SimConfig(min_rtt_s=0.05)
     r = simulate(make_policy("sakura"), Trace.constant(50.0), P, _ladders(), FLOORS, config=cfg)
     assert r.splits[2] == 0 and r.bytes_fetched == Q.nbytes  # the probe; then the rung for every later layer used
+
+
+def test_above_a_reuse_floor_only_levels_no_worse_than_the_rung_may_be_picked():
+    worse = Level("q0", FP // 50, FP // 50, 1e-3, 5e-6)  # cheaper than q, worse than the rung (2e-6)
+    ladder = [_reuse(1), worse, Q, EXACT]
+    assert levels_from(ladder, 0) == [0, 3]  # q (1e-5) is worse than the rung too
+    assert levels_from([worse, Q, EXACT], 0) == [0, 1, 2]  # no rung: the floor and everything above it
