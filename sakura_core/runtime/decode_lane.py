@@ -79,7 +79,8 @@ class DecodeLane:
                    reference: DecodedReference | None = None):  # fmt: skip
         """Decode ``blobs`` = ``digests[start:]``: with ``start`` > 0 on top of this shard's decoder, which has
         applied ``digests[:start]`` (an upgrade applies only its new blobs); else a new decoder. ``reference``: the
-        decoded reference a cross-step residual adds to (``HeldKV.reference_for``), None for a self-contained level.
+        decoded reference a cross-step residual adds to (``HeldKV.reference_for``), None for a self-contained level
+        (or for an upgrade whose reference the device has freed since: its decoder keeps the one it was given).
         None (nothing decoded) for an upgrade of a shard served while its blobs came: its decoder is gone, and the
         upgrade is of no use any more."""
         t0 = self.st.now
@@ -99,7 +100,8 @@ class DecodeLane:
         for blob in blobs:  # on an error the half-advanced decoder stays dropped (popped above)
             dec.push(blob, lambda header: check_shard_geometry(header, slot))
         check_shard_binding(dec.header, slot)
-        dec.set_reference(reference)
+        if reference is not None or not start:  # an upgrade without one keeps the reference its decoder has
+            dec.set_reference(reference)
         k, v = dec.tensors()
         with self._lock:
             self.decoders[shard] = (list(digests), dec)

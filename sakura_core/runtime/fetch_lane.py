@@ -292,7 +292,12 @@ class FetchLane:
         digests = [*rep.get("requires", []), rep["digest"]]
         name = self.ladders[g][level].name
         start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
-        reference = self.held.reference_for(shard, rep)  # a residual whose reference the device lacks: not fetched
+        try:
+            reference = self.held.reference_for(shard, rep)  # a residual whose reference the device lacks: not fetched
+        except MissingReferenceError:
+            if not start:
+                raise
+            reference = None  # an upgrade: its decoder keeps the reference its chain was decoded against (freed here)
         todo = digests[start:]
         if self.reports_chunks:  # the policy sees this shard's transfer while it lasts (LiveState.link_progress)
             with st.lock:
