@@ -118,7 +118,7 @@ class SimLink:
     def _reference_ready(self, layer: int, level: int) -> tuple[int, float]:
         """A cross-step residual level decodes only after its reference shard (same layer, ``ref_step``): (the level
         to fetch, the earliest decode start). The device's own KV of it serves too (it computed that layer at that
-        step: taken as there when the decode starts). Without either (not fetched, or not yet) the shard's
+        step: taken as there when the decode starts; or a fallback template pass made it: from the pass's end). Without either (not fetched, or not yet) the shard's
         self-contained exact level is fetched instead, as the live runtime does."""
         lv = self.ladders[layer][level]
         if lv.ref_step is None:
@@ -129,6 +129,8 @@ class SimLink:
             return level, min(done)
         if ref in self.skipped:  # computed on the device at that step
             return level, 0.0
+        if ref in self.device_kv_at:  # made by a fallback template pass (kept as the live runtime's HeldKV keeps it)
+            return level, self.device_kv_at[ref]
         top = len(self.ladders[layer]) - 1
         reason = f"fallback: level {lv.name} needs shard {ref}, which is not decoded: fetching it exact"
         self.decisions.append({"t": self.now, "layer": layer, "level": top, "reason": reason})
