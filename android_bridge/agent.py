@@ -1,12 +1,13 @@
 """The phone agent: an aiohttp app that runs private edits on the phone (or on an emulated phone, here).
 
-Routes (every ``/v1`` route needs ``Authorization: Bearer <pairing token>``; 401 otherwise)::
+Routes (every ``/v1`` route needs ``Authorization: Bearer <pairing token>``; 401 otherwise, 429 past 20 wrong ones
+a minute from one address)::
 
     GET    /healthz                   liveness, no token, no information
     GET    /v1/info                   device profile, model id, memory budget, queue
     POST   /v1/jobs                   a job body (android_bridge.wire: JSON header + zstd tensor parts, sha256 each)
-                                      -> 202 {job_id}; 400 bad body, 409 model not held, 413 too large, 422 over
-                                      the memory budget / template too large, 429 queue full, 502 cloud unreachable
+                                      -> 202 {job_id}; 4xx/5xx {"error", "code"}: codes in DEVELOPERS.md
+                                      ("Phone agent error codes"), e.g. 502 bad_manifest / cloud_unreachable
     GET    /v1/jobs/{id}              job status (JSON); with a WebSocket upgrade: progress events
     GET    /v1/jobs/{id}/result       multipart/mixed: the JSON report, then the edited image as PNG
     DELETE /v1/jobs/{id}              cancel a queued or running job (between layers); forget a finished one
@@ -33,7 +34,7 @@ from aiohttp import WSMsgType, web
 from sakura_core.http_serving import bearer_token, token_matches
 
 from .agent_state import AGENT_STATE_KEY, AgentConfig, AgentState, EditFn, Job, _cancel, compute_description
-from .agent_worker import _worker
+from .agent_worker import _worker, measure_here, open_qnn
 from .budget import DiTGeometry, OverBudgetError, check_budget
 from .wire import CONTENT_TYPE, WireError, WireLimits, decode_job_body, edit_request_from_header
 
@@ -78,6 +79,10 @@ async def _auth(request: web.Request, handler):
     if request.path.startswith("/v1/"):
         state = request.app[AGENT_STATE_KEY]
         if not token_matches(bearer_token(request.headers.get("Authorization")), state.config.token):
+            retry_s = state.token_throttle.failed(request.remote)  # a right token is never limited
+            if retry_s is not None:
+                raise _error(429, "too many wrong pairing tokens from this address; retry later with the right one",
+                             "rate_limited", {"Retry-After": f"{retry_s:.0f}"})  # fmt: skip
             raise _error(401, "a valid pairing token is required (Authorization: Bearer <token>)", "unauthorized",
                          {"WWW-Authenticate": 'Bearer realm="sakura-phone"'})  # fmt: skip
     return await handler(request)
@@ -177,7 +182,7 @@ async def _check_template(state: AgentState, req, declared_model_id: str | None)
                      "template_too_large") from e  # fmt: skip
     except ManifestError as e:  # the class only: the text may quote what the cloud sent
         raise _error(502, f"the cloud at {req.server_url} sent a manifest of template {req.template_id!r} this "
-                          f"phone cannot use ({type(e).__name__})", "cloud_unreachable") from e  # fmt: skip
+                          f"phone cannot use ({type(e).__name__})", "bad_manifest") from e  # fmt: skip
     except (FetchError, asyncio.TimeoutError, OSError) as e:
         # the error's class only: its text may quote whatever page the URL led to
         raise _error(502, f"cannot reach the cloud at {req.server_url} ({type(e).__name__})",
@@ -357,20 +362,6 @@ def _load_model(config: AgentConfig):
     return load_edit_model(config.model, weights=weights, device=config.device, dtype=config.dtype)
 
 
-def _open_qnn(model, cache_dir: str | None):
-    """The QNN backend (context binaries built on first use, then loaded from the cache)."""
-    from .npu_build import QnnBuildConfig, open_qnn_backend
-
-    return open_qnn_backend(model, QnnBuildConfig(cache_root=cache_dir))
-
-
-def _measure(model):
-    """Per-layer compute times of ``model`` here (the policies predict with them); content-free inputs only."""
-    from sakura_core.runtime.live_profile import measure_profile
-
-    return measure_profile(model, steps=8)
-
-
 async def _lifecycle(app: web.Application):
     state = app[AGENT_STATE_KEY]
     loop = asyncio.get_running_loop()
@@ -381,9 +372,9 @@ async def _lifecycle(app: web.Application):
 
         state.edit_fn = edit_from_server
     if state.live_profile is None:
-        state.live_profile = await loop.run_in_executor(None, _measure, state.model)
+        state.live_profile = await loop.run_in_executor(None, measure_here, state.model)
     if state.config.backend == "qnn" and state.backend is None:
-        state.backend = await loop.run_in_executor(None, _open_qnn, state.model, state.config.qnn_cache_dir)
+        state.backend = await loop.run_in_executor(None, open_qnn, state.model, state.config.qnn_cache_dir)
     state.geometry = DiTGeometry.of_demo(state.model)
     state.queue = asyncio.Queue()
     state.worker = asyncio.create_task(_worker(state))

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from sakura_core.http_serving import is_loopback
+from sakura_core.http_serving import TokenThrottle, is_loopback
 from sakura_core.runtime.profiles import DeviceProfile, get_profile
 
 from .budget import DiTGeometry
@@ -179,6 +179,7 @@ class AgentState:
         self.model = model
         self.edit_fn = edit_fn
         self.live_profile = live_profile
+        self.token_throttle = TokenThrottle()  # wrong pairing tokens per client address: 429 past 20 a minute
         self.backend = None  # a sakura_core.runtime.backend.ComputeBackend; None = the torch adapter
         self.geometry: DiTGeometry | None = None
         self.jobs: OrderedDict[str, Job] = OrderedDict()

@@ -11,7 +11,7 @@ from sakura_core.files import png_bytes
 
 from .agent_state import AgentState, Job, _cancel, _finish, compute_description
 
-__all__: list[str] = []  # internal to the agent: _worker runs the queue
+__all__ = ["measure_here", "open_qnn"]  # and _worker, internal to the agent: it runs the queue
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +30,8 @@ def _error_code(e: BaseException) -> str:
         (ModelMismatchError, "model_not_held"),
         (TemplateNotFoundError, "template_not_found"),
         (AuthError, "cloud_auth"),
+        (ManifestError, "bad_manifest"),
         (FetchError, "fetch_failed"),
-        (ManifestError, "fetch_failed"),
         (ValueError, "bad_job"),
     ):
         if isinstance(e, cls):
@@ -171,3 +171,17 @@ async def _worker(state: AgentState) -> None:
             state.running = None
             state.queue.task_done()
             state.forget_old()
+
+
+def open_qnn(model, cache_dir: str | None):
+    """The QNN backend (context binaries built on first use, then loaded from the cache)."""
+    from .npu_build import QnnBuildConfig, open_qnn_backend
+
+    return open_qnn_backend(model, QnnBuildConfig(cache_root=cache_dir))
+
+
+def measure_here(model):
+    """Per-layer compute times of ``model`` here (the policies predict with them); content-free inputs only."""
+    from sakura_core.runtime.live_profile import measure_profile
+
+    return measure_profile(model, steps=8)

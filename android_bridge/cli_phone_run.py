@@ -37,8 +37,7 @@ def _summary(report: dict) -> dict:
 
 
 def run(args) -> int:
-    from PIL import Image
-
+    from sakura_core.files import atomic_write_bytes, output_problem, png_bytes
     from sakura_core.images import open_image_file
 
     from .client import TOKEN_ENV, PhoneClient, PhoneError, PhoneJob
@@ -56,8 +55,17 @@ def run(args) -> int:
     except ValueError as e:  # not an image, past the pixel limit
         print(f"sakura phone run: {e}", file=sys.stderr)
         return 2
-    job = PhoneJob(cloud_url=args.cloud, template_id=args.template, prompt=args.prompt, steps=args.steps,
-                   seed=args.seed, policy=args.policy, bandwidth=args.bandwidth, cloud_token=args.cloud_token)  # fmt: skip
+    for out in filter(None, (args.out, args.report)):  # said now, not after the edit
+        problem = output_problem(out)
+        if problem is not None:
+            print(f"sakura phone run: {problem}", file=sys.stderr)
+            return 1
+    try:
+        job = PhoneJob(cloud_url=args.cloud, template_id=args.template, prompt=args.prompt, steps=args.steps,
+                       seed=args.seed, policy=args.policy, bandwidth=args.bandwidth, cloud_token=args.cloud_token)  # fmt: skip
+    except ValueError as e:  # a prompt that is not text (a lone surrogate), a bad --bandwidth
+        print(f"sakura phone run: {e}", file=sys.stderr)
+        return 2
 
     def progress(event: dict) -> None:
         if not args.quiet and event["layer"] == event["layers"] - 1:
@@ -70,10 +78,9 @@ def run(args) -> int:
         print(f"sakura phone run: {e}", file=sys.stderr)
         return 1
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(edited).save(out)
+    atomic_write_bytes(out, png_bytes(edited))  # whole or not at all (a full disk: sakura's one-line error)
     if args.report:
-        Path(args.report).write_text(json.dumps(report, indent=1, default=str))
+        atomic_write_bytes(args.report, json.dumps(report, indent=1, default=str).encode())
     print(json.dumps(_summary(report), indent=1, default=str))
     print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -93,7 +93,9 @@ class PhoneJob:
 
     def __post_init__(self) -> None:
         from sakura_core.fetch.link import LinkSpec
+        from sakura_core.limits import check_prompt
 
+        check_prompt(self.prompt)  # refused here, before anything goes to the phone
         spec = self.bandwidth
         if isinstance(spec, LinkSpec) and spec.kind == "trace" or isinstance(spec, str) and spec.startswith("trace:"):
             raise ValueError(f"link {str(spec)!r} reads a file on this host; a phone job takes 'live' or "

@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import zstandard
 
+from sakura_core.limits import check_prompt
+
 __all__ = [
     "edit_request_from_header",
     "CONTENT_TYPE",
@@ -307,8 +309,7 @@ def edit_request_from_header(job: dict):
     if not is_template_id(template_id):
         raise ValueError(f"template_id must match {TEMPLATE_ID_FORM}, got {str(template_id)[:80]!r}")
     url = _cloud_url(job["cloud_url"])
-    if not isinstance(job["prompt"], str) or len(job["prompt"]) > 4096:
-        raise ValueError("prompt must be a string of at most 4096 characters")
+    check_prompt(job["prompt"])  # text of at most MAX_PROMPT_CHARS that encodes as UTF-8, else a LimitError
     steps, seed = job.get("steps", 8), job.get("seed", 0)
     for name, value in (("steps", steps), ("seed", seed)):
         if not isinstance(value, int) or isinstance(value, bool):

@@ -7,6 +7,7 @@ Read path (optionally behind a read token):
 - ``GET /v1/shards/{digest}``            an immutable shard: strong ETag = digest, single ``Range`` (206/416),
                                          ``If-None-Match`` (304), ``Cache-Control: public, max-age=31536000,
                                          immutable`` (``private`` behind a read token), sent with ``sendfile``
+  (all three: ``If-Match`` compared strongly, 412; a wrong token 401, or 429 past ``max_token_failures``)
 - ``GET /metrics``                       Prometheus text: requests, bytes, errors, in-flight, jobs
 
 Write path (bearer write token): ``POST /v1/templates`` (a template image, multipart or raw, size-limited) starts a
@@ -42,12 +43,13 @@ from .http_util import (
     _etag_matches,
     _json_error,
     _Unsatisfiable,
+    check_if_match,
     parse_range,
 )
 from .precompute import PrecomputeFn, load_model
 from .state import CONFIG_KEY, STATE_KEY, Metrics, ServerState
 from .store import InvalidNameError, LocalStore, NotFoundError, Store, validate_digest, validate_template_id
-from .store_faults import StoreFaultError, checked_manifest, store_fault
+from .store_faults import NO_RETRY_HEADER, StoreFaultError, checked_manifest, store_fault
 from .write_path import _MULTIPART_OVERHEAD_BYTES, handle_job, handle_upload
 
 __all__ = ["CONFIG_KEY", "STATE_KEY", "Metrics", "ServerState", "create_app", "parse_range"]
@@ -86,15 +88,9 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
         if access == "write":
             if cfg.write_token is None:
                 raise _json_error(403, "the write path is disabled: start the server with --token or SAKURA_TOKEN")
-            if not token_matches(bearer_token(request.headers.get("Authorization")), cfg.write_token):
-                raise _json_error(
-                    401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="sakura"'}
-                )
+            _check_token(request, state, cfg.write_token)
         elif access == "read" and cfg.read_token is not None:
-            if not token_matches(bearer_token(request.headers.get("Authorization")), cfg.read_token, cfg.write_token):
-                raise _json_error(
-                    401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="sakura"'}
-                )
+            _check_token(request, state, cfg.read_token, cfg.write_token)
         resp = await handler(request)
         status = resp.status
         if isinstance(resp, web.Response) and resp.body is not None and request.method != "HEAD":
@@ -135,11 +131,29 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
                 m.client_errors += 1
 
 
+def _check_token(request: web.Request, state: ServerState, *allowed: str | None) -> None:
+    """Pass a right bearer token (never slowed); a wrong one is 401, or 429 with ``Retry-After`` once its address
+    sent too many in a window (``TokenThrottle``)."""
+    if token_matches(bearer_token(request.headers.get("Authorization")), *allowed):
+        return
+    retry_after_s = state.token_throttle.failed(request.remote)
+    if retry_after_s is not None:
+        raise _json_error(
+            429, f"too many wrong bearer tokens from this address; retry in {retry_after_s:.0f} s with the right one",
+            {"Retry-After": f"{retry_after_s:.0f}", NO_RETRY_HEADER: "no"},  # a client retrying the token is told
+        )  # fmt: skip
+    raise _json_error(401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="sakura"'})
+
+
 # ---- read handlers --------------------------------------------------------------------------------------------
 @_access("open")
 async def handle_healthz(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    return web.json_response({"status": "ok", "model_id": state.model_id, "write": state.config.write_enabled})
+    off = state.write_off_reason
+    body = {"status": "ok", "model_id": state.model_id, "write": off is None}
+    if off is not None:
+        body["write_off"] = off
+    return web.json_response(body)
 
 
 @_access("read")
@@ -151,6 +165,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
 def _json_response(request: web.Request, body: bytes, etag: str) -> web.Response:
     gated = request.app[STATE_KEY].config.read_token is not None
     headers = {"ETag": etag, "Cache-Control": PRIVATE_JSON_CACHE_CONTROL if gated else JSON_CACHE_CONTROL}
+    check_if_match(request, etag)
     if _etag_matches(request.headers.get("If-None-Match"), etag):
         return web.Response(status=304, headers=headers)
     return web.Response(body=body, content_type="application/json", headers=headers)
@@ -217,9 +232,7 @@ async def handle_shard(request: web.Request) -> web.StreamResponse:
         }
         if _etag_matches(request.headers.get("If-None-Match"), etag):
             return web.Response(status=304, headers=headers)
-        if_match = request.headers.get("If-Match")
-        if if_match is not None and not _etag_matches(if_match, etag, strong=True):
-            raise _json_error(412, f"If-Match {if_match!r} does not match {etag}")
+        check_if_match(request, etag)
         rng = _range_of(request, etag, size)
         offset, count = rng if rng is not None else (0, size)
         resp = web.StreamResponse(status=206 if rng is not None else 200, headers=headers)
@@ -363,7 +376,10 @@ async def _lifecycle(app: web.Application):
     cfg = state.config
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, state.store.check)
-    if isinstance(state.store, LocalStore):
+    state.store_write_problem = await loop.run_in_executor(None, state.store.write_problem)
+    if state.store_write_problem is not None:
+        logger.warning("write path off: %s", state.store_write_problem)
+    elif isinstance(state.store, LocalStore):
         await loop.run_in_executor(None, state.store.sweep_temp_files)
     if state.model is None and cfg.model is not None:
         logger.info("loading model %r ...", cfg.model)

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sakura_core.files import atomic_write_json
+from sakura_core.files import atomic_write_json, output_problem
 from sakura_core.models.loading import check_model_source
 from sakura_core.models.ref_layout import MAX_REFERENCES
 from sakura_core.precompute.cross_step import compare_to_single, level_totals
@@ -82,28 +82,37 @@ def add_arguments(parser) -> None:
     add_device_arguments(parser)
 
 
+def _inputs(args):
+    """(image(s), source, reference names, store, published?) from the arguments; raises naming the bad one."""
+    check_model_source(args.model)
+    validate_template_id(args.template_id)
+    if args.shard_layers < 1:
+        raise ValueError(f"--shard-layers must be >= 1, got {args.shard_layers}")
+    if args.steps < 1 or args.shift <= 0:
+        raise ValueError(f"--steps must be >= 1 and --shift > 0, got {args.steps} and {args.shift}")
+    if not 1 <= len(args.image) <= MAX_REFERENCES:
+        raise ValueError(f"--image: give 1..{MAX_REFERENCES} reference images, got {len(args.image)}")
+    read = [read_template_image(x) for x in args.image]
+    image = [im for im, _ in read] if len(read) > 1 else read[0][0]
+    source = read[0][1]
+    names = args.reference_name or [Path(x).stem[:64] or f"reference-{i + 1}" for i, x in enumerate(args.image)]
+    if len(names) != len(args.image):
+        raise ValueError(f"--reference-name: give one per --image ({len(args.image)}), got {len(names)}")
+    store = open_store(args.store, endpoint_url=args.s3_endpoint)
+    store.check()
+    return image, source, names, store, store.has_template(args.template_id)
+
+
 def run(args) -> int:
     try:
-        check_model_source(args.model)
-        validate_template_id(args.template_id)
-        if args.shard_layers < 1:
-            raise ValueError(f"--shard-layers must be >= 1, got {args.shard_layers}")
-        if args.steps < 1 or args.shift <= 0:
-            raise ValueError(f"--steps must be >= 1 and --shift > 0, got {args.steps} and {args.shift}")
-        if not 1 <= len(args.image) <= MAX_REFERENCES:
-            raise ValueError(f"--image: give 1..{MAX_REFERENCES} reference images, got {len(args.image)}")
-        read = [read_template_image(x) for x in args.image]
-        image = [im for im, _ in read] if len(read) > 1 else read[0][0]
-        source = read[0][1]
-        names = args.reference_name or [Path(x).stem[:64] or f"reference-{i + 1}" for i, x in enumerate(args.image)]
-        if len(names) != len(args.image):
-            raise ValueError(f"--reference-name: give one per --image ({len(args.image)}), got {len(names)}")
-        store = open_store(args.store, endpoint_url=args.s3_endpoint)
-        store.check()
-        published = store.has_template(args.template_id)
+        image, source, names, store, published = _inputs(args)
     except (ValueError, InvalidNameError, ImageError, StoreError) as e:
         print(f"sakura precompute: {e}", file=sys.stderr)
         return 2
+    problem = store.write_problem() or (output_problem(args.json) if args.json else None)
+    if problem is not None:  # a read-only or forbidden store (or --json folder): said before the compute
+        print(f"sakura precompute: {problem}", file=sys.stderr)
+        return 1
     if not args.overwrite and published:
         print(
             f"sakura precompute: template {args.template_id!r} is already published in {args.store}", file=sys.stderr

@@ -21,6 +21,7 @@ from .app import create_app
 from .config import MODELS, ServerConfig
 from .conn_guard import RefusalLog, capped_protocol_factory, connection_cap
 from .precompute import add_device_arguments
+from .state import STATE_KEY
 from .store import StoreError
 from .store_url import S3_ENDPOINT_HELP, check_store_location, is_s3_url
 
@@ -85,7 +86,8 @@ def config_from_args(args) -> ServerConfig:
 
 
 async def serve(config: ServerConfig, *, ready=None) -> None:
-    """Serve ``config`` until SIGTERM/SIGINT; ``ready(port)`` is called once listening. Connections are capped
+    """Serve ``config`` until SIGTERM/SIGINT; ``ready(port, write_off)`` is called once listening (``write_off``:
+    why the write path is off, e.g. no token or a read-only store; None when on). Connections are capped
     (``conn_guard``) and refusals logged one line per kind per interval."""
     app = create_app(config)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.shutdown_timeout_s, access_log=None)
@@ -105,7 +107,7 @@ async def serve(config: ServerConfig, *, ready=None) -> None:
         server = await loop.create_server(factory, config.host, config.port, backlog=config.backlog)
         logger.info("at most %d connections, idle ones closed after %g s", cap, config.idle_timeout_s)
         if ready is not None:
-            ready(server.sockets[0].getsockname()[1])
+            ready(server.sockets[0].getsockname()[1], app[STATE_KEY].write_off_reason)
         await stop.wait()
         logger.info("shutting down (draining for up to %.0f s)", config.shutdown_timeout_s)
     finally:
@@ -127,9 +129,9 @@ def run(args) -> int:
     if not is_loopback(config.host) and config.write_token is None and config.read_token is None:
         logger.warning("serving on %s without any token: anyone who can reach it can read every template", config.host)
 
-    def ready(port: int) -> None:
+    def ready(port: int, write_off: str | None) -> None:
         host = f"[{config.host}]" if ":" in config.host else config.host
-        write = "on" if config.write_enabled else "off (no --token)"
+        write = "on" if write_off is None else f"off ({write_off})"
         model = config.model or "none"
         print(f"serving http://{host}:{port} store={config.store_label} model={model} write={write}", flush=True)
 

@@ -49,7 +49,10 @@ class ServerConfig:
             before it is closed: aiohttp's keep-alive timeout, armed when a connection opens (header timeout too).
         max_connections: open connections at most (``sakura serve`` lowers it below the file-descriptor limit);
             more are closed as they arrive.
-        refusal_log_interval_s: one log line per kind of refused connection per this many seconds.
+        refusal_log_interval_s: one log line per kind of refused connection (and for wrong tokens) per this many
+            seconds.
+        max_token_failures, token_failure_window_s: wrong bearer tokens one client address may send per window (in
+            seconds) before it is answered 429 with ``Retry-After`` instead of 401; a right token is never limited.
     """
 
     store_dir: Path | None = None
@@ -77,6 +80,8 @@ class ServerConfig:
     idle_timeout_s: float = 15.0
     max_connections: int = 4096
     refusal_log_interval_s: float = 10.0
+    max_token_failures: int = 20
+    token_failure_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         if (self.store_dir is None) == (self.store_url is None):
@@ -107,7 +112,14 @@ class ServerConfig:
 
             check_model_source(self.model)
         positive = ("max_upload_bytes", "max_image_pixels", "max_header_bytes", "max_headers", "max_pending_jobs")
-        for name in (*positive, "shard_layers", "backlog", "send_chunk_bytes", "max_connections"):
+        for name in (
+            *positive,
+            "shard_layers",
+            "backlog",
+            "send_chunk_bytes",
+            "max_connections",
+            "max_token_failures",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_header_bytes < 1024:
@@ -119,6 +131,8 @@ class ServerConfig:
         if not 0 < self.idle_timeout_s <= 3600 or self.refusal_log_interval_s < 0:
             raise ValueError(f"idle_timeout_s must be in (0, 3600] and refusal_log_interval_s >= 0, got "
                              f"{self.idle_timeout_s}, {self.refusal_log_interval_s}")  # fmt: skip
+        if not self.token_failure_window_s > 0:
+            raise ValueError(f"token_failure_window_s must be > 0 seconds, got {self.token_failure_window_s}")
         if not self.codec:
             raise ValueError("codec must be a codec name such as 'sakura'")
 

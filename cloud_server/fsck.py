@@ -26,6 +26,9 @@ __all__ = ["FsckConfig", "FsckReport", "fsck", "missing_digests", "referenced_di
 logger = logging.getLogger(__name__)
 
 QUARANTINE_DIR = "quarantine"
+_FOLDER_LINK = (
+    "a symbolic link to a folder (never followed: the server refuses what is under it; put the folder itself)"
+)
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,12 @@ def _scan_shards(store: LocalStore, cfg: FsckConfig, refs: dict[str, list[str]],
     now = time.time()
     present: set[str] = set()
     shards_dir = store.shards_dir
-    for dirpath, _dirs, files in os.walk(shards_dir):
+    if shards_dir.is_symlink():  # walking it would re-hash (and repair delete) files outside the store
+        report.unreadable.append(f"{shards_dir.name}: {_FOLDER_LINK}")
+        return present
+    for dirpath, dirs, files in os.walk(shards_dir):  # os.walk descends into no linked folder below
+        for name in sorted(d for d in dirs if os.path.islink(os.path.join(dirpath, d))):
+            report.unreadable.append(f"{Path(dirpath, name).relative_to(store.root)}: {_FOLDER_LINK}")
         for name in sorted(files):
             path = Path(dirpath) / name
             rel = str(path.relative_to(store.root))
@@ -176,6 +184,17 @@ def _scan_shards(store: LocalStore, cfg: FsckConfig, refs: dict[str, list[str]],
     return present
 
 
+def _linked_template_folders(store: LocalStore, report: FsckReport) -> None:
+    """``templates/`` or a template's folder that is a symbolic link: never listed nor served, reported here."""
+    templates_dir = store.templates_dir
+    if templates_dir.is_symlink():
+        report.unreadable.append(f"{templates_dir.name}: {_FOLDER_LINK}")
+        return
+    for entry in sorted(os.scandir(templates_dir), key=lambda e: e.name):
+        if entry.is_symlink():
+            report.unreadable.append(f"{templates_dir.name}/{entry.name}: {_FOLDER_LINK}")
+
+
 def _mtime(path: Path, now: float) -> float:
     """The file's mtime, or ``now`` when it vanished or cannot be stat'ed (then it is never taken for an orphan)."""
     try:
@@ -211,6 +230,7 @@ def fsck(store: LocalStore, config: FsckConfig | None = None) -> FsckReport:
     cfg = config or FsckConfig()
     report = FsckReport(root=str(store.root))
     refs = referenced_digests(store, report)
+    _linked_template_folders(store, report)
     present = _scan_shards(store, cfg, refs, report)
     missing_digests(refs, present, report)
     _sweep_temp(store, cfg, report)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-__all__ = ["parse_range"]
+__all__ = ["check_if_match", "parse_range"]
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------
@@ -57,6 +57,15 @@ def _etag_matches(header: str | None, etag: str, *, strong: bool = False) -> boo
         if item == "*" or item == etag or (not strong and item.removeprefix("W/") == etag):
             return True
     return False
+
+
+def check_if_match(request: web.Request, etag: str) -> None:
+    """412 unless an ``If-Match`` (when sent) names ``etag`` by the strong comparison (RFC 9110 13.1.1: a weak
+    ``W/"x"`` never matches), on shards, manifests and the catalog alike."""
+    if_match = request.headers.get("If-Match")
+    if if_match is not None and not _etag_matches(if_match, etag, strong=True):
+        shown = if_match if len(if_match) <= 80 else if_match[:80] + "…"
+        raise _json_error(412, f"If-Match {shown!r} does not match {etag}")
 
 
 class _Unsatisfiable(Exception):

@@ -78,11 +78,11 @@ def compute_info(model) -> dict | None:
     return {"device": str(adapter.device), "dtype": str(adapter.dtype).removeprefix("torch.")}
 
 
-def decode_image(data: bytes, *, max_pixels: int) -> tuple[np.ndarray, str]:
+def decode_image(data: bytes, *, max_pixels: int, what: str = "the upload") -> tuple[np.ndarray, str]:
     """Decode an uploaded PNG/JPEG/WebP into (H, W, 3) uint8 (``sakura_core.images.decode_image``: the pixel count
     checked from the header before any pixel is decoded, 16-bit and palette images converted by their mode); returns
     it with the file extension to keep it under."""
-    rgb, fmt = decode_core_image(data, "the upload", max_pixels=max_pixels, formats=tuple(_FORMATS))
+    rgb, fmt = decode_core_image(data, what, max_pixels=max_pixels, formats=tuple(_FORMATS))
     h, w = rgb.shape[:2]
     if min(w, h) < 8:
         raise ImageError(f"image is {w}x{h}; templates need at least 8 pixels a side")
@@ -93,8 +93,11 @@ def read_template_image(source: str) -> tuple:
     """(image array, (file bytes, ext) or ``None``) from an image file, or a demo sample name (``astronaut``, ...)."""
     path = Path(source)
     if path.is_file():
-        data = path.read_bytes()
-        image, ext = decode_image(data, max_pixels=100_000_000)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ImageError(f"image file {source!r} cannot be read: {e.strerror}") from e
+        image, ext = decode_image(data, max_pixels=100_000_000, what=f"image file {source!r}")
         return image, (data, ext)
     if path.suffix or "/" in source:
         raise ImageError(f"image file {source!r} not found")

@@ -32,6 +32,7 @@ from typing import BinaryIO
 
 from sakura_core.fetch.store_layout import MANIFEST_FILE, TEMPLATES_DIR, shard_key, template_key
 
+from .s3_conditional import ObjectExistsError, create_only_manifest
 from .store import (
     SOURCE_IMAGE_EXTS,
     DigestMismatchError,
@@ -171,6 +172,7 @@ class S3Store(Store):
         from botocore.exceptions import BotoCoreError, ClientError
 
         self._errors = (BotoCoreError, ClientError)
+        self.create_only: bool | None = None  # does the server honour If-None-Match on PUT (probed on first use)
 
     def _make_client(self, region: str | None, max_connections: int):
         try:
@@ -248,12 +250,17 @@ class S3Store(Store):
                 return None
             raise self._fail(f"HEAD {key}", e) from e
 
-    def put_object(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> None:
-        """One whole-object PUT with ``Content-MD5`` (never multipart: the object appears whole or not at all)."""
+    def put_object(self, key: str, data: bytes, content_type: str = "application/octet-stream", *,
+                   if_none_match: bool = False) -> None:  # fmt: skip
+        """One whole-object PUT with ``Content-MD5`` (never multipart: the object appears whole or not at all).
+        ``if_none_match``: create only (``If-None-Match: *``); ``ObjectExistsError`` when the key exists."""
+        extra = {"IfNoneMatch": "*"} if if_none_match else {}
         try:
             self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentMD5=_md5_b64(data),
-                                    ContentType=content_type)  # fmt: skip
+                                    ContentType=content_type, **extra)  # fmt: skip
         except self._errors as e:
+            if if_none_match and _code(e) in ("PreconditionFailed", "412"):
+                raise ObjectExistsError(f"{key} exists in {self}") from e
             raise self._fail(f"PUT {key}", e) from e
 
     def delete_object(self, key: str) -> None:
@@ -350,6 +357,10 @@ class S3Store(Store):
     def put_manifest(self, template_id: str, manifest: dict) -> None:
         data = (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
         self.put_object(self.template_key(template_id, MANIFEST_FILE), data, "application/json")
+
+    def put_new_manifest(self, template_id: str, manifest: dict) -> None:
+        """Atomic where the server honours ``If-None-Match: *`` (probed once: :mod:`.s3_conditional`)."""
+        create_only_manifest(self, template_id, manifest, fallback=super().put_new_manifest)
 
     def get_manifest_bytes(self, template_id: str) -> bytes:
         key = self.template_key(template_id, MANIFEST_FILE)

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from sakura_core.http_serving import TokenThrottle
 from sakura_core.kv.manifest import ManifestError
 
 from .config import ServerConfig
@@ -126,6 +127,18 @@ class ServerState:
         self.stopping = threading.Event()
         self._catalog: tuple[float, bytes, str] | None = None
         self._catalog_lock = asyncio.Lock()
+        self.token_throttle = TokenThrottle(
+            config.max_token_failures, config.token_failure_window_s, log_interval_s=config.refusal_log_interval_s
+        )
+        #: why the store cannot be written (``Store.write_problem``, asked at startup), or None
+        self.store_write_problem: str | None = None
+
+    @property
+    def write_off_reason(self) -> str | None:
+        """Why the write path is off (no write token, a store that cannot be written), or None when it is on."""
+        if self.config.write_token is None:
+            return "no --token"
+        return self.store_write_problem
 
     @property
     def model_id(self) -> str | None:

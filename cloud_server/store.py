@@ -27,7 +27,7 @@ from sakura_core.fetch.store_layout import (
     validate_digest,
     validate_template_id,
 )
-from sakura_core.files import atomic_create_bytes, atomic_write_bytes
+from sakura_core.files import atomic_create_bytes, atomic_write_bytes, folder_write_problem
 
 __all__ = [
     "DigestMismatchError",
@@ -101,6 +101,11 @@ class Store(abc.ABC):
         bucket exists, the credentials work). Nothing to check for a local folder."""
         return None
 
+    def write_problem(self) -> str | None:
+        """Why this store cannot be written (a read-only or full folder, no permission), or ``None``: the server
+        asks once at startup and reports write=off with this reason instead of accepting uploads it cannot keep."""
+        return None
+
     def get_manifest(self, template_id: str) -> dict:
         """The parsed manifest."""
         raw = self.get_manifest_bytes(template_id)
@@ -111,7 +116,8 @@ class Store(abc.ABC):
 
     def put_new_manifest(self, template_id: str, manifest: dict) -> None:
         """:meth:`put_manifest` unless the template is published: ``ManifestExistsError`` then. Atomic in a
-        ``LocalStore`` (two concurrent publishers of one id: one wins, the other is told); check-then-put here."""
+        ``LocalStore`` (link(2)) and an ``S3Store`` whose server honours ``If-None-Match: *`` (AWS S3, radosgw):
+        of concurrent publishers of one id one wins, the others are told; check-then-put in this default."""
         if self.has_template(template_id):
             raise ManifestExistsError(f"template {template_id!r} is already published")
         self.put_manifest(template_id, manifest)
@@ -203,6 +209,15 @@ class LocalStore(StoreReader, Store):
         atomic_write_bytes(folder / f"source.{ext}", data)
 
     # ---- housekeeping ---------------------------------------------------------------------------------------
+    def write_problem(self) -> str | None:
+        """Create and remove a probe file in each folder a publish writes to (``os.access`` is no test: root passes
+        it on a read-only mount); the first failure as ``folder: strerror (ERRNO)``."""
+        for folder in (self.root, self.shards_dir, self.templates_dir):
+            problem = folder_write_problem(folder)
+            if problem is not None:
+                return f"the store cannot be written: {problem}"
+        return None
+
     def sweep_temp_files(self, older_than_s: float = 3600.0) -> int:
         """Delete temp files a crashed writer left behind (never visible under a real name); returns the count."""
         cutoff = time.time() - older_than_s
@@ -217,6 +232,9 @@ class LocalStore(StoreReader, Store):
                             removed += 1
                     except FileNotFoundError:
                         continue
+                    except OSError as e:  # a read-only store: its temp files stay (logged once), serving goes on
+                        logger.warning("store %s: cannot remove stale temp file %s: %s", self.root, p, e.strerror)
+                        return removed
         if removed:
             logger.info("store %s: removed %d stale temp file(s)", self.root, removed)
         return removed

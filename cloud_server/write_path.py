@@ -17,6 +17,7 @@ from .http_util import _access, _json_error
 from .precompute import ImageError, TemplateExistsError, decode_image, publish_template
 from .state import STATE_KEY, Job, ServerState, _Cancelled
 from .store import InvalidNameError, validate_template_id
+from .store_faults import NO_RETRY_HEADER
 
 __all__ = ["handle_job", "handle_upload"]
 
@@ -100,6 +101,11 @@ async def handle_upload(request: web.Request) -> web.Response:
         raise _json_error(409, "this server serves no model (--model none), so it cannot precompute templates")
     if state.stopping.is_set() or state.executor is None:
         raise _json_error(503, "the server is shutting down")
+    if state.store_write_problem is not None:  # nothing read, nothing written: the store cannot keep a template
+        raise _json_error(
+            503, f"{state.store_write_problem}; make the store writable and restart the server",
+            {NO_RETRY_HEADER: "no"},
+        )  # fmt: skip
     _admit(state, None)  # a full server refuses before reading a body
     template_id, data = await _read_upload(request, cfg.max_upload_bytes)
     try:

@@ -161,7 +161,12 @@ class SakuraPipelinedSampler(io.ComfyNode):
         import comfy.utils
 
         from sakura_core.fetch.client import FetchError
+        from sakura_core.limits import check_prompt
 
+        try:
+            check_prompt(prompt)  # before anything runs: a lone surrogate would fail in the tokenizer
+        except ValueError as e:
+            raise SakuraNodeError(f"{e} (widget 'prompt')") from e
         user = image_from_comfy(image, "image")
         timing = cls._timing(device_timing, kv_stream, device)
         run = EditRun(steps, model.adapter.num_layers)

@@ -1,6 +1,8 @@
 """``sakura`` console script. Each subcommand lives in its own module, imported only when it runs.
 
-A command module defines ``add_arguments(parser)`` and ``run(args) -> int``. Register it in ``COMMANDS``.
+A command module defines ``add_arguments(parser)`` and ``run(args) -> int``. Register it in ``COMMANDS``. A full,
+read-only or forbidden disk (``files.DISK_FAULTS``) and an input that is not an image end any command with one
+line and exit 1 / 2, never a traceback (files are written whole or not at all: ``sakura_core.files``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ import argparse
 import importlib
 import logging
 import sys
+
+from .files import DISK_FAULTS, disk_fault_message
+from .images import ImageError
 
 __all__ = ["COMMANDS", "main"]
 
@@ -99,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sakura: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        if e.errno not in DISK_FAULTS:
+            raise
+        print(f"sakura {' '.join(match)}: {disk_fault_message(e)}", file=sys.stderr)
+        return 1
+    except ImageError as e:  # an input that is not an image (any command that takes one)
+        print(f"sakura {' '.join(match)}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

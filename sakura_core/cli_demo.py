@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from .demo.edit_task import EDIT_PROMPT, demo_template, task_for
-from .files import atomic_write_json, save_png
+from .files import atomic_write_json, output_problem, save_png
+from .limits import check_prompt
 from .models.edit_model import DEMO_TEMPLATES, load_demo_model, load_image
 from .runtime.denoise import run_edit
 
@@ -46,9 +47,15 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     if args.steps < 1:
         raise SystemExit(f"sakura demo: --steps must be >= 1, got {args.steps}")
+    try:
+        check_prompt(args.prompt)
+    except ValueError as e:
+        raise SystemExit(f"sakura demo: --prompt: {e}") from None
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    problem = output_problem(out / "report.json")  # said now, not after the runs
+    if problem is not None:
+        raise SystemExit(f"sakura demo: {problem}")
     model = load_demo_model()
     size = model.spec.image_size
     template = demo_template(args.template, task_for(model.spec))

@@ -29,6 +29,7 @@ from .fetch.errors import TemplateNotFoundError
 from .fetch.link import LinkSpec, shaped_fetcher
 from .fetch.sources import ServerSource, StoreSource, TemplateSource
 from .kv.manifest import Manifest, ModelMismatchError
+from .limits import check_prompt
 from .models.edit_model import EditModel, load_image
 from .policy.plan import plan_fetch, runnable_policies
 from .runtime.backend import backend_of
@@ -209,6 +210,7 @@ class EditSettings:
     latency_target_s: float | None = None
 
     def __post_init__(self) -> None:
+        check_prompt(self.prompt)
         runnable_policy(self.policy)
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")

@@ -3,6 +3,7 @@ servers and the benchmarks."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -10,7 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["atomic_create_bytes", "atomic_write_bytes", "atomic_write_json", "png_bytes", "save_png"]
+__all__ = [
+    "DISK_FAULTS",
+    "atomic_create_bytes",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "disk_fault_message",
+    "folder_write_problem",
+    "output_problem",
+    "png_bytes",
+    "save_png",
+]
 
 
 def _umask() -> int:
@@ -71,6 +82,47 @@ def atomic_create_bytes(path: str | Path, data: bytes) -> None:
         os.link(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+#: errnos of a disk that cannot take a write: full, over quota, read-only, no permission.
+DISK_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def disk_fault_message(e: OSError) -> str:
+    """One line for a :data:`DISK_FAULTS` error: the file, the reason and its errno name, and what to do."""
+    where = f"{e.filename}: " if e.filename else ""
+    fix = ("free some space" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+           else "use a folder this user can write, or fix its permissions")  # fmt: skip
+    name = errno.errorcode.get(e.errno, e.errno)
+    return f"{where}{e.strerror} ({name}): {fix}, and run it again (files are written whole or not at all)"
+
+
+def folder_write_problem(folder: str | Path) -> str | None:
+    """Why files cannot be created in ``folder`` (``folder: strerror (ERRNO)``), or ``None``: a probe file is created
+    and removed (``os.access`` is no test: root passes it on a read-only mount or an immutable folder)."""
+    folder = Path(folder)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        return f"{folder}: {e.strerror} ({errno.errorcode.get(e.errno, e.errno)})"
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError as e:
+        return f"{folder}: a file created there cannot be removed: {e.strerror}"
+    return None
+
+
+def output_problem(path: str | Path) -> str | None:
+    """Why a CLI could not write its output file ``path`` (its folder is made if missing), or ``None``: asked before
+    a long computation, so a read-only or forbidden folder is said at once, not after the work."""
+    folder = Path(path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"{folder}: {e.strerror} ({errno.errorcode.get(e.errno, e.errno)})"
+    problem = folder_write_problem(folder)
+    return None if problem is None else f"cannot write {Path(path).name} there: {problem}"
 
 
 def atomic_write_json(path: str | Path, obj) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_EDIT_TOKENS",
     "MAX_GRID_SIDE",
     "MAX_HEADS",
     "MAX_HEAD_DIM",
@@ -23,6 +24,7 @@ __all__ = [
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_LAYERS",
+    "MAX_PROMPT_CHARS",
     "MAX_REPRESENTATIONS",
     "MAX_SHARD_ELEMENTS",
     "MAX_STEPS",
@@ -30,6 +32,7 @@ __all__ = [
     "LimitError",
     "bounded_json",
     "check_at_most",
+    "check_prompt",
     "json_depth",
 ]
 
@@ -37,6 +40,10 @@ __all__ = [
 MAX_GRID_SIDE = 256
 #: Template tokens (rows x cols).
 MAX_TEMPLATE_TOKENS = 65_536
+#: Image tokens of one edit at a model's own size (a folder's image_size over its VAE's and patch's downsampling):
+#: klein at 1024² (64²). Past it the VAE's attention over its latent pixels alone needs GBs (issue 28: a folder whose
+#: VAE downsamples less than klein's 8x tried a ~36 GB allocation at the default 512 px).
+MAX_EDIT_TOKENS = 4096
 #: Transformer layers of a template's KV.
 MAX_LAYERS = 512
 #: Attention heads.
@@ -57,6 +64,8 @@ MAX_IMAGE_PIXELS = 8192 * 8192
 MAX_JSON_BYTES = 64 << 20
 #: Nesting depth of a JSON document (a manifest nests 5 deep).
 MAX_JSON_DEPTH = 64
+#: Characters of an edit prompt.
+MAX_PROMPT_CHARS = 4096
 
 
 class LimitError(ValueError):
@@ -68,6 +77,24 @@ def check_at_most(what: str, value: int, bound: int) -> int:
     if value > bound:
         raise LimitError(f"{what} is {value}, over the limit of {bound}")
     return value
+
+
+def check_prompt(prompt: object) -> str:
+    """``prompt`` when it is text a tokenizer can take: a ``str`` of at most :data:`MAX_PROMPT_CHARS` characters that
+    encodes as UTF-8. A lone surrogate (bytes that were not UTF-8 on a command line, half of an emoji cut off by a
+    client) is refused here, where the prompt enters, with a :class:`LimitError` naming its position and the fix."""
+    if not isinstance(prompt, str):
+        raise LimitError(f"the prompt must be text (a string), got {type(prompt).__name__}")
+    check_at_most("the prompt's length in characters", len(prompt), MAX_PROMPT_CHARS)
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise LimitError(
+            f"the prompt is not valid Unicode text: character {e.start} is U+{ord(prompt[e.start]):04X}, a lone "
+            "surrogate (bytes that were not UTF-8, or half of a character pair cut off); type that part again, "
+            "or pass the prompt as UTF-8"
+        ) from None
+    return prompt
 
 
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)

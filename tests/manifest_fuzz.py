@@ -1,15 +1,59 @@
 """Hypothesis strategies for hostile manifests (issue 28): a valid manifest with random fields replaced by values of
 other types, sizes and nesting (huge ints, NaN, deep lists, wrong shapes), keys removed, or the whole document a
-nesting bomb. ``hostile_manifest_bytes(valid)`` draws the JSON bytes a hostile cloud or a broken store would hold."""
+nesting bomb. ``hostile_manifest_bytes(valid)`` draws the JSON bytes a hostile cloud or a broken store would hold.
+``RssPeak`` measures the peak resident memory a fuzz adds (sampled by a thread, so a short-lived allocation counts)."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import threading
 
+import pytest
 from hypothesis import strategies as st
 
-__all__ = ["hostile_manifest_bytes", "json_values"]
+__all__ = ["FUZZ_RSS_BOUND_BYTES", "RssPeak", "hostile_manifest_bytes", "json_values"]
+
+#: The most resident memory a manifest fuzz may add to the process (its peak over the start): every size a manifest
+#: names is bounded before anything is allocated, so what remains is hypothesis's and the parsers' own few MiB.
+FUZZ_RSS_BOUND_BYTES = 64 << 20
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class RssPeak:
+    """``with RssPeak() as peak: ...``; then ``peak.growth_bytes``: the highest resident set size seen in the block
+    (sampled every ``interval_s`` by a thread, and at both ends) minus the one at its start. Linux (/proc)."""
+
+    def __init__(self, interval_s: float = 0.002):
+        if not os.path.exists("/proc/self/statm"):
+            pytest.skip("the RSS bound of the fuzz reads /proc/self/statm (Linux)")
+        self.interval_s, self.start_bytes, self.peak_bytes = interval_s, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True, name="rss-peak")
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak_bytes = max(self.peak_bytes, _rss_bytes())
+
+    def __enter__(self) -> RssPeak:
+        self.start_bytes = self.peak_bytes = _rss_bytes()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_bytes = max(self.peak_bytes, _rss_bytes())
+
+    @property
+    def growth_bytes(self) -> int:
+        return self.peak_bytes - self.start_bytes
+
 
 _scalars = st.one_of(
     st.none(),

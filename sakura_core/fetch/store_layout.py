@@ -64,16 +64,40 @@ class StoreFaultError(StoreError):
     message says which file and why (``sakura store verify`` lists them)."""
 
 
-def _open_in_store(path: str, what: str, missing: str):
-    """``open(path, "rb", buffering=0)`` that never follows a symbolic link at ``path``; ``NotFoundError`` (absent,
-    message ``missing``) or :class:`StoreFaultError` saying why ``what`` cannot be read."""
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_in_store(root: str, parts: tuple[str, ...], what: str, missing: str):
+    """``open(root/parts..., "rb", buffering=0)`` that follows no symbolic link below ``root``: neither the file nor
+    any folder on the way (each opened relative to the last with ``O_NOFOLLOW``), so nothing outside the store is
+    read. ``NotFoundError`` (absent, message ``missing``) or :class:`StoreFaultError` saying why ``what`` cannot be
+    read."""
+    dir_fd, depth = -1, 0
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        dir_fd = os.open(root, _DIR_FLAGS)  # the root itself was resolved when the store was opened
+        for name in parts[:-1]:
+            depth += 1
+            fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+            os.close(dir_fd)
+            dir_fd = fd
+        depth = len(parts)
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
     except FileNotFoundError as e:
         raise NotFoundError(missing) from e
     except OSError as e:
-        why = "it is a symbolic link (the store never follows one)" if e.errno == errno.ELOOP else e.strerror
+        link = e.errno == errno.ELOOP or (
+            e.errno == errno.ENOTDIR and os.path.islink(os.path.join(root, *parts[:depth]))
+        )
+        if link and depth < len(parts):
+            why = f"its folder {'/'.join(parts[:depth])} is a symbolic link (the store never follows one)"
+        elif link:
+            why = "it is a symbolic link (the store never follows one)"
+        else:
+            why = e.strerror
         raise StoreFaultError(f"{what} cannot be read from the store: {why}") from e
+    finally:
+        if dir_fd >= 0:
+            os.close(dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -122,7 +146,7 @@ class StoreReader:
         self.root = Path(root).resolve()
         self.shards_dir = self.root / SHARDS_DIR
         self.templates_dir = self.root / TEMPLATES_DIR
-        self._shards_prefix = f"{self.shards_dir}{os.sep}"
+        self._root_str = str(self.root)
 
     @classmethod
     def existing(cls, root: str | os.PathLike) -> StoreReader:
@@ -151,14 +175,14 @@ class StoreReader:
         caller closes it."""
         validate_digest(digest)
         # the hot path of every shard request: plain strings and an unbuffered file (sendfile reads the fd)
-        path = f"{self._shards_prefix}{digest[:2]}{os.sep}{digest}"
-        return _open_in_store(path, f"shard {digest}", f"no shard {digest} in {self}")  # the caller closes it
+        parts = (SHARDS_DIR, digest[:2], digest)
+        return _open_in_store(self._root_str, parts, f"shard {digest}", f"no shard {digest} in {self}")
 
     def get_manifest_bytes(self, template_id: str) -> bytes:
         """The manifest exactly as stored; ``NotFoundError`` when the template is not published."""
-        path = self.template_dir(template_id) / MANIFEST_FILE
+        parts = (TEMPLATES_DIR, validate_template_id(template_id), MANIFEST_FILE)
         what = f"manifest of template {template_id!r}"
-        f, size = _open_in_store(str(path), what, f"no published template {template_id!r} in {self}")
+        f, size = _open_in_store(self._root_str, parts, what, f"no published template {template_id!r} in {self}")
         with f:
             if size > MAX_JSON_BYTES:
                 raise StoreFaultError(f"{what} is {size} bytes, over the limit of {MAX_JSON_BYTES}")
@@ -169,10 +193,13 @@ class StoreReader:
 
     def list_templates(self) -> list[str]:
         """Ids of published templates (those with a manifest), sorted."""
+        if self.templates_dir.is_symlink():  # a link out of the store is never followed (store verify says so)
+            return []
         ids = []
         for entry in os.scandir(self.templates_dir):
-            if TEMPLATE_ID_RE.fullmatch(entry.name) and os.path.isfile(os.path.join(entry.path, MANIFEST_FILE)):
-                ids.append(entry.name)
+            if TEMPLATE_ID_RE.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                if os.path.isfile(os.path.join(entry.path, MANIFEST_FILE)):
+                    ids.append(entry.name)
         return sorted(ids)
 
     def source_image_path(self, template_id: str) -> Path | None:

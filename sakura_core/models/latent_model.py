@@ -32,11 +32,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..limits import MAX_EDIT_TOKENS, LimitError
 from .flux2_kv import Flux2KVAdapter
 from .folders import KLEIN_PIPELINES, is_klein_folder
 from .ref_layout import as_references, layout_of
 
-__all__ = ["LatentEditModel", "LatentSpec", "build_latent_model", "load_klein_folder", "read_spec_fields"]
+__all__ = [
+    "LatentEditModel",
+    "LatentSpec",
+    "build_latent_model",
+    "check_pipeline_geometry",
+    "load_klein_folder",
+    "read_spec_fields",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +270,9 @@ def load_klein_folder(
     for key, value in (("image_size", image_size), ("text_tokens", text_tokens), ("strength", strength)):
         if value is not None:
             fields[key] = value
+    vae_cfg, te_cfg = (_config_json(folder / part / "config.json") for part in ("vae", "text_encoder"))
+    if "block_out_channels" in vae_cfg and "num_hidden_layers" in te_cfg:  # checked before any weight is loaded
+        check_pipeline_geometry(folder.name, fields, len(vae_cfg["block_out_channels"]), te_cfg["num_hidden_layers"])
     pipe = Flux2KleinKVPipeline.from_pretrained(str(folder), dtype=dtype)
     return build_latent_model(pipe, folder.name, fields, f"folder:{folder.name}")
 
@@ -273,7 +284,9 @@ def build_latent_model(pipe, name: str, fields: dict, weights_source: str) -> La
         module.eval()
         _own_storage(module)
     cfg = {k: v for k, v in pipe.transformer.config.items() if not k.startswith("_")}
-    scale = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
+    levels = len(pipe.vae.config.block_out_channels)
+    check_pipeline_geometry(name, fields, levels, pipe.text_encoder.config.num_hidden_layers)
+    scale = 2 ** (levels - 1)
     spec = LatentSpec(**{"name": name, **fields, "vae_scale_factor": scale, "transformer": _jsonable(cfg)})
     if pipe.transformer.config.in_channels != 4 * pipe.vae.config.latent_channels:
         raise ValueError(
@@ -281,6 +294,41 @@ def build_latent_model(pipe, name: str, fields: dict, weights_source: str) -> La
             f"{pipe.vae.config.latent_channels}; the transformer and VAE are not one klein pipeline"
         )
     return LatentEditModel(spec, pipe, weights_source)
+
+
+def check_pipeline_geometry(name: str, fields: dict, vae_levels: int, text_encoder_depth: int) -> None:
+    """Refuse, naming the setting, the folder's value and the fix, a pipeline whose text encoder is shallower than
+    the hidden-state layers ``text_encoder_layers`` stacks (an IndexError deep in the prompt encoding otherwise), or
+    whose VAE (``vae_levels`` entries of ``block_out_channels``: it downsamples 2 ** (levels - 1) x) makes an edit
+    at ``image_size`` more than ``MAX_EDIT_TOKENS`` tokens (tens of GB allocated otherwise). ``fields``: the
+    :class:`LatentSpec` fields of ``sakura_spec.json``; called before weights are loaded where configs allow."""
+    layers = tuple(fields.get("text_encoder_layers", LatentSpec.text_encoder_layers))
+    if not layers or not all(isinstance(k, int) and 0 <= k <= text_encoder_depth for k in layers):
+        raise ValueError(
+            f"{name}: text_encoder_layers {list(layers)} (sakura_spec.json; klein's default {list(LatentSpec.text_encoder_layers)}) "
+            f"must name hidden states 0..{text_encoder_depth}: this folder's text encoder has {text_encoder_depth} "
+            f"layers (text_encoder/config.json num_hidden_layers); set \"text_encoder_layers\" in its sakura_spec.json "
+            f"to layers within 0..{text_encoder_depth}, or use klein's own text encoder"
+        )  # fmt: skip
+    scale = 2 ** (vae_levels - 1)
+    size = int(fields.get("image_size", LatentSpec.image_size))
+    side = size // (2 * scale)
+    if side * side > MAX_EDIT_TOKENS:
+        largest = int(MAX_EDIT_TOKENS**0.5) * 2 * scale
+        raise LimitError(
+            f"{name}: an edit at image_size {size} is {side}x{side} = {side * side} tokens with this folder's VAE (it "
+            f"downsamples {scale}x: {vae_levels} levels in vae/config.json block_out_channels; klein's VAE: 8x), over "
+            f"the limit of {MAX_EDIT_TOKENS}; set \"image_size\" <= {largest} in its sakura_spec.json, or use klein's VAE"
+        )  # fmt: skip
+
+
+def _config_json(path: Path) -> dict:
+    """A component's ``config.json`` as a dict ({} when absent or not a JSON object: from_pretrained then says why)."""
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
 
 
 _ALIGN_BYTES = 64

@@ -250,3 +250,29 @@ def test_fuzz_agent_authorization_and_job_bodies(agent_server, auth, body):
            + b"\r\nContent-Type: application/x-sakura-job\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
            + body)  # fmt: skip
     assert 0 < loop.run_until_complete(_status(port, req)) < 500
+
+
+@pytest.mark.parametrize("prompt", ["a face \ud83d", "\udcff\udcfe bytes from a shell", 7])
+async def test_a_prompt_that_is_not_text_is_refused_at_the_door(make_agent, user_image, prompt):  # noqa: F811
+    """A lone surrogate (JSON may carry one as \\udxxx) is refused with the job, not accepted to fail in the
+    tokenizer later (issue 28; main answered 202)."""
+    client, fake = await make_agent()
+    job = {"template_id": TEMPLATE_ID, "cloud_url": "http://127.0.0.1:9", "prompt": prompt}
+    r = await _submit(client, encode_job_body(job, {"image": user_image}))
+    got = await r.json()
+    assert r.status == 400 and got["code"] == "bad_job", got
+    assert ("lone surrogate" if isinstance(prompt, str) else "must be text") in got["error"], got
+    assert fake.requests == []
+
+
+async def test_wrong_pairing_tokens_are_rate_limited_per_address(make_agent):  # noqa: F811
+    """Past 20 wrong pairing tokens a minute from one address: 429 with Retry-After instead of 401 (issue 28; main:
+    401 for ever); the right token from that address still passes."""
+    client, _ = await make_agent()
+    wrong = {"Authorization": "Bearer not-the-pairing-token"}
+    for _ in range(20):
+        assert (await client.get("/v1/info", headers=wrong)).status == 401
+    r = await client.get("/v1/info", headers=wrong)
+    got = await r.json()
+    assert r.status == 429 and got["code"] == "rate_limited" and 1 <= int(r.headers["Retry-After"]) <= 60, got
+    assert (await client.get("/v1/info", headers=AUTH)).status == 200

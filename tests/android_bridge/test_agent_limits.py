@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 
-from ..manifest_fuzz import hostile_manifest_bytes
+from ..manifest_fuzz import FUZZ_RSS_BOUND_BYTES, RssPeak, hostile_manifest_bytes
 from ..synthetic_templates import build_synthetic
 from .conftest import PHONE_TOKEN, TEMPLATE_ID
 from .test_agent_app import _body, _submit, make_agent  # noqa: F401 - make_agent is a fixture
@@ -78,12 +79,14 @@ async def test_a_grid_past_the_bounds_is_a_422_with_the_reason(
     assert f"'token_grid[0]' is {grid[0]}, over the limit of 256" in body["error"]
 
 
-async def test_a_nesting_bomb_manifest_is_a_502(make_agent, hostile_cloud, user_image):  # noqa: F811
-    hostile_cloud.bodies[TEMPLATE_ID] = b"[" * 100_000 + b"]" * 100_000
+@pytest.mark.parametrize("manifest", [b"[" * 100_000 + b"]" * 100_000, b'{"version": 1', b'{"version": "one"}'])
+async def test_a_bad_manifest_is_a_502_bad_manifest(make_agent, hostile_cloud, user_image, manifest):  # noqa: F811
+    hostile_cloud.bodies[TEMPLATE_ID] = manifest  # a nesting bomb, truncated JSON, a wrong type
     client, _ = await make_agent()
     r = await _submit(client, _body(hostile_cloud, user_image))
     body = await r.json()
-    assert r.status == 502 and body["code"] == "cloud_unreachable" and "ManifestError" in body["error"], body
+    # its own code (issue 28): main said cloud_unreachable, though the cloud answered
+    assert r.status == 502 and body["code"] == "bad_manifest" and "ManifestError" in body["error"], body
 
 
 # ---- a hypothesis fuzz of the cloud's manifest through the agent: a 202 or a 4xx/502 with a code, never a 500 -------
@@ -124,5 +127,8 @@ def test_fuzzed_cloud_manifests_never_make_the_agent_fail(demo_model, user_image
         assert status in (202, 409, 422, 502), (status, answer)
         assert status == 202 or answer.get("code"), answer
 
-    run()
+    with RssPeak() as rss:
+        run()
+    logging.getLogger(__name__).info(f"agent fuzz: peak RSS growth {rss.growth_bytes / 2**20:.1f} MiB")
+    assert rss.growth_bytes < FUZZ_RSS_BOUND_BYTES, f"peak RSS grew {rss.growth_bytes / 2**20:.1f} MiB"
     assert statuses.get(502, 0) + statuses.get(422, 0) > 0, statuses

@@ -103,9 +103,9 @@ def flow(run_node, node_classes):
         return stream
 
     def sample(model, stream, image, steps=3, seed=0, device=None, save_prefix="",
-               device_timing="this machine (measured)"):  # fmt: skip
+               device_timing="this machine (measured)", prompt=PROMPT):  # fmt: skip
         return run_node(node_classes["SakuraPipelinedSampler"], model=model, kv_stream=stream, image=image,
-                        prompt=PROMPT, steps=steps, seed=seed, save_prefix=save_prefix, device_timing=device_timing,
+                        prompt=prompt, steps=steps, seed=seed, save_prefix=save_prefix, device_timing=device_timing,
                         device=device)  # fmt: skip
 
     return SimpleNamespace(

@@ -181,6 +181,9 @@ def test_sampler_input_errors_are_readable(comfy, flow, demo_model, server_url):
         flow.sample(demo_model, stream, torch.rand(2, 64, 64, 3))
     with pytest.raises(err, match=r"expected a ComfyUI IMAGE \(batch, height, width, 3\)"):
         flow.sample(demo_model, stream, torch.rand(64, 64, 3))
+    # a lone surrogate (a pasted half of an emoji): refused before anything runs (issue 28; main failed later)
+    with pytest.raises(err, match=r"lone surrogate.*type that part again.*\(widget 'prompt'\)"):
+        flow.sample(demo_model, stream, torch.rand(1, 64, 64, 3), prompt="swap \ud83d")
 
 
 def test_prefetch_failure_is_readable_and_retried(comfy, flow, demo_model, server_url, user):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from datetime import timedelta
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 
 from cloud_server.store import LocalStore
 
-from ..manifest_fuzz import hostile_manifest_bytes
+from ..manifest_fuzz import FUZZ_RSS_BOUND_BYTES, RssPeak, hostile_manifest_bytes
 from ..synthetic_templates import build_synthetic
 
 TID = "tpl-hostile"
@@ -84,5 +85,8 @@ def test_fuzzed_manifests_raise_only_the_nodes_error(comfy, flow, demo_model, ho
         except err:
             outcomes["refused"] += 1
 
-    run()
+    with RssPeak() as rss:
+        run()
     assert outcomes["refused"] > 0
+    logging.getLogger(__name__).info(f"loader fuzz: peak RSS growth {rss.growth_bytes / 2**20:.1f} MiB")
+    assert rss.growth_bytes < FUZZ_RSS_BOUND_BYTES, f"peak RSS grew {rss.growth_bytes / 2**20:.1f} MiB"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from datetime import timedelta
 
 import pytest
@@ -20,7 +21,7 @@ from sakura_core.fetch.store_layout import MANIFEST_FILE
 from sakura_core.kv.manifest import ManifestLimitError
 from sakura_core.template_check import ModelKey, check_template
 
-from ...manifest_fuzz import hostile_manifest_bytes
+from ...manifest_fuzz import FUZZ_RSS_BOUND_BYTES, RssPeak, hostile_manifest_bytes
 from ...synthetic_templates import build_synthetic, make_synthetic_template
 
 MODEL_ID = "ab" * 32
@@ -129,8 +130,11 @@ def test_fuzzed_manifests_give_the_client_s_errors_only():
             return
         outcomes["parsed"] += 1
 
-    run()
+    with RssPeak() as rss:
+        run()
     assert outcomes["refused"] > 50 and outcomes["parsed"] > 0, outcomes
+    logging.getLogger(__name__).info(f"client fuzz: peak RSS growth {rss.growth_bytes / 2**20:.1f} MiB")
+    assert rss.growth_bytes < FUZZ_RSS_BOUND_BYTES, f"peak RSS grew {rss.growth_bytes / 2**20:.1f} MiB"
 
 
 async def test_a_local_store_s_unreadable_files_are_fetch_errors(tmp_path):
