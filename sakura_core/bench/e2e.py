@@ -46,14 +46,16 @@ def quality_floor(psnr_db_by_level: list[float], target_db: float) -> int:
     return best
 
 
-def cross_step_sakura(lad, geometry: DitGeometry) -> tuple[list, int]:
-    """SAKURA's per-step ladders (steps x layers shards of ``geometry``) from the per-step measurement shipped in
-    ``per_step_ladders.json`` (cross-step coded per-step KV: step s's bytes and the PSNR of every level), each level's
-    decode time from ``lad`` (the geometry's :class:`~sakura_core.runtime.sim_ladders.ShardLadders`: its sakura
-    family at the same level name); and the floor (cheapest level with PSNR >= 35 dB)."""
-    from .per_step_ladders import load, per_step_ladders
+def cross_step_sakura(lad, geometry: DitGeometry, data: dict | None = None) -> tuple[list, int | list[int]]:
+    """SAKURA's per-step ladders (steps x layers shards of ``geometry``) from the per-step measurement ``data``
+    (default: the one shipped in ``per_step_ladders.json``; cross-step coded per-step KV: step s's bytes and the PSNR
+    of every level), each level's decode time from ``lad`` (the geometry's
+    :class:`~sakura_core.runtime.sim_ladders.ShardLadders`: its sakura family at the same level name); and the floor
+    (cheapest level with PSNR >= 35 dB) — one per shard when the zero-byte reuse rung reaches it too (steps >= 1 then
+    start with that rung, their floor)."""
+    from .per_step_ladders import load, per_step_ladders, reuse_eligible, reuse_floors
 
-    data = load()
+    data = load() if data is None else data
     if data["steps"] != geometry.steps:
         raise ValueError(f"per_step_ladders.json is measured for {data['steps']} steps, {geometry.name} runs "
                          f"{geometry.steps}: measure it for this schedule or use --per-step-ladders single")  # fmt: skip
@@ -63,8 +65,11 @@ def cross_step_sakura(lad, geometry: DitGeometry) -> tuple[list, int]:
     if missing:
         raise ValueError(f"per_step_ladders.json names levels {missing} the {lad.geometry} ladders do not have "
                          f"({list(fam.levels)}): re-measure the ladders (delete the file) or per_step_ladders.json")  # fmt: skip
-    ladders = per_step_ladders(data, geometry.shard_bytes_fp16, geometry.layers, speed)
-    return ladders, quality_floor([lv["psnr_db"] for lv in data["levels"]], PSNR_TARGET_DB)
+    ladders = per_step_ladders(data, geometry.shard_bytes_fp16, geometry.layers, speed, PSNR_TARGET_DB)
+    floor = quality_floor([lv["psnr_db"] for lv in data["levels"]], PSNR_TARGET_DB)
+    if reuse_eligible(data, PSNR_TARGET_DB):
+        return ladders, reuse_floors(data, geometry.layers, floor)
+    return ladders, floor
 
 
 def run_sim(

@@ -15,7 +15,10 @@ per-step --steps S`` on the trained demo model; its ``source`` says which) in th
 A shard of step s at level j costs ``shard_fp16 / ratio_vs_fp16[s][j]`` bytes from nothing; upgrading it from level
 j-1 costs ``shard_fp16 / increment_ratio[s][j]``; when ``ref_step[s]`` is set, it decodes only once the same layer
 of that step is decoded (or computed) on the device, so its chain costs that shard's decode first
-(:func:`per_step_ladders` sets ``Level.ref_step``). :func:`from_manifest` makes the data from a per-step manifest.
+(:func:`per_step_ladders` sets ``Level.ref_step``). The zero-byte ``reuse`` rung (step s-1's KV of the layer as it
+is) joins the ladders of steps >= 1 as their first level when its PSNR reaches the floor a caller names
+(``reuse_floor_db``); those shards' floor is then that rung (:func:`reuse_floors`). :func:`from_manifest` makes the
+data from a per-step manifest.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from ..policy.ladder import Level
 
-__all__ = ["DATA_PATH", "from_manifest", "load", "per_step_ladders"]
+__all__ = ["DATA_PATH", "from_manifest", "load", "per_step_ladders", "reuse_eligible", "reuse_floors"]
 
 DATA_PATH = Path(__file__).with_name("per_step_ladders.json")
 
@@ -71,15 +74,35 @@ def load(path: Path | str = DATA_PATH) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def per_step_ladders(data: dict, shard_fp16_bytes: int, layers: int, decode_bytes_per_s: dict) -> list[list[Level]]:
+def reuse_eligible(data: dict, reuse_floor_db: float | None) -> bool:
+    """The measurement has a ``reuse`` rung whose PSNR (every shard of steps >= 1 at it) reaches ``reuse_floor_db``."""
+    reuse = data.get("reuse")
+    return bool(reuse_floor_db is not None and reuse and reuse.get("psnr_db") is not None
+                and reuse["psnr_db"] >= reuse_floor_db and data["steps"] > 1)  # fmt: skip
+
+
+def reuse_floors(data: dict, layers: int, floor: int) -> list[int]:
+    """Per shard the floor index in :func:`per_step_ladders`' ladders with the reuse rung in: ``floor`` at step 0,
+    the rung (index 0) at every later step."""
+    return [floor] * layers + [0] * ((data["steps"] - 1) * layers)
+
+
+def per_step_ladders(data: dict, shard_fp16_bytes: int, layers: int, decode_bytes_per_s: dict,
+                     reuse_floor_db: float | None = None) -> list[list[Level]]:  # fmt: skip
     """Ladders of the ``steps x layers`` shards (index ``s * layers + l``) of a geometry whose one-layer shard is
     ``shard_fp16_bytes`` in fp16. ``decode_bytes_per_s``: level name -> fp16 bytes decoded per second (phone-scale
-    measurement). Output MSE per shard: ``4 * 10 ** (-psnr / 10) / (steps * layers)``, as the single-mode ladders."""
+    measurement). Output MSE per shard: ``4 * 10 ** (-psnr / 10) / (steps * layers)``, as the single-mode ladders;
+    the reuse rung's (when :func:`reuse_eligible` at ``reuse_floor_db``: first in the ladders of steps >= 1, 0 bytes,
+    no decode) ``4 * 10 ** (-psnr / 10) / ((steps - 1) * layers)``: its PSNR is measured with step 0 exact."""
     steps = data["steps"]
     n = steps * layers
+    reuse = data["reuse"] if reuse_eligible(data, reuse_floor_db) else None
     out = []
     for s in range(steps):
         ladder, prev = [], 0
+        if reuse is not None and s > 0:
+            mse = 4 * 10 ** (-reuse["psnr_db"] / 10) / ((steps - 1) * layers)
+            ladder.append(Level("reuse", 0, 0, 0.0, mse, ref_step=reuse["ref_step"][s], reuse=True))
         for lv in data["levels"]:
             nbytes = int(round(shard_fp16_bytes / lv["ratio_vs_fp16"][s]))
             inc = int(round(shard_fp16_bytes / lv["increment_ratio"][s]))

@@ -1,6 +1,6 @@
 """What a fetch policy may look at: :class:`Context`, one typed view over a :class:`PolicyState` — the simulator's
-state or the live pipeline's (:class:`~sakura_core.runtime.live_state.LiveState`) — so the same policy code runs in both. Times are seconds since
-the edit started, sizes bytes, rates bytes/s."""
+state or the live pipeline's (:class:`~sakura_core.runtime.live_state.LiveState`) — so the same policy code runs in
+both. Times are seconds since the edit started, sizes bytes, rates bytes/s."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from ..fetch.traces import Trace
 from .estimator import ThroughputEstimator
-from .ladder import Level
+from .ladder import Level, levels_from, shard_floor
 
 __all__ = ["ComputeCosts", "Context", "PolicyState"]
 
@@ -58,8 +58,8 @@ class PolicyState(Protocol):
         """``ladders[layer]``: that shard's representations, cheapest first (the policy's family only)."""
 
     @property
-    def floor(self) -> int:
-        """Index of the quality floor in every ladder: the cheapest level a policy may pick."""
+    def floor(self) -> int | list[int]:
+        """Index of the quality floor (the cheapest level a policy may pick) in every ladder, or one per shard."""
 
     @property
     def estimator(self) -> ThroughputEstimator:
@@ -168,9 +168,17 @@ class Context:
         return len(self._s.ladders)
 
     @property
-    def floor(self) -> int:
-        """Index of the quality floor in every ladder."""
+    def floor(self) -> int | list[int]:
+        """The state's quality floor: one index for every ladder, or one per shard (policies ask :meth:`floor_of`)."""
         return self._s.floor
+
+    def floor_of(self, shard: int) -> int:
+        """Index of shard ``shard``'s quality floor in its ladder."""
+        return shard_floor(self._s.floor, shard)
+
+    def levels_from_floor(self, shard: int) -> list[int]:
+        """The levels a policy may pick for ``shard`` (:func:`~sakura_core.policy.ladder.levels_from`)."""
+        return levels_from(self._s.ladders[shard], self.floor_of(shard))
 
     @property
     def estimator(self) -> ThroughputEstimator:
@@ -193,15 +201,19 @@ class Context:
         return self._s.ladders[layer]
 
     def floor_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(bytes, decode seconds) of every shard's floor level, as (shards,) arrays (computed once: the ladders
-        and the floor are fixed for the edit). Callers must not write into them."""
+        """(bytes, decode seconds) of every shard's floor level, (shards,) arrays made once; read-only."""
         if self._floor_arrays is None:
             fl, lads = self._s.floor, self._s.ladders
-            nb = np.array([lad[fl].nbytes for lad in lads], dtype=float)
-            dec = np.array([lad[fl].decode_s for lad in lads], dtype=float)
-            nb.flags.writeable = dec.flags.writeable = False
-            self._floor_arrays = (nb, dec)
+            floor = [lad[shard_floor(fl, g)] for g, lad in enumerate(lads)]
+            nb, dec = (np.array([getattr(lv, a) for lv in floor], dtype=float) for a in ("nbytes", "decode_s"))
+            reuse = np.array([lv.reuse for lv in floor], dtype=bool)
+            nb.flags.writeable = dec.flags.writeable = reuse.flags.writeable = False
+            self._floor_arrays, self._floor_reuse = (nb, dec), reuse
         return self._floor_arrays
+
+    def floor_reuses(self) -> np.ndarray:
+        """(shards,) bool: the shard's floor is a ``reuse`` rung (no request, no round trip, no decode)."""
+        return self.floor_arrays() and self._floor_reuse
 
     # dynamic
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Level", "ladders_from_manifest"]
+__all__ = ["Level", "ladders_from_manifest", "levels_from", "shard_floor"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ class Level:
         progressive: refines the previous level (an upgrade fetches only ``increment_bytes``).
         ref_step: a cross-step residual's reference: the step whose same layer must be decoded (or computed on the
             device) before this level decodes; ``None`` for a self-contained level.
+        reuse: the zero-byte ``reuse`` rung of a cross-step template: nothing is fetched or decoded, the KV is the
+            reference's (``ref_step``, same layer) as the device holds it (``nbytes`` 0; needs ``ref_step``).
     """
 
     name: str
@@ -30,6 +32,27 @@ class Level:
     mse: float
     progressive: bool = False
     ref_step: int | None = None
+    reuse: bool = False
+
+    def __post_init__(self) -> None:
+        if self.reuse and (self.ref_step is None or self.nbytes != 0):
+            raise ValueError(f"level {self.name}: a reuse rung fetches nothing (nbytes 0, got {self.nbytes}) and names "
+                             f"the step it reuses (ref_step, got {self.ref_step})")  # fmt: skip
+
+
+def shard_floor(floor, g: int) -> int:
+    """The quality floor of shard ``g``: ``floor`` is one index for every ladder, or one per shard (a cross-step
+    family whose later steps start with an eligible ``reuse`` rung: their floor is that rung)."""
+    return floor if isinstance(floor, int) else int(floor[g])
+
+
+def levels_from(ladder: list[Level], floor: int) -> list[int]:
+    """The indices of ``ladder`` a policy may pick with its quality floor at ``floor``: the floor and every level above
+    it; above a ``reuse`` rung only those no worse than it (such a ladder is not ordered by quality: a fetched level
+    cheaper than the floor the rung replaced may be worse than the rung)."""
+    if not ladder[floor].reuse:
+        return list(range(floor, len(ladder)))
+    return [j for j in range(floor, len(ladder)) if j == floor or ladder[j].mse <= ladder[floor].mse]
 
 
 def ladders_from_manifest(

@@ -73,6 +73,8 @@ class Snapshot:
         self.ct = max(ctx.compute_t, ctx.now)
         self.rtt = ctx.rtt_s
         self.nb, self.dec = ctx.floor_arrays()
+        # a shard whose floor is a reuse rung takes no request: no round trip (and no bytes, no decode)
+        self.rtts = np.where(ctx.floor_reuses(), 0.0, self.rtt)
         known = ctx.known_ready_array()  # (N,) decoded-at or predicted ready time; nan = not requested
         known[: self.c] = np.nan
         prog = ctx.link_progress()
@@ -127,7 +129,7 @@ class Snapshot:
                 nb, d = nb.copy(), d.copy()
                 nb[pos] = first_nbytes
                 d[pos] = d[pos] if first_dec is None else first_dec
-            arrive = self._arrivals(nb)
+            arrive = self._arrivals(nb, idx)
             dc = np.cumsum(d)
             ready[idx] = dc + np.maximum(np.maximum.accumulate(arrive - (dc - d)), self.link0)
         # the compute lane from the compute position: a template layer costs F and never waits, a fetched one
@@ -138,12 +140,14 @@ class Snapshot:
         t = max(self.ct + float(work_from[0]) if work_from.size else self.ct, float(r.max()) if r.size else _NEG)
         return t if upto_step is not None else t + self.tail
 
-    def _arrivals(self, nb: np.ndarray) -> np.ndarray:
+    def _arrivals(self, nb: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """When the shards ``idx`` (bytes ``nb``), fetched back to back from ``link0``, arrive (a reuse rung: at once)."""
+        rtts = self.rtts[idx]
         if self.rate is not None:
-            return self.link0 + np.cumsum(self.rtt + nb / self.rate)
+            return self.link0 + np.cumsum(rtts + nb / self.rate)
         out, t = np.empty(nb.size), self.link0
         for i, b in enumerate(nb):
-            t = self.ctx.transfer_end(t, float(b), None)
+            t = t if (rtts[i] == 0 and b == 0) else self.ctx.transfer_end(t, float(b), None)
             out[i] = t
         return out
 
@@ -158,7 +162,7 @@ class Snapshot:
         e0 = min((self.cs + 1) * L, N) if self.per_step else N
         unk = np.isnan(self.known)
         wf = np.concatenate([np.cumsum(self.cf[::-1])[::-1], [0.0]])  # wf[g]: fetched work from g to the end
-        tau = np.where(unk, self.rtt + self.nb / self.rate, 0.0)
+        tau = np.where(unk, self.rtts + self.nb / self.rate, 0.0)
         dd = np.where(unk, self.dec, 0.0)
         U = np.concatenate([[0.0], np.cumsum(tau)])  # U[g]: link time of the unknown shards before g
         Dc = np.concatenate([[0.0], np.cumsum(dd)])

@@ -50,7 +50,7 @@ class CacheGen(Policy):
     else recompute; ``bw`` read from the trace at decision time (no estimator). A chunk here is a shard.
 
     SLO: the latency target when one is set, else the time the device needs to compute the whole template (the
-    recompute alternative). On a live link without a trace the rate is the estimator's (there is nothing to read). Held to the same quality floor as sakura: levels below ``ctx.floor`` are never chosen.
+    recompute alternative). On a live link without a trace the rate is the estimator's (there is nothing to read). Held to the same quality floor as sakura: levels below a shard's ``ctx.floor_of`` are never chosen.
     The trace is read on the simulator's clock (start offset included); a recomputed chunk holds the link until the
     device has computed it, so the next chunk is decided on the rate at that time, not on one early sample.
     """
@@ -66,7 +66,7 @@ class CacheGen(Policy):
         slo = ctx.latency_target_s if ctx.latency_target_s is not None else ctx.template_work_s
         budget = slo / ctx.num_layers
         ladder = ctx.ladder(layer)
-        for idx in range(len(ladder) - 1, ctx.floor - 1, -1):
+        for idx in reversed(ctx.levels_from_floor(layer)):
             if bw > 0 and ladder[idx].nbytes / bw < budget:
                 return Decision(idx, self._why(ladder[idx].name, ladder[idx].nbytes, bw, budget, slo, ctx.num_layers))
         no_fit = f"no level fits {budget:.2f} s per shard (SLO {slo:.2f} s / {ctx.num_layers}) at {_mbit(bw)}"
@@ -77,7 +77,7 @@ class CacheGen(Policy):
                 f"{no_fit}: the device computes layer {layer}",
                 link_idle_until_s=ctx.template_eta(layer + 1),
             )
-        return Decision(ctx.floor, f"{no_fit} and the template is dropped (no recompute): the floor level")
+        return Decision(ctx.floor_of(layer), f"{no_fit} and the template is dropped (no recompute): the floor level")
 
     @staticmethod
     def _why(name: str, nbytes: int, bw: float, budget: float, slo: float, n: int) -> str:
@@ -104,7 +104,7 @@ class Throughput(Policy):
     def choose(self, ctx: Context, layer: int) -> Decision:
         rate = ctx.estimator.harmonic()
         if self.fetch_all is None:
-            lowest = sum(ctx.ladder(x)[ctx.floor].nbytes for x in range(ctx.num_layers))
+            lowest = sum(ctx.ladder(x)[ctx.floor_of(x)].nbytes for x in range(ctx.num_layers))
             self.fetch_all = lowest / rate < ctx.template_work_s
             verdict = "<" if self.fetch_all else ">="
             self.plan = (
@@ -115,7 +115,7 @@ class Throughput(Policy):
             return Decision(None, f"{self.plan}: the device computes it")
         ladder = ctx.ladder(layer)
         slack = ctx.deadline(layer) - ctx.now
-        for idx in range(len(ladder) - 1, ctx.floor - 1, -1):
+        for idx in reversed(ctx.levels_from_floor(layer)):
             if ladder[idx].nbytes / rate <= slack:
                 lv = ladder[idx]
                 return Decision(
@@ -123,9 +123,9 @@ class Throughput(Policy):
                     f"level {lv.name} (highest in time): {_mb(lv.nbytes)} at {_mbit(rate)} = {lv.nbytes / rate:.2f} s,"
                     f" {_time_left(slack)}",
                 )
+        fl = ctx.floor_of(layer)
         return Decision(
-            ctx.floor,
-            f"no level arrives in time at {_mbit(rate)} ({_time_left(slack)}): floor level {ladder[ctx.floor].name}",
+            fl, f"no level arrives in time at {_mbit(rate)} ({_time_left(slack)}): floor level {ladder[fl].name}"
         )
 
     def keep_template(self, ctx: Context, layer: int) -> bool:

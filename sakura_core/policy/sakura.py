@@ -119,9 +119,8 @@ class Sakura(Policy):
         rate = self.rate(ctx)
         ladder = ctx.ladder(layer)
         if rate is not None and ctx.estimator.samples == 0:
-            return Decision(
-                ctx.floor, f"bandwidth probe (no throughput sample yet): floor level {ladder[ctx.floor].name}"
-            )
+            fl = ctx.floor_of(layer)
+            return Decision(fl, f"bandwidth probe (no throughput sample yet): floor level {ladder[fl].name}")
         if layer < ctx.compute_layer:
             return Decision(LEVEL_COMPUTE, f"compute is already past shard {layer}")
         plan, snap = self._replan(ctx, rate)
@@ -132,7 +131,7 @@ class Sakura(Policy):
             return Decision(LEVEL_COMPUTE, f"device computes step {step} layer {lay} for now, asked again until the "
                             f"compute lane reaches it ({why})", defer=True)  # fmt: skip
         best = self._level_under_target(ctx, layer, plan, rate)
-        if best == ctx.floor:
+        if best == ctx.floor_of(layer):
             return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} (the quality floor; idle link "
                             f"time refines it later); {why}")  # fmt: skip
         slack = f"slack under the {ctx.latency_target_s:.2f} s target"
@@ -145,12 +144,13 @@ class Sakura(Policy):
         shard the plan needs is on its way.)"""
         target = ctx.latency_target_s
         if target is None or target <= plan.finish_s:
-            return ctx.floor
+            return ctx.floor_of(layer)
         snap = Snapshot(ctx, rate, layer)  # with this shard as the next one fetched (its level is the question)
         worst = self.drop_rate(ctx)
         slow = Snapshot(ctx, worst, layer) if worst is not None and worst != rate else None
-        ladder, best = ctx.ladder(layer), ctx.floor
-        for idx in range(ctx.floor + 1, len(ladder)):
+        ladder, allowed = ctx.ladder(layer), ctx.levels_from_floor(layer)
+        best = allowed[0]
+        for idx in allowed[1:]:
             lv = ladder[idx]
             if snap.finish(plan.splits, lv.nbytes, lv.decode_s) > target:
                 break
@@ -177,8 +177,9 @@ class Sakura(Policy):
             return True
         # outage: if the link died now, a template pass on the device would redo this step's KV; the drop must
         # gain at least what it would then lose (unless every shard it needs is decoded already)
+        reuse = ctx.floor_reuses()  # a reuse rung needs no link: an outage cannot hold it up
         needed = range(layer, snap.c - snap.l0 + ctx.layers_per_step)
-        if all(ctx.ready(g) for g in needed):
+        if all(ctx.ready(g) or reuse[g] for g in needed):
             return False
         resume = ctx.resume_pass_s(ctx.layer_of(layer))
         outage_loss = snap.ct + (1 + self.late_patience) * resume + left * p.layer_cached_s - keep_all
@@ -193,8 +194,9 @@ class Sakura(Policy):
         gain = (ctx.layers_per_step - ctx.layer_of(layer)) * (p.layer_full_s - p.layer_cached_s)
         ready = ctx.known_ready(layer)
         if ready is None:
-            lv = ctx.ladder(layer)[ctx.floor]
-            ready = max(ctx.now, ctx.link_busy_until()) + ctx.rtt_s + lv.nbytes / rate + lv.decode_s
+            lv = ctx.ladder(layer)[ctx.floor_of(layer)]
+            rtt = 0.0 if lv.reuse else ctx.rtt_s
+            ready = max(ctx.now, ctx.link_busy_until()) + rtt + lv.nbytes / rate + lv.decode_s
         return ready - max(ctx.compute_t, ctx.now) > gain
 
     def recompute_late(self, ctx: Context, layer: int) -> bool:

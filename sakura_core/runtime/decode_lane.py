@@ -48,6 +48,7 @@ class DecodeLane:
 
     def reset(self) -> None:
         self.decoders: dict[ShardId, tuple[list[str], ChainDecoder]] = {}  # shard -> (digests pushed, its decoder)
+        self.passed: set[ShardId] = set()  # shards whose decoder was dropped because they were served
 
     @contextlib.contextmanager
     def pool_open(self):
@@ -78,10 +79,15 @@ class DecodeLane:
                    reference: DecodedReference | None = None):  # fmt: skip
         """Decode ``blobs`` = ``digests[start:]``: with ``start`` > 0 on top of this shard's decoder, which has
         applied ``digests[:start]`` (an upgrade applies only its new blobs); else a new decoder. ``reference``: the
-        decoded reference a cross-step residual adds to (``HeldKV.reference_for``), None for a self-contained level."""
+        decoded reference a cross-step residual adds to (``HeldKV.reference_for``), None for a self-contained level
+        (or for an upgrade whose reference the device has freed since: its decoder keeps the one it was given).
+        None (nothing decoded) for an upgrade of a shard served while its blobs came: its decoder is gone, and the
+        upgrade is of no use any more."""
         t0 = self.st.now
         with self._lock:
             done, dec = self.decoders.pop(shard, ([], None))
+            if start and dec is None and shard in self.passed:
+                return None
         if start:
             if dec is None or done != digests[:start]:
                 raise RuntimeError(f"{shard}: the decoder no longer holds the chain prefix this upgrade extends")
@@ -94,7 +100,8 @@ class DecodeLane:
         for blob in blobs:  # on an error the half-advanced decoder stays dropped (popped above)
             dec.push(blob, lambda header: check_shard_geometry(header, slot))
         check_shard_binding(dec.header, slot)
-        dec.set_reference(reference)
+        if reference is not None or not start:  # an upgrade without one keeps the reference its decoder has
+            dec.set_reference(reference)
         k, v = dec.tensors()
         with self._lock:
             self.decoders[shard] = (list(digests), dec)
@@ -105,9 +112,11 @@ class DecodeLane:
         """Drop ``shard``'s decoder (it will not be upgraded: the compute lane has passed it)."""
         with self._lock:
             self.decoders.pop(shard, None)
+            self.passed.add(shard)
 
     def release(self, shards) -> None:
         """Drop the decoders of ``shards`` (served: never upgraded again)."""
         with self._lock:
             for shard in shards:
                 self.decoders.pop(shard, None)
+                self.passed.add(shard)

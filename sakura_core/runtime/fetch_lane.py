@@ -73,6 +73,9 @@ class FetchLane:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._done = threading.Event()  # the compute lane has finished: nothing more is needed
         self._asked: set[asyncio.Task] = set()  # fetches the compute lane asked for (fetch_skipped)
+        # shards (g) with a fetch of this lane chosen and not finished (waiting for room, in flight or retrying):
+        # claimed under st.lock with the decision, so the compute lane never asks for a second, concurrent fetch
+        self._claimed: set[int] = set()
 
     # ---- the lane
 
@@ -139,6 +142,7 @@ class FetchLane:
                 if d.defer:
                     self.deferred.append(g)
                 return None
+            self._claimed.add(g)
             return self.grid[g], d.level
 
     def _signature(self) -> tuple:
@@ -163,6 +167,7 @@ class FetchLane:
             return None
         g, d = pick
         self._deferred_sig = None
+        self._claimed.add(g)
         self.log.decision(st.now, g, d.level, d.reason)
         return self.grid[g], d.level
 
@@ -194,20 +199,34 @@ class FetchLane:
         st = self.st
         with st.lock:
             g = shard.g
-            skipped = g not in st.in_flight and not st.got.get(g) and (st.base_done or st.next_layer > g)
+            skipped = (
+                g not in self._claimed
+                and g not in st.in_flight
+                and not st.got.get(g)
+                and (st.base_done or st.next_layer > g)
+            )
             if not skipped:
                 return False
             if g in self.deferred:
                 self.deferred.remove(g)
+            self._claimed.add(g)
         self._loop.call_soon_threadsafe(self._start_asked, shard)
         return True
 
     def _start_asked(self, shard: ShardId) -> None:
         if self._done.is_set():
             return
-        task = self._loop.create_task(self._fetch_with_fallback(shard, self.floor))
+        task = self._loop.create_task(self._claimed_fetch(shard, self.floor))
         self._asked.add(task)
         task.add_done_callback(self._asked.discard)
+
+    async def _claimed_fetch(self, shard: ShardId, level: int) -> None:
+        """Fetch a shard this lane claimed (:attr:`_claimed`), releasing the claim when the fetch has ended."""
+        try:
+            await self._fetch_with_fallback(shard, level)
+        finally:
+            with self.st.lock:
+                self._claimed.discard(shard.g)
 
     def skip_to(self, end: int) -> None:
         """The compute lane gave up on the link for every shard below flat index ``end``: neither fetch nor ask
@@ -235,11 +254,16 @@ class FetchLane:
             await asyncio.sleep(IDLE_POLL_S)
 
     async def _fetch_base(self, shard: ShardId, level: int) -> None:
-        await self._room_for(shard)
-        with self.st.lock:
-            predicted = self.ctx.predict_ready(shard.g, self.ladders[shard.g][level], self.st.estimator.robust())
-            self.st.in_flight[shard.g] = predicted
-        await self._fetch_with_fallback(shard, level)
+        """A shard :meth:`_decide` chose (and claimed): fetched once there is room for it."""
+        try:
+            await self._room_for(shard)
+            with self.st.lock:
+                predicted = self.ctx.predict_ready(shard.g, self.ladders[shard.g][level], self.st.estimator.robust())
+                self.st.in_flight[shard.g] = predicted
+            await self._fetch_with_fallback(shard, level)
+        finally:
+            with self.st.lock:
+                self._claimed.discard(shard.g)
 
     async def _fetch_with_fallback(self, shard: ShardId, level: int) -> None:
         """Fetch at ``level``; on failure retry at the floor (a cross-step residual whose reference the device lacks:
@@ -268,7 +292,12 @@ class FetchLane:
         digests = [*rep.get("requires", []), rep["digest"]]
         name = self.ladders[g][level].name
         start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
-        reference = self.held.reference_for(shard, rep)  # a residual whose reference the device lacks: not fetched
+        try:
+            reference = self.held.reference_for(shard, rep)  # a residual whose reference the device lacks: not fetched
+        except MissingReferenceError:
+            if not start:
+                raise
+            reference = None  # an upgrade: its decoder keeps the reference its chain was decoded against (freed here)
         todo = digests[start:]
         if self.reports_chunks:  # the policy sees this shard's transfer while it lasts (LiveState.link_progress)
             with st.lock:
@@ -278,7 +307,11 @@ class FetchLane:
         finally:
             with st.lock:
                 st.receiving.pop(g, None)
-        k, v = await self.decoder.decode(shard, level, digests, chain, start, reference)
+        kv = await self.decoder.decode(shard, level, digests, chain, start, reference)
+        if kv is None:  # an upgrade of a shard the compute lane served meanwhile: of no use any more
+            self.log.decision(st.now, g, level, f"{name} not decoded: the compute lane served the shard meanwhile")
+            return
+        k, v = kv
         if not self.held.publish(shard, k[0], v[0], level):
             self.decoder.forget(shard)  # used already (per-step): a late upgrade is not kept
         with st.lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..policy.ladder import shard_floor
 from ..policy.planner import Snapshot, best_plan
 from ..policy.policies import LEVEL_COMPUTE, Decision, Policy
 from .simulate import SimConfig, SimResult, _Sim, simulate
@@ -39,7 +40,7 @@ class _FixedSplit(Policy):
     def choose(self, ctx, layer):
         if ctx.layer_of(layer) < self._k(ctx, layer):
             return Decision(LEVEL_COMPUTE, "fixed split")
-        return Decision(ctx.floor, "fixed split: floor level")
+        return Decision(ctx.floor_of(layer), "fixed split: floor level")
 
     def keep_template(self, ctx, layer):
         return ctx.layer_of(layer) < self._k(ctx, layer)
@@ -77,7 +78,7 @@ def fluid_bound(trace, profile, ladders, floors, start_s: float = 0.0, family: s
     N, F, C = len(lads), profile.layer_full_s, profile.layer_cached_s
     per_step = N == g.layers * g.steps and g.steps > 1
     tail = profile.fixed_s + (0.0 if per_step else (g.steps - 1) * g.layers * C)
-    sizes = np.cumsum(np.sort([float(lad[floor].nbytes) for lad in lads]))  # the i smallest shards' bytes
+    sizes = np.cumsum(np.sort([float(lad[shard_floor(floor, g)].nbytes) for g, lad in enumerate(lads)]))  # i smallest
     arrive = np.array([trace.finish_time(start_s, b) - start_s for b in sizes])  # (N,) i = 1..N
     m = np.arange(N + 1)
     compute = (N - m) * F + m * C

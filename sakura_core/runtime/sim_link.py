@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from ..policy.ladder import shard_floor
 from ..policy.policies import LEVEL_COMPUTE
 from .deferral import ask_deferred
 
@@ -117,7 +118,7 @@ class SimLink:
     def _reference_ready(self, layer: int, level: int) -> tuple[int, float]:
         """A cross-step residual level decodes only after its reference shard (same layer, ``ref_step``): (the level
         to fetch, the earliest decode start). The device's own KV of it serves too (it computed that layer at that
-        step: taken as there when the decode starts). Without either (not fetched, or not yet) the shard's
+        step: taken as there when the decode starts; or a fallback template pass made it: from the pass's end). Without either (not fetched, or not yet) the shard's
         self-contained exact level is fetched instead, as the live runtime does."""
         lv = self.ladders[layer][level]
         if lv.ref_step is None:
@@ -128,13 +129,28 @@ class SimLink:
             return level, min(done)
         if ref in self.skipped:  # computed on the device at that step
             return level, 0.0
+        if ref in self.device_kv_at:  # made by a fallback template pass (kept as the live runtime's HeldKV keeps it)
+            return level, self.device_kv_at[ref]
         top = len(self.ladders[layer]) - 1
         reason = f"fallback: level {lv.name} needs shard {ref}, which is not decoded: fetching it exact"
         self.decisions.append({"t": self.now, "layer": layer, "level": top, "reason": reason})
         return top, 0.0
 
+    def _reuse(self, layer: int, level: int, ref_done: float) -> None:
+        """A ``reuse`` rung: no request, no decode; the shard's KV is its reference's, there once that is."""
+        ready = max(self.now, ref_done)
+        self._pred[layer] = (self.now, 0, self.now)  # known at once: nothing is on the link
+        self._pending.append(layer)
+        if layer not in self._got:
+            self._first_ready[layer] = ready
+        self._got.setdefault(layer, []).append((level, ready))
+        self.events.append({"lane": "decode", "start": ready, "end": ready, "layer": layer, "level": "reuse"})
+
     def _transfer(self, layer: int, level: int, nbytes: int, kind: str) -> None:
         level, ref_done = self._reference_ready(layer, level)
+        if self.ladders[layer][level].reuse:
+            self._reuse(layer, level, ref_done)
+            return
         if kind == "base":
             nbytes = self.ladders[layer][level].nbytes
         t0 = self.link_free + self.rtt_s
@@ -172,8 +188,9 @@ class SimLink:
         self.now = self.link_free
         if self.forced:
             layer = self.forced.pop(0)
-            self.decisions.append({"t": self.now, "layer": layer, "level": self.floor, "reason": "fallback: needed"})
-            self._transfer(layer, self.floor, self.ladders[layer][self.floor].nbytes, "base")
+            fl = shard_floor(self.floor, layer)
+            self.decisions.append({"t": self.now, "layer": layer, "level": fl, "reason": "fallback: needed"})
+            self._transfer(layer, fl, self.ladders[layer][fl].nbytes, "base")
             return True
         if self.deferred and self._retry_deferred():  # a deferred shard the policy now wants goes first
             return True

@@ -3,6 +3,7 @@ step it names); without a decoded reference the shard's exact level is fetched i
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.policy.ladder import Level
+from sakura_core.policy.policies import Decision, Policy
 from sakura_core.runtime.oracle import fixed_split_policy
 from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, simulate
@@ -42,3 +43,25 @@ def test_a_residual_whose_reference_was_never_decided_is_fetched_exact():
     fallback = [d for d in r.decisions if "needs shard" in str(d["reason"])]  # names step 1 itself: never there
     assert [d["layer"] for d in fallback] == [4, 5, 6, 7] and all("fetching it exact" in d["reason"] for d in fallback)
     assert r.bytes_fetched == 4 * BASE[0].nbytes + 4 * EXACT.nbytes
+
+
+class _LateThenResidual(Policy):
+    """Step 0: drop at layer 0, fetch every shard (at a link too slow for them: the device's fallback pass makes step
+    0's KV); step 1: every shard at its residual level."""
+
+    name = "late-then-residual"
+
+    def choose(self, ctx, g):
+        return Decision(0, "residual or base level")
+
+    def keep_template(self, ctx, g):
+        return False
+
+    def recompute_late(self, ctx, g):
+        return ctx.step_of(g) == 0
+
+
+def test_a_fallback_passs_kv_serves_as_the_next_steps_reference():
+    r = simulate(_LateThenResidual(), Trace.constant(0.05), P, LADDERS, {"sakura": 0}, config=NO_RTT)
+    assert any(d["level"] == "device" for d in r.decisions)  # step 0's KV came from the device's pass
+    assert not [d for d in r.decisions if "needs shard" in str(d["reason"])]  # step 1's residuals decode against it
