@@ -39,6 +39,20 @@ def setup():
     return model, tpl, usr, pre, profile
 
 
+@pytest.fixture(scope="module")
+def progressive_setup(setup):
+    """The same template with progressive residual chains (``PROGRESSIVE_RESIDUALS`` on; shipped off: one direct
+    blob per residual level, never upgraded): the case where an upgrade extends a residual's chain."""
+    from sakura_core.precompute import cross_step
+
+    model, tpl, usr, _, profile = setup
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cross_step, "PROGRESSIVE_RESIDUALS", True)
+        pre = precompute_template(model, tpl, "tpl-xp", held_out_probes=1, psnr_steps=1, kv_mode="per-step",
+                                  steps=STEPS)  # fmt: skip
+    return model, tpl, usr, pre, profile
+
+
 class _Levels(Policy):
     """Fetch every shard at ladder index ``level``; the device computes layers < ``splits[step]``."""
 
@@ -163,11 +177,11 @@ def test_a_shard_served_in_another_steps_slot_is_refused(setup):
     assert rep.levels_by_step()["step 1"][3] == plan_fetch(pre.manifest, "sakura").floor_name
 
 
-def test_an_upgrade_of_a_residual_keeps_its_reference_once_the_device_has_freed_it(setup):
+def test_an_upgrade_of_a_residual_keeps_its_reference_once_the_device_has_freed_it(progressive_setup):
     # step 1 layer 0 decoded at sakura-l0 against step 0 layer 0; the device then frees that reference (the shard is
     # decoded: no dependent left) and the idle link upgrades the shard to sakura-l1: decoded on the decoder's own
     # reference, equal to sakura-l1 decoded from nothing (a live run's upgrade failed here with "does not hold")
-    _, _, _, pre, _ = setup
+    _, _, _, pre, _ = progressive_setup
     plan = plan_fetch(pre.manifest, "sakura")
     L = pre.manifest["num_layers"]
     grid = ShardGrid.for_edit(L, STEPS, True)
