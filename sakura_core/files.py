@@ -88,13 +88,17 @@ def atomic_create_bytes(path: str | Path, data: bytes) -> None:
 DISK_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
+def _errno_name(e: OSError):
+    """``ENOSPC`` for an OSError of that errno (its number when the name is unknown)."""
+    return errno.errorcode.get(e.errno, e.errno)
+
+
 def disk_fault_message(e: OSError) -> str:
     """One line for a :data:`DISK_FAULTS` error: the file, the reason and its errno name, and what to do."""
     where = f"{e.filename}: " if e.filename else ""
     fix = ("free some space" if e.errno in (errno.ENOSPC, errno.EDQUOT)
            else "use a folder this user can write, or fix its permissions")  # fmt: skip
-    name = errno.errorcode.get(e.errno, e.errno)
-    return f"{where}{e.strerror} ({name}): {fix}, and run it again (files are written whole or not at all)"
+    return f"{where}{e.strerror} ({_errno_name(e)}): {fix}, and run it again (files are written whole or not at all)"
 
 
 def folder_write_problem(folder: str | Path) -> str | None:
@@ -104,7 +108,7 @@ def folder_write_problem(folder: str | Path) -> str | None:
     try:
         fd, probe = tempfile.mkstemp(prefix=".write-probe.", suffix=".tmp", dir=folder)
     except OSError as e:
-        return f"{folder}: {e.strerror} ({errno.errorcode.get(e.errno, e.errno)})"
+        return f"{folder}: {e.strerror} ({_errno_name(e)})"
     os.close(fd)
     try:
         os.unlink(probe)
@@ -120,7 +124,7 @@ def output_problem(path: str | Path) -> str | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        return f"{folder}: {e.strerror} ({errno.errorcode.get(e.errno, e.errno)})"
+        return f"{folder}: {e.strerror} ({_errno_name(e)})"
     problem = folder_write_problem(folder)
     return None if problem is None else f"cannot write {Path(path).name} there: {problem}"
 

@@ -213,7 +213,8 @@ class Context:
 
     def floor_reuses(self) -> np.ndarray:
         """(shards,) bool: the shard's floor is a ``reuse`` rung (no request, no round trip, no decode)."""
-        return self.floor_arrays() and self._floor_reuse
+        self.floor_arrays()  # made there, with the floor arrays
+        return self._floor_reuse
 
     # dynamic
     @property

@@ -118,8 +118,9 @@ class SimLink:
     def _reference_ready(self, layer: int, level: int) -> tuple[int, float]:
         """A cross-step residual level decodes only after its reference shard (same layer, ``ref_step``): (the level
         to fetch, the earliest decode start). The device's own KV of it serves too (it computed that layer at that
-        step: taken as there when the decode starts; or a fallback template pass made it: from the pass's end). Without either (not fetched, or not yet) the shard's
-        self-contained exact level is fetched instead, as the live runtime does."""
+        step: taken as there when the decode starts; or a fallback template pass made it: from the pass's end).
+        Without either (not fetched, or not yet) the shard's self-contained exact level is fetched instead, as the
+        live runtime does."""
         lv = self.ladders[layer][level]
         if lv.ref_step is None:
             return level, 0.0
