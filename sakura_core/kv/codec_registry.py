@@ -148,6 +148,8 @@ class Codec:
             applies one more blob without modifying its input state; ``decode_finish(state, header) -> (k, v)``.
         prepare: optional template-level step over all shards before encoding (SAKURA shares its rate-distortion
             slope thresholds across shards, so a level's bits go to the layers that need them).
+        encode_direct: optional ``(shard, levels) -> blobs``, each a direct (self-contained) blob of its level, the
+            same bytes as ``encode(shard, [level])[0]`` with the per-shard work done once (see :meth:`direct_blobs`).
     """
 
     name: str
@@ -161,6 +163,13 @@ class Codec:
     decode_step: Callable[[object, ShardHeader, list[memoryview]], object] | None = None
     decode_finish: Callable[[object, ShardHeader], tuple[np.ndarray, np.ndarray]] | None = None
     prepare: Callable[[Sequence[ShardInput]], list[ShardInput]] | None = None
+    encode_direct: Callable[[ShardInput, Sequence[int]], list[bytes]] | None = None
+
+    def direct_blobs(self, shard: ShardInput, levels: Sequence[int]) -> list[bytes]:
+        """One direct blob per level of ``levels`` (a progressive codec's chain would refine instead)."""
+        if self.encode_direct is not None:
+            return self.encode_direct(shard, levels)
+        return [self.encode(shard, [level])[0] for level in levels]
 
     def prepare_shards(self, shards: Sequence[ShardInput]) -> list[ShardInput]:
         """Template-level preparation before encoding the shards one by one (identity for most codecs)."""

@@ -64,6 +64,7 @@ __all__ = [
     "allocate_widths",
     "decode_sakura",
     "encode_sakura",
+    "encode_sakura_direct",
     "level_slopes",
     "prepare_sakura",
 ]
@@ -335,6 +336,15 @@ def encode_sakura(
     return blobs
 
 
+def encode_sakura_direct(
+    shard: ShardInput, levels: Sequence[int] | None = None, config: SakuraConfig = DEFAULT_CONFIG
+) -> list[bytes]:
+    """The direct blob of each level (``encode_sakura(shard, [j])[0]`` for every ``j``, one plan for all)."""
+    levels = check_levels(config.levels if levels is None else levels, "sakura", config.levels)
+    plan = _plan(shard, config)
+    return [_level_blob(plan, shard, level, None, plan.level_idx[level], None, config) for level in levels]
+
+
 register_codec(
     Codec(
         "sakura",
@@ -347,5 +357,6 @@ register_codec(
         decode_step=_step,
         decode_finish=_finish,
         prepare=prepare_sakura,
+        encode_direct=encode_sakura_direct,
     )
 )

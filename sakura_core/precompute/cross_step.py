@@ -150,7 +150,7 @@ def _residual_blobs(ladder: Codec, shard) -> list[bytes]:
     """A residual shard's blob per level: the progressive chain, or (``PROGRESSIVE_RESIDUALS`` off) each level's
     direct blob (the same decoded KV, bit for bit, in one blob)."""
     if ladder.progressive and not PROGRESSIVE_RESIDUALS:
-        return [ladder.encode(shard, [level])[0] for level in ladder.levels]
+        return ladder.direct_blobs(shard, ladder.levels)
     return ladder.encode(shard, ladder.levels)
 
 

@@ -90,6 +90,9 @@ def test_sakura_progressive_chain_equals_direct_level(seed, make_shard):
     _, k_s, _ = decode_chain(skip)
     _, k_d, _ = decode_chain(encode_sakura(shard, [4]))
     assert k_s.tobytes() == k_d.tobytes()
+    # the registry's direct blobs (one plan for every level) are the per-level direct blobs, byte for byte
+    levels = list(range(len(chain)))
+    assert get_codec("sakura").direct_blobs(shard, levels) == [encode_sakura(shard, [j])[0] for j in levels]
 
 
 def test_sakura_spends_bits_where_the_weights_are(make_shard):
