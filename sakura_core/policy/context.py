@@ -41,8 +41,7 @@ class ComputeCosts(Protocol):
 
 class PolicyState(Protocol):
     """The state a :class:`Context` reads: the simulator (``runtime.simulate``) and the live pipeline
-    (:class:`~sakura_core.runtime.live_state.LiveState`) both keep it. Policies never read it directly, only through :class:`Context`, and never
-    write it.
+    (:class:`~sakura_core.runtime.live_state.LiveState`) both keep it. Policies only read it, through :class:`Context`.
 
     Every time is in seconds since the edit started (t = 0 when the first request may leave); sizes are bytes and
     rates bytes/s. Layer indices are 0 .. len(ladders) - 1 and one shard holds one layer.
