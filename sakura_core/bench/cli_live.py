@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from importlib import resources
 
 import torch
@@ -202,25 +203,34 @@ def _report(args, spec, model, profile, runs: list[dict]) -> None:
 def _sim_check(runs: list[dict], plans: dict, profile, args) -> list[dict]:
     """Replay each trace in the simulator with this run's inputs (the bench model's measured profile, the served
     ladders, the same trace and RTT) and compare sakura's speed-up over on-device, live vs simulated."""
-    from ..runtime.simulate import SimConfig, simulate
-
     by = {(r["trace"], r["policy"]): r for r in runs}
     out = []
     traces = {t.name: t for t in load_traces(args.traces)}
     for name, (ladders, floor) in plans.items():
         if (name, "on-device") not in by or name not in traces:
             continue
-        sim = {p: simulate(make_policy(p), traces[name], profile, {"sakura": ladders}, {"sakura": floor},
-                           config=SimConfig(min_rtt_s=RuntimeConfig().rtt_s)).latency_s
-               for p in ("sakura", "on-device")}  # fmt: skip
+        trace, lad = traces[name], {"sakura": ladders}
+        sim = _replay(trace, profile, lad, floor)
+        alone = _replay(trace, replace(profile, dit_cpu_cores=0), lad, floor)
         live = by[(name, "on-device")]["latency_s"] / by[(name, "sakura")]["latency_s"]
-        pred = sim["on-device"] / sim["sakura"]
+        pred, pred_alone = sim["on-device"] / sim["sakura"], alone["on-device"] / alone["sakura"]
         row = {"trace": name, "live_speedup": live, "sim_speedup": pred, "live_over_sim": live / pred,
-               "sim_latency_s": sim}  # fmt: skip
+               "sim_latency_s": sim, "dit_cpu_cores": profile.dit_cpu_cores,
+               "sim_speedup_no_contention": pred_alone}  # fmt: skip
         out.append(row)
         print(f"sim check {name}: sakura vs on-device live {live:.2f}x, simulated {pred:.2f}x with this run's "
-              f"profile, ladders and trace (live / sim {live / pred:.3f})")  # fmt: skip
+              f"profile, ladders and trace (live / sim {live / pred:.3f}; the DiT's {profile.dit_cpu_cores} threads "
+              f"shared with the decodes: without that {pred_alone:.2f}x, live / sim {live / pred_alone:.3f})")  # fmt: skip
     return out
+
+
+def _replay(trace, profile, ladders: dict, floor: int) -> dict:
+    """Simulated latency of sakura and on-device on ``trace`` with ``profile`` and the served ``ladders``."""
+    from ..runtime.simulate import SimConfig, simulate
+
+    cfg = SimConfig(min_rtt_s=RuntimeConfig().rtt_s)
+    return {p: simulate(make_policy(p), trace, profile, ladders, {"sakura": floor}, config=cfg).latency_s
+            for p in ("sakura", "on-device")}  # fmt: skip
 
 
 async def _run_all(args, model, traces, policies, profile, template, user, exact, url, link):

@@ -18,6 +18,9 @@ class LiveProfile:
         layers: transformer layers.
         steps: denoising steps.
         fixed_s: per-edit work outside the transformer, seconds.
+        dit_cpu_cores: threads the model computes with when it runs on this host's CPU (0 = on an accelerator): a
+            decode thread then takes one of them while it works, which the planner and the simulator charge (as
+            :attr:`sakura_core.runtime.profiles.DeviceProfile.dit_cpu_cores`).
     """
 
     layer_full_s: float
@@ -25,6 +28,7 @@ class LiveProfile:
     layers: int
     steps: int
     fixed_s: float = 0.0
+    dit_cpu_cores: int = 0
 
     @property
     def template_pass_s(self) -> float:
@@ -38,8 +42,18 @@ class LiveProfile:
 
 def measure_profile(model, steps: int, fixed_s: float = 0.0) -> LiveProfile:
     """``model``'s per-layer compute times here (measured on its first call, then reused; see
-    :meth:`sakura_core.models.edit_model.EditModel.layer_times_s`) as a profile for a ``steps``-step edit."""
+    :meth:`sakura_core.models.edit_model.EditModel.layer_times_s`) as a profile for a ``steps``-step edit. A model on
+    the CPU shares it with the decode threads: the profile says with how many threads it computes."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     full_s, cached_s = model.layer_times_s()
-    return LiveProfile(full_s, cached_s, model.adapter.num_layers, steps, fixed_s)
+    return LiveProfile(full_s, cached_s, model.adapter.num_layers, steps, fixed_s, _cpu_threads(model))
+
+
+def _cpu_threads(model) -> int:
+    """Threads torch computes ``model`` with on this host's CPU (0 when its weights live on an accelerator)."""
+    import torch
+
+    if model.adapter.device.type != "cpu":
+        return 0
+    return max(1, torch.get_num_threads())
