@@ -22,8 +22,6 @@ __all__ = ["MAX_SPAN", "compact_ranges", "decode_sakura", "meta_size", "span_cod
 
 WIDTHS = (0, 1, 2, 3, 4, 5, 6, 8)
 _W = np.array(WIDTHS, dtype=np.int16)
-_MULT = np.array([256.0] + [float(1 << (8 - w)) for w in WIDTHS[1:]], dtype=np.float32)  # fine codes per bin
-_OFF = (_MULT - 1.0) / 2.0  # bin centre, in fine-code units
 
 
 # ---- shared reconstruction (encoder measures exactly what the decoder will output) --------------------------------
@@ -43,22 +41,60 @@ def _fine_codes(x: np.ndarray, lo: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 
 def _reconstruct(idx: np.ndarray, acc: torch.Tensor, p: _Params) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dequantise (vectorised torch, in place on one float32 buffer).
+    """Dequantise: the centre of each unit's bin, ``lo + step * (code * 2**(8 - w) + (2**(8 - w) - 1) / 2)`` in
+    float32 (the scale-and-shift as two roundings, multiply then add), then float16; a dropped unit (width 0) is the
+    mean of its (tensor, layer, head) channels.
 
     ``idx``: (2, layers, tokens, heads) width indices; ``acc``: (2, layers, tokens, heads, head_dim) uint8, the top
-    ``w`` bits of each fine code (right-aligned). Returns float16 K and V (layers, tokens, heads, head_dim).
+    ``w`` bits of each fine code (right-aligned, so each byte is < 2**w). Returns float16 K and V (layers, tokens,
+    heads, head_dim). The bin-centre code is exact in float32, so it is built in integers (one shift and one OR
+    per unit, 8 bytes at a time) and one constant 0.5: the result is bit for bit the multiply-add form.
     """
-    code = acc.to(torch.float32)
-    code.mul_(torch.from_numpy(_MULT[idx]).unsqueeze(-1)).add_(torch.from_numpy(_OFF[idx]).unsqueeze(-1))
+    _, n_l, t, h, d = acc.shape
+    widx = idx.reshape(-1)
+    w = _W[widx]  # (units,) int16
+    code = _centre_codes(acc.reshape(-1, d), widx).to(torch.float32)  # (units, head_dim): centre + 0.5, or the code
+    top = w == 8  # a full-width unit's centre is its code: nothing to subtract
+    if not top.any():
+        code.sub_(0.5)
+    elif not top.all():
+        code.sub_(torch.from_numpy(np.where(top, np.float32(0.0), np.float32(0.5))[:, None]))
+    code = code.view(2, n_l, t, h, d)
     code.mul_(torch.from_numpy(p.step).unsqueeze(2)).add_(torch.from_numpy(p.lo).unsqueeze(2))
     out = code.to(torch.float16)  # (2, layers, tokens, heads, head_dim)
-    n_l, t, h, d = out.shape[1:]
-    flat = out.numpy().reshape(2 * n_l * t * h, d)  # shares memory with ``out``
-    dropped = np.flatnonzero(idx.reshape(-1) == 0)  # flat (tensor, layer, token, head) units
-    if dropped.size:  # a dropped unit is the mean of its (tensor, layer, head) channels
+    dropped = np.flatnonzero(w == 0)  # flat (tensor, layer, token, head) units
+    if dropped.size:  # rows copied whole (a row = one opaque item: numpy moves it with one memcpy)
         block = (dropped // (t * h)) * h + dropped % h  # flat (tensor, layer, head)
-        flat[dropped] = p.mean.astype(np.float16).reshape(2 * n_l * h, d)[block]
+        means = np.ascontiguousarray(p.mean.astype(np.float16).reshape(2 * n_l * h, d))
+        _rows(out.numpy().reshape(-1, d))[dropped] = np.take(_rows(means), block)
     return out[0], out[1]
+
+
+_BYTES = np.uint64(0x0101010101010101)  # one in each byte of a 64-bit word
+_SHIFT = np.array([0] + [8 - w for w in WIDTHS[1:]], dtype=np.int64)  # per width: left-align its bits (w=0: 0)
+_BIAS = np.array([1 << (7 - w) if w < 8 else 0 for w in WIDTHS], dtype=np.uint64)  # the half-bin bit below them
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous 2-D array as a 1-D array of opaque rows (same memory): row gathers and scatters in one go."""
+    return a.view(np.dtype((np.void, a.shape[1] * a.itemsize))).reshape(a.shape[0])
+
+
+def _centre_codes(acc: torch.Tensor, widx: np.ndarray) -> torch.Tensor:
+    """(units, head_dim) uint8: ``acc << (8 - w) | 1 << (7 - w)`` per unit of width ``WIDTHS[widx]`` (``acc`` for
+    w = 8), a new tensor.
+
+    As float, this minus 0.5 (w < 8) is the bin centre in fine-code units. With ``head_dim % 8 == 0`` the shift runs
+    on 64-bit words: every byte of ``acc`` is < 2**w, so no bit crosses into the next byte."""
+    acc = acc.contiguous()
+    shift, bias = _SHIFT[widx][:, None], _BIAS[widx][:, None]
+    if acc.shape[1] % 8 == 0 and acc.data_ptr() % 8 == 0:
+        words = acc.view(torch.int64)  # (units, head_dim / 8)
+        out = torch.bitwise_left_shift(words, torch.from_numpy(shift))
+        out.bitwise_or_(torch.from_numpy((bias * _BYTES).view(np.int64)))
+        return out.view(torch.uint8)
+    out = torch.bitwise_left_shift(acc, torch.from_numpy(shift.astype(np.uint8)))
+    return out.bitwise_or_(torch.from_numpy(bias.astype(np.uint8)))
 
 
 # ---- symbol packing --------------------------------------------------------------------------------------------------
@@ -206,15 +242,15 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
         raw = zstd_exact(section, _packed_size(n_sym, m), f"sakura {m}-bit group")
         sym = _unpack_symbols(raw, m, n_sym).reshape(units.size, d)
         if base:  # nothing there yet: no gather
-            acc[units] = sym
+            _rows(acc)[units] = _rows(sym)
         elif units.size == n_units:  # every unit gains m bits: no gather/scatter
             acc <<= np.uint8(m)
             acc |= sym
-        else:
-            upd = acc[units]
+        else:  # gather, refine, scatter back, a row at a time
+            upd = np.take(_rows(acc), units).view(np.uint8).reshape(units.size, d)
             upd <<= np.uint8(m)
             upd |= sym
-            acc[units] = upd
+            _rows(acc)[units] = _rows(upd)
     return _State(new, acc, params)
 
 
