@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .codec_parts import zstd_exact
+from .codec_parts import CHUNK_VALUES, scratch, zstd_exact
 from .codec_registry import Parsed
 from .container import ShardCorruptError, ShardHeader
 
@@ -53,20 +53,34 @@ def _reconstruct(idx: np.ndarray, acc: torch.Tensor, p: _Params) -> tuple[torch.
     _, n_l, t, h, d = acc.shape
     widx = idx.reshape(-1)
     w = _W[widx]  # (units,) int16
-    code = _centre_codes(acc.reshape(-1, d), widx).to(torch.float32)  # (units, head_dim): centre + 0.5, or the code
+    centre = _centre_codes(acc.reshape(-1, d), widx).view(2 * n_l, t, h, d)  # centre + 0.5, or the code (w = 8)
     top = w == 8  # a full-width unit's centre is its code: nothing to subtract
-    if not top.any():
-        code.sub_(0.5)
-    elif not top.all():
-        code.sub_(torch.from_numpy(np.where(top, np.float32(0.0), np.float32(0.5))[:, None]))
-    code = code.view(2, n_l, t, h, d)
-    code.mul_(torch.from_numpy(p.step).unsqueeze(2)).add_(torch.from_numpy(p.lo).unsqueeze(2))
-    out = code.to(torch.float16)  # (2, layers, tokens, heads, head_dim)
+    half = None if top.all() else 0.5 if not top.any() else np.where(top, np.float32(0.0), np.float32(0.5))
+    if isinstance(half, np.ndarray):
+        half = torch.from_numpy(half.reshape(2 * n_l, t, h, 1))
+    step = torch.from_numpy(p.step).view(2 * n_l, h, d)
+    lo = torch.from_numpy(p.lo).view(2 * n_l, h, d)
+    out = torch.empty((2, n_l, t, h, d), dtype=torch.float16)
+    out_blocks = out.view(2 * n_l, t, h, d)
+    rows = max(1, CHUNK_VALUES // (h * d))  # tokens per chunk: the float32 work stays in the core's cache
+    buf = scratch("code", rows * h * d, torch.float32).view(rows, h, d)
+    for b in range(2 * n_l):  # one (tensor, layer) block at a time: one range per channel
+        for r in range(0, t, rows):
+            code = buf[: min(rows, t - r)]
+            code.copy_(centre[b, r : r + rows])
+            if isinstance(half, torch.Tensor):
+                code.sub_(half[b, r : r + rows])
+            elif half is not None:
+                code.sub_(half)
+            code.mul_(step[b]).add_(lo[b])
+            out_blocks[b, r : r + rows].copy_(code)
     dropped = np.flatnonzero(w == 0)  # flat (tensor, layer, token, head) units
     if dropped.size:  # rows copied whole (a row = one opaque item: numpy moves it with one memcpy)
         block = (dropped // (t * h)) * h + dropped % h  # flat (tensor, layer, head)
         means = np.ascontiguousarray(p.mean.astype(np.float16).reshape(2 * n_l * h, d))
-        _rows(out.numpy().reshape(-1, d))[dropped] = np.take(_rows(means), block)
+        fill = scratch("fill", dropped.size * d, torch.float16).numpy().reshape(dropped.size, d)
+        np.take(_rows(means), block, out=_rows(fill), mode="clip")  # in range by construction; "raise" buffers `out`
+        np.put(_rows(out.numpy().reshape(-1, d)), dropped, _rows(fill))
     return out[0], out[1]
 
 
@@ -88,12 +102,13 @@ def _centre_codes(acc: torch.Tensor, widx: np.ndarray) -> torch.Tensor:
     on 64-bit words: every byte of ``acc`` is < 2**w, so no bit crosses into the next byte."""
     acc = acc.contiguous()
     shift, bias = _SHIFT[widx][:, None], _BIAS[widx][:, None]
+    out = scratch("centre", acc.numel(), torch.uint8).view(acc.shape)
     if acc.shape[1] % 8 == 0 and acc.data_ptr() % 8 == 0:
-        words = acc.view(torch.int64)  # (units, head_dim / 8)
-        out = torch.bitwise_left_shift(words, torch.from_numpy(shift))
-        out.bitwise_or_(torch.from_numpy((bias * _BYTES).view(np.int64)))
-        return out.view(torch.uint8)
-    out = torch.bitwise_left_shift(acc, torch.from_numpy(shift.astype(np.uint8)))
+        words = out.view(torch.int64)  # (units, head_dim / 8)
+        torch.bitwise_left_shift(acc.view(torch.int64), torch.from_numpy(shift), out=words)
+        words.bitwise_or_(torch.from_numpy((bias * _BYTES).view(np.int64)))
+        return out
+    torch.bitwise_left_shift(acc, torch.from_numpy(shift.astype(np.uint8)), out=out)
     return out.bitwise_or_(torch.from_numpy(bias.astype(np.uint8)))
 
 
@@ -127,7 +142,8 @@ def _packed_size(n_sym: int, m: int) -> int:
 
 
 def _unpack_symbols(raw: bytes, m: int, n_sym: int) -> np.ndarray:
-    """Inverse of :func:`_pack_symbols`; ``raw`` has exactly ``_packed_size(n_sym, m)`` bytes."""
+    """Inverse of :func:`_pack_symbols`; ``raw`` has exactly ``_packed_size(n_sym, m)`` bytes. The result is only to be
+    read, before the next unpack on this thread (a view of ``raw`` or of a work buffer)."""
     b = np.frombuffer(raw, dtype=np.uint8)
     per = _per_byte(m)
     if m == 1:
@@ -135,9 +151,9 @@ def _unpack_symbols(raw: bytes, m: int, n_sym: int) -> np.ndarray:
     if per == 1:
         if b.max(initial=0) >= (1 << m):
             raise ShardCorruptError(f"sakura: {m}-bit symbol out of range")
-        return b.copy()
+        return b
     q = b.size
-    out = np.empty(per * q, np.uint8)
+    out = scratch("symbols", per * q, torch.uint8).numpy()
     mask = np.uint8((1 << m) - 1)
     for i in range(per):
         plane = out[i * q : (i + 1) * q]
@@ -210,7 +226,9 @@ def _base_params(head: bytes, n_l: int, h: int, d: int, compact: bool = False) -
     return _Params(lo=meta[0], step=(meta[1] - meta[0]) / np.float32(255.0), mean=meta[2])
 
 
-def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]) -> _State:
+def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview], transient: bool = False) -> _State:
+    """Apply one blob of a chain to ``state`` (``None`` before the base), in place; ``transient``: the state lives only
+    until this thread's next decode (its codes sit in a reused work buffer)."""
     n_l, t, h, d = header.tensor_shape
     n_units = 2 * n_l * t * h
     base = state is None
@@ -224,7 +242,11 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
     if base:
         params = _base_params(head, n_l, h, d, compact)
         prev = np.zeros((2, n_l, t, h), np.uint8)
-        acc = np.zeros((n_units, d), dtype=np.uint8)
+        if transient:
+            acc = scratch("acc", n_units * d, torch.uint8).numpy().reshape(n_units, d)
+            acc.fill(0)
+        else:
+            acc = np.zeros((n_units, d), dtype=np.uint8)
     else:
         params, prev, acc = state.params, state.idx, state.acc
     delta = np.frombuffer(head, dtype=np.uint8, count=n_units, offset=meta_bytes).reshape(2, n_l, t, h)
@@ -242,15 +264,16 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
         raw = zstd_exact(section, _packed_size(n_sym, m), f"sakura {m}-bit group")
         sym = _unpack_symbols(raw, m, n_sym).reshape(units.size, d)
         if base:  # nothing there yet: no gather
-            _rows(acc)[units] = _rows(sym)
+            np.put(_rows(acc), units, _rows(sym))
         elif units.size == n_units:  # every unit gains m bits: no gather/scatter
             acc <<= np.uint8(m)
             acc |= sym
         else:  # gather, refine, scatter back, a row at a time
-            upd = np.take(_rows(acc), units).view(np.uint8).reshape(units.size, d)
+            upd = scratch("refine", units.size * d, torch.uint8).numpy().reshape(units.size, d)
+            np.take(_rows(acc), units, out=_rows(upd), mode="clip")
             upd <<= np.uint8(m)
             upd |= sym
-            _rows(acc)[units] = _rows(upd)
+            np.put(_rows(acc), units, _rows(upd))
     return _State(new, acc, params)
 
 
@@ -258,7 +281,7 @@ def decode_sakura(parsed: Parsed) -> tuple[np.ndarray, np.ndarray]:
     """Decode a validated chain base..level; returns float16 K, V (layers, tokens, heads, head_dim)."""
     state = None
     for header, sections in parsed:
-        state = _apply(state, header, sections)
+        state = _apply(state, header, sections, transient=True)
     return _finish(state, parsed[-1][0])
 
 
