@@ -96,7 +96,7 @@ def _rows(a: np.ndarray) -> np.ndarray:
 
 def _centre_codes(acc: torch.Tensor, widx: np.ndarray) -> torch.Tensor:
     """(units, head_dim) uint8: ``acc << (8 - w) | 1 << (7 - w)`` per unit of width ``WIDTHS[widx]`` (``acc`` for
-    w = 8), a new tensor.
+    w = 8), in this thread's work buffer (read it before the next call).
 
     As float, this minus 0.5 (w < 8) is the bin centre in fine-code units. With ``head_dim % 8 == 0`` the shift runs
     on 64-bit words: every byte of ``acc`` is < 2**w, so no bit crosses into the next byte."""
