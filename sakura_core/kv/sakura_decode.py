@@ -9,6 +9,7 @@ measured too: it changed the compressed sizes by under 0.3 %.)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,22 +59,27 @@ def _reconstruct(idx: np.ndarray, acc: torch.Tensor, p: _Params) -> tuple[torch.
     half = None if top.all() else 0.5 if not top.any() else np.where(top, np.float32(0.0), np.float32(0.5))
     if isinstance(half, np.ndarray):
         half = torch.from_numpy(half.reshape(2 * n_l, t, h, 1))
-    step = torch.from_numpy(p.step).view(2 * n_l, h, d)
-    lo = torch.from_numpy(p.lo).view(2 * n_l, h, d)
+    step = torch.from_numpy(p.step).view(2 * n_l, 1, h, d)
+    lo = torch.from_numpy(p.lo).view(2 * n_l, 1, h, d)
     out = torch.empty((2, n_l, t, h, d), dtype=torch.float16)
     out_blocks = out.view(2 * n_l, t, h, d)
-    rows = max(1, CHUNK_VALUES // (h * d))  # tokens per chunk: the float32 work stays in the core's cache
-    buf = scratch("code", rows * h * d, torch.float32).view(rows, h, d)
-    for b in range(2 * n_l):  # one (tensor, layer) block at a time: one range per channel
-        for r in range(0, t, rows):
-            code = buf[: min(rows, t - r)]
-            code.copy_(centre[b, r : r + rows])
-            if isinstance(half, torch.Tensor):
-                code.sub_(half[b, r : r + rows])
-            elif half is not None:
-                code.sub_(half)
-            code.mul_(step[b]).add_(lo[b])
-            out_blocks[b, r : r + rows].copy_(code)
+    per_block = t * h * d
+    if per_block * 2 * n_l <= CHUNK_VALUES:  # a small shard: one slab (per-slab overheads would dominate)
+        slabs = [(slice(None), slice(None))]
+    else:  # a (tensor, layer) block, a few tokens at a time: the float32 work stays in the core's cache
+        rows = max(1, CHUNK_VALUES // (h * d))
+        slabs = [(slice(b, b + 1), slice(r, r + rows)) for b in range(2 * n_l) for r in range(0, t, rows)]
+    buf = scratch("code", min(per_block * 2 * n_l, max(CHUNK_VALUES, h * d)), torch.float32)
+    for blk, tok in slabs:
+        src = centre[blk, tok]
+        code = buf[: src.numel()].view(src.shape)
+        code.copy_(src)
+        if isinstance(half, torch.Tensor):
+            code.sub_(half[blk, tok])
+        elif half is not None:
+            code.sub_(half)
+        code.mul_(step[blk]).add_(lo[blk])
+        out_blocks[blk, tok].copy_(code)
     dropped = np.flatnonzero(w == 0)  # flat (tensor, layer, token, head) units
     if dropped.size:  # rows copied whole (a row = one opaque item: numpy moves it with one memcpy)
         block = (dropped // (t * h)) * h + dropped % h  # flat (tensor, layer, head)
@@ -91,7 +97,12 @@ _BIAS = np.array([1 << (7 - w) if w < 8 else 0 for w in WIDTHS], dtype=np.uint64
 
 def _rows(a: np.ndarray) -> np.ndarray:
     """A C-contiguous 2-D array as a 1-D array of opaque rows (same memory): row gathers and scatters in one go."""
-    return a.view(np.dtype((np.void, a.shape[1] * a.itemsize))).reshape(a.shape[0])
+    return a.view(_void(a.shape[1] * a.itemsize)).reshape(a.shape[0])
+
+
+@functools.cache
+def _void(nbytes: int) -> np.dtype:
+    return np.dtype((np.void, nbytes))
 
 
 def _centre_codes(acc: torch.Tensor, widx: np.ndarray) -> torch.Tensor:
