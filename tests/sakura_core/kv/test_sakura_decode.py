@@ -90,9 +90,17 @@ def _residual(make_shard, head_dim):
     return DecodedReference(0, "cd" * 32, rk, rv), res, a
 
 
+@pytest.fixture(params=[None, 200], ids=["one-slab", "slabs"])
+def slabs(request, monkeypatch):
+    """Decode in one slab (these shards are small) or, like a phone-scale shard, a few tokens at a time."""
+    if request.param is not None:
+        monkeypatch.setattr("sakura_core.kv.sakura_decode.CHUNK_VALUES", request.param)
+        monkeypatch.setattr("sakura_core.kv.chain.CHUNK_VALUES", request.param)
+
+
 @pytest.mark.parametrize("head_dim", [16, 12])  # 64-bit words / the byte path (head_dim % 8 != 0)
 @pytest.mark.parametrize("weights", [True, False])
-def test_every_rung_decodes_bit_for_bit_like_the_reference(make_shard, head_dim, weights):
+def test_every_rung_decodes_bit_for_bit_like_the_reference(make_shard, head_dim, weights, slabs):
     shard = make_shard(seed=1, head_dim=head_dim, grid=(8, 16), weights=weights)
     chain = encode_sakura(shard, LEVELS)
     for level in LEVELS:
@@ -116,7 +124,7 @@ def test_the_rungs_cover_every_width_and_dropped_units(make_shard):
 
 
 @pytest.mark.parametrize("head_dim", [16, 12])
-def test_a_residual_decodes_bit_for_bit_like_the_reference(make_shard, head_dim):
+def test_a_residual_decodes_bit_for_bit_like_the_reference(make_shard, head_dim, slabs):
     ref, res, a = _residual(make_shard, head_dim)
     chain = encode_sakura(res, LEVELS)
     for level in LEVELS:
