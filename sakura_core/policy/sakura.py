@@ -211,10 +211,7 @@ class Sakura(Policy):
         patience = min(self.late_patience * resume, max(ctx.now - since + allowance - poll, 0.0))
         if ctx.now - since < patience:
             return False
-        # past the allowance every further wait counts against the guard: wait on only while waiting is sooner even
-        # at the slowest recent rate (as a drop is decided: the estimate lags a link that keeps slowing down)
-        spent = allowance - (ctx.now - since) <= poll
-        snap = Snapshot(ctx, self.drop_rate(ctx) if spent else self.rate(ctx))
+        snap = Snapshot(ctx, self.rate(ctx))
         wait = snap.finish([snap.l0] * (snap.S - snap.cs), upto_step=snap.cs)
         recompute = ctx.now + resume + (ctx.layers_per_step - ctx.layer_of(layer)) * ctx.profile.layer_cached_s
         return recompute < wait
