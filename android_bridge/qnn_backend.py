@@ -162,9 +162,10 @@ class SplitForward:
         return TemplateKV(stacked, self.adapter.model_id, tuple(token_grid), ROPE_LAYOUT, ref_timestep=ref_t)
 
     @torch.no_grad()
-    def resume_template_kv(self, ref_hidden, token_grid, start_layer, ref_timestep=None):
+    def resume_template_kv(self, ref_hidden, token_grid, start_layer, ref_timestep=None, stop=None):
         """The template graphs from ``start_layer`` on, from the template tokens' hidden state there (``on_drop``'s):
-        the KV of layers ``start_layer .. L-1``, as ``Flux2KVAdapter.resume_template_kv``."""
+        the KV of layers ``start_layer .. L-1`` (up to the layer where ``stop`` says so), as
+        ``Flux2KVAdapter.resume_template_kv``."""
         L, n = self.adapter.num_layers, token_grid[0] * token_grid[1]
         if not 0 <= start_layer <= L:
             raise ValueError(f"start_layer must be in [0, {L}], got {start_layer}")
@@ -172,8 +173,13 @@ class SplitForward:
             raise ValueError(f"ref_hidden must be (1, {n}, dim) for token grid {tuple(token_grid)}, got "
                              f"{tuple(ref_hidden.shape)}")  # fmt: skip
         ref = self._ref_stream(None, token_grid, ref_timestep, hidden=ref_hidden)
-        kv = [self._template_layer(layer, ref) for layer in range(start_layer, L)]
-        return [(torch.from_numpy(k), torch.from_numpy(v)) for k, v in kv]
+        out = []
+        for layer in range(start_layer, L):
+            k, v = self._template_layer(layer, ref)
+            out.append((torch.from_numpy(k), torch.from_numpy(v)))
+            if stop is not None and stop(layer, out[-1]):
+                break
+        return out
 
     def layer_times(self) -> dict[str, dict[str, float]]:
         """Mean seconds per call of each layer graph: ``{"<layer>/<kind>": {"mean_s", "calls"}}``."""

@@ -3,6 +3,8 @@ layer's template KV, the rest of a pass from where a hybrid forward dropped the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from diffusers.models.transformers.transformer_flux2 import Flux2KVLayerCache
 
@@ -45,6 +47,7 @@ class TemplatePasses:
         token_grid: tuple[int, int],
         start_layer: int,
         ref_timestep: float | None = None,
+        stop: Callable[[int, tuple[torch.Tensor, torch.Tensor]], bool] | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The template-only pass from ``start_layer`` on (one dummy request token and one dummy text token beside
         the template, which never reads them): the KV of layers ``start_layer .. L-1`` (each
@@ -57,6 +60,9 @@ class TemplatePasses:
             token_grid: (rows, cols) of the template, or its references' grids.
             start_layer: 0 .. num_layers.
             ref_timestep: as for :meth:`extract_template_kv` (the forward's own).
+            stop: asked after each layer's KV is made, with that layer and its (K, V); True ends the pass there (the
+                list then ends at that layer): the device's fallback pass is abandoned once the link has delivered
+                the rest.
         """
         L, n_ref = self.num_layers, num_tokens(token_grid)
         if not 0 <= start_layer <= L:
@@ -81,6 +87,8 @@ class TemplatePasses:
             self._run_block(layer, s, True, {"kv_cache": cache, "kv_cache_mode": "extract", "num_ref_tokens": n_ref})
             k, v = cache.get()
             out.append((k[:1], v[:1]))
+            if stop is not None and stop(layer, out[-1]):
+                break
         return out
 
     @torch.no_grad()

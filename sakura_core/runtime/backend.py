@@ -27,7 +27,8 @@ class ComputeBackend(Protocol):
     ``ref_timestep`` is the template tokens' time in per-step mode, None = the fixed reference time);
     ``extract_template_kv`` a template-only pass; ``resume_template_kv`` its layers from ``start_layer`` on, from the
     template tokens' hidden state that ``forward``'s ``on_drop`` handed over (the device's fallback when shards are
-    late: the layers before the drop are not run again);
+    late: the layers before the drop are not run again), one layer at a time: ``stop(layer, (k, v))``, asked after
+    each layer's KV, ends it there (True) — the fallback abandoned once the link has delivered the rest;
     ``describe()`` what the agent's ``/v1/info`` and the report say about where the compute runs."""
 
     name: str
@@ -51,7 +52,12 @@ class ComputeBackend(Protocol):
     def extract_template_kv(self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], **kwargs) -> TemplateKV: ...
 
     def resume_template_kv(
-        self, ref_hidden: torch.Tensor, token_grid: tuple[int, int], start_layer: int, ref_timestep=None
+        self,
+        ref_hidden: torch.Tensor,
+        token_grid: tuple[int, int],
+        start_layer: int,
+        ref_timestep=None,
+        stop: Callable[[int, tuple[torch.Tensor, torch.Tensor]], bool] | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
 
     def describe(self) -> dict: ...

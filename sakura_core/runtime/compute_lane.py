@@ -131,9 +131,10 @@ class ComputeLane:
         """The KV for ``layer`` at ``step``: the fetched shard (of that step, in per-step mode), or the device's."""
         shard = self.grid.at(step, layer)
         held = self.held
-        if not held.is_failed(shard) and not held.is_ready(shard):
+        device_made = held.device(shard) is not None  # a fallback pass made it (it stopped after it, or not yet)
+        if not device_made and not held.is_failed(shard) and not held.is_ready(shard):
             self.late.wait_for(shard, step)
-        if held.is_failed(shard):
+        if device_made or held.is_failed(shard):
             k, v = self.device.kv(shard)
             self.levels_used.setdefault(shard.g, []).append("device")
             return k, v

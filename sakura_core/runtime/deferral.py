@@ -1,14 +1,32 @@
-"""The piece of the fetch protocol the simulator and the live fetch lane share: asking the policy again about the
-shards it deferred ("not now"), and the reason a late-shard fallback is logged with."""
+"""The pieces of the fetch protocol the simulator and the live runtime share: asking the policy again about the
+shards it deferred ("not now"), the reason a late-shard fallback is logged with, and when that fallback template pass
+stops early (:func:`pass_can_stop`)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ..policy.context import Context
 from ..policy.policies import LEVEL_COMPUTE, Decision, Policy
 
-__all__ = ["LATE_FALLBACK_REASON", "ask_deferred"]
+__all__ = ["LATE_FALLBACK_REASON", "ask_deferred", "pass_can_stop", "pass_stopped_reason"]
 
 LATE_FALLBACK_REASON = "shards late: template pass on the device is sooner"
+
+
+def pass_can_stop(late: int, end: int, made: Callable[[int], bool], ready: Callable[[int], bool]) -> bool:
+    """The fallback template pass (for the ``late`` shard, given up on: only the pass makes it) runs layer by layer
+    while the link keeps fetching; after each layer it stops once the late shard is made (``made``) and every later
+    shard the step still needs (to flat index ``end``: the step's end, every layer in single mode) is made or decoded
+    (``ready``): the step then goes on with the fetched KV. The rule needs no prediction, so stopping never costs
+    time: the layers left of the pass would only have made KV that is there already (fetched KV is lossy: the error
+    bound of its level holds, as for any fetched shard)."""
+    return made(late) and all(made(g) or ready(g) for g in range(late + 1, end))
+
+
+def pass_stopped_reason(layer: int, end: int) -> str:
+    """The decision log's words for a fallback pass that stopped after its ``layer`` (``end``: the step's)."""
+    return f"fallback pass stopped after layer {layer} of {end}: every shard still needed is decoded or made by it"
 
 
 def ask_deferred(policy: Policy, ctx: Context, deferred: list[int], compute_layer: int) -> tuple[int, Decision] | None:

@@ -11,6 +11,7 @@ import torch
 
 from ..models.edit_model import EditModel
 from .backend import ComputeBackend
+from .deferral import pass_can_stop, pass_stopped_reason
 from .held_kv import KV, HeldKV
 from .live_state import LiveState
 from .run_log import RunLog
@@ -53,24 +54,44 @@ class DeviceKV:
             del self.dropped[s]
 
     def kv(self, shard: ShardId) -> KV:
-        """``shard``'s template KV computed here: one pass serves every layer of its step from the drop on (or from
-        layer 0 when the step kept no template state there), kept in :class:`HeldKV` for the layers to come."""
+        """``shard``'s template KV computed here: one pass serves the layers of its step from ``shard`` on, resumed at
+        the step's drop, layer by layer, each layer's KV kept in :class:`HeldKV` as it is made (the fetch lane then
+        skips that shard). It stops once every later shard of the step is made or decoded
+        (:func:`~sakura_core.runtime.deferral.pass_can_stop`); the compute lane then goes on with the fetched KV.
+        When the step kept no template state there, a whole pass from layer 0 (not stopped early)."""
         own = self.held.device(shard)
         if own is not None:
             return own
-        grid, step = self.grid, shard.step
-        t0 = self.st.now
+        grid, step, held = self.grid, shard.step, self.held
+        t0, end = self.st.now, grid.step_end(step)
         ref_t = float(self.times[step]) if grid.per_step else None
         token_grid = self.model.template_grid(self.template_image)
         start, hidden = self.dropped.get(step, (0, None))
+        stopped = []
+
+        def made(g: int) -> bool:
+            return held.device(grid[g]) is not None
+
+        def ready(g: int) -> bool:
+            return held.is_ready(grid[g]) and not held.is_failed(grid[g])
+
+        def stop(layer: int, kv: KV) -> bool:
+            if layer >= shard.layer:
+                held.hold_device({grid.at(step, layer): kv})
+            done = layer + 1 < grid.layers and pass_can_stop(shard.g, end, made, ready)
+            if done:
+                stopped.append(layer)
+            return done
+
         if hidden is not None and start <= shard.layer:
-            kv = self.backend.resume_template_kv(hidden, token_grid, start, ref_t)
+            self.backend.resume_template_kv(hidden, token_grid, start, ref_t, stop)
         else:
             start = 0
             tokens = self.model.template_tokens(self.template_image)
             tkv = self.backend.extract_template_kv(tokens, token_grid, ref_t)
-            kv = [tkv.layer(i) for i in range(grid.layers)]
+            held.hold_device({grid.at(step, i): tkv.layer(i) for i in range(shard.layer, grid.layers)})
         what = f"fallback template pass from layer {start}" + (f" (step {step})" if grid.per_step else "")
         self.log.event("compute", t0, self.st.now, -1, what)
-        self.held.hold_device({grid.at(step, layer): layer_kv for layer, layer_kv in enumerate(kv, start=start)})
-        return self.held.device(shard)
+        if stopped:
+            self.log.decision(self.st.now, shard.g, "fetched", pass_stopped_reason(stopped[0], grid.layers))
+        return held.device(shard)

@@ -167,10 +167,17 @@ class PacedBackend:
         self._wait_until(deadline)
         return out
 
-    def resume_template_kv(self, ref_hidden, token_grid, start_layer: int, ref_timestep=None):
-        deadline = self.clock() + (self.timing.layers - start_layer) * self.timing.template_layer_s
-        out = self.inner.resume_template_kv(ref_hidden, token_grid, start_layer, ref_timestep)
-        self._wait_until(deadline)
+    def resume_template_kv(self, ref_hidden, token_grid, start_layer: int, ref_timestep=None, stop=None):
+        """Paced layer by layer: ``stop`` is asked once each layer's emulated time has passed (so the link's progress
+        meanwhile is what it sees), and the pass takes the time of the layers it ran."""
+        t0, layer_s = self.clock(), self.timing.template_layer_s
+
+        def paced(layer: int, kv) -> bool:
+            self._wait_until(t0 + (layer - start_layer + 1) * layer_s)
+            return stop is not None and stop(layer, kv)
+
+        out = self.inner.resume_template_kv(ref_hidden, token_grid, start_layer, ref_timestep, paced)
+        self._wait_until(t0 + len(out) * layer_s)
         return out
 
     def describe(self) -> dict:

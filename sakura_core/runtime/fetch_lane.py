@@ -12,7 +12,7 @@ The lane owns what it fetched (``bytes_fetched``), the shards deferred, and the 
 it writes the link's part of the live state (``next_layer``, ``in_flight``, ``got``, ``receiving``, ...), decodes
 through the :class:`~sakura_core.runtime.decode_lane.DecodeLane` and publishes into
 :class:`~sakura_core.runtime.held_kv.HeldKV`. The compute lane reaches it through :meth:`FetchLane.fetch_skipped`
-and :meth:`FetchLane.skip_to` only.
+only. A shard whose KV a fallback template pass made already (``HeldKV.device``) is not fetched nor asked about.
 """
 
 from __future__ import annotations
@@ -133,6 +133,9 @@ class FetchLane:
             if again is not None or not base:
                 return again
             g = st.next_layer
+            if self.held.device(self.grid[g]) is not None:  # a fallback template pass made its KV: not fetched
+                st.next_layer += 1
+                return None
             d = self.policy.choose(self.ctx, g)
             self.log.decision(st.now, g, d.level, d.reason)
             if d.level is None:
@@ -156,6 +159,7 @@ class FetchLane:
         lock and a frozen moment); ``(shard, level)`` for the first it wants. The same protocol as the simulator's;
         not asked again until something has happened (a layer, a decision, a transfer) since the last "not now"."""
         st = self.st
+        self.deferred[:] = [g for g in self.deferred if self.held.device(self.grid[g]) is None]
         if not self.deferred:
             return None
         sig = self._signature()
@@ -227,12 +231,6 @@ class FetchLane:
         finally:
             with self.st.lock:
                 self._claimed.discard(shard.g)
-
-    def skip_to(self, end: int) -> None:
-        """The compute lane gave up on the link for every shard below flat index ``end``: neither fetch nor ask
-        about them any more. The caller holds ``st.lock``."""
-        self.st.next_layer = max(self.st.next_layer, end)
-        self.deferred[:] = [g for g in self.deferred if g >= end]
 
     # ---- fetching one shard
 

@@ -86,12 +86,6 @@ class HeldKV:
         """The compute lane waited too long for ``shard``: it uses the device's KV for it (whatever comes later)."""
         self.failed.add(shard)
 
-    def fail_pending(self, shards) -> None:
-        """Every shard of ``shards`` not decoded yet will not come (the policy gave up on the link for them)."""
-        for shard in shards:
-            if not self.ready[shard].is_set():
-                self.failed.add(shard)
-
     def is_held(self, shard: ShardId) -> bool:
         with self.lock:
             return shard in self.kv

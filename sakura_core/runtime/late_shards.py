@@ -86,15 +86,16 @@ class LateShards:
         return ready.is_set()
 
     def _give_up_on_link(self, shard: ShardId, step: int) -> None:
-        """The policy says a template pass on the device is sooner than waiting: every shard of this step (every
-        shard in single mode) not decoded yet is computed on the device, and the fetch lane moves on to the next
-        step."""
-        st, end = self.st, self.grid.step_end(step)
+        """The policy says a template pass on the device is sooner than waiting: the shard is given up on, and the
+        device's template pass (:meth:`DeviceKV.kv`) makes the KV of this step's layers (every layer's in single
+        mode) from there, layer by layer while the link keeps fetching the later shards; it stops once they are
+        decoded (:func:`~sakura_core.runtime.deferral.pass_can_stop`)."""
+        st = self.st
         self.log.decision(st.now, shard.g, "device", LATE_FALLBACK_REASON)
         where = f"step {step}" if self.grid.per_step else "every layer"
         self.log.fallback(
-            f"{shard} late: the device computes the template KV of {where} (policy: sooner than waiting)"
+            f"{shard} late: the device computes the template KV of {where} until the link has the rest (policy: "
+            "sooner than waiting)"
         )
         with st.lock:
-            self.held.fail_pending(self.grid[g] for g in range(shard.g, end))
-            self.fetch.skip_to(end)
+            self.held.give_up(shard)

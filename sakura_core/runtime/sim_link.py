@@ -187,6 +187,7 @@ class SimLink:
     def _link_step(self) -> bool:
         """One link action at ``link_free``; False when the link has nothing to do."""
         self.now = self.link_free
+        self.forced[:] = [g for g in self.forced if g not in self.device_kv_at]  # a fallback pass made it meanwhile
         if self.forced:
             layer = self.forced.pop(0)
             fl = shard_floor(self.floor, layer)
@@ -197,6 +198,11 @@ class SimLink:
             return True
         if not self.base_done and self.next_layer < self.N:
             layer = self.next_layer
+            if layer in self.device_kv_at:  # a fallback pass made its KV: nothing to fetch
+                self.next_layer += 1
+                self.skipped.add(layer)
+                self.base_done = self.next_layer >= self.N
+                return True
             d = self.policy.choose(self.ctx, layer)
             self.decisions.append({"t": self.now, "layer": layer, "level": d.level, "reason": d.reason})
             self._charge_link()

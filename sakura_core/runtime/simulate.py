@@ -37,7 +37,7 @@ from ..policy.context import Context
 from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
 from ..policy.policies import Policy
-from .deferral import LATE_FALLBACK_REASON
+from .deferral import LATE_FALLBACK_REASON, pass_can_stop, pass_stopped_reason
 from .profiles import DeviceProfile
 from .sim_cpu import CpuShare, PlanClock
 from .sim_link import SimLink
@@ -180,9 +180,9 @@ class _Sim(SimLink, CpuShare):
                                    "reason": f"template dropped at {where}"})  # fmt: skip
             if self.per_step:
                 self.splits[-1] = layer % self.L
-        if not self.device_all:
+        if not self.device_all and layer not in self.device_kv_at:
             self._wait_or_recompute(layer)
-        if self.device_all:
+        if self.device_all or layer in self.device_kv_at:
             self._compute(p.layer_cached_s, layer, "cached")
             return
         self.used.setdefault(layer, []).append(self.level_at(layer, self.compute_t))
@@ -198,21 +198,7 @@ class _Sim(SimLink, CpuShare):
             late = self.policy.recompute_late(self.ctx, layer)
             self._charge_compute(layer)
             if late:
-                # late shards: the template pass, resumed where this step dropped it, gives every remaining layer's KV
-                # here; stop waiting for the link
-                self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device",
-                                       "reason": LATE_FALLBACK_REASON})  # fmt: skip
-                # resumed where this step's template was dropped (its hidden state kept there), not a whole pass
-                self._compute(self.ctx.resume_pass_s(), -1, f"fallback template pass from layer {self.dropped_at}")
-                self.device_all = True
-                for g in range(layer, (layer // self.L + 1) * self.L if self.per_step else self.N):
-                    self.device_kv_at[g] = self.compute_t
-                if self.per_step:  # this step's KV is on the device now; the link moves on to the next step
-                    self.next_layer = max(self.next_layer, (layer // self.L + 1) * self.L)
-                    self.base_done = self.next_layer >= self.N
-                else:
-                    self.base_done = True
-                    self.next_layer = self.L
+                self._fallback_pass(layer)
                 return
             ready = self.wait_for(layer)
             until = min(ready, self.compute_t + recheck_s)
@@ -222,6 +208,44 @@ class _Sim(SimLink, CpuShare):
                 self.stall_s += until - self.compute_t
                 self.compute_t = until
             self.advance_link(self.compute_t)
+
+    def _fallback_pass(self, layer: int) -> None:
+        """The device's template pass for late shard ``layer``: resumed where this step dropped the template tokens
+        (their hidden state kept there), one layer at a time while the link keeps fetching. After each layer it stops
+        once every shard the step still needs is made by it or decoded (:func:`pass_can_stop`): the step goes on with
+        fetched KV. Run to the step's end, the device has every layer's KV and the link gives up this step."""
+        L, k0 = self.L, self.dropped_at
+        base = layer // L * L if self.per_step else 0
+        what = f"fallback template pass from layer {k0}"
+        self.decisions.append({"t": self.compute_t, "layer": layer, "level": "device", "reason": LATE_FALLBACK_REASON})
+        e0, t0, stopped = len(self.events), self.compute_t, False
+        for i in range(k0, L):
+            self._compute(self.profile.template_pass_s / L, -1, what)
+            if base + i >= layer:
+                self.device_kv_at[base + i] = self.compute_t
+            self.advance_link(self.compute_t)
+            self.settle_contention()
+            self.now = self.compute_t
+            if i + 1 < L and pass_can_stop(layer, base + L, self.device_kv_at.__contains__, self._ready_now):
+                self.decisions.append({"t": self.compute_t, "layer": layer, "level": "fetched",
+                                       "reason": pass_stopped_reason(i, L)})  # fmt: skip
+                stopped = True
+                break
+        # one event for the pass (its layers' events, between the link's, merged)
+        self.events[e0:] = [e for e in self.events[e0:] if e["level"] != what]
+        self.events.append({"lane": "compute", "start": t0, "end": self.compute_t, "layer": -1, "level": what})
+        if stopped:
+            return
+        self.device_all = True
+        if self.per_step:  # this step's KV is on the device now; the link moves on to the next step
+            self.next_layer = max(self.next_layer, base + L)
+            self.base_done = self.next_layer >= self.N
+        else:
+            self.base_done = True
+            self.next_layer = self.L
+
+    def _ready_now(self, g: int) -> bool:
+        return self.ready_by(g, self.compute_t)
 
     def _later_step(self, step: int) -> None:
         """Steps 1..S-1: every layer with the best level decoded by the step's start (upgrades land between)."""

@@ -72,6 +72,9 @@ def test_the_layer_graphs_resume_the_template_pass_where_the_forward_dropped_it(
     for i, (k, v) in enumerate(rest):
         assert (k[0] - kv.kv[drop + i, 0]).abs().max().item() < 1e-4
         assert (v[0] - kv.kv[drop + i, 1]).abs().max().item() < 1e-4
+    # stopped after its first layer (the link delivered the rest): that layer's KV only, the same
+    first = split.resume_template_kv(seen[0][1], m.spec.grid, drop, stop=lambda layer, kv: layer == drop)
+    assert len(first) == 1 and (first[0][0] - rest[0][0]).abs().max().item() == 0
     with pytest.raises(ValueError, match="ref_hidden must be"):
         split.resume_template_kv(seen[0][1][:, :3], m.spec.grid, drop)
 

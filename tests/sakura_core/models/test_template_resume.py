@@ -26,6 +26,14 @@ def _dropped_at(adapter, ref, split, ref_timestep=None, batch=1):
     return whole, seen
 
 
+def _stop_at_once(asked: list):
+    def stop(layer, kv):
+        asked.append((layer, kv[0]))
+        return True
+
+    return stop
+
+
 @pytest.mark.parametrize("ref_timestep", [None, 0.75])
 def test_resuming_at_every_split_gives_the_whole_passes_kv(adapter, ref_timestep):
     ref = torch.randn(1, N, 16, generator=torch.Generator().manual_seed(11))
@@ -38,6 +46,11 @@ def test_resuming_at_every_split_gives_the_whole_passes_kv(adapter, ref_timestep
         for i, (k, v) in enumerate(rest):
             assert torch.allclose(k[0], whole.kv[split + i, 0], atol=1e-6), (split, i)
             assert torch.allclose(v[0], whole.kv[split + i, 1], atol=1e-6), (split, i)
+        # abandoned after its first layer (stop is asked with each layer's KV): that layer only, the same KV
+        asked = []
+        first = adapter.resume_template_kv(seen[0][1], GRID, split, ref_timestep, _stop_at_once(asked))
+        assert len(first) == 1 and asked[0][0] == split and torch.equal(asked[0][1], first[0][0])
+        assert torch.allclose(first[0][0][0], whole.kv[split, 0], atol=1e-6)
 
 
 def test_the_hidden_state_does_not_depend_on_the_request_or_the_batch(adapter):

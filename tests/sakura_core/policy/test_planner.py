@@ -179,13 +179,22 @@ def test_a_0_kbit_stall_after_the_drop_recomputes_on_the_device():
     assert not policy().recompute_late(fine, 1)
 
 
-def test_patience_ends_with_the_edits_waiting_allowance():
-    # the default allowance: 1.5 % of the fetch-nothing 5.0 s = 0.075 s of waiting in the whole edit
+def _budget(stall_budget: float):
     p = policy()
+    p.stall_budget = stall_budget
+    return p
+
+
+def test_patience_ends_at_the_last_ask_inside_the_edits_waiting_allowance():
+    # the runtime asks again a cached-layer time (0.25 s) later, so patience ends that much before the allowance.
+    # The default allowance, 1.5 % of the fetch-nothing 5.0 s = 0.075 s, is shorter than that: the first ask gives up
+    assert _stalled(policy(), 2.0)
+    # an allowance of 6.5 % (0.325 s): 0.075 s of patience
+    p = _budget(0.065)
     assert not _stalled(p, 2.0) and not _stalled(p, 2.05)
     assert _stalled(p, 2.08)  # 0.08 s waited > 0.075 s: the quarter pass (0.25 s) is not waited out
     # earlier waits used the allowance up: no patience at all, the first ask gives up (waiting is hopeless)
-    assert _stalled(policy(), 2.0, before=0.075)
+    assert _stalled(_budget(0.065), 2.0, before=0.075)
     # but a shard predicted soon is still waited for, allowance or not (2.45 s < 3.25 s)
     c = ctx(1e6, template_alive=False, dropped_at=1, compute_layer=1, next_layer=2, in_flight={1: 2.2},
             compute_t=2.0, now=2.0, stalled_s=1.0)  # fmt: skip

@@ -49,6 +49,15 @@ class FakeInner:
         self.clock.t += 0.01
         return "kv"
 
+    def resume_template_kv(self, hidden, grid, start, ref_t=None, stop=None):
+        out = []
+        for layer in range(start, L):
+            self.clock.t += 0.01
+            out.append(layer)
+            if stop is not None and stop(layer, ("k", "v")):
+                break
+        return out
+
     def describe(self):
         return {"backend": "fake"}
 
@@ -130,3 +139,21 @@ def test_two_references_make_the_phones_template_twice_as_large():
     assert t.template_layer_s == pytest.approx(4 * (template / flops_s + 1e-4))
     # phone shard 2 x 2048 x 1024 x 2 B = 8 MiB; the demo's 2 x 512 x 96 x 2 B = 192 KiB: the same scale as one
     assert t.bytes_scale == pytest.approx(4 * 8 * 2**20 / (192 * 2**10))
+
+
+def test_a_fallback_pass_is_paced_layer_by_layer_and_takes_the_time_of_the_layers_it_ran():
+    clock = Clock()
+    paced = PacedBackend(FakeInner(clock, {}), _timing(), clock=clock, sleep=clock.sleep)
+    asked = []
+
+    def stop(layer, kv):
+        asked.append((layer, clock.t))
+        return layer == 2
+
+    assert paced.resume_template_kv("h", (2, 2), 1, None, stop) == [1, 2]
+    # each layer asked once its phone time (0.25 s) has passed; the pass ends with its second layer
+    assert asked == [(1, pytest.approx(0.25)), (2, pytest.approx(0.5))]
+    assert clock.t == pytest.approx(0.5)
+    clock.t = 0.0
+    assert paced.resume_template_kv("h", (2, 2), 1) == [1, 2, 3]  # no stop: to the last layer
+    assert clock.t == pytest.approx(3 * 0.25)

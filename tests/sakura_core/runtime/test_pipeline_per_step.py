@@ -252,34 +252,6 @@ class _LateThenDevice(_SplitAt):
         return late
 
 
-@pytest.mark.parametrize("step1_split", [0, 1])
-def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_template_pass(
-    setup, monkeypatch, step1_split, manual_clock
-):
-    model, on_device = setup[0], setup[4]
-    resumed = []
-    real = model.adapter.resume_template_kv
-    monkeypatch.setattr(model.adapter, "resume_template_kv",
-                        lambda h, grid, start, t=None: resumed.append(start) or real(h, grid, start, t))  # fmt: skip
-    L = model.adapter.num_layers
-    pol = _LateThenDevice([0, step1_split, 0])
-    rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
-    assert pol.asked_late and pol.asked_late[0] == L + 2
-    # asked after one poll of the wait (not after shard_wait_s), and the device took over then
-    gave_up = next(d for d in rep.decisions if d["level"] == "device")
-    assert gave_up["layer"] == L + 2 and "template pass on the device is sooner" in gave_up["reason"]
-    assert gave_up["t"] - _stall_of(rep, L + 2)["start"] == pytest.approx(POLL_S)
-    by_step = rep.levels_by_step()
-    assert by_step["step 0"] == ["fp16"] * L
-    head = ["template"] * step1_split + ["fp16"] * (2 - step1_split)
-    assert by_step["step 1"][:2] == head and by_step["step 1"][2:] == ["device"] * (L - 2)
-    assert by_step["step 2"] == ["fp16"] * L  # the next step fetches again
-    # the device's template pass resumes where step 1 dropped the template tokens, not from layer 0
-    assert resumed == [step1_split]
-    assert any(e["level"] == f"fallback template pass from layer {step1_split} (step 1)" for e in rep.events)
-    assert (rep.tokens - on_device.tokens).abs().max() < 2e-3  # step 1's own KV computed here: still right
-
-
 class _Patient(_SplitAt):
     """Split 0 at every step; never gives up on a late shard, noting what it saw while waiting; the late shard
     (``target``) arrives once it has been asked about it three times."""

@@ -1,0 +1,70 @@
+"""The device's fallback template pass is abandonable: it runs layer by layer while the link keeps fetching and stops
+once every shard the step still needs is made by it or decoded (``deferral.pass_can_stop``). Simulated: a link that
+dies after sakura's drop and returns while the pass runs (synthetic links, never ../shared/traces)."""
+
+import pytest
+
+from sakura_core.fetch.traces import Trace
+from sakura_core.policy.ladder import Level
+from sakura_core.policy.policies import make_policy
+from sakura_core.runtime import simulate as simulate_module
+from sakura_core.runtime.profiles import get_profile
+from sakura_core.runtime.simulate import kv_mode_view, simulate
+
+PROFILE = get_profile("snapdragon-8-elite-cpu", "klein4b-512-ref1024")
+FLOORS = {"sakura": 1}
+
+
+def _ladders(kv_mode: str) -> dict:
+    fp = kv_mode_view(PROFILE, kv_mode).model.shard_bytes_fp16
+    # shaped like the measured ladder: a cheap base, the floor (~4.7x fp16) refining it, fp16
+    ladder = [Level("l1", fp // 11, fp // 11, 0.05, 1e-3), Level("l3", fp // 5, fp // 5 - fp // 11, 0.09, 1e-6, True),
+              Level("fp16", fp, fp, 0.06, 0.0)]  # fmt: skip
+    view = kv_mode_view(PROFILE, kv_mode).model
+    return {"sakura": [ladder] * view.layers}
+
+
+def _pass(res):
+    return next(e for e in res.events if str(e["level"]).startswith("fallback template pass"))
+
+
+def _dies_then_returns(mbit: float, kv_mode: str, back_frac: float | None):
+    """sakura on a steady link that dies 3 s after the drop and comes back ``back_frac`` of the way into the fallback
+    pass (None: never)."""
+    ladders = _ladders(kv_mode)
+    steady = simulate(make_policy("sakura"), Trace.constant(mbit), PROFILE, ladders, FLOORS)
+    drop_t = next(d for d in steady.decisions if d["level"] == "drop")["t"]
+    rate = mbit * 1e6 / 8
+    dead = simulate(make_policy("sakura"), Trace("dies", [drop_t + 3.0, 1e6], [rate, 0.0]), PROFILE, ladders, FLOORS)
+    if back_frac is None:
+        return dead, ladders
+    p = _pass(dead)
+    back = p["start"] + back_frac * (p["end"] - p["start"])
+    trace = Trace("dies-returns", [drop_t + 3.0, back - drop_t - 3.0, 1e6], [rate, 0.0, rate])
+    return simulate(make_policy("sakura"), trace, PROFILE, ladders, FLOORS), ladders
+
+
+@pytest.mark.parametrize("kv_mode", ["single", "per-step"])
+def test_a_fallback_pass_stops_once_the_returned_link_has_delivered_the_missing_shards(kv_mode, monkeypatch):
+    res, ladders = _dies_then_returns(20, kv_mode, 0.15)
+    stopped = [d for d in res.decisions if "fallback pass stopped" in str(d["reason"])]
+    assert len(stopped) == 1
+    # the pass ends where it stopped: every shard of the step from the late one on was decoded or made by then
+    assert _pass(res)["end"] == pytest.approx(stopped[0]["t"])
+    # the same run with a pass that cannot be abandoned (the old behaviour): it runs to the step's end
+    monkeypatch.setattr(simulate_module, "pass_can_stop", lambda *a: False)
+    full, _ = _dies_then_returns(20, kv_mode, 0.15)
+    assert not any("fallback pass stopped" in str(d["reason"]) for d in full.decisions)
+    ran, ran_full = (_pass(r)["end"] - _pass(r)["start"] for r in (res, full))
+    assert ran < 0.6 * ran_full  # the link came back 15 % into the pass; its few missing shards came soon after
+    # most of the pass time saved is latency saved (per-step: the link spent some of it on this step's shards)
+    assert res.latency_s < full.latency_s - 0.3 * (ran_full - ran)
+    assert res.psnr_db >= 35.0  # the fetched layers are at the floor level or better
+
+
+def test_a_link_that_never_returns_runs_the_pass_to_the_end():
+    res, _ = _dies_then_returns(20, "single", None)
+    assert not any("fallback pass stopped" in str(d["reason"]) for d in res.decisions)
+    p, k = _pass(res), res.splits[0]
+    whole = PROFILE.template_pass_s * (PROFILE.model.layers - k) / PROFILE.model.layers  # from the drop to the end
+    assert p["end"] - p["start"] >= whole * (1 - 1e-9)  # (+ the DiT's share of the decode threads' cores)
