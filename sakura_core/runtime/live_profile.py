@@ -51,9 +51,15 @@ def measure_profile(model, steps: int, fixed_s: float = 0.0) -> LiveProfile:
 
 
 def _cpu_threads(model) -> int:
-    """Threads torch computes ``model`` with on this host's CPU (0 when its weights live on an accelerator)."""
+    """Threads torch computes ``model`` with when they fill this host's cores (then a decode thread takes one of
+    them); 0 when its weights live on an accelerator or a core is left free for the decodes (the live bench gives
+    the DiT half the cores)."""
+    import os
+
     import torch
 
     if model.adapter.device.type != "cpu":
         return 0
-    return max(1, torch.get_num_threads())
+    threads = max(1, torch.get_num_threads())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return threads if threads >= cores else 0

@@ -1,6 +1,7 @@
 """The live profile says how many CPU threads the model computes with, so the live planner and the simulator's
 replay of a live run charge the decode threads that share the host's cores with it."""
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -18,11 +19,15 @@ def _model(device: str):
     return SimpleNamespace(adapter=adapter, layer_times_s=lambda: (0.2, 0.1))
 
 
-def test_a_cpu_model_shares_its_threads_with_the_decodes():
+def test_a_cpu_model_on_every_core_shares_them_with_the_decodes(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
     p = measure_profile(_model("cpu"), steps=2)
     assert (p.layer_full_s, p.layer_cached_s, p.layers, p.steps) == (0.2, 0.1, 3, 2)
-    assert p.dit_cpu_cores == torch.get_num_threads() >= 1
+    assert p.dit_cpu_cores == 4
     assert measure_profile(_model("meta"), steps=2).dit_cpu_cores == 0  # weights off the CPU: nothing shared
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # two cores left free: a decode takes none of the DiT's
+    assert measure_profile(_model("cpu"), steps=2).dit_cpu_cores == 0
 
 
 def test_the_replay_of_a_live_run_charges_decode_contention():
