@@ -37,13 +37,7 @@ def test_a_live_fallback_pass_stops_at_the_late_layer_and_the_edit_stays_within_
     model, on_device = setup[0], setup[4]
     L = model.adapter.num_layers
     assert L >= 4  # layers after the late one (2) are left to the link
-    made = []
-    real = model.adapter.resume_template_kv
-
-    def resume(h, grid, start, t=None, stop=None):
-        return real(h, grid, start, t, lambda layer, kv: made.append(layer) or stop(layer, kv))
-
-    monkeypatch.setattr(model.adapter, "resume_template_kv", resume)
+    made = _record_pass_layers(monkeypatch, model)
     monkeypatch.setattr(device_kv, "pass_can_stop", _link_back(device_kv.pass_can_stop))
     pol = _LateThenDevice([0, 0, 0])  # gives up on step 1 layer 2 at once; the shard comes right after
     rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
@@ -65,20 +59,25 @@ def test_a_live_fallback_pass_runs_to_the_end_while_the_link_has_not_delivered(
 ):
     model, on_device = setup[0], setup[4]
     L = model.adapter.num_layers
-    made = []
-    real = model.adapter.resume_template_kv
+    made = _record_pass_layers(monkeypatch, model)
     pol = _LateThenDevice([0, 0, 0])
     pol.release = _NeverBefore(made, L - 1)  # the late shard (and the link behind it) only once the pass is done
-
-    def resume(h, grid, start, t=None, stop=None):
-        return real(h, grid, start, t, lambda layer, kv: made.append(layer) or stop(layer, kv))
-
-    monkeypatch.setattr(model.adapter, "resume_template_kv", resume)
     rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
     assert made == list(range(L))
     assert not any("fallback pass stopped" in str(d["reason"]) for d in rep.decisions)
     assert rep.levels_by_step()["step 1"] == ["fp16", "fp16"] + ["device"] * (L - 2)
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3
+
+
+def _record_pass_layers(monkeypatch, model) -> list:
+    """The layers every fallback pass of ``model`` makes, in order (its ``resume_template_kv`` wrapped)."""
+    made, real = [], model.adapter.resume_template_kv
+
+    def resume(h, grid, start, t=None, stop=None):
+        return real(h, grid, start, t, lambda layer, kv: made.append(layer) or stop(layer, kv))
+
+    monkeypatch.setattr(model.adapter, "resume_template_kv", resume)
+    return made
 
 
 class _NeverBefore:
