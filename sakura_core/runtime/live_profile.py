@@ -3,6 +3,7 @@ device, and :func:`measure_profile`, which measures them once per model instance
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 __all__ = ["LiveProfile", "measure_profile"]
@@ -54,8 +55,6 @@ def _cpu_threads(model) -> int:
     """Threads torch computes ``model`` with when they fill this host's cores (then a decode thread takes one of
     them); 0 when its weights live on an accelerator or a core is left free for the decodes (the live bench gives
     the DiT half the cores)."""
-    import os
-
     import torch
 
     if model.adapter.device.type != "cpu":
