@@ -32,7 +32,9 @@ class Sakura(Policy):
       tokens (their hidden state is kept), so it costs about what fetching nothing would have from there. It waits
       ``late_patience`` of that pass for the shard first (ski rental: short outages end by themselves; the drop's
       outage check counts it), but never past the edit's waiting allowance, ``stall_budget`` of the fetch-nothing
-      latency in all (after that, waiting only while it is predicted sooner).
+      latency in all (after that, waiting only while it is predicted sooner, and never longer than the pass itself
+      costs: the prediction of a stuck transfer that had most of its bytes reads "almost done" for as long as the
+      link stays dead).
     * Upgrades: once every shard the plan needs is requested, idle link time refines shards not used yet with the
       largest distortion drop per byte.
     """
@@ -119,6 +121,10 @@ class Sakura(Policy):
         rate = self.rate(ctx)
         ladder = ctx.ladder(layer)
         if rate is not None and ctx.estimator.samples == 0:
+            if self._probe_skips(ctx, layer):
+                return Decision(LEVEL_COMPUTE, f"step {ctx.step_of(layer)} layer {ctx.layer_of(layer)} waits for the "
+                                "bandwidth probe (a shard of the next step: this step's cannot beat the compute "
+                                "lane without a sample)", defer=True)  # fmt: skip
             fl = ctx.floor_of(layer)
             return Decision(fl, f"bandwidth probe (no throughput sample yet): floor level {ladder[fl].name}")
         if layer < ctx.compute_layer:
@@ -136,6 +142,20 @@ class Sakura(Policy):
                             f"time refines it later); {why}")  # fmt: skip
         slack = f"slack under the {ctx.latency_target_s:.2f} s target"
         return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} ({slack}); {why}")
+
+    @staticmethod
+    def _probe_skips(ctx: Context, layer: int) -> bool:
+        """Per-step KV: the probe is not a shard of the step the compute lane is in while its template is alive.
+        That step's first shard is what the compute lane starts on at once (the template kept: a per-step shard
+        serves its own step only, so that fetch was wasted bytes) and a later one of it is only of use if a drop
+        before it can pay, which the planner cannot tell without a sample; the next step's shards are used by
+        every plan that drops there. Nothing is skipped when no later step has a shard with bytes to sample."""
+        if not ctx.per_step or not ctx.template_alive:
+            return False
+        step = ctx.step_of(layer)
+        if step != ctx.step_of(ctx.compute_layer) or step >= ctx.steps - 1:
+            return False
+        return bool((~ctx.floor_reuses()[(step + 1) * ctx.layers_per_step :]).any())
 
     def _level_under_target(self, ctx: Context, layer: int, plan: Plan, rate: float | None) -> int:
         """The highest level that keeps the predicted finish under the user's latency target, at the estimate and at
@@ -211,6 +231,8 @@ class Sakura(Policy):
         patience = min(self.late_patience * resume, max(ctx.now - since + allowance - poll, 0.0))
         if ctx.now - since < patience:
             return False
+        if ctx.now - since >= resume:
+            return True  # ski rental: waited as long as the pass costs (a dead link then costs at most twice that)
         snap = Snapshot(ctx, self.rate(ctx))
         wait = snap.finish([snap.l0] * (snap.S - snap.cs), upto_step=snap.cs)
         recompute = ctx.now + resume + (ctx.layers_per_step - ctx.layer_of(layer)) * ctx.profile.layer_cached_s

@@ -29,12 +29,16 @@ def pass_stopped_reason(layer: int, end: int) -> str:
     return f"fallback pass stopped after layer {layer} of {end}: every shard still needed is decoded or made by it"
 
 
-def ask_deferred(policy: Policy, ctx: Context, deferred: list[int], compute_layer: int) -> tuple[int, Decision] | None:
-    """Ask ``policy`` again about each shard of ``deferred`` the compute lane has not reached (``> compute_layer``),
-    in order; the first it now wants leaves the list and is returned with its decision. ``deferred`` is updated in
-    place: shards already reached, and shards the policy now computes for good (no ``defer``), are dropped. Only the
-    shards :meth:`Policy.worth_asking` keeps are asked (those it leaves out, its ``choose`` would defer again)."""
-    deferred[:] = [g for g in deferred if g > compute_layer]
+def ask_deferred(
+    policy: Policy, ctx: Context, deferred: list[int], first_unreached: int
+) -> tuple[int, Decision] | None:
+    """Ask ``policy`` again about each shard of ``deferred`` the compute lane has not reached (``>= first_unreached``:
+    the live lane's ``compute_layer`` is the layer it runs, so one past it; the simulator's is the layer it is about
+    to start, not reached while the link catches up to that start), in order; the first it now wants leaves the list
+    and is returned with its decision. ``deferred`` is updated in place: shards already reached, and shards the
+    policy now computes for good (no ``defer``), are dropped. Only the shards :meth:`Policy.worth_asking` keeps are
+    asked (those it leaves out, its ``choose`` would defer again)."""
+    deferred[:] = [g for g in deferred if g >= first_unreached]
     for g in policy.worth_asking(ctx, list(deferred)):
         d = policy.choose(ctx, g)
         if d.level is None or d.level == LEVEL_COMPUTE:

@@ -165,7 +165,7 @@ class FetchLane:
         sig = self._signature()
         if sig == self._deferred_sig:
             return None
-        pick = ask_deferred(self.policy, self.ctx, self.deferred, st.compute_layer)
+        pick = ask_deferred(self.policy, self.ctx, self.deferred, st.compute_layer + 1)  # the lane runs compute_layer
         if pick is None:
             self._deferred_sig = sig
             return None

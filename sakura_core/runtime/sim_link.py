@@ -248,7 +248,7 @@ class SimLink:
         """Ask the policy again about each deferred shard the compute lane has not reached; fetch the first it
         wants. False when it wants none."""
         self.now = self.link_free
-        pick = ask_deferred(self.policy, self.ctx, self.deferred, self.compute_layer)
+        pick = ask_deferred(self.policy, self.ctx, self.deferred, self.compute_layer)  # about to start, not reached
         self._charge_link()
         if pick is None:
             return False

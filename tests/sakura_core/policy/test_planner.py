@@ -203,11 +203,12 @@ def test_patience_ends_at_the_last_ask_inside_the_edits_waiting_allowance():
 
 def test_the_oracle_plans_on_the_trace_itself():
     # a 64 Mbit/s trace (8e6 B/s) and no throughput sample: the oracle does not probe, it plans (0,0) like the
-    # fast-link case; sakura probes with the floor level
+    # fast-link case; sakura probes with the floor level of the next step's first shard (step 0's waits for it)
     c = ctx(None, trace=Trace.constant(64))
     d = policy("oracle").choose(c, 0)
     assert d.level == 0 and "exact transfer times" in d.reason
-    assert policy().choose(c, 0).reason.startswith("bandwidth probe")
+    assert policy().choose(c, 0).defer and "waits for the bandwidth probe" in policy().choose(c, 1).reason
+    assert policy().choose(c, 2).reason.startswith("bandwidth probe") and policy().choose(c, 2).level == 0
 
 
 def test_without_a_trace_the_trace_readers_use_the_estimate():

@@ -109,7 +109,9 @@ def test_a_failed_shard_does_not_leak_into_the_next_run(setup):
     assert not second.fallbacks and not edit.held.failed and not edit.held.device_kv
     assert set(second.levels_used[2]) == {"fp16"}
     assert not any(e["level"].startswith("fallback template pass") for e in second.events)
-    assert second.bytes_fetched == first.bytes_fetched  # every blob fetched again, none served from run 1
+    # every blob fetched again, none served from run 1 (run 1 may have fetched less: a shard its fallback pass made
+    # before the fetch lane reached it is not fetched; when it is, timing decides)
+    assert second.bytes_fetched >= first.bytes_fetched
     assert _summary(first) == first_summary  # run 2 appended nothing to run 1's report
     assert _summary(second) == _summary(asyncio.run(_edit(setup).run()))
 

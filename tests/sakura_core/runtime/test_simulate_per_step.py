@@ -81,6 +81,34 @@ def test_deferred_shards_are_asked_again_before_later_shards():
     assert r.splits == [0, 0, 0] and r.bytes_fetched == 12 * Q.nbytes
 
 
+class _DeferNextLayer(Policy):
+    """Computes shard 0, defers shard 1 for the first half of layer 0, fetches the rest; keeps the template at every
+    step's layer 0 and drops at layer 1."""
+
+    name = "defer-next"
+
+    def choose(self, ctx, layer):
+        if layer == 0:
+            return Decision(LEVEL_COMPUTE, "the lane runs it")
+        if layer == 1 and ctx.now < F / 2:
+            return Decision(LEVEL_COMPUTE, "not now", defer=True)
+        return Decision(ctx.floor, "floor")
+
+    def keep_template(self, ctx, layer):
+        return ctx.layer_of(layer) == 0
+
+
+def test_a_shard_deferred_while_the_lane_runs_the_layer_before_it_is_still_fetched():
+    # the simulator's compute_layer is the layer the lane is about to start: while the link catches up to that start
+    # (shards 2, 3, ... fetched during layer 0) the lane has not reached layer 1, so the deferred shard 1 is asked
+    # again, not dropped (it was: the drop at layer 1 then waited for nothing but a template pass)
+    r = _sim(_DeferNextLayer(), Trace.constant(1000))
+    asked = [d["level"] for d in r.decisions if d["layer"] == 1]
+    assert asked[0] == LEVEL_COMPUTE and FLOORS["sakura"] in asked
+    assert min(e["start"] for e in r.events if e["lane"] == "fetch" and e["layer"] == 1) < F  # while layer 0 ran
+    assert r.splits[0] == 1 and not any("fallback" in str(e["level"]) for e in r.events)
+
+
 def test_sakura_against_the_oracle_and_on_device_per_step():
     for mbit in (0.5, 2.0, 8.0, 50.0):
         tr = Trace.constant(mbit)
@@ -149,3 +177,31 @@ def test_the_kv_held_is_counted_as_the_live_pipeline_frees_it():
     passed = sum(first + (g + 1) * C <= last for g in range(12))
     assert 0 < passed < 12 and r.peak_kv_bytes == (12 - passed) * FP
     assert _sim(make_policy("on-device"), Trace.constant(1000)).peak_kv_bytes == 0  # nothing fetched
+
+
+def _first_fetch(r):
+    return min((e for e in r.events if e["lane"] == "fetch"), key=lambda e: e["start"])["layer"]
+
+
+def test_sakura_probes_with_the_next_steps_first_shard_in_per_step_mode():
+    # the compute lane keeps the template at step 0 layer 0 before any shard can arrive: a probe of shard 0 (used
+    # only by step 0) was wasted; the next step's first shard is used by every plan that drops there
+    r = _sim(make_policy("sakura"), Trace.constant(20))
+    assert _first_fetch(r) == 4  # step 1 layer 0
+    assert 0 not in [e["layer"] for e in r.events if e["lane"] == "fetch"]  # compute was past it: never fetched
+    probe = next(d for d in r.decisions if "bandwidth probe (no" in d["reason"])
+    assert probe["layer"] == 4
+    # single mode: every shard serves every step, shard 0 is the probe as before
+    single = simulate(make_policy("sakura"), Trace.constant(20), P, {"sakura": LADDERS["sakura"][:4]}, FLOORS,
+                      config=NO_RTT)  # fmt: skip
+    assert _first_fetch(single) == 0
+
+
+def test_the_probe_stays_in_the_step_when_no_later_step_has_bytes_to_sample():
+    # every shard of steps 1-2 is a zero-byte reuse rung: only step 0's shards can give a sample
+    def reuse(step):
+        return Level("reuse", 0, 0, 0.0, 1e-3, reuse=True, ref_step=step - 1)
+
+    lads = {"sakura": [LADDERS["sakura"][0]] * 4 + [[reuse(g // 4), LADDERS["sakura"][0][1]] for g in range(4, 12)]}
+    r = simulate(make_policy("sakura"), Trace.constant(20), P, lads, FLOORS, config=NO_RTT)
+    assert _first_fetch(r) == 0
