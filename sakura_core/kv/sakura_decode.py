@@ -23,6 +23,9 @@ __all__ = ["MAX_SPAN", "compact_ranges", "decode_sakura", "meta_size", "span_cod
 
 WIDTHS = (0, 1, 2, 3, 4, 5, 6, 8)
 _W = np.array(WIDTHS, dtype=np.int16)
+_W8 = _W.astype(np.uint8)
+#: Bits a unit gains going from width index ``i`` to ``j``, at ``i * 8 + j`` (0 where ``j <= i``).
+_ADDED = np.maximum(_W8[None, :].astype(np.int16) - _W8[:, None], 0).astype(np.uint8).reshape(-1)
 
 
 # ---- shared reconstruction (encoder measures exactly what the decoder will output) --------------------------------
@@ -53,7 +56,7 @@ def _reconstruct(idx: np.ndarray, acc: torch.Tensor, p: _Params) -> tuple[torch.
     """
     _, n_l, t, h, d = acc.shape
     widx = idx.reshape(-1)
-    w = _W[widx]  # (units,) int16
+    w = _W8.take(widx)  # (units,)
     centre = _centre_codes(acc.reshape(-1, d), widx).view(2 * n_l, t, h, d)  # centre + 0.5, or the code (w = 8)
     top = w == 8  # a full-width unit's centre is its code: nothing to subtract
     half = None if top.all() else 0.5 if not top.any() else np.where(top, np.float32(0.0), np.float32(0.5))
@@ -80,19 +83,37 @@ def _reconstruct(idx: np.ndarray, acc: torch.Tensor, p: _Params) -> tuple[torch.
             code.sub_(half)
         code.mul_(step[blk]).add_(lo[blk])
         out_blocks[blk, tok].copy_(code)
-    dropped = np.flatnonzero(w == 0)  # flat (tensor, layer, token, head) units
-    if dropped.size:  # rows copied whole (a row = one opaque item: numpy moves it with one memcpy)
-        block = (dropped // (t * h)) * h + dropped % h  # flat (tensor, layer, head)
-        means = np.ascontiguousarray(p.mean.astype(np.float16).reshape(2 * n_l * h, d))
-        fill = scratch("fill", dropped.size * d, torch.float16).numpy().reshape(dropped.size, d)
-        np.take(_rows(means), block, out=_rows(fill), mode="clip")  # in range by construction; "raise" buffers `out`
-        np.put(_rows(out.numpy().reshape(-1, d)), dropped, _rows(fill))
+    _fill_dropped(out.numpy().reshape(-1, d), w, p.mean, t, h)
     return out[0], out[1]
+
+
+def _fill_dropped(out: np.ndarray, w: np.ndarray, mean: np.ndarray, t: int, h: int) -> None:
+    """Write each dropped unit's (tensor, layer, head) channel means into its row of ``out`` (units, head_dim)."""
+    dropped = np.flatnonzero(w == 0)  # flat (tensor, layer, token, head) units
+    if not dropped.size:
+        return
+    d = out.shape[1]
+    block = _unit_blocks(out.shape[0] // (t * h), t, h).take(dropped)  # flat (tensor, layer, head)
+    means = np.ascontiguousarray(mean.astype(np.float16).reshape(-1, d))
+    fill = scratch("fill", dropped.size * d, torch.float16).numpy().reshape(dropped.size, d)
+    np.take(_rows(means), block, out=_rows(fill), mode="clip")  # in range by construction; "raise" buffers `out`
+    np.put(_rows(out), dropped, _rows(fill))  # rows copied whole (one opaque item: numpy moves it with one memcpy)
+
+
+@functools.lru_cache(maxsize=8)
+def _unit_blocks(n_blocks: int, t: int, h: int) -> np.ndarray:
+    """(n_blocks * t * h,) int32, read-only: the flat (tensor, layer, head) of each flat (tensor, layer, token, head)
+    unit."""
+    blocks = np.arange(n_blocks, dtype=np.int32)[:, None, None] * h + np.arange(h, dtype=np.int32)[None, None, :]
+    out = np.ascontiguousarray(np.broadcast_to(blocks, (n_blocks, t, h))).reshape(-1)
+    out.flags.writeable = False
+    return out
 
 
 _BYTES = np.uint64(0x0101010101010101)  # one in each byte of a 64-bit word
 _SHIFT = np.array([0] + [8 - w for w in WIDTHS[1:]], dtype=np.int64)  # per width: left-align its bits (w=0: 0)
 _BIAS = np.array([1 << (7 - w) if w < 8 else 0 for w in WIDTHS], dtype=np.uint64)  # the half-bin bit below them
+_BIAS_WORDS = (_BIAS * _BYTES).view(np.int64)  # that bit in every byte of a word
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -105,6 +126,27 @@ def _void(nbytes: int) -> np.dtype:
     return np.dtype((np.void, nbytes))
 
 
+def _words(a: np.ndarray) -> np.ndarray | None:
+    """A C-contiguous uint8 array as uint64 words (same memory), or ``None`` when its size or address is not a
+    multiple of 8."""
+    if a.size % 8 or a.ctypes.data % 8 or not a.flags.c_contiguous:
+        return None
+    return a.reshape(-1).view(np.uint64)
+
+
+def _shift_in(dst: np.ndarray, m: int, src: np.ndarray) -> None:
+    """``dst = dst << m | src`` in place (uint8, one shape; every byte of ``dst`` < 2**(8 - m), of ``src`` < 2**m):
+    on 64-bit words when both allow it (no bit crosses into the next byte; numpy's uint8 shifts are several times
+    slower), else byte by byte."""
+    dw, sw = _words(dst), _words(src)
+    if dw is not None and sw is not None:
+        np.left_shift(dw, np.uint64(m), out=dw)
+        np.bitwise_or(dw, sw, out=dw)
+        return
+    np.left_shift(dst, np.uint8(m), out=dst)
+    np.bitwise_or(dst, src, out=dst)
+
+
 def _centre_codes(acc: torch.Tensor, widx: np.ndarray) -> torch.Tensor:
     """(units, head_dim) uint8: ``acc << (8 - w) | 1 << (7 - w)`` per unit of width ``WIDTHS[widx]`` (``acc`` for
     w = 8), in this thread's work buffer (read it before the next call).
@@ -112,13 +154,14 @@ def _centre_codes(acc: torch.Tensor, widx: np.ndarray) -> torch.Tensor:
     As float, this minus 0.5 (w < 8) is the bin centre in fine-code units. With ``head_dim % 8 == 0`` the shift runs
     on 64-bit words: every byte of ``acc`` is < 2**w, so no bit crosses into the next byte."""
     acc = acc.contiguous()
-    shift, bias = _SHIFT[widx][:, None], _BIAS[widx][:, None]
     out = scratch("centre", acc.numel(), torch.uint8).view(acc.shape)
     if acc.shape[1] % 8 == 0 and acc.data_ptr() % 8 == 0:
         words = out.view(torch.int64)  # (units, head_dim / 8)
-        torch.bitwise_left_shift(acc.view(torch.int64), torch.from_numpy(shift), out=words)
-        words.bitwise_or_(torch.from_numpy((bias * _BYTES).view(np.int64)))
+        shift = torch.from_numpy(_SHIFT.take(widx)).view(-1, 1)
+        torch.bitwise_left_shift(acc.view(torch.int64), shift, out=words)
+        words.bitwise_or_(torch.from_numpy(_BIAS_WORDS.take(widx)).view(-1, 1))
         return out
+    shift, bias = _SHIFT[widx][:, None], _BIAS[widx][:, None]
     torch.bitwise_left_shift(acc, torch.from_numpy(shift.astype(np.uint8)), out=out)
     return out.bitwise_or_(torch.from_numpy(bias.astype(np.uint8)))
 
@@ -165,11 +208,16 @@ def _unpack_symbols(raw: bytes, m: int, n_sym: int) -> np.ndarray:
         return b
     q = b.size
     out = scratch("symbols", per * q, torch.uint8).numpy()
-    mask = np.uint8((1 << m) - 1)
+    src, dst = _words(b), _words(out)
+    first = 0  # the first plane needs no mask in bytes (nothing above it); in words the next byte's bits shift in
+    if src is not None and dst is not None:  # a plane's low m bits of each byte never come from the next byte
+        q, mask, first = q // 8, np.uint64(((1 << m) - 1) * int(_BYTES)), -1
+    else:
+        src, dst, mask = b, out, np.uint8((1 << m) - 1)
     for i in range(per):
-        plane = out[i * q : (i + 1) * q]
-        np.right_shift(b, np.uint8(m * (per - 1 - i)), out=plane)
-        if i:
+        plane = dst[i * q : (i + 1) * q]
+        np.right_shift(src, src.dtype.type(m * (per - 1 - i)), out=plane)
+        if i != first:
             np.bitwise_and(plane, mask, out=plane)
     return out[:n_sym]
 
@@ -180,6 +228,19 @@ def _transition_groups(prev_idx: np.ndarray, new_idx: np.ndarray) -> tuple[np.nd
     added = w_new - _W[prev_idx.reshape(-1)]
     counts = np.bincount(added, minlength=9)
     return w_new, added, [int(m) for m in np.flatnonzero(counts[1:]) + 1]
+
+
+def _added_bits(prev: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """A blob's new width indices ``prev + delta`` (checked), the bits each unit gains (flat uint8) and the sorted
+    added-bit counts present."""
+    if delta.max(initial=0) >= len(WIDTHS):
+        raise ShardCorruptError("sakura: width delta out of range")
+    new = prev + delta
+    if new.max(initial=0) >= len(WIDTHS):
+        raise ShardCorruptError("sakura: width index out of range")
+    added = _W8.take(new.reshape(-1)) if not prev.any() else _ADDED.take((prev << 3 | new).reshape(-1))
+    counts = np.bincount(added, minlength=9)
+    return new, added, [int(m) for m in np.flatnonzero(counts[1:]) + 1]
 
 
 # ---- decoder --------------------------------------------------------------------------------------------------------
@@ -261,12 +322,7 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
     else:
         params, prev, acc = state.params, state.idx, state.acc
     delta = np.frombuffer(head, dtype=np.uint8, count=n_units, offset=meta_bytes).reshape(2, n_l, t, h)
-    if delta.max(initial=0) >= len(WIDTHS):
-        raise ShardCorruptError("sakura: width delta out of range")
-    new = prev + delta
-    if new.max(initial=0) >= len(WIDTHS):
-        raise ShardCorruptError("sakura: width index out of range")
-    w_new, added, groups = _transition_groups(prev, new)
+    new, added, groups = _added_bits(prev, delta)
     if len(sections) != 1 + len(groups):
         raise ShardCorruptError(f"sakura: blob has {len(sections)} sections, its widths need {1 + len(groups)}")
     for m, section in zip(groups, sections[1:], strict=True):
@@ -277,13 +333,11 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
         if base:  # nothing there yet: no gather
             np.put(_rows(acc), units, _rows(sym))
         elif units.size == n_units:  # every unit gains m bits: no gather/scatter
-            acc <<= np.uint8(m)
-            acc |= sym
+            _shift_in(acc, m, sym)
         else:  # gather, refine, scatter back, a row at a time
             upd = scratch("refine", units.size * d, torch.uint8).numpy().reshape(units.size, d)
             np.take(_rows(acc), units, out=_rows(upd), mode="clip")
-            upd <<= np.uint8(m)
-            upd |= sym
+            _shift_in(upd, m, sym)
             np.put(_rows(acc), units, _rows(upd))
     return _State(new, acc, params)
 
