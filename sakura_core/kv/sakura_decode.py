@@ -1,5 +1,6 @@
-"""Decoder of the SAKURA codec (runs on the phone): symbol unpacking, the shared reconstruction the encoder also
-measures with, and the incremental decode steps a progressive chain applies blob by blob.
+"""Decoder of the SAKURA codec (runs on the phone): symbol unpacking, width bookkeeping and the incremental decode
+steps a progressive chain applies blob by blob; the dequantisation the encoder also measures with is
+:func:`.sakura_dequant.reconstruct`.
 
 Keys and values are quantised alike: one range per (tensor, layer, head, channel) over the shard's tokens, 8-bit
 fine codes. A unit at width ``w`` holds the top ``w`` bits of each of its fine codes (right-aligned: a refinement
