@@ -43,20 +43,19 @@ import torch
 from .codec_parts import check_levels, f16_ceil, f16_floor, zstd_compress
 from .codec_registry import Codec, ShardInput, register_codec
 from .container import pack_shard, shard_digest
-from .sakura_decode import (  # the encoder measures exactly what the decoder will output
+from .sakura_decode import (
     _W,
     WIDTHS,
     _fine_codes,
     _finish,
     _pack_symbols,
-    _Params,
-    _reconstruct,
     _step,
     _transition_groups,
     compact_ranges,
     decode_sakura,
     span_codes,
 )
+from .sakura_dequant import Params, reconstruct  # the encoder measures exactly what the decoder will output
 
 __all__ = [
     "WIDTHS",
@@ -118,7 +117,7 @@ DEFAULT_CONFIG = SakuraConfig()
 
 @dataclass
 class _Plan:
-    params: _Params
+    params: Params
     meta: bytes  # a base blob's per-channel ranges and means (sakura_decode._base_params reads them)
     fine: np.ndarray  # (2, layers, tokens, heads, head_dim) uint8
     level_idx: list[np.ndarray]  # per level: (2, layers, tokens, heads) uint8 width indices
@@ -260,7 +259,7 @@ def _distortions(shard: ShardInput, config: SakuraConfig):
         lo16, hi16 = f16_floor(x.min(axis=2)), f16_ceil(x.max(axis=2))
         lo, hi = lo16.astype(np.float32), hi16.astype(np.float32)
         meta = np.stack([lo16, hi16, mean16]).astype("<f2").tobytes()
-    params = _Params(lo=lo, step=(hi - lo) / np.float32(255.0), mean=mean16.astype(np.float32))
+    params = Params(lo=lo, step=(hi - lo) / np.float32(255.0), mean=mean16.astype(np.float32))
     fine = _fine_codes(x, params.lo[:, :, None], params.step[:, :, None])  # (2, layers, tokens, heads, head_dim)
     kw = np.ones(x.shape[1:], np.float64) if shard.k_weight is None else _mix(shard.k_weight, config.uniform_mix)
     vw = np.ones(x.shape[1:4], np.float64) if shard.v_weight is None else _mix(shard.v_weight, config.uniform_mix)
@@ -270,7 +269,7 @@ def _distortions(shard: ShardInput, config: SakuraConfig):
     for wi, w in enumerate(WIDTHS):
         idx = np.full((2, n_l, t, h), wi, dtype=np.uint8)
         top = acc >> (8 - w) if w else acc * 0  # the top w bits of each code, right-aligned
-        k_hat, v_hat = (y.float().numpy() for y in _reconstruct(idx, top, params))
+        k_hat, v_hat = (y.float().numpy() for y in reconstruct(idx, top, params))
         dist[0, ..., wi] = (kw * (x[0] - k_hat) ** 2).sum(-1)
         dist[1, ..., wi] = vw * ((x[1] - v_hat) ** 2).sum(-1)
     if shard.k_drop is not None and shard.k_weight is not None:

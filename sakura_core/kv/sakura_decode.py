@@ -1,5 +1,6 @@
-"""Decoder of the SAKURA codec (runs on the phone): symbol unpacking, the shared reconstruction the encoder also
-measures with, and the incremental decode steps a progressive chain applies blob by blob.
+"""Decoder of the SAKURA codec (runs on the phone): symbol unpacking, width bookkeeping and the incremental decode
+steps a progressive chain applies blob by blob; the dequantisation the encoder also measures with is
+:func:`.sakura_dequant.reconstruct`.
 
 Keys and values are quantised alike: one range per (tensor, layer, head, channel) over the shard's tokens, 8-bit
 fine codes. A unit at width ``w`` holds the top ``w`` bits of each of its fine codes (right-aligned: a refinement
@@ -9,30 +10,25 @@ measured too: it changed the compressed sizes by under 0.3 %.)
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .codec_parts import CHUNK_VALUES, scratch, zstd_exact
+from .codec_parts import scratch, zstd_exact
 from .codec_registry import Parsed
 from .container import ShardCorruptError, ShardHeader
+from .sakura_dequant import WIDTHS, Params, reconstruct, rows_view
 
 __all__ = ["MAX_SPAN", "compact_ranges", "decode_sakura", "meta_size", "span_codes"]
 
-WIDTHS = (0, 1, 2, 3, 4, 5, 6, 8)
 _W = np.array(WIDTHS, dtype=np.int16)
+_W8 = _W.astype(np.uint8)
+#: Bits a unit gains going from width index ``i`` to ``j``, at ``i * 8 + j`` (0 where ``j <= i``).
+_ADDED = np.maximum(_W8[None, :].astype(np.int16) - _W8[:, None], 0).astype(np.uint8).reshape(-1)
 
 
-# ---- shared reconstruction (encoder measures exactly what the decoder will output) --------------------------------
-
-
-@dataclass
-class _Params:
-    lo: np.ndarray  # (2, layers, heads, head_dim) float32 (from float16): K and V channel minima
-    step: np.ndarray  # (2, layers, heads, head_dim): fine-code step
-    mean: np.ndarray  # (2, layers, heads, head_dim): what a dropped unit decodes to
+# ---- symbols and width bookkeeping -------------------------------------------------------------------------------
 
 
 def _fine_codes(x: np.ndarray, lo: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -41,86 +37,25 @@ def _fine_codes(x: np.ndarray, lo: np.ndarray, step: np.ndarray) -> np.ndarray:
     return np.clip(np.rint((x - lo) / safe), 0, 255).astype(np.uint8)
 
 
-def _reconstruct(idx: np.ndarray, acc: torch.Tensor, p: _Params) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dequantise: the centre of each unit's bin, ``lo + step * (code * 2**(8 - w) + (2**(8 - w) - 1) / 2)`` in
-    float32 (the scale-and-shift as two roundings, multiply then add), then float16; a dropped unit (width 0) is the
-    mean of its (tensor, layer, head) channels.
-
-    ``idx``: (2, layers, tokens, heads) width indices; ``acc``: (2, layers, tokens, heads, head_dim) uint8, the top
-    ``w`` bits of each fine code (right-aligned, so each byte is < 2**w). Returns float16 K and V (layers, tokens,
-    heads, head_dim). The bin-centre code is exact in float32, so it is built in integers (one shift and one OR
-    per unit, 8 bytes at a time) and one constant 0.5: the result is bit for bit the multiply-add form.
-    """
-    _, n_l, t, h, d = acc.shape
-    widx = idx.reshape(-1)
-    w = _W[widx]  # (units,) int16
-    centre = _centre_codes(acc.reshape(-1, d), widx).view(2 * n_l, t, h, d)  # centre + 0.5, or the code (w = 8)
-    top = w == 8  # a full-width unit's centre is its code: nothing to subtract
-    half = None if top.all() else 0.5 if not top.any() else np.where(top, np.float32(0.0), np.float32(0.5))
-    if isinstance(half, np.ndarray):
-        half = torch.from_numpy(half.reshape(2 * n_l, t, h, 1))
-    step = torch.from_numpy(p.step).view(2 * n_l, 1, h, d)
-    lo = torch.from_numpy(p.lo).view(2 * n_l, 1, h, d)
-    out = torch.empty((2, n_l, t, h, d), dtype=torch.float16)
-    out_blocks = out.view(2 * n_l, t, h, d)
-    per_block = t * h * d
-    if per_block * 2 * n_l <= CHUNK_VALUES:  # a small shard: one slab (per-slab overheads would dominate)
-        slabs = [(slice(None), slice(None))]
-    else:  # a (tensor, layer) block, a few tokens at a time: the float32 work stays in the core's cache
-        rows = max(1, CHUNK_VALUES // (h * d))
-        slabs = [(slice(b, b + 1), slice(r, r + rows)) for b in range(2 * n_l) for r in range(0, t, rows)]
-    buf = scratch("code", min(per_block * 2 * n_l, max(CHUNK_VALUES, h * d)), torch.float32)
-    for blk, tok in slabs:
-        src = centre[blk, tok]
-        code = buf[: src.numel()].view(src.shape)
-        code.copy_(src)
-        if isinstance(half, torch.Tensor):
-            code.sub_(half[blk, tok])
-        elif half is not None:
-            code.sub_(half)
-        code.mul_(step[blk]).add_(lo[blk])
-        out_blocks[blk, tok].copy_(code)
-    dropped = np.flatnonzero(w == 0)  # flat (tensor, layer, token, head) units
-    if dropped.size:  # rows copied whole (a row = one opaque item: numpy moves it with one memcpy)
-        block = (dropped // (t * h)) * h + dropped % h  # flat (tensor, layer, head)
-        means = np.ascontiguousarray(p.mean.astype(np.float16).reshape(2 * n_l * h, d))
-        fill = scratch("fill", dropped.size * d, torch.float16).numpy().reshape(dropped.size, d)
-        np.take(_rows(means), block, out=_rows(fill), mode="clip")  # in range by construction; "raise" buffers `out`
-        np.put(_rows(out.numpy().reshape(-1, d)), dropped, _rows(fill))
-    return out[0], out[1]
+def _words(a: np.ndarray) -> np.ndarray | None:
+    """A C-contiguous uint8 array as uint64 words (same memory; numpy handles an unaligned one), or ``None`` when its
+    size is not a multiple of 8."""
+    if a.size % 8 or not a.flags.c_contiguous:
+        return None
+    return a.reshape(-1).view(np.uint64)
 
 
-_BYTES = np.uint64(0x0101010101010101)  # one in each byte of a 64-bit word
-_SHIFT = np.array([0] + [8 - w for w in WIDTHS[1:]], dtype=np.int64)  # per width: left-align its bits (w=0: 0)
-_BIAS = np.array([1 << (7 - w) if w < 8 else 0 for w in WIDTHS], dtype=np.uint64)  # the half-bin bit below them
-
-
-def _rows(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous 2-D array as a 1-D array of opaque rows (same memory): row gathers and scatters in one go."""
-    return a.view(_void(a.shape[1] * a.itemsize)).reshape(a.shape[0])
-
-
-@functools.cache
-def _void(nbytes: int) -> np.dtype:
-    return np.dtype((np.void, nbytes))
-
-
-def _centre_codes(acc: torch.Tensor, widx: np.ndarray) -> torch.Tensor:
-    """(units, head_dim) uint8: ``acc << (8 - w) | 1 << (7 - w)`` per unit of width ``WIDTHS[widx]`` (``acc`` for
-    w = 8), in this thread's work buffer (read it before the next call).
-
-    As float, this minus 0.5 (w < 8) is the bin centre in fine-code units. With ``head_dim % 8 == 0`` the shift runs
-    on 64-bit words: every byte of ``acc`` is < 2**w, so no bit crosses into the next byte."""
-    acc = acc.contiguous()
-    shift, bias = _SHIFT[widx][:, None], _BIAS[widx][:, None]
-    out = scratch("centre", acc.numel(), torch.uint8).view(acc.shape)
-    if acc.shape[1] % 8 == 0 and acc.data_ptr() % 8 == 0:
-        words = out.view(torch.int64)  # (units, head_dim / 8)
-        torch.bitwise_left_shift(acc.view(torch.int64), torch.from_numpy(shift), out=words)
-        words.bitwise_or_(torch.from_numpy((bias * _BYTES).view(np.int64)))
-        return out
-    torch.bitwise_left_shift(acc, torch.from_numpy(shift.astype(np.uint8)), out=out)
-    return out.bitwise_or_(torch.from_numpy(bias.astype(np.uint8)))
+def _shift_in(dst: np.ndarray, m: int, src: np.ndarray) -> None:
+    """``dst = dst << m | src`` in place (uint8, one shape; every byte of ``dst`` < 2**(8 - m), of ``src`` < 2**m):
+    on 64-bit words when both allow it (no bit crosses into the next byte; numpy's uint8 shifts are several times
+    slower), else byte by byte."""
+    dw, sw = _words(dst), _words(src)
+    if dw is not None and sw is not None:
+        np.left_shift(dw, np.uint64(m), out=dw)
+        np.bitwise_or(dw, sw, out=dw)
+        return
+    np.left_shift(dst, np.uint8(m), out=dst)
+    np.bitwise_or(dst, src, out=dst)
 
 
 # ---- symbol packing --------------------------------------------------------------------------------------------------
@@ -165,11 +100,16 @@ def _unpack_symbols(raw: bytes, m: int, n_sym: int) -> np.ndarray:
         return b
     q = b.size
     out = scratch("symbols", per * q, torch.uint8).numpy()
-    mask = np.uint8((1 << m) - 1)
+    src, dst = _words(b), _words(out)
+    first = 0  # the first plane needs no mask in bytes (nothing above it); in words the next byte's bits shift in
+    if src is not None and dst is not None:  # a plane's low m bits of each byte never come from the next byte
+        q, mask, first = q // 8, np.uint64(((1 << m) - 1) * 0x0101010101010101), -1
+    else:
+        src, dst, mask = b, out, np.uint8((1 << m) - 1)
     for i in range(per):
-        plane = out[i * q : (i + 1) * q]
-        np.right_shift(b, np.uint8(m * (per - 1 - i)), out=plane)
-        if i:
+        plane = dst[i * q : (i + 1) * q]
+        np.right_shift(src, src.dtype.type(m * (per - 1 - i)), out=plane)
+        if i != first:
             np.bitwise_and(plane, mask, out=plane)
     return out[:n_sym]
 
@@ -182,6 +122,19 @@ def _transition_groups(prev_idx: np.ndarray, new_idx: np.ndarray) -> tuple[np.nd
     return w_new, added, [int(m) for m in np.flatnonzero(counts[1:]) + 1]
 
 
+def _added_bits(prev: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """A blob's new width indices ``prev + delta`` (checked), the bits each unit gains (flat uint8) and the sorted
+    added-bit counts present."""
+    if delta.max(initial=0) >= len(WIDTHS):
+        raise ShardCorruptError("sakura: width delta out of range")
+    new = prev + delta
+    if new.max(initial=0) >= len(WIDTHS):
+        raise ShardCorruptError("sakura: width index out of range")
+    added = _W8.take(new.reshape(-1)) if not prev.any() else _ADDED.take((prev << 3 | new).reshape(-1))
+    counts = np.bincount(added, minlength=9)
+    return new, added, [int(m) for m in np.flatnonzero(counts[1:]) + 1]
+
+
 # ---- decoder --------------------------------------------------------------------------------------------------------
 
 
@@ -189,7 +142,7 @@ def _transition_groups(prev_idx: np.ndarray, new_idx: np.ndarray) -> tuple[np.nd
 class _State:
     idx: np.ndarray  # (2, layers, tokens, heads) uint8
     acc: np.ndarray  # (2 * layers * tokens * heads, head_dim) uint8
-    params: _Params
+    params: Params
 
 
 #: Compact ranges of a predicted residual (a base blob whose header has a predictor scale): per channel the mean
@@ -221,7 +174,7 @@ def compact_ranges(mean16: np.ndarray, lo_code: np.ndarray, hi_code: np.ndarray)
     return mean - _SPAN[lo_code], mean + _SPAN[hi_code]
 
 
-def _base_params(head: bytes, n_l: int, h: int, d: int, compact: bool = False) -> _Params:
+def _base_params(head: bytes, n_l: int, h: int, d: int, compact: bool = False) -> Params:
     """The per-channel ranges and means at the start of a base blob's head section (``compact``: mean + log codes,
     see ``_SPAN``)."""
     n = 2 * n_l * h * d
@@ -234,7 +187,7 @@ def _base_params(head: bytes, n_l: int, h: int, d: int, compact: bool = False) -
         meta = np.frombuffer(head, dtype="<f2", count=3 * n).reshape(3, 2, n_l, h, d).astype(np.float32)
     if not np.isfinite(meta).all() or (meta[1] < meta[0]).any():
         raise ShardCorruptError("sakura: channel ranges / means are not finite or inverted")
-    return _Params(lo=meta[0], step=(meta[1] - meta[0]) / np.float32(255.0), mean=meta[2])
+    return Params(lo=meta[0], step=(meta[1] - meta[0]) / np.float32(255.0), mean=meta[2])
 
 
 def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview], transient: bool = False) -> _State:
@@ -261,12 +214,7 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
     else:
         params, prev, acc = state.params, state.idx, state.acc
     delta = np.frombuffer(head, dtype=np.uint8, count=n_units, offset=meta_bytes).reshape(2, n_l, t, h)
-    if delta.max(initial=0) >= len(WIDTHS):
-        raise ShardCorruptError("sakura: width delta out of range")
-    new = prev + delta
-    if new.max(initial=0) >= len(WIDTHS):
-        raise ShardCorruptError("sakura: width index out of range")
-    w_new, added, groups = _transition_groups(prev, new)
+    new, added, groups = _added_bits(prev, delta)
     if len(sections) != 1 + len(groups):
         raise ShardCorruptError(f"sakura: blob has {len(sections)} sections, its widths need {1 + len(groups)}")
     for m, section in zip(groups, sections[1:], strict=True):
@@ -275,16 +223,14 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
         raw = zstd_exact(section, _packed_size(n_sym, m), f"sakura {m}-bit group")
         sym = _unpack_symbols(raw, m, n_sym).reshape(units.size, d)
         if base:  # nothing there yet: no gather
-            np.put(_rows(acc), units, _rows(sym))
+            np.put(rows_view(acc), units, rows_view(sym))
         elif units.size == n_units:  # every unit gains m bits: no gather/scatter
-            acc <<= np.uint8(m)
-            acc |= sym
+            _shift_in(acc, m, sym)
         else:  # gather, refine, scatter back, a row at a time
             upd = scratch("refine", units.size * d, torch.uint8).numpy().reshape(units.size, d)
-            np.take(_rows(acc), units, out=_rows(upd), mode="clip")
-            upd <<= np.uint8(m)
-            upd |= sym
-            np.put(_rows(acc), units, _rows(upd))
+            np.take(rows_view(acc), units, out=rows_view(upd), mode="clip")
+            _shift_in(upd, m, sym)
+            np.put(rows_view(acc), units, rows_view(upd))
     return _State(new, acc, params)
 
 
@@ -298,7 +244,7 @@ def decode_sakura(parsed: Parsed) -> tuple[np.ndarray, np.ndarray]:
 
 def _finish(state: _State, header: ShardHeader) -> tuple[np.ndarray, np.ndarray]:
     n_l, t, h, d = header.tensor_shape
-    k, v = _reconstruct(state.idx, torch.from_numpy(state.acc).reshape(2, n_l, t, h, d), state.params)
+    k, v = reconstruct(state.idx, torch.from_numpy(state.acc).reshape(2, n_l, t, h, d), state.params)
     return k.numpy(), v.numpy()
 
 

@@ -94,13 +94,19 @@ def _residual(make_shard, head_dim):
 def slabs(request, monkeypatch):
     """Decode in one slab (these shards are small) or, like a phone-scale shard, a few tokens at a time."""
     if request.param is not None:
-        monkeypatch.setattr("sakura_core.kv.sakura_decode.CHUNK_VALUES", request.param)
+        monkeypatch.setattr("sakura_core.kv.sakura_dequant.CHUNK_VALUES", request.param)
         monkeypatch.setattr("sakura_core.kv.chain.CHUNK_VALUES", request.param)
+
+
+@pytest.fixture(params=[0.0, 1.01], ids=["dense", "sparse"])
+def sparse(request, monkeypatch):
+    """Dequantise every block densely, or (with slabs) every block with a dropped unit unit by unit."""
+    monkeypatch.setattr("sakura_core.kv.sakura_dequant.SPARSE_KEPT", request.param)
 
 
 @pytest.mark.parametrize("head_dim", [16, 12])  # 64-bit words / the byte path (head_dim % 8 != 0)
 @pytest.mark.parametrize("weights", [True, False])
-def test_every_rung_decodes_bit_for_bit_like_the_reference(make_shard, head_dim, weights, slabs):
+def test_every_rung_decodes_bit_for_bit_like_the_reference(make_shard, head_dim, weights, slabs, sparse):
     shard = make_shard(seed=1, head_dim=head_dim, grid=(8, 16), weights=weights)
     chain = encode_sakura(shard, LEVELS)
     for level in LEVELS:
@@ -124,7 +130,7 @@ def test_the_rungs_cover_every_width_and_dropped_units(make_shard):
 
 
 @pytest.mark.parametrize("head_dim", [16, 12])
-def test_a_residual_decodes_bit_for_bit_like_the_reference(make_shard, head_dim, slabs):
+def test_a_residual_decodes_bit_for_bit_like_the_reference(make_shard, head_dim, slabs, sparse):
     ref, res, a = _residual(make_shard, head_dim)
     chain = encode_sakura(res, LEVELS)
     for level in LEVELS:
