@@ -145,17 +145,19 @@ class Sakura(Policy):
 
     @staticmethod
     def _probe_skips(ctx: Context, layer: int) -> bool:
-        """Per-step KV: the probe is not a shard of the step the compute lane is in while its template is alive.
-        That step's first shard is what the compute lane starts on at once (the template kept: a per-step shard
-        serves its own step only, so that fetch was wasted bytes) and a later one of it is only of use if a drop
-        before it can pay, which the planner cannot tell without a sample; the next step's shards are used by
-        every plan that drops there. Nothing is skipped when no later step has a shard with bytes to sample."""
+        """Per-step KV: the probe is not the first shard of the step the compute lane is in while its template is
+        alive. That shard is what the compute lane starts on at once (the template kept: a per-step shard serves its
+        own step only, so that fetch was wasted bytes). The next step's first shard with bytes is the probe when its
+        floor decodes on its own (it is used by every plan that drops there); a cross-step residual floor is not
+        (its reference, this step's same layer, is not on the device before the compute lane has made it: it
+        would be fetched at its exact level), and then the running step's last shard with bytes is (used by every
+        plan that drops anywhere in the step). Nothing is skipped when no other shard has bytes to sample."""
         if not ctx.per_step or not ctx.template_alive:
             return False
-        step = ctx.step_of(layer)
-        if step != ctx.step_of(ctx.compute_layer) or step >= ctx.steps - 1:
+        step, L = ctx.step_of(layer), ctx.layers_per_step
+        if step != ctx.step_of(ctx.compute_layer):
             return False
-        return bool((~ctx.floor_reuses()[(step + 1) * ctx.layers_per_step :]).any())
+        return layer != _probe_shard(ctx, step * L, L)
 
     def _level_under_target(self, ctx: Context, layer: int, plan: Plan, rate: float | None) -> int:
         """The highest level that keeps the predicted finish under the user's latency target, at the estimate and at
@@ -271,3 +273,14 @@ class Oracle(Sakura):
 
     def drop_rate(self, ctx: Context) -> float | None:
         return None if ctx.has_trace else super().drop_rate(ctx)
+
+
+def _probe_shard(ctx: Context, first: int, L: int) -> int:
+    """The shard the per-step bandwidth probe fetches when the running step starts at shard ``first`` (see
+    :meth:`SakuraPolicy._probe_skips`): the next step's first shard with bytes if its floor is self-contained, else
+    the running step's last shard with bytes after ``first``, else ``first``."""
+    reuse, n = ctx.floor_reuses(), ctx.num_layers
+    nxt = next((g for g in range(first + L, n) if not reuse[g]), None)
+    if nxt is not None and ctx.ladder(nxt)[ctx.floor_of(nxt)].ref_step is None:
+        return nxt
+    return next((g for g in range(first + L - 1, first, -1) if not reuse[g]), first)

@@ -197,11 +197,26 @@ def test_sakura_probes_with_the_next_steps_first_shard_in_per_step_mode():
     assert _first_fetch(single) == 0
 
 
+def test_a_cross_step_floor_is_not_the_probe_the_running_steps_last_shard_is():
+    # steps 1-2 are cross-step residuals against the step before: step 1 layer 0's reference (step 0 layer 0) is not
+    # on the device at the start, so probing it would fetch its exact level; the probe is step 0's last shard
+    def residual(step):
+        return Level("q-res", FP // 20, FP // 20, 1e-3, 1e-4 / 12, ref_step=step - 1)
+
+    lads = {"sakura": [LADDERS["sakura"][0]] * 4 + [[residual(g // 4), LADDERS["sakura"][0][1]] for g in range(4, 12)]}
+    r = simulate(make_policy("sakura"), Trace.constant(20), P, lads, FLOORS, config=NO_RTT)
+    probe = next(d for d in r.decisions if "bandwidth probe (no" in d["reason"])
+    assert probe["layer"] == 3 and _first_fetch(r) == 3
+    assert not [d for d in r.decisions if d["reason"].startswith("fallback")]  # no exact level fetched for it
+    assert 0 not in [e["layer"] for e in r.events if e["lane"] == "fetch"]
+
+
 def test_the_probe_stays_in_the_step_when_no_later_step_has_bytes_to_sample():
-    # every shard of steps 1-2 is a zero-byte reuse rung: only step 0's shards can give a sample
+    # every shard of steps 1-2 is a zero-byte reuse rung: only step 0's shards can give a sample; its last one (not
+    # its first, which the compute lane starts on at once)
     def reuse(step):
         return Level("reuse", 0, 0, 0.0, 1e-3, reuse=True, ref_step=step - 1)
 
     lads = {"sakura": [LADDERS["sakura"][0]] * 4 + [[reuse(g // 4), LADDERS["sakura"][0][1]] for g in range(4, 12)]}
     r = simulate(make_policy("sakura"), Trace.constant(20), P, lads, FLOORS, config=NO_RTT)
-    assert _first_fetch(r) == 0
+    assert _first_fetch(r) == 3
