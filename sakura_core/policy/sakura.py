@@ -32,9 +32,9 @@ class Sakura(Policy):
       tokens (their hidden state is kept), so it costs about what fetching nothing would have from there. It waits
       ``late_patience`` of that pass for the shard first (ski rental: short outages end by themselves; the drop's
       outage check counts it), but never past the edit's waiting allowance, ``stall_budget`` of the fetch-nothing
-      latency in all (after that, waiting only while it is predicted sooner, and never longer than the pass itself
-      costs: the prediction of a stuck transfer that had most of its bytes reads "almost done" for as long as the
-      link stays dead).
+      latency in all (after that, waiting only while it is predicted sooner; past what the pass itself costs, only
+      while bytes still arrive, predicted at the rate they arrive now: the prediction of a stuck transfer that had
+      most of its bytes reads "almost done" at any average rate for as long as the link stays dead).
     * Upgrades: once every shard the plan needs is requested, idle link time refines shards not used yet with the
       largest distortion drop per byte.
     """
@@ -57,6 +57,7 @@ class Sakura(Policy):
     def reset(self) -> None:
         self._plan: Plan | None = None
         self._late_since: dict[int, float] = {}
+        self._last_progress: tuple | None = None  # (now, received, size, requested at, rate since the ask before)
         self._cache: tuple | None = None
 
     def rate(self, ctx: Context) -> float | None:
@@ -223,6 +224,7 @@ class Sakura(Policy):
 
     def recompute_late(self, ctx: Context, layer: int) -> bool:
         since = self._late_since.setdefault(layer, ctx.now)
+        recent = self._recent_rate(ctx)  # at every ask: the rate is over the time since the previous one
         resume = ctx.resume_pass_s()  # the template pass resumes where this step's template was dropped
         # patience, but never past the edit's waiting allowance: giving up later than that could not keep the edit
         # within stall_budget of fetching nothing any more (the resumed pass costs what fetching nothing would)
@@ -233,12 +235,35 @@ class Sakura(Policy):
         patience = min(self.late_patience * resume, max(ctx.now - since + allowance - poll, 0.0))
         if ctx.now - since < patience:
             return False
-        if ctx.now - since >= resume:
-            return True  # ski rental: waited as long as the pass costs (a dead link then costs at most twice that)
-        snap = Snapshot(ctx, self.rate(ctx))
+        rate = self.rate(ctx)
+        if rate is not None and ctx.now - since >= resume:
+            # ski rental: waited as long as the pass costs; wait on only while bytes still arrive, predicted at the
+            # rate they arrive now (a transfer stuck with most of its bytes reads "almost done" at any average
+            # rate: a dead link then costs at most about twice the pass; a slow live one is waited on, as its
+            # bytes say when it ends)
+            if not recent:
+                return True
+            rate = min(rate, recent)
+        snap = Snapshot(ctx, rate)
         wait = snap.finish([snap.l0] * (snap.S - snap.cs), upto_step=snap.cs)
         recompute = ctx.now + resume + (ctx.layers_per_step - ctx.layer_of(layer)) * ctx.profile.layer_cached_s
         return recompute < wait
+
+    def _recent_rate(self, ctx: Context) -> float | None:
+        """Bytes/s the transfer in progress received since the previous ask (the runtime asks about a late shard
+        every cached-layer time; asks at one moment share the answer); its average at the first ask about it;
+        None without a report of it or at the first ask."""
+        prog, last = ctx.link_progress(), self._last_progress
+        if last is not None and ctx.now == last[0]:
+            return last[4]
+        recent = None
+        if prog is not None and last is not None:
+            if abs((ctx.now - prog[0]) - last[3]) > 1e-6 or prog[1] < last[1]:  # another transfer since
+                recent = prog[1] / max(prog[0] - ctx.rtt_s, 1e-3)
+            else:
+                recent = (prog[1] - last[1]) / (ctx.now - last[0])
+        self._last_progress = None if prog is None else (ctx.now, prog[1], prog[2], ctx.now - prog[0], recent)
+        return recent
 
     def upgrade(self, ctx: Context) -> tuple[int, int] | None:
         if ctx.per_step:  # never ahead of a shard the plan still needs

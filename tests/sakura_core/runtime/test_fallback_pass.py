@@ -90,3 +90,24 @@ def test_a_dead_link_is_waited_on_no_longer_than_the_fallback_pass_costs():
     assert waited <= p["end"] - p["start"] + PROFILE.layer_cached_s  # no longer than the pass, to a recheck
     on_device = simulate(make_policy("on-device"), Trace.constant(20), PROFILE, ladders, FLOORS)
     assert dead.latency_s < 1.25 * on_device.latency_s  # was 2.8x with the wait unbounded
+
+
+def test_a_slow_link_still_delivering_is_waited_on_past_what_the_pass_costs(monkeypatch):
+    # as above, but the link falls to 0.5 % of its rate instead of dying: the late transfer's bytes still arrive, at
+    # a rate that ends it before a template pass started then would; the rate since the last ask says so, and
+    # sakura waits past the pass's cost (ski rental with no report of progress would give up there)
+    from sakura_core.policy.sakura import Sakura
+
+    ladders = _ladders("per-step")
+    steady = simulate(make_policy("sakura"), Trace.constant(20), PROFILE, ladders, FLOORS)
+    slows = next(d for d in steady.decisions if d["level"] == "drop")["t"] + 1.0
+    trace = Trace("slows", [slows, 1e6], [20e6 / 8, 20e6 / 8 * 0.005])
+    slow = simulate(make_policy("sakura"), trace, PROFILE, ladders, FLOORS)
+    assert not [e for e in slow.events if str(e["level"]).startswith("fallback template pass")]
+    waited = max(e["end"] for e in slow.events if e["lane"] == "stall") - min(
+        e["start"] for e in slow.events if e["lane"] == "stall")  # fmt: skip
+    assert waited > PROFILE.template_pass_s  # past what the pass costs (step 1 fetched all: it resumes at layer 0)
+    monkeypatch.setattr(Sakura, "_recent_rate", lambda self, ctx: None)  # a link that reports no progress
+    capped = simulate(make_policy("sakura"), trace, PROFILE, ladders, FLOORS)
+    assert [e for e in capped.events if str(e["level"]).startswith("fallback template pass")]
+    assert slow.latency_s < 0.95 * capped.latency_s
