@@ -57,7 +57,7 @@ class Sakura(Policy):
     def reset(self) -> None:
         self._plan: Plan | None = None
         self._late_since: dict[int, float] = {}
-        self._last_progress: tuple | None = None  # (now, received, size, requested at, rate since the ask before)
+        self._last_progress: tuple | None = None  # (now, bytes received, requested at, rate since the ask before)
         self._cache: tuple | None = None
 
     def rate(self, ctx: Context) -> float | None:
@@ -255,14 +255,14 @@ class Sakura(Policy):
         None without a report of it or at the first ask."""
         prog, last = ctx.link_progress(), self._last_progress
         if last is not None and ctx.now == last[0]:
-            return last[4]
+            return last[3]
         recent = None
         if prog is not None and last is not None:
-            if abs((ctx.now - prog[0]) - last[3]) > 1e-6 or prog[1] < last[1]:  # another transfer since
+            if abs((ctx.now - prog[0]) - last[2]) > 1e-6 or prog[1] < last[1]:  # another transfer since
                 recent = prog[1] / max(prog[0] - ctx.rtt_s, 1e-3)
             else:
                 recent = (prog[1] - last[1]) / (ctx.now - last[0])
-        self._last_progress = None if prog is None else (ctx.now, prog[1], prog[2], ctx.now - prog[0], recent)
+        self._last_progress = None if prog is None else (ctx.now, prog[1], ctx.now - prog[0], recent)
         return recent
 
     def upgrade(self, ctx: Context) -> tuple[int, int] | None:
@@ -302,7 +302,7 @@ class Oracle(Sakura):
 
 def _probe_shard(ctx: Context, first: int, L: int) -> int:
     """The shard the per-step bandwidth probe fetches when the running step starts at shard ``first`` (see
-    :meth:`SakuraPolicy._probe_skips`): the next step's first shard with bytes if its floor is self-contained, else
+    :meth:`Sakura._probe_skips`): the next step's first shard with bytes if its floor is self-contained, else
     the running step's last shard with bytes after ``first``, else ``first``."""
     reuse, n = ctx.floor_reuses(), ctx.num_layers
     nxt = next((g for g in range(first + L, n) if not reuse[g]), None)
