@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 CEPH_BINARIES = ("monmaptool", "ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph")
 _SBIN = ("/usr/bin", "/usr/sbin")
+_CLI_TRIES = 4  # one try + 3 more after 0.5, 1 and 2 s
 
 _CONF = """\
 [global]
@@ -128,17 +129,33 @@ class RadosGateway:
         }
 
     # ---- start-up -------------------------------------------------------------------------------------------
-    def start(self) -> RadosGateway:
-        try:
-            self._step("config+mon", self._start_mon)
-            self._step("osd", self._start_osd)
-            self._step("rgw", self._start_rgw)
-            self._step("user", self._create_user)
-        except BaseException:
-            self.stop()
-            raise
+    def start(self, attempts: int = 2) -> RadosGateway:
+        """Start the cluster; a start that fails is stopped and made again from scratch (fresh folders, ports and
+        fsid) up to ``attempts`` times in all, each failure logged with its reason; the last one is raised."""
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once()
+                break
+            except RadosGatewayError as e:
+                self.stop()
+                if attempt == attempts:
+                    raise
+                logger.warning("radosgw start %d of %d failed, starting afresh: %s", attempt, attempts, e)
+                self.rgw_port = free_port()
+                self.timings_s = {}
+            except BaseException:
+                self.stop()
+                raise
         logger.info("radosgw up at %s in %.1f s (%s)", self.endpoint_url, sum(self.timings_s.values()), self.timings_s)
         return self
+
+    def _start_once(self) -> None:
+        self._step("config+mon", self._start_mon)
+        self._step("osd", self._start_osd)
+        self._step("rgw", self._start_rgw)
+        self._step("user", self._create_user)
 
     def _step(self, name: str, fn) -> None:
         t0 = time.monotonic()
@@ -207,14 +224,24 @@ class RadosGateway:
         return [_which(prog) or prog, "-c", str(self.conf), *args]
 
     def _run(self, prog: str, *args: str) -> str:
-        try:
-            out = subprocess.run(self._argv(prog, *args), capture_output=True, text=True, timeout=self.timeout_s,
-                                 stdin=subprocess.DEVNULL, cwd=self.dir)  # fmt: skip
-        except subprocess.TimeoutExpired as e:
-            raise RadosGatewayError(f"{prog} {' '.join(args[:3])} timed out after {self.timeout_s} s") from e
-        if out.returncode != 0:
-            raise RadosGatewayError(f"{prog} {' '.join(args)} failed ({out.returncode}): {out.stderr[-2000:]}")
-        return out.stdout
+        """Run one Ceph program to completion; its stdout. A ``ceph`` CLI command (idempotent: ``osd new`` with
+        the same uuid, ``crush add`` / ``move`` / ``add-bucket`` of what exists succeed again) that fails is tried
+        again up to ``_CLI_TRIES`` times in all: a fresh monitor has refused one now and then (EPERM getting the
+        command descriptions, seen once in CI). The last failure carries the monitor's log tail."""
+        tries = _CLI_TRIES if prog == "ceph" else 1
+        for attempt in range(1, tries + 1):
+            try:
+                out = subprocess.run(self._argv(prog, *args), capture_output=True, text=True, timeout=self.timeout_s,
+                                     stdin=subprocess.DEVNULL, cwd=self.dir)  # fmt: skip
+            except subprocess.TimeoutExpired as e:
+                raise RadosGatewayError(f"{prog} {' '.join(args[:3])} timed out after {self.timeout_s} s") from e
+            if out.returncode == 0:
+                return out.stdout
+            failure = f"{prog} {' '.join(args)} failed ({out.returncode}): {out.stderr[-2000:]}"
+            if attempt < tries:
+                logger.warning("%s; trying again (%d of %d)", failure.strip(), attempt + 1, tries)
+                time.sleep(0.5 * 2 ** (attempt - 1))
+        raise RadosGatewayError(f"{failure}\n{self.log_tail('mon')}")
 
     def _spawn(self, name: str, prog: str, *args: str) -> None:
         with open(self.dir / f"{name}.out", "wb") as log:  # the child keeps its own descriptor
