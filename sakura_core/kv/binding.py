@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from .codec_registry import get_codec
 from .container import ShardCorruptError, ShardHeader
+from .manifest_schema import DECODED_REF_MODES
+from .names import base_level_name
 
 __all__ = ["ShardBindingError", "ShardSlot", "check_shard_binding", "check_shard_geometry", "slot_from_manifest"]
 
@@ -64,8 +66,10 @@ def slot_from_manifest(manifest: dict, layer: int, rep: dict, step: int | None =
         if first <= layer <= last and shard.get("step") == step:
             codec = rep.get("codec") or manifest["codec"]
             ref = rep.get("ref")
-            reference = (ref["step"], ref["digest"]) if ref and ref.get("mode") == "residual" else None
-            return ShardSlot(manifest["template_id"], manifest["model_id"], (first, last), codec, rep["name"],
+            reference = (ref["step"], ref["digest"]) if ref and ref.get("mode") in DECODED_REF_MODES else None
+            # a closed-loop twin's blob is its level's (the reference it names tells it from the open-loop one)
+            return ShardSlot(manifest["template_id"], manifest["model_id"], (first, last), codec,
+                             base_level_name(rep["name"]),
                              token_grid=_grid(manifest.get("token_grid")), heads=manifest.get("heads"),
                              head_dim=manifest.get("head_dim"), step=step, reference=reference)  # fmt: skip
     at = "" if step is None else f" at step {step}"

@@ -31,9 +31,10 @@ Schema::
             "digest": sha256 hex of the blob (its name: GET /v1/shards/{digest}),
             "requires": [digests of the lower-level blobs this one refines, base first; [] for a base],
             "psnr_db": measured end-to-end PSNR of an edit with every shard at this level (optional),
-            "ref": per-step only, optional: {"mode": "residual" | "reuse", "step": r, "digest": fp16 digest of
-                   the shard (r, same layers)} — the shard that must be decoded first (a "reuse" representation:
-                   bytes 0, digest null, requires []; see manifest_schema.py)}
+            "ref": per-step only, optional: {"mode": "residual" | "reuse" | "closed", "step": r, "digest": fp16
+                   digest of the shard (r, same layers)} — the shard that must be decoded first (a "reuse"
+                   representation: bytes 0, digest null, requires []; a "closed" twin "<level>+cl": the digest of
+                   the one representation of that shard it decodes against; see manifest_schema.py)}
          ]}
       ]
     }

@@ -56,7 +56,7 @@ def check_steps_limit(steps: int) -> None:
 def check_value_limits(manifest: dict, header: dict) -> None:
     """Once the schema holds: each shard's K/V within the shard container's element limit, at most
     :data:`MAX_REPRESENTATIONS` representations of at most ``MAX_BLOB_BYTES`` each, the same ladder (level names)
-    in every shard (the blob-less reuse rung of cross-step steps aside), ``psnr_db`` (optional) a finite number, the template image at most :data:`MAX_IMAGE_BYTES`."""
+    in every shard (the blob-less reuse rung and the closed-loop twins of cross-step steps aside), ``psnr_db`` (optional) a finite number, the template image at most :data:`MAX_IMAGE_BYTES`."""
     rows, cols = header["token_grid"]
     per_layer = rows * cols * header["heads"] * header["head_dim"]
     ladder = None
@@ -69,8 +69,9 @@ def check_value_limits(manifest: dict, header: dict) -> None:
             w = f"shards[{i}].representations[{j}]"
             _at_most(f"{w}.bytes", rep["bytes"], MAX_BLOB_BYTES)
             _check_psnr(rep.get("psnr_db"), f"{w}.psnr_db")
-        # the ladder the runtime indexes; a cross-step "reuse the previous step" rung (no blob) exists from step 1 on
-        names = [rep["name"] for rep in reps if (rep.get("ref") or {}).get("mode") != "reuse"]
+        # the ladder the runtime indexes; a cross-step "reuse the previous step" rung (no blob) and the closed-loop
+        # twins (substituted for a level, no rung of their own) exist from step 1 on
+        names = [rep["name"] for rep in reps if (rep.get("ref") or {}).get("mode") not in ("reuse", "closed")]
         if ladder is None:
             ladder = names
         elif names != ladder:

@@ -6,6 +6,8 @@ Version 2 (issue 24, shard container format 2): a per-step representation may ca
 
     {"mode": "residual", "step": r, "digest": D}   # its blobs code KV_s - KV_r: decode = (r, layers) + this chain
     {"mode": "reuse",    "step": r, "digest": D}   # zero bytes, no blob: the KV is (r, layers)'s decoded KV
+    {"mode": "closed",   "step": r, "digest": T}   # a closed-loop twin "<level>+cl": KV_s - a * (r, layers)
+                                                   # decoded as the representation T (<level> or <level>+cl)
 
 ``r < s``; ``D``: the fp16 digest of shard (r, same layers), the exact KV the residual was computed against (any
 decoded representation of it serves as the reference). ``reuse``: ``bytes`` 0, ``digest`` null, ``requires`` [].
@@ -19,10 +21,12 @@ from typing import Any
 
 from ..models.kv_types import KV_MODES
 from ..models.ref_layout import MAX_REFERENCES, REF_TIME_OFFSET, grids_of
-from .names import MODEL_ID_RE, TEMPLATE_ID_FORM, is_digest, is_template_id
+from .names import CLOSED_SUFFIX, MODEL_ID_RE, TEMPLATE_ID_FORM, base_level_name, is_digest, is_template_id
 
 __all__ = [
     "MANIFEST_VERSION",
+    "CLOSED_REF_MODE",
+    "DECODED_REF_MODES",
     "REF_MODES",
     "ManifestError",
     "ModelMismatchError",
@@ -37,7 +41,11 @@ __all__ = [
 
 MANIFEST_VERSION = 2
 #: A representation's cross-step ``ref`` modes (per-step manifests only).
-REF_MODES = ("residual", "reuse")
+REF_MODES = ("residual", "reuse", "closed")  # closed: a twin coded against one representation (its digest)
+#: The ``ref`` modes whose blobs decode against the reference's KV (their headers name it).
+DECODED_REF_MODES = ("residual", "closed")
+#: A closed-loop twin's ``ref`` mode: it decodes against one representation of its reference (``ref.digest``).
+CLOSED_REF_MODE = "closed"
 
 
 class ManifestError(ValueError):
@@ -380,17 +388,44 @@ def _ref_mode(rep: Any, w: str, step: int | None) -> str | None:
     return ref["mode"]
 
 
+def _check_closed_ref(rep: dict, ref: dict, ref_name: str | None, ref_names: set[str], w: str, layers) -> None:
+    """A closed-loop twin (``ref.mode`` closed) is named ``<level>+cl`` and codes against its level's track: the
+    representation of the shard (ref step, same layers, whose names are ``ref_names``) named ``<level>+cl`` where
+    that shard has one, else ``<level>`` (step 0 roots the tracks)."""
+    name = rep["name"]
+    if not name.endswith(CLOSED_SUFFIX):
+        raise ManifestError(f"manifest field '{w}.name': a closed-loop representation is named '<level>"
+                            f"{CLOSED_SUFFIX}', got {name!r}")  # fmt: skip
+    want = name if name in ref_names else base_level_name(name)
+    if ref_name != want:
+        raise ManifestError(
+            f"manifest field '{w}.ref' names {ref['digest'][:12]}…, which is not {want} (the track of "
+            f"{base_level_name(name)}) of step {ref['step']} layers {layers}"
+            + ("" if ref_name is None else f" but {ref_name}")
+        )
+
+
 def _check_references(shards: list[dict]) -> None:
-    """Every ``ref`` names the fp16 representation of the shard (ref step, same layers) of this manifest."""
-    exact = {}
+    """Every ``ref`` names the fp16 representation of the shard (ref step, same layers) of this manifest — a
+    closed-loop twin's names its level's track representation there (:func:`_check_closed_ref`)."""
+    exact, named, names = {}, {}, {}
     for sh in shards:
+        at = (sh["step"], tuple(sh["layers"]))
+        names[at] = {rep["name"] for rep in sh["representations"]}
         for rep in sh["representations"]:
             if rep.get("codec") == "fp16" and rep.get("ref") is None:
-                exact[(sh["step"], tuple(sh["layers"]))] = rep["digest"]
+                exact[at] = rep["digest"]
+            if rep.get("digest") is not None:
+                named[(*at, rep["digest"])] = rep["name"]
     for i, sh in enumerate(shards):
         for j, rep in enumerate(sh["representations"]):
             ref = rep.get("ref")
             if ref is None:
+                continue
+            if ref["mode"] == CLOSED_REF_MODE:
+                at = (ref["step"], tuple(sh["layers"]))
+                _check_closed_ref(rep, ref, named.get((*at, ref["digest"])), names.get(at, set()),
+                                  f"shards[{i}].representations[{j}]", sh["layers"])  # fmt: skip
                 continue
             want = exact.get((ref["step"], tuple(sh["layers"])))
             if want != ref["digest"]:

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DIGEST_RE", "MODEL_ID_RE", "TEMPLATE_ID_FORM", "TEMPLATE_ID_RE", "is_digest", "is_template_id"]
+__all__ = [
+    "CLOSED_SUFFIX",
+    "DIGEST_RE",
+    "MODEL_ID_RE",
+    "TEMPLATE_ID_FORM",
+    "TEMPLATE_ID_RE",
+    "base_level_name",
+    "closed_name",
+    "is_digest",
+    "is_template_id",
+]
 
 #: What a template id looks like, as the messages say it.
 TEMPLATE_ID_FORM = "[a-z0-9-]{1,64}"
@@ -25,3 +35,18 @@ def is_template_id(value: object) -> bool:
 def is_digest(value: object) -> bool:
     """True when ``value`` is 64 lowercase hex characters."""
     return isinstance(value, str) and DIGEST_RE.fullmatch(value) is not None
+
+
+#: A closed-loop twin's name is its level's name plus this (``sakura-l2+cl``; see
+#: :mod:`sakura_core.precompute.cross_step`).
+CLOSED_SUFFIX = "+cl"
+
+
+def closed_name(name: str) -> str:
+    """The closed-loop twin's name of level ``name``."""
+    return name + CLOSED_SUFFIX
+
+
+def base_level_name(name: str) -> str:
+    """The level a twin's name belongs to (``sakura-l2+cl`` -> ``sakura-l2``); any other name unchanged."""
+    return name[: -len(CLOSED_SUFFIX)] if name.endswith(CLOSED_SUFFIX) else name

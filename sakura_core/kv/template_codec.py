@@ -11,6 +11,7 @@ import torch
 from ..models.kv_types import PerStepTemplateKV, TemplateKV
 from .chain import DecodedReference, decode_chain
 from .codec_registry import ShardInput, ShardMeta, get_codec
+from .names import base_level_name
 
 __all__ = [
     "ImportanceWeights",
@@ -132,15 +133,14 @@ def decode_per_step(shards: list[dict], blobs: dict[str, bytes], name: str, step
     """Every step of a per-step template decoded at the representation called ``name`` (float32, (steps, layers, 2,
     tokens, heads, head_dim)), following cross-step references: a residual adds the decoded reference shard (at the
     same name), a ``reuse`` representation takes it whole. ``name == "reuse"``: step 0 exact (fp16), every later step
-    reuses the one before it. ``shards``: the manifest's, step-major."""
+    reuses the one before it; a closed-loop twin's name (``sakura-l2+cl``): step 0 at its level, then the twins. ``shards``: the manifest's, step-major."""
     decoded: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (step, first layer) -> fp16 K, V
-    exact = {(sh["step"], sh["layers"][0]): _exact_digest(sh) for sh in shards}
     out = []
     for s in range(steps):
         parts = []
         for sh in (x for x in shards if x["step"] == s):
             first = sh["layers"][0]
-            want = "fp16" if (name == "reuse" and s == 0) else name
+            want = "fp16" if (name == "reuse" and s == 0) else (base_level_name(name) if s == 0 else name)
             rep = next(r for r in sh["representations"] if r["name"] == want)
             ref = rep.get("ref")
             if ref is not None and ref["mode"] == "reuse":
@@ -149,17 +149,12 @@ def decode_per_step(shards: list[dict], blobs: dict[str, bytes], name: str, step
                 reference = None
                 if ref is not None:  # a residual: the reference shard is decoded first (earlier step)
                     rk, rv = decoded[(ref["step"], first)]
-                    reference = DecodedReference(ref["step"], exact[(ref["step"], first)], rk, rv)
+                    reference = DecodedReference(ref["step"], ref["digest"], rk, rv)
                 _, k, v = decode_chain([blobs[d] for d in [*rep.get("requires", []), rep["digest"]]], reference)
             decoded[(s, first)] = (k, v)
             parts.append(torch.stack([torch.from_numpy(k), torch.from_numpy(v)], dim=1).float())
         out.append(torch.cat(parts))  # (layers, 2, tokens, heads, head_dim)
     return torch.stack(out)
-
-
-def _exact_digest(shard: dict) -> str | None:
-    """Digest of a shard entry's self-contained fp16 representation (its identity as a cross-step reference)."""
-    return next((r["digest"] for r in shard["representations"] if r.get("codec") == "fp16" and not r.get("ref")), None)
 
 
 def decode_template(manifest: dict, blobs: dict[str, bytes], name: str) -> TemplateKV | PerStepTemplateKV:

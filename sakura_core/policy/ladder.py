@@ -3,9 +3,12 @@ manifest (live) or from codec measurements (simulation)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-__all__ = ["Level", "ladders_from_manifest", "levels_from", "shard_floor"]
+from ..kv.manifest_schema import CLOSED_REF_MODE
+from ..kv.names import base_level_name
+
+__all__ = ["Level", "ladders_from_manifest", "levels_from", "shard_floor", "twin_applies"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,10 @@ class Level:
             device) before this level decodes; ``None`` for a self-contained level.
         reuse: the zero-byte ``reuse`` rung of a cross-step template: nothing is fetched or decoded, the KV is the
             reference's (``ref_step``, same layer) as the device holds it (``nbytes`` 0; needs ``ref_step``).
+        closed: the level's closed-loop twin (cross-step templates, steps >= 1): fetched instead of this level when
+            the device holds the reference shard (``ref_step``, same layer) at this level's track — the same level
+            index there, and for a step >= 1 reference its twin (:func:`twin_applies`); its own bytes, decode time
+            and MSE share. ``None``: no twin.
     """
 
     name: str
@@ -33,11 +40,22 @@ class Level:
     progressive: bool = False
     ref_step: int | None = None
     reuse: bool = False
+    closed: Level | None = None
 
     def __post_init__(self) -> None:
         if self.reuse and (self.ref_step is None or self.nbytes != 0):
             raise ValueError(f"level {self.name}: a reuse rung fetches nothing (nbytes 0, got {self.nbytes}) and names "
                              f"the step it reuses (ref_step, got {self.ref_step})")  # fmt: skip
+
+
+def twin_applies(level: Level, ref_held: tuple[int, bool] | None, index: int) -> bool:
+    """Whether level ``index`` of a shard is fetched as its closed-loop twin: it has one, and the device holds its
+    reference shard as ``ref_held`` = (level index held, whether that was the twin) at the same index — the twin
+    itself for a step >= 1 reference, the level itself at step 0 (the tracks' root: ``ref_step`` 0)."""
+    if level.closed is None or ref_held is None:
+        return False
+    held_index, held_twin = ref_held
+    return held_index == index and (held_twin or level.ref_step == 0)
 
 
 def shard_floor(floor, g: int) -> int:
@@ -76,8 +94,13 @@ def ladders_from_manifest(
         g = shard["step"] * L + first if per_step else first
         if first != last:
             raise ValueError(f"the live runtime fetches one layer per shard; shard {first}-{last} groups layers")
-        # a zero-byte "reuse" rung (cross-step templates) is not a fetchable level: it is not in the index ladder
-        reps = [r for r in shard["representations"] if (r.get("ref") or {}).get("mode") != "reuse"]
+        # a zero-byte "reuse" rung (cross-step templates) is not a fetchable level: it is not in the index ladder;
+        # a closed-loop twin goes with its level (Level.closed, the rep's "closed_twin")
+        twins = {base_level_name(r["name"]): r for r in shard["representations"]
+                 if (r.get("ref") or {}).get("mode") == CLOSED_REF_MODE}  # fmt: skip
+        reps = [
+            r for r in shard["representations"] if (r.get("ref") or {}).get("mode") not in ("reuse", CLOSED_REF_MODE)
+        ]
         reps = sorted(reps, key=lambda r: (r["name"] == "fp16", r["level"]))
         rows, cols = manifest["token_grid"]
         # what every level decodes to: K and V of this shard's layers in fp16, whatever the level's size on the wire
@@ -104,6 +127,7 @@ def ladders_from_manifest(
                 )
             )
             prev_bytes = chain_bytes
+        levels, reps = _with_twins(levels, reps, twins, fp16_bytes / decode_bytes_per_s, n, level_psnr_db)
         if ladders[g] is not None:
             raise ValueError(f"manifest has two shards for {_slot(g, L, per_step)}")
         ladders[g], reps_out[g] = levels, reps
@@ -113,6 +137,24 @@ def ladders_from_manifest(
     if missing:
         raise ValueError(f"manifest lacks shards for {', '.join(_slot(g, L, True) for g in missing)}")
     return ladders, reps_out
+
+
+def _with_twins(levels, reps, twins: dict[str, dict], decode_s: float, n: int, level_psnr_db):
+    """``levels`` with each level's closed-loop twin as ``Level.closed``, and ``reps`` as copies carrying the twin's
+    manifest entry (``closed_twin``): what the fetch lane substitutes."""
+    if not twins:
+        return levels, reps
+    out_levels, out_reps = [], []
+    for lv, r in zip(levels, reps, strict=True):
+        twin = twins.get(lv.name)
+        if twin is not None:
+            psnr = (level_psnr_db or {}).get(twin["name"], twin.get("psnr_db"))
+            mse = 4 * 10 ** (-psnr / 10) / n if psnr is not None else float(twin["distortion"]) ** 2 / n
+            closed = Level(twin["name"], twin["bytes"], twin["bytes"], decode_s, mse, ref_step=twin["ref"]["step"])
+            lv, r = replace(lv, closed=closed), {**r, "closed_twin": twin}
+        out_levels.append(lv)
+        out_reps.append(r)
+    return out_levels, out_reps
 
 
 def _slot(g: int, L: int, per_step: bool) -> str:

@@ -22,7 +22,7 @@ from ..models.edit_model import EditModel, load_image
 from ..models.kv_types import KV_MODES, PerStepTemplateKV, TemplateKV
 from ..models.ref_layout import REF_TIME_OFFSET, as_references
 from .attention_capture import capture_attention
-from .cross_step import REUSE, StepBase, encode_residual_step, reuse_representation
+from .cross_step import StepBase, encode_residual_step, reuse_representation
 from .importance import attention_error, importance_from_captures, layer_gains
 from .probes import ProbeConfig, make_probes
 
@@ -186,6 +186,7 @@ class _StepEncoder:
                                            self.blobs, self.report, s if per_step else None, base)  # fmt: skip
                 if base is not None:
                     base.exact_digest = {sh["layers"][0]: _fp16_digest(sh) for sh in step_shards}
+                    base.start_track(step_shards)
             shards += [{"step": s, **sh} for sh in step_shards] if per_step else step_shards
         return shards
 
@@ -336,8 +337,7 @@ def _add_output_psnr(
     mode = "per-step" if isinstance(kv, PerStepTemplateKV) else "single"
     run = dict(steps=steps, seed=seed, shift=shift, kv_mode=mode)
     exact = _output_pixels(model, run_edit(model, user, prompt, kv_source=kv, **run).tokens)
-    names = [r["name"] for r in shards[0]["representations"]]
-    names += [REUSE] if any(r["name"] == REUSE for sh in shards for r in sh["representations"]) else []
+    names = list(dict.fromkeys(r["name"] for sh in shards for r in sh["representations"]))  # step 0's first
     for i, name in enumerate(names):
         report("psnr", i, len(names))
         approx = _decode_level(kv, shards, blobs, name)

@@ -139,7 +139,7 @@ class ComputeLane:
             self.levels_used.setdefault(shard.g, []).append("device")
             return k, v
         k, v, level = held.fetched(shard)
-        self.levels_used.setdefault(shard.g, []).append(self.ladders[shard.g][level].name)
+        self.levels_used.setdefault(shard.g, []).append(held.source_name(shard) or self.ladders[shard.g][level].name)
         return k.unsqueeze(0), v.unsqueeze(0)
 
     def close_span(self, end: float) -> None:

@@ -95,8 +95,11 @@ class DecodeLane:
             dec = ChainDecoder()
         # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not): each
         # blob's header is checked against the slot's geometry before it is decompressed, the top one's level after
-        slot = slot_from_manifest(self.manifest, shard.layer, self.reps[shard.g][level],
-                                  shard.step if self.per_step else None)  # fmt: skip
+        rep = self.reps[shard.g][level]
+        twin = rep.get("closed_twin")
+        if twin is not None and digests[-1] == twin["digest"]:  # the level's closed-loop twin, fetched in its place
+            rep = twin
+        slot = slot_from_manifest(self.manifest, shard.layer, rep, shard.step if self.per_step else None)
         for blob in blobs:  # on an error the half-advanced decoder stays dropped (popped above)
             dec.push(blob, lambda header: check_shard_geometry(header, slot))
         check_shard_binding(dec.header, slot)
@@ -105,7 +108,7 @@ class DecodeLane:
         k, v = dec.tensors()
         with self._lock:
             self.decoders[shard] = (list(digests), dec)
-        self.log.event("decode", t0, self.st.now, shard.g, self.ladders[shard.g][level].name)
+        self.log.event("decode", t0, self.st.now, shard.g, rep["name"])
         return k, v
 
     def forget(self, shard: ShardId) -> None:

@@ -6,7 +6,8 @@ later shards and while the link would idle, until the compute lane reaches it; t
 idle link. The same protocol as the simulator's (:mod:`sakura_core.runtime.simulate`). A failed shard is retried
 at the floor level, then left to the device (the compute lane runs a template pass for it). A cross-step residual
 whose reference the device does not hold (:meth:`~sakura_core.runtime.held_kv.HeldKV.reference_for`) is not
-fetched: its self-contained exact level is, and the report says so.
+fetched: its self-contained exact level is, and the report says so. A level whose closed-loop twin's reference the
+device holds (:meth:`~sakura_core.runtime.held_kv.HeldKV.closed_twin`) is fetched as that twin.
 
 The lane owns what it fetched (``bytes_fetched``), the shards deferred, and the fetches the compute lane asked for;
 it writes the link's part of the live state (``next_layer``, ``in_flight``, ``got``, ``receiving``, ...), decodes
@@ -290,6 +291,10 @@ class FetchLane:
         digests = [*rep.get("requires", []), rep["digest"]]
         name = self.ladders[g][level].name
         start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
+        twin = None if start else self.held.closed_twin(shard, rep)
+        if twin is not None:  # the device holds this level's track of the reference: the closed-loop twin serves
+            rep, name, digests = twin, twin["name"], [twin["digest"]]
+            by_digest[twin["digest"]] = twin
         try:
             reference = self.held.reference_for(shard, rep)  # a residual whose reference the device lacks: not fetched
         except MissingReferenceError:
@@ -310,7 +315,7 @@ class FetchLane:
             self.log.decision(st.now, g, level, f"{name} not decoded: the compute lane served the shard meanwhile")
             return
         k, v = kv
-        if not self.held.publish(shard, k[0], v[0], level):
+        if not self.held.publish(shard, k[0], v[0], level, digests[-1], name):
             self.decoder.forget(shard)  # used already (per-step): a late upgrade is not kept
         with st.lock:
             st.got.setdefault(g, []).append((level, st.now))

@@ -10,7 +10,8 @@ fetch lane writes from the event loop, the compute lane from its thread.
 
 Cross-step templates: a residual level of shard (s, layer) decodes against the KV the device holds of its reference
 shard (s', layer) — decoded at any level, or computed here (a fallback pass, or the template layers the device ran at
-step s': :meth:`keep_references`). :meth:`reference_for` gives it (or raises
+step s': :meth:`keep_references`); a closed-loop twin only against the one representation it names (``source``
+records which representation each fetched KV was decoded from; :meth:`closed_twin`). :meth:`reference_for` gives it (or raises
 :class:`~sakura_core.kv.chain.MissingReferenceError`); a passed shard stays held only while a shard that may still be
 fetched at a residual level against it is not decoded (:meth:`release_before`).
 """
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from ..kv.chain import DecodedReference, MissingReferenceError
+from ..kv.manifest_schema import CLOSED_REF_MODE, DECODED_REF_MODES
 from ..policy.ladder import Level
 from .shard_index import ShardGrid, ShardId
 
@@ -51,6 +53,8 @@ class HeldKV:
 
     def reset(self) -> None:
         self.kv: dict[ShardId, tuple[torch.Tensor, torch.Tensor, int]] = {}  # fetched: (k, v, level)
+        # fetched: (digest, name) of the representation the KV was decoded from (the last blob of its chain)
+        self.source: dict[ShardId, tuple[str | None, str | None]] = {}
         self.device_kv: dict[ShardId, KV] = {}  # computed here after a failed or late shard
         self.ready = {shard: threading.Event() for shard in self.grid}
         self.failed: set[ShardId] = set()
@@ -61,15 +65,18 @@ class HeldKV:
 
     # ---- the fetch lane's side
 
-    def publish(self, shard: ShardId, k: torch.Tensor, v: torch.Tensor, level: int) -> bool:
-        """Keep ``shard``'s decoded KV at ``level`` unless a finer level is held; False when the compute lane has
-        passed the shard already (per-step: a late upgrade is not kept). Does not set ``ready``."""
+    def publish(self, shard: ShardId, k: torch.Tensor, v: torch.Tensor, level: int, digest: str | None = None,
+                name: str | None = None) -> bool:  # fmt: skip
+        """Keep ``shard``'s decoded KV at ``level`` (decoded from the representation ``digest`` called ``name``:
+        the last blob of its chain) unless a finer level is held; False when the compute lane has passed the shard
+        already (per-step: a late upgrade is not kept). Does not set ``ready``."""
         with self.lock:
             if shard.g < self.released_below:
                 return False
             old = self.kv.get(shard)
             if old is None or old[2] < level:
                 self.kv[shard] = (k, v, level)
+                self.source[shard] = (digest, name)
                 self.shard_kv_nbytes = k.nbytes + v.nbytes
                 self._count(added=(k, v), removed=old[:2] if old is not None else ())
             return True
@@ -137,6 +144,7 @@ class HeldKV:
                     continue
                 self.kept.discard(shard)
                 entry, own = self.kv.pop(shard, None), self.device_kv.pop(shard, None)
+                self.source.pop(shard, None)
                 self._count(removed=(*(entry[:2] if entry else ()), *(own or ())))
             return range(lo, g)
 
@@ -159,20 +167,45 @@ class HeldKV:
         self-contained one; the KV held of its reference shard (fetched at any level, or the device's own) for a
         cross-step residual. Raises MissingReferenceError when the device holds none."""
         ref = rep.get("ref")
-        if ref is None or ref.get("mode") != "residual":
+        if ref is None or ref.get("mode") not in DECODED_REF_MODES:
             return None
         ref_shard = self.grid.at(ref["step"], shard.layer)
         with self.lock:
             entry = self.kv.get(ref_shard)
             kv = entry[:2] if entry is not None else self.device_kv.get(ref_shard)
+            source = self.source.get(ref_shard, (None, None))[0] if entry is not None else None
         if kv is None:
             raise MissingReferenceError(
                 f"its level {rep['name']} is coded against step {ref['step']} layer {shard.layer}, which the device "
                 "does not hold (not fetched, or freed)"
             )
+        if ref["mode"] == CLOSED_REF_MODE and source != ref["digest"]:
+            raise MissingReferenceError(
+                f"its closed-loop level {rep['name']} is coded against one representation of step {ref['step']} "
+                f"layer {shard.layer} ({ref['digest'][:12]}…); the device holds "
+                + ("its own KV of it" if source is None else f"another ({source[:12]}…)")
+            )
         # (1, ref_tokens, heads, head_dim) float16: the shard's one layer, as the codec decodes it
         k, v = (np.ascontiguousarray(t.detach().to(torch.float16).reshape(1, *t.shape[-3:]).numpy()) for t in kv)
         return DecodedReference(ref["step"], ref["digest"], k, v)
+
+    def closed_twin(self, shard: ShardId, rep: dict) -> dict | None:
+        """The closed-loop twin of representation ``rep`` of ``shard`` (``rep["closed_twin"]``, from
+        :func:`~sakura_core.policy.ladder.ladders_from_manifest`) when the device holds the one representation of
+        its reference it is coded against — then it replaces ``rep`` (fewer bytes, no error carried over); else
+        None."""
+        twin = rep.get("closed_twin")
+        if twin is None:
+            return None
+        ref = twin["ref"]
+        with self.lock:
+            ref_shard = self.grid.at(ref["step"], shard.layer)
+            return twin if ref_shard in self.kv and self.source.get(ref_shard, (None,))[0] == ref["digest"] else None
+
+    def source_name(self, shard: ShardId) -> str | None:
+        """The name of the representation ``shard``'s fetched KV was decoded from (None: not said)."""
+        with self.lock:
+            return self.source.get(shard, (None, None))[1]
 
     def _referenced(self, shard: ShardId) -> bool:
         """``shard`` is the reference of a shard the compute lane has not passed, not decoded and not given up on

@@ -104,7 +104,11 @@ def test_residual_levels_decode_against_the_previous_steps_kv(setup):
     model, tpl, usr, pre, _ = setup
     rep = _run(setup, _Levels(1, [0] * STEPS))
     assert not rep.fallbacks, rep.fallbacks
-    kv = decode_template(pre.manifest, pre.blobs, "sakura-l1")  # step 1 = step 0 decoded + its residual
+    # every layer kept at one level: each later step is fetched as the level's closed-loop twin, decoded against
+    # the step before it as the device holds it (step 0's level, then the twins)
+    L = model.adapter.num_layers
+    assert {tuple(v) for g, v in rep.levels_used.items() if g >= L} == {("sakura-l1+cl",)}
+    kv = decode_template(pre.manifest, pre.blobs, "sakura-l1+cl")
     expected = run_edit(model, usr, "p", steps=STEPS, kv_source=kv, kv_mode="per-step")
     assert (rep.tokens - expected.tokens).abs().max() <= 1e-5
 
@@ -152,6 +156,8 @@ def test_a_residual_whose_manifest_names_another_reference_falls_back_and_the_re
     for r in sh["representations"]:
         if (r.get("ref") or {}).get("mode") == "residual":
             r["ref"]["digest"] = _rep(pre, 0, 3, "fp16")["digest"]  # layer 3's: a mixed-up manifest
+        if (r.get("ref") or {}).get("mode") == "closed":  # its twins' too (else a twin serves: see below)
+            r["ref"]["digest"] = _rep(pre, 0, 3, r["name"].removesuffix("+cl"))["digest"]
     plan = plan_fetch(manifest, "sakura")
 
     async def fetch_blob(digest, nbytes):
