@@ -51,9 +51,10 @@ def cross_step_sakura(lad, geometry: DitGeometry, data: dict | None = None) -> t
     (default: the one shipped in ``per_step_ladders.json``; cross-step coded per-step KV: step s's bytes and the PSNR
     of every level), each level's decode time from ``lad`` (the geometry's
     :class:`~sakura_core.runtime.sim_ladders.ShardLadders`: its sakura family at the same level name); and the floor
-    (cheapest level with PSNR >= 35 dB) — one per shard when the zero-byte reuse rung reaches it too (steps >= 1 then
+    (cheapest level with PSNR >= 35 dB on its track: its closed-loop twins' PSNR where it has them) — one per shard when the zero-byte reuse rung reaches it too (steps >= 1 then
     start with that rung, their floor)."""
-    from .per_step_ladders import load, per_step_ladders, reuse_eligible, reuse_floors
+    from ..policy.ladder import with_track_floor
+    from .per_step_ladders import load, per_step_ladders, reuse_eligible, reuse_floors, track_psnr_db
 
     data = load() if data is None else data
     if data["steps"] != geometry.steps:
@@ -66,7 +67,10 @@ def cross_step_sakura(lad, geometry: DitGeometry, data: dict | None = None) -> t
         raise ValueError(f"per_step_ladders.json names levels {missing} the {lad.geometry} ladders do not have "
                          f"({list(fam.levels)}): re-measure the ladders (delete the file) or per_step_ladders.json")  # fmt: skip
     ladders = per_step_ladders(data, geometry.shard_bytes_fp16, geometry.layers, speed, PSNR_TARGET_DB)
-    floor = quality_floor([lv["psnr_db"] for lv in data["levels"]], PSNR_TARGET_DB)
+    floor = quality_floor([track_psnr_db(lv) for lv in data["levels"]], PSNR_TARGET_DB)
+    open_floor = quality_floor([lv["psnr_db"] for lv in data["levels"]], PSNR_TARGET_DB)
+    if open_floor > floor:  # off its track a level below the open-loop floor is fetched at that floor
+        ladders = with_track_floor(ladders, data["levels"][open_floor]["name"])
     if reuse_eligible(data, PSNR_TARGET_DB):
         return ladders, reuse_floors(data, geometry.layers, floor)
     return ladders, floor

@@ -9,7 +9,8 @@ per-step --steps S`` on the trained demo model; its ``source`` says which) in th
         "psnr_db": end-to-end PSNR of the edit with every (step, layer) at this level,
         "ratio_vs_fp16": [r_0, ..., r_{S-1}],      # per step: fp16 bytes of a step / bytes of its level-j chain
         "increment_ratio": [...],                  # per step: fp16 bytes / bytes of this level's own blob
-        "ref_step": [null, 0, 1, ...]}],           # per step: the step it is decoded against (null: none)
+        "ref_step": [null, 0, 1, ...],             # per step: the step it is decoded against (null: none)
+        "closed": {"psnr_db": ..., "ratio_vs_fp16": [null, r_1, ...]}}],  # its closed-loop twins (optional)
      "reuse": {"psnr_db": ..., "ref_step": [null, 0, 1, ...]}}   # the zero-byte rung of steps >= 1 (or null)
 
 A shard of step s at level j costs ``shard_fp16 / ratio_vs_fp16[s][j]`` bytes from nothing; upgrading it from level
@@ -17,7 +18,10 @@ j-1 costs ``shard_fp16 / increment_ratio[s][j]``; when ``ref_step[s]`` is set, i
 of that step is decoded (or computed) on the device, so its chain costs that shard's decode first
 (:func:`per_step_ladders` sets ``Level.ref_step``). The zero-byte ``reuse`` rung (step s-1's KV of the layer as it
 is) joins the ladders of steps >= 1 as their first level when its PSNR reaches the floor a caller names
-(``reuse_floor_db``); those shards' floor is then that rung (:func:`reuse_floors`). :func:`from_manifest` makes the
+(``reuse_floor_db``); a level's closed-loop twins (``closed``: steps >= 1, fetched instead of the level when the
+layer stays on the level's track, PSNR measured with step 0 at the level and every later step its twin) become
+``Level.closed``; the floor is then chosen on the track's PSNR (:func:`track_psnr_db`). With the reuse rung in,
+those shards' floor is that rung (:func:`reuse_floors`). :func:`from_manifest` makes the
 data from a per-step manifest.
 """
 
@@ -26,9 +30,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..kv.names import closed_name
 from ..policy.ladder import Level
 
-__all__ = ["DATA_PATH", "from_manifest", "load", "per_step_ladders", "reuse_eligible", "reuse_floors"]
+__all__ = [
+    "DATA_PATH",
+    "from_manifest",
+    "load",
+    "per_step_ladders",
+    "reuse_eligible",
+    "reuse_floors",
+    "track_psnr_db",
+]
 
 DATA_PATH = Path(__file__).with_name("per_step_ladders.json")
 
@@ -44,7 +57,8 @@ def from_manifest(manifest: dict, source: dict | None = None) -> dict:
         for r in sh["representations"]:
             by.setdefault(r["name"], {}).setdefault(sh["step"], []).append(r)
     names = sorted(
-        (n for n in by if n != "reuse"), key=lambda n: (n == "fp16", sum(r["total_bytes"] for r in by[n][0]))
+        (n for n in by if n != "reuse" and 0 in by[n]),
+        key=lambda n: (n == "fp16", sum(r["total_bytes"] for r in by[n][0])),
     )
     levels = []
     for n in names:
@@ -56,6 +70,13 @@ def from_manifest(manifest: dict, source: dict | None = None) -> dict:
             "increment_ratio": [round(len(p) * fp16 / sum(r["bytes"] for r in p), 4) for p in per],
             "ref_step": [(p[0].get("ref") or {}).get("step") for p in per],
         })  # fmt: skip
+        twin = by.get(closed_name(n))
+        if twin:  # steps >= 1 only (step 0 roots the track)
+            levels[-1]["closed"] = {
+                "psnr_db": twin[1][0].get("psnr_db"),
+                "ratio_vs_fp16": [None] + [round(len(twin[s]) * fp16 / sum(r["bytes"] for r in twin[s]), 4)
+                                           for s in range(1, steps)],
+            }  # fmt: skip
     reuse = by.get("reuse")
     return {
         "steps": steps,
@@ -67,6 +88,24 @@ def from_manifest(manifest: dict, source: dict | None = None) -> dict:
             "ref_step": [None] + [reuse[s][0]["ref"]["step"] for s in range(1, steps)],
         },
     }  # fmt: skip
+
+
+def _twin(lv: dict, s: int, shard_fp16_bytes: int, decode_s: float, n: int) -> Level | None:
+    """The closed-loop twin of level ``lv`` at step ``s`` (None at step 0, or without one): its bytes, the level's
+    decode time, an MSE share from the twin track's PSNR (step 0 at the level, every later step its twin)."""
+    twin = lv.get("closed")
+    if not twin or s == 0 or twin.get("psnr_db") is None:
+        return None
+    nbytes = int(round(shard_fp16_bytes / twin["ratio_vs_fp16"][s]))
+    return Level(closed_name(lv["name"]), nbytes, nbytes, decode_s, 4 * 10 ** (-twin["psnr_db"] / 10) / n,
+                 ref_step=lv["ref_step"][s])  # fmt: skip
+
+
+def track_psnr_db(lv: dict) -> float:
+    """A level's PSNR on its track: its closed-loop twins' when it has them (a layer kept at the level), else its
+    own (the open loop)."""
+    twin = lv.get("closed")
+    return twin["psnr_db"] if twin and twin.get("psnr_db") is not None else lv["psnr_db"]
 
 
 def load(path: Path | str = DATA_PATH) -> dict:
@@ -107,15 +146,17 @@ def per_step_ladders(data: dict, shard_fp16_bytes: int, layers: int, decode_byte
             nbytes = int(round(shard_fp16_bytes / lv["ratio_vs_fp16"][s]))
             inc = int(round(shard_fp16_bytes / lv["increment_ratio"][s]))
             prog = lv["name"] != "fp16" and nbytes > prev and inc < nbytes
+            decode_s = shard_fp16_bytes / decode_bytes_per_s[lv["name"]]
             ladder.append(
                 Level(
                     name=lv["name"],
                     nbytes=nbytes,
                     increment_bytes=inc if prog else nbytes,
-                    decode_s=shard_fp16_bytes / decode_bytes_per_s[lv["name"]],
+                    decode_s=decode_s,
                     mse=4 * 10 ** (-lv["psnr_db"] / 10) / n,
                     progressive=prog,
                     ref_step=lv["ref_step"][s],
+                    closed=_twin(lv, s, shard_fp16_bytes, decode_s, n),
                 )
             )
             prev = nbytes

@@ -204,7 +204,9 @@ class Context:
         if self._floor_arrays is None:
             fl, lads = self._s.floor, self._s.ladders
             floor = [lad[shard_floor(fl, g)] for g, lad in enumerate(lads)]
-            nb, dec = (np.array([getattr(lv, a) for lv in floor], dtype=float) for a in ("nbytes", "decode_s"))
+            nb, dec = (
+                np.array([getattr(lv, a) for lv in floor], dtype=float) for a in ("expected_nbytes", "decode_s")
+            )
             reuse = np.array([lv.reuse for lv in floor], dtype=bool)
             nb.flags.writeable = dec.flags.writeable = reuse.flags.writeable = False
             self._floor_arrays, self._floor_reuse = (nb, dec), reuse
@@ -384,7 +386,7 @@ class Context:
 
     def predict_ready(self, layer: int, level: Level, rate: float | None) -> float:
         """When ``level`` of shard ``layer`` would be decoded if requested as soon as the link is free (seconds)."""
-        arrive = self.transfer_end(max(self._s.link_free, self._s.now), level.nbytes, rate)
+        arrive = self.transfer_end(max(self._s.link_free, self._s.now), level.expected_nbytes, rate)
         return max(arrive, self._s.decoder_free) + level.decode_s
 
     def template_eta(self, layer: int) -> float:

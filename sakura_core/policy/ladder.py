@@ -8,7 +8,15 @@ from dataclasses import dataclass, replace
 from ..kv.manifest_schema import CLOSED_REF_MODE
 from ..kv.names import base_level_name
 
-__all__ = ["Level", "ladders_from_manifest", "levels_from", "shard_floor", "twin_applies"]
+__all__ = [
+    "Level",
+    "fetch_as",
+    "ladders_from_manifest",
+    "levels_from",
+    "shard_floor",
+    "twin_applies",
+    "with_track_floor",
+]
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,9 @@ class Level:
             the device holds the reference shard (``ref_step``, same layer) at this level's track — the same level
             index there, and for a step >= 1 reference its twin (:func:`twin_applies`); its own bytes, decode time
             and MSE share. ``None``: no twin.
+        off_track: the ladder index fetched instead of this level when its twin does not apply, because this
+            level's own (open-loop) quality is below the floor's target (the floor is chosen on the twins' track):
+            the open-loop floor. ``None``: this level itself serves either way (:func:`fetch_as`).
     """
 
     name: str
@@ -41,6 +52,19 @@ class Level:
     ref_step: int | None = None
     reuse: bool = False
     closed: Level | None = None
+    off_track: int | None = None
+
+    @property
+    def expected_nbytes(self) -> int:
+        """What a fetch of this level is planned at: its closed-loop twin's bytes when the level is below the
+        open-loop floor (``off_track`` set: the floor was chosen on the twins' track, where it is fetched as the
+        twin), else its own."""
+        return self.closed.nbytes if (self.closed is not None and self.off_track is not None) else self.nbytes
+
+    @property
+    def least_nbytes(self) -> int:
+        """The fewest bytes this level is ever fetched for: its closed-loop twin's when it has one (on its track)."""
+        return self.nbytes if self.closed is None else min(self.nbytes, self.closed.nbytes)
 
     def __post_init__(self) -> None:
         if self.reuse and (self.ref_step is None or self.nbytes != 0):
@@ -56,6 +80,30 @@ def twin_applies(level: Level, ref_held: tuple[int, bool] | None, index: int) ->
         return False
     held_index, held_twin = ref_held
     return held_index == index and (held_twin or level.ref_step == 0)
+
+
+def fetch_as(ladder: list[Level], index: int, on_track: bool) -> tuple[int, bool]:
+    """What a choice of level ``index`` fetches: (ladder index, as its closed-loop twin?). On the level's track
+    (:func:`twin_applies`, or the live HeldKV.closed_twin) the twin serves when the level's own quality is below the
+    floor's target or the twin is no larger; off it, a level below that target is fetched at its ``off_track``
+    index (the open-loop floor) instead."""
+    lv = ladder[index]
+    if lv.closed is None:
+        return index, False
+    if on_track and (lv.off_track is not None or lv.closed.nbytes <= lv.nbytes):
+        return index, True
+    return (index if lv.off_track is None else lv.off_track), False
+
+
+def with_track_floor(ladders: list[list[Level]], open_floor: str) -> list[list[Level]]:
+    """``ladders`` with ``off_track`` = the index of level ``open_floor`` (the cheapest whose own quality reaches the
+    target) on every level with a twin below it: what :func:`fetch_as` reads when the floor is chosen on the twins'
+    track (lower than ``open_floor``)."""
+    out = []
+    for lad in ladders:
+        at = next(j for j, lv in enumerate(lad) if lv.name == open_floor)
+        out.append([replace(lv, off_track=at) if lv.closed is not None and j < at else lv for j, lv in enumerate(lad)])
+    return out
 
 
 def shard_floor(floor, g: int) -> int:

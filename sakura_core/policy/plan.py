@@ -5,10 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ladder import Level, ladders_from_manifest
+from .ladder import Level, ladders_from_manifest, with_track_floor
 from .policies import POLICIES, Policy, make_policy
 
-__all__ = ["FLOOR_PSNR_DB", "FetchPlan", "floor_index", "plan_fetch", "policy_levels", "runnable_policies"]
+__all__ = [
+    "FLOOR_PSNR_DB",
+    "FetchPlan",
+    "floor_index",
+    "plan_fetch",
+    "policy_levels",
+    "runnable_policies",
+    "track_floor_index",
+]
 
 # A level is acceptable as the quality floor when its measured output PSNR (manifest ``psnr_db``) reaches this.
 FLOOR_PSNR_DB = 35.0
@@ -58,9 +66,28 @@ class FetchPlan:
 
 def plan_fetch(manifest: dict, policy_name: str, decode_bytes_per_s: float = 6e8) -> FetchPlan:
     """Ladders for ``policy_name`` and the quality floor: the cheapest level whose measured output PSNR (manifest
-    ``psnr_db``) reaches :data:`FLOOR_PSNR_DB`."""
+    ``psnr_db``) reaches :data:`FLOOR_PSNR_DB` — on its closed-loop twins' track where a per-step template has them
+    (the levels below the open-loop floor then fetch that floor off their track: ``Level.off_track``)."""
     policy = make_policy(policy_name)
     ladders, reps = ladders_from_manifest(manifest, decode_bytes_per_s)
     keep = policy_levels([lv.name for lv in ladders[0]], policy.family)
     ladders, reps = [[lad[i] for i in keep] for lad in ladders], [[r[i] for i in keep] for r in reps]
-    return FetchPlan(policy, ladders, reps, floor_index([lv.name for lv in ladders[0]], reps[0]))
+    names = [lv.name for lv in ladders[0]]
+    floor = floor_index(names, reps[0])
+    track = track_floor_index(names, reps)
+    if track < floor:  # closed-loop twins reach the target lower: the floor on their track, the open one off it
+        ladders, floor = with_track_floor(ladders, names[floor]), track
+    return FetchPlan(policy, ladders, reps, floor)
+
+
+def track_floor_index(ladder_names: list[str], reps: list[list[dict]], floor_psnr_db: float = FLOOR_PSNR_DB) -> int:
+    """Like :func:`floor_index`, on each level's track PSNR: its closed-loop twins' (``closed_twin``: step 0 at the
+    level, every later step its twin) where the template has them, else its own."""
+    psnr = {}
+    for shard_reps in reps:
+        for r in shard_reps:
+            twin = r.get("closed_twin")
+            if twin is not None and twin.get("psnr_db") is not None:
+                psnr[r["name"]] = twin["psnr_db"]
+    track = [{"name": r["name"], "psnr_db": psnr.get(r["name"], r.get("psnr_db"))} for r in reps[0]]
+    return floor_index(ladder_names, track, floor_psnr_db)

@@ -175,9 +175,9 @@ class Sakura(Policy):
         best = allowed[0]
         for idx in allowed[1:]:
             lv = ladder[idx]
-            if snap.finish(plan.splits, lv.nbytes, lv.decode_s) > target:
+            if snap.finish(plan.splits, lv.expected_nbytes, lv.decode_s) > target:
                 break
-            if slow is not None and slow.finish(plan.splits, lv.nbytes, lv.decode_s) > target:
+            if slow is not None and slow.finish(plan.splits, lv.expected_nbytes, lv.decode_s) > target:
                 break
             best = idx
         return best

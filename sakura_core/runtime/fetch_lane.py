@@ -7,7 +7,8 @@ idle link. The same protocol as the simulator's (:mod:`sakura_core.runtime.simul
 at the floor level, then left to the device (the compute lane runs a template pass for it). A cross-step residual
 whose reference the device does not hold (:meth:`~sakura_core.runtime.held_kv.HeldKV.reference_for`) is not
 fetched: its self-contained exact level is, and the report says so. A level whose closed-loop twin's reference the
-device holds (:meth:`~sakura_core.runtime.held_kv.HeldKV.closed_twin`) is fetched as that twin.
+device holds (:meth:`~sakura_core.runtime.held_kv.HeldKV.closed_twin`) is fetched as that twin, one below the
+open-loop floor without it at that floor (:func:`~sakura_core.policy.ladder.fetch_as`).
 
 The lane owns what it fetched (``bytes_fetched``), the shards deferred, and the fetches the compute lane asked for;
 it writes the link's part of the live state (``next_layer``, ``in_flight``, ``got``, ``receiving``, ...), decodes
@@ -24,6 +25,7 @@ import threading
 
 from ..kv.chain import MissingReferenceError
 from ..policy.context import Context
+from ..policy.ladder import fetch_as
 from ..policy.policies import LEVEL_COMPUTE, Policy
 from .decode_lane import DecodeLane
 from .deferral import ask_deferred
@@ -287,14 +289,15 @@ class FetchLane:
         """Fetch the chain of ``shard`` up to ``level``, decode it in the pool and publish the KV."""
         st, g = self.st, shard.g
         rep = self.reps[g][level]
-        by_digest = {r["digest"]: r for r in self.reps[g]}
         digests = [*rep.get("requires", []), rep["digest"]]
-        name = self.ladders[g][level].name
         start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
-        twin = None if start else self.held.closed_twin(shard, rep)
-        if twin is not None:  # the device holds this level's track of the reference: the closed-loop twin serves
-            rep, name, digests = twin, twin["name"], [twin["digest"]]
-            by_digest[twin["digest"]] = twin
+        if not start:  # a closed-loop twin on its track, or off it the open-loop floor (policy.ladder.fetch_as)
+            twin = self.held.closed_twin(shard, rep)
+            level, as_twin = fetch_as(self.ladders[g], level, twin is not None)
+            rep = twin if as_twin else self.reps[g][level]
+            digests = [*rep.get("requires", []), rep["digest"]]
+        by_digest = {r["digest"]: r for r in (*self.reps[g], rep)}
+        name = rep["name"]
         try:
             reference = self.held.reference_for(shard, rep)  # a residual whose reference the device lacks: not fetched
         except MissingReferenceError:

@@ -78,7 +78,9 @@ def fluid_bound(trace, profile, ladders, floors, start_s: float = 0.0, family: s
     N, F, C = len(lads), profile.layer_full_s, profile.layer_cached_s
     per_step = N == g.layers * g.steps and g.steps > 1
     tail = profile.fixed_s + (0.0 if per_step else (g.steps - 1) * g.layers * C)
-    sizes = np.cumsum(np.sort([float(lad[shard_floor(floor, g)].nbytes) for g, lad in enumerate(lads)]))  # i smallest
+    sizes = np.cumsum(
+        np.sort([float(lad[shard_floor(floor, g)].least_nbytes) for g, lad in enumerate(lads)])
+    )  # i smallest
     arrive = np.array([trace.finish_time(start_s, b) - start_s for b in sizes])  # (N,) i = 1..N
     m = np.arange(N + 1)
     compute = (N - m) * F + m * C

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from ..policy.ladder import shard_floor
+from ..policy.ladder import fetch_as, shard_floor, twin_applies
 from ..policy.policies import LEVEL_COMPUTE
 from .deferral import ask_deferred
 
@@ -147,13 +147,31 @@ class SimLink:
         self._got.setdefault(layer, []).append((level, ready))
         self.events.append({"lane": "decode", "start": ready, "end": ready, "layer": layer, "level": "reuse"})
 
+    def _on_track(self, layer: int, level: int) -> bool:
+        """Level ``level`` of shard ``layer`` is fetched as its closed-loop twin: its reference shard is held at the
+        same level on that level's track (step 0's level, or the twin), as the live HeldKV.closed_twin decides."""
+        lv = self.ladders[layer][level]
+        if lv.closed is None or lv.ref_step is None:
+            return False
+        ref = lv.ref_step * self.L + layer % self.L
+        got = self._got.get(ref)
+        if not got:
+            return False
+        held = max(j for j, _ in got)
+        return twin_applies(lv, (held, (ref, held) in self.twins), level)
+
     def _transfer(self, layer: int, level: int, nbytes: int, kind: str) -> None:
         level, ref_done = self._reference_ready(layer, level)
         if self.ladders[layer][level].reuse:
             self._reuse(layer, level, ref_done)
             return
+        twin = False
         if kind == "base":
-            nbytes = self.ladders[layer][level].nbytes
+            level, twin = fetch_as(self.ladders[layer], level, self._on_track(layer, level))
+        if twin:
+            self.twins.add((layer, level))
+        if kind == "base":
+            nbytes = (self.ladders[layer][level].closed if twin else self.ladders[layer][level]).nbytes
         t0 = self.link_free + self.rtt_s
         arrive = self.trace.finish_time(self.start_s + t0, nbytes) - self.start_s
         self.pending_obs.append((arrive, nbytes, arrive - t0))  # known to the estimator only once it has arrived
@@ -162,7 +180,7 @@ class SimLink:
             self._pending.append(layer)
             self._req_t0.append(t0)
             self._req_g.append(layer)
-        lv = self.ladders[layer][level]
+        lv = self.ladders[layer][level].closed if twin else self.ladders[layer][level]
         dec0 = max(arrive, self.decoder_free, ref_done)
         dec1 = dec0 + (lv.decode_s if kind == "base" else lv.decode_s - self.ladders[layer][level - 1].decode_s)
         self.decoder_free = dec1

@@ -68,7 +68,7 @@ class _Sim(SimLink, CpuShare):
         self.policy = PlanClock(policy, config.planning, config.planning_s, slowdown)
         self.trace, self.start_s, self.profile = trace, start_s, profile
         if slowdown != 1.0:  # decode runs on the phone's CPU: its measured times scale with it
-            ladders = [[replace(lv, decode_s=lv.decode_s * slowdown) for lv in lad] for lad in ladders]
+            ladders = [[_slowed(lv, slowdown) for lv in lad] for lad in ladders]
         self._init_cpu_share(int(getattr(profile, "dit_cpu_cores", 0)))
         self.ladders, self.floor, self.config = ladders, floor, config
         self.N = len(ladders)
@@ -89,6 +89,7 @@ class _Sim(SimLink, CpuShare):
         self.skipped: set[int] = set()
         self.deferred: list[int] = []  # skipped "for now": asked again when the link would idle
         self._got: dict[int, list[tuple[int, float]]] = {}  # layer -> [(level, ready_t)] in fetch order
+        self.twins: set[tuple[int, int]] = set()  # (shard, level) fetched as the level's closed-loop twin
         self._pred: dict[int, tuple[float, int, float]] = {}  # shard -> (request time, bytes, true arrival)
         self._first_ready = np.full(self.N, np.inf)  # shard -> when its first level is decoded (true)
         self._pending: list[int] = []  # requested shards that may not be decoded yet, in request order
@@ -262,8 +263,9 @@ class _Sim(SimLink, CpuShare):
         self.settle_contention()  # the threads that overlapped the last layer (no new transfer after the edit)
         mse = 0.0
         for layer, levels in self.used.items():
-            for lv in levels:
-                mse += self.ladders[layer][lv].mse / len(levels)
+            for j in levels:
+                lv = self.ladders[layer][j]
+                mse += (lv.closed if (layer, j) in self.twins else lv).mse / len(levels)
         return SimResult(
             policy=self.policy.name,
             trace=self.trace.name,
@@ -302,6 +304,12 @@ class _Sim(SimLink, CpuShare):
         if shard is None:  # a measured live profile has no geometry: the ladder's fp16 level, if it has one
             shard = next((lv.nbytes for lv in self.ladders[0] if lv.name == "fp16"), 0) if self.ladders else 0
         return peak * int(shard)
+
+
+def _slowed(lv, slowdown: float):
+    """``lv`` (and its closed-loop twin) decoded ``slowdown`` times slower."""
+    closed = None if lv.closed is None else replace(lv.closed, decode_s=lv.closed.decode_s * slowdown)
+    return replace(lv, decode_s=lv.decode_s * slowdown, closed=closed)
 
 
 def simulate(

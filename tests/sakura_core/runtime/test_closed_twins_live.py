@@ -3,6 +3,7 @@ holds the reference shard's representation on that level's track (HeldKV.closed_
 a layer the device computed, the open-loop level serves — never a twin against another reference."""
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from sakura_core.fetch.traces import Trace
 from sakura_core.kv.chain import MissingReferenceError
 from sakura_core.models.edit_model import load_demo_model, load_image
+from sakura_core.policy.ladder import with_track_floor
 from sakura_core.policy.plan import plan_fetch
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy
 from sakura_core.precompute import precompute_template
@@ -49,9 +51,12 @@ class _StepLevels(Policy):
         return ctx.layer_of(g) < self.splits[ctx.step_of(g)]
 
 
-def _run(setup, policy, **config):
+def _run(setup, policy, open_floor="sakura-l3", **config):
+    """The edit with the floor on the twins' track and ``open_floor`` the open-loop floor (levels below it with a
+    twin fetch ``open_floor`` off their track), whatever the random-weight template's PSNRs."""
     model, tpl, usr, pre, profile = setup
     plan = plan_fetch(pre.manifest, "sakura")
+    plan = dataclasses.replace(plan, ladders=with_track_floor(plan.ladders, open_floor))
 
     async def fetch_blob(digest, nbytes):
         return pre.blobs[digest]
@@ -63,12 +68,23 @@ def _run(setup, policy, **config):
     )  # fmt: skip
 
 
-def test_a_level_change_takes_the_open_loop_level_and_the_track_does_not_resume(setup):
+def test_a_layer_kept_at_one_level_follows_its_track(setup):
+    rep = _run(setup, _StepLevels([1, 1, 1], [0, 0, 0]))
+    assert not rep.fallbacks, rep.fallbacks
+    by_step = rep.levels_by_step()
+    assert set(by_step["step 0"]) == {"sakura-l1"}
+    assert set(by_step["step 1"]) == set(by_step["step 2"]) == {"sakura-l1+cl"}
+
+
+def test_a_level_change_leaves_the_track_for_the_open_loop_floor(setup):
     rep = _run(setup, _StepLevels([1, 2, 2], [0, 0, 0]))
     assert not rep.fallbacks, rep.fallbacks
     by_step = rep.levels_by_step()
-    assert set(by_step["step 1"]) == {"sakura-l2"}  # step 0 held at sakura-l1: no sakura-l2 track to follow
-    assert set(by_step["step 2"]) == {"sakura-l2"}  # step 1 held open-loop: still no track
+    # step 0 held at sakura-l1: no sakura-l2 track to follow, and open-loop sakura-l2 is below the open floor
+    assert set(by_step["step 1"]) == {"sakura-l3"}
+    assert set(by_step["step 2"]) == {"sakura-l3"}  # step 1 held open-loop: still off the track
+    rep = _run(setup, _StepLevels([1, 4, 4], [0, 0, 0]))  # above the open floor: that level itself
+    assert set(rep.levels_by_step()["step 1"]) == {"sakura-l4"}
 
 
 def test_a_layer_the_device_computed_takes_the_open_loop_level(setup):
@@ -76,7 +92,7 @@ def test_a_layer_the_device_computed_takes_the_open_loop_level(setup):
     rep = _run(setup, _StepLevels([1, 1, 1], [2, 0, 0]), prefetch_kv_bytes=0)
     assert not rep.fallbacks, rep.fallbacks
     step1, step2 = rep.levels_by_step()["step 1"], rep.levels_by_step()["step 2"]
-    assert step1[:2] == ["sakura-l1", "sakura-l1"] and step2[:2] == ["sakura-l1", "sakura-l1"]
+    assert step1[:2] == step2[:2] == ["sakura-l3", "sakura-l3"]  # off the track: the open-loop floor
     assert step1[2:] == step2[2:] == ["sakura-l1+cl"] * (model.adapter.num_layers - 2)
 
 

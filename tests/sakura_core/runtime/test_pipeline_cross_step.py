@@ -4,6 +4,7 @@ back to the device and the report says so."""
 
 import asyncio
 import copy
+import dataclasses
 import types
 from collections import Counter
 
@@ -14,6 +15,7 @@ from sakura_core.fetch.traces import Trace
 from sakura_core.kv import decode_template
 from sakura_core.kv.chain import MissingReferenceError
 from sakura_core.models.edit_model import load_demo_model, load_image
+from sakura_core.policy.ladder import with_track_floor
 from sakura_core.policy.plan import plan_fetch
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy
 from sakura_core.precompute import precompute_template
@@ -71,9 +73,11 @@ class _Levels(Policy):
         return ctx.layer_of(g) < self.splits[ctx.step_of(g)]
 
 
-def _run(setup, policy, swap=None, **config):
+def _run(setup, policy, swap=None, open_floor=None, **config):
     model, tpl, usr, pre, profile = setup
     plan = plan_fetch(pre.manifest, "sakura")
+    if open_floor is not None:  # levels below it fetch their closed-loop twin on its track (else open_floor)
+        plan = dataclasses.replace(plan, ladders=with_track_floor(plan.ladders, open_floor))
     swap = swap or {}
 
     async def fetch_blob(digest, nbytes):
@@ -102,7 +106,7 @@ def test_the_manifest_states_each_residuals_reference_and_a_zero_byte_reuse_rung
 
 def test_residual_levels_decode_against_the_previous_steps_kv(setup):
     model, tpl, usr, pre, _ = setup
-    rep = _run(setup, _Levels(1, [0] * STEPS))
+    rep = _run(setup, _Levels(1, [0] * STEPS), open_floor="sakura-l3")
     assert not rep.fallbacks, rep.fallbacks
     # every layer kept at one level: each later step is fetched as the level's closed-loop twin, decoded against
     # the step before it as the device holds it (step 0's level, then the twins)

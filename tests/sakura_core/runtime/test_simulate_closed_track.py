@@ -1,0 +1,69 @@
+"""Closed-loop twins in the ladders the policies and the simulator read: ``fetch_as`` (a twin on its track when the
+level's own quality is below the floor or the twin is no larger; off the track the open-loop floor), the simulator's
+substitution with its bytes and MSE, and the floor on the twins' track."""
+
+import pytest
+
+from sakura_core.fetch.traces import Trace
+from sakura_core.metrics import psnr_from_mse
+from sakura_core.policy.ladder import Level, fetch_as, twin_applies, with_track_floor
+from sakura_core.runtime.oracle import fixed_split_policy
+from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.simulate import SimConfig, simulate
+
+G = DitGeometry(name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32,
+                steps=3)  # fmt: skip
+P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
+FP = G.shard_bytes_fp16
+N = 12
+
+
+def _ladder(step: int) -> list[Level]:
+    """lo (open quality below the target; at steps >= 1 a twin of 1/8 fp16 with 10x less error), hi (the open-loop
+    floor), fp16."""
+    ref = None if step == 0 else step - 1
+    twin = None if step == 0 else Level("lo+cl", FP // 8, FP // 8, 1e-3, 1e-5 / N, ref_step=ref)
+    return [
+        Level("lo", FP // 16, FP // 16, 1e-3, 1e-4 / N, ref_step=ref, closed=twin),
+        Level("hi", FP // 4, FP // 4, 1e-3, 2e-5 / N, ref_step=ref),
+        Level("fp16", FP, FP, 1e-3, 0.0),
+    ]
+
+
+LADDERS = [_ladder(g // G.layers) for g in range(N)]
+
+
+def test_fetch_as_takes_the_twin_on_its_track_and_the_open_floor_off_it():
+    lad = with_track_floor([_ladder(1)], "hi")[0]
+    assert lad[0].off_track == 1 and lad[1].off_track is None
+    assert fetch_as(lad, 0, True) == (0, True)
+    assert fetch_as(lad, 0, False) == (1, False)
+    assert fetch_as(lad, 1, True) == fetch_as(lad, 1, False) == (1, False)  # no twin
+    plain = _ladder(1)  # no track floor: a twin larger than its level is not worth it
+    assert fetch_as(plain, 0, True) == (0, False)
+    cheap = [plain[0].__class__(**{**plain[0].__dict__, "closed": plain[0].closed.__class__(
+        **{**plain[0].closed.__dict__, "nbytes": FP // 32})})]  # fmt: skip
+    assert fetch_as(cheap, 0, True) == (0, True)
+    assert lad[0].expected_nbytes == FP // 8 and plain[0].expected_nbytes == FP // 16
+    assert lad[0].least_nbytes == FP // 16
+
+
+def test_twin_applies_on_the_same_index_and_track():
+    lv = _ladder(1)[0]
+    assert twin_applies(lv, (0, False), 0)  # step 0 (ref_step 0) at the level: the track's root
+    assert not twin_applies(lv, (1, False), 0) and not twin_applies(lv, None, 0)
+    later = _ladder(2)[0]
+    assert twin_applies(later, (0, True), 0) and not twin_applies(later, (0, False), 0)  # step >= 1: the twin only
+
+
+@pytest.mark.parametrize(("splits", "off_track_shards"), [(0, 0), ([1, 0, 0], 2)])
+def test_the_simulator_fetches_twins_on_the_track_and_the_open_floor_off_it(splits, off_track_shards):
+    ladders = {"sakura": with_track_floor(LADDERS, "hi")}
+    r = simulate(fixed_split_policy(splits), Trace.constant(1000), P, ladders, {"sakura": 0}, config=SimConfig())
+    fetched_step0 = G.layers - (1 if off_track_shards else 0)
+    twins = 2 * G.layers - off_track_shards
+    assert r.bytes_fetched == fetched_step0 * (FP // 16) + twins * (FP // 8) + off_track_shards * (FP // 4)
+    names = [e["level"] for e in r.events if e["lane"] == "fetch"]
+    assert names.count("lo+cl") == twins and names.count("hi") == off_track_shards
+    mse = fetched_step0 * 1e-4 / N + twins * 1e-5 / N + off_track_shards * 2e-5 / N  # the device's layer: exact
+    assert r.psnr_db == pytest.approx(psnr_from_mse(mse))
