@@ -264,8 +264,7 @@ class _Sim(SimLink, CpuShare):
         mse = 0.0
         for layer, levels in self.used.items():
             for j in levels:
-                lv = self.ladders[layer][j]
-                mse += (lv.closed if (layer, j) in self.twins else lv).mse / len(levels)
+                mse += self._mse_share(layer, j) / len(levels)
         return SimResult(
             policy=self.policy.name,
             trace=self.trace.name,
@@ -283,6 +282,18 @@ class _Sim(SimLink, CpuShare):
             decisions_timed=self.policy.calls,
             contention_s=self.contention_s,
         )
+
+    def _mse_share(self, g: int, j: int) -> float:
+        """Shard ``g``'s share of the output MSE at level ``j``: its closed-loop track's (the twin's share, measured
+        with step 0 at the level and every later step its twin) when it is on that track — a twin, or the step-0
+        level whose next step's twin was fetched against it — else the level's own (open loop)."""
+        lv = self.ladders[g][j]
+        if (g, j) in self.twins:
+            return lv.closed.mse
+        nxt = g + self.L
+        if self.per_step and g < self.L and nxt < self.N and (nxt, j) in self.twins:
+            return self.ladders[nxt][j].closed.mse
+        return lv.mse
 
     def _peak_kv_bytes(self) -> int:
         """The most decoded template KV held at once, as the live pipeline counts it: a fetched shard from its first
