@@ -2,16 +2,8 @@
 in :mod:`sakura_core.kv.manifest`, which builds the typed :class:`~sakura_core.kv.manifest.Manifest` from what these
 functions return; every reader of a manifest gets each check). Each check raises :class:`ManifestError` naming the
 offending field (``shards[2].layers``) and what it must be; the size bounds are in :mod:`.manifest_limits`.
-Version 2 (issue 24, shard container format 2): a per-step representation may carry a cross-step ``ref``::
-
-    {"mode": "residual", "step": r, "digest": D}   # its blobs code KV_s - KV_r: decode = (r, layers) + this chain
-    {"mode": "reuse",    "step": r, "digest": D}   # zero bytes, no blob: the KV is (r, layers)'s decoded KV
-    {"mode": "closed",   "step": r, "digest": T}   # a closed-loop twin "<level>+cl": KV_s - a * (r, layers)
-                                                   # decoded as the representation T (<level> or <level>+cl)
-
-``r < s``; ``D``: the fp16 digest of shard (r, same layers), the exact KV the residual was computed against (any
-decoded representation of it serves as the reference). ``reuse``: ``bytes`` 0, ``digest`` null, ``requires`` [].
-A version-1 manifest is refused naming the fix (:func:`version_problem`).
+Version 2 (issue 24, shard container format 2): a per-step representation may carry a cross-step ``ref``, checked
+in :mod:`.manifest_refs`. A version-1 manifest is refused naming the fix (:func:`version_problem`).
 """
 
 from __future__ import annotations
@@ -21,7 +13,9 @@ from typing import Any
 
 from ..models.kv_types import KV_MODES
 from ..models.ref_layout import MAX_REFERENCES, REF_TIME_OFFSET, grids_of
-from .names import CLOSED_SUFFIX, MODEL_ID_RE, TEMPLATE_ID_FORM, base_level_name, is_digest, is_template_id
+from .manifest_errors import ManifestError, ModelMismatchError
+from .manifest_refs import CLOSED_REF_MODE, DECODED_REF_MODES, REF_MODES, check_cross_step_refs, ref_mode
+from .names import MODEL_ID_RE, TEMPLATE_ID_FORM, is_digest, is_template_id
 
 __all__ = [
     "MANIFEST_VERSION",
@@ -40,21 +34,6 @@ __all__ = [
 ]
 
 MANIFEST_VERSION = 2
-#: A representation's cross-step ``ref`` modes (per-step manifests only).
-REF_MODES = ("residual", "reuse", "closed")  # closed: a twin coded against one representation (its digest)
-#: The ``ref`` modes whose blobs decode against the reference's KV (their headers name it).
-DECODED_REF_MODES = ("residual", "closed")
-#: A closed-loop twin's ``ref`` mode: it decodes against one representation of its reference (``ref.digest``).
-CLOSED_REF_MODE = "closed"
-
-
-class ManifestError(ValueError):
-    """A manifest does not follow the schema, or is not the one asked for; the message names the offending field
-    (e.g. ``shards[2].layers``)."""
-
-
-class ModelMismatchError(ManifestError):
-    """The template's KV was computed for another model than the one asked for."""
 
 
 def _is_int(x: Any) -> bool:
@@ -249,7 +228,7 @@ def check_shards(shards: Any, num_layers: int, steps: int | None) -> None:
     for step in range(steps):
         group = [(i, sh) for i, sh in enumerate(shards) if keys[i] == step]
         _check_layer_cover(group, num_layers, seen_digests, step)
-    _check_references(shards)
+    check_cross_step_refs(shards)
 
 
 def _shard_step(shard: Any, i: int) -> int:
@@ -320,7 +299,7 @@ def _check_representations(reps: Any, where: str, seen_digests: set[str], step: 
     levels: list[int] = []
     for j, rep in enumerate(reps):
         w = f"{where}.representations[{j}]"
-        if _ref_mode(rep, w, step) == "reuse":  # zero bytes, no blob, no chain: its ref is all there is to check
+        if ref_mode(rep, w, step) == "reuse":  # zero bytes, no blob, no chain: its ref is all there is to check
             levels.append(rep["level"])
             continue
         _check_representation(rep, w)
@@ -358,78 +337,3 @@ def _check_chain(rep: dict, by_digest: dict[str, dict], w: str) -> None:
         total = rep["bytes"]
     if "total_bytes" in rep and rep["total_bytes"] != total:
         raise ManifestError(f"manifest field '{w}.total_bytes' is {rep['total_bytes']}, the chain is {total}")
-
-
-def _ref_mode(rep: Any, w: str, step: int | None) -> str | None:
-    """``None`` for a self-contained representation, else its ``ref`` mode, checked (``step``: the shard's step, None
-    in single mode). A reuse representation's level and name are checked here too (it skips the blob checks)."""
-    if not isinstance(rep, dict) or rep.get("ref") is None:
-        return None
-    ref = rep["ref"]
-    if step is None:
-        raise ManifestError(f"manifest field '{w}.ref' is set, but cross-step references need a per-step manifest")
-    if not isinstance(ref, dict) or ref.get("mode") not in REF_MODES:
-        raise ManifestError(f"manifest field '{w}.ref.mode' must be one of {list(REF_MODES)}, got {ref!r}")
-    r = ref.get("step")
-    if not (_is_int(r) and 0 <= r < step):
-        raise ManifestError(f"manifest field '{w}.ref.step' must be an earlier step than {step}, got {r!r}")
-    if not is_digest(ref.get("digest")):
-        raise ManifestError(f"manifest field '{w}.ref.digest' must be 64 lowercase hex characters")
-    if ref["mode"] == "reuse":
-        level = rep.get("level")
-        if not _is_int(level) or level < 0:
-            raise ManifestError(f"manifest field '{w}.level' must be an int >= 0, got {level!r}")
-        if not isinstance(rep.get("name"), str) or not rep["name"]:
-            raise ManifestError(f"manifest field '{w}.name' must be a non-empty string, got {rep.get('name')!r}")
-        if rep.get("bytes") != 0 or rep.get("digest") is not None or rep.get("requires") != []:
-            raise ManifestError(
-                f"manifest field {w!r}: a 'reuse' representation has bytes 0, digest null, requires []"
-            )
-    return ref["mode"]
-
-
-def _check_closed_ref(rep: dict, ref: dict, ref_name: str | None, ref_names: set[str], w: str, layers) -> None:
-    """A closed-loop twin (``ref.mode`` closed) is named ``<level>+cl`` and codes against its level's track: the
-    representation of the shard (ref step, same layers, whose names are ``ref_names``) named ``<level>+cl`` where
-    that shard has one, else ``<level>`` (step 0 roots the tracks)."""
-    name = rep["name"]
-    if not name.endswith(CLOSED_SUFFIX):
-        raise ManifestError(f"manifest field '{w}.name': a closed-loop representation is named '<level>"
-                            f"{CLOSED_SUFFIX}', got {name!r}")  # fmt: skip
-    want = name if name in ref_names else base_level_name(name)
-    if ref_name != want:
-        raise ManifestError(
-            f"manifest field '{w}.ref' names {ref['digest'][:12]}…, which is not {want} (the track of "
-            f"{base_level_name(name)}) of step {ref['step']} layers {layers}"
-            + ("" if ref_name is None else f" but {ref_name}")
-        )
-
-
-def _check_references(shards: list[dict]) -> None:
-    """Every ``ref`` names the fp16 representation of the shard (ref step, same layers) of this manifest — a
-    closed-loop twin's names its level's track representation there (:func:`_check_closed_ref`)."""
-    exact, named, names = {}, {}, {}
-    for sh in shards:
-        at = (sh["step"], tuple(sh["layers"]))
-        names[at] = {rep["name"] for rep in sh["representations"]}
-        for rep in sh["representations"]:
-            if rep.get("codec") == "fp16" and rep.get("ref") is None:
-                exact[at] = rep["digest"]
-            if rep.get("digest") is not None:
-                named[(*at, rep["digest"])] = rep["name"]
-    for i, sh in enumerate(shards):
-        for j, rep in enumerate(sh["representations"]):
-            ref = rep.get("ref")
-            if ref is None:
-                continue
-            if ref["mode"] == CLOSED_REF_MODE:
-                at = (ref["step"], tuple(sh["layers"]))
-                _check_closed_ref(rep, ref, named.get((*at, ref["digest"])), names.get(at, set()),
-                                  f"shards[{i}].representations[{j}]", sh["layers"])  # fmt: skip
-                continue
-            want = exact.get((ref["step"], tuple(sh["layers"])))
-            if want != ref["digest"]:
-                raise ManifestError(
-                    f"manifest field 'shards[{i}].representations[{j}].ref' names {ref['digest'][:12]}…, but the "
-                    f"fp16 representation of step {ref['step']} layers {sh['layers']} is {str(want)[:12]}…"
-                )

@@ -200,13 +200,11 @@ class Context:
         return self._s.ladders[layer]
 
     def floor_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(bytes, decode seconds) of every shard's floor level, (shards,) arrays made once; read-only."""
+        """(bytes as planned, decode seconds) of every shard's floor level, (shards,) arrays made once; read-only."""
         if self._floor_arrays is None:
             fl, lads = self._s.floor, self._s.ladders
             floor = [lad[shard_floor(fl, g)] for g, lad in enumerate(lads)]
-            nb, dec = (
-                np.array([getattr(lv, a) for lv in floor], dtype=float) for a in ("expected_nbytes", "decode_s")
-            )
+            nb, dec = (np.array([getattr(v, a) for v in floor], dtype=float) for a in ("expected_nbytes", "decode_s"))
             reuse = np.array([lv.reuse for lv in floor], dtype=bool)
             nb.flags.writeable = dec.flags.writeable = reuse.flags.writeable = False
             self._floor_arrays, self._floor_reuse = (nb, dec), reuse
