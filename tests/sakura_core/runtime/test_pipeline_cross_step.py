@@ -4,7 +4,6 @@ back to the device and the report says so."""
 
 import asyncio
 import copy
-import dataclasses
 import types
 from collections import Counter
 
@@ -14,31 +13,23 @@ import torch
 from sakura_core.fetch.traces import Trace
 from sakura_core.kv import decode_template
 from sakura_core.kv.chain import MissingReferenceError
-from sakura_core.models.edit_model import load_demo_model, load_image
-from sakura_core.policy.ladder import with_track_floor
 from sakura_core.policy.plan import plan_fetch
-from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy
 from sakura_core.precompute import precompute_template
 from sakura_core.runtime.decode_lane import DecodeLane
 from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.held_kv import HeldKV
-from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig, run_pipelined_edit
 from sakura_core.runtime.run_log import RunLog
 from sakura_core.runtime.shard_index import ShardGrid
+
+from .cross_step_edits import StepLevels, cross_step_setup, run_levels
 
 STEPS = 2
 
 
 @pytest.fixture(scope="module")
 def setup():
-    model = load_demo_model(weights=None)
-    size = model.spec.image_size
-    tpl, usr = load_image("astronaut", size), load_image("chelsea", size)
-    pre = precompute_template(model, tpl, "tpl-xs", held_out_probes=1, psnr_steps=1, kv_mode="per-step", steps=STEPS)
-    L = model.adapter.num_layers
-    profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.1, layers=L, steps=STEPS)
-    return model, tpl, usr, pre, profile
+    return cross_step_setup("tpl-xs", STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -55,39 +46,8 @@ def progressive_setup(setup):
     return model, tpl, usr, pre, profile
 
 
-class _Levels(Policy):
-    """Fetch every shard at ladder index ``level``; the device computes layers < ``splits[step]``."""
-
-    name = "levels"
-    family = "sakura"
-
-    def __init__(self, level, splits):
-        self.level, self.splits = level, splits
-
-    def choose(self, ctx, g):
-        if ctx.layer_of(g) < self.splits[ctx.step_of(g)]:
-            return Decision(LEVEL_COMPUTE, "the device computes it")
-        return Decision(self.level, "fixed level")
-
-    def keep_template(self, ctx, g):
-        return ctx.layer_of(g) < self.splits[ctx.step_of(g)]
-
-
 def _run(setup, policy, swap=None, open_floor=None, **config):
-    model, tpl, usr, pre, profile = setup
-    plan = plan_fetch(pre.manifest, "sakura")
-    if open_floor is not None:  # levels below it fetch their closed-loop twin on its track (else open_floor)
-        plan = dataclasses.replace(plan, ladders=with_track_floor(plan.ladders, open_floor))
-    swap = swap or {}
-
-    async def fetch_blob(digest, nbytes):
-        return pre.blobs[swap.get(digest, digest)]
-
-    return asyncio.run(
-        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,
-                           reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
-                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, upgrades=False, **config))
-    )  # fmt: skip
+    return run_levels(setup, policy, STEPS, swap, open_floor, **config)
 
 
 def _rep(pre, step, layer, name):
@@ -106,7 +66,7 @@ def test_the_manifest_states_each_residuals_reference_and_a_zero_byte_reuse_rung
 
 def test_residual_levels_decode_against_the_previous_steps_kv(setup):
     model, tpl, usr, pre, _ = setup
-    rep = _run(setup, _Levels(1, [0] * STEPS), open_floor="sakura-l3")
+    rep = _run(setup, StepLevels(1, [0] * STEPS), open_floor="sakura-l3")
     assert not rep.fallbacks, rep.fallbacks
     # every layer kept at one level: each later step is fetched as the level's closed-loop twin, decoded against
     # the step before it as the device holds it (step 0's level, then the twins)
@@ -122,7 +82,7 @@ def test_the_devices_own_kv_of_a_layer_serves_as_the_next_steps_reference(setup)
     # step 0 computes layers 0-1 on the device: their KV (kept at the end of step 0) is the reference. Nothing is
     # prefetched here: a shard of step 1 fetched while step 0 still computes would find no reference yet (and fall
     # back to its exact level, as test_a_residual_without_its_reference_is_not_decoded shows)
-    rep = _run(setup, _Levels(1, [2, 0]), prefetch_kv_bytes=0)
+    rep = _run(setup, StepLevels(1, [2, 0]), prefetch_kv_bytes=0)
     assert not rep.fallbacks, rep.fallbacks
     # one fetch per shard: a shard the fetch lane chose (waiting for room while step 0 computes) is not asked for a
     # second time by the compute lane (a second fetch raced the first to its decoder and reference, and lost)
@@ -142,7 +102,7 @@ def test_a_residual_without_its_reference_is_not_decoded(setup):
     async def fetch_blob(digest, nbytes):
         return pre.blobs[digest]
 
-    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=_Levels(1, [0, 0]), ladders=plan.ladders,
+    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=StepLevels(1, [0, 0]), ladders=plan.ladders,
                          reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
                          config=RuntimeConfig(steps=STEPS))  # fmt: skip
     L = model.adapter.num_layers
@@ -167,7 +127,7 @@ def test_a_residual_whose_manifest_names_another_reference_falls_back_and_the_re
     async def fetch_blob(digest, nbytes):
         return pre.blobs[digest]
 
-    rep = asyncio.run(run_pipelined_edit(model, manifest, fetch_blob, usr, "p", policy=_Levels(1, [0, 0]),
+    rep = asyncio.run(run_pipelined_edit(model, manifest, fetch_blob, usr, "p", policy=StepLevels(1, [0, 0]),
                                          ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile,
                                          template_image=tpl, trace=Trace.constant(50.0),
                                          config=RuntimeConfig(steps=STEPS, upgrades=False)))  # fmt: skip
@@ -181,7 +141,7 @@ def test_a_shard_served_in_another_steps_slot_is_refused(setup):
     pre = setup[3]
     L = model.adapter.num_layers
     step1, step0 = _rep(pre, 1, 3, "fp16")["digest"], _rep(pre, 0, 3, "fp16")["digest"]
-    rep = _run(setup, _Levels(len(plan_fetch(pre.manifest, "sakura").ladders[0]) - 1, [0] * STEPS), {step1: step0})
+    rep = _run(setup, StepLevels(len(plan_fetch(pre.manifest, "sakura").ladders[0]) - 1, [0] * STEPS), {step1: step0})
     (refused,) = rep.fallbacks  # the misplaced blob is refused, the floor level of the right slot taken instead
     assert refused.startswith(f"shard {L + 3} level fp16:") and "step 0 (expected 1)" in refused
     assert rep.levels_by_step()["step 1"][3] == plan_fetch(pre.manifest, "sakura").floor_name
