@@ -10,6 +10,7 @@ from ..kv.names import base_level_name
 
 __all__ = [
     "Level",
+    "feeds_twin",
     "fetch_as",
     "ladders_from_manifest",
     "levels_from",
@@ -36,7 +37,7 @@ class Level:
             reference's (``ref_step``, same layer) as the device holds it (``nbytes`` 0; needs ``ref_step``).
         closed: the level's closed-loop twin (cross-step templates, steps >= 1): fetched instead of this level when
             the device holds the reference shard (``ref_step``, same layer) at this level's track — the same level
-            index there, and for a step >= 1 reference its twin (:func:`twin_applies`); its own bytes, decode time
+            there, and for a step >= 1 reference its twin (:func:`twin_applies`); its own bytes, decode time
             and MSE share. ``None``: no twin.
         off_track: the ladder index fetched instead of this level when its twin does not apply, because this
             level's own (open-loop) quality is below the floor's target (the floor is chosen on the twins' track):
@@ -72,14 +73,23 @@ class Level:
                              f"the step it reuses (ref_step, got {self.ref_step})")  # fmt: skip
 
 
-def twin_applies(level: Level, ref_held: tuple[int, bool] | None, index: int) -> bool:
-    """Whether level ``index`` of a shard is fetched as its closed-loop twin: it has one, and the device holds its
-    reference shard as ``ref_held`` = (level index held, whether that was the twin) at the same index — the twin
-    itself for a step >= 1 reference, the level itself at step 0 (the tracks' root: ``ref_step`` 0)."""
+def twin_applies(level: Level, ref_held: tuple[str, bool] | None) -> bool:
+    """Whether ``level`` of a shard is fetched as its closed-loop twin: it has one, and the device holds its reference
+    shard as ``ref_held`` = (the name of the level held, whether that was the twin) at the same level — the twin
+    itself for a step >= 1 reference, the level itself at step 0 (the tracks' root: ``ref_step`` 0). Names, not
+    indices: a ladder with a ``reuse`` rung in front is shifted by one."""
     if level.closed is None or ref_held is None:
         return False
-    held_index, held_twin = ref_held
-    return held_index == index and (held_twin or level.ref_step == 0)
+    held_name, held_twin = ref_held
+    return held_name == level.name and (held_twin or level.ref_step == 0)
+
+
+def feeds_twin(ladder: list[Level], level: int, next_ladder: list[Level]) -> bool:
+    """A shard held at ``ladder[level]`` is what the next step's same layer (``next_ladder``) decodes its closed-loop
+    twin of that level against: an upgrade of it would take that layer off its track (the next step then fetches
+    the open-loop floor)."""
+    name = ladder[level].name
+    return any(lv.name == name and lv.closed is not None for lv in next_ladder)
 
 
 def fetch_as(ladder: list[Level], index: int, on_track: bool) -> tuple[int, bool]:

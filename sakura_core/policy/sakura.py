@@ -7,6 +7,7 @@ import numpy as np
 
 from .base import LEVEL_COMPUTE, Decision, Policy, _at
 from .context import Context
+from .ladder import feeds_twin
 from .planner import Plan, Snapshot, best_plan
 
 __all__ = ["Oracle", "Sakura"]
@@ -271,9 +272,14 @@ class Sakura(Policy):
             if snap.pending(plan.splits):
                 return None
         best, best_gain = None, 0.0
-        for shard, level in ctx.fetched_levels().items():
+        fetched = ctx.fetched_levels()
+        for shard, level in fetched.items():
             if ctx.per_step and shard <= ctx.compute_layer:
                 continue  # used already (per-step KV serves one step only)
+            nxt = shard + ctx.layers_per_step
+            if ctx.per_step and nxt < ctx.num_layers and nxt not in fetched and feeds_twin(ctx.ladder(shard), level,
+                                                                                           ctx.ladder(nxt)):  # fmt: skip
+                continue  # the next step's twin is coded against this level: an upgrade would leave the track
             ladder = ctx.ladder(shard)
             if level + 1 < len(ladder) and ladder[level + 1].progressive:
                 gain = (ladder[level].mse - ladder[level + 1].mse) / max(ladder[level + 1].increment_bytes, 1)

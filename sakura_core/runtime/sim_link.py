@@ -158,7 +158,7 @@ class SimLink:
         if not got:
             return False
         held = max(j for j, _ in got)
-        return twin_applies(lv, (held, (ref, held) in self.twins), level)
+        return twin_applies(lv, (self.ladders[ref][held].name, (ref, held) in self.twins))
 
     def _transfer(self, layer: int, level: int, nbytes: int, kind: str) -> None:
         level, ref_done = self._reference_ready(layer, level)

@@ -6,7 +6,7 @@ import pytest
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.metrics import psnr_from_mse
-from sakura_core.policy.ladder import Level, fetch_as, twin_applies, with_track_floor
+from sakura_core.policy.ladder import Level, feeds_twin, fetch_as, twin_applies, with_track_floor
 from sakura_core.runtime.oracle import fixed_split_policy
 from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, simulate
@@ -48,12 +48,18 @@ def test_fetch_as_takes_the_twin_on_its_track_and_the_open_floor_off_it():
     assert lad[0].least_nbytes == FP // 16
 
 
-def test_twin_applies_on_the_same_index_and_track():
+def test_twin_applies_on_the_same_level_and_track():
     lv = _ladder(1)[0]
-    assert twin_applies(lv, (0, False), 0)  # step 0 (ref_step 0) at the level: the track's root
-    assert not twin_applies(lv, (1, False), 0) and not twin_applies(lv, None, 0)
+    assert twin_applies(lv, ("lo", False))  # step 0 (ref_step 0) at the level: the track's root
+    assert not twin_applies(lv, ("hi", False)) and not twin_applies(lv, None)
     later = _ladder(2)[0]
-    assert twin_applies(later, (0, True), 0) and not twin_applies(later, (0, False), 0)  # step >= 1: the twin only
+    assert twin_applies(later, ("lo", True)) and not twin_applies(later, ("lo", False))  # step >= 1: the twin only
+
+
+def test_an_upgrade_of_a_tracks_reference_is_flagged():
+    assert feeds_twin(_ladder(0), 0, _ladder(1))  # step 0 at lo: step 1's lo twin decodes against it
+    assert not feeds_twin(_ladder(0), 1, _ladder(1))  # hi has no twin
+    assert not feeds_twin(_ladder(0), 0, [Level("lo", 1, 1, 0.0, 0.0, ref_step=0)])  # no twin there
 
 
 @pytest.mark.parametrize(("splits", "off_track_shards"), [(0, 0), ([1, 0, 0], 2)])
@@ -68,3 +74,4 @@ def test_the_simulator_fetches_twins_on_the_track_and_the_open_floor_off_it(spli
     # on the track, step 0's shards too count at the track's error (the device's layer: exact)
     mse = fetched_step0 * 1e-5 / N + twins * 1e-5 / N + off_track_shards * 2e-5 / N
     assert r.psnr_db == pytest.approx(psnr_from_mse(mse))
+
