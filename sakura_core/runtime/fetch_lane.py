@@ -296,6 +296,7 @@ class FetchLane:
             level, as_twin = fetch_as(self.ladders[g], level, twin is not None)
             rep = twin if as_twin else self.reps[g][level]
             digests = [*rep.get("requires", []), rep["digest"]]
+            start = self.decoder.decoded_prefix(shard, digests)
         by_digest = {r["digest"]: r for r in (*self.reps[g], rep)}
         name = rep["name"]
         try:
