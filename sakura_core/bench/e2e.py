@@ -51,8 +51,8 @@ def cross_step_sakura(lad, geometry: DitGeometry, data: dict | None = None) -> t
     (default: the one shipped in ``per_step_ladders.json``; cross-step coded per-step KV: step s's bytes and the PSNR
     of every level), each level's decode time from ``lad`` (the geometry's
     :class:`~sakura_core.runtime.sim_ladders.ShardLadders`: its sakura family at the same level name); and the floor
-    (cheapest level with PSNR >= 35 dB on its track: its closed-loop twins' PSNR where it has them) — one per shard when the zero-byte reuse rung reaches it too (steps >= 1 then
-    start with that rung, their floor)."""
+    (cheapest level with PSNR >= 35 dB on its track: its closed-loop twins' PSNR where it has them) — one per shard
+    when the zero-byte reuse rung reaches it too (steps >= 1 then start with that rung, their floor)."""
     from ..policy.ladder import with_track_floor
     from .per_step_ladders import load, per_step_ladders, reuse_eligible, reuse_floors, track_psnr_db
 

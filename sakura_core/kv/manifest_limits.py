@@ -56,7 +56,8 @@ def check_steps_limit(steps: int) -> None:
 def check_value_limits(manifest: dict, header: dict) -> None:
     """Once the schema holds: each shard's K/V within the shard container's element limit, at most
     :data:`MAX_REPRESENTATIONS` representations of at most ``MAX_BLOB_BYTES`` each, the same ladder (level names)
-    in every shard (the blob-less reuse rung and the closed-loop twins of cross-step steps aside), ``psnr_db`` (optional) a finite number, the template image at most :data:`MAX_IMAGE_BYTES`."""
+    in every shard (the blob-less reuse rung and the closed-loop twins of cross-step steps aside), ``psnr_db``
+    (optional) a finite number, the template image at most :data:`MAX_IMAGE_BYTES`."""
     rows, cols = header["token_grid"]
     per_layer = rows * cols * header["heads"] * header["head_dim"]
     ladder = None

@@ -133,7 +133,8 @@ def decode_per_step(shards: list[dict], blobs: dict[str, bytes], name: str, step
     """Every step of a per-step template decoded at the representation called ``name`` (float32, (steps, layers, 2,
     tokens, heads, head_dim)), following cross-step references: a residual adds the decoded reference shard (at the
     same name), a ``reuse`` representation takes it whole. ``name == "reuse"``: step 0 exact (fp16), every later step
-    reuses the one before it; a closed-loop twin's name (``sakura-l2+cl``): step 0 at its level, then the twins. ``shards``: the manifest's, step-major."""
+    reuses the one before it; a closed-loop twin's name (``sakura-l2+cl``): step 0 at its level, then the twins.
+    ``shards``: the manifest's, step-major."""
     decoded: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (step, first layer) -> fp16 K, V
     out = []
     for s in range(steps):

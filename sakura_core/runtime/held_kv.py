@@ -11,9 +11,9 @@ fetch lane writes from the event loop, the compute lane from its thread.
 Cross-step templates: a residual level of shard (s, layer) decodes against the KV the device holds of its reference
 shard (s', layer) — decoded at any level, or computed here (a fallback pass, or the template layers the device ran at
 step s': :meth:`keep_references`); a closed-loop twin only against the one representation it names (``source``
-records which representation each fetched KV was decoded from; :meth:`closed_twin`). :meth:`reference_for` gives it (or raises
-:class:`~sakura_core.kv.chain.MissingReferenceError`); a passed shard stays held only while a shard that may still be
-fetched at a residual level against it is not decoded (:meth:`release_before`).
+records which representation each fetched KV was decoded from; :meth:`closed_twin`). :meth:`reference_for` gives it
+(or raises :class:`~sakura_core.kv.chain.MissingReferenceError`); a passed shard stays held only while a shard that
+may still be fetched at a residual level against it is not decoded (:meth:`release_before`).
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class HeldKV:
         with self.lock:
             entry = self.kv.get(ref_shard)
             kv = entry[:2] if entry is not None else self.device_kv.get(ref_shard)
-            source = self.source.get(ref_shard, (None, None))[0] if entry is not None else None
+            source = self._source_digest(ref_shard)
         if kv is None:
             raise MissingReferenceError(
                 f"its level {rep['name']} is coded against step {ref['step']} layer {shard.layer}, which the device "
@@ -199,8 +199,12 @@ class HeldKV:
             return None
         ref = twin["ref"]
         with self.lock:
-            ref_shard = self.grid.at(ref["step"], shard.layer)
-            return twin if ref_shard in self.kv and self.source.get(ref_shard, (None,))[0] == ref["digest"] else None
+            return twin if self._source_digest(self.grid.at(ref["step"], shard.layer)) == ref["digest"] else None
+
+    def _source_digest(self, shard: ShardId) -> str | None:
+        """The digest of the representation ``shard``'s fetched KV was decoded from; None when none is fetched (or
+        the device made it) or the publisher did not say (the caller holds the lock)."""
+        return self.source[shard][0] if shard in self.kv else None
 
     def source_name(self, shard: ShardId) -> str | None:
         """The name of the representation ``shard``'s fetched KV was decoded from (None: not said)."""

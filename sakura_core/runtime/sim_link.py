@@ -166,12 +166,11 @@ class SimLink:
             self._reuse(layer, level, ref_done)
             return
         twin = False
-        if kind == "base":
+        if kind == "base":  # a closed-loop twin on its track, or off it the open-loop floor (fetch_as)
             level, twin = fetch_as(self.ladders[layer], level, self._on_track(layer, level))
+            nbytes = (self.ladders[layer][level].closed if twin else self.ladders[layer][level]).nbytes
         if twin:
             self.twins.add((layer, level))
-        if kind == "base":
-            nbytes = (self.ladders[layer][level].closed if twin else self.ladders[layer][level]).nbytes
         t0 = self.link_free + self.rtt_s
         arrive = self.trace.finish_time(self.start_s + t0, nbytes) - self.start_s
         self.pending_obs.append((arrive, nbytes, arrive - t0))  # known to the estimator only once it has arrived

@@ -291,8 +291,12 @@ class _Sim(SimLink, CpuShare):
         if (g, j) in self.twins:
             return lv.closed.mse
         nxt = g + self.L
-        if self.per_step and g < self.L and nxt < self.N and (nxt, j) in self.twins:
-            return self.ladders[nxt][j].closed.mse
+        if self.per_step and g < self.L and nxt < self.N:  # by name: a reuse rung in front shifts later ladders
+            twin = next(
+                (i for i, x in enumerate(self.ladders[nxt]) if x.name == lv.name and (nxt, i) in self.twins), None
+            )
+            if twin is not None:
+                return self.ladders[nxt][twin].closed.mse
         return lv.mse
 
     def _peak_kv_bytes(self) -> int:

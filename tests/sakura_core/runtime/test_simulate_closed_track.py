@@ -74,4 +74,3 @@ def test_the_simulator_fetches_twins_on_the_track_and_the_open_floor_off_it(spli
     # on the track, step 0's shards too count at the track's error (the device's layer: exact)
     mse = fetched_step0 * 1e-5 / N + twins * 1e-5 / N + off_track_shards * 2e-5 / N
     assert r.psnr_db == pytest.approx(psnr_from_mse(mse))
-
