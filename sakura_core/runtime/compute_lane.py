@@ -135,9 +135,10 @@ class ComputeLane:
         if not device_made and not held.is_failed(shard) and not held.is_ready(shard):
             self.late.wait_for(shard, step)
         if device_made or held.is_failed(shard):
-            k, v = self.device.kv(shard)
-            self.levels_used.setdefault(shard.g, []).append("device")
-            return k, v
+            kv = self.device.kv(shard)  # None: the pass stopped before it, once the link had delivered it after all
+            if kv is not None:
+                self.levels_used.setdefault(shard.g, []).append("device")
+                return kv
         k, v, level = held.fetched(shard)
         self.levels_used.setdefault(shard.g, []).append(held.source_name(shard) or self.ladders[shard.g][level].name)
         return k.unsqueeze(0), v.unsqueeze(0)

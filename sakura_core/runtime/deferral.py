@@ -15,13 +15,15 @@ LATE_FALLBACK_REASON = "shards late: template pass on the device is sooner"
 
 
 def pass_can_stop(late: int, end: int, made: Callable[[int], bool], ready: Callable[[int], bool]) -> bool:
-    """The fallback template pass (for the ``late`` shard, given up on: only the pass makes it) runs layer by layer
-    while the link keeps fetching; after each layer it stops once the late shard is made (``made``) and every later
-    shard the step still needs (to flat index ``end``: the step's end, every layer in single mode) is made or decoded
-    (``ready``): the step then goes on with the fetched KV. The rule needs no prediction, so stopping never costs
-    time: the layers left of the pass would only have made KV that is there already (fetched KV is lossy: the error
-    bound of its level holds, as for any fetched shard)."""
-    return made(late) and all(made(g) or ready(g) for g in range(late + 1, end))
+    """The fallback template pass (for the ``late`` shard, given up on) runs layer by layer while the link keeps
+    fetching, the late shard's own transfer included; after each layer it stops once every shard the step still
+    needs, from the late one to flat index ``end`` (the step's end, every layer in single mode), is made by it
+    (``made``) or decoded (``ready``): the step then goes on with the fetched KV. The rule needs no prediction, so
+    stopping never costs time: the layers left of the pass would only have made KV that is there already (fetched
+    KV is lossy: the error bound of its level holds, as for any fetched shard). A late shard that arrives while the
+    pass runs counts: giving up on it bets on the pass, not against the link, so a wrong give-up costs the pass
+    only until the link has caught up."""
+    return all(made(g) or ready(g) for g in range(late, end))
 
 
 def pass_stopped_reason(layer: int, end: int) -> str:

@@ -53,12 +53,13 @@ class DeviceKV:
         for s in [s for s in self.dropped if s < step]:
             del self.dropped[s]
 
-    def kv(self, shard: ShardId) -> KV:
+    def kv(self, shard: ShardId) -> KV | None:
         """``shard``'s template KV computed here: one pass serves the layers of its step from ``shard`` on, resumed at
         the step's drop, layer by layer, each layer's KV kept in :class:`HeldKV` as it is made (the fetch lane then
-        skips that shard). It stops once every later shard of the step is made or decoded
+        skips that shard). It stops once every shard of the step from ``shard`` on is made or decoded
         (:func:`~sakura_core.runtime.deferral.pass_can_stop`); the compute lane then goes on with the fetched KV.
-        When the step kept no template state there, a whole pass from layer 0 (not stopped early)."""
+        None when it stopped before it made ``shard`` itself: that shard's transfer delivered first (its fetched KV
+        serves). When the step kept no template state there, a whole pass from layer 0 (not stopped early)."""
         own = self.held.device(shard)
         if own is not None:
             return own
@@ -73,7 +74,7 @@ class DeviceKV:
             return held.device(grid[g]) is not None
 
         def ready(g: int) -> bool:
-            return held.is_ready(grid[g]) and not held.is_failed(grid[g])
+            return held.arrived(grid[g])
 
         def stop(layer: int, kv: KV) -> bool:
             if layer >= shard.layer:

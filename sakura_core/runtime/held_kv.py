@@ -110,6 +110,12 @@ class HeldKV:
     def is_failed(self, shard: ShardId) -> bool:
         return shard in self.failed
 
+    def arrived(self, shard: ShardId) -> bool:
+        """Decoded KV of ``shard`` is here, also of one the compute lane gave up on (its transfer was not cancelled;
+        a shard whose fetch failed has none)."""
+        with self.lock:
+            return self.ready[shard].is_set() and shard in self.kv
+
     def fetched(self, shard: ShardId) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The decoded ``(k, v, level)`` of a ready shard that did not fail."""
         with self.lock:

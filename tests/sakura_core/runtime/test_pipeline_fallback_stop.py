@@ -1,6 +1,7 @@
 """The live runtime's fallback template pass is abandonable (``DeviceKV.kv``): run layer by layer through the
-backend's ``resume_template_kv(..., stop)``, it stops once the late shard is made and every later shard of its step is
-decoded (``deferral.pass_can_stop``), and the step goes on with the fetched KV. Per-step demo edit, manual clock."""
+backend's ``resume_template_kv(..., stop)``, it stops once every shard of its step from the late one on is made by it or
+decoded (``deferral.pass_can_stop``; the late shard's own transfer goes on), and the step goes on with the fetched KV.
+Per-step demo edit, manual clock."""
 
 import threading
 import time
@@ -14,19 +15,39 @@ from sakura_core.runtime import device_kv
 from .test_pipeline_per_step import POLL_S, _LateThenDevice, _run_with_late_shard, _stall_of, setup  # noqa: F401
 
 
-def _link_back(real_stop):
-    """``pass_can_stop`` that, once the pass has made the late shard, lets the link deliver the rest of the step first
-    (real time, bounded): the link came back while the pass ran."""
+def _link_back(real_stop, after=None):
+    """``pass_can_stop`` that, once the pass has made layer ``after`` (None: at its first layer), lets the link deliver
+    the rest of the step from the late shard on (real time, bounded): the link came back while the pass ran."""
 
     def stop(late, end, made, ready):
-        if made(late):
+        if after is None or made(after):
             for _ in range(6000):
-                if all(ready(g) for g in range(late + 1, end)):
+                if all(made(g) or ready(g) for g in range(late, end)):
                     break
                 time.sleep(0.01)
         return real_stop(late, end, made, ready)
 
     return stop
+
+
+def test_a_live_fallback_pass_stops_before_the_late_layer_once_the_link_delivers_it(
+    setup,  # noqa: F811 - the imported fixture
+    monkeypatch,
+    manual_clock,
+):
+    model, on_device = setup[0], setup[4]
+    L = model.adapter.num_layers
+    made = _record_pass_layers(monkeypatch, model)
+    monkeypatch.setattr(device_kv, "pass_can_stop", _link_back(device_kv.pass_can_stop))
+    pol = _LateThenDevice([0, 0, 0])  # gives up on step 1 layer 2 at once; the shard comes right after
+    rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
+    # the pass resumed at step 1's drop (layer 0) and stopped after its first layer: the given-up shard arrived
+    assert made == [0]
+    stopped = [d for d in rep.decisions if "fallback pass stopped after layer 0" in str(d["reason"])]
+    assert len(stopped) == 1 and stopped[0]["layer"] == L + 2
+    by_step = rep.levels_by_step()
+    assert by_step["step 1"] == ["fp16"] * L  # the late shard's fetched KV serves: the device made none of it
+    assert (rep.tokens - on_device.tokens).abs().max() < 2e-3  # the stated bound of fp16 KV storage
 
 
 def test_a_live_fallback_pass_stops_at_the_late_layer_and_the_edit_stays_within_the_fp16_bound(
@@ -38,8 +59,9 @@ def test_a_live_fallback_pass_stops_at_the_late_layer_and_the_edit_stays_within_
     L = model.adapter.num_layers
     assert L >= 4  # layers after the late one (2) are left to the link
     made = _record_pass_layers(monkeypatch, model)
-    monkeypatch.setattr(device_kv, "pass_can_stop", _link_back(device_kv.pass_can_stop))
-    pol = _LateThenDevice([0, 0, 0])  # gives up on step 1 layer 2 at once; the shard comes right after
+    monkeypatch.setattr(device_kv, "pass_can_stop", _link_back(device_kv.pass_can_stop, after=L + 2))
+    pol = _LateThenDevice([0, 0, 0])  # gives up on step 1 layer 2 at once
+    pol.release = _NeverBefore(made, 2)  # the late shard (and the link behind it) once the pass has made it
     rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
     # the pass resumed at step 1's drop (layer 0) and stopped after the late layer: not run to the step's end
     assert made == [0, 1, 2]
