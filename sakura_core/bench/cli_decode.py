@@ -5,7 +5,9 @@ The shard is one phone-class DiT layer (:data:`~sakura_core.bench.phone_scale.PH
 template's real K/V tiled to that size (:func:`~sakura_core.bench.phone_scale.phone_scale_input`; uniform importance,
 so SAKURA's rungs keep every token) — or, with ``--data gaussian``, Gaussian K/V of that size (tiling repeats the demo's
 256 tokens, which the entropy coder exploits: the demo data's wire sizes are smaller than a real layer's). Every level is encoded once and its whole chain decoded with
-``sakura_core.kv.decode_chain`` on this thread (torch limited to one thread), best of ``--repeats``. The wire rate a
+``sakura_core.kv.decode_chain`` on this thread (torch limited to one thread), best of ``--repeats``; then SAKURA's
+cross-step rungs (:mod:`.decode_residual`: a per-step template's step 1 against step 0, the open-loop residual chain
+and the closed-loop twin, the reference add included; ``--no-residual`` leaves them out). The wire rate a
 decoder sustains is ``8 * wire bytes / decode time``: issue 24 asks >= 500 Mbit/s. The machine's load average is
 recorded beside the figures (a shared machine slows every codec alike, which is why they are measured in one run).
 """
@@ -54,6 +56,9 @@ def add_arguments(parser) -> None:
         "--repeats", type=int, default=5, help="timed decodes per level, best kept (default: %(default)s)"
     )
     parser.add_argument("--weights", default="auto", help="demo model weights: auto, a .safetensors path, or 'random'")
+    parser.add_argument("--no-residual", action="store_true",
+                        help="leave out SAKURA's cross-step rungs (a per-step template's step 1 coded against step 0: "
+                             "the open-loop residual chain and the closed-loop twin, reference add included)")  # fmt: skip
 
 
 def measure_decode(layer_kv, codecs: tuple[str, ...], shard: dict, repeats: int) -> list[dict]:
@@ -85,11 +90,11 @@ def format_table(result: dict) -> str:
         f"{s['head_dim']}; {result['fp16_bytes']} B fp16; {'demo KV tiled' if result['data'] == 'demo' else 'Gaussian K/V'}, uniform importance); load average "
         f"{result['load_before'][0]:.1f} before, {result['load_after'][0]:.1f} after; target >= "
         f"{TARGET_WIRE_MBIT_S:g} Mbit/s of wire",
-        f"{'codec':<10}{'level':<14}{'wire B':>10}{'x fp16':>8}{'decode ms':>11}{'fp16 MB/s':>11}{'wire Mbit/s':>13}",
+        f"{'codec':<17}{'level':<14}{'wire B':>10}{'x fp16':>8}{'decode ms':>11}{'fp16 MB/s':>11}{'wire Mbit/s':>13}",
     ]
     for r in result["rows"]:
         lines.append(
-            f"{r['codec']:<10}{r['name']:<14}{r['wire_bytes']:>10}{r['ratio_vs_fp16']:>8.2f}{r['decode_s'] * 1e3:>11.1f}"
+            f"{r['codec']:<17}{r['name']:<14}{r['wire_bytes']:>10}{r['ratio_vs_fp16']:>8.2f}{r['decode_s'] * 1e3:>11.1f}"
             f"{r['fp16_mb_s']:>11.1f}{r['wire_mbit_s']:>13.1f}{'' if r['meets_target'] else '  < target'}"
         )
     return "\n".join(lines)
@@ -106,11 +111,16 @@ def run(args) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     torch.set_num_threads(1)
+    steps = None  # (step 0, step 1) of one layer for the cross-step rows
     if args.data == "gaussian":
         rng = np.random.default_rng(0)
         shape = (args.tokens, args.heads, args.head_dim)
         layer_kv = np.stack([rng.standard_normal(shape, dtype=np.float32),
                              0.6 * rng.standard_normal(shape, dtype=np.float32)])  # fmt: skip
+        if not args.no_residual:
+            from .decode_residual import gaussian_steps
+
+            steps = gaussian_steps(args.tokens, args.heads, args.head_dim)
     else:
         model = load_demo_model(weights=None if args.weights == "random" else args.weights)
         if not 0 <= args.layer < model.adapter.num_layers:
@@ -119,8 +129,18 @@ def run(args) -> int:
         image = load_image(args.template, model.spec.image_size)
         kv = model.adapter.extract_template_kv(model.template_tokens(image), model.spec.grid)
         layer_kv = kv.kv[args.layer].float().numpy()  # (2, tokens, heads, head_dim)
+        if not args.no_residual:
+            from ..runtime.schedule import edit_times
+
+            times = edit_times(model, 4)[:2]  # the first two steps of a 4-step edit
+            per_step = model.adapter.extract_per_step_kv(model.template_tokens(image), model.spec.grid, times)
+            steps = tuple(per_step.kv[s, args.layer].float().numpy() for s in (0, 1))
     load_before = os.getloadavg()
     rows = measure_decode(layer_kv, args.codecs, shard, args.repeats)
+    if steps is not None:
+        from .decode_residual import measure_residual_decode
+
+        rows += measure_residual_decode(*steps, shard, args.repeats, TARGET_WIRE_MBIT_S)
     result = {"shard": shard, "fp16_bytes": 2 * 2 * args.tokens * args.heads * args.head_dim, "rows": rows,
               "data": args.data, "template": args.template, "layer": args.layer, "repeats": args.repeats, "threads": 1,
               "target_wire_mbit_s": TARGET_WIRE_MBIT_S, "load_before": load_before, "load_after": os.getloadavg(),
