@@ -117,7 +117,8 @@ class HeldKV:
             return self.ready[shard].is_set() and shard in self.kv
 
     def fetched(self, shard: ShardId) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The decoded ``(k, v, level)`` of a ready shard that did not fail."""
+        """The decoded ``(k, v, level)`` of a ready shard that did not fail (or that was given up on and then
+        arrived: :meth:`arrived`)."""
         with self.lock:
             return self.kv[shard]
 
