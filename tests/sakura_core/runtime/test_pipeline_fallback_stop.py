@@ -30,24 +30,38 @@ def _link_back(real_stop, after=None):
     return stop
 
 
+def _pass_with_link_back(edit_setup, monkeypatch, clock, last_made: int | None):
+    """A per-step edit whose policy gives up on step 1 layer 2 at once and whose link delivers the rest of the step
+    while the fallback pass runs: right after the give-up (``last_made`` None), or once the pass has made layer
+    ``last_made``. The layers the pass made, the report, the layer count."""
+    model = edit_setup[0]
+    L = model.adapter.num_layers
+    made = _record_pass_layers(monkeypatch, model)
+    after = None if last_made is None else L + last_made
+    monkeypatch.setattr(device_kv, "pass_can_stop", _link_back(device_kv.pass_can_stop, after=after))
+    pol = _LateThenDevice([0, 0, 0])
+    if last_made is not None:
+        pol.release = _NeverBefore(made, last_made)  # the late shard (and the link behind it) only then
+    return made, _run_with_late_shard(edit_setup, pol, pol.release, clock), L
+
+
+def _stopped_after(rep, layer: int) -> list:
+    return [d for d in rep.decisions if f"fallback pass stopped after layer {layer}" in str(d["reason"])]
+
+
 def test_a_live_fallback_pass_stops_before_the_late_layer_once_the_link_delivers_it(
     setup,  # noqa: F811 - the imported fixture
     monkeypatch,
     manual_clock,
 ):
-    model, on_device = setup[0], setup[4]
-    L = model.adapter.num_layers
-    made = _record_pass_layers(monkeypatch, model)
-    monkeypatch.setattr(device_kv, "pass_can_stop", _link_back(device_kv.pass_can_stop))
-    pol = _LateThenDevice([0, 0, 0])  # gives up on step 1 layer 2 at once; the shard comes right after
-    rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
+    made, rep, L = _pass_with_link_back(setup, monkeypatch, manual_clock, None)
     # the pass resumed at step 1's drop (layer 0) and stopped after its first layer: the given-up shard arrived
     assert made == [0]
-    stopped = [d for d in rep.decisions if "fallback pass stopped after layer 0" in str(d["reason"])]
+    stopped = _stopped_after(rep, 0)
     assert len(stopped) == 1 and stopped[0]["layer"] == L + 2
     by_step = rep.levels_by_step()
     assert by_step["step 1"] == ["fp16"] * L  # the late shard's fetched KV serves: the device made none of it
-    assert (rep.tokens - on_device.tokens).abs().max() < 2e-3  # the stated bound of fp16 KV storage
+    assert (rep.tokens - setup[4].tokens).abs().max() < 2e-3  # the stated bound of fp16 KV storage
 
 
 def test_a_live_fallback_pass_stops_at_the_late_layer_and_the_edit_stays_within_the_fp16_bound(
@@ -55,23 +69,17 @@ def test_a_live_fallback_pass_stops_at_the_late_layer_and_the_edit_stays_within_
     monkeypatch,
     manual_clock,
 ):
-    model, on_device = setup[0], setup[4]
-    L = model.adapter.num_layers
+    made, rep, L = _pass_with_link_back(setup, monkeypatch, manual_clock, 2)
     assert L >= 4  # layers after the late one (2) are left to the link
-    made = _record_pass_layers(monkeypatch, model)
-    monkeypatch.setattr(device_kv, "pass_can_stop", _link_back(device_kv.pass_can_stop, after=L + 2))
-    pol = _LateThenDevice([0, 0, 0])  # gives up on step 1 layer 2 at once
-    pol.release = _NeverBefore(made, 2)  # the late shard (and the link behind it) once the pass has made it
-    rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
     # the pass resumed at step 1's drop (layer 0) and stopped after the late layer: not run to the step's end
     assert made == [0, 1, 2]
-    stopped = [d for d in rep.decisions if "fallback pass stopped after layer 2" in str(d["reason"])]
+    stopped = _stopped_after(rep, 2)
     assert len(stopped) == 1 and stopped[0]["layer"] == L + 2
     by_step = rep.levels_by_step()
     assert by_step["step 1"] == ["fp16", "fp16", "device"] + ["fp16"] * (L - 3)
     assert by_step["step 2"] == ["fp16"] * L
     # the stated bound of fp16 KV storage (the device's own layer is exact)
-    assert (rep.tokens - on_device.tokens).abs().max() < 2e-3
+    assert (rep.tokens - setup[4].tokens).abs().max() < 2e-3
 
 
 def test_a_live_fallback_pass_runs_to_the_end_while_the_link_has_not_delivered(
