@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from ..files import atomic_write_json
-from .phone_scale import PHONE_SHARD, level_chain, phone_scale_input
+from .phone_scale import PHONE_SHARD, decode_row, level_chain, phone_scale_input
 from .timing import best_time_s
 
 __all__ = ["TARGET_WIRE_MBIT_S", "add_arguments", "format_table", "measure_decode", "run"]
@@ -75,10 +75,8 @@ def measure_decode(layer_kv, codecs: tuple[str, ...], shard: dict, repeats: int)
             blobs = codec.encode(inp, level_chain(codec, level))
             wire = sum(len(b) for b in blobs)
             seconds = best_time_s(lambda b=blobs: decode_chain(b), repeats, warmup=True)
-            rows.append({"codec": name, "level": level, "name": codec.level_name(level), "wire_bytes": wire,
-                         "ratio_vs_fp16": fp16_bytes / wire, "decode_s": seconds,
-                         "fp16_mb_s": fp16_bytes / seconds / 1e6, "wire_mbit_s": 8 * wire / seconds / 1e6,
-                         "meets_target": 8 * wire / seconds / 1e6 >= TARGET_WIRE_MBIT_S})  # fmt: skip
+            row = decode_row(name, level, codec.level_name(level), wire, fp16_bytes, seconds, TARGET_WIRE_MBIT_S)
+            rows.append(row)
     return rows
 
 
@@ -127,13 +125,14 @@ def run(args) -> int:
             print(f"sakura bench decode: --layer must be in 0..{model.adapter.num_layers - 1}", file=sys.stderr)
             return 2
         image = load_image(args.template, model.spec.image_size)
-        kv = model.adapter.extract_template_kv(model.template_tokens(image), model.spec.grid)
+        tokens = model.template_tokens(image)
+        kv = model.adapter.extract_template_kv(tokens, model.spec.grid)
         layer_kv = kv.kv[args.layer].float().numpy()  # (2, tokens, heads, head_dim)
         if not args.no_residual:
             from ..runtime.schedule import edit_times
 
             times = edit_times(model, 4)[:2]  # the first two steps of a 4-step edit
-            per_step = model.adapter.extract_per_step_kv(model.template_tokens(image), model.spec.grid, times)
+            per_step = model.adapter.extract_per_step_kv(tokens, model.spec.grid, times)
             steps = tuple(per_step.kv[s, args.layer].float().numpy() for s in (0, 1))
     load_before = os.getloadavg()
     rows = measure_decode(layer_kv, args.codecs, shard, args.repeats)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .phone_scale import level_chain, phone_scale_input
+from .phone_scale import decode_row, level_chain, phone_scale_input
 from .timing import best_time_s
 
 __all__ = ["REF_DIGEST", "gaussian_steps", "measure_residual_decode"]
@@ -80,8 +80,5 @@ def measure_residual_decode(step0: np.ndarray, step1: np.ndarray, shard: dict, r
             wire = sum(len(b) for b in blobs)
             seconds = best_time_s(lambda b=blobs: decode_chain(b, ref), repeats, warmup=True)
             name = codec.level_name(level) + ("+cl" if family == "closed" else "")
-            rows.append({"codec": f"sakura-{family}", "level": level, "name": name, "wire_bytes": wire,
-                         "ratio_vs_fp16": fp16_bytes / wire, "decode_s": seconds,
-                         "fp16_mb_s": fp16_bytes / seconds / 1e6, "wire_mbit_s": 8 * wire / seconds / 1e6,
-                         "meets_target": 8 * wire / seconds / 1e6 >= target_mbit_s})  # fmt: skip
+            rows.append(decode_row(f"sakura-{family}", level, name, wire, fp16_bytes, seconds, target_mbit_s))
     return rows

@@ -16,7 +16,7 @@ from ..runtime.oracle import fixed_split_policy
 from ..runtime.profiles import DeviceProfile
 from ..runtime.simulate import kv_mode_view, simulate
 
-__all__ = ["PHONE_SHARD", "format_regime", "level_chain", "phone_scale_input", "regime_map"]
+__all__ = ["PHONE_SHARD", "decode_row", "format_regime", "level_chain", "phone_scale_input", "regime_map"]
 
 PHONE_SHARD = {"tokens": 1024, "heads": 16, "head_dim": 64}  # 4 MiB of fp16 K+V: one phone-class DiT layer
 
@@ -44,6 +44,16 @@ def phone_scale_input(layer_kv: np.ndarray, shard: dict | None = None):
 def level_chain(codec, level: int) -> list[int]:
     """The levels a chain up to ``level`` of ``codec`` encodes (a progressive codec: every level up to it)."""
     return [lv for lv in codec.levels if lv <= level] if codec.progressive else [level]
+
+
+def decode_row(codec: str, level: int, name: str, wire: int, fp16_bytes: int, seconds: float, target_mbit_s: float
+               ) -> dict:  # fmt: skip
+    """One row of ``sakura bench decode``: wire bytes, ratio vs fp16, decode seconds, fp16 MB/s, wire Mbit/s and
+    whether that meets ``target_mbit_s``."""
+    mbit = 8 * wire / seconds / 1e6
+    return {"codec": codec, "level": level, "name": name, "wire_bytes": wire, "ratio_vs_fp16": fp16_bytes / wire,
+            "decode_s": seconds, "fp16_mb_s": fp16_bytes / seconds / 1e6, "wire_mbit_s": mbit,
+            "meets_target": mbit >= target_mbit_s}  # fmt: skip
 
 
 def regime_map(
