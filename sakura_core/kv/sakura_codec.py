@@ -89,7 +89,7 @@ class SakuraConfig:
             speed barely changes).
     """
 
-    level_bits: tuple[float, ...] = (1.2, 1.5, 1.75, 2.0, 2.4, 3.0, 4.5, 9.0)
+    level_bits: tuple[float, ...] = (1.2, 1.33, 1.5, 1.75, 2.0, 2.4, 3.0, 4.5, 9.0)
     uniform_mix: float = 0.0
     zstd_level: int = 19
 

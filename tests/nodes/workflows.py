@@ -125,8 +125,7 @@ WORKFLOWS = {
         + EMULATED_HOW
         + "\n\nWhy sakura fetched or computed: the phone computes the template's layers while it waits; the KV of "
         "the last layer arrives before the phone gets there, so sakura drops the template there (split at layer 5 "
-        "of 6) and fetches that shard at the quality floor, upgrading it on the idle link (levels_used: sakura-l3, "
-        "then l4). ~30 s vs ~57 s computing both references at every step (on-device): two references double the "
+        "of 6) and fetches that shard at the quality floor (levels_used: sakura-l5). ~30 s vs ~57 s computing both references at every step (on-device): two references double the "
         "template the phone would otherwise recompute.",
         bandwidth="trace file",
         trace="ATT-LTE-driving-2016.down",
@@ -167,10 +166,11 @@ WORKFLOWS = {
         "count is refused: precompute the template for it). Shards of step s+1 stream while step s computes.\n\n"
         + EMULATED_HOW
         + "\n\nWhy sakura fetches: at 50 Mbit/s a phone-size shard arrives faster than the phone "
-        "computes that layer's template tokens. Step 0 computes its first layers while the rest stream in (split "
-        "at layer 3), every later (step, layer) is fetched at the level the policy picks per shard (sakura-l3, "
-        "upgraded to l4 while the link idles): ~22 s vs ~36 s for on-device (levels_used and split_layers in the "
-        "report; the timeline's lanes).",
+        "computes that layer's template tokens. Step 0 computes its first layer while the rest stream in (split "
+        "at layer 1), every later (step, layer) is fetched at the level the policy picks per shard (the quality "
+        "floor: step 0 at sakura-l1, each later step as its closed-loop twin sakura-l1+cl; layer 0, computed at "
+        "step 0, off that track at an open-loop level): ~21 s vs ~36 s for on-device (levels_used and "
+        "split_layers in the report; the timeline's lanes).",
         bandwidth="fixed Mbit/s",
         mbit=50.0,
         steps=4,

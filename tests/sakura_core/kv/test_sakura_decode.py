@@ -11,11 +11,12 @@ import zstandard
 
 from sakura_core.kv import ShardCorruptError
 from sakura_core.kv.chain import ChainDecoder, DecodedReference, decode_chain, parse_chain
+from sakura_core.kv.codec_registry import get_codec
 from sakura_core.kv.container import pack_shard, parse_shard
 from sakura_core.kv.predictor import fit_scale_codes, scales_from_codes
 from sakura_core.kv.sakura_codec import WIDTHS, encode_sakura
 
-LEVELS = list(range(8))
+LEVELS = list(get_codec("sakura").levels)
 
 
 def _unpack(raw: bytes, m: int, n: int) -> np.ndarray:
