@@ -11,7 +11,7 @@ from pathlib import Path
 from sakura_core.files import atomic_write_json, output_problem
 from sakura_core.models.loading import check_model_source
 from sakura_core.models.ref_layout import MAX_REFERENCES
-from sakura_core.precompute.cross_step import compare_to_single, level_totals
+from sakura_core.precompute.cross_step import compare_to_single, level_totals, storage
 
 from .config import MODELS
 from .precompute import (
@@ -162,7 +162,13 @@ def run(args) -> int:
         f"{result.shards} blobs, {result.shard_bytes / 2**20:.2f} MiB in {secs:.1f} s"
     )
     _print_level_bytes(m)
-    report = {"template_id": result.template_id, "kv_mode": args.kv_mode, "levels": level_totals(m)}
+    stored = storage(m)
+    if stored["x_fp16"] is not None:
+        print(
+            f"stored: {stored['stored_bytes']} bytes, {stored['x_fp16']:.2f}x the template's uncompressed (fp16) KV "
+            f"({stored['fp16_bytes']} bytes; every level and the fp16 itself are kept)"
+        )
+    report = {"template_id": result.template_id, "kv_mode": args.kv_mode, "levels": level_totals(m), "storage": stored}
     if args.kv_mode == "per-step" and args.compare_single:
         report["vs_single"] = _compare_single(store, model, image, args, m)
     if args.json:

@@ -51,6 +51,7 @@ __all__ = [
     "compare_to_single",
     "encode_residual_step",
     "level_totals",
+    "storage",
     "reuse_representation",
 ]
 
@@ -277,6 +278,16 @@ def level_totals(manifest: dict) -> list[dict]:
         if at0 != name:
             row["bytes"] += sum(r.get("total_bytes", r["bytes"]) for r in step0 if r["name"] == at0)
     return sorted(per_name.values(), key=lambda r: (r["name"] == "fp16", r["bytes"]))
+
+
+def storage(manifest: dict) -> dict:
+    """What a template occupies in a store: ``stored_bytes`` (every blob once: a progressive level's chain shares the
+    blobs of the levels below it), ``fp16_bytes`` (its uncompressed KV: every shard's fp16 representation) and
+    ``x_fp16``, their ratio (> 1: the store holds more than the uncompressed KV, e.g. a ladder beside the fp16)."""
+    blobs = {r["digest"]: r["bytes"] for sh in manifest["shards"] for r in sh["representations"]}
+    fp16 = sum(r["bytes"] for sh in manifest["shards"] for r in sh["representations"] if r["name"] == "fp16")
+    stored = sum(blobs.values())
+    return {"stored_bytes": stored, "fp16_bytes": fp16, "x_fp16": round(stored / fp16, 3) if fp16 else None}
 
 
 def bytes_at_psnr(rows: list[dict], psnr_db: float) -> float | None:

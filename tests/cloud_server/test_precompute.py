@@ -146,10 +146,20 @@ def test_cli_precompute_with_the_codec(tmp_path):
     assert f"model demo ({manifest['model_id'][:16]})" in proc.stdout  # made with the model the CLI loaded
     image = manifest["template_image"]
     assert hashlib.sha256(store.shard_path(image["digest"]).read_bytes()).hexdigest() == image["digest"]
+    on_disk, fp16 = {}, 0
     for shard in manifest["shards"]:
         for rep in shard["representations"]:
             blob = store.shard_path(rep["digest"]).read_bytes()
             assert hashlib.sha256(blob).hexdigest() == rep["digest"] and len(blob) == rep["bytes"]
+            on_disk[rep["digest"]] = len(blob)
+            fp16 += len(blob) if rep["name"] == "fp16" else 0
+    # the storage line counts every blob once (a progressive level shares its chain's blobs) against the fp16 KV
+    stored = sum(on_disk.values())
+    assert (
+        f"stored: {stored} bytes, {stored / fp16:.2f}x the template's uncompressed (fp16) KV ({fp16} bytes"
+        in proc.stdout
+    )
+    assert stored < sum(r.get("total_bytes", r["bytes"]) for sh in manifest["shards"] for r in sh["representations"])
     again = subprocess.run(
         [*cmd, "--image", "astronaut", "--id", "astro"], capture_output=True, text=True, timeout=300
     )
