@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from ..runtime.geometry import get_geometry
 from ..runtime.sim_ladders import ShardLadders
 from .geometry_ladders import LadderConfig, demo_ladders, geometry_ladders, size_effects
 
-__all__ = ["ladder_file", "ladder_lines", "load_or_measure_ladders"]
+__all__ = ["QUIET_LOAD_PER_CORE", "ladder_file", "ladder_lines", "load_note", "load_or_measure_ladders"]
 
 
 def ladder_file(folder: str | Path, geometry: str, kv_mode: str) -> Path:
@@ -38,6 +39,9 @@ def load_or_measure_ladders(pairs: list[tuple[str, str]], folder: str | None, cf
                     f"sakura bench e2e: cannot read ladders {path}: {e}; delete it to measure again"
                 ) from e
             say(f"ladders {geometry} {kv_mode}: read {path}")
+            note = load_note(out[(geometry, kv_mode)].source)
+            if note:
+                say(f"ladders {geometry} {kv_mode}: {note}")
         else:
             missing.append((geometry, kv_mode))
     if not missing:
@@ -46,6 +50,7 @@ def load_or_measure_ladders(pairs: list[tuple[str, str]], folder: str | None, cf
     demos = {}
     # the size effects are the codecs' at the geometry's shard size: reuse those a file of the geometry measured
     effects = {g: lad.source["size_effects"] for (g, _), lad in out.items() if "size_effects" in lad.source}
+    loads = {g: lad.source.get("load_average") for (g, _), lad in out.items() if "size_effects" in lad.source}
     for geometry, kv_mode in missing:
         g = get_geometry(geometry)
         if kv_mode not in demos:
@@ -55,7 +60,9 @@ def load_or_measure_ladders(pairs: list[tuple[str, str]], folder: str | None, cf
             say(
                 f"measuring codec size effects at {geometry}'s shard size ({g.template_tokens} tokens x {g.width}) ..."
             )
+            before = os.getloadavg()[0]
             effects[geometry] = size_effects(demos[kv_mode], g, cfg, say)
+            loads[geometry] = [round(before, 2), round(os.getloadavg()[0], 2)]
         source = {
             "measured_on": f"demo model ({model.weights_source}), templates {', '.join(cfg.templates[: g.references])}"
             f", user {cfg.user}, {cfg.steps} steps",
@@ -63,8 +70,12 @@ def load_or_measure_ladders(pairs: list[tuple[str, str]], folder: str | None, cf
             "synthesised_demo_layers": list(cfg.synth_layers),
             "size_effects": effects[geometry],
             "host_cpu": platform.processor() or platform.machine(),
+            "load_average": loads.get(geometry),
+            "cpu_count": os.cpu_count(),
             "method": "sakura_core.bench.geometry_ladders (module docstring)",
         }
+        if note := load_note(source):
+            say(f"ladders {geometry} {kv_mode}: {note}")
         lad = geometry_ladders(demos[kv_mode], effects[geometry], g, kv_mode, source)
         out[(geometry, kv_mode)] = lad
         if folder:
@@ -72,6 +83,27 @@ def load_or_measure_ladders(pairs: list[tuple[str, str]], folder: str | None, cf
             atomic_write_json(ladder_file(folder, geometry, kv_mode), lad.as_dict())
             say(f"ladders {geometry} {kv_mode}: wrote {ladder_file(folder, geometry, kv_mode)}")
     return out
+
+
+#: Above this 1-minute load average per core the decode timings of a ladder file run slow: measured on this 2-core
+#: host at load 8-15, every codec's decode took ~1.6x its quiet-machine CPU time, which flatters sakura against the
+#: decode-bound cachegen.
+QUIET_LOAD_PER_CORE = 0.75
+
+
+def load_note(source: dict) -> str | None:
+    """A warning when a ladder file's decode times were measured on a busy machine (``source["load_average"]``:
+    the 1-minute load average before and after timing them; ``source["cpu_count"]``), or when the file does not
+    say."""
+    loads = source.get("load_average")
+    if not loads:
+        return "decode times measured at an unrecorded load average (delete the file to re-measure on a quiet machine)"
+    quiet = QUIET_LOAD_PER_CORE * (source.get("cpu_count") or 2)
+    if max(loads) > quiet:
+        return (f"decode times measured at load average {max(loads):.1f} (above {quiet:.1f}): every codec decodes "
+                f"slower there, which flatters sakura against the decode-bound cachegen; delete the file to re-measure "
+                f"on a quiet machine")  # fmt: skip
+    return None
 
 
 def ladder_lines(lad: ShardLadders, fp16_shard_bytes: int, slowdown: float = 1.0) -> list[str]:
