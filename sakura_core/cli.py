@@ -67,6 +67,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "sakura_core.bench.cli_decode",
         "one decode thread on a phone-scale shard, SAKURA vs CacheGen: fp16 MB/s and Mbit/s of wire; JSON",
     ),
+    ("bench", "heldout"): (
+        "sakura_core.bench.cli_heldout",
+        "every level's manifest PSNR vs edits precompute never saw; does the quality floor hold; JSON",
+    ),
 }
 
 

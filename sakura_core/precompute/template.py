@@ -26,7 +26,16 @@ from .cross_step import StepBase, encode_residual_step, reuse_representation
 from .importance import attention_error, importance_from_captures, layer_gains
 from .probes import ProbeConfig, make_probes
 
-__all__ = ["DISTORTION_METRIC", "PrecomputedTemplate", "precompute_template"]
+__all__ = [
+    "DISTORTION_METRIC",
+    "PrecomputedTemplate",
+    "decode_level",
+    "level_psnr",
+    "manifest_psnr_edit",
+    "output_pixels",
+    "precompute_template",
+    "template_kvs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +100,7 @@ def precompute_template(
     report = progress or (lambda stage, done, total: None)
     images = _check_images(model, template_image)
     config = ProbeConfig(seed=seed) if probes is None else replace(probes, seed=seed)
-    per_step, kvs = _template_kvs(model, images[0] if len(images) == 1 else images, kv_mode, steps, shift, report)
+    per_step, kvs = template_kvs(model, images[0] if len(images) == 1 else images, kv_mode, steps, shift, report)
     blobs: dict[str, bytes] = {}
     packed = _probe_latents(model, images[0])
     cross = per_step is not None and cross_step and ladder.name != "fp16"  # an fp16 ladder is its own exact rung
@@ -191,7 +200,7 @@ class _StepEncoder:
         return shards
 
 
-def _template_kvs(model, image, kv_mode: str, steps: int, shift: float, report):
+def template_kvs(model, image, kv_mode: str, steps: int, shift: float, report):
     """(the per-step KV or None, the TemplateKV of each step — one in single mode) of the exact template KV
     (``image``: the template image, or the list of its reference images)."""
     from ..runtime.schedule import edit_times
@@ -327,36 +336,66 @@ def _add_output_psnr(
 ):
     """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards (every step's, in
     per-step mode) at that level."""
-    from ..metrics import psnr_from_mse
-    from ..runtime.denoise import run_edit
+    names = list(dict.fromkeys(r["name"] for sh in shards for r in sh["representations"]))  # step 0's first
+    psnr = level_psnr(model, kv, shards, blobs, names, [manifest_psnr_edit(model, seed)], steps, shift, report)
+    for shard in shards:
+        for r in shard["representations"]:
+            r["psnr_db"] = round(psnr[r["name"]][0], 3)
+
+
+def manifest_psnr_edit(model, seed: int) -> tuple[np.ndarray, str, int]:
+    """The held-out edit (user image, prompt, seed) a manifest's ``psnr_db`` is measured with: a probe crop drawn
+    from ``seed``, a generic prompt."""
     from .probes import sample_crop
 
-    rng = np.random.default_rng([seed, 3, 0x5A4B])
-    user = sample_crop(rng, model.spec.image_size)
-    prompt = "a photo"
+    return sample_crop(np.random.default_rng([seed, 3, 0x5A4B]), model.spec.image_size), "a photo", seed
+
+
+def level_psnr(
+    model,
+    kv: TemplateKV | PerStepTemplateKV,
+    shards: list[dict],
+    blobs: dict[str, bytes],
+    names: list[str],
+    edits: list[tuple[np.ndarray, str, int]],
+    steps: int,
+    shift: float = 1.0,
+    report=None,
+) -> dict[str, list[float]]:
+    """End-to-end output PSNR (dB, images in [-1, 1]) of every level in ``names`` (all shards of the template at
+    that level, decoded from ``shards`` / ``blobs``) against the exact-KV edit, for each edit ``(user image, prompt,
+    seed)`` of ``steps`` steps (per-step ``kv``: its own schedule): ``{name: [psnr per edit]}``."""
+    from ..metrics import psnr_from_mse
+    from ..runtime.denoise import run_edit
+
+    report = report or (lambda stage, done, total: None)
     mode = "per-step" if isinstance(kv, PerStepTemplateKV) else "single"
-    run = dict(steps=steps, seed=seed, shift=shift, kv_mode=mode)
-    exact = _output_pixels(model, run_edit(model, user, prompt, kv_source=kv, **run).tokens)
-    names = list(dict.fromkeys(r["name"] for sh in shards for r in sh["representations"]))  # step 0's first
+
+    def pixels(source, edit) -> torch.Tensor:
+        user, prompt, seed = edit
+        run = run_edit(model, user, prompt, kv_source=source, steps=steps, seed=seed, shift=shift, kv_mode=mode)
+        return output_pixels(model, run.tokens)
+
+    exact = [pixels(kv, e) for e in edits]
+    out: dict[str, list[float]] = {}
     for i, name in enumerate(names):
         report("psnr", i, len(names))
-        approx = _decode_level(kv, shards, blobs, name)
-        out = _output_pixels(model, run_edit(model, user, prompt, kv_source=approx, **run).tokens)
-        psnr = psnr_from_mse(float(((out - exact) ** 2).mean()))
-        for shard in shards:
-            for r in (r for r in shard["representations"] if r["name"] == name):
-                r["psnr_db"] = round(psnr, 3)
+        approx = decode_level(kv, shards, blobs, name)
+        out[name] = [
+            psnr_from_mse(float(((pixels(approx, e) - x) ** 2).mean())) for e, x in zip(edits, exact, strict=True)
+        ]
     report("psnr", len(names), len(names))
+    return out
 
 
-def _output_pixels(model, tokens: torch.Tensor) -> torch.Tensor:
+def output_pixels(model, tokens: torch.Tensor) -> torch.Tensor:
     """An edit's output as pixels in [-1, 1]: pixel-patch tokens clamped, or a latent model's VAE decode."""
     if hasattr(model, "decode_float"):
         return torch.from_numpy(model.decode_float(tokens)) * 2 - 1  # (S, S, 3) from [0, 1]
     return tokens.clamp(-1, 1)
 
 
-def _decode_level(kv, shards: list[dict], blobs: dict[str, bytes], name: str):
+def decode_level(kv, shards: list[dict], blobs: dict[str, bytes], name: str):
     """The whole template decoded at the level called ``name``, typed like ``kv`` (single or per-step)."""
     if isinstance(kv, PerStepTemplateKV):
         per_step = decode_per_step(shards, blobs, name, kv.num_steps)  # (steps, layers, 2, tokens, heads, head_dim)
