@@ -20,8 +20,8 @@ Closed-loop twins (``CLOSED_LOOP``): beside each open-loop residual level j, a r
 client decodes it on the level-j track: step 0's level j, then the twins of level j. Its manifest ``ref`` (mode
 ``closed``) and its header name the digest of that one representation, so it decodes only against it (the chain
 decoder compares the digests) — no error is carried from step to step: on the demo model the floor (>= 35 dB) falls
-from open-loop l4 to l1's track, 12 % fewer bytes at 2.2 dB more (``sakura precompute --kv-mode per-step
---compare-single`` prints both families). A client fetches a twin instead of level j when it holds the reference's
+from open-loop l5 to the track of l1 (the 1.33-bit level), 24 % fewer bytes at 0.5 dB more (``sakura precompute
+--kv-mode per-step --compare-single`` prints both families). A client fetches a twin instead of level j when it holds the reference's
 level-j track representation (a layer kept at one level); after a level change, or for a layer computed on the
 device, the open-loop level (or, below the open-loop floor, that floor) serves: ``policy.ladder.fetch_as``. Twins
 carry level numbers above fp16 (no rung of the ladder: a client substitutes them).
