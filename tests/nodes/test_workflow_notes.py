@@ -1,0 +1,46 @@
+"""The shipped workflows' notes name the levels a run fetches (the template's quality floor, picked from its manifest
+as the client picks it): a ladder change that moves the floor makes this fail until the notes say the new names
+(``.venv/bin/python tests/nodes/workflows.py`` regenerates the files)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from sakura_core.bench.heldout import floor_name
+from sakura_core.kv.names import base_level_name
+from sakura_core.precompute.cross_step import level_totals
+
+pytestmark = pytest.mark.slow
+
+NOTES = {  # workflow -> the template it loads
+    "sakura_face_swap_per_step": "face-swap-astronaut-per-step",
+    "sakura_virtual_try_on": "try-on-astronaut",
+}
+
+
+@pytest.fixture(scope="module")
+def workflows():
+    spec = importlib.util.spec_from_file_location("sakura_workflows_notes", Path(__file__).parent / "workflows.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sakura_workflows_notes"] = module
+    spec.loader.exec_module(module)
+    yield module.WORKFLOWS
+    sys.modules.pop("sakura_workflows_notes", None)
+
+
+def test_notes_name_the_templates_floor(tmp_path, examples, demo_model, workflows):
+    from cloud_server.store import LocalStore
+
+    examples.publish_examples(tmp_path, demo_model, list(NOTES.values()))
+    store = LocalStore(tmp_path)
+    for workflow, template in NOTES.items():
+        floor = floor_name(level_totals(store.get_manifest(template)), 35.0)
+        expected = {floor, base_level_name(floor)}  # a twin's track starts at step 0's level
+        note = next(n for n in workflows[workflow] if n.type == "Note").values["text"]
+        named = set(re.findall(r"sakura-l\d+(?:\+cl)?", note))
+        assert named == expected, f"{workflow}: the note names {sorted(named)}, the floor is {floor}"
