@@ -31,7 +31,7 @@ __all__ = [
     "PrecomputedTemplate",
     "decode_level",
     "level_psnr",
-    "manifest_psnr_edit",
+    "manifest_psnr_edits",
     "output_pixels",
     "precompute_template",
     "template_kvs",
@@ -318,9 +318,17 @@ def _encode_shard(ladder, shard, kv: TemplateKV, held, blobs: dict[str, bytes], 
     return {"layers": [first, last], "representations": reps}
 
 
+#: Held-out edits a level's manifest ``psnr_db`` is the lowest PSNR of. One edit left the quality floor no margin:
+#: ``sakura bench heldout`` found single-mode floors picked 0.04-0.07 dB above 35 dB falling to 34.3-34.6 dB on other
+#: users' edits (a level's PSNR varies by up to ~3 dB from edit to edit).
+PSNR_EDITS = 3
+
+#: The prompts of the held-out edits (the first one's is generic).
+PSNR_PROMPTS = ("a photo", "place it in the marked region", "change the colours")
+
 PSNR_METRIC = (
-    "psnr_db: output PSNR (images in [-1, 1]) of a held-out edit (probe user image, generic prompt) with every shard "
-    "at this level, against the same edit with exact KV"
+    f"psnr_db: the lowest output PSNR (images in [-1, 1]) over {PSNR_EDITS} held-out edits (probe user images, generic "
+    "prompts) with every shard at this level, each against the same edit with exact KV"
 )
 
 
@@ -334,21 +342,26 @@ def _add_output_psnr(
     shift: float,
     report,
 ):
-    """Set ``psnr_db`` on every representation: one held-out edit per level name, all shards (every step's, in
-    per-step mode) at that level."""
+    """Set ``psnr_db`` on every representation: per level name, all shards (every step's, in per-step mode) at that
+    level, the lowest PSNR over the held-out edits of :func:`manifest_psnr_edits`."""
     names = list(dict.fromkeys(r["name"] for sh in shards for r in sh["representations"]))  # step 0's first
-    psnr = level_psnr(model, kv, shards, blobs, names, [manifest_psnr_edit(model, seed)], steps, shift, report)
+    psnr = level_psnr(model, kv, shards, blobs, names, manifest_psnr_edits(model, seed), steps, shift, report)
     for shard in shards:
         for r in shard["representations"]:
-            r["psnr_db"] = round(psnr[r["name"]][0], 3)
+            r["psnr_db"] = round(min(psnr[r["name"]]), 3)
 
 
-def manifest_psnr_edit(model, seed: int) -> tuple[np.ndarray, str, int]:
-    """The held-out edit (user image, prompt, seed) a manifest's ``psnr_db`` is measured with: a probe crop drawn
-    from ``seed``, a generic prompt."""
+def manifest_psnr_edits(model, seed: int) -> list[tuple[np.ndarray, str, int]]:
+    """The held-out edits (user image, prompt, seed) a manifest's ``psnr_db`` is the lowest PSNR of: probe crops
+    drawn from ``seed``, each with its prompt (:data:`PSNR_PROMPTS`) and seed."""
     from .probes import sample_crop
 
-    return sample_crop(np.random.default_rng([seed, 3, 0x5A4B]), model.spec.image_size), "a photo", seed
+    size = model.spec.image_size
+    out = [(sample_crop(np.random.default_rng([seed, 3, 0x5A4B]), size), PSNR_PROMPTS[0], seed)]
+    for k in range(1, PSNR_EDITS):
+        rng = np.random.default_rng([seed, 3, 0x5A4B, k])
+        out.append((sample_crop(rng, size), PSNR_PROMPTS[k % len(PSNR_PROMPTS)], seed + k))
+    return out
 
 
 def level_psnr(
