@@ -1,7 +1,7 @@
 """Does a manifest's ``psnr_db`` hold on edits precompute never saw? (``sakura bench heldout``)
 
 Precompute measures every level's end-to-end PSNR on a few held-out edits (probe crops, generic prompts:
-:func:`~sakura_core.precompute.template.manifest_psnr_edits`; the manifest keeps the lowest), and a client picks its
+:func:`~sakura_core.precompute.output_psnr.manifest_psnr_edits`; the manifest keeps the lowest), and a client picks its
 quality floor by it (the cheapest level >= 35 dB). This bench precomputes each template as ``sakura precompute`` does and measures every
 level again on other users' images, prompts and seeds (each template edited with the other sample images): per
 level the manifest's PSNR beside the held-out minimum / median / maximum, and per template whether the level a client
@@ -19,7 +19,8 @@ import numpy as np
 from ..models.edit_model import EditModel, load_image
 from ..precompute import precompute_template
 from ..precompute.cross_step import level_totals
-from ..precompute.template import PSNR_METRIC, level_psnr, template_kvs
+from ..precompute.output_psnr import PSNR_METRIC, level_psnr
+from ..precompute.template import template_kvs
 
 __all__ = ["HeldOutConfig", "floor_name", "run_heldout"]
 

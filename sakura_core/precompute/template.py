@@ -17,25 +17,17 @@ from ..kv.chain import decode_chain
 from ..kv.codec_registry import get_codec
 from ..kv.container import shard_digest
 from ..kv.manifest import MANIFEST_VERSION, validate_manifest
-from ..kv.template_codec import decode_kv, decode_per_step, level_chains, shard_inputs
+from ..kv.template_codec import shard_inputs
 from ..models.edit_model import EditModel, load_image
 from ..models.kv_types import KV_MODES, PerStepTemplateKV, TemplateKV
 from ..models.ref_layout import REF_TIME_OFFSET, as_references
 from .attention_capture import capture_attention
 from .cross_step import StepBase, encode_residual_step, reuse_representation
 from .importance import attention_error, importance_from_captures, layer_gains
+from .output_psnr import PSNR_METRIC, add_output_psnr
 from .probes import ProbeConfig, make_probes
 
-__all__ = [
-    "DISTORTION_METRIC",
-    "PrecomputedTemplate",
-    "decode_level",
-    "level_psnr",
-    "manifest_psnr_edits",
-    "output_pixels",
-    "precompute_template",
-    "template_kvs",
-]
+__all__ = ["DISTORTION_METRIC", "PrecomputedTemplate", "precompute_template", "template_kvs"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +99,7 @@ def precompute_template(
     enc = _StepEncoder(model, ladder, template_id, shard_layers, packed, held_out_probes, blobs, report)
     shards = enc.all_steps(kvs, config, per_step is not None, cross)
     if psnr_steps > 0:
-        _add_output_psnr(
+        add_output_psnr(
             model, per_step or kvs[0], shards, blobs, seed, steps if per_step else psnr_steps, shift, report
         )
 
@@ -316,105 +308,6 @@ def _encode_shard(ladder, shard, kv: TemplateKV, held, blobs: dict[str, bytes], 
     reps.append(rep)
     blobs[rep["digest"]] = fp16_blob
     return {"layers": [first, last], "representations": reps}
-
-
-#: Held-out edits a level's manifest ``psnr_db`` is the lowest PSNR of. One edit left the quality floor no margin:
-#: ``sakura bench heldout`` found single-mode floors picked 0.04-0.07 dB above 35 dB falling to 34.3-34.6 dB on other
-#: users' edits (a level's PSNR varies by up to ~3 dB from edit to edit).
-PSNR_EDITS = 3
-
-#: The prompts of the held-out edits (the first one's is generic).
-PSNR_PROMPTS = ("a photo", "place it in the marked region", "change the colours")
-
-PSNR_METRIC = (
-    f"psnr_db: the lowest output PSNR (images in [-1, 1]) over {PSNR_EDITS} held-out edits (probe user images, generic "
-    "prompts) with every shard at this level, each against the same edit with exact KV"
-)
-
-
-def _add_output_psnr(
-    model,
-    kv: TemplateKV | PerStepTemplateKV,
-    shards: list[dict],
-    blobs: dict[str, bytes],
-    seed: int,
-    steps: int,
-    shift: float,
-    report,
-):
-    """Set ``psnr_db`` on every representation: per level name, all shards (every step's, in per-step mode) at that
-    level, the lowest PSNR over the held-out edits of :func:`manifest_psnr_edits`."""
-    names = list(dict.fromkeys(r["name"] for sh in shards for r in sh["representations"]))  # step 0's first
-    psnr = level_psnr(model, kv, shards, blobs, names, manifest_psnr_edits(model, seed), steps, shift, report)
-    for shard in shards:
-        for r in shard["representations"]:
-            r["psnr_db"] = round(min(psnr[r["name"]]), 3)
-
-
-def manifest_psnr_edits(model, seed: int) -> list[tuple[np.ndarray, str, int]]:
-    """The held-out edits (user image, prompt, seed) a manifest's ``psnr_db`` is the lowest PSNR of: probe crops
-    drawn from ``seed``, each with its prompt (:data:`PSNR_PROMPTS`) and seed."""
-    from .probes import sample_crop
-
-    size = model.spec.image_size
-    out = [(sample_crop(np.random.default_rng([seed, 3, 0x5A4B]), size), PSNR_PROMPTS[0], seed)]
-    for k in range(1, PSNR_EDITS):
-        rng = np.random.default_rng([seed, 3, 0x5A4B, k])
-        out.append((sample_crop(rng, size), PSNR_PROMPTS[k % len(PSNR_PROMPTS)], seed + k))
-    return out
-
-
-def level_psnr(
-    model,
-    kv: TemplateKV | PerStepTemplateKV,
-    shards: list[dict],
-    blobs: dict[str, bytes],
-    names: list[str],
-    edits: list[tuple[np.ndarray, str, int]],
-    steps: int,
-    shift: float = 1.0,
-    report=None,
-) -> dict[str, list[float]]:
-    """End-to-end output PSNR (dB, images in [-1, 1]) of every level in ``names`` (all shards of the template at
-    that level, decoded from ``shards`` / ``blobs``) against the exact-KV edit, for each edit ``(user image, prompt,
-    seed)`` of ``steps`` steps (per-step ``kv``: its own schedule): ``{name: [psnr per edit]}``."""
-    from ..metrics import psnr_from_mse
-    from ..runtime.denoise import run_edit
-
-    report = report or (lambda stage, done, total: None)
-    mode = "per-step" if isinstance(kv, PerStepTemplateKV) else "single"
-
-    def pixels(source, edit) -> torch.Tensor:
-        user, prompt, seed = edit
-        run = run_edit(model, user, prompt, kv_source=source, steps=steps, seed=seed, shift=shift, kv_mode=mode)
-        return output_pixels(model, run.tokens)
-
-    exact = [pixels(kv, e) for e in edits]
-    out: dict[str, list[float]] = {}
-    for i, name in enumerate(names):
-        report("psnr", i, len(names))
-        approx = decode_level(kv, shards, blobs, name)
-        out[name] = [
-            psnr_from_mse(float(((pixels(approx, e) - x) ** 2).mean())) for e, x in zip(edits, exact, strict=True)
-        ]
-    report("psnr", len(names), len(names))
-    return out
-
-
-def output_pixels(model, tokens: torch.Tensor) -> torch.Tensor:
-    """An edit's output as pixels in [-1, 1]: pixel-patch tokens clamped, or a latent model's VAE decode."""
-    if hasattr(model, "decode_float"):
-        return torch.from_numpy(model.decode_float(tokens)) * 2 - 1  # (S, S, 3) from [0, 1]
-    return tokens.clamp(-1, 1)
-
-
-def decode_level(kv, shards: list[dict], blobs: dict[str, bytes], name: str):
-    """The whole template decoded at the level called ``name``, typed like ``kv`` (single or per-step)."""
-    if isinstance(kv, PerStepTemplateKV):
-        per_step = decode_per_step(shards, blobs, name, kv.num_steps)  # (steps, layers, 2, tokens, heads, head_dim)
-        return PerStepTemplateKV(per_step, kv.model_id, kv.token_grid, kv.rope_layout, kv.timesteps)
-    decoded = decode_kv(level_chains(shards, blobs, name)).float()  # (layers, 2, tokens, heads, head_dim)
-    return TemplateKV(decoded, kv.model_id, kv.token_grid, kv.rope_layout, kv.ref_timestep)
 
 
 def _representation(codec, level: int, chain: list[bytes], kv: TemplateKV, held, first: int, decoded=None) -> dict:

@@ -10,7 +10,7 @@ import pytest
 
 from sakura_core import cli
 from sakura_core.bench.heldout import HeldOutConfig, floor_name, run_heldout
-from sakura_core.precompute.template import PSNR_EDITS, manifest_psnr_edits
+from sakura_core.precompute.output_psnr import PSNR_EDITS, manifest_psnr_edits
 
 
 def test_floor_is_the_cheapest_level_reaching_it_fp16_last():
