@@ -1,11 +1,12 @@
 """Does a manifest's ``psnr_db`` hold on edits precompute never saw? (``sakura bench heldout``)
 
 Precompute measures every level's end-to-end PSNR on a few held-out edits (probe crops, generic prompts:
-:func:`~sakura_core.precompute.output_psnr.manifest_psnr_edits`; the manifest keeps the lowest), and a client picks its
-quality floor by it (the cheapest level >= 35 dB). This bench precomputes each template as ``sakura precompute`` does and measures every
-level again on other users' images, prompts and seeds (each template edited with the other sample images): per
-level the manifest's PSNR beside the held-out minimum / median / maximum, and per template whether the level a client
-picks as its floor still reaches the floor on every held-out edit. In per-step mode the floor is picked on the
+:func:`~sakura_core.precompute.output_psnr.manifest_psnr_edits`; the manifest keeps the lowest), and a client picks
+its quality floor by it (the cheapest level >= 35 dB, :func:`~sakura_core.precompute.cross_step.floor_level`). This
+bench precomputes each template as ``sakura precompute`` does and measures every level again on other users' images,
+prompts and seeds (each template edited with the other sample images): per level the manifest's PSNR beside the
+held-out minimum / median / maximum, and per template whether the level a client picks as its floor still reaches
+the floor on every held-out edit. In per-step mode the floor is picked on the
 closed-loop twins' track as the client does (the cheapest level of either family whose manifest PSNR reaches it).
 """
 
@@ -18,11 +19,11 @@ import numpy as np
 
 from ..models.edit_model import EditModel, load_image
 from ..precompute import precompute_template
-from ..precompute.cross_step import level_totals
+from ..precompute.cross_step import floor_level, level_totals
 from ..precompute.output_psnr import PSNR_METRIC, level_psnr
 from ..precompute.template import template_kvs
 
-__all__ = ["HeldOutConfig", "floor_name", "run_heldout"]
+__all__ = ["HeldOutConfig", "run_heldout"]
 
 SAMPLES = ("astronaut", "coffee", "chelsea", "rocket")
 
@@ -47,13 +48,6 @@ class HeldOutConfig:
         for t in self.templates:
             if not [u for u in self.users if u != t]:
                 raise ValueError(f"template {t!r} has no user image other than itself: add one to --users")
-
-
-def floor_name(levels: list[dict], floor_db: float) -> str | None:
-    """The level a client picks as its quality floor from ``levels`` (rows of :func:`level_totals`): the cheapest
-    whose manifest PSNR reaches ``floor_db`` (fp16 only when nothing cheaper does); None when none does."""
-    ok = [r for r in levels if r["psnr_db"] is not None and r["psnr_db"] >= floor_db]
-    return min(ok, key=lambda r: (r["name"] == "fp16", r["bytes"]))["name"] if ok else None
 
 
 def _family(name: str) -> str:
@@ -92,7 +86,8 @@ def run_heldout(
                 "heldout_min_db": round(float(v.min()), 3), "heldout_median_db": round(float(np.median(v)), 3),
                 "heldout_max_db": round(float(v.max()), 3),
             })  # fmt: skip
-        name = floor_name(levels, cfg.floor_db)
+        floor = floor_level(levels, cfg.floor_db)
+        name = floor and floor["name"]
         row = next((r for r in rows if r["template"] == t and r["name"] == name), None)
         floors.append({
             "template": t, "floor": name, "bytes": row and row["bytes"],

@@ -50,6 +50,7 @@ __all__ = [
     "bytes_at_psnr",
     "compare_to_single",
     "encode_residual_step",
+    "floor_level",
     "level_totals",
     "storage",
     "reuse_representation",
@@ -280,6 +281,13 @@ def level_totals(manifest: dict) -> list[dict]:
     return sorted(per_name.values(), key=lambda r: (r["name"] == "fp16", r["bytes"]))
 
 
+def floor_level(rows: list[dict], floor_db: float) -> dict | None:
+    """The level a client picks as its quality floor from ``rows`` (of :func:`level_totals`): the cheapest whose
+    ``psnr_db`` reaches ``floor_db``, fp16 only when nothing cheaper does; None when none does."""
+    ok = [r for r in rows if r["psnr_db"] is not None and r["psnr_db"] >= floor_db]
+    return min(ok, key=lambda r: (r["name"] == "fp16", r["bytes"])) if ok else None
+
+
 def storage(manifest: dict) -> dict:
     """What a template occupies in a store: ``stored_bytes`` (every blob once: a progressive level's chain shares the
     blobs of the levels below it), ``fp16_bytes`` (its uncompressed KV: every shard's fp16 representation) and
@@ -311,16 +319,11 @@ def compare_to_single(per_step: dict, single: dict, floor_psnr_db: float = 35.0)
         r["single_bytes_at_psnr"] = None if b is None else int(round(b))
         r["x_single"] = None if b is None else round(r["bytes"] / b, 3)
 
-    def floor(rows):
-        return next((r for r in rows if r["psnr_db"] is not None and r["psnr_db"] >= floor_psnr_db), None)
-
-    def stored(m):
-        return sum(r["bytes"] for sh in m["shards"] for r in sh["representations"])
-
-    fp, fs = floor(ps_rows), floor(single_rows)
+    fp, fs = floor_level(ps_rows, floor_psnr_db), floor_level(single_rows, floor_psnr_db)
+    sp, ss = storage(per_step)["stored_bytes"], storage(single)["stored_bytes"]
     return {
         "levels": ps_rows,
         "single_levels": single_rows,
         "floor": {"per_step": fp, "single": fs, "x_single": None if not (fp and fs) else round(fp["bytes"] / fs["bytes"], 3)},
-        "stored_bytes": {"per_step": stored(per_step), "single": stored(single), "x_single": round(stored(per_step) / stored(single), 3)},
+        "stored_bytes": {"per_step": sp, "single": ss, "x_single": round(sp / ss, 3)},
     }  # fmt: skip

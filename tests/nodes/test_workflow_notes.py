@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sakura_core.bench.heldout import floor_name
 from sakura_core.kv.names import base_level_name
-from sakura_core.precompute.cross_step import level_totals
+from sakura_core.precompute.cross_step import floor_level, level_totals
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +38,7 @@ def test_notes_name_the_templates_floor(tmp_path, examples, demo_model, workflow
     examples.publish_examples(tmp_path, demo_model, list(NOTES.values()))
     store = LocalStore(tmp_path)
     for workflow, template in NOTES.items():
-        floor = floor_name(level_totals(store.get_manifest(template)), 35.0)
+        floor = floor_level(level_totals(store.get_manifest(template)), 35.0)["name"]
         expected = {floor, base_level_name(floor)}  # a twin's track starts at step 0's level
         note = next(n for n in workflows[workflow] if n.type == "Note").values["text"]
         named = set(re.findall(r"sakura-l\d+(?:\+cl)?", note))

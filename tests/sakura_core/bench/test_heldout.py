@@ -9,7 +9,8 @@ import json
 import pytest
 
 from sakura_core import cli
-from sakura_core.bench.heldout import HeldOutConfig, floor_name, run_heldout
+from sakura_core.bench.heldout import HeldOutConfig, run_heldout
+from sakura_core.precompute.cross_step import floor_level
 from sakura_core.precompute.output_psnr import PSNR_EDITS, manifest_psnr_edits
 
 
@@ -20,9 +21,9 @@ def test_floor_is_the_cheapest_level_reaching_it_fp16_last():
         {"name": "sakura-l0+cl", "bytes": 15, "psnr_db": 36.0},
         {"name": "fp16", "bytes": 5, "psnr_db": 90.0},  # never the floor while a lossy level reaches it
     ]
-    assert floor_name(levels, 35.0) == "sakura-l0+cl"
-    assert floor_name(levels, 36.5) == "fp16"
-    assert floor_name(levels, 95.0) is None
+    assert floor_level(levels, 35.0)["name"] == "sakura-l0+cl"
+    assert floor_level(levels, 36.5)["name"] == "fp16"
+    assert floor_level(levels, 95.0) is None
 
 
 @pytest.mark.slow
