@@ -65,7 +65,8 @@ def load_or_measure_ladders(pairs: list[tuple[str, str]], folder: str | None, cf
             loads[geometry] = [round(before, 2), round(os.getloadavg()[0], 2)]
         source = {
             "measured_on": f"demo model ({model.weights_source}), templates {', '.join(cfg.templates[: g.references])}"
-            f", user {cfg.user}, {cfg.steps} steps",
+            f", user {cfg.user}, {cfg.steps} steps; level PSNR the lowest of that edit and the manifest's held-out"
+            " edits",
             "shard_size": [g.template_tokens, g.heads, g.head_dim],
             "synthesised_demo_layers": list(cfg.synth_layers),
             "size_effects": effects[geometry],

@@ -63,3 +63,38 @@ def test_a_geometry_ladder_from_the_two_measurements():
     assert sum(row[0] for row in s.mse) == pytest.approx(6e-3)  # the demo's MSE, shared among the 24 shards
     assert s.floor == 1  # the cheapest level with >= 35 dB (l1: 40 dB)
     assert lad.families["cachegen"].bytes[7] == (round(fp / 4.5), round(fp / 3.0))
+
+
+def test_a_level_psnr_is_the_lowest_of_the_edit_and_the_manifests_held_out_edits(demo_model, monkeypatch):
+    """The simulator's floor is picked by each level's PSNR: the configured edit's, lowered to what precompute's
+    held-out edits measured (the manifest's ``psnr_db``) where those are worse — one edit is no margin."""
+    from sakura_core.bench import geometry_ladders as gl
+
+    cfg = gl.LadderConfig(steps=2)
+    own = gl.demo_ladders(demo_model, cfg, "single", say=lambda line: None)
+    own_psnr = {lv["name"]: lv["psnr_db"] for lv in own["families"]["sakura"]["levels"]}
+
+    seen, measured = {}, gl.manifest_psnr
+
+    def held_out_worse(manifest):  # the held-out edits find level 3 10 dB worse than the configured edit
+        psnr = measured(manifest)
+        seen.update(psnr)
+        return {**psnr, "sakura-l3": own_psnr["sakura-l3"] - 10.0} if "sakura-l3" in psnr else psnr
+
+    monkeypatch.setattr(gl, "manifest_psnr", held_out_worse)
+    out = gl.demo_ladders(demo_model, cfg, "single", say=lambda line: None)
+    levels = {lv["name"]: lv for lv in out["families"]["sakura"]["levels"]}
+    assert levels["sakura-l3"]["psnr_db"] == pytest.approx(own_psnr["sakura-l3"] - 10.0)
+    for name, lv in levels.items():
+        assert lv["psnr_db"] <= seen[name] + 1e-9  # never above what the held-out edits measured
+        if name != "sakura-l3":
+            assert lv["psnr_db"] == pytest.approx(min(own_psnr[name], seen[name]))
+    # the error shares follow the level's PSNR: they sum to its all-shards MSE
+    assert sum(levels["sakura-l3"]["mse"]) == pytest.approx(4 * 10 ** (-levels["sakura-l3"]["psnr_db"] / 10))
+
+
+def test_manifest_psnr_keeps_each_levels_lowest():
+    from sakura_core.bench.geometry_ladders import manifest_psnr
+
+    reps = lambda a, b: {"representations": [{"name": "l0", "psnr_db": a}, {"name": "fp16", "psnr_db": b}]}  # noqa: E731
+    assert manifest_psnr({"shards": [reps(36.0, 100.0), reps(35.5, 100.0)]}) == {"l0": 35.5, "fp16": 100.0}
