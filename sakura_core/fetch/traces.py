@@ -112,6 +112,21 @@ class Trace:
         t = e0 + (rem - c0) / (c1 - c0) * (e1 - e0) if c1 > c0 else e1
         return max(start_s, cycles * self.period_s + t)
 
+    def finish_times(self, start_s: float, nbytes: np.ndarray) -> np.ndarray:
+        """:meth:`finish_time` of every transfer size in ``nbytes`` (any shape; each starting at ``start_s`` alone
+        on the link), vectorised."""
+        b = np.asarray(nbytes, dtype=float)
+        target = self.delivered(start_s) + np.maximum(b, 0.0)
+        cycles = np.floor(target / self.period_bytes)
+        rem = target - cycles * self.period_bytes
+        edge = (rem == 0) & (cycles > 0)  # exactly at a period boundary
+        cycles, rem = np.where(edge, cycles - 1, cycles), np.where(edge, self.period_bytes, rem)
+        i = np.clip(np.searchsorted(self._cum, rem, side="left"), 1, len(self._cum) - 1)
+        c0, c1, e0, e1 = self._cum[i - 1], self._cum[i], self._edges[i - 1], self._edges[i]
+        flat = c1 <= c0
+        t = np.where(flat, e1, e0 + (rem - c0) / np.where(flat, 1.0, c1 - c0) * (e1 - e0))
+        return np.where(b <= 0, start_s, np.maximum(start_s, cycles * self.period_s + t))
+
     def window(self, start_s: float, duration_s: float, step_s: float = 1.0) -> np.ndarray:
         """Mean rate (bytes/s) in consecutive ``step_s`` windows from ``start_s`` (for plots and the oracle)."""
         n = max(1, int(math.ceil(duration_s / step_s)))

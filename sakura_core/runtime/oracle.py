@@ -2,13 +2,19 @@
 exact transfer times, played through the simulator (:mod:`.simulate`); and the fluid lower bound no policy beats.
 
 Fluid lower bound (:func:`fluid_bound`): the link a fluid at the trace's rate from the edit's start (no round trips,
-no gaps between requests, the future known), decoding free, any set of layers fetched (not only a split per step),
-each fetched at its floor level, and a fetched layer's compute overlapping the arrival of its own bytes (it ends no
-sooner than they have arrived). Then fetching the ``m`` smallest floor shards for the last ``m`` layers is best (a
-fetched layer later in the order has more time, a smaller one arrives sooner), so the bound is the minimum over
-``m`` of ``max(compute, link)``: compute = ``(N - m) full + m cached`` layers, link = for every ``i <= m``, the time
-the first ``i`` of those shards take to arrive plus the ``m - i`` cached layers after the ``i``-th; plus the fixed
-work (and in single KV mode the cached later steps)."""
+no gaps between requests, the future known), decoding free, every fetched shard at its floor level's fewest bytes
+(a closed-loop twin's where it has one, whatever the track), and a fetched layer's compute overlapping the arrival of
+its own bytes (it ends no sooner than they have arrived). What it keeps of the device: in each step the template's
+layers computed on the device are a prefix (layer l's template KV needs the template's hidden state after layer
+l - 1: a fallback pass resumes where the step dropped the template and makes every layer up to the one it needs, at
+no less than the prefix's cost, since a full layer costs at most a template-pass layer plus a cached one). So an
+edit's runs are bounded by the split vectors (k_s: layers < k_s full, the rest cached on fetched KV) with the shards
+fetched in the order the compute lane uses them (any other order delays a shard needed sooner). Step s of split k
+from lane time t with B bytes fetched before it ends at ``(L - k) cached + max(t + k full, max_j (arrive_j -
+(j - k) cached))`` (``arrive_j``: when B plus the step's shards k..j-1 have come); a dynamic programme over the
+steps keeps the (end, bytes) pairs no other beats in both. Plus the fixed work (and in single KV mode the cached
+later steps). Not modelled, so still optimistic: round trips, decode, CPU sharing, planning, the twins' track (off
+it a shard costs the open-loop floor's bytes)."""
 
 from __future__ import annotations
 
@@ -77,15 +83,34 @@ def fluid_bound(trace, profile, ladders, floors, start_s: float = 0.0, family: s
     g = profile.model
     N, F, C = len(lads), profile.layer_full_s, profile.layer_cached_s
     per_step = N == g.layers * g.steps and g.steps > 1
+    S, L = (g.steps, g.layers) if per_step else (1, N)
     tail = profile.fixed_s + (0.0 if per_step else (g.steps - 1) * g.layers * C)
-    sizes = np.cumsum(
-        np.sort([float(lad[shard_floor(floor, g)].least_nbytes) for g, lad in enumerate(lads)])
-    )  # i smallest
-    arrive = np.array([trace.finish_time(start_s, b) - start_s for b in sizes])  # (N,) i = 1..N
-    m = np.arange(N + 1)
-    compute = (N - m) * F + m * C
-    # link bound for m: max over i <= m of arrive_i + (m - i) C = m C + max_{i <= m} (arrive_i - i C)
-    i = np.arange(1, N + 1)
-    best = np.concatenate([[-np.inf], np.maximum.accumulate(arrive - i * C)])
-    link = m * C + best
-    return float(np.min(np.maximum(compute, link)) + tail)
+    nbytes = np.array([float(lad[shard_floor(floor, g)].least_nbytes) for g, lad in enumerate(lads)]).reshape(S, L)
+    states = [(0.0, 0.0)]  # Pareto front of (the compute lane's time, bytes fetched) at a step's end
+    k = np.arange(L + 1)
+    j = np.arange(1, L + 1)
+    for s in range(S):
+        cum = np.concatenate([[0.0], np.cumsum(nbytes[s])])
+        # split k fetches layers k..L-1 in order: the j-th layer (j > k) arrives once cum[j] - cum[k] more bytes have
+        # come, and the lane's end is (L - k) C + max(t + k F, max_{j > k} (arrive_j - (j - k) C))
+        later = j[None, :] > k[:, None]  # (splits, layers)
+        extra = np.where(later, cum[None, 1:] - cum[k][:, None], 0.0)
+        found = []
+        for t, b in states:
+            arrive = trace.finish_times(start_s, b + extra) - start_s
+            link = np.where(later, arrive - (j[None, :] - k[:, None]) * C, -np.inf).max(axis=1)
+            ends = (L - k) * C + np.maximum(t + k * F, link)
+            found += list(zip(ends.tolist(), (b + cum[-1] - cum[k]).tolist()))
+        states = _pareto(found)
+    return float(min(t for t, _ in states) + tail)
+
+
+def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (time, bytes) points no other point beats in both (an earlier lane and fewer bytes on the link ahead of
+    the next step's shards can only help)."""
+    out, least = [], np.inf
+    for t, b in sorted(points):
+        if b < least:
+            out.append((t, b))
+            least = b
+    return out

@@ -10,7 +10,7 @@ from sakura_core.fetch.traces import Trace
 from sakura_core.policy.ladder import Level
 from sakura_core.policy.policies import POLICIES, make_policy
 from sakura_core.runtime.geometry import DitGeometry
-from sakura_core.runtime.oracle import fluid_bound, simulate_oracle
+from sakura_core.runtime.oracle import fixed_split_policy, fluid_bound, simulate_oracle
 from sakura_core.runtime.profiles import PROFILES
 from sakura_core.runtime.simulate import SimConfig, simulate
 
@@ -103,3 +103,34 @@ def test_no_policy_beats_the_fluid_bound(seed):
         if name == "free-kv":
             continue  # preloaded KV: not bound by the link
         assert sim(make_policy(name), trace, prof, ladders, floors, 5.0).latency_s >= bound - 1e-9, name
+
+
+def test_the_fluid_bound_keeps_the_template_pass_a_prefix():
+    # one step of 2 layers: layer 0's shard 1 MB, layer 1's 100 MB at 8 Mbit/s (1 MB/s). Fetching only the small
+    # shard would need the device to compute layer 1 without layer 0's template hidden state: no split does that.
+    # Splits: k = 2 (all on the device) 2 full; k = 1: full + max(cached, arrival of 100 MB); k = 0: both fetched
+    geo = replace(GEO, steps=1)
+    prof = replace(CPU.with_geometry(geo), layer_overhead_s=1.0)
+    F, C = prof.layer_full_s, prof.layer_cached_s
+    lad = {"sakura": [[Level("q", MB, MB, 0.0, 1e-4)], [Level("q", 100 * MB, 100 * MB, 0.0, 1e-4)]]}
+    expect = min(2 * F, C + max(F, 100.0), 2 * C + max(0.0, 1.0 - C, 101.0 - 2 * C))
+    assert fluid_bound(Trace.constant(8), prof, lad, {"sakura": 0}) == pytest.approx(expect, rel=1e-6)
+    assert expect == pytest.approx(2 * F)  # the small shard alone buys nothing: it is layer 0's
+    on_device = simulate(make_policy("on-device"), Trace.constant(8), prof, lad, {"sakura": 0})
+    assert on_device.latency_s == pytest.approx(expect, rel=1e-6)  # the bound is tight here
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_the_fluid_bound_under_every_fixed_split_of_a_per_step_edit(seed):
+    """Below the simulated latency of every per-step split vector (and the oracle, which searches them), on a
+    varying link with uneven shards."""
+    rng = np.random.default_rng(seed)
+    trace = Trace(f"r{seed}", np.full(200, 1.0), rng.uniform(0.0, 40.0, 200) * 1e6 / 8)
+    prof = PROFILES["snapdragon-8-elite-cpu"].with_geometry(replace(GEO, layers=3, steps=2, heads=4))
+    lads = [[Level("a", int(MB * rng.uniform(0.2, 3)), MB, 0.01, 1e-4)] for _ in range(6)]
+    ladders, floors = {"sakura": lads}, {"sakura": 0}
+    bound = fluid_bound(trace, prof, ladders, floors, 3.0)
+    runs = [simulate(fixed_split_policy([a, b]), trace, prof, ladders, floors, 3.0).latency_s
+            for a in range(4) for b in range(4)]  # fmt: skip
+    assert min(runs) >= bound - 1e-9
+    assert simulate_oracle(make_policy("oracle"), trace, prof, ladders, floors, 3.0).latency_s >= bound - 1e-9
