@@ -155,6 +155,7 @@ class Context:
             )
         self._s = state
         self._floor_arrays: tuple[np.ndarray, np.ndarray] | None = None
+        self._floor_off: np.ndarray | None = None
         self._per_step: bool | None = None
 
     # static
@@ -209,6 +210,40 @@ class Context:
             nb.flags.writeable = dec.flags.writeable = reuse.flags.writeable = False
             self._floor_arrays, self._floor_reuse = (nb, dec), reuse
         return self._floor_arrays
+
+    def floor_off_track_bytes(self) -> np.ndarray:
+        """(shards,) bytes of every shard's floor when fetched off its twins' track (its reference, the same layer a
+        step earlier, not held on that track: computed on the device, or fetched at another level), i.e. the open-loop
+        floor :func:`~sakura_core.policy.ladder.fetch_as` takes then; the planned bytes where the floor has no twin."""
+        if self._floor_off is None:
+            fl, lads = self._s.floor, self._s.ladders
+            nb = self.floor_arrays()[0].copy()
+            for g, lad in enumerate(lads):
+                lv = lad[shard_floor(fl, g)]
+                if lv.closed is not None and lv.off_track is not None:
+                    nb[g] = lad[lv.off_track].nbytes
+            nb.flags.writeable = False
+            self._floor_off = nb
+        return self._floor_off
+
+    def off_track(self, step: int, requested: np.ndarray) -> np.ndarray:
+        """(layers,) bool: layer l of ``step`` is fetched off its twins' track as things stand — its reference
+        (``step - 1``, l) is neither requested (``requested``: (shards,) bool, decoded or on its way; one on its way
+        counts as on the track) nor held at its floor level, the track's (a floor fetched on the track is held at
+        the floor's own index, off it at the open-loop floor's). Step 0 has no reference: never off."""
+        L = self.layers_per_step
+        out = np.zeros(L, dtype=bool)
+        if not self.per_step or step <= 0:
+            return out
+        got = self._s.got
+        for layer in range(L):
+            ref = (step - 1) * L + layer
+            held = got.get(ref)
+            if held:  # the highest level held is what the next step's twin would be decoded against
+                out[layer] = max(lv for lv, _ in held) != self.floor_of(ref)
+            else:
+                out[layer] = not requested[ref]
+        return out
 
     def floor_reuses(self) -> np.ndarray:
         """(shards,) bool: the shard's floor is a ``reuse`` rung (no request, no round trip, no decode)."""

@@ -2,10 +2,13 @@
 
 A plan is one template split ``k_s`` per remaining step: step ``s`` runs the template tokens through layers
 ``< k_s`` on the device and uses the fetched shards ``(s, l >= k_s)``; shards are fetched back to back in
-execution order (later steps prefetched while earlier ones compute) at the floor level. :class:`Snapshot` takes
-what is known at one moment (decoded shards, predicted in-flight ones, the compute position) and predicts the
-edit's finish for a split vector in O(shards) numpy operations: arrivals are a cumulative sum at a constant rate,
-the decode lane and the compute lane max-plus recurrences, each a running maximum.
+execution order (later steps prefetched while earlier ones compute) at the floor level — on a twins'-track floor
+(per-step, :mod:`sakura_core.precompute.cross_step`) the closed-loop twin's bytes while the layer stays on its track,
+the open-loop floor's once a step computes it on the device (``Snapshot(track=True)``, the oracle's search; the cut
+search below prices every shard on the track, its candidates are then compared with the exact finish).
+:class:`Snapshot` takes what is known at one moment (decoded shards, predicted in-flight ones, the compute position)
+and predicts the edit's finish for a split vector in O(shards) numpy operations: arrivals are a cumulative sum at a
+constant rate, the decode lane and the compute lane max-plus recurrences, each a running maximum.
 
 The search (:func:`best_plan`) is O(shards) numpy work per candidate family, not a search over split vectors.
 Front-loading is optimal when the shards still to fetch cost the same (swap a fetched shard with a later
@@ -55,9 +58,15 @@ def _suffix_max(x: np.ndarray) -> np.ndarray:
 
 class Snapshot:
     """What is known now, frozen for the search. ``rate``: bytes/s for transfers not yet decoded (None = the trace).
-    ``fetch_from`` overrides the next undecided shard (the one a level choice is about)."""
+    ``fetch_from`` overrides the next undecided shard (the one a level choice is about). ``track``: price a
+    twins'-track floor by the plan (:meth:`_planned_bytes`: off the track once a step computes the layer) — the
+    oracle's search does; sakura's own plans price every shard on its track. Measured (the committed e2e run, issue
+    25): with track-aware plans sakura dropped the template earlier (computing a layer now costs its later steps the
+    open-loop floor's bytes) and lost that bet on links that then fell — worst runs vs the oracle over 1.3 in 6 cells
+    instead of 2 (per-step klein4b-512-ref1024 cpu 5G 1.23 -> 1.44: a 145 s stall on ucc5g_driving_20200227_173015),
+    medians unchanged."""
 
-    def __init__(self, ctx: Context, rate: float | None, fetch_from: int | None = None):
+    def __init__(self, ctx: Context, rate: float | None, fetch_from: int | None = None, track: bool = False):
         p = ctx.profile
         self.ctx, self.rate = ctx, rate
         self.L, self.N = ctx.layers_per_step, ctx.num_layers
@@ -76,6 +85,10 @@ class Snapshot:
         # a shard whose floor is a reuse rung takes no request: no round trip (and no bytes, no decode)
         self.rtts = np.where(ctx.floor_reuses(), 0.0, self.rtt)
         known = ctx.known_ready_array()  # (N,) decoded-at or predicted ready time; nan = not requested
+        # a twins'-track floor costs the open-loop floor's bytes off the track: the layers off it at the current
+        # step (their reference computed, or held at another level) and, in a plan, those it computes (finish())
+        self.nb_off = ctx.floor_off_track_bytes()
+        self.off0 = ctx.off_track(self.cs, ~np.isnan(known)) if (self.per_step and track) else None
         known[: self.c] = np.nan
         prog = ctx.link_progress()
         if prog is not None and rate is not None:  # in-flight shards: no sooner than the link's progress allows
@@ -123,7 +136,7 @@ class Snapshot:
         ready = self.known.copy()
         idx = np.nonzero(need & np.isnan(self.known))[0]
         if idx.size:
-            nb, d = self.nb[idx], self.dec[idx]
+            nb, d = self._planned_bytes(splits)[idx], self.dec[idx]
             pos = int(np.searchsorted(idx, self.nl))
             if first_nbytes is not None and pos < idx.size and idx[pos] == self.nl:
                 nb, d = nb.copy(), d.copy()
@@ -139,6 +152,25 @@ class Snapshot:
         r = ready[self.c : end][need[self.c : end]] + work_from[need[self.c : end]]
         t = max(self.ct + float(work_from[0]) if work_from.size else self.ct, float(r.max()) if r.size else _NEG)
         return t if upto_step is not None else t + self.tail
+
+    def _planned_bytes(self, splits) -> np.ndarray:
+        """(N,) floor bytes under the plan ``splits``: a layer is off its twins' track from the first step that
+        computes it on the device on (the track is rooted at step 0 only), and off it already where ``off0`` says;
+        there it costs the open-loop floor's bytes (:meth:`Context.floor_off_track_bytes`)."""
+        if self.off0 is None or not self.off0.size:
+            return self.nb
+        k = np.array(splits, dtype=int)
+        if not self.alive:
+            k[0] = self.l0
+        # step cs + i's layers are off if off0, or computed at a step cs..cs + i - 1 (below the running max split)
+        before = np.concatenate([[0], np.maximum.accumulate(k)[:-1]])  # (steps left,)
+        off = self.off0[None, :] | (np.arange(self.L)[None, :] < before[:, None])
+        if not off.any():
+            return self.nb
+        nb = self.nb.copy()
+        tail = nb[self.cs * self.L :].reshape(-1, self.L)
+        tail[off] = self.nb_off[self.cs * self.L :].reshape(-1, self.L)[off]
+        return nb
 
     def _arrivals(self, nb: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """When the shards ``idx`` (bytes ``nb``), fetched back to back from ``link0``, arrive (a reuse rung: at once)."""

@@ -74,3 +74,57 @@ def test_the_simulator_fetches_twins_on_the_track_and_the_open_floor_off_it(spli
     # on the track, step 0's shards too count at the track's error (the device's layer: exact)
     mse = fetched_step0 * 1e-5 / N + twins * 1e-5 / N + off_track_shards * 2e-5 / N
     assert r.psnr_db == pytest.approx(psnr_from_mse(mse))
+
+
+def _probe_snapshot(rate: float | None = 1e6):
+    from sakura_core.policy.planner import Snapshot
+    from sakura_core.runtime.simulate import _Sim
+
+    ladders = with_track_floor(LADDERS, "hi")
+    sim = _Sim(fixed_split_policy(0), Trace.constant(8), 0.0, P, ladders, 0, SimConfig())
+    return sim, Snapshot(sim.ctx, rate, track=True)
+
+
+def test_the_planner_prices_a_layer_off_its_track_at_the_open_floor():
+    """A plan that computes a layer at some step takes it off the twins' track for every later step (the track is
+    rooted at step 0): the planner with ``track`` (the oracle's search) charges those shards the open-loop floor's
+    bytes, as the fetch will; without it (sakura's plans) every shard is priced on its track."""
+    _, snap = _probe_snapshot()
+    L = G.layers
+    on = snap._planned_bytes([0, 0, 0])
+    assert list(on) == [FP // 16] * L + [FP // 8] * (2 * L)  # step 0 at lo, later steps as twins
+    one = snap._planned_bytes([1, 0, 0])  # layer 0 computed at step 0: off at steps 1 and 2
+    assert [one[s * L] for s in (1, 2)] == [FP // 4] * 2 and list(one[L + 1 : 2 * L]) == [FP // 8] * (L - 1)
+    late = snap._planned_bytes([0, 2, 0])  # layers 0-1 computed at step 1: off at step 2 only
+    assert list(late[L : 2 * L]) == [FP // 8] * L and list(late[2 * L : 2 * L + 2]) == [FP // 4] * 2
+    # the plan's finish pays for it: computing step 0 makes the later steps' transfers 2x longer on a slow link
+    track_aware = snap.finish([L, 0, 0])
+    assert snap.finish([0, 0, 0]) == pytest.approx(_with_track_ignored(snap).finish([0, 0, 0]))  # all on the track
+    assert _with_track_ignored(snap).finish([L, 0, 0]) < track_aware  # the planner before: every twin at hand
+    from sakura_core.policy.planner import Snapshot
+
+    assert list(Snapshot(snap.ctx, 1e6)._planned_bytes([L, 0, 0])) == list(on)  # sakura's own plans
+
+
+def _with_track_ignored(snap):
+    import copy
+
+    out = copy.copy(snap)
+    out.nb_off = snap.nb
+    return out
+
+
+def test_off_track_reads_what_the_device_holds():
+    """A reference held at the floor's own level (the track) keeps the next step's layer on it; held at another
+    level, or not requested (computed on the device), takes it off; one on its way counts as on the track."""
+    import numpy as np
+
+    sim, _ = _probe_snapshot()
+    L = G.layers
+    sim._got = {0: [(0, 0.0)], 1: [(1, 0.0)]}
+    sim._first_ready[0] = sim._first_ready[1] = 0.0
+    requested = np.zeros(N, dtype=bool)
+    requested[[0, 1, 2]] = True  # layer 2 on its way
+    assert list(sim.ctx.off_track(1, requested)) == [False, True, False, True]
+    assert not sim.ctx.off_track(0, requested).any()  # step 0 has no reference
+    assert list(sim.ctx.floor_off_track_bytes()[L : 2 * L]) == [FP // 4] * L
