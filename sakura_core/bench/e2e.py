@@ -97,7 +97,7 @@ def run_sim(
     for trace in traces:
         for i in range(starts_per_trace):
             start = trace.period_s * i / starts_per_trace
-            bound = fluid_bound(trace, kv_mode_view(profile, kv_mode), ladders, floors, start)
+            bound = fluid_bound(trace, profile, ladders, floors, start)  # per-step: a prefix per step, not the edit
             runs.append({"trace": trace.name, "trace_class": trace.trace_class or "other", "start_s": round(start, 3),
                          "policy": FLUID_BOUND, "latency_s": bound, "bytes_fetched": 0, "psnr_db": float("nan"),
                          "split_layer": 0, "splits": [], "peak_kv_bytes": 0})  # fmt: skip

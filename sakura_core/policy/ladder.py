@@ -64,7 +64,8 @@ class Level:
 
     @property
     def least_nbytes(self) -> int:
-        """The fewest bytes this level is ever fetched for: its closed-loop twin's when it has one (on its track)."""
+        """Its own bytes or its closed-loop twin's, the fewer (what :func:`fetch_as` may take for it when ``off_track``
+        is not set; with it set, see :func:`fewest_fetch_bytes`)."""
         return self.nbytes if self.closed is None else min(self.nbytes, self.closed.nbytes)
 
     def __post_init__(self) -> None:
@@ -103,6 +104,21 @@ def fetch_as(ladder: list[Level], index: int, on_track: bool) -> tuple[int, bool
     if on_track and (lv.off_track is not None or lv.closed.nbytes <= lv.nbytes):
         return index, True
     return (index if lv.off_track is None else lv.off_track), False
+
+
+def fewest_fetch_bytes(ladder: list[Level], floor: int) -> int:
+    """The fewest bytes a fetch of shard ``ladder`` at its quality floor ``floor`` or above can cost, whatever the
+    track (:func:`fetch_as`): a level below the open-loop floor (``off_track`` set) comes as its twin or as that
+    floor, never as itself; another level with a twin as itself or its twin; a ``reuse`` rung costs nothing."""
+    best = None
+    for j in levels_from(ladder, floor):
+        lv = ladder[j]
+        if lv.closed is not None and lv.off_track is not None:
+            n = min(lv.closed.nbytes, ladder[lv.off_track].nbytes)
+        else:
+            n = lv.least_nbytes
+        best = n if best is None else min(best, n)
+    return int(best)
 
 
 def with_track_floor(ladders: list[list[Level]], open_floor: str) -> list[list[Level]]:

@@ -2,8 +2,10 @@
 exact transfer times, played through the simulator (:mod:`.simulate`); and the fluid lower bound no policy beats.
 
 Fluid lower bound (:func:`fluid_bound`): the link a fluid at the trace's rate from the edit's start (no round trips,
-no gaps between requests, the future known), decoding free, every fetched shard at its floor level's fewest bytes
-(a closed-loop twin's where it has one, whatever the track), and a fetched layer's compute overlapping the arrival of
+no gaps between requests, the future known), decoding free, every fetched shard at the fewest bytes a fetch at its
+floor or above can cost, whatever the track (:func:`~sakura_core.policy.ladder.fewest_fetch_bytes`: a twins'-track
+floor as its twin or the open-loop floor, never as its own open-loop residual, which no fetch at the floor takes;
+before 2026-12-05 the bound priced it so), and a fetched layer's compute overlapping the arrival of
 its own bytes (it ends no sooner than they have arrived). What it keeps of the device: in each step the template's
 layers computed on the device are a prefix (layer l's template KV needs the template's hidden state after layer
 l - 1: a fallback pass resumes where the step dropped the template and makes every layer up to the one it needs, at
@@ -13,14 +15,14 @@ fetched in the order the compute lane uses them (any other order delays a shard 
 from lane time t with B bytes fetched before it ends at ``(L - k) cached + max(t + k full, max_j (arrive_j -
 (j - k) cached))`` (``arrive_j``: when B plus the step's shards k..j-1 have come); a dynamic programme over the
 steps keeps the (end, bytes) pairs no other beats in both. Plus the fixed work (and in single KV mode the cached
-later steps). Not modelled, so still optimistic: round trips, decode, CPU sharing, planning, the twins' track (off
-it a shard costs the open-loop floor's bytes)."""
+later steps). Not modelled, so still optimistic: round trips, decode, CPU sharing, planning, which of a shard's
+twin or open-loop floor its track allows."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..policy.ladder import shard_floor
+from ..policy.ladder import fewest_fetch_bytes, shard_floor
 from ..policy.planner import Snapshot, best_plan
 from ..policy.policies import LEVEL_COMPUTE, Decision, Policy
 from .simulate import SimConfig, SimResult, _Sim, simulate
@@ -86,7 +88,8 @@ def fluid_bound(trace, profile, ladders, floors, start_s: float = 0.0, family: s
     per_step = N == g.layers * g.steps and g.steps > 1
     S, L = (g.steps, g.layers) if per_step else (1, N)
     tail = profile.fixed_s + (0.0 if per_step else (g.steps - 1) * g.layers * C)
-    nbytes = np.array([float(lad[shard_floor(floor, g)].least_nbytes) for g, lad in enumerate(lads)]).reshape(S, L)
+    nbytes = np.array([float(fewest_fetch_bytes(lad, shard_floor(floor, g))) for g, lad in enumerate(lads)])
+    nbytes = nbytes.reshape(S, L)
     states = [(0.0, 0.0)]  # Pareto front of (the compute lane's time, bytes fetched) at a step's end
     k = np.arange(L + 1)
     j = np.arange(1, L + 1)
@@ -101,7 +104,7 @@ def fluid_bound(trace, profile, ladders, floors, start_s: float = 0.0, family: s
             arrive = trace.finish_times(start_s, b + extra) - start_s
             link = np.where(later, arrive - (j[None, :] - k[:, None]) * C, -np.inf).max(axis=1)
             ends = (L - k) * C + np.maximum(t + k * F, link)
-            found += list(zip(ends.tolist(), (b + cum[-1] - cum[k]).tolist()))
+            found += list(zip(ends.tolist(), (b + cum[-1] - cum[k]).tolist(), strict=True))
         states = _pareto(found)
     return float(min(t for t, _ in states) + tail)
 

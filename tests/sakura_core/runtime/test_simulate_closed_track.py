@@ -128,3 +128,41 @@ def test_off_track_reads_what_the_device_holds():
     assert list(sim.ctx.off_track(1, requested)) == [False, True, False, True]
     assert not sim.ctx.off_track(0, requested).any()  # step 0 has no reference
     assert list(sim.ctx.floor_off_track_bytes()[L : 2 * L]) == [FP // 4] * L
+
+
+def test_the_fluid_bound_prices_a_track_floor_as_its_twin_or_the_open_floor():
+    """A floor below the open-loop floor is fetched as its twin (on the track) or as the open-loop floor (off it),
+    never as its own open-loop residual: the bound takes the fewer of those two, and no split run is under it."""
+    from sakura_core.policy.ladder import fewest_fetch_bytes
+    from sakura_core.runtime.oracle import fluid_bound
+
+    ladders = with_track_floor(LADDERS, "hi")
+    assert fewest_fetch_bytes(ladders[0], 0) == FP // 16  # step 0: no twin, the level itself
+    assert fewest_fetch_bytes(ladders[G.layers], 0) == FP // 8  # not lo's own FP // 16
+    trace = Trace.constant(20)
+    bound = fluid_bound(trace, P, {"sakura": ladders}, {"sakura": 0})
+    runs = [simulate(fixed_split_policy([a, b, c]), trace, P, {"sakura": ladders}, {"sakura": 0}).latency_s
+            for a in (0, 2, 4) for b in (0, 2, 4) for c in (0, 4)]  # fmt: skip
+    assert min(runs) >= bound - 1e-9
+    loose = {"sakura": [[lv.__class__(**{**lv.__dict__, "off_track": None}) for lv in lad] for lad in ladders]}
+    assert fluid_bound(trace, P, loose, {"sakura": 0}) < bound  # priced at lo's own bytes, as before
+
+
+def test_the_benchs_fluid_bound_is_under_every_run_of_a_per_step_edit():
+    """``run_sim``'s fluid-bound rows (what the e2e tables divide by) on a per-step edit with twins, no round trips and
+    free decode (where the bound is tight): every policy's run at or above it. The bound once ran on the simulator's
+    flattened view, one prefix over the whole edit, and went over the oracle, whose splits ([2, 2, 2] at 30 Mbit/s)
+    are a prefix per step."""
+    from dataclasses import replace
+
+    from sakura_core.bench.e2e import FLUID_BOUND, run_sim
+
+    free = [[replace(lv, decode_s=0.0, closed=lv.closed and replace(lv.closed, decode_s=0.0)) for lv in lad]
+            for lad in LADDERS]  # fmt: skip
+    ladders = {"sakura": with_track_floor(free, "hi")}
+    for mbit in (20, 30, 40, 60):
+        runs = run_sim([Trace.constant(mbit)], ["sakura", "oracle", "on-device"], P, ladders, {"sakura": 0}, 1,
+                       kv_mode="per-step", config=SimConfig(min_rtt_s=0.0))  # fmt: skip
+        bound = next(r["latency_s"] for r in runs if r["policy"] == FLUID_BOUND)
+        for r in runs:
+            assert r["latency_s"] >= bound - 1e-9, (mbit, r["policy"], r["latency_s"], bound)
