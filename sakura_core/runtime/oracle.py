@@ -80,10 +80,16 @@ def simulate_oracle(policy: Policy, trace, profile, ladders, floors, start_s=0.0
 
 def fluid_bound(trace, profile, ladders, floors, start_s: float = 0.0, family: str = "sakura") -> float:
     """The fluid lower bound on the edit's latency (seconds; see the module docstring) for ``family``'s floor
-    shards. ``ladders`` as :func:`~sakura_core.runtime.simulate.simulate` takes them (the shard count gives the KV
-    mode)."""
+    shards. ``profile`` and ``ladders`` as :func:`~sakura_core.runtime.simulate.simulate` takes them (the shard count
+    gives the KV mode); not ``kv_mode_view``'s flattened per-step profile, whose one step would stretch the device's
+    prefix over the whole edit (a constraint no policy has: the bound went over the oracle)."""
     lads, floor = ladders[family], floors.get(family, 0)
     g = profile.model
+    if g.name.endswith("/per-step"):
+        raise ValueError(
+            f"fluid_bound got the flattened per-step profile {g.name!r}: pass the profile itself (as simulate takes "
+            "it); the per-step structure comes from its model's steps and layers"
+        )
     N, F, C = len(lads), profile.layer_full_s, profile.layer_cached_s
     per_step = N == g.layers * g.steps and g.steps > 1
     S, L = (g.steps, g.layers) if per_step else (1, N)

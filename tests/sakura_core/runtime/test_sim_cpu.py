@@ -134,3 +134,13 @@ def test_the_fluid_bound_under_every_fixed_split_of_a_per_step_edit(seed):
             for a in range(4) for b in range(4)]  # fmt: skip
     assert min(runs) >= bound - 1e-9
     assert simulate_oracle(make_policy("oracle"), trace, prof, ladders, floors, 3.0).latency_s >= bound - 1e-9
+
+
+def test_the_fluid_bound_refuses_the_flattened_per_step_profile():
+    from sakura_core.runtime.simulate import kv_mode_view
+
+    prof = PROFILES["snapdragon-8-elite-cpu"].with_geometry(replace(GEO, layers=2, steps=2))
+    lad = {"sakura": [[Level("q", MB, MB, 0.0, 1e-4)]] * 4}
+    with pytest.raises(ValueError, match="flattened per-step profile"):
+        fluid_bound(Trace.constant(8), kv_mode_view(prof, "per-step"), lad, {"sakura": 0})
+    assert fluid_bound(Trace.constant(8), prof, lad, {"sakura": 0}) > 0
