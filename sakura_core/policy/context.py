@@ -8,7 +8,7 @@ import numpy as np
 
 from ..fetch.traces import Trace
 from .estimator import ThroughputEstimator
-from .ladder import Level, levels_from, shard_floor
+from .ladder import Level, fetch_bytes, levels_from, shard_floor
 from .state import _STATE_MEMBERS, ComputeCosts, PolicyState
 
 __all__ = ["ComputeCosts", "Context", "PolicyState"]
@@ -90,11 +90,7 @@ class Context:
         floor :func:`~sakura_core.policy.ladder.fetch_as` takes then; the planned bytes where the floor has no twin."""
         if self._floor_off is None:
             fl, lads = self._s.floor, self._s.ladders
-            nb = self.floor_arrays()[0].copy()
-            for g, lad in enumerate(lads):
-                lv = lad[shard_floor(fl, g)]
-                if lv.closed is not None and lv.off_track is not None:
-                    nb[g] = lad[lv.off_track].nbytes
+            nb = np.array([fetch_bytes(lad, shard_floor(fl, g), False) for g, lad in enumerate(lads)], dtype=float)
             nb.flags.writeable = False
             self._floor_off = nb
         return self._floor_off

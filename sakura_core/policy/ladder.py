@@ -62,12 +62,6 @@ class Level:
         twin), else its own."""
         return self.closed.nbytes if (self.closed is not None and self.off_track is not None) else self.nbytes
 
-    @property
-    def least_nbytes(self) -> int:
-        """Its own bytes or its closed-loop twin's, the fewer (what :func:`fetch_as` may take for it when ``off_track``
-        is not set; with it set, see :func:`fewest_fetch_bytes`)."""
-        return self.nbytes if self.closed is None else min(self.nbytes, self.closed.nbytes)
-
     def __post_init__(self) -> None:
         if self.reuse and (self.ref_step is None or self.nbytes != 0):
             raise ValueError(f"level {self.name}: a reuse rung fetches nothing (nbytes 0, got {self.nbytes}) and names "
@@ -106,19 +100,17 @@ def fetch_as(ladder: list[Level], index: int, on_track: bool) -> tuple[int, bool
     return (index if lv.off_track is None else lv.off_track), False
 
 
+def fetch_bytes(ladder: list[Level], index: int, on_track: bool) -> int:
+    """The bytes a choice of level ``index`` fetches on or off its twins' track (:func:`fetch_as`)."""
+    j, twin = fetch_as(ladder, index, on_track)
+    return (ladder[j].closed if twin else ladder[j]).nbytes
+
+
 def fewest_fetch_bytes(ladder: list[Level], floor: int) -> int:
-    """The fewest bytes a fetch of shard ``ladder`` at its quality floor ``floor`` or above can cost, whatever the
-    track (:func:`fetch_as`): a level below the open-loop floor (``off_track`` set) comes as its twin or as that
-    floor, never as itself; another level with a twin as itself or its twin; a ``reuse`` rung costs nothing."""
-    best = None
-    for j in levels_from(ladder, floor):
-        lv = ladder[j]
-        if lv.closed is not None and lv.off_track is not None:
-            n = min(lv.closed.nbytes, ladder[lv.off_track].nbytes)
-        else:
-            n = lv.least_nbytes
-        best = n if best is None else min(best, n)
-    return int(best)
+    """The fewest bytes a fetch of shard ``ladder`` at its quality floor ``floor`` or above can cost, on its twins'
+    track or off it (:func:`fetch_bytes`: a level below the open-loop floor comes as its twin or as that floor, never
+    as itself); a ``reuse`` rung costs nothing."""
+    return min(fetch_bytes(ladder, j, on) for j in levels_from(ladder, floor) for on in (True, False))
 
 
 def with_track_floor(ladders: list[list[Level]], open_floor: str) -> list[list[Level]]:

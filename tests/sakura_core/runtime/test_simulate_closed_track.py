@@ -6,7 +6,7 @@ import pytest
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.metrics import psnr_from_mse
-from sakura_core.policy.ladder import Level, feeds_twin, fetch_as, twin_applies, with_track_floor
+from sakura_core.policy.ladder import Level, feeds_twin, fetch_as, fetch_bytes, twin_applies, with_track_floor
 from sakura_core.runtime.oracle import fixed_split_policy
 from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, simulate
@@ -45,7 +45,7 @@ def test_fetch_as_takes_the_twin_on_its_track_and_the_open_floor_off_it():
         **{**plain[0].closed.__dict__, "nbytes": FP // 32})})]  # fmt: skip
     assert fetch_as(cheap, 0, True) == (0, True)
     assert lad[0].expected_nbytes == FP // 8 and plain[0].expected_nbytes == FP // 16
-    assert lad[0].least_nbytes == FP // 16
+    assert fetch_bytes(lad, 0, True) == FP // 8 and fetch_bytes(lad, 0, False) == FP // 4  # never lo's own FP // 16
 
 
 def test_twin_applies_on_the_same_level_and_track():
