@@ -43,6 +43,17 @@ def test_finish_time_inverts_delivered_and_loops():
         assert t.bytes_between(start, end) == pytest.approx(n)
 
 
+def test_finish_times_is_finish_time_for_every_size():
+    """The vectorised form the fluid bound uses (the scalar one stays: ~5x faster per call on the simulator's path)
+    agrees with it everywhere: inside the zero-rate gap's edges, at whole periods, past several, and for nothing."""
+    t = Trace("x", np.array([1.0, 2.0, 1.0]), np.array([100.0, 0.0, 300.0]))
+    sizes = np.array([0.0, -5.0, 50.0, 100.0, 150.0, 400.0, 800.0, 1234.5, 3999.0, 4000.0])
+    for start in (0.0, 0.3, 1.0, 2.5, 3.999, 9.1):
+        got = t.finish_times(start, sizes.reshape(2, 5))
+        assert got.shape == (2, 5)
+        assert got.ravel().tolist() == pytest.approx([t.finish_time(start, float(n)) for n in sizes])
+
+
 @pytest.mark.parametrize(
     "content, match",
     [
