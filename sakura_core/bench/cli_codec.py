@@ -7,6 +7,7 @@ import sys
 from ..files import atomic_write_json
 from ..kv import CODECS
 from ..models.edit_model import DEMO_TEMPLATES
+from .cli_weights import add_weights_arg, demo_model_from
 from .codec_bench import DEFAULT_PROMPT, CodecBenchConfig, format_table, run_codec_bench
 
 __all__ = ["add_arguments", "run"]
@@ -46,12 +47,10 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--no-uniform-ablation", action="store_true", help="skip the sakura-uniform rows (SAKURA without importance)"
     )
-    parser.add_argument("--weights", default="auto", help="demo model weights: auto, a .safetensors path, or 'random'")
+    add_weights_arg(parser)
 
 
 def run(args) -> int:
-    from ..models.edit_model import load_demo_model
-
     try:
         config = CodecBenchConfig(
             templates=args.templates,
@@ -70,7 +69,7 @@ def run(args) -> int:
     except (ValueError, KeyError) as e:
         print(f"sakura bench codec: {e}", file=sys.stderr)
         return 2
-    model = load_demo_model(weights=None if args.weights == "random" else args.weights)
+    model = demo_model_from(args)
     result = run_codec_bench(config, model=model, progress=lambda msg: print(f"  {msg}", file=sys.stderr))
     print(format_table(result))
     atomic_write_json(args.json, result)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 from ..files import atomic_write_json
+from .cli_weights import add_weights_arg, demo_model_from
 from .cross_step import CrossStepConfig, run_cross_step
 
 __all__ = ["add_arguments", "run"]
@@ -24,14 +25,10 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--probes", type=int, default=d.probes, help="importance probes per step (default: %(default)s)"
     )
-    parser.add_argument(
-        "--weights", default="auto", help="demo model weights: auto, a .safetensors path, or random (the seeded init)"
-    )
+    add_weights_arg(parser)
 
 
 def run(args) -> int:
-    from ..models.edit_model import load_demo_model
-
     try:
         config = CrossStepConfig(
             template=args.template,
@@ -43,7 +40,7 @@ def run(args) -> int:
     except ValueError as e:
         print(f"sakura bench cross-step: {e}", file=sys.stderr)
         return 2
-    model = load_demo_model(weights=None if args.weights == "random" else args.weights)
+    model = demo_model_from(args)
     result = run_cross_step(model, config, say=lambda line: print(line, flush=True))
     result["model"] = {"id": model.model_id, "weights": model.weights_source}
     atomic_write_json(args.json, result)

@@ -21,6 +21,7 @@ import sys
 import numpy as np
 
 from ..files import atomic_write_json
+from .cli_weights import add_weights_arg, demo_model_from
 from .phone_scale import PHONE_SHARD, decode_row, level_chain, phone_scale_input
 from .timing import best_time_s
 
@@ -55,7 +56,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--repeats", type=int, default=5, help="timed decodes per level, best kept (default: %(default)s)"
     )
-    parser.add_argument("--weights", default="auto", help="demo model weights: auto, a .safetensors path, or 'random'")
+    add_weights_arg(parser)
     parser.add_argument("--no-residual", action="store_true",
                         help="leave out SAKURA's cross-step rungs (a per-step template's step 1 coded against step 0: "
                              "the open-loop residual chain and the closed-loop twin, reference add included)")  # fmt: skip
@@ -101,7 +102,7 @@ def format_table(result: dict) -> str:
 def run(args) -> int:
     import torch
 
-    from ..models.edit_model import load_demo_model, load_image
+    from ..models.edit_model import load_image
 
     shard = {"tokens": args.tokens, "heads": args.heads, "head_dim": args.head_dim}
     if args.repeats < 1 or min(shard.values()) < 1 or args.tokens % 32:
@@ -120,7 +121,7 @@ def run(args) -> int:
 
             steps = gaussian_steps(args.tokens, args.heads, args.head_dim)
     else:
-        model = load_demo_model(weights=None if args.weights == "random" else args.weights)
+        model = demo_model_from(args)
         if not 0 <= args.layer < model.adapter.num_layers:
             print(f"sakura bench decode: --layer must be in 0..{model.adapter.num_layers - 1}", file=sys.stderr)
             return 2

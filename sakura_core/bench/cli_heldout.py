@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 from ..files import atomic_write_json
+from .cli_weights import add_weights_arg, demo_model_from
 from .heldout import HeldOutConfig, run_heldout
 
 __all__ = ["add_arguments", "run"]
@@ -25,12 +26,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=d.steps, help="denoising steps (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=d.seed, help="first held-out edit's seed (default: %(default)s)")
     parser.add_argument("--floor-db", type=float, default=d.floor_db, help="quality floor (default: %(default)s)")
-    parser.add_argument("--weights", default="auto", help="demo model weights: auto, a .safetensors path, or random")
+    add_weights_arg(parser)
 
 
 def run(args) -> int:
-    from ..models.edit_model import load_demo_model
-
     split = lambda s, sep=",": tuple(x.strip() for x in s.split(sep) if x.strip())  # noqa: E731
     try:
         cfg = HeldOutConfig(templates=split(args.templates), users=split(args.users), prompts=split(args.prompts, "|"),
@@ -38,7 +37,7 @@ def run(args) -> int:
     except ValueError as e:
         print(f"sakura bench heldout: {e}", file=sys.stderr)
         return 2
-    model = load_demo_model(weights=None if args.weights == "random" else args.weights)
+    model = demo_model_from(args)
     result = run_heldout(model, cfg, say=lambda line: print(line, flush=True))
     result["model"] = {"id": model.model_id, "weights": model.weights_source}
     atomic_write_json(args.json, result)
