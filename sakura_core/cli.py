@@ -55,6 +55,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "sakura_core.bench.cli_planner",
         "the sakura policy's time per decision and per edit at 4x25, 28x25, 50x25 shards; JSON",
     ),
+    ("bench", "regime"): (
+        "sakura_core.bench.cli_regime",
+        "a policy's speed-up over baselines and its ceiling, over link Mbit/s x device TFLOP/s; JSON",
+    ),
     ("bench", "readme"): (
         "sakura_core.bench.cli_readme",
         "regenerate the README's measured results from docs/results/*.json (--check: compare only)",

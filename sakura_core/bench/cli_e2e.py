@@ -188,7 +188,7 @@ def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dic
     """One (kv_mode, geometry, profile): the simulation over every trace, tables and regime map printed."""
     from .e2e import cross_step_sakura, run_sim
     from .e2e_summary import format_headline, summarize, summarize_by_class
-    from .phone_scale import format_regime, regime_map
+    from .regime import format_regime, regime_map
 
     kv_mode, geometry, name = combo
     profile = get_profile(name, geometry)

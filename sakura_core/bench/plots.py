@@ -38,7 +38,7 @@ def plot_trace_levels(trace, decisions: list[dict], level_names: list[str], path
 
 
 def plot_regime_map(data: dict, path: str | Path) -> None:
-    """Which of compute / fetch / hybrid wins (``phone_scale.regime_map``), coloured, with the winner's speed-up over
+    """Which of compute / fetch / hybrid wins (``regime.regime_map``), coloured, with the winner's speed-up over
     the next best."""
     plt = _plt()
     names = ["compute", "fetch", "hybrid"]

@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-__all__ = ["SECTIONS", "render_section", "update_readme"]
+__all__ = ["SECTIONS", "regime_table", "render_section", "update_readme"]
 
 CLASSES = ("3G", "4G", "broadband", "5G")
 _SHORT = {"snapdragon-8-elite-cpu": "cpu", "snapdragon-8-elite-gpu": "gpu", "snapdragon-8-elite-npu": "npu"}
@@ -93,11 +93,43 @@ def planner_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def regime_table(data: dict) -> str:
+    """``sakura bench regime``: per baseline, a table of device TFLOP/s x link Mbit/s, each cell the policy's speed-up
+    and, in brackets, its ceiling (the fluid bound's); the cells reaching the target counted; the trace classes' rates
+    when the run had them."""
+    from .regime import cells_reaching
+
+    pol, mb, own = data["policy"], data["mbit_per_s"], data["profile_tflop_per_s"]
+    rows = [f"Command: {_command(data)}"]
+    for b in data["baselines"]:
+        rows += [
+            "",
+            f"| {pol} vs {b} | " + " | ".join(f"{m:g} Mbit/s" for m in mb) + " |",
+            "|---" * (len(mb) + 1) + "|",
+        ]
+        for tf, row in zip(data["tflop_per_s"], data["cells"], strict=True):
+            mark = " (the profile's)" if abs(tf - own) <= 1e-9 * max(own, 1.0) else ""
+            cells = " | ".join(f"{c['speedup'][b]:.2f}x ({c['ceiling'][b]:.2f})" for c in row)
+            rows.append(f"| {tf:g} TFLOP/s{mark} | {cells} |")
+        if data.get("target") is not None:
+            t, n = data["target"], len(data["tflop_per_s"]) * len(mb)
+            rows += ["", f">= {t:g}x vs {b}: {pol} in {len(cells_reaching(data, b, t))} of {n} cells, the ceiling in "
+                     f"{len(cells_reaching(data, b, t, 'ceiling'))}."]  # fmt: skip
+    rows += ["", f"Cells: {data['geometry']}, {data['kv_mode']} KV, {data['profile']} scaled to each TFLOP/s, constant "
+             f"links; the baseline's latency / {pol}'s, in brackets / the fluid lower bound's (the ceiling: no policy "
+             "passes it with these bytes)."]  # fmt: skip
+    if data.get("trace_classes"):
+        rows.append("Trace classes (median over the class's traces of each trace's mean rate): " + "; ".join(
+            f"{c} {r['median_mean_mbit_s']:.1f} Mbit/s" for c, r in data["trace_classes"].items()) + ".")  # fmt: skip
+    return "\n".join(rows)
+
+
 SECTIONS = {  # section name -> (JSON path relative to the repository root, renderer)
     "e2e-oracle": ("docs/results/e2e_sim.json", e2e_oracle_table),
     "e2e-targets": ("docs/results/e2e_sim.json", e2e_targets_table),
     "planner": ("docs/results/planner.json", planner_table),
     "e2e-ci": ("docs/results/ci/e2e_ci.json", e2e_oracle_table),
+    "regime": ("docs/results/regime_paper.json", regime_table),
 }
 
 
