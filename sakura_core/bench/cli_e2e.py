@@ -143,14 +143,14 @@ def _combos(args) -> list[tuple[str, str, str]]:
     return [(m, g, p) for m in modes for g in geos for p in profs]
 
 
-def _sim_config(args) -> SimConfig:
+def _sim_config(args, command: str = "sakura bench e2e") -> SimConfig:
     arg = str(args.planning).strip()
     if arg in ("measured", "off"):
         return SimConfig(planning=arg)
     try:
         ms = float(arg)
     except ValueError:
-        raise SystemExit(f"sakura bench e2e: --planning must be measured, off or milliseconds; got {arg!r}") from None
+        raise SystemExit(f"{command}: --planning must be measured, off or milliseconds; got {arg!r}") from None
     return SimConfig(planning="fixed", planning_s=ms / 1000)
 
 

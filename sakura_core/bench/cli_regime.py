@@ -31,6 +31,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mbits", default=MBITS, help="link Mbit/s, comma list (default %(default)s)")
     parser.add_argument("--target", type=float, default=1.5, help="speed-up whose cells are counted (default 1.5)")
     parser.add_argument(
+        "--planning", default="1", help="what each policy decision costs the phone, as sakura bench e2e: 'measured', "
+        "'off' or fixed milliseconds (default %(default)s: deterministic)"
+    )  # fmt: skip
+    parser.add_argument(
         "--ladders", metavar="DIR", help="per-shard ladder files <geometry>.<kv_mode>.json (as sakura bench e2e): "
         "read, or measured and written (default: measured, kept nowhere)"
     )  # fmt: skip
@@ -55,11 +59,17 @@ def _floats(flag: str, text: str) -> list[float]:
 def _argv(args) -> list[str]:
     out = ["--profile", args.profile, "--geometry", args.geometry, "--kv-mode", args.kv_mode, "--policy", args.policy,
            "--against", args.against, "--tflops", args.tflops, "--mbits", args.mbits, "--target", f"{args.target:g}",
-           "--steps", str(args.steps), "--synth-layers", args.synth_layers]  # fmt: skip
+           "--steps", str(args.steps), "--synth-layers", args.synth_layers, "--planning", args.planning]  # fmt: skip
     for flag, val in (("--ladders", args.ladders), ("--traces", args.traces)):
         if val:
             out += [flag, val]
     return out + ["--json", args.json]
+
+
+def _planning_words(config) -> str:
+    if config.planning == "fixed":
+        return f"{config.planning_s * 1e3:g} ms per decision (fixed)"
+    return "each decision's CPU time on this host" if config.planning == "measured" else "none (--planning off)"
 
 
 def class_rates(folder: str) -> dict[str, dict]:
@@ -74,12 +84,14 @@ def class_rates(folder: str) -> dict[str, dict]:
 
 def run(args) -> int:
     from ..models.edit_model import load_demo_model
+    from .cli_e2e import _sim_config
     from .e2e import cross_step_sakura
     from .e2e_ladders import load_or_measure_ladders
     from .geometry_ladders import LadderConfig
     from .regime import format_policy_regime, policy_regime
 
     tflops, mbits = _floats("--tflops", args.tflops), _floats("--mbits", args.mbits)
+    config = _sim_config(args, "sakura bench regime")
     against = tuple(x.strip() for x in args.against.split(",") if x.strip())
     try:
         profile = get_profile(args.profile, args.geometry)
@@ -95,17 +107,18 @@ def run(args) -> int:
     if args.kv_mode == "per-step":  # sakura's cross-step coded ladders, as sakura bench e2e uses by default
         ladders["sakura"], floors["sakura"] = cross_step_sakura(lad, profile.model)
     try:
-        regime = policy_regime(profile, ladders, floors, tflops, mbits, args.policy, against, args.kv_mode,
+        regime = policy_regime(profile, ladders, floors, tflops, mbits, args.policy, against, args.kv_mode, config,
                                progress=lambda m: print(m, flush=True))  # fmt: skip
     except ValueError as e:
         raise SystemExit(f"sakura bench regime: {e}") from None
+    print(f"planning charged: {_planning_words(config)}")
     for b in against:
         print()
         print(format_policy_regime(regime, b, args.target))
     if rates:
         print("\ntrace classes (median over the class's traces of each trace's mean rate): " + "; ".join(
             f"{c} {r['median_mean_mbit_s']:.1f} Mbit/s ({r['traces']} traces)" for c, r in rates.items()))  # fmt: skip
-    out = {**regime, "target": args.target, "trace_classes": rates, "command": "sakura bench regime "
+    out = {**regime, "target": args.target, "planning": _planning_words(config), "trace_classes": rates, "command": "sakura bench regime "
            + " ".join(_argv(args)), "argv": _argv(args), "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
     atomic_write_json(args.json, json.loads(json.dumps(out, default=float)))
     print(f"wrote {args.json}")

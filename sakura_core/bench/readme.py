@@ -117,7 +117,7 @@ def regime_table(data: dict) -> str:
                      f"{len(cells_reaching(data, b, t, 'ceiling'))}."]  # fmt: skip
     rows += ["", f"Cells: {data['geometry']}, {data['kv_mode']} KV, {data['profile']} scaled to each TFLOP/s, constant "
              f"links; the baseline's latency / {pol}'s, in brackets / the fluid lower bound's (the ceiling: no policy "
-             "passes it with these bytes)."]  # fmt: skip
+             f"passes it with these bytes); planning charged: {data.get('planning', 'none')}."]  # fmt: skip
     if data.get("trace_classes"):
         rows.append("Trace classes (median over the class's traces of each trace's mean rate): " + "; ".join(
             f"{c} {r['median_mean_mbit_s']:.1f} Mbit/s" for c, r in data["trace_classes"].items()) + ".")  # fmt: skip

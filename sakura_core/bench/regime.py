@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..fetch.traces import Trace
 from ..policy.policies import POLICIES, make_policy
-from ..runtime.oracle import fixed_split_policy, fluid_bound
+from ..runtime.oracle import fixed_split_policy, fluid_bound, simulate_oracle
 from ..runtime.profiles import DeviceProfile
 from ..runtime.simulate import kv_mode_view, simulate
 
@@ -75,7 +75,8 @@ def policy_regime(
 ) -> dict:
     """Per (device TFLOP/s, link Mbit/s) on a constant link: the latency of ``policy``, of each baseline and the fluid
     lower bound (``ladders`` as :func:`~sakura_core.runtime.simulate.simulate` takes them: steps x layers shards in
-    per-step ``kv_mode``); per baseline the speed-up ``baseline / policy`` and the ceiling ``baseline / bound``."""
+    per-step ``kv_mode``); per baseline the speed-up ``baseline / policy`` and the ceiling ``baseline / bound``.
+    ``config``: the simulator's settings (planning charges; the oracle runs its search as in ``sakura bench e2e``)."""
     names = (policy, *baselines)
     g = profile.model
     want = kv_mode_view(profile, kv_mode).model.layers  # validates kv_mode
@@ -92,7 +93,8 @@ def policy_regime(
         row = []
         for mbit in mbits:
             trace = Trace.constant(mbit)
-            lat = {n: float(simulate(make_policy(n), trace, prof, ladders, floors, 0.0, config).latency_s)
+            lat = {n: float((simulate_oracle if n == "oracle" else simulate)(make_policy(n), trace, prof, ladders,
+                                                                               floors, 0.0, config).latency_s)
                    for n in names}  # fmt: skip
             bound = fluid_bound(trace, prof, ladders, floors, 0.0, make_policy(policy).family)
             row.append({"latency_s": lat, "fluid_bound_s": bound,

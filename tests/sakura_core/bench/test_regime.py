@@ -116,3 +116,10 @@ def test_bench_regime_cli_writes_the_map_and_the_readme_renders_it(tmp_path, cap
     assert data["command"] in table and f"{c['speedup']['cachegen']:.2f}x ({c['ceiling']['cachegen']:.2f})" in table
     with pytest.raises(SystemExit, match="--mbits needs numbers > 0"):
         main([*argv[:-2], "--mbits", "0,3", "--json", str(out)])
+
+
+def test_the_oracle_as_a_baseline_runs_its_search_and_sits_between_the_bound_and_sakura():
+    prof, lad, fl = _phone_dit()
+    c = policy_regime(prof, lad, fl, [0.2], [20.0], baselines=("oracle",), kv_mode="per-step")["cells"][0][0]
+    assert c["fluid_bound_s"] * (1 - 1e-9) <= c["latency_s"]["oracle"] <= c["latency_s"]["sakura"] * (1 + 1e-9)
+    assert c["speedup"]["oracle"] <= 1 + 1e-9 <= c["ceiling"]["oracle"] * (1 + 1e-9)  # oracle / sakura, oracle / bound
