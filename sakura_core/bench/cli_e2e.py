@@ -186,7 +186,7 @@ def _header(args, kv_mode, profile, lad, config) -> list[str]:
 
 def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dict:
     """One (kv_mode, geometry, profile): the simulation over every trace, tables and regime map printed."""
-    from .e2e import cross_step_sakura, run_sim
+    from .e2e import run_sim, sim_ladders
     from .e2e_summary import format_headline, summarize, summarize_by_class
     from .regime import format_regime, regime_map
 
@@ -201,9 +201,9 @@ def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dic
     lad = ladders_by[(geometry, kv_mode)]
     config = _sim_config(args)
     header = _header(args, kv_mode, profile, lad, config)
-    ladders, floors = lad.for_simulator()
-    if kv_mode == "per-step" and getattr(args, "per_step_ladders", "measured") == "measured":
-        ladders["sakura"], floors["sakura"] = cross_step_sakura(lad, g)
+    measured = getattr(args, "per_step_ladders", "measured")
+    ladders, floors = sim_ladders(lad, kv_mode, g, measured)
+    if kv_mode == "per-step" and measured == "measured":
         header.append("sakura per-step ladders: cross-step coded per-step KV (bench/per_step_ladders.json: bytes and "
                       "PSNR per level and step, trained demo model), decode time per level from the ladders above")  # fmt: skip
     print("\n".join(header))

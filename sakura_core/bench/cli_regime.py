@@ -85,7 +85,7 @@ def class_rates(folder: str) -> dict[str, dict]:
 def run(args) -> int:
     from ..models.edit_model import load_demo_model
     from .cli_e2e import _sim_config
-    from .e2e import cross_step_sakura
+    from .e2e import sim_ladders
     from .e2e_ladders import load_or_measure_ladders
     from .geometry_ladders import LadderConfig
     from .regime import format_policy_regime, policy_regime
@@ -103,9 +103,7 @@ def run(args) -> int:
     pair = (args.geometry, args.kv_mode)
     lad = load_or_measure_ladders([pair], args.ladders, LadderConfig(steps=args.steps, synth_layers=synth),
                                   load_demo_model)[pair]  # fmt: skip
-    ladders, floors = lad.for_simulator()
-    if args.kv_mode == "per-step":  # sakura's cross-step coded ladders, as sakura bench e2e uses by default
-        ladders["sakura"], floors["sakura"] = cross_step_sakura(lad, profile.model)
+    ladders, floors = sim_ladders(lad, args.kv_mode, profile.model)  # as sakura bench e2e's default
     try:
         regime = policy_regime(profile, ladders, floors, tflops, mbits, args.policy, against, args.kv_mode, config,
                                progress=lambda m: print(m, flush=True))  # fmt: skip

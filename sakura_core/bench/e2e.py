@@ -22,6 +22,7 @@ __all__ = [
     "quality_floor",
     "psnr_db",
     "run_sim",
+    "sim_ladders",
     "summarize",
     "summarize_by_class",
 ]
@@ -44,6 +45,16 @@ def quality_floor(psnr_db_by_level: list[float], target_db: float) -> int:
         "no level reaches %.1f dB (best %.1f dB): floor at the best level", target_db, psnr_db_by_level[best]
     )
     return best
+
+
+def sim_ladders(lad, kv_mode: str, geometry: DitGeometry, per_step_ladders: str = "measured") -> tuple[dict, dict]:
+    """(ladders, floors) of every family as the simulator takes them for ``lad`` (a geometry's
+    :class:`~sakura_core.runtime.sim_ladders.ShardLadders`); in per-step mode with ``per_step_ladders == "measured"``
+    sakura's are the cross-step coded ones (:func:`cross_step_sakura`), else the single-mode ratios per step."""
+    ladders, floors = lad.for_simulator()
+    if kv_mode == "per-step" and per_step_ladders == "measured":
+        ladders["sakura"], floors["sakura"] = cross_step_sakura(lad, geometry)
+    return ladders, floors
 
 
 def cross_step_sakura(lad, geometry: DitGeometry, data: dict | None = None) -> tuple[list, int | list[int]]:

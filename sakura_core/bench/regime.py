@@ -26,25 +26,21 @@ def regime_map(
     """Per (device TFLOP/s, link Mbit/s): latency of compute on the device (on-device-cached; in per-step mode the
     template at every step), fetch every shard at the floor level (split 0) and the best hybrid split; the winner
     and its margin over the next best. ``ladders`` match ``kv_mode_view(profile, kv_mode)``."""
-    base = profile
     kv_mode_view(profile, kv_mode)  # validates kv_mode; ladders have steps x layers shards in per-step mode
     L = profile.model.layers
     names = ["compute", "fetch", "hybrid"]
-    cells = []
-    for tf in tflops:
-        prof = profile.with_speed(tf * 1e12)
-        row = []
-        for mbit in mbits:
-            trace = Trace.constant(mbit)
-            lat = [
-                simulate(POLICIES["on-device-cached"](), trace, prof, ladders, floors).latency_s,
-                simulate(fixed_split_policy(0), trace, prof, ladders, floors).latency_s,
-                min(simulate(fixed_split_policy(k), trace, prof, ladders, floors).latency_s for k in range(1, L)),
-            ]
-            order = sorted(range(3), key=lat.__getitem__)
-            row.append({"latency_s": lat, "winner": names[order[0]], "margin": lat[order[1]] / lat[order[0]]})
-        cells.append(row)
-    return {"tflop_per_s": list(tflops), "mbit_per_s": list(mbits), "cells": cells, "geometry": base.model.name,
+
+    def cell(prof, trace) -> dict:
+        lat = [
+            simulate(POLICIES["on-device-cached"](), trace, prof, ladders, floors).latency_s,
+            simulate(fixed_split_policy(0), trace, prof, ladders, floors).latency_s,
+            min(simulate(fixed_split_policy(k), trace, prof, ladders, floors).latency_s for k in range(1, L)),
+        ]
+        order = sorted(range(3), key=lat.__getitem__)
+        return {"latency_s": lat, "winner": names[order[0]], "margin": lat[order[1]] / lat[order[0]]}
+
+    cells = _over_grid(profile, tflops, mbits, cell)
+    return {"tflop_per_s": list(tflops), "mbit_per_s": list(mbits), "cells": cells, "geometry": profile.model.name,
             "kv_mode": kv_mode}  # fmt: skip
 
 
@@ -87,26 +83,32 @@ def policy_regime(
         make_policy(n)  # raises naming the choices
     if any(t <= 0 for t in tflops) or any(m <= 0 for m in mbits):
         raise ValueError(f"device TFLOP/s and link Mbit/s must be > 0, got {list(tflops)} and {list(mbits)}")
-    cells = []
-    for tf in tflops:
-        prof = profile.with_speed(tf * 1e12)
-        row = []
-        for mbit in mbits:
-            trace = Trace.constant(mbit)
-            lat = {n: float((simulate_oracle if n == "oracle" else simulate)(make_policy(n), trace, prof, ladders,
-                                                                               floors, 0.0, config).latency_s)
-                   for n in names}  # fmt: skip
-            bound = fluid_bound(trace, prof, ladders, floors, 0.0, make_policy(policy).family)
-            row.append({"latency_s": lat, "fluid_bound_s": bound,
-                        "speedup": {b: lat[b] / lat[policy] for b in baselines},
-                        "ceiling": {b: lat[b] / bound for b in baselines}})  # fmt: skip
-        cells.append(row)
-        if progress:
-            progress(f"{tf:g} TFLOP/s: {len(mbits)} links")
+    family = make_policy(policy).family
+
+    def cell(prof, trace) -> dict:
+        lat = {n: float((simulate_oracle if n == "oracle" else simulate)(make_policy(n), trace, prof, ladders, floors,
+                                                                           0.0, config).latency_s)
+               for n in names}  # fmt: skip
+        bound = fluid_bound(trace, prof, ladders, floors, 0.0, family)
+        return {"latency_s": lat, "fluid_bound_s": bound, "speedup": {b: lat[b] / lat[policy] for b in baselines},
+                "ceiling": {b: lat[b] / bound for b in baselines}}  # fmt: skip
+
+    cells = _over_grid(profile, tflops, mbits, cell, progress)
     return {"tflop_per_s": list(tflops), "mbit_per_s": list(mbits), "cells": cells, "policy": policy,
             "baselines": list(baselines), "profile": profile.name,
             "profile_tflop_per_s": profile.effective_flop_per_s / 1e12, "geometry": g.name,
             "kv_mode": kv_mode}  # fmt: skip
+
+
+def _over_grid(profile: DeviceProfile, tflops: list[float], mbits: list[float], cell, progress=None) -> list[list]:
+    """``cell(profile at that speed, constant trace at that rate)`` over every (TFLOP/s, Mbit/s): rows by TFLOP/s."""
+    rows = []
+    for tf in tflops:
+        prof = profile.with_speed(tf * 1e12)
+        rows.append([cell(prof, Trace.constant(mbit)) for mbit in mbits])
+        if progress:
+            progress(f"{tf:g} TFLOP/s: {len(mbits)} links")
+    return rows
 
 
 def cells_reaching(regime: dict, baseline: str, target: float, key: str = "speedup") -> list[tuple[float, float]]:
