@@ -61,6 +61,10 @@ def add_arguments(parser) -> None:
         "time on this host x the profile's cpu_slowdown), 'off', or a fixed number of milliseconds"
     )  # fmt: skip
     parser.add_argument(
+        "--prefetch-gib", type=float, help="sim, per-step KV: the most decoded KV of later steps the phone may hold "
+        "(GiB; the phone agent's prefetch room, RuntimeConfig.prefetch_kv_bytes); default: not limited"
+    )  # fmt: skip
+    parser.add_argument(
         "--no-runs", action="store_true", help="sim: leave the per-run rows out of the JSON (summaries only)"
     )
     parser.add_argument(
@@ -98,7 +102,7 @@ def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:
 def _argv(args) -> list[str]:
     """The sim command's options as given (the JSON records the command that made it)."""
     keys = ("mode", "traces", "policies", "profile", "kv_mode", "geometry", "starts", "steps", "ladders", "planning",
-            "synth_layers")  # fmt: skip
+            "prefetch_gib", "synth_layers")  # fmt: skip
     out = []
     for k in keys:
         v = getattr(args, k, None)
@@ -144,14 +148,18 @@ def _combos(args) -> list[tuple[str, str, str]]:
 
 
 def _sim_config(args, command: str = "sakura bench e2e") -> SimConfig:
+    gib = getattr(args, "prefetch_gib", None)
+    if gib is not None and not gib >= 0:
+        raise SystemExit(f"{command}: --prefetch-gib must be >= 0 GiB, got {gib}")
+    room = None if gib is None else int(gib * 2**30)
     arg = str(args.planning).strip()
     if arg in ("measured", "off"):
-        return SimConfig(planning=arg)
+        return SimConfig(planning=arg, prefetch_kv_bytes=room)
     try:
         ms = float(arg)
     except ValueError:
         raise SystemExit(f"{command}: --planning must be measured, off or milliseconds; got {arg!r}") from None
-    return SimConfig(planning="fixed", planning_s=ms / 1000)
+    return SimConfig(planning="fixed", planning_s=ms / 1000, prefetch_kv_bytes=room)
 
 
 def _header(args, kv_mode, profile, lad, config) -> list[str]:
@@ -174,6 +182,10 @@ def _header(args, kv_mode, profile, lad, config) -> list[str]:
     else:
         plan = "NOT charged (--planning off)"
     lines.append(f"planning charged: {plan}")
+    if kv_mode == "per-step":
+        room = config.prefetch_kv_bytes
+        lines.append("prefetch: " + ("not limited (the decoded KV held is reported, not bounded)" if room is None else
+                     f"at most {room / 2**30:g} GiB of later steps' decoded KV held (the phone agent's prefetch room)"))  # fmt: skip
     cores = profile.dit_cpu_cores
     share = f"decode and planning threads each take 1 of the DiT's {cores} cores while they work"
     lines.append(f"CPU sharing: {share if cores else f'none (the DiT runs on the {profile.soc})'}")

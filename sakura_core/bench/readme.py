@@ -130,6 +130,8 @@ SECTIONS = {  # section name -> (JSON path relative to the repository root, rend
     "planner": ("docs/results/planner.json", planner_table),
     "e2e-ci": ("docs/results/ci/e2e_ci.json", e2e_oracle_table),
     "regime": ("docs/results/regime_paper.json", regime_table),
+    "e2e-prefetch-1gib": ("docs/results/prefetch/e2e_prefetch_1gib.json", e2e_targets_table),
+    "e2e-prefetch-0gib": ("docs/results/prefetch/e2e_prefetch_0gib.json", e2e_targets_table),
 }
 
 

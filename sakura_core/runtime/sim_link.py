@@ -211,6 +211,16 @@ class SimLink:
             self.decisions.append({"t": self.now, "layer": layer, "level": fl, "reason": "fallback: needed"})
             self._transfer(layer, fl, self.ladders[layer][fl].nbytes, "base")
             return True
+        if self.room_wait is not None:  # a chosen later-step shard waits for prefetch room (the lane waits with it)
+            if not self._has_room(self.room_wait[0]):
+                self.link_free = max(self.link_free, self.compute_t)  # idle while the compute lane runs
+                return False
+            layer, level = self.room_wait
+            self.room_wait = None
+            self.link_free = max(self.link_free, self.step_started_t)  # room came when the lane entered this step
+            self.now = self.link_free
+            self._transfer(layer, level, self.ladders[layer][level].nbytes, "base")
+            return True
         if self.deferred and self._retry_deferred():  # a deferred shard the policy now wants goes first
             return True
         if not self.base_done and self.next_layer < self.N:
@@ -234,7 +244,7 @@ class SimLink:
                 if d.link_idle_until_s is not None:  # the policy's next decision waits (the link stays idle)
                     self.link_free = max(self.link_free, d.link_idle_until_s)
             else:
-                self._transfer(layer, d.level, self.ladders[layer][d.level].nbytes, "base")
+                self._fetch_chosen(layer, d.level)
             if self.next_layer >= self.N:
                 self.base_done = True
             return True
@@ -263,7 +273,9 @@ class SimLink:
 
     def _retry_deferred(self) -> bool:
         """Ask the policy again about each deferred shard the compute lane has not reached; fetch the first it
-        wants. False when it wants none."""
+        wants. False when it wants none, or while a chosen shard waits for prefetch room (the lane waits with it)."""
+        if self.room_wait is not None:
+            return False
         self.now = self.link_free
         pick = ask_deferred(self.policy, self.ctx, self.deferred, self.compute_layer)  # about to start, not reached
         self._charge_link()
@@ -272,8 +284,30 @@ class SimLink:
         g, d = pick
         self.decisions.append({"t": self.now, "layer": g, "level": d.level, "reason": d.reason})
         self.skipped.discard(g)
-        self._transfer(g, d.level, self.ladders[g][d.level].nbytes, "base")
+        self._fetch_chosen(g, d.level)
         return True
+
+    def _fetch_chosen(self, layer: int, level: int) -> None:
+        """Fetch a shard the policy chose, once there is prefetch room for it (:meth:`_has_room`; the live lane's
+        ``_room_for``): until then the link waits with it."""
+        if self._has_room(layer):
+            self._transfer(layer, level, self.ladders[layer][level].nbytes, "base")
+        else:
+            self.room_wait = (layer, level)
+
+    def _has_room(self, layer: int) -> bool:
+        """``SimConfig.prefetch_kv_bytes`` (per-step mode): a shard of a later step than the running one may be
+        fetched while the KV of the later steps' shards requested so far, plus this shard's, stays within it. (The
+        live lane counts the KV decoded: it decodes each shard before the next request, so at its check every shard
+        requested before is decoded; here decodes overlap the next transfer, so the requested ones are counted.)"""
+        cap = self.config.prefetch_kv_bytes
+        if cap is None or not self.per_step:
+            return True
+        running_end = (self.compute_layer // self.L + 1) * self.L
+        if layer < running_end:
+            return True
+        held = sum(1 for g in self._pred if g >= running_end)
+        return (held + 1) * self.profile.model.shard_bytes_fp16 <= cap
 
     def wait_for(self, layer: int) -> float:
         """Run the link until ``layer`` has a decoded level; returns that time."""

@@ -21,6 +21,10 @@ class SimConfig:
         ``recompute_late``) the compute lane; on a profile whose DiT shares the CPU, planning on the link side also
         takes a core from it.
     planning_s: seconds per decision with ``planning="fixed"``.
+    prefetch_kv_bytes: per-step mode: the most decoded KV of later steps the phone may hold, as the live pipeline's
+        ``RuntimeConfig.prefetch_kv_bytes`` (the phone agent sets it to the room its memory budget leaves): a fetch
+        of a later step's shard waits until the KV decoded for later steps leaves room for one more shard (the
+        running step's own shards never wait). None: not limited (the KV held is reported, not bounded).
     """
 
     min_rtt_s: float = 0.04
@@ -28,8 +32,11 @@ class SimConfig:
     latency_target_s: float | None = None
     planning: str = "off"
     planning_s: float = 0.0
+    prefetch_kv_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.prefetch_kv_bytes is not None and self.prefetch_kv_bytes < 0:
+            raise ValueError(f"prefetch_kv_bytes must be >= 0 bytes or None (no limit), got {self.prefetch_kv_bytes}")
         if self.planning not in PLANNING_MODES:
             raise ValueError(f"planning must be one of {', '.join(PLANNING_MODES)}, got {self.planning!r}")
         if self.planning_s < 0 or self.min_rtt_s < 0:

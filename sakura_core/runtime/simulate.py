@@ -107,6 +107,8 @@ class _Sim(SimLink, CpuShare):
         self.splits: list[int] = []
         self.device_all = False  # a fallback template pass made every layer's KV on the device
         self.passed: dict[int, float] = {}  # per-step: shard -> when the compute lane was past it (its KV freed)
+        self.step_started_t = 0.0  # when the compute lane entered its running step
+        self.room_wait: tuple[int, int] | None = None  # (shard, level) chosen, waiting for prefetch room
         self.device_kv_at: dict[int, float] = {}  # shard -> when a fallback pass made its KV on the device
         self.ctx = Context(self)
 
@@ -164,6 +166,8 @@ class _Sim(SimLink, CpuShare):
         p, pol = self.profile, self.policy
         if self.per_step and layer > 0:
             self.passed[layer - 1] = self.compute_t  # as the live pipeline: a shard is freed once the lane is past it
+        if layer % self.L == 0:
+            self.step_started_t = self.compute_t
         self.compute_layer = layer
         self.advance_link(self.compute_t)
         self.settle_contention()
