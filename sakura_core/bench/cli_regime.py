@@ -116,8 +116,9 @@ def run(args) -> int:
     if rates:
         print("\ntrace classes (median over the class's traces of each trace's mean rate): " + "; ".join(
             f"{c} {r['median_mean_mbit_s']:.1f} Mbit/s ({r['traces']} traces)" for c, r in rates.items()))  # fmt: skip
-    out = {**regime, "target": args.target, "planning": _planning_words(config), "trace_classes": rates, "command": "sakura bench regime "
-           + " ".join(_argv(args)), "argv": _argv(args), "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    out = {**regime, "target": args.target, "planning": _planning_words(config), "trace_classes": rates,
+           "command": "sakura bench regime " + " ".join(_argv(args)), "argv": _argv(args),
+           "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
     atomic_write_json(args.json, json.loads(json.dumps(out, default=float)))
     print(f"wrote {args.json}")
     return 0
