@@ -23,8 +23,9 @@ class SimConfig:
     planning_s: seconds per decision with ``planning="fixed"``.
     prefetch_kv_bytes: per-step mode: the most decoded KV of later steps the phone may hold, as the live pipeline's
         ``RuntimeConfig.prefetch_kv_bytes`` (the phone agent sets it to the room its memory budget leaves): a fetch
-        of a later step's shard waits until the KV decoded for later steps leaves room for one more shard (the
-        running step's own shards never wait). None: not limited (the KV held is reported, not bounded).
+        of a later step's shard waits until the KV of the later steps' shards requested so far leaves room for one
+        more (the live lane counts what is decoded, but decodes each shard before its next request; here decodes
+        overlap transfers; the running step's own shards never wait). None: not limited (the KV held is reported).
     """
 
     min_rtt_s: float = 0.04
