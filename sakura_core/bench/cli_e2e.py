@@ -64,6 +64,7 @@ def add_arguments(parser) -> None:
         "--prefetch-gib", type=float, help="sim, per-step KV: the most decoded KV of later steps the phone may hold "
         "(GiB; the phone agent's prefetch room, RuntimeConfig.prefetch_kv_bytes); default: not limited"
     )  # fmt: skip
+    add_requests_argument(parser)
     parser.add_argument(
         "--no-runs", action="store_true", help="sim: leave the per-run rows out of the JSON (summaries only)"
     )
@@ -77,6 +78,15 @@ def add_arguments(parser) -> None:
     )  # fmt: skip
     parser.add_argument("--max-traces", type=int, default=3, help="live: traces to run (default %(default)s)")
     parser.add_argument("--shaping", choices=["inproc", "kernel"], default="inproc", help="live: link shaper")
+
+
+def add_requests_argument(parser) -> None:
+    """``--requests ahead|sequential``: the fetch lane's requests (``SimConfig`` / ``RuntimeConfig.request_ahead``)."""
+    parser.add_argument(
+        "--requests", choices=["ahead", "sequential"], default="sequential", help="the fetch lane's requests, sim and "
+        "live: 'sequential' (each once the transfer before has arrived, paying its round trip; default, as the live "
+        "lane's) or 'ahead' (the next leaves once the bytes on their way are within two round trips of the link)"
+    )  # fmt: skip
 
 
 REGIME_TFLOPS = [0.05, 0.2, 1.0, 3.5, 14.0, 50.0]  # device effective TFLOP/s (phone CPU .. NPU and beyond)
@@ -102,7 +112,7 @@ def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:
 def _argv(args) -> list[str]:
     """The sim command's options as given (the JSON records the command that made it)."""
     keys = ("mode", "traces", "policies", "profile", "kv_mode", "geometry", "starts", "steps", "ladders", "planning",
-            "prefetch_gib", "synth_layers")  # fmt: skip
+            "prefetch_gib", "requests", "synth_layers")  # fmt: skip
     out = []
     for k in keys:
         v = getattr(args, k, None)
@@ -152,14 +162,15 @@ def _sim_config(args, command: str = "sakura bench e2e") -> SimConfig:
     if gib is not None and not gib >= 0:
         raise SystemExit(f"{command}: --prefetch-gib must be >= 0 GiB, got {gib}")
     room = None if gib is None else int(gib * 2**30)
+    ahead = getattr(args, "requests", "sequential") == "ahead"
     arg = str(args.planning).strip()
     if arg in ("measured", "off"):
-        return SimConfig(planning=arg, prefetch_kv_bytes=room)
+        return SimConfig(planning=arg, prefetch_kv_bytes=room, request_ahead=ahead)
     try:
         ms = float(arg)
     except ValueError:
         raise SystemExit(f"{command}: --planning must be measured, off or milliseconds; got {arg!r}") from None
-    return SimConfig(planning="fixed", planning_s=ms / 1000, prefetch_kv_bytes=room)
+    return SimConfig(planning="fixed", planning_s=ms / 1000, prefetch_kv_bytes=room, request_ahead=ahead)
 
 
 def _header(args, kv_mode, profile, lad, config) -> list[str]:
@@ -182,6 +193,9 @@ def _header(args, kv_mode, profile, lad, config) -> list[str]:
     else:
         plan = "NOT charged (--planning off)"
     lines.append(f"planning charged: {plan}")
+    lines.append("requests: " + ("sent ahead (the next leaves once the bytes on their way are within two round "
+                                 "trips of the link; one transfer on the wire at a time)" if config.request_ahead else
+                                 "sequential (each after the transfer before, paying its round trip)"))  # fmt: skip
     if kv_mode == "per-step":
         room = config.prefetch_kv_bytes
         lines.append("prefetch: " + ("not limited (the decoded KV held is reported, not bounded)" if room is None else

@@ -210,8 +210,9 @@ def _sim_check(runs: list[dict], plans: dict, profile, args) -> list[dict]:
         if (name, "on-device") not in by or name not in traces:
             continue
         trace, lad = traces[name], {"sakura": ladders}
-        sim = _replay(trace, profile, lad, floor)
-        alone = _replay(trace, replace(profile, dit_cpu_cores=0), lad, floor)
+        ahead = getattr(args, "requests", "sequential") == "ahead"
+        sim = _replay(trace, profile, lad, floor, ahead)
+        alone = _replay(trace, replace(profile, dit_cpu_cores=0), lad, floor, ahead)
         live = by[(name, "on-device")]["latency_s"] / by[(name, "sakura")]["latency_s"]
         pred, pred_alone = sim["on-device"] / sim["sakura"], alone["on-device"] / alone["sakura"]
         row = {"trace": name, "live_speedup": live, "sim_speedup": pred, "live_over_sim": live / pred,
@@ -226,11 +227,12 @@ def _sim_check(runs: list[dict], plans: dict, profile, args) -> list[dict]:
     return out
 
 
-def _replay(trace, profile, ladders: dict, floor: int) -> dict:
-    """Simulated latency of sakura and on-device on ``trace`` with ``profile`` and the served ``ladders``."""
+def _replay(trace, profile, ladders: dict, floor: int, request_ahead: bool = True) -> dict:
+    """Simulated latency of sakura and on-device on ``trace`` with ``profile`` and the served ``ladders`` (requests
+    sent ahead or one at a time, as the live run)."""
     from ..runtime.simulate import SimConfig, simulate
 
-    cfg = SimConfig(min_rtt_s=RuntimeConfig().rtt_s)
+    cfg = SimConfig(min_rtt_s=RuntimeConfig().rtt_s, request_ahead=request_ahead)
     return {p: simulate(make_policy(p), trace, profile, ladders, {"sakura": floor}, config=cfg).latency_s
             for p in ("sakura", "on-device")}  # fmt: skip
 
@@ -257,7 +259,8 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                         model, manifest, shaped_fetcher(client, trace if link is None else None), user, PROMPT,
                         policy=plan.policy, ladders=ladders, reps=reps,
                         floor=floor, profile=profile, template_image=template, trace=trace,
-                        config=RuntimeConfig(steps=args.steps),
+                        config=RuntimeConfig(steps=args.steps,
+                                             request_ahead=getattr(args, "requests", "sequential") == "ahead"),
                     )  # fmt: skip
                 finally:
                     if follow is not None:

@@ -21,6 +21,8 @@ MBITS = "1,3,10,30,100,300,1000"
 
 
 def add_arguments(parser) -> None:
+    from .cli_e2e import add_requests_argument
+
     parser.add_argument("--json", required=True, metavar="FILE", help="write the map as JSON here")
     parser.add_argument("--profile", default="snapdragon-8-elite-cpu", help=f"one of {', '.join(PROFILES)}")
     parser.add_argument("--geometry", default="klein4b-512-ref1024", help=f"one of {', '.join(GEOMETRIES)}")
@@ -40,6 +42,7 @@ def add_arguments(parser) -> None:
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=4, help="edit steps of the codec measurements (default 4)")
     parser.add_argument("--synth-layers", default="0,3", help="as sakura bench e2e (default %(default)s)")
+    add_requests_argument(parser)
     parser.add_argument(
         "--traces", metavar="DIR", help="also print each trace class's median link rate (the mean over each trace), "
         "to place the classes on the map"
@@ -59,7 +62,8 @@ def _floats(flag: str, text: str) -> list[float]:
 def _argv(args) -> list[str]:
     out = ["--profile", args.profile, "--geometry", args.geometry, "--kv-mode", args.kv_mode, "--policy", args.policy,
            "--against", args.against, "--tflops", args.tflops, "--mbits", args.mbits, "--target", f"{args.target:g}",
-           "--steps", str(args.steps), "--synth-layers", args.synth_layers, "--planning", args.planning]  # fmt: skip
+           "--steps", str(args.steps), "--synth-layers", args.synth_layers, "--planning", args.planning,
+           "--requests", args.requests]  # fmt: skip
     for flag, val in (("--ladders", args.ladders), ("--traces", args.traces)):
         if val:
             out += [flag, val]

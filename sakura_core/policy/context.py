@@ -169,7 +169,11 @@ class Context:
         return bool(got) and got[0][1] <= self._s.now
 
     def fetched_levels(self) -> dict[int, int]:
-        """``layer -> highest level fetched`` (decoded or not)."""
+        """``layer -> highest level fetched`` (decoded or not: a state whose ``got`` shows decoded levels only
+        provides ``fetched_levels()`` itself, with the levels requested and still decoding)."""
+        fast = getattr(self._s, "fetched_levels", None)
+        if fast is not None:
+            return fast()
         return {layer: max(lv for lv, _ in got) for layer, got in self._s.got.items() if got}
 
     @property
@@ -213,6 +217,13 @@ class Context:
         """Round trip charged per request in predictions, seconds."""
         return float(self._s.rtt_s)
 
+    @property
+    def queued_rtt_s(self) -> float:
+        """Round trip a request pays when it follows a transfer in progress: :attr:`rtt_s` when the link sends one
+        request at a time, 0 when the lane sends requests ahead (``request_ahead``: a queued request's bytes follow
+        the last byte of the one before; a request to an idle link still pays the round trip)."""
+        return 0.0 if getattr(self._s, "request_ahead", False) else self.rtt_s
+
     def known_ready(self, shard: int) -> float | None:
         """Decoded-at time of ``shard``'s first level if decoded by now, else its predicted ready time if it was
         requested, else None (never the true future arrival)."""
@@ -255,6 +266,11 @@ class Context:
             return rate
         return min(rate, max(prog[1], 1.0) / max(prog[0] - self.rtt_s, 1e-3))
 
+    def first_byte_t(self) -> float:
+        """When the first byte of a request sent now would come: a round trip from now, and no sooner than the
+        transfers requested before it end (plus :attr:`queued_rtt_s`: sent one at a time, it leaves once they end)."""
+        return max(self._s.now + self.rtt_s, self.link_busy_until() + self.queued_rtt_s)
+
     def link_busy_until(self) -> float:
         """Predicted end of the transfers already requested (seconds; ``now`` when none is pending)."""
         busy = [t for t in self._s.in_flight.values() if t > self._s.now]
@@ -275,10 +291,10 @@ class Context:
     def fmt_rate(self, rate: float | None) -> str:
         return "exact trace" if rate is None else f"{rate * 8 / 1e6:.2f} Mbit/s"
 
-    def transfer_end(self, start: float, nbytes: float, rate: float | None) -> float:
-        """When ``nbytes`` requested at ``start`` (seconds) arrive: RTT + bytes at ``rate`` (None = the real trace).
-        The one place where predictions read the trace."""
-        t0 = start + self._s.rtt_s
+    def transfer_end(self, start: float, nbytes: float, rate: float | None, rtt_s: float | None = None) -> float:
+        """When ``nbytes`` requested at ``start`` (seconds) arrive: RTT (``rtt_s``, default :attr:`rtt_s`) + bytes at
+        ``rate`` (None = the real trace). The one place where predictions read the trace."""
+        t0 = start + (self._s.rtt_s if rtt_s is None else rtt_s)
         if rate is None and self._s.trace is None:
             raise ValueError("exact transfer times need a trace; this link has none (use an estimated rate)")
         if rate is None:  # the trace is read at offset + t, like the simulator's own transfers
@@ -287,8 +303,10 @@ class Context:
         return t0 + nbytes / rate
 
     def predict_ready(self, layer: int, level: Level, rate: float | None) -> float:
-        """When ``level`` of shard ``layer`` would be decoded if requested as soon as the link is free (seconds)."""
-        arrive = self.transfer_end(max(self._s.link_free, self._s.now), level.expected_nbytes, rate)
+        """When ``level`` of shard ``layer`` would be decoded if requested now (seconds): its bytes from
+        :meth:`first_byte_t` (and no sooner than the link is free)."""
+        start = max(self.first_byte_t(), self._s.link_free + self.rtt_s)
+        arrive = self.transfer_end(start, level.expected_nbytes, rate, rtt_s=0.0)
         return max(arrive, self._s.decoder_free) + level.decode_s
 
     def template_eta(self, layer: int) -> float:

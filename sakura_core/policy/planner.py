@@ -80,10 +80,9 @@ class Snapshot:
         self.cs, self.l0 = ctx.step_of(self.c), ctx.layer_of(self.c)
         self.alive = ctx.template_alive
         self.ct = max(ctx.compute_t, ctx.now)
-        self.rtt = ctx.rtt_s
         self.nb, self.dec = ctx.floor_arrays()
         # a shard whose floor is a reuse rung takes no request: no round trip (and no bytes, no decode)
-        self.rtts = np.where(ctx.floor_reuses(), 0.0, self.rtt)
+        self.rtts = np.where(ctx.floor_reuses(), 0.0, ctx.queued_rtt_s)
         known = ctx.known_ready_array()  # (N,) decoded-at or predicted ready time; nan = not requested
         # a twins'-track floor costs the open-loop floor's bytes off the track: the layers off it at the current
         # step (their reference computed, or held at another level) and, in a plan, those it computes (finish())
@@ -95,12 +94,15 @@ class Snapshot:
             pending = [g for g in ctx.pending_shards() if g >= self.c]
             t = ctx.now + max(prog[2] - prog[1], 0.0) / rate
             for i, g in enumerate(pending):
-                t = t if i == 0 else t + self.rtt + self.nb[g] / rate
+                t = t if i == 0 else t + ctx.queued_rtt_s + self.nb[g] / rate
                 known[g] = max(known[g], t + self.dec[g])
         self.known = known
         # the compute lane's cost of a fetched layer: cached, plus its shard's decode share when the DiT shares the CPU
         self.cf = self.C + self.share * np.where(np.isnan(known), self.dec, 0.0)
+        # requests leave back to back from link0, each paying its queued round trip (rtts): none with requests sent
+        # ahead, but the chain's first requests may still pay theirs (lead_rtts; exact transfer times only)
         self.link0 = max(ctx.now, ctx.link_busy_until())
+        self.lead_rtts = _lead_rtts(ctx)
         self.nl = ctx.decided_upto if fetch_from is None else fetch_from
         self.layer = np.arange(self.N) % self.L
         self.step = np.arange(self.N) // self.L if self.per_step else np.zeros(self.N, dtype=int)
@@ -177,9 +179,12 @@ class Snapshot:
         rtts = self.rtts[idx]
         if self.rate is not None:
             return self.link0 + np.cumsum(rtts + nb / self.rate)
-        out, t = np.empty(nb.size), self.link0
+        out, t, k = np.empty(nb.size), self.link0, 0
         for i, b in enumerate(nb):
-            t = t if (rtts[i] == 0 and b == 0) else self.ctx.transfer_end(t, float(b), None)
+            if not (rtts[i] == 0 and b == 0):
+                lead = self.lead_rtts[k] if k < len(self.lead_rtts) else 0.0
+                t = self.ctx.transfer_end(t, float(b), None, float(rtts[i]) + lead)
+                k += 1
             out[i] = t
         return out
 
@@ -259,6 +264,20 @@ class Snapshot:
                 k = min(k, int(ks[s].argmax()))  # where the step's known suffix starts
             out.append(k)
         return tuple(out)
+
+
+def _lead_rtts(ctx: Context) -> tuple[float, ...]:
+    """With requests sent ahead (:attr:`Context.queued_rtt_s` < the round trip), the round trips the chain's first
+    requests still pay over the queued one: a request to an idle link pays its own; before the estimator's first
+    sample the request after the bandwidth probe leaves only once the probe has arrived (the lanes' rule). The
+    exact-transfer search (the oracle's) charges them; with an estimated rate they are left out (at most two round
+    trips: the closed-form cut table has no per-request offsets)."""
+    q, rtt = ctx.queued_rtt_s, ctx.rtt_s
+    if q >= rtt:
+        return ()
+    busy = ctx.link_busy_until() > ctx.now
+    n = (0 if busy else 1) + (1 if ctx.estimator.samples == 0 else 0)
+    return (rtt - q,) * n
 
 
 def best_plan(snap: Snapshot, init: tuple[int, ...] | None = None, rounds: int = 2) -> Plan:

@@ -224,8 +224,8 @@ class Sakura(Policy):
         ready = ctx.known_ready(layer)
         if ready is None:
             lv = ctx.ladder(layer)[ctx.floor_of(layer)]
-            rtt = 0.0 if lv.reuse else ctx.rtt_s
-            ready = max(ctx.now, ctx.link_busy_until()) + rtt + lv.nbytes / rate + lv.decode_s
+            start = max(ctx.now, ctx.link_busy_until()) if lv.reuse else ctx.first_byte_t()
+            ready = start + lv.nbytes / rate + lv.decode_s
         return ready - max(ctx.compute_t, ctx.now) > gain
 
     def recompute_late(self, ctx: Context, layer: int) -> bool:

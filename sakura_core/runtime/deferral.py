@@ -1,6 +1,6 @@
 """The pieces of the fetch protocol the simulator and the live runtime share: asking the policy again about the
-shards it deferred ("not now"), the reason a late-shard fallback is logged with, and when that fallback template pass
-stops early (:func:`pass_can_stop`)."""
+shards it deferred ("not now"), the reason a late-shard fallback is logged with, when that fallback template pass
+stops early (:func:`pass_can_stop`), and how far requests go ahead of the wire (:func:`ahead_window_bytes`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,30 @@ from collections.abc import Callable
 from ..policy.context import Context
 from ..policy.policies import LEVEL_COMPUTE, Decision, Policy
 
-__all__ = ["LATE_FALLBACK_REASON", "ask_deferred", "pass_can_stop", "pass_stopped_reason"]
+__all__ = [
+    "AHEAD_WINDOW_RTTS",
+    "LATE_FALLBACK_REASON",
+    "ahead_window_bytes",
+    "ask_deferred",
+    "pass_can_stop",
+    "pass_stopped_reason",
+]
 
 LATE_FALLBACK_REASON = "shards late: template pass on the device is sooner"
+
+#: requests sent ahead (``request_ahead``) cover this many round trips of the link at the estimator's rate
+AHEAD_WINDOW_RTTS = 2.0
+
+
+def ahead_window_bytes(estimator, rtt_s: float) -> float | None:
+    """With requests sent ahead, the next request leaves once the bytes requested and not yet received are at most
+    this many (a bandwidth-delay product, :data:`AHEAD_WINDOW_RTTS` round trips at the estimator's harmonic rate:
+    enough that the next transfer's first byte follows the last one's, short shards included, and the decision is
+    taken as late as that allows). None before the estimator's first sample: the first request is the bandwidth
+    probe, and the next leaves only once it has arrived."""
+    if not estimator.samples:
+        return None
+    return AHEAD_WINDOW_RTTS * rtt_s * estimator.harmonic()
 
 
 def pass_can_stop(late: int, end: int, made: Callable[[int], bool], ready: Callable[[int], bool]) -> bool:

@@ -28,9 +28,9 @@ from ..policy.context import Context
 from ..policy.ladder import fetch_as
 from ..policy.policies import LEVEL_COMPUTE, Policy
 from .decode_lane import DecodeLane
-from .deferral import ask_deferred
+from .deferral import ahead_window_bytes, ask_deferred
 from .held_kv import HeldKV
-from .live_state import LiveState
+from .live_state import QUEUED, LiveState
 from .pipeline_config import RuntimeConfig
 from .run_log import RunLog
 from .shard_index import ShardGrid, ShardId
@@ -79,6 +79,26 @@ class FetchLane:
         # shards (g) with a fetch of this lane chosen and not finished (waiting for room, in flight or retrying):
         # claimed under st.lock with the decision, so the compute lane never asks for a second, concurrent fetch
         self._claimed: set[int] = set()
+        # request_ahead: the wire (held by the lane's blob whose bytes are arriving), the blobs requested and not
+        # ended, the shards whose first blob has been requested, a wake-up on every chunk, the lane's fetches still
+        # running (transfer, then decode), and whether the fetcher turned out not to await its turns
+        self._wire = asyncio.Lock()
+        self._turns: set[_Turn] = set()
+        self._sent: dict[int, asyncio.Event] = {}
+        self._progress = asyncio.Event()
+        self._ahead: set[asyncio.Task] = set()
+        self._ungated = False
+        self._running: dict[int, asyncio.Event] = {}  # shards (g) with a lane fetch under way: set when it has ended
+        self._requested: set[int] = set()  # shards (g) past their room check and not ended (counted in the room)
+
+    @property
+    def ahead(self) -> bool:
+        """Whether the lane sends requests ahead of the wire (``RuntimeConfig.request_ahead``, with a fetcher that
+        reports its chunks and awaits its turns): the lane's transfers take the wire one at a time, first in first
+        out; the next request leaves once the bytes requested and not yet received are within
+        :func:`~sakura_core.runtime.deferral.ahead_window_bytes`, so its round trip passes while the ones before
+        arrive, and each decode overlaps the transfers after it."""
+        return self.cfg.request_ahead and self.reports_chunks and not self._ungated
 
     # ---- the lane
 
@@ -105,7 +125,7 @@ class FetchLane:
     async def stop(self, task: asyncio.Task) -> None:
         """End the lane's ``task`` and every fetch the compute lane asked for (the edit is over)."""
         self._done.set()
-        tasks = [task, *self._asked]
+        tasks = [task, *self._asked, *self._ahead]
         for t in tasks:
             if not t.done():
                 t.cancel()
@@ -228,9 +248,10 @@ class FetchLane:
         task.add_done_callback(self._asked.discard)
 
     async def _claimed_fetch(self, shard: ShardId, level: int) -> None:
-        """Fetch a shard this lane claimed (:attr:`_claimed`), releasing the claim when the fetch has ended."""
+        """Fetch a shard this lane claimed (:attr:`_claimed`), releasing the claim when the fetch has ended (one the
+        compute lane waits for: it does not queue for the wire)."""
         try:
-            await self._fetch_with_fallback(shard, level)
+            await self._fetch_with_fallback(shard, level, gated=False)
         finally:
             with self.st.lock:
                 self._claimed.discard(shard.g)
@@ -239,8 +260,10 @@ class FetchLane:
 
     async def _room_for(self, shard: ShardId) -> None:
         """Per-step mode with ``prefetch_kv_bytes``: before fetching a shard of a later step, wait until the KV held
-        for later steps leaves room for it (the compute lane frees shards as it passes them). The running step's own
-        shards never wait, nor does an upgrade of a shard held already. While the lane waits, the running step's
+        for later steps, with the later steps' shards fetched and not yet held (sent ahead, decoding), leaves room
+        for it (the compute lane frees shards as it passes them; until a first shard is decoded its size is not known
+        and a later step's shard waits). The running step's own shards never wait, nor does an upgrade of a shard
+        held already. While the lane waits, the running step's
         deferred shards are fetched only if the compute lane asks for them (late_shards)."""
         cap = self.cfg.prefetch_kv_bytes
         if cap is None or not self.grid.per_step:
@@ -250,27 +273,59 @@ class FetchLane:
                 running_end = self.grid.step_end(self.grid[self.st.compute_layer].step)
                 if shard.g < running_end or self.held.is_held(shard):
                     return
-                if self.held.held_from_bytes(running_end) + self.held.shard_kv_nbytes <= cap:
+                size = self.held.shard_kv_nbytes  # 0 until a shard is decoded: then it waits (its step, or a size)
+                coming = sum(1 for g in self._requested if g >= running_end and not self.held.is_held(self.grid[g]))
+                if size and self.held.held_from_bytes(running_end) + (coming + 1) * size <= cap:
                     return
             await asyncio.sleep(IDLE_POLL_S)
 
     async def _fetch_base(self, shard: ShardId, level: int) -> None:
-        """A shard :meth:`_decide` chose (and claimed): fetched once there is room for it."""
+        """A shard :meth:`_decide` chose (and claimed): fetched once there is room for it. With :attr:`ahead`, returns
+        once its first blob is requested and the bytes requested ahead are within the window (or it has ended): its
+        transfer and decode go on in a task. Before the estimator's first sample there is no window: the first
+        request is the bandwidth probe, and the decisions after it see its rate."""
+        if not self.ahead:
+            await self._fetch_claimed_base(shard, level)
+            return
+        sent = self._sent[shard.g] = asyncio.Event()
+        task = asyncio.create_task(self._fetch_claimed_base(shard, level))
+        self._ahead.add(task)
+        task.add_done_callback(self._ahead.discard)
+        try:
+            await _first_of(task, sent.wait())
+            while not task.done() and self.ahead:
+                window = ahead_window_bytes(self.st.estimator, self.st.rtt_s)
+                if window is not None and sum(t.left for t in self._turns) <= window:
+                    return
+                self._progress.clear()
+                await _first_of(task, self._progress.wait())
+            if not task.done():
+                await task  # the fetcher does not take turns: one request at a time
+        finally:
+            self._sent.pop(shard.g, None)
+
+    async def _fetch_claimed_base(self, shard: ShardId, level: int) -> None:
+        done = self._running[shard.g] = asyncio.Event()
         try:
             await self._room_for(shard)
             with self.st.lock:
+                self._requested.add(shard.g)  # the room counts it until it is held (or has failed)
                 predicted = self.ctx.predict_ready(shard.g, self.ladders[shard.g][level], self.st.estimator.robust())
                 self.st.in_flight[shard.g] = predicted
             await self._fetch_with_fallback(shard, level)
         finally:
+            done.set()
+            if self._running.get(shard.g) is done:
+                del self._running[shard.g]
             with self.st.lock:
                 self._claimed.discard(shard.g)
+                self._requested.discard(shard.g)
 
-    async def _fetch_with_fallback(self, shard: ShardId, level: int) -> None:
+    async def _fetch_with_fallback(self, shard: ShardId, level: int, gated: bool = True) -> None:
         """Fetch at ``level``; on failure retry at the floor (a cross-step residual whose reference the device lacks:
         at its self-contained exact level), then leave the shard to the device."""
         try:
-            await self._fetch_level(shard, level)
+            await self._fetch_level(shard, level, gated)
         except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
             retry = len(self.ladders[shard.g]) - 1 if isinstance(e, MissingReferenceError) else self.floor
             if level != retry:
@@ -278,19 +333,22 @@ class FetchLane:
                 what = "its self-contained exact level" if retry != self.floor else "the floor level"
                 self.log.fallback(f"{shard} level {name}: {e}; retrying at {what}")
                 try:
-                    await self._fetch_level(shard, retry)
+                    await self._fetch_level(shard, retry, gated)
                     return
                 except Exception as e2:  # noqa: BLE001
                     e = e2
             self.log.fallback(f"{shard}: {e}; the device computes this layer's template KV")
             self.held.fail(shard)
 
-    async def _fetch_level(self, shard: ShardId, level: int) -> None:
-        """Fetch the chain of ``shard`` up to ``level``, decode it in the pool and publish the KV."""
+    async def _fetch_level(self, shard: ShardId, level: int, gated: bool = True) -> None:
+        """Fetch the chain of ``shard`` up to ``level``, decode it in the pool and publish the KV (``gated``: with
+        :attr:`ahead`, each blob's bytes wait for the wire, :meth:`_get_blob`)."""
         st, g = self.st, shard.g
         rep = self.reps[g][level]
         digests = [*rep.get("requires", []), rep["digest"]]
         start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
+        if not start:
+            await self._reference_fetched(shard, rep)
         if not start:  # a closed-loop twin on its track, or off it the open-loop floor (policy.ladder.fetch_as)
             twin = self.held.closed_twin(shard, rep)
             level, as_twin = fetch_as(self.ladders[g], level, twin is not None)
@@ -310,7 +368,7 @@ class FetchLane:
             with st.lock:
                 st.receiving[g] = [st.now, 0.0, float(sum(by_digest[d]["bytes"] for d in todo))]
         try:
-            chain = [await self._get_blob(d, by_digest[d]["bytes"], g, name) for d in todo]
+            chain = [await self._get_blob(d, by_digest[d]["bytes"], g, name, gated) for d in todo]
         finally:
             with st.lock:
                 st.receiving.pop(g, None)
@@ -327,21 +385,118 @@ class FetchLane:
             st.decoder_free = st.now
         self.held.set_ready(shard)
 
-    async def _get_blob(self, digest: str, size: int, g: int, level_name: str) -> bytes:
-        """One blob over the link (not kept: the shard's chain decoder holds what it needs of the blobs before)."""
+    async def _reference_fetched(self, shard: ShardId, rep: dict) -> None:
+        """A cross-step level (or its closed-loop twin) is coded against the same layer at an earlier step: when this
+        lane's fetch of that shard is still under way (requests go ahead), wait until it has ended, so the level is
+        fetched against the reference the device will hold (as the simulator's decode waits for its reference)."""
+        ref = rep.get("ref") or (rep.get("closed_twin") or {}).get("ref")
+        if ref is None:
+            return
+        ev = self._running.get(self.grid.at(ref["step"], shard.layer).g)
+        if ev is not None:
+            await ev.wait()
+
+    async def _get_blob(self, digest: str, size: int, g: int, level_name: str, gated: bool = True) -> bytes:
+        """One blob over the link (not kept: the shard's chain decoder holds what it needs of the blobs before).
+        With :attr:`ahead` and ``gated``, its bytes wait at the first chunk until the wire is free (the transfers
+        before have ended): the request and its round trip went ahead. A blob that waited is given to the estimator
+        as the bytes after its turn, timed from the turn less a round trip (as a request sent alone is timed)."""
         t0 = self.st.now
-        if self.reports_chunks:
-            data = await self.fetch_blob(digest, size, on_chunk=lambda n: self._received(g, n))
-        else:
-            data = await self.fetch_blob(digest, size)
+        turn = _Turn(self, g, size) if gated and self.ahead else None
+        if turn is not None:
+            self._turns.add(turn)
+            ev = self._sent.get(g)
+            if ev is not None:
+                ev.set()
+        try:
+            if self.reports_chunks:
+                data = await self.fetch_blob(digest, size, on_chunk=lambda n: self._received(g, n, turn))
+            else:
+                data = await self.fetch_blob(digest, size)
+        finally:
+            if turn is not None:
+                turn.release()
+                self._turns.discard(turn)
+                self._ungated |= turn.offered and not turn.held  # on_chunk's turn was never awaited
+                self._progress.set()
         t1 = self.st.now
-        self.st.estimator.observe(len(data), max(t1 - t0, 1e-6))
+        if turn is not None and turn.granted_t is not None:  # it waited for the wire: the bytes after its turn
+            t0 = max(t0, turn.granted_t - self.st.rtt_s)
+            if turn.after:
+                self.st.estimator.observe(turn.after, max(t1 - t0, 1e-6))
+        else:
+            self.st.estimator.observe(len(data), max(t1 - t0, 1e-6))
         self.bytes_fetched += len(data)
         self.log.event("fetch", t0, t1, g, level_name)
         return data
 
-    def _received(self, g: int, nbytes: int) -> None:
+    def _received(self, g: int, nbytes: int, turn: _Turn | None = None):
         with self.st.lock:
             entry = self.st.receiving.get(g)
             if entry is not None:
                 entry[1] += nbytes
+        if turn is None:
+            return None
+        turn.left = max(turn.left - nbytes, 0)
+        if turn.granted_t is not None:
+            turn.after += nbytes
+        self._progress.set()
+        if turn.held:
+            return None
+        turn.offered = True
+        return turn  # the fetcher awaits it: the blob's bytes wait for the wire
+
+
+async def _first_of(task: asyncio.Task, aw) -> None:
+    """Wait until ``task`` ends or ``aw`` completes, whichever is first (``aw`` is cancelled if it did not)."""
+    waiter = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
+class _Turn:
+    """One blob's turn on the lane's wire (:attr:`FetchLane.ahead`): an awaitable the lane's ``on_chunk`` returns
+    at the blob's first chunk (the fetcher awaits it: ``ShardClient.fetch_shard`` does), released when the blob has
+    ended (received, failed or cancelled); ``left``: its bytes not yet received. A fetcher that does not await it
+    reads on: the lane then goes back to one request at a time."""
+
+    def __init__(self, lane: FetchLane, g: int, size: int):
+        self.lane, self.g, self.left = lane, g, size
+        self.offered = False  # on_chunk returned it
+        self.held = False  # the fetcher awaited it
+        self._locked = False
+        self.granted_t: float | None = None  # when a blob that waited for the wire got it
+        self.after = 0  # its bytes received since (what the estimator is given: those before shared the wire)
+
+    def __await__(self):
+        return self._take().__await__()
+
+    async def _take(self) -> None:
+        self.held = True  # awaited once: the chunks after it pass (the lock is taken before they come)
+        st = self.lane.st
+        queued = self.lane._wire.locked()
+        if queued:  # waiting for the wire: no transfer in progress to the policy (LiveState.link_progress)
+            with st.lock:
+                entry = st.receiving.get(self.g)
+                if entry is not None:
+                    entry[0] = QUEUED
+        await self.lane._wire.acquire()
+        self._locked = True
+        with st.lock:
+            st.on_wire = self.g  # the transfer the policy sees in progress
+            if queued:  # a blob that waited is timed from its turn less the round trip, as the simulator times it
+                self.granted_t = st.now
+                entry = st.receiving.get(self.g)
+                if entry is not None:
+                    entry[0] = self.granted_t - st.rtt_s
+
+    def release(self) -> None:
+        if self._locked:
+            self._locked = False
+            st = self.lane.st
+            with st.lock:
+                if st.on_wire == self.g:
+                    st.on_wire = None
+            self.lane._wire.release()

@@ -14,7 +14,10 @@ from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
 from .clock import Clock, WallClock
 
-__all__ = ["LiveState"]
+__all__ = ["QUEUED", "LiveState"]
+
+#: a ``receiving`` entry's start while its request waits for the wire behind another transfer (requests ahead)
+QUEUED = float("inf")
 
 
 class LiveState:
@@ -40,6 +43,7 @@ class LiveState:
         self.layers_per_step = layers_per_step or len(ladders)  # see PolicyState.layers_per_step
         self.estimator, self.rtt_s = estimator, rtt_s
         self.latency_target_s = latency_target_s
+        self.request_ahead = False  # the fetch lane sends requests ahead (the pipeline sets it; Context.queued_rtt_s)
         self.start_s = 0.0  # the live link starts its trace at the edit's start
         self.clock = clock or WallClock()
         self.lock = threading.RLock()
@@ -59,6 +63,7 @@ class LiveState:
         # shards being received: shard -> [requested at, bytes received, bytes] (kept only when the fetcher reports
         # its chunks; see link_progress)
         self.receiving: dict[int, list[float]] = {}
+        self.on_wire: int | None = None  # requests ahead: the shard whose bytes hold the wire (see link_progress)
         self.template_alive = True
         self.dropped_at = self.layers_per_step  # see PolicyState.dropped_at
         self.stalls_done_s = 0.0  # waits for shards that have ended
@@ -79,11 +84,15 @@ class LiveState:
 
     def link_progress(self) -> tuple[float, float, float] | None:
         """The transfer in progress, as the simulator's: (seconds since requested, bytes received so far, its size)
-        of the earliest shard being received; None when none is (or the fetcher does not report chunks)."""
+        of the shard whose bytes hold the wire (requests sent ahead wait behind it: ``QUEUED``, not in progress),
+        else of the earliest shard being received; None when none is (or the fetcher does not report chunks)."""
         with self.lock:
-            if not self.receiving:
+            entry = self.receiving.get(self.on_wire) if self.on_wire is not None else None
+            if entry is None or entry[0] == QUEUED:
+                entry = min((e for e in self.receiving.values() if e[0] != QUEUED), default=None)
+            if entry is None:
                 return None
-            t0, got, size = min(self.receiving.values())
+            t0, got, size = entry
         return self.now - t0, min(got, size), size
 
     @contextlib.contextmanager

@@ -95,7 +95,8 @@ class PipelinedEdit:
     Args:
         fetch_blob: ``async (digest, nbytes[, on_chunk]) -> bytes`` (a ShardClient's fetch, shaped by the caller:
             ``fetch.link.shaped_fetcher``); with ``on_chunk``, called with each chunk's size, the policy sees a
-            transfer while it lasts (a stalled one too), as in the simulator.
+            transfer while it lasts (a stalled one too), as in the simulator; a fetcher awaits what ``on_chunk``
+            returns when it is awaitable (the wire turn of ``RuntimeConfig.request_ahead``, as ShardClient does).
         ladders/reps: from :func:`ladders_from_manifest`.
         floor: index of the cheapest level the policy may pick (quality floor).
         profile: measured per-layer compute times.
@@ -156,6 +157,7 @@ class PipelinedEdit:
         self.decoder = DecodeLane(manifest, ladders, reps, self.st, self.log, cfg.decode_threads)
         self.fetch = FetchLane(fetch_blob, grid, ladders, reps, floor, self.st, self.ctx, policy, self.held,
                                self.decoder, self.log, cfg, stop)  # fmt: skip
+        self.st.request_ahead = self.fetch.ahead  # Context.queued_rtt_s: the policy's view of the lane's requests
         self.device = DeviceKV(model, self.backend, template_image, self.times, grid, self.held, self.st, self.log)
         late = LateShards(grid, self.st, self.ctx, policy, self.held, self.fetch, self.log, cfg, stop,
                           profile.layer_cached_s)  # fmt: skip

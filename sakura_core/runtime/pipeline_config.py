@@ -32,6 +32,12 @@ class RuntimeConfig:
         of the step it runs; the fetch lane waits for room before it fetches further ahead (the running step's own
         shards are always fetched). None = no limit (what ``bench e2e --mode sim`` models); 0 = no prefetch.
         The device then holds at most one step's KV plus this.
+    request_ahead: the fetch lane sends requests ahead of the wire, once the bytes on their way are within two
+        round trips of the link (``deferral.ahead_window_bytes``): their round trips hidden, the transfers still one
+        at a time on the wire, first in first out, decodes overlapping the transfers after them; with a fetcher that
+        reports its chunks and awaits what ``on_chunk`` returns. False (the default; README "Status" says why): one
+        request at a time, each decoded before the next leaves. ``bench e2e`` models the same
+        (``SimConfig.request_ahead``, ``--requests``).
     estimator: the throughput estimator's settings (None = its defaults); EMULATED phone timing scales its prior
         and smallest sample to the model's shard bytes (``runtime.emulated_device``).
     """
@@ -44,6 +50,7 @@ class RuntimeConfig:
     rtt_s: float = 0.04
     latency_target_s: float | None = None
     prefetch_kv_bytes: int | None = None
+    request_ahead: bool = False
     estimator: EstimatorConfig | None = None
 
     def __post_init__(self) -> None:

@@ -1,4 +1,5 @@
-"""The simulator's link: the fetch lane (one request at a time over the trace, the decoder behind it, deferred shards
+"""The simulator's link: the fetch lane (one transfer at a time over the trace, requests sent ahead of it within a
+window unless ``SimConfig.request_ahead`` is off, the decoder behind it, deferred shards
 asked again while the link would idle, upgrades) and what a policy may know of it (levels decoded by now, predicted
 ready times, the transfer in progress). A mixin of :class:`~sakura_core.runtime.simulate._Sim`, as
 :class:`~sakura_core.runtime.fetch_lane.FetchLane` is of the live pipeline; the state lives on the simulation."""
@@ -12,7 +13,7 @@ import numpy as np
 
 from ..policy.ladder import fetch_as, shard_floor, twin_applies
 from ..policy.policies import LEVEL_COMPUTE
-from .deferral import ask_deferred
+from .deferral import ahead_window_bytes, ask_deferred
 
 __all__ = ["SimLink"]
 
@@ -45,6 +46,11 @@ class SimLink:
         """Levels decoded by ``now`` (the policy's view; see the module docstring): a read-only view, O(1) a key."""
         return _GotView(self._got, self.now + 1e-12)
 
+    def fetched_levels(self) -> dict[int, int]:
+        """``Context.fetched_levels``: each shard's highest level requested, decoded by now or not (``got`` shows
+        the decoded ones only; an upgrade on its way must not be asked for again)."""
+        return {g: max(j for j, _ in v) for g, v in self._got.items() if v}
+
     def known_ready_array(self) -> np.ndarray:
         """``Context.known_ready`` of every shard at once (NaN where None), without a dict per shard."""
         now = self.now + 1e-12
@@ -57,7 +63,7 @@ class SimLink:
     def _pending_now(self, now: float) -> list[int]:
         """Shards requested and not decoded by ``now``, in request order (those decoded before every later
         ``now`` can be, leave the list for good: ``now`` is always >= min(link_free, compute_t))."""
-        floor = min(self.link_free, self.compute_t)
+        floor = min(self.link_free, self.compute_t)  # link decisions come at link_free, compute ones at compute_t
         self._pending = [g for g in self._pending if self._first_ready[g] > floor]
         return [g for g in self._pending if self._first_ready[g] > now]
 
@@ -82,29 +88,37 @@ class SimLink:
                 prog = self.link_progress()
                 if prog is not None and prog[0] > self.rtt_s + prog[2] / rate:  # overdue: the link slowed
                     rate = min(rate, max(prog[1], 1.0) / max(prog[0] - self.rtt_s, 1e-3))
-            if t0 <= now:
-                prog = self.link_progress()
-                left = nbytes - (prog[1] if prog is not None else 0.0)
-                t = now + left / rate
-            else:
+            wire0 = self._wire0[g]
+            if wire0 <= now:  # its bytes are arriving (a client sees its first bytes)
+                t = now + (nbytes - self._received(wire0, now, nbytes)) / rate
+            else:  # sent, its bytes not started (or queued behind the transfer in progress)
                 t = max(t, t0) + nbytes / rate
             out[g] = t + self.ladders[g][got[0][0]].decode_s
         return out
 
     def link_progress(self) -> tuple[float, float, float] | None:
         """The transfer in progress at ``now``: (seconds since it was requested, bytes received so far, its size),
-        or None when the link is idle (what a client's read loop knows). Requests are sequential: only the last one
-        requested by ``now`` can be in progress."""
+        or None when the link is idle (what a client's read loop knows). The wire carries one transfer at a time:
+        the last request sent by ``now``, or while that one (sent ahead) waits its turn, the one arriving."""
         now = self.now
         i = bisect.bisect_right(self._req_t0, now + self.rtt_s) - 1
         if i < 0:
             return None
-        t0, nbytes, arrive = self._pred[self._req_g[i]]
-        if not t0 - self.rtt_s <= now < arrive:
+        while i > 0 and now < self._wire0[self._req_g[i]]:  # sent ahead, queued: one before it is arriving
+            i -= 1
+        g = self._req_g[i]
+        _, nbytes, arrive = self._pred[g]
+        wire0 = self._wire0[g]
+        if not wire0 - self.rtt_s <= now < arrive:
             return None
-        start = max(now, t0)
-        got = self.trace.delivered(self.start_s + start) - self.trace.delivered(self.start_s + t0)
-        return now - (t0 - self.rtt_s), float(min(max(got, 0.0), nbytes)), float(nbytes)
+        return now - (wire0 - self.rtt_s), self._received(wire0, now, nbytes), float(nbytes)
+
+    def _received(self, wire0: float, now: float, nbytes: int) -> float:
+        """Bytes of a transfer whose bytes started at ``wire0`` received by ``now`` (what a client's read loop counts)."""
+        if now <= wire0:
+            return 0.0
+        got = self.trace.delivered(self.start_s + now) - self.trace.delivered(self.start_s + wire0)
+        return float(min(max(got, 0.0), nbytes))
 
     def flush_observations(self) -> None:
         """Feed the estimator the transfers that have completed by ``now`` (never one from the future)."""
@@ -171,13 +185,15 @@ class SimLink:
             nbytes = (self.ladders[layer][level].closed if twin else self.ladders[layer][level]).nbytes
         if twin:
             self.twins.add((layer, level))
-        t0 = self.link_free + self.rtt_s
+        sent = self.now  # the request leaves now; its bytes follow one round trip later, or after the transfer before
+        t0 = max(self.wire_free, sent + self.rtt_s)
         arrive = self.trace.finish_time(self.start_s + t0, nbytes) - self.start_s
         self.pending_obs.append((arrive, nbytes, arrive - t0))  # known to the estimator only once it has arrived
         if layer not in self._pred:  # what a client knows of a request: when it left, its size (and later its arrival)
-            self._pred[layer] = (t0, nbytes, arrive)
+            self._pred[layer] = (sent + self.rtt_s, nbytes, arrive)
+            self._wire0[layer] = t0  # when its first byte arrives (a client knows it once it has)
             self._pending.append(layer)
-            self._req_t0.append(t0)
+            self._req_t0.append(sent + self.rtt_s)
             self._req_g.append(layer)
         lv = self.ladders[layer][level].closed if twin else self.ladders[layer][level]
         dec0 = max(arrive, self.decoder_free, ref_done)
@@ -187,10 +203,35 @@ class SimLink:
         if layer not in self._got:
             self._first_ready[layer] = dec1
         self._got.setdefault(layer, []).append((level, dec1))
-        self.events.append({"lane": "fetch", "start": self.link_free, "end": arrive, "layer": layer, "level": lv.name})
+        self.events.append({"lane": "fetch", "start": sent, "end": arrive, "layer": layer, "level": lv.name})
         self.events.append({"lane": "decode", "start": dec0, "end": dec1, "layer": layer, "level": lv.name})
         self.bytes += nbytes
-        self.link_free = arrive
+        self.wire_free = arrive
+        self._wire_q.append((t0, nbytes, arrive))
+        self.link_free = self._next_request_t(sent)
+
+    def _next_request_t(self, sent: float) -> float:
+        """When the lane may send its next request, the last one sent at ``sent``: once the transfers before have
+        arrived (``SimConfig.request_ahead`` off), else once the bytes requested and not yet received are within
+        :func:`~sakura_core.runtime.deferral.ahead_window_bytes` (a client's read loop counts them; the wire is
+        first in, first out), so the next transfer's first byte follows the last one's."""
+        if not self.config.request_ahead:
+            return self.wire_free
+        self.flush_observations()
+        window = ahead_window_bytes(self.estimator, self.rtt_s)
+        if window is None:
+            return self.wire_free
+        self._wire_q = [w for w in self._wire_q if w[2] > sent]
+        left = [nb - self._received(t0, sent, nb) for t0, nb, _ in self._wire_q]
+        excess = sum(left) - window
+        if excess <= 0:
+            return sent
+        for (t0, _, _), rest in zip(self._wire_q, left, strict=True):
+            if rest >= excess:  # the window opens while this transfer arrives
+                start = max(sent, t0)
+                return self.trace.finish_time(self.start_s + start, excess) - self.start_s
+            excess -= rest
+        return self.wire_free
 
     def _charge_link(self) -> None:
         """The link-side decision just made took the phone this long: the request it leads to leaves that much
@@ -297,9 +338,8 @@ class SimLink:
 
     def _has_room(self, layer: int) -> bool:
         """``SimConfig.prefetch_kv_bytes`` (per-step mode): a shard of a later step than the running one may be
-        fetched while the KV of the later steps' shards requested so far, plus this shard's, stays within it. (The
-        live lane counts the KV decoded: it decodes each shard before the next request, so at its check every shard
-        requested before is decoded; here decodes overlap the next transfer, so the requested ones are counted.)"""
+        fetched while the KV of the later steps' shards requested so far, plus this shard's, stays within it (as
+        the live lane counts: the KV held, and the shards requested and not yet held)."""
         cap = self.config.prefetch_kv_bytes
         if cap is None or not self.per_step:
             return True

@@ -24,8 +24,12 @@ class SimConfig:
     prefetch_kv_bytes: per-step mode: the most decoded KV of later steps the phone may hold, as the live pipeline's
         ``RuntimeConfig.prefetch_kv_bytes`` (the phone agent sets it to the room its memory budget leaves): a fetch
         of a later step's shard waits until the KV of the later steps' shards requested so far leaves room for one
-        more (the live lane counts what is decoded, but decodes each shard before its next request; here decodes
-        overlap transfers; the running step's own shards never wait). None: not limited (the KV held is reported).
+        more (as the live lane counts; the running step's own shards never wait). None: not limited (the KV held is
+        reported).
+    request_ahead: the fetch lane sends its next request once the bytes requested and not yet received are within
+        ``deferral.ahead_window_bytes`` (the live lane's ``RuntimeConfig.request_ahead``): its round trip passes while
+        those arrive, and its bytes follow theirs (the wire carries one transfer at a time). False (the default, as
+        the live lane's): each request leaves once the transfer before has arrived and pays its round trip.
     """
 
     min_rtt_s: float = 0.04
@@ -34,6 +38,7 @@ class SimConfig:
     planning: str = "off"
     planning_s: float = 0.0
     prefetch_kv_bytes: int | None = None
+    request_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.prefetch_kv_bytes is not None and self.prefetch_kv_bytes < 0:

@@ -2,7 +2,9 @@
 
 SIMULATION: device times come from a :class:`~sakura_core.runtime.profiles.DeviceProfile`, shard sizes, decode
 costs and distortions from codec measurements (``Level``); the link from a :class:`~sakura_core.fetch.traces.Trace`.
-The fetch lane is sequential (one request at a time, each paying one RTT); the decode lane is one thread; the
+The fetch lane carries one transfer at a time (by default one request at a time, each paying one RTT after the
+transfer before; with ``request_ahead``, requests leave ahead of it within a window of two round trips, so only a
+request to an idle link pays its RTT); the decode lane is one thread; the
 compute lane runs step 0 layer by layer (template tokens kept while the policy says so), then steps 1..S-1 with
 every layer's KV, using at each step the best level decoded by its start.
 
@@ -77,11 +79,14 @@ class _Sim(SimLink, CpuShare):
         self.L = L if self.per_step else self.N  # shards of one step
         self.layers_per_step = self.L  # see PolicyState.layers_per_step
         self.rtt_s = max(config.min_rtt_s, 2 * trace.latency_ms / 1000)
+        self.request_ahead = config.request_ahead  # see Context.queued_rtt_s
         self.latency_target_s = config.latency_target_s
         self.estimator = ThroughputEstimator()
         self.pending_obs: list[tuple[float, int, float]] = []
         self.now = 0.0
-        self.link_free = 0.0
+        self.link_free = 0.0  # when the fetch lane makes its next decision (its next request may leave)
+        self.wire_free = 0.0  # when the last transfer's bytes have all arrived
+        self._wire_q: list[tuple[float, int, float]] = []  # transfers not arrived: (first byte, bytes, arrival)
         self.decoder_free = 0.0
         self.next_layer = 0
         self.base_done = False
@@ -90,7 +95,9 @@ class _Sim(SimLink, CpuShare):
         self.deferred: list[int] = []  # skipped "for now": asked again when the link would idle
         self._got: dict[int, list[tuple[int, float]]] = {}  # layer -> [(level, ready_t)] in fetch order
         self.twins: set[tuple[int, int]] = set()  # (shard, level) fetched as the level's closed-loop twin
-        self._pred: dict[int, tuple[float, int, float]] = {}  # shard -> (request time, bytes, true arrival)
+        # shard -> (request time + RTT: the earliest its bytes may start, bytes, true arrival), and when they started
+        self._pred: dict[int, tuple[float, int, float]] = {}
+        self._wire0: dict[int, float] = {}
         self._first_ready = np.full(self.N, np.inf)  # shard -> when its first level is decoded (true)
         self._pending: list[int] = []  # requested shards that may not be decoded yet, in request order
         self._req_t0: list[float] = []  # request times (when each shard's first request leaves), in order

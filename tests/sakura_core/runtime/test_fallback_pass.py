@@ -93,14 +93,16 @@ def test_a_dead_link_is_waited_on_no_longer_than_the_fallback_pass_costs():
 
 
 def test_a_slow_link_still_delivering_is_waited_on_past_what_the_pass_costs(monkeypatch):
-    # as above, but the link falls to 0.5 % of its rate instead of dying: the late transfer's bytes still arrive, at
+    # as above, but the link falls to 0.5 % of its rate instead of dying (in the middle of step 1's last shard, which
+    # the compute lane then waits for): the late transfer's bytes still arrive, at
     # a rate that ends it before a template pass started then would; the rate since the last ask says so, and
     # sakura waits past the pass's cost (ski rental with no report of progress would give up there)
     from sakura_core.policy.sakura import Sakura
 
     ladders = _ladders("per-step")
     steady = simulate(make_policy("sakura"), Trace.constant(20), PROFILE, ladders, FLOORS)
-    slows = next(d for d in steady.decisions if d["level"] == "drop")["t"] + 1.0
+    last = 2 * PROFILE.model.layers - 1  # step 1's last shard: the link slows 1.3 s before its transfer ends (of ~4 s)
+    slows = next(e["end"] for e in steady.events if e["lane"] == "fetch" and e["layer"] == last) - 1.3
     trace = Trace("slows", [slows, 1e6], [20e6 / 8, 20e6 / 8 * 0.005])
     slow = simulate(make_policy("sakura"), trace, PROFILE, ladders, FLOORS)
     assert not [e for e in slow.events if str(e["level"]).startswith("fallback template pass")]

@@ -32,3 +32,21 @@ def test_the_earliest_shard_being_received_is_the_transfer_in_progress():
         assert st.link_progress() == pytest.approx((1.0, 5.0, 100.0))
         # the policy's view: 5 B in 1 s of a transfer due at 1 MB/s long ago -> the estimate drops to 5 B/s
         assert Context(st).slowed(1e6) == pytest.approx(5.0)
+
+
+def test_with_requests_ahead_the_transfer_on_the_wire_is_in_progress_not_one_queued_behind_it():
+    # a request sent ahead waits for the wire (QUEUED): read as in progress, its long wait with a first chunk only
+    # looked like a stalled link and the policy's rate fell to a few bytes/s (it kept the template)
+    from sakura_core.runtime.live_state import QUEUED
+
+    st = _state()
+    with st.frozen_now() as now:
+        st.receiving[1] = [now - 0.5, 400.0, 1000.0]  # on the wire since 0.5 s
+        st.receiving[2] = [now - 3.0, 64.0, 1000.0]  # requested 3 s ago, not on the wire yet
+        st.on_wire = 1
+        assert st.link_progress() == pytest.approx((0.5, 400.0, 1000.0))
+        st.on_wire = None  # between two transfers: the queued one is still no transfer in progress
+        st.receiving[2][0] = QUEUED
+        del st.receiving[1]
+        assert st.link_progress() is None
+        assert Context(st).slowed(1e6) == pytest.approx(1e6)

@@ -2,6 +2,7 @@
 the device's template pass at step s's time) at every step, and schedule checks."""
 
 import asyncio
+import inspect
 import threading
 
 import pytest
@@ -286,15 +287,27 @@ def test_the_live_pipeline_tells_the_policy_how_long_the_edit_has_waited(setup, 
     assert rep.levels_by_step()["step 1"] == ["fp16"] * L  # it waited: the shard was used
 
 
-def _watched_edit(setup, policy, all_first=False, **config):
+def _watched_edit(setup, policy, all_first=False, chunks=False, **config):
     """A per-step PipelinedEdit (fetch-fp16 ladders, instant link) and the list its layer hook fills: at each
-    (step, layer), what the device holds then. ``all_first``: step 0 starts once every shard is decoded."""
+    (step, layer), what the device holds then. ``all_first``: step 0 starts once every shard is decoded.
+    ``chunks``: the fetcher reports its chunks and awaits its wire turns (requests then go ahead)."""
     model, tpl, usr, pre, *_, profile = setup
     plan = plan_fetch(pre.manifest, "fetch-fp16")
     seen = []
 
-    async def fetch_blob(digest, nbytes):
+    async def fetch_plain(digest, nbytes):
         return pre.blobs[digest]
+
+    async def fetch_chunked(digest, nbytes, on_chunk=None):
+        blob = pre.blobs[digest]
+        for i in range(0, len(blob), 4096):
+            res = on_chunk(len(blob[i : i + 4096]))
+            if inspect.isawaitable(res):
+                await res
+            await asyncio.sleep(0)
+        return blob
+
+    fetch_blob = fetch_chunked if chunks else fetch_plain
 
     def look(step, layer):
         if all_first and (step, layer) == (0, 0):
@@ -333,14 +346,17 @@ def test_a_shards_kv_is_freed_once_the_compute_lane_has_passed_it(setup):
     )
 
 
+@pytest.mark.parametrize("chunks", [False, True])
 @pytest.mark.parametrize("shards", [0, 2])
-def test_prefetch_for_later_steps_stays_within_its_memory(setup, shards):
+def test_prefetch_for_later_steps_stays_within_its_memory(setup, shards, chunks):
     """``prefetch_kv_bytes``: the KV held for steps after the running one never exceeds it (an instant link would
-    otherwise prefetch every later step at once); with 0 nothing is fetched ahead. The edit is unchanged."""
+    otherwise prefetch every later step at once); with 0 nothing is fetched ahead. The edit is unchanged. With
+    requests ahead (``chunks``) the shards on their way and decoding count too."""
     model, *_, fp16_edit, _ = setup
     L = model.adapter.num_layers
     shard = 2 * model.spec.num_tokens * model.adapter.num_heads * model.adapter.head_dim * 2
-    edit, seen = _watched_edit(setup, make_policy("fetch-fp16"), prefetch_kv_bytes=shards * shard)
+    edit, seen = _watched_edit(setup, make_policy("fetch-fp16"), chunks=chunks, prefetch_kv_bytes=shards * shard,
+                               request_ahead=chunks)  # fmt: skip
     rep = asyncio.run(edit.run())
     assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5 and rep.split_layers == [0] * STEPS
     assert all(ahead <= shards * shard for *_, ahead in seen)
@@ -382,3 +398,54 @@ def test_live_sakura_sees_a_stalled_transfer_and_does_not_wait_it_out(setup, man
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3
     L = model.adapter.num_layers
     assert "fp16" not in rep.levels_used.get(L + 3, ["-"])  # the stalled shard was never used
+
+
+def test_the_lane_sends_its_next_request_while_a_transfer_arrives_one_on_the_wire_at_a_time(setup):
+    """``RuntimeConfig.request_ahead`` (the default): with a fetcher that awaits what ``on_chunk`` returns (as
+    ShardClient does), requests leave while the ones before are on their way (their round trips hidden), but each
+    one's bytes wait for the transfer before: the wire carries one at a time. The edit is the fp16 one either way;
+    off, or with a fetcher that does not await its turns, no request leaves while another is on its way."""
+    model, tpl, usr, pre, _, fp16_edit, profile = setup
+    plan = plan_fetch(pre.manifest, "fetch-fp16")
+    log: list[tuple[str, str]] = []
+
+    async def fetch_blob(digest, nbytes, on_chunk=None):
+        blob = pre.blobs[digest]
+        log.append(("request", digest))
+        await asyncio.sleep(0.004)  # the round trip
+        res = on_chunk(1)
+        if inspect.isawaitable(res) and takes_turns:
+            await res  # the wire turn
+        log.append(("wire", digest))
+        await asyncio.sleep(0.004)  # the bytes
+        on_chunk(len(blob) - 1)
+        log.append(("end", digest))
+        return blob
+
+    for ahead, takes_turns in ((True, True), (False, True), (True, False)):
+        log.clear()
+        rep = asyncio.run(
+            run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=make_policy("fetch-fp16"),
+                               ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile,
+                               template_image=tpl, trace=Trace.constant(50.0),
+                               config=RuntimeConfig(steps=STEPS, request_ahead=ahead))
+        )  # fmt: skip
+        assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5
+        on_wire: set[str] = set()
+        pending: set[str] = set()  # requested, not ended
+        sent_ahead = 0
+        for what, digest in log:
+            if what == "request":
+                sent_ahead += bool(pending)
+                pending.add(digest)
+            elif what == "wire":
+                assert not on_wire, "two transfers on the wire at once"
+                on_wire.add(digest)
+            else:
+                on_wire.discard(digest)
+                pending.discard(digest)
+        requests = sum(1 for what, _ in log if what == "request")
+        if ahead and takes_turns:  # every request after the probe's answer goes ahead (the last may find it idle)
+            assert sent_ahead >= requests // 2, (sent_ahead, requests)
+        else:  # off, or a fetcher that never awaits its turn (seen at the probe): one request at a time
+            assert sent_ahead == 0
