@@ -1,7 +1,5 @@
 """The fetch lane of a pipelined edit (:class:`~sakura_core.runtime.pipeline.PipelinedEdit`): the link, as the
-policy chooses.
-
-Every shard once, in execution order (``choose``); a shard the policy defers ("not now") is asked again before
+policy chooses (with ``request_ahead``, requests go ahead of the wire: :mod:`.fetch_wire`). Every shard once, in execution order (``choose``); a shard the policy defers ("not now") is asked again before
 later shards and while the link would idle, until the compute lane reaches it; then progressive upgrades on the
 idle link. The same protocol as the simulator's (:mod:`sakura_core.runtime.simulate`). A failed shard is retried
 at the floor level, then left to the device (the compute lane runs a template pass for it). A cross-step residual
@@ -20,7 +18,6 @@ only. A shard whose KV a fallback template pass made already (``HeldKV.device``)
 from __future__ import annotations
 
 import asyncio
-import inspect
 import threading
 
 from ..kv.chain import MissingReferenceError
@@ -28,9 +25,10 @@ from ..policy.context import Context
 from ..policy.ladder import fetch_as
 from ..policy.policies import LEVEL_COMPUTE, Policy
 from .decode_lane import DecodeLane
-from .deferral import ahead_window_bytes, ask_deferred
+from .deferral import ask_deferred
+from .fetch_wire import Turn, Wire, takes_on_chunk
 from .held_kv import HeldKV
-from .live_state import QUEUED, LiveState
+from .live_state import LiveState
 from .pipeline_config import RuntimeConfig
 from .run_log import RunLog
 from .shard_index import ShardGrid, ShardId
@@ -38,15 +36,6 @@ from .shard_index import ShardGrid, ShardId
 __all__ = ["IDLE_POLL_S", "FetchLane", "takes_on_chunk"]
 
 IDLE_POLL_S = 0.02  # how often an idle fetch lane asks again about deferred shards (seconds)
-
-
-def takes_on_chunk(fetch_blob) -> bool:
-    """Whether ``fetch_blob`` takes ``on_chunk`` (then the policy sees the transfer in progress, as in the
-    simulator; a fetcher without it shows a transfer only once it completes)."""
-    try:
-        return "on_chunk" in inspect.signature(fetch_blob).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class FetchLane:
@@ -79,15 +68,8 @@ class FetchLane:
         # shards (g) with a fetch of this lane chosen and not finished (waiting for room, in flight or retrying):
         # claimed under st.lock with the decision, so the compute lane never asks for a second, concurrent fetch
         self._claimed: set[int] = set()
-        # request_ahead: the wire (held by the lane's blob whose bytes are arriving), the blobs requested and not
-        # ended, the shards whose first blob has been requested, a wake-up on every chunk, the lane's fetches still
-        # running (transfer, then decode), and whether the fetcher turned out not to await its turns
-        self._wire = asyncio.Lock()
-        self._turns: set[_Turn] = set()
-        self._sent: dict[int, asyncio.Event] = {}
-        self._progress = asyncio.Event()
-        self._ahead: set[asyncio.Task] = set()
-        self._ungated = False
+        self._wire = Wire(self.st)  # request_ahead: the wire the lane's transfers take in turn
+        self._ahead: set[asyncio.Task] = set()  # the lane's own fetches still running (transfer, then decode)
         self._running: dict[int, asyncio.Event] = {}  # shards (g) with a lane fetch under way: set when it has ended
         self._requested: set[int] = set()  # shards (g) past their room check and not ended (counted in the room)
 
@@ -98,7 +80,7 @@ class FetchLane:
         out; the next request leaves once the bytes requested and not yet received are within
         :func:`~sakura_core.runtime.deferral.ahead_window_bytes`, so its round trip passes while the ones before
         arrive, and each decode overlaps the transfers after it."""
-        return self.cfg.request_ahead and self.reports_chunks and not self._ungated
+        return self.cfg.request_ahead and self.reports_chunks and not self._wire.ungated
 
     # ---- the lane
 
@@ -287,22 +269,16 @@ class FetchLane:
         if not self.ahead:
             await self._fetch_claimed_base(shard, level)
             return
-        sent = self._sent[shard.g] = asyncio.Event()
+        sent = self._wire.expect(shard.g)
         task = asyncio.create_task(self._fetch_claimed_base(shard, level))
         self._ahead.add(task)
         task.add_done_callback(self._ahead.discard)
         try:
-            await _first_of(task, sent.wait())
-            while not task.done() and self.ahead:
-                window = ahead_window_bytes(self.st.estimator, self.st.rtt_s)
-                if window is not None and sum(t.left for t in self._turns) <= window:
-                    return
-                self._progress.clear()
-                await _first_of(task, self._progress.wait())
-            if not task.done():
+            await self._wire.until_window(task, sent)
+            if not task.done() and not self.ahead:
                 await task  # the fetcher does not take turns: one request at a time
         finally:
-            self._sent.pop(shard.g, None)
+            self._wire.forget(shard.g)
 
     async def _fetch_claimed_base(self, shard: ShardId, level: int) -> None:
         done = self._running[shard.g] = asyncio.Event()
@@ -398,16 +374,9 @@ class FetchLane:
 
     async def _get_blob(self, digest: str, size: int, g: int, level_name: str, gated: bool = True) -> bytes:
         """One blob over the link (not kept: the shard's chain decoder holds what it needs of the blobs before).
-        With :attr:`ahead` and ``gated``, its bytes wait at the first chunk until the wire is free (the transfers
-        before have ended): the request and its round trip went ahead. A blob that waited is given to the estimator
-        as the bytes after its turn, timed from the turn less a round trip (as a request sent alone is timed)."""
+        With :attr:`ahead` and ``gated``, its bytes wait for the wire (:mod:`.fetch_wire`)."""
         t0 = self.st.now
-        turn = _Turn(self, g, size) if gated and self.ahead else None
-        if turn is not None:
-            self._turns.add(turn)
-            ev = self._sent.get(g)
-            if ev is not None:
-                ev.set()
+        turn = self._wire.open(g, size) if gated and self.ahead else None
         try:
             if self.reports_chunks:
                 data = await self.fetch_blob(digest, size, on_chunk=lambda n: self._received(g, n, turn))
@@ -415,88 +384,16 @@ class FetchLane:
                 data = await self.fetch_blob(digest, size)
         finally:
             if turn is not None:
-                turn.release()
-                self._turns.discard(turn)
-                self._ungated |= turn.offered and not turn.held  # on_chunk's turn was never awaited
-                self._progress.set()
+                self._wire.close(turn)
         t1 = self.st.now
-        if turn is not None and turn.granted_t is not None:  # it waited for the wire: the bytes after its turn
-            t0 = max(t0, turn.granted_t - self.st.rtt_s)
-            if turn.after:
-                self.st.estimator.observe(turn.after, max(t1 - t0, 1e-6))
-        else:
-            self.st.estimator.observe(len(data), max(t1 - t0, 1e-6))
+        t0 = self._wire.observe(turn, t0, t1, len(data))
         self.bytes_fetched += len(data)
         self.log.event("fetch", t0, t1, g, level_name)
         return data
 
-    def _received(self, g: int, nbytes: int, turn: _Turn | None = None):
+    def _received(self, g: int, nbytes: int, turn: Turn | None = None):
         with self.st.lock:
             entry = self.st.receiving.get(g)
             if entry is not None:
                 entry[1] += nbytes
-        if turn is None:
-            return None
-        turn.left = max(turn.left - nbytes, 0)
-        if turn.granted_t is not None:
-            turn.after += nbytes
-        self._progress.set()
-        if turn.held:
-            return None
-        turn.offered = True
-        return turn  # the fetcher awaits it: the blob's bytes wait for the wire
-
-
-async def _first_of(task: asyncio.Task, aw) -> None:
-    """Wait until ``task`` ends or ``aw`` completes, whichever is first (``aw`` is cancelled if it did not)."""
-    waiter = asyncio.ensure_future(aw)
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-
-
-class _Turn:
-    """One blob's turn on the lane's wire (:attr:`FetchLane.ahead`): an awaitable the lane's ``on_chunk`` returns
-    at the blob's first chunk (the fetcher awaits it: ``ShardClient.fetch_shard`` does), released when the blob has
-    ended (received, failed or cancelled); ``left``: its bytes not yet received. A fetcher that does not await it
-    reads on: the lane then goes back to one request at a time."""
-
-    def __init__(self, lane: FetchLane, g: int, size: int):
-        self.lane, self.g, self.left = lane, g, size
-        self.offered = False  # on_chunk returned it
-        self.held = False  # the fetcher awaited it
-        self._locked = False
-        self.granted_t: float | None = None  # when a blob that waited for the wire got it
-        self.after = 0  # its bytes received since (what the estimator is given: those before shared the wire)
-
-    def __await__(self):
-        return self._take().__await__()
-
-    async def _take(self) -> None:
-        self.held = True  # awaited once: the chunks after it pass (the lock is taken before they come)
-        st = self.lane.st
-        queued = self.lane._wire.locked()
-        if queued:  # waiting for the wire: no transfer in progress to the policy (LiveState.link_progress)
-            with st.lock:
-                entry = st.receiving.get(self.g)
-                if entry is not None:
-                    entry[0] = QUEUED
-        await self.lane._wire.acquire()
-        self._locked = True
-        with st.lock:
-            st.on_wire = self.g  # the transfer the policy sees in progress
-            if queued:  # a blob that waited is timed from its turn less the round trip, as the simulator times it
-                self.granted_t = st.now
-                entry = st.receiving.get(self.g)
-                if entry is not None:
-                    entry[0] = self.granted_t - st.rtt_s
-
-    def release(self) -> None:
-        if self._locked:
-            self._locked = False
-            st = self.lane.st
-            with st.lock:
-                if st.on_wire == self.g:
-                    st.on_wire = None
-            self.lane._wire.release()
+        return None if turn is None else self._wire.received(turn, nbytes)  # the fetcher awaits a turn
