@@ -83,9 +83,9 @@ def add_arguments(parser) -> None:
 def add_requests_argument(parser) -> None:
     """``--requests ahead|sequential``: the fetch lane's requests (``SimConfig`` / ``RuntimeConfig.request_ahead``)."""
     parser.add_argument(
-        "--requests", choices=["ahead", "sequential"], default="sequential", help="the fetch lane's requests, sim and "
-        "live: 'sequential' (each once the transfer before has arrived, paying its round trip; default, as the live "
-        "lane's) or 'ahead' (the next leaves once the bytes on their way are within two round trips of the link)"
+        "--requests", choices=["ahead", "sequential"], default="ahead", help="the fetch lane's requests, sim and "
+        "live: 'ahead' (default, as the live lane's: the next leaves once the bytes on their way are within two round "
+        "trips of the link) or 'sequential' (each once the transfer before has arrived, paying its round trip)"
     )  # fmt: skip
 
 

@@ -210,7 +210,7 @@ def _sim_check(runs: list[dict], plans: dict, profile, args) -> list[dict]:
         if (name, "on-device") not in by or name not in traces:
             continue
         trace, lad = traces[name], {"sakura": ladders}
-        ahead = getattr(args, "requests", "sequential") == "ahead"
+        ahead = getattr(args, "requests", "ahead") == "ahead"
         sim = _replay(trace, profile, lad, floor, ahead)
         alone = _replay(trace, replace(profile, dit_cpu_cores=0), lad, floor, ahead)
         live = by[(name, "on-device")]["latency_s"] / by[(name, "sakura")]["latency_s"]
@@ -260,7 +260,7 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                         policy=plan.policy, ladders=ladders, reps=reps,
                         floor=floor, profile=profile, template_image=template, trace=trace,
                         config=RuntimeConfig(steps=args.steps,
-                                             request_ahead=getattr(args, "requests", "sequential") == "ahead"),
+                                             request_ahead=getattr(args, "requests", "ahead") == "ahead"),
                     )  # fmt: skip
                 finally:
                     if follow is not None:

@@ -1,9 +1,10 @@
 """The fetch lane of a pipelined edit (:class:`~sakura_core.runtime.pipeline.PipelinedEdit`): the link, as the
-policy chooses (with ``request_ahead``, requests go ahead of the wire: :mod:`.fetch_wire`). Every shard once, in execution order (``choose``); a shard the policy defers ("not now") is asked again before
-later shards and while the link would idle, until the compute lane reaches it; then progressive upgrades on the
-idle link. The same protocol as the simulator's (:mod:`sakura_core.runtime.simulate`). A failed shard is retried
-at the floor level, then left to the device (the compute lane runs a template pass for it). A cross-step residual
-whose reference the device does not hold (:meth:`~sakura_core.runtime.held_kv.HeldKV.reference_for`) is not
+policy chooses (with ``request_ahead``, requests go ahead of the wire: :mod:`.fetch_wire`). Every shard once, in
+execution order (``choose``); a shard the policy defers ("not now") is asked again before later shards and while the
+link would idle, until the compute lane reaches it; then progressive upgrades on the idle link. Each transfer's
+decode overlaps the next transfer. The same protocol as the simulator's (:mod:`sakura_core.runtime.simulate`). A
+failed shard is retried at the floor level, then left to the device (the compute lane runs a template pass for it).
+A cross-step residual whose reference the device neither holds nor will make (:mod:`.reference_wait`) is not
 fetched: its self-contained exact level is, and the report says so. A level whose closed-loop twin's reference the
 device holds (:meth:`~sakura_core.runtime.held_kv.HeldKV.closed_twin`) is fetched as that twin, one below the
 open-loop floor without it at that floor (:func:`~sakura_core.policy.ladder.fetch_as`).
@@ -26,10 +27,11 @@ from ..policy.ladder import fetch_as
 from ..policy.policies import LEVEL_COMPUTE, Policy
 from .decode_lane import DecodeLane
 from .deferral import ask_deferred
-from .fetch_wire import Turn, Wire, takes_on_chunk
+from .fetch_wire import Turn, Wire, first_of, takes_on_chunk
 from .held_kv import HeldKV
 from .live_state import LiveState
 from .pipeline_config import RuntimeConfig
+from .reference_wait import ReferenceWait
 from .run_log import RunLog
 from .shard_index import ShardGrid, ShardId
 
@@ -69,8 +71,8 @@ class FetchLane:
         # claimed under st.lock with the decision, so the compute lane never asks for a second, concurrent fetch
         self._claimed: set[int] = set()
         self._wire = Wire(self.st)  # request_ahead: the wire the lane's transfers take in turn
-        self._ahead: set[asyncio.Task] = set()  # the lane's own fetches still running (transfer, then decode)
-        self._running: dict[int, asyncio.Event] = {}  # shards (g) with a lane fetch under way: set when it has ended
+        self._fetches: set[asyncio.Task] = set()  # the lane's own fetches still running (transfer, then decode)
+        self.refs = ReferenceWait(self.grid, self.held, self.st, lambda: self.cancel.is_set() or self._done.is_set())
         self._requested: set[int] = set()  # shards (g) past their room check and not ended (counted in the room)
 
     @property
@@ -88,6 +90,7 @@ class FetchLane:
         """The link: every shard in order (as the policy chooses), then — while it would idle — the shards the policy
         deferred (asked again until the compute lane reaches them) and progressive upgrades."""
         self._loop = asyncio.get_running_loop()
+        self.refs.attach(self._loop)
         await self._base_fetches()
         self.st.base_done = True
         upgrades = self.cfg.upgrades
@@ -97,17 +100,21 @@ class FetchLane:
                 await self._fetch_base(*pick)
                 continue
             if upgrades:
-                upgrades = await self._upgrade_once()
-                if upgrades:
+                did = await self._upgrade_once()
+                if did:
                     continue
-            if not self.deferred:
+                upgrades = did is not None and bool(self._fetches)  # the shards still on their way may want upgrades
+            if not self.deferred and not upgrades:
                 break
-            await asyncio.sleep(IDLE_POLL_S)  # deferred shards remain: ask again once the state has moved on
+            if self.deferred or not self._fetches:
+                await asyncio.sleep(IDLE_POLL_S)  # deferred shards remain: ask again once the state has moved on
+            else:  # ask about upgrades again once one of the lane's fetches has ended
+                await asyncio.wait(set(self._fetches), return_when=asyncio.FIRST_COMPLETED)
 
     async def stop(self, task: asyncio.Task) -> None:
         """End the lane's ``task`` and every fetch the compute lane asked for (the edit is over)."""
         self._done.set()
-        tasks = [task, *self._asked, *self._ahead]
+        tasks = [task, *self._asked, *self._fetches]
         for t in tasks:
             if not t.done():
                 t.cancel()
@@ -180,9 +187,9 @@ class FetchLane:
         self.log.decision(st.now, g, d.level, d.reason)
         return self.grid[g], d.level
 
-    async def _upgrade_once(self) -> bool:
-        """One progressive enhancement the policy asks for on the idle link; False when it asks for none (or one
-        failed: upgrades are optional, the failure is reported and upgrading stops)."""
+    async def _upgrade_once(self) -> bool | None:
+        """One progressive enhancement the policy asks for on the idle link: True once fetched, False when it asks
+        for none now, None when it failed (upgrades are optional: the failure is reported and upgrading stops)."""
         st = self.st
         with st.lock:
             st.link_free = st.now
@@ -196,7 +203,7 @@ class FetchLane:
             await self._fetch_level(shard, level)
         except Exception as e:  # noqa: BLE001 - an upgrade is optional: report and stop upgrading
             self.log.fallback(f"upgrade of {shard} to {self.ladders[shard.g][level].name} failed: {e}")
-            return False
+            return None
         return True
 
     # ---- what the compute lane may ask (from its thread)
@@ -245,8 +252,8 @@ class FetchLane:
         for later steps, with the later steps' shards fetched and not yet held (sent ahead, decoding), leaves room
         for it (the compute lane frees shards as it passes them; until a first shard is decoded its size is not known
         and a later step's shard waits). The running step's own shards never wait, nor does an upgrade of a shard
-        held already. While the lane waits, the running step's
-        deferred shards are fetched only if the compute lane asks for them (late_shards)."""
+        held already. While the lane waits, the running step's deferred shards are fetched only if the compute lane
+        asks for them (late_shards)."""
         cap = self.cfg.prefetch_kv_bytes
         if cap is None or not self.grid.per_step:
             return
@@ -262,37 +269,33 @@ class FetchLane:
             await asyncio.sleep(IDLE_POLL_S)
 
     async def _fetch_base(self, shard: ShardId, level: int) -> None:
-        """A shard :meth:`_decide` chose (and claimed): fetched once there is room for it. With :attr:`ahead`, returns
-        once its first blob is requested and the bytes requested ahead are within the window (or it has ended): its
-        transfer and decode go on in a task. Before the estimator's first sample there is no window: the first
+        """A shard :meth:`_decide` chose (and claimed): fetched once there is room for it, in a task (its transfer,
+        then its decode). Returns once its transfer has ended (one request at a time: the decode overlaps the next
+        transfer, as in the simulator) or, with :attr:`ahead`, once its first blob is requested and the bytes
+        requested ahead are within the window. Before the estimator's first sample there is no window: the first
         request is the bandwidth probe, and the decisions after it see its rate."""
-        if not self.ahead:
-            await self._fetch_claimed_base(shard, level)
-            return
-        sent = self._wire.expect(shard.g)
+        ahead, (sent, landed) = self.ahead, self._wire.expect(shard.g)
         task = asyncio.create_task(self._fetch_claimed_base(shard, level))
-        self._ahead.add(task)
-        task.add_done_callback(self._ahead.discard)
+        self._fetches.add(task)
+        task.add_done_callback(self._fetches.discard)
         try:
-            await self._wire.until_window(task, sent)
-            if not task.done() and not self.ahead:
-                await task  # the fetcher does not take turns: one request at a time
+            if ahead:
+                await self._wire.until_window(task, sent)
+            if not task.done() and not self.ahead:  # one request at a time: the next once this transfer has ended
+                await first_of(task, landed.wait())
         finally:
             self._wire.forget(shard.g)
 
     async def _fetch_claimed_base(self, shard: ShardId, level: int) -> None:
-        done = self._running[shard.g] = asyncio.Event()
         try:
-            await self._room_for(shard)
-            with self.st.lock:
-                self._requested.add(shard.g)  # the room counts it until it is held (or has failed)
-                predicted = self.ctx.predict_ready(shard.g, self.ladders[shard.g][level], self.st.estimator.robust())
-                self.st.in_flight[shard.g] = predicted
-            await self._fetch_with_fallback(shard, level)
+            with self.refs.fetching(shard.g):
+                await self._room_for(shard)
+                with self.st.lock:
+                    self._requested.add(shard.g)  # the room counts it until it is held (or has failed)
+                    self.st.in_flight[shard.g] = self.ctx.predict_ready(shard.g, self.ladders[shard.g][level],
+                                                                        self.st.estimator.robust())  # fmt: skip
+                await self._fetch_with_fallback(shard, level)
         finally:
-            done.set()
-            if self._running.get(shard.g) is done:
-                del self._running[shard.g]
             with self.st.lock:
                 self._claimed.discard(shard.g)
                 self._requested.discard(shard.g)
@@ -324,7 +327,7 @@ class FetchLane:
         digests = [*rep.get("requires", []), rep["digest"]]
         start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
         if not start:
-            await self._reference_fetched(shard, rep)
+            await self.refs.fetched(shard, rep)
         if not start:  # a closed-loop twin on its track, or off it the open-loop floor (policy.ladder.fetch_as)
             twin = self.held.closed_twin(shard, rep)
             level, as_twin = fetch_as(self.ladders[g], level, twin is not None)
@@ -333,10 +336,12 @@ class FetchLane:
             start = self.decoder.decoded_prefix(shard, digests)
         by_digest = {r["digest"]: r for r in (*self.reps[g], rep)}
         name = rep["name"]
+        coming = False  # the reference is made on the device (or fetched) by the end of its step: decoded then
         try:
             reference = self.held.reference_for(shard, rep)  # a residual whose reference the device lacks: not fetched
         except MissingReferenceError:
-            if not start:
+            coming = not start and self.refs.coming(shard, rep)
+            if not start and not coming:
                 raise
             reference = None  # an upgrade: its decoder keeps the reference its chain was decoded against (freed here)
         todo = digests[start:]
@@ -348,6 +353,12 @@ class FetchLane:
         finally:
             with st.lock:
                 st.receiving.pop(g, None)
+        with st.lock:  # its bytes are here: decoded once the decoder has run (what the simulator's view shows)
+            if g in st.in_flight:
+                st.in_flight[g] = max(st.now, st.decoder_free) + self.ladders[g][level].decode_s
+        self._wire.landed(g)  # the link may go on (one request at a time): this shard's transfer has ended
+        if coming:
+            reference = await self.refs.held_reference(shard, rep)
         kv = await self.decoder.decode(shard, level, digests, chain, start, reference)
         if kv is None:  # an upgrade of a shard the compute lane served meanwhile: of no use any more
             self.log.decision(st.now, g, level, f"{name} not decoded: the compute lane served the shard meanwhile")
@@ -360,17 +371,6 @@ class FetchLane:
             st.in_flight.pop(g, None)
             st.decoder_free = st.now
         self.held.set_ready(shard)
-
-    async def _reference_fetched(self, shard: ShardId, rep: dict) -> None:
-        """A cross-step level (or its closed-loop twin) is coded against the same layer at an earlier step: when this
-        lane's fetch of that shard is still under way (requests go ahead), wait until it has ended, so the level is
-        fetched against the reference the device will hold (as the simulator's decode waits for its reference)."""
-        ref = rep.get("ref") or (rep.get("closed_twin") or {}).get("ref")
-        if ref is None:
-            return
-        ev = self._running.get(self.grid.at(ref["step"], shard.layer).g)
-        if ev is not None:
-            await ev.wait()
 
     async def _get_blob(self, digest: str, size: int, g: int, level_name: str, gated: bool = True) -> bytes:
         """One blob over the link (not kept: the shard's chain decoder holds what it needs of the blobs before).

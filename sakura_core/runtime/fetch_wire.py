@@ -15,7 +15,7 @@ import inspect
 from .deferral import ahead_window_bytes
 from .live_state import QUEUED, LiveState
 
-__all__ = ["Turn", "Wire", "takes_on_chunk"]
+__all__ = ["Turn", "Wire", "first_of", "takes_on_chunk"]
 
 
 def takes_on_chunk(fetch_blob) -> bool:
@@ -37,16 +37,24 @@ class Wire:
         self.lock = asyncio.Lock()
         self.turns: set[Turn] = set()
         self.sent: dict[int, asyncio.Event] = {}
+        self.ended: dict[int, asyncio.Event] = {}
         self.progress = asyncio.Event()
         self.ungated = False
 
-    def expect(self, g: int) -> asyncio.Event:
-        """An event set once shard ``g``'s first blob is requested (:meth:`open`)."""
-        ev = self.sent[g] = asyncio.Event()
-        return ev
+    def expect(self, g: int) -> tuple[asyncio.Event, asyncio.Event]:
+        """Events set once shard ``g``'s first blob is requested (:meth:`open`), and once its transfer has ended
+        (:meth:`landed`; one request at a time, the next leaves then)."""
+        sent, landed = self.sent[g], self.ended[g] = asyncio.Event(), asyncio.Event()
+        return sent, landed
+
+    def landed(self, g: int) -> None:
+        ev = self.ended.get(g)
+        if ev is not None:
+            ev.set()
 
     def forget(self, g: int) -> None:
         self.sent.pop(g, None)
+        self.ended.pop(g, None)
 
     def open(self, g: int, size: int) -> Turn:
         """A blob of ``size`` bytes of shard ``g`` is requested: its turn."""
@@ -92,16 +100,16 @@ class Wire:
         """Until ``task`` (a shard's fetch) has requested its first blob and the bytes requested and not received
         are within the window, or it has ended, or the wire turns out ungated. Before the estimator's first sample
         there is no window: the request is the bandwidth probe, and this waits for its end."""
-        await _first_of(task, sent.wait())
+        await first_of(task, sent.wait())
         while not task.done() and not self.ungated:
             window = ahead_window_bytes(self.st.estimator, self.st.rtt_s)
             if window is not None and sum(t.left for t in self.turns) <= window:
                 return
             self.progress.clear()
-            await _first_of(task, self.progress.wait())
+            await first_of(task, self.progress.wait())
 
 
-async def _first_of(task: asyncio.Task, aw) -> None:
+async def first_of(task: asyncio.Task, aw) -> None:
     """Wait until ``task`` ends or ``aw`` completes, whichever is first (``aw`` is cancelled if it did not)."""
     waiter = asyncio.ensure_future(aw)
     try:

@@ -45,6 +45,7 @@ class HeldKV:
     def __init__(self, grid: ShardGrid, ladders: list[list[Level]] | None = None) -> None:
         self.grid = grid
         self.lock = threading.RLock()
+        self.on_device_kv = None  # called (from the thread that made it) once the device's own KV was offered
         self.dependents: dict[ShardId, list[ShardId]] = {}  # reference shard -> shards with a residual level on it
         for shard in grid if ladders is not None else ():
             for step in sorted({lv.ref_step for lv in ladders[shard.g]} - {None}):
@@ -134,6 +135,12 @@ class HeldKV:
                 if shard.g >= self.released_below:
                     self.device_kv[shard] = kv
                     self._count(added=kv)
+        self._offered()
+
+    def _offered(self) -> None:
+        """The device offered its own KV (kept or not): who waits for a reference it makes looks again."""
+        if self.on_device_kv is not None:
+            self.on_device_kv()
 
     def release_before(self, g: int) -> range:
         """Per-step mode: the compute lane is at flat index ``g``; every shard before it served its (step, layer):
@@ -168,6 +175,7 @@ class HeldKV:
                 self._count(added=kv)
                 if shard.g < self.released_below:
                     self.kept.add(shard)
+        self._offered()
 
     def reference_for(self, shard: ShardId, rep: dict) -> DecodedReference | None:
         """The decoded reference that representation ``rep`` (a manifest entry) of ``shard`` needs: None for a

@@ -35,8 +35,8 @@ class RuntimeConfig:
     request_ahead: the fetch lane sends requests ahead of the wire, once the bytes on their way are within two
         round trips of the link (``deferral.ahead_window_bytes``): their round trips hidden, the transfers still one
         at a time on the wire, first in first out, decodes overlapping the transfers after them; with a fetcher that
-        reports its chunks and awaits what ``on_chunk`` returns. False (the default; README "Status" says why): one
-        request at a time, each decoded before the next leaves. ``bench e2e`` models the same
+        reports its chunks and awaits what ``on_chunk`` returns (the default). False: one request at a time, each
+        once the transfer before has ended (its decode overlapping the next transfer). ``bench e2e`` models the same
         (``SimConfig.request_ahead``, ``--requests``).
     estimator: the throughput estimator's settings (None = its defaults); EMULATED phone timing scales its prior
         and smallest sample to the model's shard bytes (``runtime.emulated_device``).
@@ -50,7 +50,7 @@ class RuntimeConfig:
     rtt_s: float = 0.04
     latency_target_s: float | None = None
     prefetch_kv_bytes: int | None = None
-    request_ahead: bool = False
+    request_ahead: bool = True
     estimator: EstimatorConfig | None = None
 
     def __post_init__(self) -> None:

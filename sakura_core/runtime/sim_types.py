@@ -28,8 +28,8 @@ class SimConfig:
         reported).
     request_ahead: the fetch lane sends its next request once the bytes requested and not yet received are within
         ``deferral.ahead_window_bytes`` (the live lane's ``RuntimeConfig.request_ahead``): its round trip passes while
-        those arrive, and its bytes follow theirs (the wire carries one transfer at a time). False (the default, as
-        the live lane's): each request leaves once the transfer before has arrived and pays its round trip.
+        those arrive, and its bytes follow theirs (the wire carries one transfer at a time); the default, as the
+        live lane's. False: each request leaves once the transfer before has arrived and pays its round trip.
     """
 
     min_rtt_s: float = 0.04
@@ -38,7 +38,7 @@ class SimConfig:
     planning: str = "off"
     planning_s: float = 0.0
     prefetch_kv_bytes: int | None = None
-    request_ahead: bool = False
+    request_ahead: bool = True
 
     def __post_init__(self) -> None:
         if self.prefetch_kv_bytes is not None and self.prefetch_kv_bytes < 0:

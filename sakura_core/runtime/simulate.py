@@ -2,9 +2,9 @@
 
 SIMULATION: device times come from a :class:`~sakura_core.runtime.profiles.DeviceProfile`, shard sizes, decode
 costs and distortions from codec measurements (``Level``); the link from a :class:`~sakura_core.fetch.traces.Trace`.
-The fetch lane carries one transfer at a time (by default one request at a time, each paying one RTT after the
-transfer before; with ``request_ahead``, requests leave ahead of it within a window of two round trips, so only a
-request to an idle link pays its RTT); the decode lane is one thread; the
+The fetch lane carries one transfer at a time (by default, ``request_ahead``, requests leave ahead of it within a
+window of two round trips, so only a request to an idle link pays its RTT; without, one request at a time, each
+paying one RTT after the transfer before); the decode lane is one thread; the
 compute lane runs step 0 layer by layer (template tokens kept while the policy says so), then steps 1..S-1 with
 every layer's KV, using at each step the best level decoded by its start.
 

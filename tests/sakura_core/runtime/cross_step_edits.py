@@ -44,18 +44,30 @@ class StepLevels(Policy):
         return ctx.layer_of(g) < self.splits[ctx.step_of(g)]
 
 
-def run_levels(setup, policy, steps: int, swap=None, open_floor=None, **config):
+def run_levels(setup, policy, steps: int, swap=None, open_floor=None, chunks=False, **config):
     """The pipelined edit of ``setup``'s template with ``policy`` at 50 Mbit/s, no upgrades. ``swap``: digest ->
     the digest whose blob is served instead; ``open_floor``: the levels below it fetch their closed-loop twins on
-    their track (else ``open_floor``), whatever the random-weight template's PSNRs."""
+    their track (else ``open_floor``), whatever the random-weight template's PSNRs. ``chunks``: the fetcher reports
+    its chunks and awaits its wire turns (as ShardClient does: requests may go ahead)."""
     model, tpl, usr, pre, profile = setup
     plan = plan_fetch(pre.manifest, "sakura")
     if open_floor is not None:
         plan = dataclasses.replace(plan, ladders=with_track_floor(plan.ladders, open_floor))
     swap = swap or {}
 
-    async def fetch_blob(digest, nbytes):
+    async def fetch_plain(digest, nbytes):
         return pre.blobs[swap.get(digest, digest)]
+
+    async def fetch_chunked(digest, nbytes, on_chunk=None):
+        blob = pre.blobs[swap.get(digest, digest)]
+        for i in range(0, len(blob), 4096):
+            turn = on_chunk(len(blob[i : i + 4096]))
+            if turn is not None:
+                await turn
+            await asyncio.sleep(0)
+        return blob
+
+    fetch_blob = fetch_chunked if chunks else fetch_plain
 
     return asyncio.run(
         run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,

@@ -46,8 +46,8 @@ def progressive_setup(setup):
     return model, tpl, usr, pre, profile
 
 
-def _run(setup, policy, swap=None, open_floor=None, **config):
-    return run_levels(setup, policy, STEPS, swap, open_floor, **config)
+def _run(setup, policy, swap=None, open_floor=None, chunks=False, **config):
+    return run_levels(setup, policy, STEPS, swap, open_floor, chunks, **config)
 
 
 def _rep(pre, step, layer, name):
@@ -80,8 +80,8 @@ def test_residual_levels_decode_against_the_previous_steps_kv(setup):
 def test_the_devices_own_kv_of_a_layer_serves_as_the_next_steps_reference(setup):
     model, tpl, usr, pre, _ = setup
     # step 0 computes layers 0-1 on the device: their KV (kept at the end of step 0) is the reference. Nothing is
-    # prefetched here: a shard of step 1 fetched while step 0 still computes would find no reference yet (and fall
-    # back to its exact level, as test_a_residual_without_its_reference_is_not_decoded shows)
+    # prefetched here (a shard of step 1 fetched while step 0 still computes waits for its reference:
+    # test_a_residual_fetched_before_the_device_made_its_reference_waits_for_it)
     rep = _run(setup, StepLevels(1, [2, 0]), prefetch_kv_bytes=0)
     assert not rep.fallbacks, rep.fallbacks
     # one fetch per shard: a shard the fetch lane chose (waiting for room while step 0 computes) is not asked for a
@@ -93,6 +93,30 @@ def test_the_devices_own_kv_of_a_layer_serves_as_the_next_steps_reference(setup)
     on_device = run_edit(model, usr, "p", steps=STEPS, split_layer=model.adapter.num_layers, template_image=tpl,
                          template_every_step=True, kv_mode="per-step")  # fmt: skip
     assert (rep.tokens - on_device.tokens).abs().max() < 0.5  # a lossy level, but never a residual used as KV
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["one-request-at-a-time", "requests-ahead"])
+def test_a_residual_fetched_before_the_device_made_its_reference_waits_for_it(setup, ahead):
+    """Step 0 computes layers 0-1 on the device and its KV of them is kept at the end of step 0; with no bound on the
+    prefetch, step 1's residuals of those layers arrive while step 0 still computes: their decode waits for the
+    device's reference (as the simulator's does), they are not fetched again at their exact level; and the link
+    goes on meanwhile (the other shards are not held up)."""
+    model, *_ = setup
+    L = model.adapter.num_layers
+    rep = _run(setup, StepLevels(1, [2, 0]), chunks=ahead, request_ahead=ahead)
+    assert not rep.fallbacks, rep.fallbacks
+    # step 0's KV is handed over once its last layer has run: after that layer's compute started
+    last = next(e["start"] for e in rep.events if e["lane"] == "compute" and e["layer"] == L - 1)
+    fetched = {e["layer"]: e["end"] for e in rep.events if e["lane"] == "fetch"}
+    early = [g for g in (L, L + 1) if fetched[g] < last]
+    assert early, (fetched, last)  # the case under test: a residual came before its reference was made
+    decoded = {e["layer"]: e["start"] for e in rep.events if e["lane"] == "decode"}
+    assert all(decoded[g] >= last for g in early), (decoded, last)  # decoded once the reference was there ...
+    assert max(fetched.values()) < last  # ... while the link fetched every other shard meanwhile
+    decodes = Counter(e["layer"] for e in rep.events if e["lane"] == "decode")
+    assert set(decodes.values()) == {1}, decodes  # one fetch and decode per shard: no exact refetch
+    step1 = rep.levels_by_step()["step 1"]
+    assert len(step1) == L and all(n.startswith("sakura-l") for n in step1), step1
 
 
 def test_a_residual_without_its_reference_is_not_decoded(setup):

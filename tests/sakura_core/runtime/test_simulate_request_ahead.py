@@ -79,7 +79,7 @@ def test_the_bench_flag_chooses_the_mode_and_the_command_records_it():
         parser = argparse.ArgumentParser()
         mod.add_arguments(parser)
         base = ["--json", "out.json"]
-        for flag, ahead in ((["--requests", "ahead"], True), ([], False)):
+        for flag, ahead in ((["--requests", "sequential"], False), ([], True), (["--requests", "ahead"], True)):
             args = parser.parse_args(base + flag)
             assert cli_e2e._sim_config(args).request_ahead is ahead
             argv = mod._argv(args)
