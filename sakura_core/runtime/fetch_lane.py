@@ -355,7 +355,7 @@ class FetchLane:
                 st.receiving.pop(g, None)
         with st.lock:  # its bytes are here: decoded once the decoder has run (what the simulator's view shows)
             if g in st.in_flight:
-                st.in_flight[g] = max(st.now, st.decoder_free) + self.ladders[g][level].decode_s
+                st.in_flight[g] = st.now + self.ladders[g][level].decode_s
         self._wire.landed(g)  # the link may go on (one request at a time): this shard's transfer has ended
         if coming:
             reference = await self.refs.held_reference(shard, rep)

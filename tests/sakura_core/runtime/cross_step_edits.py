@@ -13,6 +13,8 @@ from sakura_core.precompute import precompute_template
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import RuntimeConfig, run_pipelined_edit
 
+from .fetchers import blob_fetcher
+
 
 def cross_step_setup(template_id: str, steps: int):
     """(model, template image, user image, precomputed per-step template, live profile) for ``steps`` steps."""
@@ -55,19 +57,7 @@ def run_levels(setup, policy, steps: int, swap=None, open_floor=None, chunks=Fal
         plan = dataclasses.replace(plan, ladders=with_track_floor(plan.ladders, open_floor))
     swap = swap or {}
 
-    async def fetch_plain(digest, nbytes):
-        return pre.blobs[swap.get(digest, digest)]
-
-    async def fetch_chunked(digest, nbytes, on_chunk=None):
-        blob = pre.blobs[swap.get(digest, digest)]
-        for i in range(0, len(blob), 4096):
-            turn = on_chunk(len(blob[i : i + 4096]))
-            if turn is not None:
-                await turn
-            await asyncio.sleep(0)
-        return blob
-
-    fetch_blob = fetch_chunked if chunks else fetch_plain
+    fetch_blob = blob_fetcher(lambda digest: pre.blobs[swap.get(digest, digest)], chunks)
 
     return asyncio.run(
         run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,

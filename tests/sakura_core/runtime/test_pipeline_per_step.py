@@ -20,6 +20,8 @@ from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig, run_pipel
 from sakura_core.runtime.profiles import get_profile
 from sakura_core.runtime.simulate import kv_mode_view, simulate
 
+from .fetchers import blob_fetcher
+
 STEPS = 3
 
 
@@ -295,19 +297,7 @@ def _watched_edit(setup, policy, all_first=False, chunks=False, **config):
     plan = plan_fetch(pre.manifest, "fetch-fp16")
     seen = []
 
-    async def fetch_plain(digest, nbytes):
-        return pre.blobs[digest]
-
-    async def fetch_chunked(digest, nbytes, on_chunk=None):
-        blob = pre.blobs[digest]
-        for i in range(0, len(blob), 4096):
-            res = on_chunk(len(blob[i : i + 4096]))
-            if inspect.isawaitable(res):
-                await res
-            await asyncio.sleep(0)
-        return blob
-
-    fetch_blob = fetch_chunked if chunks else fetch_plain
+    fetch_blob = blob_fetcher(pre.blobs.__getitem__, chunks)
 
     def look(step, layer):
         if all_first and (step, layer) == (0, 0):
