@@ -89,6 +89,12 @@ def add_requests_argument(parser) -> None:
     )  # fmt: skip
 
 
+def requests_ahead(args) -> bool:
+    """Whether ``--requests`` (:func:`add_requests_argument`) sends requests ahead; a namespace without it takes the
+    default, ahead."""
+    return getattr(args, "requests", "ahead") == "ahead"
+
+
 REGIME_TFLOPS = [0.05, 0.2, 1.0, 3.5, 14.0, 50.0]  # device effective TFLOP/s (phone CPU .. NPU and beyond)
 REGIME_MBITS = [1, 3, 10, 30, 100, 300, 1000]  # link Mbit/s
 
@@ -162,7 +168,7 @@ def _sim_config(args, command: str = "sakura bench e2e") -> SimConfig:
     if gib is not None and not gib >= 0:
         raise SystemExit(f"{command}: --prefetch-gib must be >= 0 GiB, got {gib}")
     room = None if gib is None else int(gib * 2**30)
-    ahead = getattr(args, "requests", "sequential") == "ahead"
+    ahead = requests_ahead(args)
     arg = str(args.planning).strip()
     if arg in ("measured", "off"):
         return SimConfig(planning=arg, prefetch_kv_bytes=room, request_ahead=ahead)

@@ -39,6 +39,7 @@ from ..runtime.denoise import run_edit
 from ..runtime.live_profile import measure_profile
 from ..runtime.pipeline import RuntimeConfig, run_pipelined_edit
 from ..runtime.timeline import lower_bound
+from .cli_e2e import requests_ahead
 from .e2e_report import format_table, select_policies
 
 __all__ = ["run_live", "start_server"]
@@ -210,7 +211,7 @@ def _sim_check(runs: list[dict], plans: dict, profile, args) -> list[dict]:
         if (name, "on-device") not in by or name not in traces:
             continue
         trace, lad = traces[name], {"sakura": ladders}
-        ahead = getattr(args, "requests", "ahead") == "ahead"
+        ahead = requests_ahead(args)
         sim = _replay(trace, profile, lad, floor, ahead)
         alone = _replay(trace, replace(profile, dit_cpu_cores=0), lad, floor, ahead)
         live = by[(name, "on-device")]["latency_s"] / by[(name, "sakura")]["latency_s"]
@@ -260,7 +261,7 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                         policy=plan.policy, ladders=ladders, reps=reps,
                         floor=floor, profile=profile, template_image=template, trace=trace,
                         config=RuntimeConfig(steps=args.steps,
-                                             request_ahead=getattr(args, "requests", "ahead") == "ahead"),
+                                             request_ahead=requests_ahead(args)),
                     )  # fmt: skip
                 finally:
                     if follow is not None:
