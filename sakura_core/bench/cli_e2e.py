@@ -16,6 +16,7 @@ from ..runtime.simulate import KV_MODES, SimConfig
 from .e2e_ladders import ladder_lines
 from .e2e_report import format_table, select_policies
 from .e2e_summary import FLUID_BOUND
+from .requests_flag import add_requests_argument, requests_ahead
 
 __all__ = ["add_arguments", "run"]
 
@@ -78,21 +79,6 @@ def add_arguments(parser) -> None:
     )  # fmt: skip
     parser.add_argument("--max-traces", type=int, default=3, help="live: traces to run (default %(default)s)")
     parser.add_argument("--shaping", choices=["inproc", "kernel"], default="inproc", help="live: link shaper")
-
-
-def add_requests_argument(parser) -> None:
-    """``--requests ahead|sequential``: the fetch lane's requests (``SimConfig`` / ``RuntimeConfig.request_ahead``)."""
-    parser.add_argument(
-        "--requests", choices=["ahead", "sequential"], default="ahead", help="the fetch lane's requests, sim and "
-        "live: 'ahead' (default, as the live lane's: the next leaves once the bytes on their way are within two round "
-        "trips of the link) or 'sequential' (each once the transfer before has arrived, paying its round trip)"
-    )  # fmt: skip
-
-
-def requests_ahead(args) -> bool:
-    """Whether ``--requests`` (:func:`add_requests_argument`) sends requests ahead; a namespace without it takes the
-    default, ahead."""
-    return getattr(args, "requests", "ahead") == "ahead"
 
 
 REGIME_TFLOPS = [0.05, 0.2, 1.0, 3.5, 14.0, 50.0]  # device effective TFLOP/s (phone CPU .. NPU and beyond)

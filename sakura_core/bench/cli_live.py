@@ -39,8 +39,8 @@ from ..runtime.denoise import run_edit
 from ..runtime.live_profile import measure_profile
 from ..runtime.pipeline import RuntimeConfig, run_pipelined_edit
 from ..runtime.timeline import lower_bound
-from .cli_e2e import requests_ahead
 from .e2e_report import format_table, select_policies
+from .requests_flag import requests_ahead
 
 __all__ = ["run_live", "start_server"]
 

@@ -21,7 +21,7 @@ MBITS = "1,3,10,30,100,300,1000"
 
 
 def add_arguments(parser) -> None:
-    from .cli_e2e import add_requests_argument
+    from .requests_flag import add_requests_argument
 
     parser.add_argument("--json", required=True, metavar="FILE", help="write the map as JSON here")
     parser.add_argument("--profile", default="snapdragon-8-elite-cpu", help=f"one of {', '.join(PROFILES)}")
