@@ -16,12 +16,19 @@ __all__ = [
     "atomic_create_bytes",
     "atomic_write_bytes",
     "atomic_write_json",
+    "cache_root",
     "disk_fault_message",
     "folder_write_problem",
     "output_problem",
     "png_bytes",
     "save_png",
 ]
+
+
+def cache_root() -> Path:
+    """Where SAKURA keeps what it can rebuild (training checkpoints, the live bench's template store), outside the
+    repository: ``$SAKURA_CACHE_DIR``, else ``~/.cache/sakura``."""
+    return Path(os.environ.get("SAKURA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "sakura"))
 
 
 def _umask() -> int:

@@ -79,6 +79,11 @@ def add_arguments(parser) -> None:
     )  # fmt: skip
     parser.add_argument("--max-traces", type=int, default=3, help="live: traces to run (default %(default)s)")
     parser.add_argument("--shaping", choices=["inproc", "kernel"], default="inproc", help="live: link shaper")
+    parser.add_argument("--live-cache", default=None, metavar="DIR", help="live: where the precomputed template "
+                        "store is kept between runs, keyed by everything it depends on (default $SAKURA_CACHE_DIR "
+                        "or ~/.cache/sakura, then live-bench)")  # fmt: skip
+    parser.add_argument("--no-live-cache", action="store_true", help="live: precompute the template afresh "
+                        "into a temporary folder (nothing kept)")  # fmt: skip
 
 
 REGIME_TFLOPS = [0.05, 0.2, 1.0, 3.5, 14.0, 50.0]  # device effective TFLOP/s (phone CPU .. NPU and beyond)

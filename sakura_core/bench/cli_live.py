@@ -1,9 +1,10 @@
 """``sakura bench e2e --mode live``: real ``sakura serve``, real shaped transfer, real decode, real compute here.
 
 The live bench model (``live_model.json``: 8 layers, width 512, 1024 template tokens, 16 MiB fp16 KV, random
-weights) is sized so one edit takes seconds on these CPUs. Its template is precomputed into a temporary store with
-the sakura and the CacheGen codecs, served by a ``sakura serve`` subprocess on 127.0.0.1 (or inside a network
-namespace with ``--shaping kernel``), and every policy edits over each trace. Per run: latency, bytes, PSNR vs the
+weights) is sized so one edit takes seconds on these CPUs. Its template is precomputed into a store with the sakura
+and the CacheGen codecs (kept between runs, keyed by everything it depends on: :mod:`.live_cache`), served by a
+``sakura serve`` subprocess on 127.0.0.1 (or inside a network namespace with ``--shaping kernel``), and every
+policy edits over each trace. Per run: latency, bytes, PSNR vs the
 exact-KV edit, split layer, and the pipeline's efficiency: latency / max(compute, transfer, decode busy time), with
 compute busy time measured without the stalls inside it (:mod:`sakura_core.runtime.timeline`).
 
@@ -23,8 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from importlib import resources
+from pathlib import Path
 
 import torch
 
@@ -40,6 +42,7 @@ from ..runtime.live_profile import measure_profile
 from ..runtime.pipeline import RuntimeConfig, run_pipelined_edit
 from ..runtime.timeline import lower_bound
 from .e2e_report import format_table, select_policies
+from .live_cache import default_live_cache_dir, store_key, template_store
 from .requests_flag import requests_ahead
 
 __all__ = ["run_live", "start_server"]
@@ -112,11 +115,27 @@ def run_live(args) -> int:
         exact_kv = model.adapter.extract_template_kv(model.template_tokens(template), model.spec.grid)
         exact = run_edit(model, user, PROMPT, steps=steps, kv_source=exact_kv).tokens
 
+    codecs = _codecs(kv_mode)
+    key, inputs = store_key(model.adapter.model, asdict(spec), template, kv_mode, steps, codecs)
     with tempfile.TemporaryDirectory(prefix="sakura-live-") as tmp:
-        _publish_ladders(LocalStore(tmp), model, template, kv_mode, steps)
-        runs = _serve_and_run(args, tmp, model, traces, policies, profile, template, user, exact)
+        store_dir = template_store(key, inputs, lambda d: _publish_ladders(LocalStore(d), model, template, kv_mode,
+                                                                           steps), _cache_dir(args), tmp)  # fmt: skip
+        runs = _serve_and_run(args, store_dir, model, traces, policies, profile, template, user, exact)
     _report(args, spec, model, profile, runs)
     return 0
+
+
+def _cache_dir(args) -> Path | None:
+    """Where the template store is kept between runs (None: ``--no-live-cache``)."""
+    if getattr(args, "no_live_cache", False):
+        return None
+    given = getattr(args, "live_cache", None)
+    return Path(given).expanduser() if given else default_live_cache_dir()
+
+
+def _codecs(kv_mode: str) -> tuple[str, ...]:
+    """The codecs the live bench publishes: per-step mode sakura only (CacheGen then picks its non-fp16 levels)."""
+    return ("sakura", "cachegen") if kv_mode == "single" else ("sakura",)
 
 
 def _publish_ladders(store, model, template, kv_mode: str = "single", steps: int = 4) -> None:
@@ -127,7 +146,7 @@ def _publish_ladders(store, model, template, kv_mode: str = "single", steps: int
     from ..precompute import precompute_template
 
     t0 = time.perf_counter()
-    for codec in ("sakura", "cachegen") if kv_mode == "single" else ("sakura",):
+    for codec in _codecs(kv_mode):
         kw = {} if kv_mode == "single" else {"kv_mode": "per-step", "steps": steps, "held_out_probes": 1}
         pre = precompute_template(model, template, f"live-{codec}", codec=codec, **kw)
         publish_template(store, model, template, f"live-{codec}", codec=codec,

@@ -3,17 +3,17 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..files import cache_root
 
 __all__ = ["TrainConfig", "default_checkpoint_dir"]
 
 
 def default_checkpoint_dir() -> Path:
     """Checkpoints live outside the repository: ``$SAKURA_CACHE_DIR`` or ``~/.cache/sakura``, then ``train-demo``."""
-    root = os.environ.get("SAKURA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "sakura")
-    return Path(root) / "train-demo"
+    return cache_root() / "train-demo"
 
 
 @dataclass(frozen=True)

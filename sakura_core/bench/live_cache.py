@@ -1,0 +1,117 @@
+"""The live bench's published template store, kept between runs (``sakura bench e2e --mode live``).
+
+Precomputing the bench model's template (every codec level, each level's PSNR from held-out probe edits) takes
+most of a live run (~5 of ~8 minutes per-step on these 2 cores), and the same inputs always give the same store:
+the model's seeded random weights, the template image, the KV mode and steps, and the code that codes and
+publishes it. :func:`template_store` keeps the published store under a key digesting all of those (the weights'
+and the image's bytes, the source files of the codec, precompute, model and store packages, torch's version), so
+a policy or runtime change reruns the bench in ~3 minutes, while a change to anything the store depends on makes a
+new key (precomputed afresh). A store is built in a temporary folder beside the cache and renamed into place once
+complete; a folder without its completion marker (a run killed while it built) is never used. Each run serves a
+hard-linked copy, so nothing the server does touches the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..files import cache_root
+
+__all__ = ["COMPLETE", "default_live_cache_dir", "store_key", "template_store"]
+
+#: the file a complete cached store holds (its key and what it was built from, as JSON)
+COMPLETE = "COMPLETE.json"
+
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+#: the sources a published template depends on: the codecs and their formats, precompute, the model, the store
+_SOURCES = ("sakura_core/kv", "sakura_core/precompute", "sakura_core/models", "sakura_core/metrics.py",
+            "cloud_server/precompute.py", "cloud_server/store.py", "cloud_server/write_path.py")  # fmt: skip
+
+
+def default_live_cache_dir() -> Path:
+    """``$SAKURA_CACHE_DIR`` or ``~/.cache/sakura``, then ``live-bench``."""
+    return cache_root() / "live-bench"
+
+
+def _sources_digest(root: Path = _PACKAGE_ROOT) -> str:
+    h = hashlib.sha256()
+    for rel in _SOURCES:
+        p = root / rel
+        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
+        for f in files:
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _weights_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def store_key(weights: torch.nn.Module, spec: dict, template: np.ndarray, kv_mode: str, steps: int,
+              codecs: tuple[str, ...]) -> tuple[str, dict]:  # fmt: skip
+    """The cache key (hex) of a published store and the inputs it digests (recorded beside the store); ``weights``:
+    the transformer whose KV the store holds."""
+    inputs = {
+        "spec": spec,
+        "weights_sha256": _weights_digest(weights),
+        "template_sha256": hashlib.sha256(np.ascontiguousarray(template).tobytes()).hexdigest(),
+        "template_shape": list(template.shape),
+        "kv_mode": kv_mode,
+        "steps": int(steps),
+        "codecs": list(codecs),
+        "sources_sha256": _sources_digest(),
+        "torch": torch.__version__,
+    }
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return key, inputs
+
+
+def template_store(key: str, inputs: dict, build: Callable[[str], None], cache_dir: Path | None, work: str,
+                   log: Callable[[str], None] = print) -> str:  # fmt: skip
+    """A published store for ``key``, ready to serve, under ``work`` (a folder the caller removes): a hard-linked
+    copy of the cached one, else ``build(folder)`` publishes it (into the cache first when ``cache_dir`` is set,
+    renamed into place only once it returned). Returns the folder to serve."""
+    out = os.path.join(work, "store")
+    if cache_dir is None:
+        build(out)
+        return out
+    entry = Path(cache_dir) / key
+    if (entry / COMPLETE).is_file():
+        log(f"template store: cached ({entry}; key {key}; --no-live-cache precomputes afresh)")
+        shutil.copytree(entry, out, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(COMPLETE))
+        return out
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{key}-", dir=cache_dir)
+    try:
+        build(os.path.join(tmp, "store"))
+        Path(tmp, "store", COMPLETE).write_text(json.dumps({"key": key, "inputs": inputs}, indent=1, default=str))
+        if entry.exists():  # an incomplete leftover of a killed run (a complete one was taken above)
+            shutil.rmtree(entry)
+        os.replace(os.path.join(tmp, "store"), entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"template store: precomputed and cached ({entry}; key {key})")
+    shutil.copytree(entry, out, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(COMPLETE))
+    return out
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard link (no bytes copied; the server's atomic writes replace a link, never the cached file), else copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
