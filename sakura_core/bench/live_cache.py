@@ -7,8 +7,8 @@ publishes it. :func:`template_store` keeps the published store under a key diges
 and the image's bytes, the source files of the codec, precompute, model and store packages, torch's version), so
 a policy or runtime change reruns the bench in ~3 minutes, while a change to anything the store depends on makes a
 new key (precomputed afresh). A store is built in a temporary folder beside the cache and renamed into place once
-complete; a folder without its completion marker (a run killed while it built) is never used. Each run serves a
-hard-linked copy, so nothing the server does touches the cache.
+complete; a folder without its completion marker is never used. Each run serves a hard-linked copy, so nothing the
+server does touches the cache; the :data:`KEEP` stores used last are kept, older ones removed when a new one is made.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,10 +27,12 @@ import torch
 
 from ..files import cache_root
 
-__all__ = ["COMPLETE", "default_live_cache_dir", "store_key", "template_store"]
+__all__ = ["COMPLETE", "KEEP", "default_live_cache_dir", "store_key", "template_store"]
 
 #: the file a complete cached store holds (its key and what it was built from, as JSON)
 COMPLETE = "COMPLETE.json"
+#: complete stores kept (the ones used last; ~50 MB each for the per-step bench model)
+KEEP = 3
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 #: the sources a published template depends on: the codecs and their formats, precompute, the model, the store
@@ -81,32 +84,57 @@ def store_key(weights: torch.nn.Module, spec: dict, template: np.ndarray, kv_mod
 
 
 def template_store(key: str, inputs: dict, build: Callable[[str], None], cache_dir: Path | None, work: str,
-                   log: Callable[[str], None] = print) -> str:  # fmt: skip
+                   log: Callable[[str], None] = print, keep: int = KEEP) -> str:  # fmt: skip
     """A published store for ``key``, ready to serve, under ``work`` (a folder the caller removes): a hard-linked
     copy of the cached one, else ``build(folder)`` publishes it (into the cache first when ``cache_dir`` is set,
-    renamed into place only once it returned). Returns the folder to serve."""
+    renamed into place only once it returned; then only the ``keep`` stores used last are kept). Returns the
+    folder to serve."""
     out = os.path.join(work, "store")
     if cache_dir is None:
         build(out)
         return out
-    entry = Path(cache_dir) / key
+    cache_dir = Path(cache_dir)
+    entry = cache_dir / key
     if (entry / COMPLETE).is_file():
+        os.utime(entry / COMPLETE)  # used now: kept over stores used less recently
         log(f"template store: cached ({entry}; key {key}; --no-live-cache precomputes afresh)")
-        shutil.copytree(entry, out, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(COMPLETE))
-        return out
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{key}-", dir=cache_dir)
-    try:
-        build(os.path.join(tmp, "store"))
-        Path(tmp, "store", COMPLETE).write_text(json.dumps({"key": key, "inputs": inputs}, indent=1, default=str))
-        if entry.exists():  # an incomplete leftover of a killed run (a complete one was taken above)
-            shutil.rmtree(entry)
-        os.replace(os.path.join(tmp, "store"), entry)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    log(f"template store: precomputed and cached ({entry}; key {key})")
+    else:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{key}-", dir=cache_dir)
+        try:
+            build(os.path.join(tmp, "store"))
+            Path(tmp, "store", COMPLETE).write_text(json.dumps({"key": key, "inputs": inputs}, indent=1,
+                                                               default=str))  # fmt: skip
+            if entry.exists():  # not a complete store (that was taken above): a leftover
+                shutil.rmtree(entry)
+            os.replace(os.path.join(tmp, "store"), entry)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log(f"template store: precomputed and cached ({entry}; key {key})")
+        _prune(cache_dir, keep, log)
     shutil.copytree(entry, out, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(COMPLETE))
     return out
+
+
+def _prune(cache_dir: Path, keep: int, log: Callable[[str], None]) -> None:
+    """Remove all but the ``keep`` stores used last, folders that are no complete store, and temporary folders of
+    builds that stopped over a day ago (a killed run's; a running build's is younger)."""
+    used, gone = [], 0
+    for p in cache_dir.iterdir():
+        if p.name.startswith("."):
+            if p.is_dir() and time.time() - p.stat().st_mtime > 86400:
+                shutil.rmtree(p, ignore_errors=True)
+            continue
+        if p.is_dir() and (p / COMPLETE).is_file():
+            used.append(((p / COMPLETE).stat().st_mtime, p))
+        elif p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+            gone += 1
+    for _, p in sorted(used, reverse=True)[keep:]:
+        shutil.rmtree(p, ignore_errors=True)
+        gone += 1
+    if gone:
+        log(f"template store cache: removed {gone} store(s) used less recently (keeping {keep})")
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -106,3 +106,15 @@ def test_the_cli_flags_choose_the_cache(tmp_path, monkeypatch):
     assert _cache_dir(parse(base)) == default_live_cache_dir() == tmp_path / "live-bench"
     assert _cache_dir(parse([*base, "--live-cache", str(tmp_path / "c")])) == tmp_path / "c"
     assert _cache_dir(parse([*base, "--no-live-cache"])) is None
+
+
+def test_only_the_stores_used_last_are_kept(tmp_path):
+    cache, calls, said = tmp_path / "cache", [], []
+    for i, key in enumerate(["k1", "k2", "k3"]):
+        template_store(key, {}, _builder(calls), cache, str(tmp_path / f"w{i}"), log=said.append, keep=3)
+        os.utime(cache / key / COMPLETE, (1000 + i, 1000 + i))  # made one after another
+    template_store("k1", {}, _builder(calls), cache, str(tmp_path / "hit"), log=said.append, keep=3)  # used now
+    (cache / "junk").mkdir()  # no completion marker: no store
+    template_store("k4", {}, _builder(calls), cache, str(tmp_path / "w4"), log=said.append, keep=3)
+    assert sorted(p.name for p in cache.iterdir()) == ["k1", "k3", "k4"]  # k2 was used least recently
+    assert len(calls) == 4 and "removed 2 store(s)" in said[-1]
