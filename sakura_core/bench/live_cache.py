@@ -105,9 +105,14 @@ def template_store(key: str, inputs: dict, build: Callable[[str], None], cache_d
             build(os.path.join(tmp, "store"))
             Path(tmp, "store", COMPLETE).write_text(json.dumps({"key": key, "inputs": inputs}, indent=1,
                                                                default=str))  # fmt: skip
-            if entry.exists():  # not a complete store (that was taken above): a leftover
+            if entry.exists() and not (entry / COMPLETE).is_file():  # a folder that is no store: a leftover
                 shutil.rmtree(entry)
-            os.replace(os.path.join(tmp, "store"), entry)
+            try:
+                os.replace(os.path.join(tmp, "store"), entry)
+            except OSError:
+                if not (entry / COMPLETE).is_file():
+                    raise
+                # another run with the same key cached its store meanwhile: that one is served, this one dropped
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         log(f"template store: precomputed and cached ({entry}; key {key})")

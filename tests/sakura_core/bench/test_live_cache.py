@@ -118,3 +118,17 @@ def test_only_the_stores_used_last_are_kept(tmp_path):
     template_store("k4", {}, _builder(calls), cache, str(tmp_path / "w4"), log=said.append, keep=3)
     assert sorted(p.name for p in cache.iterdir()) == ["k1", "k3", "k4"]  # k2 was used least recently
     assert len(calls) == 4 and "removed 2 store(s)" in said[-1]
+
+
+def test_a_store_cached_by_another_run_meanwhile_is_kept_and_served(tmp_path):
+    cache, calls = tmp_path / "cache", []
+
+    def racing(folder: str) -> None:  # while this run builds, another with the same key finishes first
+        template_store("k", {}, _builder(calls), cache, str(tmp_path / "other"), log=lambda m: None)
+        _builder(calls)(folder)
+        Path(folder, "manifest.json").write_text('{"mine": true}')
+
+    out = template_store("k", {}, racing, cache, str(tmp_path / "w"), log=lambda m: None)
+    assert Path(cache, "k", "manifest.json").read_text() == "{}"  # the other run's store, untouched
+    assert Path(out, "manifest.json").read_text() == "{}"
+    assert [p.name for p in cache.iterdir()] == ["k"]  # this run's build removed
