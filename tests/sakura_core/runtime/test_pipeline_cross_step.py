@@ -112,7 +112,13 @@ def test_a_residual_fetched_before_the_device_made_its_reference_waits_for_it(se
     assert early, (fetched, last)  # the case under test: a residual came before its reference was made
     decoded = {e["layer"]: e["start"] for e in rep.events if e["lane"] == "decode"}
     assert all(decoded[g] >= last for g in early), (decoded, last)  # decoded once the reference was there ...
-    assert max(fetched.values()) < last  # ... while the link fetched every other shard meanwhile
+    # ... while the link went on: no transfer waited for the reference (each started before it was made; when the
+    # last one ends against the compute lane is timing noise at this model's ~25 ms edit)
+    started = {}
+    for e in rep.events:
+        if e["lane"] == "fetch":
+            started[e["layer"]] = min(started.get(e["layer"], e["start"]), e["start"])
+    assert max(started.values()) < last, (started, last)
     decodes = Counter(e["layer"] for e in rep.events if e["lane"] == "decode")
     assert set(decodes.values()) == {1}, decodes  # one fetch and decode per shard: no exact refetch
     step1 = rep.levels_by_step()["step 1"]
