@@ -1,30 +1,48 @@
 # Two commands do all the set-up from a fresh clone: `make demo` and `make test`.
+#   make venv   .venv with torch 2.13.0 + this package and its base dependencies (`pip install -e .`): the `sakura`
+#               command (demo, examples, serve, phone-agent), nothing from the extras.
+#   make demo   `make venv`, then `sakura demo --out sakura-demo-out`.
+#   make test   `make venv` + the extras [test,npu,phone,cloud] (pytest, ruff, playwright, transformers; the NPU
+#               toolchain: onnx, onnxruntime, onnxruntime-qnn (emulated Hexagon HTP); adbutils; boto3 + ray), so CI
+#               runs those gates too; then ruff + pytest. `make lint` needs the same.
+# Each step has its stamp file in .venv (.installed, .installed-test); both are redone when pyproject.toml changes.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+# torch is pinned: an unpinned torch pulls whatever the index has newest. A plain PyPI `torch==2.13.0` on Linux
+# x86-64 is the CUDA build (several GB of nvidia-* wheels); for the CPU build (a ~190 MB wheel) use PyTorch's CPU
+# index:
+#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# TORCH_INDEX is passed as `--index-url` to the torch install only. Empty by default: pip takes torch from its own
+# configuration (a local wheel folder or mirror that holds torch-2.13.0+cpu gives the CPU build; PyPI the CUDA one).
+TORCH_INDEX ?=
 
 .PHONY: demo test lint venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# CPU torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
-	# test extras + the NPU toolchain (emulated Hexagon HTP), adbutils, boto3 + ray (S3 store, catalog on Ray),
-	# so CI runs those gates too
-	$(BIN)/pip install -q -e '.[test,npu,phone,cloud]'
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	# base dependencies only: what `sakura demo` needs
+	$(BIN)/pip install -q -e .
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	# test extras + the NPU toolchain (emulated Hexagon HTP), adbutils, boto3 + ray (S3 store, catalog on Ray)
+	$(BIN)/pip install -q -e '.[test,npu,phone,cloud]'
+	touch $(TEST_STAMP)
 
 venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/sakura demo --out sakura-demo-out
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 clean:

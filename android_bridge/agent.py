@@ -6,7 +6,7 @@ a minute from one address)::
     GET    /healthz                   liveness, no token, no information
     GET    /v1/info                   device profile, model id, memory budget, queue
     POST   /v1/jobs                   a job body (android_bridge.wire: JSON header + zstd tensor parts, sha256 each)
-                                      -> 202 {job_id}; 4xx/5xx {"error", "code"}: codes in DEVELOPERS.md
+                                      -> 202 {job_id}; 4xx/5xx {"error", "code"}: codes in docs/phone.md
                                       ("Phone agent error codes"), e.g. 502 bad_manifest / cloud_unreachable
     GET    /v1/jobs/{id}              job status (JSON); with a WebSocket upgrade: progress events
     GET    /v1/jobs/{id}/result       multipart/mixed: the JSON report, then the edited image as PNG
@@ -17,7 +17,9 @@ WebSocket events (JSON): ``{"type": "state", "state": "queued"|"running"}``, ``{
 ``{"type": "error", "code", "error"}``, ``{"type": "cancelled", "reason"}``. A client may send ``{"type":
 "cancel"}``. Events so far are replayed to a late subscriber (progress coalesced to the latest).
 
-The phone fetches the template's manifest, image and KV shards itself (``sakura_core.edit.edit_from_server``, the
+A job takes its queue place before any network work, then its cloud host is checked and the manifest fetched
+(``android_bridge.agent_admission``, ``android_bridge.cloud_host``; no redirect is followed). The phone fetches the
+template's manifest, image and KV shards itself (``sakura_core.edit.edit_from_server``, the
 core edit the sampler node runs); image and prompt arrive here only. One job runs; ``queue_size`` more may wait.
 """
 
@@ -33,6 +35,8 @@ from aiohttp import WSMsgType, web
 
 from sakura_core.http_serving import bearer_token, token_matches
 
+from .agent_admission import admit, admit_template, reserve
+from .agent_admission import http_error as _error
 from .agent_state import AGENT_STATE_KEY, AgentConfig, AgentState, EditFn, Job, _cancel, compute_description
 from .agent_worker import _worker, measure_here, open_qnn
 from .budget import DiTGeometry, OverBudgetError, check_budget
@@ -47,23 +51,6 @@ PROTOCOL_VERSION = 1
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------
-def _error(status: int, message: str, code: str, headers: dict | None = None, **extra) -> web.HTTPException:
-    cls = {
-        400: web.HTTPBadRequest,
-        401: web.HTTPUnauthorized,
-        404: web.HTTPNotFound,
-        409: web.HTTPConflict,
-        410: web.HTTPGone,
-        415: web.HTTPUnsupportedMediaType,
-        422: web.HTTPUnprocessableEntity,
-        429: web.HTTPTooManyRequests,
-        502: web.HTTPBadGateway,
-        503: web.HTTPServiceUnavailable,
-    }[status]
-    body = json.dumps({"error": message, "code": code, "status": status, **extra})
-    return cls(text=body, content_type="application/json", headers=headers)
-
-
 def _job(request: web.Request) -> Job:
     state = request.app[AGENT_STATE_KEY]
     job_id = request.match_info["job_id"]
@@ -144,51 +131,6 @@ def _job_memory(state: AgentState) -> dict:
         return e.memory.to_json()
 
 
-async def _check_template(state: AgentState, req, declared_model_id: str | None):
-    """The template's manifest, checked against the model this phone holds (``sakura_core.edit.check_template``,
-    the one check: the job's edit gets this manifest and does not check it again); refuse a template made for a model
-    this phone does not hold (409), or that does not exist (404). Only the template id and the cloud token go to the
-    cloud."""
-    from sakura_core.edit import check_template
-    from sakura_core.fetch.client import (
-        AuthError,
-        FetchError,
-        ManifestError,
-        ModelMismatchError,
-        ShardClient,
-        TemplateNotFoundError,
-    )
-    from sakura_core.kv.manifest import ManifestLimitError
-
-    held = state.model_id
-    if declared_model_id is not None and declared_model_id != held:
-        raise _error(409, f"this phone does not hold model {str(declared_model_id)[:16]}…; it holds {held[:16]}… "
-                          f"({state.model.spec.name})", "model_not_held", held_model_id=held)  # fmt: skip
-    try:
-        async with ShardClient(req.server_url, req.token) as client:
-            manifest = await asyncio.wait_for(client.get_manifest(req.template_id), state.config.manifest_timeout_s)
-        return check_template(manifest, req.template_id, state.model)
-    except ModelMismatchError as e:
-        raise _error(409, f"template {req.template_id!r} was computed for another model than the one this phone "
-                          f"holds ({held[:16]}…, {state.model.spec.name}): {str(e)[:160]}", "model_not_held",
-                     held_model_id=held) from e  # fmt: skip
-    except TemplateNotFoundError as e:
-        raise _error(404, f"the cloud has no template {req.template_id!r}", "template_not_found") from e
-    except AuthError as e:
-        raise _error(502, f"the cloud at {req.server_url} refused this phone's token (set the job's cloud_token)",
-                     "cloud_auth") from e  # fmt: skip
-    except ManifestLimitError as e:  # our own message: the field, its value (a number) and the bound
-        raise _error(422, f"template {req.template_id!r} is too large for this phone: {e}",
-                     "template_too_large") from e  # fmt: skip
-    except ManifestError as e:  # the class only: the text may quote what the cloud sent
-        raise _error(502, f"the cloud at {req.server_url} sent a manifest of template {req.template_id!r} this "
-                          f"phone cannot use ({type(e).__name__})", "bad_manifest") from e  # fmt: skip
-    except (FetchError, asyncio.TimeoutError, OSError) as e:
-        # the error's class only: its text may quote whatever page the URL led to
-        raise _error(502, f"cannot reach the cloud at {req.server_url} ({type(e).__name__})",
-                     "cloud_unreachable") from e  # fmt: skip
-
-
 async def handle_submit(request: web.Request) -> web.Response:
     state = request.app[AGENT_STATE_KEY]
     cfg = state.config
@@ -199,6 +141,7 @@ async def handle_submit(request: web.Request) -> web.Response:
         raise web.HTTPRequestEntityTooLarge(max_size=cfg.max_body_bytes, actual_size=request.content_length)
     if state.queue is None:
         raise _error(503, "the agent is starting or stopping", "unavailable")
+    admit(state)  # a full queue answers before the body is read
     header, parts = await _decode_body(state, request)
     try:
         req = edit_request_from_header(header)
@@ -214,18 +157,17 @@ async def handle_submit(request: web.Request) -> web.Response:
         memory = check_budget(state.geometry, state.profile, cfg.memory_budget_bytes).to_json()
     except OverBudgetError as e:
         raise _error(422, str(e), "over_memory_budget", memory=e.memory.to_json()) from e
-    _admit(state)
-    manifest = await _check_template(state, req, header.get("model_id"))
-    rows, cols = manifest.token_grid  # the template's own tokens count (it may be larger than the model's grid)
-    try:
-        memory = check_budget(state.geometry, state.profile, cfg.memory_budget_bytes, rows * cols).to_json()
-    except OverBudgetError as e:
-        raise _error(422, f"template {req.template_id!r} ({rows}x{cols} tokens): {e}", "over_memory_budget",
-                     memory=e.memory.to_json()) from e  # fmt: skip
-    _admit(state)  # again: other jobs may have arrived while the manifest was fetched
-    job = Job(job_id=uuid.uuid4().hex, request=req, image=np.array(image), memory=memory, manifest=manifest)
-    state.jobs[job.job_id] = job
-    state.queue.put_nowait(job)
+    with reserve(state):  # the queue place is held before any network work (429 beyond the queue)
+        req, manifest = await admit_template(state, req, header.get("model_id"))  # the host, then the manifest
+        rows, cols = manifest.token_grid  # the template's own tokens count (it may be larger than the model's grid)
+        try:
+            memory = check_budget(state.geometry, state.profile, cfg.memory_budget_bytes, rows * cols).to_json()
+        except OverBudgetError as e:
+            raise _error(422, f"template {req.template_id!r} ({rows}x{cols} tokens): {e}", "over_memory_budget",
+                         memory=e.memory.to_json()) from e  # fmt: skip
+        job = Job(job_id=uuid.uuid4().hex, request=req, image=np.array(image), memory=memory, manifest=manifest)
+        state.jobs[job.job_id] = job  # no await since the place was reserved: it passes to this job
+        state.queue.put_nowait(job)
     position = len(state.queued())
     job.emit({"type": "state", "state": "queued", "position": position})
     state.forget_old()
@@ -255,14 +197,6 @@ async def _decode_body(state: AgentState, request: web.Request) -> tuple[dict, d
     finally:
         del body
     raise _error(400, f"bad job body: {problem}", "bad_body")
-
-
-def _admit(state: AgentState) -> None:
-    """One job runs, ``queue_size`` more may wait; anything beyond gets 429."""
-    size = state.config.queue_size
-    if state.unfinished() >= size + 1:
-        raise _error(429, f"the phone is busy: {len(state.queued())} job(s) waiting (queue size {size})",
-                     "queue_full", {"Retry-After": "5"})  # fmt: skip
 
 
 async def handle_job(request: web.Request) -> web.StreamResponse:
@@ -337,14 +271,15 @@ async def handle_delete(request: web.Request) -> web.Response:
 
 # ---- app ------------------------------------------------------------------------------------------------------
 def create_app(
-    config: AgentConfig, *, model=None, edit_fn: EditFn | None = None, live_profile=None
+    config: AgentConfig, *, model=None, edit_fn: EditFn | None = None, live_profile=None, resolve=None
 ) -> web.Application:
     """The agent app. ``model`` defaults to the demo model (``config.weights``), ``edit_fn`` to
     ``sakura_core.edit.edit_from_server`` (called as it is: ``(model, request, image, *, profile, cancel, on_layer,
     prefetch_kv_bytes, manifest[, backend])``, ``manifest`` the template's, checked when the job was admitted),
-    ``live_profile`` to a measurement of ``model`` here."""
+    ``live_profile`` to a measurement of ``model`` here, ``resolve`` (``(host, port) -> addresses``, the cloud host
+    check's resolver: ``android_bridge.cloud_host``) to ``getaddrinfo``."""
     app = web.Application(middlewares=[_auth], client_max_size=config.max_body_bytes)
-    app[AGENT_STATE_KEY] = AgentState(config, model, edit_fn, live_profile)
+    app[AGENT_STATE_KEY] = AgentState(config, model, edit_fn, live_profile, resolve)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/v1/info", handle_info)
     app.router.add_post("/v1/jobs", handle_submit)

@@ -56,6 +56,9 @@ class AgentConfig:
         device: where the model runs (``cpu``, ``cuda``, ``cuda:N``, ``mps``); the torch backend only.
         dtype: the model's parameter dtype (None = float32); part of the model id: templates must be precomputed in
             the same dtype. The torch backend only (the QNN export is float32 -> w8a16).
+        allow_private_cloud: whether a job's cloud may be a loopback or private (non-global) address, its host
+            resolved first (``android_bridge.cloud_host``); None = only when ``host`` is loopback (the emulated phone
+            beside its cloud). Link-local, multicast and unspecified addresses are refused whatever this says.
     """
 
     token: str
@@ -77,6 +80,7 @@ class AgentConfig:
     model: str = "demo"
     device: str = "cpu"
     dtype: str | None = None
+    allow_private_cloud: bool | None = None
 
     def __post_init__(self) -> None:
         from sakura_core.models.loading import check_device_dtype, check_model_source
@@ -113,6 +117,15 @@ class AgentConfig:
                 f"manifest_timeout_s, job_timeout_s and cancel_grace_s must be > 0 seconds, got "
                 f"{self.manifest_timeout_s}, {self.job_timeout_s}, {self.cancel_grace_s}"
             )
+
+        if self.allow_private_cloud not in (None, True, False):
+            raise ValueError(f"allow_private_cloud must be True, False or None (= only when host is loopback), got "
+                             f"{self.allow_private_cloud!r}")  # fmt: skip
+
+    @property
+    def private_cloud_allowed(self) -> bool:
+        """Whether loopback and private cloud hosts are allowed (``allow_private_cloud``, resolved)."""
+        return is_loopback(self.host) if self.allow_private_cloud is None else self.allow_private_cloud
 
     @property
     def device_profile(self) -> DeviceProfile:
@@ -173,7 +186,7 @@ EditFn = Callable[..., Awaitable[Any]]
 class AgentState:
     """Everything one agent app owns: model, measured compute profile, jobs, queue, worker."""
 
-    def __init__(self, config: AgentConfig, model, edit_fn: EditFn | None, live_profile):
+    def __init__(self, config: AgentConfig, model, edit_fn: EditFn | None, live_profile, resolve=None):
         self.config = config
         self.profile = config.device_profile
         self.model = model
@@ -186,6 +199,8 @@ class AgentState:
         self.queue: asyncio.Queue[Job] | None = None  # admission is bounded by ``queue_size`` in handle_submit
         self.running: Job | None = None
         self.worker: asyncio.Task | None = None
+        self.admitting = 0  # jobs holding a queue place while their cloud is checked (``agent_admission``)
+        self.resolve = resolve  # (host, port) -> addresses; None = getaddrinfo (``android_bridge.cloud_host``)
 
     @property
     def model_id(self) -> str:

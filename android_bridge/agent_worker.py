@@ -23,11 +23,13 @@ def _error_code(e: BaseException) -> str:
         FetchError,
         ManifestError,
         ModelMismatchError,
+        RedirectRefusedError,
         TemplateNotFoundError,
     )
 
     for cls, code in (
         (ModelMismatchError, "model_not_held"),
+        (RedirectRefusedError, "cloud_redirect"),
         (TemplateNotFoundError, "template_not_found"),
         (AuthError, "cloud_auth"),
         (ManifestError, "bad_manifest"),
@@ -87,7 +89,10 @@ async def _run_one(state: AgentState, job: Job) -> None:
         else:
             code = _error_code(e)
             if code == "internal":
-                logger.exception("job %s failed", job.job_id)
+                logger.exception("job %s failed, the agent is at fault", job.job_id)
+            else:
+                side = "the job" if code in ("bad_job", "model_not_held") else f"the cloud at {job.request.server_url}"
+                logger.info("job %s failed (%s), %s is at fault: %s", job.job_id, code, side, str(e)[:300])
             _finish(job, "failed", error=f"{type(e).__name__}: {e}", code=code)
     else:
         job.png, job.report = png, report
@@ -152,7 +157,7 @@ def _simulate(state: AgentState, job: Job, outcome) -> dict:
             raise ValueError("no manifest was fetched for this job")
         fetch_s = sum(e["end"] - e["start"] for e in outcome.report.get("timeline", []) if e.get("lane") == "fetch")
         measured = outcome.report.get("bytes_fetched", 0) / fetch_s if fetch_s > 0 else None
-        return simulate_phone_job(job.manifest.raw, job.request.policy, state.profile,
+        return simulate_phone_job(job.manifest.raw, job.request.policy, state.profile, steps=job.request.steps,
                                   trace=job.request.link.trace(), measured_bytes_per_s=measured)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - the simulation is an annotation; say why it is missing
         logger.info("job %s: no simulated phone latency: %s", job.job_id, e)

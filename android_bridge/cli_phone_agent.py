@@ -7,6 +7,7 @@ port picked). The pairing token comes from ``--token`` or ``$SAKURA_PHONE_TOKEN`
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -30,6 +31,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback)")
     parser.add_argument("--allow-lan", action="store_true",
                         help="permit a non-loopback --host (needs a token of >= 16 characters)")  # fmt: skip
+    parser.add_argument("--allow-private-cloud", action=argparse.BooleanOptionalAction, default=None,
+                        help="let a job's cloud be a loopback or private address (its host resolved first); default: "
+                        "only when --host is loopback. Link-local, multicast and 0.0.0.0 are always refused")  # fmt: skip
     parser.add_argument("--port", type=int, default=8765, help="TCP port, 0 = any free port (default: %(default)s)")
     parser.add_argument("--profile", default="snapdragon-8-elite-npu", help=f"device profile: {', '.join(PROFILES)}")
     parser.add_argument("--token", default=None, help=f"pairing token (default: ${TOKEN_ENV})")
@@ -86,6 +90,7 @@ def run(args) -> int:
             profile=args.profile,
             host=args.host,
             allow_lan=args.allow_lan,
+            allow_private_cloud=args.allow_private_cloud,
             port=args.port,
             queue_size=args.queue,
             memory_budget_bytes=None if args.memory_budget_mib is None else int(args.memory_budget_mib * 2**20),

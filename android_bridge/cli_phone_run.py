@@ -41,6 +41,7 @@ def run(args) -> int:
     from sakura_core.images import open_image_file
 
     from .client import TOKEN_ENV, PhoneClient, PhoneError, PhoneJob
+    from .transports import TransportError
 
     token = args.token or os.environ.get(TOKEN_ENV)
     if not token:
@@ -74,7 +75,7 @@ def run(args) -> int:
     try:
         with PhoneClient.connect(args.agent, token) as client:
             edited, report = client.run_job(image, job, on_progress=progress)
-    except PhoneError as e:
+    except (PhoneError, TransportError) as e:  # TransportError: no adb phone, no adb binary, a refused forward
         print(f"sakura phone run: {e}", file=sys.stderr)
         return 1
     out = Path(args.out)

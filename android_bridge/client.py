@@ -133,8 +133,12 @@ def _fit_image(image: np.ndarray, size: int) -> np.ndarray:
 
 
 async def _raise_for(resp: aiohttp.ClientResponse, what: str) -> None:
-    if resp.status < 400:
+    if resp.status < 300:
         return
+    if resp.status < 400:  # requests carry the pairing token and the user's image: never re-sent elsewhere
+        where = resp.headers.get("Location", "(no Location)")
+        raise PhoneError(f"{what}: the phone agent at {resp.url} answered HTTP {resp.status} redirecting to {where}; "
+                         "redirects are not followed: point the host at the agent's own URL", resp.status, "redirect")  # fmt: skip
     try:
         body = await resp.json(content_type=None)
     except (ValueError, aiohttp.ContentTypeError):
@@ -247,7 +251,7 @@ class PhoneClient:
             size = int(info["model"]["image_size"])
             user = _fit_image(image, size)
             body = encode_job_body(job.header(), {"image": user})
-            async with session.post("/v1/jobs", data=body, headers={"Content-Type": CONTENT_TYPE},
+            async with session.post("/v1/jobs", data=body, headers={"Content-Type": CONTENT_TYPE}, allow_redirects=False,
                                     timeout=aiohttp.ClientTimeout(total=self.timeout_s * 2)) as resp:  # fmt: skip
                 await _raise_for(resp, f"job on template {job.template_id!r}")
                 submitted = await resp.json()
@@ -271,7 +275,7 @@ class PhoneClient:
     # ---- internals ------------------------------------------------------------------------------------------
     async def _info(self, session: aiohttp.ClientSession) -> dict:
         try:
-            async with session.get("/v1/info", timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
+            async with session.get("/v1/info", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 await _raise_for(resp, "phone info")
                 return await resp.json()
         except aiohttp.ClientError as e:
@@ -314,7 +318,7 @@ class PhoneClient:
         from sakura_core.images import decode_image
 
         async with session.get(
-            f"/v1/jobs/{job_id}/result", timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            f"/v1/jobs/{job_id}/result", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
         ) as resp:
             await _raise_for(resp, f"result of job {job_id}")
             reader = aiohttp.MultipartReader.from_response(resp)
@@ -340,7 +344,7 @@ class PhoneClient:
 
     async def _delete(self, session, job_id: str, why: str | None) -> None:
         try:
-            async with session.delete(f"/v1/jobs/{job_id}", timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+            async with session.delete(f"/v1/jobs/{job_id}", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
                 if why is not None:
                     logger.info("job %s: %s; asked the phone to cancel it (HTTP %d)", job_id, why, r.status)
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:

@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 CACHE_ENV = "SAKURA_QNN_CACHE"
 _BUILD_VERSION = 2
 # fp16 on the emulated HTP came back wrong for plain MatMuls / RMSNorms of these graphs (rel. L2 0.4-0.7 for some
-# outputs, deterministic; see DEVELOPERS.md); w8a16 QDQ is the mode that matches torch there.
+# outputs, deterministic; see docs/phone.md); w8a16 QDQ is the mode that matches torch there.
 _PRECISIONS = {"w8a16": {}}
 
 

@@ -11,6 +11,7 @@ is labelled as simulated.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.policy.ladder import Level, ladders_from_manifest
@@ -69,22 +70,28 @@ def simulate_phone_job(
     policy_name: str,
     profile: DeviceProfile,
     *,
+    steps: int,
     trace: Trace | None = None,
     measured_bytes_per_s: float | None = None,
 ) -> dict:
     """The simulated phone-scale run of a job as a report section (see the module doc).
 
     Args:
+        steps: the job's denoising steps: the phone-class DiT runs as many (its geometry's own ``steps`` is only a
+            default of the simulator's benchmarks).
         trace: the job's emulated link; ``None`` for a live link.
         measured_bytes_per_s: throughput the live job saw; used as a constant link when ``trace`` is None
             (falls back to ``profile.link_mbit_s``).
     """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
     if trace is None:
         if measured_bytes_per_s and measured_bytes_per_s > 0:
             trace = Trace.constant(measured_bytes_per_s * 8 / 1e6, name="measured-live")
         else:
             trace = Trace.constant(profile.link_mbit_s, name=f"{profile.name}-typical")
     profile = profile_for_template(profile, manifest)  # several references: as many phone template images
+    profile = profile.with_geometry(replace(profile.model, steps=steps))  # the job's steps, not the geometry's
     policy = make_policy(policy_name)
     ladder, floor = phone_ladder(manifest, profile, fp16_only=policy.family == "fp16")
     ladders = {policy.family: ladder}

@@ -2,7 +2,8 @@
 
 Read path (optionally behind a read token):
 
-- ``GET /v1/templates``                  catalog of published templates for the served model
+- ``GET /v1/templates``                  catalog of published templates for the served model; one page of it with
+                                         ``?limit=N&after=ID`` (id order, ``next`` cursor: :mod:`.catalog_index`)
 - ``GET /v1/templates/{id}/manifest``    a template's manifest (ETag, revalidated by caches: ``no-cache``)
 - ``GET /v1/shards/{digest}``            an immutable shard: strong ETag = digest, single ``Range`` (206/416),
                                          ``If-None-Match`` (304), ``Cache-Control: public, max-age=31536000,
@@ -27,7 +28,6 @@ import base64
 import concurrent.futures
 import hashlib
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,6 +36,7 @@ from aiohttp import web
 from sakura_core.http_serving import bearer_token, token_matches
 from sakura_core.kv.manifest import ManifestError
 
+from .catalog_index import CatalogBuildingError, parse_page_query
 from .config import ServerConfig
 from .http_util import (
     _access,
@@ -47,9 +48,18 @@ from .http_util import (
     parse_range,
 )
 from .precompute import PrecomputeFn, load_model
+from .shard_body import send_body
 from .state import CONFIG_KEY, STATE_KEY, Metrics, ServerState
-from .store import InvalidNameError, LocalStore, NotFoundError, Store, validate_digest, validate_template_id
-from .store_faults import NO_RETRY_HEADER, StoreFaultError, checked_manifest, store_fault
+from .store import (
+    InvalidNameError,
+    LocalStore,
+    NotFoundError,
+    Store,
+    StoreError,
+    validate_digest,
+    validate_template_id,
+)
+from .store_faults import NO_RETRY_HEADER, checked_manifest, fault_response
 from .write_path import _MULTIPART_OVERHEAD_BYTES, handle_job, handle_upload
 
 __all__ = ["CONFIG_KEY", "STATE_KEY", "Metrics", "ServerState", "create_app", "parse_range"]
@@ -59,7 +69,7 @@ logger = logging.getLogger(__name__)
 SHARD_CACHE_CONTROL = "public, max-age=31536000, immutable"
 JSON_CACHE_CONTROL = "public, no-cache"
 # Behind a read token a shared cache must not answer other clients (RFC 9111 3.5: ``public`` would let it): the
-# responses are ``private``. A CDN in front of a token-gated server needs its own recipe (docs: DEVELOPERS.md).
+# responses are ``private``. A CDN in front of a token-gated server needs its own recipe (docs/server.md).
 PRIVATE_SHARD_CACHE_CONTROL = "private, max-age=31536000, immutable"
 PRIVATE_JSON_CACHE_CONTROL = "private, no-cache"
 _FORBIDDEN_IN_PATH = ("..", "%2e", "%2f", "%5c", "\\", "%00", "\x00")
@@ -99,6 +109,10 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
     except web.HTTPException as e:
         status = e.status
         raise
+    except StoreError as e:  # a store fault no handler answered (the catalog's): the same mapping
+        answer = _store_failure(request, e)
+        status = answer.status
+        raise answer from e
     except _ClientGone as e:  # reset mid-body: quietly hand aiohttp the cut response (no 500, no traceback)
         status = 499  # nginx's "client closed request"
         m.aborted += 1
@@ -129,6 +143,11 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
                 m.errors += 1
             elif status >= 400:
                 m.client_errors += 1
+
+
+def _store_failure(request: web.Request, e: Exception, context: str = "") -> web.HTTPException:
+    """``store_faults.fault_response``: the one place a store fault becomes a response (and a log line)."""
+    return fault_response(request.app[STATE_KEY].fault_log, e, f"{request.method} {request.path}", context)
 
 
 def _check_token(request: web.Request, state: ServerState, *allowed: str | None) -> None:
@@ -173,7 +192,15 @@ def _json_response(request: web.Request, body: bytes, etag: str) -> web.Response
 
 @_access("read")
 async def handle_catalog(request: web.Request) -> web.Response:
-    body, etag = await request.app[STATE_KEY].catalog()
+    """The whole catalog, or one page with ``?limit=N&after=ID`` (:mod:`.catalog_index`)."""
+    try:
+        page = parse_page_query(request.query)
+    except ValueError as e:
+        raise _json_error(400, str(e)) from e
+    try:
+        body, etag = await request.app[STATE_KEY].catalog(*(page or ()))
+    except CatalogBuildingError as e:  # the first build of a large store: the client retries after Retry-After
+        raise _json_error(503, str(e), {"Retry-After": str(e.retry_after_s)}) from e
     return _json_response(request, body, etag)
 
 
@@ -190,11 +217,11 @@ async def handle_manifest(request: web.Request) -> web.Response:
         return raw, checked_manifest(raw, template_id).model_id  # a corrupt manifest is not served
 
     try:
-        raw, model_id = await asyncio.get_running_loop().run_in_executor(None, read)
+        raw, model_id = await state.store_io.run(f"manifest:{template_id}", read)
     except NotFoundError as e:
         raise _json_error(404, f"no published template {template_id!r}") from e
-    except (StoreFaultError, ManifestError) as e:  # the store's fault, not transient: say so (the client fails fast)
-        raise store_fault(f"template {template_id!r}: {e}"[:400]) from e
+    except (StoreError, ManifestError) as e:  # the store's fault: say which and whether retrying can help
+        raise _store_failure(request, e, f"template {template_id!r}") from e
     if state.model_id is not None and model_id != state.model_id:
         raise _json_error(
             409,
@@ -211,16 +238,15 @@ async def handle_shard(request: web.Request) -> web.StreamResponse:
         digest = validate_digest(request.match_info["digest"])
     except InvalidNameError as e:
         raise _json_error(400, str(e)) from e
-    loop = asyncio.get_running_loop()
     try:
         if state.store.open_is_fast:  # a local disk: like nginx, open on the event loop (no thread hop)
             fobj, size = state.store.open_shard(digest)
         else:
-            fobj, size = await loop.run_in_executor(None, state.store.open_shard, digest)
+            fobj, size = await state.store_io.run(digest, state.store.open_shard, digest)
     except NotFoundError as e:
         raise _json_error(404, f"no shard {digest}") from e
-    except StoreFaultError as e:
-        raise store_fault(str(e)) from e
+    except StoreError as e:
+        raise _store_failure(request, e) from e
     try:
         etag = f'"{digest}"'
         headers = {
@@ -243,13 +269,18 @@ async def handle_shard(request: web.Request) -> web.StreamResponse:
         try:
             await resp.prepare(request)
             if request.method != "HEAD" and count:
-                await _send_body(request, resp, fobj, offset, count, state.config.send_chunk_bytes)
+                await send_body(request, resp, fobj, offset, count, state.config.send_chunk_bytes, state.store_io)
                 state.metrics.bytes_sent += count
             await resp.write_eof()
         except ConnectionError as e:  # reset, broken pipe, or asyncio's "Connection closed by peer"
             if request.transport is not None:
                 request.transport.close()  # the body is cut: this connection cannot carry another response
             raise _ClientGone(resp, e) from None
+        except StoreError as e:  # the store failed mid-body (an S3 read timed out or was cut): cut the response
+            _store_failure(request, e)  # logged as the store's fault; the client sees a short body and retries
+            if request.transport is not None:
+                request.transport.close()
+            return resp
         return resp
     finally:
         fobj.close()
@@ -273,59 +304,6 @@ def _range_of(request: web.Request, etag: str, size: int) -> tuple[int, int] | N
             f"Range {shown!r} not satisfiable: send one 'bytes=first-last' range within 0..{size - 1}",
             {"Content-Range": f"bytes */{size}", "Accept-Ranges": "bytes"},
         ) from None
-
-
-async def _send_body(
-    request: web.Request, resp: web.StreamResponse, fobj, offset: int, count: int, chunk: int
-) -> None:
-    """Zero-copy ``sendfile`` when the shard is a real file, else a chunked copy (object stores).
-
-    Fast path: with the transport's buffer empty (the headers went out), ``os.sendfile`` straight to the socket
-    until the kernel would block; whatever is left goes through ``loop.sendfile``, which waits for writability.
-    That is what ``loop.sendfile`` does itself, minus its per-call setup, which dominates for small shards.
-    """
-    loop = asyncio.get_running_loop()
-    transport = request.transport
-    if transport is None:
-        raise ConnectionResetError("connection lost before the body was sent")
-    try:
-        in_fd = fobj.fileno()
-    except (AttributeError, OSError, ValueError):
-        in_fd = None
-    if in_fd is not None:
-        sock = transport.get_extra_info("socket")
-        plain = transport.get_extra_info("sslcontext") is None
-        if sock is not None and plain and transport.get_write_buffer_size() == 0 and hasattr(os, "sendfile"):
-            try:
-                while count > 0:
-                    sent = os.sendfile(sock.fileno(), in_fd, offset, count)
-                    if sent == 0:
-                        raise OSError(f"shard file ended {count} bytes early")
-                    offset += sent
-                    count -= sent
-            except BlockingIOError:
-                pass
-            if count == 0:
-                return
-        if transport.is_closing():  # loop.sendfile would raise a RuntimeError for what is a client that left
-            raise ConnectionResetError("the client closed the connection during the body")
-        try:
-            await loop.sendfile(transport, fobj, offset, count)
-            return
-        except NotImplementedError:
-            logger.info("sendfile unavailable on this transport; falling back to copying shard bodies")
-
-    def read_at(pos: int, n: int) -> bytes:
-        fobj.seek(pos)
-        return fobj.read(n)
-
-    pos, end = offset, offset + count
-    while pos < end:
-        data = await loop.run_in_executor(None, read_at, pos, min(chunk, end - pos))
-        if not data:
-            raise OSError(f"shard file ended at byte {pos} of {end}")
-        await resp.write(data)
-        pos += len(data)
 
 
 # ---- app ------------------------------------------------------------------------------------------------------
@@ -397,3 +375,4 @@ async def _lifecycle(app: web.Application):
             task.cancel()
     state.executor.shutdown(wait=False, cancel_futures=True)
     state.executor = None
+    state.store_io.shutdown()

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 from sakura_core.files import atomic_write_json, output_problem
+from sakura_core.kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES, template_storage
 from sakura_core.models.loading import check_model_source
 from sakura_core.models.ref_layout import MAX_REFERENCES
-from sakura_core.precompute.cross_step import compare_to_single, level_totals, storage
+from sakura_core.precompute.cross_step import compare_to_single, level_totals
 
 from .config import MODELS
 from .precompute import (
@@ -24,6 +25,7 @@ from .precompute import (
 )
 from .store import InvalidNameError, StoreError, validate_template_id
 from .store_url import add_store_arguments, open_store
+from .store_usage import format_storage
 
 __all__ = ["add_arguments", "run"]
 
@@ -70,6 +72,14 @@ def add_arguments(parser) -> None:
         default=True,
         help="per-step mode: also precompute the single-mode template (not published) and print bytes per level "
         "against it at equal end-to-end PSNR (default: on)",
+    )
+    parser.add_argument(
+        "--store-profile",
+        choices=STORE_PROFILES,
+        default=DEFAULT_STORE_PROFILE,
+        help="what the store keeps: serving = the rungs a client fetches (the floor up to a near-lossless top rung; "
+        "per-step: the twins' track and the open-loop floor), no fp16; full = every representation, the exact fp16 "
+        "included (the fetch-fp16 baseline, exactness tests) (default: %(default)s)",
     )
     parser.add_argument("--json", default=None, metavar="FILE", help="write the per-level table (and comparison) here")
     parser.add_argument(
@@ -150,6 +160,7 @@ def run(args) -> int:
             shift=args.shift,
             template_size=args.template_size,
             reference_names=names,
+            store_profile=args.store_profile,
             **({"cross_step": args.per_step_coding == "cross-step"} if args.kv_mode == "per-step" else {}),
         )
     except TemplateExistsError as e:
@@ -162,12 +173,8 @@ def run(args) -> int:
         f"{result.shards} blobs, {result.shard_bytes / 2**20:.2f} MiB in {secs:.1f} s"
     )
     _print_level_bytes(m)
-    stored = storage(m)
-    if stored["x_fp16"] is not None:
-        print(
-            f"stored: {stored['stored_bytes']} bytes, {stored['x_fp16']:.2f}x the template's uncompressed (fp16) KV "
-            f"({stored['fp16_bytes']} bytes; every level and the fp16 itself are kept)"
-        )
+    stored = template_storage(m)
+    print(format_storage(stored))
     report = {"template_id": result.template_id, "kv_mode": args.kv_mode, "levels": level_totals(m), "storage": stored}
     if args.kv_mode == "per-step" and args.compare_single:
         report["vs_single"] = _compare_single(store, model, image, args, m)

@@ -36,6 +36,14 @@ READ_TOKEN_ENV = "SAKURA_READ_TOKEN"
 def add_arguments(parser) -> None:
     parser.add_argument("--store", required=True, help="store: a folder (created if missing) or s3://BUCKET/PREFIX")
     parser.add_argument("--s3-endpoint", default=None, help=S3_ENDPOINT_HELP)
+    parser.add_argument("--s3-connect-timeout", type=float, default=5.0,
+                        help="seconds to connect to the S3 endpoint (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--s3-read-timeout", type=float, default=10.0,
+                        help="seconds one wait for bytes from S3 may last (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--s3-attempts", type=int, default=2,
+                        help="tries of one S3 request, the first included (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--store-threads", type=int, default=32,
+                        help="threads reading the store; one object holds at most 4 (default: %(default)s)")  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback)")
     parser.add_argument("--port", type=int, default=8080, help="TCP port, 0 = any free port (default: %(default)s)")
     parser.add_argument(
@@ -70,6 +78,11 @@ def config_from_args(args) -> ServerConfig:
         store_dir=None if is_s3_url(args.store) else Path(args.store),
         store_url=args.store if is_s3_url(args.store) else None,
         s3_endpoint=args.s3_endpoint,
+        s3_connect_timeout_s=args.s3_connect_timeout,
+        s3_read_timeout_s=args.s3_read_timeout,
+        s3_max_attempts=args.s3_attempts,
+        store_threads=args.store_threads,
+        store_threads_per_object=min(4, args.store_threads),
         device=args.device,
         dtype=args.dtype,
         host=args.host,

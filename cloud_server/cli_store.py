@@ -1,9 +1,10 @@
-"""``sakura store verify|repair``: check a store (a folder or ``s3://bucket/prefix``: re-hash shards, read manifests)
-and optionally repair it.
+"""``sakura store verify|repair|usage``: check a store (a folder or ``s3://bucket/prefix``: re-hash shards, read
+manifests) and optionally repair it; or total what its templates occupy (``usage``: per template, KV mode and store
+profile, :mod:`.store_usage`).
 
 Exit status: 0 when the store is clean (``verify``) or everything found could be repaired (``repair``); 1 when
 problems remain (``verify``: any finding; ``repair``: corrupt manifests or shards a manifest names that are
-missing, which only republishing fixes); 2 on bad arguments.
+missing, which only republishing fixes); 2 on bad arguments. ``usage`` exits 0, or 1 when a manifest cannot be read.
 """
 # ruff: noqa: T201 - a CLI prints
 
@@ -18,13 +19,15 @@ from sakura_core.fetch.store_layout import SHARDS_DIR, TEMPLATES_DIR
 from .fsck import FsckConfig, FsckReport, fsck
 from .store import LocalStore, StoreError
 from .store_url import S3_ENDPOINT_HELP, is_s3_url, open_store
+from .store_usage import format_usage, store_usage
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("action", choices=("verify", "repair"),
-                        help="verify: report only; repair: also quarantine, sweep temp files and orphan shards")  # fmt: skip
+    parser.add_argument("action", choices=("verify", "repair", "usage"),
+                        help="verify: report only; repair: also quarantine, sweep temp files and orphan shards; "
+                        "usage: bytes stored per template, KV mode and store profile")  # fmt: skip
     parser.add_argument("--store", required=True, help="store folder or s3://BUCKET/PREFIX")
     parser.add_argument("--s3-endpoint", default=None, help=S3_ENDPOINT_HELP)
     parser.add_argument("--temp-age-s", type=float, default=3600.0,
@@ -32,6 +35,33 @@ def add_arguments(parser) -> None:
     parser.add_argument("--orphan-age-s", type=float, default=3600.0,
                         help="unreferenced shards older than this are orphans (default: %(default)s s)")  # fmt: skip
     parser.add_argument("--json", default=None, help="also write the report as JSON to this path")
+
+
+def _open(args):
+    """The store ``args.store`` names, checked to be one (``ValueError``/``StoreError`` otherwise)."""
+    if is_s3_url(args.store):
+        store = open_store(args.store, endpoint_url=args.s3_endpoint)
+        store.check()
+        return store
+    root = Path(args.store)
+    if not (root / SHARDS_DIR).is_dir() or not (root / TEMPLATES_DIR).is_dir():
+        raise ValueError(f"{root} is not a store (no shards/ and templates/ folders); pass --store DIR")
+    if args.s3_endpoint is not None:
+        raise ValueError("--s3-endpoint is only for s3:// stores")
+    return LocalStore(root)
+
+
+def _usage(args) -> int:
+    try:
+        usage = store_usage(_open(args))
+    except (ValueError, StoreError) as e:
+        print(f"sakura store: {e}", file=sys.stderr)
+        return 2
+    print(f"store {args.store}: {len(usage['templates'])} templates")
+    print(format_usage(usage))
+    if args.json:
+        Path(args.json).write_text(json.dumps(usage, indent=1) + "\n")
+    return 1 if usage["unreadable"] else 0
 
 
 def _check(args, cfg: FsckConfig) -> FsckReport:
@@ -51,6 +81,8 @@ def _check(args, cfg: FsckConfig) -> FsckReport:
 
 
 def run(args) -> int:
+    if args.action == "usage":
+        return _usage(args)
     try:
         cfg = FsckConfig(repair=args.action == "repair", temp_age_s=args.temp_age_s, orphan_age_s=args.orphan_age_s)
         report = _check(args, cfg)

@@ -21,6 +21,12 @@ class ServerConfig:
         store_url: an object store instead of a folder: ``s3://bucket/prefix`` (an ``S3Store``); exactly one of
             ``store_dir`` and ``store_url``.
         s3_endpoint: the S3 endpoint URL of ``store_url`` (default: ``$AWS_ENDPOINT_URL``, else AWS).
+        s3_connect_timeout_s, s3_read_timeout_s, s3_max_attempts: an S3 store's per-request limits: seconds to
+            connect, seconds one wait for bytes may last, tries of a request (the first included); one request takes
+            at most ``s3_max_attempts * (connect + read)`` plus botocore's backoff (``S3Config.deadline_s``).
+        store_threads: threads the server reads its store on (its own pool, not asyncio's default executor).
+        store_threads_per_object: of those, the most that reads of one object (shard, manifest, the catalog) hold
+            at once, so a stalled object delays only its own requests.
         device, dtype: where and in which precision the write path's precompute jobs run the model (``cpu`` /
             ``cuda`` / ``cuda:N``; ``float32`` / ``bfloat16`` / ``float16``, ``None`` = the checkpoint's own).
         host: address to bind; loopback by default. Use a public address only behind TLS and a token.
@@ -58,6 +64,11 @@ class ServerConfig:
     store_dir: Path | None = None
     store_url: str | None = None
     s3_endpoint: str | None = None
+    s3_connect_timeout_s: float = 5.0
+    s3_read_timeout_s: float = 10.0
+    s3_max_attempts: int = 2
+    store_threads: int = 32
+    store_threads_per_object: int = 4
     host: str = "127.0.0.1"
     port: int = 8080
     write_token: str | None = None
@@ -94,6 +105,7 @@ class ServerConfig:
             parse_s3_url(self.store_url)
         if self.s3_endpoint is not None and self.store_url is None:
             raise ValueError("s3_endpoint is only for an s3:// store_url")
+        self._check_store_io()
         from sakura_core.models.loading import check_device_dtype
 
         check_device_dtype(self.device, self.dtype)
@@ -136,6 +148,23 @@ class ServerConfig:
         if not self.codec:
             raise ValueError("codec must be a codec name such as 'sakura'")
 
+    def _check_store_io(self) -> None:
+        for name in ("s3_connect_timeout_s", "s3_read_timeout_s"):
+            if not 0 < getattr(self, name) <= 600:
+                raise ValueError(f"{name} must be in (0, 600] seconds, got {getattr(self, name)}")
+        if not 1 <= self.s3_max_attempts <= 10:
+            raise ValueError(f"s3_max_attempts must be in 1..10 (1 = no retry), got {self.s3_max_attempts}")
+        if self.store_threads < 1 or not 1 <= self.store_threads_per_object <= self.store_threads:
+            raise ValueError(f"store_threads must be >= 1 and store_threads_per_object in 1..store_threads, got "
+                             f"{self.store_threads}, {self.store_threads_per_object}")  # fmt: skip
+
+    @property
+    def s3_config(self):
+        """The ``S3Config`` of an S3 store's client (its timeouts and retries)."""
+        from .s3_io import S3Config
+
+        return S3Config(self.s3_connect_timeout_s, self.s3_read_timeout_s, self.s3_max_attempts)
+
     @property
     def store_label(self) -> str:
         """The store as the user named it: its folder or its URL."""
@@ -145,7 +174,9 @@ class ServerConfig:
         """The ``Store`` this config names (a ``LocalStore`` or an ``S3Store``)."""
         from .store_url import open_store
 
-        return open_store(self.store_url or self.store_dir, endpoint_url=self.s3_endpoint)
+        if self.store_url is None:
+            return open_store(self.store_dir)
+        return open_store(self.store_url, endpoint_url=self.s3_endpoint, s3_config=self.s3_config)
 
     @property
     def write_enabled(self) -> bool:

@@ -8,7 +8,10 @@ process's file-descriptor limit, and one log line per kind of refused connection
   it is also the header timeout).
 * :class:`RefusalLog` is a logging filter for aiohttp's server logger and a loop exception handler for accept
   errors: the first refusal of a kind (``BadStatusLine``, ``LineTooLong``, ``EMFILE`` ...) in an interval is one line
-  without a traceback; the rest are counted and summed up in the next line of that kind.
+  without a traceback; the rest are counted and summed up in the next line of that kind. Only a request aiohttp
+  could not parse is called malformed: an exception a handler let out is not the client's doing and is logged as it
+  is.
+* :class:`IntervalLog` is that rule for any kind of event (store faults use it too).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import resource
 import time
 from collections.abc import Callable
 
-__all__ = ["FD_RESERVE", "RefusalLog", "capped_protocol_factory", "connection_cap"]
+__all__ = ["FD_RESERVE", "IntervalLog", "RefusalLog", "capped_protocol_factory", "connection_cap"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,41 @@ def capped_protocol_factory(server, max_connections: int, log: RefusalLog) -> Ca
     return factory
 
 
+class IntervalLog:
+    """One warning line per kind of event per ``interval_s``; the events of a kind met meanwhile are counted and
+    summed up in its next line.
+
+    Args:
+        log: the logger the lines go to.
+        prefix: what every line starts with (e.g. ``"refused a connection: "``).
+        interval_s: seconds between two lines of one kind.
+        clock: monotonic seconds (injected by tests).
+    """
+
+    def __init__(self, log: logging.Logger, prefix: str, interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+        if interval_s < 0:
+            raise ValueError(f"interval_s must be >= 0 seconds, got {interval_s}")
+        self._log, self._prefix = log, prefix
+        self.interval_s, self._clock = interval_s, clock
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def event(self, kind: str, detail: str = "") -> bool:
+        """Count one event of ``kind``; log ``prefix + kind`` (and ``detail``) unless a line of its kind was logged
+        this interval. Returns whether a line was logged."""
+        now = self._clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.interval_s:
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return False
+        self._last[kind] = now
+        more = self._suppressed.pop(kind, 0)
+        extra = f" (and {more} more in the last {self.interval_s:g} s)" if more else ""
+        self._log.warning("%s%s%s%s", self._prefix, kind, extra, f": {detail}" if detail else "")
+        return True
+
+
 class RefusalLog(logging.Filter):
     """One warning line per kind of refused connection per ``interval_s`` (see the module docstring).
 
@@ -68,29 +106,20 @@ class RefusalLog(logging.Filter):
 
     def __init__(self, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
         super().__init__()
-        if interval_s < 0:
-            raise ValueError(f"interval_s must be >= 0 seconds, got {interval_s}")
-        self.interval_s, self._clock = interval_s, clock
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
+        self._lines = IntervalLog(logger, "refused a connection: ", interval_s, clock)
+        self.interval_s = interval_s
 
     def refused(self, kind: str) -> None:
         """Count one refused connection of ``kind``; log a line if none of its kind was logged this interval."""
-        now = self._clock()
-        last = self._last.get(kind)
-        if last is not None and now - last < self.interval_s:
-            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
-            return
-        self._last[kind] = now
-        more = self._suppressed.pop(kind, 0)
-        extra = f" (and {more} more in the last {self.interval_s:g} s)" if more else ""
-        logger.warning("refused a connection: %s%s", kind, extra)
+        self._lines.event(kind)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """For aiohttp's server logger: a request aiohttp could not handle becomes a :meth:`refused` count (no
-        traceback); other records pass."""
-        if record.exc_info and record.getMessage().startswith("Error handling request"):
-            exc = record.exc_info[1]
+        """For aiohttp's server logger: a request aiohttp could not parse becomes a :meth:`refused` count (no
+        traceback); other records pass (a handler's own failure is not blamed on the client)."""
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and record.getMessage().startswith("Error handling request"):
             self.refused(f"malformed request ({type(exc).__name__})")
             return False
         return True

@@ -4,6 +4,10 @@ a store and writes the user images into ComfyUI's input folder::
 
     sakura examples --store ~/sakura-store --comfyui-input /path/to/ComfyUI/input
     sakura serve --store ~/sakura-store --port 8080
+
+Every example template is one reference image: the demo model was trained with one, so its edits against several
+blend them. Templates of several references (``sakura precompute --image A --image B``) are tested through the nodes
+with a workflow the tests build (``tests/nodes/workflows.py``), not shipped as an example.
 """
 
 from __future__ import annotations
@@ -15,11 +19,9 @@ import numpy as np
 
 __all__ = [
     "KV_SETTINGS",
-    "REFERENCES",
     "TEMPLATES",
     "USER_IMAGES",
     "publish_examples",
-    "reference_names",
     "template_image",
     "user_image",
     "write_user_images",
@@ -30,15 +32,8 @@ logger = logging.getLogger(__name__)
 # template id -> (scikit-image sample, region marked for the edit (y0, x0, y1, x1) in pixels of the 64 px demo size)
 TEMPLATES = {
     "face-swap-astronaut": ("astronaut", (12, 12, 40, 52)),  # the astronaut's face
-    "try-on-astronaut": ("astronaut", (40, 8, 64, 56)),  # the suit's torso
     "in-context-coffee": ("coffee", (16, 12, 48, 52)),  # the cup
     "face-swap-astronaut-per-step": ("astronaut", (12, 12, 40, 52)),  # the face swap with per-step KV
-}
-
-# template id -> (name of the marked scene, [(name, scikit-image sample) of each further reference image]): templates
-# of several references (the scene first, then these, in the model's order; the demo model was trained on one)
-REFERENCES = {
-    "try-on-astronaut": ("person", [("garment", "brick")]),  # the shop's photo of a person + its garment (a knit)
 }
 
 # template id -> how its KV is precomputed, when not the default single mode (``publish_template`` keywords)
@@ -50,39 +45,20 @@ KV_SETTINGS = {
 # ComfyUI input file -> how to make it (the private user images)
 USER_IMAGES = {
     "sakura-face.png": "lfw",  # a face from scikit-image's LFW subset
-    "sakura-garment.png": "immunohistochemistry",  # a patterned "fabric"
     "sakura-object.png": "chelsea",  # the cat
 }
 
 USER_SIZE = 128  # pixels; the sampler fits any size to the model's
 
 
-def template_image(template_id: str, spec) -> np.ndarray | list[np.ndarray]:
-    """The marked template image (``spec.image_size`` square) for ``template_id``; for a template of several
-    references (``REFERENCES``), the list of its images (the marked scene first)."""
+def template_image(template_id: str, spec) -> np.ndarray:
+    """The marked template image (``spec.image_size`` square) for ``template_id``."""
     from sakura_core.demo.edit_task import demo_template, task_for
-    from sakura_core.models.edit_model import load_image
 
     sample, box = TEMPLATES[template_id]
     scale = spec.image_size / 64
     box = tuple(int(round(v * scale)) for v in box)
-    scene = demo_template(sample, task_for(spec), box=box)
-    if template_id not in REFERENCES:
-        return scene
-    import skimage.data
-
-    return [
-        scene,
-        *(load_image(getattr(skimage.data, src)(), spec.image_size) for _, src in REFERENCES[template_id][1]),
-    ]
-
-
-def reference_names(template_id: str) -> list[str] | None:
-    """The names of a several-reference template's images (``REFERENCES``), None for a one-image template."""
-    if template_id not in REFERENCES:
-        return None
-    first, rest = REFERENCES[template_id]
-    return [first, *(name for name, _ in rest)]
+    return demo_template(sample, task_for(spec), box=box)
 
 
 def user_image(name: str) -> np.ndarray:
@@ -117,8 +93,7 @@ def publish_examples(store, model=None, template_ids=None) -> list[str]:
         if store.has_template(template_id):
             continue
         kv = KV_SETTINGS.get(template_id, {})
-        publish_template(store, model, template_image(template_id, model.spec), template_id,
-                         reference_names=reference_names(template_id), **kv)  # fmt: skip
+        publish_template(store, model, template_image(template_id, model.spec), template_id, **kv)
         logger.info("published %s in %s", template_id, getattr(store, "root", store))
         done.append(template_id)
     return done

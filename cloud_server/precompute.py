@@ -194,6 +194,7 @@ def publish_template(
     cross_step: bool = True,
     annotations: dict | None = None,
     reference_names: list[str] | None = None,
+    store_profile: str | None = None,
 ) -> PublishResult:
     """Precompute a template's KV ladder and publish it in ``store``; the manifest is written last.
 
@@ -220,6 +221,8 @@ def publish_template(
         annotations: JSON-able facts about how the template was made, merged into the manifest's ``precompute``
             object with the model's device and dtype (``sakura precompute-catalog`` keeps its entry key there).
         reference_names: one short name per reference image (``references[i].name``, shown by the nodes).
+        store_profile: ``"serving"`` or ``"full"`` (``sakura_core.precompute.store_profile``), passed to the codec;
+            None: the codec's default (every representation, the fp16 included).
     """
     validate_template_id(template_id)
     if not overwrite and store.has_template(template_id):
@@ -237,6 +240,8 @@ def publish_template(
     mode_kwargs = {} if kv_mode == "single" else {"kv_mode": kv_mode, "steps": steps, "shift": shift}
     if kv_mode != "single" and not cross_step:  # the codec's default is cross-step coding
         mode_kwargs["cross_step"] = False
+    if store_profile is not None:
+        mode_kwargs["store_profile"] = store_profile
     result = fn(model, images if len(images) > 1 else images[0], template_id, codec=codec, shard_layers=shard_layers,
                 seed=seed, progress=progress, **mode_kwargs)  # fmt: skip
     manifest, blobs = _check_result(result, model.model_id, template_id)

@@ -226,8 +226,8 @@ class RadosGateway:
     def _run(self, prog: str, *args: str) -> str:
         """Run one Ceph program to completion; its stdout. A ``ceph`` CLI command (idempotent: ``osd new`` with
         the same uuid, ``crush add`` / ``move`` / ``add-bucket`` of what exists succeed again) that fails is tried
-        again up to ``_CLI_TRIES`` times in all: a fresh monitor has refused one now and then (EPERM getting the
-        command descriptions, seen once in CI). The last failure carries the monitor's log tail."""
+        again up to ``_CLI_TRIES`` times in all: a fresh monitor may refuse one now and then (EPERM getting the
+        command descriptions). The last failure carries the monitor's log tail."""
         tries = _CLI_TRIES if prog == "ceph" else 1
         for attempt in range(1, tries + 1):
             try:

@@ -2,8 +2,8 @@
 without ``--overwrite`` atomic: of any number of concurrent publishers exactly one PUT creates the manifest, the
 others get 412 (``ObjectExistsError``) and readers only ever see the winner's manifest.
 
-AWS S3 honours the header (since 2024-08), and so does Ceph's radosgw (checked on 16.2.15 here: a second create-only
-PUT of a key is 412 and leaves the first body; 8 racing writers, 5 trials: one winner each, its body stored). A
+AWS S3 honours the header, and so does Ceph's radosgw (16.2.15: a second create-only PUT of a key is 412 and leaves
+the first body; of racing writers exactly one wins, tested in ``tests/cloud_server/test_s3_exclusive_publish.py``). A
 server that ignores it would let a later PUT replace the object silently, so the first create-only PUT of a store
 instance probes it (create a probe key twice, expect 412, delete it); a server that fails the probe falls back to
 check-then-put with one warning saying publishing is not atomic there.

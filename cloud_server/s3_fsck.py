@@ -19,6 +19,7 @@ import time
 from sakura_core.fetch.store_layout import SHARDS_DIR
 
 from .fsck import FsckConfig, FsckReport, missing_digests, referenced_digests
+from .s3_io import s3_error, stream_errors
 from .s3_store import S3Store
 from .store import NotFoundError
 
@@ -39,6 +40,8 @@ def _object_sha256(store: S3Store, key: str, chunk_bytes: int = 1 << 20) -> str 
     try:
         while chunk := body.read(chunk_bytes):
             h.update(chunk)
+    except stream_errors() as e:  # a timeout or a cut connection: a store error
+        raise s3_error(store, f"reading {key}", e) from e
     finally:
         body.close()
     return h.hexdigest()

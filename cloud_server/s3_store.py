@@ -22,33 +22,44 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import logging
 import os
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from sakura_core.fetch.store_layout import MANIFEST_FILE, TEMPLATES_DIR, shard_key, template_key
+from sakura_core.limits import MAX_JSON_BYTES
 
 from .s3_conditional import ObjectExistsError, create_only_manifest
+from .s3_io import S3Config, S3ShardReader, error_code, read_bounded, s3_error
 from .store import (
     SOURCE_IMAGE_EXTS,
     DigestMismatchError,
     NotFoundError,
     Store,
     StoreError,
+    StoreFaultError,
     validate_template_id,
 )
 
-__all__ = ["S3Location", "S3ShardReader", "S3Store", "parse_s3_url"]
+__all__ = ["S3Config", "S3Location", "S3ShardReader", "S3Store", "parse_s3_url"]
 
 logger = logging.getLogger(__name__)
 
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 _NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
+_NOT_MODIFIED = frozenset({"304", "NotModified"})
+#: Refused manifests remembered (by key and ETag) so that a catalog rebuild does not read them again.
+_MAX_REMEMBERED_REFUSALS = 4096
+
+
+class _Unchanged(Exception):
+    """A conditional GET found the object unchanged (304)."""
 
 
 @dataclass(frozen=True)
@@ -81,64 +92,8 @@ def parse_s3_url(url: str) -> S3Location:
     return S3Location(bucket, prefix)
 
 
-def _code(e: Exception) -> str:
-    return str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
-
-
 def _md5_b64(data: bytes) -> str:
     return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
-
-
-class S3ShardReader(io.RawIOBase):
-    """A shard object as a seekable binary file: reads stream one GET; a seek elsewhere starts a ranged GET there.
-
-    Opened with the first GET already answered (so a missing shard is known before any response header is sent).
-    ``fileno()`` is unsupported: the server streams it in chunks instead of ``sendfile``.
-    """
-
-    def __init__(self, store: S3Store, key: str, size: int, body):
-        super().__init__()
-        self._store, self._key, self.size = store, key, size
-        self._body, self._body_pos, self._pos = body, 0, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buf) -> int:
-        if self._pos >= self.size:
-            return 0
-        if self._body is None or self._body_pos != self._pos:
-            self._close_body()
-            resp = self._store.get_object(self._key, byte_range=f"bytes={self._pos}-")
-            self._body, self._body_pos = resp["Body"], self._pos
-        data = self._body.read(len(buf))
-        if not data:
-            raise StoreError(f"{self._store}: shard object {self._key} ended at byte {self._pos} of {self.size}")
-        n = len(data)
-        buf[:n] = data
-        self._pos += n
-        self._body_pos += n
-        return n
-
-    def _close_body(self) -> None:
-        if self._body is not None:
-            self._body.close()
-            self._body = None
-
-    def close(self) -> None:
-        self._close_body()
-        super().close()
 
 
 class S3Store(Store):
@@ -149,8 +104,9 @@ class S3Store(Store):
         endpoint_url: the S3 endpoint (e.g. a radosgw's ``http://127.0.0.1:7480``); default ``$AWS_ENDPOINT_URL_S3``
             / ``$AWS_ENDPOINT_URL`` / AWS.
         region: signing region; default ``$AWS_DEFAULT_REGION`` / ``$AWS_REGION`` / ``us-east-1``.
-        client: a ready boto3 S3 client (then ``endpoint_url`` and ``region`` are not used).
-        max_connections: HTTP connections the client keeps (threads reading shards at once).
+        client: a ready boto3 S3 client (then ``endpoint_url``, ``region`` and ``config`` are not used).
+        config: the client's timeouts, retries and connections (``S3Config``; its ``deadline_s`` also bounds a
+            whole-object read).
     """
 
     open_is_fast = False
@@ -162,37 +118,28 @@ class S3Store(Store):
         endpoint_url: str | None = None,
         region: str | None = None,
         client=None,
-        max_connections: int = 64,
+        config: S3Config | None = None,
     ):
         self.location = location if isinstance(location, S3Location) else parse_s3_url(location)
         self.bucket = self.location.bucket
         self._root = f"{self.location.prefix}/" if self.location.prefix else ""
         self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        self._client = client if client is not None else self._make_client(region, max_connections)
+        self.config = config or S3Config()
+        self._client = client if client is not None else self._make_client(region)
         from botocore.exceptions import BotoCoreError, ClientError
 
         self._errors = (BotoCoreError, ClientError)
+        self._refused: OrderedDict[str, tuple[str, str]] = OrderedDict()  # key -> (ETag, why), newest last
+        self._refused_lock = threading.Lock()
         self.create_only: bool | None = None  # does the server honour If-None-Match on PUT (probed on first use)
 
-    def _make_client(self, region: str | None, max_connections: int):
+    def _make_client(self, region: str | None):
         try:
             import boto3
-            from botocore.config import Config
         except ImportError as e:
             raise StoreError("an s3:// store needs boto3: pip install 'sakura-kv[cloud]' (or boto3)") from e
         region = region or os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1"
-        config = Config(
-            region_name=region,
-            s3={"addressing_style": "path" if self.endpoint_url else "auto"},
-            retries={"max_attempts": 4, "mode": "standard"},
-            max_pool_connections=max_connections,
-            connect_timeout=10,
-            read_timeout=120,
-            # botocore >= 1.36 adds CRC checksums (aws-chunked bodies) by default, which S3-compatible servers such
-            # as Ceph 16's radosgw refuse; Content-MD5 on every PUT checks the body instead.
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        )
+        config = self.config.botocore_config(region, self.endpoint_url)
         return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
 
     @property
@@ -220,25 +167,23 @@ class S3Store(Store):
 
     # ---- raw object calls (errors mapped to store errors) -----------------------------------------------------
     def _fail(self, what: str, e: Exception) -> StoreError:
-        code = _code(e)
-        if code == "NoSuchBucket":
-            return StoreError(
-                f"{self}: bucket {self.bucket!r} does not exist; create it first (S3Store.create_bucket)"
-            )
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"):
-            return StoreError(f"{self}: {what}: {code}; check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
-        return StoreError(f"{self}: {what} failed: {type(e).__name__}: {str(e)[:300]}")
+        return s3_error(self, what, e)
 
-    def get_object(self, key: str, byte_range: str | None = None) -> dict:
-        """``GetObject`` (streaming ``Body``); ``NotFoundError`` when the key is absent."""
+    def get_object(self, key: str, byte_range: str | None = None, *, if_none_match: str | None = None) -> dict:
+        """``GetObject`` (streaming ``Body``, nothing of it read yet); ``NotFoundError`` when the key is absent.
+        With ``if_none_match`` (an ETag) ``_Unchanged`` when the object still has it."""
         kwargs = {"Bucket": self.bucket, "Key": key}
         if byte_range is not None:
             kwargs["Range"] = byte_range
+        if if_none_match is not None:
+            kwargs["IfNoneMatch"] = if_none_match
         try:
             return self._client.get_object(**kwargs)
         except self._errors as e:
-            if _code(e) in _NOT_FOUND:
+            if error_code(e) in _NOT_FOUND:
                 raise NotFoundError(f"no object {key} in {self}") from e
+            if if_none_match is not None and error_code(e) in _NOT_MODIFIED:
+                raise _Unchanged(key) from e
             raise self._fail(f"GET {key}", e) from e
 
     def head_object(self, key: str) -> dict | None:
@@ -246,7 +191,7 @@ class S3Store(Store):
         try:
             return self._client.head_object(Bucket=self.bucket, Key=key)
         except self._errors as e:
-            if _code(e) in _NOT_FOUND:
+            if error_code(e) in _NOT_FOUND:
                 return None
             raise self._fail(f"HEAD {key}", e) from e
 
@@ -259,7 +204,7 @@ class S3Store(Store):
             self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentMD5=_md5_b64(data),
                                     ContentType=content_type, **extra)  # fmt: skip
         except self._errors as e:
-            if if_none_match and _code(e) in ("PreconditionFailed", "412"):
+            if if_none_match and error_code(e) in ("PreconditionFailed", "412"):
                 raise ObjectExistsError(f"{key} exists in {self}") from e
             raise self._fail(f"PUT {key}", e) from e
 
@@ -306,7 +251,7 @@ class S3Store(Store):
         try:
             self._client.head_bucket(Bucket=self.bucket)
         except self._errors as e:
-            if _code(e) in _NOT_FOUND:
+            if error_code(e) in _NOT_FOUND:
                 raise StoreError(f"{self}: bucket {self.bucket!r} does not exist; create it first") from e
             raise self._fail("HEAD bucket", e) from e
 
@@ -315,7 +260,7 @@ class S3Store(Store):
         try:
             self._client.create_bucket(Bucket=self.bucket)
         except self._errors as e:
-            if _code(e) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            if error_code(e) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise self._fail("CREATE bucket", e) from e
 
     # ---- shards ---------------------------------------------------------------------------------------------
@@ -344,14 +289,31 @@ class S3Store(Store):
         size = int(resp["ContentLength"])
         return S3ShardReader(self, key, size, resp["Body"]), size
 
-    def read_object(self, key: str) -> bytes:
-        body = self.get_object(key)["Body"]
+    def read_object(self, key: str, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+        """An object's bytes, read whole only when it holds at most ``max_bytes`` (``StoreFaultError`` from its
+        ``Content-Length`` before its body is read) and within ``config.deadline_s``."""
+        return read_bounded(self, f"object {key}", self.get_object(key), max_bytes, self.config.deadline_s)
+
+    def _read_manifest_object(self, key: str, what: str) -> bytes:
+        """``read_object`` of a manifest, remembering a refusal by key and ETag: while the object keeps that ETag it
+        is refused again from a conditional GET (304, no body) instead of being read."""
+        with self._refused_lock:
+            refused = self._refused.get(key)
         try:
-            return body.read()
-        except self._errors as e:
-            raise self._fail(f"GET {key}", e) from e
-        finally:
-            body.close()
+            resp = self.get_object(key, if_none_match=refused[0] if refused else None)
+        except _Unchanged:
+            raise StoreFaultError(refused[1]) from None
+        try:
+            return read_bounded(self, what, resp, MAX_JSON_BYTES, self.config.deadline_s)
+        except StoreFaultError as e:
+            etag = resp.get("ETag")
+            if etag:
+                with self._refused_lock:
+                    self._refused[key] = (etag, str(e))
+                    self._refused.move_to_end(key)
+                    while len(self._refused) > _MAX_REMEMBERED_REFUSALS:
+                        self._refused.popitem(last=False)
+            raise
 
     # ---- templates ------------------------------------------------------------------------------------------
     def put_manifest(self, template_id: str, manifest: dict) -> None:
@@ -365,7 +327,7 @@ class S3Store(Store):
     def get_manifest_bytes(self, template_id: str) -> bytes:
         key = self.template_key(template_id, MANIFEST_FILE)
         try:
-            return self.read_object(key)
+            return self._read_manifest_object(key, f"manifest of template {template_id!r}")
         except NotFoundError as e:
             raise NotFoundError(f"no published template {template_id!r} in {self}") from e
 

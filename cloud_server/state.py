@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
-import json
 import logging
 import threading
 import time
@@ -16,12 +14,13 @@ from typing import Any
 from aiohttp import web
 
 from sakura_core.http_serving import TokenThrottle
-from sakura_core.kv.manifest import ManifestError
 
+from .catalog_index import CatalogConfig, CatalogIndex
 from .config import ServerConfig
+from .conn_guard import IntervalLog
 from .precompute import PrecomputeFn
-from .store import NotFoundError, Store
-from .store_faults import StoreFaultError, checked_manifest
+from .store import Store
+from .store_io import StoreIO
 
 __all__ = ["CONFIG_KEY", "STATE_KEY", "Job", "Metrics", "ServerState"]
 
@@ -125,13 +124,16 @@ class ServerState:
         self.job_tasks: set[asyncio.Task] = set()
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.stopping = threading.Event()
-        self._catalog: tuple[float, bytes, str] | None = None
-        self._catalog_lock = asyncio.Lock()
+        self.catalog_index = CatalogIndex(store, CatalogConfig(ttl_s=config.catalog_ttl_s))
         self.token_throttle = TokenThrottle(
             config.max_token_failures, config.token_failure_window_s, log_interval_s=config.refusal_log_interval_s
         )
         #: why the store cannot be written (``Store.write_problem``, asked at startup), or None
         self.store_write_problem: str | None = None
+        #: store reads off the event loop: their own bounded pool, a few threads per object at most
+        self.store_io = StoreIO(config.store_threads, config.store_threads_per_object)
+        #: store faults answered: one log line per kind per interval
+        self.fault_log = IntervalLog(logger, "store fault: ", config.refusal_log_interval_s)
 
     @property
     def write_off_reason(self) -> str | None:
@@ -145,7 +147,7 @@ class ServerState:
         return None if self.model is None else self.model.model_id
 
     def invalidate_catalog(self) -> None:
-        self._catalog = None
+        self.catalog_index.invalidate()
 
     def job_counts(self) -> dict[str, int]:
         counts = {"queued": 0, "running": 0, "done": 0, "failed": 0}
@@ -153,55 +155,13 @@ class ServerState:
             counts[job.state] = counts.get(job.state, 0) + 1
         return counts
 
-    async def catalog(self) -> tuple[bytes, str]:
-        """(JSON body, ETag) of the catalog, rebuilt at most every ``catalog_ttl_s``."""
-        now = time.monotonic()
-        cached = self._catalog
-        if cached is not None and now - cached[0] < self.config.catalog_ttl_s:
-            return cached[1], cached[2]
-        async with self._catalog_lock:
-            cached = self._catalog
-            if cached is not None and time.monotonic() - cached[0] < self.config.catalog_ttl_s:
-                return cached[1], cached[2]
-            body = await asyncio.get_running_loop().run_in_executor(None, self._build_catalog)
-            etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
-            self._catalog = (time.monotonic(), body, etag)
-            return body, etag
-
-    def _build_catalog(self) -> bytes:
-        entries, skipped = [], 0
-        for template_id in self.store.list_templates():
-            try:  # one template at a time: a corrupt or unreadable one is left out, never the whole catalog
-                m = checked_manifest(self.store.get_manifest_bytes(template_id), template_id).raw
-            except NotFoundError:
-                continue  # unpublished while the catalog was built
-            except (StoreFaultError, ManifestError) as e:
-                logger.warning("catalog: template %s left out: %s", template_id, str(e)[:300])
-                continue
-            if self.model_id is not None and m.get("model_id") != self.model_id:
-                skipped += 1
-                continue
-            levels: dict[int, int] = {}
-            for shard in m.get("shards", []):
-                for rep in shard.get("representations", []):
-                    levels[rep["level"]] = levels.get(rep["level"], 0) + rep["bytes"]
-            entries.append(
-                {
-                    "id": template_id,
-                    "model_id": m.get("model_id"),
-                    "token_grid": m.get("token_grid"),
-                    "codec": m.get("codec"),
-                    "num_layers": m.get("num_layers"),
-                    "kv_mode": m.get("kv_mode", "single"),
-                    "steps": (m.get("schedule") or {}).get("steps") if m.get("kv_mode") == "per-step" else None,
-                    "shards": len(m.get("shards", [])),
-                    "bytes_by_level": {str(k): v for k, v in sorted(levels.items())},
-                    "manifest_url": f"/v1/templates/{template_id}/manifest",
-                }
-            )
-        if skipped:
-            logger.info("catalog: %d template(s) made for other models not listed", skipped)
-        return json.dumps({"model_id": self.model_id, "templates": entries}).encode()
+    async def catalog(self, after: str | None = None, limit: int | None = None) -> tuple[bytes, str]:
+        """(JSON body, ETag) of the whole catalog, or with ``limit`` of one page (:mod:`.catalog_index`); the store
+        is listed again at most every ``catalog_ttl_s``, and only changed manifests are read."""
+        snap = await self.catalog_index.snapshot(self.model_id)
+        if limit is None:
+            return snap.body, snap.etag
+        return snap.page(after, limit)
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)

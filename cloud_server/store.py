@@ -39,6 +39,9 @@ __all__ = [
     "SOURCE_IMAGE_EXTS",
     "Store",
     "StoreError",
+    "StoreFaultError",
+    "StoreRefusedError",
+    "StoreUnavailableError",
     "validate_digest",
     "file_sha256",
     "validate_template_id",
@@ -53,6 +56,24 @@ class ManifestExistsError(StoreError, FileExistsError):
 
 class DigestMismatchError(StoreError, ValueError):
     """A shard's bytes do not hash to the digest it is stored under."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot answer now (an object store unreachable, a timeout, a connection cut, a 5xx answer):
+    retrying later may help. ``kind`` names the fault in a few words (one log line per kind per interval)."""
+
+    def __init__(self, message: str, *, kind: str = "store unavailable"):
+        super().__init__(message)
+        self.kind = kind
+
+
+class StoreRefusedError(StoreFaultError):
+    """An object store refused the request (403: the credentials; a missing bucket): retrying does not help until
+    its configuration is fixed. ``kind`` as for :class:`StoreUnavailableError`."""
+
+    def __init__(self, message: str, *, kind: str = "store refused"):
+        super().__init__(message)
+        self.kind = kind
 
 
 class Store(abc.ABC):

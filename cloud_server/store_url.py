@@ -37,8 +37,9 @@ def check_store_location(location: str | os.PathLike) -> str:
     return text
 
 
-def open_store(location: str | os.PathLike, *, endpoint_url: str | None = None) -> Store:
-    """A ``LocalStore`` for a folder (created if missing), an ``S3Store`` for ``s3://bucket/prefix``.
+def open_store(location: str | os.PathLike, *, endpoint_url: str | None = None, s3_config=None) -> Store:
+    """A ``LocalStore`` for a folder (created if missing), an ``S3Store`` for ``s3://bucket/prefix`` (with
+    ``s3_config``, an ``S3Config``: its timeouts and retries; default ``S3Config()``).
 
     ``ValueError`` for another URL scheme or a malformed S3 URL (the message names the fix).
     """
@@ -46,7 +47,7 @@ def open_store(location: str | os.PathLike, *, endpoint_url: str | None = None) 
     if is_s3_url(text):
         from .s3_store import S3Store
 
-        return S3Store(text, endpoint_url=endpoint_url)
+        return S3Store(text, endpoint_url=endpoint_url, config=s3_config)
     if endpoint_url is not None:
         raise ValueError(f"--s3-endpoint is only for s3:// stores, but the store is the folder {text!r}")
     return LocalStore(Path(text))

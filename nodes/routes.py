@@ -7,8 +7,10 @@ ComfyUI, once. ComfyUI also serves it under ``/api/sakura/templates``.
 
 The route talks only to the servers ComfyUI's owner configured (:func:`allowed_server_urls`: the default
 ``http://127.0.0.1:8080`` and ``$SAKURA_SERVER_URLS``), so a page cannot make it send the read token elsewhere or
-use it to probe ports; it answers within :data:`TOTAL_TIMEOUT_S`, and a failure is one message whatever the cause
-(refused, timed out, an error page), never the foreign server's text (the cause goes to ComfyUI's log).
+use it to probe ports; it never follows a redirect (which could lead it, and the token, to a server nobody
+configured: a 3xx is its own error, the Location goes to ComfyUI's log); it answers within :data:`TOTAL_TIMEOUT_S`,
+and any other failure is one message whatever the cause (refused, timed out, an error page), never the foreign
+server's text (the cause goes to ComfyUI's log).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ async def list_published(server_url: str, token: str | None, token_source: str =
     no retry window), so a dead server answers at once and a silent one within the timeouts; ``steps`` is the step
     count a per-step template serves (None in single mode); ``error`` is the readable reason when the catalog cannot
     be read."""
-    from sakura_core.fetch.client import AuthError, ClientConfig, FetchError, ShardClient
+    from sakura_core.fetch.client import AuthError, ClientConfig, FetchError, RedirectRefusedError, ShardClient
 
     url = server_url.strip().rstrip("/") or DEFAULT_SERVER_URL
     if not url.startswith(("http://", "https://")):
@@ -80,8 +82,15 @@ async def list_published(server_url: str, token: str | None, token_source: str =
         what = f"the SAKURA server at {url}"
         why = refused_token_message(what, token_source, READ_TOKEN_ENV, None)  # the browser never sends a token
         return {"server_url": url, "templates": [], "error": why}
+    except RedirectRefusedError as e:  # never followed: the target was not configured here
+        logger.info("sakura: the SAKURA server at %s answered the catalog request with HTTP %d, a redirect to %r; "
+                    "not followed (the server's side)", url, e.status, e.location)  # fmt: skip
+        return {"server_url": url, "templates": [], "error": f"the server at {url} answered with a redirect "
+                f"(HTTP {e.status}), which this route does not follow (ComfyUI's log names where it pointed); give "
+                f"the final server's URL, listed in ${ALLOWED_URLS_ENV}"}  # fmt: skip
     except (FetchError, ValueError, asyncio.TimeoutError) as e:
-        logger.info("sakura: the template catalog of %s could not be read: %s", url, str(e)[:300])
+        logger.info("sakura: the template catalog of %s could not be read (the server's side or the link): %s", url,
+                    str(e)[:300])  # fmt: skip
         return {
             "server_url": url,
             "templates": [],

@@ -32,12 +32,20 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "cloud_server.cli_examples",
         "publish the ComfyUI example workflows' templates into a store; write their user images",
     ),
-    ("store",): ("cloud_server.cli_store", "verify|repair a store: re-hash shards, quarantine, sweep temp/orphans"),
+    ("store",): (
+        "cloud_server.cli_store",
+        "verify|repair a store (re-hash shards, quarantine, sweep temp/orphans); "
+        "usage: bytes stored per template, KV mode and store profile",
+    ),
     ("bench", "e2e"): ("sakura_core.bench.cli_e2e", "every fetch policy over every trace (sim or live); JSON + plots"),
     ("bench", "serve"): ("cloud_server.bench_serve", "load-test the shard server vs nginx over loopback; JSON"),
     ("bench", "catalog"): (
         "cloud_server.bench_catalog",
         "catalog precompute with 1 vs 2 workers; shard GETs from S3 vs local vs nginx CDN (radosgw); JSON",
+    ),
+    ("bench", "listing"): (
+        "cloud_server.bench_listing",
+        "GET /v1/templates at 100 / 1,000 / 10,000 templates: cold, warm, relisted; the server's RSS; JSON",
     ),
     ("phone-agent",): ("android_bridge.cli_phone_agent", "run the (emulated) phone agent"),
     ("phone", "run"): ("android_bridge.cli_phone_run", "dispatch one edit to a phone agent; writes the image"),
@@ -59,10 +67,11 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "sakura_core.bench.cli_regime",
         "a policy's speed-up over baselines and its ceiling, over link Mbit/s x device TFLOP/s; JSON",
     ),
-    ("bench", "readme"): (
-        "sakura_core.bench.cli_readme",
-        "regenerate the README's measured results from docs/results/*.json (--check: compare only)",
+    ("bench", "results"): (
+        "sakura_core.bench.cli_results",
+        "regenerate docs/results.md's measured results from docs/results/*.json (--check: compare only)",
     ),
+    ("bench", "readme"): ("sakura_core.bench.cli_results", "the old name of `sakura bench results`"),
     ("bench", "codec"): (
         "sakura_core.bench.cli_codec",
         "every KV codec and ladder level: size, error, PSNR, MB/s; JSON",

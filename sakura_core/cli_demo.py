@@ -143,20 +143,21 @@ def _served(model, template, user, args, exact_tokens, exact_per_step, out: Path
     profile = measure_profile(model, args.steps)
     rows = run_served_demo(model, template, user, args.prompt, steps=args.steps, seed=args.seed, profile=profile,
                            trace_name=args.trace, per_step_policies=PER_STEP_POLICIES, progress=print)  # fmt: skip
-    print(f"\n{'KV mode':<10}{'policy':<18}{'latency s':>10}{'KiB fetched':>13}{'split':>7}{'PSNR dB':>9}"
-          f"{'bound s':>9}{'lat/bound':>10}")  # fmt: skip
+    print(f"\n{'KV mode':<10}{'policy':<18}{'latency s':>10}{'KiB fetched':>13}{'KiB used':>10}{'PSNR dB':>9}"
+          f"{'bound s':>9}{'lat/bound':>10}  template KV (split, or what a fallback computed here)")  # fmt: skip
     table = []
     for r in rows:  # PSNR vs the exact edit of the same KV mode (template at every step on the device)
         ref = exact_tokens if r["kv_mode"] == "single" else exact_per_step
         psnr = psnr_db(model.pack_image(r["image"]), model.pack_image(model.unpack_tokens(ref)))
-        keys = ("policy", "kv_mode", "latency_s", "bytes_fetched", "split_layer", "fallbacks")
+        keys = ("policy", "kv_mode", "latency_s", "bytes_fetched", "bytes_used", "split_layer", "ran", "fallbacks")
         # the pipeline bound: max(compute, transfer, decode) pure busy time of the run (the template image fetch,
         # before the run, left out)
         bound = lower_bound([e for e in r["timeline"] if e["start"] >= 0], r["latency_s"])
         table.append({"summary": with_psnr(r["report"], psnr)["summary"]} | {k: r[k] for k in keys}
                      | {"psnr_db": psnr, "split_layers": r["report"]["split_layers"], "lower_bound": bound})  # fmt: skip
         print(f"{r['kv_mode']:<10}{r['policy']:<18}{r['latency_s']:>10.2f}{r['bytes_fetched'] / 1024:>13.1f}"
-              f"{r['split_layer']:>7}{psnr:>9.1f}{bound['bound_s']:>9.2f}{bound['latency_over_bound']:>10.2f}")  # fmt: skip
+              f"{r['bytes_used'] / 1024:>10.1f}{psnr:>9.1f}{bound['bound_s']:>9.2f}"
+              f"{bound['latency_over_bound']:>10.2f}  {r['ran']}")  # fmt: skip
     for kv_mode, png in (("single", "timeline.png"), ("per-step", "timeline_per_step.png")):
         i, sak = next((i, r) for i, r in enumerate(rows) if r["policy"] == "sakura" and r["kv_mode"] == kv_mode)
         if kv_mode == "single":

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -208,6 +208,7 @@ class EditSettings:
     seed: int = 0
     policy: str = "sakura"
     latency_target_s: float | None = None
+    addresses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_prompt(self.prompt)
@@ -244,8 +245,9 @@ async def run_template_edit(
 ) -> EditOutcome:
     """Edit ``user_image`` against ``opened`` with ``settings.policy`` over ``link`` (default: the real link).
 
-    ``profile`` defaults to :func:`measure_profile` of ``model`` (measured once per model). ``on_layer(step,
-    layer)`` is called before each layer; ``cancel`` stops between layers (``runtime.pipeline.Cancelled``).
+    ``profile`` defaults to :func:`measure_profile` of ``model`` (measured once per model); the policy predicts
+    ``settings.steps`` steps with it, whatever step count it was measured for. ``on_layer(step, layer)`` is called
+    before each layer; ``cancel`` stops between layers (``runtime.pipeline.Cancelled``).
     ``executed_on`` goes into the report as is (default ``{"kind": "local"}``). ``backend`` runs the model's blocks
     (``sakura_core.runtime.backend``; None = the torch adapter). ``prefetch_kv_bytes``: the memory the device lends
     to KV prefetched for later steps (``RuntimeConfig.prefetch_kv_bytes``; None = no limit). ``timing``: EMULATED
@@ -266,6 +268,8 @@ async def run_template_edit(
         trace, profile = timing.phone_scale_trace(trace), timing.live_profile(settings.steps)
         backend = timing.backend(backend_of(model, backend))
     profile = profile if profile is not None else measure_profile(model, settings.steps)
+    if profile.steps != settings.steps:  # measured once for another step count (the phone agent's): the edit's own
+        profile = replace(profile, steps=settings.steps)
     plan = plan_fetch(opened.manifest.raw, settings.policy)
     size = model.spec.image_size
     # a template larger than the edit keeps its own size (each reference's grid is the manifest's)
@@ -313,6 +317,8 @@ class EditRequest:
         link: the link (a :class:`LinkSpec`, or its string form: "live", "fixed:<Mbit/s>", "trace:<path>").
         token: bearer token for a server with a read token (never shown in reprs).
         latency_target_s: the edit's latency target (seconds) or None.
+        addresses: when given, the only IP addresses connected to for the server's host (the phone agent's checked
+            resolution of the job's cloud host).
     """
 
     server_url: str
@@ -324,6 +330,7 @@ class EditRequest:
     link: LinkSpec | str | None = None
     token: str | None = field(default=None, repr=False)
     latency_target_s: float | None = None
+    addresses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "link", LinkSpec.parse(self.link))
@@ -335,7 +342,7 @@ class EditRequest:
 
     @property
     def source(self) -> ServerSource:
-        return ServerSource(self.server_url, self.token)
+        return ServerSource(self.server_url, self.token, self.addresses)
 
 
 async def edit_from_server(

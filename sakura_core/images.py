@@ -1,7 +1,7 @@
 """Image decoding for everything that comes from outside (a template image blob, an upload, a file a user names): a
 pixel limit checked on the header before any pixel is decoded, and a mode-correct conversion to (H, W, 3) uint8.
 
-PIL's ``convert("RGB")`` clips 16- and 32-bit greyscale to 0..255 (a 16-bit PNG came out black and white); here
+PIL's ``convert("RGB")`` clips 16- and 32-bit greyscale to 0..255 (a 16-bit PNG would come out black and white); here
 16-bit values are scaled (``v / 257``), palette images go through their palette (with transparency, as RGBA),
 CMYK and other modes through PIL's own conversion, and an alpha channel is dropped. A file that is not an image, a
 truncated one, or one past the pixel limit raises :class:`ImageError` (a ``ValueError``) that says which.

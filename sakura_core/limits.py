@@ -41,8 +41,8 @@ MAX_GRID_SIDE = 256
 #: Template tokens (rows x cols).
 MAX_TEMPLATE_TOKENS = 65_536
 #: Image tokens of one edit at a model's own size (a folder's image_size over its VAE's and patch's downsampling):
-#: klein at 1024² (64²). Past it the VAE's attention over its latent pixels alone needs GBs (issue 28: a folder whose
-#: VAE downsamples less than klein's 8x tried a ~36 GB allocation at the default 512 px).
+#: klein at 1024² (64²). Past it the VAE's attention over its latent pixels alone needs GBs (a folder whose VAE
+#: downsamples less than klein's 8x would allocate tens of GB at the default 512 px).
 MAX_EDIT_TOKENS = 4096
 #: Transformer layers of a template's KV.
 MAX_LAYERS = 512

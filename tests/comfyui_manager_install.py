@@ -15,7 +15,10 @@ does exactly that against a real ComfyUI checkout, without touching the ComfyUI 
 4. ``pip install -r requirements.txt`` (cwd = the pack), ``install.py`` if present;
 5. ComfyUI started again on 127.0.0.1: ``/object_info`` must list the five Sakura nodes from that folder.
 
-    python tests/comfyui_manager_install.py --comfyui /work/comfyui --base-python /work/comfyui-venv/bin/python
+    python tests/comfyui_manager_install.py --comfyui "$COMFYUI_DIR" --base-python "$COMFYUI_PYTHON"
+
+``--comfyui`` and ``--base-python`` default to the environment variables ``COMFYUI_DIR`` and ``COMFYUI_PYTHON``
+(as the pytest wrapper uses them; DEVELOPERS.md sets them up); ``--work`` defaults to a temporary folder.
 
 Prints what it did and exits 1 on a failed check. ``tests/nodes/test_manager_install.py`` runs it under pytest.
 """
@@ -220,8 +223,19 @@ def run_check(comfyui: Path, base_python: str, work: Path) -> InstallResult:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--comfyui", required=True, help="ComfyUI checkout (main.py)")
-    ap.add_argument("--base-python", required=True, help="the Python with ComfyUI's torch and requirements")
+    comfyui_dir, comfyui_python = os.environ.get("COMFYUI_DIR"), os.environ.get("COMFYUI_PYTHON")
+    ap.add_argument(
+        "--comfyui",
+        default=comfyui_dir,
+        required=not comfyui_dir,
+        help="ComfyUI checkout (main.py); default: $COMFYUI_DIR",
+    )
+    ap.add_argument(
+        "--base-python",
+        default=comfyui_python,
+        required=not comfyui_python,
+        help="the Python with ComfyUI's torch and requirements; default: $COMFYUI_PYTHON",
+    )
     ap.add_argument("--work", default=None, help="work folder (default: a temporary one, removed afterwards)")
     args = ap.parse_args(argv)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="sakura-manager-install-"))

@@ -140,9 +140,19 @@ def make_synthetic_template(store: Store, template_id: str, *, model_id: str, **
 
 
 def synthetic_precompute(
-    model, template_image, template_id, *, codec="synthetic", shard_layers=1, seed=0, progress=None
+    model,
+    template_image,
+    template_id,
+    *,
+    codec="synthetic",
+    shard_layers=1,
+    seed=0,
+    progress=None,
+    store_profile=None,
 ):
-    """A stand-in for ``precompute_template``: blobs derived from the image bytes, so different images differ."""
+    """A stand-in for ``precompute_template``: blobs derived from the image bytes, so different images differ. Its
+    one-level templates have no rungs to leave out, so ``store_profile`` (which the CLI always passes) changes
+    nothing."""
     salt = hashlib.sha256(np.ascontiguousarray(template_image).tobytes()).digest()
     if progress is not None:
         progress("encode", 0, 1)

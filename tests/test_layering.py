@@ -1,4 +1,4 @@
-"""The import graph follows DESIGN.md's layers: no cycles between modules or sakura_core packages, nothing but the
+"""The import graph follows docs/design.md's layers: no cycles between modules or sakura_core packages, nothing but the
 CLI imports the benchmark package, and neither the nodes nor the core (but its demo and benchmarks) import the
 server. One home per concept: the names of ``ONE_HOME`` are defined in exactly one module, no regular expression is
 compiled in two; functions stay within 80 lines."""

@@ -5,14 +5,24 @@
 //   Per-step templates are marked with the step count they serve;
 // * widgets that do not apply are hidden (still saved and sent): the link settings the bandwidth mode does not use,
 //   the server fields with a local store and the store folder with a server;
-// * once the Template KV Loader ran, it shows what it loaded (the text the node returns: template, KV mode and the
-//   steps it serves, references, source) in a read-only box on the node.
+// * the Template KV Loader has a read-only box that, once the node ran, shows what it loaded (the text the node
+//   returns: template, KV mode and the steps it serves, references, source); at least INFO_MIN_LINES tall, it grows
+//   with its text (wrapped lines included) up to INFO_MAX_LINES, then scrolls;
+// * a Sakura node added to a graph gets at least MIN_WIDTH_PX, room for each combo's label and its longest value
+//   (a loaded workflow keeps the sizes it was saved with; tests/nodes/test_workflows.py checks both).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
 const NODE = "SakuraTemplateLoader";
 const CHOOSE = "choose a published template";
 const INFO = "loaded template";
+const INFO_LINE_PX = 14; // the status box's line height (its CSS below)
+const INFO_CHAR_PX = 6.6; // the advance of its 11 px monospace font
+const INFO_MIN_LINES = 8;
+const INFO_MAX_LINES = 30;
+const INFO_PAD_PX = 10; // the box's padding and border
+// node type -> width (px) it gets when added; parsed by tests/nodes/test_workflows.py: keep it one JSON line
+const MIN_WIDTH_PX = {"SakuraModelLoader": 360, "SakuraTemplateLoader": 420, "SakuraAdaptiveFetch": 380, "SakuraPipelinedSampler": 480, "SakuraPhoneDevice": 380};
 // node type -> [the widget deciding, {widget: (its value) => shown}]
 const APPLIES = {
   SakuraAdaptiveFetch: ["bandwidth", {
@@ -77,26 +87,48 @@ function templateLabel(t) {
   return t.kv_mode === "per-step" ? `${t.id} (per-step KV: ${t.steps} steps)` : t.id;
 }
 
-function showInfo(node, lines) {
+// lines the status box needs for `text` at the node's width `widthPx` (long lines wrap), within its min and max
+function infoLines(text, widthPx) {
+  const perLine = Math.max(20, Math.floor((widthPx - 2 * 15 - INFO_PAD_PX) / INFO_CHAR_PX));
+  const lines = (text || "").split("\n").reduce((n, line) => n + Math.max(1, Math.ceil(line.length / perLine)), 0);
+  return Math.min(INFO_MAX_LINES, Math.max(INFO_MIN_LINES, lines));
+}
+
+// the read-only status box, made with the node (so its size is there before the first run)
+function infoWidget(node) {
   let w = widget(node, INFO);
-  if (!w) {
-    const box = document.createElement("textarea");
-    box.readOnly = true;
-    box.rows = 4;
-    box.style.cssText = "width:100%;resize:none;font:11px monospace;opacity:0.9;white-space:pre-wrap";
-    w = node.addDOMWidget(INFO, "sakura_info", box, {
-      getValue: () => box.value,
-      setValue: (v) => { box.value = v; },
-      serialize: false, // not part of the saved widgets_values
-    });
-    w.serialize = false;
-  }
+  if (w) return w;
+  const box = document.createElement("textarea");
+  box.readOnly = true;
+  box.placeholder = "Run the workflow: what this node loads shows here (template, KV mode, references, source).";
+  box.style.cssText = `width:100%;height:100%;box-sizing:border-box;padding:4px;resize:none;overflow:auto;`
+    + `font:11px/${INFO_LINE_PX}px monospace;opacity:0.9;white-space:pre-wrap`;
+  w = node.addDOMWidget(INFO, "sakura_info", box, {
+    getValue: () => box.value,
+    setValue: (v) => { box.value = v; },
+    getMinHeight: () => infoLines(box.value, node.size[0]) * INFO_LINE_PX + INFO_PAD_PX,
+    serialize: false, // not part of the saved widgets_values
+  });
+  w.serialize = false;
+  return w;
+}
+
+function showInfo(node, lines) {
+  const w = infoWidget(node);
   w.value = lines.join("\n");
   w.element && (w.element.value = w.value);
   node.sakuraInfo = w.value; // for tests and the console
   const [, height] = node.computeSize();
   node.setSize([node.size[0], Math.max(node.size[1], height)]);
   node.setDirtyCanvas(true, true);
+}
+
+// a node added to the graph: wide enough for its combos, tall enough for its widgets
+function fitNewNode(node) {
+  const width = MIN_WIDTH_PX[node.comfyClass];
+  if (!width) return;
+  const [, height] = node.computeSize();
+  node.setSize([Math.max(node.size[0], width), Math.max(node.size[1], height)]);
 }
 
 async function chooseTemplate(node, event) {
@@ -141,13 +173,16 @@ app.registerExtension({
   },
   async nodeCreated(node) {
     if (node.comfyClass in APPLIES) followVisibility(node);
-    if (node.comfyClass !== NODE) return;
-    // appended after every schema widget, so the saved widgets_values keep their order
-    const button = node.addWidget("button", CHOOSE, null, (_v, _c, _n, _p, event) => {
-      chooseTemplate(node, event).catch((e) => console.error("sakura: template list failed", e));
-    });
-    button.serialize = false;
-    node.sakuraChooseTemplate = (event) => chooseTemplate(node, event);
-    applyVisibility(node);
+    if (node.comfyClass === NODE) {
+      // appended after every schema widget, so the saved widgets_values keep their order
+      const button = node.addWidget("button", CHOOSE, null, (_v, _c, _n, _p, event) => {
+        chooseTemplate(node, event).catch((e) => console.error("sakura: template list failed", e));
+      });
+      button.serialize = false;
+      infoWidget(node);
+      node.sakuraChooseTemplate = (event) => chooseTemplate(node, event);
+      applyVisibility(node);
+    }
+    fitNewNode(node); // a loaded workflow then sets the size it was saved with
   },
 });

@@ -43,7 +43,9 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--geometry", default="phone-dit-512", help=f"sim: comma list of {', '.join(GEOMETRIES)}")
     parser.add_argument(
-        "--kv-mode", default="single", help=f"sim: comma list of {', '.join(KV_MODES)} (DESIGN.md); live: one of them"
+        "--kv-mode",
+        default="single",
+        help=f"sim: comma list of {', '.join(KV_MODES)} (docs/design.md); live: one of them",
     )
     parser.add_argument("--no-calibrate", action="store_true", help="sim: skip the CPU calibration of the cost model")
     parser.add_argument("--json", required=True, help="write results here")
@@ -171,7 +173,7 @@ def _sim_config(args, command: str = "sakura bench e2e") -> SimConfig:
 
 
 def _header(args, kv_mode, profile, lad, config) -> list[str]:
-    """What every table below rests on, stated (the issue-25 defaults)."""
+    """What every table below rests on, stated."""
     g = profile.model
     shards = f"{g.steps} steps x {g.layers} layers" if kv_mode == "per-step" else f"{g.layers} layers"
     starts = f"every trace x {args.starts} start offsets, evenly spaced over its length"

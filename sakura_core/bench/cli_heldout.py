@@ -8,7 +8,7 @@ import sys
 
 from ..files import atomic_write_json
 from .cli_weights import add_weights_arg, demo_model_from
-from .heldout import HeldOutConfig, run_heldout
+from .heldout import HeldOutConfig, heldout_command, run_heldout
 
 __all__ = ["add_arguments", "run"]
 
@@ -40,6 +40,7 @@ def run(args) -> int:
     model = demo_model_from(args)
     result = run_heldout(model, cfg, say=lambda line: print(line, flush=True))
     result["model"] = {"id": model.model_id, "weights": model.weights_source}
+    result["command"] = heldout_command(cfg, args.json, args.weights)
     atomic_write_json(args.json, result)
     n = len(result["rows"][0]["heldout_psnr_db"]) if result["rows"] else 0
     print(f"\n{cfg.kv_mode} templates, {cfg.steps} steps; PSNR dB vs the exact-KV edit: the manifest's (the lowest of its held-out edits) and "

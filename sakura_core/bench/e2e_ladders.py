@@ -86,9 +86,8 @@ def load_or_measure_ladders(pairs: list[tuple[str, str]], folder: str | None, cf
     return out
 
 
-#: Above this 1-minute load average per core the decode timings of a ladder file run slow: measured on this 2-core
-#: host at load 8-15, every codec's decode took ~1.6x its quiet-machine CPU time, which flatters sakura against the
-#: decode-bound cachegen.
+#: Above this 1-minute load average per core the decode timings of a ladder file run slow: a busy machine stretches
+#: every codec's decode CPU time, which flatters sakura against the decode-bound cachegen.
 QUIET_LOAD_PER_CORE = 0.75
 
 

@@ -78,7 +78,7 @@ def _stats(xs: list[float]) -> dict | None:
 
 
 def headline(runs: list[dict]) -> dict:
-    """The figures the README and the issue's targets quote, over every (trace, start) of ``runs``."""
+    """The headline figures docs/results.md quotes, over every (trace, start) of ``runs``."""
     by: dict[tuple, dict] = {}
     for r in runs:
         by.setdefault((r["trace"], r["start_s"]), {})[r["policy"]] = r

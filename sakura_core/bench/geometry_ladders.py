@@ -8,7 +8,7 @@ SIMULATION INPUT, measured in two parts (:class:`~sakura_core.runtime.sim_ladder
    ``psnr_db``: the simulator's quality floor rests on more than one edit), and each shard's share of that error
    (the configured edit with only that shard at the level, the shares scaled so they sum to the all-shards MSE).
 2. At the geometry's own shard size (tokens x heads x head_dim): the codec's compression and decode speed depend on
-   it (CacheGen ships a probability table per (layer, channel), SAKURA per-token ranges: both cost less per value on
+   it (CacheGen ships a probability table per (layer, channel), SAKURA per-channel ranges: both cost less per value on
    a larger shard). Demo layers are *synthesised* to that size: each token of the large shard mixes two random demo
    tokens, ``mu + cos(a) (x_i - mu) + sin(a) (x_j - mu)`` per channel with a random angle ``a`` in [0, pi/2] (drawn
    per token and per block of the demo's channel count), so per-channel means and variances are the demo's while no

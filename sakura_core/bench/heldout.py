@@ -12,6 +12,7 @@ closed-loop twins' track as the client does (the cheapest level of either family
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from ..precompute.cross_step import floor_level, level_totals
 from ..precompute.output_psnr import PSNR_METRIC, level_psnr
 from ..precompute.template import template_kvs
 
-__all__ = ["HeldOutConfig", "run_heldout"]
+__all__ = ["HeldOutConfig", "heldout_command", "run_heldout"]
 
 SAMPLES = ("astronaut", "coffee", "chelsea", "rocket")
 
@@ -48,6 +49,22 @@ class HeldOutConfig:
         for t in self.templates:
             if not [u for u in self.users if u != t]:
                 raise ValueError(f"template {t!r} has no user image other than itself: add one to --users")
+
+
+def heldout_command(cfg: HeldOutConfig, json_path: str, weights: str = "auto") -> str:
+    """The ``sakura bench heldout`` command that runs ``cfg`` (options at their defaults left out)."""
+    d, parts = HeldOutConfig(), ["sakura bench heldout", f"--kv-mode {cfg.kv_mode}"]
+    for flag, value, default, sep in (("--templates", cfg.templates, d.templates, ","),
+                                      ("--users", cfg.users, d.users, ","), ("--prompts", cfg.prompts, d.prompts, "|")):  # fmt: skip
+        if value != default:
+            parts.append(f"{flag} {shlex.quote(sep.join(value))}")
+    for flag, value, default in (("--steps", cfg.steps, d.steps), ("--seed", cfg.seed, d.seed),
+                                 ("--floor-db", cfg.floor_db, d.floor_db)):  # fmt: skip
+        if value != default:
+            parts.append(f"{flag} {value:g}")
+    if weights != "auto":
+        parts.append(f"--weights {shlex.quote(weights)}")
+    return " ".join([*parts, f"--json {shlex.quote(json_path)}"])
 
 
 def _family(name: str) -> str:

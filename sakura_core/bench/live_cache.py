@@ -1,15 +1,14 @@
 """The live bench's published template store, kept between runs (``sakura bench e2e --mode live``).
 
-Precomputing the bench model's template (every codec level, each level's PSNR from held-out probe edits) takes
-most of a live run (293 of 382 s per-step on these 2 cores), and the same inputs always give the same store: the
-model's seeded random weights, the template image, the KV mode and steps, and the code that codes and publishes
-it. :func:`template_store` keeps the published store under a key digesting all of those (the weights' and the
-image's bytes, the source files of the codec, precompute, model and store packages, torch's version), so a policy
-or runtime change reruns the bench without it (measured: 88 s, 27 s without fetch-fp16's edit), while a change to
-anything the store depends on makes a new key (precomputed afresh). A store is built in a temporary folder beside
-the cache and renamed into place once complete; a folder without its completion marker is never used. Each run
-serves a hard-linked copy, so nothing the server does touches the cache; the :data:`KEEP` stores used last are
-kept, older ones removed when a new one is made.
+Precomputing the bench model's template (every codec level, each level's PSNR from held-out probe edits) takes most of
+a live run, and the same inputs always give the same store: the model's seeded random weights, the template image, the
+KV mode and steps, and the code that codes and publishes it. :func:`template_store` keeps the published store under a
+key digesting all of those (the weights' and the image's bytes, the source files of the codec, precompute, model and
+store packages, torch's version), so a policy or runtime change reruns the bench without it, while a change to anything
+the store depends on makes a new key (precomputed afresh). A store is built in a temporary folder beside the cache and
+renamed into place once complete; a folder without its completion marker is never used. Each run serves a hard-linked
+copy, so nothing the server does touches the cache; the :data:`KEEP` stores used last are kept, older ones removed when
+a new one is made.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from ..runtime.simulate import kv_mode_view, simulate
 __all__ = ["BENCH_LADDER", "DECISION_METHODS", "TimedPolicy", "bench_case", "format_planner_table"]
 
 # (name, bytes as a fraction of the fp16 shard, output PSNR dB with every shard at it): cheapest first; the floor
-# (>= 35 dB) is "s2". Roughly the SAKURA ladder's shape at klein scale (issue 25's bench, not a measurement).
+# (>= 35 dB) is "s2". Roughly the SAKURA ladder's shape at klein scale (a stated shape, not a measurement).
 BENCH_LADDER = (("s1", 1 / 10, 32.0), ("s2", 1 / 7, 37.0), ("s3", 1 / 5, 41.0), ("s4", 1 / 3, 46.0),
                 ("fp16", 1.0, 99.0))  # fmt: skip
 DECISION_METHODS = ("choose", "keep_template", "recompute_late", "upgrade", "worth_asking")

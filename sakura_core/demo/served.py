@@ -4,7 +4,8 @@ Starts the cloud server in-process on 127.0.0.1 (a temporary store), publishes t
 and the CacheGen ladders, then edits the user image with each policy through the in-process shaper following a
 shipped trace, on this CPU. With ``per_step_policies``, it also publishes the template in ``per-step`` KV mode
 (one KV per (step, layer) for the edit's step count) and edits with those policies against it. Returns one row per
-(KV mode, policy); the caller prints and saves them.
+(KV mode, policy), with what the run did (``ran``: the split, or what a fallback computed here instead); the caller
+prints and saves them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from importlib import resources
 import numpy as np
 
 from ..edit import EditRequest, edit_from_server
+from ..edit_report import KVUse
 from ..fetch.link import LinkSpec
 from ..models.edit_model import EditModel
 from ..precompute import precompute_template
@@ -67,13 +69,16 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
                 req = EditRequest(url, tid, prompt, steps=steps, seed=seed, policy=name, link=link)
                 out = await edit_from_server(model, req, user, profile=profile)
                 r = out.report
-                split = r["split_layers"] if kv_mode == "per-step" else r["split_layer"]
+                # what the compute lane did: the split, or what a fallback computed here instead
+                ran = KVUse.of_run(out.run, model.adapter.num_layers).compute_clause()
                 rows.append({"policy": name, "kv_mode": kv_mode, "latency_s": r["latency_s"],
-                             "bytes_fetched": r["bytes_fetched"], "split_layer": r["split_layer"],
-                             "fallbacks": r["fallbacks"], "image": out.image, "timeline": r["timeline"],
-                             "decisions": r["decisions"], "report": r})  # fmt: skip
+                             "bytes_fetched": r["bytes_fetched"], "bytes_used": r["bytes_used"],
+                             "split_layer": r["split_layer"], "ran": ran, "fallbacks": r["fallbacks"],
+                             "image": out.image, "timeline": r["timeline"], "decisions": r["decisions"],
+                             "report": r})  # fmt: skip
                 progress(f"phone: {kv_mode:<8} {name:<17} {r['latency_s']:6.2f} s  "
-                         f"{r['bytes_fetched'] / 1024:8.1f} KiB  split {split}")  # fmt: skip
+                         f"{r['bytes_fetched'] / 1024:8.1f} KiB fetched  {r['bytes_used'] / 1024:8.1f} KiB used  "
+                         f"{ran}")  # fmt: skip
         finally:
             await runner.cleanup()
     return rows

@@ -29,12 +29,14 @@ import aiohttp
 from ..kv.manifest import Manifest, parse_manifest
 from ..kv.names import is_digest, is_template_id
 from ..limits import bounded_json
+from .answers import PinnedResolver, error_detail, not_transient, refuse_redirect
 from .client_config import ClientConfig, FetchStats
 from .errors import (
     AuthError,
     FetchError,
     ManifestError,
     ModelMismatchError,
+    RedirectRefusedError,
     ServerUnreachableError,
     ShardIntegrityError,
     ShardNotFoundError,
@@ -52,6 +54,7 @@ __all__ = [
     "ManifestError",
     "ModelMismatchError",
     "OnChunk",
+    "RedirectRefusedError",
     "ServerUnreachableError",
     "ShardClient",
     "ShardIntegrityError",
@@ -99,6 +102,10 @@ class ShardClient:
         config: timeouts, retries, limits.
         session: an existing ``aiohttp.ClientSession`` to use (not closed by this client).
         sleep: the coroutine used to wait between retries (inject a fake clock in tests).
+        addresses: when given, the only IP addresses the client's own session connects to for ``base_url``'s host
+            (checked ones, e.g. the phone agent's; a second answer of the resolver cannot redirect it).
+
+    A redirect (3xx) is never followed: it raises :class:`RedirectRefusedError`, naming the URL and the Location.
     """
 
     def __init__(
@@ -109,6 +116,7 @@ class ShardClient:
         config: ClientConfig | None = None,
         session: aiohttp.ClientSession | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        addresses: tuple[str, ...] = (),
     ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
@@ -118,6 +126,7 @@ class ShardClient:
         self._session = session
         self._own_session = session is None
         self._sleep = sleep
+        self._addresses = tuple(addresses)
         self._rng = random.Random(self.config.seed)
         self.stats = FetchStats()
 
@@ -136,7 +145,9 @@ class ShardClient:
         if self._session is None:
             cfg = self.config
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=cfg.max_connections),
+                connector=aiohttp.TCPConnector(
+                    limit=cfg.max_connections, resolver=PinnedResolver(self._addresses) if self._addresses else None
+                ),
                 timeout=aiohttp.ClientTimeout(
                     total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s
                 ),
@@ -181,7 +192,9 @@ class ShardClient:
         failures, waited_s = 0, 0.0
         while True:
             try:
-                async with self._get_session().get(self.base_url + path, headers=self._headers()) as resp:
+                url = self.base_url + path
+                async with self._get_session().get(url, headers=self._headers(), allow_redirects=False) as resp:
+                    refuse_redirect(resp, what, url)
                     if resp.status == 200:
                         if (resp.content_length or 0) > self.config.max_json_bytes:
                             raise FetchError(f"{what}: {resp.content_length} bytes is over the client's limit")
@@ -190,14 +203,14 @@ class ShardClient:
                             return bounded_json(body, what, max_bytes=self.config.max_json_bytes)
                         except ValueError as e:  # not JSON, too deep, NaN
                             raise ManifestError(f"the server sent {e}") from e
-                    detail = await _error_detail(resp)
+                    detail = await error_detail(resp)
                     if resp.status in (401, 403):
                         raise AuthError(f"{what}: HTTP {resp.status} {detail} (pass the server's token)")
                     if resp.status == 404:
                         raise TemplateNotFoundError(f"{what}: not found ({detail})")
                     if resp.status == 409:
                         raise ModelMismatchError(f"{what}: {detail}")
-                    if resp.status not in _RETRY_STATUSES or _not_transient(resp):
+                    if resp.status not in _RETRY_STATUSES or not_transient(resp):
                         raise FetchError(f"{what}: HTTP {resp.status} {detail}")
                     raise _Retry(f"HTTP {resp.status} {detail}")
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, _Retry) as e:
@@ -311,7 +324,9 @@ class ShardClient:
             headers["Range"] = f"bytes={offset}-"
             headers["If-Range"] = f'"{digest}"'
             self.stats.resumes += 1
-        async with self._get_session().get(self.shard_url(digest), headers=headers) as resp:
+        url = self.shard_url(digest)
+        async with self._get_session().get(url, headers=headers, allow_redirects=False) as resp:
+            refuse_redirect(resp, f"shard {digest[:12]}", url)
             etag = resp.headers.get("ETag")
             if resp.status in (200, 206) and etag is not None and etag.removeprefix("W/").strip('"') != digest:
                 raise ShardIntegrityError(digest, f"server answered with ETag {etag}, another object")
@@ -332,7 +347,7 @@ class ShardClient:
             elif resp.status == 416 and offset and progress.total == offset:
                 return  # we already hold every byte
             else:
-                detail = await _error_detail(resp)
+                detail = await error_detail(resp)
                 if resp.status == 404:
                     raise ShardNotFoundError(digest, f"HTTP 404 {detail}", 1)
                 if resp.status in (401, 403):
@@ -340,7 +355,7 @@ class ShardClient:
                 if resp.status == 416:
                     progress.reset()
                     raise _Retry(f"HTTP 416 at offset {offset}")
-                if resp.status in _RETRY_STATUSES and not _not_transient(resp):
+                if resp.status in _RETRY_STATUSES and not not_transient(resp):
                     raise _Retry(f"HTTP {resp.status} {detail}")
                 raise ShardUnavailableError(digest, f"HTTP {resp.status} {detail}", 1)
             if total is not None:
@@ -370,20 +385,3 @@ class ShardClient:
                 raise _Retry(f"body ended at {len(progress.buf)} of {progress.total} bytes")
             if progress.total is None:
                 progress.total = len(progress.buf)
-
-
-def _not_transient(resp: aiohttp.ClientResponse) -> bool:
-    """The server marked the error as one retrying cannot fix (``Sakura-Retry: no``: a store fault)."""
-    return resp.headers.get("Sakura-Retry", "").strip().lower() == "no"
-
-
-async def _error_detail(resp: aiohttp.ClientResponse) -> str:
-    """The server's error message (JSON ``{"error": ...}`` or the first 200 characters of text)."""
-    try:
-        text = (await resp.content.read(4096)).decode("utf-8", "replace")
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        return ""
-    try:
-        return str(bounded_json(text, "error body").get("error", text))[:300]
-    except (ValueError, AttributeError):
-        return text[:200]

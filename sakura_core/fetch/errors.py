@@ -17,6 +17,7 @@ __all__ = [
     "FetchError",
     "ManifestError",
     "ModelMismatchError",
+    "RedirectRefusedError",
     "ShardIntegrityError",
     "ShardNotFoundError",
     "ShardUnavailableError",
@@ -53,6 +54,19 @@ class ShardNotFoundError(ShardUnavailableError):
 
 class AuthError(FetchError):
     """The server wants a (different) bearer token: 401/403."""
+
+
+class RedirectRefusedError(FetchError):
+    """The server answered a 3xx: SAKURA clients never follow a redirect (a redirect could lead the fetch, and the
+    token, to a host, port or path nobody configured). Carries the URL asked and the ``Location`` answered."""
+
+    def __init__(self, what: str, url: str, status: int, location: str | None):
+        self.url = url
+        self.status = status
+        self.location = (location or "")[:300]
+        where = f"to {self.location!r}" if location else "without a Location"
+        super().__init__(f"{what}: {url} answered HTTP {status}, a redirect {where}; SAKURA clients do not follow "
+                         "redirects: give the final server URL instead")  # fmt: skip
 
 
 class TemplateNotFoundError(FetchError, LookupError):

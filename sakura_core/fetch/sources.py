@@ -56,10 +56,13 @@ class ServerSource:
     Attributes:
         url: base URL, ``http(s)://HOST[:PORT]`` (a trailing slash is dropped).
         token: bearer token of the server's read path, if it has one (never shown in reprs or reports).
+        addresses: when given, the only IP addresses connected to for the URL's host (checked ones: the phone
+            agent's; ``ShardClient``'s ``addresses``).
     """
 
     url: str
     token: str | None = field(default=None, repr=False)
+    addresses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url.strip():
@@ -73,7 +76,7 @@ class ServerSource:
     def open(self) -> ShardSource:
         from .client import ShardClient
 
-        return ShardClient(self.url, self.token)
+        return ShardClient(self.url, self.token, addresses=self.addresses)
 
 
 @dataclass(frozen=True)

@@ -114,8 +114,8 @@ class Trace:
 
     def finish_times(self, start_s: float, nbytes: np.ndarray) -> np.ndarray:
         """:meth:`finish_time` of every transfer size in ``nbytes`` (any shape; each starting at ``start_s`` alone
-        on the link), vectorised (the fluid bound's many sizes; one size is ~5x faster through the scalar form, which
-        the simulator's transfers take: the two are tested equal)."""
+        on the link), vectorised (the fluid bound's many sizes; one size is faster through the scalar form, which the
+        simulator's transfers take: the two are tested equal)."""
         b = np.asarray(nbytes, dtype=float)
         target = self.delivered(start_s) + np.maximum(b, 0.0)
         cycles = np.floor(target / self.period_bytes)

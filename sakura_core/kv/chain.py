@@ -93,8 +93,8 @@ def apply_reference(header: ShardHeader, k, v, reference: DecodedReference | Non
 
 def _add16(a: np.ndarray, b: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
     """float16 ``scale * a + b`` (``a``, ``b``: float16 (layers, tokens, heads, head_dim)), each step one float32
-    rounding: widen, multiply, add, narrow. In torch (numpy's float16 conversions are not vectorised: they were most
-    of a residual's decode time), the same IEEE operations, so the same bits; a slab of tokens at a time in two
+    rounding: widen, multiply, add, narrow. In torch (numpy's float16 conversions are not vectorised: they would be
+    most of a residual's decode time), the same IEEE operations, so the same bits; a slab of tokens at a time in two
     reused float32 buffers (cache-sized, no page faults)."""
     n_l, t, h, d = a.shape
     out = torch.empty(a.shape, dtype=torch.float16)

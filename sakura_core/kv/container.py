@@ -18,8 +18,9 @@ The blob's name is ``sha256(blob)`` (:func:`shard_digest`); a refinement blob na
 digest, so a chain can be checked link by link. A cross-step blob (per-step KV coded as a residual against another
 step's decoded KV of the same layers) names that step and that shard's base blob, so a decoder can refuse a wrong
 reference; a per-step blob says its step, so a shard served in another step's slot is caught (:mod:`.binding`);
-version 1 blobs (before ``step`` and the reference) are refused naming the fix. :func:`parse_shard` validates every length and limit against the
-blob's actual size before anything is allocated, and raises a specific :class:`ShardFormatError` subclass.
+version 1 blobs (no ``step``, no reference) are refused naming the fix. :func:`parse_shard` validates every length and
+limit against the blob's actual size before anything is allocated, and raises a specific :class:`ShardFormatError`
+subclass.
 """
 
 from __future__ import annotations

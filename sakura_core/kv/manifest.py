@@ -3,7 +3,7 @@
 Schema::
 
     {
-      "version": 2,                                # 1: before shard format 2 (step + reference); refused
+      "version": 2,                                # 1 (shard format 1: no step, no reference): refused
       "model_id": hex content id of the model,
       "template_id": "[a-z0-9-]{1,64}",
       "token_grid": [rows, cols],
@@ -18,11 +18,13 @@ Schema::
       "codec": the ladder's codec ("sakura", "cachegen", ...),
       "distortion_metric": "attn_rel_err" (relative error of the attention output on held-out probe requests),
       "kv_mode": "single" | "per-step"             # optional; absent = "single" (one KV per layer, every step)
+      "store_profile": "serving" | "full"          # optional; absent = "full" (every representation, fp16 included)
       "schedule": {"steps": S, "timesteps": [t_0, .., t_{S-1}], "shift": float, "guidance": float | null,
                    "sampler": "flow-euler"}        # per-step only: the schedule the KV is valid for
       "shards": [                                  # in execution order, covering layers 0..num_layers-1
         {"layers": [first, last],                  # (per-step: step-major, each step covering every layer)
          "step": s,                                # per-step only: the sampler step (t = timesteps[s]); single: absent
+         "exact_digest": str,                      # per-step, optional: the fp16 digest when that blob is not stored
          "representations": [                      # ascending level = ascending size and quality
            {"level": int, "name": str, "codec": str,
             "bytes": size of this blob alone,
@@ -73,6 +75,7 @@ from .manifest_schema import (
     manifest_kv_mode,
     version_problem,
 )
+from .storage import manifest_store_profile
 
 __all__ = [
     "KV_MODES",
@@ -178,6 +181,8 @@ class Manifest:
         schedule: the schedule per-step KV is valid for; None in single mode.
         template_image: the template image blob the publisher added, or None (the first reference's image).
         references: the template's reference images in order (one for a manifest without ``references``).
+        store_profile: what the store keeps of it: ``"full"`` (every representation, the fp16 included; also a
+            manifest without the field) or ``"serving"`` (the rungs a client fetches: :mod:`.storage`).
     """
 
     raw: dict = field(repr=False, compare=False)
@@ -193,6 +198,7 @@ class Manifest:
     schedule: Schedule | None = None
     template_image: BlobRef | None = None
     references: tuple[Reference, ...] = ()
+    store_profile: str = "full"
 
     @property
     def ref_grids(self) -> tuple[tuple[int, int], ...]:
@@ -244,7 +250,7 @@ def parse_manifest(manifest: Any, *, template_id: str | None = None, model_id: s
         for r in check_references(manifest, header["token_grid"], header["rope_layout"])
     )
     parsed = Manifest(raw=manifest, schedule=schedule, template_image=None if image is None else BlobRef(*image),
-                      references=refs, **header)  # fmt: skip
+                      references=refs, store_profile=manifest_store_profile(manifest), **header)  # fmt: skip
     return parsed.expect(template_id=template_id, model_id=model_id)
 
 

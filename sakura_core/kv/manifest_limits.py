@@ -23,6 +23,7 @@ from ..limits import (
 )
 from .container import MAX_BLOB_BYTES
 from .manifest_schema import ManifestError
+from .storage import manifest_store_profile
 
 __all__ = ["ManifestLimitError", "check_geometry_limits", "check_steps_limit", "check_value_limits"]
 
@@ -56,11 +57,13 @@ def check_steps_limit(steps: int) -> None:
 def check_value_limits(manifest: dict, header: dict) -> None:
     """Once the schema holds: each shard's K/V within the shard container's element limit, at most
     :data:`MAX_REPRESENTATIONS` representations of at most ``MAX_BLOB_BYTES`` each, the same ladder (level names)
-    in every shard (the blob-less reuse rung and the closed-loop twins of cross-step steps aside), ``psnr_db``
+    in every shard (the blob-less reuse rung and the closed-loop twins of cross-step steps aside; a ``serving`` store
+    profile keeps a subset per shard), ``psnr_db``
     (optional) a finite number, the template image at most :data:`MAX_IMAGE_BYTES`."""
     rows, cols = header["token_grid"]
     per_layer = rows * cols * header["heads"] * header["head_dim"]
     ladder = None
+    serving = manifest_store_profile(manifest) == "serving"
     for i, shard in enumerate(manifest["shards"]):
         first, last = shard["layers"]
         _at_most(f"shards[{i}].layers (K elements)", (last - first + 1) * per_layer, MAX_SHARD_ELEMENTS)
@@ -75,7 +78,7 @@ def check_value_limits(manifest: dict, header: dict) -> None:
         names = [rep["name"] for rep in reps if (rep.get("ref") or {}).get("mode") not in ("reuse", "closed")]
         if ladder is None:
             ladder = names
-        elif names != ladder:
+        elif names != ladder and not serving:  # a serving store keeps a subset per shard (its ladder view fills in)
             raise ManifestError(
                 f"manifest field 'shards[{i}].representations' has the levels {names}, shard 0 has {ladder}: every "
                 "shard must offer the same ladder"

@@ -1,4 +1,4 @@
-"""A per-step manifest's cross-step ``ref`` fields (manifest version 2, issue 24), checked by the schema
+"""A per-step manifest's cross-step ``ref`` fields (manifest version 2), checked by the schema
 (:mod:`.manifest_schema` calls these)::
 
     {"mode": "residual", "step": r, "digest": D}   # its blobs code KV_s - KV_r: decode = (r, layers) + this chain
@@ -6,8 +6,8 @@
     {"mode": "closed",   "step": r, "digest": T}   # a closed-loop twin "<level>+cl": KV_s - a * (r, layers)
                                                    # decoded as the representation T (<level> or <level>+cl)
 
-``r < s``; ``D``: the fp16 digest of shard (r, same layers), the exact KV the residual was computed against (any
-decoded representation of it serves as the reference). ``reuse``: ``bytes`` 0, ``digest`` null, ``requires`` [].
+``r < s``; ``D``: the fp16 digest of shard (r, same layers) (its ``exact_digest`` where the fp16 is not stored), the
+exact KV the residual was computed against (any decoded representation of it serves as the reference). ``reuse``: ``bytes`` 0, ``digest`` null, ``requires`` [].
 ``T``: the one representation of shard (r, same layers) a twin decodes against (its level's track).
 """
 
@@ -78,12 +78,15 @@ def _check_closed_ref(rep: dict, ref: dict, ref_name: str | None, ref_names: set
 
 
 def check_cross_step_refs(shards: list[dict]) -> None:
-    """Every ``ref`` names the fp16 representation of the shard (ref step, same layers) of this manifest — a
-    closed-loop twin's names its level's track representation there (:func:`_check_closed_ref`)."""
+    """Every ``ref`` names the fp16 representation of the shard (ref step, same layers) of this manifest, or that
+    shard's ``exact_digest`` where its fp16 is not stored (serving profile) — a closed-loop twin's names its level's
+    track representation there (:func:`_check_closed_ref`)."""
     exact, named, names = {}, {}, {}
     for sh in shards:
         at = (sh["step"], tuple(sh["layers"]))
         names[at] = {rep["name"] for rep in sh["representations"]}
+        if sh.get("exact_digest") is not None:  # a serving-profile shard: its fp16 is not stored, but named
+            exact[at] = sh["exact_digest"]
         for rep in sh["representations"]:
             if rep.get("codec") == "fp16" and rep.get("ref") is None:
                 exact[at] = rep["digest"]

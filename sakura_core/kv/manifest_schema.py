@@ -2,7 +2,7 @@
 in :mod:`sakura_core.kv.manifest`, which builds the typed :class:`~sakura_core.kv.manifest.Manifest` from what these
 functions return; every reader of a manifest gets each check). Each check raises :class:`ManifestError` naming the
 offending field (``shards[2].layers``) and what it must be; the size bounds are in :mod:`.manifest_limits`.
-Version 2 (issue 24, shard container format 2): a per-step representation may carry a cross-step ``ref``, checked
+Version 2 (shard container format 2): a per-step representation may carry a cross-step ``ref``, checked
 in :mod:`.manifest_refs`. A version-1 manifest is refused naming the fix (:func:`version_problem`).
 """
 
@@ -59,7 +59,7 @@ def _name(m: dict, key: str) -> str:
 
 
 def manifest_kv_mode(manifest: dict) -> str:
-    """``"single"`` or ``"per-step"``; a manifest without ``kv_mode`` (every manifest before per-step) is single."""
+    """``"single"`` or ``"per-step"``; a manifest without ``kv_mode`` is single."""
     mode = manifest.get("kv_mode", "single")
     if mode not in KV_MODES:
         raise ManifestError(f"manifest field 'kv_mode' must be one of {list(KV_MODES)}, got {mode!r}")
@@ -158,7 +158,7 @@ def check_references(manifest: dict, token_grid: tuple[int, int], rope_layout: s
     """The template's reference images, typed, in the model's order (:mod:`sakura_core.models.ref_layout`): the
     ``references`` list agrees with ``token_grid`` (their grids stacked) and ``rope_layout`` (how many), each entry
     ``{name?, size, token_grid, rope_t = 10 (i + 1), token_offset, tokens, image?}``; the first one's image is
-    ``template_image``. A manifest without ``references`` (published before them) has one reference: its token grid
+    ``template_image``. A manifest without ``references`` has one reference: its token grid
     and ``template_image``; several references need the list. Each returned entry: ``name`` (or None), ``size``
     (or None), ``token_grid``, ``rope_t``, ``token_offset``, ``tokens``, ``image`` ((digest, bytes) or None: the
     codec's manifest has no images yet)."""
@@ -259,6 +259,10 @@ def _check_layer_cover(group: list[tuple[int, Any]], num_layers: int, seen_diges
                 f"without gaps (expected first = {next_layer})"
             )
         next_layer = layers[1] + 1
+        exact = shard.get("exact_digest")
+        if exact is not None and (step is None or not is_digest(exact)):
+            raise ManifestError(f"manifest field '{where}.exact_digest' must be 64 lowercase hex characters in a "
+                                f"per-step manifest, got {exact!r}")  # fmt: skip
         _check_representations(shard.get("representations"), where, seen_digests, step)
     if next_layer != num_layers:
         raise ManifestError(

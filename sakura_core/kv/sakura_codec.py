@@ -1,8 +1,8 @@
 """The SAKURA codec: importance-aware, rate-distortion-allocated, progressive KV compression.
 
 Quantisation. Every value gets an 8-bit *fine code*, keys and values alike per channel (min/max over the shard's
-tokens, one range per (K or V, layer, head, channel): measured on the trained demo model, per-channel value ranges
-give 0.7-1.5 dB less value error than per-token ranges at 2-4 bits, and need no per-token side information). A
+tokens, one range per (K or V, layer, head, channel): per-channel value ranges give less value error than per-token
+ranges at 2-4 bits on the trained demo model, and need no per-token side information). A
 unit — one (K or V, layer, token, head) row of ``head_dim`` values — is represented at a width ``w`` in
 {0, 1, 2, 3, 4, 5, 6, 8} by the top ``w`` bits of its codes, reconstructed at the centre of the bin they select.
 Width 0 drops the unit: it is reconstructed as the per-channel mean (so it still attends, at an average logit with
@@ -77,14 +77,13 @@ class SakuraConfig:
 
     Attributes:
         level_bits: bit budget of each level in raw bits per K/V value (before zstd; fp16 = 16), strictly
-            increasing; one level per entry. Default: 8 levels, one cheap rung (1.2) below the quality floor, finer
-            rungs around 35-40 dB output PSNR (1.5, 1.75, 2.0, 2.4; ~35.8, ~38.5, ~40.9, ~43 dB on the trained demo
-            model, 4 templates x 3 edits) and a top one (9.0) with room to put every unit at 8 bits. zstd then saves
-            roughly another 10-25 %.
+            increasing; one level per entry. Default: 9 levels, cheap rungs from 1.2 bits up, finer rungs around
+            35-40 dB output PSNR (1.5, 1.75, 2.0, 2.4), then 3.0, 4.5 and a top one (9.0) with room to put every
+            unit at 8 bits. zstd then shrinks each level further (`sakura bench codec`).
         uniform_mix: the allocation weighs each unit by ``importance + uniform_mix * mean importance`` (per layer
             and tensor): 0 trusts the probe-estimated sensitivities fully, large values approach a uniform
-            allocation (a guard against requests unlike the probes). Measured on the stage-1 demo weights (4
-            templates x 3 edits, mean PSNR at ~7x): 37.6 dB at 0, 34.6 at 0.1, 32.1 at 0.3, 29.9 at 1 — so 0.
+            allocation (a guard against requests unlike the probes). 0 by default: on the demo weights every larger
+            mix lowered the output PSNR at equal bytes.
         zstd_level: zstd compression level of the entropy stage (1..22; higher = smaller, slower encode; decode
             speed barely changes).
     """

@@ -4,8 +4,8 @@ steps a progressive chain applies blob by blob; the dequantisation the encoder a
 
 Keys and values are quantised alike: one range per (tensor, layer, head, channel) over the shard's tokens, 8-bit
 fine codes. A unit at width ``w`` holds the top ``w`` bits of each of its fine codes (right-aligned: a refinement
-shifts them up and appends its bits); decoding takes the centre of the bin they select. (Gray-coding the codes was
-measured too: it changed the compressed sizes by under 0.3 %.)
+shifts them up and appends its bits); decoding takes the centre of the bin they select. (Plain binary, not Gray
+codes: Gray-coding leaves the compressed sizes practically unchanged.)
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class _State:
 
 #: Compact ranges of a predicted residual (a base blob whose header has a predictor scale): per channel the mean
 #: (float16) and its distance to the minimum and to the maximum as a log code ``c`` (uint8): ``_SPAN[c]`` =
-#: 2 ** ((c - 168) / 8) (0 for c = 0; 5e-7 .. 1868), rounded outward by the encoder — 4 bytes a channel instead of 6
+#: 2 ** ((c - 168) / 8) (0 for c = 0; 5e-7 .. 1878), rounded outward by the encoder — 4 bytes a channel instead of 6
 #: (min, max, mean in float16); a residual's ranges are small and many, so its side information is what this saves.
 _SPAN = np.concatenate([[0.0], 2.0 ** ((np.arange(1, 256) - 168) / 8)]).astype(np.float32)
 MAX_SPAN = float(_SPAN[-1])

@@ -32,8 +32,8 @@ class Params:
 
 #: A (tensor, layer) block with fewer kept (width > 0) units than this fraction is dequantised unit by unit (the kept
 #: rows gathered, their head's ranges gathered alongside: more work per value) instead of densely (every value, the
-#: dropped ones overwritten): a cheap rung drops most of a block. Measured on Gaussian phone-scale rungs: at 22 % kept
-#: 4.1 vs 4.9 ms, at 37 % about equal.
+#: dropped ones overwritten): a cheap rung drops most of a block. 0.3: chosen because the two break even at about a
+#: third kept on phone-scale rungs (`sakura bench decode`).
 SPARSE_KEPT = 0.3
 
 

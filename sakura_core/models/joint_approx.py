@@ -4,7 +4,7 @@ In plain joint attention the reference tokens attend to the noisy latent and the
 request's timestep, so their keys/values depend on the request. Reuse here is an approximation: a *calibration run*
 records the reference K/V of every (layer, step); later requests drop the reference tokens from the sequence and
 inject the recorded K/V at the same (layer, step). The error against full computation is measured in
-``tests/sakura_core/models/test_joint_approx.py`` (7e-4 relative output error on a tiny random model; trained
+``tests/sakura_core/models/test_joint_approx.py`` (it bounds a tiny random model's relative output error; trained
 models, whose reference tokens react more to the request, drift further) — never
 offer this path as exact. Exact reuse needs FLUX.2 [klein] KV mode (``flux2_kv``).
 

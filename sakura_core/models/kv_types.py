@@ -11,7 +11,7 @@ from .ref_layout import grids_of
 __all__ = ["KV_MODES", "KVMismatchError", "PerStepTemplateKV", "TemplateKV", "check_kv_compatible"]
 
 # ``single``: one KV per layer, template tokens at a fixed time, reused by every step (FLUX.2 [klein] KV mode).
-# ``per-step``: one KV per (step, layer), template tokens modulated at each step's own time (DESIGN.md).
+# ``per-step``: one KV per (step, layer), template tokens modulated at each step's own time (docs/design.md).
 KV_MODES = ("single", "per-step")
 
 

@@ -8,7 +8,7 @@ them (diffusers' ``_flux2_kv_causal_attention``), so the references' KV is one b
 
 On the wire (shard headers, manifests) a layout is two fields that already exist: ``token_grid``, the references'
 grids stacked (sum of rows, cols — the references of one template share one size), and ``rope_layout``, which says
-how many references the stack holds: ``flux2-ref-t10`` (one, as before) or ``flux2-ref-t10-xN`` (N of them). A
+how many references the stack holds: ``flux2-ref-t10`` (one) or ``flux2-ref-t10-xN`` (N of them). A
 layout as a value is a tuple of (rows, cols) grids; a single (rows, cols) means one reference.
 """
 

@@ -155,6 +155,7 @@ def ladders_from_manifest(
     n = steps * L  # a level's output MSE is shared out over every shard
     ladders: list[list[Level] | None] = [None] * n
     reps_out: list[list[dict] | None] = [None] * n
+    slots = _slot_names(manifest["shards"])
     for shard in manifest["shards"]:
         first, last = shard["layers"]
         g = shard["step"] * L + first if per_step else first
@@ -168,6 +169,7 @@ def ladders_from_manifest(
             r for r in shard["representations"] if (r.get("ref") or {}).get("mode") not in ("reuse", CLOSED_REF_MODE)
         ]
         reps = sorted(reps, key=lambda r: (r["name"] == "fp16", r["level"]))
+        reps, twins = _fill_slots(reps, twins, slots)
         rows, cols = manifest["token_grid"]
         # what every level decodes to: K and V of this shard's layers in fp16, whatever the level's size on the wire
         fp16_bytes = (last - first + 1) * 2 * rows * cols * manifest["heads"] * manifest["head_dim"] * 2
@@ -183,7 +185,7 @@ def ladders_from_manifest(
                 mse = float(r["distortion"]) ** 2 / n
             levels.append(
                 Level(
-                    name=r["name"],
+                    name=r.get("stands_for", r["name"]),
                     nbytes=chain_bytes,
                     increment_bytes=r["bytes"] if progressive else chain_bytes,
                     decode_s=fp16_bytes / decode_bytes_per_s,
@@ -203,6 +205,38 @@ def ladders_from_manifest(
     if missing:
         raise ValueError(f"manifest lacks shards for {', '.join(_slot(g, L, True) for g in missing)}")
     return ladders, reps_out
+
+
+def _name_key(name: str) -> tuple:
+    """A level name's place in a ladder: the codec's level number (``sakura-l3`` -> 3), the exact fp16 last."""
+    stem, _, number = name.rpartition("-l")
+    return (name == "fp16", int(number) if stem and number.isdigit() else -1, name)
+
+
+def _slot_names(shards: list[dict]) -> list[str]:
+    """Every level name some shard offers as a rung (not ``reuse``, not a twin), in ladder order: the slots of every
+    shard's ladder. A full store offers the same names in every shard; a ``serving`` one a subset per shard."""
+    names = {r["name"] for sh in shards for r in sh["representations"]
+             if (r.get("ref") or {}).get("mode") not in ("reuse", CLOSED_REF_MODE)}  # fmt: skip
+    return sorted(names, key=_name_key)
+
+
+def _fill_slots(reps: list[dict], twins: dict[str, dict], slots: list[str]) -> tuple[list[dict], dict[str, dict]]:
+    """One representation per slot: a level the store does not hold for this shard (``serving`` profile) is served by
+    the nearest one it does — the next one up, else the next one down — marked ``stands_for`` the slot's name; the
+    slot keeps its own closed-loop twin where the store holds one (a twin of another level never applies: its track
+    starts at step 0's level of its own name)."""
+    have = {r["name"]: r for r in reps}
+    if list(have) == slots:
+        return reps, twins
+    out = []
+    for i, name in enumerate(slots):
+        if name in have:
+            out.append(have[name])
+            continue
+        near = [slots[j] for j in [*range(i + 1, len(slots)), *range(i - 1, -1, -1)] if slots[j] in have]
+        out.append({**have[near[0]], "stands_for": name})
+    return out, twins
 
 
 def _with_twins(levels, reps, twins: dict[str, dict], decode_s: float, n: int, level_psnr_db):

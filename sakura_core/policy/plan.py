@@ -16,6 +16,7 @@ __all__ = [
     "policy_levels",
     "runnable_policies",
     "track_floor_index",
+    "track_psnr",
 ]
 
 # A level is acceptable as the quality floor when its measured output PSNR (manifest ``psnr_db``) reaches this.
@@ -38,13 +39,16 @@ def floor_index(ladder_names: list[str], reps: list[dict], floor_psnr_db: float 
     return len(ladder_names) - 1
 
 
-def policy_levels(names: list[str], family: str) -> list[int]:
+def policy_levels(names: list[str], family: str, psnr_db: dict[str, float] | None = None) -> list[int]:
     """Indices (into a ladder with level ``names``) that a policy of ``family`` may fetch: fp16 sees only the exact
-    representation, CacheGen only its own levels (not the extra fp16 reference), sakura everything."""
+    representation — from a store that does not hold it (``serving`` profile) the nearest one it does, its top rung:
+    the level of highest ``psnr_db`` (per level name, on its twins' track) when given, else the last (the policy's
+    decisions say so) —, CacheGen only its own levels (not the extra fp16 reference), sakura everything."""
     if family == "fp16":
-        if "fp16" not in names:
-            raise ValueError(f"the template has no fp16 representation (levels: {', '.join(names)}); republish it")
-        return [names.index("fp16")]
+        if "fp16" in names:
+            return [names.index("fp16")]
+        rated = [(p, i) for i, n in enumerate(names) if (p := (psnr_db or {}).get(n)) is not None]
+        return [max(rated)[1] if rated else len(names) - 1]
     if family == "cachegen":
         return [i for i, n in enumerate(names) if n != "fp16"]
     return list(range(len(names)))
@@ -70,8 +74,8 @@ def plan_fetch(manifest: dict, policy_name: str, decode_bytes_per_s: float = 6e8
     (the levels below the open-loop floor then fetch that floor off their track: ``Level.off_track``)."""
     policy = make_policy(policy_name)
     ladders, reps = ladders_from_manifest(manifest, decode_bytes_per_s)
-    keep = policy_levels([lv.name for lv in ladders[0]], policy.family)
-    ladders, reps = [[lad[i] for i in keep] for lad in ladders], [[r[i] for i in keep] for r in reps]
+    keep = policy_levels([lv.name for lv in ladders[0]], policy.family, track_psnr(reps))
+    ladders, reps = [[lad[i] for i in keep] for lad in ladders], [_kept_reps(r, keep) for r in reps]
     names = [lv.name for lv in ladders[0]]
     floor = floor_index(names, reps[0])
     track = track_floor_index(names, reps)
@@ -80,14 +84,38 @@ def plan_fetch(manifest: dict, policy_name: str, decode_bytes_per_s: float = 6e8
     return FetchPlan(policy, ladders, reps, floor)
 
 
+def _kept_reps(reps: list[dict], keep: list[int]) -> list[dict]:
+    """The representations at ``keep``; one whose chain requires a representation left out carries the entries of
+    its chain (``chain``: what the fetch lane sizes its blobs by; the top rung a fetch-fp16 policy gets from a store
+    without fp16 is a progressive chain)."""
+    out = []
+    kept = {reps[i]["digest"] for i in keep}
+    by_digest = {r["digest"]: r for r in reps}
+    for i in keep:
+        r = reps[i]
+        missing = [by_digest[d] for d in r.get("requires", ()) if d not in kept and d in by_digest]
+        out.append({**r, "chain": missing} if missing else r)
+    return out
+
+
 def track_floor_index(ladder_names: list[str], reps: list[list[dict]], floor_psnr_db: float = FLOOR_PSNR_DB) -> int:
-    """Like :func:`floor_index`, on each level's track PSNR: its closed-loop twins' (``closed_twin``: step 0 at the
-    level, every later step its twin) where the template has them, else its own."""
-    psnr = {}
+    """Like :func:`floor_index`, on each level's track PSNR (:func:`track_psnr`)."""
+    psnr = track_psnr(reps)
+    return floor_index(ladder_names, [{"name": n, "psnr_db": psnr.get(n)} for n in ladder_names], floor_psnr_db)
+
+
+def track_psnr(reps: list[list[dict]]) -> dict[str, float]:
+    """Per ladder slot name the measured PSNR of its track: its closed-loop twins' (``closed_twin``: step 0 at the
+    level, every later step its twin) where the template has them, else the level's own ``psnr_db`` (a slot a
+    ``serving`` store fills with another level, ``stands_for``, has only its twin's)."""
+    own: dict[str, float] = {}
+    twins: dict[str, float] = {}
     for shard_reps in reps:
         for r in shard_reps:
+            slot = r.get("stands_for", r["name"])
             twin = r.get("closed_twin")
             if twin is not None and twin.get("psnr_db") is not None:
-                psnr[r["name"]] = twin["psnr_db"]
-    track = [{"name": r["name"], "psnr_db": psnr.get(r["name"], r.get("psnr_db"))} for r in reps[0]]
-    return floor_index(ladder_names, track, floor_psnr_db)
+                twins[slot] = twin["psnr_db"]
+            if "stands_for" not in r and r.get("psnr_db") is not None:
+                own.setdefault(slot, r["psnr_db"])
+    return {**own, **twins}

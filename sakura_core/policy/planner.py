@@ -15,8 +15,8 @@ Front-loading is optimal when the shards still to fetch cost the same (swap a fe
 template layer: the layers between start later and their shards arrive no later, so no wait grows), so the plan
 is a *cut*: the current step's split ``k``, then every later layer up to a cut position ``P`` on the device and
 every one from ``P`` on fetched. For each ``k``, the finish of every ``P`` at once is a few running maxima
-(:meth:`Snapshot.cut_finishes`); the best (k, P), the best uniform split and the previous plan are compared with
-the exact :meth:`Snapshot.finish`. Cost per decision: O((L + 1) x shards) numpy work, L the layers per step.
+(:meth:`Snapshot.cut_table`, equal to :meth:`Snapshot.finish`: tested); the best (k, P) competes with the previous
+plan's exact :meth:`Snapshot.finish`. Cost per decision: O((L + 1) x shards) numpy work, L the layers per step.
 
 With ``rate=None`` transfers follow the trace exactly (the oracle's static search), one shard at a time; there the
 cut is searched by exact evaluation and refined by coordinate descent over each step's split (the oracle runs
@@ -60,11 +60,9 @@ class Snapshot:
     """What is known now, frozen for the search. ``rate``: bytes/s for transfers not yet decoded (None = the trace).
     ``fetch_from`` overrides the next undecided shard (the one a level choice is about). ``track``: price a
     twins'-track floor by the plan (:meth:`_planned_bytes`: off the track once a step computes the layer) — the
-    oracle's search does; sakura's own plans price every shard on its track. Measured (the committed e2e run, issue
-    25): with track-aware plans sakura dropped the template earlier (computing a layer now costs its later steps the
-    open-loop floor's bytes) and lost that bet on links that then fell — worst runs vs the oracle over 1.3 in 6 cells
-    instead of 2 (per-step klein4b-512-ref1024 cpu 5G 1.23 -> 1.44: a 145 s stall on ucc5g_driving_20200227_173015),
-    medians unchanged."""
+    oracle's search does; sakura's own plans price every shard on its track: track-aware plans drop the template
+    earlier (computing a layer now costs its later steps the open-loop floor's bytes), a bet that loses on links that
+    then fall, with long stalls (the comparison over traces: `sakura bench e2e`)."""
 
     def __init__(self, ctx: Context, rate: float | None, fetch_from: int | None = None, track: bool = False):
         p = ctx.profile

@@ -39,7 +39,11 @@ class FetchFP16(Policy):
     family = "fp16"
 
     def choose(self, ctx: Context, layer: int) -> Decision:
-        return Decision(0, f"always the exact level {ctx.ladder(layer)[0].name} ({_mb(ctx.ladder(layer)[0].nbytes)})")
+        level = ctx.ladder(layer)[0]
+        if level.name != "fp16":  # a serving-profile store keeps no fp16: its nearest rung is the top one
+            return Decision(0, f"the exact level fp16 is not in this store (store profile serving): the nearest it "
+                               f"holds, {level.name} ({_mb(level.nbytes)})")  # fmt: skip
+        return Decision(0, f"always the exact level {level.name} ({_mb(level.nbytes)})")
 
     def keep_template(self, ctx: Context, layer: int) -> bool:
         return False

@@ -18,8 +18,9 @@ class Sakura(Policy):
 
     * Plan: at every decision, the split k_s of every remaining step (template through layers < k_s on the device,
       shards >= k_s fetched back to back in execution order at the floor level, later steps prefetched) with the
-      earliest predicted finish, under an error-discounted throughput (RobustMPC: harmonic mean / (1 + max recent
-      error)); re-planned as transfers complete, so an estimation error is corrected at the next decision.
+      earliest predicted finish, under the harmonic mean of recent throughput samples (``plan_estimate`` may pick
+      RobustMPC's error-discounted one instead: harmonic mean / (1 + max recent error)); re-planned as transfers
+      complete, so an estimation error is corrected at the next decision.
     * Probe: with no throughput sample yet the first shard is fetched at the floor level (free: compute keeps the
       template until a shard is ready).
     * Fetch lane: a shard below its step's planned split is deferred ("not now": the runtime asks again before later
@@ -44,20 +45,18 @@ class Sakura(Policy):
     # the estimate the fetch plan uses: "robust" (harmonic mean / (1 + max recent error)) or "harmonic"
     plan_estimate = "harmonic"
     # a drop must not lose against keeping the template even if the link is this many times slower than the
-    # slowest recent sample. 4.0 (issue 14) kept the template for several layers of step 0 on fast links while a
-    # few early samples were slow; the outage check below already insures a drop against the link dying. 1.0:
-    # synthetic links, per-step klein cpu, 4 starts: seed 100 sakura/oracle median 1.0625 -> 1.0565 (10 runs
-    # > 2 % faster, 2 slower), fresh seed 200 1.0678 -> 1.0666 (7 faster, 2 slower)
+    # slowest recent sample. 1.0 and not more: a larger factor keeps the template for several layers of step 0 on
+    # fast links while a few early samples were slow, and the outage check below already insures a drop against the
+    # link dying (the comparison over traces: `sakura bench e2e`)
     regret_slowdown = 1.0
     # wait this fraction of a template pass for a late shard before a template pass may replace it
     late_patience = 0.25
     # the edit's waiting allowance: patience for late shards ends once the edit has waited this fraction of the
-    # fetch-nothing latency (the issue's guard: never more than 2 % slower than fetching nothing)
+    # fetch-nothing latency (the guard: an edit never more than 2 % slower than fetching nothing)
     stall_budget = 0.015
     # past the waiting allowance, where an overrun would make the edit slower than fetching nothing, a late shard is
-    # waited on only while predicted within this fraction of the fallback pass (a link may halve: the audit's 3G
-    # run waited 37 s on a prediction of 21 s, the pass costing 24 s). 0.5, synthetic links (seeds 300, 400, single
-    # klein / two-reference cpu): sakura / fetch-nothing worst 1.164 -> 1.019, 1.242 -> 1.046 (seed 400)
+    # waited on only while predicted within this fraction of the fallback pass: 0.5, so a wait predicted on a link
+    # that then halves still ends within the pass
     late_margin = 0.5
 
     def reset(self) -> None:
@@ -67,8 +66,8 @@ class Sakura(Policy):
         self._cache: tuple | None = None
 
     def rate(self, ctx: Context) -> float | None:
-        """Bytes/s the predictions use (None = exact transfer times from the trace): the error-discounted estimate,
-        lowered while the transfer in progress is overdue."""
+        """Bytes/s the predictions use (None = exact transfer times from the trace): the estimate ``plan_estimate``
+        names, lowered while the transfer in progress is overdue."""
         est = ctx.estimator.harmonic() if self.plan_estimate == "harmonic" else ctx.estimator.robust()
         return ctx.slowed(est)
 
@@ -236,7 +235,7 @@ class Sakura(Policy):
         # within stall_budget of fetching nothing any more (the resumed pass costs what fetching nothing would)
         allowance = self.stall_budget * ctx.fetch_nothing_s - ctx.stalled_s
         # the runtime asks again one cached-layer time later: the last ask inside the allowance is where it ends
-        # (waiting on to the next ask overshot it by up to a poll: 7.2 s for a 5.9 s allowance on the phone CPU)
+        # (waiting on to the next ask would overshoot it by up to a poll)
         poll = ctx.profile.layer_cached_s
         patience = min(self.late_patience * resume, max(ctx.now - since + allowance - poll, 0.0))
         if ctx.now - since < patience:

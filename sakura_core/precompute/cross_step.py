@@ -7,24 +7,24 @@ What a client fetches for step s at level j: the residual of (s, layer) at level
 level, or its exact KV computed on the device (the manifest ``ref`` names it by its fp16 digest). Decoded KV =
 ``a`` * the reference as decoded + the decoded residual.
 Open loop: the residual is coded against the *exact* KV_{s-1}, so any representation of the reference serves (an
-upgrade of it improves what adds it) and the errors of a chain add up, no more (residuals against step 0 were
-measured too: on the demo model they grow with the distance, step 3's costing 80 % of a self-contained step at
-level 3, against 25-30 % for step-to-step residuals). The ``reuse`` rung (0 bytes) takes step s-1's decoded KV of the layer as it is. The fp16
-representation of every shard stays self-contained (a client whose base is missing or corrupt can still fetch the
-exact KV). Residuals are allocated with the base's rate-distortion thresholds (level j spends a bit on a residual
-unit only where it buys as much output error as a bit of the base), their dropped units reconstructed as the mean
-residual (i.e. the base's value), so a layer that barely moves between steps costs almost nothing.
+upgrade of it improves what adds it) and the errors of a chain add up, no more (not residuals against step 0: they
+grow with the distance between the steps, where step-to-step residuals stay small). The ``reuse`` rung (0 bytes)
+takes step s-1's decoded KV of the layer as it is. The fp16 representation of every shard stays self-contained (a
+client whose base is missing or corrupt can still fetch the exact KV). Residuals are allocated with the base's
+rate-distortion thresholds (level j spends a bit on a residual unit only where it buys as much output error as a bit
+of the base), their dropped units reconstructed as the mean residual (i.e. the base's value), so a layer that
+barely moves between steps costs almost nothing.
 
 Closed-loop twins (``CLOSED_LOOP``): beside each open-loop residual level j, a representation named
 ``closed_name(j)`` (``sakura-l2+cl``) codes ``KV_s - a * D_j(s-1)``, where ``D_j(s-1)`` is step s-1 exactly as a
 client decodes it on the level-j track: step 0's level j, then the twins of level j. Its manifest ``ref`` (mode
 ``closed``) and its header name the digest of that one representation, so it decodes only against it (the chain
-decoder compares the digests) — no error is carried from step to step: on the demo model the floor (>= 35 dB) falls
-from open-loop l5 to the track of l1 (the 1.33-bit level), 24 % fewer bytes at 0.5 dB more (``sakura precompute
---kv-mode per-step --compare-single`` prints both families). A client fetches a twin instead of level j when it holds the reference's
-level-j track representation (a layer kept at one level); after a level change, or for a layer computed on the
-device, the open-loop level (or, below the open-loop floor, that floor) serves: ``policy.ladder.fetch_as``. Twins
-carry level numbers above fp16 (no rung of the ladder: a client substitutes them).
+decoder compares the digests) — no error is carried from step to step, so the quality floor (>= 35 dB) is reached at
+a cheaper level on the twins' track than open loop (``sakura precompute --kv-mode per-step --compare-single`` prints
+both families). A client fetches a twin instead of level j when it holds the reference's level-j track
+representation (a layer kept at one level); after a level change, or for a layer computed on the device, the
+open-loop level (or, below the open-loop floor, that floor) serves: ``policy.ladder.fetch_as``. Twins carry level
+numbers above fp16 (no rung of the ladder: a client substitutes them).
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ REUSE = "reuse"
 AFFINE_PREDICTOR = True
 #: Code a residual level as a chain of refinements of the lower ones (progressive) — or, off, as one direct blob per
 #: level. A per-step shard serves one step, so its level is picked before that step and an upgrade in between is
-#: rare; a chain pays each blob's container and width table again (on the demo model ~0.4 KB a residual blob, most
-#: of a cheap residual level's bytes), a direct blob once. Step 0 and single-mode ladders stay progressive.
+#: rare; a chain pays each blob's container and width table again (a fixed cost per blob, most of a cheap residual
+#: level's bytes), a direct blob once. Step 0 and single-mode ladders stay progressive.
 PROGRESSIVE_RESIDUALS = False
 #: Weigh a residual unit of step s by the steps its error reaches, ``(steps - s) / steps`` of a step-0 unit (open
 #: loop: step s's residual error stays in every later step's decoded KV, step 0's in all of them).

@@ -22,9 +22,9 @@ __all__ = [
 ]
 
 
-#: Held-out edits a level's manifest ``psnr_db`` is the lowest PSNR of. One edit left the quality floor no margin:
-#: ``sakura bench heldout`` found single-mode floors picked 0.04-0.07 dB above 35 dB falling to 34.3-34.6 dB on other
-#: users' edits (a level's PSNR varies by up to ~3 dB from edit to edit).
+#: Held-out edits a level's manifest ``psnr_db`` is the lowest PSNR of. More than one: a level's PSNR varies by a few
+#: dB from edit to edit, so a floor picked on one edit has no margin on other users' edits (``sakura bench heldout``
+#: checks the floor on edits precompute never saw).
 PSNR_EDITS = 3
 
 #: The prompts of the held-out edits (the first one's is generic).

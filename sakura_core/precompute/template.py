@@ -26,6 +26,7 @@ from .cross_step import StepBase, encode_residual_step, reuse_representation
 from .importance import attention_error, importance_from_captures, layer_gains
 from .output_psnr import PSNR_METRIC, add_output_psnr
 from .probes import ProbeConfig, make_probes
+from .store_profile import StoreProfile, apply_store_profile
 
 __all__ = ["DISTORTION_METRIC", "PrecomputedTemplate", "precompute_template", "template_kvs"]
 
@@ -59,6 +60,7 @@ def precompute_template(
     steps: int = 4,
     shift: float = 1.0,
     cross_step: bool = True,
+    store_profile: StoreProfile | str = "full",
 ) -> PrecomputedTemplate:
     """Compute a template's exact KV, estimate token importance, encode every shard at every level of ``codec`` plus
     the fp16 reference, measure each representation's distortion on held-out probes, and build the manifest.
@@ -85,9 +87,13 @@ def precompute_template(
             each step's time; shards carry ``step``).
         steps, shift: the per-step schedule (ignored in single mode).
         cross_step: per-step mode: code steps >= 1 against step s - 1 (:mod:`.cross_step`), not on their own.
+        store_profile: what the result keeps (:mod:`.store_profile`): ``"full"`` (every representation, the fp16
+            included; the default here: benchmarks and tests measure every level) or ``"serving"`` (the rungs a
+            client fetches, chosen by their ``psnr_db``; what ``sakura precompute`` publishes by default).
     """
     if kv_mode not in KV_MODES:
         raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
+    profile = store_profile if isinstance(store_profile, StoreProfile) else StoreProfile(store_profile)
     ladder = get_codec(codec)
     report = progress or (lambda stage, done, total: None)
     images = _check_images(model, template_image)
@@ -105,22 +111,13 @@ def precompute_template(
 
     probes_used = {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes}
     coding = None if per_step is None else ("cross-step" if cross else "independent")
-    manifest = _manifest(
-        kvs[0],
-        template_id,
-        ladder.name,
-        probes_used,
-        psnr_steps > 0,
-        per_step,
-        shift,
-        coding,
-        shards,
-        _references(images, kvs[0]),
-    )
+    manifest = _manifest(kvs[0], template_id, ladder.name, probes_used, psnr_steps > 0, per_step, shift, coding,
+                         shards, _references(images, kvs[0]))  # fmt: skip
+    manifest, blobs = apply_store_profile(manifest, blobs, profile, ladder.progressive)
     validate_manifest(manifest)
     total = sum(len(b) for b in blobs.values())
-    logger.info("precomputed template %s (%s): %d shards, %d blobs, %d bytes", template_id, kv_mode, len(shards),
-                len(blobs), total)  # fmt: skip
+    logger.info("precomputed template %s (%s, store profile %s): %d shards, %d blobs, %d bytes", template_id, kv_mode,
+                manifest["store_profile"], len(shards), len(blobs), total)  # fmt: skip
     return PrecomputedTemplate(manifest, blobs)
 
 

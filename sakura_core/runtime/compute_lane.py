@@ -7,7 +7,7 @@ shards passed). While the template tokens run, the policy says per layer whether
 (:meth:`ComputeLane.keep_template`: the split). A cached layer takes its KV from :meth:`ComputeLane.kv_source`:
 the fetched shard (waiting for it if late: :class:`~sakura_core.runtime.late_shards.LateShards`) or the device's
 own (:class:`~sakura_core.runtime.device_kv.DeviceKV`). The lane owns the split it took, the levels each (step,
-layer) used and its open span.
+layer) used (and the blobs behind the fetched KV it injected) and its open span.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class ComputeLane:
         self.split_layer = L  # step 0's split
         self.split_layers = [L] * self.grid.kv_steps  # k_s per step (per-step mode)
         self.levels_used: dict[int, list[str]] = {}  # shard g -> what each use of it took
+        self.used_blobs: dict[str, int] = {}  # digest -> bytes on the wire, of every blob behind KV injected
         self.span_t, self.span_key = 0.0, None  # the compute span open since the last layer hook
 
     def run(self) -> EditResult:
@@ -139,8 +140,9 @@ class ComputeLane:
             if kv is not None:
                 self.levels_used.setdefault(shard.g, []).append("device")
                 return kv
-        k, v, level = held.fetched(shard)
+        k, v, level, blobs = held.fetched_blobs(shard)
         self.levels_used.setdefault(shard.g, []).append(held.source_name(shard) or self.ladders[shard.g][level].name)
+        self.used_blobs.update(blobs)
         return k.unsqueeze(0), v.unsqueeze(0)
 
     def close_span(self, end: float) -> None:

@@ -1,8 +1,8 @@
 """EMULATED phone timing for a live edit: what the same edit would take on a phone running a phone-class DiT.
 
 The demo model is tiny: this host computes a layer of it faster than any link delivers its KV, so a live edit here
-always computes every layer. :class:`EmulatedTiming` runs the real edit (real shards, fetch, decode, policy, image)
-with the times of a phone instead:
+computes most layers (a probe shard is fetched, the rest computed). :class:`EmulatedTiming` runs the real edit (real
+shards, fetch, decode, policy, image) with the times of a phone instead:
 
 * compute: every layer of the model stands for ``phone layers / model layers`` layers of the device profile's DiT
   (``sakura_core.runtime.profiles``: published phone throughput, phone-dit-512 geometry); :class:`PacedBackend`

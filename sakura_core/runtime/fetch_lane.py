@@ -306,8 +306,8 @@ class FetchLane:
         try:
             await self._fetch_level(shard, level, gated)
         except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
-            retry = len(self.ladders[shard.g]) - 1 if isinstance(e, MissingReferenceError) else self.floor
-            if level != retry:
+            retry = self._exact_level(shard.g) if isinstance(e, MissingReferenceError) else self.floor
+            if retry is not None and level != retry:
                 name = self.ladders[shard.g][level].name
                 what = "its self-contained exact level" if retry != self.floor else "the floor level"
                 self.log.fallback(f"{shard} level {name}: {e}; retrying at {what}")
@@ -317,7 +317,14 @@ class FetchLane:
                 except Exception as e2:  # noqa: BLE001
                     e = e2
             self.log.fallback(f"{shard}: {e}; the device computes this layer's template KV")
+            self.log.decision(self.st.now, shard.g, "device", f"{shard} could not be fetched ({type(e).__name__})")
             self.held.fail(shard)
+
+    def _exact_level(self, g: int) -> int | None:
+        """The top level of shard ``g`` when it is self-contained (the fp16 a full store keeps), else None: a
+        ``serving`` store keeps no self-contained level at a cross-step step, so the device computes the layer."""
+        top = len(self.ladders[g]) - 1
+        return top if self.reps[g][top].get("ref") is None else None
 
     async def _fetch_level(self, shard: ShardId, level: int, gated: bool = True) -> None:
         """Fetch the chain of ``shard`` up to ``level``, decode it in the pool and publish the KV (``gated``: with
@@ -334,7 +341,7 @@ class FetchLane:
             rep = twin if as_twin else self.reps[g][level]
             digests = [*rep.get("requires", []), rep["digest"]]
             start = self.decoder.decoded_prefix(shard, digests)
-        by_digest = {r["digest"]: r for r in (*self.reps[g], rep)}
+        by_digest = {r["digest"]: r for r in (*self.reps[g], *rep.get("chain", ()), rep)}  # chain: policy_levels
         name = rep["name"]
         coming = False  # the reference is made on the device (or fetched) by the end of its step: decoded then
         try:
@@ -364,7 +371,8 @@ class FetchLane:
             self.log.decision(st.now, g, level, f"{name} not decoded: the compute lane served the shard meanwhile")
             return
         k, v = kv
-        if not self.held.publish(shard, k[0], v[0], level, digests[-1], name):
+        blobs = tuple((d, by_digest[d]["bytes"]) for d in digests)  # the chain the KV was decoded from
+        if not self.held.publish(shard, k[0], v[0], level, digests[-1], name, blobs):
             self.decoder.forget(shard)  # used already (per-step): a late upgrade is not kept
         with st.lock:
             st.got.setdefault(g, []).append((level, st.now))

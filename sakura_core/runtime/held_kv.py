@@ -56,6 +56,7 @@ class HeldKV:
         self.kv: dict[ShardId, tuple[torch.Tensor, torch.Tensor, int]] = {}  # fetched: (k, v, level)
         # fetched: (digest, name) of the representation the KV was decoded from (the last blob of its chain)
         self.source: dict[ShardId, tuple[str | None, str | None]] = {}
+        self.blobs: dict[ShardId, tuple[tuple[str, int], ...]] = {}  # fetched: its chain's (digest, wire bytes)
         self.device_kv: dict[ShardId, KV] = {}  # computed here after a failed or late shard
         self.ready = {shard: threading.Event() for shard in self.grid}
         self.failed: set[ShardId] = set()
@@ -67,10 +68,11 @@ class HeldKV:
     # ---- the fetch lane's side
 
     def publish(self, shard: ShardId, k: torch.Tensor, v: torch.Tensor, level: int, digest: str | None = None,
-                name: str | None = None) -> bool:  # fmt: skip
+                name: str | None = None, blobs: tuple[tuple[str, int], ...] = ()) -> bool:  # fmt: skip
         """Keep ``shard``'s decoded KV at ``level`` (decoded from the representation ``digest`` called ``name``:
-        the last blob of its chain) unless a finer level is held; False when the compute lane has passed the shard
-        already (per-step: a late upgrade is not kept). Does not set ``ready``."""
+        the last blob of its chain; ``blobs``: the chain's ``(digest, bytes on the wire)``) unless a finer level is
+        held; False when the compute lane has passed the shard already (per-step: a late upgrade is not kept). Does
+        not set ``ready``."""
         with self.lock:
             if shard.g < self.released_below:
                 return False
@@ -78,6 +80,7 @@ class HeldKV:
             if old is None or old[2] < level:
                 self.kv[shard] = (k, v, level)
                 self.source[shard] = (digest, name)
+                self.blobs[shard] = tuple(blobs)
                 self.shard_kv_nbytes = k.nbytes + v.nbytes
                 self._count(added=(k, v), removed=old[:2] if old is not None else ())
             return True
@@ -123,6 +126,12 @@ class HeldKV:
         with self.lock:
             return self.kv[shard]
 
+    def fetched_blobs(self, shard: ShardId) -> tuple[torch.Tensor, torch.Tensor, int, tuple[tuple[str, int], ...]]:
+        """:meth:`fetched` and the blobs (``(digest, bytes on the wire)``, its chain) that KV was decoded from, read
+        together."""
+        with self.lock:
+            return (*self.kv[shard], self.blobs.get(shard, ()))
+
     def device(self, shard: ShardId) -> KV | None:
         """The device's own KV for ``shard`` (from a fallback template pass), if computed."""
         with self.lock:
@@ -159,6 +168,7 @@ class HeldKV:
                 self.kept.discard(shard)
                 entry, own = self.kv.pop(shard, None), self.device_kv.pop(shard, None)
                 self.source.pop(shard, None)
+                self.blobs.pop(shard, None)
                 self._count(removed=(*(entry[:2] if entry else ()), *(own or ())))
             return range(lo, g)
 

@@ -64,6 +64,7 @@ class LateShards:
                 raise Cancelled(f"edit cancelled at step {step}, layer {shard.layer} while waiting for its shard")
             if st.now - t0 >= wait_s:
                 self.log.fallback(f"{shard} not ready after {wait_s}s; computing it on the device")
+                self.log.decision(st.now, shard.g, "device", f"{shard} not ready after {wait_s:g} s")
                 self.held.give_up(shard)
                 break
             with st.lock:

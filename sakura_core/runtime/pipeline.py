@@ -202,6 +202,7 @@ class PipelinedEdit:
             policy=self.policy.name,
             latency_s=self.st.now,
             bytes_fetched=self.fetch.bytes_fetched,
+            bytes_used=sum(compute.used_blobs.values()),
             split_layer=compute.split_layer if not every_step else self.grid.layers,
             image=result.image,
             tokens=result.tokens,

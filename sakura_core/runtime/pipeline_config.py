@@ -70,7 +70,10 @@ class RunReport:
     """One pipelined run. ``levels_used`` maps a shard (the layer in single mode; ``g = step * L + layer`` in
     per-step mode) to the levels the compute lane used ("device" = computed here after a failed shard, "template" =
     the template tokens ran on the device at that (step, layer)); ``split_layers`` is the split ``k_s`` of every
-    step in per-step mode (``[split_layer]`` in single mode, empty when the template ran everywhere)."""
+    step in per-step mode (``[split_layer]`` in single mode, empty when the template ran everywhere);
+    ``bytes_used`` is the part of ``bytes_fetched`` whose KV the compute lane injected: the bytes of every blob a
+    KV it injected was decoded from (each once) — not a shard fetched and then computed here, nor an upgrade that
+    came after the shard's last use, nor a failed try."""
 
     policy: str
     latency_s: float
@@ -86,6 +89,7 @@ class RunReport:
     layers_per_step: int = 0
     split_layers: list[int] = field(default_factory=list)
     peak_kv_bytes: int = 0
+    bytes_used: int = 0
 
     def levels_by_step(self) -> dict[str, list[str]]:
         """Per-step mode: ``{"step s": [what layer 0, 1, ... used]}`` ("-" = nothing recorded)."""

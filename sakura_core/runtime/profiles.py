@@ -3,7 +3,7 @@
 Cost model: a layer costs ``FLOPs of that layer for the tokens it runs / effective FLOP/s + per-layer overhead``
 (FLOPs from :mod:`.geometry`: request tokens, template tokens when the layer runs them, attention over all keys).
 The effective FLOP/s of each profile is derived from a published whole-network time of Stable Diffusion 1.5's UNet
-at 512^2 (~0.8 TFLOP per pass, shared/NOTES.md) on that compute unit — see :data:`PROFILE_SOURCES`, which the docs
+at 512^2 (~0.8 TFLOP per pass) on that compute unit — see :data:`PROFILE_SOURCES`, which the docs
 print as a table. The per-layer overhead (dispatch, synchronisation) is an assumption, stated as such.
 
 | profile                      | unit (SoC)                 | measured (SD 1.5 UNet, 512^2, 1 pass)          | eff. TFLOP/s |
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 _GIB = 2**30  # bytes
-SD15_UNET_FLOPS = 0.8e12  # one SD 1.5 UNet pass at 512^2 (64x64 latent), FLOPs (NOTES.md "Phone compute figures")
+SD15_UNET_FLOPS = 0.8e12  # one SD 1.5 UNet pass at 512^2 (64x64 latent), FLOPs
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ PROFILE_SOURCES = (
      "source": "qai-hub-models 0.65.0 perf.yaml, SD 1.5 UNet w8a16, Galaxy S26 (8 Elite Gen 5, the paper's phone)",
      "layer_overhead_s": 1e-4, "overhead_source": "assumed"},
 )  # fmt: skip
-_FIXED_S = {"npu": 0.225, "gpu": 0.225, "cpu": 0.5}  # VAE encode (~0.05 s) + decode (150-200 ms, NOTES.md)
+_FIXED_S = {"npu": 0.225, "gpu": 0.225, "cpu": 0.5}  # VAE encode (~0.05 s) + decode (150-200 ms)
 # Snapdragon 8 Elite (SM8750): 2 Oryon prime cores at 4.32 GHz + 6 at 3.53 GHz; the CPU profile's DiT uses all 8
 SM8750_CPU_CORES = 8
 CPU_SLOWDOWN_SOURCE = (

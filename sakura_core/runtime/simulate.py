@@ -8,8 +8,8 @@ paying one RTT after the transfer before); the decode lane is one thread; the
 compute lane runs step 0 layer by layer (template tokens kept while the policy says so), then steps 1..S-1 with
 every layer's KV, using at each step the best level decoded by its start.
 
-KV modes (DESIGN.md): ``single`` — one template KV per layer serves every step (step 0 is the hybrid forward, steps
-1..S-1 run cached). ``per-step`` — ``ladders`` has steps x layers shards (g = step * L + layer, execution order):
+KV modes (docs/design.md): ``single`` — one template KV per layer serves every step (step 0 is the hybrid forward,
+steps 1..S-1 run cached). ``per-step`` — ``ladders`` has steps x layers shards (g = step * L + layer, execution order):
 every step is a hybrid forward with its own split k_s (the template restarts at every step: ``template_alive`` is
 true again and ``compute_layer`` = s * L when the compute lane enters step s, then ``keep_template(ctx, g)`` per layer
 until it drops), the fetch lane asks ``choose(ctx, g)`` in order and so prefetches later steps' shards while

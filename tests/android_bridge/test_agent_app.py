@@ -145,6 +145,20 @@ async def test_job_lifecycle_progress_result_and_forget(make_agent, cloud, user_
     assert (await client.get(f"/v1/jobs/{sub['job_id']}", headers=AUTH)).status == 404
 
 
+@pytest.mark.parametrize("steps", [2, 8])
+async def test_every_step_count_in_the_report_is_the_jobs(make_agent, cloud, user_image, steps):
+    """The SIMULATED phone section ran the phone geometry's default 4 steps whatever the job asked (issue 44: "4
+    steps" for an 8-step job): it runs the job's."""
+    client, fake = await make_agent()
+    sub = await (await _submit(client, _body(cloud, user_image, steps=steps))).json()
+    events = await _events(client, sub["job_id"])
+    assert events[-1]["type"] == "done" and fake.requests[0][0].steps == steps
+    r = await client.get(sub["result_url"], headers=AUTH)
+    report = await (await aiohttp.MultipartReader.from_response(r).next()).json()
+    sim = report["executed_on"]["simulated_phone"]
+    assert sim["label"].startswith("SIMULATED") and sim["steps"] == steps
+
+
 async def test_one_job_at_a_time_bounded_queue_and_cancel(make_agent, cloud, user_image, demo_model):
     fake = FakeEdit(demo_model.adapter.num_layers)
     fake.gate.clear()

@@ -27,7 +27,7 @@ def test_phone_class_dit_fits_and_a_9b_model_does_not():
     phone = DiTGeometry("phone-dit", params=400_000_000, layers=24, heads=16, head_dim=64, image_tokens=1024,
                         template_tokens=1024, text_tokens=128)  # fmt: skip
     mem = check_budget(phone, NPU)
-    assert mem.kv_bytes == 96 * MIB  # DESIGN.md: 96 MiB of fp16 template KV for the phone-class DiT
+    assert mem.kv_bytes == 96 * MIB  # docs/design.md: 96 MiB of fp16 template KV for the phone-class DiT
     klein_9b = DiTGeometry("flux2-klein-9b", params=9_000_000_000, layers=32, heads=32, head_dim=128,
                            image_tokens=1024, template_tokens=1024, text_tokens=512)  # fmt: skip
     with pytest.raises(OverBudgetError, match=r"over the budget of 3840\.0 MiB .*one NPU session") as e:

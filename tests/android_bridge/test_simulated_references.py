@@ -23,7 +23,9 @@ def _manifest(template_id: str, refs: int) -> dict:
 def test_two_references_are_twice_the_phones_template():
     profile = PROFILES["snapdragon-8-elite-cpu"]
     trace = Trace.constant(50.0, name="fixed-50")
-    one, two = (simulate_phone_job(_manifest(f"tpl-{n}", n), "fetch-fp16", profile, trace=trace) for n in (1, 2))
+    one, two = (
+        simulate_phone_job(_manifest(f"tpl-{n}", n), "fetch-fp16", profile, steps=4, trace=trace) for n in (1, 2)
+    )
     tokens = profile.model.template_tokens
     assert one["model"].endswith(f"{tokens} template tokens") and two["model"].endswith(
         f"{2 * tokens} template tokens"

@@ -115,3 +115,19 @@ def test_list_adb_devices_reports_state_and_model():
 
     with pytest.raises(TransportError, match="adb start-server"):
         list_adb_devices(Down())
+
+
+def test_phone_run_with_no_adb_phone_ends_with_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    from PIL import Image
+
+    import android_bridge.transports as transports
+    from sakura_core.cli import main
+
+    monkeypatch.setattr(transports, "_default_adb_client", lambda host, port: Adb())  # adb runs, no phone attached
+    Image.new("RGB", (32, 32), "white").save(tmp_path / "user.png")
+    argv = ["phone", "run", "--agent", "adb", "--token", "t" * 16, "--cloud", "http://127.0.0.1:9",
+            "--template", "t", "--image", str(tmp_path / "user.png"), "--prompt", "p", "--out", str(tmp_path / "o.png")]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "no adb device attached" in err and "Traceback" not in err
+    assert not (tmp_path / "o.png").exists()

@@ -138,13 +138,15 @@ def make_app(store, store_cfg):
 # ---- a gate in front of the S3 server: hold or cut one request, to kill a writer at an exact point ---------------
 class Hold:
     """One matching request, held: ``arrived`` is set when it comes; ``release(forward)`` lets it through (or drops
-    it: the writer was killed meanwhile). With ``cut``, half its body is sent on to S3 and the connection closed."""
+    it: the writer was killed meanwhile). With ``cut``, half its body is sent on to S3 and the connection closed.
+    With ``every``, every matching request is held (``count`` of them came) until the release."""
 
-    def __init__(self, method: str, pattern: str, cut: bool = False):
-        self.method, self.regex, self.cut = method, re.compile(pattern), cut
+    def __init__(self, method: str, pattern: str, cut: bool = False, every: bool = False):
+        self.method, self.regex, self.cut, self.every = method, re.compile(pattern), cut, every
         self.arrived, self._released = asyncio.Event(), asyncio.Event()
         self.forward = True
         self.used = False
+        self.count = 0
 
     def release(self, forward: bool = True) -> None:
         self.forward = forward
@@ -153,11 +155,13 @@ class Hold:
 
 class S3Gate:
     """An HTTP proxy on 127.0.0.1 in front of the radosgw. Requests pass unchanged (same Host header, so their
-    signatures hold) except the first one matching each ``hold(...)``; ``seen`` lists (method, path) of all."""
+    signatures hold) except the first one matching each ``hold(...)`` (each one with ``every``), and those an
+    ``answer(...)`` rule answers itself; ``seen`` lists (method, path) of all."""
 
     def __init__(self, upstream_url: str):
         self.upstream = upstream_url
         self.holds: list[Hold] = []
+        self.answers: list[tuple[str, re.Pattern, object]] = []
         self.seen: list[tuple[str, str]] = []
         self.port: int | None = None
         self._runner = self._session = None
@@ -166,10 +170,20 @@ class S3Gate:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def hold(self, method: str, pattern: str, *, cut: bool = False) -> Hold:
-        h = Hold(method, pattern, cut)
+    def hold(self, method: str, pattern: str, *, cut: bool = False, every: bool = False) -> Hold:
+        h = Hold(method, pattern, cut, every)
         self.holds.append(h)
         return h
+
+    def answer(self, method: str, pattern: str, reply) -> None:
+        """Every matching request is answered by ``await reply(gate, request, body)`` (a response; it may
+        ``await gate.forward(...)`` first) instead of being passed through."""
+        self.answers.append((method, re.compile(pattern), reply))
+
+    async def stop_listening(self) -> None:
+        """Close the gate's port: a client of it now finds its endpoint refusing connections."""
+        await self._runner.cleanup()
+        self._runner = None
 
     async def start(self) -> "S3Gate":
         import aiohttp
@@ -193,19 +207,29 @@ class S3Gate:
         self.seen.append((request.method, request.path))
         for h in self.holds:
             if not h.used and h.method == request.method and h.regex.search(request.path):
-                h.used = True
+                h.used = not h.every
+                h.count += 1
                 h.arrived.set()
                 if h.cut:
                     await self._send_half(request, body)
                 await h._released.wait()
                 if h.cut or not h.forward:
                     return web.Response(status=503, text="dropped by the test gate")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP | {"content-length", "expect"}}
+        for method, regex, reply in self.answers:
+            if method == request.method and regex.search(request.path):
+                return await reply(self, request, body)
+        status, out, payload = await self.forward(request, body)
+        return web.Response(status=status, headers=out, body=payload)
+
+    async def forward(self, request, body: bytes, drop: tuple[str, ...] = ()) -> tuple[int, dict, bytes]:
+        """``request`` sent on to S3 (less the headers named in ``drop``): its (status, headers, body)."""
+        skip = _HOP | {"content-length", "expect", *drop}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in skip}
         async with self._session.request(request.method, self.upstream + request.raw_path, headers=headers,
                                          data=body, allow_redirects=False) as r:  # fmt: skip
             payload = await r.read()
             out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP and k.lower() != "content-length"}
-            return web.Response(status=r.status, headers=out, body=payload)
+            return r.status, out, payload
 
     async def _send_half(self, request, body: bytes) -> None:
         """The request line, its headers and half its body straight to S3, then a closed connection."""

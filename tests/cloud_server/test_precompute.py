@@ -146,18 +146,21 @@ def test_cli_precompute_with_the_codec(tmp_path):
     assert f"model demo ({manifest['model_id'][:16]})" in proc.stdout  # made with the model the CLI loaded
     image = manifest["template_image"]
     assert hashlib.sha256(store.shard_path(image["digest"]).read_bytes()).hexdigest() == image["digest"]
-    on_disk, fp16 = {}, 0
+    on_disk = {}
     for shard in manifest["shards"]:
         for rep in shard["representations"]:
             blob = store.shard_path(rep["digest"]).read_bytes()
             assert hashlib.sha256(blob).hexdigest() == rep["digest"] and len(blob) == rep["bytes"]
             on_disk[rep["digest"]] = len(blob)
-            fp16 += len(blob) if rep["name"] == "fp16" else 0
+            assert rep["name"] != "fp16"  # the default store profile, serving, keeps no fp16
     # the storage line counts every blob once (a progressive level shares its chain's blobs) against the fp16 KV
     stored = sum(on_disk.values())
+    rows, cols = manifest["token_grid"]
+    fp16 = manifest["num_layers"] * 2 * rows * cols * manifest["heads"] * manifest["head_dim"] * 2
+    assert manifest["store_profile"] == "serving"
     assert (
-        f"stored: {stored} bytes, {stored / fp16:.2f}x the template's uncompressed (fp16) KV ({fp16} bytes"
-        in proc.stdout
+        f"stored (store profile serving, no fp16): {stored} bytes, {stored / fp16:.3f}x the template's uncompressed "
+        f"fp16 KV in single mode ({fp16} bytes; " in proc.stdout
     )
     assert stored < sum(r.get("total_bytes", r["bytes"]) for sh in manifest["shards"] for r in sh["representations"])
     again = subprocess.run(
@@ -196,3 +199,39 @@ async def test_post_precompute_with_the_codec(aiohttp_client, tmp_path):
         for shard in manifest.shards:
             for rep in shard["representations"]:
                 await shards.fetch_shard(rep["digest"], expected_bytes=rep["bytes"])
+
+
+# ---- store profiles and store usage -----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_store_usage_totals_equal_the_per_template_figures(tmp_path, capsys):
+    import argparse
+    import json
+
+    from cloud_server import cli_store
+    from sakura_core.kv.storage import template_storage
+    from sakura_core.models.edit_model import load_demo_model, load_image
+
+    model = load_demo_model(weights=None)
+    image = load_image("astronaut", model.spec.image_size)
+    store = LocalStore(tmp_path / "store")
+    figures = {}
+    for tid, profile in (("tpl-serving", "serving"), ("tpl-full", "full")):
+        m = publish_template(store, model, image, tid, store_profile=profile).manifest
+        figures[tid] = template_storage(m)
+        assert figures[tid]["profile"] == profile and figures[tid]["fp16_stored"] == (profile == "full")
+    assert figures["tpl-serving"]["stored_bytes"] < figures["tpl-full"]["stored_bytes"]
+    out = tmp_path / "usage.json"
+    args = argparse.Namespace(action="usage", store=str(tmp_path / "store"), s3_endpoint=None, json=str(out))
+    assert cli_store.run(args) == 0
+    usage = json.loads(out.read_text())
+    assert {r["template_id"]: r for r in usage["templates"]} == figures
+    assert usage["total"]["stored_bytes"] == sum(f["stored_bytes"] for f in figures.values())
+    assert usage["total"]["fp16_kv_bytes"] == sum(f["fp16_kv_bytes"] for f in figures.values())
+    by = {(t["kv_mode"], t["profile"]): t["stored_bytes"] for t in usage["by"]}
+    assert by == {("single", p): figures[f"tpl-{p}"]["stored_bytes"] for p in ("serving", "full")}
+    # a blob's header names its template: two templates share no blob, so each is counted once either way
+    assert usage["total"]["distinct_bytes"] == usage["total"]["stored_bytes"]
+    printed = capsys.readouterr().out
+    assert "tpl-serving" in printed and "serving" in printed and str(usage["total"]["stored_bytes"]) in printed
+    bad = argparse.Namespace(action="usage", store=str(tmp_path), s3_endpoint=None, json=None)
+    assert cli_store.run(bad) == 2

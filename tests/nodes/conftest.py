@@ -132,6 +132,13 @@ def progress(comfy):
 
 
 @pytest.fixture(scope="session")
+def workflow_defs():
+    """``tests/nodes/workflows.py`` as a module: the example workflows' definitions (``WORKFLOWS``), the test-only ones
+    (``TEST_WORKFLOWS``) and ``render``."""
+    return _load_file("sakura_workflows", HERE / "workflows.py")
+
+
+@pytest.fixture(scope="session")
 def examples():
     from cloud_server import examples
 

@@ -1,10 +1,11 @@
 """Every UI-format example workflow as a user runs it: opened in ComfyUI's real frontend (headless Chromium driven by
 Playwright), the server and phone URLs edited in the widgets as a user would, Run pressed (``app.queuePrompt``, what
-the Run button calls: the frontend converts the graph and posts it), and the saved image checked in ``/history``.
+the Run button calls: the frontend converts the graph and posts it), and the saved image checked in ``/history``;
+the same for the tests' two-reference workflow (``workflows.TEST_WORKFLOWS``, not shipped: loaded from its JSON).
 
 Needs ``COMFYUI_DIR`` (see DEVELOPERS.md), the ``playwright`` package and a Chromium (``$CHROMIUM``, default
 ``/usr/bin/chromium``; Playwright's own browser download is not used). ``SAKURA_SHOTS=DIR`` keeps screenshots of the
-loaded virtual try-on workflow and of its result there.
+loaded per-step face swap and two-reference workflows and of their results there.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ sync_api = pytest.importorskip(
 
 REPO = Path(__file__).resolve().parents[2]
 UI = sorted(p.stem for p in (REPO / "example_workflows").glob("*.json"))
+TEST_UI = ["sakura_two_references"]  # workflows.TEST_WORKFLOWS: not shipped, so not in the template browser
+SHOTS = {"sakura_face_swap_per_step", "sakura_two_references"}  # screenshots with $SAKURA_SHOTS
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]  # fmt: skip
 RUN_TIMEOUT_S = 600.0
@@ -48,12 +51,14 @@ def _get(url: str):
 
 
 @pytest.fixture(scope="module")
-def comfyui(tmp_path_factory, examples, demo_model, store_dir, phone_token, comfyui_python):
+def comfyui(tmp_path_factory, examples, demo_model, store_dir, phone_token, comfyui_python, workflow_defs, server_url):
     base = tmp_path_factory.mktemp("comfyui-frontend")
     examples.publish_examples(store_dir, demo_model, list(examples.TEMPLATES))  # the per-step one too
-    # the phone workflow's token field is empty: ComfyUI reads the pairing token from its environment
-    proc, url, log = start_comfyui(COMFYUI_DIR, base, examples, env={"SAKURA_PHONE_TOKEN": phone_token},
-                                   python=comfyui_python)  # fmt: skip
+    workflow_defs.publish_two_references(store_dir, demo_model)
+    # the phone workflow's token field is empty: ComfyUI reads the pairing token from its environment; the template
+    # chooser's route asks only the servers $SAKURA_SERVER_URLS names (nodes/routes.py)
+    env = {"SAKURA_PHONE_TOKEN": phone_token, "SAKURA_SERVER_URLS": server_url}
+    proc, url, log = start_comfyui(COMFYUI_DIR, base, examples, env=env, python=comfyui_python)
     try:
         yield url, base, log
     finally:
@@ -61,7 +66,14 @@ def comfyui(tmp_path_factory, examples, demo_model, store_dir, phone_token, comf
 
 
 @pytest.fixture(scope="module")
-def page(comfyui):
+def test_graphs(node_classes, workflow_defs) -> dict:
+    """UI format of each of ``TEST_UI`` (rendered with the stand-in nodes' schemas)."""
+    schemas = {node_id: cls.GET_SCHEMA() for node_id, cls in node_classes.items()}
+    return {name: workflow_defs.render(name, schemas)[0] for name in TEST_UI}
+
+
+@pytest.fixture(scope="module")
+def page(comfyui, test_graphs):  # test_graphs first: node_classes runs asyncio.run, refused inside Playwright's loop
     url = comfyui[0]
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
@@ -88,6 +100,9 @@ OPEN_JS = """async (name) => {  // what the template browser does with a custom 
     const resp = await fetch(`/api/workflow_templates/sakura/${name}.json`);
     await window.app.loadGraphData(await resp.json(), true, true, name);
 }"""
+OPEN_DATA_JS = """async ([name, graph]) => {  // a workflow file opened by the user
+    await window.app.loadGraphData(graph, true, true, name);
+}"""
 
 EDIT_JS = """([serverUrl, phoneUrl]) => {
     const app = window.app;
@@ -101,7 +116,7 @@ EDIT_JS = """([serverUrl, phoneUrl]) => {
         if (node.type === "SakuraPhoneDevice" && phoneUrl) set(node, "connection", phoneUrl);
         if (node.type === "SakuraPipelinedSampler") set(node, "steps", 4);
     }
-    app.canvas.ds.scale = 0.72;  // the whole graph in the 1920 x 1080 viewport
+    app.canvas.ds.scale = 0.68;  // the whole graph (2640 x 1330 px) in the 1920 x 1080 viewport
     app.canvas.ds.offset = [40, 70];
     app.canvas.setDirty(true, true);
     return app.graph.nodes.map((n) => ({type: n.type,
@@ -118,9 +133,13 @@ def _open_from_template_browser(page, name: str) -> None:
     dialog.first.wait_for(state="hidden", timeout=30_000)
 
 
-def _load(page, name: str, server_url: str, phone_url: str, via_browser: bool = False) -> list[dict]:
+def _load(page, name: str, server_url: str, phone_url: str, via_browser: bool = False, graph: dict | None = None):
+    """Open the shipped workflow ``name`` (or the UI-format ``graph``) and edit it as a user would; returns its nodes'
+    widgets."""
     page.evaluate("() => window.app.graph.clear()")
-    if via_browser:
+    if graph is not None:
+        page.evaluate(OPEN_DATA_JS, [name, graph])
+    elif via_browser:
         _open_from_template_browser(page, name)
     else:
         page.evaluate(OPEN_JS, name)
@@ -162,14 +181,16 @@ def _shot(page, name: str) -> None:
         page.screenshot(path=str(Path(shots) / name))
 
 
-@pytest.mark.parametrize("name", UI)
-def test_ui_workflow_runs_in_the_frontend(comfyui, page, server_url, phone_url, phone_token, name):
+@pytest.mark.parametrize("name", UI + TEST_UI)
+def test_ui_workflow_runs_in_the_frontend(comfyui, page, server_url, phone_url, phone_token, name, test_graphs):
     from PIL import Image
 
     url, base, log = comfyui
-    status, kind, _ = _get(f"{url}/api/workflow_templates/sakura/{name}.jpg")  # the template browser's thumbnail
-    assert status == 200 and kind.startswith("image/"), (status, kind)
-    loaded = _load(page, name, server_url, phone_url, via_browser=name == "sakura_virtual_try_on")
+    graph = test_graphs.get(name)
+    if graph is None:
+        status, kind, _ = _get(f"{url}/api/workflow_templates/sakura/{name}.jpg")  # the template browser's thumbnail
+        assert status == 200 and kind.startswith("image/"), (status, kind)
+    loaded = _load(page, name, server_url, phone_url, via_browser=name == "sakura_face_swap_per_step", graph=graph)
     types = [n["type"] for n in loaded]
     assert "SakuraPipelinedSampler" in types and "Note" in types
     loader = next(n for n in loaded if n["type"] == "SakuraTemplateLoader")
@@ -182,7 +203,7 @@ def test_ui_workflow_runs_in_the_frontend(comfyui, page, server_url, phone_url, 
     expected |= {("SakuraAdaptiveFetch", "fixed_mbit_s")} if bandwidth != "fixed Mbit/s" else set()
     assert hidden == expected, (bandwidth, hidden)
     page.wait_for_timeout(500)
-    if name == "sakura_virtual_try_on":
+    if name in SHOTS:
         _shot(page, f"{name}_loaded.png")
     seen = page.evaluate(RUN_JS)
     # (app.queuePrompt's own return value is false even on success in frontend 1.27: it negates node_errors = {})
@@ -214,7 +235,7 @@ def test_ui_workflow_runs_in_the_frontend(comfyui, page, server_url, phone_url, 
         info = page.wait_for_function(  # web/sakura.js renders the node's text
             "() => window.app.graph.nodes.find((n) => n.type === 'SakuraTemplateLoader').sakuraInfo", timeout=30_000
         ).json_value()
-        refs = len(report["template"]["references"])  # the try-on template holds two: person + garment
+        refs = len(report["template"]["references"])  # the two-reference template holds two: person + garment
         assert f"template: {report['template_id']}" in info and f"references: {refs} " in info
         assert all(f"{i + 1}. " in info for i in range(refs))
         if report["kv_mode"] == "per-step":
@@ -232,7 +253,9 @@ def test_ui_workflow_runs_in_the_frontend(comfyui, page, server_url, phone_url, 
                                      else []) for lv in levels if lv.startswith("sakura-")]  # fmt: skip
         assert fetched, f"{name}: nothing fetched: {report['summary']}"
         assert any(e["lane"] == "fetch" and e["layer"] >= 0 for e in report["timeline"])
-    if name in ("sakura_virtual_try_on", "sakura_face_swap_per_step"):
+    if name == "sakura_two_references":
+        assert [r["name"] for r in report["template"]["references"]] == ["person", "garment"]
+    if name in SHOTS:
         page.wait_for_timeout(1500)  # the frontend draws the outputs into the nodes
         _shot(page, f"{name}_result.png")
 
@@ -247,15 +270,15 @@ def test_template_choice_button_lists_the_server(comfyui, page, server_url):
         }"""
     )
     assert listing["error"] is None
-    assert {"face-swap-astronaut", "try-on-astronaut", "in-context-coffee"} <= {t["id"] for t in listing["templates"]}
+    assert {"face-swap-astronaut", "in-context-coffee"} <= {t["id"] for t in listing["templates"]}
     # the menu marks the per-step template with the step count it serves
     page.get_by_text("face-swap-astronaut-per-step (per-step KV: 4 steps)", exact=True).last.wait_for(timeout=10_000)
-    page.get_by_text("try-on-astronaut", exact=True).last.click()  # the menu the button opened
+    page.get_by_text("in-context-coffee", exact=True).last.click()  # the menu the button opened
     chosen = page.evaluate(
         """() => window.app.graph.nodes.find((n) => n.type === "SakuraTemplateLoader")
                      .widgets.find((w) => w.name === "template_id").value"""
     )
-    assert chosen == "try-on-astronaut"
+    assert chosen == "in-context-coffee"
     hidden = page.evaluate(
         """() => {
             const node = window.app.graph.nodes.find((n) => n.type === "SakuraTemplateLoader");

@@ -1,5 +1,6 @@
 """The Sakura nodes inside a real ComfyUI (``COMFYUI_DIR``): listed in /object_info, example workflows served, and
-every API-format example workflow run through /prompt to an output image in /history. DEVELOPERS.md says how.
+every API-format example workflow run through /prompt to an output image in /history, and the tests' two-reference
+workflow (``workflows.TEST_WORKFLOWS``, not shipped). DEVELOPERS.md says how.
 
 ComfyUI runs with ``--base-directory`` in a temp folder (custom_nodes/sakura -> this repo, input/ with the example
 user images, output/), so the checkout is never written to. ``COMFYUI_PYTHON`` names its interpreter (default: this
@@ -54,9 +55,10 @@ def _post(url: str, payload: dict | None, timeout: float = 30.0):
 
 
 @pytest.fixture(scope="module")
-def comfyui(tmp_path_factory, examples, demo_model, store_dir, comfyui_python):
+def comfyui(tmp_path_factory, examples, demo_model, store_dir, comfyui_python, workflow_defs):
     base = tmp_path_factory.mktemp("comfyui-base")
     examples.publish_examples(store_dir, demo_model, list(examples.TEMPLATES))  # every example template
+    workflow_defs.publish_two_references(store_dir, demo_model)
     proc, url, log = start_comfyui(COMFYUI_DIR, base, examples, python=comfyui_python)
     try:
         yield url, base, log
@@ -80,8 +82,9 @@ def _run(url: str, workflow: dict) -> dict:
     raise AssertionError(f"prompt {prompt_id} did not finish within {RUN_TIMEOUT_S} s")
 
 
-def _prepared(name: str, server_url: str, phone_url: str, phone_token: str) -> dict:
-    wf = json.loads((API / f"{name}.json").read_text())
+def _prepared(name: str, server_url: str, phone_url: str, phone_token: str, wf: dict | None = None) -> dict:
+    """The shipped API-format workflow ``name`` (or ``wf``) with this run's URLs and token, and 4 steps."""
+    wf = wf if wf is not None else json.loads((API / f"{name}.json").read_text())
     for node in wf.values():
         inputs = node["inputs"]
         if node["class_type"] == "SakuraTemplateLoader":
@@ -132,6 +135,23 @@ def test_api_workflow_runs(comfyui, server_url, phone_url, phone_token, name):
     assert report["template"]["template_id"] == template_id["template_id"]
     if name.endswith("on_phone"):
         assert report["executed_on"]["kind"] == "phone"
+
+
+def test_two_reference_workflow_runs(comfyui, server_url, phone_url, phone_token, node_classes, workflow_defs):
+    """A template of two reference images through every node in ComfyUI: the report lists both, and with EMULATED
+    phone timing their KV is fetched."""
+    url, _, _ = comfyui
+    schemas = {node_id: cls.GET_SCHEMA() for node_id, cls in node_classes.items()}
+    _, api = workflow_defs.render("sakura_two_references", schemas)
+    entry = _run(url, _prepared("sakura_two_references", server_url, phone_url, phone_token, api))
+    assert entry["status"]["status_str"] == "success", json.dumps(entry["status"]["messages"])[:3000]
+    report = json.loads(entry["outputs"]["8"]["text"][0])
+    assert report["template"]["template_id"] == workflow_defs.TWO_REFERENCES[0]
+    assert [r["name"] for r in report["template"]["references"]] == ["person", "garment"]
+    levels = report["levels_used"]  # {layer: [level per step]}, or "none fetched"
+    assert isinstance(levels, dict) and any(lv.startswith("sakura-") for names in levels.values() for lv in names), (
+        report["summary"]
+    )
 
 
 def test_interrupt_stops_the_sampler(comfyui, server_url, phone_url, phone_token):

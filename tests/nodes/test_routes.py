@@ -164,3 +164,20 @@ def test_each_new_route_table_gets_the_route(comfy):
         assert register_routes(table) is True  # idempotent
         assert [(r.method, r.path) for r in table] == [("GET", "/sakura/templates")]
         del table
+
+
+async def test_a_redirect_is_not_followed_past_the_allow_list(client, aiohttp_server, monkeypatch, caplog):
+    """An allowed server answering 302 to an unlisted port and path: the route names the redirect, ComfyUI's log
+    names the Location, and the target receives nothing (no request, so no read token)."""
+    from redirecting import redirect_pair
+
+    pair = await redirect_pair(aiohttp_server)
+    monkeypatch.setenv("SAKURA_SERVER_URLS", pair.url)
+    monkeypatch.setenv("SAKURA_READ_TOKEN", "read-token-123")
+    with caplog.at_level("INFO"):
+        resp = await client.get("/sakura/templates", headers=OURS, params={"server_url": pair.url})
+    body = await resp.json()
+    assert body["templates"] == [] and f"the server at {pair.url} answered with a redirect (HTTP 302)" in body["error"]
+    assert "does not follow" in body["error"] and pair.location not in body["error"]
+    assert any(pair.location in r.getMessage() and "not followed" in r.getMessage() for r in caplog.records)
+    assert pair.hits == []

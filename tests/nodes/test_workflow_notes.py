@@ -4,10 +4,7 @@ as the client picks it): a ladder change that moves the floor makes this fail un
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,23 +13,12 @@ from sakura_core.precompute.cross_step import floor_level, level_totals
 
 pytestmark = pytest.mark.slow
 
-NOTES = {  # workflow -> the template it loads
+NOTES = {  # workflow -> the template it loads (the workflows whose notes name levels)
     "sakura_face_swap_per_step": "face-swap-astronaut-per-step",
-    "sakura_virtual_try_on": "try-on-astronaut",
 }
 
 
-@pytest.fixture(scope="module")
-def workflows():
-    spec = importlib.util.spec_from_file_location("sakura_workflows_notes", Path(__file__).parent / "workflows.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sakura_workflows_notes"] = module
-    spec.loader.exec_module(module)
-    yield module.WORKFLOWS
-    sys.modules.pop("sakura_workflows_notes", None)
-
-
-def test_notes_name_the_templates_floor(tmp_path, examples, demo_model, workflows):
+def test_notes_name_the_templates_floor(tmp_path, examples, demo_model, workflow_defs):
     from cloud_server.store import LocalStore
 
     examples.publish_examples(tmp_path, demo_model, list(NOTES.values()))
@@ -40,6 +26,6 @@ def test_notes_name_the_templates_floor(tmp_path, examples, demo_model, workflow
     for workflow, template in NOTES.items():
         floor = floor_level(level_totals(store.get_manifest(template)), 35.0)["name"]
         expected = {floor, base_level_name(floor)}  # a twin's track starts at step 0's level
-        note = next(n for n in workflows[workflow] if n.type == "Note").values["text"]
+        note = next(n for n in workflow_defs.WORKFLOWS[workflow] if n.type == "Note").values["text"]
         named = set(re.findall(r"sakura-l\d+(?:\+cl)?", note))
         assert named == expected, f"{workflow}: the note names {sorted(named)}, the floor is {floor}"

@@ -8,6 +8,10 @@ and the demo model's edit of them). Regenerate after changing a node's inputs (`
 files match; ``--no-thumbnails`` skips the images)::
 
     .venv/bin/python tests/nodes/workflows.py
+
+``TEST_WORKFLOWS`` are built the same way but never shipped: the tests run them (``render``) against templates they
+publish, e.g. a template of two reference images (``publish_two_references``), which the demo model, trained with one
+reference, edits with blended textures.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ CORE_NODES = {
     "SaveImage": ([("images", "IMAGE")], [("filename_prefix", "ComfyUI")], []),
     "PreviewImage": ([("images", "IMAGE")], [], []),
     "PreviewAny": ([("source", "*")], [], []),
+    "ImageScaleBy": (
+        [("image", "IMAGE")],
+        [("upscale_method", "nearest-exact"), ("scale_by", 1.0)],
+        [("IMAGE", "IMAGE")],
+    ),
     "Note": ([], [("text", "")], []),
 }
 API_ONLY_WIDGETS = {"upload"}  # UI-only widget values that /prompt does not take
@@ -42,16 +51,21 @@ class Node:
     title: str
     pos: tuple[int, int]
     values: dict = field(default_factory=dict)  # widget values (by input id) and links: ("node id", output slot)
+    size: tuple[int, int] | None = None  # (width, height); None: SIZES[type]
 
 
-# (width, height) each node is saved with: room for its widgets, so nothing overlaps at the positions below
+# (width, height) each node is saved with (the body, below its 30 px title): room for its widgets' labels and values
+# and the status box, large image previews; at least test_workflows.py's minimum per type, nothing overlapping at the
+# positions in _chain
 SIZES = {
-    "SakuraModelLoader": (320, 60), "SakuraTemplateLoader": (340, 250), "SakuraAdaptiveFetch": (340, 230),
-    "SakuraPipelinedSampler": (360, 300), "SakuraPhoneDevice": (340, 130), "LoadImage": (320, 330),
-    "SaveImage": (340, 360), "PreviewImage": (340, 300), "PreviewAny": (360, 260), "Note": (320, 260),
+    "SakuraModelLoader": (360, 170), "SakuraTemplateLoader": (420, 330), "SakuraAdaptiveFetch": (380, 230),
+    "SakuraPipelinedSampler": (480, 330), "SakuraPhoneDevice": (380, 130), "LoadImage": (360, 420),
+    "SaveImage": (400, 170), "PreviewImage": (800, 420), "PreviewAny": (480, 420), "ImageScaleBy": (360, 110),
+    "Note": (420, 520),
 }  # fmt: skip
+ENLARGE = 8.0  # the demo model's 64 px edit shown at 512 px: ComfyUI's previews never scale an image up
 SETUP = (
-    "Before Run (README, 'Use it in ComfyUI'):\n"
+    "Before Run (docs/comfyui.md, 'The shipped workflows'):\n"
     "  sakura examples --store ~/sakura-store --comfyui-input ComfyUI/input\n"
     "  sakura serve --store ~/sakura-store --port 8080\n"
 )
@@ -63,36 +77,42 @@ PHONE_CPU = "emulated phone: snapdragon-8-elite-cpu"
 
 def _chain(template_id: str, user_file: str, prefix: str, about: str, policy="sakura", bandwidth="live", mbit=20.0,
            trace="norway_bus_1", phone: bool = False, steps: int = 8, timing: str = MEASURED) -> list[Node]:  # fmt: skip
-    """Columns left to right: inputs (model, user image, notes) | template | fetch (+ phone) | sampler | outputs."""
+    """Columns left to right: inputs (model, user image) | template, notes | fetch (+ phone) | sampler, report |
+    the edited image (enlarged for viewing, saved at its size), timeline."""
     nodes = [
         Node(1, "SakuraModelLoader", "Sakura Model Loader", (40, 60), {"model_name": "demo (embedded)"}),
-        Node(2, "SakuraTemplateLoader", "Sakura Template KV Loader", (420, 60),
+        Node(2, "SakuraTemplateLoader", "Sakura Template KV Loader", (440, 60),
              {"model": (1, 0), "template_id": template_id, "source": "server", "server_url": SERVER_URL,
               "token": "", "store_dir": ""}),  # fmt: skip
-        Node(3, "SakuraAdaptiveFetch", "Sakura Bandwidth-Adaptive Fetch", (820, 60),
+        Node(3, "SakuraAdaptiveFetch", "Sakura Bandwidth-Adaptive Fetch", (900, 60),
              {"template": (2, 0), "policy": policy, "bandwidth": bandwidth, "fixed_mbit_s": mbit, "trace": trace,
               "trace_path": ""}),  # fmt: skip
-        Node(4, "LoadImage", "Private user image", (40, 190), {"image": user_file, "upload": "image"}),
-        Node(5, "SakuraPipelinedSampler", "Sakura Pipelined DiT Sampler", (1220, 60),
+        Node(4, "LoadImage", "Private user image", (40, 300), {"image": user_file, "upload": "image"}),
+        Node(5, "SakuraPipelinedSampler", "Sakura Pipelined DiT Sampler", (1320, 60),
              {"model": (1, 0), "kv_stream": (3, 0), "image": (4, 0), "prompt": PROMPT, "steps": steps, "seed": 0,
               "save_prefix": prefix, "device_timing": timing}),
-        Node(6, "SaveImage", "Edited image (64x64, the demo model's size)", (1640, 60),
+        Node(6, "SaveImage", "Edited image (saved at 64x64, the demo model's size)", (2240, 60),
              {"images": (5, 0), "filename_prefix": prefix}),  # fmt: skip
-        Node(7, "PreviewImage", "Pipeline timeline", (1640, 480), {"images": (5, 2)}),
-        Node(8, "PreviewAny", "Report (JSON)", (1220, 420), {"source": (5, 1)}),
+        Node(7, "PreviewImage", "Pipeline timeline", (1840, 910), {"images": (5, 2)}),
+        Node(8, "PreviewAny", "Report (JSON)", (1320, 450), {"source": (5, 1)}),
+        Node(11, "ImageScaleBy", f"Enlarge x{ENLARGE:g} for viewing", (1840, 60),
+             {"image": (5, 0), "upscale_method": "nearest-exact", "scale_by": ENLARGE}),
+        Node(12, "PreviewImage", f"Edited image (x{ENLARGE:g}, nearest)", (1840, 290), {"images": (11, 0)},
+             size=(560, 560)),
     ]  # fmt: skip
     if phone:
-        nodes.append(Node(9, "SakuraPhoneDevice", "Sakura Phone Device", (820, 360),
+        nodes.append(Node(9, "SakuraPhoneDevice", "Sakura Phone Device", (900, 350),
                           {"connection": PHONE_URL, "token": "", "cloud_url": ""}))  # fmt: skip
         nodes[4].values["device"] = (9, 0)
-    nodes.append(Node(10, "Note", "About this workflow", (420, 470), {"text": about + "\n\n" + SETUP}))
+    nodes.append(Node(10, "Note", "About this workflow", (440, 450), {"text": about + "\n\n" + SETUP}))
     return nodes
 
 
 MEASURED_WHY = (
     "Why sakura computes here: device_timing is 'this machine (measured)', and this CPU runs a layer of the tiny "
-    "demo model in milliseconds, faster than any link delivers its KV, so the report says 'every layer computed "
-    "here' and levels_used 'none fetched' — the right call on this machine. To see fetching win, set the sampler's "
+    "demo model in milliseconds, faster than any link delivers its KV: sakura may fetch a probe shard, then the "
+    "summary says 'used none: computing was faster here' (levels_used 'none used') — the right call on this "
+    "machine. To see fetching win, set the sampler's "
     "device_timing to 'emulated phone: snapdragon-8-elite-cpu' (with an emulated link), or open the per-step face "
     "swap."
 )
@@ -111,26 +131,6 @@ WORKFLOWS = {
         "SAKURA face swap: puts the face in 'Private user image' into the marked region of the template "
         "'face-swap-astronaut'. The template's attention KV was precomputed by the SAKURA server and streams in "
         "over the live network while the DiT runs; your image and prompt never leave this machine.\n\n" + MEASURED_WHY,
-    ),  # fmt: skip
-    "sakura_virtual_try_on": _chain(
-        "try-on-astronaut",
-        "sakura-garment.png",
-        "sakura/try-on",
-        "SAKURA virtual try-on with two reference images: the template 'try-on-astronaut' holds the shop's photo of "
-        "a person (torso marked) and its garment (a knit); their KV is one block (the references attend to each "
-        "other, as in FLUX.2 [klein]) and the Template KV Loader lists both. The demo model puts the garment of "
-        "'Private user image' on the person; it was trained with one reference, so its 64 px edit blends in the "
-        "second one's texture (FLUX.2 [klein], trained on up to 4, uses them) — what this shows is the KV path, "
-        "exact for any number of references. Over an emulated LTE link (the bundled ATT-LTE-driving trace).\n\n"
-        + EMULATED_HOW
-        + "\n\nWhy sakura fetched or computed: the phone computes the template's layers while it waits; the KV of "
-        "the last layer arrives before the phone gets there, so sakura drops the template there (split at layer 5 "
-        "of 6) and fetches that shard at the quality floor (levels_used: sakura-l5). ~30 s vs ~57 s computing both references at every step (on-device): two references double the "
-        "template the phone would otherwise recompute.",
-        bandwidth="trace file",
-        trace="ATT-LTE-driving-2016.down",
-        steps=4,
-        timing=PHONE_CPU,
     ),  # fmt: skip
     "sakura_in_context_edit": _chain(
         "in-context-coffee",
@@ -178,6 +178,41 @@ WORKFLOWS = {
     ),  # fmt: skip
 }
 
+# a template of two reference images, as `sakura precompute --image A --image B --reference-name ...` publishes it:
+# (its id, [(reference name, scikit-image sample)] in the model's order)
+TWO_REFERENCES = ("two-references", [("person", "astronaut"), ("garment", "rocket")])
+
+# built and run by the tests (test_multi_reference.py, the real-ComfyUI tests), never shipped: the multi-reference
+# path through every node, its KV one block over both references, with EMULATED phone timing over a 50 Mbit/s link,
+# where fetching beats the phone computing both references
+TEST_WORKFLOWS = {
+    "sakura_two_references": _chain(
+        TWO_REFERENCES[0],
+        "sakura-object.png",
+        "sakura/two-references",
+        "SAKURA with a template of two reference images (a test workflow, not shipped: the demo model was trained "
+        "with one reference, so it blends the second one's texture into its edit). The Template KV Loader lists "
+        "both references; their KV is one block, the references attending to each other.\n\n" + EMULATED_HOW,
+        bandwidth="fixed Mbit/s",
+        mbit=50.0,
+        steps=4,
+        timing=PHONE_CPU,
+    ),  # fmt: skip
+}
+
+
+def publish_two_references(store, model) -> None:
+    """Publish ``TWO_REFERENCES`` for ``model`` into ``store`` (a Store or a local store folder) unless it is there."""
+    from cloud_server.precompute import publish_template
+    from cloud_server.store import LocalStore, Store
+    from sakura_core.models.edit_model import load_image
+
+    store = store if isinstance(store, Store) else LocalStore(store)
+    template_id, refs = TWO_REFERENCES
+    if not store.has_template(template_id):
+        images = [load_image(sample, model.spec.image_size) for _, sample in refs]
+        publish_template(store, model, images, template_id, reference_names=[name for name, _ in refs])
+
 
 def node_interface(class_type: str, schemas: dict) -> tuple[list, list, list]:
     """(socket inputs [(name, type, optional)], widgets [(name, control_after_generate)], outputs [(name, type)])."""
@@ -214,7 +249,7 @@ def completed(nodes: list[Node], schemas: dict) -> list[Node]:
     for node in nodes:
         defaults = widget_defaults(node.type, schemas)
         values = {**node.values, **{k: v for k, v in defaults.items() if k not in node.values}}
-        out.append(Node(node.id, node.type, node.title, node.pos, values))
+        out.append(Node(node.id, node.type, node.title, node.pos, values, node.size))
     return out
 
 
@@ -262,7 +297,7 @@ def ui_format(nodes: list[Node], schemas: dict) -> dict:
                 "id": node.id,
                 "type": node.type,
                 "pos": list(node.pos),
-                "size": list(SIZES[node.type]),
+                "size": list(node.size or SIZES[node.type]),
                 "flags": {},
                 "order": order,
                 "mode": 0,
@@ -291,13 +326,19 @@ def ui_format(nodes: list[Node], schemas: dict) -> dict:
     }
 
 
+def render(name: str, schemas: dict) -> tuple[dict, dict]:
+    """(UI format, API format) of the workflow ``name`` of ``WORKFLOWS`` or ``TEST_WORKFLOWS``."""
+    nodes = completed({**WORKFLOWS, **TEST_WORKFLOWS}[name], schemas)
+    return ui_format(nodes, schemas), api_format(nodes)
+
+
 def render_all(schemas: dict) -> dict[Path, str]:
     """``{path: file text}`` of every example workflow in both formats."""
     files = {}
-    for name, nodes in WORKFLOWS.items():
-        nodes = completed(nodes, schemas)
-        files[OUT / f"{name}.json"] = json.dumps(ui_format(nodes, schemas), indent=2) + "\n"
-        files[OUT / "api" / f"{name}.json"] = json.dumps(api_format(nodes), indent=2) + "\n"
+    for name in WORKFLOWS:
+        ui, api = render(name, schemas)
+        files[OUT / f"{name}.json"] = json.dumps(ui, indent=2) + "\n"
+        files[OUT / "api" / f"{name}.json"] = json.dumps(api, indent=2) + "\n"
     return files
 
 
@@ -317,8 +358,8 @@ def sakura_schemas() -> dict:
 
 
 def thumbnail(nodes: list[Node], model) -> bytes:
-    """``<name>.jpg`` for the template browser (256 x 256): the template (marked region; several references side by
-    side) and the user image on the left, the demo model's edit of them on the right (computed on this machine, template every step)."""
+    """``<name>.jpg`` for the template browser (256 x 256): the template (marked region) and the user image on the left,
+    the demo model's edit of them on the right (computed on this machine, template every step)."""
     import io
 
     from PIL import Image, ImageDraw
@@ -337,10 +378,7 @@ def thumbnail(nodes: list[Node], model) -> bytes:
     edited = run_edit(model, user, PROMPT, steps=steps, seed=0, split_layer=L, template_image=template,
                       template_every_step=kv_mode == "per-step", kv_mode=kv_mode).image  # fmt: skip
     canvas = Image.new("RGB", (256, 256), (24, 24, 28))
-    refs = template if isinstance(template, list) else [template]  # several references side by side in the tile
-    w = 120 // len(refs)
-    tiles = [(ref, (4 + i * w, 4 + (120 - w) // 2, 4 + (i + 1) * w, 4 + (120 + w) // 2)) for i, ref in enumerate(refs)]
-    for image, box in (*tiles, (user, (4, 132, 124, 252)), (edited, (132, 68, 252, 188))):
+    for image, box in ((template, (4, 4, 124, 124)), (user, (4, 132, 124, 252)), (edited, (132, 68, 252, 188))):
         tile = Image.fromarray(image).resize((box[2] - box[0], box[3] - box[1]), Image.Resampling.NEAREST)
         canvas.paste(tile, box[:2])
     draw = ImageDraw.Draw(canvas)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sakura_core import edit
-from sakura_core.edit_report import REPORT_KEYS, edit_report, summary_line, with_psnr
+from sakura_core.edit_report import REPORT_KEYS, KVUse, edit_report, summary_line, with_psnr
 from sakura_core.fetch.errors import ManifestError, ModelMismatchError, TemplateNotFoundError
 from sakura_core.fetch.link import LinkSpec
 from sakura_core.fetch.sources import StoreSource
@@ -92,9 +92,9 @@ def test_run_template_edit_report_format(opened, demo_model, demo_template):
     L = demo_model.adapter.num_layers
     assert (
         r["summary"]
-        == f"on-device-cached: {r['latency_s']:.2f} s, 0.0 KiB fetched, every layer computed here, live link"
+        == f"on-device-cached: {r['latency_s']:.2f} s, nothing fetched, every layer computed here, live link"
     )
-    assert r["levels_used"] == "none fetched" and r["bytes_fetched"] == 0 and r["split_layer"] == L
+    assert r["levels_used"] == "none fetched" and r["bytes_fetched"] == r["bytes_used"] == 0 and r["split_layer"] == L
     assert r["peak_kv_bytes"] == 0
     assert r["link"] == "live" and r["executed_on"] == {"kind": "local"} and r["template_id"] == TID
     assert r["timeline"][0]["level"] == "template image" and r["timeline"][0]["end"] <= 0
@@ -110,7 +110,19 @@ def test_run_template_edit_over_a_fixed_link_fetches(opened, demo_model, demo_te
     assert set(r["levels_used"]) == {str(i) for i in range(demo_model.adapter.num_layers)}
     a = demo_model.adapter  # single mode: every layer's fp16 K and V held for the whole edit
     assert r["peak_kv_bytes"] == a.num_layers * 2 * demo_model.spec.num_tokens * a.num_heads * a.head_dim * 2
-    assert ", split at layer 0 of " in r["summary"] and r["summary"].endswith("fixed 200 Mbit/s")
+    assert r["bytes_used"] == r["bytes_fetched"]  # fetch-fp16 fetches each shard once, and uses it
+    kib = r["bytes_fetched"] / 1024
+    assert f", fetched {kib:.1f} KiB, used {kib:.1f} KiB (every layer), split at layer 0 of " in r["summary"]
+    assert r["summary"].endswith("fixed 200 Mbit/s")
+
+
+def test_a_profile_measured_for_other_steps_predicts_the_edits_steps(opened, demo_model, demo_template):
+    """The phone agent measures its profile once (8 steps) and runs jobs of any step count: the policy predicts the
+    job's steps, and the report's profile says so."""
+    settings = edit.EditSettings(PROMPT, steps=2, seed=0, policy="on-device-cached")
+    out = asyncio.run(edit.run_template_edit(demo_model, opened, demo_template, settings,
+                                             profile=_profile(demo_model, 8)))  # fmt: skip
+    assert out.report["steps"] == out.report["profile"]["steps"] == 2
 
 
 def test_run_template_edit_refuses_another_model(opened, demo_model, demo_template):
@@ -135,15 +147,19 @@ def test_settings_and_requests_name_the_bad_value():
 def test_edit_report_by_hand():
     run = RunReport(policy="sakura", latency_s=1.234, bytes_fetched=3 * 1024, split_layer=2, image=np.zeros((2, 2, 3),
                     np.uint8), tokens=None, events=[{"lane": "compute", "start": 0.0, "end": 1.0, "layer": 0,
-                    "level": "template"}], levels_used={3: ["int4"], 2: ["int2", "int4"]})  # fmt: skip
+                    "level": "template"}], levels_used={3: ["int4"], 2: ["int2", "int4"]},
+                    bytes_used=2 * 1024)  # fmt: skip
     report = edit_report(run, template_id="t", template={}, link=LinkSpec.fixed(8), steps=1, seed=0,
                          latency_target_s=None, floor_level="int4", profile=LiveProfile(0.1, 0.05, 4, 1),
                          executed_on={"kind": "local"}, extra_events=[{"lane": "fetch", "start": -0.5, "end": -0.1}])  # fmt: skip
     assert tuple(report) == REPORT_KEYS
-    assert report["summary"] == "sakura: 1.23 s, 3.0 KiB fetched, split at layer 2 of 4, fixed 8 Mbit/s"
+    assert report["summary"] == (
+        "sakura: 1.23 s, fetched 3.0 KiB, used 2.0 KiB (layers 2-3), split at layer 2 of 4, fixed 8 Mbit/s"
+    )
+    assert report["bytes_used"] == 2 * 1024
     assert report["levels_used"] == {"2": ["int2", "int4"], "3": ["int4"]}
     assert [e["lane"] for e in report["timeline"]] == ["fetch", "compute"]
     assert with_psnr(report, 38.04)["summary"].endswith("fixed 8 Mbit/s, PSNR 38.0 dB")
-    assert summary_line("on-device", 2.0, 0, 4, 4, "live link") == (
-        "on-device: 2.00 s, 0.0 KiB fetched, every layer computed here, live link"
+    assert summary_line("on-device", 2.0, KVUse(0, 0, 4, 4), "live link") == (
+        "on-device: 2.00 s, nothing fetched, every layer computed here, live link"
     )

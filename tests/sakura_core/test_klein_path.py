@@ -23,7 +23,9 @@ def store(tmp_path_factory, klein_folder):
     from sakura_core.cli import main
 
     root = tmp_path_factory.mktemp("klein-store")
-    rc = main(["precompute", "--store", str(root), "--model", str(klein_folder), "--image", "astronaut", "--id", TID])
+    # full: the fp16 rung is the exact-KV reference these tests compare with
+    argv = ["precompute", "--store-profile", "full", "--store", str(root), "--model", str(klein_folder)]
+    rc = main([*argv, "--image", "astronaut", "--id", TID])
     assert rc == 0
     return root
 
@@ -88,7 +90,7 @@ def test_per_step_precompute_of_a_larger_template_on_the_folder(tmp_path, klein_
     from sakura_core.runtime.schedule import edit_times
 
     steps, m = 2, klein_model
-    rc = main(["precompute", "--store", str(tmp_path), "--model", str(klein_folder), "--image", "coffee", "--id",
+    rc = main(["precompute", "--store-profile", "full", "--store", str(tmp_path), "--model", str(klein_folder), "--image", "coffee", "--id",
                "klein-ps", "--kv-mode", "per-step", "--steps", str(steps), "--template-size", "128"])  # fmt: skip
     assert rc == 0
     store = LocalStore(tmp_path)

@@ -28,7 +28,7 @@ def published(tmp_path_factory, klein_folder):
     from sakura_core.cli import main
 
     root = tmp_path_factory.mktemp("klein-ps-store")
-    rc = main(["precompute", "--store", str(root), "--model", str(klein_folder), "--image", "astronaut", "--id", TID,
+    rc = main(["precompute", "--store-profile", "full", "--store", str(root), "--model", str(klein_folder), "--image", "astronaut", "--id", TID,
                "--kv-mode", "per-step", "--steps", str(STEPS)])  # fmt: skip
     assert rc == 0
     return root, LocalStore(root)

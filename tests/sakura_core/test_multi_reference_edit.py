@@ -30,7 +30,7 @@ def published(tmp_path_factory, klein_folder):
     from sakura_core.cli import main
 
     root = tmp_path_factory.mktemp("pair-store")
-    rc = main(["precompute", "--store", str(root), "--model", str(klein_folder), "--image", "astronaut", "--image",
+    rc = main(["precompute", "--store-profile", "full", "--store", str(root), "--model", str(klein_folder), "--image", "astronaut", "--image",
                "coffee", "--reference-name", "person", "--reference-name", "garment", "--id", TID])  # fmt: skip
     assert rc == 0
     return root, LocalStore(root).get_manifest(TID)

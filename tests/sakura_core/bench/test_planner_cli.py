@@ -3,7 +3,7 @@ planner table shows both, and a file that is not a planner JSON is refused namin
 
 import json
 
-from sakura_core.bench.readme import planner_table
+from sakura_core.bench.results_doc import planner_table
 from sakura_core.cli import main
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sakura_core.bench.readme import regime_table
 from sakura_core.bench.regime import cells_reaching, format_policy_regime, format_regime, policy_regime, regime_map
+from sakura_core.bench.results_doc import regime_table
 from sakura_core.cli import main
 from sakura_core.policy.ladder import Level
 from sakura_core.runtime.profiles import DeviceProfile, DitGeometry, get_profile
@@ -101,7 +101,7 @@ def test_policy_regime_refuses_mismatched_ladders_and_bad_axes():
         policy_regime(prof, lad, fl, [1.0], [10.0], baselines=("nope",), kv_mode="per-step")
 
 
-def test_bench_regime_cli_writes_the_map_and_the_readme_renders_it(tmp_path, capsys):
+def test_bench_regime_cli_writes_the_map_and_the_results_doc_renders_it(tmp_path, capsys):
     out = tmp_path / "regime.json"
     argv = ["bench", "regime", "--geometry", "phone-dit-512", "--kv-mode", "single", "--ladders", str(LADDERS),
             "--tflops", "0.2,3.5", "--mbits", "3,300", "--json", str(out)]  # fmt: skip

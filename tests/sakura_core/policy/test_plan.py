@@ -44,8 +44,9 @@ def test_policy_levels_per_family():
     assert policy_levels(NAMES, "fp16") == [2]  # only the exact representation
     assert policy_levels(NAMES, "cachegen") == [0, 1]  # its own levels, not the fp16 reference
     assert policy_levels(NAMES, "sakura") == [0, 1, 2]
-    with pytest.raises(ValueError, match="no fp16 representation .levels: s1, s2.; republish it"):
-        policy_levels(["s1", "s2"], "fp16")
+    # a serving-profile store keeps no fp16: the nearest rung it holds, its top (by track PSNR where given)
+    assert policy_levels(["s1", "s2"], "fp16") == [1]
+    assert policy_levels(["s1", "s2", "s3"], "fp16", {"s1": 30.0, "s2": 48.0, "s3": 40.0}) == [1]
 
 
 @pytest.mark.parametrize(

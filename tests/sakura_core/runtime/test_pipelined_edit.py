@@ -9,12 +9,10 @@ import torch
 
 from sakura_core.fetch.shaper import ShaperConfig, TraceShaper
 from sakura_core.fetch.traces import Trace
-from sakura_core.models.edit_model import load_image
-from sakura_core.policy.ladder import ladders_from_manifest
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_policy
-from sakura_core.precompute import precompute_template
-from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig
+
+from .fp16_setup import fp16_only_setup
 
 STEPS = 2
 MBIT = 50.0
@@ -22,13 +20,7 @@ MBIT = 50.0
 
 @pytest.fixture(scope="module")
 def setup(demo_model, demo_template):
-    usr = load_image("chelsea", demo_model.spec.image_size)
-    pre = precompute_template(demo_model, demo_template, "tpl", held_out_probes=1)
-    ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
-    idx = [lv.name for lv in ladders[0]].index("fp16")  # fetch-fp16 fetches level 0: keep only fp16
-    ladders, reps = [[lad[idx]] for lad in ladders], [[r[idx]] for r in reps]
-    profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.1, layers=demo_model.adapter.num_layers, steps=STEPS)
-    return demo_model, demo_template, usr, pre, ladders, reps, profile
+    return fp16_only_setup(demo_model, demo_template, STEPS)
 
 
 def _edit(setup, corrupt_once=()):

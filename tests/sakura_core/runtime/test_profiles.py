@@ -48,7 +48,7 @@ def test_klein_geometries_kv_bytes_and_the_design_rule():
     assert k.kv_bytes_fp16 == 25 * 2 * 4096 * 3072 * 2
     assert DitGeometry(**{**k.__dict__, "template_tokens": 1024}).kv_bytes_fp16 / 2**20 == pytest.approx(300, rel=0.01)
     assert 2.5 < k.template_tokens / k.request_tokens < 3  # "template ~2.5x the request"
-    # FLOPs per fp16 KV byte of a template token-layer = 6.5 d + keys (DESIGN.md)
+    # FLOPs per fp16 KV byte of a template token-layer = 6.5 d + keys (docs/design.md)
     per_byte = k.template_layer_flops / (k.template_tokens * 4 * k.width)
     assert per_byte == pytest.approx(6.5 * k.width + k.template_tokens)
     assert get_geometry("klein4b-1024-ref1024").image_tokens == 4096
