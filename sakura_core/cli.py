@@ -87,10 +87,17 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 }
 
 
-def _usage() -> str:
-    width = max(len(" ".join(k)) for k in COMMANDS)
-    rows = "\n".join(f"  sakura {' '.join(k):<{width}}  {help_}" for k, (_, help_) in sorted(COMMANDS.items()))
-    return f"usage: sakura COMMAND [options]\n\ncommands:\n{rows}\n\nsakura COMMAND --help shows a command's options."
+def _usage(group: str | None = None) -> str:
+    """The command list; with ``group`` (a first word such as ``bench``) only the commands under it."""
+    shown = {k: v for k, v in COMMANDS.items() if group is None or (len(k) > 1 and k[0] == group)}
+    width = max(len(" ".join(k)) for k in shown)
+    rows = "\n".join(f"  sakura {' '.join(k):<{width}}  {help_}" for k, (_, help_) in sorted(shown.items()))
+    head = f"sakura {group} COMMAND [options]" if group else "sakura COMMAND [options]"
+    return f"usage: {head}\n\ncommands:\n{rows}\n\nsakura COMMAND --help shows a command's options."
+
+
+def _group(word: str) -> str | None:
+    return word if any(len(k) > 1 and k[0] == word for k in COMMANDS) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             match = words
             break
     if match is None:
+        group = _group(argv[0]) if argv else None
+        if group is not None and (len(argv) == 1 or argv[1] in ("-h", "--help")):
+            print(_usage(group))
+            return 0
         if argv and argv[0] not in ("-h", "--help"):
             print(f"sakura: unknown command {' '.join(argv[:2])!r}\n", file=sys.stderr)
             print(_usage(), file=sys.stderr)

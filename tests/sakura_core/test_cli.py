@@ -29,6 +29,20 @@ def test_unknown_command_exits_2_and_lists_commands(capsys):
     assert "unknown command" in err and "sakura demo" in err
 
 
+@pytest.mark.parametrize("argv", [["phone"], ["phone", "--help"], ["bench", "-h"]])
+def test_a_command_group_lists_its_commands(argv, capsys):
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[:3] for line in out.splitlines() if line.startswith("  sakura ")]
+    assert rows and all(r[1] == argv[0] for r in rows)
+    assert "sakura demo" not in out
+
+
+def test_an_unknown_command_in_a_group_is_still_refused(capsys):
+    assert main(["phone", "frobnicate"]) == 2
+    assert "unknown command 'phone frobnicate'" in capsys.readouterr().err
+
+
 def test_installed_distribution_has_no_top_level_nodes_package():
     top = importlib.metadata.distribution("sakura-kv").read_text("top_level.txt") or ""
     names = set(top.split())
