@@ -55,7 +55,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--model",
         default="demo",
-        help=f"served model: {', '.join(MODELS)}, a FLUX.2 [klein] pipeline folder's path, or none (templates of any model, read-only) (default: %(default)s)",
+        help=f"served model: {', '.join(MODELS)}, a FLUX.2 [klein] pipeline folder's path, ComfyUI's single files as "
+        "klein-files:diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR, or none (templates of any model, "
+        "read-only) (default: %(default)s)",
     )
     add_device_arguments(parser, what="the write path's precompute jobs")
     parser.add_argument("--max-upload-mib", type=float, default=16.0, help="largest template upload (MiB)")
