@@ -197,6 +197,7 @@ async def test_a_six_entry_catalog_on_ray_then_a_rerun_is_a_no_op(ray_cluster, r
 
 
 async def test_two_drivers_asking_for_one_entry_precompute_it_once(ray_cluster, radosgw, s3_gate, tmp_path):
+    from cloud_server.s3_io import S3Config
     from cloud_server.s3_store import S3Store
 
     store = S3Store(f"s3://sakura-tests/coalesce-{os.getpid()}", endpoint_url=radosgw.endpoint_url)
@@ -220,7 +221,9 @@ async def test_two_drivers_asking_for_one_entry_precompute_it_once(ray_cluster, 
     assert a["run_id"] == b["run_id"]  # one precompute; both drivers got its result
     assert not a["coalesced"] and b["coalesced"]
     manifest_puts = [p for m, p in s3_gate.seen if m == "PUT" and p.endswith("rocket-demo-single/manifest.json")]
-    assert len(manifest_puts) == 1
+    # one publish: the held PUT, plus the S3 client's own retry of it when the hold outlasted its read timeout (10 s;
+    # a loaded CI machine takes that long to start the second driver) -- never a second precompute's PUTs
+    assert 1 <= len(manifest_puts) <= S3Config().max_attempts, manifest_puts
 
 
 async def test_a_worker_killed_mid_publish_is_retried_without_a_half_published_template(
