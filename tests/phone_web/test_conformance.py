@@ -1,0 +1,110 @@
+"""The phone page decodes like Python, bit for bit: the conformance vectors (``vectors.py``: golden shards of every
+codec level and family, bad ones of every kind) decoded by ``phone_web/src`` under node, against Python's decoded
+float16 and Python's error classes; a decoder with one rounding changed fails; the page's shared numbers are
+generated from sakura_core."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from ci_deps import require_or_skip
+
+from sakura_core.kv import web_constants
+from sakura_core.kv.sakura_decode import WIDTHS
+
+from .vectors import write_vectors
+
+ROOT = Path(__file__).resolve().parents[2]
+WEB = ROOT / "phone_web"
+NODE = shutil.which("node")
+FZSTD = WEB / "node_modules" / "fzstd" / "package.json"
+
+
+def _need_node() -> None:
+    require_or_skip(NODE is not None, "node is not installed (apt-get install nodejs npm)")
+    require_or_skip(FZSTD.exists(), "phone_web's npm packages are not installed (make test runs `npm ci` there)")
+
+
+@pytest.fixture(scope="module")
+def vectors(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("vectors")
+    return out, write_vectors(out)
+
+
+def _run(web: Path, vector_dir: Path) -> tuple[int, dict, list[dict]]:
+    """Run the page's vector runner from ``web`` (a phone_web folder); (exit code, summary, failures)."""
+    proc = subprocess.run([NODE, str(web / "test" / "run_vectors.mjs"), str(vector_dir)], capture_output=True,
+                          text=True, timeout=120, cwd=web)  # fmt: skip
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines and "summary" in lines[-1], f"runner printed no summary: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
+    return proc.returncode, lines[-1], lines[:-1]
+
+
+def test_the_page_constants_are_generated_from_sakura_core():
+    text = (ROOT / web_constants.WEB_CONSTANTS_PATH).read_text(encoding="utf-8")
+    assert text == web_constants.render_constants_module(), (
+        "phone_web/src/format_constants.js is stale: run `python -m sakura_core.kv.web_constants`"
+    )
+    c = web_constants.format_constants()
+    assert c["limits"]["MAX_REPRESENTATIONS"] == 64 and c["container"]["MAX_ELEMENTS"] == 1 << 28
+    assert c["sakura"]["WIDTHS"] == list(WIDTHS) and len(c["sakura"]["SPAN_F32_BITS"]) == 256
+
+
+def test_vectors_cover_every_level_family_and_error_class(vectors):
+    _, index = vectors
+    cases = index["cases"]
+    names = {c["name"] for c in cases}
+    for j in range(9):  # every SAKURA level, as a chain and as a direct blob, on every geometry
+        for g in ("g1", "g2", "g3", "g4"):
+            assert {f"{g}/sakura-l{j}/chain", f"{g}/sakura-l{j}/direct"} <= names
+    golden = {c["family"] for c in cases if "error" not in c["expect"]}
+    assert golden >= {"fp16", "int8", "int4", "sakura", "residual", "closed", "reuse"}
+    errors = {c["expect"]["error"] for c in cases if "error" in c["expect"]}
+    assert errors == {
+        "ShardTruncatedError", "ShardMagicError", "ShardVersionError", "ShardCorruptError", "ShardOversizedError",
+        "UnknownCodecError", "ShardChainError", "MissingReferenceError", "ShardIntegrityError",
+    }  # fmt: skip
+
+
+def test_the_page_decodes_every_vector_like_python(vectors):
+    _need_node()
+    vector_dir, index = vectors
+    code, summary, failures = _run(WEB, vector_dir)
+    s = summary["summary"]
+    assert failures == [] and code == 0, (
+        f"{s['goldenPass']}/{s['golden']} golden bit-exact, {s['badPass']}/{s['bad']} bad refused by class; "
+        f"first failures: {failures[:5]}"
+    )
+    n_bad = sum("error" in c["expect"] for c in index["cases"])
+    assert s == {"golden": len(index["cases"]) - n_bad, "goldenPass": len(index["cases"]) - n_bad,
+                 "bad": n_bad, "badPass": n_bad}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "old", "new", "failing"),
+    [  # one rounding or one error class changed: the suite must notice
+        ("src/f16.js", "(rest === 0x1000 && r & 1)", "(rest === 0x1000)", "not bit-exact"),
+        ("src/sakura_codec.js", "step[i] = fr(fr(hi[i] - lo[i]) / 255)", "step[i] = fr((hi[i] - lo[i]) / 255)",
+         "crafted/sakura-range-rounding"),
+        ("src/container.js", 'throw new ShardTruncatedError(`shard blob has ${n} bytes but its header declares',
+         'throw new ShardCorruptError(`shard blob has ${n} bytes but its header declares', "Python raises "
+         "ShardTruncatedError"),
+    ],
+)  # fmt: skip
+def test_a_decoder_that_differs_fails_the_suite(vectors, tmp_path, path, old, new, failing):
+    _need_node()
+    web = tmp_path / "phone_web"
+    shutil.copytree(WEB / "src", web / "src")
+    shutil.copytree(WEB / "test", web / "test")
+    shutil.copy(WEB / "package.json", web / "package.json")
+    (web / "node_modules").symlink_to(WEB / "node_modules")
+    source = (web / path).read_text()
+    assert source.count(old) == 1
+    (web / path).write_text(source.replace(old, new))
+    code, _, failures = _run(web, vectors[0])
+    assert code == 1 and failures
+    assert any(failing in json.dumps(f) for f in failures), failures[:3]
