@@ -34,3 +34,6 @@ export const ShardIntegrityError = define("ShardIntegrityError", FetchError);
 export function isLimitError(e) {
   return e instanceof LimitError || e instanceof ManifestLimitError;
 }
+
+// Python's bounded_json raises a plain ValueError for bytes that are not JSON (not UTF-8, a syntax error, NaN)
+export const JSONValueError = define("JSONValueError", Error);

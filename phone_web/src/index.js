@@ -5,3 +5,5 @@ export { parseShard, crc32 } from "./container.js";
 export { sha256Hex, checkBlob } from "./digest.js";
 export { CODECS, parseChain, decodeChain, applyReference, reuseReference } from "./chain.js";
 export { f16ToNumber, f32ToF16 } from "./f16.js";
+export { boundedJson, jsonDepth } from "./bounded_json.js";
+export { parseManifest, parseManifestBytes } from "./manifest.js";

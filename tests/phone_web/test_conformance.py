@@ -16,6 +16,7 @@ from ci_deps import require_or_skip
 from sakura_core.kv import web_constants
 from sakura_core.kv.sakura_decode import WIDTHS
 
+from .manifest_vectors import write_manifest_vectors
 from .vectors import write_vectors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,13 +33,14 @@ def _need_node() -> None:
 @pytest.fixture(scope="module")
 def vectors(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("vectors")
-    return out, write_vectors(out)
+    index = write_vectors(out)
+    return out, {**index, "manifests": write_manifest_vectors(out)["cases"]}
 
 
-def _run(web: Path, vector_dir: Path) -> tuple[int, dict, list[dict]]:
-    """Run the page's vector runner from ``web`` (a phone_web folder); (exit code, summary, failures)."""
-    proc = subprocess.run([NODE, str(web / "test" / "run_vectors.mjs"), str(vector_dir)], capture_output=True,
-                          text=True, timeout=120, cwd=web)  # fmt: skip
+def _run(web: Path, vector_dir: Path, runner: str = "run_vectors.mjs") -> tuple[int, dict, list[dict]]:
+    """Run one of the page's vector runners from ``web`` (a phone_web folder); (exit code, summary, failures)."""
+    proc = subprocess.run([NODE, str(web / "test" / runner), str(vector_dir)], capture_output=True, text=True,
+                          timeout=300, cwd=web)  # fmt: skip
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines and "summary" in lines[-1], f"runner printed no summary: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
     return proc.returncode, lines[-1], lines[:-1]
@@ -84,6 +86,20 @@ def test_the_page_decodes_every_vector_like_python(vectors):
                  "bad": n_bad, "badPass": n_bad}  # fmt: skip
 
 
+def test_the_page_parses_every_manifest_like_python(vectors):
+    _need_node()
+    vector_dir, index = vectors
+    code, summary, failures = _run(WEB, vector_dir, "run_manifests.mjs")
+    s = summary["summary"]
+    assert failures == [] and code == 0, (
+        f"{s['validPass']}/{s['valid']} valid accepted, {s['badPass']}/{s['bad']} bad refused by class; first "
+        f"differences: {failures[:5]}"
+    )
+    outcomes = {c["expect"] for c in index["manifests"]}
+    assert outcomes == {"ok", "ManifestError", "ManifestLimitError", "ModelMismatchError", "LimitError", "ValueError"}
+    assert s["valid"] + s["bad"] == len(index["manifests"]) > 3000
+
+
 @pytest.mark.parametrize(
     ("path", "old", "new", "failing"),
     [  # one rounding or one error class changed: the suite must notice
@@ -93,6 +109,9 @@ def test_the_page_decodes_every_vector_like_python(vectors):
         ("src/container.js", 'throw new ShardTruncatedError(`shard blob has ${n} bytes but its header declares',
          'throw new ShardCorruptError(`shard blob has ${n} bytes but its header declares', "Python raises "
          "ShardTruncatedError"),
+        ("src/manifest.js", 'const isInt = (x) => typeof x === "number" && Number.isInteger(x);',
+         "const isInt = (x) => Number.isInteger(Number(x));", "=float"),
+        ("src/manifest.js", 'atMost("heads", h.heads, L.MAX_HEADS);', "", "limit/heads-257"),
     ],
 )  # fmt: skip
 def test_a_decoder_that_differs_fails_the_suite(vectors, tmp_path, path, old, new, failing):
@@ -105,6 +124,6 @@ def test_a_decoder_that_differs_fails_the_suite(vectors, tmp_path, path, old, ne
     source = (web / path).read_text()
     assert source.count(old) == 1
     (web / path).write_text(source.replace(old, new))
-    code, _, failures = _run(web, vectors[0])
+    code, _, failures = _run(web, vectors[0], "run_manifests.mjs" if "manifest" in path else "run_vectors.mjs")
     assert code == 1 and failures
     assert any(failing in json.dumps(f) for f in failures), failures[:3]
