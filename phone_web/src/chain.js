@@ -8,14 +8,14 @@ import { f16Table, f32ToF16 } from "./f16.js";
 import { parseShard, sameShard } from "./container.js";
 import { sha256Hex } from "./digest.js";
 import { decodeFp16, decodeInt4, decodeInt8 } from "./plain_codecs.js";
-import { decodeSakura } from "./sakura_codec.js";
+import { decodeSakura, sakuraFinish, sakuraStep } from "./sakura_codec.js";
 
 /** The codecs this client decodes, with whether a representation may be a chain of several blobs. */
 export const CODECS = {
   fp16: { progressive: false, decode: decodeFp16 },
   int8: { progressive: false, decode: decodeInt8 },
   int4: { progressive: false, decode: decodeInt4 },
-  sakura: { progressive: true, decode: decodeSakura },
+  sakura: { progressive: true, decode: decodeSakura, step: sakuraStep, finish: sakuraFinish },
   // cachegen (constriction's range coder) is not decoded here: a page does not offer that family
 };
 
@@ -119,4 +119,40 @@ export function reuseReference(ref, reference) {
     throw new ShardChainError(`the reuse rung names step ${ref.step} shard ${ref.digest.slice(0, 12)}…, not the one given`);
   }
   return { k: reference.k, v: reference.v };
+}
+
+/** Incremental decoder of one shard's chain (sakura_core/kv/chain.ChainDecoder): ``push`` blobs in chain order (each
+ * parsed, linked, checked by the caller's ``check(header)`` and, for SAKURA, applied at once: an upgrade applies only
+ * its new blobs), ``tensors()`` at any point. A rejected blob leaves the decoder as it was. */
+export class ChainDecoder {
+  constructor(reference = null) {
+    this.blobs = [];
+    this.parsed = [];
+    this.state = null;
+    this.reference = reference;
+  }
+
+  get header() {
+    return this.parsed.length ? this.parsed[this.parsed.length - 1].header : null;
+  }
+
+  async push(blob, check = null) {
+    const { header, sections } = parseShard(blob);
+    const first = this.parsed.length ? this.parsed[0].header : null;
+    await checkLink(this.parsed.length, header, first, this.header, this.blobs[this.blobs.length - 1] ?? null);
+    if (check !== null) check(header);
+    const codec = CODECS[header.codec];
+    if (codec.step) this.state = codec.step(this.state, header, sections);
+    this.blobs.push(blob);
+    this.parsed.push({ header, sections });
+    return header;
+  }
+
+  tensors() {
+    if (!this.parsed.length) throw new ShardChainError("no blob pushed yet: push the representation's base first");
+    const header = this.header;
+    const codec = CODECS[header.codec];
+    const { k, v } = codec.step ? codec.finish(this.state, header) : codec.decode(this.parsed);
+    return applyReference(header, k, v, this.reference, this.parsed[0].header.refScale);
+  }
 }

@@ -7,3 +7,5 @@ export { CODECS, parseChain, decodeChain, applyReference, reuseReference } from 
 export { f16ToNumber, f32ToF16 } from "./f16.js";
 export { boundedJson, jsonDepth } from "./bounded_json.js";
 export { parseManifest, parseManifestBytes } from "./manifest.js";
+export { ChainDecoder } from "./chain.js";
+export { levelName, slotFromManifest, checkShardGeometry, checkShardBinding, decodeForSlot } from "./binding.js";

@@ -3,7 +3,7 @@
 // summary line; exits 1 when anything differs.   node test/run_vectors.mjs VECTOR_DIR
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { checkBlob, decodeChain, reuseReference } from "../src/index.js";
+import { checkBlob, decodeChain, decodeForSlot, reuseReference } from "../src/index.js";
 
 const dir = process.argv[2];
 const index = JSON.parse(readFileSync(join(dir, "index.json"), "utf8"));
@@ -24,6 +24,12 @@ async function run(c) {
   const ref = c.reference ? { step: c.reference.step, digest: c.reference.digest, k: f16(c.reference.k), v: f16(c.reference.v) } : null;
   if (c.check) await checkBlob(blobs[0], c.check.digest, c.check.bytes);
   if (c.reuse) return reuseReference(c.reuse, ref);
+  if (c.slot) {
+    const s = c.slot;
+    const slot = { templateId: s.template_id, modelId: s.model_id, layers: s.layers, codec: s.codec, levelName: s.level_name,
+      tokenGrid: s.token_grid, heads: s.heads, headDim: s.head_dim, step: s.step, reference: s.reference };
+    return decodeForSlot(blobs, slot, ref);
+  }
   return decodeChain(blobs, ref);
 }
 

@@ -10,11 +10,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+import zstandard
 from ci_deps import require_or_skip
 
 from sakura_core.kv import web_constants
-from sakura_core.kv.sakura_decode import WIDTHS
+from sakura_core.kv.container import parse_shard
+from sakura_core.kv.sakura_decode import WIDTHS, meta_size
 
 from .manifest_vectors import write_manifest_vectors
 from .vectors import write_vectors
@@ -64,12 +67,34 @@ def test_vectors_cover_every_level_family_and_error_class(vectors):
         for g in ("g1", "g2", "g3", "g4"):
             assert {f"{g}/sakura-l{j}/chain", f"{g}/sakura-l{j}/direct"} <= names
     golden = {c["family"] for c in cases if "error" not in c["expect"]}
-    assert golden >= {"fp16", "int8", "int4", "sakura", "residual", "closed", "reuse"}
+    assert golden >= {"fp16", "int8", "int4", "sakura", "residual", "closed", "reuse", "slot"}
     errors = {c["expect"]["error"] for c in cases if "error" in c["expect"]}
     assert errors == {
         "ShardTruncatedError", "ShardMagicError", "ShardVersionError", "ShardCorruptError", "ShardOversizedError",
-        "UnknownCodecError", "ShardChainError", "MissingReferenceError", "ShardIntegrityError",
+        "UnknownCodecError", "ShardChainError", "MissingReferenceError", "ShardIntegrityError", "ShardBindingError",
     }  # fmt: skip
+
+
+def test_golden_sakura_vectors_hold_every_bit_group_size(vectors):
+    """Each m = 1..8 (every packing: bits, planar 2 and 4, one symbol a byte) appears in some golden blob."""
+    vector_dir, index = vectors
+    w = np.array(WIDTHS)
+    seen = set()
+    for c in index["cases"]:
+        if "error" in c["expect"] or c["family"] not in ("sakura", "residual", "closed", "slot"):
+            continue
+        prev = None
+        for name in c["blobs"]:
+            header, sections = parse_shard((vector_dir / name).read_bytes())
+            if header.codec != "sakura":
+                break
+            n_l, _, h, d = header.tensor_shape
+            skip = meta_size(n_l, h, d, header.ref_scale is not None) if prev is None else 0
+            delta = np.frombuffer(zstandard.ZstdDecompressor().decompress(bytes(sections[0])), np.uint8)[skip:]
+            new = delta if prev is None else prev + delta
+            seen |= set((w[new] - (0 if prev is None else w[prev])).tolist()) - {0}
+            prev = new
+    assert seen == set(range(1, 9))
 
 
 def test_the_page_decodes_every_vector_like_python(vectors):

@@ -16,16 +16,20 @@ import json
 import struct
 import sys
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import zstandard
 
 from sakura_core.fetch.errors import ShardIntegrityError
-from sakura_core.kv.chain import DecodedReference, decode_chain
+from sakura_core.kv.binding import ShardSlot, check_shard_binding, check_shard_geometry
+from sakura_core.kv.chain import ChainDecoder, DecodedReference, decode_chain
 from sakura_core.kv.codec_parts import zstd_compress
 from sakura_core.kv.codec_registry import ShardInput, ShardMeta, get_codec
-from sakura_core.kv.container import ShardFormatError, ShardHeader, pack_shard
+from sakura_core.kv.container import ShardFormatError, ShardHeader, pack_shard, parse_shard
 from sakura_core.kv.predictor import fit_scale_codes, scales_from_codes
+from sakura_core.kv.sakura_dequant import WIDTHS
 
 __all__ = ["write_vectors"]
 
@@ -80,7 +84,8 @@ class _Writer:
         return self.blob(np.ascontiguousarray(a, dtype="<f2").tobytes())
 
     def case(self, name: str, blobs: list[bytes], reference: DecodedReference | None = None, *, family: str,
-             check: tuple[str, int] | None = None, reuse: dict | None = None) -> None:  # fmt: skip
+             check: tuple[str, int] | None = None, reuse: dict | None = None,
+             slot: ShardSlot | None = None) -> None:  # fmt: skip
         """Decode with Python and record the outcome: K and V, or the error's class name."""
         entry = {"name": name, "family": family, "blobs": [self.blob(b) for b in blobs]}
         if reference is not None:
@@ -90,6 +95,8 @@ class _Writer:
             entry["check"] = {"digest": check[0], "bytes": check[1]}
         if reuse is not None:
             entry["reuse"] = reuse
+        if slot is not None:
+            entry["slot"] = {**slot.__dict__, "reference": slot.reference and list(slot.reference)}
         try:
             if check is not None and (hashlib.sha256(blobs[0]).hexdigest() != check[0] or len(blobs[0]) != check[1]):
                 raise ShardIntegrityError(check[0], "the bytes do not hash to the digest")  # fetch/client.py's rule
@@ -97,12 +104,54 @@ class _Writer:
                 if (reference.step, reference.digest) != (reuse["step"], reuse["digest"]):
                     raise AssertionError("a golden reuse vector names its reference")
                 k, v = reference.k, reference.v
+            elif slot is not None:
+                k, v = _decode_for_slot(blobs, slot, reference)
             else:
                 k, v = _decoded(blobs, reference)
             entry["expect"] = {"k": self.array(k), "v": self.array(v)}
         except (ShardFormatError, ShardIntegrityError) as e:
             entry["expect"] = {"error": type(e).__name__}
         self.cases.append(entry)
+
+
+def _decode_for_slot(blobs, slot: ShardSlot, reference):
+    """What the runtime's decode lane does with a representation's blobs (runtime/decode_lane.py)."""
+    dec = ChainDecoder()
+    for blob in blobs:
+        dec.push(blob, lambda header: check_shard_geometry(header, slot))
+    check_shard_binding(dec.header, slot)
+    dec.set_reference(reference)
+    k, v = dec.tensors()
+    return k.numpy(), v.numpy()
+
+
+def _slots(w: _Writer, keep: dict, cross: dict) -> None:
+    """A representation decoded for its manifest slot, and for a slot it does not belong to."""
+    c1, fp16 = keep[("g1", "chain")], keep[("g1", "fp16")]
+    good = ShardSlot(TEMPLATE, MODEL, (2, 2), "sakura", "sakura-l3", (4, 6), 2, 16)
+    twin, d_j = cross["twin1"]
+    ref = (0, cross["fp16_digest"])
+    for name, (blobs, slot, reference) in {
+        "sakura-l3": (c1[:4], good, None),
+        "fp16": ([fp16], replace(good, codec="fp16", level_name="fp16"), None),
+        "residual": (cross["scaled"][:4], replace(good, step=1, reference=ref), cross["held"]["sakura-l1"]),
+        "twin": ([twin], replace(good, level_name="sakura-l1", step=1, reference=(0, d_j.digest)), d_j),
+        "bad/other-layers": (c1[:4], replace(good, layers=(3, 3)), None),
+        "bad/other-template": (c1[:4], replace(good, template_id="other"), None),
+        "bad/other-model": (c1[:4], replace(good, model_id="cd" * 32), None),
+        "bad/other-grid": (c1[:4], replace(good, token_grid=(6, 4)), None),
+        "bad/other-heads": (c1[:4], replace(good, heads=4), None),
+        "bad/other-head-dim": (c1[:4], replace(good, head_dim=8), None),
+        "bad/other-codec": (c1[:4], replace(good, codec="fp16"), None),
+        "bad/other-level": (c1[:4], replace(good, level_name="sakura-l4"), None),
+        "bad/other-step": (c1[:4], replace(good, step=1), None),
+        "bad/residual-slot-without-reference": (cross["scaled"][:4], replace(good, step=1), None),
+        "bad/twin-in-open-loop-slot": ([twin], replace(good, level_name="sakura-l1", step=1, reference=ref), d_j),
+        # pushed blob by blob: the corrupt payload of blob 1 is found before blob 2's broken link
+        "bad/corrupt-payload-before-broken-link": ([c1[0], _patch(c1[1], len(c1[1]) - 12, bytes(8)), c1[2]], good,
+                                                   None),
+    }.items():  # fmt: skip
+        w.case(f"slot/{name}", blobs, reference, family="slot", slot=slot)
 
 
 def _recrc(blob: bytes) -> bytes:
@@ -205,6 +254,48 @@ def _cross_step(w: _Writer, rng, keep: dict) -> dict:
     return out
 
 
+def _resection(blob: bytes, fn) -> bytes:
+    """The blob re-packed (valid container, valid CRC) with ``fn(sections)``'s payload: a decoder-level fault."""
+    header, sections = parse_shard(blob)
+    return pack_shard(header, fn([bytes(x) for x in sections]))
+
+
+def _edit_frame(section: bytes, edit) -> bytes:
+    raw = bytearray(zstandard.ZstdDecompressor().decompress(section))
+    edit(raw)
+    return zstd_compress(bytes(raw), 3)
+
+
+def _bad_sakura(w: _Writer, keep: dict) -> None:
+    """SAKURA payload faults inside valid containers: widths, symbols, ranges, section counts."""
+    base, l1 = keep[("g1", "chain")][0], keep[("g1", "chain")][1]
+    meta = 6 * 2 * 1 * 2 * 16  # (3, 2, layers, heads, head_dim) float16
+
+    def head(edit):
+        return lambda s: [_edit_frame(s[0], edit), *s[1:]]
+
+    def odd_group(s):  # the first group of an m outside 1, 2, 4, 8 (one symbol a byte): a symbol too large
+        deltas = np.frombuffer(zstandard.ZstdDecompressor().decompress(s[0])[meta:], np.uint8)
+        groups = sorted({WIDTHS[i] for i in deltas} - {0})  # a base: each unit gains its whole width
+        g = 1 + next(i for i, m in enumerate(groups) if m in (3, 5, 6, 7))
+        return [*s[:g], _edit_frame(s[g], lambda r: r.__setitem__(0, 255)), *s[g + 1 :]]
+
+    cases = {
+        "width-delta-8": (base, head(lambda r: r.__setitem__(meta, 8))),
+        "width-index-over-7": (l1, head(lambda r: r.__setitem__(slice(0, 4), bytes([7, 7, 7, 7])))),
+        "range-infinite": (base, head(lambda r: r.__setitem__(slice(0, 2), b"\x00\x7c"))),
+        "range-inverted": (base, head(lambda r: r.__setitem__(slice(0, 2), b"\x00\x7b"))),
+        "extra-section": (base, lambda s: [*s, s[-1]]),
+        "missing-section": (base, lambda s: s[:-1]),
+        "symbol-out-of-range": (base, odd_group),
+        "no-sections": (base, lambda s: []),
+    }
+    for name, (blob, fn) in cases.items():
+        bad = _resection(blob, fn)
+        chain = [bad] if blob is base else [base, bad]
+        w.case(f"bad-sakura/{name}", chain, family="bad-sakura")
+
+
 def _bad_container(w: _Writer, keep: dict) -> None:
     fp16, int8, int4 = keep[("g1", "fp16")], keep[("g1", "int8")], keep[("g3", "int4")]
     base = keep[("g1", "chain")][0]
@@ -277,7 +368,9 @@ def write_vectors(out: Path, seed: int = 46) -> dict:
     keep = _golden(w, rng)
     cross = _cross_step(w, rng, keep)
     _bad_container(w, keep)
+    _bad_sakura(w, keep)
     _bad_chains(w, keep, cross)
+    _slots(w, keep, cross)
     index = {"format": "sakura-conformance-vectors", "version": 1, "seed": seed, "cases": w.cases}
     (out / "index.json").write_text(json.dumps(index, indent=1))
     return index
