@@ -59,6 +59,34 @@ def test_the_page_constants_are_generated_from_sakura_core():
     assert c["sakura"]["WIDTHS"] == list(WIDTHS) and len(c["sakura"]["SPAN_F32_BITS"]) == 256
 
 
+def test_the_page_error_classes_mirror_python():
+    """Same names, same parents: a page catching ShardFormatError (or ShardCorruptError) catches what Python's
+    caller would."""
+    _need_node()
+    from sakura_core.fetch import errors as fetch_errors
+    from sakura_core.kv import binding, chain, container, manifest_limits, manifest_schema
+
+    script = (
+        "import('./src/errors.js').then(m => console.log(JSON.stringify(Object.fromEntries(Object.entries(m)"
+        ".filter(([, c]) => typeof c === 'function' && c.prototype instanceof Error)"
+        ".map(([n, c]) => [n, Object.getPrototypeOf(c).name])))))"
+    )
+    proc = subprocess.run([NODE, "--input-type=module", "-e", script], capture_output=True, text=True, cwd=WEB,
+                          timeout=60, check=True)  # fmt: skip
+    js = json.loads(proc.stdout)
+    python = {}
+    for module in (container, chain, binding, manifest_schema, manifest_limits, fetch_errors):
+        for name in dir(module):
+            cls = getattr(module, name)
+            if isinstance(cls, type) and issubclass(cls, Exception) and name in js:
+                python[name] = cls.__mro__[1].__name__
+    python["JSONValueError"] = "Error"  # Python raises a plain ValueError there
+    assert set(python) == set(js) and len(js) >= 15
+    mismatched = {n: (js[n], python[n]) for n in js if js[n] != python[n].replace("ValueError", "Error")
+                  .replace("Exception", "Error")}  # fmt: skip
+    assert mismatched == {}
+
+
 def test_vectors_cover_every_level_family_and_error_class(vectors):
     _, index = vectors
     cases = index["cases"]
