@@ -9,6 +9,7 @@ import { parseShard, sameShard } from "./container.js";
 import { sha256Hex } from "./digest.js";
 import { decodeFp16, decodeInt4, decodeInt8 } from "./plain_codecs.js";
 import { decodeSakura, sakuraFinish, sakuraStep } from "./sakura_codec.js";
+import { decodeCachegen } from "./cachegen.js";
 
 /** The codecs this client decodes, with whether a representation may be a chain of several blobs. */
 export const CODECS = {
@@ -16,7 +17,7 @@ export const CODECS = {
   int8: { progressive: false, decode: decodeInt8 },
   int4: { progressive: false, decode: decodeInt4 },
   sakura: { progressive: true, decode: decodeSakura, step: sakuraStep, finish: sakuraFinish },
-  // cachegen (constriction's range coder) is not decoded here: a page does not offer that family
+  cachegen: { progressive: false, decode: decodeCachegen },
 };
 
 async function checkLink(index, header, first, prev, prevBlob) {

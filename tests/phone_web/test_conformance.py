@@ -95,7 +95,7 @@ def test_vectors_cover_every_level_family_and_error_class(vectors):
         for g in ("g1", "g2", "g3", "g4"):
             assert {f"{g}/sakura-l{j}/chain", f"{g}/sakura-l{j}/direct"} <= names
     golden = {c["family"] for c in cases if "error" not in c["expect"]}
-    assert golden >= {"fp16", "int8", "int4", "sakura", "residual", "closed", "reuse", "slot"}
+    assert golden >= {"fp16", "int8", "int4", "cachegen", "sakura", "residual", "closed", "reuse", "slot"}
     errors = {c["expect"]["error"] for c in cases if "error" in c["expect"]}
     assert errors == {
         "ShardTruncatedError", "ShardMagicError", "ShardVersionError", "ShardCorruptError", "ShardOversizedError",
@@ -165,6 +165,8 @@ def test_the_page_parses_every_manifest_like_python(vectors):
         ("src/manifest.js", 'const isInt = (x) => typeof x === "number" && Number.isInteger(x);',
          "const isInt = (x) => Number.isInteger(Number(x));", "=float"),
         ("src/manifest.js", 'atMost("heads", h.heads, L.MAX_HEADS);', "", "limit/heads-257"),
+        ("src/cachegen.js", "cdf[i] = Math.trunc(cumulative * scale) + i;", "cdf[i] = Math.round(cumulative * scale) + i;",
+         "cachegen-l"),
     ],
 )  # fmt: skip
 def test_a_decoder_that_differs_fails_the_suite(vectors, tmp_path, path, old, new, failing):

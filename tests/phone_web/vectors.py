@@ -204,6 +204,9 @@ def _golden(w: _Writer, rng) -> dict:
             (blob,) = get_codec(codec).encode(shard, [0])
             w.case(f"{gname}/{codec}", [blob], family=codec)
             keep[(gname, codec)] = blob
+        for level, blob in enumerate(get_codec("cachegen").encode(shard, [0, 1, 2])):
+            w.case(f"{gname}/cachegen-l{level}", [blob], family="cachegen")
+            keep[(gname, f"cachegen-l{level}")] = blob
         chain = sakura.encode(shard, list(sakura.levels))
         direct = sakura.direct_blobs(shard, list(sakura.levels))
         for j in sakura.levels:
@@ -267,8 +270,9 @@ def _edit_frame(section: bytes, edit) -> bytes:
 
 
 def _bad_sakura(w: _Writer, keep: dict) -> None:
-    """SAKURA payload faults inside valid containers: widths, symbols, ranges, section counts."""
-    base, l1 = keep[("g1", "chain")][0], keep[("g1", "chain")][1]
+    """SAKURA and CacheGen payload faults inside valid containers: widths, symbols, ranges, section counts;
+    bins, maxima, tables, stream lengths, stream bits."""
+    base, l1, cg = keep[("g1", "chain")][0], keep[("g1", "chain")][1], keep[("g4", "cachegen-l1")]
     meta = 6 * 2 * 1 * 2 * 16  # (3, 2, layers, heads, head_dim) float16
 
     def head(edit):
@@ -289,10 +293,16 @@ def _bad_sakura(w: _Writer, keep: dict) -> None:
         "missing-section": (base, lambda s: s[:-1]),
         "symbol-out-of-range": (base, odd_group),
         "no-sections": (base, lambda s: []),
+        "cachegen-bins-13": (cg, lambda s: [bytes([13]) + s[0][1:], *s[1:]]),
+        "cachegen-max-inf": (cg, lambda s: [s[0], b"\x00\x7c" + s[1][2:], *s[2:]]),
+        "cachegen-table-flat": (cg, lambda s: [*s[:2], s[2][:2] + s[2][:2] + s[2][4:], *s[3:]]),
+        "cachegen-lengths": (cg, lambda s: [*s[:4], s[4][:-4] + struct.pack("<I", 4 + len(s[5])), s[5]]),
+        "cachegen-stream-zeros": (cg, lambda s: [*s[:5], bytes(len(s[5]))]),  # decodes (to other symbols)
+        "cachegen-stream-ones": (cg, lambda s: [*s[:5], b"\xff" * len(s[5])]),
     }
     for name, (blob, fn) in cases.items():
         bad = _resection(blob, fn)
-        chain = [bad] if blob is base else [base, bad]
+        chain = [base, bad] if blob is l1 else [bad]
         w.case(f"bad-sakura/{name}", chain, family="bad-sakura")
 
 
