@@ -37,3 +37,9 @@ export function isLimitError(e) {
 
 // Python's bounded_json raises a plain ValueError for bytes that are not JSON (not UTF-8, a syntax error, NaN)
 export const JSONValueError = define("JSONValueError", Error);
+
+// the shard client's (sakura_core/fetch/errors.py)
+export const ShardUnavailableError = define("ShardUnavailableError", FetchError);
+export const ShardNotFoundError = define("ShardNotFoundError", ShardUnavailableError);
+export const AuthError = define("AuthError", FetchError);
+export const RedirectRefusedError = define("RedirectRefusedError", FetchError);

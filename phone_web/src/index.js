@@ -9,3 +9,4 @@ export { boundedJson, jsonDepth } from "./bounded_json.js";
 export { parseManifest, parseManifestBytes } from "./manifest.js";
 export { ChainDecoder } from "./chain.js";
 export { levelName, slotFromManifest, checkShardGeometry, checkShardBinding, decodeForSlot } from "./binding.js";
+export { fetchShard } from "./fetch_shard.js";

@@ -7,18 +7,17 @@ secure context, as a phone on ``adb reverse`` sees the server)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import mimetypes
 import os
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
 from ci_deps import import_or_skip
 
 from ..synthetic_templates import SyntheticModel, make_synthetic_template
+from .loopback import loopback_server
 from .manifest_vectors import write_manifest_vectors
 from .vectors import write_vectors
 
@@ -101,8 +100,6 @@ def test_sakura_serve_serves_a_page_that_loads_isolated(tmp_path):
     """The page from a real server on 127.0.0.1 (``create_app``, as ``sakura serve`` runs it): its modules load
     through ``/phone``, the COOP/COEP headers make it cross-origin isolated (what WASM threads need), and it lists
     the server's catalog."""
-    from aiohttp import web
-
     from cloud_server.app import create_app
     from cloud_server.config import ServerConfig
     from cloud_server.store import LocalStore
@@ -113,29 +110,15 @@ def test_sakura_serve_serves_a_page_that_loads_isolated(tmp_path):
     app = create_app(
         ServerConfig(store_dir=tmp_path / "store", model=None), store=store, model=SyntheticModel(model_id)
     )
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = runner.addresses[0][1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-            try:
-                page = browser.new_page()
-                page.goto(f"http://127.0.0.1:{port}/phone")
-                page.wait_for_function("document.getElementById('templates').children.length > 0", timeout=30_000)
-                state = page.evaluate("""() => ({ready: document.getElementById('status').dataset.ready,
-                    isolated: window.crossOriginIsolated, items: [...document.querySelectorAll('li')].map(
-                    li => li.textContent)})""")  # fmt: skip
-            finally:
-                browser.close()
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
+    with loopback_server(app) as base, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/phone")
+            page.wait_for_function("document.getElementById('templates').children.length > 0", timeout=30_000)
+            state = page.evaluate("""() => ({ready: document.getElementById('status').dataset.ready,
+                isolated: window.crossOriginIsolated, items: [...document.querySelectorAll('li')].map(
+                li => li.textContent)})""")  # fmt: skip
+        finally:
+            browser.close()
     assert state == {"ready": "true", "isolated": True, "items": ["tpl-a (single, 4 shards)"]}
