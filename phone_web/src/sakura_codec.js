@@ -102,15 +102,18 @@ export function sakuraStep(state, header, sections) {
   if (sections.length !== 1 + groups.length) {
     throw new ShardCorruptError(`sakura: blob has ${sections.length} sections, its widths need ${1 + groups.length}`);
   }
+  const units = new Int32Array(nUnits);
   groups.forEach((m, g) => {
-    const units = [];
-    for (let u = 0; u < nUnits; u++) if (added[u] === m) units.push(u);
-    const nSym = units.length * d;
+    let n = 0;
+    for (let u = 0; u < nUnits; u++) if (added[u] === m) units[n++] = u;
+    const nSym = n * d;
     const raw = zstdExact(sections[1 + g], Math.ceil(nSym / perByte(m)), `sakura ${m}-bit group`);
     const sym = unpackSymbols(raw, m, nSym);
-    units.forEach((u, r) => {
-      for (let c = 0; c < d; c++) acc[u * d + c] = ((acc[u * d + c] << m) | sym[r * d + c]) & 0xff;
-    });
+    for (let r = 0; r < n; r++) {
+      const a = units[r] * d;
+      const b = r * d;
+      for (let c = 0; c < d; c++) acc[a + c] = ((acc[a + c] << m) | sym[b + c]) & 0xff;
+    }
   });
   return { idx, acc, params };
 }
@@ -121,19 +124,22 @@ export function sakuraFinish(state, header) {
   const half = nL * t * h * d;
   const out = new Uint16Array(2 * half);
   const { idx, acc, params } = state;
+  const { mean, step, lo } = params;
   for (let u = 0; u < idx.length; u++) {
     const w = W[idx[u]];
-    const block = Math.floor(u / (t * h)); // tensor * layers + layer
-    const p0 = (block * h + (u % h)) * d;
+    const p0 = (Math.floor(u / (t * h)) * h + (u % h)) * d; // (tensor * layers + layer, head) channels
+    const i0 = u * d;
+    if (w === 0) {
+      out.set(mean.subarray(p0, p0 + d), i0);
+      continue;
+    }
+    // the bin centre in fine-code units: acc itself at full width, else (acc << (8 - w) | 1 << (7 - w)) - 0.5
+    const shift = 8 - w;
+    const bias = w === 8 ? 0 : 1 << (7 - w);
+    const minus = w === 8 ? 0 : 0.5;
     for (let c = 0; c < d; c++) {
-      const i = u * d + c;
-      if (w === 0) {
-        out[i] = params.mean[p0 + c];
-        continue;
-      }
-      // the bin centre in fine-code units: acc itself at full width, else (acc << (8 - w) | 1 << (7 - w)) - 0.5
-      const code = w === 8 ? acc[i] : ((acc[i] << (8 - w)) | (1 << (7 - w))) - 0.5;
-      out[i] = f32ToF16(fr(fr(code * params.step[p0 + c]) + params.lo[p0 + c]));
+      const code = ((acc[i0 + c] << shift) | bias) - minus;
+      out[i0 + c] = f32ToF16(fr(fr(code * step[p0 + c]) + lo[p0 + c]));
     }
   }
   return { k: out.subarray(0, half), v: out.subarray(half) };
