@@ -98,15 +98,16 @@ def test_the_modules_decode_in_chromium(tmp_path):
 
 def test_sakura_serve_serves_a_page_that_loads_isolated(tmp_path):
     """The page from a real server on 127.0.0.1 (``create_app``, as ``sakura serve`` runs it): its modules load
-    through ``/phone``, the COOP/COEP headers make it cross-origin isolated (what WASM threads need), and it lists
-    the server's catalog."""
+    through ``/phone``, the COOP/COEP headers make it cross-origin isolated (what WASM threads need), it lists the
+    server's catalog and fetches a shard (digest checked with WebCrypto)."""
     from cloud_server.app import create_app
     from cloud_server.config import ServerConfig
     from cloud_server.store import LocalStore
 
     model_id = "ab" * 32
     store = LocalStore(tmp_path / "store")
-    make_synthetic_template(store, "tpl-a", model_id=model_id)
+    manifest = make_synthetic_template(store, "tpl-a", model_id=model_id)
+    rep = manifest["shards"][0]["representations"][-1]
     app = create_app(
         ServerConfig(store_dir=tmp_path / "store", model=None), store=store, model=SyntheticModel(model_id)
     )
@@ -119,6 +120,10 @@ def test_sakura_serve_serves_a_page_that_loads_isolated(tmp_path):
             state = page.evaluate("""() => ({ready: document.getElementById('status').dataset.ready,
                 isolated: window.crossOriginIsolated, items: [...document.querySelectorAll('li')].map(
                 li => li.textContent)})""")  # fmt: skip
+            state["shard"] = page.evaluate("""async ([digest, size]) => {
+                const m = await import('/phone/src/index.js');
+                return m.sha256Hex(await m.fetchShard(location.origin, digest, size));
+            }""", [rep["digest"], rep["bytes"]])  # fmt: skip
         finally:
             browser.close()
-    assert state == {"ready": "true", "isolated": True, "items": ["tpl-a (single, 4 shards)"]}
+    assert state == {"ready": "true", "isolated": True, "items": ["tpl-a (single, 4 shards)"], "shard": rep["digest"]}
