@@ -4,13 +4,14 @@
 // to 24-bit fixed point (left cumulative of symbol i = trunc(sum of the probabilities before it x s) + i, with
 // s = (2^24 - n) / their total computed first, in float64), and its queue range decoder (32-bit words, a 64-bit state, precision 24). The values are
 // computed in float64, as numpy promotes them, and rounded straight to float16.
+import C from "./format_constants.js";
 import { ShardCorruptError } from "./errors.js";
 import { f16Finite, f16Table } from "./f16.js";
 
-const CHUNK_TOKENS = 1500;
-const BLOCK_TOKENS = 256;
-const TOTAL = 65535;
-const ALLOWED_BINS = new Set([12, 16, 32]);
+const { CHUNK_TOKENS, BLOCK_TOKENS } = C.cachegen;
+const ALLOWED_BINS = new Set(C.cachegen.ALLOWED_BINS);
+const MAX_BINS = Math.max(...C.cachegen.ALLOWED_BINS);
+const TOTAL = 65535; // the tables' 16-bit scale
 const PRECISION = 24n;
 const MASK64 = (1n << 64n) - 1n;
 
@@ -120,7 +121,7 @@ export function decodeCachegen(parsed) {
   if (!bins.flat().every((b) => ALLOWED_BINS.has(b)) || alphabets.some((a, ti) => a < Math.max(...bins[ti]))) {
     throw new ShardCorruptError("cachegen: bin counts are not valid");
   }
-  if (alphabets.some((a) => a > 32)) throw new ShardCorruptError("cachegen: table width is not valid");
+  if (alphabets.some((a) => a > MAX_BINS)) throw new ShardCorruptError("cachegen: table width is not valid");
   expectLen(sections[1], 2 * nL * t * 2, "cachegen max tensors");
   const maxBits = u16(sections[1]);
   const tab16 = f16Table();

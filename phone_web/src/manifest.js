@@ -9,8 +9,7 @@ import { boundedJson } from "./bounded_json.js";
 
 const L = C.limits;
 const MAX_BLOB_BYTES = C.container.MAX_BLOB_BYTES;
-const MAX_REFERENCES = 4;
-const REF_TIME_OFFSET = 10;
+const { MAX_REFERENCES, REF_TIME_OFFSET } = C.references;
 const MULTI = /^flux2-ref-t10-x([2-9])$/;
 const MODEL_ID_RE = /^[0-9a-f]{1,128}$/;
 const TEMPLATE_ID_RE = /^[a-z0-9-]{1,64}$/;

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import limits
-from . import container, header_checks, predictor
+from ..models import ref_layout
+from . import cachegen, container, header_checks, predictor
 from .sakura_decode import _SPAN
 from .sakura_dequant import WIDTHS
 
@@ -45,6 +46,12 @@ def format_constants() -> dict:
             "SPAN_F32_BITS": [int(x) for x in np.asarray(_SPAN, dtype=np.float32).view(np.uint32)],
         },
         "predictor": {"SCALE_DENOM": predictor.SCALE_DENOM},
+        "cachegen": {
+            "CHUNK_TOKENS": cachegen.CHUNK_TOKENS,
+            "BLOCK_TOKENS": cachegen.BLOCK_TOKENS,
+            "ALLOWED_BINS": sorted({b for pair in cachegen.LEVEL_BINS.values() for group in pair for b in group}),
+        },
+        "references": {"MAX_REFERENCES": ref_layout.MAX_REFERENCES, "REF_TIME_OFFSET": ref_layout.REF_TIME_OFFSET},
     }
 
 
