@@ -5,12 +5,16 @@
 #   make test   `make venv` + the extras [test,npu,phone,cloud] (pytest, ruff, playwright, transformers; the NPU
 #               toolchain: onnx, onnxruntime, onnxruntime-qnn (emulated Hexagon HTP); adbutils; boto3 + ray), so CI
 #               runs those gates too; then ruff + pytest. `make lint` needs the same.
-# Each step has its stamp file in .venv (.installed, .installed-test); both are redone when pyproject.toml changes.
+#               Also `npm ci` in phone_web/ (the phone page's JavaScript: fzstd, pinned by its package-lock.json), when
+#               npm is on PATH (CI has it: the conformance test fails there without it).
+# Each step has its stamp file in .venv (.installed, .installed-test); both are redone when pyproject.toml changes;
+# phone_web/node_modules/.installed when the lockfile changes. A ComfyUI-Manager install of the pack needs no npm.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+NPM_STAMP := phone_web/node_modules/.installed
 # torch is pinned: an unpinned torch pulls whatever the index has newest. A plain PyPI `torch==2.13.0` on Linux
 # x86-64 is the CUDA build (several GB of nvidia-* wheels); for the CPU build (a ~190 MB wheel) use PyTorch's CPU
 # index:
@@ -33,12 +37,17 @@ $(TEST_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install -q -e '.[test,npu,phone,cloud]'
 	touch $(TEST_STAMP)
 
+$(NPM_STAMP): phone_web/package.json phone_web/package-lock.json
+	# the phone page's decoders (tests/phone_web): node 20 + the packages the lockfile pins, nothing else
+	if command -v npm >/dev/null 2>&1; then cd phone_web && npm ci --no-audit --no-fund && touch node_modules/.installed; \
+	else echo "make: npm not found: the phone page's JavaScript tests will skip (CI=true: fail)"; fi
+
 venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/sakura demo --out sakura-demo-out
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) $(NPM_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -46,4 +55,4 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) sakura-demo-out .pytest_cache
+	rm -rf $(VENV) sakura-demo-out .pytest_cache phone_web/node_modules

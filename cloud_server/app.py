@@ -10,6 +10,7 @@ Read path (optionally behind a read token):
                                          immutable`` (``private`` behind a read token), sent with ``sendfile``
   (all three: ``If-Match`` compared strongly, 412; a wrong token 401, or 429 past ``max_token_failures``)
 - ``GET /metrics``                       Prometheus text: requests, bytes, errors, in-flight, jobs
+- ``GET /phone``                         the phone page's static files (open; :mod:`.phone_page`)
 
 Write path (bearer write token): ``POST /v1/templates`` (a template image, multipart or raw, size-limited) starts a
 precompute job in a worker thread and answers 202 with ``/v1/jobs/{job_id}`` (``GET`` it for progress); the
@@ -47,6 +48,7 @@ from .http_util import (
     check_if_match,
     parse_range,
 )
+from .phone_page import phone_routes
 from .precompute import PrecomputeFn, load_model
 from .shard_body import send_body
 from .state import CONFIG_KEY, STATE_KEY, Metrics, ServerState
@@ -316,6 +318,7 @@ def _routes() -> web.RouteTableDef:
     routes.get("/v1/templates/{template_id}/manifest")(handle_manifest)
     routes.get("/v1/shards/{digest}")(handle_shard)
     routes.get("/v1/jobs/{job_id}")(handle_job)
+    phone_routes(routes)
     return routes
 
 

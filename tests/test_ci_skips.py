@@ -22,6 +22,7 @@ PLAIN_SKIPS = {
     "mount a tmpfs in a private mount namespace",
     "manifest_fuzz.py": "not a dependency: the fuzz's RSS bound reads Linux's /proc/self/statm",
     "readonly.py": "not a dependency: as root a folder is read-only only by chattr +i, which some file systems refuse",
+    "phone_web/test_browser.py": "Chromium: CI installs no browser (the decoders' node tests run there)",
     "support/ci_deps.py": "the helper itself",
 }
 SKIP = re.compile(r"\bskip\(|importorskip\(|mark\.skip(if)?\b|\bxfail\b")  # not require_or_skip(

@@ -317,7 +317,7 @@ def _check_representations(reps: Any, where: str, seen_digests: set[str], step: 
     if levels != sorted(levels):
         raise ManifestError(f"manifest field '{where}.representations' must be in ascending level order, got {levels}")
     for j, rep in enumerate(reps):
-        if rep["digest"] is not None:  # (a reuse representation has no chain)
+        if rep.get("digest") is not None:  # (a reuse representation has no chain; its digest may be left out)
             _check_chain(rep, by_digest, f"{where}.representations[{j}]")
     seen_digests.update(by_digest)
 

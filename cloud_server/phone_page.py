@@ -1,0 +1,65 @@
+"""The phone page's static files at ``/phone`` (``phone_web/`` of a checkout): the page, its ES modules and the one
+npm module it imports (``fzstd``, from ``phone_web/node_modules`` after ``npm ci``). Open (the page is code, no
+data: its API requests carry the read token like any client's). Every response is same-origin isolated
+(``Cross-Origin-Opener-Policy: same-origin``, ``Cross-Origin-Embedder-Policy: require-corp``,
+``Cross-Origin-Resource-Policy: same-origin``), which multi-threaded WASM needs; the page calls only this server, so
+no CORS headers are sent. A server installed without the checkout's ``phone_web/`` answers 404 naming what is
+missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiohttp import web
+
+from .http_util import _access, _json_error
+
+__all__ = ["PHONE_WEB", "phone_routes"]
+
+#: The checkout's page folder (absent from an installed wheel: the page is served from a checkout).
+PHONE_WEB = Path(__file__).resolve().parents[1] / "phone_web"
+ISOLATION_HEADERS = {
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Embedder-Policy": "require-corp",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css"}
+
+
+def _file(root: Path, relative: str) -> Path:
+    """``root / relative`` when it is a served kind of file inside ``root``, else 404."""
+    path = (root / relative).resolve()
+    if root.resolve() not in path.parents or path.suffix not in _TYPES or not path.is_file():
+        raise _json_error(404, f"no phone page file {relative!r}")
+    return path
+
+
+def _send(path: Path) -> web.Response:
+    return web.Response(body=path.read_bytes(), content_type=_TYPES[path.suffix], charset="utf-8",
+                        headers=ISOLATION_HEADERS)  # fmt: skip
+
+
+@_access("open")
+async def handle_phone(request: web.Request) -> web.Response:
+    """``/phone`` and ``/phone/``: the page; ``/phone/src/...``: its modules; ``/phone/vendor/fzstd.mjs``."""
+    rest = request.match_info.get("rest", "")
+    if not (PHONE_WEB / "page" / "index.html").is_file():
+        raise _json_error(404, "the phone page is not here: serve from a checkout that has phone_web/")
+    if rest in ("", "index.html"):
+        return _send(PHONE_WEB / "page" / "index.html")
+    if rest == "vendor/fzstd.mjs":
+        vendor = PHONE_WEB / "node_modules" / "fzstd" / "esm" / "index.mjs"
+        if not vendor.is_file():
+            raise _json_error(404, "the phone page's npm packages are missing: run `npm ci` in phone_web/")
+        return _send(vendor)
+    if rest.startswith("src/"):
+        return _send(_file(PHONE_WEB / "src", rest.removeprefix("src/")))
+    raise _json_error(404, f"no phone page file {rest!r}")
+
+
+def phone_routes(routes: web.RouteTableDef) -> None:
+    """Add the page's routes to the server's table."""
+    routes.get("/phone")(handle_phone)
+    routes.get("/phone/{rest:.*}")(handle_phone)
