@@ -15,6 +15,8 @@ from pathlib import Path
 from sakura_core.kv.manifest import parse_manifest
 from sakura_core.limits import bounded_json
 
+from ..manifest_fuzz import _paths  # every path into a JSON value, parents first
+
 __all__ = ["manifest_cases", "write_manifest_vectors"]
 
 MODEL = "ab12" * 16
@@ -74,16 +76,6 @@ def _two_refs() -> dict:
     m["references"] = [{"name": f"ref {i}", "size": [64, 64], "token_grid": [4, 6], "rope_t": 10 * (i + 1),
                         "token_offset": 24 * i, "tokens": 24, "image": img[i]} for i in range(2)]  # fmt: skip
     return m
-
-
-def _paths(value, prefix=()):
-    yield prefix
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _paths(v, (*prefix, i))
 
 
 _REPLACEMENTS = (None, "x", "", 2.5, -1, 0, True, [], {}, 10**12, 1e400)
