@@ -42,7 +42,7 @@ __all__ = ["NODE_IDS", "InstallResult", "copy_pack", "layered_venv", "main", "ma
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_IDS = ("SakuraModelLoader", "SakuraTemplateLoader", "SakuraAdaptiveFetch", "SakuraPipelinedSampler",
-            "SakuraPhoneDevice")  # fmt: skip
+            "SakuraPhoneDevice", "SakuraTemplateKV")  # fmt: skip
 PACK = "sakura-kv"  # the folder name a clone of the repository gets
 START_TIMEOUT_S = 300.0
 

@@ -34,7 +34,7 @@ if not COMFYUI_DIR:
 REPO = Path(__file__).resolve().parents[2]
 API = REPO / "example_workflows" / "api"
 NODE_IDS = {"SakuraModelLoader", "SakuraTemplateLoader", "SakuraAdaptiveFetch", "SakuraPipelinedSampler",
-            "SakuraPhoneDevice"}  # fmt: skip
+            "SakuraPhoneDevice", "SakuraTemplateKV"}  # fmt: skip
 RUN_TIMEOUT_S = 600.0
 
 
