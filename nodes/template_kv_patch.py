@@ -9,9 +9,11 @@ attend to everything (``FluxKVCache`` caches K/V computed that way at the first 
 * ``fetched template``: reference tokens (a ``ReferenceLatent``, if any) are dropped after the input projection
   and every attention gets the template's K/V (already RoPE'd at t = 10 (i + 1), as klein's ``index`` method places
   references) appended to its keys and values; a layer not decoded yet waits (``sakura_core.template_feed``).
-* ``compute here (KV mode)``: ComfyUI computes the reference tokens itself with the KV-mode semantics (method
-  ``index_timestep_zero`` + an attention mask keeping reference queries on reference keys) — the on-device edit the
-  fetched one must equal.
+* ``compute here (KV mode)``: ComfyUI computes the reference tokens itself with the KV-mode semantics (an attention
+  mask keeping reference queries on reference keys; method ``index_timestep_zero`` for a single-mode template, the
+  step's own time for a per-step one) — the on-device edit the fetched one must equal.
+
+A per-step template's step is the one whose time equals the sampler's sigma (``extra_options["sigmas"]``).
 
 Per-run state is a :class:`_RunState` made per node output and reset in ``finally`` by an ``OUTER_SAMPLE`` wrapper.
 """
@@ -82,6 +84,18 @@ class _RunState:
         self.handle = handle
         self.representation = representation
         self.feed = None
+        self.on_device: dict = {}  # single mode: (layer, device, dtype) -> (K, V) (B=1, H, T, D), moved once a run
+
+    def device_kv(self, step: int, layer: int, like: torch.Tensor, check) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's template K/V as (1, heads, tokens, head_dim) on ``like``'s device and in its dtype."""
+        key = (layer, like.device, like.dtype)
+        if self.feed.steps == 1 and key in self.on_device:
+            return self.on_device[key]
+        k, v = self.feed.kv(step, layer, check=check)  # (tokens, heads, head_dim) fp16
+        kv = tuple(t.to(like.device, like.dtype).permute(1, 0, 2).unsqueeze(0) for t in (k, v))
+        if self.feed.steps == 1:
+            self.on_device[key] = kv
+        return kv
 
     def start(self) -> None:
         from sakura_core.template_feed import TemplateKVFeed
@@ -95,6 +109,7 @@ class _RunState:
             logger.info("Sakura Template KV %s: %s", self.handle.template_id, self.feed.stats.summary())
             self.feed.reset()
         self.feed = None
+        self.on_device = {}
 
 
 def _sample_wrapper(state: _RunState):
@@ -158,10 +173,10 @@ class _TemplateAttention:
                 step = step_of_sigma(sigma, self.state.handle.manifest.schedule.timesteps)
             except ValueError as e:
                 raise SakuraNodeError(f"template {self.state.handle.template_id!r}: {e}") from e
-        kt, vt = feed.kv(step, layer, check=comfy.model_management.throw_exception_if_processing_interrupted)
+        check = comfy.model_management.throw_exception_if_processing_interrupted
+        kt, vt = self.state.device_kv(step, layer, k, check)
         batch = q.shape[0]
-        kt = kt.to(q.device, k.dtype).permute(1, 0, 2).unsqueeze(0).expand(batch, -1, -1, -1)  # (B, H, T, D)
-        vt = vt.to(q.device, v.dtype).permute(1, 0, 2).unsqueeze(0).expand(batch, -1, -1, -1)
+        kt, vt = kt.expand(batch, -1, -1, -1), vt.expand(batch, -1, -1, -1)  # (B, H, T, D)
         if pe is not None:  # the template's keys are stored after RoPE: rotate the request's here, none later
             q, k = apply_rope(q, k, pe)
         if attn_mask is not None:
@@ -231,8 +246,9 @@ class SakuraTemplateKV(io.ComfyNode):
         m = model.clone()
         if kv_source == COMPUTE:
             m.set_model_attn1_patch(_SelfOnlyReferences())
-            m.add_object_patch("diffusion_model.params.default_ref_method", "index_timestep_zero")
-            mode = "reference tokens computed here (KV-mode semantics)"
+            if template.kv_mode == "single":  # single mode: references at t = 0; per-step: at the step's own t
+                m.add_object_patch("diffusion_model.params.default_ref_method", "index_timestep_zero")
+            mode = f"reference tokens computed here ({template.kv_mode} KV-mode semantics)"
         elif kv_source == FETCHED:
             state = _RunState(template, representation.strip() or "fp16")
             tokens = sum(r.tokens for r in template.manifest.references)

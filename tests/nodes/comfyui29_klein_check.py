@@ -25,6 +25,7 @@ def _args():
     for name in ("--repo", "--unet", "--other-unet", "--store", "--template", "--inputs"):
         p.add_argument(name, required=True)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--per-step-template", default=None, help="a per-step template of the same model and image")
     return p.parse_args()
 
 
@@ -77,6 +78,34 @@ def _sample(model, inputs, with_ref: bool, steps: int):
                                denoise=1.0, seed=0).float()  # fmt: skip
 
 
+def _sample_sigmas(model, inputs, sigmas: list[float]):
+    """SamplerCustom's path: euler on the given sigmas (a per-step template's own schedule)."""
+    import comfy.samplers
+
+    positive = [[inputs["context"], {"reference_latents": [inputs["ref"]]}]]
+    negative = [[torch.zeros_like(inputs["context"]), {}]]
+    return comfy.sample.sample_custom(model, inputs["noise"], 1.0, comfy.samplers.sampler_object("euler"),
+                                      torch.tensor(sigmas), positive, negative, torch.zeros_like(inputs["noise"]),
+                                      seed=0).float()  # fmt: skip
+
+
+def _per_step(patch, model, inputs, template_id: str) -> dict:
+    """A per-step template: fetched vs computed on its own schedule; another schedule refused by name."""
+    handle = _handle(ARGS.store, template_id)
+    sigmas = [*handle.manifest.schedule.timesteps, 0.0]
+    fetched = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16").result[0]
+    computed = patch.SakuraTemplateKV.execute(model, handle, patch.COMPUTE, "fp16").result[0]
+    out = {"sigmas": sigmas}
+    out["fetched_vs_computed"] = _compare(_sample_sigmas(fetched, inputs, sigmas), _sample_sigmas(computed, inputs,
+                                                                                                  sigmas))  # fmt: skip
+    try:
+        _sample(fetched, inputs, True, ARGS.steps + 1)
+        out["other_schedule_error"] = None
+    except patch.SakuraNodeError as e:
+        out["other_schedule_error"] = str(e)
+    return out
+
+
 def _compare(a: torch.Tensor, b: torch.Tensor) -> dict:
     diff = (a - b).abs()
     peak = float(b.abs().max())
@@ -109,6 +138,8 @@ def main() -> None:
     out["fetched_without_ref_vs_computed"] = _compare(runs["fetched_no_reference_latent"], runs["computed"])
     out["fluxkvcache_vs_computed"] = _compare(runs["fluxkvcache"], runs["computed"])
     out["native_index_vs_computed"] = _compare(runs["native_index"], runs["computed"])
+    if ARGS.per_step_template:
+        out["per_step"] = _per_step(patch, model, inputs, ARGS.per_step_template)
     out["model_options_after"] = sorted(model.model_options.get("transformer_options", {}).get("patches", {}))
     other = comfy.sd.load_diffusion_model(ARGS.other_unet)
     try:

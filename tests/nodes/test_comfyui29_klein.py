@@ -32,6 +32,8 @@ require_or_skip(
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = "tk45-face"
+PER_STEP = "tk45-face-steps"
+PER_STEP_ARGS = ["--kv-mode", "per-step", "--steps", "4", "--no-compare-single"]
 CHECK_TIMEOUT_S = 900
 
 
@@ -60,9 +62,10 @@ def klein(tmp_path_factory):
     image = np.random.default_rng(4).integers(0, 255, (64, 64, 3), dtype=np.uint8)
     Image.fromarray(image).save(work / "ref.png")
     store = work / "store"
-    subprocess.run([sys.executable, "-m", "sakura_core.cli", "precompute", "--store", str(store), "--model", spec,
-                    "--image", str(work / "ref.png"), "--id", TEMPLATE, "--store-profile", "full"],
-                   check=True, cwd=REPO, timeout=900)  # fmt: skip
+    for template_id, mode in ((TEMPLATE, ["--kv-mode", "single"]), (PER_STEP, PER_STEP_ARGS)):
+        subprocess.run([sys.executable, "-m", "sakura_core.cli", "precompute", "--store", str(store), "--model", spec,
+                        "--image", str(work / "ref.png"), "--id", template_id, "--store-profile", "full", *mode],
+                       check=True, cwd=REPO, timeout=900)  # fmt: skip
     model = load_edit_model(spec)
     tokens = model.template_tokens(image)  # (1, T, 128) the template pass's reference tokens
     rows, cols = model.template_grid(image)
@@ -82,7 +85,7 @@ def klein(tmp_path_factory):
 def result(klein, comfyui_python):
     argv = [comfyui_python, str(REPO / "tests/nodes/comfyui29_klein_check.py"), "--repo", str(REPO), "--unet",
             str(klein["unet"]), "--other-unet", str(klein["other"]), "--store", str(klein["store"]), "--template",
-            TEMPLATE, "--inputs", str(klein["inputs"])]  # fmt: skip
+            TEMPLATE, "--inputs", str(klein["inputs"]), "--per-step-template", PER_STEP]  # fmt: skip
     proc = subprocess.run(argv, cwd=COMFYUI_DIR, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"check script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -103,6 +106,15 @@ def test_fetched_fp16_kv_equals_comfyui_computing_the_references(result):
     for key in ("fetched_vs_computed", "fetched_without_ref_vs_computed"):
         r = result[key]
         assert r["max_abs"] <= 1e-5 or r["psnr_db"] == "inf" or r["psnr_db"] >= 45.0, (key, r)
+
+
+def test_per_step_template_follows_the_samplers_sigma(result):
+    """A per-step template on its own schedule (SamplerCustom, euler on its sigmas): each step's fetched K/V ==
+    ComfyUI computing the references at that step's time; KSampler's other schedule stops naming the sigma."""
+    r = result["per_step"]["fetched_vs_computed"]
+    assert r["max_abs"] <= 1e-5 or r["psnr_db"] == "inf" or r["psnr_db"] >= 45.0, r
+    err = result["per_step"]["other_schedule_error"]
+    assert err is not None and PER_STEP in err and "no step of the per-step template's schedule" in err
 
 
 def test_comfyui_native_reference_attention_differs_from_kv_mode(result):
