@@ -3,7 +3,7 @@
 
 A held-out tiny klein in ComfyUI's file layout (``tiny_klein.COMFYUI_GEOMETRY``: 2 double + 3 single blocks, head_dim
 128, a 32-channel latent — sizes ComfyUI's model detection accepts) is precomputed with ``sakura precompute --model
-klein-files:...`` (fp16, full store profile); ``comfyui29_klein_check.py`` then loads its diffusion model with
+klein-files:...`` (the fp16 codec: the exact KV only, the quickest precompute), single and per-step; ``comfyui29_klein_check.py`` then loads its diffusion model with
 ComfyUI's ``load_diffusion_model`` (what ``UNETLoader`` calls) and samples with ``comfy.sample.sample`` (KSampler's
 path, euler / simple, 4 steps), reference latent as ``ReferenceLatent`` puts it in the conditioning.
 """
@@ -64,7 +64,8 @@ def klein(tmp_path_factory):
     store = work / "store"
     for template_id, mode in ((TEMPLATE, ["--kv-mode", "single"]), (PER_STEP, PER_STEP_ARGS)):
         subprocess.run([sys.executable, "-m", "sakura_core.cli", "precompute", "--store", str(store), "--model", spec,
-                        "--image", str(work / "ref.png"), "--id", template_id, "--store-profile", "full", *mode],
+                        "--image", str(work / "ref.png"), "--id", template_id, "--store-profile", "full",
+                        "--codec", "fp16", *mode],
                        check=True, cwd=REPO, timeout=900)  # fmt: skip
     model = load_edit_model(spec)
     tokens = model.template_tokens(image)  # (1, T, 128) the template pass's reference tokens
