@@ -238,10 +238,10 @@ class SakuraTemplateKV(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, template, kv_source: str, representation: str) -> io.NodeOutput:
-        import comfy.patcher_extension
-
         if template.manifest is None:
             raise SakuraNodeError("the template handle holds no manifest: connect a Sakura Template KV Loader")
+        import comfy.patcher_extension
+
         _check_template(template, model)
         m = model.clone()
         if kv_source == COMPUTE:
