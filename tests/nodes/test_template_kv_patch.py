@@ -9,6 +9,7 @@ import pytest
 import torch
 
 
+@pytest.mark.slow  # the session's example store
 def test_loader_without_a_model_hands_on_the_unchecked_manifest(flow, store_dir):
     template = flow.load_template(None, source="local store", store_dir=str(store_dir))
     assert template.manifest is not None and template.model_id == template.manifest.model_id
