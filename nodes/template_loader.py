@@ -75,7 +75,12 @@ class SakuraTemplateLoader(io.ComfyNode):
             description="Picks a published template (its precomputed, compressed attention KV) from a SAKURA "
             "server's catalog or a local store folder, and checks that it was computed for the model.",
             inputs=[
-                SakuraModel.Input("model", tooltip="The model the template's KV must have been computed for."),
+                SakuraModel.Input(
+                    "model",
+                    optional=True,
+                    tooltip="The model the template's KV must have been computed for. Leave it empty for ComfyUI's "
+                    "own klein MODEL: Sakura Template KV checks the template against that.",
+                ),
                 io.String.Input(
                     "template_id",
                     default="face-swap-astronaut",
@@ -114,7 +119,13 @@ class SakuraTemplateLoader(io.ComfyNode):
 
     @classmethod
     def execute(
-        cls, model, template_id: str, source: str, server_url: str, token: str, store_dir: str
+        cls,
+        model=None,
+        template_id: str = "",
+        source: str = SERVER,
+        server_url: str = "",
+        token: str = "",
+        store_dir: str = "",
     ) -> io.NodeOutput:
         from sakura_core.edit import fetch_template_manifest
         from sakura_core.fetch.client import AuthError, FetchError
@@ -129,7 +140,9 @@ class SakuraTemplateLoader(io.ComfyNode):
             where = {"server_url": None, "store_dir": str(Path(store_dir.strip()).expanduser().resolve())}
         else:
             raise SakuraNodeError(f"source must be {SERVER!r} or {STORE!r}, got {source!r}")
-        handle = TemplateHandle(template_id=template_id, model_id=model.model_id, token=token, **where)
+        handle = TemplateHandle(
+            template_id=template_id, model_id=model.model_id if model else "", token=token, **where
+        )
         try:
             manifest = run_async(
                 lambda: fetch_template_manifest(handle.template_source(), template_id, model),
@@ -142,5 +155,8 @@ class SakuraTemplateLoader(io.ComfyNode):
             ) from e
         except (FetchError, ValueError) as e:
             raise SakuraNodeError(f"template {template_id!r}: {e}") from e
-        handle = dataclasses.replace(handle, manifest=manifest)
-        return io.NodeOutput(handle, ui={"text": template_info(handle)})
+        handle = dataclasses.replace(handle, manifest=manifest, model_id=handle.model_id or manifest.model_id)
+        info = template_info(handle)
+        if model is None:
+            info.append("not checked against a model here: Sakura Template KV checks it against ComfyUI's MODEL")
+        return io.NodeOutput(handle, ui={"text": info})

@@ -73,13 +73,15 @@ async def _get_manifest(shards, label: str, template_id: str) -> Manifest:
 
 
 async def fetch_template_manifest(
-    source: TemplateSource | str, template_id: str, model: EditModel | ModelKey, *, token: str | None = None
+    source: TemplateSource | str, template_id: str, model: EditModel | ModelKey | None, *, token: str | None = None
 ) -> Manifest:
     """The template's manifest from ``source`` (parsed once, as it arrives), checked against ``model``
-    (:func:`check_template`); an unknown id raises ``TemplateNotFoundError`` listing what is published there."""
-    src, key = _source(source, token), ModelKey.of(model)
+    (:func:`check_template`; ``None``: not checked here — the ComfyUI MODEL patch checks it against ComfyUI's
+    model); an unknown id raises ``TemplateNotFoundError`` listing what is published there."""
+    src = _source(source, token)
     async with src.open() as shards:
-        return check_template(await _get_manifest(shards, src.label, template_id), template_id, key)
+        manifest = await _get_manifest(shards, src.label, template_id)
+    return manifest if model is None else check_template(manifest, template_id, ModelKey.of(model))
 
 
 @dataclass(frozen=True)

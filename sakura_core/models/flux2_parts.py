@@ -17,6 +17,7 @@ __all__ = [
     "ForwardResult",
     "LayerHook",
     "image_ids",
+    "content_id",
     "model_content_id",
     "ref_position_ids",
     "text_ids",
@@ -32,12 +33,17 @@ def model_content_id(model: torch.nn.Module, config: dict | None = None) -> str:
     config's ``out_channels: None`` counts as its ``in_channels`` (what diffusers builds), so a transformer read
     from a single file (whose config is read off its tensors) has the id of the same weights in a folder.
     """
+    return content_id(dict(config if config is not None else getattr(model, "config", {})), model.state_dict())
+
+
+def content_id(config: dict, tensors: dict[str, torch.Tensor]) -> str:
+    """:func:`model_content_id` of a config and named tensors (a state dict) without building the model."""
     h = hashlib.sha256()
-    cfg = dict(config if config is not None else getattr(model, "config", {}))
+    cfg = dict(config)
     if "out_channels" in cfg and cfg["out_channels"] is None and "in_channels" in cfg:
         cfg["out_channels"] = cfg["in_channels"]
     h.update(json.dumps(_jsonable(cfg), sort_keys=True).encode())
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(tensors.items()):
         t = tensor.detach().contiguous().cpu()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")

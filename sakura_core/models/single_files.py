@@ -45,6 +45,7 @@ __all__ = [
     "read_checkpoint",
     "text_encoder_config",
     "transformer_config",
+    "transformer_state_model_id",
     "vae_config",
 ]
 
@@ -153,6 +154,32 @@ def load_transformer_file(path: str | Path, dtype: torch.dtype = torch.float32):
         model = Flux2Transformer2DModel(**config)
     _load_exact(model, state, f"diffusion model {Path(path).name}", dtype)
     return model.eval()
+
+
+def transformer_state_model_id(state: dict[str, torch.Tensor]) -> str:
+    """The model id (``flux2_parts.model_content_id``) of the klein transformer whose tensors are ``state`` (BFL's
+    layout as ComfyUI loads it, or diffusers'), in the dtype they have — what ``sakura precompute --model
+    klein-files:...`` gives for the same file loaded in that dtype. Builds nothing but a meta-device model."""
+    from diffusers import Flux2Transformer2DModel
+
+    from .flux2_parts import content_id
+
+    state = _transformer_to_diffusers({_strip_prefix(k): v for k, v in state.items()})
+    config = transformer_config(state)
+    with torch.device("meta"):
+        meta = Flux2Transformer2DModel(**config)
+    names = list(meta.state_dict())
+    missing = sorted(set(names) - set(state))
+    if missing:
+        raise ValueError(f"diffusion model state has no {missing[:4]}: not a complete FLUX.2 [klein] transformer")
+    return content_id(dict(meta.config), {n: state[n] for n in names})
+
+
+def _strip_prefix(key: str) -> str:
+    for prefix in _PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix) :]
+    return key
 
 
 def _own(tensor: torch.Tensor) -> torch.Tensor:

@@ -19,10 +19,16 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["TINY_IMAGE_SIZE", "TINY_TEXT_TOKENS", "build_tiny_klein"]
+__all__ = ["COMFYUI_GEOMETRY", "TINY_IMAGE_SIZE", "TINY_TEXT_TOKENS", "build_tiny_klein"]
 
 TINY_IMAGE_SIZE = 64  # the pipeline's minimum side
 TINY_TEXT_TOKENS = 32  # written to sakura_spec.json; the pipeline default (512) works too, only slower
+#: A tiny klein ComfyUI 0.29 can load: its model detection fixes head_dim 128 (RoPE axes 4 x 32), 128 latent
+#: channels in and out (a 32-channel VAE latent, 2x2 packed) and 256 timestep channels; width and depth are free.
+#: Other widths and depths than the default tiny klein's (a held-out model for the ComfyUI tests).
+COMFYUI_GEOMETRY = {"heads": 2, "head_dim": 128, "double": 2, "single": 3, "latent_channels": 32,
+                    "time_channels": 256}  # fmt: skip
+_DEFAULT_GEOMETRY = {"heads": 2, "head_dim": 8, "double": 1, "single": 2, "latent_channels": 4, "time_channels": 32}
 
 _CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -45,8 +51,12 @@ def _tokenizer():
     return out
 
 
-def build_tiny_klein(out: str | Path, seed: int = 0, text_tokens: int = TINY_TEXT_TOKENS) -> Path:
-    """Save a tiny random klein KV pipeline (and a ``sakura_spec.json``: 64 px, ``text_tokens``) to ``out``."""
+def build_tiny_klein(
+    out: str | Path, seed: int = 0, text_tokens: int = TINY_TEXT_TOKENS, geometry: dict | None = None
+) -> Path:
+    """Save a tiny random klein KV pipeline (and a ``sakura_spec.json``: 64 px, ``text_tokens``) to ``out``;
+    ``geometry`` (keys of :data:`COMFYUI_GEOMETRY`) changes the transformer's and the VAE latent's sizes."""
+    g = {**_DEFAULT_GEOMETRY, **(geometry or {})}
     from diffusers import (
         AutoencoderKLFlux2,
         FlowMatchEulerDiscreteScheduler,
@@ -64,15 +74,16 @@ def build_tiny_klein(out: str | Path, seed: int = 0, text_tokens: int = TINY_TEX
                          tie_word_embeddings=True)  # fmt: skip
     text_encoder = Qwen3ForCausalLM(te_cfg).eval()
     vae = AutoencoderKLFlux2(block_out_channels=(32, 32, 64, 64), down_block_types=("DownEncoderBlock2D",) * 4,
-                             up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1, latent_channels=4,
+                             up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1, latent_channels=g["latent_channels"],
                              norm_num_groups=32).eval()  # fmt: skip
     with torch.no_grad():  # a non-trivial batch-norm so (de)normalisation is exercised
         vae.bn.running_mean.copy_(torch.linspace(-0.2, 0.2, vae.bn.running_mean.numel()))
         vae.bn.running_var.copy_(torch.linspace(0.5, 1.5, vae.bn.running_var.numel()))
-    transformer = Flux2Transformer2DModel(in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=8,
-                                          num_attention_heads=2, joint_attention_dim=3 * te_cfg.hidden_size,
-                                          timestep_guidance_channels=32, axes_dims_rope=(2, 2, 2, 2),
-                                          guidance_embeds=False).eval()  # fmt: skip
+    transformer = Flux2Transformer2DModel(in_channels=4 * g["latent_channels"], num_layers=g["double"],
+                                          num_single_layers=g["single"], attention_head_dim=g["head_dim"],
+                                          num_attention_heads=g["heads"], joint_attention_dim=3 * te_cfg.hidden_size,
+                                          timestep_guidance_channels=g["time_channels"],
+                                          axes_dims_rope=(g["head_dim"] // 4,) * 4, guidance_embeds=False).eval()  # fmt: skip
     scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, shift=3.0, time_shift_type="exponential")
     pipe = Flux2KleinKVPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                                 transformer=transformer)  # fmt: skip
@@ -86,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Save a tiny random FLUX.2 [klein] KV pipeline folder (offline).")
     parser.add_argument("out", help="folder to write (model_index.json, transformer/, vae/, text_encoder/, ...)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--comfyui", action="store_true", help="ComfyUI-loadable sizes (head_dim 128, 32-ch latent)")
     args = parser.parse_args(argv)
-    print(build_tiny_klein(args.out, seed=args.seed))  # noqa: T201 (CLI)
+    print(build_tiny_klein(args.out, seed=args.seed, geometry=COMFYUI_GEOMETRY if args.comfyui else None))  # noqa: T201 (CLI)
     return 0
 
 

@@ -1,5 +1,5 @@
 """The pack installed as ComfyUI-Manager installs it (a copy in ``custom_nodes/`` + ``pip install -r
-requirements.txt``, nothing else) into a fresh venv layered on a real ComfyUI's: its five nodes are in
+requirements.txt``, nothing else) into a fresh venv layered on a real ComfyUI's: its six nodes are in
 ``/object_info`` (``tests/comfyui_manager_install.py`` does the work; DEVELOPERS.md says how to set it up)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ if not COMFYUI_DIR:
                 allow_module_level=True)  # fmt: skip
 
 
-def test_a_manager_install_registers_the_five_nodes(tmp_path):
+def test_a_manager_install_registers_every_sakura_node(tmp_path):
     import sys
     from pathlib import Path
 

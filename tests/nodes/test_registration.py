@@ -21,6 +21,7 @@ EXPECTED = {
         ["IMAGE", "STRING", "IMAGE"],
     ),
     "SakuraPhoneDevice": ([], ["SAKURA_DEVICE"]),
+    "SakuraTemplateKV": (["MODEL", "SAKURA_TEMPLATE"], ["MODEL"]),
 }
 WIDGETS = {"INT", "FLOAT", "STRING", "COMBO", "BOOLEAN"}
 

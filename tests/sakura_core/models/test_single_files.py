@@ -144,3 +144,20 @@ def test_model_id_counts_out_channels_none_as_in_channels(klein_model):
     explicit = model_content_id(model, {**cfg, "out_channels": cfg["in_channels"]})
     assert explicit == model_content_id(model) == klein_model.model_id
     assert model_content_id(model, {**cfg, "out_channels": cfg["in_channels"] + 1}) != explicit
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_id_from_a_loaded_state_dict_is_the_files_model_id(klein_single_files, dtype):
+    """What the ComfyUI MODEL patch computes from ComfyUI's loaded tensors (BFL keys, optional prefix, ComfyUI's
+    dtype) is the id `sakura precompute --model klein-files:...` gives for that file in that dtype."""
+    from sakura_core.models.loading import load_edit_model
+    from sakura_core.models.single_files import read_checkpoint, transformer_state_model_id
+
+    state = {f"diffusion_model.{k}": v.to(dtype) for k, v in read_checkpoint(klein_single_files.diffusion_model,
+                                                                            "diffusion model").items()}  # fmt: skip
+    name = "bfloat16" if dtype == torch.bfloat16 else None
+    assert transformer_state_model_id(state) == load_edit_model(klein_single_files, dtype=name).model_id
+    changed = dict(state)
+    key = next(k for k in changed if k.endswith("img_in.weight"))
+    changed[key] = changed[key] + 1e-2
+    assert transformer_state_model_id(changed) != transformer_state_model_id(state)

@@ -73,6 +73,7 @@ def Custom(io_type: str):
 
 
 Image = _type("IMAGE")
+Model = _type("MODEL")
 
 
 class Int:

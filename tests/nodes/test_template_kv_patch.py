@@ -1,0 +1,44 @@
+"""The parts of the Sakura Template KV MODEL patch that need no real ComfyUI (the stand-in API): the Template KV
+Loader without a model (ComfyUI's own klein: the patch checks the template), the reference tokens dropped only when
+they are the template's, and the compute mode's mask (reference queries on reference keys only). The patch on ComfyUI
+0.29's own forward: ``test_comfyui29_klein.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.mark.slow  # the session's example store
+def test_loader_without_a_model_hands_on_the_unchecked_manifest(flow, store_dir):
+    template = flow.load_template(None, source="local store", store_dir=str(store_dir))
+    assert template.manifest is not None and template.model_id == template.manifest.model_id
+
+
+def test_patch_refuses_a_handle_without_manifest(comfy, node_classes, run_node):
+    handle = comfy.nodes._stream.TemplateHandle("x", "m", None, "/nowhere")
+    with pytest.raises(comfy.nodes._common.SakuraNodeError, match="connect a Sakura Template KV Loader"):
+        run_node(node_classes["SakuraTemplateKV"], model=object(), template=handle, kv_source="fetched template",
+                 representation="fp16")  # fmt: skip
+
+
+def test_reference_tokens_are_dropped_only_when_they_are_the_templates(comfy):
+    patch = comfy.nodes.template_kv_patch
+    drop = patch._DropReferences(template_tokens=16, template_id="tk")
+    img, ids = torch.randn(1, 16 + 16, 8), torch.zeros(1, 32, 4)
+    out = drop({"img": img, "img_ids": ids, "transformer_options": {"reference_image_num_tokens": [16]}})
+    assert torch.equal(out["img"], img[:, :16]) and out["img_ids"].shape == (1, 16, 4)
+    same = drop({"img": img, "img_ids": ids, "transformer_options": {}})
+    assert same["img"] is img  # no ReferenceLatent: the template is the reference
+    with pytest.raises(patch.SakuraNodeError, match="make 20 tokens, template 'tk' holds 16"):
+        drop({"img": img, "img_ids": ids, "transformer_options": {"reference_image_num_tokens": [20]}})
+
+
+def test_compute_mode_keeps_reference_queries_on_reference_keys(comfy):
+    patch = comfy.nodes.template_kv_patch
+    q = k = v = torch.randn(1, 2, 10, 4)  # (B, H, L, D): 6 text/image tokens, then 4 reference tokens
+    mask = patch._SelfOnlyReferences()(q, k, v, extra_options={"reference_image_num_tokens": [4]})["attn_mask"]
+    weights = torch.softmax(q @ k.transpose(-1, -2) / 2 + mask, dim=-1)
+    assert torch.all(weights[..., 6:, :6] == 0)  # references see only references
+    assert torch.all(weights[..., :6, 6:] > 0)  # the request sees them
+    assert patch._SelfOnlyReferences()(q, k, v, extra_options={}) == {}
