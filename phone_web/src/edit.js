@@ -1,0 +1,125 @@
+// One private edit in the page: the template's manifest and fp16 shards come from the server, the user's photo and
+// prompt never leave the page. Single KV mode, every layer takes the fetched template K/V (split 0): the
+// sakura_core.runtime.denoise.run_edit loop with split_layer=0 and a TemplateKV decoded at "fp16", each step one run
+// of the exported graph (android_bridge/web_export.py) on onnxruntime-web.
+import { parseManifestBytes } from "./manifest.js";
+import { fetchShard } from "./fetch_shard.js";
+import { decodeTemplate } from "./template.js";
+import { f16Table } from "./f16.js";
+import { encodePrompt, flowTimes, packImage, timeFeatures, torchRandn, unpackTokens } from "./web_model.js";
+
+const f = Math.fround;
+const now = () => performance.now() / 1000;
+
+async function templateKV(origin, templateId, index, onProgress, token) {
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  const answer = await fetch(`${origin}/v1/templates/${encodeURIComponent(templateId)}/manifest`, { headers });
+  if (!answer.ok) throw new Error(`the manifest of ${templateId} answered ${answer.status}`);
+  const bytes = new Uint8Array(await answer.arrayBuffer());
+  const manifest = parseManifestBytes(bytes, { templateId, modelId: index.model_id });
+  if (manifest.kvMode !== "single") throw new Error(`template ${templateId} is ${manifest.kvMode}: this page runs single-KV templates so far`);
+  if (manifest.references.length > 1) throw new Error(`template ${templateId} has ${manifest.references.length} references: this page runs one so far`);
+  const raw = JSON.parse(new TextDecoder().decode(bytes));
+  if (raw.token_grid.join("x") !== index.grid.join("x")) throw new Error(`template grid ${raw.token_grid} is not the model's ${index.grid}`);
+  const sizes = new Map();
+  for (const shard of raw.shards) for (const rep of shard.representations) sizes.set(rep.digest, rep.bytes);
+  let fetched = 0;
+  let bytesFetched = 0;
+  const total = raw.shards.length;
+  const kv = await decodeTemplate(raw, async (digest) => {
+    const blob = await fetchShard(origin, digest, sizes.get(digest), { token });
+    bytesFetched += blob.byteLength;
+    onProgress("fetched", ++fetched, total);
+    return blob;
+  }, "fp16");
+  const table = f16Table();
+  const layers = [];
+  const per = index.image_tokens * index.heads * index.head_dim; // one layer's K (or V), (tokens, heads, head_dim)
+  for (const part of kv[0]) {
+    const count = part.k.length / per; // a shard holds layers [first, first + count)
+    if (!Number.isInteger(count) || count < 1) throw new Error(`shard of layer ${part.layers[0]}: ${part.k.length} values is not whole layers of ${per}`);
+    for (let i = 0; i < count; i++) {
+      const k = new Float32Array(per);
+      const v = new Float32Array(per);
+      for (let j = 0; j < per; j++) {
+        k[j] = table[part.k[i * per + j]];
+        v[j] = table[part.v[i * per + j]];
+      }
+      layers[part.layers[0] + i] = { k, v };
+    }
+  }
+  if (layers.length !== index.layers || layers.includes(undefined)) throw new Error(`the template has KV for ${layers.filter(Boolean).length} of the model's ${index.layers} layers`);
+  onProgress("decoded", layers.length, index.layers);
+  return { layers, bytesFetched, manifestBytes: bytes.byteLength, shards: total };
+}
+
+/**
+ * Edit ``rgba`` (image_size^2 RGBA bytes) against ``templateId`` on ``origin``; ``model`` from loadWebModel, ``run``
+ * from createSession. Returns {rgba, report}. ``onProgress(phase, done, total)``: fetched / decoded / computed.
+ */
+export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null,
+  onProgress = () => {} }) {
+  const { index, tables } = model;
+  const { session, ort, ep, tried } = run;
+  const t0 = now();
+  const kv = await templateKV(origin, templateId, index, onProgress, token);
+  const tFetch = now();
+  const n = index.image_tokens;
+  const pd = index.in_channels / 2;
+  const user = packImage(rgba, index);
+  const txt = encodePrompt(prompt, index, tables.byte_table);
+  const times = flowTimes(steps);
+  const x = torchRandn(seed, n * pd);
+  const S = index.text_tokens + n;
+  const T = (data, dims) => new ort.Tensor("float32", data, dims);
+  const feeds = {
+    txt: T(txt, [1, index.text_tokens, txt.length / index.text_tokens]),
+    rope_cos: T(tables.rope_cos, [S, index.head_dim]),
+    rope_sin: T(tables.rope_sin, [S, index.head_dim]),
+  };
+  const kvDims = [1, n, index.heads, index.head_dim];
+  kv.layers.forEach(({ k, v }, l) => {
+    feeds[`k_ref_${l}`] = T(k, kvDims);
+    feeds[`v_ref_${l}`] = T(v, kvDims);
+  });
+  const stepS = [];
+  const tokens = new Float32Array(n * 2 * pd);
+  for (let step = 0; step < steps; step++) {
+    const s0 = now();
+    for (let i = 0; i < n; i++) {
+      tokens.set(x.subarray(i * pd, (i + 1) * pd), i * 2 * pd);
+      tokens.set(user.subarray(i * pd, (i + 1) * pd), i * 2 * pd + pd);
+    }
+    feeds.x = T(tokens.slice(), [1, n, 2 * pd]);
+    feeds.t_freq = T(timeFeatures(times[step], tables.time_freqs), [1, tables.time_freqs.length * 2]);
+    const v = (await session.run(feeds))[index.graph.output].data;
+    const dt = f(times[step + 1] - times[step]);
+    for (let i = 0; i < x.length; i++) x[i] = f(x[i] + f(dt * v[i]));
+    stepS.push(now() - s0);
+    onProgress("computed", step + 1, steps);
+  }
+  const done = now();
+  const report = {
+    template_id: templateId,
+    model_id: index.model_id,
+    steps,
+    seed,
+    policy: "fp16-all-layers",
+    kv_mode: "single",
+    split_layer: 0,
+    level: "fp16",
+    bytes_fetched: kv.bytesFetched,
+    manifest_bytes: kv.manifestBytes,
+    shards: kv.shards,
+    timings_s: { fetch_decode: tFetch - t0, compute: done - tFetch, total: done - t0, per_step: stepS },
+    executed_on: {
+      kind: "browser",
+      browser: navigator.userAgent,
+      execution_provider: ep,
+      providers_tried: tried,
+      device: { platform: navigator.platform, cores: navigator.hardwareConcurrency ?? null,
+        cross_origin_isolated: globalThis.crossOriginIsolated === true },
+    },
+  };
+  return { rgba: unpackTokens(x, index), report };
+}
