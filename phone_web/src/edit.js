@@ -1,6 +1,6 @@
 // One private edit in the page: the template's manifest and fp16 shards come from the server, the user's photo and
-// prompt never leave the page. Single KV mode, every layer takes the fetched template K/V (split 0): the
-// sakura_core.runtime.denoise.run_edit loop with split_layer=0 and a TemplateKV decoded at "fp16", each step one run
+// prompt never leave the page. Every layer takes the fetched template K/V (split 0), single or per-step KV mode: the
+// sakura_core.runtime.denoise.run_edit loop with split_layer=0 and the template decoded at "fp16", each step one run
 // of the exported graph (android_bridge/web_export.py) on onnxruntime-web.
 import { parseManifestBytes } from "./manifest.js";
 import { fetchShard } from "./fetch_shard.js";
@@ -11,15 +11,15 @@ import { encodePrompt, flowTimes, packImage, timeFeatures, torchRandn, unpackTok
 const f = Math.fround;
 const now = () => performance.now() / 1000;
 
-async function templateKV(origin, templateId, index, onProgress, token) {
+async function templateKV(origin, templateId, index, steps, onProgress, token) {
   const headers = token ? { Authorization: `Bearer ${token}` } : {};
   const answer = await fetch(`${origin}/v1/templates/${encodeURIComponent(templateId)}/manifest`, { headers });
   if (!answer.ok) throw new Error(`the manifest of ${templateId} answered ${answer.status}`);
   const bytes = new Uint8Array(await answer.arrayBuffer());
   const manifest = parseManifestBytes(bytes, { templateId, modelId: index.model_id });
-  if (manifest.kvMode !== "single") throw new Error(`template ${templateId} is ${manifest.kvMode}: this page runs single-KV templates so far`);
   if (manifest.references.length > 1) throw new Error(`template ${templateId} has ${manifest.references.length} references: this page runs one so far`);
   const raw = JSON.parse(new TextDecoder().decode(bytes));
+  if (manifest.kvMode === "per-step") checkSchedule(templateId, raw.schedule, steps);
   if (raw.token_grid.join("x") !== index.grid.join("x")) throw new Error(`template grid ${raw.token_grid} is not the model's ${index.grid}`);
   const sizes = new Map();
   for (const shard of raw.shards) for (const rep of shard.representations) sizes.set(rep.digest, rep.bytes);
@@ -32,10 +32,27 @@ async function templateKV(origin, templateId, index, onProgress, token) {
     onProgress("fetched", ++fetched, total);
     return blob;
   }, "fp16");
+  const perStep = kv.map((parts) => layersOf(parts, index));
+  onProgress("decoded", index.layers, index.layers);
+  return { perStep, kvMode: manifest.kvMode, bytesFetched, manifestBytes: bytes.byteLength, shards: total };
+}
+
+/** A per-step template runs only the schedule it was computed for (run_edit's check, the same tolerance). */
+function checkSchedule(templateId, schedule, steps) {
+  const want = flowTimes(steps).slice(0, steps);
+  const got = schedule.timesteps.map(Number);
+  if (got.length !== steps || got.some((t, i) => Math.abs(t - want[i]) > 1e-6)) {
+    throw new Error(`template ${templateId} was computed for ${got.length} steps at t=${got.map((t) => t.toFixed(4))}; ` +
+      `this edit runs ${steps} steps: run it with the template's steps`);
+  }
+}
+
+/** One step's decoded shards (float16 bits) -> per layer {k, v} float32, each (tokens, heads, head_dim). */
+function layersOf(parts, index) {
   const table = f16Table();
   const layers = [];
   const per = index.image_tokens * index.heads * index.head_dim; // one layer's K (or V), (tokens, heads, head_dim)
-  for (const part of kv[0]) {
+  for (const part of parts) {
     const count = part.k.length / per; // a shard holds layers [first, first + count)
     if (!Number.isInteger(count) || count < 1) throw new Error(`shard of layer ${part.layers[0]}: ${part.k.length} values is not whole layers of ${per}`);
     for (let i = 0; i < count; i++) {
@@ -49,8 +66,7 @@ async function templateKV(origin, templateId, index, onProgress, token) {
     }
   }
   if (layers.length !== index.layers || layers.includes(undefined)) throw new Error(`the template has KV for ${layers.filter(Boolean).length} of the model's ${index.layers} layers`);
-  onProgress("decoded", layers.length, index.layers);
-  return { layers, bytesFetched, manifestBytes: bytes.byteLength, shards: total };
+  return layers;
 }
 
 /**
@@ -62,7 +78,7 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
   const { index, tables } = model;
   const { session, ort, ep, tried } = run;
   const t0 = now();
-  const kv = await templateKV(origin, templateId, index, onProgress, token);
+  const kv = await templateKV(origin, templateId, index, steps, onProgress, token);
   const tFetch = now();
   const n = index.image_tokens;
   const pd = index.in_channels / 2;
@@ -78,10 +94,6 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
     rope_sin: T(tables.rope_sin, [S, index.head_dim]),
   };
   const kvDims = [1, n, index.heads, index.head_dim];
-  kv.layers.forEach(({ k, v }, l) => {
-    feeds[`k_ref_${l}`] = T(k, kvDims);
-    feeds[`v_ref_${l}`] = T(v, kvDims);
-  });
   const stepS = [];
   const tokens = new Float32Array(n * 2 * pd);
   for (let step = 0; step < steps; step++) {
@@ -91,6 +103,10 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
       tokens.set(user.subarray(i * pd, (i + 1) * pd), i * 2 * pd + pd);
     }
     feeds.x = T(tokens.slice(), [1, n, 2 * pd]);
+    kv.perStep[kv.kvMode === "per-step" ? step : 0].forEach(({ k, v }, l) => {
+      feeds[`k_ref_${l}`] = T(k, kvDims);
+      feeds[`v_ref_${l}`] = T(v, kvDims);
+    });
     feeds.t_freq = T(timeFeatures(times[step], tables.time_freqs), [1, tables.time_freqs.length * 2]);
     const v = (await session.run(feeds))[index.graph.output].data;
     const dt = f(times[step + 1] - times[step]);
@@ -105,7 +121,7 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
     steps,
     seed,
     policy: "fp16-all-layers",
-    kv_mode: "single",
+    kv_mode: kv.kvMode,
     split_layer: 0,
     level: "fp16",
     bytes_fetched: kv.bytesFetched,
