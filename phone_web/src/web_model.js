@@ -10,7 +10,10 @@ export const WEB_FORMAT = "sakura-web-model/1";
 
 async function getBytes(url, what) {
   const answer = await fetch(url);
-  if (!answer.ok) throw new Error(`${what}: ${url} answered ${answer.status}`);
+  if (!answer.ok) {
+    const said = await answer.json().then((j) => j.error, () => null); // the server's error says how to fix it
+    throw new Error(`${what}: ${url} answered ${answer.status}${said ? `: ${said}` : ""}`);
+  }
   return new Uint8Array(await answer.arrayBuffer());
 }
 
