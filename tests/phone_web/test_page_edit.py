@@ -32,6 +32,7 @@ TEMPLATE_ID = "web-astronaut"
 PER_STEP_ID = "web-astronaut-per-step"
 PROMPT = "paint it in sakura pink 7"  # nothing else the page sends could contain this
 STEPS, SEED = 3, 11
+LINK_MBIT, LINK_MS = 8, 40  # the link CDP shapes during the edit
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,7 @@ def test_an_edit_runs_in_the_page_and_equals_python(served, tmp_path, template_i
     with loopback_server(app) as base, sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         try:
-            page = browser.new_page()
+            page = browser.new_page(viewport={"width": 412, "height": 915})  # a phone's viewport
             page.goto(f"{base}/phone")
             page.wait_for_function("document.getElementById('status').dataset.ep || "
                                    "document.getElementById('status').dataset.state === 'error'", timeout=60_000)  # fmt: skip
@@ -120,12 +121,19 @@ def test_an_edit_runs_in_the_page_and_equals_python(served, tmp_path, template_i
             page.fill("#steps", str(STEPS))
             page.fill("#seed", str(SEED))
             page.select_option("#template", template_id)
+            # the edit's own traffic over a shaped link and a 4x slower CPU (the model files came unshaped)
+            cdp = page.context.new_cdp_session(page)
+            cdp.send("Network.enable")
+            cdp.send("Network.emulateNetworkConditions", {"offline": False, "latency": LINK_MS,
+                     "downloadThroughput": LINK_MBIT * 1e6 / 8, "uploadThroughput": LINK_MBIT * 1e6 / 8})  # fmt: skip
+            cdp.send("Emulation.setCPUThrottlingRate", {"rate": 4})
             page.click("#go")
             page.wait_for_function("['done', 'error'].includes(document.getElementById('status').dataset.state)",
                                    timeout=120_000)  # fmt: skip
             state = page.evaluate("""() => ({status: document.getElementById('status').textContent,
                 state: document.getElementById('status').dataset.state,
                 report: document.getElementById('report').textContent,
+                scroll: document.documentElement.scrollWidth,
                 pixels: Array.from(document.getElementById('result').getContext('2d')
                     .getImageData(0, 0, 64, 64).data)})""")  # fmt: skip
         finally:
@@ -136,7 +144,7 @@ def test_an_edit_runs_in_the_page_and_equals_python(served, tmp_path, template_i
     want = _python_edit(store, model, user, template_id=template_id)
     psnr = psnr_uint8(got, want)
     diff = int(np.abs(got.astype(int) - want).max())
-    figures = f"{template_id}: PSNR {psnr:.2f} dB, max |diff| {diff}; EP {report['executed_on']['execution_provider']}; {report['timings_s']}"
+    figures = f"{template_id}: PSNR {psnr:.2f} dB, max |diff| {diff}; {report['bytes_fetched']} B fetched; EP {report['executed_on']['execution_provider']}; {report['timings_s']}"
     print(f"page vs python: {figures}")  # noqa: T201 - the figures of the run (pytest -s)
     assert psnr >= 45.0, psnr
     # the comparison can fail: the same job with the next seed is a different image (about 32 dB from this one)
@@ -144,7 +152,10 @@ def test_an_edit_runs_in_the_page_and_equals_python(served, tmp_path, template_i
     on = report["executed_on"]
     assert on["kind"] == "browser" and "Chrome" in on["browser"] and on["execution_provider"] == "wasm"
     assert [t["ep"] for t in on["providers_tried"]] == ["webnn", "webgpu", "wasm"]
-    assert report["level"] == "fp16" and report["steps"] == STEPS and report["bytes_fetched"] > 0
+    assert report["level"] == "fp16" and report["steps"] == STEPS and report["bytes_fetched"] > 100_000
+    # the shaped link held: the shards cannot have come faster than LINK_MBIT
+    assert report["timings_s"]["fetch_decode"] >= report["bytes_fetched"] * 8 / (LINK_MBIT * 1e6)
+    assert state["scroll"] <= 412  # no horizontal scrolling at a phone's width
     # nothing of the user reached the server: every request a GET without a body, no prompt anywhere
     png = photo.read_bytes()
     assert seen and all(r["method"] in ("GET", "HEAD") and r["body"] == b"" for r in seen)
