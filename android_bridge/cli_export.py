@@ -27,6 +27,9 @@ def add_arguments(parser) -> None:
                         help="demo, the path of a diffusers FLUX.2 [klein] pipeline folder, or klein-files:"
                         "diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR (its transformer)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--split", type=int, default=None,
+                        help="web: the hybrid split whose template graph is exported (layers computed in the page; "
+                        "default half the layers, 0 = none)")  # fmt: skip
 
 
 def _fmt(p: dict) -> str:
@@ -80,7 +83,7 @@ def _run_web(args) -> int:
         print("sakura export: --target web exports the demo model only", file=sys.stderr)
         return 1
     try:
-        index = export_web(args.out, weights=args.weights)
+        index = export_web(args.out, weights=args.weights, split=args.split)
     except (ValueError, FileNotFoundError) as e:
         print(f"sakura export: {e}", file=sys.stderr)
         return 1
@@ -88,5 +91,9 @@ def _run_web(args) -> int:
     print(f"model {index['name']} ({index['weights']}) {index['model_id'][:16]}: {g['file']} {g['bytes']:,} bytes, "
           f"{len(index['tables'])} tables; ORT CPU vs torch max abs {g['ort_cpu_vs_torch_max_abs']:.3e}; "
           f"export {index['export_s']} s")  # fmt: skip
+    t = index["template_graph"]
+    if t:
+        print(f"template graph {t['file']} (layers < {t['split_layer']}): {t['bytes']:,} bytes; ORT CPU vs torch max "
+              f"abs {t['ort_cpu_vs_torch_max_abs']:.3e}; export {t['export_s']} s")  # fmt: skip
     print(f"wrote {args.out}/model.json")
     return 0

@@ -8,6 +8,8 @@
   (text then image token positions, ``(text_tokens + image_tokens, head_dim)``), ``byte_table.f32`` (the prompt
   embedding: ``(256, joint_dim)``, one row per UTF-8 byte), ``time_freqs.f32`` (the timestep projection's
   frequencies, ``(timestep_guidance_channels / 2,)``);
+* ``template_kv.onnx`` — the hybrid split's template pass for layers ``< split`` (single KV mode;
+  :mod:`android_bridge.web_template_graph`), unless ``split=0``;
 * ``model.json``: the index the page reads — model id and geometry, each file with its shape and SHA-256, the
   graph's input names, how the outside-the-graph inputs are formed, the schedule and the noise generator.
 
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 
 from .npu_graph import CachedKVGraph, graph_input_names, graph_inputs
+from .web_template_graph import export_template_graph
 
 __all__ = ["WEB_FORMAT", "export_web"]
 
@@ -41,8 +44,17 @@ def _table(out: Path, name: str, array: np.ndarray) -> dict:
 
 
 @torch.no_grad()
-def export_web(out_dir: Path | str, model=None, weights: str = "auto", opset: int = 17, dynamo: bool = False) -> dict:
-    """Write the page's model files into ``out_dir``; returns the index (also ``model.json``)."""
+def export_web(
+    out_dir: Path | str,
+    model=None,
+    weights: str = "auto",
+    opset: int = 17,
+    dynamo: bool = False,
+    split: int | None = None,
+) -> dict:
+    """Write the page's model files into ``out_dir``; returns the index (also ``model.json``). ``split``: the hybrid
+    split whose template graph is written too (layers ``< split`` computed in the page; default half the layers;
+    0 = none)."""
     import onnxruntime as ort
 
     out = Path(out_dir)
@@ -74,6 +86,8 @@ def export_web(out_dir: Path | str, model=None, weights: str = "auto", opset: in
     half = tp.num_channels // 2
     exponent = -np.log(10000.0) * torch.arange(0, half, dtype=torch.float32) / (half - tp.downscale_freq_shift)
     graph_bytes = path.read_bytes()
+    split = a.num_layers // 2 if split is None else split
+    template_graph = export_template_graph(model, out, split) if split else None
     index = {
         "format": WEB_FORMAT,
         "model_id": model.model_id,
@@ -89,8 +103,9 @@ def export_web(out_dir: Path | str, model=None, weights: str = "auto", opset: in
         "layers": a.num_layers,
         "heads": a.num_heads,
         "head_dim": a.head_dim,
-        "kv_modes": ["single"],
-        "split_layers": [0],
+        "kv_modes": ["single", "per-step"],
+        "split_layers": [0] if template_graph is None else [0, split],
+        "template_graph": template_graph,
         "graph": {
             "file": GRAPH_NAME,
             "bytes": len(graph_bytes),

@@ -1,7 +1,8 @@
 // One private edit in the page: the template's manifest and fp16 shards come from the server, the user's photo and
-// prompt never leave the page. Every layer takes the fetched template K/V (split 0), single or per-step KV mode: the
-// sakura_core.runtime.denoise.run_edit loop with split_layer=0 and the template decoded at "fp16", each step one run
-// of the exported graph (android_bridge/web_export.py) on onnxruntime-web.
+// prompt never leave the page. Layers >= split take the fetched template K/V (fp16), single or per-step KV mode; with
+// a split (single mode) layers < split take the K/V the page computes from the template image with the template
+// graph: the sakura_core.runtime.denoise.run_edit loop with that split_layer, each step one run of the exported graph
+// (android_bridge/web_export.py) on onnxruntime-web.
 import { parseManifestBytes } from "./manifest.js";
 import { fetchShard } from "./fetch_shard.js";
 import { decodeTemplate } from "./template.js";
@@ -11,7 +12,7 @@ import { encodePrompt, flowTimes, packImage, timeFeatures, torchRandn, unpackTok
 const f = Math.fround;
 const now = () => performance.now() / 1000;
 
-async function templateKV(origin, templateId, index, steps, onProgress, token) {
+async function templateKV(origin, templateId, index, steps, split, onProgress, token) {
   const headers = token ? { Authorization: `Bearer ${token}` } : {};
   const answer = await fetch(`${origin}/v1/templates/${encodeURIComponent(templateId)}/manifest`, { headers });
   if (!answer.ok) throw new Error(`the manifest of ${templateId} answered ${answer.status}`);
@@ -21,20 +22,26 @@ async function templateKV(origin, templateId, index, steps, onProgress, token) {
   const raw = JSON.parse(new TextDecoder().decode(bytes));
   if (manifest.kvMode === "per-step") checkSchedule(templateId, raw.schedule, steps);
   if (raw.token_grid.join("x") !== index.grid.join("x")) throw new Error(`template grid ${raw.token_grid} is not the model's ${index.grid}`);
+  if (split > 0 && manifest.kvMode !== "single") throw new Error(`template ${templateId} is ${manifest.kvMode}: the page computes template layers for single-KV templates only (choose split 0)`);
+  // the hybrid split: only the shards of layers >= split are fetched (each shard wholly on one side)
+  const shards = raw.shards.filter((x) => x.layers[0] >= split);
+  const across = raw.shards.find((x) => x.layers[0] < split && x.layers[1] >= split);
+  if (across !== undefined) throw new Error(`shard of layers ${across.layers} straddles the split at layer ${split}`);
   const sizes = new Map();
   for (const shard of raw.shards) for (const rep of shard.representations) sizes.set(rep.digest, rep.bytes);
   let fetched = 0;
   let bytesFetched = 0;
-  const total = raw.shards.length;
-  const kv = await decodeTemplate(raw, async (digest) => {
+  const total = shards.length;
+  const kv = await decodeTemplate({ ...raw, shards }, async (digest) => {
     const blob = await fetchShard(origin, digest, sizes.get(digest), { token });
     bytesFetched += blob.byteLength;
     onProgress("fetched", ++fetched, total);
     return blob;
   }, "fp16");
-  const perStep = kv.map((parts) => layersOf(parts, index));
-  onProgress("decoded", index.layers, index.layers);
-  return { perStep, kvMode: manifest.kvMode, bytesFetched, manifestBytes: bytes.byteLength, shards: total };
+  const perStep = kv.map((parts) => layersOf(parts, index, split));
+  onProgress("decoded", index.layers - split, index.layers - split);
+  return { perStep, kvMode: manifest.kvMode, bytesFetched, manifestBytes: bytes.byteLength, shards: total,
+    templateImage: raw.template_image };
 }
 
 /** A per-step template runs only the schedule it was computed for (run_edit's check, the same tolerance). */
@@ -48,7 +55,7 @@ function checkSchedule(templateId, schedule, steps) {
 }
 
 /** One step's decoded shards (float16 bits) -> per layer {k, v} float32, each (tokens, heads, head_dim). */
-function layersOf(parts, index) {
+function layersOf(parts, index, split) {
   const table = f16Table();
   const layers = [];
   const per = index.image_tokens * index.heads * index.head_dim; // one layer's K (or V), (tokens, heads, head_dim)
@@ -65,8 +72,30 @@ function layersOf(parts, index) {
       layers[part.layers[0] + i] = { k, v };
     }
   }
-  if (layers.length !== index.layers || layers.includes(undefined)) throw new Error(`the template has KV for ${layers.filter(Boolean).length} of the model's ${index.layers} layers`);
+  const have = layers.slice(split).filter(Boolean).length;
+  if (layers.length !== index.layers || have !== index.layers - split) throw new Error(`the template has KV for ${have} of layers ${split}..${index.layers - 1}`);
   return layers;
+}
+
+/** The template's own K/V for layers < split, computed here: its image (a blob like the shards) decoded and packed
+ * (patch, then zeros), one run of the template graph. */
+async function deviceKV(origin, image, index, templateRun, token) {
+  const blob = await fetchShard(origin, image.digest, image.bytes, { token });
+  const bitmap = await createImageBitmap(new Blob([blob], { type: "image/png" }),
+    { colorSpaceConversion: "none", premultiplyAlpha: "none" });
+  const s = index.image_size;
+  if (bitmap.width !== s || bitmap.height !== s) throw new Error(`the template image is ${bitmap.width}x${bitmap.height}, not the model's ${s}x${s}`);
+  const ctx = new OffscreenCanvas(s, s).getContext("2d");
+  ctx.drawImage(bitmap, 0, 0);
+  const patches = packImage(ctx.getImageData(0, 0, s, s).data, index);
+  const pd = index.in_channels / 2;
+  const tokens = new Float32Array(index.image_tokens * 2 * pd);
+  for (let i = 0; i < index.image_tokens; i++) tokens.set(patches.subarray(i * pd, (i + 1) * pd), i * 2 * pd);
+  const { session, ort } = templateRun;
+  const out = await session.run({ template: new ort.Tensor("float32", tokens, [1, index.image_tokens, 2 * pd]) });
+  const g = index.template_graph;
+  return { layers: Array.from({ length: g.split_layer }, (_, l) => ({ k: out[`k_ref_${l}`].data, v: out[`v_ref_${l}`].data })),
+    bytes: blob.byteLength };
 }
 
 /**
@@ -74,12 +103,23 @@ function layersOf(parts, index) {
  * from createSession. Returns {rgba, report}. ``onProgress(phase, done, total)``: fetched / decoded / computed.
  */
 export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null,
-  onProgress = () => {} }) {
+  split = 0, templateRun = null, onProgress = () => {} }) {
   const { index, tables } = model;
   const { session, ort, ep, tried } = run;
   const t0 = now();
-  const kv = await templateKV(origin, templateId, index, steps, onProgress, token);
+  if (split !== 0 && (index.template_graph === null || split !== index.template_graph.split_layer || templateRun === null)) {
+    throw new Error(`split ${split}: this model's files offer splits ${index.split_layers.join(", ")}`);
+  }
+  const kv = await templateKV(origin, templateId, index, steps, split, onProgress, token);
   const tFetch = now();
+  let tTemplate = tFetch;
+  if (split > 0) {
+    const mine = await deviceKV(origin, kv.templateImage, index, templateRun, token);
+    mine.layers.forEach((layer, l) => { kv.perStep[0][l] = layer; });
+    kv.bytesFetched += mine.bytes;
+    tTemplate = now();
+    onProgress("template layers", split, split);
+  }
   const n = index.image_tokens;
   const pd = index.in_channels / 2;
   const user = packImage(rgba, index);
@@ -120,14 +160,14 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
     model_id: index.model_id,
     steps,
     seed,
-    policy: "fp16-all-layers",
+    policy: split > 0 ? `fp16 for layers >= ${split}, layers < ${split} computed here` : "fp16 for every layer",
     kv_mode: kv.kvMode,
-    split_layer: 0,
+    split_layer: split,
     level: "fp16",
     bytes_fetched: kv.bytesFetched,
     manifest_bytes: kv.manifestBytes,
     shards: kv.shards,
-    timings_s: { fetch_decode: tFetch - t0, compute: done - tFetch, total: done - t0, per_step: stepS },
+    timings_s: { fetch_decode: tFetch - t0, template_layers: tTemplate - tFetch, compute: done - tFetch, total: done - t0, per_step: stepS },
     executed_on: {
       kind: "browser",
       browser: navigator.userAgent,

@@ -24,7 +24,8 @@ async function checked(url, entry, what) {
   return bytes;
 }
 
-/** model.json and every file it names, from ``base`` (e.g. "/phone/model/"). */
+/** model.json and every file it names, from ``base`` (e.g. "/phone/model/"): the tables, the cached-KV graph and
+ * the template graph of the hybrid split (null when the export has none). */
 export async function loadWebModel(base, onProgress = () => {}) {
   const index = JSON.parse(new TextDecoder().decode(await getBytes(`${base}model.json`, "the model index")));
   if (index.format !== WEB_FORMAT) throw new Error(`the model index is ${index.format}, this page reads ${WEB_FORMAT}`);
@@ -37,8 +38,10 @@ export async function loadWebModel(base, onProgress = () => {}) {
   }
   onProgress("model", 1, 2);
   const graph = await checked(`${base}${index.graph.file}`, index.graph, "the DiT graph");
+  const t = index.template_graph ?? null;
+  const templateGraph = t === null ? null : await checked(`${base}${t.file}`, t, "the template graph");
   onProgress("model", 2, 2);
-  return { index, tables, graph };
+  return { index, tables, graph, templateGraph };
 }
 
 /** An InferenceSession over ``graph`` with the first provider that works among ``order``; ``{session, ep, tried}``. */

@@ -63,8 +63,11 @@ def served(tmp_path_factory):
     return store, root / "model", model, json.loads((root / "model" / "model.json").read_text())
 
 
-def _python_edit(store, model, user: np.ndarray, seed: int = SEED, template_id: str = TEMPLATE_ID) -> np.ndarray:
-    """The same job in Python: the template's KV decoded at fp16, every layer injected (split 0), run_edit."""
+def _python_edit(store, model, user: np.ndarray, seed: int, template_id: str, split: int) -> np.ndarray:
+    """The same job in Python: the template's KV decoded at fp16, injected for layers >= split, the template image's
+    own for layers < split (run_edit's hybrid step 0)."""
+    from PIL import Image
+
     from sakura_core.kv.template_codec import decode_template
     from sakura_core.runtime.denoise import run_edit
 
@@ -78,11 +81,15 @@ def _python_edit(store, model, user: np.ndarray, seed: int = SEED, template_id: 
                     blobs[rep["digest"]] = f.read()
     kv = decode_template(manifest, blobs, "fp16")
     mode = manifest.get("kv_mode", "single")
-    return run_edit(model, user, PROMPT, steps=STEPS, seed=seed, split_layer=0, kv_source=kv, kv_mode=mode).image
+    f, _ = store.open_shard(manifest["template_image"]["digest"])
+    with f:
+        template = np.asarray(Image.open(f).convert("RGB"))
+    return run_edit(model, user, PROMPT, steps=STEPS, seed=seed, split_layer=split, kv_source=kv, kv_mode=mode,
+                    template_image=template).image  # fmt: skip
 
 
-@pytest.mark.parametrize("template_id", [TEMPLATE_ID, PER_STEP_ID])
-def test_an_edit_runs_in_the_page_and_equals_python(served, tmp_path, template_id):
+@pytest.mark.parametrize(("template_id", "split"), [(TEMPLATE_ID, 0), (PER_STEP_ID, 0), (TEMPLATE_ID, 3)])
+def test_an_edit_runs_in_the_page_and_equals_python(served, tmp_path, template_id, split):
     from PIL import Image
 
     from cloud_server.app import create_app
@@ -121,6 +128,7 @@ def test_an_edit_runs_in_the_page_and_equals_python(served, tmp_path, template_i
             page.fill("#steps", str(STEPS))
             page.fill("#seed", str(SEED))
             page.select_option("#template", template_id)
+            page.select_option("#split", str(split))
             # the edit's own traffic over a shaped link and a 4x slower CPU (the model files came unshaped)
             cdp = page.context.new_cdp_session(page)
             cdp.send("Network.enable")
@@ -141,14 +149,14 @@ def test_an_edit_runs_in_the_page_and_equals_python(served, tmp_path, template_i
     assert state["state"] == "done", state["status"]
     report = json.loads(state["report"])
     got = np.array(state["pixels"], np.uint8).reshape(64, 64, 4)[..., :3]
-    want = _python_edit(store, model, user, template_id=template_id)
+    want = _python_edit(store, model, user, SEED, template_id, split)
     psnr = psnr_uint8(got, want)
     diff = int(np.abs(got.astype(int) - want).max())
-    figures = f"{template_id}: PSNR {psnr:.2f} dB, max |diff| {diff}; {report['bytes_fetched']} B fetched; EP {report['executed_on']['execution_provider']}; {report['timings_s']}"
+    figures = f"{template_id} split {split}: PSNR {psnr:.2f} dB, max |diff| {diff}; {report['bytes_fetched']} B fetched; EP {report['executed_on']['execution_provider']}; {report['timings_s']}"
     print(f"page vs python: {figures}")  # noqa: T201 - the figures of the run (pytest -s)
     assert psnr >= 45.0, psnr
     # the comparison can fail: the same job with the next seed is a different image (about 32 dB from this one)
-    assert psnr_uint8(got, _python_edit(store, model, user, SEED + 1, template_id)) < 40.0
+    assert psnr_uint8(got, _python_edit(store, model, user, SEED + 1, template_id, split)) < 40.0
     on = report["executed_on"]
     assert on["kind"] == "browser" and "Chrome" in on["browser"] and on["execution_provider"] == "wasm"
     assert [t["ep"] for t in on["providers_tried"]] == ["webnn", "webgpu", "wasm"]
@@ -165,7 +173,13 @@ def test_an_edit_runs_in_the_page_and_equals_python(served, tmp_path, template_i
     paths = {r["path"].split("?")[0] for r in seen}
     assert report["kv_mode"] == store.get_manifest(template_id).get("kv_mode", "single")
     assert f"/v1/templates/{template_id}/manifest" in paths and "/phone/model/dit_cached_kv.onnx" in paths
-    assert any(p.startswith("/v1/shards/") for p in paths)
+    # what was fetched: the fp16 shards of layers >= split, and the template image when the page ran layers < split
+    manifest = store.get_manifest(template_id)
+    want = {r["digest"] for shard in manifest["shards"] if shard["layers"][0] >= split
+            for r in shard["representations"] if r["name"] == "fp16"}  # fmt: skip
+    want |= {manifest["template_image"]["digest"]} if split else set()
+    assert {p.removeprefix("/v1/shards/") for p in paths if p.startswith("/v1/shards/")} == want
+    assert report["split_layer"] == split
 
 
 async def test_the_model_files_are_served_only_with_phone_model(served, aiohttp_client):
