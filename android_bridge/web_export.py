@@ -36,6 +36,26 @@ WEB_FORMAT = "sakura-web-model/1"
 GRAPH_NAME = "dit_cached_kv.onnx"
 
 
+# how the page forms each input outside the graphs (what web_model.js implements)
+_RECIPES = {
+    "prompt": "lower-case, UTF-8, first text_tokens bytes; token i = byte_table[byte i], the rest zero",
+    "timestep": "t_freq = [cos(1000 t f), sin(1000 t f)] over time_freqs f (diffusers Timesteps, flip_sin_to_cos)",
+    "schedule": {"kind": "flow", "shift": 1.0, "times": "linspace(1, 0, steps + 1)"},
+    "noise": "torch.randn((1, image_tokens, 3 p^2)): mt19937(seed), 24-bit uniforms, Box-Muller in blocks of 16",
+    "pixels": "[-1, 1] = uint8 / 127.5 - 1; token = a p x p patch, row-major, (py, px, rgb) inside",
+    "request_tokens": "concat(noisy patch, user patch) on channels",
+}
+
+
+def _time_freqs(tp) -> np.ndarray:
+    """The timestep projection's frequencies (diffusers ``get_timestep_embedding``, fp32), times its scale."""
+    if not tp.flip_sin_to_cos or tp.num_channels % 2:
+        raise ValueError("the page forms t_freq as [cos, sin] of an even width (flip_sin_to_cos); this model differs")
+    half = tp.num_channels // 2
+    exponent = -np.log(10000.0) * torch.arange(0, half, dtype=torch.float32) / (half - tp.downscale_freq_shift)
+    return (torch.exp(exponent) * tp.scale).numpy()
+
+
 def _table(out: Path, name: str, array: np.ndarray) -> dict:
     data = np.ascontiguousarray(array, dtype="<f4").tobytes()
     (out / name).write_bytes(data)
@@ -82,9 +102,6 @@ def export_web(
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {n: t.numpy() for n, t in zip(names, ins, strict=True)})[0]
     max_abs = float(np.abs(got - graph(*ins).numpy()).max())
-    tp = m.time_guidance_embed.time_proj
-    half = tp.num_channels // 2
-    exponent = -np.log(10000.0) * torch.arange(0, half, dtype=torch.float32) / (half - tp.downscale_freq_shift)
     graph_bytes = path.read_bytes()
     split = a.num_layers // 2 if split is None else split
     template_graph = export_template_graph(model, out, split) if split else None
@@ -119,14 +136,9 @@ def export_web(
             "rope_cos": _table(out, "rope_cos.f32", ins[3].numpy()),
             "rope_sin": _table(out, "rope_sin.f32", ins[4].numpy()),
             "byte_table": _table(out, "byte_table.f32", model._byte_table.numpy()),
-            "time_freqs": _table(out, "time_freqs.f32", (torch.exp(exponent) * tp.scale).numpy()),
+            "time_freqs": _table(out, "time_freqs.f32", _time_freqs(m.time_guidance_embed.time_proj)),
         },
-        "prompt": "lower-case, UTF-8, first text_tokens bytes; token i = byte_table[byte i], the rest zero",
-        "timestep": f"t_freq = [cos(1000 t f), sin(1000 t f)] over time_freqs f (flip_sin_to_cos={tp.flip_sin_to_cos})",
-        "schedule": {"kind": "flow", "shift": 1.0, "times": "linspace(1, 0, steps + 1)"},
-        "noise": "torch.randn((1, image_tokens, 3 p^2)): mt19937(seed), 24-bit uniforms, Box-Muller in blocks of 16",
-        "pixels": "[-1, 1] = uint8 / 127.5 - 1; token = a p x p patch, row-major, (py, px, rgb) inside",
-        "request_tokens": "concat(noisy patch, user patch) on channels",
+        **_RECIPES,
         "export_s": round(export_s, 2),
     }
     (out / "model.json").write_text(json.dumps(index, indent=1))
