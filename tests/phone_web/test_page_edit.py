@@ -144,9 +144,17 @@ def test_an_edit_runs_in_the_page_and_equals_python(served, tmp_path, template_i
                 scroll: document.documentElement.scrollWidth,
                 pixels: Array.from(document.getElementById('result').getContext('2d')
                     .getImageData(0, 0, 64, 64).data)})""")  # fmt: skip
+            if template_id == PER_STEP_ID:  # a per-step template at other steps, or with a split: a clear error
+                state["errors"] = [_edit_error(page, steps, split) for steps, split in ((STEPS + 1, 0), (STEPS, 3))]
         finally:
             browser.close()
     assert state["state"] == "done", state["status"]
+    if template_id == PER_STEP_ID:
+        assert (
+            f"computed for {STEPS} steps" in state["errors"][0]
+            and "run it with the template's steps" in state["errors"][0]
+        )
+        assert "single-KV templates only (choose split 0)" in state["errors"][1]
     report = json.loads(state["report"])
     got = np.array(state["pixels"], np.uint8).reshape(64, 64, 4)[..., :3]
     want = _python_edit(store, model, user, SEED, template_id, split)
@@ -180,6 +188,17 @@ def test_an_edit_runs_in_the_page_and_equals_python(served, tmp_path, template_i
     want |= {manifest["template_image"]["digest"]} if split else set()
     assert {p.removeprefix("/v1/shards/") for p in paths if p.startswith("/v1/shards/")} == want
     assert report["split_layer"] == split
+
+
+def _edit_error(page, steps: int, split: int) -> str:
+    """Press Edit with ``steps`` and ``split``; the status line, which must be the page's error state."""
+    page.fill("#steps", str(steps))
+    page.select_option("#split", str(split))
+    page.evaluate("document.getElementById('status').dataset.state = ''")
+    page.click("#go")
+    page.wait_for_function("['done', 'error'].includes(document.getElementById('status').dataset.state)")
+    assert page.evaluate("document.getElementById('status').dataset.state") == "error"
+    return page.evaluate("document.getElementById('status').textContent")
 
 
 async def test_the_model_files_are_served_only_with_phone_model(served, aiohttp_client):
