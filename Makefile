@@ -5,7 +5,7 @@
 #   make test   `make venv` + the extras [test,npu,phone,cloud] (pytest, ruff, playwright, transformers; the NPU
 #               toolchain: onnx, onnxruntime, onnxruntime-qnn (emulated Hexagon HTP); adbutils; boto3 + ray), so CI
 #               runs those gates too; then ruff + pytest. `make lint` needs the same.
-#               Also `npm ci` in phone_web/ (the phone page's JavaScript: fzstd, pinned by its package-lock.json), when
+#               Also `npm ci` in phone_web/ (the phone page's JavaScript: fzstd and onnxruntime-web, pinned by its package-lock.json), when
 #               npm is on PATH (CI has it: the conformance test fails there without it).
 # Each step has its stamp file in .venv (.installed, .installed-test); both are redone when pyproject.toml changes;
 # phone_web/node_modules/.installed when the lockfile changes. A ComfyUI-Manager install of the pack needs no npm.

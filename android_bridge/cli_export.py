@@ -1,5 +1,6 @@
-"""``sakura export --target onnx|qnn --out DIR [--model FOLDER]``: the demo DiT (or a klein folder's transformer) in
-cached-KV mode for the Snapdragon NPU toolchain.
+"""``sakura export --target onnx|qnn|web --out DIR [--model FOLDER]``: the demo DiT (or a klein folder's transformer) in
+cached-KV mode for the Snapdragon NPU toolchain; ``--target web``: the demo model's files for the phone page
+(:mod:`android_bridge.web_export`; serve them with ``sakura serve --phone-model DIR``).
 
 Prints the op coverage and the numerical parity against torch; writes the models, ``io.json`` and
 ``export_report.json`` into DIR. ``--target qnn`` needs ``onnxruntime-qnn`` (pip install 'sakura-kv[npu]').
@@ -14,8 +15,9 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--target", choices=("onnx", "qnn"), default="qnn",
-                        help="onnx: fp32 + w8a16 QDQ (ORT CPU checks); qnn: also the HTP context binary (default)")  # fmt: skip
+    parser.add_argument("--target", choices=("onnx", "qnn", "web"), default="qnn",
+                        help="onnx: fp32 + w8a16 QDQ (ORT CPU checks); qnn: also the HTP context binary (default); "
+                        "web: the phone page's graph, tables and model.json")  # fmt: skip
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--soc-model", default="69", help="QNN soc_model (69 = SM8750, Snapdragon 8 Elite)")
     parser.add_argument("--calibration-steps", type=int, default=4, help="denoising steps per calibration edit")
@@ -25,6 +27,9 @@ def add_arguments(parser) -> None:
                         help="demo, the path of a diffusers FLUX.2 [klein] pipeline folder, or klein-files:"
                         "diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR (its transformer)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--split", type=int, default=None,
+                        help="web: the hybrid split whose template graph is exported (layers computed in the page; "
+                        "default half the layers, 0 = none)")  # fmt: skip
 
 
 def _fmt(p: dict) -> str:
@@ -39,6 +44,8 @@ def run(args) -> int:
     from .export import ExportConfig, ExportError, export_demo
 
     torch.set_num_threads(max(1, args.threads))
+    if args.target == "web":
+        return _run_web(args)
     logging.getLogger("onnx_ir").setLevel(logging.WARNING)  # one INFO line per deduplicated initializer
     try:
         config = ExportConfig(out_dir=args.out, target=args.target, soc_model=args.soc_model,
@@ -66,4 +73,27 @@ def run(args) -> int:
               f"nodes, {q['qnn_partitions']} QNN partition(s), outside QNN: {q['nodes_outside_qnn'] or 'none'}; "
               f"op coverage {q['op_coverage']:.1%}")  # fmt: skip
     print(f"wrote {args.out}/export_report.json")
+    return 0
+
+
+def _run_web(args) -> int:
+    from .web_export import export_web
+
+    if args.model != "demo":
+        print("sakura export: --target web exports the demo model only", file=sys.stderr)
+        return 1
+    try:
+        index = export_web(args.out, weights=args.weights, split=args.split)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"sakura export: {e}", file=sys.stderr)
+        return 1
+    g = index["graph"]
+    print(f"model {index['name']} ({index['weights']}) {index['model_id'][:16]}: {g['file']} {g['bytes']:,} bytes, "
+          f"{len(index['tables'])} tables; ORT CPU vs torch max abs {g['ort_cpu_vs_torch_max_abs']:.3e}; "
+          f"export {index['export_s']} s")  # fmt: skip
+    t = index["template_graph"]
+    if t:
+        print(f"template graph {t['file']} (layers < {t['split_layer']}): {t['bytes']:,} bytes; ORT CPU vs torch max "
+              f"abs {t['ort_cpu_vs_torch_max_abs']:.3e}; export {t['export_s']} s")  # fmt: skip
+    print(f"wrote {args.out}/model.json")
     return 0

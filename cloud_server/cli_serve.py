@@ -59,6 +59,9 @@ def add_arguments(parser) -> None:
         "klein-files:diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR, or none (templates of any model, "
         "read-only) (default: %(default)s)",
     )
+    parser.add_argument("--phone-model", default=None, metavar="DIR",
+                        help="the phone page's model files (`sakura export --target web --out DIR`), served at "
+                        "/phone/model/ (default: none: the page lists templates but cannot edit)")  # fmt: skip
     add_device_arguments(parser, what="the write path's precompute jobs")
     parser.add_argument("--max-upload-mib", type=float, default=16.0, help="largest template upload (MiB)")
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (default: %(default)s)")
@@ -97,6 +100,7 @@ def config_from_args(args) -> ServerConfig:
         shutdown_timeout_s=args.shutdown_timeout,
         idle_timeout_s=args.idle_timeout,
         max_connections=args.max_connections,
+        phone_model_dir=Path(args.phone_model) if args.phone_model else None,
     )
 
 

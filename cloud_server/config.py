@@ -59,6 +59,7 @@ class ServerConfig:
             seconds.
         max_token_failures, token_failure_window_s: wrong bearer tokens one client address may send per window (in
             seconds) before it is answered 429 with ``Retry-After`` instead of 401; a right token is never limited.
+        phone_model_dir: the phone page's model files (``sakura export --target web``), served at ``/phone/model/``.
     """
 
     store_dir: Path | None = None
@@ -93,6 +94,7 @@ class ServerConfig:
     refusal_log_interval_s: float = 10.0
     max_token_failures: int = 20
     token_failure_window_s: float = 60.0
+    phone_model_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if (self.store_dir is None) == (self.store_url is None):

@@ -1,5 +1,6 @@
-"""The phone page's static files at ``/phone`` (``phone_web/`` of a checkout): the page, its ES modules and the one
-npm module it imports (``fzstd``, from ``phone_web/node_modules`` after ``npm ci``). Open (the page is code, no
+"""The phone page's static files at ``/phone`` (``phone_web/`` of a checkout): the page, its ES modules and the npm
+modules it imports (``fzstd`` and ``onnxruntime-web``'s WASM build, from ``phone_web/node_modules`` after
+``npm ci``), and the model files of ``sakura export --target web`` at ``/phone/model/`` (``--phone-model DIR``). Open (the page is code, no
 data: its API requests carry the read token like any client's). Every response is same-origin isolated
 (``Cross-Origin-Opener-Policy: same-origin``, ``Cross-Origin-Embedder-Policy: require-corp``,
 ``Cross-Origin-Resource-Policy: same-origin``), which multi-threaded WASM needs; the page calls only this server, so
@@ -13,6 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .http_util import _access, _json_error
+from .state import STATE_KEY
 
 __all__ = ["PHONE_WEB", "phone_routes"]
 
@@ -26,12 +28,17 @@ ISOLATION_HEADERS = {
     "Cache-Control": "no-cache",
 }
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css"}
+_MODEL_TYPES = {".json": "application/json", ".onnx": "application/octet-stream", ".f32": "application/octet-stream"}
+#: onnxruntime-web's files the page loads: the WASM build (its ES module, its loader and the binary), and the JSEP
+#: build that adds WebGPU (tried first where the browser offers it).
+ORT_FILES = {"ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "ort.webgpu.min.mjs",
+             "ort-wasm-simd-threaded.jsep.mjs", "ort-wasm-simd-threaded.jsep.wasm"}  # fmt: skip
 
 
-def _file(root: Path, relative: str) -> Path:
+def _file(root: Path, relative: str, types: dict = _TYPES) -> Path:
     """``root / relative`` when it is a served kind of file inside ``root``, else 404."""
     path = (root / relative).resolve()
-    if root.resolve() not in path.parents or path.suffix not in _TYPES or not path.is_file():
+    if root.resolve() not in path.parents or path.suffix not in types or not path.is_file():
         raise _json_error(404, f"no phone page file {relative!r}")
     return path
 
@@ -39,6 +46,31 @@ def _file(root: Path, relative: str) -> Path:
 def _send(path: Path) -> web.Response:
     return web.Response(body=path.read_bytes(), content_type=_TYPES[path.suffix], charset="utf-8",
                         headers=ISOLATION_HEADERS)  # fmt: skip
+
+
+def _send_binary(path: Path, kind: str) -> web.Response:
+    return web.Response(body=path.read_bytes(), content_type=kind, headers=ISOLATION_HEADERS)
+
+
+def _model_file(request: web.Request, name: str) -> web.Response:
+    """``/phone/model/NAME``: a file of the exported web model (``--phone-model``), else a 404 saying how."""
+    root = request.app[STATE_KEY].config.phone_model_dir
+    if root is None or not (Path(root) / "model.json").is_file():
+        raise _json_error(404, "no phone model is served: run `sakura export --target web --out DIR` and start "
+                          "`sakura serve --phone-model DIR`")  # fmt: skip
+    path = _file(Path(root), name, _MODEL_TYPES)
+    return _send_binary(path, _MODEL_TYPES[path.suffix])
+
+
+def _ort_file(name: str) -> web.Response:
+    if name not in ORT_FILES:
+        raise _json_error(404, f"no phone page file 'vendor/ort/{name}'")
+    path = PHONE_WEB / "node_modules" / "onnxruntime-web" / "dist" / name
+    if not path.is_file():
+        raise _json_error(404, "the phone page's npm packages are missing: run `npm ci` in phone_web/")
+    if path.suffix == ".wasm":
+        return _send_binary(path, "application/wasm")
+    return _send(path)
 
 
 @_access("open")
@@ -54,6 +86,10 @@ async def handle_phone(request: web.Request) -> web.Response:
         if not vendor.is_file():
             raise _json_error(404, "the phone page's npm packages are missing: run `npm ci` in phone_web/")
         return _send(vendor)
+    if rest.startswith("model/"):
+        return _model_file(request, rest.removeprefix("model/"))
+    if rest.startswith("vendor/ort/"):
+        return _ort_file(rest.removeprefix("vendor/ort/"))
     if rest.startswith("src/"):
         return _send(_file(PHONE_WEB / "src", rest.removeprefix("src/")))
     raise _json_error(404, f"no phone page file {rest!r}")

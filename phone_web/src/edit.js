@@ -1,0 +1,181 @@
+// One private edit in the page: the template's manifest and fp16 shards come from the server, the user's photo and
+// prompt never leave the page. Layers >= split take the fetched template K/V (fp16), single or per-step KV mode; with
+// a split (single mode) layers < split take the K/V the page computes from the template image with the template
+// graph: the sakura_core.runtime.denoise.run_edit loop with that split_layer, each step one run of the exported graph
+// (android_bridge/web_export.py) on onnxruntime-web.
+import { parseManifestBytes } from "./manifest.js";
+import { fetchShard } from "./fetch_shard.js";
+import { decodeTemplate } from "./template.js";
+import { f16Table } from "./f16.js";
+import { encodePrompt, flowTimes, packImage, timeFeatures, torchRandn, unpackTokens } from "./web_model.js";
+
+const f = Math.fround;
+const now = () => performance.now() / 1000;
+
+async function templateKV(origin, templateId, index, steps, split, onProgress, token) {
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  const answer = await fetch(`${origin}/v1/templates/${encodeURIComponent(templateId)}/manifest`, { headers });
+  if (!answer.ok) throw new Error(`the manifest of ${templateId} answered ${answer.status}`);
+  const bytes = new Uint8Array(await answer.arrayBuffer());
+  const manifest = parseManifestBytes(bytes, { templateId, modelId: index.model_id });
+  if (manifest.references.length > 1) throw new Error(`template ${templateId} has ${manifest.references.length} references: this page runs one so far`);
+  const raw = JSON.parse(new TextDecoder().decode(bytes));
+  if (manifest.kvMode === "per-step") checkSchedule(templateId, raw.schedule, steps);
+  if (raw.token_grid.join("x") !== index.grid.join("x")) throw new Error(`template grid ${raw.token_grid} is not the model's ${index.grid}`);
+  if (split > 0 && manifest.kvMode !== "single") throw new Error(`template ${templateId} is ${manifest.kvMode}: the page computes template layers for single-KV templates only (choose split 0)`);
+  // the hybrid split: only the shards of layers >= split are fetched (each shard wholly on one side)
+  const shards = raw.shards.filter((x) => x.layers[0] >= split);
+  const across = raw.shards.find((x) => x.layers[0] < split && x.layers[1] >= split);
+  if (across !== undefined) throw new Error(`shard of layers ${across.layers} straddles the split at layer ${split}`);
+  const sizes = new Map();
+  for (const shard of raw.shards) for (const rep of shard.representations) sizes.set(rep.digest, rep.bytes);
+  let fetched = 0;
+  let bytesFetched = 0;
+  const total = shards.length;
+  const kv = await decodeTemplate({ ...raw, shards }, async (digest) => {
+    const blob = await fetchShard(origin, digest, sizes.get(digest), { token });
+    bytesFetched += blob.byteLength;
+    onProgress("fetched", ++fetched, total);
+    return blob;
+  }, "fp16");
+  const perStep = kv.map((parts) => layersOf(parts, index, split));
+  onProgress("decoded", index.layers - split, index.layers - split);
+  return { perStep, kvMode: manifest.kvMode, bytesFetched, manifestBytes: bytes.byteLength, shards: total,
+    templateImage: raw.template_image };
+}
+
+/** A per-step template runs only the schedule it was computed for (run_edit's check, the same tolerance). */
+function checkSchedule(templateId, schedule, steps) {
+  const want = flowTimes(steps).slice(0, steps);
+  const got = schedule.timesteps.map(Number);
+  if (got.length !== steps || got.some((t, i) => Math.abs(t - want[i]) > 1e-6)) {
+    throw new Error(`template ${templateId} was computed for ${got.length} steps at t=${got.map((t) => t.toFixed(4))}; ` +
+      `this edit runs ${steps} steps: run it with the template's steps`);
+  }
+}
+
+/** One step's decoded shards (float16 bits) -> per layer {k, v} float32, each (tokens, heads, head_dim). */
+function layersOf(parts, index, split) {
+  const table = f16Table();
+  const layers = [];
+  const per = index.image_tokens * index.heads * index.head_dim; // one layer's K (or V), (tokens, heads, head_dim)
+  for (const part of parts) {
+    const count = part.k.length / per; // a shard holds layers [first, first + count)
+    if (!Number.isInteger(count) || count < 1) throw new Error(`shard of layer ${part.layers[0]}: ${part.k.length} values is not whole layers of ${per}`);
+    for (let i = 0; i < count; i++) {
+      const k = new Float32Array(per);
+      const v = new Float32Array(per);
+      for (let j = 0; j < per; j++) {
+        k[j] = table[part.k[i * per + j]];
+        v[j] = table[part.v[i * per + j]];
+      }
+      layers[part.layers[0] + i] = { k, v };
+    }
+  }
+  const have = layers.slice(split).filter(Boolean).length;
+  if (layers.length !== index.layers || have !== index.layers - split) throw new Error(`the template has KV for ${have} of layers ${split}..${index.layers - 1}`);
+  return layers;
+}
+
+/** The template's own K/V for layers < split, computed here: its image (a blob like the shards) decoded and packed
+ * (patch, then zeros), one run of the template graph. */
+async function deviceKV(origin, image, index, templateRun, token) {
+  const blob = await fetchShard(origin, image.digest, image.bytes, { token });
+  const bitmap = await createImageBitmap(new Blob([blob], { type: "image/png" }),
+    { colorSpaceConversion: "none", premultiplyAlpha: "none" });
+  const s = index.image_size;
+  if (bitmap.width !== s || bitmap.height !== s) throw new Error(`the template image is ${bitmap.width}x${bitmap.height}, not the model's ${s}x${s}`);
+  const ctx = new OffscreenCanvas(s, s).getContext("2d");
+  ctx.drawImage(bitmap, 0, 0);
+  const patches = packImage(ctx.getImageData(0, 0, s, s).data, index);
+  const pd = index.in_channels / 2;
+  const tokens = new Float32Array(index.image_tokens * 2 * pd);
+  for (let i = 0; i < index.image_tokens; i++) tokens.set(patches.subarray(i * pd, (i + 1) * pd), i * 2 * pd);
+  const { session, ort } = templateRun;
+  const out = await session.run({ template: new ort.Tensor("float32", tokens, [1, index.image_tokens, 2 * pd]) });
+  const g = index.template_graph;
+  return { layers: Array.from({ length: g.split_layer }, (_, l) => ({ k: out[`k_ref_${l}`].data, v: out[`v_ref_${l}`].data })),
+    bytes: blob.byteLength };
+}
+
+/**
+ * Edit ``rgba`` (image_size^2 RGBA bytes) against ``templateId`` on ``origin``; ``model`` from loadWebModel, ``run``
+ * from createSession. Returns {rgba, report}. ``onProgress(phase, done, total)``: fetched / decoded / computed.
+ */
+export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null,
+  split = 0, templateRun = null, onProgress = () => {} }) {
+  const { index, tables } = model;
+  const { session, ort, ep, tried } = run;
+  const t0 = now();
+  if (split !== 0 && (index.template_graph === null || split !== index.template_graph.split_layer || templateRun === null)) {
+    throw new Error(`split ${split}: this model's files offer splits ${index.split_layers.join(", ")}`);
+  }
+  const kv = await templateKV(origin, templateId, index, steps, split, onProgress, token);
+  const tFetch = now();
+  let tTemplate = tFetch;
+  if (split > 0) {
+    const mine = await deviceKV(origin, kv.templateImage, index, templateRun, token);
+    mine.layers.forEach((layer, l) => { kv.perStep[0][l] = layer; });
+    kv.bytesFetched += mine.bytes;
+    tTemplate = now();
+    onProgress("template layers", split, split);
+  }
+  const n = index.image_tokens;
+  const pd = index.in_channels / 2;
+  const user = packImage(rgba, index);
+  const txt = encodePrompt(prompt, index, tables.byte_table);
+  const times = flowTimes(steps);
+  const x = torchRandn(seed, n * pd);
+  const S = index.text_tokens + n;
+  const T = (data, dims) => new ort.Tensor("float32", data, dims);
+  const feeds = {
+    txt: T(txt, [1, index.text_tokens, txt.length / index.text_tokens]),
+    rope_cos: T(tables.rope_cos, [S, index.head_dim]),
+    rope_sin: T(tables.rope_sin, [S, index.head_dim]),
+  };
+  const kvDims = [1, n, index.heads, index.head_dim];
+  const stepS = [];
+  const tokens = new Float32Array(n * 2 * pd);
+  for (let step = 0; step < steps; step++) {
+    const s0 = now();
+    for (let i = 0; i < n; i++) {
+      tokens.set(x.subarray(i * pd, (i + 1) * pd), i * 2 * pd);
+      tokens.set(user.subarray(i * pd, (i + 1) * pd), i * 2 * pd + pd);
+    }
+    feeds.x = T(tokens.slice(), [1, n, 2 * pd]);
+    kv.perStep[kv.kvMode === "per-step" ? step : 0].forEach(({ k, v }, l) => {
+      feeds[`k_ref_${l}`] = T(k, kvDims);
+      feeds[`v_ref_${l}`] = T(v, kvDims);
+    });
+    feeds.t_freq = T(timeFeatures(times[step], tables.time_freqs), [1, tables.time_freqs.length * 2]);
+    const v = (await session.run(feeds))[index.graph.output].data;
+    const dt = f(times[step + 1] - times[step]);
+    for (let i = 0; i < x.length; i++) x[i] = f(x[i] + f(dt * v[i]));
+    stepS.push(now() - s0);
+    onProgress("computed", step + 1, steps);
+  }
+  const done = now();
+  const report = {
+    template_id: templateId,
+    model_id: index.model_id,
+    steps,
+    seed,
+    policy: split > 0 ? `fp16 for layers >= ${split}, layers < ${split} computed here` : "fp16 for every layer",
+    kv_mode: kv.kvMode,
+    split_layer: split,
+    level: "fp16",
+    bytes_fetched: kv.bytesFetched,
+    manifest_bytes: kv.manifestBytes,
+    shards: kv.shards,
+    timings_s: { fetch_decode: tFetch - t0, template_layers: tTemplate - tFetch, compute: done - tFetch, total: done - t0, per_step: stepS },
+    executed_on: {
+      kind: "browser",
+      browser: navigator.userAgent,
+      execution_provider: ep,
+      providers_tried: tried,
+      device: { platform: navigator.platform, cores: navigator.hardwareConcurrency ?? null,
+        cross_origin_isolated: globalThis.crossOriginIsolated === true },
+    },
+  };
+  return { rgba: unpackTokens(x, index), report };
+}
