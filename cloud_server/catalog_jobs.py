@@ -13,6 +13,7 @@ Requests for one entry are coalesced: entries with the same key run once and eve
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import multiprocessing
@@ -25,6 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from .catalog import CatalogEntry, published_key
 from .precompute import publish_template, read_template_image
+from .s3_io import S3Config
 from .store_url import open_store
 
 __all__ = ["LocalRunner", "Progress", "make_job", "run_entry"]
@@ -35,9 +37,12 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[dict], None]
 
 
-def make_job(entry: CatalogEntry, store: str, s3_endpoint: str | None, device: str, dtype: str | None) -> dict:
+def make_job(entry: CatalogEntry, store: str, s3_endpoint: str | None, device: str, dtype: str | None, *,
+             s3_config=None) -> dict:  # fmt: skip
     """What a worker needs for ``entry``: plain JSON (the store by URL: workers open their own connection)."""
-    return {"entry": entry.to_json(), "store": store, "s3_endpoint": s3_endpoint, "device": device, "dtype": dtype}
+    limits = None if s3_config is None else dataclasses.asdict(s3_config)  # plain data: a job crosses processes
+    return {"entry": entry.to_json(), "store": store, "s3_endpoint": s3_endpoint, "device": device, "dtype": dtype,
+            "s3_config": limits}  # fmt: skip
 
 
 @functools.lru_cache(maxsize=2)
@@ -52,7 +57,8 @@ def run_entry(job: dict) -> dict:
     """Precompute and publish one catalog entry (see the module docstring); a result dict with a fresh ``run_id``."""
     t0 = time.perf_counter()
     entry = CatalogEntry(**job["entry"])
-    store = open_store(job["store"], endpoint_url=job["s3_endpoint"])
+    s3_config = None if job.get("s3_config") is None else S3Config(**job["s3_config"])
+    store = open_store(job["store"], endpoint_url=job["s3_endpoint"], s3_config=s3_config)
     base = {"template_id": entry.template_id, "key": entry.key, "pid": os.getpid(), "host": socket.gethostname()}
     if published_key(store, entry.template_id) == entry.key:
         return {**base, "status": "skipped", "seconds": round(time.perf_counter() - t0, 3)}

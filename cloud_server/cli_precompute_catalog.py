@@ -18,7 +18,7 @@ from .catalog import CatalogError, load_catalog, published_key
 from .catalog_jobs import LocalRunner, make_job
 from .precompute import add_device_arguments
 from .store import StoreError
-from .store_url import add_store_arguments, open_store
+from .store_url import add_s3_limit_arguments, add_store_arguments, open_store, s3_config_from_args
 
 __all__ = ["add_arguments", "run"]
 
@@ -26,6 +26,7 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser) -> None:
     parser.add_argument("catalog", help="the catalog JSON (format: cloud_server/catalog.py)")
     add_store_arguments(parser)
+    add_s3_limit_arguments(parser)  # the driver's and every worker's S3 client
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--ray", default=None, metavar="ADDRESS",
                        help="run the entries as tasks on this Ray cluster (e.g. 127.0.0.1:6379 or auto)")  # fmt: skip
@@ -57,7 +58,8 @@ def run(args) -> int:
         check_device_dtype(args.device, args.dtype)
         if args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")
-        store = open_store(args.store, endpoint_url=args.s3_endpoint)
+        s3_config = s3_config_from_args(args)
+        store = open_store(args.store, endpoint_url=args.s3_endpoint, s3_config=s3_config)
         store.check()
         todo = [e for e in entries if published_key(store, e.template_id) != e.key]
     except (CatalogError, ValueError, StoreError) as e:
@@ -66,7 +68,7 @@ def run(args) -> int:
     where = f"Ray cluster {args.ray}" if args.ray else f"{args.workers} local worker(s)"
     print(f"catalog {args.catalog}: {len(entries)} entries, {len(entries) - len(todo)} already published, "
           f"{len(todo)} to precompute on {where} -> {args.store}", flush=True)  # fmt: skip
-    jobs = [make_job(e, args.store, args.s3_endpoint, args.device, args.dtype) for e in todo]
+    jobs = [make_job(e, args.store, args.s3_endpoint, args.device, args.dtype, s3_config=s3_config) for e in todo]
     t0, finished = time.monotonic(), [0]
 
     def progress(result: dict) -> None:

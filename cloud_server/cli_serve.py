@@ -23,7 +23,7 @@ from .conn_guard import RefusalLog, capped_protocol_factory, connection_cap
 from .precompute import add_device_arguments
 from .state import STATE_KEY
 from .store import StoreError
-from .store_url import S3_ENDPOINT_HELP, check_store_location, is_s3_url
+from .store_url import S3_ENDPOINT_HELP, add_s3_limit_arguments, check_store_location, is_s3_url
 
 __all__ = ["add_arguments", "run", "serve"]
 
@@ -36,12 +36,7 @@ READ_TOKEN_ENV = "SAKURA_READ_TOKEN"
 def add_arguments(parser) -> None:
     parser.add_argument("--store", required=True, help="store: a folder (created if missing) or s3://BUCKET/PREFIX")
     parser.add_argument("--s3-endpoint", default=None, help=S3_ENDPOINT_HELP)
-    parser.add_argument("--s3-connect-timeout", type=float, default=5.0,
-                        help="seconds to connect to the S3 endpoint (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--s3-read-timeout", type=float, default=10.0,
-                        help="seconds one wait for bytes from S3 may last (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--s3-attempts", type=int, default=2,
-                        help="tries of one S3 request, the first included (default: %(default)s)")  # fmt: skip
+    add_s3_limit_arguments(parser)
     parser.add_argument("--store-threads", type=int, default=32,
                         help="threads reading the store; one object holds at most 4 (default: %(default)s)")  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback)")

@@ -11,7 +11,15 @@ from pathlib import Path
 
 from .store import LocalStore, Store
 
-__all__ = ["S3_ENDPOINT_HELP", "add_store_arguments", "check_store_location", "is_s3_url", "open_store"]
+__all__ = [
+    "S3_ENDPOINT_HELP",
+    "add_s3_limit_arguments",
+    "add_store_arguments",
+    "check_store_location",
+    "is_s3_url",
+    "open_store",
+    "s3_config_from_args",
+]
 
 S3_ENDPOINT_HELP = (
     "S3 endpoint URL for an s3:// store (default: $AWS_ENDPOINT_URL_S3 / $AWS_ENDPOINT_URL, else AWS); credentials "
@@ -57,3 +65,20 @@ def add_store_arguments(parser, *, what: str = "store") -> None:
     """``--store`` (required) and ``--s3-endpoint``."""
     parser.add_argument("--store", required=True, help=f"{what}: a folder (created if missing) or s3://BUCKET/PREFIX")
     parser.add_argument("--s3-endpoint", default=None, help=S3_ENDPOINT_HELP)
+
+
+def add_s3_limit_arguments(parser) -> None:
+    """``--s3-connect-timeout``, ``--s3-read-timeout``, ``--s3-attempts``: an S3 store's per-request limits."""
+    parser.add_argument("--s3-connect-timeout", type=float, default=5.0,
+                        help="seconds to connect to the S3 endpoint (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--s3-read-timeout", type=float, default=10.0,
+                        help="seconds one wait for bytes from S3 may last (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--s3-attempts", type=int, default=2,
+                        help="tries of one S3 request, the first included (default: %(default)s)")  # fmt: skip
+
+
+def s3_config_from_args(args):
+    """The ``S3Config`` of :func:`add_s3_limit_arguments`' flags (``ValueError`` naming a bad one)."""
+    from .s3_io import S3Config
+
+    return S3Config(args.s3_connect_timeout, args.s3_read_timeout, args.s3_attempts)
