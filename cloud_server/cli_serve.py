@@ -23,7 +23,7 @@ from .conn_guard import RefusalLog, capped_protocol_factory, connection_cap
 from .precompute import add_device_arguments
 from .state import STATE_KEY
 from .store import StoreError
-from .store_url import S3_ENDPOINT_HELP, check_store_location, is_s3_url
+from .store_url import S3_ENDPOINT_HELP, add_store_profile_argument, check_store_location, is_s3_url
 
 __all__ = ["add_arguments", "run", "serve"]
 
@@ -69,6 +69,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--max-connections", type=int, default=4096,
                         help="open connections at most, lowered below the fd limit (default: %(default)s)")  # fmt: skip
+    add_store_profile_argument(parser)  # what an uploaded template (POST /v1/templates) keeps
 
 
 def config_from_args(args) -> ServerConfig:
@@ -95,6 +96,7 @@ def config_from_args(args) -> ServerConfig:
         shutdown_timeout_s=args.shutdown_timeout,
         idle_timeout_s=args.idle_timeout,
         max_connections=args.max_connections,
+        store_profile=args.store_profile,
     )
 
 

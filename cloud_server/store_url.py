@@ -9,9 +9,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sakura_core.kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES
+
 from .store import LocalStore, Store
 
-__all__ = ["S3_ENDPOINT_HELP", "add_store_arguments", "check_store_location", "is_s3_url", "open_store"]
+__all__ = [
+    "S3_ENDPOINT_HELP",
+    "add_store_arguments",
+    "add_store_profile_argument",
+    "check_store_location",
+    "is_s3_url",
+    "open_store",
+]
 
 S3_ENDPOINT_HELP = (
     "S3 endpoint URL for an s3:// store (default: $AWS_ENDPOINT_URL_S3 / $AWS_ENDPOINT_URL, else AWS); credentials "
@@ -57,3 +66,16 @@ def add_store_arguments(parser, *, what: str = "store") -> None:
     """``--store`` (required) and ``--s3-endpoint``."""
     parser.add_argument("--store", required=True, help=f"{what}: a folder (created if missing) or s3://BUCKET/PREFIX")
     parser.add_argument("--s3-endpoint", default=None, help=S3_ENDPOINT_HELP)
+
+
+def add_store_profile_argument(parser) -> None:
+    """``--store-profile serving|full``: what a command that publishes templates keeps of each
+    (``sakura_core.precompute.store_profile``)."""
+    parser.add_argument(
+        "--store-profile",
+        choices=STORE_PROFILES,
+        default=DEFAULT_STORE_PROFILE,
+        help="what the store keeps: serving = the rungs a client fetches (the floor up to a near-lossless top rung; "
+        "per-step: the twins' track and the open-loop floor), no fp16; full = every representation, the exact fp16 "
+        "included (the fetch-fp16 baseline, exactness tests) (default: %(default)s)",
+    )
