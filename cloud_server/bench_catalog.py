@@ -38,7 +38,7 @@ from .random_shards import put_random_shards
 from .store import LocalStore
 from .store_url import S3_ENDPOINT_HELP, open_store
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "bench_s3_store", "run"]
 
 _SAMPLES = ("astronaut", "coffee", "chelsea", "rocket")
 
@@ -61,7 +61,7 @@ def add_arguments(parser) -> None:
 
 
 # ---- the S3 store -----------------------------------------------------------------------------------------------
-def _s3(args, work: Path):
+def bench_s3_store(args, work: Path):
     """(store URL, endpoint, radosgw or None): ``--s3`` as given, or a bucket on a radosgw started in ``work``."""
     if args.s3:
         return args.s3.rstrip("/") + f"/bench-{uuid.uuid4().hex[:8]}", args.s3_endpoint, None
@@ -234,7 +234,7 @@ def run(args) -> int:
     work = Path(tempfile.mkdtemp(prefix="sakura-bench-catalog-"))
     gw = None
     try:
-        store_url, endpoint, gw = _s3(args, work)
+        store_url, endpoint, gw = bench_s3_store(args, work)
         catalog = _catalog(work, args.templates)
         pre = _precompute_all(args, catalog, store_url, endpoint, counts)
         gets, note = _serving(args, work, store_url, endpoint)

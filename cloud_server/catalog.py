@@ -8,13 +8,14 @@ Format (version 1; relative paths are relative to the catalog file)::
       "models": {"demo": "demo"},                      # alias -> "demo" or a FLUX.2 [klein] pipeline folder
       "kv_modes": ["single", "per-step"],
       "schedules": [{"steps": 4, "shift": 1.0}],       # per-step entries, one per schedule (single mode needs none)
-      "codec": "sakura", "shard_layers": 1, "seed": 0  # optional
+      "codec": "sakura", "shard_layers": 1, "seed": 0, # optional
+      "store_profile": "serving"                       # optional: serving (default) or full (the fp16 kept)
     }
 
 Entry ids: ``<template>-<model>-single`` or ``<template>-<model>-ps<steps>`` (``-x<shift>`` when shift != 1, ``.``
 written ``p``). Each entry has a **key**: the sha256 of everything its KV depends on (the image bytes, the model
 source and, for a folder, its files' names/sizes/mtimes, the dtype, codec, shard layers, seed, KV mode, schedule,
-template size). The published manifest keeps it under ``precompute.catalog_entry``, so a re-run skips entries whose
+template size, store profile). The published manifest keeps it under ``precompute.catalog_entry``, so a re-run skips entries whose
 key is published and republishes an entry whose inputs changed.
 """
 
@@ -25,6 +26,8 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from sakura_core.kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES
 
 from .store import NotFoundError, Store, validate_template_id
 
@@ -51,6 +54,7 @@ class CatalogEntry:
     shard_layers: int
     seed: int
     template_size: int | None
+    store_profile: str = DEFAULT_STORE_PROFILE
     key: str = ""
 
     def to_json(self) -> dict:
@@ -105,8 +109,10 @@ def _resolve(base: Path, value: str) -> str:
     return str(candidate) if not os.path.isabs(value) and candidate.exists() else value
 
 
-def load_catalog(path: str | os.PathLike, *, dtype: str | None = None) -> list[CatalogEntry]:
-    """Parse ``path`` into its entries (keys computed for ``dtype``); ``CatalogError`` for a bad file."""
+def load_catalog(path: str | os.PathLike, *, dtype: str | None = None,
+                 store_profile: str | None = None) -> list[CatalogEntry]:  # fmt: skip
+    """Parse ``path`` into its entries (keys computed for ``dtype``); ``CatalogError`` for a bad file.
+    ``store_profile``: overrides the file's ``store_profile`` (default ``serving``)."""
     path = Path(path)
     try:
         spec = json.loads(path.read_text())
@@ -129,7 +135,11 @@ def load_catalog(path: str | os.PathLike, *, dtype: str | None = None) -> list[C
         codec=_field(spec, "codec", str, str(path), "sakura"),
         shard_layers=_field(spec, "shard_layers", int, str(path), 1),
         seed=_field(spec, "seed", int, str(path), 0),
+        store_profile=store_profile or _field(spec, "store_profile", str, str(path), DEFAULT_STORE_PROFILE),
     )
+    if common["store_profile"] not in STORE_PROFILES:
+        raise CatalogError(f"catalog {path}: 'store_profile' must be one of {', '.join(STORE_PROFILES)}, got "
+                           f"{common['store_profile']!r}")  # fmt: skip
     entries = []
     for i, t in enumerate(templates):
         where = f"catalog {path}: templates[{i}]"

@@ -68,6 +68,7 @@ def run_entry(job: dict) -> dict:
         store, model, image, entry.template_id, codec=entry.codec, shard_layers=entry.shard_layers,
         seed=entry.seed, source=source, overwrite=True, kv_mode=entry.kv_mode, steps=entry.steps,
         shift=entry.shift, template_size=entry.template_size, annotations={"catalog_entry": entry.key},
+        store_profile=entry.store_profile,
     )  # fmt: skip
     return {**base, "status": "published", "run_id": uuid.uuid4().hex, "shards": result.shards,
             "bytes": result.shard_bytes, "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .examples import TEMPLATES, publish_examples, write_user_images
 from .store import StoreError
-from .store_url import add_store_arguments, check_store_location, is_s3_url, open_store
+from .store_url import add_store_arguments, add_store_profile_argument, check_store_location, is_s3_url, open_store
 
 __all__ = ["add_arguments", "run"]
 
@@ -25,6 +25,7 @@ def add_arguments(parser) -> None:
         choices=sorted(TEMPLATES),
         help="publish only this example template (repeatable; default: all)",
     )
+    add_store_profile_argument(parser)
 
 
 def run(args) -> int:
@@ -36,7 +37,7 @@ def run(args) -> int:
         location = check_store_location(args.store)
         location = location if is_s3_url(location) else str(Path(location).expanduser())
         store = open_store(location, endpoint_url=args.s3_endpoint)
-        done = publish_examples(store, template_ids=args.template)
+        done = publish_examples(store, template_ids=args.template, store_profile=args.store_profile)
     except (ValueError, StoreError) as e:
         print(f"sakura examples: {e}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from sakura_core.files import atomic_write_json, output_problem
-from sakura_core.kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES, template_storage
+from sakura_core.kv.storage import template_storage
 from sakura_core.models.loading import check_model_source
 from sakura_core.models.ref_layout import MAX_REFERENCES
 from sakura_core.precompute.cross_step import compare_to_single, level_totals
@@ -24,7 +24,7 @@ from .precompute import (
     read_template_image,
 )
 from .store import InvalidNameError, StoreError, validate_template_id
-from .store_url import add_store_arguments, open_store
+from .store_url import add_store_arguments, add_store_profile_argument, open_store
 from .store_usage import format_storage
 
 __all__ = ["add_arguments", "run"]
@@ -73,14 +73,7 @@ def add_arguments(parser) -> None:
         help="per-step mode: also precompute the single-mode template (not published) and print bytes per level "
         "against it at equal end-to-end PSNR (default: on)",
     )
-    parser.add_argument(
-        "--store-profile",
-        choices=STORE_PROFILES,
-        default=DEFAULT_STORE_PROFILE,
-        help="what the store keeps: serving = the rungs a client fetches (the floor up to a near-lossless top rung; "
-        "per-step: the twins' track and the open-loop floor), no fp16; full = every representation, the exact fp16 "
-        "included (the fetch-fp16 baseline, exactness tests) (default: %(default)s)",
-    )
+    add_store_profile_argument(parser)
     parser.add_argument("--json", default=None, metavar="FILE", help="write the per-level table (and comparison) here")
     parser.add_argument(
         "--template-size",

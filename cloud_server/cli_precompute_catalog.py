@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from sakura_core.kv.storage import STORE_PROFILES
+
 from .catalog import CatalogError, load_catalog, published_key
 from .catalog_jobs import LocalRunner, make_job
 from .precompute import add_device_arguments
@@ -34,6 +36,9 @@ def add_arguments(parser) -> None:
     add_device_arguments(parser)
     parser.add_argument("--namespace", default="sakura", help="Ray namespace of the coordinator (default: sakura)")
     parser.add_argument("--json", default=None, help="write the per-entry results here")
+    parser.add_argument("--store-profile", choices=STORE_PROFILES, default=None, help="what the store keeps of "
+                        "each entry: serving (the rungs a client fetches, no fp16) or full (every representation, the "
+                        "fp16 included) (default: the catalog's store_profile, else serving)")  # fmt: skip
 
 
 def _line(result: dict, done: int, total: int, t0: float) -> str:
@@ -52,7 +57,7 @@ def _line(result: dict, done: int, total: int, t0: float) -> str:
 
 def run(args) -> int:
     try:
-        entries = load_catalog(args.catalog, dtype=args.dtype)
+        entries = load_catalog(args.catalog, dtype=args.dtype, store_profile=args.store_profile)
         from sakura_core.models.loading import check_device_dtype
 
         check_device_dtype(args.device, args.dtype)

@@ -23,7 +23,13 @@ from .conn_guard import RefusalLog, capped_protocol_factory, connection_cap
 from .precompute import add_device_arguments
 from .state import STATE_KEY
 from .store import StoreError
-from .store_url import S3_ENDPOINT_HELP, add_s3_limit_arguments, check_store_location, is_s3_url
+from .store_url import (
+    S3_ENDPOINT_HELP,
+    add_s3_limit_arguments,
+    add_store_profile_argument,
+    check_store_location,
+    is_s3_url,
+)
 
 __all__ = ["add_arguments", "run", "serve"]
 
@@ -69,6 +75,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--max-connections", type=int, default=4096,
                         help="open connections at most, lowered below the fd limit (default: %(default)s)")  # fmt: skip
+    add_store_profile_argument(parser)  # what an uploaded template (POST /v1/templates) keeps
 
 
 def config_from_args(args) -> ServerConfig:
@@ -96,6 +103,7 @@ def config_from_args(args) -> ServerConfig:
         idle_timeout_s=args.idle_timeout,
         max_connections=args.max_connections,
         phone_model_dir=Path(args.phone_model) if args.phone_model else None,
+        store_profile=args.store_profile,
     )
 
 

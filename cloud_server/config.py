@@ -6,6 +6,8 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+from sakura_core.kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES
+
 __all__ = ["MODELS", "ServerConfig"]
 
 # Served models by name. ``None`` (CLI: ``--model none``) serves the templates of any model read-only.
@@ -47,6 +49,8 @@ class ServerConfig:
         codec: codec name passed to ``precompute_template``.
         shard_layers: consecutive layers per shard passed to ``precompute_template``.
         precompute_seed: seed passed to ``precompute_template`` (importance probes).
+        store_profile: what an uploaded template keeps in the store: ``serving`` (the rungs a client fetches, no
+            fp16) or ``full`` (every representation, the fp16 included); ``sakura serve --store-profile``.
         catalog_ttl_s: seconds a built catalog is reused before the store is listed again.
         backlog: listen backlog (connections waiting for accept); raise it for thousands of concurrent clients.
         shutdown_timeout_s: seconds in-flight requests get to finish on SIGTERM/SIGINT before they are dropped.
@@ -83,6 +87,7 @@ class ServerConfig:
     codec: str = "sakura"
     shard_layers: int = 1
     precompute_seed: int = 0
+    store_profile: str = DEFAULT_STORE_PROFILE
     catalog_ttl_s: float = 2.0
     backlog: int = 2048
     shutdown_timeout_s: float = 10.0
@@ -149,6 +154,8 @@ class ServerConfig:
             raise ValueError(f"token_failure_window_s must be > 0 seconds, got {self.token_failure_window_s}")
         if not self.codec:
             raise ValueError("codec must be a codec name such as 'sakura'")
+        if self.store_profile not in STORE_PROFILES:
+            raise ValueError(f"store_profile must be one of {', '.join(STORE_PROFILES)}, got {self.store_profile!r}")
 
     def _check_store_io(self) -> None:
         for name in ("s3_connect_timeout_s", "s3_read_timeout_s"):

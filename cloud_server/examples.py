@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sakura_core.kv.storage import DEFAULT_STORE_PROFILE
+
 __all__ = [
     "KV_SETTINGS",
     "TEMPLATES",
@@ -74,11 +76,12 @@ def user_image(name: str) -> np.ndarray:
     return load_image(getattr(skimage.data, source)(), USER_SIZE)
 
 
-def publish_examples(store, model=None, template_ids=None) -> list[str]:
+def publish_examples(store, model=None, template_ids=None, store_profile: str = DEFAULT_STORE_PROFILE) -> list[str]:
     """Publish the example templates into ``store`` (a :class:`~cloud_server.store.Store`, or a folder for a local
     one); those already there are kept; returns the ids published.
 
-    ``template_ids`` picks some of :data:`TEMPLATES` (default: all); an unknown id raises ``ValueError``."""
+    ``template_ids`` picks some of :data:`TEMPLATES` (default: all); an unknown id raises ``ValueError``.
+    ``store_profile``: ``serving`` (default) or ``full`` (the fp16 kept: the fetch-fp16 policy fetches it exactly)."""
     from cloud_server.precompute import publish_template
     from cloud_server.store import LocalStore, Store
     from sakura_core.models.edit_model import load_demo_model
@@ -93,7 +96,9 @@ def publish_examples(store, model=None, template_ids=None) -> list[str]:
         if store.has_template(template_id):
             continue
         kv = KV_SETTINGS.get(template_id, {})
-        publish_template(store, model, template_image(template_id, model.spec), template_id, **kv)
+        publish_template(
+            store, model, template_image(template_id, model.spec), template_id, **kv, store_profile=store_profile
+        )
         logger.info("published %s in %s", template_id, getattr(store, "root", store))
         done.append(template_id)
     return done

@@ -20,6 +20,7 @@ from sakura_core.files import png_bytes
 from sakura_core.images import ImageError
 from sakura_core.images import decode_image as decode_core_image
 from sakura_core.kv.manifest import ManifestError, blob_digests, parse_manifest
+from sakura_core.kv.storage import DEFAULT_STORE_PROFILE
 from sakura_core.models.loading import add_device_arguments
 
 from .store import ManifestExistsError, Store, validate_template_id
@@ -194,7 +195,7 @@ def publish_template(
     cross_step: bool = True,
     annotations: dict | None = None,
     reference_names: list[str] | None = None,
-    store_profile: str | None = None,
+    store_profile: str = DEFAULT_STORE_PROFILE,
 ) -> PublishResult:
     """Precompute a template's KV ladder and publish it in ``store``; the manifest is written last.
 
@@ -221,8 +222,9 @@ def publish_template(
         annotations: JSON-able facts about how the template was made, merged into the manifest's ``precompute``
             object with the model's device and dtype (``sakura precompute-catalog`` keeps its entry key there).
         reference_names: one short name per reference image (``references[i].name``, shown by the nodes).
-        store_profile: ``"serving"`` or ``"full"`` (``sakura_core.precompute.store_profile``), passed to the codec;
-            None: the codec's default (every representation, the fp16 included).
+        store_profile: ``"serving"`` (default: the rungs a client fetches, no fp16) or ``"full"`` (every
+            representation, the fp16 included: the fetch-fp16 baseline and exactness tests need it), passed to the
+            codec (``sakura_core.precompute.store_profile``).
     """
     validate_template_id(template_id)
     if not overwrite and store.has_template(template_id):
@@ -240,8 +242,7 @@ def publish_template(
     mode_kwargs = {} if kv_mode == "single" else {"kv_mode": kv_mode, "steps": steps, "shift": shift}
     if kv_mode != "single" and not cross_step:  # the codec's default is cross-step coding
         mode_kwargs["cross_step"] = False
-    if store_profile is not None:
-        mode_kwargs["store_profile"] = store_profile
+    mode_kwargs["store_profile"] = store_profile
     result = fn(model, images if len(images) > 1 else images[0], template_id, codec=codec, shard_layers=shard_layers,
                 seed=seed, progress=progress, **mode_kwargs)  # fmt: skip
     manifest, blobs = _check_result(result, model.model_id, template_id)

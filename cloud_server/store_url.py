@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sakura_core.kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES
+
 from .store import LocalStore, Store
 
 __all__ = [
     "S3_ENDPOINT_HELP",
     "add_s3_limit_arguments",
     "add_store_arguments",
+    "add_store_profile_argument",
     "check_store_location",
     "is_s3_url",
     "open_store",
@@ -82,3 +85,16 @@ def s3_config_from_args(args):
     from .s3_io import S3Config
 
     return S3Config(args.s3_connect_timeout, args.s3_read_timeout, args.s3_attempts)
+
+
+def add_store_profile_argument(parser) -> None:
+    """``--store-profile serving|full``: what a command that publishes templates keeps of each
+    (``sakura_core.precompute.store_profile``)."""
+    parser.add_argument(
+        "--store-profile",
+        choices=STORE_PROFILES,
+        default=DEFAULT_STORE_PROFILE,
+        help="what the store keeps: serving = the rungs a client fetches (the floor up to a near-lossless top rung; "
+        "per-step: the twins' track and the open-loop floor), no fp16; full = every representation, the exact fp16 "
+        "included (the fetch-fp16 baseline, exactness tests) (default: %(default)s)",
+    )

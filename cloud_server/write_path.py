@@ -167,6 +167,7 @@ async def _run_job(state: ServerState, job: Job, image, source: tuple[bytes, str
             source=source,
             progress=progress,
             precompute_fn=state.precompute_fn,
+            store_profile=cfg.store_profile,
         )
 
     try:

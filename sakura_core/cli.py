@@ -43,6 +43,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "cloud_server.bench_catalog",
         "catalog precompute with 1 vs 2 workers; shard GETs from S3 vs local vs nginx CDN (radosgw); JSON",
     ),
+    ("bench", "store-catalog"): (
+        "cloud_server.bench_store_catalog",
+        "N templates (both KV modes) published into an S3 store: store usage vs the bytes written, store verify; JSON",
+    ),
+    ("bench", "lossless-top"): (
+        "sakura_core.bench.cli_lossless",
+        "lossless top-rung candidates (fp16 zstd, byte planes, XOR on the top rung) vs the storage bound; JSON",
+    ),
     ("bench", "listing"): (
         "cloud_server.bench_listing",
         "GET /v1/templates at 100 / 1,000 / 10,000 templates: cold, warm, relisted; the server's RSS; JSON",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..fetch.traces import scan_traces
 from ..files import atomic_write_json
+from ..kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES
 from ..policy.policies import POLICIES
 from ..runtime.profiles import CPU_SLOWDOWN_SOURCE, GEOMETRIES, PROFILES, get_profile, sources_table
 from ..runtime.simulate import KV_MODES, SimConfig
@@ -69,6 +70,12 @@ def add_arguments(parser) -> None:
     )  # fmt: skip
     add_requests_argument(parser)
     parser.add_argument(
+        "--store-profile", choices=STORE_PROFILES, default=DEFAULT_STORE_PROFILE, help="sim: the store profile "
+        "sakura's template is published in (sakura precompute --store-profile): serving holds the rungs its rule "
+        "keeps, a policy asking for another gets the nearest held one; full holds every rung and the fp16. The "
+        "fetch-fp16 baseline always reads a full store's fp16 (default %(default)s)"
+    )  # fmt: skip
+    parser.add_argument(
         "--no-runs", action="store_true", help="sim: leave the per-run rows out of the JSON (summaries only)"
     )
     parser.add_argument(
@@ -111,7 +118,7 @@ def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:
 def _argv(args) -> list[str]:
     """The sim command's options as given (the JSON records the command that made it)."""
     keys = ("mode", "traces", "policies", "profile", "kv_mode", "geometry", "starts", "steps", "ladders", "planning",
-            "prefetch_gib", "requests", "synth_layers")  # fmt: skip
+            "prefetch_gib", "requests", "synth_layers", "store_profile")  # fmt: skip
     out = []
     for k in keys:
         v = getattr(args, k, None)
@@ -209,6 +216,27 @@ def _header(args, kv_mode, profile, lad, config) -> list[str]:
     return lines
 
 
+#: What the fetch-fp16 baseline reads when sakura's store is ``serving`` (which holds no fp16).
+FP16_BASELINE_NOTE = ("fetch-fp16: the exact fp16 of a store of profile full (a serving store holds no fp16; the "
+                      "baseline is what the same template costs published with --store-profile full)")  # fmt: skip
+
+
+def _store_view(args, lad, ladders: dict, kv_mode: str, g, measured: str):
+    """(ladders with sakura's family as ``--store-profile`` serves it, the rungs held)."""
+    from ..precompute.store_profile import StoreProfile
+    from .per_step_ladders import load
+    from .serving_ladders import held_per_step, held_single, serving_view
+
+    profile = StoreProfile(getattr(args, "store_profile", DEFAULT_STORE_PROFILE))
+    if kv_mode == "per-step" and measured == "measured":
+        held = held_per_step(load(), profile)
+    else:
+        fam = lad.families["sakura"]
+        held = held_single(list(fam.levels), fam.psnr_db(), any(fam.progressive), profile)
+    view_mode = kv_mode if held.later is not None else "single"
+    return {**ladders, "sakura": serving_view(ladders["sakura"], held, g.layers, view_mode)}, held
+
+
 def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dict:
     """One (kv_mode, geometry, profile): the simulation over every trace, tables and regime map printed."""
     from .e2e import run_sim, sim_ladders
@@ -231,6 +259,8 @@ def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dic
     if kv_mode == "per-step" and measured == "measured":
         header.append("sakura per-step ladders: cross-step coded per-step KV (bench/per_step_ladders.json: bytes and "
                       "PSNR per level and step, trained demo model), decode time per level from the ladders above")  # fmt: skip
+    ladders, held = _store_view(args, lad, ladders, kv_mode, g, measured)
+    header += [held.describe(), FP16_BASELINE_NOTE if held.profile == "serving" else "fetch-fp16: the store's fp16"]
     print("\n".join(header))
     runs = run_sim(traces, policies, profile, ladders, floors, args.starts, kv_mode=kv_mode, config=config)
     summary, ratios = summarize(runs)
@@ -272,6 +302,8 @@ def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dic
             "ladders": args.ladders,
             "ladder_source": lad.source,
         },  # fmt: skip
+        "store_profile": held.profile,
+        "store_rungs": {**held.as_dict(), "fetch-fp16": "full" if held.profile == "serving" else held.profile},
         "floors": floors,
         "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
         "summary": summary,

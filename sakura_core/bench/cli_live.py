@@ -154,6 +154,7 @@ def _publish_ladders(store, model, template, kv_mode: str = "single", steps: int
         levels = ", ".join(f"{r['name']} {r['psnr_db']:.1f}" for r in pre.manifest["shards"][0]["representations"])
         print(f"precomputed {codec} ladder (PSNR per level: {levels})")
     print(f"precompute took {time.perf_counter() - t0:.1f} s")
+    print("store profile: full (every rung and the exact fp16 published: the fetch-fp16 baseline fetches it)")
 
 
 def _serve_and_run(args, store_dir, model, traces, policies, profile, template, user, exact) -> list[dict]:
@@ -209,6 +210,7 @@ def _report(args, spec, model, profile, runs: list[dict]) -> None:
             "layer_cached_s": profile.layer_cached_s,
         },
         "shaping": args.shaping,
+        "store_profile": "full",  # precompute_template's default: every rung and the fp16 (fetch-fp16 reads it)
         "kv_mode": args.kv_mode,
         "runs": runs,
         "summary": summary,

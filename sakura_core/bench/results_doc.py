@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from .codec_tables import heldout_table, ladder_table, per_step_table
+from .store_profile_table import profile_note, store_profile_table
 
 __all__ = ["DOC", "SECTIONS", "headline_table", "regime_table", "render_section", "update_doc"]
 
@@ -52,7 +53,8 @@ def _runs_line(data: dict) -> str:
             f"start offsets each, every policy; planning charged: {planning}; requests: "
             f"{_option(data, '--requests') or 'ahead'}")  # fmt: skip
     gib = _option(data, "--prefetch-gib")
-    return line + (f"; prefetch bounded to {float(gib):g} GiB of decoded KV." if gib else "; prefetch not bounded.")
+    line += f"; prefetch bounded to {float(gib):g} GiB of decoded KV." if gib else "; prefetch not bounded."
+    return f"{line} {profile_note(data)}"
 
 
 def e2e_oracle_table(data: dict) -> str:
@@ -159,7 +161,8 @@ def headline_table(data: dict, classes=("4G", "5G")) -> str:
         return [fmt(v) for v in vals], "met" if not bad else f"not met ({', '.join(bad)})"
 
     rows = [f"Command: {_command(data)}", "",
-            f"Paper regime: {PAPER[0]} KV, {PAPER[1]}, {PAPER[2]} (simulated; {', '.join(classes)} traces).", "",
+            f"Paper regime: {PAPER[0]} KV, {PAPER[1]}, {PAPER[2]} (simulated; {', '.join(classes)} traces). "
+            + profile_note(data), "",
             "| sakura vs | target | " + " | ".join(classes) + " | |", "|---" * (len(classes) + 3) + "|"]  # fmt: skip
     for label, policy in (("on-device: the phone computes the template", "on-device"),
                           ("CacheGen: its codec's bytes, fetched", "cachegen"),
@@ -256,6 +259,13 @@ SECTIONS = {
     "regime": ("docs/results/regime_paper.json", regime_table),
     "planner": ("docs/results/planner.json", functools.partial(planner_table, with_before=False)),
     "e2e-ci": ("docs/results/ci/e2e_ci.json", e2e_oracle_table),
+    "store-profile": (
+        tuple(
+            f"docs/results/store_profile/paper_{p}.json"
+            for p in ("1ms_full", "1ms_serving", "measured_full", "measured_serving")
+        ),
+        store_profile_table,
+    ),  # fmt: skip
 }
 
 

@@ -46,12 +46,14 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
     with tempfile.TemporaryDirectory(prefix="sakura-demo-store-") as tmp:
         store = LocalStore(tmp)
         for codec, tid in (("sakura", "demo-template"), ("cachegen", "demo-template-cachegen")):
-            await asyncio.to_thread(publish_template, store, model, template, tid, codec=codec)
+            # full: the demo runs the fetch-fp16 baseline, which fetches the exact fp16 a serving store does not hold
+            await asyncio.to_thread(publish_template, store, model, template, tid, codec=codec, store_profile="full")
             progress(f"server: published {tid} ({codec} ladder)")
         if per_step_policies:
             quick = functools.partial(precompute_template, held_out_probes=1)  # one held-out probe: a quick demo
             await asyncio.to_thread(publish_template, store, model, template, "demo-template-per-step",
-                                    kv_mode="per-step", steps=steps, precompute_fn=quick)  # fmt: skip
+                                    kv_mode="per-step", steps=steps, precompute_fn=quick,
+                                    store_profile="full")  # fmt: skip
             progress(f"server: published demo-template-per-step (sakura ladder, per-step KV for {steps} steps)")
         runner = web.AppRunner(
             create_app(ServerConfig(store_dir=tmp, host="127.0.0.1", port=0, model=None)), access_log=None

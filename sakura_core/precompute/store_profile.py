@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ..kv.names import base_level_name
 from ..kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES
 
-__all__ = ["StoreProfile", "apply_store_profile"]
+__all__ = ["StoreProfile", "apply_store_profile", "serving_rungs"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +77,32 @@ def _cheapest(names: list[str], psnr: dict[str, float | None], target_db: float)
 def _keep_names(shards: list[dict], profile: StoreProfile, progressive: bool) -> dict[str, set[str]] | None:
     """Per kind (``own``, ``residual``, ``closed``, ``fp16``) the level names ``serving`` keeps; None when the
     template's levels carry no ``psnr_db`` (nothing to choose by)."""
-    own, open_loop, twins = _psnr_by(shards, "own"), _psnr_by(shards, "residual"), _psnr_by(shards, "closed")
+    cost: dict[tuple[str, str], int] = {}
+    for sh in shards:
+        for rep in sh["representations"]:
+            key = (base_level_name(rep["name"]), _kind(rep))
+            cost[key] = cost.get(key, 0) + rep["bytes"]
+    return serving_rungs(_psnr_by(shards, "own"), _psnr_by(shards, "residual"), _psnr_by(shards, "closed"), cost,
+                         profile, progressive)  # fmt: skip
+
+
+def serving_rungs(own: dict[str, float | None], open_loop: dict[str, float | None], twins: dict[str, float | None],
+                  cost: dict[tuple[str, str], float], profile: StoreProfile,
+                  progressive: bool) -> dict[str, set[str]] | None:  # fmt: skip
+    """The rungs ``serving`` keeps, from per-level measurements alone (the store and the simulator's serving view,
+    :mod:`sakura_core.bench.serving_ladders`, choose by this one rule).
+
+    ``own``, ``open_loop``, ``twins``: level name (ladder order, no ``fp16``) -> the output PSNR (dB) of the edit with
+    every shard at the level as coded on its own (step 0's chain, or single mode), as open-loop cross-step residuals,
+    as closed-loop twins (empty dicts where the template has none). ``cost``: (level, kind) -> its stored bytes (any
+    unit; compared only). Returns per kind (``own``, ``residual``, ``closed``, ``fp16``) the level names kept, or None
+    when no level has a PSNR."""
     names = list(own)
     if not names or all(p is None for p in own.values()):
         return None
     track = {n: twins.get(n) if twins.get(n) is not None else open_loop.get(n, own[n]) for n in names}
     floor = _cheapest(names, track, profile.floor_psnr_db)
-    top, top_kind = _top(shards, names, track, open_loop, twins, profile.top_psnr_db)
+    top, top_kind = _top(cost, names, track, open_loop, twins, profile.top_psnr_db)
     if floor is None:  # no level reaches the floor: clients fetch the exact level
         return {"own": set(), "residual": set(), "closed": set(), "fp16": {"fp16"}}
     upto = names[: names.index(top) + 1] if top is not None else names
@@ -97,16 +116,11 @@ def _keep_names(shards: list[dict], profile: StoreProfile, progressive: bool) ->
             "closed": {floor} | top_twin, "fp16": set() if top is not None else {"fp16"}}  # fmt: skip
 
 
-def _top(shards, names, track, open_loop, twins, top_db: float) -> tuple[str | None, str]:
+def _top(cost, names, track, open_loop, twins, top_db: float) -> tuple[str | None, str]:
     """The top rung (level name, kind): the cheapest level whose track reaches ``top_db`` — per-step, of its twins
     (``closed``) and its open-loop residuals (``residual``), whichever reaching it stores fewer bytes."""
     if not twins:
         return _cheapest(names, track, top_db), "own"
-    cost: dict[tuple[str, str], int] = {}
-    for sh in shards:
-        for rep in sh["representations"]:
-            key = (base_level_name(rep["name"]), _kind(rep))
-            cost[key] = cost.get(key, 0) + rep["bytes"]
     options = [(cost[(n, kind)], names.index(n), n, kind) for kind, psnr in (("closed", twins), ("residual", open_loop))
                for n in names if psnr.get(n) is not None and psnr[n] >= top_db and (n, kind) in cost]  # fmt: skip
     return (min(options)[2], min(options)[3]) if options else (None, "closed")

@@ -48,7 +48,8 @@ def store(tmp_path_factory, demo_model):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 2 cores shared with other jobs: more threads only contend
     try:
-        publish_template(store, demo_model, load_image("astronaut", demo_model.spec.image_size), TEMPLATE_ID)
+        image = load_image("astronaut", demo_model.spec.image_size)
+        publish_template(store, demo_model, image, TEMPLATE_ID, store_profile="full")  # fetch-fp16 exactness tests
     finally:
         torch.set_num_threads(threads)
     return store

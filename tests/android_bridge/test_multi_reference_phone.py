@@ -29,7 +29,8 @@ def pair_cloud(tmp_path_factory, demo_model):
 
     store = LocalStore(tmp_path_factory.mktemp("pair-store"))
     refs = [load_image("astronaut", demo_model.spec.image_size), load_image("coffee", demo_model.spec.image_size)]
-    manifest = publish_template(store, demo_model, refs, TEMPLATE, reference_names=["person", "garment"]).manifest
+    manifest = publish_template(store, demo_model, refs, TEMPLATE, reference_names=["person", "garment"],
+                                store_profile="full").manifest  # fmt: skip
     with RecordingCloud(store) as cloud:
         yield cloud, store, manifest, refs
 

@@ -30,7 +30,9 @@ def per_step_cloud(tmp_path_factory, demo_model):
 
     store = LocalStore(tmp_path_factory.mktemp("per-step-store"))
     tpl = load_image("astronaut", demo_model.spec.image_size)
-    published = publish_template(store, demo_model, tpl, TEMPLATE, kv_mode="per-step", steps=STEPS)
+    published = publish_template(
+        store, demo_model, tpl, TEMPLATE, kv_mode="per-step", steps=STEPS, store_profile="full"
+    )
     with RecordingCloud(store) as cloud:
         yield cloud, store, published.manifest, tpl
 
@@ -111,7 +113,9 @@ def klein_cloud(tmp_path_factory, klein_model):
 
     store = LocalStore(tmp_path_factory.mktemp("klein-per-step-store"))
     tpl = load_image("astronaut", klein_model.spec.image_size)
-    published = publish_template(store, klein_model, tpl, "tpl-klein-ps", kv_mode="per-step", steps=STEPS)
+    published = publish_template(
+        store, klein_model, tpl, "tpl-klein-ps", kv_mode="per-step", steps=STEPS, store_profile="full"
+    )
     with RecordingCloud(store) as cloud:
         yield cloud, store, published.manifest
 

@@ -161,3 +161,32 @@ async def test_failing_precompute_publishes_nothing(aiohttp_client, store, store
     assert not store.has_template("boom")
     assert (await client.get("/v1/jobs/" + "0" * 32, headers=AUTH_W)).status == 404
     assert (await client.get("/v1/jobs/nope", headers=AUTH_W)).status == 404
+
+
+@pytest.mark.parametrize("profile", [None, "full"])
+async def test_an_upload_is_published_in_the_configured_store_profile(aiohttp_client, tmp_path, profile):
+    """An upload keeps what ``sakura serve --store-profile`` says: ``serving`` unless told ``full``."""
+    from cloud_server.app import create_app
+    from cloud_server.config import ServerConfig
+    from cloud_server.store import LocalStore
+
+    from ..synthetic_templates import SyntheticModel, synthetic_precompute
+
+    asked = []
+
+    def recording(model, image, template_id, **kw):
+        asked.append(kw.get("store_profile"))
+        return synthetic_precompute(model, image, template_id, **kw)
+
+    store = LocalStore(tmp_path / "store")
+    extra = {} if profile is None else {"store_profile": profile}
+    cfg = ServerConfig(store_dir=store.root, model=None, write_token=WRITE_TOKEN, **extra)
+    client = await aiohttp_client(
+        create_app(cfg, store=store, model=SyntheticModel(MODEL_ID), precompute_fn=recording)
+    )
+    resp = await client.post("/v1/templates?id=up", data=_png(), headers={"Content-Type": "image/png", **AUTH_W})
+    job = await _wait_job(client, (await resp.json())["status_url"])
+    assert job["state"] == "done", job
+    assert asked == [profile or "serving"]
+    with pytest.raises(ValueError, match="store_profile must be one of serving, full"):
+        ServerConfig(store_dir=store.root, store_profile="fp16")

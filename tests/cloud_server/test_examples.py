@@ -59,3 +59,19 @@ def test_unknown_example_template_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["examples", "--store", "/nonexistent", "--template", "nope"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_examples_publish_the_serving_profile_unless_told_full(tmp_path, monkeypatch, capsys):
+    """``sakura examples`` keeps the serving profile by default; ``--store-profile full`` keeps the fp16 (what the
+    fetch-fp16 tests need)."""
+    import cloud_server.examples as examples
+    import cloud_server.precompute as precompute
+    from sakura_core.models.edit_model import load_demo_model
+
+    asked = []
+    monkeypatch.setattr(precompute, "publish_template", lambda *a, store_profile, **k: asked.append(store_profile))
+    monkeypatch.setattr("sakura_core.models.edit_model.load_demo_model", lambda: load_demo_model(weights=None))
+    examples.publish_examples(tmp_path / "a", template_ids=["face-swap-astronaut"])
+    argv = ["examples", "--store", str(tmp_path / "b"), "--template", "face-swap-astronaut"]
+    assert main([*argv, "--store-profile", "full"]) == 0
+    assert asked == ["serving", "full"]

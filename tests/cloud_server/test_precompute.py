@@ -91,6 +91,20 @@ def _tamper(kind):
     return fn
 
 
+def test_publish_asks_the_codec_for_the_serving_profile_unless_told(tmp_path):
+    """Publishing keeps the serving profile by default (no fp16); ``store_profile="full"`` keeps everything."""
+    asked = []
+
+    def recording(model, image, template_id, **kw):
+        asked.append(kw["store_profile"])
+        return synthetic_precompute(model, image, template_id, **kw)
+
+    store = LocalStore(tmp_path / "s")
+    publish_template(store, SyntheticModel(MODEL_ID), IMAGE, "tpl-a", precompute_fn=recording)
+    publish_template(store, SyntheticModel(MODEL_ID), IMAGE, "tpl-b", precompute_fn=recording, store_profile="full")
+    assert asked == ["serving", "full"]
+
+
 @pytest.mark.parametrize(
     "kind, error",
     [

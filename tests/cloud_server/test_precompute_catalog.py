@@ -296,6 +296,20 @@ def test_entry_keys_follow_what_the_kv_depends_on(tmp_path):
     assert "a-demo-ps3" in three
 
 
+def test_entries_take_the_serving_profile_unless_the_catalog_or_the_command_says_full(tmp_path):
+    path = _catalog(tmp_path / "c.json", [("a", "astronaut")])
+    serving = load_catalog(path)
+    assert [e.store_profile for e in serving] == ["serving"]
+    full = load_catalog(path, store_profile="full")
+    assert [e.store_profile for e in full] == ["full"] and full[0].key != serving[0].key  # republished when changed
+    spec = {**json.loads(path.read_text()), "store_profile": "full"}
+    path.write_text(json.dumps(spec))
+    assert [e.key for e in load_catalog(path)] == [full[0].key]
+    path.write_text(json.dumps({**spec, "store_profile": "fp16"}))
+    with pytest.raises(CatalogError, match="'store_profile' must be one of serving, full"):
+        load_catalog(path)
+
+
 def test_local_workers_publish_and_coalesce_duplicates(tmp_path):
     from cloud_server.catalog_jobs import LocalRunner, make_job
     from cloud_server.store import LocalStore
@@ -307,6 +321,9 @@ def test_local_workers_publish_and_coalesce_duplicates(tmp_path):
     results = LocalRunner(2, threads=1, progress=seen.append).run([job, job])
     assert len(seen) == 1 and results[0] is results[1] and results[0]["status"] == "published"
     assert LocalStore(store_dir).list_templates() == ["a-demo-single"]
+    manifest = LocalStore(store_dir).get_manifest("a-demo-single")
+    assert manifest["store_profile"] == "serving"  # a catalog publishes the serving profile by default
+    assert not any(r["name"] == "fp16" for sh in manifest["shards"] for r in sh["representations"])
     again = LocalRunner(1, threads=1).run([job])
     assert again[0]["status"] == "skipped"
 

@@ -176,7 +176,8 @@ def demo_model():
 def store_dir(tmp_path_factory, examples, demo_model):
     """A local store with the face-swap example template (more are added by the tests that need them)."""
     root = tmp_path_factory.mktemp("sakura-store")
-    examples.publish_examples(root, demo_model, ["face-swap-astronaut"])
+    # full: the fetch-fp16 tests compare the node's edit with the exact-KV edit
+    examples.publish_examples(root, demo_model, ["face-swap-astronaut"], store_profile="full")
     return root
 
 

@@ -15,7 +15,7 @@ TEMPLATE = "face-swap-astronaut-per-step"
 @pytest.fixture(scope="module")
 def per_step_store(tmp_path_factory, examples, demo_model):
     root = tmp_path_factory.mktemp("per-step-store")
-    examples.publish_examples(root, demo_model, [TEMPLATE])
+    examples.publish_examples(root, demo_model, [TEMPLATE], store_profile="full")  # the test fetches fp16
     return root
 
 

@@ -211,7 +211,7 @@ def publish_two_references(store, model) -> None:
     template_id, refs = TWO_REFERENCES
     if not store.has_template(template_id):
         images = [load_image(sample, model.spec.image_size) for _, sample in refs]
-        publish_template(store, model, images, template_id, reference_names=[name for name, _ in refs])
+        publish_template(store, model, images, template_id, reference_names=[n for n, _ in refs], store_profile="full")
 
 
 def node_interface(class_type: str, schemas: dict) -> tuple[list, list, list]:

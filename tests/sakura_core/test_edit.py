@@ -27,7 +27,7 @@ def source(tmp_path_factory, demo_model, demo_template):
     from cloud_server.store import LocalStore
 
     root = tmp_path_factory.mktemp("edit-store")
-    publish_template(LocalStore(root), demo_model, demo_template, TID)
+    publish_template(LocalStore(root), demo_model, demo_template, TID, store_profile="full")  # fetch-fp16 tests
     return StoreSource(str(root))
 
 

@@ -132,7 +132,9 @@ def test_fp16_model_fetched_and_hybrid_equal_the_device_exactly(tmp_path, klein_
     rng = np.random.default_rng(5)
     refs = [(rng.random((64, 64, 3)) * 255).astype(np.uint8) for _ in range(2)]
     store = LocalStore(tmp_path)
-    manifest = publish_template(store, model, refs, TID, reference_names=["person", "garment"]).manifest
+    manifest = publish_template(
+        store, model, refs, TID, reference_names=["person", "garment"], store_profile="full"
+    ).manifest
     blobs = {
         rep["digest"]: _read(tmp_path, rep["digest"]) for sh in manifest["shards"] for rep in sh["representations"]
     }

@@ -109,7 +109,9 @@ def test_an_edit_against_a_local_store_starts_no_server_and_no_http_session(tmp_
     from sakura_core import edit
     from sakura_core.runtime.live_profile import LiveProfile
 
-    publish_template(LocalStore(tmp_path), demo_model, demo_template, "tpl-local")
+    publish_template(
+        LocalStore(tmp_path), demo_model, demo_template, "tpl-local", store_profile="full"
+    )  # fetches fp16
 
     def refuse(*args, **kwargs):
         raise AssertionError("a local store needs no server and no HTTP")
