@@ -56,8 +56,10 @@ def served(tmp_path_factory):
         model = load_demo_model()
         store = LocalStore(root / "store")
         image = load_image("astronaut", model.spec.image_size)
-        publish_template(store, model, image, TEMPLATE_ID)
-        publish_template(store, model, image, PER_STEP_ID, kv_mode="per-step", steps=STEPS, codec="fp16")
+        # full: the page fetches the exact fp16 rung, which a serving store does not keep
+        publish_template(store, model, image, TEMPLATE_ID, store_profile="full")
+        publish_template(store, model, image, PER_STEP_ID, kv_mode="per-step", steps=STEPS, codec="fp16",
+                         store_profile="full")  # fmt: skip
     finally:
         torch.set_num_threads(threads)
     return store, root / "model", model, json.loads((root / "model" / "model.json").read_text())
