@@ -265,8 +265,8 @@ def _rep(codec: Codec, level: int, name: str, chain: list[bytes], distortion: fl
 
 
 def level_totals(manifest: dict) -> list[dict]:
-    """Per level name (cheapest first): bytes to fetch the whole template at that level from nothing (every shard's
-    chain; a residual's reference is counted once, with its own shard; a closed-loop twin's or the reuse rung's
+    """Per level name held for every shard (cheapest first): bytes to fetch the whole template at that level from
+    nothing (every shard's chain; a residual's reference is counted once, with its own shard; a closed-loop twin's or the reuse rung's
     track starts at step 0's level or fp16) and its measured ``psnr_db``."""
     per_name: dict[str, dict] = {}
     for shard in manifest["shards"]:
@@ -274,11 +274,15 @@ def level_totals(manifest: dict) -> list[dict]:
             row = per_name.setdefault(rep["name"], {"name": rep["name"], "bytes": 0, "psnr_db": rep.get("psnr_db")})
             row["bytes"] += rep.get("total_bytes", rep["bytes"])
     step0 = [r for sh in manifest["shards"] if sh.get("step") == 0 for r in sh["representations"]]
+    complete = []
     for name, row in per_name.items():  # a track's step 0 is another level (what its PSNR was measured with)
         at0 = "fp16" if name == REUSE else base_level_name(name)
         if at0 != name:
             row["bytes"] += sum(r.get("total_bytes", r["bytes"]) for r in step0 if r["name"] == at0)
-    return sorted(per_name.values(), key=lambda r: (r["name"] == "fp16", r["bytes"]))
+        held = [{r["name"] for r in sh["representations"]} for sh in manifest["shards"]]
+        if all(name in h or (at0 in h and sh.get("step") == 0) for h, sh in zip(held, manifest["shards"])):
+            complete.append(row)  # a store profile may hold a level for some shards only: no way to fetch it all
+    return sorted(complete, key=lambda r: (r["name"] == "fp16", r["bytes"]))
 
 
 def floor_level(rows: list[dict], floor_db: float) -> dict | None:
