@@ -274,13 +274,13 @@ def level_totals(manifest: dict) -> list[dict]:
             row = per_name.setdefault(rep["name"], {"name": rep["name"], "bytes": 0, "psnr_db": rep.get("psnr_db")})
             row["bytes"] += rep.get("total_bytes", rep["bytes"])
     step0 = [r for sh in manifest["shards"] if sh.get("step") == 0 for r in sh["representations"]]
+    held = [({r["name"] for r in sh["representations"]}, sh.get("step") == 0) for sh in manifest["shards"]]
     complete = []
     for name, row in per_name.items():  # a track's step 0 is another level (what its PSNR was measured with)
         at0 = "fp16" if name == REUSE else base_level_name(name)
         if at0 != name:
             row["bytes"] += sum(r.get("total_bytes", r["bytes"]) for r in step0 if r["name"] == at0)
-        held = [{r["name"] for r in sh["representations"]} for sh in manifest["shards"]]
-        if all(name in h or (at0 in h and sh.get("step") == 0) for h, sh in zip(held, manifest["shards"])):
+        if all(name in names or (first and at0 in names) for names, first in held):
             complete.append(row)  # a store profile may hold a level for some shards only: no way to fetch it all
     return sorted(complete, key=lambda r: (r["name"] == "fp16", r["bytes"]))
 
