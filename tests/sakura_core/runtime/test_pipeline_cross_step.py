@@ -103,26 +103,35 @@ def test_a_residual_fetched_before_the_device_made_its_reference_waits_for_it(se
     goes on meanwhile (the other shards are not held up)."""
     model, *_ = setup
     L = model.adapter.num_layers
-    rep = _run(setup, StepLevels(1, [2, 0]), chunks=ahead, request_ahead=ahead)
-    assert not rep.fallbacks, rep.fallbacks
-    # step 0's KV is handed over once its last layer has run: after that layer's compute started
-    last = next(e["start"] for e in rep.events if e["lane"] == "compute" and e["layer"] == L - 1)
-    fetched = {e["layer"]: e["end"] for e in rep.events if e["lane"] == "fetch"}
-    early = [g for g in (L, L + 1) if fetched[g] < last]
-    assert early, (fetched, last)  # the case under test: a residual came before its reference was made
-    decoded = {e["layer"]: e["start"] for e in rep.events if e["lane"] == "decode"}
-    assert all(decoded[g] >= last for g in early), (decoded, last)  # decoded once the reference was there ...
-    # ... while the link went on: no transfer waited for the reference (each started before it was made; when the
-    # last one ends against the compute lane is timing noise at this model's ~25 ms edit)
-    started = {}
-    for e in rep.events:
-        if e["lane"] == "fetch":
-            started[e["layer"]] = min(started.get(e["layer"], e["start"]), e["start"])
-    assert max(started.values()) < last, (started, last)
+    for attempt in range(3):  # the timing checks below are ms apart at this ~25 ms edit: a held link fails every run
+        rep = _run(setup, StepLevels(1, [2, 0]), chunks=ahead, request_ahead=ahead)
+        assert not rep.fallbacks, rep.fallbacks
+        timing = _residual_wait_timing(rep, L)
+        if timing is None or attempt == 2:
+            break
+    assert timing is None, timing
     decodes = Counter(e["layer"] for e in rep.events if e["lane"] == "decode")
     assert set(decodes.values()) == {1}, decodes  # one fetch and decode per shard: no exact refetch
     step1 = rep.levels_by_step()["step 1"]
     assert len(step1) == L and all(n.startswith("sakura-l") for n in step1), step1
+
+
+def _residual_wait_timing(rep, L: int) -> tuple | None:
+    """None when a residual came before its reference, was decoded only once the reference was made, and the link
+    went on meanwhile (every shard's fetch started before the reference was made); else what was seen."""
+    # step 0's KV is handed over once its last layer has run: after that layer's compute started
+    last = next(e["start"] for e in rep.events if e["lane"] == "compute" and e["layer"] == L - 1)
+    fetched = {e["layer"]: e["end"] for e in rep.events if e["lane"] == "fetch"}
+    early = [g for g in (L, L + 1) if fetched[g] < last]
+    if not early:  # the case under test: a residual came before its reference was made
+        return ("no early residual", fetched, last)
+    decoded = {e["layer"]: e["start"] for e in rep.events if e["lane"] == "decode"}
+    assert all(decoded[g] >= last for g in early), (decoded, last)  # never decoded before its reference (any run)
+    started = {}
+    for e in rep.events:
+        if e["lane"] == "fetch":
+            started[e["layer"]] = min(started.get(e["layer"], e["start"]), e["start"])
+    return None if max(started.values()) < last else ("a fetch started after the reference", started, last)
 
 
 def test_a_residual_without_its_reference_is_not_decoded(setup):
