@@ -14,6 +14,7 @@ __all__ = [
     "fetch_as",
     "ladders_from_manifest",
     "levels_from",
+    "self_contained_top",
     "shard_floor",
     "twin_applies",
     "with_track_floor",
@@ -128,6 +129,12 @@ def shard_floor(floor, g: int) -> int:
     """The quality floor of shard ``g``: ``floor`` is one index for every ladder, or one per shard (a cross-step
     family whose later steps start with an eligible ``reuse`` rung: their floor is that rung)."""
     return floor if isinstance(floor, int) else int(floor[g])
+
+
+def self_contained_top(reps: list[dict]) -> int | None:
+    """The index of a shard's top representation (``reps``, its ladder's order) when it decodes without a reference
+    (the fp16 a full store keeps), else None: a ``serving`` store keeps no self-contained level at a cross-step step."""
+    return len(reps) - 1 if reps[-1].get("ref") is None else None
 
 
 def levels_from(ladder: list[Level], floor: int) -> list[int]:

@@ -23,7 +23,7 @@ import threading
 
 from ..kv.chain import MissingReferenceError
 from ..policy.context import Context
-from ..policy.ladder import fetch_as
+from ..policy.ladder import fetch_as, self_contained_top
 from ..policy.policies import LEVEL_COMPUTE, Policy
 from .decode_lane import DecodeLane
 from .deferral import ask_deferred
@@ -306,7 +306,7 @@ class FetchLane:
         try:
             await self._fetch_level(shard, level, gated)
         except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
-            retry = self._exact_level(shard.g) if isinstance(e, MissingReferenceError) else self.floor
+            retry = self_contained_top(self.reps[shard.g]) if isinstance(e, MissingReferenceError) else self.floor
             if retry is not None and level != retry:
                 name = self.ladders[shard.g][level].name
                 what = "its self-contained exact level" if retry != self.floor else "the floor level"
@@ -320,12 +320,6 @@ class FetchLane:
             self.log.decision(self.st.now, shard.g, "device", f"{shard} could not be fetched ({type(e).__name__})")
             self.held.fail(shard)
 
-    def _exact_level(self, g: int) -> int | None:
-        """The top level of shard ``g`` when it is self-contained (the fp16 a full store keeps), else None: a
-        ``serving`` store keeps no self-contained level at a cross-step step, so the device computes the layer."""
-        top = len(self.ladders[g]) - 1
-        return top if self.reps[g][top].get("ref") is None else None
-
     async def _fetch_level(self, shard: ShardId, level: int, gated: bool = True) -> None:
         """Fetch the chain of ``shard`` up to ``level``, decode it in the pool and publish the KV (``gated``: with
         :attr:`ahead`, each blob's bytes wait for the wire, :meth:`_get_blob`)."""
@@ -333,9 +327,8 @@ class FetchLane:
         rep = self.reps[g][level]
         digests = [*rep.get("requires", []), rep["digest"]]
         start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
-        if not start:
-            await self.refs.fetched(shard, rep)
         if not start:  # a closed-loop twin on its track, or off it the open-loop floor (policy.ladder.fetch_as)
+            await self.refs.fetched(shard, rep)
             twin = self.held.closed_twin(shard, rep)
             level, as_twin = fetch_as(self.ladders[g], level, twin is not None)
             rep = twin if as_twin else self.reps[g][level]
