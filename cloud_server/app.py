@@ -48,6 +48,7 @@ from .http_util import (
     check_if_match,
     parse_range,
 )
+from .cors import cors_middleware
 from .phone_page import phone_routes
 from .precompute import PrecomputeFn, load_model
 from .shard_body import send_body
@@ -333,7 +334,7 @@ def create_app(
     defaults to loading ``config.model`` at startup; ``precompute_fn`` to ``sakura_core.precompute.precompute_template``.
     """
     app = web.Application(
-        middlewares=[_guard],
+        middlewares=[cors_middleware, _guard],
         client_max_size=config.max_upload_bytes + _MULTIPART_OVERHEAD_BYTES,
         handler_args={
             "max_line_size": config.max_header_bytes,

@@ -64,6 +64,8 @@ class ServerConfig:
         max_token_failures, token_failure_window_s: wrong bearer tokens one client address may send per window (in
             seconds) before it is answered 429 with ``Retry-After`` instead of 401; a right token is never limited.
         phone_model_dir: the phone page's model files (``sakura export --target web``), served at ``/phone/model/``.
+        allowed_origins: origins (``scheme://host[:port]``) whose pages may read templates, shards and the phone
+            model across origins (``cloud_server/cors.py``): the ComfyUI that serves a dispatch page. Default none.
     """
 
     store_dir: Path | None = None
@@ -100,8 +102,12 @@ class ServerConfig:
     max_token_failures: int = 20
     token_failure_window_s: float = 60.0
     phone_model_dir: Path | None = None
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        from .cors import check_origin
+
+        object.__setattr__(self, "allowed_origins", tuple(check_origin(o) for o in self.allowed_origins))
         if (self.store_dir is None) == (self.store_url is None):
             raise ValueError("give exactly one of store_dir (a folder) and store_url (s3://bucket/prefix)")
         if self.store_dir is not None:
