@@ -48,7 +48,7 @@ from .http_util import (
     check_if_match,
     parse_range,
 )
-from .cors import cors_middleware
+from .cors import cors_middleware, cors_on_prepare
 from .phone_page import phone_routes
 from .precompute import PrecomputeFn, load_model
 from .shard_body import send_body
@@ -347,6 +347,7 @@ def create_app(
     app[CONFIG_KEY] = config
     app[STATE_KEY] = state
     app.add_routes(_routes())
+    app.on_response_prepare.append(cors_on_prepare)
     app.cleanup_ctx.append(_lifecycle)
     return app
 

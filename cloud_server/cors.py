@@ -19,7 +19,7 @@ from aiohttp import web
 
 from .state import STATE_KEY
 
-__all__ = ["CORS_PATHS", "check_origin", "cors_middleware"]
+__all__ = ["CORS_PATHS", "check_origin", "cors_middleware", "cors_on_prepare"]
 
 #: The read paths a dispatch page fetches across origins.
 CORS_PATHS = ("/v1/templates", "/v1/shards/", "/phone/model/")
@@ -42,26 +42,31 @@ def _cors_headers(origin: str) -> dict[str, str]:
             "Cross-Origin-Resource-Policy": "cross-origin"}  # fmt: skip
 
 
+def _allowed(request: web.Request) -> str | None:
+    origin = request.headers.get("Origin", "").lower()
+    if origin and origin in request.app[STATE_KEY].config.allowed_origins and request.path.startswith(CORS_PATHS):
+        return origin
+    return None
+
+
 @web.middleware
 async def cors_middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-    """Preflights and CORS headers for the configured origins on :data:`CORS_PATHS`; else the request as it is."""
-    origin = request.headers.get("Origin", "").lower()
-    allowed = request.app[STATE_KEY].config.allowed_origins
-    if not origin or origin not in allowed or not request.path.startswith(CORS_PATHS):
+    """Answers the preflight of a configured origin on :data:`CORS_PATHS`; anything else goes on as it is."""
+    origin = _allowed(request)
+    if origin is None or request.method != "OPTIONS":
         return await handler(request)
-    headers = _cors_headers(origin)
-    if request.method == "OPTIONS":
-        asked = request.headers.get("Access-Control-Request-Method", "")
-        if asked not in ("GET", "HEAD"):
-            return web.json_response({"error": f"{request.path} is read-only across origins (GET, HEAD); asked {asked!r}"},
-                                     status=403)  # fmt: skip
-        return web.Response(status=204, headers={**headers, "Access-Control-Allow-Methods": "GET, HEAD",
-                            "Access-Control-Allow-Headers": _ALLOW_HEADERS,
-                            "Access-Control-Max-Age": str(_PREFLIGHT_MAX_AGE_S)})  # fmt: skip
-    try:
-        response = await handler(request)
-    except web.HTTPException as e:  # an error the page must be able to read (it says how to fix it)
-        e.headers.update(headers)
-        raise
-    response.headers.update(headers)
-    return response
+    asked = request.headers.get("Access-Control-Request-Method", "")
+    if asked not in ("GET", "HEAD"):
+        return web.json_response({"error": f"{request.path} is read-only across origins (GET, HEAD); asked {asked!r}"},
+                                 status=403, headers={"Vary": "Origin"})  # fmt: skip
+    return web.Response(status=204, headers={**_cors_headers(origin), "Access-Control-Allow-Methods": "GET, HEAD",
+                        "Access-Control-Allow-Headers": _ALLOW_HEADERS,
+                        "Access-Control-Max-Age": str(_PREFLIGHT_MAX_AGE_S)})  # fmt: skip
+
+
+async def cors_on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: the CORS headers on every answer to a configured origin, streamed shards and errors
+    included (their headers are sent before the body, so they are added here, not after the handler)."""
+    origin = _allowed(request)
+    if origin is not None and request.method != "OPTIONS":
+        response.headers.update(_cors_headers(origin))

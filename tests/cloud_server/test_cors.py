@@ -10,7 +10,7 @@ from cloud_server.app import create_app
 from cloud_server.config import ServerConfig
 from cloud_server.store import LocalStore
 
-from ..synthetic_templates import SyntheticModel
+from ..synthetic_templates import SyntheticModel, make_synthetic_template
 
 COMFY = "http://localhost:8188"
 TOKEN = "read-token-4567"
@@ -19,6 +19,7 @@ TOKEN = "read-token-4567"
 @pytest.fixture
 def app(tmp_path):
     store = LocalStore(tmp_path / "store")
+    make_synthetic_template(store, "tpl-a", model_id="ab" * 32, level_bytes=(100, 4096, 8192))
     config = ServerConfig(store_dir=tmp_path / "store", model=None, read_token=TOKEN,
                           allowed_origins=("HTTP://LocalHost:8188/",))  # fmt: skip
     return create_app(config, store=store, model=SyntheticModel("ab" * 32))
@@ -39,6 +40,12 @@ async def test_the_allowed_origin_reads_across_origins(aiohttp_client, app):
     assert listed.headers["Cross-Origin-Resource-Policy"] == "cross-origin"
     refused = await client.get("/v1/templates", headers={"Origin": COMFY})  # the token is still checked
     assert refused.status == 401 and refused.headers["Access-Control-Allow-Origin"] == COMFY  # readable error
+    manifest = await (await client.get("/v1/templates/tpl-a/manifest", headers={"Authorization": f"Bearer {TOKEN}",
+                                                                                "Origin": COMFY})).json()  # fmt: skip
+    digest = manifest["shards"][0]["representations"][-1]["digest"]
+    shard = await client.get(f"/v1/shards/{digest}", headers={"Origin": COMFY, "Authorization": f"Bearer {TOKEN}",
+                                                              "Range": "bytes=10-"})  # fmt: skip
+    assert shard.status == 206 and shard.headers["Access-Control-Allow-Origin"] == COMFY  # a streamed body too
     missing = await client.get("/v1/templates/nope/manifest", headers={"Origin": COMFY,
                                                                         "Authorization": f"Bearer {TOKEN}"})  # fmt: skip
     assert missing.status == 404 and missing.headers["Access-Control-Allow-Origin"] == COMFY
