@@ -139,7 +139,9 @@ class PageHub:
                                    f"{self.config.code_ttl_s:.0f} s): press 'pair a phone page' for a new one")  # fmt: skip
             while len(self._pages) >= self.config.max_pages:
                 oldest = min(self._pages.values(), key=lambda p: p.last_seen)
-                self._fail(oldest, f"page {oldest.code} was unpaired: {self.config.max_pages} pages are paired at most")
+                self._fail(
+                    oldest, f"page {oldest.code} was unpaired: {self.config.max_pages} pages are paired at most"
+                )
                 del self._pages[oldest.code]
             token = self._token_hex(16)
             self._pages[code] = _Page(code=code, token=token, info=dict(info), last_seen=now)

@@ -58,8 +58,13 @@ def page_edit_report(page: dict, image: np.ndarray, *, template: dict, link: dic
         "template": template,
         "profile": None,
         "image_sha256": hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest(),
-        "executed_on": {**on, "connection": connection, "cloud_url": cloud_url, "policy_requested": policy_requested,
-                        "timings_s": timings},  # fmt: skip
+        "executed_on": {
+            **on,
+            "connection": connection,
+            "cloud_url": cloud_url,
+            "policy_requested": policy_requested,
+            "timings_s": timings,
+        },  # fmt: skip
         "timeline_origin": TIMELINE_ORIGIN,
         "timeline": _timeline(timings),
     }

@@ -39,6 +39,7 @@ from sakura_core.kv.manifest import ManifestError
 
 from .catalog_index import CatalogBuildingError, parse_page_query
 from .config import ServerConfig
+from .cors import cors_middleware, cors_on_prepare
 from .http_util import (
     _access,
     _ClientGone,
@@ -48,7 +49,6 @@ from .http_util import (
     check_if_match,
     parse_range,
 )
-from .cors import cors_middleware, cors_on_prepare
 from .phone_page import phone_routes
 from .precompute import PrecomputeFn, load_model
 from .shard_body import send_body

@@ -1,7 +1,7 @@
 """Cross-origin reads for the phone page that ComfyUI serves (dispatch: the page's origin is ComfyUI's, e.g.
 ``http://localhost:8188``, and it fetches the template KV and the web model from here itself).
 
-Only the origins the operator names (``sakura serve --allow-origin ORIGIN``, ``ServerConfig.allowed_origins``) are
+Only the origins the operator names (``sakura serve --allow-origin ORIGIN``, ``ServerConfig.allowed_origins``, checked by ``cloud_server.config.check_origin``) are
 answered, and only for reading: the catalog, manifests, shards and ``/phone/model/`` files (GET / HEAD). A preflight
 (``OPTIONS``, sent because the page's requests carry ``Authorization``, ``Range`` and ``If-Range``) is answered 204
 here, before the token check (a preflight never carries the token); the real request is checked as any other. Every
@@ -13,28 +13,18 @@ page (COEP ``require-corp``) use them. Other origins get no CORS header: the bro
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from .state import STATE_KEY
 
-__all__ = ["CORS_PATHS", "check_origin", "cors_middleware", "cors_on_prepare"]
+__all__ = ["CORS_PATHS", "cors_middleware", "cors_on_prepare"]
 
 #: The read paths a dispatch page fetches across origins.
 CORS_PATHS = ("/v1/templates", "/v1/shards/", "/phone/model/")
 _ALLOW_HEADERS = "Authorization, Range, If-Range"
 _EXPOSE_HEADERS = "ETag, Content-Range, Content-Length, Accept-Ranges, Location, Sakura-Retry, Retry-After"
 _PREFLIGHT_MAX_AGE_S = 600
-
-
-def check_origin(origin: str) -> str:
-    """``origin`` as a browser sends it (``scheme://host[:port]``, no path); ValueError naming it and the fix."""
-    parts = urlsplit(origin.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
-        raise ValueError(f"allowed origin {origin!r} must be scheme://host[:port] with no path, e.g. "
-                         "http://localhost:8188 (the ComfyUI the phone page is served by)")  # fmt: skip
-    return f"{parts.scheme}://{parts.netloc}".lower()
 
 
 def _cors_headers(origin: str) -> dict[str, str]:

@@ -30,7 +30,15 @@ from android_bridge.page_files import ISOLATION_HEADERS, PAGE_TYPES, PageFileErr
 
 from .routes import REQUEST_HEADER, prompt_server_routes
 
-__all__ = ["MAX_IMAGE_SIDE", "MOUNT", "check_result_image", "page_hub", "page_routes", "register_page_routes", "serve_page"]
+__all__ = [
+    "MAX_IMAGE_SIDE",
+    "MOUNT",
+    "check_result_image",
+    "page_hub",
+    "page_routes",
+    "register_page_routes",
+    "serve_page",
+]
 
 logger = logging.getLogger(__name__)
 

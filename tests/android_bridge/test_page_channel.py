@@ -39,8 +39,13 @@ def test_a_code_pairs_once_and_bad_codes_are_refused_by_name():
     with pytest.raises(PairingError, match="pairing code 'ZZZZZZ' is not one this ComfyUI gave out"):
         hub.pair("zzzzzz", {})
     token = hub.pair(" abcdef ", {"browser": "Chrome"})  # typed in lower case with spaces: the same code
-    assert len(token) == 32 and hub.pages()[0] | {"info": None} == {"code": "ABCDEF", "connected": True,
-                                                                   "silent_s": 0.0, "busy": False, "info": None}
+    assert len(token) == 32 and hub.pages()[0] | {"info": None} == {
+        "code": "ABCDEF",
+        "connected": True,
+        "silent_s": 0.0,
+        "busy": False,
+        "info": None,
+    }
     with pytest.raises(PairingError, match="'ABCDEF' is not one .* or it was used already"):
         hub.pair("ABCDEF", {})
     late, _ = hub.new_code()

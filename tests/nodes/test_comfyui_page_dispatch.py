@@ -108,8 +108,9 @@ def _paired_page(browser, url: str):
     """A page on ComfyUI's /sakura/phone, paired with a fresh code typed into its form."""
     import urllib.request
 
-    ask = urllib.request.Request(f"{url}/sakura/phone/api/code", data=b"", method="POST",
-                                 headers={"X-Sakura-Request": "1"})  # what web/sakura.js sends
+    ask = urllib.request.Request(
+        f"{url}/sakura/phone/api/code", data=b"", method="POST", headers={"X-Sakura-Request": "1"}
+    )  # what web/sakura.js sends
     with urllib.request.urlopen(ask, timeout=10) as answer:
         code = json.loads(answer.read())["code"]
     page = browser.new_page(viewport={"width": 412, "height": 915})

@@ -33,9 +33,10 @@ async def test_the_page_is_served_at_sakura_phone(page_client):
     text = await page.text()
     assert page.status == 200 and page.headers["Cross-Origin-Embedder-Policy"] == "require-corp"
     assert '<base href="/sakura/phone/" data-dispatch="true">' in text and '<base href="/phone/">' not in text
-    assert text.replace('<base href="/sakura/phone/" data-dispatch="true">', '<base href="/phone/">') == (
-        PHONE_WEB / "page" / "index.html"
-    ).read_text()  # the same page code, only its base moved
+    assert (
+        text.replace('<base href="/sakura/phone/" data-dispatch="true">', '<base href="/phone/">')
+        == (PHONE_WEB / "page" / "index.html").read_text()
+    )  # the same page code, only its base moved
     module = await client.get("/sakura/phone/src/dispatch.js")
     assert module.status == 200 and await module.read() == (PHONE_WEB / "src" / "dispatch.js").read_bytes()
     assert (await client.get("/sakura/phone/src/../../pyproject.toml")).status == 404
@@ -60,7 +61,9 @@ async def test_pairing_and_a_job_over_http(page_client):
     given = await (await client.post("/sakura/phone/api/code", headers=OURS)).json()
     assert len(given["code"]) == 6 and given["path"] == f"/sakura/phone/#code={given['code']}"
     bad = await client.post("/sakura/phone/api/pair", json={"code": "XXXXXX"})
-    assert bad.status == 403 and "pairing code 'XXXXXX' is not one this ComfyUI gave out" in (await bad.json())["error"]
+    assert (
+        bad.status == 403 and "pairing code 'XXXXXX' is not one this ComfyUI gave out" in (await bad.json())["error"]
+    )
     paired = await (await client.post("/sakura/phone/api/pair", json={"code": given["code"].lower(),
                                                                       "info": {"browser": "Chrome"}})).json()  # fmt: skip
     auth = {"Authorization": f"Bearer {paired['token']}"}
@@ -71,7 +74,9 @@ async def test_pairing_and_a_job_over_http(page_client):
     assert await (await client.get("/sakura/phone/api/job", headers=auth)).json() == {"job": None}
     assert 0.5 <= loop.time() - t0 < 3  # held about hold_s, no longer
     listed = await (await client.get("/sakura/phone/api/pages", headers=OURS)).json()
-    assert [p["code"] for p in listed["pages"]] == [given["code"]] and listed["pages"][0]["info"]["browser"] == "Chrome"
+    assert [p["code"] for p in listed["pages"]] == [given["code"]] and listed["pages"][0]["info"][
+        "browser"
+    ] == "Chrome"
     job = hub.submit(given["code"], {"prompt": "p"}, timeout_s=60)
     taken = (await (await client.get("/sakura/phone/api/job", headers=auth)).json())["job"]
     assert taken == {"job_id": job.job_id, "prompt": "p"}
@@ -94,8 +99,9 @@ async def test_a_page_saying_goodbye_fails_its_job(page_client):
     token = hub.pair(code, {})
     job = hub.submit(code, {}, timeout_s=60)
     hub.take_job(token)
-    beacon = await client.post("/sakura/phone/api/bye", data=f'{{"token": "{token}"}}',
-                               headers={"Content-Type": "text/plain"})  # what navigator.sendBeacon posts
+    beacon = await client.post(
+        "/sakura/phone/api/bye", data=f'{{"token": "{token}"}}', headers={"Content-Type": "text/plain"}
+    )  # what navigator.sendBeacon posts
     assert beacon.status == 200
     with pytest.raises(PageChannelError, match=f"phone page {code}: the page was closed or left during the job"):
         hub.wait(job, 0)
