@@ -89,14 +89,14 @@ def _record(app) -> list[dict]:
     return seen
 
 
-def _workflow(cloud: str) -> dict:
+def _workflow(cloud: str, connection: str = "page") -> dict:
     wf = json.loads((REPO / "example_workflows" / "api" / "sakura_in_context_edit_on_phone.json").read_text())
     for node in wf.values():
         inputs, kind = node["inputs"], node["class_type"]
         if kind == "SakuraTemplateLoader":
             inputs.update(server_url=cloud, template_id=TEMPLATE_ID)
         elif kind == "SakuraPhoneDevice":
-            inputs.update(connection="page", token="", cloud_url="")
+            inputs.update(connection=connection, token="", cloud_url="")
         elif kind == "SakuraPipelinedSampler":
             inputs.update(steps=STEPS, seed=SEED, prompt=PROMPT)
         elif kind == "LoadImage":
@@ -190,8 +190,8 @@ def _stalled_job(setup, browser):
     url, cloud = setup["url"], setup["cloud"]
     page, code = _paired_page(browser, url)
     held: list = []
-    page.route("**/v1/shards/**", held.append)  # held: the job cannot finish until they are let go
-    queued = _post(f"{url}/prompt", {"prompt": _workflow(cloud), "client_id": uuid.uuid4().hex})
+    page.route("**/v1/shards/**", lambda route: held.append(route))  # held: the job cannot finish until they are let go
+    queued = _post(f"{url}/prompt", {"prompt": _workflow(cloud, f"page:{code}"), "client_id": uuid.uuid4().hex})
     deadline = time.monotonic() + 120
     while page.evaluate("document.getElementById('status').dataset.state") != "running":
         assert time.monotonic() < deadline, "the page never took the job"
