@@ -39,6 +39,7 @@ from sakura_core.kv.manifest import ManifestError
 
 from .catalog_index import CatalogBuildingError, parse_page_query
 from .config import ServerConfig
+from .cors import cors_middleware, cors_on_prepare
 from .http_util import (
     _access,
     _ClientGone,
@@ -333,7 +334,7 @@ def create_app(
     defaults to loading ``config.model`` at startup; ``precompute_fn`` to ``sakura_core.precompute.precompute_template``.
     """
     app = web.Application(
-        middlewares=[_guard],
+        middlewares=[cors_middleware, _guard],
         client_max_size=config.max_upload_bytes + _MULTIPART_OVERHEAD_BYTES,
         handler_args={
             "max_line_size": config.max_header_bytes,
@@ -346,6 +347,7 @@ def create_app(
     app[CONFIG_KEY] = config
     app[STATE_KEY] = state
     app.add_routes(_routes())
+    app.on_response_prepare.append(cors_on_prepare)
     app.cleanup_ctx.append(_lifecycle)
     return app
 

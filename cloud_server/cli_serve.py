@@ -63,6 +63,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--phone-model", default=None, metavar="DIR",
                         help="the phone page's model files (`sakura export --target web --out DIR`), served at "
                         "/phone/model/ (default: none: the page lists templates but cannot edit)")  # fmt: skip
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="an origin (scheme://host[:port]) whose phone page may read templates, shards and the "
+                        "phone model across origins: the ComfyUI serving /sakura/phone, e.g. http://localhost:8188 "
+                        "(repeatable; default: none)")  # fmt: skip
     add_device_arguments(parser, what="the write path's precompute jobs")
     parser.add_argument("--max-upload-mib", type=float, default=16.0, help="largest template upload (MiB)")
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (default: %(default)s)")
@@ -103,6 +107,7 @@ def config_from_args(args) -> ServerConfig:
         idle_timeout_s=args.idle_timeout,
         max_connections=args.max_connections,
         phone_model_dir=Path(args.phone_model) if args.phone_model else None,
+        allowed_origins=tuple(args.allow_origin),
         store_profile=args.store_profile,
     )
 

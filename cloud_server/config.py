@@ -5,13 +5,23 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from sakura_core.kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES
 
-__all__ = ["MODELS", "ServerConfig"]
+__all__ = ["MODELS", "ServerConfig", "check_origin"]
 
 # Served models by name. ``None`` (CLI: ``--model none``) serves the templates of any model read-only.
 MODELS = ("demo",)
+
+
+def check_origin(origin: str) -> str:
+    """``origin`` as a browser sends it (``scheme://host[:port]``, no path); ValueError naming it and the fix."""
+    parts = urlsplit(origin.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
+        raise ValueError(f"allowed origin {origin!r} must be scheme://host[:port] with no path, e.g. "
+                         "http://localhost:8188 (the ComfyUI the phone page is served by)")  # fmt: skip
+    return f"{parts.scheme}://{parts.netloc}".lower()
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,8 @@ class ServerConfig:
         max_token_failures, token_failure_window_s: wrong bearer tokens one client address may send per window (in
             seconds) before it is answered 429 with ``Retry-After`` instead of 401; a right token is never limited.
         phone_model_dir: the phone page's model files (``sakura export --target web``), served at ``/phone/model/``.
+        allowed_origins: origins (``scheme://host[:port]``) whose pages may read templates, shards and the phone
+            model across origins (``cloud_server/cors.py``): the ComfyUI that serves a dispatch page. Default none.
     """
 
     store_dir: Path | None = None
@@ -100,8 +112,10 @@ class ServerConfig:
     max_token_failures: int = 20
     token_failure_window_s: float = 60.0
     phone_model_dir: Path | None = None
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "allowed_origins", tuple(check_origin(o) for o in self.allowed_origins))
         if (self.store_dir is None) == (self.store_url is None):
             raise ValueError("give exactly one of store_dir (a folder) and store_url (s3://bucket/prefix)")
         if self.store_dir is not None:

@@ -3,8 +3,9 @@ modules it imports (``fzstd`` and ``onnxruntime-web``'s WASM build, from ``phone
 ``npm ci``), and the model files of ``sakura export --target web`` at ``/phone/model/`` (``--phone-model DIR``). Open (the page is code, no
 data: its API requests carry the read token like any client's). Every response is same-origin isolated
 (``Cross-Origin-Opener-Policy: same-origin``, ``Cross-Origin-Embedder-Policy: require-corp``,
-``Cross-Origin-Resource-Policy: same-origin``), which multi-threaded WASM needs; the page calls only this server, so
-no CORS headers are sent. A server installed without the checkout's ``phone_web/`` answers 404 naming what is
+``Cross-Origin-Resource-Policy: same-origin``), which multi-threaded WASM needs. The same page served by ComfyUI
+(dispatch) fetches from here across origins: ``cloud_server/cors.py`` answers the origins ``--allow-origin`` names.
+The file list is ``android_bridge.page_files``'s. A server installed without the checkout's ``phone_web/`` answers 404 naming what is
 missing."""
 
 from __future__ import annotations
@@ -13,29 +14,18 @@ from pathlib import Path
 
 from aiohttp import web
 
+from android_bridge.page_files import ISOLATION_HEADERS, PHONE_WEB, PageFileError, page_file
+
 from .http_util import _access, _json_error
 from .state import STATE_KEY
 
 __all__ = ["PHONE_WEB", "phone_routes"]
 
-#: The checkout's page folder (absent from an installed wheel: the page is served from a checkout).
-PHONE_WEB = Path(__file__).resolve().parents[1] / "phone_web"
-ISOLATION_HEADERS = {
-    "Cross-Origin-Opener-Policy": "same-origin",
-    "Cross-Origin-Embedder-Policy": "require-corp",
-    "Cross-Origin-Resource-Policy": "same-origin",
-    "X-Content-Type-Options": "nosniff",
-    "Cache-Control": "no-cache",
-}
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css"}
 _MODEL_TYPES = {".json": "application/json", ".onnx": "application/octet-stream", ".f32": "application/octet-stream"}
-#: onnxruntime-web's files the page loads: the WASM build (its ES module, its loader and the binary), and the JSEP
-#: build that adds WebGPU (tried first where the browser offers it).
-ORT_FILES = {"ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "ort.webgpu.min.mjs",
-             "ort-wasm-simd-threaded.jsep.mjs", "ort-wasm-simd-threaded.jsep.wasm"}  # fmt: skip
 
 
-def _file(root: Path, relative: str, types: dict = _TYPES) -> Path:
+def _file(root: Path, relative: str, types: dict) -> Path:
     """``root / relative`` when it is a served kind of file inside ``root``, else 404."""
     path = (root / relative).resolve()
     if root.resolve() not in path.parents or path.suffix not in types or not path.is_file():
@@ -44,6 +34,8 @@ def _file(root: Path, relative: str, types: dict = _TYPES) -> Path:
 
 
 def _send(path: Path) -> web.Response:
+    if path.suffix == ".wasm":
+        return _send_binary(path, "application/wasm")
     return web.Response(body=path.read_bytes(), content_type=_TYPES[path.suffix], charset="utf-8",
                         headers=ISOLATION_HEADERS)  # fmt: skip
 
@@ -62,37 +54,17 @@ def _model_file(request: web.Request, name: str) -> web.Response:
     return _send_binary(path, _MODEL_TYPES[path.suffix])
 
 
-def _ort_file(name: str) -> web.Response:
-    if name not in ORT_FILES:
-        raise _json_error(404, f"no phone page file 'vendor/ort/{name}'")
-    path = PHONE_WEB / "node_modules" / "onnxruntime-web" / "dist" / name
-    if not path.is_file():
-        raise _json_error(404, "the phone page's npm packages are missing: run `npm ci` in phone_web/")
-    if path.suffix == ".wasm":
-        return _send_binary(path, "application/wasm")
-    return _send(path)
-
-
 @_access("open")
 async def handle_phone(request: web.Request) -> web.Response:
-    """``/phone`` and ``/phone/``: the page; ``/phone/src/...``: its modules; ``/phone/vendor/fzstd.mjs``."""
+    """``/phone`` and ``/phone/``: the page; ``/phone/src/...``: its modules; ``/phone/vendor/...``: npm's files
+    (``android_bridge.page_files`` says which); ``/phone/model/...``: the web model."""
     rest = request.match_info.get("rest", "")
-    if not (PHONE_WEB / "page" / "index.html").is_file():
-        raise _json_error(404, "the phone page is not here: serve from a checkout that has phone_web/")
-    if rest in ("", "index.html"):
-        return _send(PHONE_WEB / "page" / "index.html")
-    if rest == "vendor/fzstd.mjs":
-        vendor = PHONE_WEB / "node_modules" / "fzstd" / "esm" / "index.mjs"
-        if not vendor.is_file():
-            raise _json_error(404, "the phone page's npm packages are missing: run `npm ci` in phone_web/")
-        return _send(vendor)
     if rest.startswith("model/"):
         return _model_file(request, rest.removeprefix("model/"))
-    if rest.startswith("vendor/ort/"):
-        return _ort_file(rest.removeprefix("vendor/ort/"))
-    if rest.startswith("src/"):
-        return _send(_file(PHONE_WEB / "src", rest.removeprefix("src/")))
-    raise _json_error(404, f"no phone page file {rest!r}")
+    try:
+        return _send(page_file(rest))
+    except PageFileError as e:
+        raise _json_error(e.status, str(e)) from None
 
 
 def phone_routes(routes: web.RouteTableDef) -> None:

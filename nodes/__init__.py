@@ -10,6 +10,7 @@ from comfy_api.latest import ComfyExtension, io
 
 from .adaptive_fetch import SakuraAdaptiveFetch
 from .model_loader import SakuraModelLoader
+from .page_routes import register_page_routes
 from .phone_device import SakuraPhoneDevice
 from .pipelined_sampler import SakuraPipelinedSampler
 from .routes import register_routes
@@ -34,6 +35,8 @@ class SakuraExtension(ComfyExtension):
 
 
 async def comfy_entrypoint() -> SakuraExtension:
-    """Called by ComfyUI when it loads the pack: also adds the pack's route (``routes.py``) to its server."""
+    """Called by ComfyUI when it loads the pack: also adds the pack's routes (``routes.py``, ``page_routes.py``) to
+    its server."""
     register_routes()
+    register_page_routes()
     return SakuraExtension()

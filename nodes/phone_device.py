@@ -1,4 +1,5 @@
-"""Sakura Phone Device: a paired phone agent (adb or LAN) as ``SAKURA_DEVICE``. Given to the sampler, the edit runs
+"""Sakura Phone Device: a paired phone agent (adb or LAN), or a phone page paired with ComfyUI (``page``,
+``page:CODE``: ``nodes/page_dispatch.py``), as ``SAKURA_DEVICE``. Given to the sampler, the edit runs
 on the phone (``android_bridge.PhoneClient``): the user image and prompt go to the phone only, and the phone fetches
 the template's KV from the cloud itself."""
 
@@ -23,6 +24,7 @@ from ._common import (
     wait_interruptible,
 )
 from ._stream import EditRun, KVStream
+from .page_dispatch import is_page_connection, page_info, run_on_page
 
 __all__ = ["PhoneDevice", "SakuraPhoneDevice", "phone_error_message", "run_on_phone"]
 
@@ -32,7 +34,8 @@ class PhoneDevice:
     """``SAKURA_DEVICE``: how to reach a phone agent; a connection is opened per run and closed after it.
 
     Attributes:
-        connection: ``http(s)://HOST:PORT`` (LAN or loopback), ``adb`` or ``adb:SERIAL[@PORT]``.
+        connection: ``http(s)://HOST:PORT`` (LAN or loopback), ``adb`` or ``adb:SERIAL[@PORT]``; ``page`` or
+            ``page:CODE`` for a phone page paired with this ComfyUI.
         token: pairing token (never shown in reprs or reports).
         token_source: where the token came from (the field, the environment, sakura_tokens.json), for messages.
         cloud_url: the SAKURA server as the phone reaches it; empty = the template's server URL.
@@ -89,6 +92,9 @@ def run_on_phone(
         raise SakuraNodeError(
             f"link {link.label!r} is emulated on this machine only; a phone run takes 'live' or a fixed Mbit/s"
         )
+    if is_page_connection(device.connection):
+        return run_on_page(device, stream, user_image, prompt, steps=steps, seed=seed, run=run, on_tick=on_tick,
+                           cloud_url=cloud_url)  # fmt: skip
     job = PhoneJob(
         cloud_url=cloud_url,
         template_id=template.template_id,
@@ -140,7 +146,9 @@ class SakuraPhoneDevice(io.ComfyNode):
                 io.String.Input(
                     "connection",
                     default="http://127.0.0.1:8765",
-                    tooltip="Agent URL (LAN or loopback), 'adb' (the only device) or 'adb:SERIAL[@PORT]'.",
+                    tooltip="Agent URL (LAN or loopback), 'adb' (the only device) or 'adb:SERIAL[@PORT]'; or 'page' "
+                    "(the one phone page paired with this ComfyUI: open /sakura/phone on the phone, enter the code "
+                    "'pair a phone page' shows) or 'page:CODE'.",
                 ),
                 io.String.Input(
                     "token",
@@ -175,6 +183,8 @@ class SakuraPhoneDevice(io.ComfyNode):
 
             cloud_url = check_server_url("cloud_url", cloud_url)
         device = PhoneDevice(connection=connection, token=token or "", cloud_url=cloud_url, token_source=source)
+        if is_page_connection(connection):  # a page paired with this ComfyUI: checked now, reached per run
+            return io.NodeOutput(dataclasses.replace(device, info_json=json.dumps(page_info(connection))))
         try:
             client = device.connect()
             try:

@@ -31,6 +31,7 @@ __all__ = [
     "TOTAL_TIMEOUT_S",
     "allowed_server_urls",
     "list_published",
+    "prompt_server_routes",
     "register_routes",
     "templates_handler",
 ]
@@ -127,18 +128,22 @@ async def templates_handler(request: web.Request) -> web.Response:
     return web.json_response(await list_published(url, token, source))
 
 
+def prompt_server_routes() -> web.RouteTableDef | None:
+    """ComfyUI's route table (``PromptServer.instance.routes``); None outside ComfyUI (tests, plain Python)."""
+    try:
+        from server import PromptServer
+    except ImportError:
+        return None
+    instance = getattr(PromptServer, "instance", None)
+    return None if instance is None else instance.routes
+
+
 def register_routes(routes: web.RouteTableDef | None = None) -> bool:
     """Add the route to ComfyUI's route table (``PromptServer.instance.routes``, or ``routes``); False when ComfyUI's
     server is not there (tests, plain Python). Idempotent."""
+    routes = routes if routes is not None else prompt_server_routes()
     if routes is None:
-        try:
-            from server import PromptServer
-        except ImportError:
-            return False
-        instance = getattr(PromptServer, "instance", None)
-        if instance is None:
-            return False
-        routes = instance.routes
+        return False
     if any(getattr(r, "handler", None) is templates_handler for r in routes):
         return True  # the table itself says so (an id() kept elsewhere can be reused by a new table)
     routes.get(ROUTE)(templates_handler)

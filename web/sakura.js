@@ -8,6 +8,9 @@
 // * the Template KV Loader has a read-only box that, once the node ran, shows what it loaded (the text the node
 //   returns: template, KV mode and the steps it serves, references, source); at least INFO_MIN_LINES tall, it grows
 //   with its text (wrapped lines included) up to INFO_MAX_LINES, then scrolls;
+// * a "pair a phone page" button on the Phone Device: it asks ComfyUI for a pairing code (POST
+//   /api/sakura/phone/api/code, nodes/page_routes.py) and shows it on the button; the phone opens
+//   http://THIS-HOST:PORT/sakura/phone and types it (no QR code: that would need an encoder this pack does not have);
 // * a Sakura node added to a graph gets at least MIN_WIDTH_PX, room for each combo's label and its longest value
 //   (a loaded workflow keeps the sizes it was saved with; tests/nodes/test_workflows.py checks both).
 import { app } from "../../scripts/app.js";
@@ -15,6 +18,7 @@ import { api } from "../../scripts/api.js";
 
 const NODE = "SakuraTemplateLoader";
 const CHOOSE = "choose a published template";
+const PAIR = "pair a phone page";
 const INFO = "loaded template";
 const INFO_LINE_PX = 14; // the status box's line height (its CSS below)
 const INFO_CHAR_PX = 6.6; // the advance of its 11 px monospace font
@@ -160,6 +164,15 @@ async function chooseTemplate(node, event) {
   }
 }
 
+// A fresh pairing code on the button: the phone page (/sakura/phone) takes it within its lifetime.
+async function pairPage(button) {
+  const resp = await api.fetchApi("/sakura/phone/api/code", { method: "POST", headers: { "X-Sakura-Request": "1" } });
+  const body = await resp.json();
+  if (!resp.ok) throw new Error(body.error ?? `HTTP ${resp.status}`);
+  button.name = `code ${body.code} (${Math.round(body.ttl_s / 60)} min): open /sakura/phone on the phone`;
+  app.graph?.setDirtyCanvas(true, false);
+}
+
 app.registerExtension({
   name: "sakura.templateChoice",
   async beforeRegisterNodeDef(nodeType, nodeData) {
@@ -182,6 +195,12 @@ app.registerExtension({
       infoWidget(node);
       node.sakuraChooseTemplate = (event) => chooseTemplate(node, event);
       applyVisibility(node);
+    }
+    if (node.comfyClass === "SakuraPhoneDevice") {
+      const button = node.addWidget("button", PAIR, null, () => {
+        pairPage(button).catch((e) => { button.name = `${PAIR}: ${e.message}`; });
+      });
+      button.serialize = false;
     }
     fitNewNode(node); // a loaded workflow then sets the size it was saved with
   },

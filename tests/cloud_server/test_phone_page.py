@@ -27,7 +27,7 @@ async def test_the_page_and_its_modules_are_served_isolated(aiohttp_client, app)
     page = await client.get("/phone")  # no token: the page is code, not data
     assert page.status == 200 and page.content_type == "text/html"
     text = await page.text()
-    assert '"fzstd": "/phone/vendor/fzstd.mjs"' in text and "/phone/src/index.js" in text
+    assert '<base href="/phone/">' in text and '"fzstd": "./vendor/fzstd.mjs"' in text and "./src/index.js" in text
     for path in ("/phone", "/phone/", "/phone/src/index.js", "/phone/src/sakura_codec.js"):
         r = await client.get(path)
         assert r.status == 200, path

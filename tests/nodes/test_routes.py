@@ -28,9 +28,14 @@ def test_registered_by_the_entrypoint_only_inside_comfyui(comfy, prompt_server):
     routes = comfy.nodes.routes
     assert asyncio.run(comfy.package.comfy_entrypoint()) is not None
     paths = [(r.method, r.path) for r in prompt_server.routes]
-    assert paths == [("GET", "/sakura/templates")]
+    api = "/sakura/phone/api"
+    assert paths == [("GET", "/sakura/templates"), ("POST", f"{api}/code"), ("GET", f"{api}/pages"),
+                     ("POST", f"{api}/pair"), ("GET", f"{api}/job"), ("POST", f"{api}/beat"), ("POST", f"{api}/result"),
+                     ("POST", f"{api}/error"), ("POST", f"{api}/bye"), ("GET", "/sakura/phone"),
+                     ("GET", "/sakura/phone/{rest:.*}")]  # fmt: skip
     assert routes.register_routes() is True  # again: no second route
-    assert len(list(prompt_server.routes)) == 1
+    assert comfy.nodes.page_routes.register_page_routes() is True
+    assert len(list(prompt_server.routes)) == len(paths)
     import server
 
     server.PromptServer.instance = None

@@ -196,7 +196,7 @@ def _row_px(label: str, value) -> float:
 
 def _min_height_px(schema) -> float:
     """The body height a Sakura node needs: its slot rows, widget rows (a multiline text more) and, on the Template KV
-    Loader, web/sakura.js's button and status box at its smallest."""
+    Loader, web/sakura.js's button and status box at its smallest; on the Phone Device, its pairing button."""
     sockets = [i for i in schema.inputs if i.io_type not in WIDGETS]
     widgets = [i for i in schema.inputs if i.io_type in WIDGETS]
     height = max(len(sockets), len(schema.outputs)) * ROW_PX
@@ -205,6 +205,8 @@ def _min_height_px(schema) -> float:
     if schema.node_id == "SakuraTemplateLoader":
         box_px = _js_constant("INFO_MIN_LINES") * _js_constant("INFO_LINE_PX") + _js_constant("INFO_PAD_PX")
         height += WIDGET_ROW_PX + box_px
+    if schema.node_id == "SakuraPhoneDevice":
+        height += WIDGET_ROW_PX  # web/sakura.js's "pair a phone page" button
     return height
 
 
