@@ -3,7 +3,8 @@
 ``export_web(out_dir)`` writes into ``out_dir``:
 
 * ``dit_cached_kv.onnx`` — the fp32 cached-KV graph (:class:`~android_bridge.npu_graph.CachedKVGraph`, every layer
-  takes fetched template K/V: single KV mode, split 0), static shapes, opset 17 (TorchScript exporter: seconds);
+  takes fetched template K/V: single KV mode, split 0), static shapes but the template K/V's token count (one
+  reference's tokens or several references' stacked), opset 17 (TorchScript exporter: seconds);
 * the tables computed outside the graph, little-endian float32, row-major: ``rope_cos.f32`` / ``rope_sin.f32``
   (text then image token positions, ``(text_tokens + image_tokens, head_dim)``), ``byte_table.f32`` (the prompt
   embedding: ``(256, joint_dim)``, one row per UTF-8 byte), ``time_freqs.f32`` (the timestep projection's
@@ -96,8 +97,10 @@ def export_web(
     ins = graph_inputs(model, x, model.encode_prompt("place it"), torch.tensor([0.5]), kv)
     t0 = time.perf_counter()
     path = out / GRAPH_NAME
+    # the template K/V's token count is the graph's one free dimension: one reference or several (try-on) stacked
+    free = {n: {1: "template_tokens"} for n in names if n.startswith(("k_ref_", "v_ref_"))}
     torch.onnx.export(graph, ins, str(path), input_names=names, output_names=["velocity"], dynamo=dynamo,
-                      opset_version=opset, external_data=False, verbose=False)  # fmt: skip
+                      opset_version=opset, external_data=False, verbose=False, dynamic_axes=free)  # fmt: skip
     export_s = time.perf_counter() - t0
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {n: t.numpy() for n, t in zip(names, ins, strict=True)})[0]

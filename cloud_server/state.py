@@ -17,6 +17,7 @@ from sakura_core.http_serving import TokenThrottle
 
 from .catalog_index import CatalogConfig, CatalogIndex
 from .config import ServerConfig
+from .compressed_files import CompressedFiles
 from .conn_guard import IntervalLog
 from .precompute import PrecomputeFn
 from .store import Store
@@ -134,6 +135,8 @@ class ServerState:
         self.store_io = StoreIO(config.store_threads, config.store_threads_per_object)
         #: store faults answered: one log line per kind per interval
         self.fault_log = IntervalLog(logger, "store fault: ", config.refusal_log_interval_s)
+        #: the phone page's WASM, gzip-compressed once per file (cloud_server/phone_page.py)
+        self.phone_files = CompressedFiles()
 
     @property
     def write_off_reason(self) -> str | None:
