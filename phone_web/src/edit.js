@@ -15,7 +15,7 @@ const now = () => performance.now() / 1000;
 /** The manifest of ``templateId`` (its bytes parsed with the page's limits), fetched with the read token if any. */
 export async function fetchManifest(origin, templateId, modelId, token = null) {
   const answer = await fetch(`${origin}/v1/templates/${encodeURIComponent(templateId)}/manifest`, { headers: authHeaders(token) });
-  if (!answer.ok) throw new Error(answerError(`the manifest of ${templateId}`, answer.status));
+  if (!answer.ok) throw new Error(answerError(`the manifest of ${templateId}`, answer.status, token !== null));
   const bytes = new Uint8Array(await answer.arrayBuffer());
   const manifest = parseManifestBytes(bytes, { templateId, modelId });
   return { manifest, raw: JSON.parse(new TextDecoder().decode(bytes)), bytes };
@@ -62,10 +62,11 @@ async function templateKV(origin, templateId, index, steps, split, level, onProg
 
 const authHeaders = (token) => (token ? { Authorization: `Bearer ${token}` } : {});
 
-/** A failed answer's message; 401 / 403 say what the user can do about the read token. */
-export function answerError(what, status) {
-  if (status === 401) return `${what} answered 401: this server needs a read token (enter it in the token field, or open the page as /phone#token=TOKEN)`;
-  if (status === 403) return `${what} answered 403: the read token was refused (check it with the server's operator)`;
+/** A failed answer's message; 401 / 429 say what the user can do about the read token (``sent``: one was sent). */
+export function answerError(what, status, sent = false) {
+  if (status === 401 && !sent) return `${what} answered 401: this server needs a read token (enter it in the token field, or open the page as /phone#token=TOKEN)`;
+  if (status === 401) return `${what} answered 401: the read token was refused (check it with the server's operator)`;
+  if (status === 429) return `${what} answered 429: too many wrong tokens from here; wait a minute, then enter the right one`;
   return `${what} answered ${status}`;
 }
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CHROMIUM", "FLAGS", "PER_STEP_ID", "PROMPT", "SEED", "STEPS", "TEMPLATE_ID", "TWO_REF_ID", "WEB",
+__all__ = ["CHROMIUM", "FLAGS", "PER_STEP_ID", "PHOTO_NAME", "PROMPT", "SEED", "STEPS", "TEMPLATE_ID", "TWO_REF_ID", "WEB",
            "fill_edit", "finish_edit", "open_page", "page_state", "publish_page_store", "python_edit",
            "recording_app"]  # fmt: skip
 
@@ -23,6 +23,7 @@ PER_STEP_ID = "web-astronaut-per-step"
 TWO_REF_ID = "web-try-on-pair"
 PROMPT = "paint it in sakura pink 7"  # nothing else the page sends could contain this
 STEPS, SEED = 3, 11
+PHOTO_NAME = "photo.png"
 
 
 def publish_page_store(root: Path):
