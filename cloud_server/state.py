@@ -16,8 +16,8 @@ from aiohttp import web
 from sakura_core.http_serving import TokenThrottle
 
 from .catalog_index import CatalogConfig, CatalogIndex
-from .config import ServerConfig
 from .compressed_files import CompressedFiles
+from .config import ServerConfig
 from .conn_guard import IntervalLog
 from .precompute import PrecomputeFn
 from .store import Store

@@ -20,7 +20,8 @@ export function templatePlan(manifest, name) {
     for (const shard of manifest.shards.filter((x) => (perStep ? x.step === s : true))) {
       const chosen = nameOf({ layers: shard.layers, step: perStep ? s : null });
       if (typeof chosen !== "string") throw new Error(`shard of layers ${shard.layers} (step ${s}): the level must be a representation name, got ${chosen}`);
-      const want = chosen === "reuse" && s === 0 ? "fp16" : s === 0 ? chosen.replace(/\+cl$/, "") : chosen;
+      const base = chosen.replace(/\+cl$/, "");
+      const want = chosen === "reuse" && s === 0 ? "fp16" : s === 0 ? base : chosen;
       const rep = shard.representations.find((r) => r.name === want);
       if (rep === undefined) {
         const offered = [...new Set(shard.representations.map((r) => r.name))].join(", ");

@@ -19,7 +19,9 @@ WASM = "/phone/vendor/ort/ort-wasm-simd-threaded.wasm"
 
 
 def _state(page) -> tuple[str, str]:
-    return page.evaluate("[document.getElementById('status').dataset.state, document.getElementById('status').textContent]")
+    return page.evaluate(
+        "[document.getElementById('status').dataset.state, document.getElementById('status').textContent]"
+    )
 
 
 def test_the_page_sends_the_read_token_and_says_when_it_lacks_one(page_store, chromium, tmp_path):
@@ -53,7 +55,9 @@ def test_the_page_sends_the_read_token_and_says_when_it_lacks_one(page_store, ch
         page.click("#go")
         finish_edit(page)
         done = page_state(page)
-        page.fill("#token", "")  # the token cleared: the catalog's (or the edit's) request is refused, the page says why
+        page.fill(
+            "#token", ""
+        )  # the token cleared: the catalog's (or the edit's) request is refused, the page says why
         page.click("#go")
         finish_edit(page)
         cleared = _state(page)

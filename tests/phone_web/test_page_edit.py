@@ -16,8 +16,19 @@ import pytest
 
 from .link_trace import TraceLink
 from .loopback import loopback_server
-from .page_driver import (PER_STEP_ID, PROMPT, SEED, STEPS, TEMPLATE_ID, TWO_REF_ID, fill_edit, finish_edit, open_page,
-                          page_state, python_edit, recording_app)  # fmt: skip
+from .page_driver import (
+    PER_STEP_ID,
+    PROMPT,
+    SEED,
+    STEPS,
+    TEMPLATE_ID,
+    TWO_REF_ID,
+    fill_edit,
+    open_page,
+    page_state,
+    python_edit,
+    recording_app,
+)
 
 LINK_MS = 40  # the one-way latency CDP adds to every request during the edit
 
@@ -26,7 +37,9 @@ def _done(page) -> bool:
     return page.evaluate("['done', 'error'].includes(document.getElementById('status').dataset.state)")
 
 
-@pytest.mark.parametrize(("template_id", "split"), [(TEMPLATE_ID, 0), (PER_STEP_ID, 0), (TEMPLATE_ID, 3), (TWO_REF_ID, 0)])
+@pytest.mark.parametrize(
+    ("template_id", "split"), [(TEMPLATE_ID, 0), (PER_STEP_ID, 0), (TEMPLATE_ID, 3), (TWO_REF_ID, 0)]
+)
 def test_an_edit_runs_in_the_page_and_equals_python(page_store, link_trace, chromium, tmp_path, template_id, split):
     from PIL import Image
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
 from .loopback import loopback_server
 from .page_driver import SEED, TEMPLATE_ID, fill_edit, finish_edit, open_page, page_state, python_edit, recording_app
 
@@ -73,13 +71,16 @@ def test_a_lossy_level_edit_stays_within_its_stated_psnr(page_store, chromium, t
     # what was fetched: each shard's chain up to the level (base first), nothing of fp16
     chains = {d for s in manifest["shards"] for r in s["representations"] if r["name"] == LEVEL
               for d in [*r["requires"], r["digest"]]}  # fmt: skip
-    assert runs[LEVEL]["shards"] == chains and report["bytes_fetched"] < json.loads(runs["fp16"]["report"])["bytes_fetched"] / 5
+    assert (
+        runs[LEVEL]["shards"] == chains
+        and report["bytes_fetched"] < json.loads(runs["fp16"]["report"])["bytes_fetched"] / 5
+    )
     lossy, exact = runs[LEVEL]["image"], runs["fp16"]["image"]
     from_fp16 = psnr_uint8(lossy, exact)
     want = python_edit(store, model, user, SEED, TEMPLATE_ID, 0, LEVEL)
     vs_python = psnr_uint8(lossy, want)
-    print(f"{LEVEL}: {from_fp16:.2f} dB from the fp16 edit (stated {stated[LEVEL]}), {vs_python:.2f} dB vs Python, "  # noqa: T201
-          f"max |diff| {int(np.abs(lossy.astype(int) - want).max())}; {report['bytes_fetched']} B")
+    figures = f"{from_fp16:.2f} dB from fp16 (stated {stated[LEVEL]}), {vs_python:.2f} dB vs Python"
+    print(f"{LEVEL}: {figures}; {report['bytes_fetched']} B")  # noqa: T201 - the figures of the run (pytest -s)
     assert stated[LEVEL] <= from_fp16 < 60.0  # within the stated PSNR, and lossy indeed
     assert vs_python >= 45.0
     # the per-shard choice: layers < 3 at sakura-l2, the rest fp16, each equal to its own level's decode
