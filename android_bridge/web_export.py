@@ -97,8 +97,7 @@ def export_web(
     ins = graph_inputs(model, x, model.encode_prompt("place it"), torch.tensor([0.5]), kv)
     t0 = time.perf_counter()
     path = out / GRAPH_NAME
-    # the template K/V's token count is the graph's one free dimension: one reference or several (try-on) stacked
-    free = {n: {1: "template_tokens"} for n in names if n.startswith(("k_ref_", "v_ref_"))}
+    free = {n: {1: "template_tokens"} for n in names if n.startswith(("k_ref_", "v_ref_"))}  # 1..N references
     torch.onnx.export(graph, ins, str(path), input_names=names, output_names=["velocity"], dynamo=dynamo,
                       opset_version=opset, external_data=False, verbose=False, dynamic_axes=free)  # fmt: skip
     export_s = time.perf_counter() - t0
