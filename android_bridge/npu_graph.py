@@ -69,7 +69,7 @@ class CachedKVGraph(nn.Module):
 
     def _with_ref(self, t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
         """Insert the template K or V between the text and the image tokens (cached-mode layout)."""
-        ref = ref.reshape(1, -1, self.heads * self.head_dim)  # (1, N_ref, H*D): N_ref from the input (web: dynamic)
+        ref = ref.reshape(1, self.n_ref, self.heads * self.head_dim)  # (1, N_ref, H*D)
         return torch.cat([t[:, : self.n_txt], ref, t[:, self.n_txt :]], dim=1)
 
     @staticmethod

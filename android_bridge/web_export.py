@@ -31,10 +31,19 @@ import torch
 from .npu_graph import CachedKVGraph, graph_input_names, graph_inputs
 from .web_template_graph import export_template_graph
 
-__all__ = ["WEB_FORMAT", "export_web"]
+__all__ = ["WEB_FORMAT", "WebCachedKVGraph", "export_web"]
 
 WEB_FORMAT = "sakura-web-model/1"
 GRAPH_NAME = "dit_cached_kv.onnx"
+
+
+class WebCachedKVGraph(CachedKVGraph):
+    """The cached-KV graph with the template's token count free (one reference, or several stacked: try-on), which
+    the NPU export keeps static."""
+
+    def _with_ref(self, t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        ref = ref.reshape(1, -1, self.heads * self.head_dim)  # (1, N_ref, H*D): N_ref from the input
+        return torch.cat([t[:, : self.n_txt], ref, t[:, self.n_txt :]], dim=1)
 
 
 # how the page forms each input outside the graphs (what web_model.js implements)
@@ -88,7 +97,7 @@ def export_web(
         raise ValueError("--target web exports the VAE-free demo model only (a latent model needs its VAE)")
     a, spec, m = model.adapter, model.spec, model.adapter.model
     names = graph_input_names(a.num_layers)
-    graph = CachedKVGraph(a, spec.text_tokens, spec.num_tokens, spec.num_tokens).eval()
+    graph = WebCachedKVGraph(a, spec.text_tokens, spec.num_tokens, spec.num_tokens).eval()
     # example inputs: a real template's KV and a real prompt, so the export traces the shapes it will run
     gen = torch.Generator().manual_seed(0)
     template = torch.rand(1, spec.num_tokens, spec.patch_dim, generator=gen) * 2 - 1
