@@ -13,7 +13,9 @@ __all__ = ["TraceLink"]
 
 @dataclass
 class TraceLink:
-    """Replays ``trace`` on ``cdp`` (a CDP session of ``page``), one-way ``latency_ms`` on every request.
+    """Replays ``trace`` on ``cdp`` (a CDP session of ``page``), one-way ``latency_ms`` on every request, each segment
+    lasting ``time_scale`` times its duration (0.25: the trace's rate changes four times as often, so a short edit
+    still meets several).
 
     ``applied`` lists (seconds since start, bytes per second) of each update sent; the trace repeats when the page
     outlives it (as :class:`Trace` does)."""
@@ -22,6 +24,7 @@ class TraceLink:
     cdp: object
     trace: object
     latency_ms: float = 40.0
+    time_scale: float = 1.0
     poll_ms: int = 50
     applied: list[tuple[float, float]] = field(default_factory=list)
 
@@ -29,9 +32,10 @@ class TraceLink:
         self.cdp.send("Network.emulateNetworkConditions", {"offline": False, "latency": self.latency_ms,
                       "downloadThroughput": rate_bytes_per_s, "uploadThroughput": rate_bytes_per_s})  # fmt: skip
 
-    def run(self, done: Callable[[], bool], timeout_s: float = 180.0) -> None:
-        """Shape the link segment by segment until ``done()`` (polled every ``poll_ms`` in the page's own event
-        loop, so Playwright's calls stay on this thread), then lift the shaping."""
+    def run(self, begin: Callable[[], object], done: Callable[[], bool], timeout_s: float = 180.0) -> None:
+        """Shape the link segment by segment: ``begin()`` once the first segment holds (press Edit), then until
+        ``done()`` (polled every ``poll_ms`` in the page's own event loop, so Playwright's calls stay on this
+        thread); the shaping is lifted at the end."""
         self.cdp.send("Network.enable")
         t0 = time.monotonic()
         segment = 0
@@ -41,7 +45,9 @@ class TraceLink:
                 rate = float(self.trace.rates_bytes_per_s[i])
                 self._send(rate)
                 self.applied.append((time.monotonic() - t0, rate))
-                end = time.monotonic() + float(self.trace.durations_s[i])
+                if segment == 0:
+                    begin()
+                end = time.monotonic() + float(self.trace.durations_s[i]) * self.time_scale
                 while time.monotonic() < end:
                     if done():
                         return

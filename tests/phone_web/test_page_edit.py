@@ -31,6 +31,7 @@ from .page_driver import (
 )
 
 LINK_MS = 40  # the one-way latency CDP adds to every request during the edit
+TRACE_TIME_SCALE = 0.25  # the trace's 1 s segments last 0.25 s: even the split's 0.3 MB fetch meets several rates
 
 
 def _done(page) -> bool:
@@ -57,9 +58,8 @@ def test_an_edit_runs_in_the_page_and_equals_python(page_store, link_trace, chro
         # the edit's own traffic over the trace's link and a 4x slower CPU (the model files came unshaped)
         cdp = page.context.new_cdp_session(page)
         cdp.send("Emulation.setCPUThrottlingRate", {"rate": 4})
-        link = TraceLink(page, cdp, link_trace, latency_ms=LINK_MS)
-        page.click("#go")
-        link.run(lambda: _done(page))
+        link = TraceLink(page, cdp, link_trace, latency_ms=LINK_MS, time_scale=TRACE_TIME_SCALE)
+        link.run(lambda: page.click("#go"), lambda: _done(page))
         cdp.send("Emulation.setCPUThrottlingRate", {"rate": 1})
         state = page_state(page)
         if template_id == PER_STEP_ID:  # a per-step template at other steps, or with a split: a clear error
