@@ -1,5 +1,6 @@
-// One private edit in the page: the template's manifest and fp16 shards come from the server, the user's photo and
-// prompt never leave the page. Layers >= split take the fetched template K/V (fp16), single or per-step KV mode; with
+// One private edit in the page: the template's manifest and shards (fp16, or the level asked for: one name, or a name
+// per shard) come from the server, with the read token when there is one; the user's photo and prompt never leave the
+// page. Layers >= split take the fetched template K/V (one reference or several), single or per-step KV mode; with
 // a split (single mode) layers < split take the K/V the page computes from the template image with the template
 // graph: the sakura_core.runtime.denoise.run_edit loop with that split_layer, each step one run of the exported graph
 // (android_bridge/web_export.py) on onnxruntime-web.

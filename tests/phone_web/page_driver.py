@@ -117,7 +117,7 @@ def fill_edit(page, photo: Path, template_id: str, *, split: int = 0, level: str
     """Pick the photo, template, level and split; type the prompt, steps and seed (Edit not pressed)."""
     if page.evaluate("document.getElementById('input').dataset.loaded") != "true":
         page.set_input_files("#photo", str(photo))
-        page.wait_for_function("document.getElementById('input').dataset.loaded === 'true'", timeout=10_000)
+        page.wait_for_function("document.getElementById('input').dataset.loaded === 'true'", timeout=60_000)
     page.fill("#prompt", PROMPT)
     page.fill("#steps", str(steps))
     page.fill("#seed", str(seed))
