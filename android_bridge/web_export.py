@@ -3,7 +3,8 @@
 ``export_web(out_dir)`` writes into ``out_dir``:
 
 * ``dit_cached_kv.onnx`` — the fp32 cached-KV graph (:class:`~android_bridge.npu_graph.CachedKVGraph`, every layer
-  takes fetched template K/V: single KV mode, split 0), static shapes, opset 17 (TorchScript exporter: seconds);
+  takes fetched template K/V: single KV mode, split 0), static shapes but the template K/V's token count (one
+  reference's tokens or several references' stacked), opset 17 (TorchScript exporter: seconds);
 * the tables computed outside the graph, little-endian float32, row-major: ``rope_cos.f32`` / ``rope_sin.f32``
   (text then image token positions, ``(text_tokens + image_tokens, head_dim)``), ``byte_table.f32`` (the prompt
   embedding: ``(256, joint_dim)``, one row per UTF-8 byte), ``time_freqs.f32`` (the timestep projection's
@@ -30,10 +31,19 @@ import torch
 from .npu_graph import CachedKVGraph, graph_input_names, graph_inputs
 from .web_template_graph import export_template_graph
 
-__all__ = ["WEB_FORMAT", "export_web"]
+__all__ = ["WEB_FORMAT", "WebCachedKVGraph", "export_web"]
 
 WEB_FORMAT = "sakura-web-model/1"
 GRAPH_NAME = "dit_cached_kv.onnx"
+
+
+class WebCachedKVGraph(CachedKVGraph):
+    """The cached-KV graph with the template's token count free (one reference, or several stacked: try-on), which
+    the NPU export keeps static."""
+
+    def _with_ref(self, t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        ref = ref.reshape(1, -1, self.heads * self.head_dim)  # (1, N_ref, H*D): N_ref from the input
+        return torch.cat([t[:, : self.n_txt], ref, t[:, self.n_txt :]], dim=1)
 
 
 # how the page forms each input outside the graphs (what web_model.js implements)
@@ -87,7 +97,7 @@ def export_web(
         raise ValueError("--target web exports the VAE-free demo model only (a latent model needs its VAE)")
     a, spec, m = model.adapter, model.spec, model.adapter.model
     names = graph_input_names(a.num_layers)
-    graph = CachedKVGraph(a, spec.text_tokens, spec.num_tokens, spec.num_tokens).eval()
+    graph = WebCachedKVGraph(a, spec.text_tokens, spec.num_tokens, spec.num_tokens).eval()
     # example inputs: a real template's KV and a real prompt, so the export traces the shapes it will run
     gen = torch.Generator().manual_seed(0)
     template = torch.rand(1, spec.num_tokens, spec.patch_dim, generator=gen) * 2 - 1
@@ -96,8 +106,9 @@ def export_web(
     ins = graph_inputs(model, x, model.encode_prompt("place it"), torch.tensor([0.5]), kv)
     t0 = time.perf_counter()
     path = out / GRAPH_NAME
+    free = {n: {1: "template_tokens"} for n in names if n.startswith(("k_ref_", "v_ref_"))}  # 1..N references
     torch.onnx.export(graph, ins, str(path), input_names=names, output_names=["velocity"], dynamo=dynamo,
-                      opset_version=opset, external_data=False, verbose=False)  # fmt: skip
+                      opset_version=opset, external_data=False, verbose=False, dynamic_axes=free)  # fmt: skip
     export_s = time.perf_counter() - t0
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {n: t.numpy() for n, t in zip(names, ins, strict=True)})[0]

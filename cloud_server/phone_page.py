@@ -1,6 +1,8 @@
 """The phone page's static files at ``/phone`` (``phone_web/`` of a checkout): the page, its ES modules and the npm
 modules it imports (``fzstd`` and ``onnxruntime-web``'s WASM build, from ``phone_web/node_modules`` after
-``npm ci``), and the model files of ``sakura export --target web`` at ``/phone/model/`` (``--phone-model DIR``). Open (the page is code, no
+``npm ci``; the WASM and the large modules gzip-compressed once and revalidated by ETag:
+:mod:`cloud_server.compressed_files`), and the model files of ``sakura export --target web`` at ``/phone/model/``
+(``--phone-model DIR``). Open (the page is code, no
 data: its API requests carry the read token like any client's). Every response is same-origin isolated
 (``Cross-Origin-Opener-Policy: same-origin``, ``Cross-Origin-Embedder-Policy: require-corp``,
 ``Cross-Origin-Resource-Policy: same-origin``), which multi-threaded WASM needs. The same page served by ComfyUI
@@ -23,6 +25,8 @@ __all__ = ["PHONE_WEB", "phone_routes"]
 
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css"}
 _MODEL_TYPES = {".json": "application/json", ".onnx": "application/octet-stream", ".f32": "application/octet-stream"}
+#: vendor files above this size are sent gzip-compressed with an ETag (the WASM binaries, the large ES modules)
+COMPRESS_MIN_BYTES = 64 * 1024
 
 
 def _file(root: Path, relative: str, types: dict) -> Path:
@@ -54,6 +58,20 @@ def _model_file(request: web.Request, name: str) -> web.Response:
     return _send_binary(path, _MODEL_TYPES[path.suffix])
 
 
+async def _send_compressed(request: web.Request, path: Path) -> web.Response:
+    """A large vendor file: gzip when the client accepts it (compressed once per server, kept in memory), with a
+    strong ETag so a page loaded again revalidates (304, no body) instead of fetching ~15 MB."""
+    sent = await request.app[STATE_KEY].phone_files.get(path)
+    headers = {**ISOLATION_HEADERS, "ETag": sent.etag, "Vary": "Accept-Encoding"}
+    if sent.etag in [t.strip() for t in request.headers.get("If-None-Match", "").split(",")]:
+        return web.Response(status=304, headers=headers)
+    kind = "application/wasm" if path.suffix == ".wasm" else "text/javascript"
+    if "gzip" in request.headers.get("Accept-Encoding", "").lower():
+        # the body is gzip bytes as they are: aiohttp must not compress again (no enable_compression)
+        return web.Response(body=sent.gzip, content_type=kind, headers={**headers, "Content-Encoding": "gzip"})
+    return web.Response(body=sent.raw, content_type=kind, headers=headers)
+
+
 @_access("open")
 async def handle_phone(request: web.Request) -> web.Response:
     """``/phone`` and ``/phone/``: the page; ``/phone/src/...``: its modules; ``/phone/vendor/...``: npm's files
@@ -62,9 +80,12 @@ async def handle_phone(request: web.Request) -> web.Response:
     if rest.startswith("model/"):
         return _model_file(request, rest.removeprefix("model/"))
     try:
-        return _send(page_file(rest))
+        path = page_file(rest)
     except PageFileError as e:
         raise _json_error(e.status, str(e)) from None
+    if rest.startswith("vendor/") and (path.suffix == ".wasm" or path.stat().st_size > COMPRESS_MIN_BYTES):
+        return await _send_compressed(request, path)
+    return _send(path)
 
 
 def phone_routes(routes: web.RouteTableDef) -> None:

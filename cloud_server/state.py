@@ -16,6 +16,7 @@ from aiohttp import web
 from sakura_core.http_serving import TokenThrottle
 
 from .catalog_index import CatalogConfig, CatalogIndex
+from .compressed_files import CompressedFiles
 from .config import ServerConfig
 from .conn_guard import IntervalLog
 from .precompute import PrecomputeFn
@@ -134,6 +135,8 @@ class ServerState:
         self.store_io = StoreIO(config.store_threads, config.store_threads_per_object)
         #: store faults answered: one log line per kind per interval
         self.fault_log = IntervalLog(logger, "store fault: ", config.refusal_log_interval_s)
+        #: the phone page's WASM, gzip-compressed once per file (cloud_server/phone_page.py)
+        self.phone_files = CompressedFiles()
 
     @property
     def write_off_reason(self) -> str | None:

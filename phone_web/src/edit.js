@@ -1,47 +1,74 @@
-// One private edit in the page: the template's manifest and fp16 shards come from the server, the user's photo and
-// prompt never leave the page. Layers >= split take the fetched template K/V (fp16), single or per-step KV mode; with
+// One private edit in the page: the template's manifest and shards (fp16, or the level asked for: one name, or a name
+// per shard) come from the server, with the read token when there is one; the user's photo and prompt never leave the
+// page. Layers >= split take the fetched template K/V (one reference or several), single or per-step KV mode; with
 // a split (single mode) layers < split take the K/V the page computes from the template image with the template
 // graph: the sakura_core.runtime.denoise.run_edit loop with that split_layer, each step one run of the exported graph
 // (android_bridge/web_export.py) on onnxruntime-web.
 import { parseManifestBytes } from "./manifest.js";
 import { fetchShard } from "./fetch_shard.js";
-import { decodeTemplate } from "./template.js";
+import { decodeTemplate, templatePlan } from "./template.js";
 import { f16Table } from "./f16.js";
 import { encodePrompt, flowTimes, packImage, timeFeatures, torchRandn, unpackTokens } from "./web_model.js";
 
 const f = Math.fround;
 const now = () => performance.now() / 1000;
 
-async function templateKV(origin, templateId, index, steps, split, onProgress, token) {
-  const headers = token ? { Authorization: `Bearer ${token}` } : {};
-  const answer = await fetch(`${origin}/v1/templates/${encodeURIComponent(templateId)}/manifest`, { headers });
-  if (!answer.ok) throw new Error(`the manifest of ${templateId} answered ${answer.status}`);
+/** The manifest of ``templateId`` (its bytes parsed with the page's limits), fetched with the read token if any. */
+export async function fetchManifest(origin, templateId, modelId, token = null) {
+  const answer = await fetch(`${origin}/v1/templates/${encodeURIComponent(templateId)}/manifest`, { headers: authHeaders(token) });
+  if (!answer.ok) throw new Error(answerError(`the manifest of ${templateId}`, answer.status, token !== null));
   const bytes = new Uint8Array(await answer.arrayBuffer());
-  const manifest = parseManifestBytes(bytes, { templateId, modelId: index.model_id });
-  if (manifest.references.length > 1) throw new Error(`template ${templateId} has ${manifest.references.length} references: this page runs one so far`);
-  const raw = JSON.parse(new TextDecoder().decode(bytes));
+  const manifest = parseManifestBytes(bytes, { templateId, modelId });
+  return { manifest, raw: JSON.parse(new TextDecoder().decode(bytes)), bytes };
+}
+
+/** The representation names every shard of ``raw`` offers, in ladder order, each with its stated edit PSNR. */
+export function templateLevels(raw) {
+  const held = raw.shards.map((s) => new Set(s.representations.map((r) => r.name)));
+  const first = raw.shards[0].representations;
+  return first.filter((r) => held.every((h) => h.has(r.name))).map((r) => ({ name: r.name, psnr_db: r.psnr_db ?? null }));
+}
+
+async function templateKV(origin, templateId, index, steps, split, level, onProgress, token) {
+  const { manifest, raw, bytes } = await fetchManifest(origin, templateId, index.model_id, token);
+  const refs = manifest.references.length;
   if (manifest.kvMode === "per-step") checkSchedule(templateId, raw.schedule, steps);
-  if (raw.token_grid.join("x") !== index.grid.join("x")) throw new Error(`template grid ${raw.token_grid} is not the model's ${index.grid}`);
+  const want = [index.grid[0] * refs, index.grid[1]];
+  if (raw.token_grid.join("x") !== want.join("x")) throw new Error(`template grid ${raw.token_grid} is not ${refs} reference(s) of the model's ${index.grid}`);
   if (split > 0 && manifest.kvMode !== "single") throw new Error(`template ${templateId} is ${manifest.kvMode}: the page computes template layers for single-KV templates only (choose split 0)`);
+  if (split > 0 && refs > 1) throw new Error(`template ${templateId} has ${refs} references: the page computes template layers for one-reference templates only (choose split 0)`);
   // the hybrid split: only the shards of layers >= split are fetched (each shard wholly on one side)
   const shards = raw.shards.filter((x) => x.layers[0] >= split);
   const across = raw.shards.find((x) => x.layers[0] < split && x.layers[1] >= split);
   if (across !== undefined) throw new Error(`shard of layers ${across.layers} straddles the split at layer ${split}`);
   const sizes = new Map();
   for (const shard of raw.shards) for (const rep of shard.representations) sizes.set(rep.digest, rep.bytes);
+  const { digests } = templatePlan({ ...raw, shards }, level); // refuses a level a shard lacks before any fetch
   let fetched = 0;
   let bytesFetched = 0;
-  const total = shards.length;
+  const total = digests.length;
   const kv = await decodeTemplate({ ...raw, shards }, async (digest) => {
     const blob = await fetchShard(origin, digest, sizes.get(digest), { token });
     bytesFetched += blob.byteLength;
     onProgress("fetched", ++fetched, total);
     return blob;
-  }, "fp16");
-  const perStep = kv.map((parts) => layersOf(parts, index, split));
+  }, level);
+  const tokens = raw.token_grid[0] * raw.token_grid[1];
+  const perStep = kv.map((parts) => layersOf(parts, index, split, tokens));
   onProgress("decoded", index.layers - split, index.layers - split);
-  return { perStep, kvMode: manifest.kvMode, bytesFetched, manifestBytes: bytes.byteLength, shards: total,
-    templateImage: raw.template_image };
+  return { perStep, kvMode: manifest.kvMode, bytesFetched, manifestBytes: bytes.byteLength, shards: total, tokens,
+    references: refs, templateImage: raw.template_image, names: kv.map((parts) => parts.map((p) => p.name)),
+    levels: templateLevels(raw) };
+}
+
+const authHeaders = (token) => (token ? { Authorization: `Bearer ${token}` } : {});
+
+/** A failed answer's message; 401 / 429 say what the user can do about the read token (``sent``: one was sent). */
+export function answerError(what, status, sent = false) {
+  if (status === 401 && !sent) return `${what} answered 401: this server needs a read token (enter it in the token field, or open the page as /phone#token=TOKEN)`;
+  if (status === 401) return `${what} answered 401: the read token was refused (check it with the server's operator)`;
+  if (status === 429) return `${what} answered 429: too many wrong tokens from here; wait a minute, then enter the right one`;
+  return `${what} answered ${status}`;
 }
 
 /** A per-step template runs only the schedule it was computed for (run_edit's check, the same tolerance). */
@@ -55,10 +82,10 @@ function checkSchedule(templateId, schedule, steps) {
 }
 
 /** One step's decoded shards (float16 bits) -> per layer {k, v} float32, each (tokens, heads, head_dim). */
-function layersOf(parts, index, split) {
+function layersOf(parts, index, split, tokens) {
   const table = f16Table();
   const layers = [];
-  const per = index.image_tokens * index.heads * index.head_dim; // one layer's K (or V), (tokens, heads, head_dim)
+  const per = tokens * index.heads * index.head_dim; // one layer's K (or V), (tokens, heads, head_dim)
   for (const part of parts) {
     const count = part.k.length / per; // a shard holds layers [first, first + count)
     if (!Number.isInteger(count) || count < 1) throw new Error(`shard of layer ${part.layers[0]}: ${part.k.length} values is not whole layers of ${per}`);
@@ -101,16 +128,18 @@ async function deviceKV(origin, image, index, templateRun, token) {
 /**
  * Edit ``rgba`` (image_size^2 RGBA bytes) against ``templateId`` on ``origin``; ``model`` from loadWebModel, ``run``
  * from createSession. Returns {rgba, report}. ``onProgress(phase, done, total)``: fetched / decoded / computed.
+ * ``level``: the representation every shard is fetched at (a name of templateLevels: "fp16", "sakura-l4", a
+ * cachegen level...), or a function ({layers, step}) -> name choosing per shard (a fetch policy).
  */
 export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null,
-  split = 0, templateRun = null, onProgress = () => {} }) {
+  split = 0, templateRun = null, level = "fp16", onProgress = () => {} }) {
   const { index, tables } = model;
   const { session, ort, ep, tried } = run;
   const t0 = now();
   if (split !== 0 && (index.template_graph === null || split !== index.template_graph.split_layer || templateRun === null)) {
     throw new Error(`split ${split}: this model's files offer splits ${index.split_layers.join(", ")}`);
   }
-  const kv = await templateKV(origin, templateId, index, steps, split, onProgress, token);
+  const kv = await templateKV(origin, templateId, index, steps, split, level, onProgress, token);
   const tFetch = now();
   let tTemplate = tFetch;
   if (split > 0) {
@@ -133,7 +162,7 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
     rope_cos: T(tables.rope_cos, [S, index.head_dim]),
     rope_sin: T(tables.rope_sin, [S, index.head_dim]),
   };
-  const kvDims = [1, n, index.heads, index.head_dim];
+  const kvDims = [1, kv.tokens, index.heads, index.head_dim]; // (1, template tokens: every reference's, heads, hd)
   const stepS = [];
   const tokens = new Float32Array(n * 2 * pd);
   for (let step = 0; step < steps; step++) {
@@ -155,15 +184,19 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
     onProgress("computed", step + 1, steps);
   }
   const done = now();
+  const levelName = typeof level === "string" ? level : "per-shard";
   const report = {
     template_id: templateId,
     model_id: index.model_id,
     steps,
     seed,
-    policy: split > 0 ? `fp16 for layers >= ${split}, layers < ${split} computed here` : "fp16 for every layer",
+    policy: split > 0 ? `${levelName} for layers >= ${split}, layers < ${split} computed here` : `${levelName} for every layer`,
     kv_mode: kv.kvMode,
     split_layer: split,
-    level: "fp16",
+    level: levelName,
+    level_psnr_db: kv.levels.find((l) => l.name === levelName)?.psnr_db ?? null,
+    shard_levels: kv.names,
+    references: kv.references,
     bytes_fetched: kv.bytesFetched,
     manifest_bytes: kv.manifestBytes,
     shards: kv.shards,

@@ -10,4 +10,4 @@ export { parseManifest, parseManifestBytes } from "./manifest.js";
 export { ChainDecoder } from "./chain.js";
 export { levelName, slotFromManifest, checkShardGeometry, checkShardBinding, decodeForSlot } from "./binding.js";
 export { fetchShard } from "./fetch_shard.js";
-export { decodeTemplate } from "./template.js";
+export { decodeTemplate, templatePlan } from "./template.js";

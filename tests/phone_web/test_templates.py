@@ -51,8 +51,8 @@ def test_a_decoder_ignoring_the_twins_track_fails(templates, tmp_path):
     shutil.copy(WEB / "package.json", web / "package.json")
     (web / "node_modules").symlink_to(WEB / "node_modules")
     source = (web / "src" / "template.js").read_text()
-    old = 'const want = name === "reuse" && s === 0 ? "fp16" : s === 0 ? base : name;'
+    old = 'const want = chosen === "reuse" && s === 0 ? "fp16" : s === 0 ? base : chosen;'
     assert source.count(old) == 1
-    (web / "src" / "template.js").write_text(source.replace(old, old.replace(": name;", ": base;")))
+    (web / "src" / "template.js").write_text(source.replace(old, old.replace(": chosen;", ": base;")))
     code, _, failures = _run(web, templates[0])
     assert code == 1 and failures and all(f["name"].endswith("+cl") for f in failures)
