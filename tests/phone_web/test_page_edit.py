@@ -90,9 +90,10 @@ def test_an_edit_runs_in_the_page_and_equals_python(page_store, link_trace, chro
     assert [t["ep"] for t in on["providers_tried"]] == ["webnn", "webgpu", "wasm"]
     assert report["level"] == "fp16" and report["steps"] == STEPS and report["bytes_fetched"] > 100_000
     assert report["references"] == len(store.get_manifest(template_id).get("references", [None]))
-    # the trace's link held: the shards came no faster than twice its fastest segment (Chromium's throttle lets a
-    # burst through around each CDP update: measured up to 1.5x at 0.25 s segments), and it changed rate
-    assert report["timings_s"]["fetch_decode"] >= report["bytes_fetched"] / (2 * link.fastest_bytes_per_s())
+    # the trace's link held: the shards came no faster than 4x its fastest segment (Chromium's throttle lets a burst
+    # through around each CDP update, and a loaded host delays the updates: measured up to 1.5x at 0.25 s segments on
+    # a quiet host, 2.2x with 5 jobs beside it; the unshaped loopback is > 100x faster), and it changed rate
+    assert report["timings_s"]["fetch_decode"] >= report["bytes_fetched"] / (4 * link.fastest_bytes_per_s())
     assert len({rate for _, rate in link.applied}) >= 2, link.applied
     assert state["scroll"] <= 412  # no horizontal scrolling at a phone's width
     _nothing_of_the_user(seen, photo.read_bytes())
