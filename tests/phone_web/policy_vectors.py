@@ -1,0 +1,145 @@
+"""The page's policy conformance vectors: every call of the ``on-device``, ``fetch-fp16`` and ``sakura`` policies in
+simulated edits (``sakura_core.runtime.simulate``) over synthetic links (``sakura_core.fetch.synth``, the generator of
+``sakura traces synth``, at seeds other than the development one; never ../shared/traces), recorded by
+:class:`~tests.phone_web.policy_record.Recorder` with what the policy saw and decided. Runs cover single and per-step
+KV, three device profiles, a progressive ladder (upgrades), a store without fp16 (``serving``), closed-loop twins,
+``reuse`` rungs, a latency target, requests one at a time, and links that die after the drop (late shards).
+
+``python -m tests.phone_web.policy_vectors OUT`` writes ``OUT/policy_cases.json``; ``phone_web/test/run_policy.mjs``
+replays it through the page's policy."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from sakura_core.fetch.synth import development_set
+from sakura_core.fetch.traces import Trace
+from sakura_core.policy.ladder import Level, with_track_floor
+from sakura_core.policy.policies import make_policy
+from sakura_core.runtime.profiles import get_profile
+from sakura_core.runtime.simulate import SimConfig, kv_mode_view, simulate
+
+from .policy_record import Recorder
+
+__all__ = ["SEEDS", "VECTORS_FILE", "generate", "write_policy_vectors"]
+
+VECTORS_FILE = "policy_cases.json"
+SEEDS = (300, 301)  # synthetic links of every kind, fresh seeds (100 is the development set)
+GEOMETRY = "klein4b-512-ref1024"
+# cases kept per simulated edit (its first ones): the baselines keep no per-run state and repeat themselves (a stalled
+# fetch-fp16 edit is asked about its late shard every millisecond)
+MAX_CASES = {"sakura": 700, "on-device": 40, "fetch-fp16": 60}
+ALL = ("sakura", "on-device", "fetch-fp16")
+PROFILES = ("snapdragon-8-elite-cpu", "snapdragon-8-elite-gpu", "snapdragon-8-elite-npu")
+
+
+def _three_levels(fp: int) -> list[Level]:
+    """A cheap base, the floor refining it progressively (~4.7x smaller than fp16), fp16 (as the simulator tests)."""
+    return [Level("l1", fp // 11, fp // 11, 0.05, 1e-3), Level("l3", fp // 5, fp // 5 - fp // 11, 0.09, 1e-6, True),
+            Level("fp16", fp, fp, 0.06, 0.0)]  # fmt: skip
+
+
+def _twins(fp: int, steps: int, L: int) -> tuple[list[list[Level]], int]:
+    """Cross-step levels with closed-loop twins at steps >= 1 (floor on the twins' track) and fp16."""
+    n = steps * L
+    out = []
+    for g in range(n):
+        step = g // L
+        ref = None if step == 0 else step - 1
+        twin = None if step == 0 else Level("lo+cl", fp // 8, fp // 8, 0.02, 1e-5 / n, ref_step=ref)
+        out.append([Level("lo", fp // 16, fp // 16, 0.02, 1e-4 / n, ref_step=ref, closed=twin),
+                    Level("hi", fp // 4, fp // 4, 0.03, 2e-5 / n, ref_step=ref), Level("fp16", fp, fp, 0.06, 0.0)])  # fmt: skip
+    return with_track_floor(out, "hi"), 0
+
+
+def _reuse(fp: int, steps: int, L: int) -> tuple[list[list[Level]], list[int]]:
+    """Step 0 at a quantised level; later steps start with a zero-byte reuse rung (their floor)."""
+    q, exact = Level("q", fp // 6, fp // 6, 0.03, 1e-5), Level("fp16", fp, fp, 0.06, 0.0)
+    out, floor = [], []
+    for g in range(steps * L):
+        step = g // L
+        if step == 0:
+            out.append([q, exact])
+        else:
+            out.append([Level("reuse", 0, 0, 0.0, 2e-6, ref_step=step - 1, reuse=True), q, exact])
+        floor.append(0)
+    return out, floor
+
+
+def _worlds():
+    """(name, profile as simulated, ladders by family, floors by family, SimConfig, traces, policies)."""
+    links = [t for seed in SEEDS for t in development_set(seed)]
+    for pname in PROFILES:
+        base = get_profile(pname, GEOMETRY)
+        for mode in ("per-step", "single"):
+            prof = kv_mode_view(base, mode) if mode == "single" else base
+            S, L = base.model.steps, base.model.layers
+            n = S * L if mode == "per-step" else L
+            fp = kv_mode_view(base, "per-step").model.shard_bytes_fp16
+            exact = [[Level("fp16", fp, fp, 0.06, 0.0)]] * n
+            ladders = {"sakura": [_three_levels(fp)] * n, "fp16": exact}
+            # fetch-fp16 on a fast device stalls for seconds, asked every millisecond: simulated on the CPU only
+            pols = ALL if pname.endswith("-cpu") else ("sakura", "on-device")
+            yield f"{pname}/{mode}", base, ladders, {"sakura": 1, "fp16": 0}, SimConfig(), links[::17], pols
+    base = get_profile("snapdragon-8-elite-cpu", GEOMETRY)
+    S, L = base.model.steps, base.model.layers
+    fp = kv_mode_view(base, "per-step").model.shard_bytes_fp16
+    serving = [[Level("sakura-l6", fp // 3, fp // 3, 0.05, 1e-7)]] * (S * L)
+    yield "serving-store", base, {"fp16": serving, "sakura": [_three_levels(fp)] * (S * L)}, {"fp16": 0, "sakura": 1}, \
+        SimConfig(request_ahead=False), links[1::17], ALL  # fmt: skip
+    tw, fl = _twins(fp, S, L)
+    yield "twins", base, {"sakura": tw, "fp16": [[tw[0][-1]]] * (S * L)}, {"sakura": fl, "fp16": 0}, SimConfig(), \
+        links[2::17], ALL  # fmt: skip
+    ru, fl = _reuse(fp, S, L)
+    yield "reuse", base, {"sakura": ru, "fp16": [[ru[0][-1]]] * (S * L)}, {"sakura": fl, "fp16": 0}, SimConfig(), \
+        links[3::17], ALL  # fmt: skip
+    lad = {"sakura": [_three_levels(fp)] * (S * L), "fp16": [[_three_levels(fp)[-1]]] * (S * L)}
+    for target in (30.0, 1000.0):
+        yield f"target-{target:g}s", base, lad, {"sakura": 1, "fp16": 0}, SimConfig(latency_target_s=target), \
+            links[4::25], ("sakura",)  # fmt: skip
+    single = kv_mode_view(base, "single")
+    dies = [Trace("dies-10", [6.0, 1e5], [10e6 / 8, 0.0]), Trace("dies-20", [3.0, 1e5], [20e6 / 8, 0.0]),
+            Trace("slumps-20", [4.0, 30.0, 1e5], [20e6 / 8, 0.05e6 / 8, 20e6 / 8])]  # fmt: skip
+    lad1 = {"sakura": [_three_levels(fp)] * L, "fp16": [[_three_levels(fp)[-1]]] * L}
+    yield "dying-links/single", single, lad1, {"sakura": 1, "fp16": 0}, SimConfig(), dies, ALL
+    yield "dying-links/per-step", base, lad, {"sakura": 1, "fp16": 0}, SimConfig(), dies, ALL
+
+
+def generate() -> list[dict]:
+    """Every recorded sequence (one per simulated edit; a trace's edit starts at its index x 37 s)."""
+    seqs: list[dict] = []
+    for world, profile, ladders, floors, config, traces, policies in _worlds():
+        for i, trace in enumerate(traces):
+            start = float(i * 37 % 400)
+            for name in policies:
+                header = {"world": world, "trace": trace.name, "start_s": start}
+                rec = Recorder(make_policy(name), seqs, header, MAX_CASES[name])
+                simulate(rec, trace, profile, ladders, floors, start_s=start, config=config)
+    return [s for s in seqs if s["cases"]]
+
+
+def _plain(x):
+    """numpy scalars (a policy may answer with one) as Python's."""
+    if hasattr(x, "item"):
+        return x.item()
+    raise TypeError(f"{type(x).__name__} is not JSON: record plain numbers")
+
+
+def write_policy_vectors(out: Path) -> dict:
+    """Write ``out/policy_cases.json``; the counts: cases, by call, by policy and by reason code."""
+    seqs = generate()
+    cases = [c for s in seqs for c in s["cases"]]
+    counts = {"sequences": len(seqs), "cases": len(cases),
+              "calls": dict(Counter(c["call"] for c in cases)),
+              "policies": dict(Counter(s["policy"] for s in seqs for _ in s["cases"])),
+              "codes": dict(Counter(c["want"]["code"] for c in cases))}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / VECTORS_FILE).write_text(json.dumps({"counts": counts, "sequences": seqs}, default=_plain), encoding="utf-8")
+    return counts
+
+
+if __name__ == "__main__":
+    print(json.dumps(write_policy_vectors(Path(sys.argv[1])), indent=1))  # noqa: T201
