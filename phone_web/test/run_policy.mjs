@@ -1,12 +1,15 @@
 // Replay the recorded policy decisions of tests/phone_web/policy_vectors.py through the page's policy
 // (src/policy): each sequence (one simulated edit) with one policy instance, every call with the state Python's
 // policy saw; prints one JSON line per difference and a summary; exits 1 on any.
-//   node test/run_policy.mjs VECTOR_DIR
+//   node test/run_policy.mjs VECTOR_DIR [--perturb JSON]
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Context, EstimatorConfig, levelFromJson, makePolicy, Sakura, ThroughputEstimator } from "../src/policy/index.js";
 
 const dir = process.argv[2];
+// --perturb '{"late_patience": 0.3}': run the page's policy with a rule constant changed (the suite must then fail)
+const at = process.argv.indexOf("--perturb");
+const PERTURB = at > 0 ? JSON.parse(process.argv[at + 1]) : {};
 const { sequences } = JSON.parse(readFileSync(join(dir, "policy_cases.json"), "utf8"));
 
 function staticOf(st) {
@@ -84,6 +87,10 @@ const counts = { cases: 0, pass: 0, codes: {} };
 for (const seq of sequences) {
   const fixed = staticOf(seq.static);
   const policy = makePolicy(seq.policy);
+  // a situation's rule constants (Python's class attributes, snake_case) and the suite's own perturbations
+  for (const [k, v] of Object.entries({ ...(seq.constants || {}), ...PERTURB })) {
+    policy[k.replace(/_(.)/g, (_, c) => c.toUpperCase())] = v;
+  }
   seq.cases.forEach((c, i) => {
     counts.cases += 1;
     const want = { ...c.want };

@@ -149,8 +149,8 @@ class Recorder:
             return
         seen = self.seen.setdefault(case["want"]["code"], 0)
         self.seen[case["want"]["code"]] = seen + 1
-        if seen >= REPEATS:
-            self.seq["cases"].remove(case)
+        if seen >= REPEATS and self.seq["cases"][-1] is case:
+            self.seq["cases"].pop()
 
     def choose(self, ctx, layer):
         case = self._record(ctx, {"call": "choose", "shard": layer})

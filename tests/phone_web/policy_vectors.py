@@ -23,6 +23,7 @@ from sakura_core.runtime.profiles import get_profile
 from sakura_core.runtime.simulate import SimConfig, kv_mode_view, simulate
 
 from .policy_record import Recorder
+from .policy_situations import situations
 
 __all__ = ["SEEDS", "VECTORS_FILE", "generate", "write_policy_vectors"]
 
@@ -104,12 +105,13 @@ def _worlds():
     dies = [Trace("dies-10", [6.0, 1e5], [10e6 / 8, 0.0]), Trace("dies-20", [3.0, 1e5], [20e6 / 8, 0.0]),
             Trace("slumps-20", [4.0, 30.0, 1e5], [20e6 / 8, 0.05e6 / 8, 20e6 / 8])]  # fmt: skip
     lad1 = {"sakura": [_three_levels(fp)] * L, "fp16": [[_three_levels(fp)[-1]]] * L}
-    yield "dying-links/single", single, lad1, {"sakura": 1, "fp16": 0}, SimConfig(), dies, ALL
-    yield "dying-links/per-step", base, lad, {"sakura": 1, "fp16": 0}, SimConfig(), dies, ALL
+    yield "dying-links/single", single, lad1, {"sakura": 1, "fp16": 0}, SimConfig(), dies, ("sakura", "on-device")
+    yield "dying-links/per-step", base, lad, {"sakura": 1, "fp16": 0}, SimConfig(), dies, ("sakura", "on-device")
 
 
 def generate() -> list[dict]:
-    """Every recorded sequence (one per simulated edit; a trace's edit starts at its index x 37 s)."""
+    """Every recorded sequence: one per simulated edit (a trace's edit starts at its index x 37 s), then the
+    hand-made situations of the Python policy tests."""
     seqs: list[dict] = []
     for world, profile, ladders, floors, config, traces, policies in _worlds():
         for i, trace in enumerate(traces):
@@ -118,7 +120,7 @@ def generate() -> list[dict]:
                 header = {"world": world, "trace": trace.name, "start_s": start}
                 rec = Recorder(make_policy(name), seqs, header, MAX_CASES[name])
                 simulate(rec, trace, profile, ladders, floors, start_s=start, config=config)
-    return [s for s in seqs if s["cases"]]
+    return [s for s in seqs if s["cases"]] + situations()
 
 
 def _plain(x):

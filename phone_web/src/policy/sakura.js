@@ -17,6 +17,16 @@ export class Sakura extends Policy {
   static stallBudget = 0.015;
   static lateMargin = 0.5;
 
+  constructor() {
+    super();
+    // the rule constants (sakura.py's class attributes), per instance as there
+    this.planEstimate = Sakura.planEstimate;
+    this.regretSlowdown = Sakura.regretSlowdown;
+    this.latePatience = Sakura.latePatience;
+    this.stallBudget = Sakura.stallBudget;
+    this.lateMargin = Sakura.lateMargin;
+  }
+
   reset() {
     this._plan = null;
     this._lateSince = new Map();
@@ -25,10 +35,8 @@ export class Sakura extends Policy {
     this._whyCache = null;
   }
 
-  get k() { return this.constructor; }
-
   rate(ctx) {
-    const est = this.k.planEstimate === "harmonic" ? ctx.estimator.harmonic() : ctx.estimator.robust();
+    const est = this.planEstimate === "harmonic" ? ctx.estimator.harmonic() : ctx.estimator.robust();
     return ctx.slowed(est);
   }
 
@@ -149,7 +157,7 @@ export class Sakura extends Policy {
     const left = ctx.layersPerStep - snap.l0;
     const keepAll = snap.ct + left * p.layerFullS;
     const dropEnd = snap.finish(plan.splits, null, null, snap.cs);
-    if (new Snapshot(ctx, rate / this.k.regretSlowdown).finish(plan.splits, null, null, snap.cs) > keepAll) return "regret";
+    if (new Snapshot(ctx, rate / this.regretSlowdown).finish(plan.splits, null, null, snap.cs) > keepAll) return "regret";
     const reuse = ctx.floorReuses();
     let allThere = true;
     for (let g = layer; g < snap.c - snap.l0 + ctx.layersPerStep; g++) {
@@ -160,7 +168,7 @@ export class Sakura extends Policy {
     }
     if (allThere) return "drop";
     const resume = ctx.resumePassS(ctx.layerOf(layer));
-    const outageLoss = snap.ct + (1 + this.k.latePatience) * resume + left * p.layerCachedS - keepAll;
+    const outageLoss = snap.ct + (1 + this.latePatience) * resume + left * p.layerCachedS - keepAll;
     return keepAll - dropEnd < outageLoss ? "outage" : "drop";
   }
 
@@ -169,9 +177,9 @@ export class Sakura extends Policy {
     const since = this._lateSince.get(layer);
     const recent = this._recentRate(ctx);
     const resume = ctx.resumePassS();
-    const allowance = this.k.stallBudget * ctx.fetchNothingS - ctx.stalledS;
+    const allowance = this.stallBudget * ctx.fetchNothingS - ctx.stalledS;
     const poll = ctx.profile.layerCachedS;
-    const patience = pyMin(this.k.latePatience * resume, pyMax(ctx.now - since + allowance - poll, 0.0));
+    const patience = pyMin(this.latePatience * resume, pyMax(ctx.now - since + allowance - poll, 0.0));
     if (ctx.now - since < patience) return false;
     let rate = this.rate(ctx);
     if (ctx.now - since >= resume) {
@@ -182,11 +190,11 @@ export class Sakura extends Policy {
     const stay = new Array(snap.S - snap.cs).fill(snap.l0);
     const wait = snap.finish(stay, null, null, snap.cs);
     const recompute = ctx.now + resume + (ctx.layersPerStep - ctx.layerOf(layer)) * ctx.profile.layerCachedS;
-    if (patience < this.k.latePatience * resume) {
-      const overrun = (wait - ctx.now) * (1.0 / this.k.lateMargin - 1.0);
+    if (patience < this.latePatience * resume) {
+      const overrun = (wait - ctx.now) * (1.0 / this.lateMargin - 1.0);
       const editEnd = snap.finish(stay);
-      if (editEnd + overrun > (1.0 + this.k.stallBudget) * ctx.fetchNothingS) {
-        return recompute - ctx.now < (wait - ctx.now) / this.k.lateMargin;
+      if (editEnd + overrun > (1.0 + this.stallBudget) * ctx.fetchNothingS) {
+        return recompute - ctx.now < (wait - ctx.now) / this.lateMargin;
       }
     }
     return recompute < wait;
