@@ -7,9 +7,10 @@ does (``constants``: the JS replay sets the same)."""
 from __future__ import annotations
 
 from sakura_core.policy.context import Context
+from sakura_core.policy.estimator import EstimatorConfig, ThroughputEstimator
 from sakura_core.policy.ladder import Level
 from sakura_core.policy.policies import make_policy
-from tests.sakura_core.policy.test_policies import LADDER, MB, S1, FP16, FakeState, _estimator
+from tests.sakura_core.policy.test_policies import FP16, LADDER, MB, S1, FakeState
 
 from .policy_record import Recorder
 
@@ -20,7 +21,11 @@ _LATE = {"template_alive": False, "compute_layer": 1, "next_layer": 4}
 
 
 def _ctx(rate, **kw) -> Context:
-    return Context(FakeState(estimator=_estimator(rate), **kw))
+    """The tests' world with one throughput sample at ``rate`` bytes/s (None: no sample, the prior)."""
+    est = ThroughputEstimator(EstimatorConfig(min_sample_bytes=1))
+    if rate is not None:
+        est.observe(rate, 1.0)
+    return Context(FakeState(estimator=est, **kw))
 
 
 # (name, policy, rule constants, [(call, args, state)]): one sequence each, calls in order on one policy

@@ -76,7 +76,6 @@ def _worlds():
     for pname in PROFILES:
         base = get_profile(pname, GEOMETRY)
         for mode in ("per-step", "single"):
-            prof = kv_mode_view(base, mode) if mode == "single" else base
             S, L = base.model.steps, base.model.layers
             n = S * L if mode == "per-step" else L
             fp = kv_mode_view(base, "per-step").model.shard_bytes_fp16
@@ -139,7 +138,9 @@ def write_policy_vectors(out: Path) -> dict:
               "policies": dict(Counter(s["policy"] for s in seqs for _ in s["cases"])),
               "codes": dict(Counter(c["want"]["code"] for c in cases))}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    (out / VECTORS_FILE).write_text(json.dumps({"counts": counts, "sequences": seqs}, default=_plain), encoding="utf-8")
+    (out / VECTORS_FILE).write_text(
+        json.dumps({"counts": counts, "sequences": seqs}, default=_plain), encoding="utf-8"
+    )
     return counts
 
 

@@ -45,7 +45,9 @@ def test_the_page_policy_decides_like_python_on_every_recorded_case(vectors):
     rc, summary, diffs = _run(folder)
     assert counts["cases"] >= 500 and summary["cases"] == counts["cases"]
     assert rc == 0 and summary["pass"] == summary["cases"], diffs[:5]
-    assert set(counts["codes"]) == CODES, f"missing {CODES - set(counts['codes'])}, unknown {set(counts['codes']) - CODES}"
+    assert set(counts["codes"]) == CODES, (
+        f"missing {CODES - set(counts['codes'])}, unknown {set(counts['codes']) - CODES}"
+    )
     assert set(counts["policies"]) == {"sakura", "on-device", "fetch-fp16"}
 
 
