@@ -5,12 +5,13 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Context, EstimatorConfig, levelFromJson, makePolicy, Sakura, ThroughputEstimator } from "../src/policy/index.js";
+import { fixed } from "../src/policy/pyfloat.js";
 
 const dir = process.argv[2];
 // --perturb '{"late_patience": 0.3}': run the page's policy with a rule constant changed (the suite must then fail)
 const at = process.argv.indexOf("--perturb");
 const PERTURB = at > 0 ? JSON.parse(process.argv[at + 1]) : {};
-const { sequences } = JSON.parse(readFileSync(join(dir, "policy_cases.json"), "utf8"));
+const { sequences, estimator = [], formats = [] } = JSON.parse(readFileSync(join(dir, "policy_cases.json"), "utf8"));
 
 function staticOf(st) {
   const table = st.ladders.map((lad) => lad.map(levelFromJson));
@@ -112,6 +113,24 @@ for (const seq of sequences) {
       console.log(JSON.stringify({ world: seq.world, trace: seq.trace, start_s: seq.start_s, policy: seq.policy, index: i, call: c.call, shard: c.shard, want: c.want, got }));
     }
   });
+}
+// the estimator fed the same observations, and numbers written as Python's :.2f
+for (const stream of estimator) {
+  const c = stream.config;
+  const est = new ThroughputEstimator(new EstimatorConfig({ window: c.window, minSampleBytes: c.min_sample_bytes, priorBytesPerS: c.prior_bytes_per_s }));
+  stream.observe.forEach(([nbytes, seconds], i) => {
+    est.observe(nbytes, seconds);
+    const got = [est.harmonic(), est.robust(), est.worst(), est.samples];
+    counts.cases += 1;
+    if (JSON.stringify(got) === JSON.stringify(stream.after[i])) counts.pass += 1;
+    else console.log(JSON.stringify({ estimator: i, want: stream.after[i], got }));
+  });
+}
+for (const [x, want] of formats) {
+  counts.cases += 1;
+  const got = fixed(x === null ? NaN : x, 2);
+  if (got === want) counts.pass += 1;
+  else console.log(JSON.stringify({ format: x, want, got }));
 }
 console.log(JSON.stringify({ summary: counts }));
 process.exit(counts.pass === counts.cases ? 0 : 1);

@@ -15,8 +15,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+
 from sakura_core.fetch.synth import development_set
 from sakura_core.fetch.traces import Trace
+from sakura_core.policy.estimator import EstimatorConfig, ThroughputEstimator
 from sakura_core.policy.ladder import Level, with_track_floor
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.profiles import get_profile
@@ -25,7 +28,7 @@ from sakura_core.runtime.simulate import SimConfig, kv_mode_view, simulate
 from .policy_record import Recorder
 from .policy_situations import situations
 
-__all__ = ["SEEDS", "VECTORS_FILE", "generate", "write_policy_vectors"]
+__all__ = ["SEEDS", "VECTORS_FILE", "estimator_streams", "format_cases", "generate", "write_policy_vectors"]
 
 VECTORS_FILE = "policy_cases.json"
 SEEDS = (300, 301)  # synthetic links of every kind, fresh seeds (100 is the development set)
@@ -129,18 +132,48 @@ def _plain(x):
     raise TypeError(f"{type(x).__name__} is not JSON: record plain numbers")
 
 
+def estimator_streams(seed: int = 47) -> list[dict]:
+    """Observation streams (bytes, seconds: small transfers pooled, zeros ignored) with Python's estimates after each
+    observation (harmonic, robust, worst, samples), for two configurations."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for config in (EstimatorConfig(), EstimatorConfig(window=3, min_sample_bytes=1, prior_bytes_per_s=1e5)):
+        est = ThroughputEstimator(config)
+        obs = [(float(rng.choice([0, 500, 4000, 20000, 3e5, 2e6]) * rng.uniform(0.5, 1.5)), float(rng.uniform(0, 2)))
+               for _ in range(200)]  # fmt: skip
+        after = []
+        for nbytes, seconds in obs:
+            est.observe(nbytes, seconds)
+            after.append([est.harmonic(), est.robust(), est.worst(), est.samples])
+        out.append({"config": {"window": config.window, "min_sample_bytes": config.min_sample_bytes,
+                               "prior_bytes_per_s": config.prior_bytes_per_s}, "observe": obs, "after": after})  # fmt: skip
+    return out
+
+
+def format_cases(seed: int = 47) -> list[list]:
+    """Numbers and Python's ``:.2f`` of them: exact binary ties (0.125, 2.5e-3 ...), values just off them, negatives,
+    -0.0, large and random ones (the page's reasons must read as Python's)."""
+    rng = np.random.default_rng(seed)
+    xs = [k / 8 for k in range(-40, 41)] + [0.005, 0.015, 2.675, 1.005, -0.0, -0.001, 1e6 / 3, 123456789.125, 1e-9]
+    xs += [float(x) for x in rng.uniform(-50, 50, 300)] + [float(x) for x in rng.exponential(3, 300)]
+    return [[x, f"{x:.2f}"] for x in xs]
+
+
 def write_policy_vectors(out: Path) -> dict:
-    """Write ``out/policy_cases.json``; the counts: cases, by call, by policy and by reason code."""
+    """Write ``out/policy_cases.json``; the counts: cases, by call, by policy and by reason code, the estimator's
+    observations and the numbers formatted."""
     seqs = generate()
     cases = [c for s in seqs for c in s["cases"]]
     counts = {"sequences": len(seqs), "cases": len(cases),
               "calls": dict(Counter(c["call"] for c in cases)),
               "policies": dict(Counter(s["policy"] for s in seqs for _ in s["cases"])),
               "codes": dict(Counter(c["want"]["code"] for c in cases))}  # fmt: skip
+    streams, formats = estimator_streams(), format_cases()
+    counts["estimator_observations"] = sum(len(x["observe"]) for x in streams)
+    counts["formats"] = len(formats)
     out.mkdir(parents=True, exist_ok=True)
-    (out / VECTORS_FILE).write_text(
-        json.dumps({"counts": counts, "sequences": seqs}, default=_plain), encoding="utf-8"
-    )
+    data = {"counts": counts, "sequences": seqs, "estimator": streams, "formats": formats}
+    (out / VECTORS_FILE).write_text(json.dumps(data, default=_plain), encoding="utf-8")
     return counts
 
 
