@@ -13,7 +13,7 @@ from .model_loader import SakuraModelLoader
 from .phone_device import SakuraPhoneDevice
 from .pipelined_sampler import SakuraPipelinedSampler
 from .routes import register_routes
-from .template_kv_patch import SakuraTemplateKV
+from .template_kv_patch import SakuraTemplateKV, SakuraTemplateKVReport
 from .template_loader import SakuraTemplateLoader
 
 __all__ = ["NODES", "SakuraExtension", "comfy_entrypoint"]
@@ -25,6 +25,7 @@ NODES: tuple[type[io.ComfyNode], ...] = (
     SakuraPipelinedSampler,
     SakuraPhoneDevice,
     SakuraTemplateKV,
+    SakuraTemplateKVReport,
 )
 
 
