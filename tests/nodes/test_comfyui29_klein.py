@@ -63,8 +63,11 @@ def klein(tmp_path_factory):
     image = np.random.default_rng(4).integers(0, 255, (64, 64, 3), dtype=np.uint8)
     Image.fromarray(image).save(work / "ref.png")
     store = work / "store"
-    for template_id, mode in ((TEMPLATE, ["--kv-mode", "single", "--codec", "fp16"]),
-                              (PER_STEP, [*PER_STEP_ARGS, "--codec", "fp16"]), (LOSSY, ["--kv-mode", "single"])):
+    for template_id, mode in (
+        (TEMPLATE, ["--kv-mode", "single", "--codec", "fp16"]),
+        (PER_STEP, [*PER_STEP_ARGS, "--codec", "fp16"]),
+        (LOSSY, ["--kv-mode", "single"]),
+    ):
         subprocess.run([sys.executable, "-m", "sakura_core.cli", "precompute", "--store", str(store), "--model", spec,
                         "--image", str(work / "ref.png"), "--id", template_id, "--store-profile", "full", *mode],
                        check=True, cwd=REPO, timeout=900)  # fmt: skip
