@@ -197,7 +197,7 @@ class SplitBlock:
             return original(args)
         layer = layer_index(self.block_type, self.index, st.num_double)
         lanes.at_layer(st.step, layer)
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), lanes.wait_s
         st.computing = bool(n) and lanes.keep_template(layer)
         if not n or st.computing:
             out = original(args)
@@ -205,7 +205,8 @@ class SplitBlock:
             cut = dict(args, img=args["img"][:, :-n], pe=args["pe"][:, :, :-n])  # (B, L, C); pe (B, 1, L, ...)
             out = original(cut)
             out["img"] = torch.cat([out["img"], args["img"][:, -n:]], dim=1)  # the references, unchanged
-        lanes.layer_time(time.perf_counter() - t0, with_template=st.computing)
+        compute_s = time.perf_counter() - t0 - (lanes.wait_s - waited)  # a wait for the shard is no compute time
+        lanes.layer_time(max(compute_s, 0.0), with_template=st.computing)
         return out
 
 
