@@ -91,9 +91,13 @@ class HostLanes:
     # ---- lifetime ---------------------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Stop the lanes (if running) and drop every shard; the next :meth:`start` is a fresh run."""
-        if self._loop is not None and self._stop is not None:
-            self._cancel.set()
-            self._loop.call_soon_threadsafe(self._stop.set)
+        self._cancel.set()
+        loop, thread = self._loop, self._thread
+        if loop is not None and self._stop is not None and thread is not None and thread.is_alive():
+            try:
+                loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:  # the loop closed meanwhile (its lanes ended on an error): nothing left to stop
+                logger.debug("template %s: the lanes had ended already", self.manifest.template_id)
         if self._thread is not None:
             self._thread.join(timeout=30.0)
         self._thread, self._loop, self._stop, self._error = None, None, None, None
@@ -185,7 +189,7 @@ class HostLanes:
         made = self.held.device(shard)
         if made is not None:
             return made
-        if not self.held.is_ready(shard) and not self.held.is_failed(shard):
+        if not self.held.is_ready(shard) and not self.held.is_failed(shard) and self._error is None:
             self._wait(shard, check)
         if self._error is not None:
             raise RuntimeError(f"template {self.manifest.template_id}: fetch failed: {self._error}") from self._error
@@ -204,7 +208,7 @@ class HostLanes:
         with st.lock:
             st.waiting_since = st.now
         try:
-            while not ready.wait(0.1):
+            while not ready.wait(0.1) and self._error is None:
                 if check is not None:
                     check()
                 if time.perf_counter() - t0 > self.cfg.shard_wait_s:

@@ -102,3 +102,16 @@ def test_a_template_of_another_shape_is_named(published):
     source, manifest = published
     with pytest.raises(ValueError, match=f"template {TEMPLATE_ID} has {manifest.num_layers} shards"):
         HostLanes(source, manifest, "sakura", "live", manifest.num_layers + 1, STEPS)
+
+
+def test_a_source_that_cannot_be_opened_fails_the_layer_naming_it(published, tmp_path):
+    from sakura_core.fetch.sources import StoreSource
+
+    _, manifest = published
+    lanes = HostLanes(StoreSource(str(tmp_path / "gone")), manifest, "fetch-fp16", "live", manifest.num_layers, STEPS)
+    lanes.start(template_in_sequence=False)
+    try:
+        with pytest.raises(RuntimeError, match=f"template {TEMPLATE_ID}: fetch failed"):
+            lanes.kv(0, 0)
+    finally:
+        lanes.reset()
