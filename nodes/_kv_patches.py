@@ -89,7 +89,7 @@ class RunState:
         self.sigmas: list[float] = []
         self.carry = False  # the reference tokens ride in step 0's sequence (lanes, single mode, ReferenceLatent)
         self.computing = False  # the layer running now computes the reference tokens (before the split)
-        self.on_device: dict = {}  # single mode: (layer, device, dtype) -> (K, V) (1, H, T, D), moved once a run
+        self.on_device: dict = {}  # single mode: (layer, device, dtype) -> (source K, (K, V) (1, H, T, D) moved)
         self.pbar = None
         self.step = 0  # the step of the forward running now (post_input sets it from the sampler's sigma)
         self.refs_now = 0  # reference tokens in that forward's sequence (step 0 before the split)
@@ -123,17 +123,17 @@ class RunState:
 
     def device_kv(self, step: int, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's template K/V as (1, heads, tokens, head_dim) on ``like``'s device and in its dtype."""
-        single = self.handle.kv_mode == "single"
-        key = (layer, like.device, like.dtype)
-        if single and key in self.on_device:
-            return self.on_device[key]
-        if self.lanes is not None:
+        if self.lanes is not None:  # asked at every step: an upgrade that arrived meanwhile is used
             k, v = self.lanes.kv(step, layer, check=self.check)  # (tokens, heads, head_dim)
         else:
-            k, v = self.feed.kv(step, layer, check=self.check)
+            k, v = self.feed.kv(step, layer, check=self.check)  # the same tensors for every step in single mode
+        key = (layer, like.device, like.dtype)
+        held = self.on_device.get(key)
+        if held is not None and held[0] is k:  # single mode: moved once per run and level (the source kept alive)
+            return held[1]
         kv = tuple(t.to(like.device, like.dtype).permute(1, 0, 2).unsqueeze(0) for t in (k, v))
-        if single:
-            self.on_device[key] = kv
+        if self.handle.kv_mode == "single":
+            self.on_device[key] = (k, kv)
         return kv
 
 

@@ -8,8 +8,9 @@ plays the compute lane: before each layer it calls :meth:`HostLanes.at_layer`; w
 sequence (step 0 of a single-mode template, when the host has them) it asks :meth:`HostLanes.keep_template` — the
 policy's hybrid split — and hands what it computed to :meth:`HostLanes.hold_computed`; after the split it takes each
 layer's K/V from :meth:`HostLanes.kv`, which waits while a shard is on its way (a late shard the host can no longer
-compute is asked for at once: ``FetchLane.fetch_skipped``). The policy predicts with the host's per-layer times
-(:meth:`HostLanes.layer_time`; before the first one, ``prior_layer_s``).
+compute is asked for at once: ``FetchLane.fetch_skipped``). Once every shard is there, the idle link fetches the
+policy's upgrades (progressive levels): a later step's :meth:`HostLanes.kv` gets the finer KV. The policy predicts
+with the host's per-layer times (:meth:`HostLanes.layer_time`; before the first one, ``prior_layer_s``).
 
 Threads: the lanes run on an event loop in a worker thread of their own (:meth:`start` .. :meth:`reset`); the host
 calls from its sampling thread. Everything is per run: :meth:`reset` stops the loop and drops the KV.
@@ -71,8 +72,7 @@ class HostLanes:
             raise ValueError(f"template {manifest.template_id} has {len(plan.ladders)} shards, a {steps}-step run of "
                              f"a {layers}-layer model needs {len(self.grid)}")  # fmt: skip
         self.plan, self.policy = plan, plan.policy
-        self.cfg = RuntimeConfig(steps=steps, upgrades=False, shard_wait_s=shard_wait_s,
-                                 latency_target_s=latency_target_s)  # fmt: skip
+        self.cfg = RuntimeConfig(steps=steps, shard_wait_s=shard_wait_s, latency_target_s=latency_target_s)
         profile = LiveProfile(2 * prior_layer_s, prior_layer_s, layers, steps)
         self.st = LiveState(profile, self.link.trace(), plan.ladders, plan.floor, ThroughputEstimator(),
                             self.cfg.rtt_s, latency_target_s, layers_per_step=layers)  # fmt: skip

@@ -140,6 +140,15 @@ def _lossy(patch, model, inputs, template_id: str) -> list[dict]:
         m = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, rep["name"]).result[0]
         out.append({"level": rep["name"], "manifest_psnr_db": rep["psnr_db"],
                     "vs_fp16": _compare(_sample(m, inputs, False, ARGS.steps), exact)})  # fmt: skip
+    from sakura_pack.nodes._stream import FetchSettings, KVStream
+
+    stream = KVStream(handle, FetchSettings(policy="sakura", link="fixed:1000"))  # the policy over the same ladder
+    m = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16", kv_stream=stream).result[0]
+    image = _sample(m, inputs, False, ARGS.steps)
+    report = json.loads(patch.SakuraTemplateKVReport.execute(m, {"samples": image}).result[0])
+    psnr = {r["name"]: r.get("psnr_db") for r in handle.manifest.raw["shards"][0]["representations"]}
+    out.append({"level": "sakura policy", "levels_used": report["levels_used"], "manifest_psnr_db": psnr,
+                "vs_fp16": _compare(image, exact)})  # fmt: skip
     return out
 
 

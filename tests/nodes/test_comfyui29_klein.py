@@ -170,10 +170,16 @@ def test_lossy_levels_stay_within_their_manifest_psnr(result):
     the PSNR the manifest states for that level. The manifest's figure is measured by ``sakura precompute`` on
     sakura's own edit (its prompt, noise and schedule), this one on ComfyUI's euler with another prompt embedding:
     the sakura ladder measured 0.1 to 1.7 dB below its manifest here at l0..l6, above at l3, l7, l8 (docs/comfyui.md)."""
-    assert result["lossy"], "the lossy template has no lossy level"
-    for r in result["lossy"]:
+    *fixed, policy = result["lossy"]
+    assert fixed, "the lossy template has no lossy level"
+    for r in fixed:
         assert r["vs_fp16"]["psnr_db"] == "inf" or r["vs_fp16"]["psnr_db"] >= r["manifest_psnr_db"] - 2.0, r
         assert r["vs_fp16"]["max_abs"] > 0  # the level was really fetched: not the exact edit
+    # the sakura policy over the same ladder: levels of it, the edit within 2 dB of the worst level it used
+    used = {name for names in policy["levels_used"].values() for name in names}
+    assert used and used <= set(policy["manifest_psnr_db"]), policy
+    worst = min(policy["manifest_psnr_db"][name] for name in used)
+    assert policy["vs_fp16"]["psnr_db"] == "inf" or policy["vs_fp16"]["psnr_db"] >= worst - 2.0, policy
 
 
 def test_model_id_is_hashed_once_per_loaded_model(result):
