@@ -14,7 +14,7 @@ from .page_routes import register_page_routes
 from .phone_device import SakuraPhoneDevice
 from .pipelined_sampler import SakuraPipelinedSampler
 from .routes import register_routes
-from .template_kv_patch import SakuraTemplateKV
+from .template_kv_patch import SakuraTemplateKV, SakuraTemplateKVReport
 from .template_loader import SakuraTemplateLoader
 
 __all__ = ["NODES", "SakuraExtension", "comfy_entrypoint"]
@@ -26,6 +26,7 @@ NODES: tuple[type[io.ComfyNode], ...] = (
     SakuraPipelinedSampler,
     SakuraPhoneDevice,
     SakuraTemplateKV,
+    SakuraTemplateKVReport,
 )
 
 

@@ -8,26 +8,42 @@ attend to everything (``FluxKVCache`` caches K/V computed that way at the first 
 
 * ``fetched template``: reference tokens (a ``ReferenceLatent``, if any) are dropped after the input projection
   and every attention gets the template's K/V (already RoPE'd at t = 10 (i + 1), as klein's ``index`` method places
-  references) appended to its keys and values; a layer not decoded yet waits (``sakura_core.template_feed``).
+  references) appended to its keys and values. Without a ``kv_stream`` one representation is fetched for every shard
+  and a layer not decoded yet waits (``sakura_core.template_feed``). With one (a Sakura Bandwidth-Adaptive Fetch:
+  its policy and link), the runtime's fetch lanes serve the run (``sakura_core.runtime.host_lanes``): the policy picks
+  each shard's level from the measured link and, while a ``ReferenceLatent``'s tokens are in step 0's sequence, where
+  ComfyUI stops computing them (the hybrid split); ComfyUI's progress bar shows the fetch while the forward waits.
+  The run's report: the Sakura Template KV Report node.
 * ``compute here (KV mode)``: ComfyUI computes the reference tokens itself with the KV-mode semantics (an attention
   mask keeping reference queries on reference keys; method ``index_timestep_zero`` for a single-mode template, the
   step's own time for a per-step one) — the on-device edit the fetched one must equal.
 
 A per-step template's step is the one whose time equals the sampler's sigma (``extra_options["sigmas"]``).
 
-Per-run state is a :class:`_RunState` made per node output and reset in ``finally`` by an ``OUTER_SAMPLE`` wrapper.
+Per-run state is a ``RunState`` (``nodes/_kv_patches.py``, with the patch callables) made per node output and reset in
+``finally`` by an ``OUTER_SAMPLE`` wrapper.
 """
 
 from __future__ import annotations
 
 import logging
 
-import torch
 from comfy_api.latest import io
 
-from ._common import CATEGORY, SakuraNodeError, SakuraTemplate
+from sakura_core.models.model_id_cache import ModuleIdCache
 
-__all__ = ["COMPUTE", "FETCHED", "SakuraTemplateKV", "comfy_model_key"]
+from ._common import CATEGORY, SakuraKVStream, SakuraNodeError, SakuraTemplate
+from ._kv_patches import DropReferences, RunState, SampleWrapper, SelfOnlyReferences, SplitBlock, TemplateAttention
+
+__all__ = [
+    "COMPUTE",
+    "FETCHED",
+    "MODEL_IDS",
+    "SakuraTemplateKV",
+    "SakuraTemplateKVReport",
+    "comfy_model_key",
+    "run_report",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +52,22 @@ COMPUTE = "compute here (KV mode)"
 _KEY = "sakura_template_kv"
 
 
+def _hash_transformer(state: dict) -> str:
+    from sakura_core.models.single_files import transformer_state_model_id
+
+    return transformer_state_model_id(state)
+
+
+# the id of each loaded diffusion model, hashed once per weights state (weakly held: it goes with the model, and a
+# weight replaced or written in place is hashed again; sakura_core.models.model_id_cache says how)
+MODEL_IDS = ModuleIdCache(_hash_transformer)
+
+
 def comfy_model_key(model):
     """``sakura_core.template_check.ModelKey`` of a ComfyUI MODEL (a ModelPatcher of FLUX.2): the model id computed
     from its loaded diffusion-model tensors (``sakura precompute --model klein-files:...`` gives the same for those
-    weights in that dtype), its KV geometry; no edit grid (any latent size uses the same reference K/V)."""
-    from sakura_core.models.single_files import transformer_state_model_id
+    weights in that dtype; cached per loaded model: :data:`MODEL_IDS`), its KV geometry; no edit grid (any latent
+    size uses the same reference K/V)."""
     from sakura_core.template_check import ModelKey
 
     dm = model.model.diffusion_model
@@ -48,7 +75,7 @@ def comfy_model_key(model):
         raise SakuraNodeError(f"Sakura Template KV needs a FLUX.2 [klein] MODEL (UNETLoader of a klein file); got "
                               f"{type(dm).__name__}")  # fmt: skip
     try:
-        model_id = transformer_state_model_id(dm.state_dict())
+        model_id = MODEL_IDS.model_id(dm)
     except ValueError as e:
         raise SakuraNodeError(f"Sakura Template KV: this MODEL is not a FLUX.2 [klein] transformer: {e}") from e
     geometry = (len(dm.double_blocks) + len(dm.single_blocks), int(dm.num_heads), int(dm.hidden_size // dm.num_heads))
@@ -61,6 +88,12 @@ def _check_template(handle, model) -> None:
     from sakura_core.models.ref_layout import REF_TIME_OFFSET
     from sakura_core.template_check import check_template
 
+    patched = sorted(getattr(model, "patches", None) or {})
+    if patched:
+        raise SakuraNodeError(f"this MODEL carries weight patches (a LoRA or similar) on {len(patched)} weights, e.g. "
+                              f"{patched[0]!r}: template {handle.template_id!r} holds reference K/V of the plain "
+                              "weights. Remove the LoRA, or set kv_source = compute here (ComfyUI then computes the "
+                              "reference tokens with these weights)")  # fmt: skip
     key = comfy_model_key(model)
     dtype = next(model.model.diffusion_model.parameters()).dtype
     try:
@@ -75,130 +108,6 @@ def _check_template(handle, model) -> None:
     if scale != REF_TIME_OFFSET:
         raise SakuraNodeError(f"template {handle.template_id!r} places references at RoPE time {REF_TIME_OFFSET} (i + 1)"
                               f", this MODEL at {scale:g} (i + 1): not a FLUX.2 [klein] model")  # fmt: skip
-
-
-class _RunState:
-    """One sampling run's fetch: made per node output, started and reset by the OUTER_SAMPLE wrapper."""
-
-    def __init__(self, handle, representation: str):
-        self.handle = handle
-        self.representation = representation
-        self.feed = None
-        self.on_device: dict = {}  # single mode: (layer, device, dtype) -> (K, V) (B=1, H, T, D), moved once a run
-
-    def device_kv(self, step: int, layer: int, like: torch.Tensor, check) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's template K/V as (1, heads, tokens, head_dim) on ``like``'s device and in its dtype."""
-        key = (layer, like.device, like.dtype)
-        if self.feed.steps == 1 and key in self.on_device:
-            return self.on_device[key]
-        k, v = self.feed.kv(step, layer, check=check)  # (tokens, heads, head_dim) fp16
-        kv = tuple(t.to(like.device, like.dtype).permute(1, 0, 2).unsqueeze(0) for t in (k, v))
-        if self.feed.steps == 1:
-            self.on_device[key] = kv
-        return kv
-
-    def start(self) -> None:
-        from sakura_core.template_feed import TemplateKVFeed
-
-        self.reset()
-        self.feed = TemplateKVFeed(self.handle.template_source(), self.handle.manifest, self.representation)
-        self.feed.start()
-
-    def reset(self) -> None:
-        if self.feed is not None:
-            logger.info("Sakura Template KV %s: %s", self.handle.template_id, self.feed.stats.summary())
-            self.feed.reset()
-        self.feed = None
-        self.on_device = {}
-
-
-def _sample_wrapper(state: _RunState):
-    def wrapper(executor, *args, **kwargs):
-        state.start()
-        try:
-            return executor(*args, **kwargs)
-        finally:
-            state.reset()
-
-    return wrapper
-
-
-def _ref_tokens(options: dict) -> int:
-    return int(sum(options.get("reference_image_num_tokens", []) or []))
-
-
-class _DropReferences:
-    """post_input patch (fetched mode): drop ComfyUI's reference tokens (the template holds their K/V) after checking
-    that they are as many as the template's."""
-
-    def __init__(self, template_tokens: int, template_id: str):
-        self.template_tokens = template_tokens
-        self.template_id = template_id
-
-    def __call__(self, inputs: dict) -> dict:
-        n = _ref_tokens(inputs["transformer_options"])
-        if n == 0:
-            return inputs
-        if n != self.template_tokens:
-            raise SakuraNodeError(f"the conditioning's reference latents make {n} tokens, template "
-                                  f"{self.template_id!r} holds {self.template_tokens}: use the reference image the "
-                                  "template was made from at its size, or drop the ReferenceLatent node (the template "
-                                  "is the reference)")  # fmt: skip
-        inputs["img"] = inputs["img"][:, :-n]
-        inputs["img_ids"] = inputs["img_ids"][:, :-n]
-        return inputs
-
-
-class _TemplateAttention:
-    """attn1 patch (fetched mode): append the template's K/V of this layer (and step) to every attention."""
-
-    def __init__(self, state: _RunState, num_double: int):
-        self.state = state
-        self.num_double = num_double
-
-    def __call__(self, q, k, v, pe=None, attn_mask=None, extra_options=None, **kwargs):
-        import comfy.model_management
-        from comfy.ldm.flux.math import apply_rope
-
-        from sakura_core.template_feed import layer_index, step_of_sigma
-
-        feed = self.state.feed
-        if feed is None:
-            raise SakuraNodeError("Sakura Template KV: the model ran outside a sampler run (no fetch started)")
-        layer = layer_index(extra_options["block_type"], extra_options["block_index"], self.num_double)
-        step = 0
-        if feed.steps > 1:
-            sigma = float(extra_options["sigmas"].flatten()[0])
-            try:
-                step = step_of_sigma(sigma, self.state.handle.manifest.schedule.timesteps)
-            except ValueError as e:
-                raise SakuraNodeError(f"template {self.state.handle.template_id!r}: {e}") from e
-        check = comfy.model_management.throw_exception_if_processing_interrupted
-        kt, vt = self.state.device_kv(step, layer, k, check)
-        batch = q.shape[0]
-        kt, vt = kt.expand(batch, -1, -1, -1), vt.expand(batch, -1, -1, -1)  # (B, H, T, D)
-        if pe is not None:  # the template's keys are stored after RoPE: rotate the request's here, none later
-            q, k = apply_rope(q, k, pe)
-        if attn_mask is not None:
-            pad = torch.zeros(*attn_mask.shape[:-1], kt.shape[2], dtype=attn_mask.dtype, device=attn_mask.device)
-            attn_mask = torch.cat([attn_mask, pad if attn_mask.dtype != torch.bool else ~pad], dim=-1)
-        return {"q": q, "k": torch.cat([k, kt], dim=2), "v": torch.cat([v, vt], dim=2), "pe": None,
-                "attn_mask": attn_mask}  # fmt: skip
-
-
-class _SelfOnlyReferences:
-    """attn1 patch (compute mode): reference queries see only reference keys (the KV-mode definition)."""
-
-    def __call__(self, q, k, v, pe=None, attn_mask=None, extra_options=None, **kwargs):
-        n = _ref_tokens(extra_options)
-        if n == 0:
-            return {}
-        length = q.shape[2]
-        mask = torch.zeros(1, 1, length, length, dtype=q.dtype, device=q.device)  # (B, H, L_q, L_k) additive
-        mask[..., length - n :, : length - n] = float("-inf")
-        if attn_mask is not None:
-            mask = mask + (attn_mask if attn_mask.dtype != torch.bool else torch.where(attn_mask, 0.0, float("-inf")))
-        return {"attn_mask": mask}
 
 
 class SakuraTemplateKV(io.ComfyNode):
@@ -229,33 +138,98 @@ class SakuraTemplateKV(io.ComfyNode):
                 io.String.Input(
                     "representation",
                     default="fp16",
-                    tooltip="The representation fetched for every shard: fp16 = exact; a level name of "
-                    "the template's ladder (e.g. sakura-l3) for fewer bytes.",
+                    tooltip="Without a kv_stream: the representation fetched for every shard: fp16 = exact; a level "
+                    "name of the template's ladder (e.g. sakura-l3) for fewer bytes.",
+                ),
+                SakuraKVStream.Input(
+                    "kv_stream",
+                    optional=True,
+                    tooltip="From a Sakura Bandwidth-Adaptive Fetch (its policy and link): the policy picks each "
+                    "shard's level from the measured link and, with a ReferenceLatent, where ComfyUI computes the "
+                    "reference tokens instead of waiting (the hybrid split). Overrides representation.",
                 ),
             ],
             outputs=[io.Model.Output(tooltip="The patched model (a clone; the input model is unchanged).")],
         )
 
     @classmethod
-    def execute(cls, model, template, kv_source: str, representation: str) -> io.NodeOutput:
+    def execute(cls, model, template, kv_source: str, representation: str, kv_stream=None) -> io.NodeOutput:
         if template.manifest is None:
             raise SakuraNodeError("the template handle holds no manifest: connect a Sakura Template KV Loader")
         import comfy.patcher_extension
 
         _check_template(template, model)
+        dm = model.model.diffusion_model
         m = model.clone()
         if kv_source == COMPUTE:
-            m.set_model_attn1_patch(_SelfOnlyReferences())
+            m.set_model_attn1_patch(SelfOnlyReferences())
             if template.kv_mode == "single":  # single mode: references at t = 0; per-step: at the step's own t
                 m.add_object_patch("diffusion_model.params.default_ref_method", "index_timestep_zero")
             mode = f"reference tokens computed here ({template.kv_mode} KV-mode semantics)"
         elif kv_source == FETCHED:
-            state = _RunState(template, representation.strip() or "fp16")
+            settings = None
+            if kv_stream is not None:
+                if kv_stream.template.template_id != template.template_id:
+                    raise SakuraNodeError(f"kv_stream fetches template {kv_stream.template.template_id!r}, the "
+                                          f"template input is {template.template_id!r}: connect the same Template KV "
+                                          "Loader to both")  # fmt: skip
+                settings = kv_stream.settings
+            state = RunState(template, representation.strip() or "fp16", settings, len(dm.double_blocks),
+                             len(dm.double_blocks) + len(dm.single_blocks))  # fmt: skip
             tokens = sum(r.tokens for r in template.manifest.references)
-            m.set_model_attn1_patch(_TemplateAttention(state, len(model.model.diffusion_model.double_blocks)))
-            m.set_model_post_input_patch(_DropReferences(tokens, template.template_id))
-            m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, _KEY, _sample_wrapper(state))
-            mode = f"reference K/V fetched ({state.representation}) from {template.source}"
+            m.set_model_attn1_patch(TemplateAttention(state))
+            m.set_model_post_input_patch(DropReferences(state, tokens))
+            m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, _KEY, SampleWrapper(state))
+            if settings is not None:
+                for block_type, blocks in (("double", dm.double_blocks), ("single", dm.single_blocks)):
+                    for i in range(len(blocks)):
+                        m.set_model_patch_replace(SplitBlock(state, block_type, i), "dit", f"{block_type}_block", i)
+                if template.kv_mode == "single":  # references riding in step 0 (the split) are at t = 0
+                    m.add_object_patch("diffusion_model.params.default_ref_method", "index_timestep_zero")
+                mode = f"reference K/V fetched as policy {settings.policy} decides over {settings.link.to_wire()}"
+            else:
+                mode = f"reference K/V fetched ({state.representation})"
+            mode += f" from {template.source}"
         else:
             raise SakuraNodeError(f"kv_source must be {FETCHED!r} or {COMPUTE!r}, got {kv_source!r}")
         return io.NodeOutput(m, ui={"text": [f"{template.template_id}: {mode}"]})
+
+
+def run_report(model) -> dict | None:
+    """The last sampling run's report of a MODEL patched by Sakura Template KV (fetched mode), or None."""
+    import comfy.patcher_extension
+
+    for wrapper in model.get_wrappers(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, _KEY):
+        if isinstance(wrapper, SampleWrapper):
+            return wrapper.state.last_report
+    return None
+
+
+class SakuraTemplateKVReport(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SakuraTemplateKVReport",
+            display_name="Sakura Template KV Report",
+            category=CATEGORY,
+            description="What the last sampling run of a Sakura Template KV MODEL fetched: policy, levels per "
+            "shard, the split, bytes, waits, the policy's decisions. Connect the sampler's output so it runs after.",
+            inputs=[
+                io.Model.Input("model", tooltip="The MODEL output of Sakura Template KV (fetched template)."),
+                io.Latent.Input("samples", tooltip="The sampler's output: this node then runs after the sampler."),
+            ],
+            outputs=[io.String.Output("report", tooltip="The report as JSON.")],
+            not_idempotent=True,
+        )
+
+    @classmethod
+    def execute(cls, model, samples) -> io.NodeOutput:
+        import json
+
+        report = run_report(model)
+        if report is None:
+            raise SakuraNodeError("this MODEL has run no Sakura Template KV fetch: connect the MODEL output of a "
+                                  "Sakura Template KV node (kv_source = fetched template) that the sampler used")  # fmt: skip
+        line = ", ".join(f"{k} {report[k]}" for k in ("policy", "bytes_fetched", "bytes_used", "split_layer", "wait_s",
+                                                        "waits") if k in report)  # fmt: skip
+        return io.NodeOutput(json.dumps(report, indent=1), ui={"text": [f"{report['template_id']}: {line}"]})

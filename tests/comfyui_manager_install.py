@@ -1,4 +1,4 @@
-"""Install the node pack as ComfyUI-Manager does and check that ComfyUI registers its six nodes.
+"""Install the node pack as ComfyUI-Manager does and check that ComfyUI registers its seven nodes.
 
 ComfyUI-Manager (and a Comfy Registry install) puts the pack's folder into ``custom_nodes/`` and runs ``pip install
 -r requirements.txt`` in it with ComfyUI's Python (then ``install.py`` if there is one); nothing else. This script
@@ -13,7 +13,7 @@ does exactly that against a real ComfyUI checkout, without touching the ComfyUI 
 3. ComfyUI started before the install, when the base lacks some requirement: the pack must fail to import with a
    message naming the missing package and the ``pip install -r`` command;
 4. ``pip install -r requirements.txt`` (cwd = the pack), ``install.py`` if present;
-5. ComfyUI started again on 127.0.0.1: ``/object_info`` must list the six Sakura nodes from that folder.
+5. ComfyUI started again on 127.0.0.1: ``/object_info`` must list the seven Sakura nodes from that folder.
 
     python tests/comfyui_manager_install.py --comfyui "$COMFYUI_DIR" --base-python "$COMFYUI_PYTHON"
 
@@ -42,7 +42,7 @@ __all__ = ["NODE_IDS", "InstallResult", "copy_pack", "layered_venv", "main", "ma
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_IDS = ("SakuraModelLoader", "SakuraTemplateLoader", "SakuraAdaptiveFetch", "SakuraPipelinedSampler",
-            "SakuraPhoneDevice", "SakuraTemplateKV")  # fmt: skip
+            "SakuraPhoneDevice", "SakuraTemplateKV", "SakuraTemplateKVReport")  # fmt: skip
 PACK = "sakura-kv"  # the folder name a clone of the repository gets
 START_TIMEOUT_S = 300.0
 

@@ -21,11 +21,42 @@ def _requirements() -> list[str]:
     return [ln for ln in lines if ln]
 
 
-def test_requirements_are_pyprojects_without_torch():
+# what ComfyUI (>= 0.29.0, its requirements.txt) installs itself and the pack uses as it comes: not in requirements.txt
+COMFYUI_PROVIDES = ("numpy", "aiohttp", "safetensors", "pillow")
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower()
+
+
+def test_requirements_are_pyprojects_less_torch_and_what_comfyui_provides():
     deps = PYPROJECT["project"]["dependencies"]
     assert "torch>=2.6" in deps  # the pack needs it; ComfyUI brings it
-    assert _requirements() == [d for d in deps if not d.startswith("torch")]
+    assert {_name(d) for d in deps} >= set(COMFYUI_PROVIDES)  # a pip install of the CLI still gets them
+    assert _requirements() == [d for d in deps if not d.startswith("torch") and _name(d) not in COMFYUI_PROVIDES]
     assert not any(re.match(r"torch(vision|audio)?\b", r) for r in _requirements())  # pip would swap ComfyUI's
+
+
+def test_requirements_pin_nothing_exactly():
+    """Ranges only: an exact pin of a package would replace ComfyUI's (or another pack's) version of it."""
+    assert not [r for r in _requirements() if "==" in r]
+    diffusers = next(r for r in _requirements() if _name(r) == "diffusers")
+    assert diffusers == "diffusers>=0.42.1,<0.43"  # tested with 0.42.1; the Flux2 modules the pack imports
+
+
+def test_requirements_leave_out_what_a_real_comfyui_installs():
+    """Against a real ComfyUI's requirements.txt (``COMFYUI_DIR``): nothing of it listed again, and every package
+    the pack leaves to ComfyUI really is in it."""
+    import os
+
+    from ci_deps import require_or_skip
+
+    comfy = Path(os.environ.get("COMFYUI_DIR", "")) / "requirements.txt"
+    require_or_skip(os.environ.get("COMFYUI_DIR") and comfy.is_file(), "COMFYUI_DIR is not set (a ComfyUI checkout)")
+    lines = [ln.split("#", 1)[0].strip() for ln in comfy.read_text().splitlines()]
+    theirs = {_name(ln) for ln in lines if ln}
+    assert set(COMFYUI_PROVIDES) <= theirs
+    assert not {_name(r) for r in _requirements()} & theirs
 
 
 def test_registry_metadata_is_complete():

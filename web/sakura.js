@@ -26,7 +26,7 @@ const INFO_MIN_LINES = 8;
 const INFO_MAX_LINES = 30;
 const INFO_PAD_PX = 10; // the box's padding and border
 // node type -> width (px) it gets when added; parsed by tests/nodes/test_workflows.py: keep it one JSON line
-const MIN_WIDTH_PX = {"SakuraModelLoader": 360, "SakuraTemplateLoader": 420, "SakuraAdaptiveFetch": 380, "SakuraPipelinedSampler": 480, "SakuraPhoneDevice": 380, "SakuraTemplateKV": 360};
+const MIN_WIDTH_PX = {"SakuraModelLoader": 360, "SakuraTemplateLoader": 420, "SakuraAdaptiveFetch": 380, "SakuraPipelinedSampler": 480, "SakuraPhoneDevice": 380, "SakuraTemplateKV": 360, "SakuraTemplateKVReport": 320};
 // node type -> [the widget deciding, {widget: (its value) => shown}]
 const APPLIES = {
   SakuraAdaptiveFetch: ["bandwidth", {

@@ -26,6 +26,7 @@ def _args():
         p.add_argument(name, required=True)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--per-step-template", default=None, help="a per-step template of the same model and image")
+    p.add_argument("--lossy-template", default=None, help="a single-mode template with a lossy ladder (same model)")
     return p.parse_args()
 
 
@@ -106,6 +107,65 @@ def _per_step(patch, model, inputs, template_id: str) -> dict:
     return out
 
 
+# (policy, link, with a ReferenceLatent): the fetch lanes' runs, each compared with ComfyUI computing the references
+POLICY_RUNS = (("on-device", "fixed:1000", True), ("fetch-fp16", "fixed:1000", True), ("sakura", "fixed:0.5", True),
+               ("sakura", "fixed:1000", False))  # fmt: skip
+
+
+def _policies(patch, model, inputs, handle, computed) -> list[dict]:
+    """The patch with a Bandwidth-Adaptive Fetch's settings: each policy's edit vs the computed one, its report."""
+    from sakura_pack.nodes._stream import FetchSettings, KVStream
+
+    out = []
+    for policy, link, with_ref in POLICY_RUNS:
+        stream = KVStream(handle, FetchSettings(policy=policy, link=link))
+        m = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16", kv_stream=stream).result[0]
+        image = _sample(m, inputs, with_ref, ARGS.steps)
+        report = json.loads(patch.SakuraTemplateKVReport.execute(m, {"samples": image}).result[0])
+        out.append({"policy": policy, "link": link, "reference_latent": with_ref, "vs_computed": _compare(image, computed),
+                    "report": {k: report[k] for k in ("policy", "split_layer", "levels_used", "bytes_fetched",
+                                                      "bytes_used", "waits", "computed_here", "fallbacks")}})  # fmt: skip
+    return out
+
+
+def _lossy(patch, model, inputs, template_id: str) -> list[dict]:
+    """Each lossy level of a template fetched for every shard: the edit vs the fp16 one, and the manifest's PSNR."""
+    handle = _handle(ARGS.store, template_id)
+    exact = _sample(patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16").result[0], inputs, False,
+                    ARGS.steps)  # fmt: skip
+    out = []
+    for rep in handle.manifest.raw["shards"][0]["representations"]:
+        if rep["name"] == "fp16" or rep.get("psnr_db") is None or "ref" in rep:
+            continue
+        m = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, rep["name"]).result[0]
+        out.append({"level": rep["name"], "manifest_psnr_db": rep["psnr_db"],
+                    "vs_fp16": _compare(_sample(m, inputs, False, ARGS.steps), exact)})  # fmt: skip
+    from sakura_pack.nodes._stream import FetchSettings, KVStream
+
+    stream = KVStream(handle, FetchSettings(policy="sakura", link="fixed:1000"))  # the policy over the same ladder
+    m = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16", kv_stream=stream).result[0]
+    image = _sample(m, inputs, False, ARGS.steps)
+    report = json.loads(patch.SakuraTemplateKVReport.execute(m, {"samples": image}).result[0])
+    psnr = {r["name"]: r.get("psnr_db") for r in handle.manifest.raw["shards"][0]["representations"]}
+    out.append({"level": "sakura policy", "levels_used": report["levels_used"], "manifest_psnr_db": psnr,
+                "vs_fp16": _compare(image, exact)})  # fmt: skip
+    return out
+
+
+def _id_cost(patch, model) -> dict:
+    """Seconds for the model id: hashed (a cold cache) and cached (the same loaded weights again)."""
+    import time
+
+    patch.MODEL_IDS._ids.clear()
+    patch.MODEL_IDS.hashes = 0
+    t0 = time.perf_counter()
+    patch.comfy_model_key(model)
+    t1 = time.perf_counter()
+    patch.comfy_model_key(model)
+    t2 = time.perf_counter()
+    return {"hashed_s": t1 - t0, "cached_s": t2 - t1, "hashes": patch.MODEL_IDS.hashes}
+
+
 def _compare(a: torch.Tensor, b: torch.Tensor) -> dict:
     diff = (a - b).abs()
     peak = float(b.abs().max())
@@ -140,6 +200,10 @@ def main() -> None:
     out["native_index_vs_computed"] = _compare(runs["native_index"], runs["computed"])
     if ARGS.per_step_template:
         out["per_step"] = _per_step(patch, model, inputs, ARGS.per_step_template)
+    out["policies"] = _policies(patch, model, inputs, handle, runs["computed"])
+    if ARGS.lossy_template:
+        out["lossy"] = _lossy(patch, model, inputs, ARGS.lossy_template)
+    out["model_id_cost"] = _id_cost(patch, model)
     out["model_options_after"] = sorted(model.model_options.get("transformer_options", {}).get("patches", {}))
     other = comfy.sd.load_diffusion_model(ARGS.other_unet)
     try:

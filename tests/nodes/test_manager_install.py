@@ -1,5 +1,5 @@
 """The pack installed as ComfyUI-Manager installs it (a copy in ``custom_nodes/`` + ``pip install -r
-requirements.txt``, nothing else) into a fresh venv layered on a real ComfyUI's: its six nodes are in
+requirements.txt``, nothing else) into a fresh venv layered on a real ComfyUI's: its seven nodes are in
 ``/object_info`` (``tests/comfyui_manager_install.py`` does the work; DEVELOPERS.md says how to set it up)."""
 
 from __future__ import annotations

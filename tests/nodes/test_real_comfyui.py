@@ -34,7 +34,7 @@ if not COMFYUI_DIR:
 REPO = Path(__file__).resolve().parents[2]
 API = REPO / "example_workflows" / "api"
 NODE_IDS = {"SakuraModelLoader", "SakuraTemplateLoader", "SakuraAdaptiveFetch", "SakuraPipelinedSampler",
-            "SakuraPhoneDevice", "SakuraTemplateKV"}  # fmt: skip
+            "SakuraPhoneDevice", "SakuraTemplateKV", "SakuraTemplateKVReport"}  # fmt: skip
 RUN_TIMEOUT_S = 600.0
 
 
@@ -112,7 +112,11 @@ def test_example_workflows_are_served(comfyui):
     listed = _get(f"{url}/api/workflow_templates")
     assert sorted(listed["sakura"]) == sorted(p.stem for p in API.glob("*.json"))
     ui = _get(f"{url}/api/workflow_templates/sakura/sakura_face_swap.json")
-    assert {n["type"] for n in ui["nodes"]} >= NODE_IDS - {"SakuraPhoneDevice", "SakuraTemplateKV"}  # the demo model's
+    assert {n["type"] for n in ui["nodes"]} >= NODE_IDS - {
+        "SakuraPhoneDevice",
+        "SakuraTemplateKV",
+        "SakuraTemplateKVReport",
+    }  # the demo model's
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in API.glob("*.json")))

@@ -21,7 +21,8 @@ EXPECTED = {
         ["IMAGE", "STRING", "IMAGE"],
     ),
     "SakuraPhoneDevice": ([], ["SAKURA_DEVICE"]),
-    "SakuraTemplateKV": (["MODEL", "SAKURA_TEMPLATE"], ["MODEL"]),
+    "SakuraTemplateKV": (["MODEL", "SAKURA_TEMPLATE", "SAKURA_KV_STREAM"], ["MODEL"]),
+    "SakuraTemplateKVReport": (["MODEL", "LATENT"], ["STRING"]),
 }
 WIDGETS = {"INT", "FLOAT", "STRING", "COMBO", "BOOLEAN"}
 

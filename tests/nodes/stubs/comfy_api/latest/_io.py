@@ -18,6 +18,7 @@ __all__ = [
     "Image",
     "Input",
     "Int",
+    "Latent",
     "NodeOutput",
     "Output",
     "Schema",
@@ -74,6 +75,7 @@ def Custom(io_type: str):
 
 Image = _type("IMAGE")
 Model = _type("MODEL")
+Latent = _type("LATENT")
 
 
 class Int:
