@@ -92,9 +92,13 @@ def e2e_targets_table(data: dict, classes=("4G", "5G")) -> str:
     """Per KV mode / geometry / profile and class: sakura's speed-ups (each with its ceiling: the fluid lower bound's
     speed-up over the same baseline, which no policy passes with these bytes), PSNR, the bound and the decoded KV
     sakura holds at once."""
-    head = ("| KV mode, geometry, profile | class | vs on-device | vs cachegen | vs fetch-fp16 | PSNR dB | "
+    old = any(
+        NO_FLOOR in part["headline"]["speedup_median"] for r in _results(data) for part in r["by_class"].values()
+    )
+    head = ("| KV mode, geometry, profile | class | vs on-device | vs cachegen | " +
+            ("vs cachegen (no floor) | " if old else "") + "vs fetch-fp16 | PSNR dB | "
             "sakura / fluid bound | oracle / fluid bound | fluid bound s | KV held GB |")  # fmt: skip
-    rows = [f"Command: {_command(data)}", "", _runs_line(data), "", head, "|---" * 10 + "|"]
+    rows = [f"Command: {_command(data)}", "", _runs_line(data), "", head, "|---" * (10 + old) + "|"]
     near = []
     for r in _results(data):
         for cls in classes:
@@ -110,13 +114,15 @@ def e2e_targets_table(data: dict, classes=("4G", "5G")) -> str:
             bound = h["fluid_bound_median_s"]
             held = part.get("summary", {}).get("sakura", {}).get("median_peak_kv_bytes")
             near += [h["sakura_vs_fluid"]["median"]] if h.get("sakura_vs_fluid") else []
-            rows.append(f"| {_label(r)} | {cls} | {x('on-device')} | {x('cachegen')} | {x('fetch-fp16')} | "
+            rows.append(f"| {_label(r)} | {cls} | {x('on-device')} | {x('cachegen')} | "
+                        + (f"{x(NO_FLOOR)} | " if old else "") + f"{x('fetch-fp16')} | "
                         f"{h['sakura_psnr_db_median']:.1f} | {_pair(h['sakura_vs_fluid'])} | "
                         f"{_pair(h['oracle_vs_fluid'])} | {'-' if bound is None else f'{bound:.0f}'} | "
                         f"{'-' if held is None else f'{held / 1e9:.2f}'} |")  # fmt: skip
     rows += ["", "Speed-ups: the median over every run of the policy's latency / sakura's; in brackets the ceiling, the "
              "same median for the fluid lower bound in sakura's place (no policy passes it with these bytes); bounds: "
-             "median / worst; KV held: the decoded template KV sakura holds at once, median run."]  # fmt: skip
+             "median / worst; KV held: the decoded template KV sakura holds at once, median run." +
+             (f" {NO_FLOOR_NOTE}" if old else "")]  # fmt: skip
     if near:
         rows.append(f"sakura within 1.10x of the fluid bound (median): {sum(v <= 1.10 for v in near)} of "
                     f"{len(near)} cells.")  # fmt: skip
@@ -127,6 +133,11 @@ def e2e_targets_table(data: dict, classes=("4G", "5G")) -> str:
 #: is held to (speed-ups: at least; latency over the fluid bound: at most).
 PAPER = ("per-step", "klein4b-512-ref1024", "snapdragon-8-elite-cpu")
 TWO_REFERENCES = ("per-step", "klein4b-512-2ref1024", "snapdragon-8-elite-cpu")
+#: CacheGen as measured, not held to the 35 dB floor (its best level the floor): the old rule, reported once beside it.
+NO_FLOOR = "cachegen-no-floor"
+NO_FLOOR_NOTE = ("CacheGen is held to sakura's 35 dB floor: where none of its levels reaches it (per-step KV: its best "
+                 "gives 29.2 dB) it fetches fp16 or recomputes, as its rule says; cachegen (no floor): the old rule, "
+                 "its best level under the floor allowed, reported once beside it.")  # fmt: skip
 HEADLINE_TARGETS = {"on-device": 3.0, "cachegen": 1.5, "fetch-fp16": 3.0, "psnr": 35.0, "fluid": 1.10,
                     "two-references": 4.0}  # fmt: skip
 
@@ -180,11 +191,29 @@ def headline_table(data: dict, classes=("4G", "5G")) -> str:
         cells, status = speedup(two, "on-device", t["two-references"])
         rows.append(f"| on-device, two 1024² references ({TWO_REFERENCES[1]}) | >= {t['two-references']:.1f}x | " +
                     " | ".join(cells) + f" | {status} |")  # fmt: skip
-    cg = [paper["by_class"][cls]["summary"]["cachegen"]["median_psnr_db"] for cls in classes]
+    old = all(NO_FLOOR in paper["by_class"][cls]["headline"]["speedup_median"] for cls in classes)
+    if old:
+        cells = [_speedup_cell(paper["by_class"][cls]["headline"], NO_FLOOR) for cls in classes]
+        rows.insert(rows.index(next(r for r in rows if r.startswith("| CacheGen"))) + 1,
+                    "| cachegen (no floor): the old rule, its best level under 35 dB allowed | - | " + " | ".join(cells)
+                    + " | reported once, beside the held rule |")  # fmt: skip
+    psnr = "; ".join(
+        f"{label} {' / '.join(_psnr(paper, p, cls) for cls in classes)} dB"
+        for label, p in (("CacheGen", "cachegen"), ("cachegen (no floor)", NO_FLOOR))
+        if p != NO_FLOOR or old
+    )
     rows += ["", "Speed-ups: the median over every run (trace x start offset) of the baseline's latency / sakura's; in "
              "brackets the ceiling: the same median with the fluid lower bound in sakura's place, which no policy "
-             f"passes with these bytes. CacheGen's median PSNR in these runs: {' / '.join(f'{v:.1f}' for v in cg)} dB."]  # fmt: skip
+             f"passes with these bytes. Median PSNR in these runs: {psnr}." + (f" {NO_FLOOR_NOTE}" if old else "")]  # fmt: skip
     return "\n".join(rows)
+
+
+def _speedup_cell(h: dict, policy: str) -> str:
+    return f"{h['speedup_median'][policy]:.2f}x ({h['speedup_ceiling_median'][policy]:.2f}x)"
+
+
+def _psnr(r: dict, policy: str, cls: str) -> str:
+    return f"{r['by_class'][cls]['summary'][policy]['median_psnr_db']:.1f}"  # 100.0: exact (computed on the device)
 
 
 def planner_table(data: dict, with_before: bool = True) -> str:

@@ -42,6 +42,7 @@ from ..policy.policies import Policy
 from .deferral import LATE_FALLBACK_REASON, pass_can_stop, pass_stopped_reason
 from .profiles import DeviceProfile
 from .sim_cpu import CpuShare, PlanClock
+from .sim_ladders import CACHEGEN_NO_FLOOR
 from .sim_link import SimLink
 from .sim_types import SimConfig, SimResult
 
@@ -349,6 +350,8 @@ def simulate(
 ) -> SimResult:
     """Simulate one edit with ``policy``; ``ladders[family][layer]`` lists that shard's levels, cheapest first."""
     family = policy.family
+    if family == CACHEGEN_NO_FLOOR and family not in ladders:  # ladders built by hand: one cachegen, floor as given
+        family = "cachegen"
     if family not in ladders:
         raise ValueError(f"policy {policy.name} needs the {family!r} ladder; have {sorted(ladders)}")
     g = profile.model
