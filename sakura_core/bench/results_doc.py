@@ -270,6 +270,29 @@ def regime_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def scale_table(data: dict) -> str:
+    """``sakura bench scale``: per step count, the CPU seconds of one per-step edit simulated with every policy, with
+    sakura, with the oracle and of the fluid bound, and the peak RSS; the ``before`` rows in brackets."""
+    old = {r["steps"]: r for r in data.get("before") or []}
+    rows = [f"Command: {_command(data)}", "",
+            "| steps x layers | every policy, CPU s | sakura s | oracle s | fluid bound s | peak RSS MiB |",
+            "|---" * 6 + "|"]  # fmt: skip
+    for r in data["rows"]:
+        b = old.get(r["steps"])
+
+        def cell(get, digits=2, r=r, b=b):
+            return f"{get(r):.{digits}f}" + ("" if b is None else f" ({get(b):.{digits}f})")
+
+        rows.append(f"| {r['steps']} x {r['layers']} | {cell(lambda x: x['cpu_s_total'])} | "
+                    f"{cell(lambda x: x['cpu_s']['sakura'])} | {cell(lambda x: x['cpu_s']['oracle'])} | "
+                    f"{cell(lambda x: x['cpu_s']['fluid-bound'])} | "
+                    f"{cell(lambda x: x['peak_rss_bytes'] / 2**20, 0)} |")  # fmt: skip
+    rows += ["", f"Policies: {', '.join(data['policies'])}; CPU seconds of one process on this {data.get('cpu', '?')} "
+             "host (time.process_time), the stated synthetic ladders of bench/scale.py on a seeded random-walk link"
+             + ("; in brackets: the same command before the change (`before` in the JSON)." if old else ".")]  # fmt: skip
+    return "\n".join(rows)
+
+
 SECTIONS = {
     "headline": ("docs/results/e2e_sim.json", headline_table),
     "ladders": (
@@ -288,6 +311,7 @@ SECTIONS = {
     "regime": ("docs/results/regime_paper.json", regime_table),
     "planner": ("docs/results/planner.json", functools.partial(planner_table, with_before=False)),
     "e2e-ci": ("docs/results/ci/e2e_ci.json", e2e_oracle_table),
+    "scale": ("docs/results/scale.json", scale_table),
     "store-profile": (
         tuple(
             f"docs/results/store_profile/paper_{p}.json"
