@@ -13,9 +13,10 @@ from pathlib import Path
 from .codec_tables import heldout_table, ladder_table, per_step_table
 from .store_profile_table import profile_note, store_profile_table
 
-__all__ = ["DOC", "SECTIONS", "headline_table", "regime_table", "render_section", "update_doc"]
+__all__ = ["DOC", "DOCS", "SECTIONS", "headline_table", "regime_table", "render_section", "update_doc"]
 
 DOC = "docs/results.md"  # relative to the repository root
+DOCS = (DOC, "README.md")  # every document with generated sections: `sakura bench results` rewrites them all
 CLASSES = ("3G", "4G", "broadband", "5G")
 _SHORT = {"snapdragon-8-elite-cpu": "cpu", "snapdragon-8-elite-gpu": "gpu", "snapdragon-8-elite-npu": "npu"}
 

@@ -90,3 +90,21 @@ def test_the_readme_results_table_is_current():
     text = (ROOT / "README.md").read_text()
     assert "<!-- results:headline -->" in text
     assert update_doc(ROOT / "README.md", ROOT, check=True) == [], "run `sakura bench results --doc README.md`"
+
+
+def test_one_command_rewrites_every_document_with_generated_tables(tmp_path, capsys):
+    """`sakura bench results` (no --doc) regenerates docs/results.md and the README together (issue 50: the README's
+    table went stale while docs/results.md was current)."""
+    import shutil
+
+    (tmp_path / "docs").mkdir()
+    shutil.copytree(ROOT / "docs/results", tmp_path / "docs/results")
+    stale = "<!-- results:planner -->\nold rows\n<!-- /results:planner -->\n"
+    for name in ("docs/results.md", "README.md"):
+        (tmp_path / name).write_text(f"# {name}\n{stale}")
+    assert main(["bench", "results", "--root", str(tmp_path), "--check"]) == 1
+    assert "docs/results.md: planner; README.md: planner" in capsys.readouterr().out
+    assert main(["bench", "results", "--root", str(tmp_path)]) == 0
+    for name in ("docs/results.md", "README.md"):
+        assert render_section("planner", ROOT) in (tmp_path / name).read_text()
+    assert main(["bench", "results", "--root", str(tmp_path), "--check"]) == 0
