@@ -177,7 +177,7 @@ def headline_table(data: dict, classes=("4G", "5G")) -> str:
             + profile_note(data), "",
             "| sakura vs | target | " + " | ".join(classes) + " | |", "|---" * (len(classes) + 3) + "|"]  # fmt: skip
     for label, policy in (("on-device: the phone computes the template", "on-device"),
-                          ("CacheGen: its codec's bytes, fetched", "cachegen"),
+                          ("CacheGen held to 35 dB: its codec's bytes, else fp16 or recompute", "cachegen"),
                           ("fetch-fp16: the template KV uncompressed", "fetch-fp16")):  # fmt: skip
         cells, status = speedup(paper, policy, t[policy])
         rows.append(f"| {label} | >= {t[policy]:.1f}x | " + " | ".join(cells) + f" | {status} |")
