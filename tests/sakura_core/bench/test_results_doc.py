@@ -89,7 +89,7 @@ def test_the_readme_results_table_is_current():
     """The README quotes one generated section (the headline); it is rendered from the same JSON."""
     text = (ROOT / "README.md").read_text()
     assert "<!-- results:headline -->" in text
-    assert update_doc(ROOT / "README.md", ROOT, check=True) == [], "run `sakura bench results --doc README.md`"
+    assert update_doc(ROOT / "README.md", ROOT, check=True) == [], "run `sakura bench results`"
 
 
 def test_one_command_rewrites_every_document_with_generated_tables(tmp_path, capsys):
