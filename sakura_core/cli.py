@@ -71,6 +71,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "sakura_core.bench.cli_planner",
         "the sakura policy's time per decision and per edit at 4x25, 28x25, 50x25 shards; JSON",
     ),
+    ("bench", "scale"): (
+        "sakura_core.bench.cli_scale",
+        "CPU seconds and peak memory of one 4 / 28 / 50-step edit simulated with every policy and the bound; JSON",
+    ),
     ("bench", "regime"): (
         "sakura_core.bench.cli_regime",
         "a policy's speed-up over baselines and its ceiling, over link Mbit/s x device TFLOP/s; JSON",

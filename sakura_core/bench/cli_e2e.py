@@ -262,7 +262,9 @@ def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dic
     ladders, held = _store_view(args, lad, ladders, kv_mode, g, measured)
     header += [held.describe(), FP16_BASELINE_NOTE if held.profile == "serving" else "fetch-fp16: the store's fp16"]
     print("\n".join(header))
-    runs = run_sim(traces, policies, profile, ladders, floors, args.starts, kv_mode=kv_mode, config=config)
+    keep = ("sakura",) if plots_dir else ()  # the plots draw a sakura run's events; no other run keeps its events
+    runs = run_sim(traces, policies, profile, ladders, floors, args.starts, kv_mode=kv_mode, config=config,
+                   keep_results=keep)  # fmt: skip
     summary, ratios = summarize(runs)
     by_class = summarize_by_class(runs)
     for cls, part in by_class.items():

@@ -8,6 +8,7 @@ the cross-step measurement, :func:`cross_step_sakura`).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from ..fetch.traces import Trace
 from ..metrics import psnr_tokens as psnr_db
@@ -97,13 +98,18 @@ def run_sim(
     progress=None,
     kv_mode: str = "single",
     config: SimConfig | None = None,
+    keep_results: tuple[str, ...] = (),
 ) -> list[dict]:
     """Every policy on every trace at ``starts_per_trace`` evenly spaced start offsets (the trace's length split in
     equal parts). ``ladders`` must match the shard count (``kv_mode_view(profile, kv_mode).model``: steps x layers
     shards in per-step mode); the simulator runs the real protocol on ``profile`` (one split per step in per-step
     mode) with ``config`` (planning charges). Each (trace, start) also gets a ``fluid-bound`` row: the fluid lower
-    bound (:func:`~sakura_core.runtime.oracle.fluid_bound`)."""
+    bound (:func:`~sakura_core.runtime.oracle.fluid_bound`). A run's row holds its figures only; its whole
+    :class:`~sakura_core.runtime.sim_types.SimResult` (events, decisions: ~1 MB a run at phone scale) is kept as
+    ``_result`` only for the policies in ``keep_results`` (plots), and only their runs record events
+    (``SimConfig.events``), so memory does not grow with the runs."""
     kv_mode_view(profile, kv_mode)  # validates kv_mode
+    quiet = replace(config or SimConfig(), events=False)  # the runs whose events nobody draws keep none
     runs = []
     for trace in traces:
         for i in range(starts_per_trace):
@@ -115,7 +121,7 @@ def run_sim(
             for name in policies:
                 pol = make_policy(name)
                 sim = simulate_oracle if name == "oracle" else simulate
-                r = sim(pol, trace, profile, ladders, floors, start, config)
+                r = sim(pol, trace, profile, ladders, floors, start, config if name in keep_results else quiet)
                 runs.append(
                     {
                         "trace": trace.name,
@@ -131,9 +137,10 @@ def run_sim(
                         "planning_s": float(r.planning_s),  # the phone's time charged for the decisions
                         "decisions": int(r.decisions_timed),
                         "contention_s": float(r.contention_s),  # the DiT's loss to decode / planning threads
-                        "_result": r,
                     }
                 )
+                if name in keep_results:
+                    runs[-1]["_result"] = r
         if progress:
             progress(f"trace {trace.name}: {len(policies)} policies x {starts_per_trace} starts")
     return runs

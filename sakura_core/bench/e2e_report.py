@@ -14,7 +14,7 @@ def select_policies(arg: str, mode: str) -> list[str]:
     if bad:
         raise SystemExit(f"sakura bench e2e: unknown policies {bad}; choose from {', '.join(POLICIES)} or 'all'")
     if mode == "live":
-        names = [p for p in names if p not in ("free-kv",)]  # a bound, not something that can run
+        names = [p for p in names if not POLICIES[p].simulation_only]  # a bound or a sim-only variant
     if "sakura" not in names:
         names.append("sakura")
     return names

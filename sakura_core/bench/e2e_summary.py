@@ -14,7 +14,7 @@ __all__ = ["FETCH_NOTHING", "FLUID_BOUND", "format_headline", "headline", "summa
 
 FLUID_BOUND = "fluid-bound"  # the pseudo-policy rows of the fluid lower bound
 FETCH_NOTHING = ("on-device", "on-device-cached")
-SPEEDUP_OVER = ("on-device", "on-device-cached", "cachegen", "fetch-fp16", "throughput")
+SPEEDUP_OVER = ("on-device", "on-device-cached", "cachegen", "fetch-fp16", "throughput", "cachegen-no-floor")
 
 
 def _order(name: str) -> int:

@@ -7,6 +7,7 @@ in-process shaper agree to the byte.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import math
@@ -50,6 +51,8 @@ class Trace:
     trace_class: str = ""
     _cum: np.ndarray = field(init=False, repr=False, compare=False)
     _edges: np.ndarray = field(init=False, repr=False, compare=False)
+    _cum_list: list = field(init=False, repr=False, compare=False)  # _cum and _edges as Python floats
+    _edges_list: list = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         d = np.asarray(self.durations_s, dtype=np.float64)
@@ -64,6 +67,8 @@ class Trace:
         object.__setattr__(self, "rates_bytes_per_s", r)
         object.__setattr__(self, "_edges", np.concatenate([[0.0], np.cumsum(d)]))
         object.__setattr__(self, "_cum", np.concatenate([[0.0], np.cumsum(d * r)]))
+        object.__setattr__(self, "_edges_list", self._edges.tolist())  # for finish_chain's Python-float loop
+        object.__setattr__(self, "_cum_list", self._cum.tolist())
 
     @classmethod
     def constant(cls, mbit_per_s: float, name: str | None = None, latency_ms: float = 0.0) -> Trace:
@@ -127,6 +132,42 @@ class Trace:
         flat = c1 <= c0
         t = np.where(flat, e1, e0 + (rem - c0) / np.where(flat, 1.0, c1 - c0) * (e1 - e0))
         return np.where(b <= 0, start_s, np.maximum(start_s, cycles * self.period_s + t))
+
+    def finish_chain(self, start_s: float, gaps_s, nbytes, offset_s: float = 0.0) -> list[float]:
+        """Transfers back to back from ``start_s``: the i-th is requested ``gaps_s[i]`` seconds (its round trip) after
+        the one before it completes and carries ``nbytes[i]``; when each completes. Times are on a clock that reads
+        the trace at ``offset_s + t`` (an edit's clock): each is ``finish_time(offset_s + t0, b) - offset_s``, the
+        same arithmetic on Python floats with a binary search over the period, so the oracle's exact plan
+        evaluations make one call per plan instead of one :meth:`finish_time` per shard (equal: tested)."""
+        edges, cum = self._edges_list, self._cum_list
+        period, pbytes, n = self.period_s, self.period_bytes, len(cum)
+        t, out = float(start_s), []
+        for gap, b in zip(gaps_s, nbytes, strict=True):
+            s = offset_s + (t + float(gap))
+            if b > 0:
+                s = self._finish_from(s, float(b), edges, cum, period, pbytes, n)
+            t = s - offset_s
+            out.append(t)
+        return out
+
+    @staticmethod
+    def _finish_from(s: float, b: float, edges: list, cum: list, period: float, pbytes: float, n: int) -> float:
+        """:meth:`finish_time` of ``b`` > 0 bytes from ``s`` on Python floats (``edges``/``cum`` as lists)."""
+        cycles, off = divmod(max(s, 0.0), period)
+        if off >= edges[-1]:
+            got = cum[-1]
+        else:  # np.interp's segment and formula: edges[j] <= off < edges[j + 1]
+            j = min(max(bisect.bisect_right(edges, off) - 1, 0), n - 2)
+            got = (cum[j + 1] - cum[j]) / (edges[j + 1] - edges[j]) * (off - edges[j]) + cum[j]
+        target = cycles * pbytes + got + b
+        k = math.floor(target / pbytes)
+        rem = target - k * pbytes
+        if rem == 0 and k > 0:
+            k, rem = k - 1, pbytes
+        i = min(max(bisect.bisect_left(cum, rem), 1), n - 1)
+        c0, c1, e0, e1 = cum[i - 1], cum[i], edges[i - 1], edges[i]
+        f = e0 + (rem - c0) / (c1 - c0) * (e1 - e0) if c1 > c0 else e1
+        return max(s, k * period + f)
 
     def window(self, start_s: float, duration_s: float, step_s: float = 1.0) -> np.ndarray:
         """Mean rate (bytes/s) in consecutive ``step_s`` windows from ``start_s`` (for plots and the oracle)."""

@@ -72,6 +72,7 @@ class Policy:
     family = "sakura"  # which ladder this policy fetches from
     template_every_step = False  # on-device: recompute the template at every step
     kv_preloaded = False  # free-kv: the KV is on the device already
+    simulation_only = False  # a bound or a reported-once variant: no live run, no runtime
 
     def reset(self) -> None:
         """Per-run state lives here; the simulator calls it before each run."""

@@ -302,6 +302,13 @@ class Context:
             return self._s.trace.finish_time(off + t0, nbytes) - off
         return t0 + nbytes / rate
 
+    def transfer_chain(self, start: float, rtts_s: np.ndarray, nbytes: np.ndarray) -> list[float]:
+        """:meth:`transfer_end` with exact transfer times chained: request ``i`` leaves ``rtts_s[i]`` after request
+        ``i - 1`` has arrived (the first: after ``start``) and carries ``nbytes[i]``; when each arrives (seconds)."""
+        if self._s.trace is None:
+            raise ValueError("exact transfer times need a trace; this link has none (use an estimated rate)")
+        return self._s.trace.finish_chain(start, rtts_s, nbytes, self.trace_offset_s)
+
     def predict_ready(self, layer: int, level: Level, rate: float | None) -> float:
         """When ``level`` of shard ``layer`` would be decoded if requested now (seconds): its bytes from
         :meth:`first_byte_t` (and no sooner than the link is free)."""

@@ -25,7 +25,7 @@ FLOOR_PSNR_DB = 35.0
 
 def runnable_policies() -> list[str]:
     """Every policy that can run a real edit (the simulation-only bound with preloaded KV is left out)."""
-    return [name for name, cls in POLICIES.items() if not cls.kv_preloaded]
+    return [name for name, cls in POLICIES.items() if not (cls.kv_preloaded or cls.simulation_only)]
 
 
 def floor_index(ladder_names: list[str], reps: list[dict], floor_psnr_db: float = FLOOR_PSNR_DB) -> int:
@@ -43,14 +43,19 @@ def policy_levels(names: list[str], family: str, psnr_db: dict[str, float] | Non
     """Indices (into a ladder with level ``names``) that a policy of ``family`` may fetch: fp16 sees only the exact
     representation — from a store that does not hold it (``serving`` profile) the nearest one it does, its top rung:
     the level of highest ``psnr_db`` (per level name, on its twins' track) when given, else the last (the policy's
-    decisions say so) —, CacheGen only its own levels (not the extra fp16 reference), sakura everything."""
+    decisions say so) —, CacheGen only its own levels (not the extra fp16 reference) while one of them reaches the
+    quality floor (``psnr_db`` >= :data:`FLOOR_PSNR_DB`), else the fp16 too (held to sakura's floor: it fetches the
+    exact level or computes), sakura everything."""
     if family == "fp16":
         if "fp16" in names:
             return [names.index("fp16")]
         rated = [(p, i) for i, n in enumerate(names) if (p := (psnr_db or {}).get(n)) is not None]
         return [max(rated)[1] if rated else len(names) - 1]
     if family == "cachegen":
-        return [i for i, n in enumerate(names) if n != "fp16"]
+        own = [i for i, n in enumerate(names) if n != "fp16"]
+        rated = [p for i in own if (p := (psnr_db or {}).get(names[i])) is not None]
+        held = not rated or max(rated) >= FLOOR_PSNR_DB  # no PSNR measured: nothing to hold it to
+        return own if held or "fp16" not in names else own + [names.index("fp16")]
     return list(range(len(names)))
 
 
@@ -73,6 +78,9 @@ def plan_fetch(manifest: dict, policy_name: str, decode_bytes_per_s: float = 6e8
     ``psnr_db``) reaches :data:`FLOOR_PSNR_DB` — on its closed-loop twins' track where a per-step template has them
     (the levels below the open-loop floor then fetch that floor off their track: ``Level.off_track``)."""
     policy = make_policy(policy_name)
+    if policy.simulation_only:
+        raise ValueError(f"policy {policy_name!r} is simulation-only (sakura bench e2e --mode sim); a real edit runs "
+                         f"one of {', '.join(runnable_policies())}")  # fmt: skip
     ladders, reps = ladders_from_manifest(manifest, decode_bytes_per_s)
     keep = policy_levels([lv.name for lv in ladders[0]], policy.family, track_psnr(reps))
     ladders, reps = [[lad[i] for i in keep] for lad in ladders], [_kept_reps(r, keep) for r in reps]

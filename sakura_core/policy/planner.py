@@ -177,14 +177,14 @@ class Snapshot:
         rtts = self.rtts[idx]
         if self.rate is not None:
             return self.link0 + np.cumsum(rtts + nb / self.rate)
-        out, t, k = np.empty(nb.size), self.link0, 0
-        for i, b in enumerate(nb):
-            if not (rtts[i] == 0 and b == 0):
-                lead = self.lead_rtts[k] if k < len(self.lead_rtts) else 0.0
-                t = self.ctx.transfer_end(t, float(b), None, float(rtts[i]) + lead)
-                k += 1
-            out[i] = t
-        return out
+        sent = ~((rtts == 0) & (nb == 0))  # a reuse rung: no request, it is there at once
+        gaps = rtts[sent].astype(float)
+        lead = np.asarray(self.lead_rtts[: gaps.size], dtype=float)
+        gaps[: lead.size] += lead  # the chain's first requests may still pay their round trips
+        ends = self.ctx.transfer_chain(self.link0, gaps, nb[sent])
+        out = np.full(nb.size, self.link0)
+        out[sent] = ends
+        return np.maximum.accumulate(out)  # a reuse rung: when the request before it ended (ends never decrease)
 
     def cut_table(self, k0s) -> list[tuple[np.ndarray, np.ndarray]]:
         """The best cut plan for each current-step split in ``k0s`` (constant rate only), for both cut families

@@ -26,6 +26,7 @@ class FreeKV(Policy):
     name = "free-kv"
     family = "fp16"
     kv_preloaded = True
+    simulation_only = True
 
     def choose(self, ctx: Context, layer: int) -> Decision:
         return Decision(None, "the KV is preloaded on the device: nothing to fetch")
@@ -54,7 +55,10 @@ class CacheGen(Policy):
     else recompute; ``bw`` read from the trace at decision time (no estimator). A chunk here is a shard.
 
     SLO: the latency target when one is set, else the time the device needs to compute the whole template (the
-    recompute alternative). On a live link without a trace the rate is the estimator's (there is nothing to read). Held to the same quality floor as sakura: levels below a shard's ``ctx.floor_of`` are never chosen.
+    recompute alternative). On a live link without a trace the rate is the estimator's (there is nothing to read).
+    Held to the same quality floor as sakura: levels below a shard's ``ctx.floor_of`` are never chosen; when none of
+    its own levels reaches the floor its ladder's floor is the exact level (``held_to_floor`` in the simulator,
+    ``policy_levels`` live), which it fetches when it fits the budget and recomputes otherwise.
     The trace is read on the simulator's clock (start offset included); a recomputed chunk holds the link until the
     device has computed it, so the next chunk is decided on the rate at that time, not on one early sample.
     """
@@ -93,6 +97,15 @@ class CacheGen(Policy):
         if any(lay >= layer and ctx.step_of(lay) == ctx.step_of(layer) for lay in self.recompute):
             return True
         return ctx.decided_upto <= layer and not ctx.ready(layer)
+
+
+class CacheGenNoFloor(CacheGen):
+    """CacheGen's rule on its ladder as measured: its floor the best level even when that is under the quality floor
+    (the old behaviour, before CacheGen was held to sakura's floor; reported once beside it). Simulation only."""
+
+    name = "cachegen-no-floor"
+    family = "cachegen-no-floor"
+    simulation_only = True
 
 
 class Throughput(Policy):
@@ -136,7 +149,8 @@ class Throughput(Policy):
         return not self.fetch_all if self.fetch_all is not None else not ctx.ready(layer)
 
 
-POLICIES = {p.name: p for p in (OnDevice, OnDeviceCached, FetchFP16, CacheGen, Throughput, Sakura, Oracle, FreeKV)}
+POLICIES = {p.name: p for p in (OnDevice, OnDeviceCached, FetchFP16, CacheGen, Throughput, Sakura, Oracle, FreeKV,
+                                 CacheGenNoFloor)}  # fmt: skip
 
 
 def make_policy(name: str) -> Policy:

@@ -79,7 +79,6 @@ class CpuShare:
         self._segs: list[tuple[float, float]] = []  # compute lane busy
         self._busy: dict[str, list[tuple[float, float]]] = {"decode": [], "planning": []}  # each serial
         self._first: dict[str, int] = {"decode": 0, "planning": 0}
-        self._seg_first = 0
         self._settled_t = 0.0
         self.contention_s = 0.0
 
@@ -93,8 +92,7 @@ class CpuShare:
         if not self.cores:
             return
         t_end, t_start = self.compute_t, self._settled_t
-        segs = self._segs[self._seg_first :]
-        self._seg_first = len(self._segs)
+        segs, self._segs = self._segs, []  # settled: never read again (a long wait would keep every segment)
         self._settled_t = t_end
         overlap = 0.0
         for kind, intervals in self._busy.items():

@@ -21,6 +21,11 @@ Per family, per shard ``g`` and level ``j`` (the same level names, cheapest firs
 
 ``floor`` is the family's quality floor: the cheapest level whose edit PSNR with every shard at it reaches the
 target (``psnr_db[j]``, measured).
+
+CacheGen is held to the same floor as sakura (:func:`held_to_floor`): when none of its levels reaches the target (its
+best per-step level gives 29.2 dB), the simulator's ``cachegen`` ladder gains the exact level as its top rung and
+floor, so its rule fetches fp16 or recomputes. The family as measured (its best level as the floor, under the
+target) is kept as ``cachegen-no-floor``, the old behaviour, reported once beside it.
 """
 
 from __future__ import annotations
@@ -29,8 +34,12 @@ from dataclasses import dataclass, field
 
 from ..metrics import psnr_from_mse
 from ..policy.ladder import Level
+from ..policy.plan import FLOOR_PSNR_DB
 
-__all__ = ["FORMAT", "FamilyLadders", "ShardLadders"]
+__all__ = ["CACHEGEN_NO_FLOOR", "FORMAT", "FamilyLadders", "ShardLadders", "held_to_floor"]
+
+#: The ladder family of CacheGen as measured, its floor under the target when no level reaches it (the old rule).
+CACHEGEN_NO_FLOOR = "cachegen-no-floor"
 
 FORMAT = "sakura-sim-ladders"
 _VERSION = 1
@@ -127,9 +136,17 @@ class ShardLadders:
                 raise ValueError(f"{self.geometry} {self.kv_mode}: family {name} has {fam.shards} shards, the geometry "
                                  f"needs {want} ({self.layers} layers x {self.steps if want > self.layers else 1})")  # fmt: skip
 
-    def for_simulator(self) -> tuple[dict[str, list[list[Level]]], dict[str, int]]:
-        """(ladders, floors) as :func:`~sakura_core.runtime.simulate.simulate` takes them."""
-        return {n: f.to_levels() for n, f in self.families.items()}, {n: f.floor for n, f in self.families.items()}
+    def for_simulator(
+        self, floor_psnr_db: float = FLOOR_PSNR_DB
+    ) -> tuple[dict[str, list[list[Level]]], dict[str, int]]:
+        """(ladders, floors) as :func:`~sakura_core.runtime.simulate.simulate` takes them; ``cachegen`` held to
+        ``floor_psnr_db`` (:func:`held_to_floor`, with the fp16 family's level), the family as measured beside it as
+        :data:`CACHEGEN_NO_FLOOR`."""
+        fams = dict(self.families)
+        if "cachegen" in fams and "fp16" in fams:
+            fams[CACHEGEN_NO_FLOOR] = fams["cachegen"]
+            fams["cachegen"] = held_to_floor(fams["cachegen"], fams["fp16"], floor_psnr_db)
+        return {n: f.to_levels() for n, f in fams.items()}, {n: f.floor for n, f in fams.items()}
 
     def as_dict(self) -> dict:
         return {"format": FORMAT, "version": _VERSION, "geometry": self.geometry, "kv_mode": self.kv_mode,
@@ -144,3 +161,25 @@ class ShardLadders:
             raise ValueError(f"{FORMAT} version {d.get('version')!r} is not supported (this code reads {_VERSION})")
         fams = {n: FamilyLadders.from_dict(f) for n, f in d["families"].items()}
         return cls(d["geometry"], d["kv_mode"], int(d["layers"]), int(d["steps"]), fams, d.get("source", {}))
+
+
+def held_to_floor(fam: FamilyLadders, exact: FamilyLadders, floor_psnr_db: float = FLOOR_PSNR_DB) -> FamilyLadders:
+    """``fam`` held to the quality floor ``floor_psnr_db`` (dB): unchanged when its floor level's edit PSNR reaches it;
+    else ``exact``'s top level (fp16: one level, the same shards) appended to every shard's ladder as its top rung and
+    its floor, so no level under the target is selectable (a policy then fetches the exact level or computes)."""
+    if fam.psnr_db()[fam.floor] >= floor_psnr_db:
+        return fam
+    if exact.shards != fam.shards:
+        raise ValueError(f"held_to_floor: the exact family has {exact.shards} shards, {fam.shards} needed")
+    top = len(exact.levels) - 1
+    name = exact.levels[top]
+    if name in fam.levels:
+        raise ValueError(f"held_to_floor: level {name!r} is already in the family's ladder {list(fam.levels)}")
+
+    def plus(rows, extra):
+        return tuple(tuple(row) + (x[top],) for row, x in zip(rows, extra, strict=True))
+
+    ref = None if fam.reference is None else tuple(tuple(r) + (None,) for r in fam.reference)
+    return FamilyLadders(fam.levels + (name,), fam.progressive + (False,), len(fam.levels),
+                         plus(fam.bytes, exact.bytes), plus(fam.increment_bytes, exact.bytes),
+                         plus(fam.decode_s, exact.decode_s), plus(fam.mse, exact.mse), ref)  # fmt: skip

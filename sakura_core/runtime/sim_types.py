@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["PLANNING_MODES", "SimConfig", "SimResult"]
+__all__ = ["PLANNING_MODES", "DiscardedEvents", "SimConfig", "SimResult"]
 
 PLANNING_MODES = ("off", "measured", "fixed")
 
@@ -30,6 +30,9 @@ class SimConfig:
         ``deferral.ahead_window_bytes`` (the live lane's ``RuntimeConfig.request_ahead``): its round trip passes while
         those arrive, and its bytes follow theirs (the wire carries one transfer at a time); the default, as the
         live lane's. False: each request leaves once the transfer before has arrived and pays its round trip.
+    events: record the run's timeline (``SimResult.events``: one entry per fetch, decode, compute span and stall).
+        False keeps none (the figures are the same): a bench keeps them only where it draws them, since a slow-link
+        fetch-fp16 edit on the GPU profile logs ~10^6 waits (hundreds of MB a run).
     """
 
     min_rtt_s: float = 0.04
@@ -39,6 +42,7 @@ class SimConfig:
     planning_s: float = 0.0
     prefetch_kv_bytes: int | None = None
     request_ahead: bool = True
+    events: bool = True
 
     def __post_init__(self) -> None:
         if self.prefetch_kv_bytes is not None and self.prefetch_kv_bytes < 0:
@@ -47,6 +51,13 @@ class SimConfig:
             raise ValueError(f"planning must be one of {', '.join(PLANNING_MODES)}, got {self.planning!r}")
         if self.planning_s < 0 or self.min_rtt_s < 0:
             raise ValueError(f"planning_s and min_rtt_s must be >= 0, got {self.planning_s}, {self.min_rtt_s}")
+
+
+class DiscardedEvents(list):
+    """The event log of a run that keeps none (``SimConfig.events`` False): every append is dropped."""
+
+    def append(self, item) -> None:
+        pass
 
 
 @dataclass

@@ -42,8 +42,9 @@ from ..policy.policies import Policy
 from .deferral import LATE_FALLBACK_REASON, pass_can_stop, pass_stopped_reason
 from .profiles import DeviceProfile
 from .sim_cpu import CpuShare, PlanClock
+from .sim_ladders import CACHEGEN_NO_FLOOR
 from .sim_link import SimLink
-from .sim_types import SimConfig, SimResult
+from .sim_types import DiscardedEvents, SimConfig, SimResult
 
 __all__ = ["KV_MODES", "RECHECK_MIN_S", "SimConfig", "SimResult", "kv_mode_view", "simulate"]
 
@@ -106,7 +107,7 @@ class _Sim(SimLink, CpuShare):
         self.compute_t = 0.0
         self.compute_layer = 0
         self.bytes = 0
-        self.events: list[dict] = []
+        self.events: list[dict] = [] if config.events else DiscardedEvents()
         self.decisions: list[dict] = []
         self.used: dict[int, list[int]] = {}  # layer -> the level it ran with at each step
         self.stall_s = 0.0
@@ -159,7 +160,8 @@ class _Sim(SimLink, CpuShare):
         """The compute lane runs for ``seconds`` from ``compute_t``."""
         self.events.append({"lane": "compute", "start": self.compute_t, "end": self.compute_t + seconds,
                             "layer": layer, "level": level})  # fmt: skip
-        self._segs.append((self.compute_t, self.compute_t + seconds))
+        if self.cores:  # the busy segments only matter where the DiT shares the CPU (settle_contention)
+            self._segs.append((self.compute_t, self.compute_t + seconds))
         self.compute_t += seconds
 
     def _charge_compute(self, layer: int) -> None:
@@ -349,6 +351,8 @@ def simulate(
 ) -> SimResult:
     """Simulate one edit with ``policy``; ``ladders[family][layer]`` lists that shard's levels, cheapest first."""
     family = policy.family
+    if family == CACHEGEN_NO_FLOOR and family not in ladders:  # ladders built by hand: one cachegen, floor as given
+        family = "cachegen"
     if family not in ladders:
         raise ValueError(f"policy {policy.name} needs the {family!r} ladder; have {sorted(ladders)}")
     g = profile.model

@@ -41,7 +41,8 @@ def test_sim_bench_writes_consistent_json_and_plots(tmp_path, capsys):
     assert s["fluid-bound"]["median_latency_s"] <= s["oracle"]["median_latency_s"]  # what no policy beats
     assert s["free-kv"]["median_latency_s"] <= s["oracle"]["median_latency_s"] <= s["sakura"]["median_latency_s"]
     assert s["sakura"]["median_latency_s"] <= s["on-device-cached"]["median_latency_s"]
-    assert set(data["floors"]) == {"sakura", "cachegen", "fp16"}  # every family's ladders reached the simulator
+    families = {"sakura", "cachegen", "fp16", "cachegen-no-floor"}
+    assert set(data["floors"]) == families  # every family's ladders reached the simulator
     for name in ("timeline.png", "trace_levels.png", "regime_map.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
     printed = capsys.readouterr().out

@@ -89,4 +89,35 @@ def test_the_readme_results_table_is_current():
     """The README quotes one generated section (the headline); it is rendered from the same JSON."""
     text = (ROOT / "README.md").read_text()
     assert "<!-- results:headline -->" in text
-    assert update_doc(ROOT / "README.md", ROOT, check=True) == [], "run `sakura bench results --doc README.md`"
+    assert update_doc(ROOT / "README.md", ROOT, check=True) == [], "run `sakura bench results`"
+
+
+def test_one_command_rewrites_every_document_with_generated_tables(tmp_path, capsys):
+    """`sakura bench results` (no --doc) regenerates docs/results.md and the README together (issue 50: the README's
+    table went stale while docs/results.md was current)."""
+    import shutil
+
+    (tmp_path / "docs").mkdir()
+    shutil.copytree(ROOT / "docs/results", tmp_path / "docs/results")
+    stale = "<!-- results:planner -->\nold rows\n<!-- /results:planner -->\n"
+    for name in ("docs/results.md", "README.md"):
+        (tmp_path / name).write_text(f"# {name}\n{stale}")
+    assert main(["bench", "results", "--root", str(tmp_path), "--check"]) == 1
+    assert "docs/results.md: planner; README.md: planner" in capsys.readouterr().out
+    assert main(["bench", "results", "--root", str(tmp_path)]) == 0
+    for name in ("docs/results.md", "README.md"):
+        assert render_section("planner", ROOT) in (tmp_path / name).read_text()
+    assert main(["bench", "results", "--root", str(tmp_path), "--check"]) == 0
+
+
+def test_the_headline_reports_cachegen_held_to_the_floor_and_the_old_rule_beside_it():
+    from sakura_core.bench.results_doc import headline_table
+
+    data = json.loads((ROOT / SECTIONS["e2e-ci"][0]).read_text())  # per-step klein cpu, with cachegen-no-floor
+    out = headline_table(data, classes=("3G", "4G"))
+    row = next(line for line in out.splitlines() if line.startswith("| cachegen (no floor)"))
+    assert "reported once" in row
+    cg = data["by_class"]["4G"]["summary"]
+    assert cg["cachegen"]["median_psnr_db"] >= 35.0 > cg["cachegen-no-floor"]["median_psnr_db"]  # old: 29.2 dB
+    assert "cachegen (no floor) 100.0 / 29.2 dB" in out  # 3G: it recomputes too
+    assert "held to sakura's 35 dB floor" in out

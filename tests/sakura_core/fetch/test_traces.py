@@ -54,6 +54,22 @@ def test_finish_times_is_finish_time_for_every_size():
         assert got.ravel().tolist() == pytest.approx([t.finish_time(start, float(n)) for n in sizes])
 
 
+def test_finish_chain_is_finish_time_chained_bit_for_bit():
+    """The oracle's exact plan evaluations chain transfers through one call (issue 50: a 50-step oracle 19 -> 6 s of
+    CPU); each end equals the scalar form's on the edit's clock (the trace read at offset + t), to the last bit, so
+    no plan changes: across the zero-rate gap, whole periods, a request of nothing and an offset."""
+    rng = np.random.default_rng(3)
+    t = Trace("x", np.array([1.0, 2.0, 1.0, 0.7]), np.array([100.0, 0.0, 300.0, 55.5]))
+    gaps = rng.uniform(0.0, 0.4, 300) * (rng.random(300) < 0.7)
+    sizes = rng.uniform(0.0, 900.0, 300) * (rng.random(300) < 0.9)
+    for start, offset in ((0.0, 0.0), (0.3, 2.5), (7.7, 13.1), (1.0, 1e4 + 0.1)):
+        want, now = [], start
+        for gap, n in zip(gaps, sizes, strict=True):
+            now = t.finish_time(offset + (now + gap), float(n)) - offset
+            want.append(now)
+        assert t.finish_chain(start, gaps, sizes, offset) == want
+
+
 @pytest.mark.parametrize(
     "content, match",
     [

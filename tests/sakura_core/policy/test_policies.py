@@ -364,7 +364,17 @@ def test_oracle_plans_on_the_trace_without_probing():
 
 
 def test_every_policy_is_tested_here():
-    tested = {"on-device", "on-device-cached", "fetch-fp16", "free-kv", "cachegen", "throughput", "sakura", "oracle"}
+    tested = {
+        "on-device",
+        "on-device-cached",
+        "fetch-fp16",
+        "free-kv",
+        "cachegen",
+        "throughput",
+        "sakura",
+        "oracle",
+        "cachegen-no-floor",
+    }  # cachegen-no-floor: tests/sakura_core/runtime/test_cachegen_floor.py
     assert set(POLICIES) == tested
 
 
