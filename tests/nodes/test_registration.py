@@ -78,9 +78,10 @@ def test_fetch_offers_every_runnable_policy(node_classes):
 
     schema = node_classes["SakuraAdaptiveFetch"].GET_SCHEMA()
     policy = next(i for i in schema.inputs if i.id == "policy")
-    assert policy.options == [name for name, cls in POLICIES.items() if not cls.kv_preloaded]
+    assert policy.options == [name for name, cls in POLICIES.items() if not (cls.kv_preloaded or cls.simulation_only)]
     assert {"sakura", "on-device", "fetch-fp16", "cachegen", "oracle"} <= set(policy.options)
     assert "free-kv" not in policy.options  # simulation-only bound
+    assert "cachegen-no-floor" not in policy.options  # the old CacheGen rule, reported once in the simulator
     trace = next(i for i in schema.inputs if i.id == "trace")
     assert "norway_bus_1" in trace.options
 
