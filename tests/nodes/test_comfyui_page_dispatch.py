@@ -20,6 +20,7 @@ import pytest
 from ci_deps import import_or_skip, require_or_skip
 
 from ..phone_web.loopback import loopback_server
+from ..phone_web.page_driver import recording_app
 from .conftest import start_comfyui, stop_process
 from .test_real_comfyui import _post, _run_wait
 
@@ -52,8 +53,6 @@ def setup(tmp_path_factory, examples, demo_model, store_dir, comfyui_python):
     """(ComfyUI URL, its base folder, the cloud's base URL, the cloud's request log, the user image)."""
     from PIL import Image
 
-    from cloud_server.app import create_app
-    from cloud_server.config import ServerConfig
     from cloud_server.store import LocalStore
     from sakura_core.cli import main
     from sakura_core.models.edit_model import load_image
@@ -64,29 +63,12 @@ def setup(tmp_path_factory, examples, demo_model, store_dir, comfyui_python):
     try:
         user = load_image(examples.user_image("sakura-face.png"), demo_model.spec.image_size)  # the model's size
         Image.fromarray(user).save(root / "comfy" / "input" / USER_PNG)
-        app = create_app(ServerConfig(store_dir=store_dir, model=None, phone_model_dir=root / "model",
-                                      allowed_origins=(url,)), store=LocalStore(store_dir))  # fmt: skip
-        seen = _record(app)
+        seen: list[dict] = []
+        app = recording_app(LocalStore(store_dir), root / "model", seen, allowed_origins=(url,))
         with loopback_server(app) as cloud:
             yield {"url": url, "base": root / "comfy", "cloud": cloud, "seen": seen, "user": user, "log": log}
     finally:
         stop_process(proc)
-
-
-def _record(app) -> list[dict]:
-    from aiohttp import web
-
-    seen: list[dict] = []
-
-    @web.middleware
-    async def record(request, handler):
-        body = await request.read() if request.can_read_body else b""
-        seen.append({"method": request.method, "path": request.path_qs, "headers": dict(request.headers),
-                     "body": body})  # fmt: skip
-        return await handler(request)
-
-    app.middlewares.insert(0, record)
-    return seen
 
 
 def _workflow(cloud: str, connection: str = "page") -> dict:

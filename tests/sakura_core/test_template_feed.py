@@ -12,7 +12,9 @@ import torch
 
 from sakura_core.template_feed import TemplateKVFeed, layer_index, step_of_sigma
 
-TEMPLATE_ID = "feed-astronaut"
+from .conftest import FP16_TEMPLATE_ID
+
+TEMPLATE_ID = FP16_TEMPLATE_ID
 
 
 def test_layer_index_follows_execution_order():
@@ -31,20 +33,8 @@ def test_step_of_sigma_names_the_schedule_when_no_step_matches():
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory, demo_model, demo_template):
-    from cloud_server.precompute import publish_template
-    from cloud_server.store import LocalStore
-    from sakura_core.fetch.sources import StoreSource
-
-    folder = tmp_path_factory.mktemp("feed-store")
-    publish_template(LocalStore(folder), demo_model, demo_template, TEMPLATE_ID, codec="fp16")
-    source = StoreSource(str(folder))
-
-    async def manifest():
-        async with source.open() as shards:
-            return await shards.get_manifest(TEMPLATE_ID)
-
-    return source, asyncio.run(manifest())
+def published(published_fp16):
+    return published_fp16
 
 
 class _GatedSource:

@@ -5,32 +5,20 @@ fetched on demand, and the report says which was which. The lanes in ComfyUI 0.2
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
 
 from sakura_core.runtime.host_lanes import HostLanes
 
-TEMPLATE_ID = "lanes-astronaut"
+from ..conftest import FP16_TEMPLATE_ID
+
+TEMPLATE_ID = FP16_TEMPLATE_ID
 STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory, demo_model, demo_template):
-    from cloud_server.precompute import publish_template
-    from cloud_server.store import LocalStore
-    from sakura_core.fetch.sources import StoreSource
-
-    folder = tmp_path_factory.mktemp("lanes-store")
-    publish_template(LocalStore(folder), demo_model, demo_template, TEMPLATE_ID, codec="fp16")
-    source = StoreSource(str(folder))
-
-    async def manifest():
-        async with source.open() as shards:
-            return await shards.get_manifest(TEMPLATE_ID)
-
-    return source, asyncio.run(manifest())
+def published(published_fp16):
+    return published_fp16
 
 
 def _lanes(published, policy: str) -> HostLanes:
