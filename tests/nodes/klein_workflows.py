@@ -27,7 +27,7 @@ from workflows import OUT, SERVER_URL, Node, completed, sakura_schemas, ui_forma
 UNET = "flux-2-klein-4b.safetensors"
 TEXT_ENCODER = "qwen_3_4b.safetensors"
 VAE = "flux2-vae.safetensors"
-SIZE = 1024  # the image size the templates are precomputed at (the token grid and the per-step schedule follow it)
+SIZE = 512  # the edit size klein-files precomputes at by default (the token grid and the per-step schedule follow it)
 PROMPT_KLEIN = "replace the face in the marked region with the face of the input image"
 MODEL_FILES = (".safetensors", ".sft", ".gguf", ".ckpt", ".pt")  # a combo naming one: a model file to download
 
@@ -96,7 +96,7 @@ SIZES_KLEIN = {
 }  # fmt: skip
 
 
-def setup_note(what: str, template_id: str, extra: str = "") -> str:
+def setup_note(what: str, template_id: str, extra: str = "", images: str = "--image <template image>") -> str:
     return (
         f"{what}\n\n"
         "DOWNLOAD (the FLUX.2 [klein] 4B files, as ComfyUI's own klein templates name them) into ComfyUI's models/ "
@@ -105,12 +105,12 @@ def setup_note(what: str, template_id: str, extra: str = "") -> str:
         f"  models/text_encoders/{TEXT_ENCODER}  (its Qwen3 4B text encoder; CLIPLoader type flux2)\n"
         f"  models/vae/{VAE}  (the FLUX.2 VAE)\n\n"
         f"SAKURA TEMPLATES must be precomputed for those EXACT weights (the Template KV node checks the model id "
-        "computed from the loaded weights and refuses another model's template, naming both ids), at "
-        f"{SIZE}x{SIZE}:\n"
+        "computed from the loaded weights and refuses another model's template, naming both ids); the edit runs at "
+        f"{SIZE}x{SIZE}, klein-files' default size:\n"
         "  sakura precompute --model klein-files:diffusion_model=ComfyUI/models/diffusion_models/"
         f"{UNET},text_encoder=ComfyUI/models/text_encoders/{TEXT_ENCODER},vae=ComfyUI/models/vae/{VAE},"
-        f"tokenizer=<Qwen3 tokenizer folder> --image <template image> --template-id {template_id} "
-        f"--store ~/sakura-store {extra}\n"
+        f"tokenizer=<Qwen3 tokenizer folder> {images} --id {template_id} "
+        f"--store ~/sakura-store{' ' + extra if extra else ''}\n"
         "  sakura serve --store ~/sakura-store --port 8080\n"
         "(docs/comfyui.md, 'ComfyUI's own FLUX.2 [klein]'). Your image and prompt stay on this machine; the "
         "template's K/V streams in while the sampler runs. The Template KV Report shows the levels, split, bytes "
@@ -118,7 +118,7 @@ def setup_note(what: str, template_id: str, extra: str = "") -> str:
     ).rstrip()
 
 
-def _common(template_id: str, user_file: str, prefix: str, mbit: float) -> list[Node]:
+def _common(template_id: str, user_file: str, prefix: str) -> list[Node]:
     """Loaders, the user image (scaled to the template's size, encoded: the flow's start), prompt, the Sakura chain,
     decode, save and report. The sampler (id 20) and its inputs are added by each workflow."""
     return [
@@ -133,7 +133,7 @@ def _common(template_id: str, user_file: str, prefix: str, mbit: float) -> list[
         Node(10, "SakuraTemplateLoader", "Sakura Template KV Loader", (920, 60),
              {"template_id": template_id, "source": "server", "server_url": SERVER_URL}),
         Node(11, "SakuraAdaptiveFetch", "Sakura Bandwidth-Adaptive Fetch", (920, 440),
-             {"template": (10, 0), "policy": "sakura", "bandwidth": "fixed Mbit/s", "fixed_mbit_s": mbit}),
+             {"template": (10, 0), "policy": "sakura", "bandwidth": "live"}),
         Node(12, "SakuraTemplateKV", "Sakura Template KV (MODEL patch)", (1380, 60),
              {"model": (1, 0), "template": (10, 0), "kv_stream": (11, 0)}),
         Node(21, "VAEDecode", "Decode", (2260, 60), {"samples": (20, 0), "vae": (3, 0)}),
@@ -145,7 +145,7 @@ def _common(template_id: str, user_file: str, prefix: str, mbit: float) -> list[
 
 
 def face_swap() -> list[Node]:
-    nodes = _common("klein-face-swap", "sakura-face.png", "sakura/klein-face-swap", 20.0)
+    nodes = _common("klein-face-swap", "sakura-face.png", "sakura/klein-face-swap")
     nodes += [
         Node(8, "ConditioningZeroOut", "Negative (unused at cfg 1)", (440, 330), {"conditioning": (7, 0)}),
         Node(20, "KSampler", "KSampler (any sampler works)", (1820, 60),
@@ -160,8 +160,27 @@ def face_swap() -> list[Node]:
     return nodes
 
 
+def try_on() -> list[Node]:
+    """A template of two references (``--image`` twice): the garment and a look wearing it; the user photo the start."""
+    nodes = _common("klein-try-on", "sakura-object.png", "sakura/klein-try-on")
+    nodes += [
+        Node(8, "ConditioningZeroOut", "Negative (unused at cfg 1)", (440, 330), {"conditioning": (7, 0)}),
+        Node(20, "KSampler", "KSampler (any sampler works)", (1820, 60),
+             {"model": (12, 0), "positive": (7, 0), "negative": (8, 0), "latent_image": (6, 0), "steps": 4,
+              "cfg": 1.0, "sampler_name": "euler", "scheduler": "simple", "denoise": 0.85}),
+        Node(30, "Note", "About this workflow", (1380, 290), {"text": setup_note(
+            "SAKURA try-on with two references on ComfyUI's own FLUX.2 [klein] 4B: the template 'klein-try-on' holds "
+            "the attention K/V of two reference images (a garment and a look wearing it; one KV block over both, the "
+            "references attending to each other) and replaces klein's reference tokens (Sakura Template KV). Your "
+            "photo is the edit's start (denoise 0.85); set the prompt to what to wear.", "klein-try-on",
+            images="--image <garment image> --image <look image> --reference-name garment --reference-name look")}),
+    ]  # fmt: skip
+    nodes[6].values["text"] = "dress the person of the input image in the garment of the reference images"
+    return nodes
+
+
 def per_step_edit() -> list[Node]:
-    nodes = _common("klein-edit-per-step", "sakura-object.png", "sakura/klein-edit-per-step", 50.0)
+    nodes = _common("klein-edit-per-step", "sakura-object.png", "sakura/klein-edit-per-step")
     nodes += [
         Node(13, "Flux2Scheduler", "The template's schedule (4 steps)", (1380, 290), {"steps": 4}),
         Node(14, "SplitSigmas", "Start at step 1 (the edit's strength)", (1380, 470), {"sigmas": (13, 0), "step": 1}),
@@ -172,15 +191,17 @@ def per_step_edit() -> list[Node]:
              {"noise": (15, 0), "guider": (17, 0), "sampler": (16, 0), "sigmas": (14, 1), "latent_image": (6, 0)}),
         Node(30, "Note", "About this workflow", (2720, 60), {"text": setup_note(
             "SAKURA per-step edit on ComfyUI's own FLUX.2 [klein] 4B: the template 'klein-edit-per-step' holds one "
-            "K/V per (step, layer) for Flux2Scheduler's 4-step schedule at 1024x1024; the patch picks each step's "
+            f"K/V per (step, layer) for Flux2Scheduler's 4-step schedule at {SIZE}x{SIZE}; the patch picks each step's "
             "K/V from the sampler's sigma (another step count or size is refused, naming both schedules). "
             "SplitSigmas starts the edit at step 1 from your image.", "klein-edit-per-step",
             "--kv-mode per-step --steps 4")}),
     ]  # fmt: skip
+    nodes[6].values["text"] = "place the object of the input image in the marked region of the reference image"
     return nodes
 
 
-KLEIN_WORKFLOWS = {"sakura_klein_face_swap": face_swap(), "sakura_klein_per_step_edit": per_step_edit()}
+KLEIN_WORKFLOWS = {"sakura_klein_face_swap": face_swap(), "sakura_klein_per_step_edit": per_step_edit(),
+                   "sakura_klein_try_on": try_on()}
 
 
 def ui_with_sizes(nodes: list[Node], schemas: dict) -> dict:
@@ -213,7 +234,8 @@ def klein_thumbnail(title: str) -> bytes:
     return out.getvalue()
 
 
-THUMB_TITLES = {"sakura_klein_face_swap": "SAKURA face swap", "sakura_klein_per_step_edit": "SAKURA per-step edit"}
+THUMB_TITLES = {"sakura_klein_face_swap": "SAKURA face swap", "sakura_klein_per_step_edit": "SAKURA per-step edit",
+                "sakura_klein_try_on": "SAKURA try-on (two references)"}
 
 if __name__ == "__main__":
     for path, text in render_klein(all_schemas()).items():

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 # the klein workflows (klein_workflows.py) need the real klein 4B files, which no test machine has (a tiny klein's
 # Qwen3 / VAE cannot be loaded by CLIPLoader / VAELoader): test_klein_workflows_comfyui.py checks them against
 # ComfyUI's /object_info
-KLEIN_UI = {"sakura_klein_face_swap", "sakura_klein_per_step_edit"}
+KLEIN_UI = {"sakura_klein_face_swap", "sakura_klein_per_step_edit", "sakura_klein_try_on"}
 UI = sorted(p.stem for p in (REPO / "example_workflows").glob("*.json") if p.stem not in KLEIN_UI)
 TEST_UI = ["sakura_two_references"]  # workflows.TEST_WORKFLOWS: not shipped, so not in the template browser
 SHOTS = {"sakura_face_swap_per_step", "sakura_two_references"}  # screenshots with $SAKURA_SHOTS

@@ -82,7 +82,7 @@ def test_note_says_what_to_download_and_precompute(name):
                    "docs/comfyui.md"):  # fmt: skip
         assert needed in text, f"{name}: the note lacks {needed!r}"
     template = next(n for n in _ui(name)["nodes"] if n["type"] == "SakuraTemplateLoader")["widgets_values"][0]
-    assert f"--template-id {template} " in text
+    assert f"--id {template} " in text
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -39,7 +39,7 @@ RUN_TIMEOUT_S = 600.0
 # UI-only workflows on ComfyUI's native klein nodes (klein_workflows.py): listed, never run here, since they need the
 # real klein 4B files (a tiny klein's Qwen3 / VAE cannot be loaded by CLIPLoader / VAELoader):
 # test_klein_workflows_comfyui.py checks them against this ComfyUI's /object_info instead
-KLEIN_UI = ["sakura_klein_face_swap", "sakura_klein_per_step_edit"]
+KLEIN_UI = ["sakura_klein_face_swap", "sakura_klein_per_step_edit", "sakura_klein_try_on"]
 
 
 def _get(url: str, timeout: float = 30.0):
