@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -36,7 +37,11 @@ sync_api = pytest.importorskip(
 )
 
 REPO = Path(__file__).resolve().parents[2]
-UI = sorted(p.stem for p in (REPO / "example_workflows").glob("*.json"))
+# the klein workflows (klein_workflows.py) need the real klein 4B files, which no test machine has (a tiny klein's
+# Qwen3 / VAE cannot be loaded by CLIPLoader / VAELoader): opened, not run (test_klein_workflow_opens_...), and
+# checked against ComfyUI's /object_info by test_klein_workflows_comfyui.py
+KLEIN_UI = {"sakura_klein_face_swap", "sakura_klein_per_step_edit", "sakura_klein_try_on"}
+UI = sorted(p.stem for p in (REPO / "example_workflows").glob("*.json") if p.stem not in KLEIN_UI)
 TEST_UI = ["sakura_two_references"]  # workflows.TEST_WORKFLOWS: not shipped, so not in the template browser
 SHOTS = {"sakura_face_swap_per_step", "sakura_two_references"}  # screenshots with $SAKURA_SHOTS
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -289,3 +294,32 @@ def test_template_choice_button_lists_the_server(comfyui, page, server_url):
         }"""
     )
     assert sorted(hidden) == ["choose a published template", "server_url", "token"]
+
+
+KLEIN_JS = """async (name) => {  // opened as the template browser opens it, then the prompt the Run button would queue
+    const resp = await fetch(`/api/workflow_templates/sakura/${name}.json`);
+    const graph = await resp.json();
+    await window.app.loadGraphData(graph, true, true, name);
+    const types = window.LiteGraph.registered_node_types;
+    const missing = graph.nodes.filter((n) => n.type !== "Note" && !types[n.type]).map((n) => n.type);
+    return {missing, prompt: (await window.app.graphToPrompt()).output};
+}"""
+
+
+@pytest.mark.parametrize("name", sorted(KLEIN_UI))
+def test_klein_workflow_opens_and_lacks_only_its_model_files(comfyui, page, name):
+    """The klein workflows cannot run here (no klein 4B files): the frontend knows every node, and ComfyUI's own
+    /prompt validation of what Run would queue refuses nothing but the three model files not installed."""
+    result = page.evaluate(KLEIN_JS, name)
+    assert result["missing"] == []
+    req = urllib.request.Request(f"{comfyui[0]}/prompt", data=json.dumps({"prompt": result["prompt"]}).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        urllib.request.urlopen(req, timeout=30)
+        raise AssertionError(f"{name}: queued, though its model files are not installed here")
+    except urllib.error.HTTPError as e:
+        errors = json.loads(e.read())["node_errors"]
+    found = sorted((result["prompt"][k]["class_type"], x["type"], x["extra_info"].get("input_name"))
+                   for k, v in errors.items() for x in v["errors"])  # fmt: skip
+    assert found == [("CLIPLoader", "value_not_in_list", "clip_name"), ("UNETLoader", "value_not_in_list", "unet_name"),
+                     ("VAELoader", "value_not_in_list", "vae_name")], found  # fmt: skip
