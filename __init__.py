@@ -72,7 +72,7 @@ def _import_error(e: ImportError) -> ImportError:
     if missing == "comfy_api":
         why = (
             f"this ComfyUI has no V3 node API ({e}); the SAKURA nodes need comfy_api.latest: update ComfyUI "
-            "(checked with 0.3.64)"
+            "(0.29.0 or later: the version the pack is tested with)"
         )
     elif missing and missing not in _OWN_PACKAGES:
         return _install_hint(f"the package {missing!r} ({e})")
