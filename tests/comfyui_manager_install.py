@@ -10,8 +10,9 @@ does exactly that against a real ComfyUI checkout, without touching the ComfyUI 
    from changing any of them; the script checks that no torch was installed);
 2. a copy of this working tree (tracked and untracked, not ignored files: what a clone holds) as
    ``custom_nodes/sakura-kv`` of a temporary ``--base-directory``;
-3. ComfyUI started before the install, when the base lacks some requirement: the pack must fail to import with a
-   message naming the missing package and the ``pip install -r`` command;
+3. ComfyUI started before the install: the pack must fail to import with a message naming a missing package and the
+   ``pip install -r`` command (a base that has every requirement, as CI's after its own install, gets one hidden for
+   this step: a ``.pth`` refusing ``import`` of :data:`HIDDEN_REQUIREMENT`, deleted after it);
 4. ``pip install -r requirements.txt`` (cwd = the pack), ``install.py`` if present;
 5. ComfyUI started again on 127.0.0.1: ``/object_info`` must list the seven Sakura nodes from that folder.
 
@@ -182,6 +183,23 @@ def _object_info(comfyui: Path, python: Path, base: Path) -> tuple[dict, str]:
     return info, "".join(log)
 
 
+#: the requirement hidden from a base that has them all, so that the pack's missing-requirement error is still seen
+HIDDEN_REQUIREMENT = "zstandard"
+
+
+def _hide_module(python: Path, name: str) -> Path:
+    """Make ``import name`` fail in the venv of ``python`` (a ``.pth`` that puts a refusing finder first on
+    ``sys.meta_path``), as if the package were not installed; returns the ``.pth`` to delete to undo it."""
+    own_site = Path(_py(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
+    hook = own_site / "zz-sakura-hide.pth"
+    hook.write_text(
+        "import sys; sys.meta_path.insert(0, type('Hide', (), {'find_spec': staticmethod(lambda n, *a, **k: "
+        "(_ for _ in ()).throw(ModuleNotFoundError('No module named ' + repr(n), name=n)) "
+        f"if n.split('.')[0] == {name!r} else None)}})())\n"
+    )
+    return hook
+
+
 def run_check(comfyui: Path, base_python: str, work: Path) -> InstallResult:
     """Steps 1-5 of the module doc in ``work``; the result says what was seen."""
     res = InstallResult()
@@ -194,8 +212,16 @@ def run_check(comfyui: Path, base_python: str, work: Path) -> InstallResult:
     torch_version = "import torch; print(torch.__version__, torch.__file__)"
     res.torch_before = _py(python, torch_version)
     res.missing_before = _missing(python, _requirement_names(pack / "requirements.txt"))
+    hidden = None
+    if not res.missing_before:  # the base has every requirement (CI installs them first): hide one for this step
+        hidden = _hide_module(python, HIDDEN_REQUIREMENT)
+        res.missing_before = [HIDDEN_REQUIREMENT]
     if res.missing_before:
-        info, log = _object_info(comfyui, python, base)
+        try:
+            info, log = _object_info(comfyui, python, base)
+        finally:
+            if hidden is not None:
+                hidden.unlink()
         m = re.search(r"SAKURA nodes not registered: [^\n]*", log)
         res.import_error_before = m.group(0) if m else ""
         if not m or "pip install -r" not in m.group(0) or str(pack / "requirements.txt") not in m.group(0):
@@ -246,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     print(f"pack:                  {res.pack_dir}")
-    print(f"missing before:        {', '.join(res.missing_before) or 'none (the base has every requirement)'}")
+    print(f"missing before:        {', '.join(res.missing_before)}")
     print(f"import error before:   {res.import_error_before or '-'}")
     print(f"pip installed:         {' '.join(res.installed) or 'nothing'}")
     print(f"torch before / after:  {res.torch_before} / {res.torch_after}")

@@ -27,9 +27,7 @@ def test_a_manager_install_registers_every_sakura_node(tmp_path):
     assert res.ok, "\n".join(res.problems)
     assert res.nodes == sorted(mgr.NODE_IDS)
     assert res.torch_after == res.torch_before  # requirements.txt never brings a torch
-    if res.missing_before:  # a bare ComfyUI: before the install the pack said what was missing and how to fix it
-        assert "pip install -r" in res.import_error_before and res.missing_before[0] in res.import_error_before
-    else:
-        import warnings
-
-        warnings.warn("COMFYUI_PYTHON already has every requirement: the import-error check did not run", stacklevel=1)
+    # before the install the pack said what was missing and how to fix it (a base with every requirement, as CI's,
+    # has one hidden for that step: comfyui_manager_install.HIDDEN_REQUIREMENT)
+    assert res.missing_before, "nothing was missing before the install: the import-error check did not run"
+    assert "pip install -r" in res.import_error_before and res.missing_before[0] in res.import_error_before
