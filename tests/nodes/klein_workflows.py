@@ -144,13 +144,21 @@ def _common(template_id: str, user_file: str, prefix: str) -> list[Node]:
     ]  # fmt: skip
 
 
-def face_swap() -> list[Node]:
-    nodes = _common("klein-face-swap", "sakura-face.png", "sakura/klein-face-swap")
-    nodes += [
+def _ksampler() -> list[Node]:
+    """The single-KV edits' sampler: KSampler at cfg 1 (its negative a zeroed prompt, unused), the user photo's
+    latent the start (denoise 0.85)."""
+    return [
         Node(8, "ConditioningZeroOut", "Negative (unused at cfg 1)", (440, 330), {"conditioning": (7, 0)}),
         Node(20, "KSampler", "KSampler (any sampler works)", (1820, 60),
              {"model": (12, 0), "positive": (7, 0), "negative": (8, 0), "latent_image": (6, 0), "steps": 4,
               "cfg": 1.0, "sampler_name": "euler", "scheduler": "simple", "denoise": 0.85}),
+    ]  # fmt: skip
+
+
+def face_swap() -> list[Node]:
+    nodes = _common("klein-face-swap", "sakura-face.png", "sakura/klein-face-swap")
+    nodes += [
+        *_ksampler(),
         Node(30, "Note", "About this workflow", (1380, 290), {"text": setup_note(
             "SAKURA face swap on ComfyUI's own FLUX.2 [klein] 4B: the template 'klein-face-swap' (a scene with the "
             "face region marked) is the reference; its attention K/V was precomputed by the SAKURA server and "
@@ -164,10 +172,7 @@ def try_on() -> list[Node]:
     """A template of two references (``--image`` twice): the garment and a look wearing it; the user photo the start."""
     nodes = _common("klein-try-on", "sakura-object.png", "sakura/klein-try-on")
     nodes += [
-        Node(8, "ConditioningZeroOut", "Negative (unused at cfg 1)", (440, 330), {"conditioning": (7, 0)}),
-        Node(20, "KSampler", "KSampler (any sampler works)", (1820, 60),
-             {"model": (12, 0), "positive": (7, 0), "negative": (8, 0), "latent_image": (6, 0), "steps": 4,
-              "cfg": 1.0, "sampler_name": "euler", "scheduler": "simple", "denoise": 0.85}),
+        *_ksampler(),
         Node(30, "Note", "About this workflow", (1380, 290), {"text": setup_note(
             "SAKURA try-on with two references on ComfyUI's own FLUX.2 [klein] 4B: the template 'klein-try-on' holds "
             "the attention K/V of two reference images (a garment and a look wearing it; one KV block over both, the "
