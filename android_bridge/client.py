@@ -275,7 +275,9 @@ class PhoneClient:
     # ---- internals ------------------------------------------------------------------------------------------
     async def _info(self, session: aiohttp.ClientSession) -> dict:
         try:
-            async with session.get("/v1/info", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
+            async with session.get(
+                "/v1/info", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            ) as resp:
                 await _raise_for(resp, "phone info")
                 return await resp.json()
         except aiohttp.ClientError as e:
@@ -344,7 +346,9 @@ class PhoneClient:
 
     async def _delete(self, session, job_id: str, why: str | None) -> None:
         try:
-            async with session.delete(f"/v1/jobs/{job_id}", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+            async with session.delete(
+                f"/v1/jobs/{job_id}", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            ) as r:
                 if why is not None:
                     logger.info("job %s: %s; asked the phone to cancel it (HTTP %d)", job_id, why, r.status)
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:

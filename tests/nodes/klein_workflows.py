@@ -77,6 +77,7 @@ NATIVE = {
                                _i("sigmas", "SIGMAS"), _i("latent_image", "LATENT")], ["LATENT", "LATENT"]),
 }  # fmt: skip
 
+
 def native_schemas() -> dict:
     return {k: NS(node_id=k, inputs=ins, outputs=[_o(t) for t in outs]) for k, (ins, outs) in NATIVE.items()}
 
@@ -205,8 +206,11 @@ def per_step_edit() -> list[Node]:
     return nodes
 
 
-KLEIN_WORKFLOWS = {"sakura_klein_face_swap": face_swap(), "sakura_klein_per_step_edit": per_step_edit(),
-                   "sakura_klein_try_on": try_on()}
+KLEIN_WORKFLOWS = {
+    "sakura_klein_face_swap": face_swap(),
+    "sakura_klein_per_step_edit": per_step_edit(),
+    "sakura_klein_try_on": try_on(),
+}
 
 
 def ui_with_sizes(nodes: list[Node], schemas: dict) -> dict:
@@ -239,8 +243,11 @@ def klein_thumbnail(title: str) -> bytes:
     return out.getvalue()
 
 
-THUMB_TITLES = {"sakura_klein_face_swap": "SAKURA face swap", "sakura_klein_per_step_edit": "SAKURA per-step edit",
-                "sakura_klein_try_on": "SAKURA try-on (two references)"}
+THUMB_TITLES = {
+    "sakura_klein_face_swap": "SAKURA face swap",
+    "sakura_klein_per_step_edit": "SAKURA per-step edit",
+    "sakura_klein_try_on": "SAKURA try-on (two references)",
+}
 
 if __name__ == "__main__":
     for path, text in render_klein(all_schemas()).items():
