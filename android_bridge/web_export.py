@@ -11,6 +11,9 @@
   frequencies, ``(timestep_guidance_channels / 2,)``);
 * ``template_kv.onnx`` — the hybrid split's template pass for layers ``< split`` (single KV mode;
   :mod:`android_bridge.web_template_graph`), unless ``split=0``;
+* ``template_embed.onnx`` and ``template_layer_{l}.onnx`` — the template pass layer by layer, at any time (the page's
+  ``template_pass.js``: a split at any layer, the on-device edit, single or per-step; :mod:`.web_template_layers`),
+  unless ``template_layers=False``;
 * ``model.json``: the index the page reads — model id and geometry, each file with its shape and SHA-256, the
   graph's input names, how the outside-the-graph inputs are formed, the schedule and the noise generator.
 
@@ -30,6 +33,7 @@ import torch
 
 from .npu_graph import CachedKVGraph, graph_input_names, graph_inputs
 from .web_template_graph import export_template_graph
+from .web_template_layers import export_template_layers
 
 __all__ = ["WEB_FORMAT", "WebCachedKVGraph", "export_web"]
 
@@ -81,10 +85,11 @@ def export_web(
     opset: int = 17,
     dynamo: bool = False,
     split: int | None = None,
+    template_layers: bool = True,
 ) -> dict:
     """Write the page's model files into ``out_dir``; returns the index (also ``model.json``). ``split``: the hybrid
     split whose template graph is written too (layers ``< split`` computed in the page; default half the layers;
-    0 = none)."""
+    0 = none); ``template_layers``: write the per-layer template graphs too."""
     import onnxruntime as ort
 
     out = Path(out_dir)
@@ -134,6 +139,7 @@ def export_web(
         "kv_modes": ["single", "per-step"],
         "split_layers": [0] if template_graph is None else [0, split],
         "template_graph": template_graph,
+        "template_layers": export_template_layers(model, out) if template_layers else None,
         "graph": {
             "file": GRAPH_NAME,
             "bytes": len(graph_bytes),
