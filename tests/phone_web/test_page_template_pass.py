@@ -91,8 +91,10 @@ def test_the_page_template_pass_equals_python_and_resumes(page_store, chromium):
     print(f"template pass page vs python max |diff|: {diffs}")  # noqa: T201 - the figures of the run (pytest -s)
 
 
-@pytest.mark.parametrize("template_id", [TEMPLATE_ID, PER_STEP_ID])
-def test_the_on_device_edit_on_the_page_equals_python(page_store, chromium, tmp_path, template_id):
+@pytest.mark.parametrize(("template_id", "split"), [(TEMPLATE_ID, None), (PER_STEP_ID, None), (PER_STEP_ID, 2), (TEMPLATE_ID, 4)])
+def test_the_on_device_edit_on_the_page_equals_python(page_store, chromium, tmp_path, template_id, split):
+    """``split`` None: every layer computed on the page (the on-device edit); else layers < split computed at any
+    layer (4: not the split graph's 3) or per step (a per-step template), the rest fetched."""
     from PIL import Image
 
     from sakura_core.metrics import psnr_uint8
@@ -100,6 +102,7 @@ def test_the_on_device_edit_on_the_page_equals_python(page_store, chromium, tmp_
 
     store, model_dir, model, index = page_store
     L = model.adapter.num_layers
+    split = L if split is None else split
     user = load_image("chelsea", model.spec.image_size)
     photo = tmp_path / "photo.png"
     Image.fromarray(user).save(photo)
@@ -107,7 +110,7 @@ def test_the_on_device_edit_on_the_page_equals_python(page_store, chromium, tmp_
     with loopback_server(recording_app(store, model_dir, seen)) as base:
         page = open_page(chromium, f"{base}/phone")
         splits = page.evaluate("Array.from(document.getElementById('split').options).map((o) => o.value)")
-        fill_edit(page, photo, template_id, split=L)
+        fill_edit(page, photo, template_id, split=split)
         del seen[:]  # what the edit itself fetches
         page.click("#go")
         finish_edit(page)
@@ -115,19 +118,20 @@ def test_the_on_device_edit_on_the_page_equals_python(page_store, chromium, tmp_
     assert splits == [str(i) for i in range(L + 1)]  # the template pass offers every split
     assert state["state"] == "done", state["status"]
     report = json.loads(state["report"])
-    assert report["split_layer"] == L and report["template_pass"] is True
+    assert report["split_layer"] == split and report["template_pass"] is True
     assert report["kv_mode"] == store.get_manifest(template_id).get("kv_mode", "single")
     got = state["image"]
-    want = python_edit(store, model, user, SEED, template_id, L)
+    want = python_edit(store, model, user, SEED, template_id, split)
     psnr = psnr_uint8(got, want)
-    print(f"on-device {template_id}: PSNR {psnr:.2f} dB, max |diff| {int(np.abs(got.astype(int) - want).max())}; "  # noqa: T201
+    print(f"{template_id} split {split}: PSNR {psnr:.2f} dB, max |diff| {int(np.abs(got.astype(int) - want).max())}; "  # noqa: T201
           f"{report['bytes_fetched']} B fetched; {report['timings_s']}")  # fmt: skip
     assert psnr >= 45.0, psnr
-    assert psnr_uint8(got, python_edit(store, model, user, SEED + 1, template_id, L)) < 40.0
-    # every layer computed here: the manifest and the template image, no shard
+    assert psnr_uint8(got, python_edit(store, model, user, SEED + 1, template_id, split)) < 40.0
+    # what the edit fetched: the template image and the fp16 shards of layers >= split (none for the on-device edit)
     manifest = store.get_manifest(template_id)
-    paths = [r["path"] for r in seen]
-    assert [p.removeprefix("/v1/shards/") for p in paths if p.startswith("/v1/shards/")] == [
-        manifest["template_image"]["digest"]
-    ]
-    assert report["bytes_fetched"] == manifest["template_image"]["bytes"]
+    want = {r["digest"] for shard in manifest["shards"] if shard["layers"][0] >= split
+            for r in shard["representations"] if r["name"] == "fp16"} | {manifest["template_image"]["digest"]}  # fmt: skip
+    shards = [r["path"].removeprefix("/v1/shards/") for r in seen if r["path"].startswith("/v1/shards/")]
+    assert set(shards) == want and len(shards) == len(want)
+    if split == L:
+        assert report["bytes_fetched"] == manifest["template_image"]["bytes"]
