@@ -158,10 +158,11 @@ async function passKV(origin, kv, index, templatePass, split, times, token) {
  * Edit ``rgba`` (image_size^2 RGBA bytes) against ``templateId`` on ``origin``; ``model`` from loadWebModel, ``run``
  * from createSession. Returns {rgba, report}. ``onProgress(phase, done, total)``: fetched / decoded / computed.
  * ``level``: the representation every shard is fetched at (a name of templateLevels: "fp16", "sakura-l4", a
- * cachegen level...), or a function ({layers, step}) -> name choosing per shard (a fetch policy).
+ * cachegen level...), or a function ({layers, step}) -> name choosing per shard (a fetch policy). ``templatePass``
+ * (template_pass.js): layers < split computed layer by layer, any split. ``onKV(perStep)``: the run's K/V once ready.
  */
 export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null,
-  split = 0, templateRun = null, templatePass = null, level = "fp16", onProgress = () => {} }) {
+  split = 0, templateRun = null, templatePass = null, level = "fp16", onProgress = () => {}, onKV = null }) {
   const { index, tables } = model;
   const { session, ort, ep, tried } = run;
   const t0 = now();
@@ -184,6 +185,7 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
     tTemplate = now();
     onProgress("template layers", split, split);
   }
+  if (onKV !== null) onKV(kv.perStep); // every step's K/V per layer, as the steps read it (inspection; the heap test's leak)
   const n = index.image_tokens;
   const pd = index.in_channels / 2;
   const user = packImage(rgba, index);
