@@ -17,8 +17,18 @@ import numpy as np
 import pytest
 
 from .loopback import loopback_server
-from .page_driver import PER_STEP_ID, SEED, STEPS, TEMPLATE_ID, fill_edit, finish_edit, open_page, page_state
-from .page_driver import python_edit, recording_app
+from .page_driver import (
+    PER_STEP_ID,
+    SEED,
+    STEPS,
+    TEMPLATE_ID,
+    fill_edit,
+    finish_edit,
+    open_page,
+    page_state,
+    python_edit,
+    recording_app,
+)
 
 KV_MAX_ABS = 1e-4  # page (ORT-web WASM, fp32) vs torch CPU, any layer; measured about 2e-5
 
@@ -91,7 +101,9 @@ def test_the_page_template_pass_equals_python_and_resumes(page_store, chromium):
     print(f"template pass page vs python max |diff|: {diffs}")  # noqa: T201 - the figures of the run (pytest -s)
 
 
-@pytest.mark.parametrize(("template_id", "split"), [(TEMPLATE_ID, None), (PER_STEP_ID, None), (PER_STEP_ID, 2), (TEMPLATE_ID, 4)])
+@pytest.mark.parametrize(
+    ("template_id", "split"), [(TEMPLATE_ID, None), (PER_STEP_ID, None), (PER_STEP_ID, 2), (TEMPLATE_ID, 4)]
+)
 def test_the_on_device_edit_on_the_page_equals_python(page_store, chromium, tmp_path, template_id, split):
     """``split`` None: every layer computed on the page (the on-device edit); else layers < split computed at any
     layer (4: not the split graph's 3) or per step (a per-step template), the rest fetched."""
