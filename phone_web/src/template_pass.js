@@ -70,8 +70,13 @@ export class PassRun {
     const layer = this.nextLayer;
     if (this.hidden === null) throw new Error(`this template pass was disposed (at layer ${layer})`);
     if (layer >= this.pass.layers) throw new Error(`the template pass is done: all ${this.pass.layers} layers computed`);
-    const out = await this.pass.sessions[layer].run({ hidden: this.hidden, t_freq: this.tFreq });
-    this.hidden.dispose();
+    const hidden = this.hidden;
+    const out = await this.pass.sessions[layer].run({ hidden, t_freq: this.tFreq });
+    if (this.hidden !== hidden) { // disposed while the layer ran (a lane abandoned the pass): nothing kept
+      for (const t of Object.values(out)) t.dispose();
+      throw new Error(`this template pass was disposed while layer ${layer} ran`);
+    }
+    hidden.dispose();
     this.hidden = out.hidden_next;
     this.nextLayer = layer + 1;
     const k = out.k.data;

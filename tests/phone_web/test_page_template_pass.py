@@ -56,6 +56,10 @@ PASS = """async ({tokens, times, pauseAt}) => {
   paused.dispose();
   let disposed = null;
   try { await paused.next(); } catch (e) { disposed = e.message; }
+  const dropped = await pass.begin(x, null);
+  const pending = dropped.next();
+  dropped.dispose(); // abandoned with a layer asked for: that layer fails, nothing is kept
+  result.abandoned = await pending.then(() => null, (e) => e.message);
   result.resumed = flat([...first, ...rest]);
   Object.assign(result, { nextAfterPause, done, disposed });
   return result;
@@ -97,7 +101,7 @@ def test_the_page_template_pass_equals_python_and_resumes(page_store, chromium):
     assert float(np.abs(single - per_step).max()) > 1e-2
     resumed = _kv(got["resumed"], L, shape)
     assert got["nextAfterPause"] == 3 and np.array_equal(resumed, single)
-    assert "all 6 layers computed" in got["done"] and "disposed" in got["disposed"]
+    assert "all 6 layers computed" in got["done"] and "disposed" in got["disposed"] and "disposed" in got["abandoned"]
     print(f"template pass page vs python max |diff|: {diffs}")  # noqa: T201 - the figures of the run (pytest -s)
 
 
