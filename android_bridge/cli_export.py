@@ -30,6 +30,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--split", type=int, default=None,
                         help="web: the hybrid split whose template graph is exported (layers computed in the page; "
                         "default half the layers, 0 = none)")  # fmt: skip
+    parser.add_argument("--no-template-layers", action="store_true",
+                        help="web: skip the per-layer template graphs (the page's template pass at any layer)")  # fmt: skip
 
 
 def _fmt(p: dict) -> str:
@@ -83,7 +85,8 @@ def _run_web(args) -> int:
         print("sakura export: --target web exports the demo model only", file=sys.stderr)
         return 1
     try:
-        index = export_web(args.out, weights=args.weights, split=args.split)
+        index = export_web(args.out, weights=args.weights, split=args.split,
+                           template_layers=not args.no_template_layers)  # fmt: skip
     except (ValueError, FileNotFoundError) as e:
         print(f"sakura export: {e}", file=sys.stderr)
         return 1
@@ -95,5 +98,10 @@ def _run_web(args) -> int:
     if t:
         print(f"template graph {t['file']} (layers < {t['split_layer']}): {t['bytes']:,} bytes; ORT CPU vs torch max "
               f"abs {t['ort_cpu_vs_torch_max_abs']:.3e}; export {t['export_s']} s")  # fmt: skip
+    p = index["template_layers"]
+    if p:
+        worst = max(x["ort_cpu_vs_torch_max_abs"] for x in p["layers"])
+        print(f"template pass: {p['embed']['file']} + {len(p['layers'])} layer graphs, {p['bytes']:,} bytes; ORT CPU "
+              f"vs torch max abs {worst:.3e}")  # fmt: skip
     print(f"wrote {args.out}/model.json")
     return 0

@@ -11,6 +11,9 @@
   frequencies, ``(timestep_guidance_channels / 2,)``);
 * ``template_kv.onnx`` — the hybrid split's template pass for layers ``< split`` (single KV mode;
   :mod:`android_bridge.web_template_graph`), unless ``split=0``;
+* ``template_embed.onnx`` and ``template_layer_{l}.onnx`` — the template pass layer by layer, at any time (the page's
+  ``template_pass.js``: a split at any layer, the on-device edit, single or per-step; :mod:`.web_template_layers`),
+  unless ``template_layers=False``;
 * ``model.json``: the index the page reads — model id and geometry, each file with its shape and SHA-256, the
   graph's input names, how the outside-the-graph inputs are formed, the schedule and the noise generator.
 
@@ -30,6 +33,7 @@ import torch
 
 from .npu_graph import CachedKVGraph, graph_input_names, graph_inputs
 from .web_template_graph import export_template_graph
+from .web_template_layers import export_template_layers
 
 __all__ = ["WEB_FORMAT", "WebCachedKVGraph", "export_web"]
 
@@ -73,6 +77,16 @@ def _table(out: Path, name: str, array: np.ndarray) -> dict:
             "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
 
 
+def _tables(out: Path, model, ins) -> dict:
+    """The tables the page reads beside the graph (the RoPE of ``ins``, the graph's example inputs)."""
+    return {
+        "rope_cos": _table(out, "rope_cos.f32", ins[3].numpy()),
+        "rope_sin": _table(out, "rope_sin.f32", ins[4].numpy()),
+        "byte_table": _table(out, "byte_table.f32", model._byte_table.numpy()),
+        "time_freqs": _table(out, "time_freqs.f32", _time_freqs(model.adapter.model.time_guidance_embed.time_proj)),
+    }
+
+
 @torch.no_grad()
 def export_web(
     out_dir: Path | str,
@@ -81,10 +95,11 @@ def export_web(
     opset: int = 17,
     dynamo: bool = False,
     split: int | None = None,
+    template_layers: bool = True,
 ) -> dict:
     """Write the page's model files into ``out_dir``; returns the index (also ``model.json``). ``split``: the hybrid
-    split whose template graph is written too (layers ``< split`` computed in the page; default half the layers;
-    0 = none)."""
+    split whose template graph is written too (layers ``< split`` computed in the page; default half the layers; 0 =
+    none); ``template_layers``: write the per-layer template graphs (:mod:`.web_template_layers`) too."""
     import onnxruntime as ort
 
     out = Path(out_dir)
@@ -115,7 +130,8 @@ def export_web(
     max_abs = float(np.abs(got - graph(*ins).numpy()).max())
     graph_bytes = path.read_bytes()
     split = a.num_layers // 2 if split is None else split
-    template_graph = export_template_graph(model, out, split) if split else None
+    template_graph = export_template_graph(model, out, split) if split else None  # the split graph
+    layers = export_template_layers(model, out) if template_layers else None  # the template pass layer by layer
     index = {
         "format": WEB_FORMAT,
         "model_id": model.model_id,
@@ -134,6 +150,7 @@ def export_web(
         "kv_modes": ["single", "per-step"],
         "split_layers": [0] if template_graph is None else [0, split],
         "template_graph": template_graph,
+        "template_layers": layers,
         "graph": {
             "file": GRAPH_NAME,
             "bytes": len(graph_bytes),
@@ -143,12 +160,7 @@ def export_web(
             "opset": opset,
             "ort_cpu_vs_torch_max_abs": max_abs,
         },  # fmt: skip
-        "tables": {
-            "rope_cos": _table(out, "rope_cos.f32", ins[3].numpy()),
-            "rope_sin": _table(out, "rope_sin.f32", ins[4].numpy()),
-            "byte_table": _table(out, "byte_table.f32", model._byte_table.numpy()),
-            "time_freqs": _table(out, "time_freqs.f32", _time_freqs(m.time_guidance_embed.time_proj)),
-        },
+        "tables": _tables(out, model, ins),
         **_RECIPES,
         "export_s": round(export_s, 2),
     }

@@ -3,7 +3,9 @@
 // page. Layers >= split take the fetched template K/V (one reference or several), single or per-step KV mode; with
 // a split (single mode) layers < split take the K/V the page computes from the template image with the template
 // graph: the sakura_core.runtime.denoise.run_edit loop with that split_layer, each step one run of the exported graph
-// (android_bridge/web_export.py) on onnxruntime-web.
+// (android_bridge/web_export.py) on onnxruntime-web. With a templatePass (template_pass.js) any split 0..layers is
+// computed layer by layer, single or per-step (each step's layers < split at its own time): split = layers is the
+// on-device edit, nothing but the template image fetched.
 import { parseManifestBytes } from "./manifest.js";
 import { fetchShard } from "./fetch_shard.js";
 import { decodeTemplate, templatePlan } from "./template.js";
@@ -29,13 +31,13 @@ export function templateLevels(raw) {
   return first.filter((r) => held.every((h) => h.has(r.name))).map((r) => ({ name: r.name, psnr_db: r.psnr_db ?? null }));
 }
 
-async function templateKV(origin, templateId, index, steps, split, level, onProgress, token) {
+async function templateKV(origin, templateId, index, steps, split, level, onProgress, token, anyMode) {
   const { manifest, raw, bytes } = await fetchManifest(origin, templateId, index.model_id, token);
   const refs = manifest.references.length;
   if (manifest.kvMode === "per-step") checkSchedule(templateId, raw.schedule, steps);
   const want = [index.grid[0] * refs, index.grid[1]];
   if (raw.token_grid.join("x") !== want.join("x")) throw new Error(`template grid ${raw.token_grid} is not ${refs} reference(s) of the model's ${index.grid}`);
-  if (split > 0 && manifest.kvMode !== "single") throw new Error(`template ${templateId} is ${manifest.kvMode}: the page computes template layers for single-KV templates only (choose split 0)`);
+  if (split > 0 && manifest.kvMode !== "single" && !anyMode) throw new Error(`template ${templateId} is ${manifest.kvMode}: the page computes template layers for single-KV templates only (choose split 0)`);
   if (split > 0 && refs > 1) throw new Error(`template ${templateId} has ${refs} references: the page computes template layers for one-reference templates only (choose split 0)`);
   // the hybrid split: only the shards of layers >= split are fetched (each shard wholly on one side)
   const shards = raw.shards.filter((x) => x.layers[0] >= split);
@@ -47,12 +49,15 @@ async function templateKV(origin, templateId, index, steps, split, level, onProg
   let fetched = 0;
   let bytesFetched = 0;
   const total = digests.length;
-  const kv = await decodeTemplate({ ...raw, shards }, async (digest) => {
+  const get = async (digest) => {
     const blob = await fetchShard(origin, digest, sizes.get(digest), { token });
     bytesFetched += blob.byteLength;
     onProgress("fetched", ++fetched, total);
     return blob;
-  }, level);
+  };
+  // split = layers (every layer computed here): nothing to fetch, each step's layers all come from the template pass
+  const kv = shards.length === 0 ? Array.from({ length: manifest.kvMode === "per-step" ? steps : 1 }, () => [])
+    : await decodeTemplate({ ...raw, shards }, get, level);
   const tokens = raw.token_grid[0] * raw.token_grid[1];
   const perStep = kv.map((parts) => layersOf(parts, index, split, tokens));
   onProgress("decoded", index.layers - split, index.layers - split);
@@ -84,7 +89,7 @@ function checkSchedule(templateId, schedule, steps) {
 /** One step's decoded shards (float16 bits) -> per layer {k, v} float32, each (tokens, heads, head_dim). */
 function layersOf(parts, index, split, tokens) {
   const table = f16Table();
-  const layers = [];
+  const layers = new Array(index.layers);
   const per = tokens * index.heads * index.head_dim; // one layer's K (or V), (tokens, heads, head_dim)
   for (const part of parts) {
     const count = part.k.length / per; // a shard holds layers [first, first + count)
@@ -104,9 +109,8 @@ function layersOf(parts, index, split, tokens) {
   return layers;
 }
 
-/** The template's own K/V for layers < split, computed here: its image (a blob like the shards) decoded and packed
- * (patch, then zeros), one run of the template graph. */
-async function deviceKV(origin, image, index, templateRun, token) {
+/** The template image (a blob like the shards) decoded and packed (patch, then zeros): (1, image_tokens, in_channels). */
+async function templateTokens(origin, image, index, token) {
   const blob = await fetchShard(origin, image.digest, image.bytes, { token });
   const bitmap = await createImageBitmap(new Blob([blob], { type: "image/png" }),
     { colorSpaceConversion: "none", premultiplyAlpha: "none" });
@@ -118,37 +122,70 @@ async function deviceKV(origin, image, index, templateRun, token) {
   const pd = index.in_channels / 2;
   const tokens = new Float32Array(index.image_tokens * 2 * pd);
   for (let i = 0; i < index.image_tokens; i++) tokens.set(patches.subarray(i * pd, (i + 1) * pd), i * 2 * pd);
+  return { tokens, bytes: blob.byteLength };
+}
+
+/** The template's own K/V for layers < split, computed here: one run of the template graph. */
+async function deviceKV(origin, image, index, templateRun, token) {
+  const { tokens, bytes } = await templateTokens(origin, image, index, token);
+  const pd = index.in_channels / 2;
   const { session, ort } = templateRun;
   const out = await session.run({ template: new ort.Tensor("float32", tokens, [1, index.image_tokens, 2 * pd]) });
   const g = index.template_graph;
   return { layers: Array.from({ length: g.split_layer }, (_, l) => ({ k: out[`k_ref_${l}`].data, v: out[`v_ref_${l}`].data })),
-    bytes: blob.byteLength };
+    bytes };
+}
+
+/** The hook of the template pass (template_pass.js): layers < split of each step's KV (one step in single mode, at
+ * the reference time; every step at its own time in per-step mode) computed layer by layer into ``kv.perStep``. */
+async function passKV(origin, kv, index, templatePass, split, times, token) {
+  const { tokens, bytes } = await templateTokens(origin, kv.templateImage, index, token);
+  for (const [step, layers] of kv.perStep.entries()) {
+    const pass = await templatePass.begin(tokens, kv.kvMode === "per-step" ? times[step] : null);
+    try {
+      for (let l = 0; l < split; l++) {
+        const { k, v } = await pass.next();
+        layers[l] = { k, v };
+      }
+    } finally {
+      pass.dispose();
+    }
+  }
+  return bytes;
 }
 
 /**
  * Edit ``rgba`` (image_size^2 RGBA bytes) against ``templateId`` on ``origin``; ``model`` from loadWebModel, ``run``
  * from createSession. Returns {rgba, report}. ``onProgress(phase, done, total)``: fetched / decoded / computed.
  * ``level``: the representation every shard is fetched at (a name of templateLevels: "fp16", "sakura-l4", a
- * cachegen level...), or a function ({layers, step}) -> name choosing per shard (a fetch policy).
+ * cachegen level...), or a function ({layers, step}) -> name choosing per shard (a fetch policy). ``templatePass``
+ * (template_pass.js): layers < split computed layer by layer, any split. ``onKV(perStep)``: the run's K/V once ready.
  */
 export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null,
-  split = 0, templateRun = null, level = "fp16", onProgress = () => {} }) {
+  split = 0, templateRun = null, templatePass = null, level = "fp16", onProgress = () => {}, onKV = null }) {
   const { index, tables } = model;
   const { session, ort, ep, tried } = run;
   const t0 = now();
-  if (split !== 0 && (index.template_graph === null || split !== index.template_graph.split_layer || templateRun === null)) {
-    throw new Error(`split ${split}: this model's files offer splits ${index.split_layers.join(", ")}`);
+  const graphSplit = templateRun !== null && split === index.template_graph?.split_layer; // one run of the split graph
+  if (templatePass !== null ? !(Number.isInteger(split) && split >= 0 && split <= index.layers) : split !== 0 && !graphSplit) {
+    const offered = templatePass !== null ? `0..${index.layers} (the template pass)` : index.split_layers.join(", ");
+    throw new Error(`split ${split}: this model's files offer splits ${offered}`);
   }
-  const kv = await templateKV(origin, templateId, index, steps, split, level, onProgress, token);
+  const kv = await templateKV(origin, templateId, index, steps, split, level, onProgress, token, templatePass !== null);
   const tFetch = now();
   let tTemplate = tFetch;
   if (split > 0) {
-    const mine = await deviceKV(origin, kv.templateImage, index, templateRun, token);
-    mine.layers.forEach((layer, l) => { kv.perStep[0][l] = layer; });
-    kv.bytesFetched += mine.bytes;
+    if (graphSplit && kv.kvMode === "single") {
+      const mine = await deviceKV(origin, kv.templateImage, index, templateRun, token);
+      mine.layers.forEach((layer, l) => { kv.perStep[0][l] = layer; });
+      kv.bytesFetched += mine.bytes;
+    } else {
+      kv.bytesFetched += await passKV(origin, kv, index, templatePass, split, flowTimes(steps), token);
+    }
     tTemplate = now();
     onProgress("template layers", split, split);
   }
+  if (onKV !== null) onKV(kv.perStep); // every step's K/V per layer, as the steps read it (inspection; the heap test's leak)
   const n = index.image_tokens;
   const pd = index.in_channels / 2;
   const user = packImage(rgba, index);
@@ -193,6 +230,7 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
     policy: split > 0 ? `${levelName} for layers >= ${split}, layers < ${split} computed here` : `${levelName} for every layer`,
     kv_mode: kv.kvMode,
     split_layer: split,
+    template_pass: split > 0 && !(graphSplit && kv.kvMode === "single"), // layers < split computed by template_pass.js
     level: levelName,
     level_psnr_db: kv.levels.find((l) => l.name === levelName)?.psnr_db ?? null,
     shard_levels: kv.names,

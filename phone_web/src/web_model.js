@@ -17,7 +17,8 @@ async function getBytes(url, what) {
   return new Uint8Array(await answer.arrayBuffer());
 }
 
-async function checked(url, entry, what) {
+/** The bytes at ``url``, checked against the index entry's SHA-256 (``what`` names them in errors). */
+export async function fetchChecked(url, entry, what) {
   const bytes = await getBytes(url, what);
   const digest = await sha256Hex(bytes);
   if (digest !== entry.sha256) throw new Error(`${what}: SHA-256 ${digest} is not the index's ${entry.sha256}`);
@@ -31,15 +32,15 @@ export async function loadWebModel(base, onProgress = () => {}) {
   if (index.format !== WEB_FORMAT) throw new Error(`the model index is ${index.format}, this page reads ${WEB_FORMAT}`);
   const tables = {};
   for (const [name, entry] of Object.entries(index.tables)) {
-    const bytes = await checked(`${base}${entry.file}`, entry, `table ${name}`);
+    const bytes = await fetchChecked(`${base}${entry.file}`, entry, `table ${name}`);
     tables[name] = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
     const want = entry.shape.reduce((a, b) => a * b, 1);
     if (tables[name].length !== want) throw new Error(`table ${name}: ${tables[name].length} values, not ${want}`);
   }
   onProgress("model", 1, 2);
-  const graph = await checked(`${base}${index.graph.file}`, index.graph, "the DiT graph");
+  const graph = await fetchChecked(`${base}${index.graph.file}`, index.graph, "the DiT graph");
   const t = index.template_graph ?? null;
-  const templateGraph = t === null ? null : await checked(`${base}${t.file}`, t, "the template graph");
+  const templateGraph = t === null ? null : await fetchChecked(`${base}${t.file}`, t, "the template graph");
   onProgress("model", 2, 2);
   return { index, tables, graph, templateGraph };
 }

@@ -64,6 +64,45 @@ class TemplatePasses:
                 list then ends at that layer): the device's fallback pass is abandoned once the link has delivered
                 the rest.
         """
+        s = self._template_stream(ref_hidden, token_grid, start_layer, ref_timestep)
+        n_ref = s.n_ref
+        out = []
+        for layer in range(start_layer, self.num_layers):
+            cache = Flux2KVLayerCache()
+            self._run_block(layer, s, True, {"kv_cache": cache, "kv_cache_mode": "extract", "num_ref_tokens": n_ref})
+            k, v = cache.get()
+            out.append((k[:1], v[:1]))
+            if stop is not None and stop(layer, out[-1]):
+                break
+        return out
+
+    @torch.no_grad()
+    def template_layer(
+        self, ref_hidden: torch.Tensor, token_grid: tuple[int, int], layer: int, ref_temb: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer of :meth:`resume_template_kv` with the template's time embedding given as a tensor (the web
+        export's per-layer graphs take the time as an input): ``(k, v, hidden)`` — layer ``layer``'s KV (each
+        (1, tokens, heads, head_dim)) and the template tokens' hidden state entering ``layer + 1`` (1, tokens, dim).
+
+        Args:
+            ref_hidden: (1, rows*cols, dim) the template tokens' hidden state entering ``layer``.
+            token_grid: (rows, cols) of the template, or its references' grids.
+            layer: 0 .. num_layers - 1.
+            ref_temb: (1, dim) ``time_guidance_embed`` of the template's modulation time (x1000, as the model's).
+        """
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer must be in [0, {self.num_layers - 1}], got {layer}")
+        s = self._template_stream(ref_hidden, token_grid, layer, None)
+        s.ref_mod_img = self.model.double_stream_modulation_img(ref_temb)
+        s.ref_mod_single = self.model.single_stream_modulation(ref_temb)
+        cache = Flux2KVLayerCache()
+        self._run_block(layer, s, True, {"kv_cache": cache, "kv_cache_mode": "extract", "num_ref_tokens": s.n_ref})
+        k, v = cache.get()
+        return k[:1], v[:1], self._ref_rows(s.hidden, layer + 1, s.n_txt, s.n_ref)
+
+    def _template_stream(self, ref_hidden, token_grid, start_layer: int, ref_timestep):
+        """The stream a template-only pass enters ``start_layer`` with: the template rows ``ref_hidden`` beside one
+        dummy request token and one dummy text token (which the template never reads)."""
         L, n_ref = self.num_layers, num_tokens(token_grid)
         if not 0 <= start_layer <= L:
             raise ValueError(f"start_layer must be in [0, {L}], got {start_layer}")
@@ -79,17 +118,9 @@ class TemplatePasses:
         txt = torch.zeros(1, 1, cfg.joint_attention_dim, dtype=dtype, device=device)
         ref = torch.zeros(1, n_ref, cfg.in_channels, dtype=dtype, device=device)  # rows replaced below
         s = self._embed(x, txt, torch.ones(1, device=device), (1, 1), ref, token_grid, n_ref, ref_timestep)
-        parts = [ref_hidden.to(dtype), s.hidden[:, n_ref:]]
+        parts = [ref_hidden.to(dtype), s.hidden[:, n_ref:]]  # (1, n_ref + 1, dim): template rows, dummy request
         s.hidden = torch.cat([s.enc, *parts] if self._joined(start_layer) else parts, dim=1)
-        out = []
-        for layer in range(start_layer, L):
-            cache = Flux2KVLayerCache()
-            self._run_block(layer, s, True, {"kv_cache": cache, "kv_cache_mode": "extract", "num_ref_tokens": n_ref})
-            k, v = cache.get()
-            out.append((k[:1], v[:1]))
-            if stop is not None and stop(layer, out[-1]):
-                break
-        return out
+        return s
 
     @torch.no_grad()
     def extract_per_step_kv(

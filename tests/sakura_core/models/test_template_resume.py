@@ -81,3 +81,26 @@ def test_no_drop_no_hook_and_bad_input_is_refused(adapter):
         adapter.resume_template_kv(torch.zeros(1, 9, 32), GRID, 1)
     with pytest.raises(ValueError, match=r"start_layer must be in \[0, 4\]"):
         adapter.resume_template_kv(torch.zeros(1, N, 32), GRID, 5)
+
+
+@pytest.mark.parametrize("ref_timestep", [None, 0.75])
+def test_the_pass_layer_by_layer_gives_the_whole_passes_kv(adapter, ref_timestep):
+    """``template_layer`` chained from the embedded tokens (the web export's per-layer graphs) gives every layer's KV
+    of the whole pass at that time, and hands over the hidden state a hybrid forward drops there."""
+    ref = torch.randn(1, N, 16, generator=torch.Generator().manual_seed(13))
+    m = adapter.model
+    t = torch.full((1,), (adapter.ref_fixed_timestep if ref_timestep is None else ref_timestep) * 1000)
+    temb = m.time_guidance_embed(t, None)
+    whole = adapter.extract_template_kv(ref, GRID, ref_timestep=ref_timestep)
+    other = adapter.extract_template_kv(ref, GRID, ref_timestep=0.25)  # another time: another KV
+    h = m.x_embedder(ref)
+    for layer in range(adapter.num_layers):
+        if layer:
+            _, seen = _dropped_at(adapter, ref, layer, ref_timestep)
+            assert torch.allclose(h, seen[0][1], atol=1e-6), layer
+        k, v, h = adapter.template_layer(h, GRID, layer, temb)
+        assert torch.allclose(k[0], whole.kv[layer, 0], atol=1e-6), layer
+        assert torch.allclose(v[0], whole.kv[layer, 1], atol=1e-6), layer
+        assert not torch.allclose(k[0], other.kv[layer, 0], atol=1e-3), layer
+    with pytest.raises(ValueError, match=r"layer must be in \[0, 3\], got 4"):
+        adapter.template_layer(h, GRID, adapter.num_layers, temb)
