@@ -88,6 +88,7 @@ def _open_in_store(root: str, parts: tuple[str, ...], what: str, missing: str):
         link = e.errno == errno.ELOOP or (
             e.errno == errno.ENOTDIR and os.path.islink(os.path.join(root, *parts[:depth]))
         )
+        why: str | None
         if link and depth < len(parts):
             why = f"its folder {'/'.join(parts[:depth])} is a symbolic link (the store never follows one)"
         elif link:
