@@ -4,6 +4,7 @@ layer's template KV, the rest of a pass from where a hybrid forward dropped the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.models.transformers.transformer_flux2 import Flux2KVLayerCache
@@ -11,11 +12,33 @@ from diffusers.models.transformers.transformer_flux2 import Flux2KVLayerCache
 from .kv_types import PerStepTemplateKV, TemplateKV
 from .ref_layout import num_tokens, rope_layout_of, stacked_grid
 
+if TYPE_CHECKING:
+    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
+
+    from .flux2_parts import _Stream
+
 __all__ = ["TemplatePasses"]
 
 
 class TemplatePasses:
     """Template-only passes over the adapter's blocks (needs ``_embed``, ``_run_block``, ``_joined``)."""
+
+    if TYPE_CHECKING:  # what the adapter (flux2_kv.Flux2KVAdapter) gives these passes
+        model: Flux2Transformer2DModel
+        model_id: str
+        ref_fixed_timestep: float
+
+        @property
+        def num_layers(self) -> int: ...
+        @property
+        def dtype(self) -> torch.dtype: ...
+        @property
+        def device(self) -> torch.device: ...
+        def _embed(
+            self, x, txt, timestep, img_grid, ref_tokens, ref_grid, n_ref: int, ref_timestep=None
+        ) -> _Stream: ...
+        def _run_block(self, layer: int, s: _Stream, ref_live: bool, kwargs: dict[str, Any]) -> None: ...
+        def _joined(self, layer: int) -> bool: ...
 
     @torch.no_grad()
     def extract_template_kv(
@@ -67,7 +90,7 @@ class TemplatePasses:
         L, n_ref = self.num_layers, num_tokens(token_grid)
         if not 0 <= start_layer <= L:
             raise ValueError(f"start_layer must be in [0, {L}], got {start_layer}")
-        dim = self.model.config.num_attention_heads * self.model.config.attention_head_dim
+        dim = self.model.config["num_attention_heads"] * self.model.config["attention_head_dim"]
         if ref_hidden.ndim != 3 or ref_hidden.shape[0] != 1 or tuple(ref_hidden.shape[1:]) != (n_ref, dim):
             raise ValueError(
                 f"ref_hidden must be (1, {n_ref}, {dim}) for token grid {token_grid} (the template tokens' "
@@ -75,9 +98,9 @@ class TemplatePasses:
             )
         dtype, device = self.dtype, ref_hidden.device
         cfg = self.model.config
-        x = torch.zeros(1, 1, cfg.in_channels, dtype=dtype, device=device)
-        txt = torch.zeros(1, 1, cfg.joint_attention_dim, dtype=dtype, device=device)
-        ref = torch.zeros(1, n_ref, cfg.in_channels, dtype=dtype, device=device)  # rows replaced below
+        x = torch.zeros(1, 1, cfg["in_channels"], dtype=dtype, device=device)
+        txt = torch.zeros(1, 1, cfg["joint_attention_dim"], dtype=dtype, device=device)
+        ref = torch.zeros(1, n_ref, cfg["in_channels"], dtype=dtype, device=device)  # rows replaced below
         s = self._embed(x, txt, torch.ones(1, device=device), (1, 1), ref, token_grid, n_ref, ref_timestep)
         parts = [ref_hidden.to(dtype), s.hidden[:, n_ref:]]
         s.hidden = torch.cat([s.enc, *parts] if self._joined(start_layer) else parts, dim=1)

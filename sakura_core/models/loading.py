@@ -129,10 +129,10 @@ def load_edit_model(
     if source == DEMO_MODEL:
         from .edit_model import load_demo_model
 
-        model = load_demo_model(weights=weights, dtype=as_dtype(dtype))
+        demo = load_demo_model(weights=weights, dtype=as_dtype(dtype))
         if target.type != "cpu":
-            model.adapter.model.to(target)
-        return model
+            demo.adapter.model.to(target)
+        return demo
     placed = {"transformer": (target, as_dtype(dtype))}
     for part in ("vae", "text_encoder"):
         part_device, part_dtype = (parts or {}).get(part, (device, dtype))

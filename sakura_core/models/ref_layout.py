@@ -39,7 +39,7 @@ _MULTI = re.compile(r"^flux2-ref-t10-x([2-9])$")
 def ref_grids(grid) -> tuple[tuple[int, int], ...]:
     """A layout from ``(rows, cols)`` (one reference) or a sequence of such grids (several)."""
     if len(grid) == 2 and all(isinstance(x, int) or hasattr(x, "__index__") for x in grid):
-        grids = ((int(grid[0]), int(grid[1])),)
+        grids: tuple[tuple[int, int], ...] = ((int(grid[0]), int(grid[1])),)
     else:
         grids = tuple((int(g[0]), int(g[1])) for g in grid)
     if not 1 <= len(grids) <= MAX_REFERENCES or any(r < 1 or c < 1 for r, c in grids):
