@@ -24,7 +24,7 @@ import torch
 from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
 
 from .flux2_kv import Flux2KVAdapter
-from .ref_layout import as_references, layout_of
+from .ref_layout import TokenLayout, as_references, layout_of
 
 __all__ = ["EditModel", "ModelSpec", "load_demo_model", "load_image", "DEMO_TEMPLATES"]
 
@@ -199,7 +199,7 @@ class EditModel:
         t = self.pack_image(template, self._image_grid(template)[0] * self.spec.patch_size)
         return torch.cat([t, torch.zeros_like(t)], dim=-1)
 
-    def template_grid(self, template: np.ndarray) -> tuple[int, int] | tuple[tuple[int, int], ...]:
+    def template_grid(self, template: np.ndarray) -> TokenLayout:
         """Token grid of a square template image of side ``S >= image_size``, a multiple of ``patch_size``; of a list
         of reference images (one size), their grids (:mod:`.ref_layout`)."""
         refs = as_references(template)

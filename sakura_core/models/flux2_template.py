@@ -10,7 +10,7 @@ import torch
 from diffusers.models.transformers.transformer_flux2 import Flux2KVLayerCache
 
 from .kv_types import PerStepTemplateKV, TemplateKV
-from .ref_layout import num_tokens, rope_layout_of, stacked_grid
+from .ref_layout import TokenLayout, num_tokens, rope_layout_of, stacked_grid
 
 if TYPE_CHECKING:
     from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
@@ -42,7 +42,7 @@ class TemplatePasses:
 
     @torch.no_grad()
     def extract_template_kv(
-        self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], ref_timestep: float | None = None
+        self, ref_tokens: torch.Tensor, token_grid: TokenLayout, ref_timestep: float | None = None
     ) -> TemplateKV:
         """Template-only pass: the template's KV for every layer (:meth:`resume_template_kv` from the embedded tokens).
 
@@ -67,7 +67,7 @@ class TemplatePasses:
     def resume_template_kv(
         self,
         ref_hidden: torch.Tensor,
-        token_grid: tuple[int, int],
+        token_grid: TokenLayout,
         start_layer: int,
         ref_timestep: float | None = None,
         stop: Callable[[int, tuple[torch.Tensor, torch.Tensor]], bool] | None = None,
@@ -116,7 +116,7 @@ class TemplatePasses:
 
     @torch.no_grad()
     def extract_per_step_kv(
-        self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], timesteps: torch.Tensor | list[float]
+        self, ref_tokens: torch.Tensor, token_grid: TokenLayout, timesteps: torch.Tensor | list[float]
     ) -> PerStepTemplateKV:
         """``per-step`` KV mode: one template-only pass per sampler step, modulated with that step's own time.
 

@@ -35,7 +35,7 @@ import torch
 from ..limits import MAX_EDIT_TOKENS, LimitError
 from .flux2_kv import Flux2KVAdapter
 from .folders import KLEIN_PIPELINES, is_klein_folder
-from .ref_layout import as_references, layout_of
+from .ref_layout import TokenLayout, as_references, layout_of
 
 __all__ = [
     "LatentEditModel",
@@ -135,7 +135,7 @@ class LatentEditModel:
         latents = self.pipe._encode_vae_image(pixels, generator=None)  # (1, 4C, h, w)
         return self.pipe._pack_latents(latents).float().cpu()  # (1, h*w, 4C)
 
-    def template_grid(self, template: np.ndarray) -> tuple[int, int] | tuple[tuple[int, int], ...]:
+    def template_grid(self, template: np.ndarray) -> TokenLayout:
         """Token grid of a square template of side ``S >= image_size``, a multiple of 2 x the VAE scale factor; of a
         list of reference images (one size), their grids (:mod:`.ref_layout`)."""
         refs = as_references(template)
