@@ -275,7 +275,9 @@ class PhoneClient:
     # ---- internals ------------------------------------------------------------------------------------------
     async def _info(self, session: aiohttp.ClientSession) -> dict:
         try:
-            async with session.get("/v1/info", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
+            async with session.get(
+                "/v1/info", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            ) as resp:
                 await _raise_for(resp, "phone info")
                 return await resp.json()
         except aiohttp.ClientError as e:
@@ -324,6 +326,10 @@ class PhoneClient:
             reader = aiohttp.MultipartReader.from_response(resp)
             report, png = None, None
             while (part := await reader.next()) is not None:
+                if not isinstance(part, aiohttp.BodyPartReader):
+                    raise PhoneError(
+                        f"result of job {job_id}: a nested multipart part (the agent sends two plain parts)"
+                    )
                 ctype = part.headers.get("Content-Type", "")
                 if ctype.startswith("application/json"):
                     report = await part.json()
@@ -344,7 +350,9 @@ class PhoneClient:
 
     async def _delete(self, session, job_id: str, why: str | None) -> None:
         try:
-            async with session.delete(f"/v1/jobs/{job_id}", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+            async with session.delete(
+                f"/v1/jobs/{job_id}", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            ) as r:
                 if why is not None:
                     logger.info("job %s: %s; asked the phone to cancel it (HTTP %d)", job_id, why, r.status)
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
