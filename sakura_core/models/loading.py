@@ -14,6 +14,7 @@ device's arithmetic.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from .folders import KLEIN_FILES_PREFIX, KLEIN_PIPELINES, KleinFiles, is_klein_folder
 
@@ -104,7 +105,7 @@ def load_edit_model(
     weights: str | None = "auto",
     device: str = "cpu",
     dtype: str | None = None,
-    parts: dict[str, tuple[str, str | None]] | None = None,
+    parts: Mapping[str, tuple[str, str | None]] | None = None,
 ):
     """The model ``source`` names: ``demo`` (``weights`` as ``load_demo_model``'s), a klein pipeline folder or klein
     single files, with its parameters in ``dtype`` (``None``: float32) on ``device``. The model id is computed from
