@@ -124,9 +124,16 @@ async def handle_info(request: web.Request) -> web.Response:
     )
 
 
+def _geometry(state: AgentState) -> DiTGeometry:
+    """The model's geometry (set when the app starts)."""
+    if state.geometry is None:
+        raise RuntimeError("the phone agent has not started: its model's geometry is set by the app's start-up")
+    return state.geometry
+
+
 def _job_memory(state: AgentState) -> dict:
     try:
-        return check_budget(state.geometry, state.profile, state.config.memory_budget_bytes).to_json()
+        return check_budget(_geometry(state), state.profile, state.config.memory_budget_bytes).to_json()
     except OverBudgetError as e:
         return e.memory.to_json()
 
@@ -154,14 +161,14 @@ async def handle_submit(request: web.Request) -> web.Response:
         raise _error(400, f"the job needs an 'image' part of ({s}, {s}, 3) uint8 for {state.model.spec.name}; got {got}",
                      "bad_image")  # fmt: skip
     try:
-        memory = check_budget(state.geometry, state.profile, cfg.memory_budget_bytes).to_json()
+        memory = check_budget(_geometry(state), state.profile, cfg.memory_budget_bytes).to_json()
     except OverBudgetError as e:
         raise _error(422, str(e), "over_memory_budget", memory=e.memory.to_json()) from e
     with reserve(state):  # the queue place is held before any network work (429 beyond the queue)
         req, manifest = await admit_template(state, req, header.get("model_id"))  # the host, then the manifest
         rows, cols = manifest.token_grid  # the template's own tokens count (it may be larger than the model's grid)
         try:
-            memory = check_budget(state.geometry, state.profile, cfg.memory_budget_bytes, rows * cols).to_json()
+            memory = check_budget(_geometry(state), state.profile, cfg.memory_budget_bytes, rows * cols).to_json()
         except OverBudgetError as e:
             raise _error(422, f"template {req.template_id!r} ({rows}x{cols} tokens): {e}", "over_memory_budget",
                          memory=e.memory.to_json()) from e  # fmt: skip
@@ -187,7 +194,7 @@ async def _decode_body(state: AgentState, request: web.Request) -> tuple[dict, d
     s = state.model.spec.image_size
     image_bytes = s * s * 3
     limits = WireLimits(max_parts=1, max_part_bytes=image_bytes, max_total_raw_bytes=image_bytes)
-    expect = {"image": ("uint8", (s, s, 3))}
+    expect: dict[str, tuple[str, tuple[int, ...]]] = {"image": ("uint8", (s, s, 3))}
     body = await request.read()
     problem = None
     try:

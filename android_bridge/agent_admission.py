@@ -96,7 +96,7 @@ async def admit_template(state: AgentState, req, declared_model_id: str | None):
     except web.HTTPException as e:
         if e.status >= 500:
             logger.warning("job on template %r refused, the cloud at %s is at fault: %s", req.template_id,
-                           req.server_url, json.loads(e.text)["error"])  # fmt: skip
+                           req.server_url, json.loads(e.text or "{}").get("error"))  # fmt: skip
         raise
 
 

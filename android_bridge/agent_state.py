@@ -9,7 +9,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from aiohttp import web
@@ -18,6 +18,9 @@ from sakura_core.http_serving import TokenThrottle, is_loopback
 from sakura_core.runtime.profiles import DeviceProfile, get_profile
 
 from .budget import DiTGeometry
+
+if TYPE_CHECKING:
+    from sakura_core.runtime.backend import ComputeBackend
 
 __all__ = ["AGENT_STATE_KEY", "AgentConfig", "AgentState", "Job", "compute_description"]
 
@@ -193,7 +196,7 @@ class AgentState:
         self.edit_fn = edit_fn
         self.live_profile = live_profile
         self.token_throttle = TokenThrottle()  # wrong pairing tokens per client address: 429 past 20 a minute
-        self.backend = None  # a sakura_core.runtime.backend.ComputeBackend; None = the torch adapter
+        self.backend: ComputeBackend | None = None  # None = the torch adapter
         self.geometry: DiTGeometry | None = None
         self.jobs: OrderedDict[str, Job] = OrderedDict()
         self.queue: asyncio.Queue[Job] | None = None  # admission is bounded by ``queue_size`` in handle_submit

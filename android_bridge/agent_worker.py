@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sakura_core.files import png_bytes
 
 from .agent_state import AgentState, Job, _cancel, _finish, compute_description
+
+if TYPE_CHECKING:
+    from sakura_core.runtime.backend import ComputeBackend
 
 __all__ = ["measure_here", "open_qnn"]  # and _worker, internal to the agent: it runs the queue
 
@@ -41,6 +47,16 @@ def _error_code(e: BaseException) -> str:
     return "internal"
 
 
+def _edit_cancel_was_ours(job: Job, loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether a CancelledError in the worker came from the job's grace timer cancelling its edit, not from the worker
+    being cancelled (the agent shutting down)."""
+    task = asyncio.current_task()
+    if sys.version_info >= (3, 11):
+        return task is not None and task.cancelling() == 0
+    # Python 3.10 has no Task.cancelling(): the grace timer has fired (it is what cancels the edit)
+    return job.grace is not None and job.grace.when() <= loop.time()
+
+
 async def _run_one(state: AgentState, job: Job) -> None:
     from sakura_core.runtime.pipeline import Cancelled
 
@@ -53,11 +69,13 @@ async def _run_one(state: AgentState, job: Job) -> None:
                  "done": step * layers + layer + 1, "total": total}  # fmt: skip
         loop.call_soon_threadsafe(job.emit, event)
 
-    backend = {"backend": state.backend} if state.backend is not None else {}  # None: the torch reference
+    backend: dict[str, ComputeBackend] = {"backend": state.backend} if state.backend is not None else {}  # None: torch
     # the memory the job's estimate leaves under the budget is what KV prefetched for later steps may use
     room = max(int(job.memory["budget_bytes"]) - int(job.memory["total_bytes"]), 0)
+    edit_fn = state.edit_fn
+    assert edit_fn is not None  # set by the app's start-up (agent._lifecycle) before the worker runs
     edit = asyncio.ensure_future(
-        state.edit_fn(state.model, job.request, job.image, profile=state.live_profile, cancel=job.cancel,
+        edit_fn(state.model, job.request, job.image, profile=state.live_profile, cancel=job.cancel,
                       on_layer=on_layer, prefetch_kv_bytes=room, manifest=job.manifest, **backend)
     )  # fmt: skip
 
@@ -77,7 +95,7 @@ async def _run_one(state: AgentState, job: Job) -> None:
     except Cancelled:
         _finish(job, "cancelled", error=job.cancel_reason or "cancelled", code="cancelled")
     except asyncio.CancelledError:
-        if asyncio.current_task().cancelling() == 0 and job.cancel.is_set():  # our own grace cancel of the edit
+        if _edit_cancel_was_ours(job, loop) and job.cancel.is_set():  # our own grace cancel of the edit
             _finish(job, "cancelled", error=job.cancel_reason or "cancelled", code="cancelled")
             return
         edit.cancel()
@@ -165,8 +183,10 @@ def _simulate(state: AgentState, job: Job, outcome) -> dict:
 
 
 async def _worker(state: AgentState) -> None:
+    queue = state.queue
+    assert queue is not None  # made by the app's start-up, before this worker
     while True:
-        job = await state.queue.get()
+        job = await queue.get()
         try:
             if job.finished:  # cancelled while queued
                 continue
@@ -174,7 +194,7 @@ async def _worker(state: AgentState) -> None:
             await _run_one(state, job)
         finally:
             state.running = None
-            state.queue.task_done()
+            queue.task_done()
             state.forget_old()
 
 
@@ -182,7 +202,7 @@ def open_qnn(model, cache_dir: str | None):
     """The QNN backend (context binaries built on first use, then loaded from the cache)."""
     from .npu_build import QnnBuildConfig, open_qnn_backend
 
-    return open_qnn_backend(model, QnnBuildConfig(cache_root=cache_dir))
+    return open_qnn_backend(model, QnnBuildConfig(cache_root=None if cache_dir is None else Path(cache_dir)))
 
 
 def measure_here(model):

@@ -326,6 +326,10 @@ class PhoneClient:
             reader = aiohttp.MultipartReader.from_response(resp)
             report, png = None, None
             while (part := await reader.next()) is not None:
+                if not isinstance(part, aiohttp.BodyPartReader):
+                    raise PhoneError(
+                        f"result of job {job_id}: a nested multipart part (the agent sends two plain parts)"
+                    )
                 ctype = part.headers.get("Content-Type", "")
                 if ctype.startswith("application/json"):
                     report = await part.json()

@@ -47,7 +47,7 @@ CACHE_ENV = "SAKURA_QNN_CACHE"
 _BUILD_VERSION = 2
 # fp16 on the emulated HTP came back wrong for plain MatMuls / RMSNorms of these graphs (rel. L2 0.4-0.7 for some
 # outputs, deterministic; see docs/phone.md); w8a16 QDQ is the mode that matches torch there.
-_PRECISIONS = {"w8a16": {}}
+_PRECISIONS: dict[str, dict[str, object]] = {"w8a16": {}}
 
 
 def default_cache_root() -> Path:
@@ -96,7 +96,8 @@ def _record_feeds(model, pairs, steps: int) -> dict[tuple[int, str], list[dict]]
     from sakura_core.models.edit_model import load_image
     from sakura_core.runtime.schedule import edit_times
 
-    torch_runner, feeds = TorchLayerRunner(model), {}
+    torch_runner = TorchLayerRunner(model)
+    feeds: dict[tuple[int, str], list[dict[str, np.ndarray]]] = {}
 
     def record(layer: int, kind: str, f: dict) -> list[np.ndarray]:
         feeds.setdefault((layer, kind), []).append({k: v.copy() for k, v in f.items()})
@@ -172,6 +173,7 @@ def _parity_rows(model, runner, sessions: dict, held_out: dict) -> list[dict]:
             for g, r in zip(got, ref, strict=True):
                 p = parity(g, r)
                 worst = p if worst is None or p["rel_l2"] > worst["rel_l2"] else worst
+        assert worst is not None  # every graph has held-out inputs
         rows.append({"graph": f"layer{layer}_{kind}", "emulated_htp_s": round(float(np.mean(times)), 4), **worst})
     return rows
 

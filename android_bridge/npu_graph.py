@@ -149,7 +149,7 @@ def graph_inputs(model, x: torch.Tensor, txt: torch.Tensor, timestep: torch.Tens
     m = model.adapter.model
     t_freq = m.time_guidance_embed.time_proj(timestep.float() * 1000).float()  # (1, timestep_guidance_channels)
     rope_txt = m.pos_embed(text_ids(txt.shape[1]))
-    rope_img = m.pos_embed(image_ids(*model.spec.grid, t=0))
+    rope_img = m.pos_embed(image_ids(model.spec.grid[0], model.spec.grid[1], t=0))
     cos = torch.cat([rope_txt[0], rope_img[0]]).float()  # (N_txt + N_img, head_dim)
     sin = torch.cat([rope_txt[1], rope_img[1]]).float()
     refs = []

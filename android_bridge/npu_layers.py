@@ -32,9 +32,9 @@ class _LayerBase(CachedKVGraph):
         if not 0 <= layer < adapter.num_layers:
             raise ValueError(f"layer must be in [0, {adapter.num_layers}), got {layer}")
         self.layer = layer
-        self.double = layer < adapter.num_double
-        blocks = self.m.transformer_blocks if self.double else self.m.single_transformer_blocks
-        self.block = blocks[layer if self.double else layer - adapter.num_double]
+        self.is_double = layer < adapter.num_double
+        blocks = self.m.transformer_blocks if self.is_double else self.m.single_transformer_blocks
+        self.block = blocks[layer if self.is_double else layer - adapter.num_double]
 
     def _cs(self, cos: torch.Tensor, sin: torch.Tensor):
         return cos.repeat(1, self.heads), sin.repeat(1, self.heads)  # (S, H*D): head-major
@@ -53,7 +53,7 @@ class TemplateLayerGraph(_LayerBase):
     def forward(self, ref_h, ref_mod, ref_cos, ref_sin):
         cos, sin = self._cs(ref_cos, ref_sin)
         a = self.block.attn
-        if self.double:
+        if self.is_double:
             sh_a, sc_a, g_a, sh_m, sc_m, g_m = self._split(ref_mod, 2)
             nh = self.block.norm1(ref_h) * (1 + sc_a) + sh_a
             q, k, v = self._rms(a.to_q(nh), a.norm_q), self._rms(a.to_k(nh), a.norm_k), a.to_v(nh)
@@ -80,7 +80,7 @@ class CachedLayerGraph(_LayerBase):
     """
 
     def forward(self, *args):
-        return self._double(*args) if self.double else self._single(*args)
+        return self._double(*args) if self.is_double else self._single(*args)
 
     def _double(self, hidden, enc, mod_img, mod_txt, rope_cos, rope_sin, k_ref, v_ref):
         cos, sin = self._cs(rope_cos, rope_sin)

@@ -26,7 +26,7 @@ def _timeline(timings: dict) -> list[dict]:
     return events
 
 
-def page_edit_report(page: dict, image: np.ndarray, *, template: dict, link: dict, policy_requested: str,
+def page_edit_report(page: dict, image: np.ndarray, *, template: dict, link: str, policy_requested: str,
                      connection: str, cloud_url: str) -> dict:  # fmt: skip
     """The report of an edit a page ran: ``page`` is the page's own report, ``image`` the (H, W, 3) result,
     ``template`` what the report says about the template, ``link`` the link's wire form."""

@@ -102,7 +102,7 @@ class SplitForward:
         m = self.adapter.model
         ref_t = self.adapter.ref_fixed_timestep if ref_timestep is None else float(ref_timestep)
         _, mod_img, _, mod_single = self._modulations(torch.tensor([ref_t * 1000.0]))
-        cos, sin = m.pos_embed(image_ids(*ref_grid, t=REF_TIME_OFFSET))
+        cos, sin = m.pos_embed(image_ids(ref_grid[0], ref_grid[1], t=REF_TIME_OFFSET))
         h = _np(m.x_embedder(ref_tokens.float())) if hidden is None else _np(hidden.float())
         return {"h": h, "mod_img": _np(mod_img), "mod_single": _np(mod_single), "cos": _np(cos), "sin": _np(sin)}
 
@@ -121,7 +121,7 @@ class SplitForward:
         keep, split, cached = _resolve_split(a.num_layers, split_layer, cached)
         self._check_geometry(x, txt, img_grid, ref_tokens if split > 0 else None, ref_grid)
         temb, mod_img, mod_txt, mod_single = self._modulations(timestep.float() * 1000)
-        rope_t, rope_i = m.pos_embed(text_ids(txt.shape[1])), m.pos_embed(image_ids(*img_grid, t=0))
+        rope_t, rope_i = m.pos_embed(text_ids(txt.shape[1])), m.pos_embed(image_ids(img_grid[0], img_grid[1], t=0))
         cos, sin = _np(torch.cat([rope_t[0], rope_i[0]])), _np(torch.cat([rope_t[1], rope_i[1]]))
         hidden, enc = _np(m.x_embedder(x.float())), _np(m.context_embedder(txt.float()))
         ref = self._ref_stream(ref_tokens, ref_grid, ref_timestep) if split > 0 else None

@@ -158,7 +158,7 @@ def _decompress_part(dctx, frame: memoryview, name: str, raw_bytes: int, digest:
     except zstandard.ZstdError as e:
         problem = f"corrupt zstd frame: {e}"
     if problem is not None:
-        buf = None  # noqa: F841 - free it now, not when a traceback goes
+        del buf  # free it now, not when a traceback goes
         raise WireError(f"part {name!r}: {problem}")
     return buf
 

@@ -106,7 +106,7 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
             _check_token(request, state, cfg.read_token, cfg.write_token)
         resp = await handler(request)
         status = resp.status
-        if isinstance(resp, web.Response) and resp.body is not None and request.method != "HEAD":
+        if isinstance(resp, web.Response) and isinstance(resp.body, (bytes, bytearray)) and request.method != "HEAD":
             m.bytes_sent += len(resp.body)
         return resp
     except web.HTTPException as e:
@@ -148,7 +148,7 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
                 m.client_errors += 1
 
 
-def _store_failure(request: web.Request, e: Exception, context: str = "") -> web.HTTPException:
+def _store_failure(request: web.Request, e: StoreError | ManifestError, context: str = "") -> web.HTTPException:
     """``store_faults.fault_response``: the one place a store fault becomes a response (and a log line)."""
     return fault_response(request.app[STATE_KEY].fault_log, e, f"{request.method} {request.path}", context)
 
@@ -364,10 +364,11 @@ async def _lifecycle(app: web.Application):
         logger.warning("write path off: %s", state.store_write_problem)
     elif isinstance(state.store, LocalStore):
         await loop.run_in_executor(None, state.store.sweep_temp_files)
-    if state.model is None and cfg.model is not None:
-        logger.info("loading model %r ...", cfg.model)
+    model_name = cfg.model
+    if state.model is None and model_name is not None:
+        logger.info("loading model %r ...", model_name)
         state.model = await loop.run_in_executor(
-            None, lambda: load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+            None, lambda: load_model(model_name, device=cfg.device, dtype=cfg.dtype)
         )
         logger.info("serving model %s (%s)", cfg.model, state.model_id)
     state.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sakura-precompute")

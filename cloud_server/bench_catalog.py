@@ -70,7 +70,10 @@ def bench_s3_store(args, work: Path):
     gw = RadosGateway(work / "radosgw").start()
     os.environ.update(gw.env())  # for this process and the servers and workers it starts
     print(f"radosgw started in {sum(gw.timings_s.values()):.1f} s ({gw.timings_s}) at {gw.endpoint_url}", flush=True)
+    from .s3_store import S3Store
+
     store = open_store("s3://sakura-bench", endpoint_url=gw.endpoint_url)
+    assert isinstance(store, S3Store)  # an s3:// URL opens an S3Store
     store.create_bucket()
     return f"s3://sakura-bench/run-{uuid.uuid4().hex[:8]}", gw.endpoint_url, gw
 
@@ -140,6 +143,7 @@ def _serve(store: str, endpoint: str | None, log: Path) -> tuple[subprocess.Pope
     env = {k: v for k, v in os.environ.items() if k not in ("SAKURA_TOKEN", "SAKURA_READ_TOKEN")}
     with open(log, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline().decode()
     if not line.startswith("serving http://127.0.0.1:"):
         proc.kill()

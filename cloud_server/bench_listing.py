@@ -34,6 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from sakura_core.kv.manifest import MANIFEST_VERSION, parse_manifest
 
@@ -62,7 +63,8 @@ def synthetic_manifest(template_id: str, layers: int, levels: int, salt: str = "
     fp16 representation; digests are hashes of names (no blobs: the catalog never reads shards)."""
     shards = []
     for layer in range(layers):
-        reps, chain = [], []
+        reps: list[dict[str, Any]] = []
+        chain: list[str] = []
         for level in range(levels):
             top = level == levels - 1
             digest = hashlib.sha256(f"{template_id}/{layer}/{level}/{salt}".encode()).hexdigest()
@@ -99,6 +101,7 @@ def _serve(store: LocalStore, checkout: Path, log: Path) -> tuple[subprocess.Pop
     env["PYTHONPATH"] = str(checkout)
     with open(log, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, cwd=checkout)
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline().decode()
     if not line.startswith("serving http://127.0.0.1:"):
         proc.kill()
@@ -129,7 +132,8 @@ class _HealthProbe(threading.Thread):
 
     def __init__(self, port: int):
         super().__init__(daemon=True)
-        self.port, self.latencies_s, self._halt = port, [], threading.Event()
+        self.port, self._halt = port, threading.Event()
+        self.latencies_s: list[float] = []
 
     def run(self) -> None:
         while not self._halt.wait(0.05):

@@ -54,6 +54,7 @@ def _start_sakura(store_dir: Path, log_path: Path) -> tuple[subprocess.Popen, in
     env = {k: v for k, v in os.environ.items() if k not in ("SAKURA_TOKEN", "SAKURA_READ_TOKEN")}
     with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=env)
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline().decode()
     if not line.startswith("serving http://127.0.0.1:"):
         proc.kill()

@@ -78,7 +78,7 @@ def template_images(work: Path, n: int, seed: int) -> list[Path]:
         y, x = ((h - side) // 2, (w - side) // 2) if i < len(PHOTOS) else (int(rng.integers(0, h - side + 1)),
                                                                            int(rng.integers(0, w - side + 1)))  # fmt: skip
         path = work / f"t{i:03d}.png"
-        Image.fromarray(img[y : y + side, x : x + side]).resize((128, 128), Image.LANCZOS).save(path)
+        Image.fromarray(img[y : y + side, x : x + side]).resize((128, 128), Image.Resampling.LANCZOS).save(path)
         out.append(path)
     return out
 

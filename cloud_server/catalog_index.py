@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from sakura_core.fetch.store_layout import MANIFEST_FILE, TEMPLATES_DIR, StoreReader
 from sakura_core.kv.manifest import ManifestError
@@ -257,7 +257,7 @@ class CatalogIndex:
         """A template was published here: the next request rebuilds (and waits for it)."""
         self._generation += 1
 
-    def _fresh(self, snap: CatalogSnapshot | None, model_id: str | None, asked_s: float) -> bool:
+    def _fresh(self, snap: CatalogSnapshot | None, model_id: str | None, asked_s: float) -> TypeGuard[CatalogSnapshot]:
         """Whether ``snap`` answers a request made at ``asked_s``: the model's, no publish since, and listed within
         the TTL or after the request came."""
         if snap is None or snap.model_id != model_id or snap.generation != self._generation:
@@ -319,7 +319,7 @@ class CatalogIndex:
                     summaries[template_id] = summary
                 self._progress = (n + 1, len(todo))
             if self._pending or snap is None or snap.model_id != model_id:
-                listed = [(t, summaries[t].entry) for t in ids if t in summaries and summaries[t].entry is not None]
+                listed = [(t, e) for t in ids if t in summaries and (e := summaries[t].entry) is not None]
                 self._snapshot = CatalogSnapshot.build(model_id, listed, generation, listed_s)
                 self._pending = False
                 self._log_left_out(model_id)

@@ -29,7 +29,7 @@ COORDINATOR = "sakura-precompute-coordinator"
 class PrecomputeCoordinator:
     """The Ray actor (async) behind coalescing: entry key -> the one task computing it (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         import ray
 
         self._task = ray.remote(run_entry)
@@ -80,7 +80,7 @@ def run_on_ray(jobs: list[dict], *, address: str, namespace: str = "sakura", pro
         refs = [coord.run.remote(job, options) for job in jobs]
         logger.info("%d entr(ies) submitted to the coordinator %s", len(refs), COORDINATOR)
         index = {ref: i for i, ref in enumerate(refs)}
-        results: list[dict | None] = [None] * len(jobs)
+        results: dict[int, dict] = {}  # job index -> its result
         pending, t0, last = list(refs), time.monotonic(), time.monotonic()
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=heartbeat_s)
@@ -96,6 +96,6 @@ def run_on_ray(jobs: list[dict], *, address: str, namespace: str = "sakura", pro
             if not done or time.monotonic() - last >= heartbeat_s:
                 last = time.monotonic()
                 logger.info("%d of %d entries running or queued after %.0f s", len(pending), len(jobs), last - t0)
-        return results
+        return [results[i] for i in range(len(jobs))]
     finally:
         ray.shutdown()

@@ -128,7 +128,7 @@ def run(args) -> int:
         print(f"sakura precompute: {e}", file=sys.stderr)
         return 2
     print(f"model {args.model} ({model.model_id[:16]}) loaded in {time.perf_counter() - t0:.1f} s", flush=True)
-    last = {"stage": None}
+    last: dict[str, str | None] = {"stage": None}
 
     def progress(stage: str, done: int, total: int) -> None:
         if stage != last["stage"] or done == total:

@@ -68,8 +68,10 @@ def _check(args, cfg: FsckConfig) -> FsckReport:
     """Run the check of the store ``args.store`` names (``ValueError``/``StoreError`` when it cannot be opened)."""
     if is_s3_url(args.store):
         from .s3_fsck import fsck_s3
+        from .s3_store import S3Store
 
         store = open_store(args.store, endpoint_url=args.s3_endpoint)
+        assert isinstance(store, S3Store)  # an s3:// URL opens an S3Store
         store.check()
         return fsck_s3(store, cfg)
     root = Path(args.store)

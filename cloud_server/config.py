@@ -120,7 +120,7 @@ class ServerConfig:
             raise ValueError("give exactly one of store_dir (a folder) and store_url (s3://bucket/prefix)")
         if self.store_dir is not None:
             object.__setattr__(self, "store_dir", Path(self.store_dir))
-        else:
+        elif self.store_url is not None:  # exactly one of the two (checked above)
             from .s3_store import parse_s3_url
 
             parse_s3_url(self.store_url)
@@ -191,7 +191,10 @@ class ServerConfig:
     @property
     def store_label(self) -> str:
         """The store as the user named it: its folder or its URL."""
-        return str(self.store_dir) if self.store_dir is not None else self.store_url
+        if self.store_dir is not None:
+            return str(self.store_dir)
+        assert self.store_url is not None  # exactly one of the two (__post_init__)
+        return self.store_url
 
     def open_store(self):
         """The ``Store`` this config names (a ``LocalStore`` or an ``S3Store``)."""

@@ -21,6 +21,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable
+from typing import cast
 
 __all__ = ["FD_RESERVE", "IntervalLog", "RefusalLog", "capped_protocol_factory", "connection_cap"]
 
@@ -45,7 +46,7 @@ class _Refused(asyncio.Protocol):
         self._log = log
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.abort()
+        cast(asyncio.Transport, transport).abort()  # a stream server's transport: asyncio hands a Transport
         self._log.refused("over the connection cap")
 
 

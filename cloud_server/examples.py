@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -38,8 +39,16 @@ TEMPLATES = {
     "face-swap-astronaut-per-step": ("astronaut", (12, 12, 40, 52)),  # the face swap with per-step KV
 }
 
+
 # template id -> how its KV is precomputed, when not the default single mode (``publish_template`` keywords)
-KV_SETTINGS = {
+class _KVSettings(TypedDict, total=False):
+    """An example's KV settings besides the defaults (``publish_template``'s keywords)."""
+
+    kv_mode: str
+    steps: int
+
+
+KV_SETTINGS: dict[str, _KVSettings] = {
     # one KV per (step, layer) for a 4-step schedule: what a stock editing DiT reuses; edits must run 4 steps
     "face-swap-astronaut-per-step": {"kv_mode": "per-step", "steps": 4},
 }
@@ -59,8 +68,8 @@ def template_image(template_id: str, spec) -> np.ndarray:
 
     sample, box = TEMPLATES[template_id]
     scale = spec.image_size / 64
-    box = tuple(int(round(v * scale)) for v in box)
-    return demo_template(sample, task_for(spec), box=box)
+    x0, y0, x1, y1 = (int(round(v * scale)) for v in box)
+    return demo_template(sample, task_for(spec), box=(x0, y0, x1, y1))
 
 
 def user_image(name: str) -> np.ndarray:

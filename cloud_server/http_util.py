@@ -37,8 +37,8 @@ def _access(kind: str) -> Callable:
     """Mark a handler ``open`` (no token), ``read`` (read token when configured) or ``write`` (write token)."""
 
     def mark(handler: Callable) -> Callable:
-        handler.sakura_access = kind
-        handler.sakura_route = handler.__name__.removeprefix("handle_")
+        # function attributes, read by the app's middleware (getattr with a default)
+        handler.__dict__.update(sakura_access=kind, sakura_route=handler.__name__.removeprefix("handle_"))
         return handler
 
     return mark
@@ -104,14 +104,15 @@ def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
     unit, _, spec = value.strip().partition("=")
     if unit.strip().lower() != "bytes":
         return None
-    specs = [_RANGE_SPEC.fullmatch(part.strip()) for part in spec.split(",")]
-    if any(m is None or not (m.group(1) or m.group(2)) for m in specs):
+    matches = [_RANGE_SPEC.fullmatch(part.strip()) for part in spec.split(",")]
+    specs = [m for m in matches if m is not None]
+    if len(specs) < len(matches) or any(not (m.group(1) or m.group(2)) for m in specs):
         raise _Unsatisfiable
     if len(specs) > 1:
         return None  # several ranges: a multipart/byteranges answer is not worth it for immutable shards
     first, last = _pos(specs[0].group(1)), _pos(specs[0].group(2))
     if first is None:  # suffix: the last n bytes
-        if last == 0 or size == 0:
+        if last is None or last == 0 or size == 0:  # last is set here: the spec's check above
             raise _Unsatisfiable
         start = max(0, size - last)
         return start, size - start

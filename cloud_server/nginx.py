@@ -125,9 +125,10 @@ class NginxProcess:
     ):
         if (upstream_port is None) == (static_store is None):
             raise ValueError("give exactly one of upstream_port (proxy cache) or static_store (static files)")
-        self.binary = find_nginx()
-        if self.binary is None:
+        binary = find_nginx()
+        if binary is None:
             raise NginxError("nginx is not installed (Debian: apt-get install nginx-light)")
+        self.binary: str = binary
         self.dir = Path(workdir).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()

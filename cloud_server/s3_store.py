@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import logging
 import os
@@ -29,7 +30,6 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from sakura_core.fetch.store_layout import MANIFEST_FILE, TEMPLATES_DIR, shard_key, template_key
 from sakura_core.limits import MAX_JSON_BYTES
@@ -280,7 +280,7 @@ class S3Store(Store):
     def has_shard(self, digest: str) -> bool:
         return self.head_object(self.shard_key(digest)) is not None
 
-    def open_shard(self, digest: str) -> tuple[BinaryIO, int]:
+    def open_shard(self, digest: str) -> tuple[io.RawIOBase, int]:
         key = self.shard_key(digest)
         try:
             resp = self.get_object(key)
@@ -302,6 +302,7 @@ class S3Store(Store):
         try:
             resp = self.get_object(key, if_none_match=refused[0] if refused else None)
         except _Unchanged:
+            assert refused is not None  # a 304 answers only the conditional GET sent with a refused ETag
             raise StoreFaultError(refused[1]) from None
         try:
             return read_bounded(self, what, resp, MAX_JSON_BYTES, self.config.deadline_s)

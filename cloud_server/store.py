@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import io
 import json
 import logging
 import os
 import time
 from pathlib import Path
-from typing import BinaryIO
 
 from sakura_core.fetch.store_layout import (
     MANIFEST_FILE,
@@ -95,7 +95,7 @@ class Store(abc.ABC):
     def has_shard(self, digest: str) -> bool: ...
 
     @abc.abstractmethod
-    def open_shard(self, digest: str) -> tuple[BinaryIO, int]:
+    def open_shard(self, digest: str) -> tuple[io.RawIOBase, int]:
         """Open a shard for reading: (binary file object, size in bytes). Raise ``NotFoundError`` when absent.
 
         A file object with a real ``fileno()`` lets the server send it zero-copy (sendfile); others are streamed.

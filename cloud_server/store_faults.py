@@ -75,7 +75,9 @@ def fault_kind(e: Exception) -> str:
     return getattr(e, "kind", None) or type(e).__name__
 
 
-def fault_response(log: IntervalLog, e: Exception, where: str, context: str = "") -> web.HTTPException:
+def fault_response(
+    log: IntervalLog, e: StoreError | ManifestError, where: str, context: str = ""
+) -> web.HTTPException:
     """The answer to a store error or a bad manifest ``e`` met serving ``where`` (``"GET /v1/..."``): 404 and 400
     for a missing or malformed name, else :func:`store_error`'s answer, logged to ``log`` (one line per kind of
     fault per interval, no traceback)."""

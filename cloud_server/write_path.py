@@ -70,7 +70,7 @@ async def _read_form(request: web.Request, limit: int) -> tuple[str | None, byte
     """The ``id`` and ``image`` fields of a multipart form; anything else is refused (400)."""
     template_id, image = None, None
     reader = await request.multipart()
-    async for part in reader:
+    while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader):
             raise _json_error(400, "nested multipart bodies are not accepted: send one 'id' and one 'image' field")
         if part.name == "id" and template_id is None:

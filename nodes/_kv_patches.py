@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._common import SakuraNodeError
+
+if TYPE_CHECKING:
+    from sakura_core.runtime.host_lanes import HostLanes
+    from sakura_core.template_feed import TemplateKVFeed
 
 __all__ = ["DropReferences", "RunState", "SampleWrapper", "SelfOnlyReferences", "SplitBlock", "TemplateAttention"]
 
@@ -47,7 +52,9 @@ class RunState:
         self.handle, self.representation, self.settings = handle, representation, settings
         self.num_double, self.layers = num_double, layers
         self.last_report: dict | None = None
-        self.feed = self.lanes = None
+        self.feed: TemplateKVFeed | None = None  # the one-representation feed (no fetch settings)
+        self.lanes: HostLanes | None = None  # the runtime's lanes (with a Bandwidth-Adaptive Fetch's settings)
+        self.pbar: Any = None  # comfy.utils.ProgressBar while a forward waits
         self.prior_layer_s: float | None = None  # the last run's measured layer time: the next run's prior
         self.reset()
 
@@ -86,7 +93,7 @@ class RunState:
             self.prior_layer_s = self.lanes.st.profile.layer_cached_s
             self.lanes.reset()
         self.feed = self.lanes = None
-        self.sigmas: list[float] = []
+        self.sigmas = []
         self.carry = False  # the reference tokens ride in step 0's sequence (lanes, single mode, ReferenceLatent)
         self.computing = False  # the layer running now computes the reference tokens (before the split)
         self.on_device: dict = {}  # single mode: (layer, device, dtype) -> (source K, (K, V) (1, H, T, D) moved)
@@ -116,7 +123,8 @@ class RunState:
         if self.lanes is not None:
             done, total = self.lanes.shards_done(), len(self.lanes.grid)
         else:
-            done, total = self.feed.stats.shards, len(self.handle.manifest.raw["shards"])
+            assert self.feed is not None  # begin() made it: no lanes, so the one-representation feed
+            done, total = self.feed.stats.shards, len(self.handle.loaded_manifest.raw["shards"])
         if self.pbar is None:
             self.pbar = comfy.utils.ProgressBar(total)
         self.pbar.update_absolute(done, total)
@@ -126,12 +134,14 @@ class RunState:
         if self.lanes is not None:  # asked at every step: an upgrade that arrived meanwhile is used
             k, v = self.lanes.kv(step, layer, check=self.check)  # (tokens, heads, head_dim)
         else:
+            assert self.feed is not None  # begin() made it: no lanes, so the one-representation feed
             k, v = self.feed.kv(step, layer, check=self.check)  # the same tensors for every step in single mode
         key = (layer, like.device, like.dtype)
         held = self.on_device.get(key)
         if held is not None and held[0] is k:  # single mode: moved once per run and level (the source kept alive)
             return held[1]
-        kv = tuple(t.to(like.device, like.dtype).permute(1, 0, 2).unsqueeze(0) for t in (k, v))
+        k_on, v_on = (t.to(like.device, like.dtype).permute(1, 0, 2).unsqueeze(0) for t in (k, v))
+        kv = (k_on, v_on)
         if self.handle.kv_mode == "single":
             self.on_device[key] = (k, kv)
         return kv

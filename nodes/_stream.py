@@ -54,14 +54,24 @@ class TemplateHandle:
         return self.server_url if self.server_url is not None else f"store:{self.store_dir}"
 
     @property
+    def loaded_manifest(self) -> Manifest:
+        """:attr:`manifest`; ``ValueError`` naming the fix for a handle nothing was loaded into."""
+        if self.manifest is None:
+            raise ValueError(
+                f"template {self.template_id!r}: no manifest was loaded into this handle (a Sakura Template KV Loader "
+                "loads it)"
+            )
+        return self.manifest
+
+    @property
     def kv_mode(self) -> str:
         """``"single"`` (one KV per layer, valid for any step count) or ``"per-step"`` (one per (step, layer))."""
-        return self.manifest.kv_mode
+        return self.loaded_manifest.kv_mode
 
     @property
     def schedule(self) -> str:
         """What the template's KV is valid for: ``"any schedule"`` or ``"4 steps, shift 1"`` (per-step)."""
-        return self.manifest.schedule_label
+        return self.loaded_manifest.schedule_label
 
     def describe(self) -> str:
         """One line for the UI: ``"face-swap-astronaut: per-step KV, 4 steps, shift 1 (from http://...)"``."""

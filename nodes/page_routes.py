@@ -80,7 +80,9 @@ def _frontend_only(request: web.Request) -> web.Response | None:
 def check_result_image(body: dict) -> bytes:
     """The RGBA bytes a page posted (``rgba_b64``, ``width``, ``height``); ValueError naming what is wrong."""
     width, height = body.get("width"), body.get("height")
-    if not all(isinstance(v, int) and 1 <= v <= MAX_IMAGE_SIDE for v in (width, height)):
+    if not (
+        isinstance(width, int) and isinstance(height, int) and all(1 <= v <= MAX_IMAGE_SIDE for v in (width, height))
+    ):
         raise ValueError(f"result size {width!r}x{height!r} is not within 1..{MAX_IMAGE_SIDE} pixels a side")
     rgba = base64.b64decode(str(body.get("rgba_b64", "")), validate=True)
     if len(rgba) != width * height * 4:
@@ -104,7 +106,8 @@ def page_routes(routes: web.RouteTableDef, hub: PageHub) -> None:
 
     async def pair(request: web.Request) -> web.Response:
         body = await _body(request)
-        info = body.get("info") if isinstance(body.get("info"), dict) else {}
+        info = body.get("info")
+        info = info if isinstance(info, dict) else {}
         try:
             token = hub.pair(str(body.get("code", "")), {k: str(v)[:300] for k, v in list(info.items())[:16]})
         except PairingError as e:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from comfy_api.latest import io
 
+from sakura_core.fetch.link import LinkSpec
+
 from ._common import (
     CATEGORY,
     PHONE_TOKEN_ENV,
@@ -87,7 +89,7 @@ def run_on_phone(
             f"template {template.template_id!r} comes from a local store, which the phone cannot reach; serve the "
             "store with `sakura serve` and load the template from that server"
         )
-    link = stream.settings.link
+    link = LinkSpec.parse(stream.settings.link)  # a LinkSpec since FetchSettings parsed it: returned as is
     if link.kind == "trace":
         raise SakuraNodeError(
             f"link {link.label!r} is emulated on this machine only; a phone run takes 'live' or a fixed Mbit/s"
@@ -176,13 +178,13 @@ class SakuraPhoneDevice(io.ComfyNode):
     def execute(cls, connection: str, token: str, cloud_url: str) -> io.NodeOutput:
         from android_bridge import PhoneError, TransportError
 
-        token, source = resolve_token_source(token, PHONE_TOKEN_ENV)
+        phone_token, source = resolve_token_source(token, PHONE_TOKEN_ENV)
         connection, cloud_url = connection.strip(), cloud_url.strip()
         if cloud_url:
             from .template_loader import check_server_url
 
             cloud_url = check_server_url("cloud_url", cloud_url)
-        device = PhoneDevice(connection=connection, token=token or "", cloud_url=cloud_url, token_source=source)
+        device = PhoneDevice(connection=connection, token=phone_token or "", cloud_url=cloud_url, token_source=source)
         if is_page_connection(connection):  # a page paired with this ComfyUI: checked now, reached per run
             return io.NodeOutput(dataclasses.replace(device, info_json=json.dumps(page_info(connection))))
         try:

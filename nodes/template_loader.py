@@ -40,7 +40,7 @@ def check_server_url(field: str, url: str) -> str:
 
 def template_info(handle: TemplateHandle) -> list[str]:
     """What the node shows once it ran: the template, its KV mode, the steps it serves, its references, where from."""
-    manifest = handle.manifest
+    manifest = handle.loaded_manifest
     if manifest.schedule is not None:
         steps = manifest.schedule.steps
         mode = f"KV mode: per-step (one KV per step and layer): {handle.schedule}; the sampler must run {steps} steps"
@@ -131,17 +131,22 @@ class SakuraTemplateLoader(io.ComfyNode):
         from sakura_core.fetch.client import AuthError, FetchError
 
         template_id = template_id.strip()
-        token, token_source = resolve_token_source(token, READ_TOKEN_ENV)
+        read_token, token_source = resolve_token_source(token, READ_TOKEN_ENV)
+        where: tuple[str | None, str | None]  # (server_url, store_dir)
         if source == SERVER:
-            where = {"server_url": check_server_url("server_url", server_url), "store_dir": None}
+            where = (check_server_url("server_url", server_url), None)
         elif source == STORE:
             if not store_dir.strip():
                 raise SakuraNodeError("source is 'local store' but store_dir is empty: give the store folder")
-            where = {"server_url": None, "store_dir": str(Path(store_dir.strip()).expanduser().resolve())}
+            where = (None, str(Path(store_dir.strip()).expanduser().resolve()))
         else:
             raise SakuraNodeError(f"source must be {SERVER!r} or {STORE!r}, got {source!r}")
         handle = TemplateHandle(
-            template_id=template_id, model_id=model.model_id if model else "", token=token, **where
+            template_id=template_id,
+            model_id=model.model_id if model else "",
+            server_url=where[0],
+            store_dir=where[1],
+            token=read_token,
         )
         try:
             manifest = run_async(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -82,7 +83,7 @@ def run(args) -> int:
     save_png(out / "template.png", template, scale=4)
     save_png(out / "user.png", user, scale=4)
     save_png(out / "edit.png", edited, scale=4)
-    report = {
+    report: dict[str, Any] = {
         "model": {"name": model.spec.name, "id": model.model_id, "weights": model.weights_source, "layers": L},
         "template": {"source": args.template, "kv_shape": list(kv.kv.shape), "kv_bytes_fp16": kv.nbytes // 2},
         "edit": {"steps": args.steps, "seed": args.seed, "image_size": size},

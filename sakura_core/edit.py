@@ -28,7 +28,7 @@ from .edit_report import edit_report, with_timing
 from .fetch.errors import TemplateNotFoundError
 from .fetch.link import LinkSpec, shaped_fetcher
 from .fetch.sources import ServerSource, StoreSource, TemplateSource
-from .kv.manifest import Manifest, ModelMismatchError
+from .kv.manifest import Manifest, ManifestError, ModelMismatchError
 from .limits import check_prompt
 from .models.edit_model import EditModel, load_image
 from .policy.plan import plan_fetch, runnable_policies
@@ -179,8 +179,15 @@ async def open_checked_template(
 async def _with_image(source: TemplateSource, shards, manifest: Manifest) -> OpenedTemplate:
     """The opened template with its reference images fetched, in order (the first is ``template_image``)."""
     started = time.monotonic()
-    blobs = tuple([await shards.fetch_shard(r.image.digest, expected_bytes=r.image.nbytes)
-                   for r in manifest.references])  # fmt: skip
+    fetched = []
+    for i, r in enumerate(manifest.references):
+        if r.image is None:
+            raise ManifestError(
+                f"template {manifest.template_id!r}: reference {i} has no image blob; the publisher adds it (sakura "
+                "precompute ... --overwrite republishes the template)"
+            )
+        fetched.append(await shards.fetch_shard(r.image.digest, expected_bytes=r.image.nbytes))
+    blobs = tuple(fetched)
     return OpenedTemplate(source, manifest.template_id, manifest.model_id, manifest, blobs[0],
                           (started, time.monotonic()), blobs)  # fmt: skip
 

@@ -11,6 +11,7 @@ timeline last. :func:`edit_report` builds it from a pipelined run; both the loca
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -192,7 +193,7 @@ def edit_report(
     floor_level: str,
     profile,
     executed_on: dict,
-    extra_events: list[dict] = (),
+    extra_events: Sequence[dict] = (),
     psnr_db: float | None = None,
 ) -> dict:
     """The report of one pipelined run (``sakura_core.runtime.pipeline.RunReport``), keys in :data:`REPORT_KEYS`.

@@ -95,8 +95,10 @@ def atomic_create_bytes(path: str | Path, data: bytes) -> None:
 DISK_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
-def _errno_name(e: OSError):
-    """``ENOSPC`` for an OSError of that errno (its number when the name is unknown)."""
+def _errno_name(e: OSError) -> str | int | None:
+    """``ENOSPC`` for an OSError of that errno (its number when the name is unknown, None without an errno)."""
+    if e.errno is None:
+        return None
     return errno.errorcode.get(e.errno, e.errno)
 
 
@@ -148,7 +150,7 @@ def png_bytes(image: np.ndarray, scale: int = 1) -> bytes:
 
     img = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8))
     if scale > 1:
-        img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
+        img = img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()

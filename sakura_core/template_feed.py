@@ -92,7 +92,7 @@ class TemplateKVFeed:
         self.source = source
         self.manifest = manifest
         self.representation = representation
-        self.steps = manifest.schedule.steps if manifest.kv_mode == "per-step" else 1
+        self.steps = manifest.schedule.steps if manifest.schedule is not None else 1  # per-step manifests only
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self.reset()

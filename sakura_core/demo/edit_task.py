@@ -156,7 +156,7 @@ class ImageBank:
             if scale >= 1:
                 return arr
             size = (max(1, round(w * scale)), max(1, round(h * scale)))
-            return np.asarray(Image.fromarray(arr).resize(size, Image.BILINEAR))
+            return np.asarray(Image.fromarray(arr).resize(size, Image.Resampling.BILINEAR))
 
         colour = []
         for name in _COLOUR_SOURCES:
@@ -186,7 +186,7 @@ def _to_uint8(arr: np.ndarray) -> np.ndarray:
 def _resize(arr: np.ndarray, size: int) -> np.ndarray:
     from PIL import Image
 
-    return np.asarray(Image.fromarray(arr).resize((size, size), Image.BILINEAR))
+    return np.asarray(Image.fromarray(arr).resize((size, size), Image.Resampling.BILINEAR))
 
 
 def _tint(grey: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -325,7 +325,8 @@ def make_pair(bank: ImageBank, cfg: EditTaskConfig, seed: int, index: int) -> Ed
 def make_batch(bank: ImageBank, cfg: EditTaskConfig, seed: int, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Examples ``indices`` of stream ``seed`` stacked: (template, user, target), each (B, S, S, 3) uint8."""
     pairs = [make_pair(bank, cfg, seed, int(i)) for i in indices]
-    return tuple(np.stack([getattr(p, k) for p in pairs]) for k in ("template", "user", "target"))
+    template, user, target = (np.stack([getattr(p, k) for p in pairs]) for k in ("template", "user", "target"))
+    return template, user, target
 
 
 def demo_template(source, cfg: EditTaskConfig | None = None, box: tuple[int, int, int, int] | None = None):
@@ -342,7 +343,8 @@ def demo_template(source, cfg: EditTaskConfig | None = None, box: tuple[int, int
         return img
     if box is None:
         k = cfg.image_size / 64
-        box = tuple(int(round(v * k / cfg.align_px)) * cfg.align_px for v in DEMO_REGION)
+        x0, y0, x1, y1 = (int(round(v * k / cfg.align_px)) * cfg.align_px for v in DEMO_REGION)
+        box = (x0, y0, x1, y1)
     return mark_template(img, box, cfg)
 
 

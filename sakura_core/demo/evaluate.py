@@ -11,7 +11,8 @@ import torch
 
 from ..metrics import psnr_uint8 as psnr_db
 from ..models.edit_model import EditModel
-from ..precompute.attention_capture import qkv_double, qkv_single
+from ..models.kv_types import PerStepTemplateKV, TemplateKV
+from ..precompute.attention_capture import attention_modules, qkv_double, qkv_single
 from .edit_task import EDIT_PROMPT, ImageBank, make_pair, region_mask, task_for
 from .train import EVAL_SEED
 
@@ -71,9 +72,7 @@ def template_importance(
 
         return hook
 
-    blocks = [b.attn for b in adapter.model.transformer_blocks] + [
-        b.attn for b in adapter.model.single_transformer_blocks
-    ]
+    blocks = attention_modules(adapter)
     handles = [
         attn.register_forward_pre_hook(make_hook(i, i < adapter.num_double), with_kwargs=True)
         for i, attn in enumerate(blocks)
@@ -173,11 +172,14 @@ def _score_pairs(model: EditModel, bank: ImageBank, task, pairs: int, seed: int,
     from ..runtime.denoise import run_edit
     from ..runtime.schedule import edit_times
 
-    rows = {k: {"psnr": [], "ssim": []} for k in ("model", "template", "user_image", "naive_composite")}
+    rows: dict[str, dict[str, list[float]]] = {
+        k: {"psnr": [], "ssim": []} for k in ("model", "template", "user_image", "naive_composite")
+    }
     inside, outside = [], []
     for i in range(pairs):
         p = make_pair(bank, task, seed, i)
         ref = model.template_tokens(p.template)
+        kv: TemplateKV | PerStepTemplateKV
         if kv_mode == "per-step":
             kv = model.adapter.extract_per_step_kv(ref, model.spec.grid, edit_times(model, steps)[:-1])
         else:
@@ -187,12 +189,13 @@ def _score_pairs(model: EditModel, bank: ImageBank, task, pairs: int, seed: int,
         ).image
         mask = region_mask(p.box, task.image_size)
         naive = np.where(mask[..., None], p.user, p.scene)
-        for name, img in (
+        cases: tuple[tuple[str, np.ndarray], ...] = (
             ("model", out),
             ("template", p.template),
             ("user_image", p.user),
             ("naive_composite", naive),
-        ):
+        )
+        for name, img in cases:
             rows[name]["psnr"].append(psnr_db(img, p.target))
             rows[name]["ssim"].append(_ssim(img, p.target))
         inside.append(psnr_db(out[mask], p.target[mask]))

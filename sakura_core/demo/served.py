@@ -100,7 +100,7 @@ def run_served_demo(
     per_step_policies=(),
     progress=lambda msg: None,
 ) -> list[dict]:
-    trace_path = str(resources.files("sakura_core.fetch").joinpath("traces", trace_name))
+    trace_path = str(resources.files("sakura_core.fetch").joinpath("traces").joinpath(trace_name))
     return asyncio.run(
         _serve_and_edit(
             model, template, user, prompt, steps, seed, trace_path, profile, policies, progress, per_step_policies

@@ -264,7 +264,10 @@ class DemoTrainer:
         if progress:
             from tqdm.auto import tqdm
 
-            total = cfg.total_steps if cfg.total_steps is not None else round(self.budget_s)
+            total = cfg.total_steps
+            if total is None:
+                assert self.budget_s is not None  # set above when the run has no step count
+                total = round(self.budget_s)
             bar = tqdm(total=total, unit="step" if cfg.total_steps else "s", dynamic_ncols=True)
         try:
             while self.progress() < 1.0:

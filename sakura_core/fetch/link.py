@@ -117,7 +117,7 @@ class LinkSpec:
         """Short human form for summaries and plot titles: a trace is named by its file's basename only."""
         if self.kind == "fixed":
             return f"fixed {self.mbit_s:g} Mbit/s"
-        if self.kind == "trace":
+        if self.kind == "trace" and self.path is not None:  # a trace link always has its path (__post_init__)
             return f"trace {Path(self.path).name}"
         return "live link"
 

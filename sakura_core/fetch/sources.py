@@ -44,7 +44,8 @@ class TemplateSource(Protocol):
     """Where a template is served: ``label`` (for messages and reports) and ``open()``, the :class:`ShardSource`
     to fetch from (use it as ``async with``)."""
 
-    label: str
+    @property
+    def label(self) -> str: ...
 
     def open(self) -> ShardSource: ...
 

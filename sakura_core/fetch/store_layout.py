@@ -16,10 +16,10 @@ characters (``sakura_core.kv.names``). A name that fails raises ``InvalidNameErr
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
 
 from ..kv.names import TEMPLATE_ID_RE, is_digest, is_template_id
 from ..limits import MAX_JSON_BYTES
@@ -67,7 +67,7 @@ class StoreFaultError(StoreError):
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def _open_in_store(root: str, parts: tuple[str, ...], what: str, missing: str):
+def _open_in_store(root: str, parts: tuple[str, ...], what: str, missing: str) -> tuple[io.FileIO, int]:
     """``open(root/parts..., "rb", buffering=0)`` that follows no symbolic link below ``root``: neither the file nor
     any folder on the way (each opened relative to the last with ``O_NOFOLLOW``), so nothing outside the store is
     read. ``NotFoundError`` (absent, message ``missing``) or :class:`StoreFaultError` saying why ``what`` cannot be
@@ -88,6 +88,7 @@ def _open_in_store(root: str, parts: tuple[str, ...], what: str, missing: str):
         link = e.errno == errno.ELOOP or (
             e.errno == errno.ENOTDIR and os.path.islink(os.path.join(root, *parts[:depth]))
         )
+        why: str | None
         if link and depth < len(parts):
             why = f"its folder {'/'.join(parts[:depth])} is a symbolic link (the store never follows one)"
         elif link:
@@ -170,7 +171,7 @@ class StoreReader:
         return self.templates_dir / validate_template_id(template_id)
 
     # ---- reads ----------------------------------------------------------------------------------------------
-    def open_shard(self, digest: str) -> tuple[BinaryIO, int]:
+    def open_shard(self, digest: str) -> tuple[io.RawIOBase, int]:
         """Open a shard for reading: (unbuffered binary file, size in bytes); ``NotFoundError`` when absent. The
         caller closes it."""
         validate_digest(digest)

@@ -67,7 +67,7 @@ def classify_path(relative: str | Path, globs: dict[str, str] | None = None, roo
         if fnmatch.fnmatch(posix, pattern) or fnmatch.fnmatch(rel.name, pattern):
             return cls
     for part in [rel.stem, *reversed(rel.parent.parts), root_name]:
-        cls = _class_of_words(part)
-        if cls:
-            return cls
+        found = _class_of_words(part)
+        if found:
+            return found
     return "other"

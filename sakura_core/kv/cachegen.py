@@ -196,7 +196,7 @@ def decode_cachegen(parsed: Parsed) -> tuple[np.ndarray, np.ndarray]:
     for ti in range(2):
         sym = np.empty((n_l, t, n_ch), dtype=np.int32)
         for li in range(n_l):
-            models = None
+            models: list = []  # set at the first block (cur_chunk -1)
             cur_chunk = -1
             for ci, b0, b1 in blocks:
                 if ci != cur_chunk:

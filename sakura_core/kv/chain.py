@@ -129,6 +129,7 @@ def _check_link(index: int, header: ShardHeader, first: ShardHeader | None, prev
         if header.codec not in CODECS:
             raise UnknownCodecError(f"shard codec {header.codec!r} is not known; known: {sorted(CODECS)}")
         return
+    assert prev is not None  # first and prev come from the same chain: both None or both set
     if header.ref_scale is not None:
         raise ShardChainError(f"blob {index} (level {header.level}) is a refinement carrying a predictor scale: only "
                               "a chain's base carries it")  # fmt: skip
@@ -213,7 +214,7 @@ class ChainDecoder:
     def __init__(self, reference: DecodedReference | None = None) -> None:
         self._blobs: list[bytes] = []
         self._parsed: Parsed = []
-        self._state = None
+        self._state: object = None  # the codec's incremental decoding state (Codec.decode_step)
         self.reference = reference
 
     def set_reference(self, reference: DecodedReference | None) -> None:
@@ -246,7 +247,7 @@ class ChainDecoder:
             raise ShardChainError("no blob pushed yet: push the representation's base first")
         header = self._parsed[-1][0]
         codec = get_codec(header.codec)
-        if codec.decode_step is not None:
+        if codec.decode_step is not None and codec.decode_finish is not None:
             k, v = codec.decode_finish(self._state, header)
         else:
             k, v = codec.decode(self._parsed)

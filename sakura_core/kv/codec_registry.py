@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class ShardInput:
     v_weight: np.ndarray | None = None
     k_drop: np.ndarray | None = None
     level_slopes: tuple[float, ...] | None = None
-    prepared: object = field(default=None, compare=False, repr=False)
+    prepared: tuple[object, object] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.k.ndim != 4 or self.k.shape != self.v.shape:
@@ -119,7 +120,7 @@ class ShardInput:
             rope_layout=m.rope_layout,
             layer_first=m.layer_first,
             layer_last=m.layer_first + n_l - 1,
-            token_grid=tuple(m.token_grid),
+            token_grid=(m.token_grid[0], m.token_grid[1]),
             heads=heads,
             head_dim=head_dim,
             dtype="float16",
@@ -160,8 +161,9 @@ class Codec:
     decode: Callable[[Parsed], tuple[np.ndarray, np.ndarray]]
     description: str = ""
     level_names: dict[int, str] = field(default_factory=dict)
-    decode_step: Callable[[object, ShardHeader, list[memoryview]], object] | None = None
-    decode_finish: Callable[[object, ShardHeader], tuple[np.ndarray, np.ndarray]] | None = None
+    # the state is each codec's own type, opaque to the registry and the chain decoder
+    decode_step: Callable[[Any, ShardHeader, list[memoryview]], Any] | None = None
+    decode_finish: Callable[[Any, ShardHeader], tuple[np.ndarray, np.ndarray]] | None = None
     prepare: Callable[[Sequence[ShardInput]], list[ShardInput]] | None = None
     encode_direct: Callable[[ShardInput, Sequence[int]], list[bytes]] | None = None
 

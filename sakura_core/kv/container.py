@@ -173,7 +173,9 @@ class ShardHeader:
     @property
     def reference(self) -> tuple[int, str] | None:
         """(step, base digest) of the shard this one is coded against, or ``None`` for a self-contained shard."""
-        return None if self.ref_step is None else (self.ref_step, self.ref_digest)
+        if self.ref_step is None or self.ref_digest is None:  # both or neither (header_problems)
+            return None
+        return (self.ref_step, self.ref_digest)
 
 
 def pack_shard(header: ShardHeader, sections: list[bytes]) -> bytes:

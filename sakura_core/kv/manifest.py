@@ -242,7 +242,7 @@ def parse_manifest(manifest: Any, *, template_id: str | None = None, model_id: s
         check_steps_limit(schedule.steps)
     if schedule is None and manifest.get("schedule") is not None:
         raise ManifestError("manifest field 'schedule' is only for kv_mode 'per-step' (single-mode KV fits any)")
-    check_shards(manifest.get("shards"), header["num_layers"], schedule.steps if per_step else None)
+    check_shards(manifest.get("shards"), header["num_layers"], schedule.steps if schedule is not None else None)
     image = check_blob_ref(manifest.get("template_image"))
     check_value_limits(manifest, header)
     refs = tuple(

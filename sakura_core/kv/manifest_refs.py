@@ -13,7 +13,7 @@ exact KV the residual was computed against (any decoded representation of it ser
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from .manifest_errors import ManifestError
 from .names import CLOSED_SUFFIX, base_level_name, is_digest
@@ -28,7 +28,7 @@ DECODED_REF_MODES = ("residual", "closed")
 CLOSED_REF_MODE = "closed"
 
 
-def _is_int(x: Any) -> bool:
+def _is_int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -91,7 +91,7 @@ def check_cross_step_refs(shards: list[dict]) -> None:
             if rep.get("codec") == "fp16" and rep.get("ref") is None:
                 exact[at] = rep["digest"]
             if rep.get("digest") is not None:
-                named[(*at, rep["digest"])] = rep["name"]
+                named[(at[0], at[1], rep["digest"])] = rep["name"]
     for i, sh in enumerate(shards):
         for j, rep in enumerate(sh["representations"]):
             ref = rep.get("ref")

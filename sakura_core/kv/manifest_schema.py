@@ -9,7 +9,7 @@ in :mod:`.manifest_refs`. A version-1 manifest is refused naming the fix (:func:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..models.kv_types import KV_MODES
 from ..models.ref_layout import MAX_REFERENCES, REF_TIME_OFFSET, grids_of
@@ -36,11 +36,11 @@ __all__ = [
 MANIFEST_VERSION = 2
 
 
-def _is_int(x: Any) -> bool:
+def _is_int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: Any) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

@@ -4,6 +4,7 @@ container, the shard client, the store layout and the phone's job header all che
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 __all__ = [
     "CLOSED_SUFFIX",
@@ -27,12 +28,12 @@ DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 MODEL_ID_RE = re.compile(r"[0-9a-f]{1,128}")
 
 
-def is_template_id(value: object) -> bool:
+def is_template_id(value: object) -> TypeGuard[str]:
     """True when ``value`` is a string matching ``[a-z0-9-]{1,64}``."""
     return isinstance(value, str) and TEMPLATE_ID_RE.fullmatch(value) is not None
 
 
-def is_digest(value: object) -> bool:
+def is_digest(value: object) -> TypeGuard[str]:
     """True when ``value`` is 64 lowercase hex characters."""
     return isinstance(value, str) and DIGEST_RE.fullmatch(value) is not None
 

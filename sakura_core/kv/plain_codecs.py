@@ -96,7 +96,7 @@ def _decode_uniform(parsed: Parsed, bits: int, name: str) -> tuple[np.ndarray, n
             raise ShardCorruptError(f"{name} {what} params: negative step or range beyond float16")
         raw = np.frombuffer(sections[i + 1], dtype=np.uint8)
         if bits == 4:
-            codes = np.empty(raw.size * 2, dtype=np.uint8)
+            codes: np.ndarray = np.empty(raw.size * 2, dtype=np.uint8)
             codes[0::2] = raw >> 4
             codes[1::2] = raw & 0x0F
             codes = codes[: header.num_elements]

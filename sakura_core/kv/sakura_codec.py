@@ -186,6 +186,7 @@ def allocate_widths(
         cum = np.cumsum(bits)
         takes = [int(np.searchsorted(cum, b, side="right")) for b in budgets_bits]
     else:
+        assert slopes is not None  # exactly one of the two (checked above)
         takes = [int(np.searchsorted(-slope, -lam, side="right")) for lam in slopes]
     out = []
     for n_take in takes:
@@ -303,7 +304,7 @@ def _level_blob(
 ) -> bytes:
     n_l, t, h, d = shard.k.shape
     base = prev_idx is None
-    prev = np.zeros_like(new_idx) if base else prev_idx
+    prev = np.zeros_like(new_idx) if prev_idx is None else prev_idx
     head = [plan.meta] if base else []
     head.append((new_idx.astype(np.int16) - prev).astype(np.uint8).tobytes())
     sections = [zstd_compress(b"".join(head), config.zstd_level)]

@@ -74,7 +74,7 @@ def _pack_symbols(sym: np.ndarray, m: int) -> bytes:
     if per == 1:
         return flat.tobytes()
     q = -(-flat.size // per)
-    planes = np.zeros(per * q, np.uint8)
+    planes: np.ndarray = np.zeros(per * q, np.uint8)
     planes[: flat.size] = flat
     planes = planes.reshape(per, q)
     out = np.zeros(q, np.uint8)
@@ -101,6 +101,7 @@ def _unpack_symbols(raw: bytes, m: int, n_sym: int) -> np.ndarray:
     q = b.size
     out = scratch("symbols", per * q, torch.uint8).numpy()
     src, dst = _words(b), _words(out)
+    mask: np.unsignedinteger
     first = 0  # the first plane needs no mask in bytes (nothing above it); in words the next byte's bits shift in
     if src is not None and dst is not None:  # a plane's low m bits of each byte never come from the next byte
         q, mask, first = q // 8, np.uint64(((1 << m) - 1) * 0x0101010101010101), -1
@@ -203,7 +204,7 @@ def _apply(state: _State | None, header: ShardHeader, sections: list[memoryview]
     compact = header.ref_scale is not None  # a predicted residual's base: compact ranges
     meta_bytes = meta_size(n_l, h, d, compact) if base else 0
     head = zstd_exact(sections[0], meta_bytes + n_units, "sakura head")
-    if base:
+    if state is None:
         params = _base_params(head, n_l, h, d, compact)
         prev = np.zeros((2, n_l, t, h), np.uint8)
         if transient:
@@ -239,6 +240,8 @@ def decode_sakura(parsed: Parsed) -> tuple[np.ndarray, np.ndarray]:
     state = None
     for header, sections in parsed:
         state = _apply(state, header, sections, transient=True)
+    if state is None:
+        raise ShardCorruptError("sakura: an empty chain has nothing to decode")
     return _finish(state, parsed[-1][0])
 
 

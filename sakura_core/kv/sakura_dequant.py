@@ -51,7 +51,9 @@ def reconstruct(idx: np.ndarray, acc: torch.Tensor, p: Params) -> tuple[torch.Te
     widx = idx.reshape(2 * n_l, t * h)
     w = _W8.take(widx)  # (blocks, units)
     top = w == 8  # a full-width unit's centre is its code: nothing to subtract
-    half = None if top.all() else 0.5 if not top.any() else np.where(top, np.float32(0.0), np.float32(0.5))
+    half: float | np.ndarray | torch.Tensor | None = (
+        None if top.all() else 0.5 if not top.any() else np.where(top, np.float32(0.0), np.float32(0.5))
+    )
     if isinstance(half, np.ndarray):
         half = torch.from_numpy(half.reshape(2 * n_l, t, h, 1))
     step = torch.from_numpy(p.step).view(2 * n_l, 1, h, d)

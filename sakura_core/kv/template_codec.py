@@ -63,7 +63,7 @@ def shard_inputs(
             template_id,
             kv.rope_layout,
             first,
-            tuple(kv.token_grid),
+            (kv.token_grid[0], kv.token_grid[1]),
             kv.num_layers,
             step,
             ref_step,

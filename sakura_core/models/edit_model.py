@@ -24,7 +24,7 @@ import torch
 from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
 
 from .flux2_kv import Flux2KVAdapter
-from .ref_layout import as_references, layout_of
+from .ref_layout import TokenLayout, as_references, layout_of
 
 __all__ = ["EditModel", "ModelSpec", "load_demo_model", "load_image", "DEMO_TEMPLATES"]
 
@@ -116,7 +116,7 @@ def load_image(source, size: int) -> np.ndarray:
     h, w = arr.shape[:2]
     s = min(h, w)
     arr = arr[(h - s) // 2 : (h - s) // 2 + s, (w - s) // 2 : (w - s) // 2 + s]
-    return np.asarray(Image.fromarray(arr).resize((size, size), Image.BICUBIC))
+    return np.asarray(Image.fromarray(arr).resize((size, size), Image.Resampling.BICUBIC))
 
 
 class EditModel:
@@ -196,15 +196,19 @@ class EditModel:
         refs = as_references(template)
         if refs is not None:  # several references: their tokens in order (their positions: ref_layout)
             return torch.cat([self.template_tokens(r) for r in refs], dim=1)
-        t = self.pack_image(template, self.template_grid(template)[0] * self.spec.patch_size)
+        t = self.pack_image(template, self._image_grid(template)[0] * self.spec.patch_size)
         return torch.cat([t, torch.zeros_like(t)], dim=-1)
 
-    def template_grid(self, template: np.ndarray) -> tuple[int, int]:
+    def template_grid(self, template: np.ndarray) -> TokenLayout:
         """Token grid of a square template image of side ``S >= image_size``, a multiple of ``patch_size``; of a list
         of reference images (one size), their grids (:mod:`.ref_layout`)."""
         refs = as_references(template)
         if refs is not None:
-            return layout_of([self.template_grid(r) for r in refs])
+            return layout_of([self._image_grid(r) for r in refs])
+        return self._image_grid(template)
+
+    def _image_grid(self, template: np.ndarray) -> tuple[int, int]:
+        """The token grid of one template image (:meth:`template_grid`)."""
         shape, p = np.shape(template), self.spec.patch_size
         if len(shape) != 3 or shape[0] != shape[1] or shape[2] != 3 or shape[0] % p or shape[0] < self.spec.image_size:
             raise ValueError(

@@ -95,11 +95,11 @@ class Flux2KVAdapter(TemplatePasses):
 
     @property
     def num_heads(self) -> int:
-        return self.model.config.num_attention_heads
+        return self.model.config["num_attention_heads"]
 
     @property
     def head_dim(self) -> int:
-        return self.model.config.attention_head_dim
+        return self.model.config["attention_head_dim"]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -216,7 +216,7 @@ class Flux2KVAdapter(TemplatePasses):
         keep_template, split_layer, cached = self._resolve_split(
             split_layer, ref_tokens, ref_grid, cached, ref_timestep
         )
-        n_ref = ref_tokens.shape[1] if split_layer > 0 else 0
+        n_ref = ref_tokens.shape[1] if split_layer > 0 and ref_tokens is not None else 0  # checked: given then
         s = self._embed(x, txt, timestep, img_grid, ref_tokens, ref_grid, n_ref, ref_timestep)
         extracted: list[tuple[torch.Tensor, torch.Tensor]] = []
         ref_live = n_ref > 0  # are template tokens still part of the sequence?
@@ -233,6 +233,7 @@ class Flux2KVAdapter(TemplatePasses):
             if ref_live:
                 kwargs = {"kv_cache": cache, "kv_cache_mode": "extract", "num_ref_tokens": n_ref}
             else:
+                assert cached is not None  # _resolve_split: given whenever a layer runs without the template
                 k, v = cached(layer)
                 batch = s.hidden.shape[0]
                 k, v = k.to(s.hidden.device, self.dtype), v.to(s.hidden.device, self.dtype)
@@ -248,7 +249,9 @@ class Flux2KVAdapter(TemplatePasses):
         hidden = self.model.norm_out(hidden, s.temb)
         return ForwardResult(sample=self.model.proj_out(hidden), extracted=extracted)
 
-    def _resolve_split(self, split_layer, ref_tokens, ref_grid, cached, ref_timestep=None):
+    def _resolve_split(
+        self, split_layer, ref_tokens, ref_grid, cached, ref_timestep=None
+    ) -> tuple[Callable[[int], bool] | None, int, Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None]:
         """Check :meth:`forward_grad`'s split arguments; returns ``(keep_template or None, split_layer, cached)``
         with a dynamic split starting at ``num_layers`` and ``cached`` as a function ``layer -> (k, v)``."""
         L = self.num_layers
@@ -300,7 +303,7 @@ class Flux2KVAdapter(TemplatePasses):
         )
 
         rope_txt = m.pos_embed(text_ids(n_txt, device))
-        rope_img = m.pos_embed(image_ids(*img_grid, t=0, device=device))
+        rope_img = m.pos_embed(image_ids(img_grid[0], img_grid[1], t=0, device=device))
         s.rope_plain = (torch.cat([rope_txt[0], rope_img[0]]), torch.cat([rope_txt[1], rope_img[1]]))
 
         if n_ref:
@@ -327,7 +330,10 @@ class Flux2KVAdapter(TemplatePasses):
         n_ref = s.n_ref
         if layer < self.num_double:
             block = m.transformer_blocks[layer]
-            img_mod = _blend_rows(s.mod_img, s.ref_mod_img, n_ref, s.hidden.shape[1], 0) if ref_live else s.mod_img
+            img_mod = s.mod_img
+            if ref_live:
+                assert s.ref_mod_img is not None  # _embed sets it whenever template tokens run
+                img_mod = _blend_rows(s.mod_img, s.ref_mod_img, n_ref, s.hidden.shape[1], 0)
             s.enc, s.hidden = block(
                 hidden_states=s.hidden,
                 encoder_hidden_states=s.enc,
@@ -342,11 +348,10 @@ class Flux2KVAdapter(TemplatePasses):
             if self.num_double == 0 and layer == 0:
                 s.hidden = torch.cat([s.enc, s.hidden], dim=1)
             block = m.single_transformer_blocks[layer - self.num_double]
-            smod = (
-                _blend_rows(s.mod_single, s.ref_mod_single, n_ref, s.hidden.shape[1], s.n_txt)
-                if ref_live
-                else s.mod_single
-            )
+            smod = s.mod_single
+            if ref_live:
+                assert s.ref_mod_single is not None  # _embed sets it whenever template tokens run
+                smod = _blend_rows(s.mod_single, s.ref_mod_single, n_ref, s.hidden.shape[1], s.n_txt)
             s.hidden = block(
                 hidden_states=s.hidden,
                 encoder_hidden_states=None,

@@ -4,12 +4,18 @@ layer's template KV, the rest of a pass from where a hybrid forward dropped the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.models.transformers.transformer_flux2 import Flux2KVLayerCache
 
 from .kv_types import PerStepTemplateKV, TemplateKV
-from .ref_layout import num_tokens, rope_layout_of, stacked_grid
+from .ref_layout import TokenLayout, num_tokens, rope_layout_of, stacked_grid
+
+if TYPE_CHECKING:
+    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
+
+    from .flux2_parts import _Stream
 
 __all__ = ["TemplatePasses"]
 
@@ -17,9 +23,26 @@ __all__ = ["TemplatePasses"]
 class TemplatePasses:
     """Template-only passes over the adapter's blocks (needs ``_embed``, ``_run_block``, ``_joined``)."""
 
+    if TYPE_CHECKING:  # what the adapter (flux2_kv.Flux2KVAdapter) gives these passes
+        model: Flux2Transformer2DModel
+        model_id: str
+        ref_fixed_timestep: float
+
+        @property
+        def num_layers(self) -> int: ...
+        @property
+        def dtype(self) -> torch.dtype: ...
+        @property
+        def device(self) -> torch.device: ...
+        def _embed(
+            self, x, txt, timestep, img_grid, ref_tokens, ref_grid, n_ref: int, ref_timestep=None
+        ) -> _Stream: ...
+        def _run_block(self, layer: int, s: _Stream, ref_live: bool, kwargs: dict[str, Any]) -> None: ...
+        def _joined(self, layer: int) -> bool: ...
+
     @torch.no_grad()
     def extract_template_kv(
-        self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], ref_timestep: float | None = None
+        self, ref_tokens: torch.Tensor, token_grid: TokenLayout, ref_timestep: float | None = None
     ) -> TemplateKV:
         """Template-only pass: the template's KV for every layer (:meth:`resume_template_kv` from the embedded tokens).
 
@@ -44,7 +67,7 @@ class TemplatePasses:
     def resume_template_kv(
         self,
         ref_hidden: torch.Tensor,
-        token_grid: tuple[int, int],
+        token_grid: TokenLayout,
         start_layer: int,
         ref_timestep: float | None = None,
         stop: Callable[[int, tuple[torch.Tensor, torch.Tensor]], bool] | None = None,
@@ -106,7 +129,7 @@ class TemplatePasses:
         L, n_ref = self.num_layers, num_tokens(token_grid)
         if not 0 <= start_layer <= L:
             raise ValueError(f"start_layer must be in [0, {L}], got {start_layer}")
-        dim = self.model.config.num_attention_heads * self.model.config.attention_head_dim
+        dim = self.model.config["num_attention_heads"] * self.model.config["attention_head_dim"]
         if ref_hidden.ndim != 3 or ref_hidden.shape[0] != 1 or tuple(ref_hidden.shape[1:]) != (n_ref, dim):
             raise ValueError(
                 f"ref_hidden must be (1, {n_ref}, {dim}) for token grid {token_grid} (the template tokens' "
@@ -114,9 +137,9 @@ class TemplatePasses:
             )
         dtype, device = self.dtype, ref_hidden.device
         cfg = self.model.config
-        x = torch.zeros(1, 1, cfg.in_channels, dtype=dtype, device=device)
-        txt = torch.zeros(1, 1, cfg.joint_attention_dim, dtype=dtype, device=device)
-        ref = torch.zeros(1, n_ref, cfg.in_channels, dtype=dtype, device=device)  # rows replaced below
+        x = torch.zeros(1, 1, cfg["in_channels"], dtype=dtype, device=device)
+        txt = torch.zeros(1, 1, cfg["joint_attention_dim"], dtype=dtype, device=device)
+        ref = torch.zeros(1, n_ref, cfg["in_channels"], dtype=dtype, device=device)  # rows replaced below
         s = self._embed(x, txt, torch.ones(1, device=device), (1, 1), ref, token_grid, n_ref, ref_timestep)
         parts = [ref_hidden.to(dtype), s.hidden[:, n_ref:]]  # (1, n_ref + 1, dim): template rows, dummy request
         s.hidden = torch.cat([s.enc, *parts] if self._joined(start_layer) else parts, dim=1)
@@ -124,7 +147,7 @@ class TemplatePasses:
 
     @torch.no_grad()
     def extract_per_step_kv(
-        self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], timesteps: torch.Tensor | list[float]
+        self, ref_tokens: torch.Tensor, token_grid: TokenLayout, timesteps: torch.Tensor | list[float]
     ) -> PerStepTemplateKV:
         """``per-step`` KV mode: one template-only pass per sampler step, modulated with that step's own time.
 

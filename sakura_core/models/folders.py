@@ -70,7 +70,12 @@ class KleinFiles:
         if missing:
             raise ValueError(f"klein files source names no {', '.join(missing)}: give "
                              f"{KLEIN_FILES_PREFIX}diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR")  # fmt: skip
-        return cls(**fields)
+        return cls(
+            diffusion_model=fields["diffusion_model"],
+            text_encoder=fields["text_encoder"],
+            vae=fields["vae"],
+            tokenizer=fields["tokenizer"],
+        )
 
     @staticmethod
     def is_spec(source: str) -> bool:

@@ -35,7 +35,7 @@ import torch
 from ..limits import MAX_EDIT_TOKENS, LimitError
 from .flux2_kv import Flux2KVAdapter
 from .folders import KLEIN_PIPELINES, is_klein_folder
-from .ref_layout import as_references, layout_of
+from .ref_layout import TokenLayout, as_references, layout_of
 
 __all__ = [
     "LatentEditModel",
@@ -135,12 +135,16 @@ class LatentEditModel:
         latents = self.pipe._encode_vae_image(pixels, generator=None)  # (1, 4C, h, w)
         return self.pipe._pack_latents(latents).float().cpu()  # (1, h*w, 4C)
 
-    def template_grid(self, template: np.ndarray) -> tuple[int, int]:
+    def template_grid(self, template: np.ndarray) -> TokenLayout:
         """Token grid of a square template of side ``S >= image_size``, a multiple of 2 x the VAE scale factor; of a
         list of reference images (one size), their grids (:mod:`.ref_layout`)."""
         refs = as_references(template)
         if refs is not None:
-            return layout_of([self.template_grid(r) for r in refs])
+            return layout_of([self._image_grid(r) for r in refs])
+        return self._image_grid(template)
+
+    def _image_grid(self, template: np.ndarray) -> tuple[int, int]:
+        """The token grid of one template image (:meth:`template_grid`)."""
         shape, m = np.shape(template), 2 * self.spec.vae_scale_factor
         if len(shape) != 3 or shape[0] != shape[1] or shape[2] != 3 or shape[0] % m or shape[0] < self.spec.image_size:
             raise ValueError(
@@ -156,7 +160,7 @@ class LatentEditModel:
         refs = as_references(template)
         if refs is not None:
             return torch.cat([self.template_tokens(r) for r in refs], dim=1)
-        return self.pack_image(template, self.template_grid(template)[0] * 2 * self.spec.vae_scale_factor)
+        return self.pack_image(template, self._image_grid(template)[0] * 2 * self.spec.vae_scale_factor)
 
     def request_tokens(self, noisy: torch.Tensor, user: torch.Tensor) -> torch.Tensor:
         """The request tokens are the noisy latents alone: the user image entered at the start (``edit_start``)."""
@@ -229,9 +233,9 @@ class LatentEditModel:
     def _measure_layer_times(self) -> tuple[float, float]:
         a, grid = self.adapter, self.spec.grid
         cfg = a.model.config
-        ref = torch.zeros(1, self.spec.num_tokens, cfg.in_channels)  # (1, tokens, in_channels)
+        ref = torch.zeros(1, self.spec.num_tokens, cfg["in_channels"])  # (1, tokens, in_channels)
         kv = a.extract_template_kv(ref, grid)
-        txt = torch.zeros(1, self.spec.text_tokens, cfg.joint_attention_dim)
+        txt = torch.zeros(1, self.spec.text_tokens, cfg["joint_attention_dim"])
         t = torch.tensor([0.5])
         best_full = best_cached = float("inf")
         for _ in range(2):

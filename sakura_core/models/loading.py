@@ -14,6 +14,7 @@ device's arithmetic.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from .folders import KLEIN_FILES_PREFIX, KLEIN_PIPELINES, KleinFiles, is_klein_folder
 
@@ -104,7 +105,7 @@ def load_edit_model(
     weights: str | None = "auto",
     device: str = "cpu",
     dtype: str | None = None,
-    parts: dict[str, tuple[str, str | None]] | None = None,
+    parts: Mapping[str, tuple[str, str | None]] | None = None,
 ):
     """The model ``source`` names: ``demo`` (``weights`` as ``load_demo_model``'s), a klein pipeline folder or klein
     single files, with its parameters in ``dtype`` (``None``: float32) on ``device``. The model id is computed from
@@ -129,10 +130,10 @@ def load_edit_model(
     if source == DEMO_MODEL:
         from .edit_model import load_demo_model
 
-        model = load_demo_model(weights=weights, dtype=as_dtype(dtype))
+        demo = load_demo_model(weights=weights, dtype=as_dtype(dtype))
         if target.type != "cpu":
-            model.adapter.model.to(target)
-        return model
+            demo.adapter.model.to(target)
+        return demo
     placed = {"transformer": (target, as_dtype(dtype))}
     for part in ("vae", "text_encoder"):
         part_device, part_dtype = (parts or {}).get(part, (device, dtype))

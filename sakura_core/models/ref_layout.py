@@ -22,6 +22,7 @@ __all__ = [
     "layout_of",
     "REF_TIME_OFFSET",
     "ROPE_LAYOUT",
+    "TokenLayout",
     "grids_of",
     "num_tokens",
     "ref_grids",
@@ -33,13 +34,15 @@ __all__ = [
 REF_TIME_OFFSET = 10
 ROPE_LAYOUT = "flux2-ref-t10"  # one reference
 MAX_REFERENCES = 4  # FLUX.2 [klein]'s documented limit of reference images
+#: A template's token layout: (rows, cols) of one reference, or the grids of several (one grid each, in order).
+TokenLayout = tuple[int, int] | tuple[tuple[int, int], ...]
 _MULTI = re.compile(r"^flux2-ref-t10-x([2-9])$")
 
 
 def ref_grids(grid) -> tuple[tuple[int, int], ...]:
     """A layout from ``(rows, cols)`` (one reference) or a sequence of such grids (several)."""
     if len(grid) == 2 and all(isinstance(x, int) or hasattr(x, "__index__") for x in grid):
-        grids = ((int(grid[0]), int(grid[1])),)
+        grids: tuple[tuple[int, int], ...] = ((int(grid[0]), int(grid[1])),)
     else:
         grids = tuple((int(g[0]), int(g[1])) for g in grid)
     if not 1 <= len(grids) <= MAX_REFERENCES or any(r < 1 or c < 1 for r, c in grids):
@@ -90,7 +93,7 @@ def as_references(template) -> list | None:
     return None
 
 
-def layout_of(grids) -> tuple[int, int] | tuple[tuple[int, int], ...]:
+def layout_of(grids) -> TokenLayout:
     """The layout of references with these grids: a plain (rows, cols) for one, the grids for several (which must
     share one grid, :func:`stacked_grid`)."""
     grids = tuple((int(r), int(c)) for r, c in grids)

@@ -174,7 +174,12 @@ def save_single_files(folder: str | Path, out: str | Path, name: str | None = No
         save_file({k: v.contiguous() for k, v in tensors[part].items()}, str(path))
     if (folder / "sakura_spec.json").is_file():  # the folder's image size / prompt length go with the files
         spec_sidecar(paths["diffusion_model"]).write_text((folder / "sakura_spec.json").read_text())
-    return KleinFiles(**{k: str(v) for k, v in paths.items()}, tokenizer=str(folder / "tokenizer"))
+    return KleinFiles(
+        diffusion_model=str(paths["diffusion_model"]),
+        text_encoder=str(paths["text_encoder"]),
+        vae=str(paths["vae"]),
+        tokenizer=str(folder / "tokenizer"),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

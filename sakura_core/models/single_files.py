@@ -30,10 +30,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .folders import KleinFiles
+
+if TYPE_CHECKING:
+    from .latent_model import LatentEditModel
 
 __all__ = [
     "KLEIN_CHAT_TEMPLATE",
@@ -146,7 +150,7 @@ def _single_mlp_hidden(state: dict, inner: int) -> int:
 
 def load_transformer_file(path: str | Path, dtype: torch.dtype = torch.float32):
     """The klein transformer in ``path`` as a diffusers ``Flux2Transformer2DModel`` (eval mode, ``dtype``)."""
-    from diffusers import Flux2Transformer2DModel
+    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
 
     state = _transformer_to_diffusers(read_checkpoint(path, "diffusion model"))
     config = transformer_config(state)
@@ -160,7 +164,7 @@ def transformer_state_model_id(state: dict[str, torch.Tensor]) -> str:
     """The model id (``flux2_parts.model_content_id``) of the klein transformer whose tensors are ``state`` (BFL's
     layout as ComfyUI loads it, or diffusers'), in the dtype they have — what ``sakura precompute --model
     klein-files:...`` gives for the same file loaded in that dtype. Builds nothing but a meta-device model."""
-    from diffusers import Flux2Transformer2DModel
+    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
 
     from .flux2_parts import content_id
 
@@ -257,7 +261,7 @@ def _vae_to_diffusers(state: dict) -> tuple[dict, dict]:
 
 def load_vae_file(path: str | Path, dtype: torch.dtype = torch.float32):
     """The FLUX.2 VAE in ``path`` as a diffusers ``AutoencoderKLFlux2`` (eval mode, ``dtype``)."""
-    from diffusers import AutoencoderKLFlux2
+    from diffusers.models.autoencoders.autoencoder_kl_flux2 import AutoencoderKLFlux2
 
     state, config = _vae_to_diffusers(read_checkpoint(path, "VAE"))
     with torch.device("meta"):
@@ -327,7 +331,7 @@ def load_klein_files(
     strength: float | None = None,
     dtype: torch.dtype = torch.float32,
     dtypes: dict[str, torch.dtype] | None = None,
-):
+) -> LatentEditModel:
     """The klein pipeline of ``files`` as a :class:`~sakura_core.models.latent_model.LatentEditModel`. Image size
     and prompt length: the keywords, else a ``<diffusion model stem>.sakura_spec.json`` beside the transformer file
     (a folder's ``sakura_spec.json`` keys), else 512 px and the pipeline's 512 tokens. ``dtypes`` may set

@@ -57,12 +57,11 @@ def build_tiny_klein(
     """Save a tiny random klein KV pipeline (and a ``sakura_spec.json``: 64 px, ``text_tokens``) to ``out``;
     ``geometry`` (keys of :data:`COMFYUI_GEOMETRY`) changes the transformer's and the VAE latent's sizes."""
     g = {**_DEFAULT_GEOMETRY, **(geometry or {})}
-    from diffusers import (
-        AutoencoderKLFlux2,
-        FlowMatchEulerDiscreteScheduler,
-        Flux2KleinKVPipeline,
-        Flux2Transformer2DModel,
-    )
+    # the defining modules, not the package's lazy exports (a type checker reads those as diffusers' dummy classes)
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.models.autoencoders.autoencoder_kl_flux2 import AutoencoderKLFlux2
+    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
+    from diffusers.pipelines.flux2.pipeline_flux2_klein_kv import Flux2KleinKVPipeline
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     out = Path(out)

@@ -4,6 +4,7 @@ computation the KV processors do) by forward pre-hooks held for one forward."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +15,10 @@ from ..models.edit_model import EditModel
 from ..models.kv_types import TemplateKV
 from .probes import Probes
 
-__all__ = ["AttentionCapture", "capture_attention", "qkv_double", "qkv_single"]
+if TYPE_CHECKING:
+    from ..models.flux2_kv import Flux2KVAdapter
+
+__all__ = ["AttentionCapture", "attention_modules", "capture_attention", "qkv_double", "qkv_single"]
 
 
 @dataclass
@@ -49,6 +53,17 @@ class AttentionCapture:
         return F.scaled_dot_product_attention(self.q, k_all, v_all)
 
 
+def attention_modules(adapter: Flux2KVAdapter) -> list[torch.nn.Module]:
+    """The attention module of every layer, in layer order (double-stream blocks, then single-stream)."""
+    blocks = [*adapter.model.transformer_blocks, *adapter.model.single_transformer_blocks]
+    return [cast(torch.nn.Module, b.attn) for b in blocks]  # torch types a submodule attribute as Tensor | Module
+
+
+def _rotate(x: torch.Tensor, rope) -> torch.Tensor:
+    """diffusers' ``apply_rotary_emb`` (``use_real``, the default: one tensor back; its annotation says a pair)."""
+    return cast(torch.Tensor, apply_rotary_emb(x, rope, sequence_dim=1))
+
+
 def qkv_double(attn, kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     hs, ehs = kwargs["hidden_states"], kwargs["encoder_hidden_states"]
     q, k, v, eq, ek, ev = _get_qkv_projections(attn, hs, ehs)
@@ -58,8 +73,7 @@ def qkv_double(attn, kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
     eq, ek = attn.norm_added_q(eq), attn.norm_added_k(ek)
     q, k, v = torch.cat([eq, q], 1), torch.cat([ek, k], 1), torch.cat([ev, v], 1)
     rope = kwargs["image_rotary_emb"]
-    q = apply_rotary_emb(q, rope, sequence_dim=1)
-    k = apply_rotary_emb(k, rope, sequence_dim=1)
+    q, k = _rotate(q, rope), _rotate(k, rope)
     return q, k, v, ehs.shape[1]
 
 
@@ -72,8 +86,7 @@ def qkv_single(attn, kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
     q, k, v = (t.unflatten(-1, (-1, attn.head_dim)) for t in (q, k, v))
     q, k = attn.norm_q(q), attn.norm_k(k)
     rope = kwargs["image_rotary_emb"]
-    q = apply_rotary_emb(q, rope, sequence_dim=1)
-    k = apply_rotary_emb(k, rope, sequence_dim=1)
+    q, k = _rotate(q, rope), _rotate(k, rope)
     return q, k, v, int(kwargs.get("num_txt_tokens", 0))
 
 
@@ -83,9 +96,7 @@ def capture_attention(model: EditModel, kv: TemplateKV, probes: Probes) -> list[
     adapter = model.adapter
     adapter.check(kv, kv.ref_grids)  # model, RoPE layout and geometry; the template grid may exceed the edit's
     captures: dict[int, AttentionCapture] = {}
-    blocks = [b.attn for b in adapter.model.transformer_blocks] + [
-        b.attn for b in adapter.model.single_transformer_blocks
-    ]
+    blocks = attention_modules(adapter)
 
     def make_hook(layer: int, double: bool):
         def hook(module, args, kwargs):

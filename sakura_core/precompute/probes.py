@@ -74,7 +74,7 @@ def _smooth_image(rng: np.random.Generator, size: int) -> np.ndarray:
 
     cells = int(rng.integers(2, 9))
     low = rng.integers(0, 256, size=(cells, cells, 3), dtype=np.uint8)
-    img = np.asarray(Image.fromarray(low).resize((size, size), Image.BICUBIC), dtype=np.float32)
+    img = np.asarray(Image.fromarray(low).resize((size, size), Image.Resampling.BICUBIC), dtype=np.float32)
     img += rng.normal(0.0, 6.0, size=img.shape)
     return np.clip(img, 0, 255).astype(np.uint8)
 

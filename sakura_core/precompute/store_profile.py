@@ -22,6 +22,7 @@ ladders_from_manifest`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..kv.names import base_level_name
@@ -71,7 +72,7 @@ def _psnr_by(shards: list[dict], kind: str) -> dict[str, float | None]:
 
 
 def _cheapest(names: list[str], psnr: dict[str, float | None], target_db: float) -> str | None:
-    return next((n for n in names if psnr.get(n) is not None and psnr[n] >= target_db), None)
+    return next((n for n in names if (p := psnr.get(n)) is not None and p >= target_db), None)
 
 
 def _keep_names(shards: list[dict], profile: StoreProfile, progressive: bool) -> dict[str, set[str]] | None:
@@ -87,7 +88,7 @@ def _keep_names(shards: list[dict], profile: StoreProfile, progressive: bool) ->
 
 
 def serving_rungs(own: dict[str, float | None], open_loop: dict[str, float | None], twins: dict[str, float | None],
-                  cost: dict[tuple[str, str], float], profile: StoreProfile,
+                  cost: Mapping[tuple[str, str], float], profile: StoreProfile,
                   progressive: bool) -> dict[str, set[str]] | None:  # fmt: skip
     """The rungs ``serving`` keeps, from per-level measurements alone (the store and the simulator's serving view,
     :mod:`sakura_core.bench.serving_ladders`, choose by this one rule).
@@ -111,8 +112,9 @@ def serving_rungs(own: dict[str, float | None], open_loop: dict[str, float | Non
         return {"own": keep_own, "residual": set(upto[names.index(floor) :]), "closed": set(),
                 "fp16": set() if top is not None else {"fp16"}}  # fmt: skip
     open_floor = _cheapest(list(open_loop), open_loop, profile.floor_psnr_db) or list(open_loop)[-1]
-    top_twin = {top} if top_kind == "closed" else (set() if top else set(upto[-1:]))
-    return {"own": keep_own, "residual": {open_floor} | ({top} if top_kind == "residual" else set()),
+    top_named: set[str] = set() if top is None else {top}  # _top gives (None, "closed") when no level reaches it
+    top_twin = top_named if top_kind == "closed" else (set() if top else set(upto[-1:]))
+    return {"own": keep_own, "residual": {open_floor} | (top_named if top_kind == "residual" else set()),
             "closed": {floor} | top_twin, "fp16": set() if top is not None else {"fp16"}}  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..kv.chain import decode_chain
-from ..kv.codec_registry import get_codec
+from ..kv.codec_registry import Codec, get_codec
 from ..kv.container import shard_digest
 from ..kv.manifest import MANIFEST_VERSION, validate_manifest
 from ..kv.template_codec import shard_inputs
@@ -157,7 +157,7 @@ class _StepEncoder:
     """Encodes the steps of a template in order: each step on its own, or (cross-step) step s >= 1 against s - 1."""
 
     model: EditModel
-    ladder: object
+    ladder: Codec
     template_id: str
     shard_layers: int
     packed: torch.Tensor
@@ -167,11 +167,12 @@ class _StepEncoder:
 
     def all_steps(self, kvs: list[TemplateKV], config: ProbeConfig, per_step: bool, cross: bool) -> list[dict]:
         shards: list[dict] = []
-        base = None  # what the next step is coded against (cross-step coding)
+        base: StepBase | None = None  # what the next step is coded against (cross-step coding)
         for s, kv in enumerate(kvs):
             step_cfg = replace(config, timesteps=(kv.ref_timestep,)) if per_step else config
             importance, held = _importance(self.model, kv, self.packed, step_cfg, self.held_out, self.report)
             if cross and s > 0:
+                assert base is not None  # step 0 set it (cross-step coding)
                 prev_exact = base.exact_digest
                 step_shards, base = encode_residual_step(self.ladder, kv, base, s, importance, held, self.template_id,
                                                          self.shard_layers, self.blobs, len(kvs))  # fmt: skip

@@ -18,6 +18,7 @@ import torch
 
 from ..models.flux2_kv import Flux2KVAdapter, ForwardResult
 from ..models.kv_types import TemplateKV
+from ..models.ref_layout import TokenLayout
 
 __all__ = ["ComputeBackend", "TorchBackend", "backend_of"]
 
@@ -49,12 +50,14 @@ class ComputeBackend(Protocol):
         **kwargs,
     ) -> ForwardResult: ...
 
-    def extract_template_kv(self, ref_tokens: torch.Tensor, token_grid: tuple[int, int], **kwargs) -> TemplateKV: ...
+    def extract_template_kv(
+        self, ref_tokens: torch.Tensor, token_grid: TokenLayout, ref_timestep: float | None = None
+    ) -> TemplateKV: ...
 
     def resume_template_kv(
         self,
         ref_hidden: torch.Tensor,
-        token_grid: tuple[int, int],
+        token_grid: TokenLayout,
         start_layer: int,
         ref_timestep=None,
         stop: Callable[[int, tuple[torch.Tensor, torch.Tensor]], bool] | None = None,

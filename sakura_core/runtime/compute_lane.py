@@ -12,7 +12,7 @@ layer) used (and the blobs behind the fetched KV it injected) and its open span.
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -27,7 +27,7 @@ from .device_kv import DeviceKV
 from .held_kv import HeldKV
 from .late_shards import LateShards
 from .live_state import LiveState
-from .pipeline_config import Cancelled, RuntimeConfig
+from .pipeline_config import CancelFlag, Cancelled, RuntimeConfig
 from .run_log import RunLog
 from .shard_index import ShardGrid
 
@@ -48,7 +48,7 @@ class ComputeLane:
 
     def __init__(self, model: EditModel, backend: ComputeBackend, user_image: np.ndarray, prompt: str,
                  template_image: np.ndarray, kv_mode: str, *, grid: ShardGrid, ladders, st: LiveState, ctx: Context,
-                 policy: Policy, config: RuntimeConfig, cancel: threading.Event, log: RunLog, held: HeldKV,
+                 policy: Policy, config: RuntimeConfig, cancel: CancelFlag, log: RunLog, held: HeldKV,
                  decoder: DecodeLane, device: DeviceKV, late: LateShards,
                  user_hook: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
         self.model, self.backend, self.user_image, self.prompt = model, backend, user_image, prompt
@@ -66,22 +66,22 @@ class ComputeLane:
         self.split_layers = [L] * self.grid.kv_steps  # k_s per step (per-step mode)
         self.levels_used: dict[int, list[str]] = {}  # shard g -> what each use of it took
         self.used_blobs: dict[str, int] = {}  # digest -> bytes on the wire, of every blob behind KV injected
-        self.span_t, self.span_key = 0.0, None  # the compute span open since the last layer hook
+        self.span_t = 0.0  # the compute span open since the last layer hook: its start, (step, layer, kind)
+        self.span_key: tuple[int, int, str] | None = None
 
     def run(self) -> EditResult:
         """The edit itself (in the lane's worker thread)."""
         cfg, L = self.cfg, self.grid.layers
-        common = dict(steps=cfg.steps, seed=cfg.seed, template_image=self.template_image, on_layer=self.on_layer,
-                      kv_mode=self.kv_mode, backend=self.backend)  # fmt: skip
+        edit = functools.partial(run_edit, self.model, self.user_image, self.prompt, steps=cfg.steps, seed=cfg.seed,
+                                 template_image=self.template_image, on_layer=self.on_layer, kv_mode=self.kv_mode,
+                                 backend=self.backend)  # fmt: skip
         if self.policy.kv_preloaded:
             raise ValueError("free-kv is a simulation-only bound")
         if self.policy.template_every_step:
             self.st.template_alive = True
-            return run_edit(self.model, self.user_image, self.prompt, split_layer=L, template_every_step=True,
-                            **common)  # fmt: skip
-        return run_edit(self.model, self.user_image, self.prompt, split_layer=self.keep_template,
-                        kv_source=self.kv_source, on_drop=self.device.on_drop, on_extracted=self.device.on_extracted,
-                        **common)  # fmt: skip
+            return edit(split_layer=L, template_every_step=True)
+        return edit(split_layer=self.keep_template, kv_source=self.kv_source, on_drop=self.device.on_drop,
+                    on_extracted=self.device.on_extracted)  # fmt: skip
 
     # ---- the forward's hooks
 

@@ -102,7 +102,9 @@ class DecodeLane:
         slot = slot_from_manifest(self.manifest, shard.layer, rep, shard.step if self.per_step else None)
         for blob in blobs:  # on an error the half-advanced decoder stays dropped (popped above)
             dec.push(blob, lambda header: check_shard_geometry(header, slot))
-        check_shard_binding(dec.header, slot)
+        header = dec.header
+        assert header is not None  # the chain holds at least the base blob here
+        check_shard_binding(header, slot)
         if reference is not None or not start:  # an upgrade without one keeps the reference its decoder has
             dec.set_reference(reference)
         k, v = dec.tensors()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..models.edit_model import EditModel
@@ -35,7 +36,7 @@ class EditResult:
     """
 
     tokens: torch.Tensor
-    image: object
+    image: np.ndarray
     device_kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     layer_calls: int = 0
 
@@ -88,9 +89,10 @@ def run_edit(
     per_step = kv_mode == "per-step"
     times = edit_times(model, steps, shift)
     kv_source = _kv_lookup(model.adapter, kv_source, ref_grid, times, per_step)
-    if (dynamic or split_layer > 0) and template_image is None:
+    on_device = callable(split_layer) or split_layer > 0  # template layers run on the device at step 0
+    if on_device and template_image is None:
         raise ValueError("running template layers on the device needs template_image")
-    ref = model.template_tokens(template_image) if (dynamic or split_layer > 0) else None
+    ref = model.template_tokens(template_image) if on_device else None
     user = model.pack_image(user_image)
     velocity = _Velocity(model, backend_of(model, backend), user, model.encode_prompt(prompt), ref, ref_grid,
                          split_layer, kv_source, template_every_step=template_every_step, per_step=per_step,

@@ -30,7 +30,7 @@ from .deferral import ask_deferred
 from .fetch_wire import Turn, Wire, first_of, takes_on_chunk
 from .held_kv import HeldKV
 from .live_state import LiveState
-from .pipeline_config import RuntimeConfig
+from .pipeline_config import CancelFlag, RuntimeConfig
 from .reference_wait import ReferenceWait
 from .run_log import RunLog
 from .shard_index import ShardGrid, ShardId
@@ -53,7 +53,7 @@ class FetchLane:
 
     def __init__(self, fetch_blob, grid: ShardGrid, ladders, reps, floor: int, st: LiveState, ctx: Context,
                  policy: Policy, held: HeldKV, decoder: DecodeLane, log: RunLog, config: RuntimeConfig,
-                 cancel: threading.Event) -> None:  # fmt: skip
+                 cancel: CancelFlag) -> None:  # fmt: skip
         self.fetch_blob, self.reports_chunks = fetch_blob, takes_on_chunk(fetch_blob)
         self.grid, self.ladders, self.reps, self.floor = grid, ladders, reps, floor
         self.st, self.ctx, self.policy, self.held, self.decoder = st, ctx, policy, held, decoder
@@ -182,6 +182,7 @@ class FetchLane:
             self._deferred_sig = sig
             return None
         g, d = pick
+        assert d.level is not None  # ask_deferred returns only a decision to fetch a level
         self._deferred_sig = None
         self._claimed.add(g)
         self.log.decision(st.now, g, d.level, d.reason)
@@ -226,13 +227,19 @@ class FetchLane:
             if g in self.deferred:
                 self.deferred.remove(g)
             self._claimed.add(g)
-        self._loop.call_soon_threadsafe(self._start_asked, shard)
+        self._lane_loop().call_soon_threadsafe(self._start_asked, shard)
         return True
+
+    def _lane_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop :meth:`run` runs on."""
+        if self._loop is None:
+            raise RuntimeError("the fetch lane is not running: FetchLane.run() sets its event loop")
+        return self._loop
 
     def _start_asked(self, shard: ShardId) -> None:
         if self._done.is_set():
             return
-        task = self._loop.create_task(self._claimed_fetch(shard, self.floor))
+        task = self._lane_loop().create_task(self._claimed_fetch(shard, self.floor))
         self._asked.add(task)
         task.add_done_callback(self._asked.discard)
 
@@ -331,7 +338,7 @@ class FetchLane:
             await self.refs.fetched(shard, rep)
             twin = self.held.closed_twin(shard, rep)
             level, as_twin = fetch_as(self.ladders[g], level, twin is not None)
-            rep = twin if as_twin else self.reps[g][level]
+            rep = twin if as_twin and twin is not None else self.reps[g][level]
             digests = [*rep.get("requires", []), rep["digest"]]
             start = self.decoder.decoded_prefix(shard, digests)
         by_digest = {r["digest"]: r for r in (*self.reps[g], *rep.get("chain", ()), rep)}  # chain: policy_levels

@@ -22,6 +22,7 @@ request attends to all of them too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 __all__ = ["GEOMETRIES", "DitGeometry", "PHONE_DIT", "PhoneDiT", "get_geometry"]
 
@@ -122,7 +123,18 @@ class DitGeometry:
 PhoneDiT = DitGeometry  # the name older code imports
 PHONE_DIT = DitGeometry()
 
-_KLEIN = dict(layers=25, double_layers=5, heads=24, head_dim=128, text_tokens=512, steps=4, mlp_ratio=3.0)
+
+class _KleinShape(TypedDict):
+    layers: int
+    double_layers: int
+    heads: int
+    head_dim: int
+    text_tokens: int
+    steps: int
+    mlp_ratio: float
+
+
+_KLEIN = _KleinShape(layers=25, double_layers=5, heads=24, head_dim=128, text_tokens=512, steps=4, mlp_ratio=3.0)
 GEOMETRIES = {
     g.name: g
     for g in (

@@ -19,6 +19,7 @@ may still be fetched at a residual level against it is not decoded (:meth:`relea
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -45,10 +46,12 @@ class HeldKV:
     def __init__(self, grid: ShardGrid, ladders: list[list[Level]] | None = None) -> None:
         self.grid = grid
         self.lock = threading.RLock()
-        self.on_device_kv = None  # called (from the thread that made it) once the device's own KV was offered
+        # called (from the thread that made it) once the device's own KV was offered
+        self.on_device_kv: Callable[[], object] | None = None
         self.dependents: dict[ShardId, list[ShardId]] = {}  # reference shard -> shards with a residual level on it
         for shard in grid if ladders is not None else ():
-            for step in sorted({lv.ref_step for lv in ladders[shard.g]} - {None}):
+            levels = ladders[shard.g] if ladders is not None else []  # (not None here: the loop's condition)
+            for step in sorted({lv.ref_step for lv in levels if lv.ref_step is not None}):
                 self.dependents.setdefault(grid.at(step, shard.layer), []).append(shard)
         self.reset()
 

@@ -86,6 +86,7 @@ class HostLanes:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None  # the lanes' failure, raised in the host's forward
         self.reset()
 
     # ---- lifetime ---------------------------------------------------------------------------------------------------
@@ -226,6 +227,7 @@ class HostLanes:
         predicts with it from now on."""
         with self.st.lock:
             p = self.st.profile
+            assert isinstance(p, LiveProfile)  # the one this object made (above) or replaced here
             if with_template:
                 self.st.profile = dataclasses.replace(p, layer_full_s=max(seconds, p.layer_cached_s))
             else:

@@ -6,15 +6,13 @@ on the live state's clock, so a test's clock controls them."""
 
 from __future__ import annotations
 
-import threading
-
 from ..policy.context import Context
 from ..policy.policies import Policy
 from .deferral import LATE_FALLBACK_REASON
 from .fetch_lane import FetchLane
 from .held_kv import HeldKV
 from .live_state import LiveState
-from .pipeline_config import Cancelled, RuntimeConfig
+from .pipeline_config import CancelFlag, Cancelled, RuntimeConfig
 from .run_log import RunLog
 from .shard_index import ShardGrid, ShardId
 
@@ -35,7 +33,7 @@ class LateShards:
     """
 
     def __init__(self, grid: ShardGrid, st: LiveState, ctx: Context, policy: Policy, held: HeldKV, fetch: FetchLane,
-                 log: RunLog, config: RuntimeConfig, cancel: threading.Event, layer_cached_s: float) -> None:  # fmt: skip
+                 log: RunLog, config: RuntimeConfig, cancel: CancelFlag, layer_cached_s: float) -> None:  # fmt: skip
         self.grid, self.st, self.ctx, self.policy, self.held, self.fetch = grid, st, ctx, policy, held, fetch
         self.log, self.cfg, self.cancel = log, config, cancel
         self.poll_s = min(max(layer_cached_s, 0.01), config.shard_wait_s)

@@ -4,17 +4,24 @@ edit raises (:class:`Cancelled`); :mod:`sakura_core.runtime.pipeline` runs the e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from ..policy.estimator import EstimatorConfig
 
-__all__ = ["Cancelled", "RunReport", "RuntimeConfig"]
+__all__ = ["CancelFlag", "Cancelled", "RunReport", "RuntimeConfig"]
 
 
 class Cancelled(RuntimeError):
     """The edit was cancelled (between layers or steps)."""
+
+
+class CancelFlag(Protocol):
+    """What the lanes read of a cancel flag: a ``threading.Event``, or the pipeline's either-of-two."""
+
+    def is_set(self) -> bool: ...
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ more than the CPU deserves. The VAE (encode + decode) is ``fixed_s``, outside th
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TypedDict
 
 from .geometry import GEOMETRIES, PHONE_DIT, DitGeometry, PhoneDiT, get_geometry
 
@@ -30,6 +31,7 @@ __all__ = [
     "PHONE_DIT",
     "PROFILES",
     "PROFILE_SOURCES",
+    "ProfileSource",
     "SD15_UNET_FLOPS",
     "DeviceProfile",
     "DitGeometry",
@@ -144,11 +146,22 @@ class DeviceProfile:
         return self.model.layers * self.seconds(self.model.template_layer_flops)
 
 
+class ProfileSource(TypedDict):
+    """One row of :data:`PROFILE_SOURCES`: a compute unit's measured SD 1.5 UNet pass and where the figures come from."""
+
+    profile: str
+    unit: str
+    sd15_unet_pass_s: float
+    source: str
+    layer_overhead_s: float
+    overhead_source: str
+
+
 def _sd15(seconds_per_pass: float) -> float:
     return SD15_UNET_FLOPS / seconds_per_pass
 
 
-PROFILE_SOURCES = (
+PROFILE_SOURCES: tuple[ProfileSource, ...] = (
     {"profile": "snapdragon-8-elite-npu", "unit": "Hexagon NPU (SM8750), w8a16", "sd15_unet_pass_s": 0.058,
      "source": "qai-hub-models 0.65.0 perf.yaml, Stable Diffusion 1.5 UNet w8a16, Galaxy S25 (8 Elite)",
      "layer_overhead_s": 1e-4, "overhead_source": "assumed: one graph dispatch per layer"},
@@ -175,7 +188,7 @@ CPU_SLOWDOWN_SOURCE = (
 )
 
 
-def _profile(src: dict) -> DeviceProfile:
+def _profile(src: ProfileSource) -> DeviceProfile:
     name = src["profile"]
     npu = name.endswith("-npu")
     return DeviceProfile(

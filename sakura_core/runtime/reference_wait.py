@@ -75,6 +75,8 @@ class ReferenceWait:
         """The reference :meth:`coming` said will come, once held; MissingReferenceError once the compute lane has
         finished its step without it, or passed ``shard``, or the edit is over."""
         while True:
+            if self._loop is None:
+                raise RuntimeError("ReferenceWait.attach(loop) was not called: attach it on the lane's event loop")
             woken = self._loop.create_future()  # before the look: an offer after it wakes this waiter
             self._waiters.add(woken)
             try:
