@@ -304,7 +304,7 @@ def scale_table(data: dict) -> str:
 
 
 SECTIONS = {
-    "headline": ("docs/results/e2e_sim.jsonl", headline_table),
+    "headline": ("docs/results/e2e_sim.json", headline_table),
     "ladders": (
         tuple(
             f"docs/results/ladders/{g}.single.json"
@@ -315,9 +315,10 @@ SECTIONS = {
     "per-step": ("sakura_core/bench/per_step_ladders.json", per_step_table),
     "heldout": (("docs/results/heldout_single.json", "docs/results/heldout_per_step.json"), heldout_table),
     "per-step-model": ("sakura_core/bench/per_step_model.json", per_step_model_table),
-    "e2e-targets": ("docs/results/e2e_sim.jsonl", e2e_targets_table),
-    "e2e-oracle": ("docs/results/e2e_sim.jsonl", e2e_oracle_table),
-    "e2e-steps": ("docs/results/e2e_steps.jsonl", e2e_targets_table),
+    "e2e-targets": ("docs/results/e2e_sim.json", e2e_targets_table),
+    "e2e-oracle": ("docs/results/e2e_sim.json", e2e_oracle_table),
+    "e2e-steps": ("docs/results/e2e_steps.jsonl", functools.partial(e2e_targets_table, classes=("3G", "4G"))),
+    "e2e-steps-oracle": ("docs/results/e2e_steps.jsonl", e2e_oracle_table),
     "e2e-prefetch-1gib": ("docs/results/prefetch/e2e_prefetch_1gib.json", e2e_targets_table),
     "e2e-prefetch-0gib": ("docs/results/prefetch/e2e_prefetch_0gib.json", e2e_targets_table),
     "regime": ("docs/results/regime_paper.json", regime_table),

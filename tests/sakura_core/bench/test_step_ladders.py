@@ -69,7 +69,8 @@ def test_28_and_50_step_ladders_come_from_the_model_and_make_simulator_ladders(s
     ladders = per_step_ladders(data, 1_000_000, 25, speed, 35.0)
     assert len(ladders) == steps * 25
     names = [lv.name for lv in ladders[-1]]
-    assert names[0] == "reuse" and names[-1] == "fp16"  # the reuse rung joins later steps' ladders
+    reuse = data["reuse"]["psnr_db"] >= 35.0  # the zero-byte rung joins later steps' ladders only above the floor
+    assert names[0] == ("reuse" if reuse else "sakura-l0") and names[-1] == "fp16"
     step0 = [lv.nbytes for lv in ladders[0]]
     assert step0 == sorted(step0)  # cheapest first
     assert any(track_psnr_db(lv) >= 35.0 for lv in data["levels"])  # a floor exists
@@ -103,3 +104,16 @@ def test_a_28_step_per_step_edit_runs_in_the_e2e_bench(tmp_path):
     assert any("at 28 steps" in line for line in r["header"])
     on_device = next(x for x in r["runs"] if x["policy"] == "on-device")
     assert sak["latency_s"] < on_device["latency_s"]
+
+
+def test_bench_scale_times_an_edit_on_the_committed_ladders(tmp_path, capsys):
+    from sakura_core.bench.scale import scale_case
+
+    row = scale_case(8, ["sakura", "oracle", "on-device"], seed=1, ladders_dir=ROOT / "docs/results/ladders")
+    assert row["shards"] == 8 * 25
+    lat = row["latency_s"]
+    assert lat["fluid-bound"] <= lat["oracle"] + 1e-9 and lat["fluid-bound"] <= lat["sakura"] + 1e-9
+    out = tmp_path / "s.json"
+    assert main(["bench", "scale", "--steps", "8", "--policies", "sakura,oracle", "--ladders", str(tmp_path),
+                 "--json", str(out)]) == 2  # fmt: skip
+    assert "no " in capsys.readouterr().out and not out.exists()
