@@ -325,6 +325,7 @@ SECTIONS = {
     "planner": ("docs/results/planner.json", functools.partial(planner_table, with_before=False)),
     "e2e-ci": ("docs/results/ci/e2e_ci.json", e2e_oracle_table),
     "scale": ("docs/results/scale.json", scale_table),
+    "scale-ladders": ("docs/results/scale_ladders.json", scale_table),
     "store-profile": (
         tuple(
             f"docs/results/store_profile/paper_{p}.json"
