@@ -117,3 +117,14 @@ def test_bench_scale_times_an_edit_on_the_committed_ladders(tmp_path, capsys):
     assert main(["bench", "scale", "--steps", "8", "--policies", "sakura,oracle", "--ladders", str(tmp_path),
                  "--json", str(out)]) == 2  # fmt: skip
     assert "no " in capsys.readouterr().out and not out.exists()
+
+
+def test_bad_edit_steps_and_a_streamed_live_run_are_refused(tmp_path):
+    base = ["bench", "e2e", "--traces", str(ROOT / "sakura_core/fetch/traces"), "--no-calibrate"]
+    with pytest.raises(SystemExit, match="--edit-steps needs step counts >= 2"):
+        main([*base, "--edit-steps", "1", "--json", str(tmp_path / "a.jsonl")])
+    with pytest.raises(SystemExit, match="comma list of step counts"):
+        main([*base, "--edit-steps", "many", "--json", str(tmp_path / "a.jsonl")])
+    with pytest.raises(SystemExit, match="a live run writes one JSON"):
+        main([*base, "--mode", "live", "--json", str(tmp_path / "a.jsonl")])
+    assert not (tmp_path / "a.jsonl").exists()
