@@ -75,6 +75,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "sakura_core.bench.cli_scale",
         "CPU seconds and peak memory of one 4 / 28 / 50-step edit simulated with every policy and the bound; JSON",
     ),
+    ("bench", "ladder-model"): (
+        "sakura_core.bench.cli_ladder_model",
+        "per-step ladders at any step count: a model fitted on the measured ones, its held-out error stated; JSON",
+    ),
     ("bench", "regime"): (
         "sakura_core.bench.cli_regime",
         "a policy's speed-up over baselines and its ceiling, over link Mbit/s x device TFLOP/s; JSON",

@@ -6,16 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..fetch.traces import scan_traces
-from ..files import atomic_write_json
 from ..kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES
 from ..policy.policies import POLICIES
-from ..runtime.profiles import CPU_SLOWDOWN_SOURCE, GEOMETRIES, PROFILES, get_profile, sources_table
+from ..runtime.profiles import GEOMETRIES, PROFILES, get_profile, sources_table
 from ..runtime.simulate import KV_MODES, SimConfig
-from .e2e_ladders import ladder_lines
+from .e2e_header import FP16_BASELINE_NOTE, sim_header, store_view
 from .e2e_report import format_table, select_policies
+from .e2e_stream import open_sink
 from .e2e_summary import FLUID_BOUND
 from .requests_flag import add_requests_argument, requests_ahead
 
@@ -49,13 +50,16 @@ def add_arguments(parser) -> None:
         help=f"sim: comma list of {', '.join(KV_MODES)} (docs/design.md); live: one of them",
     )
     parser.add_argument("--no-calibrate", action="store_true", help="sim: skip the CPU calibration of the cost model")
-    parser.add_argument("--json", required=True, help="write results here")
+    parser.add_argument("--json", required=True, help="write results here: FILE.jsonl streams every run as it is "
+                        "simulated (bench/e2e_stream.py; memory does not grow with runs), another name writes one "
+                        "JSON at the end (runs held in memory)")  # fmt: skip
     parser.add_argument("--plots", help="folder for PNG plots")
     parser.add_argument(
         "--starts", type=int, default=3, help="start offsets per trace, evenly spaced over its length (sim; default "
         "%(default)s; reported figures use >= 3)"
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=4, help="edit steps (sim: for the codec measurements)")
+    _add_scale_arguments(parser)
     parser.add_argument(
         "--ladders", metavar="DIR", help="sim: per-shard ladder files <geometry>.<kv_mode>.json: read the ones there, "
         "measure and write the missing ones (default: measure all, keep none)"
@@ -95,6 +99,18 @@ def add_arguments(parser) -> None:
                         "into a temporary folder (nothing kept)")  # fmt: skip
 
 
+def _add_scale_arguments(parser) -> None:
+    """The edit's step counts and which runs keep their events (issue 50: the bench at the scale users run)."""
+    parser.add_argument(
+        "--edit-steps", help="sim: comma list of the simulated edit's step counts (default: the geometry's own, 4); "
+        "per-step KV at a count with no measured per-step ladders uses the ladder model (bench/step_ladders.py)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--events", default="", help="sim: comma list of policies whose runs keep their events and decisions in the "
+        "JSON (default: none; each is ~1 MB a run at phone scale)"
+    )  # fmt: skip
+
+
 REGIME_TFLOPS = [0.05, 0.2, 1.0, 3.5, 14.0, 50.0]  # device effective TFLOP/s (phone CPU .. NPU and beyond)
 REGIME_MBITS = [1, 3, 10, 30, 100, 300, 1000]  # link Mbit/s
 
@@ -118,11 +134,11 @@ def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:
 def _argv(args) -> list[str]:
     """The sim command's options as given (the JSON records the command that made it)."""
     keys = ("mode", "traces", "policies", "profile", "kv_mode", "geometry", "starts", "steps", "ladders", "planning",
-            "prefetch_gib", "requests", "synth_layers", "store_profile")  # fmt: skip
+            "prefetch_gib", "requests", "synth_layers", "store_profile", "edit_steps", "events")  # fmt: skip
     out = []
     for k in keys:
         v = getattr(args, k, None)
-        if v is not None:
+        if v is not None and v != "":
             out += [f"--{k.replace('_', '-')}", str(v)]
     flags = (("--no-calibrate", args.no_calibrate), ("--no-runs", args.no_runs),
              ("--no-regime-map", getattr(args, "no_regime_map", False)))  # fmt: skip
@@ -150,8 +166,9 @@ def _calibration(model, args) -> dict | None:
     return cal
 
 
-def _combos(args) -> list[tuple[str, str, str]]:
-    """(kv_mode, geometry, profile) for every combination of the comma lists, each name checked."""
+def _combos(args) -> list[tuple[str, str, str, int | None]]:
+    """(kv_mode, geometry, profile, edit steps or None for the geometry's own) for every combination of the comma
+    lists, each name checked."""
     modes, geos, profs = ([x.strip() for x in a.split(",") if x.strip()] for a in (args.kv_mode, args.geometry,
                                                                                   args.profile))  # fmt: skip
     bad = [m for m in modes if m not in KV_MODES]
@@ -160,7 +177,14 @@ def _combos(args) -> list[tuple[str, str, str]]:
     for p in profs:
         for g in geos:
             get_profile(p, g)  # raises naming the choices
-    return [(m, g, p) for m in modes for g in geos for p in profs]
+    arg = getattr(args, "edit_steps", None)
+    try:
+        steps = [int(x) for x in arg.split(",") if x.strip()] if arg else [None]
+    except ValueError:
+        raise SystemExit(f"sakura bench e2e: --edit-steps must be a comma list of step counts, got {arg!r}") from None
+    if any(s is not None and s < 2 for s in steps):
+        raise SystemExit(f"sakura bench e2e: --edit-steps needs step counts >= 2, got {arg!r}")
+    return [(m, g, p, n) for n in steps for m in modes for g in geos for p in profs]
 
 
 def _sim_config(args, command: str = "sakura bench e2e") -> SimConfig:
@@ -179,92 +203,71 @@ def _sim_config(args, command: str = "sakura bench e2e") -> SimConfig:
     return SimConfig(planning="fixed", planning_s=ms / 1000, prefetch_kv_bytes=room, request_ahead=ahead)
 
 
-def _header(args, kv_mode, profile, lad, config) -> list[str]:
-    """What every table below rests on, stated."""
+def _combo_ladders(args, kv_mode, profile, lad):
+    """(ladders, floors, held store rungs, header lines) of one combination: per-step KV at an edit's step count
+    gets the geometry's ladders stretched to it and sakura's per-step ladders measured or modelled for it."""
+    from .e2e import sim_ladders
+    from .step_ladders import per_step_data, stretch_ladders
+
     g = profile.model
-    shards = f"{g.steps} steps x {g.layers} layers" if kv_mode == "per-step" else f"{g.layers} layers"
-    starts = f"every trace x {args.starts} start offsets, evenly spaced over its length"
-    lines = [
-        "SIMULATION. Every median and worst case below is over " + starts
-        + ("" if args.starts >= 3 else f" -- DEVELOPMENT RUN: --starts {args.starts} < 3, not a reported figure"),
-        f"ladders: one per shard ({shards}); {kv_mode} KV measured on the demo model; bytes and decode speed at this "
-        f"geometry's shard size ({g.template_tokens} tokens x {g.heads} x {g.head_dim}; demo layers synthesised by "
-        f"token mixing, no repeats for zstd){' from ' + args.ladders if args.ladders else ''}",
-        *ladder_lines(lad, g.shard_bytes_fp16, getattr(profile, "cpu_slowdown", 1.0)),
-    ]  # fmt: skip
-    if config.planning == "measured":
-        plan = f"each decision's CPU time on this host x {profile.cpu_slowdown:g} (the phone's CPU vs this one)"
-    elif config.planning == "fixed":
-        plan = f"{config.planning_s * 1e3:g} ms per decision (fixed)"
-    else:
-        plan = "NOT charged (--planning off)"
-    lines.append(f"planning charged: {plan}")
-    lines.append("requests: " + ("sent ahead (the next leaves once the bytes on their way are within two round "
-                                 "trips of the link; one transfer on the wire at a time)" if config.request_ahead else
-                                 "sequential (each after the transfer before, paying its round trip)"))  # fmt: skip
-    if kv_mode == "per-step":
-        room = config.prefetch_kv_bytes
-        lines.append("prefetch: " + ("not limited (the decoded KV held is reported, not bounded)" if room is None else
-                     f"at most {room / 2**30:g} GiB of later steps' decoded KV held (the phone agent's prefetch room)"))  # fmt: skip
-    cores = profile.dit_cpu_cores
-    share = f"decode and planning threads each take 1 of the DiT's {cores} cores while they work"
-    lines.append(f"CPU sharing: {share if cores else f'none (the DiT runs on the {profile.soc})'}")
-    if profile.name.endswith("-cpu") or profile.name.endswith("-gpu"):
-        lines.append(f"the profile's CPU speed: {CPU_SLOWDOWN_SOURCE}")
-    lines.append("links: the trace itself for the trace-reading rules (cachegen, oracle); every other policy sees only "
-                 "what a client measures")  # fmt: skip
-    return lines
+    measured = getattr(args, "per_step_ladders", "measured")
+    lad = stretch_ladders(lad, g.steps) if kv_mode == "per-step" else lad
+    data = per_step_data(g.steps) if kv_mode == "per-step" and measured == "measured" else None
+    ladders, floors = sim_ladders(lad, kv_mode, g, measured, data)
+    lines = []
+    if data is not None:
+        src = "bench/per_step_ladders.json" if "model" not in data["source"] else data["source"]["model"]
+        lines.append(f"sakura per-step ladders: cross-step coded per-step KV at {g.steps} steps ({src}: bytes and "
+                     "PSNR per level and step, trained demo model), decode time per level from the ladders above")  # fmt: skip
+    if "stretched" in lad.source:
+        lines.append(f"other families' per-step ladders: {lad.source['stretched']}")
+    ladders, held = store_view(args, lad, ladders, kv_mode, g, measured, data)
+    return lad, ladders, floors, held, lines
 
 
-#: What the fetch-fp16 baseline reads when sakura's store is ``serving`` (which holds no fp16).
-FP16_BASELINE_NOTE = ("fetch-fp16: the exact fp16 of a store of profile full (a serving store holds no fp16; the "
-                      "baseline is what the same template costs published with --store-profile full)")  # fmt: skip
+def _on_run(sink, events: set[str], plotted: bool):
+    """Each run's row to the sink as it is made (events and decisions only for ``events``' policies), its
+    ``_result`` dropped unless a plot needs it (sakura's, with ``--plots``)."""
+
+    def on_run(row: dict) -> None:
+        res = row.get("_result")
+        out = {k: v for k, v in row.items() if not k.startswith("_")}
+        if res is not None and row["policy"] in events:
+            out["events"], out["decisions"] = res.events, res.decisions
+        sink.run(out)
+        if not (plotted and row["policy"] == "sakura"):
+            row.pop("_result", None)
+
+    return on_run
 
 
-def _store_view(args, lad, ladders: dict, kv_mode: str, g, measured: str):
-    """(ladders with sakura's family as ``--store-profile`` serves it, the rungs held)."""
-    from ..precompute.store_profile import StoreProfile
-    from .per_step_ladders import load
-    from .serving_ladders import held_per_step, held_single, serving_view
-
-    profile = StoreProfile(getattr(args, "store_profile", DEFAULT_STORE_PROFILE))
-    if kv_mode == "per-step" and measured == "measured":
-        held = held_per_step(load(), profile)
-    else:
-        fam = lad.families["sakura"]
-        held = held_single(list(fam.levels), fam.psnr_db(), any(fam.progressive), profile)
-    view_mode = kv_mode if held.later is not None else "single"
-    return {**ladders, "sakura": serving_view(ladders["sakura"], held, g.layers, view_mode)}, held
-
-
-def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dict:
-    """One (kv_mode, geometry, profile): the simulation over every trace, tables and regime map printed."""
-    from .e2e import run_sim, sim_ladders
+def _simulate_combo(args, combo, traces, policies, ladders_by, sink) -> None:
+    """One (kv_mode, geometry, profile, steps): the simulation over every trace, each run streamed to ``sink``,
+    tables and regime map printed, the combination's summaries written to ``sink`` after its runs."""
+    from .e2e import run_sim
     from .e2e_summary import format_headline, summarize, summarize_by_class
     from .regime import format_regime, regime_map
 
-    kv_mode, geometry, name = combo
+    kv_mode, geometry, name, steps = combo
     profile = get_profile(name, geometry)
+    if steps is not None and steps != profile.model.steps:
+        profile = profile.with_geometry(replace(profile.model, steps=steps))
     g = profile.model
     print(
-        f"\n===== {kv_mode} KV, {g.name}, {profile.name} ({profile.effective_flop_per_s / 1e12:.2f} TFLOP/s: cached "
-        f"step {profile.step_cached_s:.3f} s, template pass {profile.template_pass_s:.3f} s; KV "
+        f"\n===== {kv_mode} KV, {g.name}, {g.steps} steps, {profile.name} ({profile.effective_flop_per_s / 1e12:.2f} "
+        f"TFLOP/s: cached step {profile.step_cached_s:.3f} s, template pass {profile.template_pass_s:.3f} s; KV "
         f"{g.kv_bytes_fp16 / 2**20:.0f} MiB fp16 per template{' per step' if kv_mode == 'per-step' else ''}) ====="
     )
-    lad = ladders_by[(geometry, kv_mode)]
     config = _sim_config(args)
-    header = _header(args, kv_mode, profile, lad, config)
-    measured = getattr(args, "per_step_ladders", "measured")
-    ladders, floors = sim_ladders(lad, kv_mode, g, measured)
-    if kv_mode == "per-step" and measured == "measured":
-        header.append("sakura per-step ladders: cross-step coded per-step KV (bench/per_step_ladders.json: bytes and "
-                      "PSNR per level and step, trained demo model), decode time per level from the ladders above")  # fmt: skip
-    ladders, held = _store_view(args, lad, ladders, kv_mode, g, measured)
+    lad, ladders, floors, held, lines = _combo_ladders(args, kv_mode, profile, ladders_by[(geometry, kv_mode)])
+    header = sim_header(args, kv_mode, profile, lad, config) + lines
     header += [held.describe(), FP16_BASELINE_NOTE if held.profile == "serving" else "fetch-fp16: the store's fp16"]
     print("\n".join(header))
-    keep = ("sakura",) if plots_dir else ()  # the plots draw a sakura run's events; no other run keeps its events
+    events = {p.strip() for p in (getattr(args, "events", None) or "").split(",") if p.strip()}
+    plotted = bool(args.plots)
+    keep = tuple(events | ({"sakura"} if plotted else set()))  # only these runs record events
     runs = run_sim(traces, policies, profile, ladders, floors, args.starts, kv_mode=kv_mode, config=config,
-                   keep_results=keep)  # fmt: skip
+                   keep_results=keep, on_run=_on_run(sink, events, plotted))  # fmt: skip
     summary, ratios = summarize(runs)
     by_class = summarize_by_class(runs)
     for cls, part in by_class.items():
@@ -280,43 +283,31 @@ def _simulate_combo(args, combo, traces, policies, ladders_by, plots_dir) -> dic
         regime = regime_map(profile, ladders, floors, REGIME_TFLOPS, REGIME_MBITS, kv_mode=kv_mode)
         print()
         print(format_regime(regime))
-    out = {
+    if plotted:
+        sub = Path(args.plots) / f"{kv_mode}.{g.name}.{profile.name}" if len(_combos(args)) > 1 else args.plots
+        _plots(sub, [r for r in runs if r["policy"] != FLUID_BOUND], traces, ladders, profile, regime)
+    sink.result({
         "profile": profile.name,
-        "profile_details": {
-            "soc": profile.soc,
-            "effective_flop_per_s": profile.effective_flop_per_s,
-            "layer_overhead_s": profile.layer_overhead_s,
-            "fixed_s": profile.fixed_s,
-            "layer_cached_s": profile.layer_cached_s,
-            "layer_full_s": profile.layer_full_s,
-            "template_pass_s": profile.template_pass_s,
-            "cpu_slowdown": profile.cpu_slowdown,
-            "dit_cpu_cores": profile.dit_cpu_cores,
-        },  # fmt: skip
+        "profile_details": {k: getattr(profile, k) for k in _PROFILE_DETAILS},
         "kv_mode": kv_mode,
         "geometry": g.name,
+        "steps": g.steps,
         "model": g.as_dict(),
         "header": header,
-        "settings": {
-            "starts": args.starts,
-            "planning": config.planning,
-            "planning_s": config.planning_s,
-            "ladders": args.ladders,
-            "ladder_source": lad.source,
-        },  # fmt: skip
+        "settings": {"starts": args.starts, "planning": config.planning, "planning_s": config.planning_s,
+                     "ladders": args.ladders, "ladder_source": lad.source},  # fmt: skip
         "store_profile": held.profile,
         "store_rungs": {**held.as_dict(), "fetch-fp16": "full" if held.profile == "serving" else held.profile},
         "floors": floors,
-        "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
         "summary": summary,
         "ratios_vs_sakura": ratios,
         "by_class": by_class,
         "regime_map": regime,
-    }
-    if plots_dir:
-        sub = Path(plots_dir) / f"{kv_mode}.{g.name}.{profile.name}" if len(_combos(args)) > 1 else plots_dir
-        _plots(sub, [r for r in runs if r["policy"] != FLUID_BOUND], traces, ladders, profile, regime)
-    return out
+    })  # fmt: skip
+
+
+_PROFILE_DETAILS = ("soc", "effective_flop_per_s", "layer_overhead_s", "fixed_s", "layer_cached_s", "layer_full_s",
+                    "template_pass_s", "cpu_slowdown", "dit_cpu_cores")  # fmt: skip
 
 
 def run(args) -> int:
@@ -325,6 +316,10 @@ def run(args) -> int:
     it holds them under ``results``."""
     if args.mode == "live":
         from .cli_live import run_live
+
+        if str(args.json).endswith(".jsonl"):
+            raise SystemExit(f"sakura bench e2e: --json {args.json}: a live run writes one JSON (streaming is for sim "
+                             "runs); give a .json name")  # fmt: skip
 
         return run_live(args)
     from ..models.edit_model import load_demo_model
@@ -356,10 +351,9 @@ def run(args) -> int:
 
     calibration = None if args.no_calibrate else _calibration(demo_model(), args)
     cfg = LadderConfig(steps=args.steps, synth_layers=synth)
-    pairs = list(dict.fromkeys((g, m) for m, g, _ in combos))
+    pairs = list(dict.fromkeys((g, m) for m, g, _, _ in combos))
     ladders_by = load_or_measure_ladders(pairs, args.ladders, cfg, demo_model)
-    results = [_simulate_combo(args, c, scan.traces, policies, ladders_by, args.plots) for c in combos]
-    common = {
+    header = {
         "mode": "sim",
         "label": "SIMULATION (discrete-event, phone-scale model, ladders measured on the demo model)",
         "command": "sakura bench e2e " + " ".join(_argv(args)),
@@ -367,12 +361,14 @@ def run(args) -> int:
         "calibration": calibration,
         "ladders": _ladder_refs(args, ladders_by),
         "skipped_traces": [{"path": p, "reason": why} for p, why in scan.skipped],
-        "seconds": round(time.perf_counter() - t0, 1),
     }
-    if args.no_runs:
-        for r in results:
-            r.pop("runs")
-    out = {**common, **results[0]} if len(results) == 1 else {**common, "results": results}
-    atomic_write_json(args.json, json.loads(json.dumps(out, default=float)))
+    sink = open_sink(args.json, json.loads(json.dumps(header, default=float)), keep_runs=not args.no_runs)
+    try:
+        for c in combos:
+            _simulate_combo(args, c, scan.traces, policies, ladders_by, sink)
+    except BaseException:
+        sink.abort()
+        raise
+    sink.close(round(time.perf_counter() - t0, 1))
     print(f"wrote {args.json}")
     return 0

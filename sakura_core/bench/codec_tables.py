@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..policy.plan import FLOOR_PSNR_DB
 
-__all__ = ["heldout_table", "ladder_table", "per_step_table"]
+__all__ = ["heldout_table", "ladder_table", "per_step_model_table", "per_step_table"]
 
 
 def ladder_table(*datas: dict) -> str:
@@ -146,3 +146,31 @@ def heldout_table(*datas: dict) -> str:
 
 
 #: section name -> (JSON path(s) relative to the repository root, renderer of their contents in that order)
+
+
+def per_step_model_table(data: dict) -> str:
+    """``sakura bench ladder-model``: the counts the per-step ladder model is fitted on, its error per level on the
+    held-out count (edit PSNR, bytes over the edit; open loop and the twins' track), and what it gives at 28 and 50
+    steps (:mod:`.step_ladders`)."""
+    from .step_ladders import model_data
+
+    h = data["heldout"]
+    rows = [f"Command: `{data['command']}`", "",
+            f"Fitted on {', '.join(map(str, data['fit_on']))} steps; held out: {h['steps']} steps (the fit on "
+            f"{', '.join(map(str, h['fit_on']))} steps against its measurement).", "",
+            "| level | held out: PSNR error dB | bytes error | twins: PSNR error dB | twins: bytes error | "
+            "28 steps: PSNR dB (twins) | 50 steps: PSNR dB (twins) |", "|---" * 7 + "|"]  # fmt: skip
+    at = {n: {lv["name"]: lv for lv in model_data(data, n)["levels"]} for n in (28, 50)}
+
+    def psnr(lv):
+        return f"{lv['psnr_db']:.1f}" + (f" ({lv['closed']['psnr_db']:.1f})" if lv.get("closed") else "")
+
+    for r in h["levels"]:
+        twin = (f"{r['closed_psnr_error_db']:+.2f} | {100 * r['closed_bytes_rel_error']:+.1f} %"
+                if "closed_psnr_error_db" in r else "- | -")  # fmt: skip
+        rows.append(f"| {r['name']} | {r['psnr_error_db']:+.2f} | {100 * r['bytes_rel_error']:+.1f} % | {twin} | "
+                    f"{psnr(at[28][r['name']])} | {psnr(at[50][r['name']])} |")  # fmt: skip
+    rows += ["", f"Stated error on {h['steps']} steps: edit PSNR within {h['max_psnr_error_db']:.2f} dB, a level's bytes "
+             f"over the edit within {100 * h['max_bytes_rel_error']:.1f} %. 28 and 50 steps extrapolate beyond every "
+             "measured count; bytes error: the model's bytes over the edit / the measured - 1."]  # fmt: skip
+    return "\n".join(rows)

@@ -48,13 +48,15 @@ def quality_floor(psnr_db_by_level: list[float], target_db: float) -> int:
     return best
 
 
-def sim_ladders(lad, kv_mode: str, geometry: DitGeometry, per_step_ladders: str = "measured") -> tuple[dict, dict]:
+def sim_ladders(lad, kv_mode: str, geometry: DitGeometry, per_step_ladders: str = "measured",
+                data: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
     """(ladders, floors) of every family as the simulator takes them for ``lad`` (a geometry's
     :class:`~sakura_core.runtime.sim_ladders.ShardLadders`); in per-step mode with ``per_step_ladders == "measured"``
-    sakura's are the cross-step coded ones (:func:`cross_step_sakura`), else the single-mode ratios per step."""
+    sakura's are the cross-step coded ones (:func:`cross_step_sakura`, on ``data``: default the shipped 4-step
+    measurement), else the single-mode ratios per step."""
     ladders, floors = lad.for_simulator()
     if kv_mode == "per-step" and per_step_ladders == "measured":
-        ladders["sakura"], floors["sakura"] = cross_step_sakura(lad, geometry)
+        ladders["sakura"], floors["sakura"] = cross_step_sakura(lad, geometry, data)
     return ladders, floors
 
 
@@ -99,6 +101,7 @@ def run_sim(
     kv_mode: str = "single",
     config: SimConfig | None = None,
     keep_results: tuple[str, ...] = (),
+    on_run=None,
 ) -> list[dict]:
     """Every policy on every trace at ``starts_per_trace`` evenly spaced start offsets (the trace's length split in
     equal parts). ``ladders`` must match the shard count (``kv_mode_view(profile, kv_mode).model``: steps x layers
@@ -107,7 +110,9 @@ def run_sim(
     bound (:func:`~sakura_core.runtime.oracle.fluid_bound`). A run's row holds its figures only; its whole
     :class:`~sakura_core.runtime.sim_types.SimResult` (events, decisions: ~1 MB a run at phone scale) is kept as
     ``_result`` only for the policies in ``keep_results`` (plots), and only their runs record events
-    (``SimConfig.events``), so memory does not grow with the runs."""
+    (``SimConfig.events``), so memory does not grow with the runs. ``on_run(row)``, when given, sees each row as it
+    is made (``_result`` still in it: ``sakura bench e2e --json FILE.jsonl`` streams it, events where asked); a row's
+    ``_result`` is then kept only for the policies in ``keep_results`` that ``on_run`` leaves it in."""
     kv_mode_view(profile, kv_mode)  # validates kv_mode
     quiet = replace(config or SimConfig(), events=False)  # the runs whose events nobody draws keep none
     runs = []
@@ -118,6 +123,8 @@ def run_sim(
             runs.append({"trace": trace.name, "trace_class": trace.trace_class or "other", "start_s": round(start, 3),
                          "policy": FLUID_BOUND, "latency_s": bound, "bytes_fetched": 0, "psnr_db": float("nan"),
                          "split_layer": 0, "splits": [], "peak_kv_bytes": 0})  # fmt: skip
+            if on_run is not None:
+                on_run(runs[-1])
             for name in policies:
                 pol = make_policy(name)
                 sim = simulate_oracle if name == "oracle" else simulate
@@ -141,6 +148,8 @@ def run_sim(
                 )
                 if name in keep_results:
                     runs[-1]["_result"] = r
+                if on_run is not None:
+                    on_run(runs[-1])
         if progress:
             progress(f"trace {trace.name}: {len(policies)} policies x {starts_per_trace} starts")
     return runs

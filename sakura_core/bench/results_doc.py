@@ -6,11 +6,11 @@ each section between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` is
 from __future__ import annotations
 
 import functools
-import json
 import re
 from pathlib import Path
 
-from .codec_tables import heldout_table, ladder_table, per_step_table
+from .codec_tables import heldout_table, ladder_table, per_step_model_table, per_step_table
+from .e2e_stream import load_e2e
 from .store_profile_table import profile_note, store_profile_table
 
 __all__ = ["DOC", "DOCS", "SECTIONS", "headline_table", "regime_table", "render_section", "update_doc"]
@@ -30,7 +30,13 @@ def _pair(s: dict | None, digits: int = 2) -> str:
 
 
 def _label(r: dict) -> str:
-    return f"{r['kv_mode']}, {r['geometry']}, {_SHORT.get(r['profile'], r['profile'])}"
+    """KV mode, geometry (with its step count where the run changed it: ``--edit-steps``), profile."""
+    from ..runtime.profiles import GEOMETRIES
+
+    geo = GEOMETRIES.get(r["geometry"])
+    steps = r.get("steps")
+    more = f" x {steps} steps" if steps is not None and geo is not None and steps != geo.steps else ""
+    return f"{r['kv_mode']}, {r['geometry']}{more}, {_SHORT.get(r['profile'], r['profile'])}"
 
 
 def _command(data: dict) -> str:
@@ -289,7 +295,10 @@ def scale_table(data: dict) -> str:
                     f"{cell(lambda x: x['cpu_s']['fluid-bound'])} | "
                     f"{cell(lambda x: x['peak_rss_bytes'] / 2**20, 0)} |")  # fmt: skip
     rows += ["", f"Policies: {', '.join(data['policies'])}; CPU seconds of one process on this {data.get('cpu', '?')} "
-             "host (time.process_time), the stated synthetic ladders of bench/scale.py on a seeded random-walk link"
+             "host (time.process_time), " + (
+                 "the stated synthetic ladders of bench/scale.py" if data.get("ladders", "synthetic") == "synthetic"
+                 else f"the committed per-step ladders of {data['ladders']} stretched to each step count and sakura's "
+                 "per-step ladders measured or modelled for it (bench/step_ladders.py)") + " on a seeded random-walk link"
              + ("; in brackets: the same command before the change (`before` in the JSON)." if old else ".")]  # fmt: skip
     return "\n".join(rows)
 
@@ -305,14 +314,18 @@ SECTIONS = {
     ),  # fmt: skip
     "per-step": ("sakura_core/bench/per_step_ladders.json", per_step_table),
     "heldout": (("docs/results/heldout_single.json", "docs/results/heldout_per_step.json"), heldout_table),
+    "per-step-model": ("sakura_core/bench/per_step_model.json", per_step_model_table),
     "e2e-targets": ("docs/results/e2e_sim.json", e2e_targets_table),
     "e2e-oracle": ("docs/results/e2e_sim.json", e2e_oracle_table),
+    "e2e-steps": ("docs/results/e2e_steps.jsonl", functools.partial(e2e_targets_table, classes=("3G", "4G"))),
+    "e2e-steps-oracle": ("docs/results/e2e_steps.jsonl", e2e_oracle_table),
     "e2e-prefetch-1gib": ("docs/results/prefetch/e2e_prefetch_1gib.json", e2e_targets_table),
     "e2e-prefetch-0gib": ("docs/results/prefetch/e2e_prefetch_0gib.json", e2e_targets_table),
     "regime": ("docs/results/regime_paper.json", regime_table),
     "planner": ("docs/results/planner.json", functools.partial(planner_table, with_before=False)),
     "e2e-ci": ("docs/results/ci/e2e_ci.json", e2e_oracle_table),
     "scale": ("docs/results/scale.json", scale_table),
+    "scale-ladders": ("docs/results/scale_ladders.json", scale_table),
     "store-profile": (
         tuple(
             f"docs/results/store_profile/paper_{p}.json"
@@ -329,9 +342,10 @@ def section_paths(name: str) -> tuple[str, ...]:
 
 
 def render_section(name: str, root: Path) -> str:
-    """The section's body, rendered from its JSON file(s) under ``root`` (each given its path as ``_path``)."""
+    """The section's body, rendered from its JSON file(s) under ``root`` (each given its path as ``_path``; a
+    ``.jsonl`` e2e run read back whole, its runs left out: :func:`~sakura_core.bench.e2e_stream.load_e2e`)."""
     fn = SECTIONS[name][1]
-    return fn(*({**json.loads((root / p).read_text()), "_path": p} for p in section_paths(name)))
+    return fn(*({**load_e2e(root / p, with_runs=False), "_path": p} for p in section_paths(name)))
 
 
 def update_doc(doc: Path, root: Path, check: bool = False) -> list[str]:

@@ -7,13 +7,19 @@ phone-CPU profile over a seeded synthetic link (:func:`~sakura_core.fetch.synth.
 ladder per family (:data:`SCALE_LADDERS`: no codec measurement, so the figures depend on the simulator alone). CPU
 seconds: ``time.process_time`` (the machine is shared: wall clock would count waiting for a core); memory:
 ``resource.getrusage``'s peak RSS of this process (it only grows, so a row is the peak up to that case).
+
+With ``ladders_dir`` (``sakura bench scale --ladders DIR``) a case runs on the geometry's committed per-step ladders
+instead, stretched to the step count, and sakura's per-step ladders measured or modelled for it
+(:mod:`.step_ladders`; every rung held, a full store): what ``sakura bench e2e --edit-steps`` simulates.
 """
 
 from __future__ import annotations
 
+import json
 import resource
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from ..fetch.synth import random_walk
 from ..policy.ladder import Level
@@ -22,7 +28,7 @@ from ..runtime.oracle import fluid_bound, simulate_oracle
 from ..runtime.profiles import get_profile
 from ..runtime.simulate import kv_mode_view, simulate
 
-__all__ = ["SCALE_LADDERS", "format_scale_table", "peak_rss_bytes", "scale_case", "scale_ladders"]
+__all__ = ["SCALE_LADDERS", "format_scale_table", "measured_ladders", "peak_rss_bytes", "scale_case", "scale_ladders"]
 
 # family -> ((name, bytes as a fraction of the fp16 shard, edit PSNR dB with every shard at it, progressive), ...),
 # cheapest first, and the floor's index (the cheapest level >= 35 dB). A stated shape, not a measurement.
@@ -49,19 +55,40 @@ def scale_ladders(shard_fp16: int, shards: int, decode_bytes_per_s: float = 6e8)
     return ladders, floors
 
 
+def measured_ladders(profile, ladders_dir: str | Path) -> tuple[dict, dict]:
+    """(ladders, floors) of a per-step edit of ``profile``'s geometry at its step count from the committed ladder
+    file in ``ladders_dir``, as ``sakura bench e2e --edit-steps`` builds them (a full store)."""
+    from ..runtime.sim_ladders import ShardLadders
+    from .e2e import sim_ladders
+    from .e2e_ladders import ladder_file
+    from .step_ladders import per_step_data, stretch_ladders
+
+    g = profile.model
+    path = ladder_file(ladders_dir, g.name, "per-step")
+    if not path.is_file():
+        raise ValueError(f"no {path}: measure it with sakura bench e2e --ladders {ladders_dir} --geometry {g.name} "
+                         "--kv-mode per-step")  # fmt: skip
+    lad = stretch_ladders(ShardLadders.from_dict(json.loads(path.read_text())), g.steps)
+    return sim_ladders(lad, "per-step", g, "measured", per_step_data(g.steps))
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident set size so far (bytes; Linux reports KiB)."""
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def scale_case(steps: int, policies: list[str] | None = None, profile: str = "snapdragon-8-elite-cpu",
-               geometry: str = "klein4b-512-ref1024", seed: int = 7, mean_mbit: float = 30.0) -> dict:  # fmt: skip
+               geometry: str = "klein4b-512-ref1024", seed: int = 7, mean_mbit: float = 30.0,
+               ladders_dir: str | Path | None = None) -> dict:  # fmt: skip
     """One per-step edit at ``steps`` steps simulated with each of ``policies`` (default: every one) and the fluid
     bound, each timed; the row of the table."""
     prof = get_profile(profile, geometry)
     prof = prof.with_geometry(replace(prof.model, steps=steps))
     shards = kv_mode_view(prof, "per-step").model.layers
-    ladders, floors = scale_ladders(prof.model.shard_bytes_fp16, shards)
+    if ladders_dir is None:
+        ladders, floors = scale_ladders(prof.model.shard_bytes_fp16, shards)
+    else:
+        ladders, floors = measured_ladders(prof, ladders_dir)
     trace = random_walk(seed, mean_mbit, 0.3, seconds=900)
     cpu_s, latency_s = {}, {}
     t0 = time.process_time()
