@@ -21,7 +21,7 @@ __all__ = ["TemplatePasses"]
 
 
 class TemplatePasses:
-    """Template-only passes over the adapter's blocks (needs ``_embed``, ``_run_block``, ``_joined``)."""
+    """Template-only passes over the adapter's blocks (needs ``_embed``, ``_run_block``, ``_joined``, ``_ref_rows``)."""
 
     if TYPE_CHECKING:  # what the adapter (flux2_kv.Flux2KVAdapter) gives these passes
         model: Flux2Transformer2DModel
@@ -39,6 +39,7 @@ class TemplatePasses:
         ) -> _Stream: ...
         def _run_block(self, layer: int, s: _Stream, ref_live: bool, kwargs: dict[str, Any]) -> None: ...
         def _joined(self, layer: int) -> bool: ...
+        def _ref_rows(self, hidden: torch.Tensor, layer: int, n_txt: int, n_ref: int) -> torch.Tensor: ...
 
     @torch.no_grad()
     def extract_template_kv(
