@@ -75,6 +75,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "sakura_core.bench.cli_scale",
         "CPU seconds and peak memory of one 4 / 28 / 50-step edit simulated with every policy and the bound; JSON",
     ),
+    ("bench", "slow-links"): (
+        "sakura_core.bench.cli_slow_links",
+        "sakura near the fluid bound on slow links: per class vs the bound, the oracle, fetch-nothing; JSON",
+    ),
     ("bench", "regime"): (
         "sakura_core.bench.cli_regime",
         "a policy's speed-up over baselines and its ceiling, over link Mbit/s x device TFLOP/s; JSON",
