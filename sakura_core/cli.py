@@ -79,6 +79,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "sakura_core.bench.cli_ladder_model",
         "per-step ladders at any step count: a model fitted on the measured ones, its held-out error stated; JSON",
     ),
+    ("bench", "slow-links"): (
+        "sakura_core.bench.cli_slow_links",
+        "sakura near the fluid bound on slow links: per class vs the bound, the oracle, fetch-nothing; JSON",
+    ),
     ("bench", "regime"): (
         "sakura_core.bench.cli_regime",
         "a policy's speed-up over baselines and its ceiling, over link Mbit/s x device TFLOP/s; JSON",

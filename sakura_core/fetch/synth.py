@@ -5,6 +5,11 @@ clipped to 0.2 .. 400 Mbit/s) and an on/off link (exponential holding times, a h
 is an outage). :func:`development_set` is the set the ``sakura`` policy's rules were chosen on (random walks from
 1.5 to 100 Mbit/s, on/off links with outages); ``sakura traces synth`` writes it (or any seed of it) as Pensieve-format
 files, so ``sakura bench e2e --traces DIR`` runs on it.
+
+:func:`slow_set` is the slow-link development set (issue 50 item 4): 3G-like links (:func:`slow_walk`: a
+mean-reverting per-second walk around 0.5-3 Mbit/s with outages) and Oboe-like ones (:func:`oboe_like`: stable
+segments of a few seconds at 1-20 Mbit/s with jumps between them); their parameters are :data:`SLOW_WALKS` and
+:data:`OBOE_LIKE`.
 """
 
 from __future__ import annotations
@@ -15,7 +20,19 @@ import numpy as np
 
 from .traces import Trace
 
-__all__ = ["WALKS", "ON_OFF", "development_set", "on_off", "random_walk", "write_pensieve"]
+__all__ = [
+    "OBOE_LIKE",
+    "ON_OFF",
+    "SLOW_WALKS",
+    "WALKS",
+    "development_set",
+    "oboe_like",
+    "on_off",
+    "random_walk",
+    "slow_set",
+    "slow_walk",
+    "write_pensieve",
+]
 
 WALK_FLOOR_MBIT, WALK_CEIL_MBIT = 0.2, 400.0
 # (mean Mbit/s, per-second log sigma): slow, LTE-like and 5G-like walks, calm to very volatile
@@ -62,6 +79,63 @@ def development_set(seed: int = 100) -> list[Trace]:
     walks = [random_walk(seed + i, m, s) for i, (m, s) in enumerate(WALKS)]
     links = [on_off(seed + i, h, lo, d) for i, (h, lo, d) in enumerate(ON_OFF)]
     return walks + links
+
+
+# 3G-like: (mean Mbit/s, per-second log sigma, outages per minute, mean outage s); the walk reverts to its mean
+# (log AR(1), 10 % a second) and is clipped to SLOW_FLOOR_MBIT .. SLOW_CEIL_MBIT
+SLOW_WALKS = [(0.5, 0.2, 0.5, 3), (0.8, 0.3, 1, 2), (1, 0.15, 0.3, 5), (1.5, 0.3, 1, 3), (2, 0.2, 0.5, 2),
+              (3, 0.3, 1, 4), (1.2, 0.4, 2, 2), (2.5, 0.1, 0.2, 8)]  # fmt: skip
+SLOW_FLOOR_MBIT, SLOW_CEIL_MBIT = 0.05, 8.0
+# Oboe-like: (low Mbit/s, high Mbit/s, mean segment s); each segment's rate log-uniform in [low, high]
+OBOE_LIKE = [(1, 20, 3), (2, 10, 5), (1, 5, 4), (5, 20, 8), (1, 8, 2), (3, 15, 6), (1, 20, 10), (2, 6, 3)]
+
+
+def slow_walk(seed: int, mean_mbit: float, sigma: float, outages_per_min: float, outage_s: float,
+              seconds: int = 1200) -> Trace:  # fmt: skip
+    """A 3G-like link: a per-second log walk reverting to ``mean_mbit`` (10 % of the gap a second, log steps
+    N(0, sigma)), clipped to 0.05 .. 8 Mbit/s, with outages (rate 0) starting at ``outages_per_min`` a minute and
+    lasting exponential times of mean ``outage_s``."""
+    if mean_mbit <= 0 or sigma < 0 or outages_per_min < 0 or outage_s <= 0 or seconds < 2:
+        raise ValueError(f"slow_walk needs mean_mbit > 0, sigma >= 0, outages_per_min >= 0, outage_s > 0, seconds "
+                         f">= 2; got {mean_mbit}, {sigma}, {outages_per_min}, {outage_s}, {seconds}")  # fmt: skip
+    rng = np.random.default_rng(seed)
+    mu, lo, hi = np.log(mean_mbit), np.log(SLOW_FLOOR_MBIT), np.log(SLOW_CEIL_MBIT)
+    x, out = mu, np.empty(seconds)
+    for i, s in enumerate(rng.normal(0.0, sigma, seconds)):
+        x = min(max(x + 0.1 * (mu - x) + s, lo), hi)
+        out[i] = np.exp(x)
+    t = float(rng.exponential(60.0 / outages_per_min)) if outages_per_min else float(seconds)
+    while t < seconds - 1:
+        end = min(t + max(float(rng.exponential(outage_s)), 1.0), seconds - 1)
+        out[int(t) : int(np.ceil(end))] = 0.0
+        t = end + float(rng.exponential(60.0 / outages_per_min))
+    name = f"slow{seed}-{mean_mbit:g}-{sigma:g}-{outages_per_min:g}x{outage_s:g}"
+    return Trace(name, np.full(seconds, 1.0), out * 1e6 / 8)
+
+
+def oboe_like(seed: int, low_mbit: float, high_mbit: float, mean_segment_s: float, seconds: float = 1200.0) -> Trace:
+    """An Oboe-like link: stable segments (exponential durations of mean ``mean_segment_s``, at least 0.5 s) each at
+    a rate drawn log-uniform in [``low_mbit``, ``high_mbit``], jumping between them."""
+    if not 0 < low_mbit <= high_mbit or mean_segment_s <= 0:
+        raise ValueError(f"oboe_like needs 0 < low_mbit <= high_mbit and mean_segment_s > 0; got {low_mbit}, "
+                         f"{high_mbit}, {mean_segment_s}")  # fmt: skip
+    rng = np.random.default_rng(seed)
+    durations, rates, total = [], [], 0.0
+    while total < seconds:
+        d = max(float(rng.exponential(mean_segment_s)), 0.5)
+        durations.append(d)
+        rates.append(float(np.exp(rng.uniform(np.log(low_mbit), np.log(high_mbit)))) * 1e6 / 8)
+        total += d
+    return Trace(f"oboe{seed}-{low_mbit:g}-{high_mbit:g}-{mean_segment_s:g}", np.array(durations), np.array(rates))
+
+
+def slow_set(seed: int = 300) -> dict[str, list[Trace]]:
+    """The slow-link development set by class: ``{"3G": [slow walks], "broadband": [Oboe-like links]}`` (the rules
+    for slow links were chosen on seed 300; other seeds give fresh traces of the same kinds)."""
+    return {
+        "3G": [slow_walk(seed + i, *p) for i, p in enumerate(SLOW_WALKS)],
+        "broadband": [oboe_like(seed + 50 + i, *p) for i, p in enumerate(OBOE_LIKE)],
+    }
 
 
 def write_pensieve(trace: Trace, path: str | Path) -> Path:

@@ -26,7 +26,11 @@ class Sakura(Policy):
     * Fetch lane: a shard below its step's planned split is deferred ("not now": the runtime asks again before later
       shards and while the link would idle, until the compute lane reaches it — so a link that turns out faster
       moves the split earlier); otherwise the quality floor, or under a latency target the highest level that
-      keeps the predicted finish under it.
+      keeps the predicted finish under it. A step ``later_first_from`` or more steps ahead of the compute lane
+      fetches its planned layers last first (a shard waits while a later one of its step that the plan needs is
+      not requested yet): a step's fetched layers are always a suffix, so a plan that later moves the step's split
+      up still uses every one (fetched in order, the lowest planned layers go first and are the ones a slower link
+      strands).
     * Compute lane: drop the template at this layer only if the plan made with the slowest recent throughput drops
       here (a wrong drop costs a stall; the template restarts next step, so the risk is one step).
     * Late shards: once dropped, if waiting is predicted to end the step later than the template pass on the
@@ -58,6 +62,10 @@ class Sakura(Policy):
     # waited on only while predicted within this fraction of the fallback pass: 0.5, so a wait predicted on a link
     # that then halves still ends within the pass
     late_margin = 0.5
+    # a step this many steps or more ahead of the compute lane fetches its planned layers last first: 2 (the next
+    # step keeps execution order, so its drop can start before its last shards arrive); chosen on the synthetic
+    # slow-link set (`sakura traces synth --set slow`, `sakura bench slow-links`)
+    later_first_from = 2
 
     def reset(self) -> None:
         self._plan: Plan | None = None
@@ -121,7 +129,8 @@ class Sakura(Policy):
         step, k = snap.step[g], np.asarray(plan.splits)[snap.step[g] - plan.first_step]
         if not ctx.template_alive:
             k = np.where(step == snap.cs, snap.l0, k)
-        return g[(g < ctx.compute_layer) | (snap.layer[g] >= k)].tolist()
+        keep = g[(g < ctx.compute_layer) | (snap.layer[g] >= k)].tolist()
+        return [x for x in keep if not self._later_first(ctx, snap, plan, x)]
 
     def choose(self, ctx: Context, layer: int) -> Decision:
         rate = self.rate(ctx)
@@ -142,12 +151,28 @@ class Sakura(Policy):
         if lay < k:  # not now: asked again (before later shards, and while the link would idle) until compute is here
             return Decision(LEVEL_COMPUTE, f"device computes step {step} layer {lay} for now, asked again until the "
                             f"compute lane reaches it ({why})", defer=True)  # fmt: skip
+        if self._later_first(ctx, snap, plan, layer):
+            return Decision(LEVEL_COMPUTE, f"later layers of step {step} first: layer {lay} waits until the step's "
+                            f"later planned layers are requested (the step is {step - snap.cs} steps ahead; {why})",
+                            defer=True)  # fmt: skip
         best = self._level_under_target(ctx, layer, plan, rate)
         if best == ctx.floor_of(layer):
             return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} (the quality floor; idle link "
                             f"time refines it later); {why}")  # fmt: skip
         slack = f"slack under the {ctx.latency_target_s:.2f} s target"
         return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} ({slack}); {why}")
+
+    def _later_first(self, ctx: Context, snap: Snapshot, plan: Plan, layer: int) -> bool:
+        """Per-step KV: shard ``layer`` at or above its step's planned split, its step ``later_first_from`` or more
+        steps ahead of the compute lane, waits while a later layer of its step with bytes is not requested yet."""
+        step = ctx.step_of(layer)
+        if not ctx.per_step or step < snap.cs + self.later_first_from or layer < ctx.compute_layer:
+            return False
+        if ctx.layer_of(layer) < plan.split(step):
+            return False
+        end = (step + 1) * ctx.layers_per_step
+        later = np.isnan(snap.known[layer + 1 : end]) & ~ctx.floor_reuses()[layer + 1 : end]
+        return bool(later.any())
 
     @staticmethod
     def _probe_skips(ctx: Context, layer: int) -> bool:

@@ -25,6 +25,7 @@ CHOOSE_CODES = (
     ("step ", "probe-waits"),  # refined below: "waits for the bandwidth probe"
     ("compute is already past", "past-compute"),
     ("device computes step", "defer"),
+    ("later layers of step", "later-first"),
     ("always the exact level", "fp16-exact"),
     ("the exact level fp16 is not in this store", "fp16-nearest"),
 )

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WEB = ROOT / "phone_web"
 NODE = shutil.which("node")
 # every rule a decision can come from: choose's reasons, the template rules, the late-shard race, upgrades
-CODES = {"never-fetches", "fp16-exact", "fp16-nearest", "probe", "probe-waits", "past-compute", "defer", "floor",
+CODES = {"never-fetches", "fp16-exact", "fp16-nearest", "probe", "probe-waits", "past-compute", "defer", "later-first", "floor",
          "target", "always-keep", "never-keep", "cannot-pay", "plan-keeps", "regret", "outage", "drop", "wait",
          "recompute", "upgrade", "no-upgrade", "worth-asking"}  # fmt: skip
 
@@ -53,7 +53,9 @@ def test_the_page_policy_decides_like_python_on_every_recorded_case(vectors):
     assert set(counts["policies"]) == {"sakura", "on-device", "fetch-fp16"}
 
 
-@pytest.mark.parametrize("perturb", [{"late_patience": 0.3}, {"regret_slowdown": 1.5}, {"stall_budget": 0.02}])
+@pytest.mark.parametrize(
+    "perturb", [{"late_patience": 0.3}, {"regret_slowdown": 1.5}, {"stall_budget": 0.02}, {"later_first_from": 1}]
+)
 def test_a_changed_rule_constant_in_the_page_fails_the_suite(vectors, perturb):
     rc, summary, diffs = _run(vectors[0], "--perturb", json.dumps(perturb))
     assert rc == 1 and summary["pass"] < summary["cases"] and diffs

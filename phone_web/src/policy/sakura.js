@@ -1,6 +1,6 @@
 // The `sakura` policy, as sakura_core/policy/sakura.py: a receding-horizon plan over the remaining (step, layer)
 // shards (planner.js) under the harmonic-mean estimate; a bandwidth probe before the first sample; shards below their
-// step's planned split deferred; the quality floor (or the highest level under a latency target); the template
+// step's planned split deferred (a step two or more steps ahead fetches its planned layers last first); the quality floor (or the highest level under a latency target); the template
 // dropped only when the plan at the slowest recent rate drops there and the drop survives an outage; a late shard
 // raced against a resumed template pass (patience, the edit's waiting allowance, ski rental); progressive upgrades
 // on an idle link. Same decisions and reasons as Python (tests/phone_web/test_policy_conformance.py).
@@ -16,6 +16,7 @@ export class Sakura extends Policy {
   static latePatience = 0.25;
   static stallBudget = 0.015;
   static lateMargin = 0.5;
+  static laterFirstFrom = 2;
 
   constructor() {
     super();
@@ -25,6 +26,7 @@ export class Sakura extends Policy {
     this.latePatience = Sakura.latePatience;
     this.stallBudget = Sakura.stallBudget;
     this.lateMargin = Sakura.lateMargin;
+    this.laterFirstFrom = Sakura.laterFirstFrom;
   }
 
   reset() {
@@ -92,8 +94,20 @@ export class Sakura extends Policy {
       const step = snap.stepOfShard(g);
       let k = plan.splits[step - plan.firstStep];
       if (!ctx.templateAlive && step === snap.cs) k = snap.l0;
-      return g < ctx.computeLayer || g % snap.L >= k;
+      return (g < ctx.computeLayer || g % snap.L >= k) && !this._laterFirst(ctx, snap, plan, g);
     });
+  }
+
+  /** Per-step KV: a shard at or above its step's planned split, its step laterFirstFrom or more steps ahead of the
+   * compute lane, waits while a later layer of its step with bytes is not requested yet (sakura.py _later_first). */
+  _laterFirst(ctx, snap, plan, layer) {
+    const step = ctx.stepOf(layer);
+    if (!ctx.perStep || step < snap.cs + this.laterFirstFrom || layer < ctx.computeLayer) return false;
+    if (ctx.layerOf(layer) < plan.split(step)) return false;
+    const end = (step + 1) * ctx.layersPerStep;
+    const reuse = ctx.floorReuses();
+    for (let g = layer + 1; g < end; g++) if (Number.isNaN(snap.known[g]) && !reuse[g]) return true;
+    return false;
   }
 
   choose(ctx, layer) {
@@ -114,6 +128,9 @@ export class Sakura extends Policy {
     const why = this._why(ctx, plan, rate);
     if (lay < k) {
       return new Decision(LEVEL_COMPUTE, `device computes step ${step} layer ${lay} for now, asked again until the compute lane reaches it (${why})`, { defer: true });
+    }
+    if (this._laterFirst(ctx, snap, plan, layer)) {
+      return new Decision(LEVEL_COMPUTE, `later layers of step ${step} first: layer ${lay} waits until the step's later planned layers are requested (the step is ${step - snap.cs} steps ahead; ${why})`, { defer: true });
     }
     const best = this._levelUnderTarget(ctx, layer, plan, rate);
     if (best === ctx.floorOf(layer)) {

@@ -38,3 +38,44 @@ def test_cli_writes_the_development_set_and_the_reader_gets_it_back(tmp_path, ca
         got = back[t.name]
         for s in (0.5, 100.0, 600.0, 850.0):  # every segment kept its rate and duration (1 ms resolution)
             assert got.rate_at(s) == pytest.approx(t.rate_at(s), rel=1e-5, abs=1.0)
+
+
+def test_slow_walks_stay_slow_revert_to_their_mean_and_have_outages():
+    from sakura_core.fetch.synth import SLOW_WALKS, slow_walk
+
+    a = slow_walk(5, 1.5, 0.3, 1, 3)
+    assert np.array_equal(a.rates_bytes_per_s, slow_walk(5, 1.5, 0.3, 1, 3).rates_bytes_per_s)
+    mbit = a.rates_bytes_per_s * 8 / 1e6
+    live = mbit[mbit > 0]
+    assert live.max() <= 8.0 + 1e-9 and live.min() >= 0.05 - 1e-9 and len(mbit) == 1200
+    assert 0.7 < np.exp(np.log(live).mean()) < 3.0  # mean-reverting: the geometric mean stays near 1.5 Mbit/s
+    outage_s = int((mbit == 0).sum())
+    assert 60 < outage_s < 300  # ~1 a minute of ~3 s: ~60 s of outage in 20 minutes (at least 1 s each)
+    assert (slow_walk(5, 1.5, 0.3, 0, 3).rates_bytes_per_s > 0).all()  # no outages asked: none
+    assert len(SLOW_WALKS) == 8
+    with pytest.raises(ValueError, match="outage_s > 0"):
+        slow_walk(1, 1, 0.1, 1, 0)
+
+
+def test_oboe_like_links_hold_stable_segments_within_their_range():
+    from sakura_core.fetch.synth import oboe_like
+
+    t = oboe_like(9, 2, 10, 5)
+    mbit = t.rates_bytes_per_s * 8 / 1e6
+    assert mbit.min() >= 2 - 1e-9 and mbit.max() <= 10 + 1e-9
+    assert t.durations_s.min() >= 0.5 and 3 < t.durations_s.mean() < 8 and t.durations_s.sum() >= 1200
+    assert len(set(mbit.round(6))) > 0.9 * len(mbit)  # every segment draws its own rate: the link jumps
+    with pytest.raises(ValueError, match="low_mbit <= high_mbit"):
+        oboe_like(1, 10, 2, 5)
+
+
+def test_cli_writes_the_slow_set_in_class_folders_the_reader_classifies(tmp_path, capsys):
+    assert main(["traces", "synth", "--set", "slow", "--out", str(tmp_path / "slow")]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 16 traces" in out and "set slow, seed 300" in out
+    got = load_traces(tmp_path / "slow")
+    classes = {t.trace_class for t in got if t.name.startswith("slow")}, {t.trace_class for t in got if
+                                                                          t.name.startswith("oboe")}  # fmt: skip
+    assert classes == ({"3G"}, {"broadband"}) and len(got) == 16
+    assert main(["traces", "synth", "--out", str(tmp_path / "dev")]) == 0  # the default set is unchanged
+    assert "wrote 25 traces" in capsys.readouterr().out
