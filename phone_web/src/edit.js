@@ -8,9 +8,9 @@ import { parseManifestBytes } from "./manifest.js";
 import { fetchShard } from "./fetch_shard.js";
 import { decodeTemplate, templatePlan } from "./template.js";
 import { f16Table } from "./f16.js";
-import { encodePrompt, flowTimes, packImage, timeFeatures, torchRandn, unpackTokens } from "./web_model.js";
+import { flowTimes, packImage } from "./web_model.js";
+import { DitSteps } from "./dit_step.js";
 
-const f = Math.fround;
 const now = () => performance.now() / 1000;
 
 /** The manifest of ``templateId`` (its bytes parsed with the page's limits), fetched with the read token if any. */
@@ -72,7 +72,7 @@ export function answerError(what, status, sent = false) {
 }
 
 /** A per-step template runs only the schedule it was computed for (run_edit's check, the same tolerance). */
-function checkSchedule(templateId, schedule, steps) {
+export function checkSchedule(templateId, schedule, steps) {
   const want = flowTimes(steps).slice(0, steps);
   const got = schedule.timesteps.map(Number);
   if (got.length !== steps || got.some((t, i) => Math.abs(t - want[i]) > 1e-6)) {
@@ -104,9 +104,9 @@ function layersOf(parts, index, split, tokens) {
   return layers;
 }
 
-/** The template's own K/V for layers < split, computed here: its image (a blob like the shards) decoded and packed
- * (patch, then zeros), one run of the template graph. */
-async function deviceKV(origin, image, index, templateRun, token) {
+/** The template's tokens as the template graphs take them: its image (a blob like the shards) decoded and packed
+ * (patch, then zeros), (1, image tokens, in_channels) float32; and the image's bytes on the wire. */
+export async function templateTokens(origin, image, index, token) {
   const blob = await fetchShard(origin, image.digest, image.bytes, { token });
   const bitmap = await createImageBitmap(new Blob([blob], { type: "image/png" }),
     { colorSpaceConversion: "none", premultiplyAlpha: "none" });
@@ -118,11 +118,17 @@ async function deviceKV(origin, image, index, templateRun, token) {
   const pd = index.in_channels / 2;
   const tokens = new Float32Array(index.image_tokens * 2 * pd);
   for (let i = 0; i < index.image_tokens; i++) tokens.set(patches.subarray(i * pd, (i + 1) * pd), i * 2 * pd);
+  return { tokens, bytes: blob.byteLength };
+}
+
+/** The template's own K/V for layers < split, computed here: one run of the template graph on its tokens. */
+async function deviceKV(origin, image, index, templateRun, token) {
+  const { tokens, bytes } = await templateTokens(origin, image, index, token);
   const { session, ort } = templateRun;
-  const out = await session.run({ template: new ort.Tensor("float32", tokens, [1, index.image_tokens, 2 * pd]) });
+  const out = await session.run({ template: new ort.Tensor("float32", tokens, [1, index.image_tokens, index.in_channels]) });
   const g = index.template_graph;
   return { layers: Array.from({ length: g.split_layer }, (_, l) => ({ k: out[`k_ref_${l}`].data, v: out[`v_ref_${l}`].data })),
-    bytes: blob.byteLength };
+    bytes };
 }
 
 /**
@@ -130,11 +136,14 @@ async function deviceKV(origin, image, index, templateRun, token) {
  * from createSession. Returns {rgba, report}. ``onProgress(phase, done, total)``: fetched / decoded / computed.
  * ``level``: the representation every shard is fetched at (a name of templateLevels: "fp16", "sakura-l4", a
  * cachegen level...), or a function ({layers, step}) -> name choosing per shard (a fetch policy).
+ * ``policy`` ("on-device" | "fetch-fp16" | "sakura"): the page's pipelined lanes instead, driven by that policy
+ * (lanes/page_edit.js: ``memoryBudgetBytes``, ``onEvent``, ``templatePass``; ``level`` and ``split`` unused).
  */
-export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null,
-  split = 0, templateRun = null, level = "fp16", onProgress = () => {} }) {
-  const { index, tables } = model;
-  const { session, ort, ep, tried } = run;
+export async function runEdit(args) {
+  if (args.policy !== undefined && args.policy !== null) return (await import("./lanes/page_edit.js")).runLanesEdit(args);
+  const { origin, templateId, rgba, prompt, steps, seed, model, run, token = null, split = 0, templateRun = null,
+    level = "fp16", onProgress = () => {} } = args;
+  const { index } = model;
   const t0 = now();
   if (split !== 0 && (index.template_graph === null || split !== index.template_graph.split_layer || templateRun === null)) {
     throw new Error(`split ${split}: this model's files offer splits ${index.split_layers.join(", ")}`);
@@ -149,37 +158,11 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
     tTemplate = now();
     onProgress("template layers", split, split);
   }
-  const n = index.image_tokens;
-  const pd = index.in_channels / 2;
-  const user = packImage(rgba, index);
-  const txt = encodePrompt(prompt, index, tables.byte_table);
-  const times = flowTimes(steps);
-  const x = torchRandn(seed, n * pd);
-  const S = index.text_tokens + n;
-  const T = (data, dims) => new ort.Tensor("float32", data, dims);
-  const feeds = {
-    txt: T(txt, [1, index.text_tokens, txt.length / index.text_tokens]),
-    rope_cos: T(tables.rope_cos, [S, index.head_dim]),
-    rope_sin: T(tables.rope_sin, [S, index.head_dim]),
-  };
-  const kvDims = [1, kv.tokens, index.heads, index.head_dim]; // (1, template tokens: every reference's, heads, hd)
+  const dit = new DitSteps({ model, run, rgba, prompt, steps, seed });
   const stepS = [];
-  const tokens = new Float32Array(n * 2 * pd);
   for (let step = 0; step < steps; step++) {
     const s0 = now();
-    for (let i = 0; i < n; i++) {
-      tokens.set(x.subarray(i * pd, (i + 1) * pd), i * 2 * pd);
-      tokens.set(user.subarray(i * pd, (i + 1) * pd), i * 2 * pd + pd);
-    }
-    feeds.x = T(tokens.slice(), [1, n, 2 * pd]);
-    kv.perStep[kv.kvMode === "per-step" ? step : 0].forEach(({ k, v }, l) => {
-      feeds[`k_ref_${l}`] = T(k, kvDims);
-      feeds[`v_ref_${l}`] = T(v, kvDims);
-    });
-    feeds.t_freq = T(timeFeatures(times[step], tables.time_freqs), [1, tables.time_freqs.length * 2]);
-    const v = (await session.run(feeds))[index.graph.output].data;
-    const dt = f(times[step + 1] - times[step]);
-    for (let i = 0; i < x.length; i++) x[i] = f(x[i] + f(dt * v[i]));
+    await dit.step(step, kv.perStep[kv.kvMode === "per-step" ? step : 0]);
     stepS.push(now() - s0);
     onProgress("computed", step + 1, steps);
   }
@@ -201,14 +184,19 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
     manifest_bytes: kv.manifestBytes,
     shards: kv.shards,
     timings_s: { fetch_decode: tFetch - t0, template_layers: tTemplate - tFetch, compute: done - tFetch, total: done - t0, per_step: stepS },
-    executed_on: {
-      kind: "browser",
-      browser: navigator.userAgent,
-      execution_provider: ep,
-      providers_tried: tried,
-      device: { platform: navigator.platform, cores: navigator.hardwareConcurrency ?? null,
-        cross_origin_isolated: globalThis.crossOriginIsolated === true },
-    },
+    executed_on: executedOn(run),
   };
-  return { rgba: unpackTokens(x, index), report };
+  return { rgba: dit.rgba(), report };
+}
+
+/** Where an edit ran: the browser, the execution provider and why the others did not, the device. */
+export function executedOn(run) {
+  return {
+    kind: "browser",
+    browser: navigator.userAgent,
+    execution_provider: run.ep,
+    providers_tried: run.tried,
+    device: { platform: navigator.platform, cores: navigator.hardwareConcurrency ?? null,
+      cross_origin_isolated: globalThis.crossOriginIsolated === true },
+  };
 }

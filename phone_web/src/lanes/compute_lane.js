@@ -135,8 +135,9 @@ export class ComputeLane {
         kv[l] = e;
         this.levelsUsed[step][l] = e.name;
       } else {
-        throw new Error(`shard ${g} (step ${step} layer ${l}) could not be fetched and this model's files have no ` +
-          "per-layer template graphs to compute it (export the model again with them, or try again)");
+        const why = this.log.fallbacks.filter((x) => x.startsWith(`shard ${g}`)).pop() ?? "no fetch of it ended";
+        throw new Error(`shard ${g} (step ${step} layer ${l}) could not be fetched (${why}) and this model's files have ` +
+          "no per-layer template graphs to compute it (export the model again with them, or try again)");
       }
     }
   }

@@ -15,7 +15,7 @@ export const DEFAULT_LAYER_S = 0.05; // the cached-layer time planned with befor
 export const NO_PASS_S = 1e6; // the template's cost where the device cannot compute it (no template pass)
 
 /** The prefetch budget when none is given: 1/16 of the device memory the browser reports (navigator.deviceMemory,
- *  GiB, itself capped at 8 by browsers; 4 GiB when it reports none): 256 MiB on 4 GiB, 512 MiB on 8. */
+ *  GiB as the browser rounds it; 4 GiB when it reports none): 256 MiB on 4 GiB, 512 MiB on 8. */
 export function defaultBudgetBytes() {
   const gib = globalThis.navigator?.deviceMemory ?? 4;
   return Math.round((gib * 2 ** 30) / 16);
@@ -34,7 +34,7 @@ export class PipelinedEdit {
    *  trip; onEvent(kind, entry): each event / decision as it is logged. */
   constructor({ raw, policy, fetchBlob, pool, slotOf, computeStep, templatePass = null, templateTokens = null,
     times, steps, tokens, heads, headDim, budgetBytes = defaultBudgetBytes(), rttS = 0.05, profile = null,
-    latencyTargetS = null, clock = wallClock, onEvent = () => {}, upgrades = true, shardWaitS = 120 }) {
+    latencyTargetS = null, clock = wallClock, onEvent = () => {}, upgrades = true, shardWaitS = 20 }) {
     this.policy = typeof policy === "string" ? makePolicy(policy) : policy;
     if (this.policy.templateEveryStep && templatePass === null) {
       throw new Error(`policy ${this.policy.name} computes every layer's template KV on the device, which needs per-layer ` +
