@@ -99,9 +99,12 @@ def test_the_lanes_edit_equals_python_and_overlap(page_store, link_trace, chromi
     want = python_at_levels(store, model, user, template_id, used)
     psnr = psnr_uint8(state["image"], want)
     tl = report["timeline"]
-    print(f"lanes {template_id} {policy}: PSNR {psnr:.2f} dB vs Python at {used}; busy {report['busy_s']}; "  # noqa: T201
-          f"memory peak {report['memory']['peak_held_bytes']} prefetch {report['memory']['peak_prefetch_bytes']}; "
-          f"{len(tl)} events, {len(report['decisions'])} decisions, {report['where']}")
+    figures = (
+        f"lanes {template_id} {policy}: PSNR {psnr:.2f} dB vs Python at {used}; busy {report['busy_s']}; "
+        f"memory peak {report['memory']['peak_held_bytes']} prefetch {report['memory']['peak_prefetch_bytes']}; "
+        f"{len(tl)} events, {len(report['decisions'])} decisions, {report['where']}"
+    )
+    print(figures)  # noqa: T201 - the figures of the run (pytest -s)
     assert psnr >= 45.0, psnr
     assert report["policy"] == policy and len(used) == STEPS
     assert {e["lane"] for e in tl} >= {"fetch", "decode", "compute"} and bars == len(tl)
@@ -144,8 +147,8 @@ def test_per_step_kv_is_freed_and_the_prefetch_keeps_to_its_budget(page_store, c
         state = page_state(page)
     assert state["state"] == "done", state["status"]
     mem = json.loads(state["report"])["memory"]
-    print(f"per-step under {mem['budget_bytes']} B: prefetch peak {mem['peak_prefetch_bytes']} B, "  # noqa: T201
-          f"held peak {mem['peak_held_bytes']} B")
+    figures = f"per-step under {mem['budget_bytes']} B: prefetch peak {mem['peak_prefetch_bytes']} B, held peak "
+    print(f"{figures}{mem['peak_held_bytes']} B")  # noqa: T201 - the figures of the run (pytest -s)
     assert mem["shard_kv_bytes"] == SHARD_KV_BYTES and mem["budget_applies"] and mem["budget_bytes"] == budget
     step_bytes = index["layers"] * SHARD_KV_BYTES
     assert mem["peak_prefetch_bytes"] <= budget
