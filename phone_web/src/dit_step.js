@@ -21,15 +21,17 @@ export class DitSteps {
     this.tables = tables;
     const txt = encodePrompt(prompt, index, tables.byte_table);
     const S = index.text_tokens + this.n;
-    this.feeds = {
-      txt: this.tensor(txt, [1, index.text_tokens, txt.length / index.text_tokens]),
-      rope_cos: this.tensor(tables.rope_cos, [S, index.head_dim]),
-      rope_sin: this.tensor(tables.rope_sin, [S, index.head_dim]),
+    this.fixed = { // the inputs every step shares: [data, dims]
+      txt: [txt, [1, index.text_tokens, txt.length / index.text_tokens]],
+      rope_cos: [tables.rope_cos, [S, index.head_dim]],
+      rope_sin: [tables.rope_sin, [S, index.head_dim]],
     };
+    this.feeds = {};
     this.tokens = new Float32Array(this.n * 2 * this.pd);
   }
 
-  tensor(data, dims) { return new this.ort.Tensor("float32", data, dims); }
+  /** A float32 tensor; with ORT's proxy worker (env.wasm.proxy) over a copy, as the proxy detaches what it sends. */
+  tensor(data, dims) { return new this.ort.Tensor("float32", this.ort.env.wasm.proxy ? data.slice() : data, dims); }
 
   /** Step ``step`` with ``kv[l] = {k, v}`` (float32, (template tokens, heads, head_dim)) for every layer. */
   async step(step, kv) {
@@ -45,6 +47,7 @@ export class DitSteps {
       feeds[`k_ref_${l}`] = this.tensor(k, dims);
       feeds[`v_ref_${l}`] = this.tensor(v, dims);
     });
+    for (const [name, [data, dims]] of Object.entries(this.fixed)) if (!(name in feeds) || this.ort.env.wasm.proxy) feeds[name] = this.tensor(data, dims);
     feeds.t_freq = this.tensor(timeFeatures(this.times[step], this.tables.time_freqs), [1, this.tables.time_freqs.length * 2]);
     const v = (await this.session.run(feeds))[index.graph.output].data;
     for (const l of kv.keys()) { // the step's K/V leave the feeds once it is done (per-step KV is freed)

@@ -2,7 +2,9 @@
 // pipelined edit under node and checks what the lanes must do — the policy's levels fetched in execution order, the
 // KV each step computed with (its own step's, its level, the device's where the template ran), the lanes overlapped,
 // per-step KV freed once its step is done, the prefetch under the budget, every decision with a reason code, the
-// late-shard race. Prints one JSON line per scenario ({name, ok, failures, figures}); exits 1 on any failure.
+// late-shard race. Every wait runs on a virtual clock (VirtualTime: the earliest timer fires once nothing else can
+// run), so a scenario gives the same timeline on any host. Prints one JSON line per scenario ({name, ok, failures,
+// figures}); exits 1 on any failure.
 //   node test/run_lanes.mjs
 import { PipelinedEdit } from "../src/lanes/pipeline.js";
 import { lanesOverlap } from "../src/lanes/timeline.js";
@@ -12,7 +14,42 @@ const TOKENS = 8;
 const HEADS = 2;
 const HD = 4;
 const PER = TOKENS * HEADS * HD; // one layer's K (or V) values
-const sleep = (s) => new Promise((r) => setTimeout(r, s * 1000));
+
+/** Virtual time for the lanes (their `timers`): a timer fires when every promise that can settle has settled. */
+class VirtualTime {
+  constructor() {
+    this.t = 0;
+    this.queue = [];
+    this.seq = 0;
+    this.now = () => this.t;
+    this.sleep = (s) => new Promise((r) => this.after(s, r));
+  }
+
+  after(s, fn) {
+    const e = { at: this.t + Math.max(0, s), seq: this.seq++, fn, live: true };
+    this.queue.push(e);
+    return () => { e.live = false; };
+  }
+
+  /** Run ``promise`` to its end, firing the timers in time order. */
+  async drive(promise) {
+    let done = false;
+    let value;
+    let error = null;
+    promise.then((v) => { done = true; value = v; }, (e) => { done = true; error = e; });
+    while (!done) {
+      await new Promise((r) => setImmediate(r)); // every microtask settled
+      if (done) break;
+      this.queue = this.queue.filter((e) => e.live).sort((a, b) => a.at - b.at || a.seq - b.seq);
+      if (!this.queue.length) throw new Error("the lanes wait on nothing: a deadlock");
+      const e = this.queue.shift();
+      this.t = Math.max(this.t, e.at);
+      e.fn();
+    }
+    if (error !== null) throw error;
+    return value;
+  }
+}
 const hex = (n) => n.toString(16).padStart(64, "0");
 
 /** A manifest of L one-layer shards (per step with ``steps``): sakura-l1 (30 dB), sakura-l2 (36 dB, refines l1),
@@ -38,7 +75,8 @@ function manifest(steps = null) {
 /** The value a decoded shard holds: which layer, step and level it is. */
 const mark = (layer, step, name) => 1000 * (step ?? 0) + 10 * layer + { "sakura-l1": 1, "sakura-l2": 2, fp16: 3 }[name];
 
-function fakes({ bytesPerS = 4e5, hang = null } = {}) {
+function fakes(vt, { bytesPerS = 4e5, hang = null, stepS = 0.03 } = {}) {
+  const sleep = vt.sleep;
   const requested = [];
   const fetchBlob = async (digest, bytes, onChunk) => {
     requested.push(digest);
@@ -57,7 +95,7 @@ function fakes({ bytesPerS = 4e5, hang = null } = {}) {
   const seen = [];
   const computeStep = async (step, kv) => {
     seen.push(kv.map((x) => x.k[0]));
-    await sleep(0.03);
+    await sleep(stepS);
   };
   const pass = { layers: L, async begin(tokens, time) {
     return { nextLayer: 0, disposed: false, async next() {
@@ -71,12 +109,13 @@ function fakes({ bytesPerS = 4e5, hang = null } = {}) {
 
 async function edit(policy, { steps = 3, perStep = true, pass = false, budgetBytes = null, link = {}, profile = null } = {}) {
   const raw = manifest(perStep ? steps : null);
-  const f = fakes(link);
-  const e = new PipelinedEdit({ raw, policy, fetchBlob: f.fetchBlob, pool: f.pool, computeStep: f.computeStep,
+  const vt = new VirtualTime();
+  const f = fakes(vt, link);
+  const e = new PipelinedEdit({ raw, policy, timers: vt, fetchBlob: f.fetchBlob, pool: f.pool, computeStep: f.computeStep,
     slotOf: (g, rep) => ({ layers: [g % L, g % L], step: perStep ? Math.floor(g / L) : null, levelName: rep.name }),
     templatePass: pass ? f.pass : null, templateTokens: async () => new Float32Array(4), times: [1, 0.66, 0.33, 0],
     steps, tokens: TOKENS, heads: HEADS, headDim: HD, budgetBytes, rttS: 0.01, profile });
-  const report = await e.run();
+  const report = await vt.drive(e.run());
   return { raw, f, report };
 }
 
@@ -90,7 +129,7 @@ const codesOf = (r) => new Set(r.decisions.map((d) => d.code));
 
 { // fetch-fp16, per-step KV, a budget of two shards: every shard at fp16 in order, each step its own KV, freed
   const budget = 2 * shardBytes;
-  const { raw, f, report } = await edit("fetch-fp16", { budgetBytes: budget, link: { bytesPerS: 4e6 } });
+  const { raw, f, report } = await edit("fetch-fp16", { budgetBytes: budget, link: { bytesPerS: 4e6, stepS: 0.2 } });
   const fp16 = raw.shards.map((s) => s.representations[0].digest);
   const ownKV = f.seen.every((ks, s) => ks.every((k, l) => k === mark(l, s, "fp16")));
   const heldOk = report.memory.held_samples.every(([, held]) => held <= L * shardBytes + budget);
@@ -106,7 +145,7 @@ const codesOf = (r) => new Set(r.decisions.map((d) => d.code));
 }
 
 { // the same edit without a budget holds more ahead (the budget is what bounded it)
-  const { report } = await edit("fetch-fp16", { link: { bytesPerS: 4e6 } });
+  const { report } = await edit("fetch-fp16", { link: { bytesPerS: 4e6, stepS: 0.2 } });
   check("fetch-fp16 per-step unbounded", { peak_prefetch: report.memory.peak_prefetch_bytes }, {
     "prefetch beyond two shards": report.memory.peak_prefetch_bytes > 2 * shardBytes,
   });
@@ -150,6 +189,25 @@ const codesOf = (r) => new Set(r.decisions.map((d) => d.code));
     "a stall in the timeline": report.timeline.some((e) => e.lane === "stall"),
     "the template dropped": report.decisions.some((d) => d.code === "drop"),
     "the device made the late layer": report.levels_used[0][2] === "device" || report.levels_used[0][2] === "template",
+  });
+}
+
+{ // sakura, per-step, a template pass that costs more than the link: the plan splits each step (the layers before
+  // the split computed), the rest fetched as chosen; the same run twice gives the same timeline
+  const profile = () => ({ layerFullS: 0.05, layerCachedS: 0.01, templatePassS: 0.16, fixedS: 0, steps: 3, ditCpuCores: 1 });
+  const run = () => edit("sakura", { pass: true, link: { bytesPerS: 1e6 }, profile: profile() });
+  const a = await run();
+  const b = await run();
+  const r = a.report;
+  const codes = codesOf(r);
+  const fetched = r.timeline.filter((e) => e.lane === "fetch").map((e) => e.layer);
+  const chosen = fetched.every((g) => r.decisions.some((d) => d.layer === g && typeof d.level === "number" && d.level >= 0));
+  check("sakura per-step split", { splits: r.split_layers, codes: [...codes], fetched }, {
+    "a split inside some step": r.split_layers.some((k) => k > 0 && k < L),
+    "the template dropped, coded": codes.has("drop") && codes.has("probe-waits"),
+    "each step's layers after its split fetched": r.levels_used.every((ls, s) => ls.every((n, l) => (l < r.split_layers[s]) === (n === "template"))),
+    "every fetch a level the policy chose": chosen,
+    "deterministic": JSON.stringify(r.timeline) === JSON.stringify(b.report.timeline),
   });
 }
 

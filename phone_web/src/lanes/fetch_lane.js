@@ -12,13 +12,11 @@ import { LEVEL_COMPUTE } from "../policy/index.js";
 
 export const IDLE_POLL_S = 0.02; // how often an idle lane asks again about deferred shards (seconds)
 
-const sleep = (s) => new Promise((r) => setTimeout(r, s * 1000));
-
 export class FetchLane {
   /** plan: pageLadders(); fetchBlob(digest, bytes, onChunk) -> Uint8Array; pool: a DecodePool; slotOf(g, rep): the
    *  shard's manifest slot; budgetBytes: the prefetch bound (per-step KV); shardBytes: one shard's float32 K/V. */
-  constructor({ plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, upgrades = true }) {
-    Object.assign(this, { plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, upgrades });
+  constructor({ plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades = true }) {
+    Object.assign(this, { plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades });
     this.n = plan.ladders.length;
     this.reset();
   }
@@ -56,7 +54,7 @@ export class FetchLane {
         upgrades = did !== null && this._fetches.size > 0; // the shards on their way may want upgrades
       }
       if (!this.deferred.length && !upgrades) break;
-      if (this.deferred.length || !this._fetches.size) await sleep(IDLE_POLL_S);
+      if (this.deferred.length || !this._fetches.size) await this.timers.sleep(IDLE_POLL_S);
       else await Promise.race(this._fetches);
     }
   }
@@ -166,7 +164,7 @@ export class FetchLane {
       let coming = 0;
       for (const x of this._requested) if (x >= end && !this.held.isReady(x)) coming += 1;
       if (this.held.heldFrom(end) + (coming + 1) * this.shardBytes <= this.budgetBytes) return;
-      await sleep(IDLE_POLL_S);
+      await this.timers.sleep(IDLE_POLL_S);
     }
   }
 

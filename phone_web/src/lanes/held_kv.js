@@ -3,8 +3,9 @@
 // steps after the running one (the prefetch the memory budget bounds). Per-step KV is freed once its step is done.
 
 export class HeldKV {
-  constructor(layersPerStep, shardBytes) {
+  constructor(layersPerStep, shardBytes, timers) {
     this.L = layersPerStep;
+    this.timers = timers;
     this.shardBytes = shardBytes; // float32 K and V of one shard
     this.reset();
   }
@@ -59,16 +60,16 @@ export class HeldKV {
     if (this.failed.has(g)) return Promise.resolve(false);
     return new Promise((resolve) => {
       const list = this._waiters.get(g) ?? [];
-      let timer = null;
-      const done = (ok) => { if (timer !== null) clearTimeout(timer); resolve(ok); };
+      let cancel = null;
+      const done = (ok) => { if (cancel !== null) cancel(); resolve(ok); };
       list.push(done);
       this._waiters.set(g, list);
       if (timeoutS !== null) {
-        timer = setTimeout(() => {
+        cancel = this.timers.after(timeoutS, () => {
           const l = this._waiters.get(g) ?? [];
           this._waiters.set(g, l.filter((x) => x !== done));
           resolve(this.kv.has(g));
-        }, Math.max(0, timeoutS * 1000));
+        });
       }
     });
   }

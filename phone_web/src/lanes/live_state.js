@@ -7,6 +7,16 @@ import { ThroughputEstimator } from "../policy/index.js";
 
 export const wallClock = () => performance.now() / 1000;
 
+/** The lanes' time: now() in seconds, after(s, fn) -> cancel, sleep(s); tests give a virtual one (run_lanes.mjs). */
+export const realTimers = Object.freeze({
+  now: wallClock,
+  after(s, fn) {
+    const id = setTimeout(fn, Math.max(0, s * 1000));
+    return () => clearTimeout(id);
+  },
+  sleep: (s) => new Promise((r) => setTimeout(r, Math.max(0, s * 1000))),
+});
+
 export class LiveState {
   /** profile: {layerFullS, layerCachedS, templatePassS, fixedS, steps, ditCpuCores}; ladders, floor: the fetch plan;
    *  rttS: the link's round trip (seconds); clock: () -> seconds. */

@@ -90,7 +90,7 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
     template_pass: tp.why,
     timings_s: { manifest: tLanes - t0, lanes: done - tLanes, total: done - t0, per_step: lanes.per_step_s },
     where: { fetch: "main thread (streaming fetch)", decode: `${pool.inThread ? "main thread" : `${pool.size} module worker(s)`}`,
-      compute: "main thread (onnxruntime-web)" },
+      compute: run.ort.env?.wasm?.proxy ? "onnxruntime-web's proxy worker" : "main thread (onnxruntime-web)" },
     busy_s: lanes.busy_s,
     stalled_s: lanes.stalled_s,
     memory: lanes.memory,

@@ -8,7 +8,7 @@ import { ComputeLane } from "./compute_lane.js";
 import { FetchLane } from "./fetch_lane.js";
 import { HeldKV } from "./held_kv.js";
 import { pageLadders } from "./ladders.js";
-import { LiveState, wallClock } from "./live_state.js";
+import { LiveState, realTimers } from "./live_state.js";
 import { busyS, RunLog } from "./timeline.js";
 
 export const DEFAULT_LAYER_S = 0.05; // the cached-layer time planned with before the first step is measured (s)
@@ -31,10 +31,11 @@ export class PipelinedEdit {
   /** raw: the manifest JSON; policy: a name (makePolicy); fetchBlob(digest, bytes, onChunk); pool: decode(blobs,
    *  slot); slotOf(g, rep); computeStep(step, kv); templatePass / templateTokens: see ComputeLane; times: flow times;
    *  steps; tokens, heads, headDim: one shard's K/V geometry; budgetBytes (null: unbounded); rttS: the link's round
-   *  trip; onEvent(kind, entry): each event / decision as it is logged. */
+   *  trip; timers: the lanes' time (live_state.js realTimers; tests a virtual one); onEvent(kind, entry): each event /
+   *  decision as it is logged. */
   constructor({ raw, policy, fetchBlob, pool, slotOf, computeStep, templatePass = null, templateTokens = null,
     times, steps, tokens, heads, headDim, budgetBytes = defaultBudgetBytes(), rttS = 0.05, profile = null,
-    latencyTargetS = null, clock = wallClock, onEvent = () => {}, upgrades = true, shardWaitS = 20 }) {
+    latencyTargetS = null, timers = realTimers, onEvent = () => {}, upgrades = true, shardWaitS = 120 }) {
     this.policy = typeof policy === "string" ? makePolicy(policy) : policy;
     if (this.policy.templateEveryStep && templatePass === null) {
       throw new Error(`policy ${this.policy.name} computes every layer's template KV on the device, which needs per-layer ` +
@@ -50,11 +51,11 @@ export class PipelinedEdit {
       this.log[kind] = (...args) => { inner(...args); const list = kind === "event" ? this.log.events : this.log.decisions; onEvent(kind, list[list.length - 1]); };
     }
     this.st = new LiveState({ profile: profile ?? initialProfile(L, steps, templatePass !== null), ladders: this.plan.ladders,
-      floor: this.plan.floor, layersPerStep: L, rttS, latencyTargetS, estimatorConfig: new EstimatorConfig(), clock });
+      floor: this.plan.floor, layersPerStep: L, rttS, latencyTargetS, estimatorConfig: new EstimatorConfig(), clock: timers.now });
     this.ctx = new Context(this.st);
-    this.held = new HeldKV(L, this.shardBytes);
+    this.held = new HeldKV(L, this.shardBytes, timers);
     this.fetch = new FetchLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held, pool,
-      log: this.log, fetchBlob, slotOf, budgetBytes: this.plan.perStep ? budgetBytes : null, shardBytes: this.shardBytes, upgrades });
+      log: this.log, fetchBlob, slotOf, budgetBytes: this.plan.perStep ? budgetBytes : null, shardBytes: this.shardBytes, timers, upgrades });
     this.compute = new ComputeLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held,
       fetch: this.fetch, log: this.log, computeStep, templatePass, templateTokens, times, steps, shardWaitS });
   }
@@ -65,7 +66,15 @@ export class PipelinedEdit {
     this.policy.reset();
     const link = this.fetch.run();
     let linkError = null;
-    link.catch((e) => { linkError = e; });
+    link.catch((e) => { // the lane broke (a bug, not a failed shard: those fall back inside it): nothing more comes
+      linkError = e;
+      for (let g = 0; g < this.plan.ladders.length; g++) {
+        if (!this.held.isReady(g)) {
+          this.log.fallback(`shard ${g}: the fetch lane stopped (${e.message})`);
+          this.held.fail(g);
+        }
+      }
+    });
     try {
       await this.compute.run();
     } finally {
