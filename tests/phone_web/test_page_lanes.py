@@ -40,7 +40,8 @@ def _done(page) -> bool:
 
 
 def python_at_levels(store, model, user, template_id: str, levels_used: list[list[str]]):
-    """The Python edit with, at each step and layer, the KV of the level the page reports it used there."""
+    """The Python edit with, at each step and layer, the KV of the level the page reports it used there (``template``:
+    the template pass's, which the oracle pass of ORACLE_PASS gives at fp16)."""
     from sakura_core.kv.template_codec import decode_template
     from sakura_core.runtime.denoise import run_edit
 
@@ -52,6 +53,7 @@ def python_at_levels(store, model, user, template_id: str, levels_used: list[lis
                 f, _ = store.open_shard(rep["digest"])
                 with f:
                     blobs[rep["digest"]] = f.read()
+    levels_used = [["fp16" if n == "template" else n for n in step] for step in levels_used]  # an oracle pass: fp16
     kvs = {name: decode_template(manifest, blobs, name) for name in {n for step in levels_used for n in step}}
     per_step = manifest.get("kv_mode", "single") == "per-step"
 
@@ -164,3 +166,82 @@ def test_per_step_kv_is_freed_and_the_prefetch_keeps_to_its_budget(page_store, c
     assert mem["peak_held_bytes"] > step_bytes  # a whole step's KV and some of the next, then freed
     assert all(held <= step_bytes + budget for _, held, _ in mem["held_samples"])
     assert mem["held_bytes_at_end"] == 0 and free["held_bytes_at_end"] == 0
+
+
+# runEdit in the page with an oracle template pass (the interface of template_pass.js): each layer's K/V is what the
+# template's fp16 shards hold at the step the pass is begun for (the real pass computes them to fp16 tolerance), after
+# a 40 ms wait per layer; the policy plans with a fixed profile (the template dearer than the link)
+ORACLE_PASS = (
+    """async ({ templateId, policy, photo }) => {
+  const w = await import('/phone/src/web_model.js');
+  const t = await import('/phone/src/template.js');
+  const { fetchShard } = await import('/phone/src/fetch_shard.js');
+  const { f16Table } = await import('/phone/src/f16.js');
+  const edit = await import('/phone/src/edit.js');
+  const model = await w.loadWebModel('/phone/model/');
+  const loadOrt = async () => { const ort = await import('/phone/vendor/ort/ort.wasm.min.mjs');
+    ort.env.wasm.wasmPaths = new URL('/phone/vendor/ort/', location.href).href; ort.env.wasm.numThreads = 1;
+    ort.env.wasm.proxy = true; return ort; };
+  const run = await w.createSession(loadOrt, model.graph, ['wasm']);
+  const raw = await (await fetch(`/v1/templates/${templateId}/manifest`)).json();
+  const sizes = new Map(raw.shards.flatMap((s) => s.representations.map((r) => [r.digest, r.bytes])));
+  const kv = await t.decodeTemplate(raw, (d) => fetchShard(location.origin, d, sizes.get(d)), 'fp16');
+  const table = f16Table();
+  const wide = (a) => Float32Array.from(a, (x) => table[x]);
+  const times = Array.from(w.flowTimes(3));
+  const calls = [];
+  const pass = { layers: raw.num_layers, async begin(tokens, time) {
+    const step = time === null ? 0 : times.findIndex((x) => Math.abs(x - time) < 1e-6);
+    calls.push({ tokens: tokens.length, time, step });
+    return { nextLayer: 0, async next() { const l = this.nextLayer++; await new Promise((r) => setTimeout(r, 40));
+      return { layer: l, k: wide(kv[step][l].k), v: wide(kv[step][l].v) }; }, dispose() {} };
+  } };
+  const profile = { layerFullS: 0.1, layerCachedS: 0.02, templatePassS: 0.4, fixedS: 0, steps: 3, ditCpuCores: 1 };
+  const out = await edit.runEdit({ origin: location.origin, templateId, rgba: Uint8ClampedArray.from(photo),
+    prompt: '"""
+    + "PROMPT_HERE"
+    + """', steps: 3, seed: 11, model, run, policy, templatePass: pass, profile });
+  return { report: out.report, calls, pixels: Array.from(out.rgba) };
+}"""
+)
+
+
+@pytest.mark.parametrize("policy", ["on-device", "sakura"])
+def test_a_template_pass_computes_the_layers_the_policy_keeps(page_store, chromium, policy):
+    """With a template pass (an oracle one: the interface of template_pass.js) the compute lane asks the policy per
+    layer: on-device computes every layer of every step with it and fetches nothing; sakura keeps it while its plan
+    says so and fetches the rest; the pass is begun at each step's own time with the template's packed tokens, the
+    layers it ran are compute events, and the image equals the Python edit with those layers' exact KV."""
+    import numpy as np
+
+    from sakura_core.metrics import psnr_uint8
+    from sakura_core.models.edit_model import load_image
+
+    store, model_dir, model, index = page_store
+    user = load_image("chelsea", model.spec.image_size)
+    photo = np.concatenate([user, np.full((*user.shape[:2], 1), 255, np.uint8)], axis=2).reshape(-1).tolist()
+    with loopback_server(recording_app(store, model_dir, [])) as base:
+        page = open_page(chromium, f"{base}/phone")
+        out = page.evaluate(ORACLE_PASS.replace("PROMPT_HERE", PROMPT),
+                            {"templateId": PER_STEP_ID, "policy": policy, "photo": photo})  # fmt: skip
+    report, L = out["report"], index["layers"]
+    used, splits = report["shard_levels"], report["split_layers"]
+    got = np.array(out["pixels"], np.uint8).reshape(*user.shape[:2], 4)[..., :3]
+    psnr = psnr_uint8(got, python_at_levels(store, model, user, PER_STEP_ID, used))
+    print(f"template pass, {policy}: splits {splits}, PSNR {psnr:.2f} dB, pass calls {out['calls']}")  # noqa: T201
+    assert psnr >= 45.0, psnr
+    assert report["template_pass"] == "given" and len(splits) == STEPS
+    assert all((n == "template") == (layer < splits[s]) for s, step in enumerate(used) for layer, n in enumerate(step))
+    ran = [e for e in report["timeline"] if e["lane"] == "compute" and e["level"] == "template"]
+    assert len(ran) == sum(splits)
+    assert [c["step"] for c in out["calls"]] == [s for s in range(STEPS) if splits[s] > 0]
+    assert all(c["tokens"] == index["image_tokens"] * index["in_channels"] for c in out["calls"])
+    drops = [d for d in report["decisions"] if d["code"] == "drop"]
+    assert len(drops) == sum(k < L for k in splits)
+    if policy == "on-device":
+        image = store.get_manifest(PER_STEP_ID)["template_image"]["bytes"]  # its tokens: the only bytes fetched
+        assert splits == [L] * STEPS and report["bytes_fetched"] == image and not drops
+        assert not [e for e in report["timeline"] if e["lane"] == "fetch"]
+        assert {d["code"] for d in report["decisions"]} == {"never-fetches"}
+    else:
+        assert report["bytes_fetched"] > 0 and any(n == "fp16" for step in used for n in step)

@@ -28,7 +28,8 @@ export async function loadTemplatePassIfAny({ base, index, ort, providers }) {
 }
 
 export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null, policy,
-  memoryBudgetBytes = null, onEvent = () => {}, onProgress = () => {}, templatePass = undefined, modelBase = "model/" }) {
+  memoryBudgetBytes = null, onEvent = () => {}, onProgress = () => {}, templatePass = undefined, modelBase = "model/",
+  profile = null }) {
   const { index } = model;
   const t0 = now();
   const { manifest, raw, bytes } = await fetchManifest(origin, templateId, index.model_id, token);
@@ -60,7 +61,7 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
     fetchBlob: (digest, nbytes, onChunk) => fetchShard(origin, digest, nbytes, { token, onChunk }),
     slotOf: (g, rep) => slotFromManifest(raw, g % L, rep, perStep ? Math.floor(g / L) : null),
     computeStep: async (step, kv) => { await dit.step(step, kv); onProgress("computed", step + 1, steps); },
-    templatePass: tp.pass, templateTokens: tokensOf,
+    templatePass: tp.pass, templateTokens: tokensOf, profile,
     tokens: raw.token_grid[0] * raw.token_grid[1], heads: index.heads, headDim: index.head_dim });
   const tLanes = now();
   let lanes;
