@@ -14,6 +14,7 @@ from ..kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES
 from ..policy.policies import POLICIES
 from ..runtime.profiles import CPU_SLOWDOWN_SOURCE, GEOMETRIES, PROFILES, get_profile, sources_table
 from ..runtime.simulate import KV_MODES, SimConfig
+from .cli_page import PAGE_TRACES
 from .e2e_ladders import ladder_lines
 from .e2e_report import format_table, select_policies
 from .e2e_summary import FLUID_BOUND
@@ -38,7 +39,8 @@ def add_arguments(parser) -> None:
         "--trace-classes", help="JSON {glob: class} (default: trace_classes.json in --traces, else folder names)"
     )
     parser.add_argument("--policies", default="all", help=f"comma list or 'all' ({','.join(POLICIES)})")
-    parser.add_argument("--mode", choices=["sim", "live"], default="sim")
+    parser.add_argument("--mode", choices=["sim", "live", "page"], default="sim",
+                        help="page: the phone page in headless Chromium, live vs simulated (bench/cli_page.py)")
     parser.add_argument(
         "--profile", default="snapdragon-8-elite-cpu", help=f"one of (sim: a comma list of) {', '.join(PROFILES)}"
     )
@@ -49,7 +51,7 @@ def add_arguments(parser) -> None:
         help=f"sim: comma list of {', '.join(KV_MODES)} (docs/design.md); live: one of them",
     )
     parser.add_argument("--no-calibrate", action="store_true", help="sim: skip the CPU calibration of the cost model")
-    parser.add_argument("--json", required=True, help="write results here")
+    parser.add_argument("--json", "--out", dest="json", required=True, help="write results here")
     parser.add_argument("--plots", help="folder for PNG plots")
     parser.add_argument(
         "--starts", type=int, default=3, help="start offsets per trace, evenly spaced over its length (sim; default "
@@ -86,6 +88,9 @@ def add_arguments(parser) -> None:
         "--synth-layers", default="0,3", help="sim: demo layers synthesised at each geometry's shard size (the "
         "codecs' size effects; default %(default)s)"
     )  # fmt: skip
+    parser.add_argument("--page-traces", default=",".join(PAGE_TRACES), help="page: trace names in --traces "
+                        "(default %(default)s: `sakura traces synth`'s)")  # fmt: skip
+    parser.add_argument("--cpu-throttle", type=float, default=4.0, help="page: CDP CPU throttle (default %(default)s)")
     parser.add_argument("--max-traces", type=int, default=3, help="live: traces to run (default %(default)s)")
     parser.add_argument("--shaping", choices=["inproc", "kernel"], default="inproc", help="live: link shaper")
     parser.add_argument("--live-cache", default=None, metavar="DIR", help="live: where the precomputed template "
@@ -327,6 +332,10 @@ def run(args) -> int:
         from .cli_live import run_live
 
         return run_live(args)
+    if args.mode == "page":
+        from .cli_page import run_page
+
+        return run_page(args)
     from ..models.edit_model import load_demo_model
     from .e2e_ladders import load_or_measure_ladders
     from .geometry_ladders import LadderConfig
