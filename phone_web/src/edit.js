@@ -10,9 +10,9 @@ import { parseManifestBytes } from "./manifest.js";
 import { fetchShard } from "./fetch_shard.js";
 import { decodeTemplate, templatePlan } from "./template.js";
 import { f16Table } from "./f16.js";
-import { encodePrompt, flowTimes, packImage, timeFeatures, torchRandn, unpackTokens } from "./web_model.js";
+import { flowTimes, packImage } from "./web_model.js";
+import { DitSteps } from "./dit_step.js";
 
-const f = Math.fround;
 const now = () => performance.now() / 1000;
 
 /** The manifest of ``templateId`` (its bytes parsed with the page's limits), fetched with the read token if any. */
@@ -77,7 +77,7 @@ export function answerError(what, status, sent = false) {
 }
 
 /** A per-step template runs only the schedule it was computed for (run_edit's check, the same tolerance). */
-function checkSchedule(templateId, schedule, steps) {
+export function checkSchedule(templateId, schedule, steps) {
   const want = flowTimes(steps).slice(0, steps);
   const got = schedule.timesteps.map(Number);
   if (got.length !== steps || got.some((t, i) => Math.abs(t - want[i]) > 1e-6)) {
@@ -109,8 +109,9 @@ function layersOf(parts, index, split, tokens) {
   return layers;
 }
 
-/** The template image (a blob like the shards) decoded and packed (patch, then zeros): (1, image_tokens, in_channels). */
-async function templateTokens(origin, image, index, token) {
+/** The template's tokens as the template graphs take them: its image (a blob like the shards) decoded and packed
+ * (patch, then zeros), (1, image tokens, in_channels) float32; and the image's bytes on the wire. */
+export async function templateTokens(origin, image, index, token) {
   const blob = await fetchShard(origin, image.digest, image.bytes, { token });
   const bitmap = await createImageBitmap(new Blob([blob], { type: "image/png" }),
     { colorSpaceConversion: "none", premultiplyAlpha: "none" });
@@ -125,12 +126,11 @@ async function templateTokens(origin, image, index, token) {
   return { tokens, bytes: blob.byteLength };
 }
 
-/** The template's own K/V for layers < split, computed here: one run of the template graph. */
+/** The template's own K/V for layers < split, computed here: one run of the template graph on its tokens. */
 async function deviceKV(origin, image, index, templateRun, token) {
   const { tokens, bytes } = await templateTokens(origin, image, index, token);
-  const pd = index.in_channels / 2;
   const { session, ort } = templateRun;
-  const out = await session.run({ template: new ort.Tensor("float32", tokens, [1, index.image_tokens, 2 * pd]) });
+  const out = await session.run({ template: new ort.Tensor("float32", tokens, [1, index.image_tokens, index.in_channels]) });
   const g = index.template_graph;
   return { layers: Array.from({ length: g.split_layer }, (_, l) => ({ k: out[`k_ref_${l}`].data, v: out[`v_ref_${l}`].data })),
     bytes };
@@ -160,11 +160,14 @@ async function passKV(origin, kv, index, templatePass, split, times, token) {
  * ``level``: the representation every shard is fetched at (a name of templateLevels: "fp16", "sakura-l4", a
  * cachegen level...), or a function ({layers, step}) -> name choosing per shard (a fetch policy). ``templatePass``
  * (template_pass.js): layers < split computed layer by layer, any split. ``onKV(perStep)``: the run's K/V once ready.
+ * ``policy`` ("on-device" | "fetch-fp16" | "sakura"): the page's pipelined lanes instead, driven by that policy
+ * (lanes/page_edit.js: ``memoryBudgetBytes``, ``onEvent``, ``templatePass``; ``level`` and ``split`` unused).
  */
-export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null,
-  split = 0, templateRun = null, templatePass = null, level = "fp16", onProgress = () => {}, onKV = null }) {
-  const { index, tables } = model;
-  const { session, ort, ep, tried } = run;
+export async function runEdit(args) {
+  if (args.policy !== undefined && args.policy !== null) return (await import("./lanes/page_edit.js")).runLanesEdit(args);
+  const { origin, templateId, rgba, prompt, steps, seed, model, run, token = null, split = 0, templateRun = null,
+    templatePass = null, level = "fp16", onProgress = () => {}, onKV = null } = args;
+  const { index } = model;
   const t0 = now();
   const graphSplit = templateRun !== null && split === index.template_graph?.split_layer; // one run of the split graph
   if (templatePass !== null ? !(Number.isInteger(split) && split >= 0 && split <= index.layers) : split !== 0 && !graphSplit) {
@@ -186,37 +189,11 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
     onProgress("template layers", split, split);
   }
   if (onKV !== null) onKV(kv.perStep); // every step's K/V per layer, as the steps read it (inspection; the heap test's leak)
-  const n = index.image_tokens;
-  const pd = index.in_channels / 2;
-  const user = packImage(rgba, index);
-  const txt = encodePrompt(prompt, index, tables.byte_table);
-  const times = flowTimes(steps);
-  const x = torchRandn(seed, n * pd);
-  const S = index.text_tokens + n;
-  const T = (data, dims) => new ort.Tensor("float32", data, dims);
-  const feeds = {
-    txt: T(txt, [1, index.text_tokens, txt.length / index.text_tokens]),
-    rope_cos: T(tables.rope_cos, [S, index.head_dim]),
-    rope_sin: T(tables.rope_sin, [S, index.head_dim]),
-  };
-  const kvDims = [1, kv.tokens, index.heads, index.head_dim]; // (1, template tokens: every reference's, heads, hd)
+  const dit = new DitSteps({ model, run, rgba, prompt, steps, seed });
   const stepS = [];
-  const tokens = new Float32Array(n * 2 * pd);
   for (let step = 0; step < steps; step++) {
     const s0 = now();
-    for (let i = 0; i < n; i++) {
-      tokens.set(x.subarray(i * pd, (i + 1) * pd), i * 2 * pd);
-      tokens.set(user.subarray(i * pd, (i + 1) * pd), i * 2 * pd + pd);
-    }
-    feeds.x = T(tokens.slice(), [1, n, 2 * pd]);
-    kv.perStep[kv.kvMode === "per-step" ? step : 0].forEach(({ k, v }, l) => {
-      feeds[`k_ref_${l}`] = T(k, kvDims);
-      feeds[`v_ref_${l}`] = T(v, kvDims);
-    });
-    feeds.t_freq = T(timeFeatures(times[step], tables.time_freqs), [1, tables.time_freqs.length * 2]);
-    const v = (await session.run(feeds))[index.graph.output].data;
-    const dt = f(times[step + 1] - times[step]);
-    for (let i = 0; i < x.length; i++) x[i] = f(x[i] + f(dt * v[i]));
+    await dit.step(step, kv.perStep[kv.kvMode === "per-step" ? step : 0]);
     stepS.push(now() - s0);
     onProgress("computed", step + 1, steps);
   }
@@ -239,14 +216,19 @@ export async function runEdit({ origin, templateId, rgba, prompt, steps, seed, m
     manifest_bytes: kv.manifestBytes,
     shards: kv.shards,
     timings_s: { fetch_decode: tFetch - t0, template_layers: tTemplate - tFetch, compute: done - tFetch, total: done - t0, per_step: stepS },
-    executed_on: {
-      kind: "browser",
-      browser: navigator.userAgent,
-      execution_provider: ep,
-      providers_tried: tried,
-      device: { platform: navigator.platform, cores: navigator.hardwareConcurrency ?? null,
-        cross_origin_isolated: globalThis.crossOriginIsolated === true },
-    },
+    executed_on: executedOn(run),
   };
-  return { rgba: unpackTokens(x, index), report };
+  return { rgba: dit.rgba(), report };
+}
+
+/** Where an edit ran: the browser, the execution provider and why the others did not, the device. */
+export function executedOn(run) {
+  return {
+    kind: "browser",
+    browser: navigator.userAgent,
+    execution_provider: run.ep,
+    providers_tried: run.tried,
+    device: { platform: navigator.platform, cores: navigator.hardwareConcurrency ?? null,
+      cross_origin_isolated: globalThis.crossOriginIsolated === true },
+  };
 }

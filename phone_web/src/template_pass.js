@@ -42,7 +42,8 @@ export class TemplatePass {
     }
     const t = time === null ? this.index.template_layers.ref_timestep : time;
     if (!(t >= 0 && t <= 1)) throw new Error(`the template's time must be in [0, 1] (or null for the reference time), got ${time}`);
-    const out = await this.embed.run({ template: new this.ort.Tensor("float32", tokens, [1, n, c]) });
+    const proxied = this.ort.env.wasm?.proxy === true; // ORT's proxy worker detaches what it sends: send copies
+    const out = await this.embed.run({ template: new this.ort.Tensor("float32", proxied ? tokens.slice() : tokens, [1, n, c]) });
     const tFreq = new this.ort.Tensor("float32", timeFeatures(t, this.freqs), [1, this.freqs.length * 2]);
     return new PassRun(this, out.hidden, tFreq);
   }
@@ -71,7 +72,9 @@ export class PassRun {
     if (this.hidden === null) throw new Error(`this template pass was disposed (at layer ${layer})`);
     if (layer >= this.pass.layers) throw new Error(`the template pass is done: all ${this.pass.layers} layers computed`);
     const hidden = this.hidden;
-    const out = await this.pass.sessions[layer].run({ hidden, t_freq: this.tFreq });
+    const { ort } = this.pass;
+    const tFreq = ort.env.wasm?.proxy === true ? new ort.Tensor("float32", this.tFreq.data.slice(), this.tFreq.dims) : this.tFreq;
+    const out = await this.pass.sessions[layer].run({ hidden, t_freq: tFreq }); // (the proxy detaches hidden: used once)
     if (this.hidden !== hidden) { // disposed while the layer ran (a lane abandoned the pass): nothing kept
       for (const t of Object.values(out)) t.dispose();
       throw new Error(`this template pass was disposed while layer ${layer} ran`);

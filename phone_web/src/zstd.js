@@ -1,8 +1,10 @@
 // zstd frames of an exact size (sakura_core/kv/codec_parts.zstd_exact): the declared content size is read from the
 // frame header and checked before anything is decompressed (fzstd decompresses; it decodes python-zstandard's
 // frames bit-exact).
-import { decompress } from "fzstd";
 import { ShardCorruptError } from "./errors.js";
+
+// a module worker sees no import map: it names fzstd's URL in SAKURA_FZSTD_URL before importing this module
+const { decompress } = await import(globalThis.SAKURA_FZSTD_URL ?? "fzstd");
 
 const MAGIC = 0xfd2fb528;
 

@@ -14,6 +14,7 @@ from ..kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES
 from ..policy.policies import POLICIES
 from ..runtime.profiles import GEOMETRIES, PROFILES, get_profile, sources_table
 from ..runtime.simulate import KV_MODES, SimConfig
+from .cli_page import PAGE_TRACES
 from .e2e_header import FP16_BASELINE_NOTE, sim_header, store_view
 from .e2e_report import format_table, select_policies
 from .e2e_stream import open_sink
@@ -39,7 +40,8 @@ def add_arguments(parser) -> None:
         "--trace-classes", help="JSON {glob: class} (default: trace_classes.json in --traces, else folder names)"
     )
     parser.add_argument("--policies", default="all", help=f"comma list or 'all' ({','.join(POLICIES)})")
-    parser.add_argument("--mode", choices=["sim", "live"], default="sim")
+    parser.add_argument("--mode", choices=["sim", "live", "page"], default="sim",
+                        help="page: the phone page in headless Chromium, live vs simulated (bench/cli_page.py)")
     parser.add_argument(
         "--profile", default="snapdragon-8-elite-cpu", help=f"one of (sim: a comma list of) {', '.join(PROFILES)}"
     )
@@ -50,9 +52,9 @@ def add_arguments(parser) -> None:
         help=f"sim: comma list of {', '.join(KV_MODES)} (docs/design.md); live: one of them",
     )
     parser.add_argument("--no-calibrate", action="store_true", help="sim: skip the CPU calibration of the cost model")
-    parser.add_argument("--json", required=True, help="write results here: FILE.jsonl streams every run as it is "
-                        "simulated (bench/e2e_stream.py; memory does not grow with runs), another name writes one "
-                        "JSON at the end (runs held in memory)")  # fmt: skip
+    parser.add_argument("--json", "--out", dest="json", required=True, help="write results here: FILE.jsonl streams "
+                        "every run as it is simulated (bench/e2e_stream.py; memory does not grow with runs), another "
+                        "name writes one JSON at the end (runs held in memory)")  # fmt: skip
     parser.add_argument("--plots", help="folder for PNG plots")
     parser.add_argument(
         "--starts", type=int, default=3, help="start offsets per trace, evenly spaced over its length (sim; default "
@@ -90,6 +92,9 @@ def add_arguments(parser) -> None:
         "--synth-layers", default="0,3", help="sim: demo layers synthesised at each geometry's shard size (the "
         "codecs' size effects; default %(default)s)"
     )  # fmt: skip
+    parser.add_argument("--page-traces", default=",".join(PAGE_TRACES), help="page: trace names in --traces "
+                        "(default %(default)s: `sakura traces synth`'s)")  # fmt: skip
+    parser.add_argument("--cpu-throttle", type=float, default=4.0, help="page: CDP CPU throttle (default %(default)s)")
     parser.add_argument("--max-traces", type=int, default=3, help="live: traces to run (default %(default)s)")
     parser.add_argument("--shaping", choices=["inproc", "kernel"], default="inproc", help="live: link shaper")
     parser.add_argument("--live-cache", default=None, metavar="DIR", help="live: where the precomputed template "
@@ -314,14 +319,17 @@ def run(args) -> int:
     """``--profile``, ``--geometry`` and ``--kv-mode`` take comma lists: the codecs are measured (and the CPU
     calibrated) once, every combination is simulated; with one combination the JSON is that run's, with several
     it holds them under ``results``."""
+    if args.mode in ("live", "page") and str(args.json).endswith(".jsonl"):
+        raise SystemExit(f"sakura bench e2e: --json {args.json}: a {args.mode} run writes one JSON (streaming is for "
+                         "sim runs); give a .json name")  # fmt: skip
     if args.mode == "live":
         from .cli_live import run_live
 
-        if str(args.json).endswith(".jsonl"):
-            raise SystemExit(f"sakura bench e2e: --json {args.json}: a live run writes one JSON (streaming is for sim "
-                             "runs); give a .json name")  # fmt: skip
-
         return run_live(args)
+    if args.mode == "page":
+        from .cli_page import run_page
+
+        return run_page(args)
     from ..models.edit_model import load_demo_model
     from .e2e_ladders import load_or_measure_ladders
     from .geometry_ladders import LadderConfig

@@ -5,19 +5,17 @@ takes in the page at ``/phone`` in headless Chromium (open, fill the form, press
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
+
+from sakura_core.bench.page_driver import CHROMIUM, FLAGS
 
 __all__ = ["CHROMIUM", "FLAGS", "PER_STEP_ID", "PHOTO_NAME", "PROMPT", "SEED", "STEPS", "TEMPLATE_ID", "TWO_REF_ID", "WEB",
            "fill_edit", "finish_edit", "open_page", "page_state", "publish_page_store", "python_edit",
            "recording_app"]  # fmt: skip
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 WEB = Path(__file__).resolve().parents[2] / "phone_web"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]  # fmt: skip
 TEMPLATE_ID = "web-astronaut"
 PER_STEP_ID = "web-astronaut-per-step"
 TWO_REF_ID = "web-try-on-pair"

@@ -14,7 +14,8 @@ import json
 import numpy as np
 import pytest
 
-from .link_trace import TraceLink
+from sakura_core.bench.page_link import TraceLink
+
 from .loopback import loopback_server
 from .page_driver import (
     PER_STEP_ID,

@@ -1,6 +1,7 @@
-"""A page's link shaped by CDP from a bandwidth trace: :class:`TraceLink` replays a trace (``sakura traces synth``'s
-piecewise-constant rates, :class:`sakura_core.fetch.traces.Trace`) by sending ``Network.emulateNetworkConditions``
-at each segment boundary while the page works, and keeps what it applied (the test reads it back)."""
+"""A page's link shaped by CDP from a bandwidth trace (the page tests' and ``sakura bench e2e --mode page``'s):
+:class:`TraceLink` replays a trace (``sakura traces synth``'s piecewise-constant rates,
+:class:`sakura_core.fetch.traces.Trace`) by sending ``Network.emulateNetworkConditions`` at each segment boundary
+while the page works, and keeps what it applied (the test reads it back)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,84 @@
+// The decode lane of the page: a pool of module Web Workers (decode_worker.js), each decoding one shard at a time; a
+// job goes to the first idle worker, else waits in order. Where workers cannot start (no Worker: node) the jobs run in
+// this thread, one at a time. `decode(blobs, slot)` resolves to {k, v} float32 (decode_job.js).
+
+/** Workers the page starts: one per core beyond the one the compute lane keeps busy, at least 1, at most 4. */
+export function defaultDecodeWorkers() {
+  const cores = globalThis.navigator?.hardwareConcurrency ?? 2;
+  return Math.min(4, Math.max(1, cores - 1));
+}
+
+export class DecodePool {
+  /** size: workers; makeWorker: () -> Worker (null: decode in this thread). */
+  constructor({ size = defaultDecodeWorkers(), makeWorker = null } = {}) {
+    this.size = size;
+    this._idle = [];
+    this._all = [];
+    this._queue = [];
+    this._jobs = new Map();
+    this._next = 0;
+    this.inThread = makeWorker === null;
+    this._chain = Promise.resolve();
+    if (!this.inThread) {
+      for (let i = 0; i < size; i++) {
+        const w = makeWorker();
+        w.onmessage = ({ data }) => this._answer(w, data);
+        w.onerror = (e) => this._broken(w, e);
+        this._all.push(w);
+        this._idle.push(w);
+      }
+    }
+  }
+
+  /** The browser's pool: module workers of decode_worker.js. */
+  static forPage(size = defaultDecodeWorkers()) {
+    const url = new URL("./decode_worker.js", import.meta.url);
+    return new DecodePool({ size, makeWorker: () => new Worker(url, { type: "module" }) });
+  }
+
+  decode(blobs, slot) {
+    if (this.inThread) {
+      const run = this._chain.then(async () => (await import("./decode_job.js")).decodeJob(blobs, slot));
+      this._chain = run.catch(() => {});
+      return run;
+    }
+    return new Promise((resolve, reject) => {
+      const id = this._next++;
+      const copies = blobs.map((b) => b.slice().buffer); // the worker gets its own copy (the lane keeps the chain)
+      this._jobs.set(id, { resolve, reject });
+      this._queue.push({ id, blobs: copies, slot });
+      this._pump();
+    });
+  }
+
+  _pump() {
+    while (this._idle.length && this._queue.length) {
+      const w = this._idle.shift();
+      const job = this._queue.shift();
+      w.postMessage(job, job.blobs);
+    }
+  }
+
+  _answer(w, { id, k, v, error }) {
+    const job = this._jobs.get(id);
+    this._jobs.delete(id);
+    this._idle.push(w);
+    this._pump();
+    if (job === undefined) return;
+    if (error !== undefined) job.reject(new Error(`decode worker: ${error}`));
+    else job.resolve({ k, v });
+  }
+
+  _broken(w, e) {
+    const why = `a decode worker failed to run (${e.message ?? e}); the page serves decode_worker.js and vendor/fzstd.mjs`;
+    for (const job of this._jobs.values()) job.reject(new Error(why));
+    this._jobs.clear();
+    e.preventDefault?.();
+  }
+
+  close() {
+    for (const w of this._all) w.terminate();
+    this._all = [];
+    this._idle = [];
+  }
+}

@@ -1,0 +1,263 @@
+// The fetch lane of the page (sakura_core/runtime/fetch_lane.py): the link, as the policy chooses. Whenever the link
+// is free the policy is asked (at one frozen moment) about the next shard in execution order (choose: a level, "the
+// device computes it", "not now" = deferred, or stop); a deferred shard is asked about again (worthAsking, then
+// choose) before later shards and while the link would idle, until the compute lane reaches it; once every shard is
+// decided, progressive upgrades on the idle link as the policy says (upgrade: only the refinement's blobs are
+// fetched, the chain decoded again). One request at a time: a shard's decode (the pool) overlaps the next transfer.
+// Each transfer is streamed: its progress is the policy's linkProgress, its end an estimator sample. Per-step KV:
+// a shard of a later step than the running one waits until the KV held for later steps, with the shards requested
+// and not yet held, leaves room for it under the memory budget. A failed shard is retried at the floor, then left to
+// the device. The compute lane asks for a shard it needs and the lane skipped through fetchSkipped(g) only.
+import { LEVEL_COMPUTE } from "../policy/index.js";
+
+export const IDLE_POLL_S = 0.02; // how often an idle lane asks again about deferred shards (seconds)
+
+export class FetchLane {
+  /** plan: pageLadders(); fetchBlob(digest, bytes, onChunk) -> Uint8Array; pool: a DecodePool; slotOf(g, rep): the
+   *  shard's manifest slot; budgetBytes: the prefetch bound (per-step KV); shardBytes: one shard's float32 K/V. */
+  constructor({ plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades = true }) {
+    Object.assign(this, { plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades });
+    this.n = plan.ladders.length;
+    this.reset();
+  }
+
+  reset() {
+    this.bytesFetched = 0;
+    this.deferred = [];
+    this._deferredSig = null;
+    this.stopped = false;
+    this._claimed = new Set(); // shards with a fetch chosen and not ended
+    this._requested = new Set(); // shards past their room check and not ended (counted in the room)
+    this._fetches = new Set(); // this lane's fetches still running (transfer, then decode)
+    this.chains = new Map(); // g -> {digests, blobs}: what a shard's KV was decoded from (an upgrade extends it)
+    this.released = 0; // shards before this were served and freed (per-step KV)
+  }
+
+  async run() {
+    const st = this.st;
+    while (st.nextLayer < this.n && !this.stopped) {
+      const pick = this._decide(true);
+      if (pick === "stop") break;
+      if (pick !== null) await this._fetchBase(...pick);
+    }
+    st.baseDone = true;
+    let upgrades = this.upgrades;
+    while (!this.stopped) {
+      const pick = this._decide(false);
+      if (pick !== null) {
+        await this._fetchBase(...pick);
+        continue;
+      }
+      if (upgrades) {
+        const did = await this._upgradeOnce();
+        if (did) continue;
+        upgrades = did !== null && this._fetches.size > 0; // the shards on their way may want upgrades
+      }
+      if (!this.deferred.length && !upgrades) break;
+      if (this.deferred.length || !this._fetches.size) await this.timers.sleep(IDLE_POLL_S);
+      else await Promise.race(this._fetches);
+    }
+  }
+
+  stop() {
+    this.stopped = true;
+  }
+
+  /** One link decision at one frozen moment: [g, level] to fetch, null (nothing now) or "stop". */
+  _decide(base) {
+    const st = this.st;
+    return st.frozen(() => {
+      st.linkFree = st.now;
+      const again = this._askDeferred();
+      if (again !== null || !base) return again;
+      const g = st.nextLayer;
+      if (this.held.device.has(g)) { // a fallback template pass made its KV: not fetched
+        st.nextLayer += 1;
+        return null;
+      }
+      const d = this.policy.choose(this.ctx, g);
+      this.log.decision(st.now, g, d.level, d.reason);
+      if (d.level === null) return "stop";
+      st.nextLayer += 1;
+      if (d.level === LEVEL_COMPUTE) {
+        if (d.defer) this.deferred.push(g);
+        return null;
+      }
+      this._claimed.add(g);
+      return [g, d.level];
+    });
+  }
+
+  _signature() {
+    const st = this.st;
+    let done = 0;
+    for (const v of st.got.values()) done += v.length;
+    return [st.computeLayer, st.templateAlive, st.nextLayer, done, st.inFlight.size, st.estimator.samples].join(",");
+  }
+
+  /** ask_deferred (runtime/deferral.py): the first deferred shard not reached that the policy now wants. */
+  _askDeferred() {
+    const st = this.st;
+    this.deferred = this.deferred.filter((g) => !this.held.device.has(g) && g >= st.computeLayer + 1);
+    if (!this.deferred.length) return null;
+    const sig = this._signature();
+    if (sig === this._deferredSig) return null;
+    for (const g of this.policy.worthAsking(this.ctx, [...this.deferred])) {
+      const d = this.policy.choose(this.ctx, g);
+      if (d.level === null || d.level === LEVEL_COMPUTE) {
+        if (!d.defer) this.deferred = this.deferred.filter((x) => x !== g);
+        continue;
+      }
+      this.deferred = this.deferred.filter((x) => x !== g);
+      this._deferredSig = null;
+      this._claimed.add(g);
+      this.log.decision(st.now, g, d.level, d.reason);
+      return [g, d.level];
+    }
+    this._deferredSig = sig;
+    return null;
+  }
+
+  async _upgradeOnce() {
+    const st = this.st;
+    const up = st.frozen(() => {
+      st.linkFree = st.now;
+      return this.policy.upgrade(this.ctx);
+    });
+    if (up === null) return false;
+    const [g, level] = up;
+    await this._roomFor(g);
+    this.log.decision(st.now, g, level, "upgrade", "upgrade");
+    try {
+      await this._fetchLevel(g, level, () => {});
+    } catch (e) {
+      this.log.fallback(`upgrade of shard ${g} to ${this.plan.ladders[g][level].name} failed: ${e.message}`);
+      return null;
+    }
+    return true;
+  }
+
+  /** The compute lane needs shard g, which this lane skipped: fetched now at the floor. False when it was not
+   *  skipped (chosen, in flight, decoded, or not decided yet). */
+  fetchSkipped(g) {
+    const st = this.st;
+    if (this._claimed.has(g) || st.inFlight.has(g) || (st.got.get(g) ?? []).length || this.held.isReady(g)) return false;
+    if (!(st.baseDone || st.nextLayer > g)) return false;
+    this.deferred = this.deferred.filter((x) => x !== g);
+    this._claimed.add(g);
+    this._track(this._withFallback(g, this.plan.floor[g], () => {}).finally(() => this._claimed.delete(g)));
+    return true;
+  }
+
+  _track(promise) {
+    const p = promise.finally(() => this._fetches.delete(p));
+    this._fetches.add(p);
+    return p;
+  }
+
+  /** Per-step KV under a budget: a later step's shard waits for room (the running step's never waits). */
+  async _roomFor(g) {
+    if (!this.plan.perStep || this.budgetBytes === null) return;
+    while (!this.stopped) {
+      const end = this.held.runningEnd;
+      if (g < end || this.held.isReady(g)) return;
+      let coming = 0;
+      for (const x of this._requested) if (x >= end && !this.held.isReady(x)) coming += 1;
+      if (this.held.heldFrom(end) + (coming + 1) * this.shardBytes <= this.budgetBytes) return;
+      await this.timers.sleep(IDLE_POLL_S);
+    }
+  }
+
+  /** A shard the policy chose: fetched once there is room for it; returns once its transfer has ended (its decode
+   *  goes on beside the next transfer). */
+  async _fetchBase(g, level) {
+    let landed;
+    const transferEnded = new Promise((r) => { landed = r; });
+    const task = this._track((async () => {
+      try {
+        await this._roomFor(g);
+        if (this.stopped) return;
+        this._requested.add(g);
+        const lv = this.plan.ladders[g][level];
+        const st = this.st;
+        st.inFlight.set(g, st.now + this.ctx.rttS + lv.nbytes / st.estimator.robust() + lv.decodeS);
+        await this._withFallback(g, level, landed);
+      } finally {
+        this._claimed.delete(g);
+        this._requested.delete(g);
+        landed();
+      }
+    })());
+    await Promise.race([task, transferEnded]);
+  }
+
+  async _withFallback(g, level, landed) {
+    try {
+      await this._fetchLevel(g, level, landed);
+    } catch (e) {
+      const floor = this.plan.floor[g];
+      let err = e;
+      if (level !== floor) {
+        this.log.fallback(`shard ${g} level ${this.plan.ladders[g][level].name}: ${e.message}; retrying at the floor level`);
+        try {
+          await this._fetchLevel(g, floor, landed);
+          return;
+        } catch (e2) {
+          err = e2;
+        }
+      }
+      this.log.fallback(`shard ${g}: ${err.message}; the device computes this layer's template KV`);
+      this.log.decision(this.st.now, g, "device", `shard ${g} could not be fetched (${err.name})`, "device");
+      this.st.inFlight.delete(g);
+      this.held.fail(g);
+    }
+  }
+
+  /** Fetch the chain of shard g up to ``level`` (the blobs its held chain lacks), decode it in the pool, publish. */
+  async _fetchLevel(g, level, landed) {
+    const st = this.st;
+    const rep = this.plan.reps[g][level];
+    const name = rep.name;
+    const digests = [...(rep.requires ?? []), rep.digest];
+    const have = this.chains.get(g) ?? { digests: [], blobs: [] };
+    let start = 0;
+    while (start < have.digests.length && start < digests.length && have.digests[start] === digests[start]) start += 1;
+    const sizes = new Map(this.plan.reps[g].map((r) => [r.digest, r.bytes]));
+    const todo = digests.slice(start);
+    const entry = [st.now, 0, todo.reduce((s, d) => s + sizes.get(d), 0)];
+    st.receiving.set(g, entry);
+    const fresh = [];
+    try {
+      for (const d of todo) {
+        const t0 = st.now;
+        const data = await this.fetchBlob(d, sizes.get(d), (n) => { entry[1] += n; });
+        const t1 = st.now;
+        st.estimator.observe(data.byteLength, t1 - t0);
+        this.bytesFetched += data.byteLength;
+        this.log.event("fetch", t0, t1, g, name);
+        fresh.push(data);
+      }
+    } finally {
+      st.receiving.delete(g);
+    }
+    if (st.inFlight.has(g)) st.inFlight.set(g, st.now + this.plan.ladders[g][level].decodeS);
+    landed();
+    const blobs = [...have.blobs.slice(0, start), ...fresh];
+    const t0 = st.now;
+    const kv = await this.pool.decode(blobs, this.slotOf(g, rep));
+    this.log.event("decode", t0, st.now, g, name);
+    if (this.stopped || g < this.released) return; // the edit is over, or the compute lane passed the shard
+    this.chains.set(g, { digests, blobs });
+    this.held.publish(st.now, g, { k: kv.k, v: kv.v, level, name });
+    if (!st.got.has(g)) st.got.set(g, []);
+    st.got.get(g).push([level, st.now]);
+    st.inFlight.delete(g);
+    st.decoderFree = st.now;
+  }
+
+  /** Per-step KV: shards before g served their step: their chains are dropped (never upgraded again). */
+  releaseBefore(g) {
+    this.released = Math.max(this.released, g);
+    for (const x of [...this.chains.keys()]) if (x < g) this.chains.delete(x);
+  }
+}

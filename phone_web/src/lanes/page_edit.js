@@ -1,0 +1,104 @@
+// An edit in the page through the lanes (pipeline.js), driven by the page's policy: the manifest fetched (its time is
+// the link's round trip the policy plans with), the shards streamed with fetchShard (its chunks are the policy's view
+// of the transfer), decoded in the worker pool, the DiT steps on onnxruntime-web on this thread (dit_step.js), the
+// template pass of template_pass.js where the model's files have per-layer template graphs (loaded when the module
+// exists and returns one; else every layer is fetched). Returns {rgba, report}; the report holds the lanes' timeline,
+// decisions (with reason codes), busy seconds and memory, besides what a fixed-level edit reports.
+import { slotFromManifest } from "../binding.js";
+import { DitSteps } from "../dit_step.js";
+import { checkSchedule, executedOn, fetchManifest, templateTokens } from "../edit.js";
+import { fetchShard } from "../fetch_shard.js";
+import { DecodePool } from "./decode_pool.js";
+import { defaultBudgetBytes, PipelinedEdit } from "./pipeline.js";
+
+const now = () => performance.now() / 1000;
+
+/** The template pass of template_pass.js, or {pass: null, why}: the module is not in this page, or the model's
+ *  files have no per-layer template graphs (older exports). */
+export async function loadTemplatePassIfAny({ base, index, ort, providers }) {
+  let mod;
+  try {
+    mod = await import("../template_pass.js");
+  } catch (e) {
+    return { pass: null, why: `no template pass module in this page (${e.message.slice(0, 120)}): every layer is fetched` };
+  }
+  const pass = await mod.loadTemplatePass({ base, index, ort, providers });
+  return pass === null ? { pass: null, why: "the model's files have no per-layer template graphs: every layer is fetched" }
+    : { pass, why: `per-layer template graphs (${pass.layers} layers)` };
+}
+
+export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null, policy,
+  memoryBudgetBytes = null, onEvent = () => {}, onProgress = () => {}, templatePass = undefined, modelBase = "model/",
+  profile = null }) {
+  const { index } = model;
+  const t0 = now();
+  const { manifest, raw, bytes } = await fetchManifest(origin, templateId, index.model_id, token);
+  const rttS = Math.min(now() - t0, 1.0); // one small GET: the link's round trip, as the page measures it
+  const refs = manifest.references.length;
+  if (manifest.kvMode === "per-step") checkSchedule(templateId, raw.schedule, steps);
+  const want = [index.grid[0] * refs, index.grid[1]];
+  if (raw.token_grid.join("x") !== want.join("x")) throw new Error(`template grid ${raw.token_grid} is not ${refs} reference(s) of the model's ${index.grid}`);
+  let tp = templatePass === undefined ? await loadTemplatePassIfAny({ base: modelBase, index, ort: run.ort, providers: [run.ep] })
+    : { pass: templatePass, why: templatePass === null ? "none given" : "given" };
+  if (tp.pass !== null && refs > 1) tp = { pass: null, why: `${refs} references: the template pass takes one image, every layer is fetched` };
+  let imageBytes = 0;
+  let tokensOnce = null;
+  const tokensOf = () => {
+    tokensOnce ??= templateTokens(origin, raw.template_image, index, token).then((x) => { imageBytes = x.bytes; return x.tokens; });
+    return tokensOnce;
+  };
+  const L = raw.num_layers;
+  const perStep = manifest.kvMode === "per-step";
+  const pool = DecodePool.forPage();
+  const dit = new DitSteps({ model, run, rgba, prompt, steps, seed });
+  const budget = memoryBudgetBytes ?? defaultBudgetBytes();
+  let fetched = 0;
+  const shown = (kind, entry) => {
+    if (kind === "event" && entry.lane === "fetch") onProgress("fetched", ++fetched, perStep ? L * steps : L);
+    onEvent(kind, entry);
+  };
+  const edit = new PipelinedEdit({ raw, policy, pool, times: dit.times, steps, rttS, budgetBytes: budget, onEvent: shown,
+    fetchBlob: (digest, nbytes, onChunk) => fetchShard(origin, digest, nbytes, { token, onChunk }),
+    slotOf: (g, rep) => slotFromManifest(raw, g % L, rep, perStep ? Math.floor(g / L) : null),
+    computeStep: async (step, kv) => { await dit.step(step, kv); onProgress("computed", step + 1, steps); },
+    templatePass: tp.pass, templateTokens: tokensOf, profile,
+    tokens: raw.token_grid[0] * raw.token_grid[1], heads: index.heads, headDim: index.head_dim });
+  const tLanes = now();
+  let lanes;
+  try {
+    lanes = await edit.run();
+  } finally {
+    pool.close();
+  }
+  const done = now();
+  const report = {
+    template_id: templateId,
+    model_id: index.model_id,
+    steps,
+    seed,
+    policy: lanes.policy,
+    kv_mode: manifest.kvMode,
+    split_layer: lanes.split_layers[0] ?? 0,
+    split_layers: lanes.split_layers,
+    level: "per-shard",
+    level_psnr_db: null,
+    shard_levels: lanes.levels_used,
+    floor: lanes.floor[0],
+    references: refs,
+    bytes_fetched: lanes.bytes_fetched + imageBytes,
+    manifest_bytes: bytes.byteLength,
+    rtt_s: rttS,
+    template_pass: tp.why,
+    timings_s: { manifest: tLanes - t0, lanes: done - tLanes, total: done - t0, per_step: lanes.per_step_s },
+    where: { fetch: "main thread (streaming fetch)", decode: `${pool.inThread ? "main thread" : `${pool.size} module worker(s)`}`,
+      compute: run.ort.env?.wasm?.proxy ? "onnxruntime-web's proxy worker" : "main thread (onnxruntime-web)" },
+    busy_s: lanes.busy_s,
+    stalled_s: lanes.stalled_s,
+    memory: lanes.memory,
+    decisions: lanes.decisions,
+    fallbacks: lanes.fallbacks,
+    timeline: lanes.timeline,
+    executed_on: executedOn(run),
+  };
+  return { rgba: dit.rgba(), report };
+}

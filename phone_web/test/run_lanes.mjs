@@ -1,0 +1,232 @@
+// The page's lanes (src/lanes) with a fake link, decoder, DiT step and template pass: each scenario runs a whole
+// pipelined edit under node and checks what the lanes must do — the policy's levels fetched in execution order, the
+// KV each step computed with (its own step's, its level, the device's where the template ran), the lanes overlapped,
+// per-step KV freed once its step is done, the prefetch under the budget, every decision with a reason code, the
+// late-shard race. Every wait runs on a virtual clock (VirtualTime: the earliest timer fires once nothing else can
+// run), so a scenario gives the same timeline on any host. Prints one JSON line per scenario ({name, ok, failures,
+// figures}); exits 1 on any failure.
+//   node test/run_lanes.mjs
+import { PipelinedEdit } from "../src/lanes/pipeline.js";
+import { lanesOverlap } from "../src/lanes/timeline.js";
+
+const L = 4;
+const TOKENS = 8;
+const HEADS = 2;
+const HD = 4;
+const PER = TOKENS * HEADS * HD; // one layer's K (or V) values
+
+/** Virtual time for the lanes (their `timers`): a timer fires when every promise that can settle has settled. */
+class VirtualTime {
+  constructor() {
+    this.t = 0;
+    this.queue = [];
+    this.seq = 0;
+    this.now = () => this.t;
+    this.sleep = (s) => new Promise((r) => this.after(s, r));
+  }
+
+  after(s, fn) {
+    const e = { at: this.t + Math.max(0, s), seq: this.seq++, fn, live: true };
+    this.queue.push(e);
+    return () => { e.live = false; };
+  }
+
+  /** Run ``promise`` to its end, firing the timers in time order. */
+  async drive(promise) {
+    let done = false;
+    let value;
+    let error = null;
+    promise.then((v) => { done = true; value = v; }, (e) => { done = true; error = e; });
+    while (!done) {
+      await new Promise((r) => setImmediate(r)); // every microtask settled
+      if (done) break;
+      this.queue = this.queue.filter((e) => e.live).sort((a, b) => a.at - b.at || a.seq - b.seq);
+      if (!this.queue.length) throw new Error("the lanes wait on nothing: a deadlock");
+      const e = this.queue.shift();
+      this.t = Math.max(this.t, e.at);
+      e.fn();
+    }
+    if (error !== null) throw error;
+    return value;
+  }
+}
+const hex = (n) => n.toString(16).padStart(64, "0");
+
+/** A manifest of L one-layer shards (per step with ``steps``): sakura-l1 (30 dB), sakura-l2 (36 dB, refines l1),
+ *  fp16; digests hex of a counter; sizes in bytes. */
+function manifest(steps = null) {
+  let d = 0;
+  const shards = [];
+  for (let s = 0; s < (steps ?? 1); s++) {
+    for (let l = 0; l < L; l++) {
+      const l1 = hex(++d);
+      const l2 = hex(++d);
+      shards.push({ layers: [l, l], ...(steps ? { step: s } : {}), representations: [
+        { name: "fp16", codec: "fp16", level: 0, digest: hex(++d), bytes: 40000, requires: [], psnr_db: null },
+        { name: "sakura-l1", codec: "sakura", level: 1, digest: l1, bytes: 6000, requires: [], psnr_db: 30 },
+        { name: "sakura-l2", codec: "sakura", level: 2, digest: l2, bytes: 6000, requires: [l1], psnr_db: 36 },
+      ] });
+    }
+  }
+  return { template_id: "fake", model_id: "m", num_layers: L, token_grid: [TOKENS, 1], heads: HEADS, head_dim: HD,
+    kv_mode: steps ? "per-step" : "single", ...(steps ? { schedule: { steps } } : {}), shards };
+}
+
+/** The value a decoded shard holds: which layer, step and level it is. */
+const mark = (layer, step, name) => 1000 * (step ?? 0) + 10 * layer + { "sakura-l1": 1, "sakura-l2": 2, fp16: 3 }[name];
+
+function fakes(vt, { bytesPerS = 4e5, hang = null, stepS = 0.03 } = {}) {
+  const sleep = vt.sleep;
+  const requested = [];
+  const fetchBlob = async (digest, bytes, onChunk) => {
+    requested.push(digest);
+    const total = digest === hang ? 3.0 : bytes / bytesPerS; // one blob stalls (a late shard)
+    for (let i = 0; i < 4; i++) {
+      await sleep(total / 4);
+      onChunk(bytes / 4);
+    }
+    return new Uint8Array(bytes);
+  };
+  const pool = { decode: async (blobs, slot) => {
+    await sleep(0.01);
+    const x = mark(slot.layers[0], slot.step, slot.levelName);
+    return { k: new Float32Array(PER).fill(x), v: new Float32Array(PER).fill(-x) };
+  } };
+  const seen = [];
+  const computeStep = async (step, kv) => {
+    seen.push(kv.map((x) => x.k[0]));
+    await sleep(stepS);
+  };
+  const pass = { layers: L, async begin(tokens, time) {
+    return { nextLayer: 0, disposed: false, async next() {
+      await sleep(0.01);
+      const layer = this.nextLayer++;
+      return { layer, k: new Float32Array(PER).fill(-(layer + 1)), v: new Float32Array(PER).fill(layer + 1) };
+    }, dispose() { this.disposed = true; } };
+  } };
+  return { requested, fetchBlob, pool, seen, computeStep, pass };
+}
+
+async function edit(policy, { steps = 3, perStep = true, pass = false, budgetBytes = null, link = {}, profile = null } = {}) {
+  const raw = manifest(perStep ? steps : null);
+  const vt = new VirtualTime();
+  const f = fakes(vt, link);
+  const e = new PipelinedEdit({ raw, policy, timers: vt, fetchBlob: f.fetchBlob, pool: f.pool, computeStep: f.computeStep,
+    slotOf: (g, rep) => ({ layers: [g % L, g % L], step: perStep ? Math.floor(g / L) : null, levelName: rep.name }),
+    templatePass: pass ? f.pass : null, templateTokens: async () => new Float32Array(4), times: [1, 0.66, 0.33, 0],
+    steps, tokens: TOKENS, heads: HEADS, headDim: HD, budgetBytes, rttS: 0.01, profile });
+  const report = await vt.drive(e.run());
+  return { raw, f, report };
+}
+
+const results = [];
+function check(name, figures, conds) {
+  const failures = Object.entries(conds).filter(([, ok]) => !ok).map(([what]) => what);
+  results.push({ name, ok: failures.length === 0, failures, figures });
+}
+const shardBytes = 2 * PER * 4;
+const codesOf = (r) => new Set(r.decisions.map((d) => d.code));
+
+{ // fetch-fp16, per-step KV, a budget of two shards: every shard at fp16 in order, each step its own KV, freed
+  const budget = 2 * shardBytes;
+  const { raw, f, report } = await edit("fetch-fp16", { budgetBytes: budget, link: { bytesPerS: 4e6, stepS: 0.2 } });
+  const fp16 = raw.shards.map((s) => s.representations[0].digest);
+  const ownKV = f.seen.every((ks, s) => ks.every((k, l) => k === mark(l, s, "fp16")));
+  const heldOk = report.memory.held_samples.every(([, held]) => held <= L * shardBytes + budget);
+  check("fetch-fp16 per-step under a budget", { peak_prefetch: report.memory.peak_prefetch_bytes, budget, busy: report.busy_s }, {
+    "every fp16 shard once, in execution order": JSON.stringify(f.requested) === JSON.stringify(fp16),
+    "each step computed with its own step's fp16 KV": ownKV && f.seen.length === 3,
+    "fetch or decode overlaps compute": lanesOverlap(report.timeline, "fetch", "compute") || lanesOverlap(report.timeline, "decode", "compute"),
+    "prefetch within the budget": report.memory.peak_prefetch_bytes <= budget && report.memory.peak_prefetch_bytes > 0,
+    "held <= one step + budget at every change": heldOk,
+    "per-step KV freed at the end": report.memory.held_bytes_at_end === 0,
+    "every decision has a reason code": report.decisions.length >= 12 && report.decisions.every((d) => d.code === "fp16-exact"),
+  });
+}
+
+{ // the same edit without a budget holds more ahead (the budget is what bounded it)
+  const { report } = await edit("fetch-fp16", { link: { bytesPerS: 4e6, stepS: 0.2 } });
+  check("fetch-fp16 per-step unbounded", { peak_prefetch: report.memory.peak_prefetch_bytes }, {
+    "prefetch beyond two shards": report.memory.peak_prefetch_bytes > 2 * shardBytes,
+  });
+}
+
+{ // sakura, single KV, no template pass: probe at the floor, every layer fetched, upgrades on the idle link
+  const { f, report } = await edit("sakura", { perStep: false, steps: 3, link: { bytesPerS: 2e5 } });
+  const codes = codesOf(report);
+  const used = report.levels_used;
+  const floorOk = used[0].every((n) => n === "sakura-l2" || n === "fp16");
+  const stepOk = f.seen.every((ks, s) => ks.every((k, l) => k === mark(l, null, used[s][l])));
+  check("sakura single, no pass", { used, codes: [...codes] }, {
+    "probe then the floor": codes.has("probe") && codes.has("floor"),
+    "the floor level at least (35 dB)": floorOk,
+    "each step computed with the level it reports": stepOk,
+    "split 0 (no pass)": report.split_layers.length === 1 && report.split_layers[0] === 0,
+    "decisions coded": report.decisions.every((d) => typeof d.code === "string"),
+  });
+}
+
+{ // sakura, per-step, a template pass and a slow link: the device keeps the template for some layers
+  const { f, report } = await edit("sakura", { pass: true, link: { bytesPerS: 3e4 } });
+  const used = report.levels_used.flat();
+  const tmpl = report.timeline.filter((e) => e.lane === "compute" && e.level === "template").length;
+  const ok = f.seen.every((ks, s) => ks.every((k, l) => (report.levels_used[s][l] === "template" ? k === -(l + 1) : true)));
+  check("sakura per-step with a pass, slow link", { splits: report.split_layers, codes: [...codesOf(report)] }, {
+    "template layers computed on the device": used.includes("template") && tmpl > 0,
+    "device KV injected where the template ran": ok,
+    "drops logged with their code": report.decisions.filter((d) => d.code === "drop").length === report.split_layers.filter((k) => k < L).length,
+  });
+}
+
+{ // a late shard: the policy races a resumed template pass against it (recompute_late), and the pass wins
+  const raw = manifest(null);
+  const hang = raw.shards[2].representations.find((r) => r.name === "sakura-l1").digest;
+  const profile = { layerFullS: 0.11, layerCachedS: 0.01, templatePassS: 0.4, fixedS: 0, steps: 2, ditCpuCores: 1 };
+  const { report } = await edit("sakura", { perStep: false, steps: 2, pass: true, link: { bytesPerS: 2e6, hang }, profile });
+  const codes = codesOf(report);
+  check("late shard recomputed", { codes: [...codes], used: report.levels_used, stall: report.busy_s.stall }, {
+    "a recompute decision": codes.has("recompute"),
+    "a stall in the timeline": report.timeline.some((e) => e.lane === "stall"),
+    "the template dropped": report.decisions.some((d) => d.code === "drop"),
+    "the device made the late layer": report.levels_used[0][2] === "device" || report.levels_used[0][2] === "template",
+  });
+}
+
+{ // sakura, per-step, a template pass that costs more than the link: the plan splits each step (the layers before
+  // the split computed), the rest fetched as chosen; the same run twice gives the same timeline
+  const profile = () => ({ layerFullS: 0.05, layerCachedS: 0.01, templatePassS: 0.16, fixedS: 0, steps: 3, ditCpuCores: 1 });
+  const run = () => edit("sakura", { pass: true, link: { bytesPerS: 1e6 }, profile: profile() });
+  const a = await run();
+  const b = await run();
+  const r = a.report;
+  const codes = codesOf(r);
+  const fetched = r.timeline.filter((e) => e.lane === "fetch").map((e) => e.layer);
+  const chosen = fetched.every((g) => r.decisions.some((d) => d.layer === g && typeof d.level === "number" && d.level >= 0));
+  check("sakura per-step split", { splits: r.split_layers, codes: [...codes], fetched }, {
+    "a split inside some step": r.split_layers.some((k) => k > 0 && k < L),
+    "the template dropped, coded": codes.has("drop") && codes.has("probe-waits"),
+    "each step's layers after its split fetched": r.levels_used.every((ls, s) => ls.every((n, l) => (l < r.split_layers[s]) === (n === "template"))),
+    "every fetch a level the policy chose": chosen,
+    "deterministic": JSON.stringify(r.timeline) === JSON.stringify(b.report.timeline),
+  });
+}
+
+{ // on-device: nothing fetched, every layer of every step from the template pass
+  const { f, report } = await edit("on-device", { pass: true });
+  check("on-device", { codes: [...codesOf(report)] }, {
+    "nothing fetched": f.requested.length === 0 && report.bytes_fetched === 0,
+    "every layer template": report.levels_used.flat().every((n) => n === "template"),
+    "never-fetches reason": codesOf(report).has("never-fetches"),
+  });
+}
+
+{ // on-device without a template pass: a clear error
+  let msg = "";
+  try { await edit("on-device"); } catch (e) { msg = e.message; }
+  check("on-device without a pass", { msg }, { "says what to choose": msg.includes("choose fetch-fp16 or sakura") });
+}
+
+for (const r of results) console.log(JSON.stringify(r));
+const bad = results.filter((r) => !r.ok).length;
+console.log(JSON.stringify({ summary: { scenarios: results.length, failed: bad } }));
+process.exit(bad ? 1 : 0);
