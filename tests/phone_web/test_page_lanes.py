@@ -134,9 +134,9 @@ def test_the_lanes_edit_equals_python_and_overlap(page_store, link_trace, chromi
 
 def test_per_step_kv_is_freed_and_the_prefetch_keeps_to_its_budget(page_store, chromium, tmp_path):
     """A fast (unshaped) link and a 4x slower CPU: the fetch lane runs ahead of the DiT steps (in onnxruntime-web's
-    proxy worker). Under a budget of three shards' K/V the KV held for later steps reaches it and never exceeds it,
-    the KV held never exceeds one step's plus it; without the page's budget the lane holds more ahead (the budget is
-    what bounded it); no KV is held once the edit is done."""
+    proxy worker). Under a budget of two shards' K/V the KV held for later steps never exceeds it (and some is held
+    ahead), the KV held never exceeds one step's plus it, and none is held once the edit is done. (That the budget
+    is what bounds it, on a deterministic clock: phone_web/test/run_lanes.mjs.)"""
     from PIL import Image
 
     from sakura_core.models.edit_model import load_image
@@ -144,35 +144,28 @@ def test_per_step_kv_is_freed_and_the_prefetch_keeps_to_its_budget(page_store, c
     store, model_dir, model, index = page_store
     photo = tmp_path / "photo.png"
     Image.fromarray(load_image("chelsea", model.spec.image_size)).save(photo)
-    budget = 3 * SHARD_KV_BYTES
-    mems = {}
+    budget = 2 * SHARD_KV_BYTES
     with loopback_server(recording_app(store, model_dir, [])) as base:
-        for cap in (None, budget):
-            page = open_page(chromium, f"{base}/phone" + (f"?budget={cap}" if cap else ""))
-            fill_edit(page, photo, PER_STEP_ID)
-            page.select_option("#policy", "fetch-fp16")
-            cdp = page.context.new_cdp_session(page)
-            cdp.send("Emulation.setCPUThrottlingRate", {"rate": 4})
-            page.click("#go")
-            finish_edit(page)
-            state = page_state(page)
-            assert state["state"] == "done", state["status"]
-            report = json.loads(state["report"])
-            mems[cap] = report["memory"]
-            page.close()
-    free, mem = mems[None], mems[budget]
-    figures = (
-        f"per-step prefetch peak: {free['peak_prefetch_bytes']} B unbounded, {mem['peak_prefetch_bytes']} B under "
-    )
-    print(f"{figures}{budget} B; held peak {mem['peak_held_bytes']} B; {report['where']}")  # noqa: T201 - the figures
+        page = open_page(chromium, f"{base}/phone?budget={budget}")
+        fill_edit(page, photo, PER_STEP_ID)
+        page.select_option("#policy", "fetch-fp16")
+        cdp = page.context.new_cdp_session(page)
+        cdp.send("Emulation.setCPUThrottlingRate", {"rate": 4})
+        page.click("#go")
+        finish_edit(page)
+        state = page_state(page)
+    assert state["state"] == "done", state["status"]
+    report = json.loads(state["report"])
+    mem = report["memory"]
+    figures = f"per-step prefetch peak {mem['peak_prefetch_bytes']} B under {budget} B; held peak "
+    print(f"{figures}{mem['peak_held_bytes']} B; {report['where']}")  # noqa: T201 - the figures of the run
     assert "proxy worker" in report["where"]["compute"]
     assert mem["shard_kv_bytes"] == SHARD_KV_BYTES and mem["budget_applies"] and mem["budget_bytes"] == budget
     step_bytes = index["layers"] * SHARD_KV_BYTES
-    assert free["peak_prefetch_bytes"] > budget
     assert 0 < mem["peak_prefetch_bytes"] <= budget
     assert mem["peak_held_bytes"] > step_bytes  # a whole step's KV and some of the next, then freed
     assert all(held <= step_bytes + budget for _, held, _ in mem["held_samples"])
-    assert mem["held_bytes_at_end"] == 0 and free["held_bytes_at_end"] == 0
+    assert mem["held_bytes_at_end"] == 0
 
 
 # runEdit in the page with an oracle template pass (the interface of template_pass.js): each layer's K/V is what the
