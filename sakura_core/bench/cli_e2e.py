@@ -40,8 +40,12 @@ def add_arguments(parser) -> None:
         "--trace-classes", help="JSON {glob: class} (default: trace_classes.json in --traces, else folder names)"
     )
     parser.add_argument("--policies", default="all", help=f"comma list or 'all' ({','.join(POLICIES)})")
-    parser.add_argument("--mode", choices=["sim", "live", "page"], default="sim",
-                        help="page: the phone page in headless Chromium, live vs simulated (bench/cli_page.py)")
+    parser.add_argument(
+        "--mode",
+        choices=["sim", "live", "page"],
+        default="sim",
+        help="page: the phone page in headless Chromium, live vs simulated (bench/cli_page.py)",
+    )
     parser.add_argument(
         "--profile", default="snapdragon-8-elite-cpu", help=f"one of (sim: a comma list of) {', '.join(PROFILES)}"
     )

@@ -119,7 +119,11 @@ def test_the_lanes_edit_equals_python_and_overlap(page_store, link_trace, chromi
     assert codes <= CODES and all(d["reason"] for d in report["decisions"])
     manifest = store.get_manifest(template_id)
     if policy == "fetch-fp16":  # the template pass dropped at once (the page has one: "drop"), every shard at fp16
-        assert "fp16-exact" in codes and codes <= {"fp16-exact", "drop"} and all(n == "fp16" for step in used for n in step)
+        assert (
+            "fp16-exact" in codes
+            and codes <= {"fp16-exact", "drop"}
+            and all(n == "fp16" for step in used for n in step)
+        )
     else:  # the bandwidth probe, then every fetched shard at the quality floor (>= 35 dB stated), refined on the idle
         # link; the layers the template pass kept are computed here
         stated = {r["name"]: r["psnr_db"] for r in manifest["shards"][0]["representations"]}
