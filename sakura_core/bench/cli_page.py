@@ -153,8 +153,8 @@ def _run_all(bench, traces, steps: int, throttle: float) -> list[dict]:
 def _compare(runs: list[dict], traces, manifest: dict, layers: int, steps: int, args) -> dict:
     """The simulator's replay of each trace with the page's profile; the table of live vs simulated speed-ups."""
     profile = page_profile([r["_report"] for r in runs], layers, steps)
-    for r in runs:
-        r.pop("_report")
+    for r in runs:  # each run's page report (timeline, decisions) kept for the diagnosis
+        r["report"] = r.pop("_report")
     print(f"\npage's compute profile: DiT step {profile.layer_cached_s * layers:.3f} s, template-pass layer "
           f"{profile.layer_full_s - profile.layer_cached_s:.3f} s (medians of the timelines)")  # fmt: skip
     by = {(r["trace"], r["policy"]): r for r in runs}
