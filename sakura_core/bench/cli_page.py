@@ -7,7 +7,7 @@ Per trace and policy: the page's latency (its report's total), bytes, and the bu
 lanes' busy seconds, ``report.busy_s``: fetch, decode, compute less its stalls). Then the same trace is replayed in
 the simulator with the page's measured compute profile (a DiT step's and a template-pass layer's seconds, medians of
 the page's timeline) and the served ladders; the live and simulated speed-ups of sakura over on-device and
-fetch-fp16 are printed side by side and written as JSON.
+fetch-fp16 are printed side by side and written as JSON, each run with the page's report (timeline, decisions).
 """
 
 from __future__ import annotations
