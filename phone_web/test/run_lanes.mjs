@@ -6,6 +6,7 @@
 // run), so a scenario gives the same timeline on any host. Prints one JSON line per scenario ({name, ok, failures,
 // figures}); exits 1 on any failure.
 //   node test/run_lanes.mjs
+import { MeasuredProfile } from "../src/lanes/measured_profile.js";
 import { PipelinedEdit } from "../src/lanes/pipeline.js";
 import { lanesOverlap } from "../src/lanes/timeline.js";
 
@@ -75,11 +76,14 @@ function manifest(steps = null) {
 /** The value a decoded shard holds: which layer, step and level it is. */
 const mark = (layer, step, name) => 1000 * (step ?? 0) + 10 * layer + { "sakura-l1": 1, "sakura-l2": 2, fp16: 3 }[name];
 
-function fakes(vt, { bytesPerS = 4e5, hang = null, stepS = 0.03 } = {}) {
+function fakes(vt, { bytesPerS = 4e5, hang = null, stepS = 0.03, rttS = 0 } = {}) {
   const sleep = vt.sleep;
   const requested = [];
+  const requestedAt = new Map(); // digest -> the virtual time it was requested
   const fetchBlob = async (digest, bytes, onChunk) => {
     requested.push(digest);
+    requestedAt.set(digest, vt.t);
+    if (rttS > 0) await sleep(rttS); // each request's round trip
     const total = digest === hang ? 3.0 : bytes / bytesPerS; // one blob stalls (a late shard)
     for (let i = 0; i < 4; i++) {
       await sleep(total / 4);
@@ -104,19 +108,20 @@ function fakes(vt, { bytesPerS = 4e5, hang = null, stepS = 0.03 } = {}) {
       return { layer, k: new Float32Array(PER).fill(-(layer + 1)), v: new Float32Array(PER).fill(layer + 1) };
     }, dispose() { this.disposed = true; } };
   } };
-  return { requested, fetchBlob, pool, seen, computeStep, pass };
+  return { requested, requestedAt, fetchBlob, pool, seen, computeStep, pass };
 }
 
-async function edit(policy, { steps = 3, perStep = true, pass = false, budgetBytes = null, link = {}, profile = null } = {}) {
+async function edit(policy, { steps = 3, perStep = true, pass = false, budgetBytes = null, link = {}, profile = null,
+  measured = null } = {}) {
   const raw = manifest(perStep ? steps : null);
   const vt = new VirtualTime();
   const f = fakes(vt, link);
   const e = new PipelinedEdit({ raw, policy, timers: vt, fetchBlob: f.fetchBlob, pool: f.pool, computeStep: f.computeStep,
     slotOf: (g, rep) => ({ layers: [g % L, g % L], step: perStep ? Math.floor(g / L) : null, levelName: rep.name }),
     templatePass: pass ? f.pass : null, templateTokens: async () => new Float32Array(4), times: [1, 0.66, 0.33, 0],
-    steps, tokens: TOKENS, heads: HEADS, headDim: HD, budgetBytes, rttS: 0.01, profile });
+    steps, tokens: TOKENS, heads: HEADS, headDim: HD, budgetBytes, rttS: 0.01, profile, measured });
   const report = await vt.drive(e.run());
-  return { raw, f, report };
+  return { raw, f, report, e };
 }
 
 const results = [];
@@ -208,6 +213,31 @@ const codesOf = (r) => new Set(r.decisions.map((d) => d.code));
     "each step's layers after its split fetched": r.levels_used.every((ls, s) => ls.every((n, l) => (l < r.split_layers[s]) === (n === "template"))),
     "every fetch a level the policy chose": chosen,
     "deterministic": JSON.stringify(r.timeline) === JSON.stringify(b.report.timeline),
+  });
+}
+
+{ // a shard's chain (sakura-l2 requires sakura-l1) requested together: one round trip a shard, as the policy plans
+  const { raw, f, report } = await edit("sakura", { perStep: false, steps: 3, link: { bytesPerS: 2e5, rttS: 0.05 } });
+  const chains = raw.shards.map((s) => s.representations.slice(1).map((r) => r.digest))
+    .filter(([l1, l2]) => f.requestedAt.has(l1) && f.requestedAt.has(l2));
+  check("a chain in one round trip", { chains: chains.length, fetches: report.timeline.filter((e) => e.lane === "fetch").length }, {
+    "some shard fetched its chain": chains.length > 0,
+    "its blobs requested at one moment": chains.every(([l1, l2]) => f.requestedAt.get(l1) === f.requestedAt.get(l2)),
+  });
+}
+
+{ // the compute costs measured (a 0.08 s DiT step, 0.01 s template-pass layers): the edit's policy plans with them,
+  // the template pass included, and a page session's MeasuredProfile hands them to the next edit from its start
+  const measured = new MeasuredProfile();
+  const { e } = await edit("on-device", { pass: true, measured, link: { stepS: 0.08 } });
+  const close = (a, b) => Math.abs(a - b) < 1e-9;
+  const p = e.st.profile;
+  const next = measured.profileFor(L, 3, true);
+  check("measured profile", { profile: p, next }, {
+    "a cached layer: the step over the layers": close(p.layerCachedS, 0.08 / L),
+    "the template pass: its layers measured": close(p.templatePassS, 0.01 * L) && close(p.layerFullS, 0.08 / L + 0.01),
+    "the next edit starts from them": close(next.templatePassS, 0.01 * L) && close(next.layerCachedS, 0.08 / L),
+    "a fresh session guesses": new MeasuredProfile().profileFor(L, 3, true).layerCachedS === 0.05,
   });
 }
 

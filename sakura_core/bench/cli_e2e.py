@@ -24,6 +24,13 @@ from .requests_flag import add_requests_argument, requests_ahead
 __all__ = ["add_arguments", "run"]
 
 
+def _add_page_arguments(parser) -> None:
+    """``--mode page``'s own arguments (bench/cli_page.py)."""
+    parser.add_argument("--page-traces", default=",".join(PAGE_TRACES), help="page: trace names in --traces "
+                        "(default %(default)s: `sakura traces synth`'s)")  # fmt: skip
+    parser.add_argument("--cpu-throttle", type=float, default=4.0, help="page: CDP CPU throttle (default %(default)s)")
+
+
 def add_arguments(parser) -> None:
     from importlib import resources
 
@@ -96,9 +103,7 @@ def add_arguments(parser) -> None:
         "--synth-layers", default="0,3", help="sim: demo layers synthesised at each geometry's shard size (the "
         "codecs' size effects; default %(default)s)"
     )  # fmt: skip
-    parser.add_argument("--page-traces", default=",".join(PAGE_TRACES), help="page: trace names in --traces "
-                        "(default %(default)s: `sakura traces synth`'s)")  # fmt: skip
-    parser.add_argument("--cpu-throttle", type=float, default=4.0, help="page: CDP CPU throttle (default %(default)s)")
+    _add_page_arguments(parser)
     parser.add_argument("--max-traces", type=int, default=3, help="live: traces to run (default %(default)s)")
     parser.add_argument("--shaping", choices=["inproc", "kernel"], default="inproc", help="live: link shaper")
     parser.add_argument("--live-cache", default=None, metavar="DIR", help="live: where the precomputed template "

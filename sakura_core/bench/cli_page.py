@@ -7,7 +7,7 @@ Per trace and policy: the page's latency (its report's total), bytes, and the bu
 lanes' busy seconds, ``report.busy_s``: fetch, decode, compute less its stalls). Then the same trace is replayed in
 the simulator with the page's measured compute profile (a DiT step's and a template-pass layer's seconds, medians of
 the page's timeline) and the served ladders; the live and simulated speed-ups of sakura over on-device and
-fetch-fp16 are printed side by side and written as JSON.
+fetch-fp16 are printed side by side and written as JSON, each run with the page's report (timeline, decisions).
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ def _run_all(bench, traces, steps: int, throttle: float) -> list[dict]:
 def _compare(runs: list[dict], traces, manifest: dict, layers: int, steps: int, args) -> dict:
     """The simulator's replay of each trace with the page's profile; the table of live vs simulated speed-ups."""
     profile = page_profile([r["_report"] for r in runs], layers, steps)
-    for r in runs:
-        r.pop("_report")
+    for r in runs:  # each run's page report (timeline, decisions) kept for the diagnosis
+        r["report"] = r.pop("_report")
     print(f"\npage's compute profile: DiT step {profile.layer_cached_s * layers:.3f} s, template-pass layer "
           f"{profile.layer_full_s - profile.layer_cached_s:.3f} s (medians of the timelines)")  # fmt: skip
     by = {(r["trace"], r["policy"]): r for r in runs}

@@ -41,6 +41,13 @@ def test_the_page_bench_compares_live_with_simulated(tmp_path):
     on_device, fp16 = runs["on-device"]["bytes_fetched"], runs["fetch-fp16"]["bytes_fetched"]
     assert on_device <= runs["sakura"]["bytes_fetched"] <= fp16 and on_device < fp16
     assert rep["profile"]["layer_full_s"] > rep["profile"]["layer_cached_s"] > 0
+    # each run keeps the page's report (its timeline and decisions, for a diagnosis); the edits ran on the page
+    # session's decode pool, started and warmed with the model, not on workers started cold for each edit
+    assert all(r["report"]["timeline"] and r["report"]["where"]["decode"].endswith("(the page's, warm)")
+               for r in runs.values())  # fmt: skip
+    # the template image is fetched before the lanes where the template pass runs (not alongside the first shards)
+    image_s = {p: r["report"]["timings_s"]["template_image"] for p, r in runs.items()}
+    assert image_s["sakura"] > image_s["fetch-fp16"] and image_s["on-device"] > image_s["fetch-fp16"], image_s
     (row,) = rep["comparison"]
     assert sorted(row["sim_latency_s"]) == sorted(runs) and all(v > 0 for v in row["sim_latency_s"].values())
     for base in ("on-device", "fetch-fp16"):

@@ -12,10 +12,11 @@ export const LATE_FALLBACK_REASON = "shards late: template pass on the device is
 
 export class ComputeLane {
   /** computeStep(step, kv) runs one DiT step with kv[l] = {k, v}; templatePass: a TemplatePass or null;
-   *  templateTokens(): the template's packed tokens (a promise); times: the flow times (per-step pass times). */
+   *  templateTokens(): the template's packed tokens (a promise); times: the flow times (per-step pass times);
+   *  measured: a MeasuredProfile, fed each DiT step and template-pass layer (the policy's profile follows it). */
   constructor({ plan, st, ctx, policy, held, fetch, log, computeStep, templatePass, templateTokens, times, steps,
-    shardWaitS = 120 }) {
-    Object.assign(this, { plan, st, ctx, policy, held, fetch, log, computeStep, templatePass, templateTokens, times, steps, shardWaitS });
+    shardWaitS = 120, measured }) {
+    Object.assign(this, { plan, st, ctx, policy, held, fetch, log, computeStep, templatePass, templateTokens, times, steps, shardWaitS, measured });
     this.L = plan.layers;
     this.reset();
   }
@@ -44,7 +45,8 @@ export class ComputeLane {
       if (this._run !== null) this._run.dispose();
       this._run = null;
       this.stepS.push(this.st.now - s0);
-      this._profileFrom(step, this.st.now - t0);
+      this.measured.observeStep(this.st.now - t0);
+      this._profile();
       if (this.plan.perStep) this._release((step + 1) * this.L);
     }
   }
@@ -62,11 +64,10 @@ export class ComputeLane {
     this.held.setRunningEnd(st.now, this.plan.perStep ? (step + 1) * this.L : this.plan.ladders.length);
   }
 
-  /** The measured step time becomes the cached-layer cost the policy plans with (its LiveProfile, measured live). */
-  _profileFrom(step, stepS) {
-    const p = this.st.profile;
-    p.layerCachedS = stepS / this.L;
-    if (this.templatePass !== null && this._passLayerS !== undefined) p.layerFullS = p.layerCachedS + this._passLayerS;
+  /** What is measured (this edit's steps and pass layers, and the page session's before) becomes the costs the
+   *  policy plans with: a cached layer, a full layer and the template pass (its LiveProfile, measured live). */
+  _profile() {
+    this.measured.applyTo(this.st.profile, this.L, this.templatePass !== null);
   }
 
   async _templatePhase(step, kv) {
@@ -104,7 +105,8 @@ export class ComputeLane {
     if (this._run.nextLayer !== layer) throw new Error(`the template pass is at layer ${this._run.nextLayer}, the step needs layer ${layer}`);
     const t0 = this.st.now;
     const out = await this._run.next();
-    this._passLayerS = this.st.now - t0;
+    this.measured.observePassLayer(this.st.now - t0);
+    this._profile();
     this.log.event("compute", t0, this.st.now, this._g(step, layer), level);
     const kv = { k: out.k, v: out.v };
     if (!this.plan.perStep) this._deviceKV[layer] = kv;

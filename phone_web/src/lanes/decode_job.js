@@ -15,3 +15,8 @@ export async function decodeJob(blobs, slot) {
   }
   return { k: k32, v: v32 };
 }
+
+/** What a first decode would pay besides the decode: the float16 table built (the modules are imported by then). */
+export function warmJob() {
+  f16Table();
+}

@@ -1,13 +1,18 @@
 // A worker of the page's decode pool (decode_pool.js): a module worker that decodes one shard per message
 // ({id, blobs: ArrayBuffer[], slot}) and answers {id, k, v} (float32, their buffers transferred) or {id, error}.
 // Workers see no import map, so fzstd's URL is set before the decoders are imported (zstd.js reads it); the handler
-// is in place before that import ends, so no message is lost.
+// is in place before that import ends, so no message is lost. {id, warm: true} only loads them (DecodePool.warm).
 globalThis.SAKURA_FZSTD_URL = new URL("../../vendor/fzstd.mjs", import.meta.url).href;
 const loaded = import("./decode_job.js");
 
-self.onmessage = async ({ data: { id, blobs, slot } }) => {
+self.onmessage = async ({ data: { id, blobs, slot, warm = false } }) => {
   try {
-    const { decodeJob } = await loaded;
+    const { decodeJob, warmJob } = await loaded;
+    if (warm) { // the decoders imported and their tables built, nothing decoded (DecodePool.warm)
+      warmJob();
+      self.postMessage({ id, warm: true });
+      return;
+    }
     const { k, v } = await decodeJob(blobs, slot);
     self.postMessage({ id, k, v }, [k.buffer, v.buffer]);
   } catch (e) {

@@ -3,8 +3,8 @@
 // device computes it", "not now" = deferred, or stop); a deferred shard is asked about again (worthAsking, then
 // choose) before later shards and while the link would idle, until the compute lane reaches it; once every shard is
 // decided, progressive upgrades on the idle link as the policy says (upgrade: only the refinement's blobs are
-// fetched, the chain decoded again). One request at a time: a shard's decode (the pool) overlaps the next transfer.
-// Each transfer is streamed: its progress is the policy's linkProgress, its end an estimator sample. Per-step KV:
+// fetched, the chain decoded again). One shard at a time (its chain's blobs requested together, one round trip): a
+// shard's decode (the pool) overlaps the next transfer. Each transfer is streamed: its progress is the policy's linkProgress, its end an estimator sample. Per-step KV:
 // a shard of a later step than the running one waits until the KV held for later steps, with the shards requested
 // and not yet held, leaves room for it under the memory budget. A failed shard is retried at the floor, then left to
 // the device. The compute lane asks for a shard it needs and the lane skipped through fetchSkipped(g) only.
@@ -226,17 +226,15 @@ export class FetchLane {
     const todo = digests.slice(start);
     const entry = [st.now, 0, todo.reduce((s, d) => s + sizes.get(d), 0)];
     st.receiving.set(g, entry);
-    const fresh = [];
-    try {
-      for (const d of todo) {
-        const t0 = st.now;
-        const data = await this.fetchBlob(d, sizes.get(d), (n) => { entry[1] += n; });
-        const t1 = st.now;
-        st.estimator.observe(data.byteLength, t1 - t0);
-        this.bytesFetched += data.byteLength;
-        this.log.event("fetch", t0, t1, g, name);
-        fresh.push(data);
-      }
+    let fresh;
+    try { // the chain's blobs requested together: one round trip for the shard, as the policy plans it (queuedRttS)
+      const t0 = st.now;
+      fresh = await Promise.all(todo.map((d) => this.fetchBlob(d, sizes.get(d), (n) => { entry[1] += n; })));
+      const t1 = st.now;
+      const nbytes = fresh.reduce((s, b) => s + b.byteLength, 0);
+      st.estimator.observe(nbytes, t1 - t0); // one transfer: the shard's bytes over its time
+      this.bytesFetched += nbytes;
+      this.log.event("fetch", t0, t1, g, name);
     } finally {
       st.receiving.delete(g);
     }

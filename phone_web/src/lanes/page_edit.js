@@ -3,7 +3,9 @@
 // of the transfer), decoded in the worker pool, the DiT steps on onnxruntime-web on this thread (dit_step.js), the
 // template pass of template_pass.js where the model's files have per-layer template graphs (loaded when the module
 // exists and returns one; else every layer is fetched). Returns {rgba, report}; the report holds the lanes' timeline,
-// decisions (with reason codes), busy seconds and memory, besides what a fixed-level edit reports.
+// decisions (with reason codes), busy seconds and memory, besides what a fixed-level edit reports. A page passes its
+// session's decode pool (pool: started and warmed at model load) and measured profile (measured: measured_profile.js),
+// so an edit neither waits for cold workers nor plans its first decisions with a guessed compute profile.
 import { slotFromManifest } from "../binding.js";
 import { DitSteps } from "../dit_step.js";
 import { checkSchedule, executedOn, fetchManifest, templateTokens } from "../edit.js";
@@ -29,7 +31,7 @@ export async function loadTemplatePassIfAny({ base, index, ort, providers }) {
 
 export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null, policy,
   memoryBudgetBytes = null, onEvent = () => {}, onProgress = () => {}, templatePass = undefined, modelBase = "model/",
-  profile = null }) {
+  profile = null, measured = null, pool = null }) {
   const { index } = model;
   const t0 = now();
   const { manifest, raw, bytes } = await fetchManifest(origin, templateId, index.model_id, token);
@@ -49,7 +51,8 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
   };
   const L = raw.num_layers;
   const perStep = manifest.kvMode === "per-step";
-  const pool = DecodePool.forPage();
+  const ownPool = pool === null; // the page's session pool (started and warmed at model load), else this edit's own
+  const lanesPool = pool ?? DecodePool.forPage();
   const dit = new DitSteps({ model, run, rgba, prompt, steps, seed });
   const budget = memoryBudgetBytes ?? defaultBudgetBytes();
   let fetched = 0;
@@ -57,18 +60,23 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
     if (kind === "event" && entry.lane === "fetch") onProgress("fetched", ++fetched, perStep ? L * steps : L);
     onEvent(kind, entry);
   };
-  const edit = new PipelinedEdit({ raw, policy, pool, times: dit.times, steps, rttS, budgetBytes: budget, onEvent: shown,
+  const edit = new PipelinedEdit({ raw, policy, pool: lanesPool, times: dit.times, steps, rttS, budgetBytes: budget, onEvent: shown,
     fetchBlob: (digest, nbytes, onChunk) => fetchShard(origin, digest, nbytes, { token, onChunk }),
     slotOf: (g, rep) => slotFromManifest(raw, g % L, rep, perStep ? Math.floor(g / L) : null),
     computeStep: async (step, kv) => { await dit.step(step, kv); onProgress("computed", step + 1, steps); },
-    templatePass: tp.pass, templateTokens: tokensOf, profile,
+    templatePass: tp.pass, templateTokens: tokensOf, profile, measured,
     tokens: raw.token_grid[0] * raw.token_grid[1], heads: index.heads, headDim: index.head_dim });
+  // the template image before any shard: the pass needs it for step 0's first layer, and requested alongside the
+  // lanes' first shards it landed 0.15-0.2 s into the edit on the page bench (0.02-0.05 s alone); fetch-fp16 never
+  // runs the pass and skips it
+  const tImage = now();
+  if (tp.pass !== null && edit.policy.name !== "fetch-fp16") await tokensOf();
   const tLanes = now();
   let lanes;
   try {
     lanes = await edit.run();
   } finally {
-    pool.close();
+    if (ownPool) lanesPool.close();
   }
   const done = now();
   const report = {
@@ -89,8 +97,8 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
     manifest_bytes: bytes.byteLength,
     rtt_s: rttS,
     template_pass: tp.why,
-    timings_s: { manifest: tLanes - t0, lanes: done - tLanes, total: done - t0, per_step: lanes.per_step_s },
-    where: { fetch: "main thread (streaming fetch)", decode: `${pool.inThread ? "main thread" : `${pool.size} module worker(s)`}`,
+    timings_s: { manifest: tImage - t0, template_image: tLanes - tImage, lanes: done - tLanes, total: done - t0, per_step: lanes.per_step_s },
+    where: { fetch: "main thread (streaming fetch)", decode: `${lanesPool.inThread ? "main thread" : `${lanesPool.size} module worker(s)`}${ownPool ? "" : " (the page's, warm)"}`,
       compute: run.ort.env?.wasm?.proxy ? "onnxruntime-web's proxy worker" : "main thread (onnxruntime-web)" },
     busy_s: lanes.busy_s,
     stalled_s: lanes.stalled_s,

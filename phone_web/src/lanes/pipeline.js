@@ -9,10 +9,8 @@ import { FetchLane } from "./fetch_lane.js";
 import { HeldKV } from "./held_kv.js";
 import { pageLadders } from "./ladders.js";
 import { LiveState, realTimers } from "./live_state.js";
+import { MeasuredProfile } from "./measured_profile.js";
 import { busyS, RunLog } from "./timeline.js";
-
-export const DEFAULT_LAYER_S = 0.05; // the cached-layer time planned with before the first step is measured (s)
-export const NO_PASS_S = 1e6; // the template's cost where the device cannot compute it (no template pass)
 
 /** The prefetch budget when none is given: 1/16 of the device memory the browser reports (navigator.deviceMemory,
  *  GiB as the browser rounds it; 4 GiB when it reports none): 256 MiB on 4 GiB, 512 MiB on 8. */
@@ -21,21 +19,17 @@ export function defaultBudgetBytes() {
   return Math.round((gib * 2 ** 30) / 16);
 }
 
-/** The compute costs the policy plans with (policy/context.js profile): measured live after each step. */
-export function initialProfile(layers, steps, hasPass, layerS = DEFAULT_LAYER_S) {
-  return { layerFullS: hasPass ? 2 * layerS : NO_PASS_S, layerCachedS: layerS,
-    templatePassS: hasPass ? layers * layerS : NO_PASS_S, fixedS: 0.0, steps, ditCpuCores: 1 };
-}
-
 export class PipelinedEdit {
   /** raw: the manifest JSON; policy: a name (makePolicy); fetchBlob(digest, bytes, onChunk); pool: decode(blobs,
    *  slot); slotOf(g, rep); computeStep(step, kv); templatePass / templateTokens: see ComputeLane; times: flow times;
    *  steps; tokens, heads, headDim: one shard's K/V geometry; budgetBytes (null: unbounded); rttS: the link's round
-   *  trip; timers: the lanes' time (live_state.js realTimers; tests a virtual one); onEvent(kind, entry): each event /
+   *  trip; profile: the costs planned with at first (null: from `measured`); measured: the page session's
+   *  MeasuredProfile (measured_profile.js; null: a fresh one, this edit's own), fed every step and template-pass
+   *  layer; timers: the lanes' time (live_state.js realTimers; tests a virtual one); onEvent(kind, entry): each event /
    *  decision as it is logged. */
   constructor({ raw, policy, fetchBlob, pool, slotOf, computeStep, templatePass = null, templateTokens = null,
     times, steps, tokens, heads, headDim, budgetBytes = defaultBudgetBytes(), rttS = 0.05, profile = null,
-    latencyTargetS = null, timers = realTimers, onEvent = () => {}, upgrades = true, shardWaitS = 120 }) {
+    measured = null, latencyTargetS = null, timers = realTimers, onEvent = () => {}, upgrades = true, shardWaitS = 120 }) {
     this.policy = typeof policy === "string" ? makePolicy(policy) : policy;
     if (this.policy.templateEveryStep && templatePass === null) {
       throw new Error(`policy ${this.policy.name} computes every layer's template KV on the device, which needs per-layer ` +
@@ -50,14 +44,16 @@ export class PipelinedEdit {
       const inner = this.log[kind].bind(this.log);
       this.log[kind] = (...args) => { inner(...args); const list = kind === "event" ? this.log.events : this.log.decisions; onEvent(kind, list[list.length - 1]); };
     }
-    this.st = new LiveState({ profile: profile ?? initialProfile(L, steps, templatePass !== null), ladders: this.plan.ladders,
+    this.measured = measured ?? new MeasuredProfile();
+    this.st = new LiveState({ profile: profile ?? this.measured.profileFor(L, steps, templatePass !== null), ladders: this.plan.ladders,
       floor: this.plan.floor, layersPerStep: L, rttS, latencyTargetS, estimatorConfig: new EstimatorConfig(), clock: timers.now });
     this.ctx = new Context(this.st);
     this.held = new HeldKV(L, this.shardBytes, timers);
     this.fetch = new FetchLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held, pool,
       log: this.log, fetchBlob, slotOf, budgetBytes: this.plan.perStep ? budgetBytes : null, shardBytes: this.shardBytes, timers, upgrades });
     this.compute = new ComputeLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held,
-      fetch: this.fetch, log: this.log, computeStep, templatePass, templateTokens, times, steps, shardWaitS });
+      fetch: this.fetch, log: this.log, computeStep, templatePass, templateTokens, times, steps, shardWaitS,
+      measured: this.measured });
   }
 
   /** Run the lanes overlapped; the lanes' part of the report. */
