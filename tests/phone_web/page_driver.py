@@ -13,7 +13,7 @@ from sakura_core.bench.page_driver import CHROMIUM, FLAGS
 
 __all__ = ["CHROMIUM", "FLAGS", "PER_STEP_ID", "PHOTO_NAME", "PROMPT", "SEED", "STEPS", "TEMPLATE_ID", "TWO_REF_ID", "WEB",
            "fill_edit", "finish_edit", "open_page", "page_state", "publish_page_store", "python_edit",
-           "recording_app"]  # fmt: skip
+           "recording_app", "store_blobs"]  # fmt: skip
 
 WEB = Path(__file__).resolve().parents[2] / "phone_web"
 TEMPLATE_ID = "web-astronaut"
@@ -53,6 +53,18 @@ def publish_page_store(root: Path):
     return store, root / "model", model, json.loads((root / "model" / "model.json").read_text())
 
 
+def store_blobs(store, manifest: dict) -> dict[str, bytes]:
+    """Every representation blob ``manifest``'s shards name, read from ``store``: digest -> bytes."""
+    blobs = {}
+    for shard in manifest["shards"]:
+        for rep in shard["representations"]:
+            if rep["digest"] is not None:
+                f, _ = store.open_shard(rep["digest"])
+                with f:
+                    blobs[rep["digest"]] = f.read()
+    return blobs
+
+
 def python_edit(store, model, user: np.ndarray, seed: int, template_id: str, split: int, level: str = "fp16"):
     """The same job in Python: the template's KV decoded at ``level``, injected for layers >= split, the template
     image's own for layers < split (run_edit's hybrid step 0)."""
@@ -62,13 +74,7 @@ def python_edit(store, model, user: np.ndarray, seed: int, template_id: str, spl
     from sakura_core.runtime.denoise import run_edit
 
     manifest = store.get_manifest(template_id)
-    blobs = {}
-    for shard in manifest["shards"]:
-        for rep in shard["representations"]:
-            if rep["digest"] is not None:
-                f, _ = store.open_shard(rep["digest"])
-                with f:
-                    blobs[rep["digest"]] = f.read()
+    blobs = store_blobs(store, manifest)
     kv = decode_template(manifest, blobs, level)
     mode = manifest.get("kv_mode", "single")
     template = None  # split 0: every layer's KV fetched (the grid, one reference or several, from the KV)

@@ -26,6 +26,7 @@ from .page_driver import (
     open_page,
     page_state,
     recording_app,
+    store_blobs,
 )
 
 CODES = {"never-fetches", "fp16-exact", "fp16-nearest", "probe", "probe-waits", "past-compute", "defer", "floor",
@@ -50,13 +51,7 @@ def python_at_levels(store, model, user, template_id: str, levels_used: list[lis
     from sakura_core.runtime.denoise import run_edit
 
     manifest = store.get_manifest(template_id)
-    blobs = {}
-    for shard in manifest["shards"]:
-        for rep in shard["representations"]:
-            if rep["digest"] is not None:
-                f, _ = store.open_shard(rep["digest"])
-                with f:
-                    blobs[rep["digest"]] = f.read()
+    blobs = store_blobs(store, manifest)
     pass_kv = PASS_KV  # the template pass's KV (kept, or racing a late shard): fp16 for an oracle pass
     levels_used = [["fp16" if n in pass_kv else n for n in step] for step in levels_used]
     kvs = {name: decode_template(manifest, blobs, name) for name in {n for step in levels_used for n in step}}
