@@ -22,8 +22,6 @@ ERROR = re.compile(r"^(?P<path>[\w./-]+\.py):(?P<line>\d+): error: (?P<message>.
 # and the phone page's export side (android_bridge/web_*.py) are checked: they have no error today.
 PENDING = {
     "sakura_core/bench/": "the benchmark package is being reworked (issue 50); typed after it merges",
-    "sakura_core/runtime/simulate.py": "the simulator is being reworked with the bench (issue 50)",
-    "sakura_core/runtime/sim_": "the simulator's link / CPU / ladders (sim_*.py) are being reworked (issue 50)",
 }
 # Errors in checked modules whose fix belongs in a pending one: (path, start of the message) -> the fix there.
 PENDING_ERRORS: dict[tuple[str, str], str] = {}
