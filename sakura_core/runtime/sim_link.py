@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..policy.context import Context
     from ..policy.estimator import ThroughputEstimator
     from ..policy.ladder import Level
+    from .live_profile import LiveProfile
     from .profiles import DeviceProfile
     from .sim_cpu import PlanClock
     from .sim_types import SimConfig
@@ -55,7 +56,7 @@ class SimLink:
     policy: PlanClock
     trace: Trace
     start_s: float
-    profile: DeviceProfile
+    profile: DeviceProfile | LiveProfile  # a measured live profile: the phone page's replays
     ladders: list[list[Level]]
     floor: int
     config: SimConfig
@@ -402,7 +403,11 @@ class SimLink:
         if layer < running_end:
             return True
         held = sum(1 for g in self._pred if g >= running_end)
-        return (held + 1) * self.profile.model.shard_bytes_fp16 <= cap
+        shard = getattr(self.profile.model, "shard_bytes_fp16", None)  # a measured LiveProfile has no geometry
+        if shard is None:
+            raise ValueError("SimConfig.prefetch_kv_bytes needs a DeviceProfile (its geometry's shard_bytes_fp16); "
+                             f"{type(self.profile).__name__} has none: simulate without prefetch_kv_bytes")  # fmt: skip
+        return (held + 1) * shard <= cap
 
     def wait_for(self, layer: int) -> float:
         """Run the link until ``layer`` has a decoded level; returns that time."""

@@ -40,6 +40,7 @@ from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
 from ..policy.policies import Policy
 from .deferral import LATE_FALLBACK_REASON, pass_can_stop, pass_stopped_reason
+from .live_profile import LiveProfile
 from .profiles import DeviceProfile
 from .sim_cpu import CpuShare, PlanClock
 from .sim_ladders import CACHEGEN_NO_FLOOR
@@ -350,7 +351,7 @@ def _slowed(lv, slowdown: float):
 def simulate(
     policy: Policy,
     trace: Trace,
-    profile: DeviceProfile,
+    profile: DeviceProfile | LiveProfile,
     ladders: dict[str, list[list[Level]]],
     floors: dict[str, int],
     start_s: float = 0.0,
