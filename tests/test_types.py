@@ -17,24 +17,11 @@ import_or_skip("mypy", "mypy is not installed (pip install 'sakura-kv[test]')")
 ROOT = Path(__file__).resolve().parent.parent
 ERROR = re.compile(r"^(?P<path>[\w./-]+\.py):(?P<line>\d+): error: (?P<message>.*)$")
 
-# Modules other developers are reshaping in parallel (issues 47 and 50): typed once that work has merged (issue 51).
-# A path prefix (a folder, a module, or the start of file names) -> why it is left. The simulator's exact oracle
-# and the phone page's export side (android_bridge/web_*.py) are checked: they have no error today.
-PENDING = {
-    "sakura_core/policy/": "the policy package is being reworked (phone-page policy, issue 47/50); typed after it merges",
-    "sakura_core/bench/": "the benchmark package is being reworked (issue 50); typed after it merges",
-    "sakura_core/runtime/simulate.py": "the simulator is being reworked with the bench (issue 50)",
-    "sakura_core/runtime/sim_": "the simulator's link / CPU / ladders (sim_*.py) are being reworked (issue 50)",
-}
+# Modules left unchecked while other work reshapes them: a path prefix (a folder, a module, or the start of file
+# names) -> why it is left. Empty since issue 51: every module is checked (policy/, bench/ and the simulator included).
+PENDING: dict[str, str] = {}
 # Errors in checked modules whose fix belongs in a pending one: (path, start of the message) -> the fix there.
-PENDING_ERRORS = {
-    ("sakura_core/runtime/host_lanes.py", 'Argument 1 to "LiveState" has incompatible type "LiveProfile"'): (
-        "policy/state.py: _Steps.steps as a read-only property (LiveProfile is frozen)"
-    ),
-    ("sakura_core/runtime/pipeline.py", 'Argument 1 to "LiveState" has incompatible type "LiveProfile"'): (
-        "policy/state.py: _Steps.steps as a read-only property (LiveProfile is frozen)"
-    ),
-}
+PENDING_ERRORS: dict[tuple[str, str], str] = {}
 
 
 def _mypy_errors(cache_dir: Path) -> list[tuple[str, int, str]]:

@@ -51,10 +51,10 @@ def run(args) -> int:
         f"\nat each single-mode level's PSNR, per-step bytes as a multiple of single-mode bytes ({config.steps} steps):"
     )
     print(f"{'PSNR dB':>8}{'single B':>10}{'independent':>13}{'cross-step':>12}")
-    for e in result["summary"]:
-        ind, cross = e["per-step-independent_x_single"], e["per-step-cross_x_single"]
+    for row in result["summary"]:
+        ind, cross = row["per-step-independent_x_single"], row["per-step-cross_x_single"]
         print(
-            f"{e['psnr_db']:>8.2f}{e['single_bytes']:>10}{'-' if ind is None else ind:>13}{'-' if cross is None else cross:>12}"
+            f"{row['psnr_db']:>8.2f}{row['single_bytes']:>10}{'-' if ind is None else ind:>13}{'-' if cross is None else cross:>12}"
         )
     print(f"wrote {args.json}")
     return 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from functools import partial
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def measure_decode(layer_kv, codecs: tuple[str, ...], shard: dict, repeats: int)
         for level in codec.levels:
             blobs = codec.encode(inp, level_chain(codec, level))
             wire = sum(len(b) for b in blobs)
-            seconds = best_time_s(lambda b=blobs: decode_chain(b), repeats, warmup=True)
+            seconds = best_time_s(partial(decode_chain, blobs), repeats, warmup=True)
             row = decode_row(name, level, codec.level_name(level), wire, fp16_bytes, seconds, TARGET_WIRE_MBIT_S)
             rows.append(row)
     return rows

@@ -126,7 +126,7 @@ def _add_scale_arguments(parser) -> None:
 
 
 REGIME_TFLOPS = [0.05, 0.2, 1.0, 3.5, 14.0, 50.0]  # device effective TFLOP/s (phone CPU .. NPU and beyond)
-REGIME_MBITS = [1, 3, 10, 30, 100, 300, 1000]  # link Mbit/s
+REGIME_MBITS: list[float] = [1, 3, 10, 30, 100, 300, 1000]  # link Mbit/s
 
 
 def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:

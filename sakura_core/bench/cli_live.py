@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -57,6 +58,8 @@ def start_server(store: str, host: str = "127.0.0.1", wrap=None) -> tuple[subpro
     if wrap is not None:
         argv = wrap(argv)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.stdout is None:  # not reached: stdout=PIPE
+        raise RuntimeError("sakura serve started without a stdout pipe")
     deadline = time.monotonic() + 60
     for line in proc.stdout:
         m = re.search(r"serving (http://\S+)", line)
@@ -147,7 +150,9 @@ def _publish_ladders(store, model, template, kv_mode: str = "single", steps: int
 
     t0 = time.perf_counter()
     for codec in _codecs(kv_mode):
-        kw = {} if kv_mode == "single" else {"kv_mode": "per-step", "steps": steps, "held_out_probes": 1}
+        kw: dict[str, Any] = (
+            {} if kv_mode == "single" else {"kv_mode": "per-step", "steps": steps, "held_out_probes": 1}
+        )
         pre = precompute_template(model, template, f"live-{codec}", codec=codec, **kw)
         publish_template(store, model, template, f"live-{codec}", codec=codec,
                          precompute_fn=lambda *a, _pre=pre, **k: _pre)  # fmt: skip

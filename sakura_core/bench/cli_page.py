@@ -172,7 +172,7 @@ def _compare(runs: list[dict], traces, manifest: dict, layers: int, steps: int, 
         row["latency_over_bound"] = {p: by[(trace.name, p)]["latency_over_bound"] for p in PAGE_POLICIES}
         rows.append(row)
         for p in PAGE_POLICIES:
-            cells = ("", "")
+            cells: tuple[str, ...] = ("", "")
             if p == "sakura":
                 cells = tuple(f"{row[f'speedup_vs_{b}']['live']:.2f}x / {row[f'speedup_vs_{b}']['sim']:.2f}x"
                               for b in ("on-device", "fetch-fp16"))  # fmt: skip

@@ -83,7 +83,11 @@ def run(args) -> int:
     print(f"\nsakura bench planner: policy {args.policy}, per-step KV, {args.geometry}, {args.profile}, synthetic "
           f"walk (seed {args.seed}, from {args.mean_mbit:g} Mbit/s); CPU time of the deciding thread on this host ({platform.processor() or platform.machine()})")  # fmt: skip
     print(format_planner_table(rows))
-    out = {"cpu": platform.processor() or platform.machine(), "rows": rows, "command": _command(args)}
+    out: dict[str, object] = {
+        "cpu": platform.processor() or platform.machine(),
+        "rows": rows,
+        "command": _command(args),
+    }
     if before is not None:
         out["before"] = before
     atomic_write_json(args.json, out)

@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -315,7 +316,7 @@ def _phone_scale(config: CodecBenchConfig, tokens: int = 1024, heads: int = 24, 
         for level in levels:
             blobs = codec.encode(shard, [lv for lv in codec.levels if lv <= level] if codec.progressive else [level])
             repeats = 1 if name == "cachegen" else max(2, config.repeats // 2)
-            decode_s = best_time_s(lambda b=blobs: decode_chain(b), repeats)
+            decode_s = best_time_s(partial(decode_chain, blobs), repeats)
             rows.append(
                 {
                     "name": name,

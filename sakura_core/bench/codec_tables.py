@@ -116,7 +116,8 @@ def heldout_table(*datas: dict) -> str:
              "|---" * (len(datas) + 1 + (len(datas) == 2)) + "|"]  # fmt: skip
     templates = [f["template"] for f in datas[0]["floors"]]
     for t in templates:
-        cells, nbytes = [], []
+        cells: list[str] = []
+        nbytes: list[int | None] = []
         for d in datas:
             f = next((f for f in d["floors"] if f["template"] == t), None)
             if not f or f["floor"] is None:
@@ -128,7 +129,8 @@ def heldout_table(*datas: dict) -> str:
             nbytes.append(f["bytes"])
         ratio = ""
         if len(datas) == 2:
-            ratio = " | -" if None in nbytes else f" | {nbytes[1] / nbytes[0]:.2f}x"
+            first, second = nbytes
+            ratio = " | -" if first is None or second is None else f" | {second / first:.2f}x"
         rows.append(f"| {t} | " + " | ".join(cells) + ratio + " |")
     c = datas[0]["config"]
     edits = len(datas[0]["rows"][0]["heldout_psnr_db"]) if datas[0]["rows"] else 0

@@ -88,10 +88,13 @@ def run_cross_step(model: EditModel, config: CrossStepConfig, say: Callable[[str
     kvs = [per_step.at_step(s) for s in range(config.steps)]
     imps = [_importance(model, kv, packed, replace(base_cfg, timesteps=(kv.ref_timestep,))) for kv in kvs]
     users = [load_image(u, size) for u in config.users]
-    edit = dict(steps=config.steps, shift=config.shift, seed=config.seed)
+    steps, shift, seed = config.steps, config.shift, config.seed
 
     def edits(kv, mode: str) -> list[torch.Tensor]:
-        return [run_edit(model, u, config.prompt, kv_source=kv, kv_mode=mode, **edit).tokens for u in users]
+        return [
+            run_edit(model, u, config.prompt, kv_source=kv, kv_mode=mode, steps=steps, shift=shift, seed=seed).tokens
+            for u in users
+        ]
 
     exact_single, exact_per_step = edits(single, "single"), edits(per_step, "per-step")
     rows = []
@@ -128,22 +131,25 @@ def run_cross_step(model: EditModel, config: CrossStepConfig, say: Callable[[str
 
 def _encode_per_step(per_step: PerStepTemplateKV, imps: list, level: int, cross: bool):
     """(bytes, decoded PerStepTemplateKV) of every step at ``level``: independently, or closed-loop cross-step."""
-    nbytes, decoded, prev = 0, [], None
+    nbytes, decoded = 0, []
+    prev: torch.Tensor | None = None  # the step before's decoded KV
     for s, imp in enumerate(imps):
         kv = per_step.at_step(s)
-        residual = cross and prev is not None
+        residual = prev if cross else None  # closed loop: coded against the step before's decoded KV
         target = (
-            TemplateKV(kv.kv - prev, kv.model_id, kv.token_grid, kv.rope_layout, kv.ref_timestep) if residual else kv
+            TemplateKV(kv.kv - residual, kv.model_id, kv.token_grid, kv.rope_layout, kv.ref_timestep)
+            if residual is not None
+            else kv
         )
         chains = encode_kv("sakura", target, imp, level)
         nbytes += _chains_bytes(chains)
         step_kv = decode_kv(chains).float()  # (layers, 2, tokens, heads, head_dim)
-        prev = step_kv + prev if residual else step_kv
+        prev = step_kv + residual if residual is not None else step_kv
         decoded.append(prev)
-    kv = PerStepTemplateKV(
+    out = PerStepTemplateKV(
         torch.stack(decoded), per_step.model_id, per_step.token_grid, per_step.rope_layout, per_step.timesteps
     )
-    return nbytes, kv
+    return nbytes, out
 
 
 def bytes_at_psnr(curve: list[tuple[int, float]], psnr_db: float) -> float | None:

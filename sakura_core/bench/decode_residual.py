@@ -13,6 +13,8 @@ bytes and the level). Each decode includes the reference add (:func:`~sakura_cor
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .phone_scale import decode_row, level_chain, phone_scale_input
@@ -78,7 +80,7 @@ def measure_residual_decode(step0: np.ndarray, step1: np.ndarray, shard: dict, r
         for level in codec.levels:
             blobs = encode(level)
             wire = sum(len(b) for b in blobs)
-            seconds = best_time_s(lambda b=blobs: decode_chain(b, ref), repeats, warmup=True)
+            seconds = best_time_s(partial(decode_chain, blobs, ref), repeats, warmup=True)
             name = codec.level_name(level) + ("+cl" if family == "closed" else "")
             rows.append(decode_row(f"sakura-{family}", level, name, wire, fp16_bytes, seconds, target_mbit_s))
     return rows

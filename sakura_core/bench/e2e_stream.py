@@ -134,7 +134,9 @@ def load_e2e(path: str | Path, with_runs: bool = True) -> dict:
     path = Path(path)
     if not str(path).endswith(".jsonl"):
         return json.loads(path.read_text())
-    head, results, runs, end = None, [], [], None
+    head, end = None, None
+    results: list[dict] = []
+    runs: list[dict] = []
     for n, obj in _records(path):
         kind = obj.pop("record")
         if head is None:

@@ -31,6 +31,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,6 +100,7 @@ def demo_ladders(model: EditModel, cfg: LadderConfig, kv_mode: str, say: Callabl
     images = [load_image(t, size) for t in cfg.templates]
     user = load_image(cfg.user, size)
     refs = [model.template_tokens(im) for im in images]
+    exacts: list[TemplateKV | PerStepTemplateKV]
     if kv_mode == "per-step":
         times = edit_times(model, cfg.steps)[:-1]
         exacts = [model.adapter.extract_per_step_kv(r, grid, times) for r in refs]
@@ -110,7 +112,12 @@ def demo_ladders(model: EditModel, cfg: LadderConfig, kv_mode: str, say: Callabl
     steps = range(cfg.steps) if kv_mode == "per-step" else [None]
     shards = [(s, layer) for s in steps for layer in range(L)]
     fp16_shard = 2 * exact.kv.shape[-3] * exact.kv.shape[-2] * exact.kv.shape[-1] * 2
-    out = {"shards": len(shards), "layers": L, "steps": cfg.steps if kv_mode == "per-step" else 1, "families": {}}
+    out: dict[str, Any] = {
+        "shards": len(shards),
+        "layers": L,
+        "steps": cfg.steps if kv_mode == "per-step" else 1,
+        "families": {},
+    }
     for family, codec in FAMILIES.items():
         # the manifest's psnr_db (precompute's held-out edits, the lowest kept) joins this edit's in the floor
         pre = precompute_template(model, images[0], f"bench-{family}", codec=codec, psnr_steps=cfg.steps,
@@ -204,15 +211,18 @@ def size_effects(demo: dict, geometry: DitGeometry, cfg: LadderConfig, say: Call
     if len(demo["kv_layer0"]) < refs:
         raise ValueError(f"{geometry.name} has {refs} references; give LadderConfig.templates at least {refs}")
     per_ref = geometry.template_tokens // refs
-    out = {}
+    out: dict[str, dict[str, list[float]]] = {}  # family -> its factors, decode speeds and checks per level
     for family, fam in demo["families"].items():
         codec = fam["codec"]
         n_levels = len(get_codec(codec).levels)
-        factors, speeds = [[] for _ in range(n_levels)], [[] for _ in range(n_levels)]
-        check = [[] for _ in range(n_levels)]  # real demo layer's ratio / its synthesis's, at the demo's size
+        factors: list[list[float]] = [[] for _ in range(n_levels)]
+        speeds: list[list[float]] = [[] for _ in range(n_levels)]
+        # real demo layer's ratio / its synthesis's, at the demo's size
+        check: list[list[float]] = [[] for _ in range(n_levels)]
         for dl in cfg.synth_layers:
             src = [demo["kv_layer0"][r][dl] for r in range(refs)]
-            small = synthesize_shard(src[0], *src[0].shape[1:], rng)
+            _, t0, h0, d0 = src[0].shape  # (2, tokens, heads, head_dim)
+            small = synthesize_shard(src[0], t0, h0, d0, rng)
             big = np.concatenate([synthesize_shard(x, per_ref, geometry.heads, geometry.head_dim, rng) for x in src],
                                  axis=1)  # fmt: skip
             gl = _geometry_layer(dl, L0, geometry)
@@ -281,7 +291,7 @@ def geometry_ladders(demo: dict, effects: dict, geometry: DitGeometry, kv_mode: 
             levels = fam["levels"] + [dict(lv, level=None) for lv in extra]
         else:
             levels = fam["levels"]
-        rows = {"bytes": [], "increment_bytes": [], "decode_s": [], "mse": []}
+        rows: dict[str, list[tuple]] = {"bytes": [], "increment_bytes": [], "decode_s": [], "mse": []}
         for d in demo_of:
             prev, b_row, i_row, t_row, m_row = 0, [], [], [], []
             for lv in levels:

@@ -58,10 +58,10 @@ def heldout_command(cfg: HeldOutConfig, json_path: str, weights: str = "auto") -
                                       ("--users", cfg.users, d.users, ","), ("--prompts", cfg.prompts, d.prompts, "|")):  # fmt: skip
         if value != default:
             parts.append(f"{flag} {shlex.quote(sep.join(value))}")
-    for flag, value, default in (("--steps", cfg.steps, d.steps), ("--seed", cfg.seed, d.seed),
-                                 ("--floor-db", cfg.floor_db, d.floor_db)):  # fmt: skip
-        if value != default:
-            parts.append(f"{flag} {value:g}")
+    for flag, number, number_default in (("--steps", cfg.steps, d.steps), ("--seed", cfg.seed, d.seed),
+                                         ("--floor-db", cfg.floor_db, d.floor_db)):  # fmt: skip
+        if number != number_default:
+            parts.append(f"{flag} {number:g}")
     if weights != "auto":
         parts.append(f"--weights {shlex.quote(weights)}")
     return " ".join([*parts, f"--json {shlex.quote(json_path)}"])

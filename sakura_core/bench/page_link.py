@@ -8,8 +8,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..fetch.traces import Trace
 
 __all__ = ["TraceLink"]
+
+
+class _Page(Protocol):
+    """What :class:`TraceLink` uses of a Playwright page."""
+
+    def wait_for_timeout(self, timeout: float) -> None: ...
+
+
+class _Cdp(Protocol):
+    """What :class:`TraceLink` uses of a Playwright CDP session."""
+
+    def send(self, method: str, params: dict[str, Any] | None = None) -> Any: ...
 
 
 @dataclass
@@ -21,9 +36,9 @@ class TraceLink:
     ``applied`` lists (seconds since start, bytes per second) of each update sent; the trace repeats when the page
     outlives it (as :class:`Trace` does)."""
 
-    page: object
-    cdp: object
-    trace: object
+    page: _Page
+    cdp: _Cdp
+    trace: Trace
     latency_ms: float = 40.0
     time_scale: float = 1.0
     poll_ms: int = 50

@@ -52,7 +52,7 @@ def from_manifest(manifest: dict, source: dict | None = None) -> dict:
     steps = sched["steps"]
     rows, cols = manifest["token_grid"]
     fp16 = 2 * rows * cols * manifest["heads"] * manifest["head_dim"] * 2  # one layer's K + V in fp16
-    by = {}
+    by: dict[str, dict[int, list[dict]]] = {}  # level name -> step -> its representations
     for sh in manifest["shards"]:
         for r in sh["representations"]:
             by.setdefault(r["name"], {}).setdefault(sh["step"], []).append(r)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from .codec_tables import heldout_table, ladder_table, per_step_model_table, per_step_table
@@ -303,7 +304,8 @@ def scale_table(data: dict) -> str:
     return "\n".join(rows)
 
 
-SECTIONS = {
+# section name -> (its JSON file, or files, under the repository root; the table it renders: JSON data -> Markdown)
+SECTIONS: dict[str, tuple[str | tuple[str, ...], Callable[..., str]]] = {
     "headline": ("docs/results/e2e_sim.json", headline_table),
     "ladders": (
         tuple(

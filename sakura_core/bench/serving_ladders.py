@@ -43,11 +43,10 @@ class HeldRungs:
         """One line for the bench's header."""
         if self.profile == "full":
             return "store profile full: every rung, the exact fp16 included"
-        out = f"store profile serving: sakura rungs held {', '.join(sorted(self.first, key=_order))}"
+        out = f"store profile serving: sakura rungs held {_listed(self.first)}"
         if self.later is not None:
-            out = (f"store profile serving: step 0 holds {', '.join(sorted(self.first, key=_order))}; steps >= 1 hold "
-                   f"open-loop {', '.join(sorted(self.later, key=_order)) or 'none'} and the twins of "
-                   f"{', '.join(sorted(self.twins, key=_order)) or 'none'}")  # fmt: skip
+            out = (f"store profile serving: step 0 holds {_listed(self.first)}; steps >= 1 hold "
+                   f"open-loop {_listed(self.later)} and the twins of {_listed(self.twins)}")  # fmt: skip
         return out + "; a policy asking for another rung gets the nearest held one"
 
     def as_dict(self) -> dict:
@@ -56,6 +55,11 @@ class HeldRungs:
 
         return {"profile": self.profile, "step0_or_single": names(self.first), "later_open_loop": names(self.later),
                 "later_twins": names(self.twins)}  # fmt: skip
+
+
+def _listed(names: frozenset[str] | None) -> str:
+    """Rung names in ladder order for a header line: ``every`` for None (every rung), ``none`` for no rung."""
+    return "every" if names is None else ", ".join(sorted(names, key=_order)) or "none"
 
 
 def _order(name: str) -> tuple:
@@ -72,7 +76,7 @@ def held_single(levels: list[str], psnr_db: list[float], progressive: bool, prof
     level) keeps in ``profile``."""
     if profile.name == "full":
         return HeldRungs("full")
-    own = {n: p for n, p in zip(levels, psnr_db, strict=True) if n != "fp16"}
+    own: dict[str, float | None] = {n: p for n, p in zip(levels, psnr_db, strict=True) if n != "fp16"}
     keep = serving_rungs(own, {}, {}, {}, profile, progressive)
     return HeldRungs("full") if keep is None else HeldRungs("serving", first=_kept(keep, ("own",)))
 
@@ -99,12 +103,13 @@ def held_per_step(data: dict, profile: StoreProfile) -> HeldRungs:
                      twins=frozenset(keep["closed"]))  # fmt: skip
 
 
-def _view(ladder: list[Level], names: frozenset[str], twins: frozenset[str] | None) -> list[Level]:
-    """``ladder`` as a store holding rungs ``names`` (and the twins of ``twins``; None: every twin) serves it."""
-    held = [j for j, lv in enumerate(ladder) if lv.reuse or lv.name in names]
+def _view(ladder: list[Level], names: frozenset[str] | None, twins: frozenset[str] | None) -> list[Level]:
+    """``ladder`` as a store holding rungs ``names`` (None: every rung) and the twins of ``twins`` (None: every
+    twin) serves it."""
+    held = [j for j, lv in enumerate(ladder) if lv.reuse or names is None or lv.name in names]
     if not held:
         raise ValueError(
-            f"a serving store holds none of the rungs {[lv.name for lv in ladder]} (held: {sorted(names)})"
+            f"a serving store holds none of the rungs {[lv.name for lv in ladder]} (held: {_listed(names)})"
         )
     out = []
     for j, lv in enumerate(ladder):

@@ -116,7 +116,7 @@ def fit_model(measured: dict[int, dict]) -> dict:
         "fit_on": counts,
         "coding": measured[counts[0]]["coding"],
         "levels": levels,
-        "reuse": _line(logs, [r["psnr_db"] for r in reuse]) if all(reuse) else None,
+        "reuse": _line(logs, [r["psnr_db"] for r in reuse if r]) if all(reuse) else None,
     }
 
 
@@ -218,17 +218,17 @@ def per_step_data(steps: int, model_path: Path | str = MODEL_PATH) -> dict:
 def _stretch_family(fam: FamilyLadders, layers: int, steps0: int, steps: int) -> FamilyLadders:
     src = [s * steps0 // steps for s in range(steps)]  # the measured step at the same place in the schedule
     uses = [src.count(m) for m in range(steps0)]
-    rows = {k: [] for k in ("bytes", "increment_bytes", "decode_s", "mse")}
-    ref = [] if fam.reference is not None else None
+    rows: dict[str, list[tuple]] = {k: [] for k in ("bytes", "increment_bytes", "decode_s", "mse")}
+    ref: list[tuple[int | None, ...]] = []  # with fam.reference: each shard's reference shards
     for s in range(steps):
         for layer in range(layers):
             g0 = src[s] * layers + layer
             for k in ("bytes", "increment_bytes", "decode_s"):
                 rows[k].append(getattr(fam, k)[g0])
             rows["mse"].append(tuple(v / uses[src[s]] for v in fam.mse[g0]))
-            if ref is not None:
+            if fam.reference is not None:
                 ref.append(tuple(None if r is None else (s - 1) * layers + layer for r in fam.reference[g0]))
-    return FamilyLadders(fam.levels, fam.progressive, fam.floor, reference=None if ref is None else tuple(ref),
+    return FamilyLadders(fam.levels, fam.progressive, fam.floor, reference=None if fam.reference is None else tuple(ref),
                          **{k: tuple(v) for k, v in rows.items()})  # fmt: skip
 
 

@@ -166,7 +166,7 @@ class Context:
     def ready(self, layer: int) -> bool:
         """Shard ``layer`` has a level decoded by ``now``."""
         got = self._s.got.get(layer)
-        return bool(got) and got[0][1] <= self._s.now
+        return bool(got and got[0][1] <= self._s.now)
 
     def fetched_levels(self) -> dict[int, int]:
         """``layer -> highest level fetched`` (decoded or not: a state whose ``got`` shows decoded levels only
@@ -295,11 +295,12 @@ class Context:
         """When ``nbytes`` requested at ``start`` (seconds) arrive: RTT (``rtt_s``, default :attr:`rtt_s`) + bytes at
         ``rate`` (None = the real trace). The one place where predictions read the trace."""
         t0 = start + (self._s.rtt_s if rtt_s is None else rtt_s)
-        if rate is None and self._s.trace is None:
-            raise ValueError("exact transfer times need a trace; this link has none (use an estimated rate)")
+        trace = self._s.trace
         if rate is None:  # the trace is read at offset + t, like the simulator's own transfers
+            if trace is None:
+                raise ValueError("exact transfer times need a trace; this link has none (use an estimated rate)")
             off = self.trace_offset_s
-            return self._s.trace.finish_time(off + t0, nbytes) - off
+            return trace.finish_time(off + t0, nbytes) - off
         return t0 + nbytes / rate
 
     def transfer_chain(self, start: float, rtts_s: np.ndarray, nbytes: np.ndarray) -> list[float]:

@@ -63,6 +63,15 @@ class Level:
         twin), else its own."""
         return self.closed.nbytes if (self.closed is not None and self.off_track is not None) else self.nbytes
 
+    def fetched(self, twin: bool) -> Level:
+        """What a fetch of this level brings: its closed-loop twin when ``twin`` (:func:`fetch_as` said so), else
+        the level itself."""
+        if not twin:
+            return self
+        if self.closed is None:
+            raise ValueError(f"level {self.name}: fetched as its closed-loop twin, but it has none (closed=None)")
+        return self.closed
+
     def __post_init__(self) -> None:
         if self.reuse and (self.ref_step is None or self.nbytes != 0):
             raise ValueError(f"level {self.name}: a reuse rung fetches nothing (nbytes 0, got {self.nbytes}) and names "
@@ -104,7 +113,7 @@ def fetch_as(ladder: list[Level], index: int, on_track: bool) -> tuple[int, bool
 def fetch_bytes(ladder: list[Level], index: int, on_track: bool) -> int:
     """The bytes a choice of level ``index`` fetches on or off its twins' track (:func:`fetch_as`)."""
     j, twin = fetch_as(ladder, index, on_track)
-    return (ladder[j].closed if twin else ladder[j]).nbytes
+    return ladder[j].fetched(twin).nbytes
 
 
 def fewest_fetch_bytes(ladder: list[Level], floor: int) -> int:
@@ -211,7 +220,7 @@ def ladders_from_manifest(
         raise ValueError(f"manifest lacks shards for layers {missing}")
     if missing:
         raise ValueError(f"manifest lacks shards for {', '.join(_slot(g, L, True) for g in missing)}")
-    return ladders, reps_out
+    return [x for x in ladders if x is not None], [r for r in reps_out if r is not None]  # none missing: every slot
 
 
 def _name_key(name: str) -> tuple:

@@ -53,8 +53,8 @@ def policy_levels(names: list[str], family: str, psnr_db: dict[str, float] | Non
         return [max(rated)[1] if rated else len(names) - 1]
     if family == "cachegen":
         own = [i for i, n in enumerate(names) if n != "fp16"]
-        rated = [p for i in own if (p := (psnr_db or {}).get(names[i])) is not None]
-        held = not rated or max(rated) >= FLOOR_PSNR_DB  # no PSNR measured: nothing to hold it to
+        own_db = [p for i in own if (p := (psnr_db or {}).get(names[i])) is not None]
+        held = not own_db or max(own_db) >= FLOOR_PSNR_DB  # no PSNR measured: nothing to hold it to
         return own if held or "fp16" not in names else own + [names.index("fp16")]
     return list(range(len(names)))
 

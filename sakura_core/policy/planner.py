@@ -288,14 +288,17 @@ def best_plan(snap: Snapshot, init: tuple[int, ...] | None = None, rounds: int =
     lo = snap.lows()
     k0s = list(range(lo[0], L + 1)) if snap.alive else [snap.l0]
     if snap.rate is not None:  # the cut plans' finishes come from the closed form (equal to finish(): tested)
-        best, best_t = None, float("inf")
+        best: tuple[int, ...] | None = None
+        best_t = float("inf")
         if init is not None and len(init) == n:
             best = tuple(max(lo[i], min(L, int(x))) for i, x in enumerate(init))
             best_t = snap.finish(best)
         for use_known, (cuts, finishes) in zip((False, True), snap.cut_table(k0s), strict=True):
             j = int(np.argmin(finishes))
-            if finishes[j] < best_t - 1e-12:
+            if best is None or finishes[j] < best_t - 1e-12:  # every finish infinite: still a plan (the first cut)
                 best, best_t = snap.cut_splits(k0s[j], int(cuts[j]), use_known), float(finishes[j])
+        if best is None:
+            raise ValueError(f"no plan for step {snap.cs}: the cut table is empty (current-step splits {k0s})")
         return Plan(snap.cs, best, best_t)
     cands = [tuple(max(lo[i], k) for i in range(n)) for k in range(L + 1)]
     if init is not None and len(init) == n:
@@ -312,7 +315,7 @@ def best_plan(snap: Snapshot, init: tuple[int, ...] | None = None, rounds: int =
 
 def _best_of(snap: Snapshot, cands: list[tuple[int, ...]]) -> tuple[tuple[int, ...], float]:
     """The first candidate with the earliest :meth:`Snapshot.finish` (repeats evaluated once)."""
-    best, best_t = None, float("inf")
+    best, best_t = cands[0], float("inf")  # every finish infinite: the first candidate
     for v in dict.fromkeys(cands):
         t = snap.finish(v)
         if t < best_t - 1e-12:

@@ -72,6 +72,7 @@ class Sakura(Policy):
         self._late_since: dict[int, float] = {}
         self._last_progress: tuple | None = None  # (now, bytes received, requested at, rate since the ask before)
         self._cache: tuple | None = None
+        self._why_cache: tuple[Plan, float | None, str] | None = None  # (plan, rate, its words): _why
 
     def rate(self, ctx: Context) -> float | None:
         """Bytes/s the predictions use (None = exact transfer times from the trace): the estimate ``plan_estimate``

@@ -14,7 +14,8 @@ __all__ = ["ComputeCosts", "PolicyState"]
 
 
 class _Steps(Protocol):
-    steps: int
+    @property
+    def steps(self) -> int: ...  # read-only: a frozen profile's model provides it
 
 
 class ComputeCosts(Protocol):

@@ -16,6 +16,7 @@ every interval that overlaps a finished window is known by then).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ..policy.base import Policy
 
@@ -73,6 +74,9 @@ class CpuShare:
     """Mixin of the simulation: the compute lane's busy segments, other threads' busy intervals, and the settling
     of what those threads cost the DiT (see the module docstring). Needs ``cores`` (0 = not shared),
     ``compute_t`` and ``_compute``."""
+
+    compute_t: float  # the simulation's compute lane: when it starts its next layer, seconds
+    _compute: Callable[[float, int, str], None]  # (seconds, layer, what): the simulation's compute lane runs
 
     def _init_cpu_share(self, cores: int) -> None:
         self.cores = cores

@@ -7,13 +7,24 @@ ready times, the transfer in progress). A mixin of :class:`~sakura_core.runtime.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..policy.ladder import fetch_as, shard_floor, twin_applies
 from ..policy.policies import LEVEL_COMPUTE
 from .deferral import ahead_window_bytes, ask_deferred
+
+if TYPE_CHECKING:
+    from ..fetch.traces import Trace
+    from ..policy.context import Context
+    from ..policy.estimator import ThroughputEstimator
+    from ..policy.ladder import Level
+    from .live_profile import LiveProfile
+    from .profiles import DeviceProfile
+    from .sim_cpu import PlanClock
+    from .sim_types import SimConfig
 
 __all__ = ["SimLink"]
 
@@ -40,6 +51,49 @@ class _GotView(Mapping):
 class SimLink:
     """Mixin: the link half of a simulated edit (``_got``, ``_pred``, ``link_free``, ``decoder_free``, ``estimator``,
     ``pending_obs``, ``next_layer``, ``deferred``, ``forced``, ...)."""
+
+    # the simulation's state this mixin reads and writes (set in ``_Sim.__init__``; times in seconds, sizes bytes)
+    policy: PlanClock
+    trace: Trace
+    start_s: float
+    profile: DeviceProfile | LiveProfile  # a measured live profile: the phone page's replays
+    ladders: list[list[Level]]
+    floor: int
+    config: SimConfig
+    N: int  # shards
+    L: int  # shards of one step
+    per_step: bool
+    rtt_s: float
+    estimator: ThroughputEstimator
+    ctx: Context
+    pending_obs: list[tuple[float, int, float]]
+    now: float
+    link_free: float
+    wire_free: float
+    _wire_q: list[tuple[float, int, float]]  # transfers not arrived: (first byte, bytes, arrival)
+    decoder_free: float
+    next_layer: int
+    base_done: bool
+    forced: list[int]
+    skipped: set[int]
+    deferred: list[int]
+    _got: dict[int, list[tuple[int, float]]]  # layer -> [(level, ready_t)] in fetch order
+    twins: set[tuple[int, int]]
+    _pred: dict[int, tuple[float, int, float]]
+    _wire0: dict[int, float]
+    _first_ready: np.ndarray  # (N,) when each shard's first level is decoded
+    _pending: list[int]
+    _req_t0: list[float]
+    _req_g: list[int]
+    compute_t: float
+    compute_layer: int
+    step_started_t: float
+    bytes: int
+    events: list[dict]
+    decisions: list[dict]
+    room_wait: tuple[int, int] | None  # (shard, level) chosen, waiting for prefetch room
+    device_kv_at: dict[int, float]
+    cpu_busy: Callable[[str, float, float], None]  # CpuShare's
 
     @property
     def got(self) -> Mapping[int, list[tuple[int, float]]]:
@@ -182,7 +236,7 @@ class SimLink:
         twin = False
         if kind == "base":  # a closed-loop twin on its track, or off it the open-loop floor (fetch_as)
             level, twin = fetch_as(self.ladders[layer], level, self._on_track(layer, level))
-            nbytes = (self.ladders[layer][level].closed if twin else self.ladders[layer][level]).nbytes
+            nbytes = self.ladders[layer][level].fetched(twin).nbytes
         if twin:
             self.twins.add((layer, level))
         sent = self.now  # the request leaves now; its bytes follow one round trip later, or after the transfer before
@@ -195,7 +249,7 @@ class SimLink:
             self._pending.append(layer)
             self._req_t0.append(sent + self.rtt_s)
             self._req_g.append(layer)
-        lv = self.ladders[layer][level].closed if twin else self.ladders[layer][level]
+        lv = self.ladders[layer][level].fetched(twin)
         dec0 = max(arrive, self.decoder_free, ref_done)
         dec1 = dec0 + (lv.decode_s if kind == "base" else lv.decode_s - self.ladders[layer][level - 1].decode_s)
         self.decoder_free = dec1
@@ -323,6 +377,8 @@ class SimLink:
         if pick is None:
             return False
         g, d = pick
+        if d.level is None:  # ask_deferred returns fetches only (a level index)
+            return False
         self.decisions.append({"t": self.now, "layer": g, "level": d.level, "reason": d.reason})
         self.skipped.discard(g)
         self._fetch_chosen(g, d.level)
@@ -347,7 +403,11 @@ class SimLink:
         if layer < running_end:
             return True
         held = sum(1 for g in self._pred if g >= running_end)
-        return (held + 1) * self.profile.model.shard_bytes_fp16 <= cap
+        shard = getattr(self.profile.model, "shard_bytes_fp16", None)  # a measured LiveProfile has no geometry
+        if shard is None:
+            raise ValueError("SimConfig.prefetch_kv_bytes needs a DeviceProfile (its geometry's shard_bytes_fp16); "
+                             f"{type(self.profile).__name__} has none: simulate without prefetch_kv_bytes")  # fmt: skip
+        return (held + 1) * shard <= cap
 
     def wait_for(self, layer: int) -> float:
         """Run the link until ``layer`` has a decoded level; returns that time."""

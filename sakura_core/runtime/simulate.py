@@ -40,6 +40,7 @@ from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
 from ..policy.policies import Policy
 from .deferral import LATE_FALLBACK_REASON, pass_can_stop, pass_stopped_reason
+from .live_profile import LiveProfile
 from .profiles import DeviceProfile
 from .sim_cpu import CpuShare, PlanClock
 from .sim_ladders import CACHEGEN_NO_FLOOR
@@ -199,7 +200,7 @@ class _Sim(SimLink, CpuShare):
         if self.device_all or layer in self.device_kv_at:
             self._compute(p.layer_cached_s, layer, "cached")
             return
-        self.used.setdefault(layer, []).append(self.level_at(layer, self.compute_t))
+        self.used.setdefault(layer, []).append(self._level_run(layer))
         self._compute(p.layer_cached_s, layer, "cached")
 
     def _wait_or_recompute(self, layer: int) -> None:
@@ -269,8 +270,15 @@ class _Sim(SimLink, CpuShare):
         cost = self.L * (p.layer_full_s if self.policy.template_every_step else p.layer_cached_s)
         for layer in range(self.split_layer, self.L):
             if layer in self.used:
-                self.used[layer].append(self.level_at(layer, self.compute_t))
+                self.used[layer].append(self._level_run(layer))
         self._compute(cost, -1, f"step {step}")
+
+    def _level_run(self, layer: int) -> int:
+        """The level shard ``layer`` runs with now (the best decoded by ``compute_t``; the lane waited for one)."""
+        level = self.level_at(layer, self.compute_t)
+        if level is None:
+            raise RuntimeError(f"simulation: shard {layer} runs at t={self.compute_t:.4f} s with no level decoded")
+        return level
 
     def _result(self) -> SimResult:
         self.settle_contention()  # the threads that overlapped the last layer (no new transfer after the edit)
@@ -302,14 +310,14 @@ class _Sim(SimLink, CpuShare):
         level whose next step's twin was fetched against it — else the level's own (open loop)."""
         lv = self.ladders[g][j]
         if (g, j) in self.twins:
-            return lv.closed.mse
+            return lv.fetched(True).mse
         nxt = g + self.L
         if self.per_step and g < self.L and nxt < self.N:  # by name: a reuse rung in front shifts later ladders
             twin = next(
                 (i for i, x in enumerate(self.ladders[nxt]) if x.name == lv.name and (nxt, i) in self.twins), None
             )
             if twin is not None:
-                return self.ladders[nxt][twin].closed.mse
+                return self.ladders[nxt][twin].fetched(True).mse
         return lv.mse
 
     def _peak_kv_bytes(self) -> int:
@@ -343,7 +351,7 @@ def _slowed(lv, slowdown: float):
 def simulate(
     policy: Policy,
     trace: Trace,
-    profile: DeviceProfile,
+    profile: DeviceProfile | LiveProfile,
     ladders: dict[str, list[list[Level]]],
     floors: dict[str, int],
     start_s: float = 0.0,
