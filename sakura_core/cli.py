@@ -20,8 +20,8 @@ __all__ = ["COMMANDS", "main"]
 # words -> (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("sakura_core.cli_demo", "run an edit of a demo template end to end; writes images + report.json"),
-    ("train", "demo-model"): ("sakura_core.cli_train", "train the demo editing model on generated pairs"),
-    ("eval", "demo-model"): ("sakura_core.cli_eval", "evaluate the demo model on held-out pairs; writes JSON"),
+    ("train", "demo-model"): ("sakura_tools.train.cli_train", "train the demo editing model on generated pairs"),
+    ("eval", "demo-model"): ("sakura_tools.train.cli_eval", "evaluate the demo model on held-out pairs; writes JSON"),
     ("serve",): ("cloud_server.cli_serve", "run the template/shard server (catalog, manifests, shards, precompute)"),
     ("precompute",): ("cloud_server.cli_precompute", "compute a template's KV ladder and publish it into a store"),
     ("precompute-catalog",): (
@@ -37,22 +37,22 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "verify|repair a store (re-hash shards, quarantine, sweep temp/orphans); "
         "usage: bytes stored per template, KV mode and store profile",
     ),
-    ("bench", "e2e"): ("sakura_core.bench.cli_e2e", "every fetch policy over every trace (sim or live); JSON + plots"),
-    ("bench", "serve"): ("cloud_server.bench_serve", "load-test the shard server vs nginx over loopback; JSON"),
+    ("bench", "e2e"): ("sakura_tools.bench.cli_e2e", "every fetch policy over every trace (sim or live); JSON + plots"),
+    ("bench", "serve"): ("sakura_tools.infra.bench_serve", "load-test the shard server vs nginx over loopback; JSON"),
     ("bench", "catalog"): (
-        "cloud_server.bench_catalog",
+        "sakura_tools.infra.bench_catalog",
         "catalog precompute with 1 vs 2 workers; shard GETs from S3 vs local vs nginx CDN (radosgw); JSON",
     ),
     ("bench", "store-catalog"): (
-        "cloud_server.bench_store_catalog",
+        "sakura_tools.infra.bench_store_catalog",
         "N templates (both KV modes) published into an S3 store: store usage vs the bytes written, store verify; JSON",
     ),
     ("bench", "lossless-top"): (
-        "sakura_core.bench.cli_lossless",
+        "sakura_tools.bench.cli_lossless",
         "lossless top-rung candidates (fp16 zstd, byte planes, XOR on the top rung) vs the storage bound; JSON",
     ),
     ("bench", "listing"): (
-        "cloud_server.bench_listing",
+        "sakura_tools.infra.bench_listing",
         "GET /v1/templates at 100 / 1,000 / 10,000 templates: cold, warm, relisted; the server's RSS; JSON",
     ),
     ("phone-agent",): ("android_bridge.cli_phone_agent", "run the (emulated) phone agent"),
@@ -60,7 +60,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("phone", "devices"): ("android_bridge.cli_phone_devices", "list adb devices, or show a phone agent's info"),
     ("export",): ("android_bridge.cli_export", "demo DiT (cached KV) to ONNX / QNN; op coverage + parity"),
     ("bench", "cross-step"): (
-        "sakura_core.bench.cli_cross_step",
+        "sakura_tools.bench.cli_cross_step",
         "per-step KV coded per step vs across steps vs single mode: bytes at equal PSNR; JSON",
     ),
     ("traces", "synth"): (
@@ -68,40 +68,40 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "write synthetic development traces (random walks, on/off links with outages) for policy work",
     ),
     ("bench", "planner"): (
-        "sakura_core.bench.cli_planner",
+        "sakura_tools.bench.cli_planner",
         "the sakura policy's time per decision and per edit at 4x25, 28x25, 50x25 shards; JSON",
     ),
     ("bench", "scale"): (
-        "sakura_core.bench.cli_scale",
+        "sakura_tools.bench.cli_scale",
         "CPU seconds and peak memory of one 4 / 28 / 50-step edit simulated with every policy and the bound; JSON",
     ),
     ("bench", "ladder-model"): (
-        "sakura_core.bench.cli_ladder_model",
+        "sakura_tools.bench.cli_ladder_model",
         "per-step ladders at any step count: a model fitted on the measured ones, its held-out error stated; JSON",
     ),
     ("bench", "slow-links"): (
-        "sakura_core.bench.cli_slow_links",
+        "sakura_tools.bench.cli_slow_links",
         "sakura near the fluid bound on slow links: per class vs the bound, the oracle, fetch-nothing; JSON",
     ),
     ("bench", "regime"): (
-        "sakura_core.bench.cli_regime",
+        "sakura_tools.bench.cli_regime",
         "a policy's speed-up over baselines and its ceiling, over link Mbit/s x device TFLOP/s; JSON",
     ),
     ("bench", "results"): (
-        "sakura_core.bench.cli_results",
+        "sakura_tools.bench.cli_results",
         "regenerate docs/results.md's measured results from docs/results/*.json (--check: compare only)",
     ),
-    ("bench", "readme"): ("sakura_core.bench.cli_results", "the old name of `sakura bench results`"),
+    ("bench", "readme"): ("sakura_tools.bench.cli_results", "the old name of `sakura bench results`"),
     ("bench", "codec"): (
-        "sakura_core.bench.cli_codec",
+        "sakura_tools.bench.cli_codec",
         "every KV codec and ladder level: size, error, PSNR, MB/s; JSON",
     ),
     ("bench", "decode"): (
-        "sakura_core.bench.cli_decode",
+        "sakura_tools.bench.cli_decode",
         "one decode thread on a phone-scale shard, SAKURA vs CacheGen: fp16 MB/s and Mbit/s of wire; JSON",
     ),
     ("bench", "heldout"): (
-        "sakura_core.bench.cli_heldout",
+        "sakura_tools.bench.cli_heldout",
         "every level's manifest PSNR vs edits precompute never saw; does the quality floor hold; JSON",
     ),
 }
