@@ -1,6 +1,9 @@
 """``sakura`` console script. Each subcommand lives in its own module, imported only when it runs.
 
-A command module defines ``add_arguments(parser)`` and ``run(args) -> int``. Register it in ``COMMANDS``. A full,
+A command module defines ``add_arguments(parser)`` and ``run(args) -> int``. Register it in ``COMMANDS``. The
+developer commands (``sakura bench|train|eval ...``) live in ``sakura_tools``, which the product never imports and the
+wheel leaves out: from a repository install (``pip install -e .``) they load from the checkout next to this package;
+elsewhere the command says how to get them. A full,
 read-only or forbidden disk (``files.DISK_FAULTS``) and an input that is not an image end any command with one
 line and exit 1 / 2, never a traceback (files are written whole or not at all: ``sakura_core.files``).
 """
@@ -9,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
+from pathlib import Path
+from types import ModuleType
 
 from .files import DISK_FAULTS, disk_fault_message
 from .images import ImageError
@@ -37,7 +43,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "verify|repair a store (re-hash shards, quarantine, sweep temp/orphans); "
         "usage: bytes stored per template, KV mode and store profile",
     ),
-    ("bench", "e2e"): ("sakura_tools.bench.cli_e2e", "every fetch policy over every trace (sim or live); JSON + plots"),
+    ("bench", "e2e"): (
+        "sakura_tools.bench.cli_e2e",
+        "every fetch policy over every trace (sim or live); JSON + plots",
+    ),
     ("bench", "serve"): ("sakura_tools.infra.bench_serve", "load-test the shard server vs nginx over loopback; JSON"),
     ("bench", "catalog"): (
         "sakura_tools.infra.bench_catalog",
@@ -107,6 +116,42 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 }
 
 
+#: The developer tools' package (benchmarks, test servers, demo training): a repository checkout's, never installed.
+TOOLS = "sakura_tools"
+TOOLS_MISSING = (
+    "this is a developer command: it lives in the repository's sakura_tools package, which installed copies of SAKURA "
+    "(a wheel, a ComfyUI node pack) leave out. Run it from a clone: git clone "
+    "https://github.com/sakura-kv/sakura-kv && cd sakura-kv && pip install -e . (or `make venv`)"
+)
+
+
+def _tools_importable() -> bool:
+    """Whether ``sakura_tools`` imports: installed, on ``sys.path``, or in the checkout holding this ``sakura_core``
+    (an editable install maps only the product's packages; the checkout's tools are loaded from the folder, without
+    putting the checkout on ``sys.path``)."""
+    if importlib.util.find_spec(TOOLS) is not None:
+        return True
+    folder = Path(__file__).resolve().parent.parent / TOOLS
+    if not (folder / "__init__.py").is_file():
+        return False
+    spec = importlib.util.spec_from_file_location(
+        TOOLS, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    if spec is None or spec.loader is None:
+        return False
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[TOOLS] = module
+    spec.loader.exec_module(module)
+    return True
+
+
+def _command_module(module_name: str) -> ModuleType | None:
+    """A command's module, imported now; None when it is a tools command and no ``sakura_tools`` is at hand."""
+    if module_name.split(".")[0] == TOOLS and not _tools_importable():
+        return None
+    return importlib.import_module(module_name)
+
+
 def _usage(group: str | None = None) -> str:
     """The command list; with ``group`` (a first word such as ``bench``) only the commands under it."""
     shown = {k: v for k, v in COMMANDS.items() if group is None or (len(k) > 1 and k[0] == group)}
@@ -139,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0
     module_name, help_ = COMMANDS[match]
-    module = importlib.import_module(module_name)
+    module = _command_module(module_name)
+    if module is None:
+        print(f"sakura {' '.join(match)}: {TOOLS_MISSING}", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="sakura " + " ".join(match), description=help_)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     module.add_arguments(parser)

@@ -235,8 +235,7 @@ def test_nodes_and_the_core_never_import_the_server():
     bad = sorted(
         f"{a} -> {b}"
         for a, targets in edges.items()
-        if a.split(".")[0] == "nodes"
-        or (a.split(".")[0] == "sakura_core" and not a.startswith("sakura_core.demo"))
+        if a.split(".")[0] == "nodes" or (a.split(".")[0] == "sakura_core" and not a.startswith("sakura_core.demo"))
         for b in targets
         if b.split(".")[0] == "cloud_server"
     )
