@@ -120,7 +120,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 TOOLS = "sakura_tools"
 TOOLS_MISSING = (
     "this is a developer command: it lives in the repository's sakura_tools package, which installed copies of SAKURA "
-    "(a wheel, a ComfyUI node pack) leave out. Run it from a clone: git clone "
+    "(a wheel, the Comfy Registry archive) leave out. Run it from a clone: git clone "
     "https://github.com/sakura-kv/sakura-kv && cd sakura-kv && pip install -e . (or `make venv`)"
 )
 
