@@ -2,7 +2,7 @@
 
 ``create_app(ServerConfig(...))`` builds the aiohttp app; ``LocalStore`` is the default storage (``Store`` is the
 interface an object store implements); ``publish_template`` is the precompute glue; ``sakura serve`` /
-``sakura precompute`` / ``sakura bench serve`` are the commands.
+``sakura precompute`` are the commands (``sakura bench serve``, its load test, is a tool: ``sakura_tools.infra``).
 """
 
 from .app import create_app

@@ -17,7 +17,7 @@ PLAIN_SKIPS = {
     "nodes/test_manager_install.py": "ComfyUI: no package index serves it (COMFYUI_DIR)",
     "sakura_core/models/test_loading.py": "not a missing dependency: a machine with CUDA has no CUDA error to refuse",
     "nodes/test_klein_files.py": "not a missing dependency: a machine with a GPU has no CUDA error to refuse",
-    "sakura_core/fetch/test_netns.py": "root and a kernel that lets us create network namespaces",
+    "sakura_tools/infra/test_netns.py": "root and a kernel that lets us create network namespaces",
     "cloud_server/test_cli_disk_faults.py": "not a dependency: a real full disk needs root and a kernel that lets us "
     "mount a tmpfs in a private mount namespace",
     "manifest_fuzz.py": "not a dependency: the fuzz's RSS bound reads Linux's /proc/self/statm",

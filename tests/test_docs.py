@@ -14,7 +14,7 @@ README_MAX_LINES = 250
 
 # a cited path starts at one of the repository's top-level entries
 _TOP = {p.name for p in ROOT.iterdir() if not p.name.startswith(".") or p.name == ".ci"} - {".venv"}
-_PACKAGES = ("sakura_core", "cloud_server", "android_bridge", "nodes")
+_PACKAGES = ("sakura_core", "cloud_server", "android_bridge", "nodes", "sakura_tools")
 _CODE = re.compile(r"`([^`\n]+)`")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _PLACEHOLDER = re.compile(r"[<>*{}$\[\]|]|\.\.\.")

@@ -1,5 +1,6 @@
-"""The import graph follows docs/design.md's layers: no cycles between modules or sakura_core packages, nothing but the
-CLI imports the benchmark package, and neither the nodes nor the core (but its demo and benchmarks) import the
+"""The import graph follows docs/design.md's layers: no cycles between modules or sakura_core packages, the product
+never imports the tools (``sakura_tools``: benchmarks, test servers, demo training; only the CLI's command table names
+their modules, as strings it loads when one runs), and neither the nodes nor the core (but its demo) import the
 server. One home per concept: the names of ``ONE_HOME`` are defined in exactly one module, no regular expression is
 compiled in two; functions stay within 80 lines."""
 
@@ -8,7 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("sakura_core", "cloud_server", "android_bridge", "nodes")
+PACKAGES = ("sakura_core", "cloud_server", "android_bridge", "nodes", "sakura_tools")
+PRODUCT = ("sakura_core", "cloud_server", "android_bridge", "nodes")  # all but the tools
 # sakura_core's layers, top to bottom: a package may import only packages listed after it (or top-level modules).
 LAYERS = ["demo", "precompute", "runtime", "policy", "fetch", "kv", "models"]
 
@@ -90,12 +92,47 @@ def test_sakura_core_packages_import_only_downwards():
     assert bad == []
 
 
-def test_only_the_cli_imports_the_benchmark_package():
+def test_the_product_never_imports_the_tools():
+    edges = _edges(_modules())
+    importers = sorted(
+        f"{a} -> {t}"
+        for a, targets in edges.items()
+        if a.split(".")[0] in PRODUCT
+        for t in targets
+        if t.split(".")[0] == "sakura_tools"
+    )
+    assert importers == []
+
+
+def _module_strings(path: Path, mods: dict[str, Path]) -> set[str]:
+    """String constants of ``path`` that are exactly a module name of the repository (a lazy import's target)."""
+    return {
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in mods
+    }
+
+
+def test_only_the_cli_table_names_a_tools_module():
+    """A module name as a string is an import waiting to happen (``importlib.import_module``): in the product only
+    ``sakura_core.cli``'s command table holds tools' names, each loaded when its command runs."""
+    mods = _modules()
+    named = {
+        name: sorted(s for s in _module_strings(path, mods) if s.startswith("sakura_tools."))
+        for name, path in mods.items()
+        if name.split(".")[0] in PRODUCT
+    }
+    assert {name: found for name, found in named.items() if found and name != "sakura_core.cli"} == {}
+    assert len(named["sakura_core.cli"]) >= 10  # the checks see the table (bench, train, eval)
+
+
+def test_the_benchmark_package_is_a_leaf_of_the_tools():
+    """Nothing imports ``sakura_tools.bench`` but itself (the CLI loads its commands by name)."""
     edges = _edges(_modules())
     importers = sorted(
         a
         for a, targets in edges.items()
-        if not a.startswith("sakura_core.bench") and any(t.startswith("sakura_core.bench") for t in targets)
+        if not a.startswith("sakura_tools.bench") and any(t.startswith("sakura_tools.bench") for t in targets)
     )
     assert importers == []
 
@@ -193,13 +230,12 @@ def test_no_regular_expression_is_compiled_in_two_modules():
 
 
 def test_nodes_and_the_core_never_import_the_server():
-    """nodes/ and sakura_core (but its demo and benchmark packages) reach a store through sakura_core.fetch."""
+    """nodes/ and sakura_core (but its demo package) reach a store through sakura_core.fetch."""
     edges = _edges(_modules())
     bad = sorted(
         f"{a} -> {b}"
         for a, targets in edges.items()
-        if a.split(".")[0] == "nodes"
-        or (a.split(".")[0] == "sakura_core" and not a.startswith(("sakura_core.demo", "sakura_core.bench")))
+        if a.split(".")[0] == "nodes" or (a.split(".")[0] == "sakura_core" and not a.startswith("sakura_core.demo"))
         for b in targets
         if b.split(".")[0] == "cloud_server"
     )

@@ -1,4 +1,5 @@
-"""The demo model's world: the procedural template-editing task (:mod:`.edit_task`), its training (:mod:`.train`),
-evaluation (:mod:`.evaluate`) and the served half of ``sakura demo`` (:mod:`.served`). Nothing else depends on it."""
+"""The demo model's world: the procedural template-editing task (:mod:`.edit_task`) and the served half of
+``sakura demo`` (:mod:`.served`); its training and evaluation are tools (:mod:`sakura_tools.train`). Nothing else in
+the product depends on it."""
 
 __all__: list[str] = []

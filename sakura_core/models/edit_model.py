@@ -5,7 +5,7 @@ patch (``3 * patch_size**2`` channels), row-major. A request token is the noisy 
 user image's patch at the same place (channel concatenation); a template token is the template patch followed by
 zeros. Text: a fixed, seeded byte-level embedding (no text encoder ships in any package), ``text_tokens`` tokens.
 
-Weights: ``weights/demo_model.safetensors`` next to the config when present (trained, see ``sakura_core.demo.train``), else a
+Weights: ``weights/demo_model.safetensors`` next to the config when present (trained, see ``sakura_tools.train.train``), else a
 seeded random init — edits are then noise, but KV exactness and every systems path still hold.
 """
 

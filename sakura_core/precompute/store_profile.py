@@ -91,7 +91,7 @@ def serving_rungs(own: dict[str, float | None], open_loop: dict[str, float | Non
                   cost: Mapping[tuple[str, str], float], profile: StoreProfile,
                   progressive: bool) -> dict[str, set[str]] | None:  # fmt: skip
     """The rungs ``serving`` keeps, from per-level measurements alone (the store and the simulator's serving view,
-    :mod:`sakura_core.bench.serving_ladders`, choose by this one rule).
+    :mod:`sakura_tools.bench.serving_ladders`, choose by this one rule).
 
     ``own``, ``open_loop``, ``twins``: level name (ladder order, no ``fp16``) -> the output PSNR (dB) of the edit with
     every shard at the level as coded on its own (step 0's chain, or single mode), as open-loop cross-step residuals,

@@ -45,7 +45,7 @@ def skip_or_fail():
 def radosgw(tmp_path_factory):
     """A real S3 server for the session: mon + memstore OSD + radosgw on 127.0.0.1, its credentials in the
     process environment (so ``sakura`` subprocesses find them too) and the bucket ``sakura-tests``."""
-    from cloud_server.radosgw import RadosGateway, RadosGatewayError, missing_ceph_binaries
+    from sakura_tools.infra.radosgw import RadosGateway, RadosGatewayError, missing_ceph_binaries
 
     missing = missing_ceph_binaries()
     if missing:

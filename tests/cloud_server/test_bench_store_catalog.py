@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from cloud_server.bench_store_catalog import template_images
 from sakura_core.cli import main
+from sakura_tools.infra.bench_store_catalog import template_images
 
 from .conftest import S3_BUCKET
 

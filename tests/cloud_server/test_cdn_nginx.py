@@ -7,8 +7,8 @@ from ci_deps import require_or_skip
 
 from cloud_server.app import create_app
 from cloud_server.config import ServerConfig
-from cloud_server.nginx import NginxProcess, find_nginx
 from sakura_core.fetch.client import ShardClient
+from sakura_tools.infra.nginx import NginxProcess, find_nginx
 
 require_or_skip(
     find_nginx() is not None,

@@ -8,8 +8,8 @@ import os
 
 import aiohttp
 
-from cloud_server.nginx import NginxProcess, find_nginx
 from sakura_core.fetch.client import ShardClient
+from sakura_tools.infra.nginx import NginxProcess, find_nginx
 
 from ..synthetic_templates import make_synthetic_template
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sakura_core.bench.page_driver import CHROMIUM, FLAGS
+from sakura_tools.bench.page_driver import CHROMIUM, FLAGS
 
 __all__ = ["CHROMIUM", "FLAGS", "PER_STEP_ID", "PHOTO_NAME", "PROMPT", "SEED", "STEPS", "TEMPLATE_ID", "TWO_REF_ID", "WEB",
            "fill_edit", "finish_edit", "open_page", "page_state", "publish_page_store", "python_edit",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from ci_deps import import_or_skip, require_or_skip
 
-from sakura_core.bench.page_driver import CHROMIUM
+from sakura_tools.bench.page_driver import CHROMIUM
 
 from .page_driver import WEB
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from sakura_core.bench.page_link import TraceLink
+from sakura_tools.bench.page_link import TraceLink
 
 from .loopback import loopback_server
 from .page_driver import (

@@ -34,7 +34,7 @@ def trained():
 
 
 def _image(model, name):
-    from sakura_core.bench.codec_bench import _template_image
+    from sakura_tools.bench.codec_bench import _template_image
 
     return _template_image(name, model.spec.image_size)
 

@@ -7,13 +7,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sakura_core.bench.e2e import quality_floor
 from sakura_core.fetch.traces import Trace
 from sakura_core.policy.context import Context
 from sakura_core.policy.ladder import Level
 from sakura_core.policy.policies import LEVEL_COMPUTE, make_policy
 from sakura_core.runtime.profiles import PHONE_DIT, PROFILES
 from sakura_core.runtime.simulate import simulate
+from sakura_tools.bench.e2e import quality_floor
 
 FP = PHONE_DIT.shard_bytes_fp16
 CPU = PROFILES["snapdragon-8-elite-cpu"]

@@ -4,13 +4,13 @@ the per-chunk budget and recomputes otherwise; the old rule stays beside it once
 
 import pytest
 
-from sakura_core.bench.e2e_report import select_policies
 from sakura_core.fetch.traces import Trace
 from sakura_core.policy.plan import policy_levels, runnable_policies
 from sakura_core.policy.policies import LEVEL_COMPUTE, make_policy
 from sakura_core.runtime.profiles import PHONE_DIT, PROFILES
 from sakura_core.runtime.sim_ladders import CACHEGEN_NO_FLOOR, FamilyLadders, ShardLadders, held_to_floor
 from sakura_core.runtime.simulate import simulate
+from sakura_tools.bench.e2e_report import select_policies
 
 FP = PHONE_DIT.shard_bytes_fp16
 CPU = PROFILES["snapdragon-8-elite-cpu"]

@@ -155,7 +155,7 @@ def test_the_benchs_fluid_bound_is_under_every_run_of_a_per_step_edit():
     are a prefix per step."""
     from dataclasses import replace
 
-    from sakura_core.bench.e2e import FLUID_BOUND, run_sim
+    from sakura_tools.bench.e2e import FLUID_BOUND, run_sim
 
     free = [[replace(lv, decode_s=0.0, closed=lv.closed and replace(lv.closed, decode_s=0.0)) for lv in lad]
             for lad in LADDERS]  # fmt: skip

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from sakura_core.bench.e2e import sim_ladders
 from sakura_core.cli import main
 from sakura_core.fetch.traces import Trace
 from sakura_core.policy.policies import make_policy
@@ -14,6 +13,7 @@ from sakura_core.runtime.oracle import fixed_split_policy
 from sakura_core.runtime.profiles import get_profile
 from sakura_core.runtime.sim_ladders import ShardLadders
 from sakura_core.runtime.simulate import SimConfig, simulate
+from sakura_tools.bench.e2e import sim_ladders
 
 LADDERS = Path(__file__).resolve().parents[3] / "docs" / "results" / "ladders"
 

@@ -73,7 +73,7 @@ def test_the_policy_is_charged_a_queued_round_trip_only_when_requests_go_one_at_
 def test_the_bench_flag_chooses_the_mode_and_the_command_records_it():
     import argparse
 
-    from sakura_core.bench import cli_e2e, cli_regime
+    from sakura_tools.bench import cli_e2e, cli_regime
 
     for mod in (cli_e2e, cli_regime):
         parser = argparse.ArgumentParser()
@@ -114,7 +114,7 @@ def test_an_upgrade_on_its_way_is_not_asked_for_again(ahead):
     import json
     from pathlib import Path
 
-    from sakura_core.bench.e2e_ladders import ShardLadders
+    from sakura_tools.bench.e2e_ladders import ShardLadders
 
     path = Path(__file__).parents[3] / "docs" / "results" / "ladders" / "phone-dit-512.per-step.json"
     lad, fl = ShardLadders.from_dict(json.loads(path.read_text())).for_simulator()

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from sakura_core.bench.e2e import PSNR_TARGET_DB, cross_step_sakura
-from sakura_core.bench.per_step_ladders import load
 from sakura_core.fetch.traces import Trace
 from sakura_core.metrics import psnr_from_mse
 from sakura_core.policy.ladder import Level, levels_from
@@ -18,6 +16,8 @@ from sakura_core.runtime.oracle import fixed_split_policy
 from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
 from sakura_core.runtime.sim_ladders import ShardLadders
 from sakura_core.runtime.simulate import SimConfig, simulate
+from sakura_tools.bench.e2e import PSNR_TARGET_DB, cross_step_sakura
+from sakura_tools.bench.per_step_ladders import load
 
 G = DitGeometry(name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32,
                 steps=3)  # fmt: skip

@@ -1,0 +1,195 @@
+"""``sakura bench e2e --mode page``: the phone page itself, live. The web model (``sakura export --target web``) and
+the per-step demo template (the sakura codec, every rung and the exact fp16 kept) are served by a ``sakura serve
+--phone-model`` subprocess on 127.0.0.1; headless Chromium runs each policy's edit on the page (its lanes, its policy,
+onnxruntime-web) with the link shaped from each trace through CDP and the CPU throttled (:mod:`.page_driver`).
+
+Per trace and policy: the page's latency (its report's total), bytes, and the busy-time bound (the largest of the
+lanes' busy seconds, ``report.busy_s``: fetch, decode, compute less its stalls). Then the same trace is replayed in
+the simulator with the page's measured compute profile (a DiT step's and a template-pass layer's seconds, medians of
+the page's timeline) and the served ladders; the live and simulated speed-ups of sakura over on-device and
+fetch-fp16 are printed side by side and written as JSON, each run with the page's report (timeline, decisions).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from sakura_core.files import atomic_write_json
+from sakura_core.policy.plan import plan_fetch
+from sakura_core.runtime.live_profile import LiveProfile
+
+__all__ = ["run_page"]
+
+PAGE_POLICIES = ("on-device", "fetch-fp16", "sakura")
+PAGE_TRACES = ("walk110-1.5-0.3", "walk113-6-0.4", "onoff103-10-0.5")  # slow walk, faster walk, on/off with outages
+TEMPLATE_ID = "page-bench"
+PROMPT = "place it"
+
+
+def _publish(root: Path, steps: int) -> tuple[Path, Path]:
+    """The web model and the per-step demo template (sakura codec, store profile full) under ``root``."""
+    import torch
+
+    from cloud_server.precompute import publish_template
+    from cloud_server.store import LocalStore
+    from sakura_core.cli import main
+    from sakura_core.models.edit_model import load_demo_model, load_image
+
+    if main(["export", "--target", "web", "--out", str(root / "model")]) != 0:
+        raise SystemExit("sakura bench e2e --mode page: sakura export --target web failed (see above)")
+    torch.set_num_threads(1)
+    model = load_demo_model()
+    image = load_image("astronaut", model.spec.image_size)
+    publish_template(LocalStore(root / "store"), model, image, TEMPLATE_ID, kv_mode="per-step", steps=steps,
+                     codec="sakura", store_profile="full")  # fmt: skip
+    from PIL import Image
+
+    Image.fromarray(load_image("chelsea", model.spec.image_size)).save(root / "photo.png")
+    return root / "store", root / "model"
+
+
+def page_profile(reports: list[dict], layers: int, steps: int) -> LiveProfile:
+    """The page's compute profile from its timelines: a DiT step's seconds (compute events of level "step") over the
+    layers is a cached layer; a template-pass layer (the other compute events) added to it is a full layer."""
+    step_s = [
+        e["end"] - e["start"]
+        for r in reports
+        for e in r["timeline"]
+        if e["lane"] == "compute" and e["level"] == "step"
+    ]
+    pass_s = [
+        e["end"] - e["start"]
+        for r in reports
+        for e in r["timeline"]
+        if e["lane"] == "compute" and e["level"] != "step"
+    ]
+    if not step_s or not pass_s:
+        raise RuntimeError(f"the page's timelines hold {len(step_s)} DiT steps and {len(pass_s)} template-pass layers: "
+                           "the profile needs both (an on-device run computes the template pass)")  # fmt: skip
+    cached = statistics.median(step_s) / layers
+    return LiveProfile(cached + statistics.median(pass_s), cached, layers, steps)
+
+
+def _bound(report: dict) -> float:
+    b = report["busy_s"]
+    return max(b["fetch"], b["decode"], b["compute"])
+
+
+def _replay(trace, profile: LiveProfile, manifest: dict, rtt_s: float) -> dict:
+    """Simulated latency of each policy on ``trace`` with the page's ``profile`` and the served ladders."""
+    from sakura_core.runtime.simulate import SimConfig, simulate
+
+    out = {}
+    for name in PAGE_POLICIES:
+        plan = plan_fetch(manifest, name)
+        fam = plan.policy.family
+        out[name] = simulate(plan.policy, trace, profile, {fam: plan.ladders}, {fam: plan.floor},
+                             config=SimConfig(min_rtt_s=rtt_s)).latency_s  # fmt: skip
+    return out
+
+
+def _traces(args) -> list:
+    from sakura_core.fetch.traces import load_trace
+
+    names = [n.strip() for n in args.page_traces.split(",") if n.strip()][: args.max_traces]
+    folder = Path(args.traces)
+    missing = [n for n in names if not (folder / f"{n}.log").is_file()]
+    if missing:
+        raise SystemExit(f"sakura bench e2e --mode page: no trace {missing} in {folder} (write them with "
+                         f"`sakura traces synth --out {folder}`, or pick others with --page-traces)")  # fmt: skip
+    return [load_trace(folder / f"{n}.log") for n in names]
+
+
+def run_page(args) -> int:
+    from cloud_server.store import LocalStore
+
+    from .cli_live import start_server
+    from .page_driver import PageBench
+
+    traces = _traces(args)
+    steps = args.steps
+    with tempfile.TemporaryDirectory(prefix="sakura-page-") as tmp:
+        t0 = time.perf_counter()
+        store_dir, model_dir = _publish(Path(tmp), steps)
+        manifest = LocalStore(store_dir).get_manifest(TEMPLATE_ID)
+        layers = manifest["num_layers"]
+        print(f"PAGE: web model and per-step template ({layers} layers x {steps} steps) ready in "
+              f"{time.perf_counter() - t0:.1f} s; CPU throttle {args.cpu_throttle}x; {len(traces)} traces")  # fmt: skip
+        proc, url = start_server(str(store_dir), wrap=lambda argv: argv + ["--phone-model", str(model_dir)])
+        try:
+            bench = PageBench(f"{url}/phone", Path(tmp) / "photo.png", PROMPT)
+            try:
+                bench.edit(TEMPLATE_ID, "sakura", steps)  # warm-up (unshaped, not counted): ORT's sessions compiled
+                runs = _run_all(bench, traces, steps, args.cpu_throttle)
+            finally:
+                bench.close()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    out = _compare(runs, traces, manifest, layers, steps, args)
+    atomic_write_json(args.json, out)
+    print(f"wrote {args.json}")
+    return 0
+
+
+def _run_all(bench, traces, steps: int, throttle: float) -> list[dict]:
+    runs = []
+    for trace in traces:
+        for policy in PAGE_POLICIES:
+            rep = bench.edit(TEMPLATE_ID, policy, steps, trace=trace, cpu_throttle=throttle)
+            latency, bound = rep["timings_s"]["total"], _bound(rep)
+            runs.append({"trace": trace.name, "policy": policy, "latency_s": latency, "bytes_fetched": rep["bytes_fetched"],
+                         "busy_s": rep["busy_s"], "bound_s": bound, "latency_over_bound": latency / bound,
+                         "rtt_s": rep["rtt_s"], "split_layers": rep["split_layers"], "_report": rep})  # fmt: skip
+            print(f"{trace.name:<18} {policy:<11} {latency:7.2f} s  {rep['bytes_fetched'] / 1e6:6.2f} MB  "
+                  f"bound {bound:.2f} s (x{latency / bound:.2f})  split {rep['split_layers']}")  # fmt: skip
+    return runs
+
+
+def _compare(runs: list[dict], traces, manifest: dict, layers: int, steps: int, args) -> dict:
+    """The simulator's replay of each trace with the page's profile; the table of live vs simulated speed-ups."""
+    profile = page_profile([r["_report"] for r in runs], layers, steps)
+    for r in runs:  # each run's page report (timeline, decisions) kept for the diagnosis
+        r["report"] = r.pop("_report")
+    print(f"\npage's compute profile: DiT step {profile.layer_cached_s * layers:.3f} s, template-pass layer "
+          f"{profile.layer_full_s - profile.layer_cached_s:.3f} s (medians of the timelines)")  # fmt: skip
+    by = {(r["trace"], r["policy"]): r for r in runs}
+    rows = []
+    print(f"{'trace':<18} {'policy':<11} {'live s':>7} {'sim s':>7} {'x bound':>7}  {'vs on-device live/sim':>22}  "
+          f"{'vs fetch-fp16 live/sim':>23}")  # fmt: skip
+    for trace in traces:
+        rtt = statistics.median(by[(trace.name, p)]["rtt_s"] for p in PAGE_POLICIES)
+        sim = _replay(trace, profile, manifest, rtt)
+        live = {p: by[(trace.name, p)]["latency_s"] for p in PAGE_POLICIES}
+        row = {"trace": trace.name, "live_latency_s": live, "sim_latency_s": sim, "sim_rtt_s": rtt}
+        for base in ("on-device", "fetch-fp16"):
+            lv, sm = live[base] / live["sakura"], sim[base] / sim["sakura"]
+            row[f"speedup_vs_{base}"] = {"live": lv, "sim": sm, "live_over_sim": lv / sm}
+        row["latency_over_bound"] = {p: by[(trace.name, p)]["latency_over_bound"] for p in PAGE_POLICIES}
+        rows.append(row)
+        for p in PAGE_POLICIES:
+            cells: tuple[str, ...] = ("", "")
+            if p == "sakura":
+                cells = tuple(f"{row[f'speedup_vs_{b}']['live']:.2f}x / {row[f'speedup_vs_{b}']['sim']:.2f}x"
+                              for b in ("on-device", "fetch-fp16"))  # fmt: skip
+            print(f"{trace.name:<18} {p:<11} {live[p]:7.2f} {sim[p]:7.2f} {row['latency_over_bound'][p]:7.2f}  "
+                  f"{cells[0]:>22}  {cells[1]:>23}")  # fmt: skip
+    targets = {
+        "sakura_fastest_each_trace": all(
+            r["live_latency_s"]["sakura"] < min(r["live_latency_s"]["on-device"], r["live_latency_s"]["fetch-fp16"])
+            for r in rows
+        ),  # fmt: skip
+        "live_over_sim_within_20pct": all(
+            abs(r[f"speedup_vs_{b}"]["live_over_sim"] - 1) <= 0.2 for r in rows for b in ("on-device", "fetch-fp16")
+        ),  # fmt: skip
+        "latency_within_1_15x_bound": all(r["latency_over_bound"] <= 1.15 for r in runs),
+    }
+    print(f"targets: {targets}")
+    return {"mode": "page", "template": {"id": TEMPLATE_ID, "kv_mode": "per-step", "layers": layers, "steps": steps},
+            "cpu_throttle": args.cpu_throttle, "traces": [t.name for t in traces], "policies": list(PAGE_POLICIES),
+            "profile": {"layer_full_s": profile.layer_full_s, "layer_cached_s": profile.layer_cached_s,
+                        "template_pass_s": profile.template_pass_s, "layers": layers, "steps": steps},
+            "runs": runs, "comparison": rows, "targets": targets}  # fmt: skip
