@@ -79,7 +79,7 @@ class _Sim(SimLink, CpuShare):
         self.per_step = S > 1 and self.N == S * L
         self.L = L if self.per_step else self.N  # shards of one step
         self.layers_per_step = self.L  # see PolicyState.layers_per_step
-        self.rtt_s = max(config.min_rtt_s, 2 * trace.latency_ms / 1000)
+        self.rtt_s = max(config.rtt_s, 2 * trace.latency_ms / 1000)
         self.request_ahead = config.request_ahead  # see Context.queued_rtt_s
         self.latency_target_s = config.latency_target_s
         self.estimator = ThroughputEstimator()
@@ -287,7 +287,7 @@ class _Sim(SimLink, CpuShare):
             psnr_db=psnr_from_mse(mse),
             split_layer=self.split_layer,
             stall_s=self.stall_s,
-            splits=list(self.splits),
+            split_layers=list(self.splits),
             events=self.events,
             decisions=self.decisions,
             peak_kv_bytes=self._peak_kv_bytes(),
