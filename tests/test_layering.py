@@ -172,6 +172,18 @@ ONE_HOME = (
     "StoreSource",
     "StoreReader",  # the store's on-disk layout, read side
     "SOURCE_IMAGE_EXTS",
+    # the lanes' protocol, one home for the live lanes and the simulator (runtime/lane_rules.py, runtime/deferral.py)
+    "LaneConfig",  # the lanes' settings (RuntimeConfig and SimConfig extend it)
+    "LaneResult",  # what a live and a simulated run both report
+    "ask_in_order",  # the in-order base ask
+    "ask_deferred",  # deferred shards asked again
+    "has_prefetch_room",  # the prefetch-budget room check
+    "link_passed",  # a shard the link went past: fetched at the floor when the compute lane needs it
+    "ask_upgrade",  # upgrades on the idle link
+    "pass_makes",  # the layers a fallback template pass keeps
+    "pass_stops_after",  # when the fallback pass stops
+    "pass_can_stop",
+    "ahead_window_bytes",  # how far requests go ahead of the wire
 )
 #: Names of the second homes that were removed: defining one again brings the duplicate back.
 RETIRED = ("_is_loopback", "_bearer", "_token_ok", "check_manifest", "check_request_schedule", "_TEMPLATE_ID_RE")

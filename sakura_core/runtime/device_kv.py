@@ -11,8 +11,9 @@ import torch
 
 from ..models.edit_model import EditModel
 from .backend import ComputeBackend
-from .deferral import pass_can_stop, pass_stopped_reason
+from .deferral import pass_stopped_reason
 from .held_kv import KV, HeldKV
+from .lane_rules import pass_makes, pass_stops_after
 from .live_state import LiveState
 from .run_log import RunLog
 from .shard_index import ShardGrid, ShardId
@@ -57,7 +58,7 @@ class DeviceKV:
         """``shard``'s template KV computed here: one pass serves the layers of its step from ``shard`` on, resumed at
         the step's drop, layer by layer, each layer's KV kept in :class:`HeldKV` as it is made (the fetch lane then
         skips that shard). It stops once every shard of the step from ``shard`` on is made or decoded
-        (:func:`~sakura_core.runtime.deferral.pass_can_stop`); the compute lane then goes on with the fetched KV.
+        (:func:`~sakura_core.runtime.lane_rules.pass_stops_after`); the compute lane then goes on with the fetched KV.
         None when it stopped before it made ``shard`` itself: that shard's transfer delivered first (its fetched KV
         serves). When the step kept no template state there, a whole pass from layer 0 (not stopped early)."""
         own = self.held.device(shard)
@@ -77,9 +78,9 @@ class DeviceKV:
             return held.arrived(grid[g])
 
         def stop(layer: int, kv: KV) -> bool:
-            if layer >= shard.layer:
+            if pass_makes(layer, shard.layer):
                 held.hold_device({grid.at(step, layer): kv})
-            done = layer + 1 < grid.layers and pass_can_stop(shard.g, end, made, ready)
+            done = pass_stops_after(layer, grid.layers, shard.g, end, made, ready)
             if done:
                 stopped.append(layer)
             return done

@@ -24,11 +24,12 @@ import threading
 from ..kv.chain import MissingReferenceError
 from ..policy.context import Context
 from ..policy.ladder import fetch_as, self_contained_top
-from ..policy.policies import LEVEL_COMPUTE, Policy
+from ..policy.policies import Policy
 from .decode_lane import DecodeLane
 from .deferral import ask_deferred
 from .fetch_wire import Turn, Wire, first_of, takes_on_chunk
 from .held_kv import HeldKV
+from .lane_rules import ask_in_order, ask_upgrade, has_prefetch_room, link_passed
 from .live_state import LiveState
 from .pipeline_config import CancelFlag, RuntimeConfig
 from .reference_wait import ReferenceWait
@@ -145,18 +146,19 @@ class FetchLane:
             if again is not None or not base:
                 return again
             g = st.next_layer
-            if self.held.device(self.grid[g]) is not None:  # a fallback template pass made its KV: not fetched
+            action, d = ask_in_order(self.policy, self.ctx, g, self.held.device(self.grid[g]) is not None)
+            if d is None:  # "made": a fallback template pass made its KV, not fetched
                 st.next_layer += 1
                 return None
-            d = self.policy.choose(self.ctx, g)
             self.log.decision(st.now, g, d.level, d.reason)
-            if d.level is None:
+            if action == "stop":
                 return "stop"
             st.next_layer += 1
-            if d.level == LEVEL_COMPUTE:
-                if d.defer:
+            if action != "fetch":
+                if action == "defer":
                     self.deferred.append(g)
                 return None
+            assert d.level is not None
             self._claimed.add(g)
             return self.grid[g], d.level
 
@@ -194,7 +196,7 @@ class FetchLane:
         st = self.st
         with st.lock:
             st.link_free = st.now
-            up = self.policy.upgrade(self.ctx)
+            up = ask_upgrade(self.policy, self.ctx, self.cfg.upgrades, st.base_done)
         if up is None:
             return False
         shard, level = self.grid[up[0]], up[1]
@@ -220,7 +222,7 @@ class FetchLane:
                 g not in self._claimed
                 and g not in st.in_flight
                 and not st.got.get(g)
-                and (st.base_done or st.next_layer > g)
+                and link_passed(g, st.base_done, st.next_layer)
             )
             if not skipped:
                 return False
@@ -267,11 +269,12 @@ class FetchLane:
         while not self.cancel.is_set() and not self._done.is_set():
             with self.st.lock:
                 running_end = self.grid.step_end(self.grid[self.st.compute_layer].step)
-                if shard.g < running_end or self.held.is_held(shard):
+                if self.held.is_held(shard):  # an upgrade of a shard held already
                     return
                 size = self.held.shard_kv_nbytes  # 0 until a shard is decoded: then it waits (its step, or a size)
                 coming = sum(1 for g in self._requested if g >= running_end and not self.held.is_held(self.grid[g]))
-                if size and self.held.held_from_bytes(running_end) + (coming + 1) * size <= cap:
+                later = self.held.held_from_bytes(running_end) + coming * size
+                if has_prefetch_room(shard.g, running_end, later, size or None, cap):
                     return
             await asyncio.sleep(IDLE_POLL_S)
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..policy.estimator import EstimatorConfig
+from .lane_types import LaneConfig, LaneResult
 
 __all__ = ["CancelFlag", "Cancelled", "RunReport", "RuntimeConfig"]
 
@@ -25,26 +26,13 @@ class CancelFlag(Protocol):
 
 
 @dataclass(frozen=True)
-class RuntimeConfig:
-    """Attributes:
+class RuntimeConfig(LaneConfig):
+    """The lanes' settings (:class:`~sakura_core.runtime.lane_types.LaneConfig`, as the simulator's) and the live
+    run's own. Attributes:
     steps: denoising steps.
     seed: noise seed.
     decode_threads: decoder pool size.
-    upgrades: fetch progressive enhancements during later steps (policies that ask for them).
     shard_wait_s: longest wait for one shard before the device computes the template KV itself.
-    rtt_s: round trip charged per request in the policies' predictions.
-    latency_target_s: the user's latency target for the edit (seconds) or None; policies trade the slack under it
-        for quality (sakura) or use it as their SLO (cachegen).
-    prefetch_kv_bytes: per-step mode: the most decoded KV of later steps the device may hold (or receive) ahead
-        of the step it runs; the fetch lane waits for room before it fetches further ahead (the running step's own
-        shards are always fetched). None = no limit (what ``bench e2e --mode sim`` models); 0 = no prefetch.
-        The device then holds at most one step's KV plus this.
-    request_ahead: the fetch lane sends requests ahead of the wire, once the bytes on their way are within two
-        round trips of the link (``deferral.ahead_window_bytes``): their round trips hidden, the transfers still one
-        at a time on the wire, first in first out, decodes overlapping the transfers after them; with a fetcher that
-        reports its chunks and awaits what ``on_chunk`` returns (the default). False: one request at a time, each
-        once the transfer before has ended (its decode overlapping the next transfer). ``bench e2e`` models the same
-        (``SimConfig.request_ahead``, ``--requests``).
     estimator: the throughput estimator's settings (None = its defaults); EMULATED phone timing scales its prior
         and smallest sample to the model's shard bytes (``runtime.emulated_device``).
     """
@@ -52,19 +40,11 @@ class RuntimeConfig:
     steps: int = 8
     seed: int = 0
     decode_threads: int = 1
-    upgrades: bool = True
     shard_wait_s: float = 120.0
-    rtt_s: float = 0.04
-    latency_target_s: float | None = None
-    prefetch_kv_bytes: int | None = None
-    request_ahead: bool = True
     estimator: EstimatorConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.prefetch_kv_bytes is not None and self.prefetch_kv_bytes < 0:
-            raise ValueError(f"prefetch_kv_bytes must be >= 0 bytes or None (no limit), got {self.prefetch_kv_bytes}")
-        if self.latency_target_s is not None and not self.latency_target_s > 0:
-            raise ValueError(f"latency_target_s must be > 0 seconds or None, got {self.latency_target_s}")
+        super().__post_init__()
         if self.steps < 1 or self.decode_threads < 1 or self.shard_wait_s <= 0:
             raise ValueError(
                 f"steps and decode_threads must be >= 1 and shard_wait_s > 0, got {self.steps}, "
@@ -73,29 +53,21 @@ class RuntimeConfig:
 
 
 @dataclass
-class RunReport:
-    """One pipelined run. ``levels_used`` maps a shard (the layer in single mode; ``g = step * L + layer`` in
-    per-step mode) to the levels the compute lane used ("device" = computed here after a failed shard, "template" =
-    the template tokens ran on the device at that (step, layer)); ``split_layers`` is the split ``k_s`` of every
-    step in per-step mode (``[split_layer]`` in single mode, empty when the template ran everywhere);
-    ``bytes_used`` is the part of ``bytes_fetched`` whose KV the compute lane injected: the bytes of every blob a
-    KV it injected was decoded from (each once) — not a shard fetched and then computed here, nor an upgrade that
-    came after the shard's last use, nor a failed try."""
+class RunReport(LaneResult):
+    """One pipelined run: what a simulated one reports too (:class:`~sakura_core.runtime.lane_types.LaneResult`;
+    ``split_layers`` is empty when the template ran everywhere) and the live run's own. ``levels_used`` maps a shard
+    (the layer in single mode; ``g = step * L + layer`` in per-step mode) to the levels the compute lane used
+    ("device" = computed here after a failed shard, "template" = the template tokens ran on the device at that
+    (step, layer)); ``bytes_used`` is the part of ``bytes_fetched`` whose KV the compute lane injected: the bytes of
+    every blob a KV it injected was decoded from (each once) — not a shard fetched and then computed here, nor an
+    upgrade that came after the shard's last use, nor a failed try."""
 
-    policy: str
-    latency_s: float
-    bytes_fetched: int
-    split_layer: int
     image: np.ndarray
     tokens: torch.Tensor
-    events: list[dict] = field(default_factory=list)
-    decisions: list[dict] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     levels_used: dict[int, list[str]] = field(default_factory=dict)
     kv_mode: str = "single"
     layers_per_step: int = 0
-    split_layers: list[int] = field(default_factory=list)
-    peak_kv_bytes: int = 0
     bytes_used: int = 0
 
     def levels_by_step(self) -> dict[str, list[str]]:
@@ -105,16 +77,3 @@ class RunReport:
         return {
             f"step {s}": ["/".join(self.levels_used.get(s * L + i, ["-"])) for i in range(L)] for s in range(steps)
         }
-
-    def busy_s(self, lane: str) -> float:
-        """Total time the lane was busy (overlaps merged)."""
-        spans = sorted((e["start"], e["end"]) for e in self.events if e["lane"] == lane)
-        total, cur_s, cur_e = 0.0, None, None
-        for s, e in spans:
-            if cur_e is None or s > cur_e:
-                if cur_e is not None:
-                    total += cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        return total + ((cur_e - cur_s) if cur_e is not None else 0.0)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..policy.ladder import fetch_as, shard_floor, twin_applies
-from ..policy.policies import LEVEL_COMPUTE
 from .deferral import ahead_window_bytes, ask_deferred
+from .lane_rules import ask_in_order, ask_upgrade, has_prefetch_room, link_passed
 
 if TYPE_CHECKING:
     from ..fetch.traces import Trace
@@ -320,31 +320,32 @@ class SimLink:
             return True
         if not self.base_done and self.next_layer < self.N:
             layer = self.next_layer
-            if layer in self.device_kv_at:  # a fallback pass made its KV: nothing to fetch
+            action, d = ask_in_order(self.policy, self.ctx, layer, layer in self.device_kv_at)
+            if d is None:  # "made": a fallback pass made its KV, nothing to fetch
                 self.next_layer += 1
                 self.skipped.add(layer)
                 self.base_done = self.next_layer >= self.N
                 return True
-            d = self.policy.choose(self.ctx, layer)
             self.decisions.append({"t": self.now, "layer": layer, "level": d.level, "reason": d.reason})
             self._charge_link()
-            if d.level is None:
+            if action == "stop":
                 self.base_done = True
                 return True
             self.next_layer += 1
-            if d.level == LEVEL_COMPUTE:
+            if action in ("compute", "defer"):
                 self.skipped.add(layer)
-                if d.defer:
+                if action == "defer":
                     self.deferred.append(layer)
                 if d.link_idle_until_s is not None:  # the policy's next decision waits (the link stays idle)
                     self.link_free = max(self.link_free, d.link_idle_until_s)
             else:
+                assert d.level is not None
                 self._fetch_chosen(layer, d.level)
             if self.next_layer >= self.N:
                 self.base_done = True
             return True
         if self.config.upgrades and self.base_done:
-            up = self.policy.upgrade(self.ctx)
+            up = ask_upgrade(self.policy, self.ctx, self.config.upgrades, self.base_done)
             self._charge_link()
             if up is not None:
                 layer, level = up
@@ -400,19 +401,17 @@ class SimLink:
         if cap is None or not self.per_step:
             return True
         running_end = (self.compute_layer // self.L + 1) * self.L
-        if layer < running_end:
-            return True
         held = sum(1 for g in self._pred if g >= running_end)
-        shard = getattr(self.profile.model, "shard_bytes_fp16", None)  # a measured LiveProfile has no geometry
-        if shard is None:
+        shard_bytes = getattr(self.profile.model, "shard_bytes_fp16", None)  # a measured LiveProfile has no geometry
+        if shard_bytes is None:
             raise ValueError("SimConfig.prefetch_kv_bytes needs a DeviceProfile (its geometry's shard_bytes_fp16); "
                              f"{type(self.profile).__name__} has none: simulate without prefetch_kv_bytes")  # fmt: skip
-        return (held + 1) * shard <= cap
+        return has_prefetch_room(layer, running_end, held * shard_bytes, shard_bytes, cap)
 
     def wait_for(self, layer: int) -> float:
         """Run the link until ``layer`` has a decoded level; returns that time."""
         while not self._got.get(layer):
-            if layer in self.skipped or self.base_done or self.next_layer > layer:
+            if layer in self.skipped or link_passed(layer, self.base_done, self.next_layer):
                 if layer not in self.forced:
                     self.forced.append(layer)
             if not self._link_step():

@@ -39,7 +39,8 @@ from ..policy.context import Context
 from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
 from ..policy.policies import Policy
-from .deferral import LATE_FALLBACK_REASON, pass_can_stop, pass_stopped_reason
+from .deferral import LATE_FALLBACK_REASON, pass_stopped_reason
+from .lane_rules import pass_makes, pass_stops_after
 from .live_profile import LiveProfile
 from .profiles import DeviceProfile
 from .sim_cpu import CpuShare, PlanClock
@@ -80,7 +81,7 @@ class _Sim(SimLink, CpuShare):
         self.per_step = S > 1 and self.N == S * L
         self.L = L if self.per_step else self.N  # shards of one step
         self.layers_per_step = self.L  # see PolicyState.layers_per_step
-        self.rtt_s = max(config.min_rtt_s, 2 * trace.latency_ms / 1000)
+        self.rtt_s = max(config.rtt_s, 2 * trace.latency_ms / 1000)
         self.request_ahead = config.request_ahead  # see Context.queued_rtt_s
         self.latency_target_s = config.latency_target_s
         self.estimator = ThroughputEstimator()
@@ -227,7 +228,7 @@ class _Sim(SimLink, CpuShare):
     def _fallback_pass(self, layer: int) -> None:
         """The device's template pass for late shard ``layer``: resumed where this step dropped the template tokens
         (their hidden state kept there), one layer at a time while the link keeps fetching. After each layer it stops
-        once every shard the step still needs is made by it or decoded (:func:`pass_can_stop`): the step goes on with
+        once every shard the step still needs is made by it or decoded (:func:`~.lane_rules.pass_stops_after`): the step goes on with
         fetched KV. Run to the step's end, the device has every layer's KV and the link gives up this step."""
         L, k0 = self.L, self.dropped_at
         base = layer // L * L if self.per_step else 0
@@ -236,12 +237,12 @@ class _Sim(SimLink, CpuShare):
         e0, t0, stopped = len(self.events), self.compute_t, False
         for i in range(k0, L):
             self._compute(self.profile.template_pass_s / L, -1, what)
-            if base + i >= layer:
+            if pass_makes(i, layer - base):
                 self.device_kv_at[base + i] = self.compute_t
             self.advance_link(self.compute_t)
             self.settle_contention()
             self.now = self.compute_t
-            if i + 1 < L and pass_can_stop(layer, base + L, self.device_kv_at.__contains__, self._ready_now):
+            if pass_stops_after(i, L, layer, base + L, self.device_kv_at.__contains__, self._ready_now):
                 self.decisions.append({"t": self.compute_t, "layer": layer, "level": "fetched",
                                        "reason": pass_stopped_reason(i, L)})  # fmt: skip
                 stopped = True
@@ -295,7 +296,7 @@ class _Sim(SimLink, CpuShare):
             psnr_db=psnr_from_mse(mse),
             split_layer=self.split_layer,
             stall_s=self.stall_s,
-            splits=list(self.splits),
+            split_layers=list(self.splits),
             events=self.events,
             decisions=self.decisions,
             peak_kv_bytes=self._peak_kv_bytes(),

@@ -259,7 +259,7 @@ def _replay(trace, profile, ladders: dict, floor: int, request_ahead: bool = Tru
     sent ahead or one at a time, as the live run)."""
     from sakura_core.runtime.simulate import SimConfig, simulate
 
-    cfg = SimConfig(min_rtt_s=RuntimeConfig().rtt_s, request_ahead=request_ahead)
+    cfg = SimConfig(rtt_s=RuntimeConfig().rtt_s, request_ahead=request_ahead)
     return {p: simulate(make_policy(p), trace, profile, ladders, {"sakura": floor}, config=cfg).latency_s
             for p in ("sakura", "on-device")}  # fmt: skip
 

@@ -87,7 +87,7 @@ def _replay(trace, profile: LiveProfile, manifest: dict, rtt_s: float) -> dict:
         plan = plan_fetch(manifest, name)
         fam = plan.policy.family
         out[name] = simulate(plan.policy, trace, profile, {fam: plan.ladders}, {fam: plan.floor},
-                             config=SimConfig(min_rtt_s=rtt_s)).latency_s  # fmt: skip
+                             config=SimConfig(rtt_s=rtt_s)).latency_s  # fmt: skip
     return out
 
 

@@ -58,7 +58,7 @@ def test_a_fallback_pass_stops_once_the_returned_link_has_delivered_the_missing_
     # the pass ends where it stopped: every shard of the step from the late one on was decoded or made by then
     assert _pass(res)["end"] == pytest.approx(stopped[0]["t"])
     # the same run with a pass that cannot be abandoned (the old behaviour): it runs to the step's end
-    monkeypatch.setattr(simulate_module, "pass_can_stop", lambda *a: False)
+    monkeypatch.setattr(simulate_module, "pass_stops_after", lambda *a: False)
     full, _ = _dies_then_returns(20, kv_mode, 0.15)
     assert not any("fallback pass stopped" in str(d["reason"]) for d in full.decisions)
     ran, ran_full = (_pass(r)["end"] - _pass(r)["start"] for r in (res, full))

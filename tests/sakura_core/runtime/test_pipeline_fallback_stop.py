@@ -1,6 +1,6 @@
 """The live runtime's fallback template pass is abandonable (``DeviceKV.kv``): run layer by layer through the
 backend's ``resume_template_kv(..., stop)``, it stops once every shard of its step from the late one on is made by it or
-decoded (``deferral.pass_can_stop``; the late shard's own transfer goes on), and the step goes on with the fetched KV.
+decoded (``lane_rules.pass_stops_after``; the late shard's own transfer goes on), and the step goes on with the fetched KV.
 Per-step demo edit, manual clock."""
 
 import threading
@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from sakura_core.runtime import device_kv
+from sakura_core.runtime import lane_rules
 
 # setup is a fixture
 from .test_pipeline_per_step import POLL_S, _LateThenDevice, _run_with_late_shard, _stall_of, setup  # noqa: F401
@@ -38,7 +38,7 @@ def _pass_with_link_back(edit_setup, monkeypatch, clock, last_made: int | None):
     L = model.adapter.num_layers
     made = _record_pass_layers(monkeypatch, model)
     after = None if last_made is None else L + last_made
-    monkeypatch.setattr(device_kv, "pass_can_stop", _link_back(device_kv.pass_can_stop, after=after))
+    monkeypatch.setattr(lane_rules, "pass_can_stop", _link_back(lane_rules.pass_can_stop, after=after))
     pol = _LateThenDevice([0, 0, 0])
     if last_made is not None:
         pol.release = _NeverBefore(made, last_made)  # the late shard (and the link behind it) only then

@@ -162,7 +162,7 @@ def test_the_benchs_fluid_bound_is_under_every_run_of_a_per_step_edit():
     ladders = {"sakura": with_track_floor(free, "hi")}
     for mbit in (20, 30, 40, 60):
         runs = run_sim([Trace.constant(mbit)], ["sakura", "oracle", "on-device"], P, ladders, {"sakura": 0}, 1,
-                       kv_mode="per-step", config=SimConfig(min_rtt_s=0.0))  # fmt: skip
+                       kv_mode="per-step", config=SimConfig(rtt_s=0.0))  # fmt: skip
         bound = next(r["latency_s"] for r in runs if r["policy"] == FLUID_BOUND)
         for r in runs:
             assert r["latency_s"] >= bound - 1e-9, (mbit, r["policy"], r["latency_s"], bound)

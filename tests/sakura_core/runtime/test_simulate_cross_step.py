@@ -16,7 +16,7 @@ EXACT = Level("fp16", FP, FP, 1e-3, 0.0)
 BASE = [Level("q", FP // 6, FP // 6, 1e-3, 1e-5), EXACT]
 RESIDUAL = [Level("q", FP // 20, FP // 20, 1e-3, 1e-5, ref_step=0), EXACT]
 LADDERS = {"sakura": [BASE] * 4 + [RESIDUAL] * 4}
-NO_RTT = SimConfig(min_rtt_s=0.0)
+NO_RTT = SimConfig(rtt_s=0.0)
 
 
 def _sim(splits, mbit=1000.0):

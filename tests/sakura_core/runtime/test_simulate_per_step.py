@@ -18,7 +18,7 @@ FP = G.shard_bytes_fp16
 Q = Level("q", FP // 6, FP // 6, 1e-3, 1e-4 / 12)
 LADDERS = {"sakura": [[Q, Level("fp16", FP, FP, 1e-3, 0.0)]] * 12}
 FLOORS = {"sakura": 0}
-NO_RTT = SimConfig(min_rtt_s=0.0)
+NO_RTT = SimConfig(rtt_s=0.0)
 
 
 def _sim(policy, trace, config=NO_RTT):

@@ -24,7 +24,7 @@ FLOORS = {"fp16": 0}
 
 def _fetches(ahead: bool) -> list[dict]:
     r = simulate(make_policy("fetch-fp16"), Trace.constant(8), CPU, LADDERS, FLOORS,
-                 config=SimConfig(min_rtt_s=0.04, request_ahead=ahead))  # fmt: skip
+                 config=SimConfig(rtt_s=0.04, request_ahead=ahead))  # fmt: skip
     return [e for e in r.events if e["lane"] == "fetch"]
 
 
@@ -51,7 +51,7 @@ def test_short_transfers_keep_several_requests_ahead():
     # transfers follow back to back
     lad = {"fp16": [[Level("q", 20_000, 20_000, 0.0, 1e-4)]] * 4}
     r = simulate(make_policy("fetch-fp16"), Trace.constant(8), CPU, lad, FLOORS,
-                 config=SimConfig(min_rtt_s=0.04, request_ahead=True))  # fmt: skip
+                 config=SimConfig(rtt_s=0.04, request_ahead=True))  # fmt: skip
     ends = [round(e["end"], 6) for e in r.events if e["lane"] == "fetch"]
     assert ends == [0.06, 0.12, 0.14, 0.16]  # the probe, the one after it (its round trip), then back to back
     assert [round(e["start"], 6) for e in r.events if e["lane"] == "fetch"] == [0.0, 0.06, 0.06, 0.06]
@@ -60,7 +60,7 @@ def test_short_transfers_keep_several_requests_ahead():
 def test_the_policy_is_charged_a_queued_round_trip_only_when_requests_go_one_at_a_time():
     for ahead, queued in ((False, 0.04), (True, 0.0)):
         sim = _Sim(make_policy("fetch-fp16"), Trace.constant(8), 0.0, CPU, LADDERS["fp16"], 0,
-                   SimConfig(min_rtt_s=0.04, request_ahead=ahead))  # fmt: skip
+                   SimConfig(rtt_s=0.04, request_ahead=ahead))  # fmt: skip
         ctx = Context(sim)
         assert ctx.rtt_s == 0.04 and ctx.queued_rtt_s == queued
         assert ctx.first_byte_t() == pytest.approx(0.04)  # an idle link: a round trip either way
@@ -99,7 +99,7 @@ def test_the_oracles_exact_model_times_a_plan_as_the_simulator_runs_it(ahead, kb
 
     lad = [[Level("q", kb * 1000, kb * 1000, 0.0, 1e-4)]] * 4
     trace = Trace("step", [1.0, 1.0, 1e6], [1e6, 0.25e6, 1e6])
-    cfg = SimConfig(min_rtt_s=0.04, request_ahead=ahead)
+    cfg = SimConfig(rtt_s=0.04, request_ahead=ahead)
     probe = _Sim(fixed_split_policy(0), trace, 0.0, CPU, lad, 0, cfg)
     snap = Snapshot(probe.ctx, None)
     for plan in ((0,), (1,), (2,), (3,)):

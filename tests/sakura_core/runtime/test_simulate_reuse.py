@@ -25,7 +25,7 @@ P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
 FP = G.shard_bytes_fp16
 EXACT = Level("fp16", FP, FP, 1e-3, 0.0)
 Q = Level("q", FP // 6, FP // 6, 1e-3, 1e-5)
-NO_RTT = SimConfig(min_rtt_s=0.0)
+NO_RTT = SimConfig(rtt_s=0.0)
 
 
 def _reuse(step: int, mse: float = 2e-6) -> Level:
@@ -99,7 +99,7 @@ def test_a_reuse_rung_at_the_floor_joins_the_later_steps_as_their_floor():
 
 def test_the_free_rung_costs_no_round_trip_in_the_plan():
     # a 50 ms RTT is 5 template layers: a plan that charged the rung a round trip would keep the template
-    cfg = SimConfig(min_rtt_s=0.05)
+    cfg = SimConfig(rtt_s=0.05)
     r = simulate(make_policy("sakura"), Trace.constant(50.0), P, _ladders(), FLOORS, config=cfg)
     assert r.splits[2] == 0 and r.bytes_fetched == Q.nbytes  # the probe; then the rung for every later layer used
 
