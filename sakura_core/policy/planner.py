@@ -31,9 +31,24 @@ import numpy as np
 
 from .context import Context
 
-__all__ = ["Plan", "Snapshot", "best_plan"]
+__all__ = ["TRACK_RATIO", "Plan", "Snapshot", "best_plan", "track_priced"]
 
 _NEG = -np.inf
+# the long-edit rule: sakura prices the twins' track (and compares held splits beside the cuts) where the open-loop
+# floor costs more than this many times the twins it stands in for (25-31x at 28 / 50 steps on the serving store,
+# 0.85x at 4 steps: 4-step plans unchanged)
+TRACK_RATIO = 4.0
+
+
+def track_priced(ctx: Context) -> bool:
+    """Per-step KV on a twins'-track floor whose open-loop floor costs more than :data:`TRACK_RATIO` times the twins
+    (summed over the shards that have a twin): a layer computed on the device leaves its track for the rest of the
+    edit, and plans must be priced with that (``Snapshot(track=True)``)."""
+    if not ctx.per_step:
+        return False
+    nb, off = ctx.floor_arrays()[0], ctx.floor_off_track_bytes()
+    twin = off != nb
+    return bool(twin.any()) and sum(off[twin].tolist()) > TRACK_RATIO * sum(nb[twin].tolist())  # in order: as JS
 
 
 @dataclass(frozen=True)
@@ -66,7 +81,7 @@ class Snapshot:
 
     def __init__(self, ctx: Context, rate: float | None, fetch_from: int | None = None, track: bool = False):
         p = ctx.profile
-        self.ctx, self.rate = ctx, rate
+        self.ctx, self.rate, self.track = ctx, rate, track
         self.L, self.N = ctx.layers_per_step, ctx.num_layers
         self.per_step = ctx.per_step
         self.S = ctx.steps if self.per_step else 1
@@ -292,10 +307,15 @@ def best_plan(snap: Snapshot, init: tuple[int, ...] | None = None, rounds: int =
         if init is not None and len(init) == n:
             best = tuple(max(lo[i], min(L, int(x))) for i, x in enumerate(init))
             best_t = snap.finish(best)
+        cands = []
         for use_known, (cuts, finishes) in zip((False, True), snap.cut_table(k0s), strict=True):
             j = int(np.argmin(finishes))
-            if finishes[j] < best_t - 1e-12:
-                best, best_t = snap.cut_splits(k0s[j], int(cuts[j]), use_known), float(finishes[j])
+            cands.append((snap.cut_splits(k0s[j], int(cuts[j]), use_known), float(finishes[j])))
+        if snap.track and snap.per_step:  # the cuts priced on the track: their exact finish, then the held splits
+            cands = [(v, snap.finish(v)) for v, _ in cands] + [(v, snap.finish(v)) for v in _held(snap, lo)]
+        for v, t in cands:
+            if t < best_t - 1e-12:
+                best, best_t = v, t
         return Plan(snap.cs, best, best_t)
     cands = [tuple(max(lo[i], k) for i in range(n)) for k in range(L + 1)]
     if init is not None and len(init) == n:
@@ -308,6 +328,13 @@ def best_plan(snap: Snapshot, init: tuple[int, ...] | None = None, rounds: int =
     cut, cut_t = _best_of(snap, [snap.cut_splits(k0, i) for k0 in (lo[0], L) for i in range(m + 1)])
     cut, cut_t = _descend(snap, cut, cut_t, lo, rounds)
     return Plan(snap.cs, *((cut, cut_t) if cut_t < best_t - 1e-12 else (best, best_t)))
+
+
+def _held(snap: Snapshot, lo: list[int]) -> list[tuple[int, ...]]:
+    """The held-split family: one split ``k`` for every remaining step (the current step's no lower than it can be),
+    ``k`` = 0..L: the oracle's plan on a twins'-track floor (layers >= k stay on their track all edit)."""
+    n, k0 = snap.S - snap.cs, lo[0] if snap.alive else snap.l0
+    return [(max(k, k0) if snap.alive else k0,) + (k,) * (n - 1) for k in range(snap.L + 1)]
 
 
 def _best_of(snap: Snapshot, cands: list[tuple[int, ...]]) -> tuple[tuple[int, ...], float]:
