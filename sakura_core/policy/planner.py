@@ -4,8 +4,9 @@ A plan is one template split ``k_s`` per remaining step: step ``s`` runs the tem
 ``< k_s`` on the device and uses the fetched shards ``(s, l >= k_s)``; shards are fetched back to back in
 execution order (later steps prefetched while earlier ones compute) at the floor level — on a twins'-track floor
 (per-step, :mod:`sakura_core.precompute.cross_step`) the closed-loop twin's bytes while the layer stays on its track,
-the open-loop floor's once a step computes it on the device (``Snapshot(track=True)``, the oracle's search; the cut
-search below prices every shard on the track, its candidates are then compared with the exact finish).
+the open-loop floor's once a step computes it on the device (``Snapshot(track=True)``: the oracle's search, and
+sakura's plans under the long-edit rule, :func:`track_priced`; the cut search below prices every shard on the track,
+so there its candidates are compared by their exact finish, beside the held-split family: one split for every step).
 :class:`Snapshot` takes what is known at one moment (decoded shards, predicted in-flight ones, the compute position)
 and predicts the edit's finish for a split vector in O(shards) numpy operations: arrivals are a cumulative sum at a
 constant rate, the decode lane and the compute lane max-plus recurrences, each a running maximum.
@@ -75,9 +76,11 @@ class Snapshot:
     """What is known now, frozen for the search. ``rate``: bytes/s for transfers not yet decoded (None = the trace).
     ``fetch_from`` overrides the next undecided shard (the one a level choice is about). ``track``: price a
     twins'-track floor by the plan (:meth:`_planned_bytes`: off the track once a step computes the layer) — the
-    oracle's search does; sakura's own plans price every shard on its track: track-aware plans drop the template
-    earlier (computing a layer now costs its later steps the open-loop floor's bytes), a bet that loses on links that
-    then fall, with long stalls (the comparison over traces: `sakura bench e2e`)."""
+    oracle's search does, and sakura's plans where the open-loop floor costs more than :data:`TRACK_RATIO` times the
+    twins (:func:`track_priced`: 28- and 50-step edits); elsewhere sakura prices every shard on its track:
+    track-aware plans drop the template earlier (computing a layer now costs its later steps the open-loop floor's
+    bytes), a bet that loses on links that then fall, with long stalls (the comparison over traces at 4 steps, where
+    the open-loop floor costs 0.85x the twins: `sakura bench e2e`)."""
 
     def __init__(self, ctx: Context, rate: float | None, fetch_from: int | None = None, track: bool = False):
         p = ctx.profile

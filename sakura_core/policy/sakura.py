@@ -20,7 +20,10 @@ class Sakura(Policy):
       shards >= k_s fetched back to back in execution order at the floor level, later steps prefetched) with the
       earliest predicted finish, under the harmonic mean of recent throughput samples (``plan_estimate`` may pick
       RobustMPC's error-discounted one instead: harmonic mean / (1 + max recent error)); re-planned as transfers
-      complete, so an estimation error is corrected at the next decision.
+      complete, so an estimation error is corrected at the next decision. Long edits: where the open-loop floor
+      costs more than ``planner.TRACK_RATIO`` (4) times the closed-loop twins (28 / 50 steps on the serving store),
+      plans are priced on the twins' track (a layer the device computes costs its later steps the open-loop floor)
+      and one split held for every step (the held-split family) competes with the cuts.
     * Probe: with no throughput sample yet the first shard is fetched at the floor level (free: compute keeps the
       template until a shard is ready).
     * Fetch lane: a shard below its step's planned split is deferred ("not now": the runtime asks again before later
