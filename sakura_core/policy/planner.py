@@ -4,8 +4,9 @@ A plan is one template split ``k_s`` per remaining step: step ``s`` runs the tem
 ``< k_s`` on the device and uses the fetched shards ``(s, l >= k_s)``; shards are fetched back to back in
 execution order (later steps prefetched while earlier ones compute) at the floor level — on a twins'-track floor
 (per-step, :mod:`sakura_core.precompute.cross_step`) the closed-loop twin's bytes while the layer stays on its track,
-the open-loop floor's once a step computes it on the device (``Snapshot(track=True)``, the oracle's search; the cut
-search below prices every shard on the track, its candidates are then compared with the exact finish).
+the open-loop floor's once a step computes it on the device (``Snapshot(track=True)``: the oracle's search, and
+sakura's plans under the long-edit rule, :func:`track_priced`; the cut search below prices every shard on the track,
+so there its candidates are compared by their exact finish, beside the held-split family: one split for every step).
 :class:`Snapshot` takes what is known at one moment (decoded shards, predicted in-flight ones, the compute position)
 and predicts the edit's finish for a split vector in O(shards) numpy operations: arrivals are a cumulative sum at a
 constant rate, the decode lane and the compute lane max-plus recurrences, each a running maximum.
@@ -31,9 +32,24 @@ import numpy as np
 
 from .context import Context
 
-__all__ = ["Plan", "Snapshot", "best_plan"]
+__all__ = ["TRACK_RATIO", "Plan", "Snapshot", "best_plan", "track_priced"]
 
 _NEG = -np.inf
+# the long-edit rule: sakura prices the twins' track (and compares held splits beside the cuts) where the open-loop
+# floor costs more than this many times the twins it stands in for (25-31x at 28 / 50 steps on the serving store,
+# 0.85x at 4 steps: 4-step plans unchanged)
+TRACK_RATIO = 4.0
+
+
+def track_priced(ctx: Context) -> bool:
+    """Per-step KV on a twins'-track floor whose open-loop floor costs more than :data:`TRACK_RATIO` times the twins
+    (summed over the shards that have a twin): a layer computed on the device leaves its track for the rest of the
+    edit, and plans must be priced with that (``Snapshot(track=True)``)."""
+    if not ctx.per_step:
+        return False
+    nb, off = ctx.floor_arrays()[0], ctx.floor_off_track_bytes()
+    twin = off != nb
+    return bool(twin.any()) and sum(off[twin].tolist()) > TRACK_RATIO * sum(nb[twin].tolist())  # in order: as JS
 
 
 @dataclass(frozen=True)
@@ -60,13 +76,15 @@ class Snapshot:
     """What is known now, frozen for the search. ``rate``: bytes/s for transfers not yet decoded (None = the trace).
     ``fetch_from`` overrides the next undecided shard (the one a level choice is about). ``track``: price a
     twins'-track floor by the plan (:meth:`_planned_bytes`: off the track once a step computes the layer) — the
-    oracle's search does; sakura's own plans price every shard on its track: track-aware plans drop the template
-    earlier (computing a layer now costs its later steps the open-loop floor's bytes), a bet that loses on links that
-    then fall, with long stalls (the comparison over traces: `sakura bench e2e`)."""
+    oracle's search does, and sakura's plans where the open-loop floor costs more than :data:`TRACK_RATIO` times the
+    twins (:func:`track_priced`: 28- and 50-step edits); elsewhere sakura prices every shard on its track:
+    track-aware plans drop the template earlier (computing a layer now costs its later steps the open-loop floor's
+    bytes), a bet that loses on links that then fall, with long stalls (the comparison over traces at 4 steps, where
+    the open-loop floor costs 0.85x the twins: `sakura bench e2e`)."""
 
     def __init__(self, ctx: Context, rate: float | None, fetch_from: int | None = None, track: bool = False):
         p = ctx.profile
-        self.ctx, self.rate = ctx, rate
+        self.ctx, self.rate, self.track = ctx, rate, track
         self.L, self.N = ctx.layers_per_step, ctx.num_layers
         self.per_step = ctx.per_step
         self.S = ctx.steps if self.per_step else 1
@@ -293,10 +311,15 @@ def best_plan(snap: Snapshot, init: tuple[int, ...] | None = None, rounds: int =
         if init is not None and len(init) == n:
             best = tuple(max(lo[i], min(L, int(x))) for i, x in enumerate(init))
             best_t = snap.finish(best)
+        scored: list[tuple[tuple[int, ...], float]] = []
         for use_known, (cuts, finishes) in zip((False, True), snap.cut_table(k0s), strict=True):
             j = int(np.argmin(finishes))
-            if best is None or finishes[j] < best_t - 1e-12:  # every finish infinite: still a plan (the first cut)
-                best, best_t = snap.cut_splits(k0s[j], int(cuts[j]), use_known), float(finishes[j])
+            scored.append((snap.cut_splits(k0s[j], int(cuts[j]), use_known), float(finishes[j])))
+        if snap.track and snap.per_step:  # the cuts priced on the track: their exact finish, then the held splits
+            scored = [(v, snap.finish(v)) for v, _ in scored] + [(v, snap.finish(v)) for v in _held(snap, lo)]
+        for v, t in scored:
+            if best is None or t < best_t - 1e-12:  # every finish infinite: still a plan (the first candidate)
+                best, best_t = v, t
         if best is None:
             raise ValueError(f"no plan for step {snap.cs}: the cut table is empty (current-step splits {k0s})")
         return Plan(snap.cs, best, best_t)
@@ -311,6 +334,13 @@ def best_plan(snap: Snapshot, init: tuple[int, ...] | None = None, rounds: int =
     cut, cut_t = _best_of(snap, [snap.cut_splits(k0, i) for k0 in (lo[0], L) for i in range(m + 1)])
     cut, cut_t = _descend(snap, cut, cut_t, lo, rounds)
     return Plan(snap.cs, *((cut, cut_t) if cut_t < best_t - 1e-12 else (best, best_t)))
+
+
+def _held(snap: Snapshot, lo: list[int]) -> list[tuple[int, ...]]:
+    """The held-split family: one split ``k`` for every remaining step (the current step's no lower than it can be),
+    ``k`` = 0..L: the oracle's plan on a twins'-track floor (layers >= k stay on their track all edit)."""
+    n, k0 = snap.S - snap.cs, lo[0] if snap.alive else snap.l0
+    return [(max(k, k0) if snap.alive else k0,) + (k,) * (n - 1) for k in range(snap.L + 1)]
 
 
 def _best_of(snap: Snapshot, cands: list[tuple[int, ...]]) -> tuple[tuple[int, ...], float]:

@@ -8,7 +8,7 @@ import numpy as np
 from .base import LEVEL_COMPUTE, Decision, Policy, _at
 from .context import Context
 from .ladder import feeds_twin
-from .planner import Plan, Snapshot, best_plan
+from .planner import Plan, Snapshot, best_plan, track_priced
 
 __all__ = ["Oracle", "Sakura"]
 
@@ -20,7 +20,10 @@ class Sakura(Policy):
       shards >= k_s fetched back to back in execution order at the floor level, later steps prefetched) with the
       earliest predicted finish, under the harmonic mean of recent throughput samples (``plan_estimate`` may pick
       RobustMPC's error-discounted one instead: harmonic mean / (1 + max recent error)); re-planned as transfers
-      complete, so an estimation error is corrected at the next decision.
+      complete, so an estimation error is corrected at the next decision. Long edits: where the open-loop floor
+      costs more than ``planner.TRACK_RATIO`` (4) times the closed-loop twins (28 / 50 steps on the serving store),
+      plans are priced on the twins' track (a layer the device computes costs its later steps the open-loop floor)
+      and one split held for every step (the held-split family) competes with the cuts.
     * Probe: with no throughput sample yet the first shard is fetched at the floor level (free: compute keeps the
       template until a shard is ready).
     * Fetch lane: a shard below its step's planned split is deferred ("not now": the runtime asks again before later
@@ -84,6 +87,13 @@ class Sakura(Policy):
         """Dropping the template is irreversible within a step: decide it on the slowest recent throughput."""
         return ctx.slowed(ctx.estimator.worst())
 
+    @staticmethod
+    def snapshot(ctx: Context, rate: float | None, fetch_from: int | None = None) -> Snapshot:
+        """The planner's snapshot at ``rate``: on an estimated rate priced on the twins' track where the long-edit
+        rule holds (:func:`~sakura_core.policy.planner.track_priced`); the exact-transfer search (the oracle's, rate
+        None) as before."""
+        return Snapshot(ctx, rate, fetch_from, track=rate is not None and track_priced(ctx))
+
     def _replan(self, ctx: Context, rate: float | None) -> tuple[Plan, Snapshot]:
         """The plan (and the snapshot it was made on) for this moment; reused while the moment is the same (a batch
         of decisions at one time: the runtime asks about several deferred shards at once)."""
@@ -91,7 +101,7 @@ class Sakura(Policy):
         cached = getattr(self, "_cache", None)
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
-        snap = Snapshot(ctx, rate)
+        snap = self.snapshot(ctx, rate)
         init = None
         prev = getattr(self, "_plan", None)
         if prev is not None and prev.first_step <= snap.cs < prev.first_step + len(prev.splits):
@@ -199,9 +209,9 @@ class Sakura(Policy):
         target = ctx.latency_target_s
         if target is None or target <= plan.finish_s:
             return ctx.floor_of(layer)
-        snap = Snapshot(ctx, rate, layer)  # with this shard as the next one fetched (its level is the question)
+        snap = self.snapshot(ctx, rate, layer)  # with this shard as the next one fetched (its level is the question)
         worst = self.drop_rate(ctx)
-        slow = Snapshot(ctx, worst, layer) if worst is not None and worst != rate else None
+        slow = self.snapshot(ctx, worst, layer) if worst is not None and worst != rate else None
         ladder, allowed = ctx.ladder(layer), ctx.levels_from_floor(layer)
         best = allowed[0]
         for idx in allowed[1:]:
@@ -227,7 +237,7 @@ class Sakura(Policy):
         p, left = ctx.profile, ctx.layers_per_step - snap.l0
         keep_all = snap.ct + left * p.layer_full_s
         drop_end = snap.finish(plan.splits, upto_step=snap.cs)
-        if Snapshot(ctx, rate / self.regret_slowdown).finish(plan.splits, upto_step=snap.cs) > keep_all:
+        if self.snapshot(ctx, rate / self.regret_slowdown).finish(plan.splits, upto_step=snap.cs) > keep_all:
             return True
         # outage: if the link died now, a template pass on the device would redo this step's KV; the drop must
         # gain at least what it would then lose (unless every shard it needs is decoded already)
@@ -275,7 +285,7 @@ class Sakura(Policy):
             if not recent:
                 return True
             rate = min(rate, recent)
-        snap = Snapshot(ctx, rate)
+        snap = self.snapshot(ctx, rate)
         wait = snap.finish([snap.l0] * (snap.S - snap.cs), upto_step=snap.cs)
         recompute = ctx.now + resume + (ctx.layers_per_step - ctx.layer_of(layer)) * ctx.profile.layer_cached_s
         if rate is not None and patience < self.late_patience * resume:

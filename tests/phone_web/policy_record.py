@@ -12,7 +12,6 @@ import math
 
 from sakura_core.policy.context import Context
 from sakura_core.policy.ladder import Level
-from sakura_core.policy.planner import Snapshot
 from sakura_core.policy.sakura import Sakura
 
 __all__ = ["CHOOSE_CODES", "REPEATS", "Recorder", "choose_code", "level_json"]
@@ -70,9 +69,9 @@ def _keep_rule(policy, ctx: Context, layer: int, keep: bool) -> str:
         return "plan-keeps"
     if not keep:
         return "drop"
-    snap = Snapshot(ctx, rate)
+    snap = policy.snapshot(ctx, rate)
     keep_all = snap.ct + (ctx.layers_per_step - snap.l0) * ctx.profile.layer_full_s
-    late = Snapshot(ctx, rate / policy.regret_slowdown).finish(plan.splits, upto_step=snap.cs) > keep_all
+    late = policy.snapshot(ctx, rate / policy.regret_slowdown).finish(plan.splits, upto_step=snap.cs) > keep_all
     return "regret" if late else "outage"
 
 

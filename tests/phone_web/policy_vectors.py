@@ -2,7 +2,8 @@
 simulated edits (``sakura_core.runtime.simulate``) over synthetic links (``sakura_core.fetch.synth``, the generator of
 ``sakura traces synth``, at seeds other than the development one; never ../shared/traces), recorded by
 :class:`~tests.phone_web.policy_record.Recorder` with what the policy saw and decided. Runs cover single and per-step
-KV, three device profiles, a progressive ladder (upgrades), a store without fp16 (``serving``), closed-loop twins,
+KV, three device profiles, a progressive ladder (upgrades), a store without fp16 (``serving``), closed-loop twins
+(one world whose open-loop floor costs far more than the twins: the long-edit rule),
 ``reuse`` rungs, a latency target, requests one at a time, and links that die after the drop (late shards).
 
 ``python -m tests.phone_web.policy_vectors OUT`` writes ``OUT/policy_cases.json``; ``phone_web/test/run_policy.mjs``
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -46,16 +48,19 @@ def _three_levels(fp: int) -> list[Level]:
             Level("fp16", fp, fp, 0.06, 0.0)]  # fmt: skip
 
 
-def _twins(fp: int, steps: int, L: int) -> tuple[list[list[Level]], int]:
-    """Cross-step levels with closed-loop twins at steps >= 1 (floor on the twins' track) and fp16."""
+def _twins(fp: int, steps: int, L: int, twin_div: int = 8, open_div: int = 4) -> tuple[list[list[Level]], int]:
+    """Cross-step levels with closed-loop twins at steps >= 1 (floor on the twins' track: ``fp / twin_div`` bytes;
+    off it the open-loop ``hi``, ``fp / open_div``) and fp16."""
     n = steps * L
     out = []
     for g in range(n):
         step = g // L
         ref = None if step == 0 else step - 1
-        twin = None if step == 0 else Level("lo+cl", fp // 8, fp // 8, 0.02, 1e-5 / n, ref_step=ref)
+        tb = fp // twin_div
+        twin = None if step == 0 else Level("lo+cl", tb, tb, 0.02, 1e-5 / n, ref_step=ref)
         out.append([Level("lo", fp // 16, fp // 16, 0.02, 1e-4 / n, ref_step=ref, closed=twin),
-                    Level("hi", fp // 4, fp // 4, 0.03, 2e-5 / n, ref_step=ref), Level("fp16", fp, fp, 0.06, 0.0)])  # fmt: skip
+                    Level("hi", fp // open_div, fp // open_div, 0.03, 2e-5 / n, ref_step=ref),
+                    Level("fp16", fp, fp, 0.06, 0.0)])  # fmt: skip
     return with_track_floor(out, "hi"), 0
 
 
@@ -96,6 +101,11 @@ def _worlds():
     tw, fl = _twins(fp, S, L)
     yield "twins", base, {"sakura": tw, "fp16": [[tw[0][-1]]] * (S * L)}, {"sakura": fl, "fp16": 0}, SimConfig(), \
         links[2::17], ALL  # fmt: skip
+    # the long-edit rule (planner.track_priced): an open-loop floor 32x the twins, over 8 steps
+    far = base.with_geometry(replace(base.model, steps=8))
+    tw, fl = _twins(fp, 8, L, twin_div=64, open_div=2)
+    yield "twins-far", far, {"sakura": tw, "fp16": [[tw[0][-1]]] * (8 * L)}, {"sakura": fl, "fp16": 0}, SimConfig(), \
+        links[5::17], ALL  # fmt: skip
     ru, fl = _reuse(fp, S, L)
     yield "reuse", base, {"sakura": ru, "fp16": [[ru[0][-1]]] * (S * L)}, {"sakura": fl, "fp16": 0}, SimConfig(), \
         links[3::17], ALL  # fmt: skip

@@ -66,6 +66,21 @@ export class Context {
     return this._floorOff;
   }
 
+  /** (layers,) booleans: layer l of `step` is fetched off its twins' track as things stand (its reference, the
+   *  same layer a step earlier, neither requested nor held at its floor level); `requested`: per shard. */
+  offTrack(step, requested) {
+    const L = this.layersPerStep;
+    const out = new Array(L).fill(false);
+    if (!this.perStep || step <= 0) return out;
+    for (let layer = 0; layer < L; layer++) {
+      const ref = (step - 1) * L + layer;
+      const held = this._s.got.get(ref);
+      if (held && held.length) out[layer] = Math.max(...held.map((x) => x[0])) !== this.floorOf(ref);
+      else out[layer] = !requested[ref];
+    }
+    return out;
+  }
+
   floorReuses() {
     this.floorArrays();
     return this._floorReuse;

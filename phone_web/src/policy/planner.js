@@ -6,6 +6,26 @@
 import { argmin, pyMax } from "./pyfloat.js";
 
 const NEG = -Infinity;
+// the long-edit rule (TRACK_RATIO in planner.py): price the twins' track where the open-loop floor costs more
+export const TRACK_RATIO = 4.0;
+
+/** Per-step KV on a twins'-track floor whose open-loop floor costs more than TRACK_RATIO times the twins (summed
+ *  over the shards with a twin, in shard order): plans are priced on the track (Snapshot's `track`). */
+export function trackPriced(ctx) {
+  if (!ctx.perStep) return false;
+  const nb = ctx.floorArrays()[0];
+  const off = ctx.floorOffTrackBytes();
+  let sumOff = 0;
+  let sumNb = 0;
+  let any = false;
+  for (let g = 0; g < nb.length; g++) {
+    if (off[g] === nb[g]) continue;
+    any = true;
+    sumOff += off[g];
+    sumNb += nb[g];
+  }
+  return any && sumOff > TRACK_RATIO * sumNb;
+}
 
 export class Plan {
   constructor(firstStep, splits, finishS) {
@@ -43,11 +63,12 @@ function sumsFrom(x, lo, hi, extra = 0) {
 }
 
 export class Snapshot {
-  constructor(ctx, rate, fetchFrom = null) {
+  constructor(ctx, rate, fetchFrom = null, track = false) {
     if (rate === null) throw new RangeError("the page plans on an estimated rate; exact transfer times need a trace");
     const p = ctx.profile;
     this.ctx = ctx;
     this.rate = rate;
+    this.track = track;
     this.L = ctx.layersPerStep;
     this.N = ctx.numLayers;
     this.perStep = ctx.perStep;
@@ -67,6 +88,9 @@ export class Snapshot {
     const q = ctx.queuedRttS;
     this.rtts = Float64Array.from(reuse, (r) => (r ? 0.0 : q));
     const known = ctx.knownReadyArray();
+    // off the twins' track a shard costs the open-loop floor's bytes: the layers off it now, and those a plan computes
+    this.nbOff = ctx.floorOffTrackBytes();
+    this.off0 = this.perStep && track ? ctx.offTrack(this.cs, Array.from(known, (k) => !Number.isNaN(k))) : null;
     known.fill(NaN, 0, this.c);
     const prog = ctx.linkProgress();
     if (prog !== null) {
@@ -126,12 +150,13 @@ export class Snapshot {
     const idx = [];
     for (let g = 0; g < N; g++) if (need[g] && Number.isNaN(this.known[g])) idx.push(g);
     if (idx.length) {
+      const nbs = this._plannedBytes(splits);
       let arriveSum = 0;
       let dc = 0;
       let lane = NEG;
       for (let i = 0; i < idx.length; i++) {
         const g = idx[i];
-        let nb = this.nb[g];
+        let nb = nbs[g];
         let d = this.dec[g];
         if (firstNbytes !== null && g === this.nl) {
           nb = firstNbytes;
@@ -159,6 +184,27 @@ export class Snapshot {
     }
     const t = pyMax(workFrom.length ? this.ct + workFrom[0] : this.ct, rMax === null ? NEG : rMax);
     return uptoStep !== null ? t : t + this.tail;
+  }
+
+  /** Floor bytes under the plan `splits`: a layer is off its twins' track (the open-loop floor's bytes) from the
+   *  step after the first one that computes it on, and where off0 says. */
+  _plannedBytes(splits) {
+    if (this.off0 === null) return this.nb;
+    const L = this.L;
+    const k = splits.slice();
+    if (!this.alive) k[0] = this.l0;
+    let nb = null;
+    let before = 0; // the highest split of the plan's earlier steps
+    for (let i = 0; i < k.length; i++) {
+      for (let l = 0; l < L; l++) {
+        if (!(this.off0[l] || l < before)) continue;
+        if (nb === null) nb = Float64Array.from(this.nb);
+        const g = (this.cs + i) * L + l;
+        nb[g] = this.nbOff[g];
+      }
+      before = Math.max(before, k[i]);
+    }
+    return nb === null ? this.nb : nb;
   }
 
   /** The best cut plan for each current-step split in k0s, for both cut families: [[cuts, finishes], ...]. */
@@ -304,13 +350,33 @@ export function bestPlan(snap, init = null) {
     bestT = snap.finish(best);
   }
   const table = snap.cutTable(k0s);
-  [false, true].forEach((useKnown, f) => {
+  let cands = [false, true].map((useKnown, f) => {
     const [cuts, finishes] = table[f];
     const j = argmin(finishes);
-    if (finishes[j] < bestT - 1e-12) {
-      best = snap.cutSplits(k0s[j], cuts[j], useKnown);
-      bestT = finishes[j];
-    }
+    return [snap.cutSplits(k0s[j], cuts[j], useKnown), finishes[j]];
   });
+  if (snap.track && snap.perStep) {
+    // the cuts priced on the track: their exact finish, then the held splits
+    cands = cands.map(([v]) => [v, snap.finish(v)]).concat(held(snap, lo).map((v) => [v, snap.finish(v)]));
+  }
+  for (const [v, t] of cands) {
+    if (t < bestT - 1e-12) {
+      best = v;
+      bestT = t;
+    }
+  }
   return new Plan(snap.cs, best, bestT);
+}
+
+/** The held-split family: one split k for every remaining step (the current step's no lower than it can be). */
+function held(snap, lo) {
+  const n = snap.S - snap.cs;
+  const k0 = snap.alive ? lo[0] : snap.l0;
+  const out = [];
+  for (let k = 0; k <= snap.L; k++) {
+    const v = new Array(n).fill(k);
+    v[0] = snap.alive ? Math.max(k, k0) : k0;
+    out.push(v);
+  }
+  return out;
 }

@@ -6,7 +6,7 @@
 // on an idle link. Same decisions and reasons as Python (tests/phone_web/test_policy_conformance.py).
 import { Decision, LEVEL_COMPUTE, Policy } from "./base.js";
 import { expectedNbytes, feedsTwin } from "./ladder.js";
-import { bestPlan, Snapshot } from "./planner.js";
+import { bestPlan, Snapshot, trackPriced } from "./planner.js";
 import { fixed, pyMax, pyMin } from "./pyfloat.js";
 
 export class Sakura extends Policy {
@@ -46,11 +46,16 @@ export class Sakura extends Policy {
     return ctx.slowed(ctx.estimator.worst());
   }
 
+  /** The planner's snapshot at `rate`, priced on the twins' track where the long-edit rule holds (trackPriced). */
+  snapshot(ctx, rate, fetchFrom = null) {
+    return new Snapshot(ctx, rate, fetchFrom, trackPriced(ctx));
+  }
+
   /** The plan and its snapshot for this moment (reused while the moment is the same). */
   _replan(ctx, rate) {
     const key = [ctx.now, ctx.computeLayer, ctx.templateAlive, rate, ctx.decidedUpto, ctx.linkBusyUntil()];
     if (this._cache !== null && this._cache[0].every((x, i) => x === key[i])) return [this._cache[1], this._cache[2]];
-    const snap = new Snapshot(ctx, rate);
+    const snap = this.snapshot(ctx, rate);
     let init = null;
     const prev = this._plan;
     if (prev !== null && prev.firstStep <= snap.cs && snap.cs < prev.firstStep + prev.splits.length) {
@@ -144,9 +149,9 @@ export class Sakura extends Policy {
   _levelUnderTarget(ctx, layer, plan, rate) {
     const target = ctx.latencyTargetS;
     if (target === null || target <= plan.finishS) return ctx.floorOf(layer);
-    const snap = new Snapshot(ctx, rate, layer);
+    const snap = this.snapshot(ctx, rate, layer);
     const worst = this.dropRate(ctx);
-    const slow = worst !== rate ? new Snapshot(ctx, worst, layer) : null;
+    const slow = worst !== rate ? this.snapshot(ctx, worst, layer) : null;
     const ladder = ctx.ladder(layer);
     const allowed = ctx.levelsFromFloor(layer);
     let best = allowed[0];
@@ -174,7 +179,7 @@ export class Sakura extends Policy {
     const left = ctx.layersPerStep - snap.l0;
     const keepAll = snap.ct + left * p.layerFullS;
     const dropEnd = snap.finish(plan.splits, null, null, snap.cs);
-    if (new Snapshot(ctx, rate / this.regretSlowdown).finish(plan.splits, null, null, snap.cs) > keepAll) return "regret";
+    if (this.snapshot(ctx, rate / this.regretSlowdown).finish(plan.splits, null, null, snap.cs) > keepAll) return "regret";
     const reuse = ctx.floorReuses();
     let allThere = true;
     for (let g = layer; g < snap.c - snap.l0 + ctx.layersPerStep; g++) {
@@ -203,7 +208,7 @@ export class Sakura extends Policy {
       if (!recent) return true;
       rate = pyMin(rate, recent);
     }
-    const snap = new Snapshot(ctx, rate);
+    const snap = this.snapshot(ctx, rate);
     const stay = new Array(snap.S - snap.cs).fill(snap.l0);
     const wait = snap.finish(stay, null, null, snap.cs);
     const recompute = ctx.now + resume + (ctx.layersPerStep - ctx.layerOf(layer)) * ctx.profile.layerCachedS;
