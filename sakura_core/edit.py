@@ -34,6 +34,7 @@ from .models.edit_model import EditModel, load_image
 from .policy.plan import plan_fetch, runnable_policies
 from .runtime.backend import backend_of
 from .runtime.emulated_device import EmulatedTiming
+from .runtime.lane_parts import EditInputs, RunControls
 from .runtime.live_profile import LiveProfile, measure_profile
 from .runtime.pipeline import RunReport, RuntimeConfig, run_pipelined_edit
 from .template_check import ModelKey, check_template, template_grid_fits
@@ -289,11 +290,10 @@ async def run_template_edit(
                            estimator=timing.estimator_config() if timing is not None else None)  # fmt: skip
     async with opened.source.open() as shards:
         t0 = time.monotonic()
-        run = await run_pipelined_edit(
-            model, opened.manifest.raw, shaped_fetcher(shards, trace), user, settings.prompt, policy=plan.policy,
-            ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template,
-            trace=trace, config=config, cancel=cancel, on_layer=on_layer, backend=backend,
-        )  # fmt: skip
+        run = await run_pipelined_edit(EditInputs(model, user, settings.prompt, template, backend=backend),
+                                       opened.manifest.raw, shaped_fetcher(shards, trace), plan, profile,
+                                       trace=trace, config=config,
+                                       controls=RunControls(cancel=cancel, on_layer=on_layer))  # fmt: skip
     started, finished = opened.image_fetch_s
     image_event = {
         "lane": "fetch",
