@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,7 +115,7 @@ class _Tokens:
     user: torch.Tensor
     txt: torch.Tensor
     ref: torch.Tensor | None
-    ref_grid: object
+    ref_grid: Any  # the template's (rows, cols), or one per reference (see _template_grid)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,13 +29,14 @@ __all__ = ["EditInputs", "LaneParts", "RunControls"]
 @dataclass(frozen=True)
 class EditInputs:
     """The edit the compute lane runs: the model, the private user image (uint8 (S, S, 3)) and prompt, the public
-    template image (for the layers the device computes) and what runs the model's blocks
-    (:mod:`sakura_core.runtime.backend`; None = the torch adapter)."""
+    template image (for the layers the device computes: (S, S, 3) uint8, or a list of them for a template with
+    several references) and what runs the model's blocks (:mod:`sakura_core.runtime.backend`; None = the torch
+    adapter)."""
 
     model: EditModel
     user_image: np.ndarray
     prompt: str
-    template_image: np.ndarray
+    template_image: Any  # np.ndarray | list[np.ndarray]: the lanes pass it to the model as is
     backend: ComputeBackend | None = None
 
 
