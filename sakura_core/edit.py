@@ -341,13 +341,13 @@ class EditRequest:
     latency_target_s: float | None = None
     addresses: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "link", LinkSpec.parse(self.link))
-        self.settings  # noqa: B018 - validates policy, steps and latency target, naming the bad value
+    #: how to edit: built (and validated: prompt, policy, steps, latency target) once, from the fields above
+    settings: EditSettings = field(init=False, repr=False, compare=False)
 
-    @property
-    def settings(self) -> EditSettings:
-        return EditSettings(self.prompt, self.steps, self.seed, self.policy, self.latency_target_s)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "link", LinkSpec.parse(self.link))  # the link parsed once, here
+        settings = EditSettings(self.prompt, self.steps, self.seed, self.policy, self.latency_target_s)
+        object.__setattr__(self, "settings", settings)  # raises naming the bad value
 
     @property
     def source(self) -> ServerSource:
