@@ -70,12 +70,13 @@ class RunState:
 
     def _start_lanes(self, refs_in_sequence: bool) -> None:
         from sakura_core.runtime.host_lanes import PRIOR_LAYER_S, HostLanes
+        from sakura_core.runtime.pipeline_config import RuntimeConfig
 
         s = self.settings
         try:
+            config = RuntimeConfig(steps=max(len(self.sigmas) - 1, 1), latency_target_s=s.latency_target_s)
             self.lanes = HostLanes(self.handle.template_source(), self.handle.manifest, s.policy, s.link, self.layers,
-                                   max(len(self.sigmas) - 1, 1), latency_target_s=s.latency_target_s,
-                                   prior_layer_s=self.prior_layer_s or PRIOR_LAYER_S)  # fmt: skip
+                                   config, prior_layer_s=self.prior_layer_s or PRIOR_LAYER_S)  # fmt: skip
         except ValueError as e:
             raise SakuraNodeError(f"template {self.handle.template_id!r}: {e}") from e
         self.carry = refs_in_sequence and self.handle.kv_mode == "single"

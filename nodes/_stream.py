@@ -93,13 +93,13 @@ class FetchSettings:
 
     Attributes:
         policy: fetch policy name (one of :func:`runnable_policies`).
-        link: the link: a ``LinkSpec`` or its string form — "live" (the real link), "fixed:<Mbit/s>" or
-            "trace:<path>" (emulated, paced in the client); parsed (and a trace file read) once, here.
+        link: the link (a ``LinkSpec``: the real link, or emulated at a fixed rate / by a trace, paced in the client);
+            its string form ("live", "fixed:<Mbit/s>", "trace:<path>") is parsed (and a trace file read) once, here.
         latency_target_s: the edit's latency target in seconds, or None.
     """
 
     policy: str = "sakura"
-    link: LinkSpec | str = "live"
+    link: LinkSpec = field(default_factory=LinkSpec.live)
     latency_target_s: float | None = None
 
     def __post_init__(self) -> None:

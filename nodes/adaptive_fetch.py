@@ -8,6 +8,7 @@ from pathlib import Path
 
 from comfy_api.latest import io
 
+from sakura_core.fetch.link import LinkSpec
 from sakura_core.policy.plan import runnable_policies
 
 from ._common import CATEGORY, SakuraKVStream, SakuraNodeError, SakuraTemplate
@@ -109,23 +110,32 @@ class SakuraAdaptiveFetch(io.ComfyNode):
         trace_path: str,
         latency_target_s: float | None = None,
     ) -> io.NodeOutput:
-        if bandwidth == LIVE:
-            spec = "live"
-        elif bandwidth == FIXED:
-            spec = f"fixed:{fixed_mbit_s:g}"
-        elif bandwidth == TRACE:
+        if bandwidth not in (LIVE, FIXED, TRACE):
+            raise SakuraNodeError(f"bandwidth must be one of {LIVE!r}, {FIXED!r}, {TRACE!r}; got {bandwidth!r}")
+        path = None
+        if bandwidth == TRACE:
             path = Path(trace_path.strip()).expanduser() if trace_path.strip() else bundled_traces().get(trace)
             if path is None:
                 raise SakuraNodeError(f"unknown bundled trace {trace!r}; choose one of {', '.join(bundled_traces())}")
-            spec = f"trace:{path}"
-        else:
-            raise SakuraNodeError(f"bandwidth must be one of {LIVE!r}, {FIXED!r}, {TRACE!r}; got {bandwidth!r}")
         try:
             settings = FetchSettings(
-                policy=policy, link=spec, latency_target_s=latency_target_s if latency_target_s else None
+                policy=policy,
+                link=_link(bandwidth, fixed_mbit_s, path),
+                latency_target_s=latency_target_s if latency_target_s else None,
             )
         except ValueError as e:  # includes TraceFormatError (unreadable or unknown trace file)
             raise SakuraNodeError(f"fetch settings: {e}") from e
         stream = KVStream(template, settings)
         stream.start()
         return io.NodeOutput(stream)
+
+
+def _link(bandwidth: str, fixed_mbit_s: float, trace_path: Path | None) -> LinkSpec:
+    """The node's link as a ``LinkSpec`` (built, not formatted to a string and parsed again); a fixed rate keeps the
+    widget's value to 6 significant digits, as its string form always did. A bad rate or an unreadable trace file
+    raises ``ValueError`` naming it."""
+    if bandwidth == FIXED:
+        return LinkSpec.fixed(float(f"{fixed_mbit_s:g}"))
+    if bandwidth == TRACE and trace_path is not None:
+        return LinkSpec.trace_file(str(trace_path))
+    return LinkSpec.live()

@@ -12,7 +12,6 @@ import numpy as np
 
 from android_bridge.page_channel import PageChannelError, PairingError
 from android_bridge.page_report import page_edit_report
-from sakura_core.fetch.link import LinkSpec
 
 from ._common import POLL_S, SakuraNodeError
 from ._stream import EditRun, KVStream
@@ -88,7 +87,7 @@ def run_on_page(device, stream: KVStream, user_image: np.ndarray, prompt: str, *
     image = np.frombuffer(rgba, np.uint8).reshape(result["height"], result["width"], 4)[..., :3].copy()
     template = {"template_id": stream.template.template_id, "model_id": stream.template.model_id,
                 "server_url": stream.template.server_url}  # fmt: skip
-    report = page_edit_report(result["report"], image, template=template, link=LinkSpec.parse(stream.settings.link).to_wire(),
+    report = page_edit_report(result["report"], image, template=template, link=stream.settings.link.to_wire(),
                               policy_requested=stream.settings.policy, connection=f"page:{code}",
                               cloud_url=cloud_url)  # fmt: skip
     return image, report

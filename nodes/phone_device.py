@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from comfy_api.latest import io
 
-from sakura_core.fetch.link import LinkSpec
-
 from ._common import (
     CATEGORY,
     PHONE_TOKEN_ENV,
@@ -89,7 +87,7 @@ def run_on_phone(
             f"template {template.template_id!r} comes from a local store, which the phone cannot reach; serve the "
             "store with `sakura serve` and load the template from that server"
         )
-    link = LinkSpec.parse(stream.settings.link)  # a LinkSpec since FetchSettings parsed it: returned as is
+    link = stream.settings.link
     if link.kind == "trace":
         raise SakuraNodeError(
             f"link {link.label!r} is emulated on this machine only; a phone run takes 'live' or a fixed Mbit/s"

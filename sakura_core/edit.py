@@ -34,6 +34,7 @@ from .models.edit_model import EditModel, load_image
 from .policy.plan import plan_fetch, runnable_policies
 from .runtime.backend import backend_of
 from .runtime.emulated_device import EmulatedTiming
+from .runtime.lane_parts import EditInputs, RunControls
 from .runtime.live_profile import LiveProfile, measure_profile
 from .runtime.pipeline import RunReport, RuntimeConfig, run_pipelined_edit
 from .template_check import ModelKey, check_template, template_grid_fits
@@ -289,11 +290,10 @@ async def run_template_edit(
                            estimator=timing.estimator_config() if timing is not None else None)  # fmt: skip
     async with opened.source.open() as shards:
         t0 = time.monotonic()
-        run = await run_pipelined_edit(
-            model, opened.manifest.raw, shaped_fetcher(shards, trace), user, settings.prompt, policy=plan.policy,
-            ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=template,
-            trace=trace, config=config, cancel=cancel, on_layer=on_layer, backend=backend,
-        )  # fmt: skip
+        run = await run_pipelined_edit(EditInputs(model, user, settings.prompt, template, backend=backend),
+                                       opened.manifest.raw, shaped_fetcher(shards, trace), plan, profile,
+                                       trace=trace, config=config,
+                                       controls=RunControls(cancel=cancel, on_layer=on_layer))  # fmt: skip
     started, finished = opened.image_fetch_s
     image_event = {
         "lane": "fetch",
@@ -341,13 +341,13 @@ class EditRequest:
     latency_target_s: float | None = None
     addresses: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "link", LinkSpec.parse(self.link))
-        self.settings  # noqa: B018 - validates policy, steps and latency target, naming the bad value
+    #: how to edit: built (and validated: prompt, policy, steps, latency target) once, from the fields above
+    settings: EditSettings = field(init=False, repr=False, compare=False)
 
-    @property
-    def settings(self) -> EditSettings:
-        return EditSettings(self.prompt, self.steps, self.seed, self.policy, self.latency_target_s)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "link", LinkSpec.parse(self.link))  # the link parsed once, here
+        settings = EditSettings(self.prompt, self.steps, self.seed, self.policy, self.latency_target_s)
+        object.__setattr__(self, "settings", settings)  # raises naming the bad value
 
     @property
     def source(self) -> ServerSource:

@@ -15,21 +15,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-import numpy as np
-
-from ..models.edit_model import EditModel
-from ..policy.context import Context
-from ..policy.policies import Policy
-from .backend import ComputeBackend
 from .decode_lane import DecodeLane
 from .denoise import EditResult, run_edit
 from .device_kv import DeviceKV
-from .held_kv import HeldKV
+from .lane_parts import EditInputs, LaneParts
 from .late_shards import LateShards
-from .live_state import LiveState
-from .pipeline_config import CancelFlag, Cancelled, RuntimeConfig
-from .run_log import RunLog
-from .shard_index import ShardGrid
+from .pipeline_config import Cancelled
 
 __all__ = ["ComputeLane"]
 
@@ -38,24 +29,21 @@ class ComputeLane:
     """The edit and its per-layer hooks (see the module docstring); :meth:`reset` before each run.
 
     Args:
-        model, backend, user_image, prompt, template_image, kv_mode: the edit.
-        grid, ladders, st, ctx, policy: the shards, their levels, the live state, the policy's view of it, the policy.
-        config, cancel, log: the settings, the cancel flag and the timeline.
-        held, decoder, device, late: the KV held, the decode lane (its decoders are freed with the shards), the
-            device's fallback passes, the late-shard waits.
+        edit, kv_mode: the edit (its ``backend`` resolved: not None) and the template's KV mode.
+        parts: what the run's lanes share: the shards, the plan (the policy, its levels), the live state and the
+            policy's view of it, the KV held, the timeline, the settings and the cancel flag.
+        decoder, device, late: the decode lane (its decoders are freed with the shards), the device's fallback
+            passes, the late-shard waits.
         user_hook: ``(step, layer)`` before each layer (the caller's progress hook), or None.
     """
 
-    def __init__(self, model: EditModel, backend: ComputeBackend, user_image: np.ndarray, prompt: str,
-                 template_image: np.ndarray, kv_mode: str, *, grid: ShardGrid, ladders, st: LiveState, ctx: Context,
-                 policy: Policy, config: RuntimeConfig, cancel: CancelFlag, log: RunLog, held: HeldKV,
-                 decoder: DecodeLane, device: DeviceKV, late: LateShards,
-                 user_hook: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
-        self.model, self.backend, self.user_image, self.prompt = model, backend, user_image, prompt
-        self.template_image, self.kv_mode = template_image, kv_mode
-        self.grid, self.ladders, self.st, self.ctx, self.policy = grid, ladders, st, ctx, policy
-        self.cfg, self.cancel, self.log = config, cancel, log
-        self.held, self.decoder, self.device, self.late = held, decoder, device, late
+    def __init__(self, edit: EditInputs, kv_mode: str, parts: LaneParts, *, decoder: DecodeLane, device: DeviceKV,
+                 late: LateShards, user_hook: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+        self.model, self.backend, self.user_image, self.prompt = edit.model, edit.backend, edit.user_image, edit.prompt
+        self.template_image, self.kv_mode = edit.template_image, kv_mode
+        self.grid, self.ladders, self.st, self.ctx = parts.grid, parts.plan.ladders, parts.st, parts.ctx
+        self.policy, self.cfg, self.cancel, self.log = parts.plan.policy, parts.config, parts.cancel, parts.log
+        self.held, self.decoder, self.device, self.late = parts.held, decoder, device, late
         self.user_hook = user_hook
         self.reset()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -94,9 +95,9 @@ def run_edit(
         raise ValueError("running template layers on the device needs template_image")
     ref = model.template_tokens(template_image) if on_device else None
     user = model.pack_image(user_image)
-    velocity = _Velocity(model, backend_of(model, backend), user, model.encode_prompt(prompt), ref, ref_grid,
+    velocity = _Velocity(model, backend_of(model, backend), _Tokens(user, model.encode_prompt(prompt), ref, ref_grid),
                          split_layer, kv_source, template_every_step=template_every_step, per_step=per_step,
-                         on_layer=on_layer, on_drop=on_drop, on_extracted=on_extracted)  # fmt: skip
+                         hooks=_Hooks(on_layer, on_drop, on_extracted))  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn(user.shape, generator=gen)
     # latent models: the user image is the flow's start; the demo model concatenates it and flows from pure noise
@@ -106,18 +107,38 @@ def run_edit(
                       layer_calls=velocity.calls)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class _Tokens:
+    """What a forward runs besides the latent: the user's image tokens, the prompt's, the template's (None when no
+    template layer runs here) and the template's token grid."""
+
+    user: torch.Tensor
+    txt: torch.Tensor
+    ref: torch.Tensor | None
+    ref_grid: Any  # the template's (rows, cols), or one per reference (see _template_grid)
+
+
+@dataclass(frozen=True)
+class _Hooks:
+    """:func:`run_edit`'s ``on_layer``, ``on_drop`` and ``on_extracted`` (each may be None)."""
+
+    on_layer: Callable[[int, int], None] | None = None
+    on_drop: Callable[[int, int, torch.Tensor], None] | None = None
+    on_extracted: Callable[[int, list], None] | None = None
+
+
 class _Velocity:
     """The velocity :func:`run_edit` integrates: at each step one hybrid forward (template layers computed here,
     the rest from ``kv_source`` — or, after step 0 in single mode, from the KV step 0 computed here), counting the
     layers run (``calls``) and keeping step 0's device KV (``device_kv``, single mode)."""
 
-    def __init__(self, model: EditModel, compute: ComputeBackend, user, txt, ref, ref_grid, split_layer, kv_source,
-                 *, template_every_step: bool, per_step: bool, on_layer, on_drop, on_extracted=None) -> None:  # fmt: skip
-        self.model, self.compute, self.user, self.txt = model, compute, user, txt
-        self.ref, self.ref_grid = ref, ref_grid
+    def __init__(self, model: EditModel, compute: ComputeBackend, tokens: _Tokens, split_layer, kv_source, *,
+                 template_every_step: bool, per_step: bool, hooks: _Hooks) -> None:  # fmt: skip
+        self.model, self.compute, self.user, self.txt = model, compute, tokens.user, tokens.txt
+        self.ref, self.ref_grid = tokens.ref, tokens.ref_grid
         self.split_layer, self.kv_source = split_layer, kv_source
         self.template_every_step, self.per_step = template_every_step, per_step
-        self.on_layer, self.on_drop, self.on_extracted = on_layer, on_drop, on_extracted
+        self.on_layer, self.on_drop, self.on_extracted = hooks.on_layer, hooks.on_drop, hooks.on_extracted
         # layers past the split take injected KV (a dynamic split may drop the template anywhere)
         self.injects = callable(split_layer) or split_layer < model.adapter.num_layers
         self.device_kv: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -22,19 +22,14 @@ import asyncio
 import threading
 
 from ..kv.chain import MissingReferenceError
-from ..policy.context import Context
 from ..policy.ladder import fetch_as, self_contained_top
-from ..policy.policies import Policy
 from .decode_lane import DecodeLane
 from .deferral import ask_deferred
 from .fetch_wire import Turn, Wire, first_of, takes_on_chunk
-from .held_kv import HeldKV
+from .lane_parts import LaneParts
 from .lane_rules import ask_in_order, ask_upgrade, has_prefetch_room, link_passed
-from .live_state import LiveState
-from .pipeline_config import CancelFlag, RuntimeConfig
 from .reference_wait import ReferenceWait
-from .run_log import RunLog
-from .shard_index import ShardGrid, ShardId
+from .shard_index import ShardId
 
 __all__ = ["IDLE_POLL_S", "FetchLane", "takes_on_chunk"]
 
@@ -46,19 +41,18 @@ class FetchLane:
 
     Args:
         fetch_blob: ``async (digest, nbytes[, on_chunk]) -> bytes``.
-        grid, ladders, reps, floor: the shards, their levels (the policy's family), manifest entries, the floor.
-        st, ctx, policy: the shared live state, the policy's view of it, the policy.
-        held, decoder: where decoded shards go, and the decode lane.
-        log, config, cancel: the run's timeline, settings and cancel flag.
+        parts: what the run's lanes share: the shards, the plan (the policy, its levels, their manifest entries,
+            the floor), the live state and the policy's view of it, where decoded shards go (``held``), the
+            timeline, the settings and the cancel flag.
+        decoder: the decode lane.
     """
 
-    def __init__(self, fetch_blob, grid: ShardGrid, ladders, reps, floor: int, st: LiveState, ctx: Context,
-                 policy: Policy, held: HeldKV, decoder: DecodeLane, log: RunLog, config: RuntimeConfig,
-                 cancel: CancelFlag) -> None:  # fmt: skip
+    def __init__(self, fetch_blob, parts: LaneParts, decoder: DecodeLane) -> None:
         self.fetch_blob, self.reports_chunks = fetch_blob, takes_on_chunk(fetch_blob)
-        self.grid, self.ladders, self.reps, self.floor = grid, ladders, reps, floor
-        self.st, self.ctx, self.policy, self.held, self.decoder = st, ctx, policy, held, decoder
-        self.log, self.cfg, self.cancel = log, config, cancel
+        plan = parts.plan
+        self.grid, self.ladders, self.reps, self.floor = parts.grid, plan.ladders, plan.reps, plan.floor
+        self.st, self.ctx, self.policy, self.held, self.decoder = parts.st, parts.ctx, plan.policy, parts.held, decoder
+        self.log, self.cfg, self.cancel = parts.log, parts.config, parts.cancel
         self.reset()
 
     def reset(self) -> None:

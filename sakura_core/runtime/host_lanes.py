@@ -30,10 +30,10 @@ import torch
 from ..fetch.link import LinkSpec, shaped_fetcher
 from ..kv.manifest import Manifest
 from ..policy.context import Context
-from ..policy.estimator import ThroughputEstimator
 from ..policy.plan import plan_fetch
 from .fetch_lane import FetchLane, takes_on_chunk
 from .held_kv import HeldKV
+from .lane_parts import LaneParts
 from .live_profile import LiveProfile
 from .live_state import LiveState
 from .pipeline_config import RuntimeConfig
@@ -55,15 +55,15 @@ class HostLanes:
         manifest: its manifest, checked against the host's model.
         policy: the fetch policy's name (``sakura_core.policy.plan.runnable_policies``).
         link: the link (``LinkSpec``: live, or emulated at a fixed rate / by a trace).
-        layers, steps: the host model's layers and the run's denoising steps.
-        latency_target_s: the edit's latency target (seconds) or None.
+        layers: the host model's layers.
+        config: the run's settings: its denoising ``steps``, ``latency_target_s`` (seconds or None) and
+            ``shard_wait_s`` (the longest wait for one shard before the run stops naming it, seconds).
         prior_layer_s: the per-layer time the policy predicts with until :meth:`layer_time` measured one (seconds).
-        shard_wait_s: the longest wait for one shard before the run stops naming it (seconds).
     """
 
-    def __init__(self, source, manifest: Manifest, policy: str, link: LinkSpec, layers: int, steps: int, *,
-                 latency_target_s: float | None = None, prior_layer_s: float = PRIOR_LAYER_S,
-                 shard_wait_s: float = 120.0) -> None:  # fmt: skip
+    def __init__(self, source, manifest: Manifest, policy: str, link: LinkSpec, layers: int, config: RuntimeConfig,
+                 *, prior_layer_s: float = PRIOR_LAYER_S) -> None:  # fmt: skip
+        steps = config.steps
         self.source, self.manifest, self.link = source, manifest, LinkSpec.parse(link)
         self.per_step = manifest.kv_mode == "per-step"
         self.grid = ShardGrid.for_edit(layers, steps, self.per_step)
@@ -72,10 +72,9 @@ class HostLanes:
             raise ValueError(f"template {manifest.template_id} has {len(plan.ladders)} shards, a {steps}-step run of "
                              f"a {layers}-layer model needs {len(self.grid)}")  # fmt: skip
         self.plan, self.policy = plan, plan.policy
-        self.cfg = RuntimeConfig(steps=steps, shard_wait_s=shard_wait_s, latency_target_s=latency_target_s)
+        self.cfg = config
         profile = LiveProfile(2 * prior_layer_s, prior_layer_s, layers, steps)
-        self.st = LiveState(profile, self.link.trace(), plan.ladders, plan.floor, ThroughputEstimator(),
-                            self.cfg.rtt_s, latency_target_s, layers_per_step=layers)  # fmt: skip
+        self.st = LiveState(profile, self.link.trace(), plan.ladders, plan.floor, config, layers_per_step=layers)
         self.ctx = Context(self.st)
         self.log = RunLog()
         self.held = HeldKV(self.grid, plan.ladders)
@@ -108,8 +107,8 @@ class HostLanes:
         self.log.reset()
         self.held.reset()
         self.decoder.reset()
-        self.fetch = FetchLane(None, self.grid, self.plan.ladders, self.plan.reps, self.plan.floor, self.st, self.ctx,
-                               self.policy, self.held, self.decoder, self.log, self.cfg, self._cancel)  # fmt: skip
+        parts = LaneParts(self.grid, self.plan, self.st, self.ctx, self.held, self.log, self.cfg, self._cancel)
+        self.fetch = FetchLane(None, parts, self.decoder)
         self.split_layer = self.grid.layers
         self.levels_used: dict[int, list[str]] = {}
         self.used_blobs: dict[str, int] = {}

@@ -6,15 +6,11 @@ on the live state's clock, so a test's clock controls them."""
 
 from __future__ import annotations
 
-from ..policy.context import Context
-from ..policy.policies import Policy
 from .deferral import LATE_FALLBACK_REASON
 from .fetch_lane import FetchLane
-from .held_kv import HeldKV
-from .live_state import LiveState
-from .pipeline_config import CancelFlag, Cancelled, RuntimeConfig
-from .run_log import RunLog
-from .shard_index import ShardGrid, ShardId
+from .lane_parts import LaneParts
+from .pipeline_config import Cancelled
+from .shard_index import ShardId
 
 __all__ = ["LateShards"]
 
@@ -25,18 +21,17 @@ class LateShards:
     """How the compute lane waits for a late shard (it keeps no state of its own between waits).
 
     Args:
-        grid, st, ctx, policy: the shards, the live state, the policy's view of it, the policy.
-        held: the shards' state (ready, failed).
+        parts: what the run's lanes share: the shards, the plan's policy, the live state and the policy's view of
+            it, the shards' state (``held``: ready, failed), the timeline, the settings, the cancel flag.
         fetch: the fetch lane, asked to fetch a skipped shard or to skip a step's shards.
-        log, config, cancel, layer_cached_s: the timeline, the settings, the cancel flag, the device's cached-layer
-            time (how often the policy is asked).
+        layer_cached_s: the device's cached-layer time (how often the policy is asked).
     """
 
-    def __init__(self, grid: ShardGrid, st: LiveState, ctx: Context, policy: Policy, held: HeldKV, fetch: FetchLane,
-                 log: RunLog, config: RuntimeConfig, cancel: CancelFlag, layer_cached_s: float) -> None:  # fmt: skip
-        self.grid, self.st, self.ctx, self.policy, self.held, self.fetch = grid, st, ctx, policy, held, fetch
-        self.log, self.cfg, self.cancel = log, config, cancel
-        self.poll_s = min(max(layer_cached_s, 0.01), config.shard_wait_s)
+    def __init__(self, parts: LaneParts, fetch: FetchLane, layer_cached_s: float) -> None:
+        self.grid, self.st, self.ctx, self.policy = parts.grid, parts.st, parts.ctx, parts.plan.policy
+        self.held, self.fetch = parts.held, fetch
+        self.log, self.cfg, self.cancel = parts.log, parts.config, parts.cancel
+        self.poll_s = min(max(layer_cached_s, 0.01), parts.config.shard_wait_s)
 
     def wait_for(self, shard: ShardId, step: int) -> None:
         """Block the compute lane (at ``step``) until ``shard`` is ready (a stall in the timeline) or it is given up

@@ -13,6 +13,7 @@ from ..policy.context import ComputeCosts
 from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
 from .clock import Clock, WallClock
+from .pipeline_config import RuntimeConfig
 
 __all__ = ["QUEUED", "LiveState"]
 
@@ -23,7 +24,8 @@ QUEUED = float("inf")
 class LiveState:
     """The :class:`PolicyState` the running pipeline keeps (times in seconds since the edit started; see
     :class:`PolicyState` for every attribute); ``lock`` guards the updates a policy reads mid-decision. ``clock``:
-    what ``now`` reads (seconds since the last :meth:`reset`) and the waits of the compute lane use."""
+    what ``now`` reads (seconds since the last :meth:`reset`) and the waits of the compute lane use. ``config``: the
+    run's settings (its round trip, latency target and throughput estimator's settings)."""
 
     def __init__(
         self,
@@ -31,18 +33,16 @@ class LiveState:
         trace: Trace | None,
         ladders: list[list[Level]],
         floor: int,
-        estimator: ThroughputEstimator,
-        rtt_s: float,
-        latency_target_s: float | None = None,
-        layers_per_step: int | None = None,
+        config: RuntimeConfig,
         *,
+        layers_per_step: int | None = None,
         clock: Clock | None = None,
     ):
         self.profile, self.trace, self.ladders, self.floor = profile, trace, ladders, floor
         self.L = len(ladders)
         self.layers_per_step = layers_per_step or len(ladders)  # see PolicyState.layers_per_step
-        self.estimator, self.rtt_s = estimator, rtt_s
-        self.latency_target_s = latency_target_s
+        self.estimator, self.rtt_s = ThroughputEstimator(config.estimator), config.rtt_s
+        self.latency_target_s = config.latency_target_s
         self.request_ahead = False  # the fetch lane sends requests ahead (the pipeline sets it; Context.queued_rtt_s)
         self.start_s = 0.0  # the live link starts its trace at the edit's start
         self.clock = clock or WallClock()

@@ -41,25 +41,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-
-import numpy as np
+from dataclasses import replace
 
 from ..fetch.traces import Trace
 from ..kv.manifest import check_schedule, manifest_kv_mode
-from ..models.edit_model import EditModel
 from ..policy.context import Context
-from ..policy.estimator import ThroughputEstimator
-from ..policy.ladder import Level
-from ..policy.policies import Policy
-from .backend import ComputeBackend, backend_of
-from .clock import Clock
+from ..policy.plan import FetchPlan
+from .backend import backend_of
 from .compute_lane import ComputeLane
 from .decode_lane import DecodeLane
 from .device_kv import DeviceKV
 from .fetch_lane import FetchLane
 from .held_kv import HeldKV
+from .lane_parts import EditInputs, LaneParts, RunControls
 from .late_shards import LateShards
 from .live_profile import LiveProfile
 from .live_state import LiveState
@@ -93,45 +88,40 @@ class PipelinedEdit:
     same lanes against a trace.
 
     Args:
+        edit: the model, the private user image and prompt, the public template image (for layers the device
+            computes) and what runs the model's blocks (:mod:`sakura_core.runtime.backend`; None = the torch adapter).
+        manifest: the template's manifest.
         fetch_blob: ``async (digest, nbytes[, on_chunk]) -> bytes`` (a ShardClient's fetch, shaped by the caller:
             ``fetch.link.shaped_fetcher``); with ``on_chunk``, called with each chunk's size, the policy sees a
             transfer while it lasts (a stalled one too), as in the simulator; a fetcher awaits what ``on_chunk``
             returns when it is awaitable (the wire turn of ``RuntimeConfig.request_ahead``, as ShardClient does).
-        ladders/reps: from :func:`ladders_from_manifest`.
-        floor: index of the cheapest level the policy may pick (quality floor).
+        plan: the policy, its ladders and their manifest entries (:func:`~sakura_core.policy.plan.plan_fetch`, or
+            built from :func:`ladders_from_manifest`) and the floor: the cheapest level the policy may pick.
         profile: measured per-layer compute times.
-        template_image: the public template image (for layers the device computes).
         trace: the link's trace, for the policies that read it (cachegen's rule, the oracle); None on a live
             link: those rules then use the estimator's rate (``Context.has_trace``).
-        cancel: set it to stop between layers (raises :class:`Cancelled`).
-        on_layer: ``(step, layer)`` before each layer (progress reporting).
-        backend: what runs the model's blocks (:mod:`sakura_core.runtime.backend`); None = the torch adapter.
-        clock: the clock the run reads and waits on (:mod:`sakura_core.runtime.clock`); None = the wall clock.
+        config: the run's settings (None = the defaults).
+        controls: the caller's cancel flag (set it to stop between layers: raises :class:`Cancelled`), progress
+            hook (``(step, layer)`` before each layer) and clock (:mod:`sakura_core.runtime.clock`; None = the wall
+            clock).
     """
 
     def __init__(
         self,
-        model: EditModel,
+        edit: EditInputs,
         manifest: dict,
         fetch_blob,
-        user_image: np.ndarray,
-        prompt: str,
-        *,
-        policy: Policy,
-        ladders: list[list[Level]],
-        reps: list[list[dict]],
-        floor: int,
+        plan: FetchPlan,
         profile: LiveProfile,
-        template_image: np.ndarray,
+        *,
         trace: Trace | None = None,
         config: RuntimeConfig | None = None,
-        cancel: threading.Event | None = None,
-        on_layer: Callable[[int, int], None] | None = None,
-        backend: ComputeBackend | None = None,
-        clock: Clock | None = None,
+        controls: RunControls | None = None,
     ) -> None:
+        model, ladders, policy = edit.model, plan.ladders, plan.policy
+        controls = controls or RunControls()
         self.model = model
-        self.backend = backend_of(model, backend)
+        self.backend = backend_of(model, edit.backend)
         L = model.adapter.num_layers
         self.cfg = cfg = config or RuntimeConfig()
         self.kv_mode = manifest_kv_mode(manifest)
@@ -144,27 +134,23 @@ class PipelinedEdit:
             what = f"{cfg.steps} steps x {L} layers" if self.per_step else f"{L} layers"
             raise ValueError(f"{len(ladders)} shard ladders for a {self.kv_mode} template, the edit needs {what}")
         self.policy = policy
-        self.cancel = cancel or threading.Event()
+        self.cancel = controls.cancel or threading.Event()
         self._stop = threading.Event()  # set when the run itself is cancelled: the compute thread stops too
         stop = _EitherSet(self.cancel, self._stop)
         # shared by every lane: the live state (the clock, and what the policy sees) and the run's log
-        estimator = ThroughputEstimator(cfg.estimator)
-        self.st = LiveState(profile, trace, ladders, floor, estimator, cfg.rtt_s,
-                            cfg.latency_target_s, layers_per_step=L, clock=clock)  # fmt: skip
+        self.st = LiveState(profile, trace, ladders, plan.floor, cfg, layers_per_step=L, clock=controls.clock)
         self.ctx = Context(self.st)
         self.log = RunLog()
         self.held = HeldKV(grid, ladders)
-        self.decoder = DecodeLane(manifest, ladders, reps, self.st, self.log, cfg.decode_threads)
-        self.fetch = FetchLane(fetch_blob, grid, ladders, reps, floor, self.st, self.ctx, policy, self.held,
-                               self.decoder, self.log, cfg, stop)  # fmt: skip
+        parts = LaneParts(grid, plan, self.st, self.ctx, self.held, self.log, cfg, stop)
+        self.decoder = DecodeLane(manifest, ladders, plan.reps, self.st, self.log, cfg.decode_threads)
+        self.fetch = FetchLane(fetch_blob, parts, self.decoder)
         self.st.request_ahead = self.fetch.ahead  # Context.queued_rtt_s: the policy's view of the lane's requests
-        self.device = DeviceKV(model, self.backend, template_image, self.times, grid, self.held, self.st, self.log)
-        late = LateShards(grid, self.st, self.ctx, policy, self.held, self.fetch, self.log, cfg, stop,
-                          profile.layer_cached_s)  # fmt: skip
-        self.compute = ComputeLane(model, self.backend, user_image, prompt, template_image, self.kv_mode, grid=grid,
-                                   ladders=ladders, st=self.st, ctx=self.ctx, policy=policy, config=cfg, cancel=stop,
-                                   log=self.log, held=self.held, decoder=self.decoder, device=self.device, late=late,
-                                   user_hook=on_layer)  # fmt: skip
+        self.device = DeviceKV(model, self.backend, edit.template_image, self.times, grid, self.held, self.st,
+                               self.log)  # fmt: skip
+        late = LateShards(parts, self.fetch, profile.layer_cached_s)
+        self.compute = ComputeLane(replace(edit, backend=self.backend), self.kv_mode, parts, decoder=self.decoder,
+                                   device=self.device, late=late, user_hook=controls.on_layer)  # fmt: skip
         self.reset()
 
     def reset(self) -> None:

@@ -39,6 +39,7 @@ from sakura_core.models.edit_model import ModelSpec, load_demo_model, load_image
 from sakura_core.policy.plan import plan_fetch
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.denoise import run_edit
+from sakura_core.runtime.lane_parts import EditInputs
 from sakura_core.runtime.live_profile import measure_profile
 from sakura_core.runtime.pipeline import RuntimeConfig, run_pipelined_edit
 from sakura_core.runtime.timeline import lower_bound
@@ -276,16 +277,14 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
             async with ShardClient(url) as client:
                 manifest = (await client.get_manifest(tid)).raw
                 plan = plan_fetch(manifest, name)
-                ladders, reps, floor = plan.ladders, plan.reps, plan.floor
 
                 if link is not None:
                     stop = asyncio.Event()
                     follow = asyncio.create_task(link.follow(trace, 0.0, stop))
                 try:
                     rep = await run_pipelined_edit(
-                        model, manifest, shaped_fetcher(client, trace if link is None else None), user, PROMPT,
-                        policy=plan.policy, ladders=ladders, reps=reps,
-                        floor=floor, profile=profile, template_image=template, trace=trace,
+                        EditInputs(model, user, PROMPT, template), manifest,
+                        shaped_fetcher(client, trace if link is None else None), plan, profile, trace=trace,
                         config=RuntimeConfig(steps=args.steps,
                                              request_ahead=requests_ahead(args)),
                     )  # fmt: skip

@@ -1,5 +1,5 @@
-"""A controlled clock for the live pipeline's tests (``PipelinedEdit(..., clock=)``): time moves only when a test
-moves it or a wait times out, so what the policies see does not depend on how loaded the machine is."""
+"""A controlled clock for the live pipeline's tests (a ``PipelinedEdit``'s ``RunControls(clock=)``): time moves only
+when a test moves it or a wait times out, so what the policies see does not depend on how loaded the machine is."""
 
 from __future__ import annotations
 

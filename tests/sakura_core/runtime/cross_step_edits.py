@@ -7,9 +7,10 @@ import dataclasses
 from sakura_core.fetch.traces import Trace
 from sakura_core.models.edit_model import load_demo_model, load_image
 from sakura_core.policy.ladder import with_track_floor
-from sakura_core.policy.plan import plan_fetch
+from sakura_core.policy.plan import FetchPlan, plan_fetch
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy
 from sakura_core.precompute import precompute_template
+from sakura_core.runtime.lane_parts import EditInputs
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import RuntimeConfig, run_pipelined_edit
 
@@ -60,7 +61,8 @@ def run_levels(setup, policy, steps: int, swap=None, open_floor=None, chunks=Fal
     fetch_blob = blob_fetcher(lambda digest: pre.blobs[swap.get(digest, digest)], chunks)
 
     return asyncio.run(
-        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,
-                           reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
-                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=steps, upgrades=False, **config))
+        run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                           FetchPlan(policy, plan.ladders, plan.reps, plan.floor), profile,
+                           trace=Trace.constant(50.0),
+                           config=RuntimeConfig(steps=steps, upgrades=False, **config))
     )  # fmt: skip

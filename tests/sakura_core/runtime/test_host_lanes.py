@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sakura_core.runtime.host_lanes import HostLanes
+from sakura_core.runtime.pipeline_config import RuntimeConfig
 
 from ..conftest import FP16_TEMPLATE_ID
 
@@ -23,7 +24,8 @@ def published(published_fp16):
 
 def _lanes(published, policy: str) -> HostLanes:
     source, manifest = published
-    return HostLanes(source, manifest, policy, "fixed:1000", manifest.num_layers, STEPS, shard_wait_s=60.0)
+    config = RuntimeConfig(steps=STEPS, shard_wait_s=60.0)
+    return HostLanes(source, manifest, policy, "fixed:1000", manifest.num_layers, config)
 
 
 def test_fetched_layers_are_the_exact_fp16_kv_at_every_step(published, demo_kv):
@@ -89,14 +91,15 @@ def test_a_layer_left_to_compute_is_fetched_when_the_host_cannot_compute_it(publ
 def test_a_template_of_another_shape_is_named(published):
     source, manifest = published
     with pytest.raises(ValueError, match=f"template {TEMPLATE_ID} has {manifest.num_layers} shards"):
-        HostLanes(source, manifest, "sakura", "live", manifest.num_layers + 1, STEPS)
+        HostLanes(source, manifest, "sakura", "live", manifest.num_layers + 1, RuntimeConfig(steps=STEPS))
 
 
 def test_a_source_that_cannot_be_opened_fails_the_layer_naming_it(published, tmp_path):
     from sakura_core.fetch.sources import StoreSource
 
     _, manifest = published
-    lanes = HostLanes(StoreSource(str(tmp_path / "gone")), manifest, "fetch-fp16", "live", manifest.num_layers, STEPS)
+    gone = StoreSource(str(tmp_path / "gone"))
+    lanes = HostLanes(gone, manifest, "fetch-fp16", "live", manifest.num_layers, RuntimeConfig(steps=STEPS))
     lanes.start(template_in_sequence=False)
     try:
         with pytest.raises(RuntimeError, match=f"template {TEMPLATE_ID}: fetch failed"):

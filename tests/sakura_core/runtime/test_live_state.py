@@ -6,16 +6,16 @@ import pytest
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.policy.context import Context
-from sakura_core.policy.estimator import ThroughputEstimator
 from sakura_core.policy.ladder import Level
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.live_state import LiveState
+from sakura_core.runtime.pipeline_config import RuntimeConfig
 
 
 def _state():
     ladders = [[Level("fp16", 1_000_000, 1_000_000, 0.0, 0.0)] for _ in range(4)]
     profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.1, layers=4, steps=1)
-    return LiveState(profile, Trace.constant(8.0), ladders, 0, ThroughputEstimator(), 0.0)
+    return LiveState(profile, Trace.constant(8.0), ladders, 0, RuntimeConfig(rtt_s=0.0))
 
 
 def test_no_transfer_no_progress():

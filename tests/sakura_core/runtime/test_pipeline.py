@@ -10,9 +10,11 @@ from sakura_core.fetch.shaper import ShaperConfig, TraceShaper
 from sakura_core.fetch.traces import Trace
 from sakura_core.models.edit_model import load_demo_model, load_image
 from sakura_core.policy.ladder import ladders_from_manifest
+from sakura_core.policy.plan import FetchPlan
 from sakura_core.policy.policies import make_policy
 from sakura_core.precompute import precompute_template
 from sakura_core.runtime.denoise import run_edit
+from sakura_core.runtime.lane_parts import EditInputs, RunControls
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import Cancelled, PipelinedEdit, RuntimeConfig, run_pipelined_edit
 
@@ -52,21 +54,14 @@ def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False, o
 
     return asyncio.run(
         run_pipelined_edit(
-            model,
+            EditInputs(model, usr, "p", tpl),
             pre.manifest,
             fetch_blob,
-            usr,
-            "p",
-            policy=make_policy(policy),
-            ladders=ladders,
-            reps=reps,
-            floor=0,
-            profile=profile,
-            template_image=tpl,
+            FetchPlan(make_policy(policy), ladders, reps, 0),
+            profile,
             trace=Trace.constant(mbit),
             config=RuntimeConfig(steps=STEPS),
-            cancel=cancel,
-            on_layer=on_layer,
+            controls=RunControls(cancel=cancel, on_layer=on_layer),
         )
     )
 
@@ -175,9 +170,10 @@ def test_upgrades_refine_shards_during_later_steps(setup, manual_clock):
             step0_over.set()
             no_more.wait(60)
 
-    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=Watched(), ladders=ladders, reps=reps,
-                         floor=0, profile=slow, template_image=tpl, trace=Trace.constant(30.0),
-                         config=RuntimeConfig(steps=STEPS), on_layer=hook, clock=manual_clock)  # fmt: skip
+    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                         FetchPlan(Watched(), ladders, reps, 0), slow, trace=Trace.constant(30.0),
+                         config=RuntimeConfig(steps=STEPS),
+                         controls=RunControls(on_layer=hook, clock=manual_clock))  # fmt: skip
     rep = asyncio.run(edit.run())
     ups = [d for d in rep.decisions if d["reason"] == "upgrade"]
     assert ups and not rep.fallbacks and no_more.is_set()

@@ -12,8 +12,10 @@ import pytest
 
 from sakura_core.edit_report import edit_report
 from sakura_core.fetch.link import LinkSpec
+from sakura_core.policy.plan import FetchPlan
 from sakura_core.policy.policies import Decision, Policy
 from sakura_core.runtime.deferral import LATE_FALLBACK_REASON
+from sakura_core.runtime.lane_parts import EditInputs, RunControls
 from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig
 
 from .fp16_setup import fp16_only_setup
@@ -77,9 +79,9 @@ def _run_after_every_fetch(setup, policy):
         if (step, layer) == (0, 0):
             assert all_here.wait(60), "the link did not deliver every shard"
 
-    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=ladders, reps=reps,
-                         floor=0, profile=profile, template_image=tpl, config=RuntimeConfig(steps=STEPS),
-                         on_layer=on_layer)  # fmt: skip
+    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                         FetchPlan(policy, ladders, reps, 0), profile, config=RuntimeConfig(steps=STEPS),
+                         controls=RunControls(on_layer=on_layer))  # fmt: skip
     return asyncio.run(edit.run())
 
 
@@ -121,8 +123,8 @@ def test_a_fallback_after_the_split_is_what_the_summary_says(setup):
     async def never(digest, nbytes):  # the link delivers nothing before the edit is over
         await asyncio.Event().wait()
 
-    edit = PipelinedEdit(model, pre.manifest, never, usr, "p", policy=_LateFromTheStart(), ladders=ladders,
-                         reps=reps, floor=0, profile=profile, template_image=tpl,
+    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, never,
+                         FetchPlan(_LateFromTheStart(), ladders, reps, 0), profile,
                          config=RuntimeConfig(steps=STEPS))  # fmt: skip
     run = asyncio.run(edit.run())
     assert run.split_layer == 0 and run.levels_used == {layer: ["device"] * STEPS for layer in range(L)}

@@ -13,11 +13,12 @@ import torch
 from sakura_core.fetch.traces import Trace
 from sakura_core.kv import decode_template
 from sakura_core.kv.chain import MissingReferenceError
-from sakura_core.policy.plan import plan_fetch
+from sakura_core.policy.plan import FetchPlan, plan_fetch
 from sakura_core.precompute import precompute_template
 from sakura_core.runtime.decode_lane import DecodeLane
 from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.held_kv import HeldKV
+from sakura_core.runtime.lane_parts import EditInputs
 from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig, run_pipelined_edit
 from sakura_core.runtime.run_log import RunLog
 from sakura_core.runtime.shard_index import ShardGrid
@@ -141,8 +142,8 @@ def test_a_residual_without_its_reference_is_not_decoded(setup):
     async def fetch_blob(digest, nbytes):
         return pre.blobs[digest]
 
-    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=StepLevels(1, [0, 0]), ladders=plan.ladders,
-                         reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
+    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                         FetchPlan(StepLevels(1, [0, 0]), plan.ladders, plan.reps, plan.floor), profile,
                          config=RuntimeConfig(steps=STEPS))  # fmt: skip
     L = model.adapter.num_layers
     residual = plan.reps[L + 2][1]
@@ -166,9 +167,9 @@ def test_a_residual_whose_manifest_names_another_reference_falls_back_and_the_re
     async def fetch_blob(digest, nbytes):
         return pre.blobs[digest]
 
-    rep = asyncio.run(run_pipelined_edit(model, manifest, fetch_blob, usr, "p", policy=StepLevels(1, [0, 0]),
-                                         ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile,
-                                         template_image=tpl, trace=Trace.constant(50.0),
+    rep = asyncio.run(run_pipelined_edit(EditInputs(model, usr, "p", tpl), manifest, fetch_blob,
+                                         FetchPlan(StepLevels(1, [0, 0]), plan.ladders, plan.reps, plan.floor),
+                                         profile, trace=Trace.constant(50.0),
                                          config=RuntimeConfig(steps=STEPS, upgrades=False)))  # fmt: skip
     refused = [f for f in rep.fallbacks if f.startswith(f"shard {L + 2}")]
     assert refused and all("reference" in f for f in refused[:-1]), rep.fallbacks

@@ -11,10 +11,11 @@ from sakura_core.fetch.traces import Trace
 from sakura_core.kv import ScheduleMismatchError, decode_template
 from sakura_core.models.edit_model import load_demo_model, load_image
 from sakura_core.policy.ladder import Level, ladders_from_manifest
-from sakura_core.policy.plan import plan_fetch
+from sakura_core.policy.plan import FetchPlan, plan_fetch
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_policy
 from sakura_core.precompute import precompute_template
 from sakura_core.runtime.denoise import run_edit
+from sakura_core.runtime.lane_parts import EditInputs, RunControls
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig, run_pipelined_edit
 from sakura_core.runtime.profiles import get_profile
@@ -67,21 +68,9 @@ def _run(setup, policy, corrupt=(), steps=STEPS, plan_policy="fetch-fp16"):
         return blob[:-10] + b"\x00" * 10 if digest in corrupt else blob
 
     return asyncio.run(
-        run_pipelined_edit(
-            model,
-            pre.manifest,
-            fetch_blob,
-            usr,
-            "p",
-            policy=policy,
-            ladders=plan.ladders,
-            reps=plan.reps,
-            floor=plan.floor,
-            profile=profile,
-            template_image=tpl,
-            trace=Trace.constant(50.0),
-            config=RuntimeConfig(steps=steps),
-        )  # fmt: skip
+        run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                           FetchPlan(policy, plan.ladders, plan.reps, plan.floor), profile,
+                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=steps))  # fmt: skip
     )
 
 
@@ -225,10 +214,11 @@ def _run_with_late_shard(setup, policy, release: threading.Event, clock):
         return pre.blobs[digest]
 
     return asyncio.run(
-        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,
-                           reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
-                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
-                           clock=clock)
+        run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                           FetchPlan(policy, plan.ladders, plan.reps, plan.floor), profile,
+                           trace=Trace.constant(50.0),
+                           config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
+                           controls=RunControls(clock=clock))
     )  # fmt: skip
 
 
@@ -308,9 +298,10 @@ def _watched_edit(setup, policy, all_first=False, chunks=False, **config):
             seen.append((step, layer, {s.g for s in h.kv}, {s.g for s in edit.decoder.decoders},
                          set(edit.device.dropped), h.held_bytes(), h.kv_bytes, ahead))  # fmt: skip
 
-    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=policy, ladders=plan.ladders,
-                         reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
-                         config=RuntimeConfig(steps=STEPS, **config), on_layer=look)  # fmt: skip
+    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                         FetchPlan(policy, plan.ladders, plan.reps, plan.floor), profile,
+                         config=RuntimeConfig(steps=STEPS, **config),
+                         controls=RunControls(on_layer=look))  # fmt: skip
     return edit, seen
 
 
@@ -379,10 +370,11 @@ def test_live_sakura_sees_a_stalled_transfer_and_does_not_wait_it_out(setup, man
         return blob
 
     rep = asyncio.run(
-        run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=make_policy("sakura"),
-                           ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile, template_image=tpl,
-                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
-                           clock=manual_clock)
+        run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                           FetchPlan(make_policy("sakura"), plan.ladders, plan.reps, plan.floor),
+                           profile, trace=Trace.constant(50.0),
+                           config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
+                           controls=RunControls(clock=manual_clock))
     )  # fmt: skip
     assert rep.latency_s < 10.0 and not any("not ready after" in f for f in rep.fallbacks)
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3
@@ -415,9 +407,9 @@ def test_the_lane_sends_its_next_request_while_a_transfer_arrives_one_on_the_wir
     for ahead, takes_turns in ((True, True), (False, True), (True, False)):
         log.clear()
         rep = asyncio.run(
-            run_pipelined_edit(model, pre.manifest, fetch_blob, usr, "p", policy=make_policy("fetch-fp16"),
-                               ladders=plan.ladders, reps=plan.reps, floor=plan.floor, profile=profile,
-                               template_image=tpl, trace=Trace.constant(50.0),
+            run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                               FetchPlan(make_policy("fetch-fp16"), plan.ladders, plan.reps, plan.floor),
+                               profile, trace=Trace.constant(50.0),
                                config=RuntimeConfig(steps=STEPS, request_ahead=ahead))
         )  # fmt: skip
         assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5

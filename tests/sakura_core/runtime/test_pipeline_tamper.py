@@ -11,8 +11,10 @@ import pytest
 from sakura_core.fetch.traces import Trace
 from sakura_core.models.edit_model import load_demo_model, load_image
 from sakura_core.policy.ladder import ladders_from_manifest
+from sakura_core.policy.plan import FetchPlan
 from sakura_core.policy.policies import make_policy
 from sakura_core.precompute import precompute_template
+from sakura_core.runtime.lane_parts import EditInputs, RunControls
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import Cancelled, RuntimeConfig, run_pipelined_edit
 
@@ -43,22 +45,10 @@ def _run(setup, manifest, blobs, policy="fetch-fp16", config=None, cancel=None):
         return blobs[digest]
 
     return asyncio.run(
-        run_pipelined_edit(
-            model,
-            manifest,
-            fetch_blob,
-            usr,
-            "p",
-            policy=make_policy(policy),
-            ladders=ladders,
-            reps=reps,
-            floor=0,
-            profile=profile,
-            template_image=tpl,
-            trace=Trace.constant(50.0),
-            config=config or RuntimeConfig(steps=STEPS),
-            cancel=cancel,
-        )  # fmt: skip
+        run_pipelined_edit(EditInputs(model, usr, "p", tpl), manifest, fetch_blob,
+                           FetchPlan(make_policy(policy), ladders, reps, 0), profile,
+                           trace=Trace.constant(50.0), config=config or RuntimeConfig(steps=STEPS),
+                           controls=RunControls(cancel=cancel))  # fmt: skip
     )
 
 
@@ -109,10 +99,10 @@ def test_cancel_is_honoured_while_waiting_for_a_shard(setup, manual_clock):
         model, tpl, usr, _pre, _other, profile = setup
         ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
         try:
-            asyncio.run(run_pipelined_edit(
-                model, pre.manifest, never, usr, "p", policy=CancelWhileWaiting(), ladders=ladders, reps=reps,
-                floor=0, profile=profile, template_image=tpl, config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
-                cancel=cancel, clock=manual_clock))  # fmt: skip
+            asyncio.run(run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, never,
+                                           FetchPlan(CancelWhileWaiting(), ladders, reps, 0), profile,
+                                           config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
+                                           controls=RunControls(cancel=cancel, clock=manual_clock)))  # fmt: skip
         except Cancelled as e:
             outcome["cancelled"] = str(e)
             outcome["at_s"] = manual_clock.now()

@@ -9,7 +9,9 @@ import torch
 
 from sakura_core.fetch.shaper import ShaperConfig, TraceShaper
 from sakura_core.fetch.traces import Trace
+from sakura_core.policy.plan import FetchPlan
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_policy
+from sakura_core.runtime.lane_parts import EditInputs
 from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig
 
 from .fp16_setup import fp16_only_setup
@@ -38,9 +40,9 @@ def _edit(setup, corrupt_once=()):
             return blob[:-10] + b"\x00" * 10
         return blob
 
-    return PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=make_policy("fetch-fp16"), ladders=ladders,
-                         reps=reps, floor=0, profile=profile, template_image=tpl, trace=Trace.constant(MBIT),
-                         config=RuntimeConfig(steps=STEPS))  # fmt: skip
+    return PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                         FetchPlan(make_policy("fetch-fp16"), ladders, reps, 0), profile,
+                         trace=Trace.constant(MBIT), config=RuntimeConfig(steps=STEPS))  # fmt: skip
 
 
 def _summary(rep):
@@ -141,8 +143,9 @@ async def test_a_fetch_the_compute_lane_asked_for_ends_with_the_run(setup):
                 raise
         return pre.blobs[digest]
 
-    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=_SkipTwo(), ladders=ladders, reps=reps,
-                         floor=0, profile=profile, template_image=tpl, config=RuntimeConfig(steps=STEPS))  # fmt: skip
+    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                         FetchPlan(_SkipTwo(), ladders, reps, 0), profile,
+                         config=RuntimeConfig(steps=STEPS))  # fmt: skip
     rep = await edit.run()
     fallbacks = list(rep.fallbacks)
     release.set()
@@ -169,8 +172,9 @@ async def test_cancelling_the_run_stops_its_compute_thread(setup):
     async def never(digest, nbytes):
         await asyncio.Event().wait()
 
-    edit = PipelinedEdit(model, pre.manifest, never, usr, "p", policy=Patient(), ladders=ladders, reps=reps, floor=0,
-                         profile=profile, template_image=tpl, config=RuntimeConfig(steps=STEPS, shard_wait_s=600))  # fmt: skip
+    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, never,
+                         FetchPlan(Patient(), ladders, reps, 0), profile,
+                         config=RuntimeConfig(steps=STEPS, shard_wait_s=600))  # fmt: skip
     task = asyncio.create_task(edit.run())
     await asyncio.wait_for(waiting.wait(), 60)  # the compute lane waits for shard 0
     task.cancel()
@@ -189,8 +193,8 @@ def test_a_live_link_without_a_trace_is_not_given_a_made_up_one(setup):
     async def fetch_blob(digest, nbytes):
         return pre.blobs[digest]
 
-    edit = PipelinedEdit(model, pre.manifest, fetch_blob, usr, "p", policy=make_policy("cachegen"), ladders=ladders,
-                         reps=reps, floor=0, profile=profile, template_image=tpl, trace=None,
+    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
+                         FetchPlan(make_policy("cachegen"), ladders, reps, 0), profile, trace=None,
                          config=RuntimeConfig(steps=STEPS))  # fmt: skip
     assert not edit.ctx.has_trace
     edit.st.estimator.observe(1e6, 0.5)  # one sample: 2e6 B/s
