@@ -74,7 +74,7 @@ class CpuShare:
     of what those threads cost the DiT (see the module docstring). Needs ``cores`` (0 = not shared),
     ``compute_t`` and ``_compute``."""
 
-    def _init_cpu_share(self, cores: int) -> None:
+    def _init_cpu_share(self, cores: float) -> None:
         self.cores = cores
         self._segs: list[tuple[float, float]] = []  # compute lane busy
         self._busy: dict[str, list[tuple[float, float]]] = {"decode": [], "planning": []}  # each serial
