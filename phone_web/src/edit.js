@@ -120,8 +120,8 @@ function layersOf(parts, index, split, tokens) {
 
 /** The template's tokens as the template graphs take them: its image (a blob like the shards) decoded and packed
  * (patch, then zeros), (1, image tokens, in_channels) float32; and the image's bytes on the wire. */
-export async function templateTokens(origin, image, index, token, onChunk = null) {
-  const blob = await fetchShard(origin, image.digest, image.bytes, { token, onChunk });
+export async function templateTokens(origin, image, index, token) {
+  const blob = await fetchShard(origin, image.digest, image.bytes, { token });
   const bitmap = await createImageBitmap(new Blob([blob], { type: "image/png" }),
     { colorSpaceConversion: "none", premultiplyAlpha: "none" });
   const s = index.image_size;

@@ -1,6 +1,6 @@
 // An edit in the page through the lanes (pipeline.js), driven by the page's policy: the manifest (the page's
 // prefetch, fetched while its model loaded, else fetched now; the link's round trip the policy plans with is its
-// GET's time, or the template image's first byte on the edit's link when the manifest came earlier), the shards
+// GET's time, or the first shard's first byte on the edit's link when the manifest came earlier), the shards
 // streamed with fetchShard (its chunks are the policy's view of the transfer), decoded in the worker pool, the DiT
 // steps on onnxruntime-web on this thread (dit_step.js), the template pass of template_pass.js where the model's files
 // have per-layer template graphs (loaded when the module exists and returns one; else every layer is fetched).
@@ -44,9 +44,9 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
     got.parsed = { modelId: index.model_id, ...await fetchManifest(origin, templateId, index.model_id, token, got) };
   }
   const { manifest, raw, bytes } = got.parsed;
-  // the link's round trip as the page measures it: its manifest GET, or (below) the template image's first byte on
-  // this edit's link when the manifest came earlier
-  let rttS = Math.min(got.seconds, 1.0);
+  // the link's round trip as the page measures it: its manifest GET; when the manifest came earlier (maybe over
+  // another link), the lanes' first transfer's first byte replaces it (rttFromFirstByte; the bandwidth probe's)
+  const rttS = Math.min(got.seconds, 1.0);
   const refs = manifest.references.length;
   if (manifest.kvMode === "per-step") checkSchedule(templateId, raw.schedule, steps);
   const want = [index.grid[0] * refs, index.grid[1]];
@@ -54,12 +54,10 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
   let tp = templatePass === undefined ? await loadTemplatePassIfAny({ base: modelBase, index, ort: run.ort, providers: [run.ep] })
     : { pass: templatePass, why: templatePass === null ? "none given" : "given" };
   if (tp.pass !== null && refs > 1) tp = { pass: null, why: `${refs} references: the template pass takes one image, every layer is fetched` };
-  let imageBytes = 0, imageFirstByteS = null;
+  let imageBytes = 0;
   let tokensOnce = null;
   const tokensOf = () => {
-    const t = now();
-    tokensOnce ??= templateTokens(origin, raw.template_image, index, token, () => { imageFirstByteS ??= now() - t; })
-      .then((x) => { imageBytes = x.bytes; return x.tokens; });
+    tokensOnce ??= templateTokens(origin, raw.template_image, index, token).then((x) => { imageBytes = x.bytes; return x.tokens; });
     return tokensOnce;
   };
   const L = raw.num_layers;
@@ -79,14 +77,14 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
   const tImage = now();
   const policyName = typeof policy === "string" ? policy : policy.name;
   if (tp.pass !== null && policyName !== "fetch-fp16") await tokensOf();
-  if (manifestFetch !== null && imageFirstByteS !== null) rttS = Math.min(imageFirstByteS, 1.0);
   const tLanes = now();
   const edit = new PipelinedEdit({ raw, policy, pool: lanesPool, times: dit.times, steps, rttS, budgetBytes: budget, onEvent: shown,
     fetchBlob: (digest, nbytes, onChunk) => fetchShard(origin, digest, nbytes, { token, onChunk }),
     slotOf: (g, rep) => slotFromManifest(raw, g % L, rep, perStep ? Math.floor(g / L) : null),
     computeStep: async (step, kv) => { await dit.step(step, kv); onProgress("computed", step + 1, steps); },
     templatePass: tp.pass, templateTokens: tokensOf, profile, measured,
-    tokens: raw.token_grid[0] * raw.token_grid[1], heads: index.heads, headDim: index.head_dim });
+    tokens: raw.token_grid[0] * raw.token_grid[1], heads: index.heads, headDim: index.head_dim,
+    rttFromFirstByte: manifestFetch !== null });
   let lanes;
   try {
     lanes = await edit.run();
@@ -113,7 +111,7 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
     // manifest_get_s: its GET's seconds, prefetched (off this edit's path: timings_s.manifest is the wait for it) or not
     manifest_prefetched: manifestFetch !== null,
     manifest_get_s: got.seconds,
-    rtt_s: rttS,
+    rtt_s: lanes.rtt_s,
     template_pass: tp.why,
     timings_s: { manifest: tImage - t0, template_image: tLanes - tImage, lanes: done - tLanes, total: done - t0, per_step: lanes.per_step_s },
     where: { fetch: "main thread (streaming fetch)", decode: `${lanesPool.inThread ? "main thread" : `${lanesPool.size} module worker(s)`}${ownPool ? "" : " (the page's, warm)"}`,
