@@ -80,23 +80,22 @@ def _alone_s(events: list[tuple[float, float]]) -> float:
 
 
 def contention_cores(reports: list[dict]) -> float:
-    """The page's CPU sharing, measured from its timelines as :class:`sakura_core.runtime.sim_cpu.CpuShare` charges
-    it: a compute event that a decode overlapped for ``o`` seconds (on the page's clock) took ``o / (cores + 1)``
-    longer than the median event no decode overlapped (the DiT at ``cores / (cores + 1)`` of its speed while the
-    decode works: ``o_alone / cores`` more). ``k = 1 / (cores + 1)`` is the least-squares slope through the origin of
-    the extra seconds over the overlapped ones (DiT steps and template-pass layers, each against its own median);
-    0 = no sharing measured (no overlap, or no slowdown), at least 1 otherwise (a decode thread takes at most one
-    core: the DiT halted while it works)."""
-    num = den = 0.0
+    """The page's CPU sharing, measured from its timelines in the units :class:`sakura_core.runtime.sim_cpu.CpuShare`
+    charges: a DiT event of ``alone`` seconds (the median of its kind no decode overlapped: DiT steps, template-pass
+    layers) that a decode overlapped takes ``overlap_alone / cores`` longer, ``overlap_alone`` being the part of its
+    work the decode ran beside (its overlapped fraction of ``alone``). ``cores`` = the sum of those overlaps over the
+    sum of the extra seconds, over every overlapped event; 0 = no sharing measured (no overlap, or no slowdown). Below
+    1: a decode costs the DiT more than its own time (on a loaded 2-core host the page's main thread, streaming the
+    transfers and passing the decodes' messages, works beside it too)."""
+    shared = extra = 0.0
     for events in _compute_events(reports).values():
         if not events:
             continue
         alone = _alone_s(events)
         for d, o in events:
-            num, den = num + (d - alone) * o, den + o * o
-    if den == 0 or num <= 0:
-        return 0.0
-    return max(1.0, den / num - 1.0)
+            if o > 0:
+                shared, extra = shared + alone * o / d, extra + d - alone
+    return shared / extra if extra > 0 else 0.0
 
 
 def decode_slowdown(reports: list[dict], decode_s: dict[tuple[int, str], float]) -> float:

@@ -86,22 +86,23 @@ def test_the_page_profile_charges_the_decodes_beside_the_dit_as_measured():
     alone = {"timeline": [e for e in timeline if e["lane"] != "decode"]}
     assert contention_cores([alone]) == 0.0
     assert page_profile([alone], 6, 4).dit_cpu_cores == 0.0 and page_profile([alone], 6, 4).cpu_slowdown == 1.0
-    # a decode that halts the DiT (it took twice its time alone) is one core; slower still is clipped to one
-    halted = {"timeline": timeline[:2] + [_event("compute", 0.02, 0.04, "template"),
-                                          _event("decode", 0.02, 0.05, "s2")] + timeline[4:]}  # fmt: skip
-    assert contention_cores([halted]) == 1.0
+    # a decode that halts the DiT (it took twice its time alone) is one core; one that takes it three times is half
+    for slower, cores in ((2, 1.0), (3, 0.5)):
+        halted = {"timeline": timeline[:2] + [_event("compute", 0.02, 0.02 + 0.01 * slower, "template"),
+                                              _event("decode", 0.02, 0.05, "s2")] + timeline[4:]}  # fmt: skip
+        assert contention_cores([halted]) == pytest.approx(cores)
 
 
 def test_the_page_profile_of_a_recorded_run_shares_the_cpu():
     """The recorded page bench (docs/results/page/page_bench.json, 2-core host, 4x throttle): the sakura and
-    fetch-fp16 runs' DiT was slower beside the decodes than the on-device runs' alone, so the profile charges it;
-    an on-device run (no decode) charges nothing."""
+    fetch-fp16 runs' DiT was slower beside the decodes than alone, so the profile charges it (and its medians are
+    the events alone, below the recorded medians of every event); an on-device run (no decode) charges nothing."""
     from sakura_core.bench.cli_page import contention_cores, page_profile
 
     rec = json.loads((Path(__file__).parents[2] / "docs" / "results" / "page" / "page_bench.json").read_text())
     reports = [r["report"] for r in rec["runs"]]
     profile = page_profile(reports, rec["template"]["layers"], rec["template"]["steps"])
-    assert profile.dit_cpu_cores >= 1.0
+    assert profile.dit_cpu_cores > 0
     assert profile.layer_full_s > profile.layer_cached_s > 0
     assert profile.layer_full_s - profile.layer_cached_s < rec["profile"]["layer_full_s"] - rec["profile"]["layer_cached_s"]
     assert all(contention_cores([r["report"]]) == 0.0 for r in rec["runs"] if r["policy"] == "on-device")
