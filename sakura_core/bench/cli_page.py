@@ -3,10 +3,12 @@ the per-step demo template (the sakura codec, every rung and the exact fp16 kept
 --phone-model`` subprocess on 127.0.0.1; headless Chromium runs each policy's edit on the page (its lanes, its policy,
 onnxruntime-web) with the link shaped from each trace through CDP and the CPU throttled (:mod:`.page_driver`).
 
-Per trace and policy: the page's latency (its report's total), bytes, and the busy-time bound (the largest of the
-lanes' busy seconds, ``report.busy_s``: fetch, decode, compute less its stalls). Then the same trace is replayed in
-the simulator with the page's measured compute profile (a DiT step's and a template-pass layer's seconds, medians of
-the page's timeline) and the served ladders; the live and simulated speed-ups of sakura over on-device and
+Per trace and policy: the page's latency (its report's total), bytes, and the busy-time bound (the serial work
+before the lanes, measured: the manifest's wait and the template image, then the largest of the lanes' busy seconds,
+``report.busy_s``: fetch, decode, compute less its stalls). Then the same trace is replayed in the simulator with the
+page's measured profile (:func:`page_profile`: a DiT step's and a template-pass layer's seconds alone, and the CPU
+the page's decodes take from its DiT) and the served ladders, one request at a time as the page's fetch lane sends
+them, plus each run's measured time before the lanes; the live and simulated speed-ups of sakura over on-device and
 fetch-fp16 are printed side by side and written as JSON, each run with the page's report (timeline, decisions).
 """
 
@@ -21,7 +23,7 @@ from ..files import atomic_write_json
 from ..policy.plan import plan_fetch
 from ..runtime.live_profile import LiveProfile
 
-__all__ = ["run_page"]
+__all__ = ["contention_cores", "decode_slowdown", "page_profile", "run_page"]
 
 PAGE_POLICIES = ("on-device", "fetch-fp16", "sakura")
 PAGE_TRACES = ("walk110-1.5-0.3", "walk113-6-0.4", "onoff103-10-0.5")  # slow walk, faster walk, on/off with outages
