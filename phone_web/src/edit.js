@@ -15,11 +15,20 @@ import { DitSteps } from "./dit_step.js";
 
 const now = () => performance.now() / 1000;
 
-/** The manifest of ``templateId`` (its bytes parsed with the page's limits), fetched with the read token if any. */
-export async function fetchManifest(origin, templateId, modelId, token = null) {
+/** The manifest bytes of ``templateId``, fetched with the read token if any, and the seconds its GET took; not parsed
+ *  yet (that needs the model's id): a page fetches them while its model loads (page/index.html). */
+export async function fetchManifestBytes(origin, templateId, token = null) {
+  const t0 = now();
   const answer = await fetch(`${origin}/v1/templates/${encodeURIComponent(templateId)}/manifest`, { headers: authHeaders(token) });
   if (!answer.ok) throw new Error(answerError(`the manifest of ${templateId}`, answer.status, token !== null));
   const bytes = new Uint8Array(await answer.arrayBuffer());
+  return { bytes, seconds: now() - t0 };
+}
+
+/** The manifest of ``templateId`` (its bytes parsed with the page's limits): ``fetched`` (fetchManifestBytes's, the
+ *  page's prefetch) or fetched now. */
+export async function fetchManifest(origin, templateId, modelId, token = null, fetched = null) {
+  const { bytes } = fetched ?? await fetchManifestBytes(origin, templateId, token);
   const manifest = parseManifestBytes(bytes, { templateId, modelId });
   return { manifest, raw: JSON.parse(new TextDecoder().decode(bytes)), bytes };
 }

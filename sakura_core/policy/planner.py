@@ -89,7 +89,7 @@ class Snapshot:
         self.per_step = ctx.per_step
         self.S = ctx.steps if self.per_step else 1
         self.F, self.C = p.layer_full_s, p.layer_cached_s
-        cores = int(getattr(p, "dit_cpu_cores", 0))
+        cores = float(getattr(p, "dit_cpu_cores", 0))
         self.share = 1.0 / cores if cores else 0.0  # a decode on the DiT's cores costs it decode_s / cores
         self.tail = p.fixed_s + (0.0 if self.per_step else (p.model.steps - 1) * self.L * p.layer_cached_s)
         self.c = ctx.compute_layer

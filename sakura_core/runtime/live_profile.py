@@ -21,7 +21,10 @@ class LiveProfile:
         fixed_s: per-edit work outside the transformer, seconds.
         dit_cpu_cores: threads the model computes with when it runs on this host's CPU (0 = on an accelerator): a
             decode thread then takes one of them while it works, which the planner and the simulator charge (as
-            :attr:`sakura_core.runtime.profiles.DeviceProfile.dit_cpu_cores`).
+            :attr:`sakura_core.runtime.profiles.DeviceProfile.dit_cpu_cores`); a measured figure may be fractional
+            (the phone page's: ``sakura bench e2e --mode page``).
+        cpu_slowdown: seconds a decode takes here for a second of the ladders' ``decode_s`` (as
+            :attr:`sakura_core.runtime.profiles.DeviceProfile.cpu_slowdown`; 1.0: the ladders' own host).
     """
 
     layer_full_s: float
@@ -29,7 +32,8 @@ class LiveProfile:
     layers: int
     steps: int
     fixed_s: float = 0.0
-    dit_cpu_cores: int = 0
+    dit_cpu_cores: float = 0
+    cpu_slowdown: float = 1.0
 
     @property
     def template_pass_s(self) -> float:

@@ -78,7 +78,7 @@ class CpuShare:
     compute_t: float  # the simulation's compute lane: when it starts its next layer, seconds
     _compute: Callable[[float, int, str], None]  # (seconds, layer, what): the simulation's compute lane runs
 
-    def _init_cpu_share(self, cores: int) -> None:
+    def _init_cpu_share(self, cores: float) -> None:
         self.cores = cores
         self._segs: list[tuple[float, float]] = []  # compute lane busy
         self._busy: dict[str, list[tuple[float, float]]] = {"decode": [], "planning": []}  # each serial

@@ -74,7 +74,7 @@ class _Sim(SimLink, CpuShare):
         self.trace, self.start_s, self.profile = trace, start_s, profile
         if slowdown != 1.0:  # decode runs on the phone's CPU: its measured times scale with it
             ladders = [[_slowed(lv, slowdown) for lv in lad] for lad in ladders]
-        self._init_cpu_share(int(getattr(profile, "dit_cpu_cores", 0)))
+        self._init_cpu_share(float(getattr(profile, "dit_cpu_cores", 0)))
         self.ladders, self.floor, self.config = ladders, floor, config
         self.N = len(ladders)
         S, L = profile.model.steps, profile.model.layers

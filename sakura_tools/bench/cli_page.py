@@ -3,10 +3,12 @@ the per-step demo template (the sakura codec, every rung and the exact fp16 kept
 --phone-model`` subprocess on 127.0.0.1; headless Chromium runs each policy's edit on the page (its lanes, its policy,
 onnxruntime-web) with the link shaped from each trace through CDP and the CPU throttled (:mod:`.page_driver`).
 
-Per trace and policy: the page's latency (its report's total), bytes, and the busy-time bound (the largest of the
-lanes' busy seconds, ``report.busy_s``: fetch, decode, compute less its stalls). Then the same trace is replayed in
-the simulator with the page's measured compute profile (a DiT step's and a template-pass layer's seconds, medians of
-the page's timeline) and the served ladders; the live and simulated speed-ups of sakura over on-device and
+Per trace and policy: the page's latency (its report's total), bytes, and the busy-time bound (the serial work
+before the lanes, measured: the manifest's wait and the template image, then the largest of the lanes' busy seconds,
+``report.busy_s``: fetch, decode, compute less its stalls). Then the same trace is replayed in the simulator with the
+page's measured profile (:func:`page_profile`: a DiT step's and a template-pass layer's seconds alone, and the CPU
+the page's decodes take from its DiT) and the served ladders, one request at a time as the page's fetch lane sends
+them, plus each run's measured time before the lanes; the live and simulated speed-ups of sakura over on-device and
 fetch-fp16 are printed side by side and written as JSON, each run with the page's report (timeline, decisions).
 """
 
@@ -21,7 +23,7 @@ from sakura_core.files import atomic_write_json
 from sakura_core.policy.plan import plan_fetch
 from sakura_core.runtime.live_profile import LiveProfile
 
-__all__ = ["run_page"]
+__all__ = ["contention_cores", "decode_slowdown", "page_profile", "run_page"]
 
 PAGE_POLICIES = ("on-device", "fetch-fp16", "sakura")
 PAGE_TRACES = ("walk110-1.5-0.3", "walk113-6-0.4", "onoff103-10-0.5")  # slow walk, faster walk, on/off with outages
@@ -51,35 +53,107 @@ def _publish(root: Path, steps: int) -> tuple[Path, Path]:
     return root / "store", root / "model"
 
 
-def page_profile(reports: list[dict], layers: int, steps: int) -> LiveProfile:
+def _intervals(report: dict, lane: str) -> list[tuple[float, float]]:
+    return [(e["start"], e["end"]) for e in report["timeline"] if e["lane"] == lane]
+
+
+def _overlap_s(t0: float, t1: float, intervals: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(t1, b1) - max(t0, b0)) for b0, b1 in intervals)
+
+
+def _compute_events(reports: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """(seconds, seconds overlapped by the decode lane) of every compute event, by kind: "step" (a DiT step) and
+    "pass" (a template-pass layer)."""
+    out: dict[str, list[tuple[float, float]]] = {"step": [], "pass": []}
+    for r in reports:
+        decode = _intervals(r, "decode")
+        for e in r["timeline"]:
+            if e["lane"] == "compute":
+                kind = "step" if e["level"] == "step" else "pass"
+                out[kind].append((e["end"] - e["start"], _overlap_s(e["start"], e["end"], decode)))
+    return out
+
+
+def _alone_s(events: list[tuple[float, float]]) -> float:
+    """Median seconds of the events no decode overlapped (all of them if every one was)."""
+    alone = [d for d, o in events if o == 0] or [d for d, _ in events]
+    return statistics.median(alone)
+
+
+def contention_cores(reports: list[dict]) -> float:
+    """The page's CPU sharing, measured from its timelines in the units :class:`sakura_core.runtime.sim_cpu.CpuShare`
+    charges: a DiT event of ``alone`` seconds (the median of its kind no decode overlapped: DiT steps, template-pass
+    layers) that a decode overlapped takes ``overlap_alone / cores`` longer, ``overlap_alone`` being the part of its
+    work the decode ran beside (its overlapped fraction of ``alone``). ``cores`` = the sum of those overlaps over the
+    sum of the extra seconds, over every overlapped event; 0 = no sharing measured (no overlap, or no slowdown). Below
+    1: a decode costs the DiT more than its own time (on a loaded 2-core host the page's main thread, streaming the
+    transfers and passing the decodes' messages, works beside it too)."""
+    shared = extra = 0.0
+    for events in _compute_events(reports).values():
+        if not events:
+            continue
+        alone = _alone_s(events)
+        for d, o in events:
+            if o > 0:
+                shared, extra = shared + alone * o / d, extra + d - alone
+    return shared / extra if extra > 0 else 0.0
+
+
+def decode_slowdown(reports: list[dict], decode_s: dict[tuple[int, str], float]) -> float:
+    """The page's decode seconds over the ladders' (``decode_s[(shard, level name)]``, the manifest's, measured where
+    the template was published): the median ratio over the page's decode events; 1.0 when none matches."""
+    ratios = [(e["end"] - e["start"]) / decode_s[(e["layer"], e["level"])]
+              for r in reports for e in r["timeline"]
+              if e["lane"] == "decode" and decode_s.get((e["layer"], e["level"]), 0) > 0]  # fmt: skip
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def page_profile(reports: list[dict], layers: int, steps: int,
+                 decode_s: dict[tuple[int, str], float] | None = None) -> LiveProfile:  # fmt: skip
     """The page's compute profile from its timelines: a DiT step's seconds (compute events of level "step") over the
-    layers is a cached layer; a template-pass layer (the other compute events) added to it is a full layer."""
-    step_s = [
-        e["end"] - e["start"]
-        for r in reports
-        for e in r["timeline"]
-        if e["lane"] == "compute" and e["level"] == "step"
-    ]
-    pass_s = [
-        e["end"] - e["start"]
-        for r in reports
-        for e in r["timeline"]
-        if e["lane"] == "compute" and e["level"] != "step"
-    ]
-    if not step_s or not pass_s:
-        raise RuntimeError(f"the page's timelines hold {len(step_s)} DiT steps and {len(pass_s)} template-pass layers: "
-                           "the profile needs both (an on-device run computes the template pass)")  # fmt: skip
-    cached = statistics.median(step_s) / layers
-    return LiveProfile(cached + statistics.median(pass_s), cached, layers, steps)
+    layers is a cached layer; a template-pass layer (the other compute events) added to it is a full layer; both the
+    medians of the events no decode overlapped. The CPU the page's decode shares with the DiT: ``dit_cpu_cores``
+    (:func:`contention_cores`) and ``cpu_slowdown`` (:func:`decode_slowdown`, the page's decodes vs the ladders')."""
+    events = _compute_events(reports)
+    if not events["step"] or not events["pass"]:
+        raise RuntimeError(f"the page's timelines hold {len(events['step'])} DiT steps and {len(events['pass'])} "
+                           "template-pass layers: the profile needs both (an on-device run computes the template "
+                           "pass)")  # fmt: skip
+    cached = _alone_s(events["step"]) / layers
+    return LiveProfile(cached + _alone_s(events["pass"]), cached, layers, steps,
+                       dit_cpu_cores=contention_cores(reports),
+                       cpu_slowdown=decode_slowdown(reports, decode_s or {}))  # fmt: skip
+
+
+def _pre_lanes_s(report: dict) -> float:
+    """Seconds the edit waited before its lanes began, measured: the manifest (0 once the page fetched it while the
+    model loaded; a round trip when the edit had to) and the template image (fetched before the lanes)."""
+    t = report["timings_s"]
+    return t["manifest"] + t["template_image"]
 
 
 def _bound(report: dict) -> float:
+    """The busy-time bound: the busiest lane (the page's busy seconds: the DiT's include what the decodes beside it
+    cost it) after the serial work before the lanes (:func:`_pre_lanes_s`)."""
     b = report["busy_s"]
-    return max(b["fetch"], b["decode"], b["compute"])
+    return _pre_lanes_s(report) + max(b["fetch"], b["decode"], b["compute"])
+
+
+def _decode_s(manifest: dict) -> dict[tuple[int, str], float]:
+    """The ladders' decode seconds of every (shard, level) the page's policies may fetch, closed-loop twins included."""
+    out: dict[tuple[int, str], float] = {}
+    for name in PAGE_POLICIES:
+        for g, ladder in enumerate(plan_fetch(manifest, name).ladders):
+            for lv in ladder:
+                out[(g, lv.name)] = lv.decode_s
+                if lv.closed is not None:
+                    out[(g, lv.closed.name)] = lv.closed.decode_s
+    return out
 
 
 def _replay(trace, profile: LiveProfile, manifest: dict, rtt_s: float) -> dict:
-    """Simulated latency of each policy on ``trace`` with the page's ``profile`` and the served ladders."""
+    """Simulated lanes' latency of each policy on ``trace`` with the page's ``profile`` and the served ladders; the
+    page's fetch lane sends one request at a time (``request_ahead`` off, as its policy plans)."""
     from sakura_core.runtime.simulate import SimConfig, simulate
 
     out = {}
@@ -87,7 +161,7 @@ def _replay(trace, profile: LiveProfile, manifest: dict, rtt_s: float) -> dict:
         plan = plan_fetch(manifest, name)
         fam = plan.policy.family
         out[name] = simulate(plan.policy, trace, profile, {fam: plan.ladders}, {fam: plan.floor},
-                             config=SimConfig(rtt_s=rtt_s)).latency_s  # fmt: skip
+                             config=SimConfig(rtt_s=rtt_s, request_ahead=False)).latency_s  # fmt: skip
     return out
 
 
@@ -142,27 +216,32 @@ def _run_all(bench, traces, steps: int, throttle: float) -> list[dict]:
             rep = bench.edit(TEMPLATE_ID, policy, steps, trace=trace, cpu_throttle=throttle)
             latency, bound = rep["timings_s"]["total"], _bound(rep)
             runs.append({"trace": trace.name, "policy": policy, "latency_s": latency, "bytes_fetched": rep["bytes_fetched"],
-                         "busy_s": rep["busy_s"], "bound_s": bound, "latency_over_bound": latency / bound,
+                         "busy_s": rep["busy_s"], "pre_lanes_s": _pre_lanes_s(rep), "bound_s": bound,
+                         "latency_over_bound": latency / bound,
                          "rtt_s": rep["rtt_s"], "split_layers": rep["split_layers"], "_report": rep})  # fmt: skip
             print(f"{trace.name:<18} {policy:<11} {latency:7.2f} s  {rep['bytes_fetched'] / 1e6:6.2f} MB  "
-                  f"bound {bound:.2f} s (x{latency / bound:.2f})  split {rep['split_layers']}")  # fmt: skip
+                  f"bound {bound:.2f} s (x{latency / bound:.2f}; before the lanes {_pre_lanes_s(rep):.3f} s)  "
+                  f"split {rep['split_layers']}")  # fmt: skip
     return runs
 
 
 def _compare(runs: list[dict], traces, manifest: dict, layers: int, steps: int, args) -> dict:
     """The simulator's replay of each trace with the page's profile; the table of live vs simulated speed-ups."""
-    profile = page_profile([r["_report"] for r in runs], layers, steps)
+    profile = page_profile([r["_report"] for r in runs], layers, steps, _decode_s(manifest))
     for r in runs:  # each run's page report (timeline, decisions) kept for the diagnosis
         r["report"] = r.pop("_report")
     print(f"\npage's compute profile: DiT step {profile.layer_cached_s * layers:.3f} s, template-pass layer "
-          f"{profile.layer_full_s - profile.layer_cached_s:.3f} s (medians of the timelines)")  # fmt: skip
+          f"{profile.layer_full_s - profile.layer_cached_s:.3f} s (medians of the timelines, no decode beside); "
+          f"decodes share the DiT's CPU as {profile.dit_cpu_cores:.2f} cores, {profile.cpu_slowdown:.1f}x the "
+          f"ladders' decode_s")  # fmt: skip
     by = {(r["trace"], r["policy"]): r for r in runs}
     rows = []
     print(f"{'trace':<18} {'policy':<11} {'live s':>7} {'sim s':>7} {'x bound':>7}  {'vs on-device live/sim':>22}  "
           f"{'vs fetch-fp16 live/sim':>23}")  # fmt: skip
     for trace in traces:
         rtt = statistics.median(by[(trace.name, p)]["rtt_s"] for p in PAGE_POLICIES)
-        sim = _replay(trace, profile, manifest, rtt)
+        # the simulated lanes after the serial work the page measured before its lanes (per run)
+        sim = {p: sec + by[(trace.name, p)]["pre_lanes_s"] for p, sec in _replay(trace, profile, manifest, rtt).items()}
         live = {p: by[(trace.name, p)]["latency_s"] for p in PAGE_POLICIES}
         row = {"trace": trace.name, "live_latency_s": live, "sim_latency_s": sim, "sim_rtt_s": rtt}
         for base in ("on-device", "fetch-fp16"):
@@ -191,5 +270,6 @@ def _compare(runs: list[dict], traces, manifest: dict, layers: int, steps: int, 
     return {"mode": "page", "template": {"id": TEMPLATE_ID, "kv_mode": "per-step", "layers": layers, "steps": steps},
             "cpu_throttle": args.cpu_throttle, "traces": [t.name for t in traces], "policies": list(PAGE_POLICIES),
             "profile": {"layer_full_s": profile.layer_full_s, "layer_cached_s": profile.layer_cached_s,
-                        "template_pass_s": profile.template_pass_s, "layers": layers, "steps": steps},
+                        "template_pass_s": profile.template_pass_s, "layers": layers, "steps": steps,
+                        "dit_cpu_cores": profile.dit_cpu_cores, "cpu_slowdown": profile.cpu_slowdown},
             "runs": runs, "comparison": rows, "targets": targets}  # fmt: skip

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..fetch.traces import Trace
+from sakura_core.fetch.traces import Trace
 
 __all__ = ["TraceLink"]
 
@@ -53,6 +53,8 @@ class TraceLink:
         ``done()`` (polled every ``poll_ms`` in the page's own event loop, so Playwright's calls stay on this
         thread); the shaping is lifted at the end."""
         self.cdp.send("Network.enable")
+        # the shards are immutable and cacheable: from the browser's cache an edit's transfers would skip the link
+        self.cdp.send("Network.setCacheDisabled", {"cacheDisabled": True})
         t0 = time.monotonic()
         segment = 0
         try:
@@ -74,6 +76,7 @@ class TraceLink:
         finally:
             self.cdp.send("Network.emulateNetworkConditions",
                           {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})  # fmt: skip
+            self.cdp.send("Network.setCacheDisabled", {"cacheDisabled": False})
 
     def fastest_bytes_per_s(self) -> float:
         """The fastest rate any applied segment allowed (a bound: no transfer beat it)."""

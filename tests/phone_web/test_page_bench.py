@@ -34,7 +34,10 @@ def test_the_page_bench_compares_live_with_simulated(tmp_path):
     assert sorted(runs) == sorted(["on-device", "fetch-fp16", "sakura"])
     for r in runs.values():
         busy = r["busy_s"]
-        assert r["bound_s"] == max(busy["fetch"], busy["decode"], busy["compute"]) > 0
+        pre = r["report"]["timings_s"]["manifest"] + r["report"]["timings_s"]["template_image"]
+        assert r["pre_lanes_s"] == pytest.approx(pre)  # the serial work before the lanes, measured per run
+        assert r["bound_s"] == pytest.approx(pre + max(busy["fetch"], busy["decode"], busy["compute"]))
+        assert r["bound_s"] > 0
         assert r["latency_s"] >= r["bound_s"], r  # the edit cannot end before its busiest lane is done
         assert r["latency_over_bound"] == pytest.approx(r["latency_s"] / r["bound_s"])
     # on-device fetches only the template image; fetch-fp16 every shard at fp16, the most bytes
@@ -58,3 +61,49 @@ def test_the_page_bench_compares_live_with_simulated(tmp_path):
     assert set(rep["targets"]) == {"sakura_fastest_each_trace", "live_over_sim_within_20pct",
                                    "latency_within_1_15x_bound"}  # fmt: skip
     assert rep["targets"]["latency_within_1_15x_bound"] == all(r["latency_over_bound"] <= 1.15 for r in runs.values())
+
+
+def _event(lane: str, start: float, end: float, level: str, layer: int = 0) -> dict:
+    return {"lane": lane, "start": start, "end": end, "layer": layer, "level": level}
+
+
+def test_the_page_profile_charges_the_decodes_beside_the_dit_as_measured():
+    """Hand-derived: the DiT's step 0.06 s and a template-pass layer 0.01 s alone; a pass layer a decode overlaps
+    all along, on 3 cores' worth of sharing (the DiT at 3/4 of its speed while it decodes), takes 0.01 * 4/3 s: the
+    profile keeps the medians of the events alone and measures 3 cores; the decode took 4x the ladder's seconds."""
+    from sakura_tools.bench.cli_page import contention_cores, page_profile
+
+    shared = 0.01 * 4 / 3
+    timeline = [_event("compute", 0.0, 0.01, "template"), _event("compute", 0.01, 0.02, "template"),
+                _event("compute", 0.02, 0.02 + shared, "template"), _event("decode", 0.02, 0.02 + shared, "s2", 7),
+                _event("compute", 0.1, 0.16, "step"), _event("compute", 0.2, 0.26, "step")]  # fmt: skip
+    report = {"timeline": timeline}
+    assert contention_cores([report]) == pytest.approx(3.0)
+    profile = page_profile([report], layers=6, steps=4, decode_s={(7, "s2"): shared / 4})
+    assert profile.layer_cached_s == pytest.approx(0.06 / 6)
+    assert profile.layer_full_s == pytest.approx(0.06 / 6 + 0.01)  # the shared pass layer is not the median
+    assert profile.dit_cpu_cores == pytest.approx(3.0) and profile.cpu_slowdown == pytest.approx(4.0)
+    # no decode beside the DiT, or no slowdown beside one: nothing to charge
+    alone = {"timeline": [e for e in timeline if e["lane"] != "decode"]}
+    assert contention_cores([alone]) == 0.0
+    assert page_profile([alone], 6, 4).dit_cpu_cores == 0.0 and page_profile([alone], 6, 4).cpu_slowdown == 1.0
+    # a decode that halts the DiT (it took twice its time alone) is one core; one that takes it three times is half
+    for slower, cores in ((2, 1.0), (3, 0.5)):
+        halted = {"timeline": timeline[:2] + [_event("compute", 0.02, 0.02 + 0.01 * slower, "template"),
+                                              _event("decode", 0.02, 0.05, "s2")] + timeline[4:]}  # fmt: skip
+        assert contention_cores([halted]) == pytest.approx(cores)
+
+
+def test_the_page_profile_of_a_recorded_run_shares_the_cpu():
+    """The recorded page bench (docs/results/page/page_bench.json, 2-core host, 4x throttle): the sakura and
+    fetch-fp16 runs' DiT was slower beside the decodes than alone, so the profile charges it (and its medians are
+    the events alone, below the recorded medians of every event); an on-device run (no decode) charges nothing."""
+    from sakura_tools.bench.cli_page import contention_cores, page_profile
+
+    rec = json.loads((Path(__file__).parents[2] / "docs" / "results" / "page" / "page_bench.json").read_text())
+    reports = [r["report"] for r in rec["runs"]]
+    profile = page_profile(reports, rec["template"]["layers"], rec["template"]["steps"])
+    assert profile.dit_cpu_cores > 0
+    assert profile.layer_full_s > profile.layer_cached_s > 0
+    assert profile.layer_full_s - profile.layer_cached_s < rec["profile"]["layer_full_s"] - rec["profile"]["layer_cached_s"]
+    assert all(contention_cores([r["report"]]) == 0.0 for r in rec["runs"] if r["policy"] == "on-device")

@@ -144,12 +144,14 @@ def test_per_step_kv_is_freed_and_the_prefetch_keeps_to_its_budget(page_store, c
     photo = tmp_path / "photo.png"
     Image.fromarray(load_image("chelsea", model.spec.image_size)).save(photo)
     budget = 2 * SHARD_KV_BYTES
-    with loopback_server(recording_app(store, model_dir, [])) as base:
+    seen: list[dict] = []
+    with loopback_server(recording_app(store, model_dir, seen)) as base:
         page = open_page(chromium, f"{base}/phone?budget={budget}")
         fill_edit(page, photo, PER_STEP_ID)
         page.select_option("#policy", "fetch-fp16")
         cdp = page.context.new_cdp_session(page)
         cdp.send("Emulation.setCPUThrottlingRate", {"rate": 4})
+        before = len(seen)
         page.click("#go")
         finish_edit(page)
         state = page_state(page)
@@ -165,6 +167,10 @@ def test_per_step_kv_is_freed_and_the_prefetch_keeps_to_its_budget(page_store, c
     assert mem["peak_held_bytes"] > step_bytes  # a whole step's KV and some of the next, then freed
     assert all(held <= step_bytes + budget for _, held, _ in mem["held_samples"])
     assert mem["held_bytes_at_end"] == 0
+    # the manifest came with the template's choice (the page's prefetch), not on the edit's path
+    assert report["manifest_prefetched"] and report["manifest_get_s"] > 0
+    assert not any(r["path"].endswith("/manifest") for r in seen[before:]), [r["path"] for r in seen[before:]]
+    assert any(r["path"] == f"/v1/templates/{PER_STEP_ID}/manifest" for r in seen[:before])
 
 
 # runEdit in the page with an oracle template pass (the interface of template_pass.js): each layer's K/V is what the

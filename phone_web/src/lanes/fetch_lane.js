@@ -15,8 +15,12 @@ export const IDLE_POLL_S = 0.02; // how often an idle lane asks again about defe
 export class FetchLane {
   /** plan: pageLadders(); fetchBlob(digest, bytes, onChunk) -> Uint8Array; pool: a DecodePool; slotOf(g, rep): the
    *  shard's manifest slot; budgetBytes: the prefetch bound (per-step KV); shardBytes: one shard's float32 K/V. */
-  constructor({ plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades = true }) {
-    Object.assign(this, { plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades });
+  /** rttFromFirstByte: the link's round trip (st.rttS) becomes the first transfer's time to its first byte (a page
+   *  whose manifest came earlier, maybe over another link, measures the edit's own link so). */
+  constructor({ plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades = true,
+    rttFromFirstByte = false }) {
+    Object.assign(this, { plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades,
+      rttFromFirstByte });
     this.n = plan.ladders.length;
     this.reset();
   }
@@ -31,6 +35,7 @@ export class FetchLane {
     this._fetches = new Set(); // this lane's fetches still running (transfer, then decode)
     this.chains = new Map(); // g -> {digests, blobs}: what a shard's KV was decoded from (an upgrade extends it)
     this.released = 0; // shards before this were served and freed (per-step KV)
+    this._rttMeasured = !this.rttFromFirstByte;
   }
 
   async run() {
@@ -229,7 +234,11 @@ export class FetchLane {
     let fresh;
     try { // the chain's blobs requested together: one round trip for the shard, as the policy plans it (queuedRttS)
       const t0 = st.now;
-      fresh = await Promise.all(todo.map((d) => this.fetchBlob(d, sizes.get(d), (n) => { entry[1] += n; })));
+      const onChunk = (n) => {
+        if (!this._rttMeasured) { this._rttMeasured = true; st.rttS = Math.min(st.now - t0, 1.0); }
+        entry[1] += n;
+      };
+      fresh = await Promise.all(todo.map((d) => this.fetchBlob(d, sizes.get(d), onChunk)));
       const t1 = st.now;
       const nbytes = fresh.reduce((s, b) => s + b.byteLength, 0);
       st.estimator.observe(nbytes, t1 - t0); // one transfer: the shard's bytes over its time

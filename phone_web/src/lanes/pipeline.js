@@ -26,10 +26,11 @@ export class PipelinedEdit {
    *  trip; profile: the costs planned with at first (null: from `measured`); measured: the page session's
    *  MeasuredProfile (measured_profile.js; null: a fresh one, this edit's own), fed every step and template-pass
    *  layer; timers: the lanes' time (live_state.js realTimers; tests a virtual one); onEvent(kind, entry): each event /
-   *  decision as it is logged. */
+   *  decision as it is logged; rttFromFirstByte: rttS replaced by the first transfer's time to its first byte. */
   constructor({ raw, policy, fetchBlob, pool, slotOf, computeStep, templatePass = null, templateTokens = null,
     times, steps, tokens, heads, headDim, budgetBytes = defaultBudgetBytes(), rttS = 0.05, profile = null,
-    measured = null, latencyTargetS = null, timers = realTimers, onEvent = () => {}, upgrades = true, shardWaitS = 120 }) {
+    measured = null, latencyTargetS = null, timers = realTimers, onEvent = () => {}, upgrades = true, shardWaitS = 120,
+    rttFromFirstByte = false }) {
     this.policy = typeof policy === "string" ? makePolicy(policy) : policy;
     if (this.policy.templateEveryStep && templatePass === null) {
       throw new Error(`policy ${this.policy.name} computes every layer's template KV on the device, which needs per-layer ` +
@@ -50,7 +51,8 @@ export class PipelinedEdit {
     this.ctx = new Context(this.st);
     this.held = new HeldKV(L, this.shardBytes, timers);
     this.fetch = new FetchLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held, pool,
-      log: this.log, fetchBlob, slotOf, budgetBytes: this.plan.perStep ? budgetBytes : null, shardBytes: this.shardBytes, timers, upgrades });
+      log: this.log, fetchBlob, slotOf, budgetBytes: this.plan.perStep ? budgetBytes : null, shardBytes: this.shardBytes, timers, upgrades,
+      rttFromFirstByte });
     this.compute = new ComputeLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held,
       fetch: this.fetch, log: this.log, computeStep, templatePass, templateTokens, times, steps, shardWaitS,
       measured: this.measured });
@@ -86,6 +88,7 @@ export class PipelinedEdit {
       policy: this.policy.name,
       latency_s: st.now,
       kv_mode: this.plan.perStep ? "per-step" : "single",
+      rtt_s: st.rttS,
       layers_per_step: this.plan.layers,
       split_layers: this.compute.splitLayers,
       levels_used: this.compute.levelsUsed,

@@ -64,6 +64,9 @@ def test_decode_threads_slow_the_dit_on_its_cores():
     npu = replace(CPU, dit_cpu_cores=0)
     r0 = simulate(make_policy("fetch-fp16"), Trace.constant(800), npu, lad, fl)
     assert r0.contention_s == 0.0 and r.latency_s == pytest.approx(r0.latency_s + overlap / 8)
+    # a measured, fractional figure (the phone page's, `sakura bench e2e --mode page`) is charged as it is
+    page = simulate(make_policy("fetch-fp16"), Trace.constant(800), replace(CPU, dit_cpu_cores=1.5), lad, fl)
+    assert page.contention_s == pytest.approx(overlap / 1.5)
 
 
 def test_the_cpu_slowdown_scales_decode_and_planning():
