@@ -47,11 +47,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..fetch.traces import Trace
-from ..kv.manifest import check_schedule, manifest_kv_mode
+from ..kv.manifest import Manifest, as_manifest, check_schedule
 from ..models.edit_model import EditModel
 from ..policy.context import Context
 from ..policy.estimator import ThroughputEstimator
-from ..policy.ladder import Level
+from ..policy.ladder import Level, PlannedRep
 from ..policy.policies import Policy
 from .backend import ComputeBackend, backend_of
 from .clock import Clock
@@ -112,14 +112,14 @@ class PipelinedEdit:
     def __init__(
         self,
         model: EditModel,
-        manifest: dict,
+        manifest: Manifest | dict,
         fetch_blob,
         user_image: np.ndarray,
         prompt: str,
         *,
         policy: Policy,
         ladders: list[list[Level]],
-        reps: list[list[dict]],
+        reps: list[list[PlannedRep]],
         floor: int,
         profile: LiveProfile,
         template_image: np.ndarray,
@@ -134,7 +134,8 @@ class PipelinedEdit:
         self.backend = backend_of(model, backend)
         L = model.adapter.num_layers
         self.cfg = cfg = config or RuntimeConfig()
-        self.kv_mode = manifest_kv_mode(manifest)
+        manifest = as_manifest(manifest)  # typed once (a caller holding the JSON: a benchmark, a test)
+        self.kv_mode = manifest.kv_mode
         self.per_step = self.kv_mode == "per-step"
         self.times = edit_times(model, self.cfg.steps)  # the edit's schedule: the model's own (shift 1)
         if self.per_step:  # the KV of step s is only valid at the schedule it was computed for (the run's one check)
