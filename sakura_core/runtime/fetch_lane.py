@@ -24,7 +24,7 @@ import threading
 from ..kv.chain import MissingReferenceError
 from ..kv.manifest import Representation
 from ..policy.context import Context
-from ..policy.ladder import fetch_as, self_contained_top
+from ..policy.ladder import PlannedRep, fetch_as, self_contained_top
 from ..policy.policies import LEVEL_COMPUTE, Policy
 from .decode_lane import DecodeLane
 from .deferral import ask_deferred
@@ -332,7 +332,7 @@ class FetchLane:
         """Fetch the chain of ``shard`` up to ``level``, decode it in the pool and publish the KV (``gated``: with
         :attr:`ahead`, each blob's bytes wait for the wire, :meth:`_get_blob`)."""
         st, g = self.st, shard.g
-        planned = self.reps[g][level]
+        planned: PlannedRep = self.reps[g][level]
         rep: Representation = planned
         digests = rep.chain_digests
         start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
