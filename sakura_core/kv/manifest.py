@@ -215,8 +215,12 @@ def validate_manifest(manifest: Any) -> None:
 
 def blob_digests(manifest: Manifest | dict) -> list[str]:
     """The digest of every representation that has a blob (not the zero-byte cross-step ``reuse`` ones), in manifest
-    order; the blobs their ``requires`` name are among them (a chain stays within its shard)."""
-    return [r.digest for shard in as_manifest(manifest).shards for r in shard.representations if r.digest]
+    order; the blobs their ``requires`` name are among them (a chain stays within its shard). ``manifest``: typed, or
+    the JSON as a publisher builds it or a store check reads it (not parsed: a manifest the schema refuses still names
+    its blobs)."""
+    if isinstance(manifest, Manifest):
+        return [r.digest for shard in manifest.shards for r in shard.representations if r.digest]
+    return [rep["digest"] for shard in manifest["shards"] for rep in shard["representations"] if rep.get("digest")]
 
 
 def shards_for_step(manifest: dict, step: int) -> list[dict]:
