@@ -68,8 +68,12 @@ class Reference:
 
     def summary(self) -> dict:
         """What a report says of it: name, size, token grid, tokens (the ones known)."""
-        out = {"name": self.name, "size": None if self.size is None else list(self.size),
-               "token_grid": list(self.token_grid), "tokens": self.tokens}  # fmt: skip
+        out = {
+            "name": self.name,
+            "size": None if self.size is None else list(self.size),
+            "token_grid": list(self.token_grid),
+            "tokens": self.tokens,
+        }
         return {k: v for k, v in out.items() if v is not None}
 
 
@@ -124,8 +128,10 @@ class Representation:
 
     def __post_init__(self) -> None:
         if self.level < 0 or self.nbytes < 0 or (self.digest is None) != (self.ref_mode == "reuse"):
-            raise ValueError(f"representation {self.name!r}: level {self.level} and bytes {self.nbytes} must be >= 0, "
-                             "and only a reuse representation has no digest")  # fmt: skip
+            raise ValueError(
+                f"representation {self.name!r}: level {self.level} and bytes {self.nbytes} must be >= 0, "
+                "and only a reuse representation has no digest"
+            )
 
     @property
     def ref_mode(self) -> str | None:
@@ -163,12 +169,17 @@ def _representation_from_json(rep: dict) -> Representation:
     ref = rep.get("ref")
     dist, psnr = rep.get("distortion"), rep.get("psnr_db")
     return Representation(
-        level=rep["level"], name=rep["name"], nbytes=rep["bytes"], digest=rep.get("digest"),
-        requires=tuple(rep.get("requires") or ()), codec=rep.get("codec"),
-        distortion=None if dist is None else float(dist), total_bytes=rep.get("total_bytes"),
+        level=rep["level"],
+        name=rep["name"],
+        nbytes=rep["bytes"],
+        digest=rep.get("digest"),
+        requires=tuple(rep.get("requires") or ()),
+        codec=rep.get("codec"),
+        distortion=None if dist is None else float(dist),
+        total_bytes=rep.get("total_bytes"),
         psnr_db=None if psnr is None else float(psnr),
         ref=None if ref is None else CrossStepRef(ref["mode"], ref["step"], ref["digest"]),
-    )  # fmt: skip
+    )
 
 
 def shard_from_json(shard: Any) -> Shard:

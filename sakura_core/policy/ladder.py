@@ -289,8 +289,8 @@ def _with_twins(levels, reps, twins: dict[str, Representation], decode_s: float,
         twin = twins.get(lv.name)
         if twin is not None:
             assert twin.ref is not None  # a closed-loop twin (CLOSED_REF_MODE)
-            closed = Level(twin.name, twin.nbytes, twin.nbytes, decode_s, _mse(twin, n, level_psnr_db),
-                           ref_step=twin.ref.step)  # fmt: skip
+            mse = _mse(twin, n, level_psnr_db)
+            closed = Level(twin.name, twin.nbytes, twin.nbytes, decode_s, mse, ref_step=twin.ref.step)
             lv, r = replace(lv, closed=closed), replace(r, closed_twin=twin)
         out_levels.append(lv)
         out_reps.append(r)
