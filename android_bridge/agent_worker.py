@@ -175,7 +175,7 @@ def _simulate(state: AgentState, job: Job, outcome) -> dict:
             raise ValueError("no manifest was fetched for this job")
         fetch_s = sum(e["end"] - e["start"] for e in outcome.report.get("timeline", []) if e.get("lane") == "fetch")
         measured = outcome.report.get("bytes_fetched", 0) / fetch_s if fetch_s > 0 else None
-        return simulate_phone_job(job.manifest.raw, job.request.policy, state.profile, steps=job.request.steps,
+        return simulate_phone_job(job.manifest, job.request.policy, state.profile, steps=job.request.steps,
                                   trace=job.request.link.trace(), measured_bytes_per_s=measured)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - the simulation is an annotation; say why it is missing
         logger.info("job %s: no simulated phone latency: %s", job.job_id, e)

@@ -14,8 +14,9 @@ import logging
 from dataclasses import replace
 
 from sakura_core.fetch.traces import Trace
+from sakura_core.kv.manifest import Manifest, as_manifest
 from sakura_core.policy.ladder import Level, ladders_from_manifest
-from sakura_core.policy.plan import floor_index, policy_levels
+from sakura_core.policy.plan import floor_index, policy_levels, psnr_of
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.emulated_device import profile_for_template
 from sakura_core.runtime.oracle import simulate_oracle
@@ -33,12 +34,12 @@ SIMULATION_LABEL = (
 _DECODE_BYTES_PER_S = 6e8  # fp16-equivalent bytes a phone core decodes per second (the live runtime's assumption)
 
 
-def _manifest_fp16_shard_bytes(manifest: dict) -> int:
-    rows, cols = manifest["token_grid"]
-    return 2 * rows * cols * int(manifest["heads"]) * int(manifest["head_dim"]) * 2  # K and V, 2 bytes each
+def _manifest_fp16_shard_bytes(manifest: Manifest) -> int:
+    rows, cols = manifest.token_grid
+    return 2 * rows * cols * manifest.heads * manifest.head_dim * 2  # K and V, 2 bytes each
 
 
-def phone_ladder(manifest: dict, profile: DeviceProfile, fp16_only: bool = False) -> tuple[list[list[Level]], int]:
+def phone_ladder(manifest: Manifest, profile: DeviceProfile, fp16_only: bool = False) -> tuple[list[list[Level]], int]:
     """Per phone layer, the manifest's levels scaled to the phone DiT's shard size; and the quality floor index."""
     ladders, reps = ladders_from_manifest(manifest, _DECODE_BYTES_PER_S)
     if fp16_only:
@@ -62,11 +63,11 @@ def phone_ladder(manifest: dict, profile: DeviceProfile, fp16_only: bool = False
                 for lv in src
             ]
         )
-    return out, floor_index([lv.name for lv in out[0]], reps[0])
+    return out, floor_index([lv.name for lv in out[0]], psnr_of(reps[0]))
 
 
 def simulate_phone_job(
-    manifest: dict,
+    manifest: Manifest | dict,
     policy_name: str,
     profile: DeviceProfile,
     *,
@@ -90,6 +91,7 @@ def simulate_phone_job(
             trace = Trace.constant(measured_bytes_per_s * 8 / 1e6, name="measured-live")
         else:
             trace = Trace.constant(profile.link_mbit_s, name=f"{profile.name}-typical")
+    manifest = as_manifest(manifest)
     profile = profile_for_template(profile, manifest)  # several references: as many phone template images
     profile = profile.with_geometry(replace(profile.model, steps=steps))  # the job's steps, not the geometry's
     policy = make_policy(policy_name)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from sakura_core.fetch.store_layout import MANIFEST_FILE, TEMPLATES_DIR, StoreReader
-from sakura_core.kv.manifest import ManifestError
+from sakura_core.kv.manifest import Manifest, ManifestError
 from sakura_core.kv.names import TEMPLATE_ID_RE
 
 from .store import InvalidNameError, NotFoundError, Store, validate_template_id
@@ -141,22 +141,21 @@ def _s3_versions(store: Any) -> dict[str, str]:
 
 
 # ---- entries ----------------------------------------------------------------------------------------------------
-def catalog_entry(manifest: dict, template_id: str) -> dict:
+def catalog_entry(manifest: Manifest, template_id: str) -> dict:
     """A template's catalog entry from its (validated) manifest."""
     levels: dict[int, int] = {}
-    for shard in manifest.get("shards", []):
-        for rep in shard.get("representations", []):
-            levels[rep["level"]] = levels.get(rep["level"], 0) + rep["bytes"]
-    per_step = manifest.get("kv_mode") == "per-step"
+    for shard in manifest.shards:
+        for rep in shard.representations:
+            levels[rep.level] = levels.get(rep.level, 0) + rep.nbytes
     return {
         "id": template_id,
-        "model_id": manifest.get("model_id"),
-        "token_grid": manifest.get("token_grid"),
-        "codec": manifest.get("codec"),
-        "num_layers": manifest.get("num_layers"),
-        "kv_mode": manifest.get("kv_mode", "single"),
-        "steps": (manifest.get("schedule") or {}).get("steps") if per_step else None,
-        "shards": len(manifest.get("shards", [])),
+        "model_id": manifest.model_id,
+        "token_grid": list(manifest.token_grid),
+        "codec": manifest.codec,
+        "num_layers": manifest.num_layers,
+        "kv_mode": manifest.kv_mode,
+        "steps": manifest.schedule.steps if manifest.schedule is not None else None,
+        "shards": len(manifest.shards),
         "bytes_by_level": {str(k): v for k, v in sorted(levels.items())},
         "manifest_url": f"/v1/templates/{template_id}/manifest",
     }
@@ -340,10 +339,10 @@ class CatalogIndex:
             if old is not None and old.key == key:
                 return old
         try:
-            manifest = checked_manifest(raw, template_id).raw
+            manifest = checked_manifest(raw, template_id)
         except ManifestError as e:
             return self._left_out(template_id, key, str(e))
-        if model_id is not None and manifest.get("model_id") != model_id:
+        if model_id is not None and manifest.model_id != model_id:
             return _Summary(key, None, "other-model")
         return _Summary(key, json.dumps(catalog_entry(manifest, template_id)).encode())
 

@@ -4,7 +4,7 @@ and store profile. ``sakura store usage`` prints it; ``sakura precompute`` print
 
 from __future__ import annotations
 
-from sakura_core.kv.manifest import ManifestError, blob_digests, parse_manifest
+from sakura_core.kv.manifest import Manifest, ManifestError, blob_digests, parse_manifest
 from sakura_core.kv.storage import template_storage
 
 from .store import Store, StoreError
@@ -20,11 +20,11 @@ def store_usage(store: Store) -> dict:
     rows, unreadable, sizes = [], {}, {}
     for template_id in sorted(store.list_templates()):
         try:
-            manifest = parse_manifest(store.get_manifest(template_id), template_id=template_id).raw
+            manifest = parse_manifest(store.get_manifest(template_id), template_id=template_id)
         except (ManifestError, StoreError, ValueError) as e:
             unreadable[template_id] = str(e)
             continue
-        rows.append(template_storage(manifest))
+        rows.append(template_storage(manifest.to_json()))  # the figures a publisher's JSON gives (one home)
         sizes.update(_blob_sizes(manifest))
     by: dict[tuple[str, str], dict] = {}
     for r in rows:
@@ -37,11 +37,10 @@ def store_usage(store: Store) -> dict:
     return {"templates": rows, "by": [by[k] for k in sorted(by)], "total": total, "unreadable": unreadable}
 
 
-def _blob_sizes(manifest: dict) -> dict[str, int]:
+def _blob_sizes(manifest: Manifest) -> dict[str, int]:
     """Every blob the manifest names (:func:`blob_digests`) with its bytes."""
     digests = set(blob_digests(manifest))
-    return {r["digest"]: r["bytes"] for sh in manifest["shards"] for r in sh["representations"]
-            if r.get("digest") in digests}  # fmt: skip
+    return {r.digest: r.nbytes for sh in manifest.shards for r in sh.representations if r.digest in digests}
 
 
 def _zero(kv_mode: str, profile: str) -> dict:

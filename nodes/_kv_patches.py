@@ -125,7 +125,7 @@ class RunState:
             done, total = self.lanes.shards_done(), len(self.lanes.grid)
         else:
             assert self.feed is not None  # begin() made it: no lanes, so the one-representation feed
-            done, total = self.feed.stats.shards, len(self.handle.loaded_manifest.raw["shards"])
+            done, total = self.feed.stats.shards, len(self.handle.loaded_manifest.shards)
         if self.pbar is None:
             self.pbar = comfy.utils.ProgressBar(total)
         self.pbar.update_absolute(done, total)

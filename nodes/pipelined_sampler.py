@@ -210,7 +210,7 @@ class SakuraPipelinedSampler(io.ComfyNode):
                                   "at phone scale)")  # fmt: skip
         from sakura_core.runtime.emulated_device import EmulatedTiming
 
-        return EmulatedTiming.for_manifest(device_timing[len(_EMULATED) :], kv_stream.template.manifest.raw)
+        return EmulatedTiming.for_manifest(device_timing[len(_EMULATED) :], kv_stream.template.manifest)
 
     @classmethod
     def _run_here(cls, model, kv_stream, user, prompt, steps, seed, run, tick, timing=None):

@@ -93,7 +93,7 @@ class OpenedTemplate:
         source: where the shards are fetched from during the edit.
         template_id: the template's id.
         model_id: content id of the model the manifest was checked against.
-        manifest: the checked manifest (:func:`check_template`; its ``raw`` JSON is what the edit reads).
+        manifest: the checked manifest (:func:`check_template`, typed to the leaves: what the edit reads).
         image_file: the template image as published (PNG bytes): the first reference's.
         image_fetch_s: (started, finished) of the image fetch(es), ``time.monotonic()`` seconds.
         reference_files: every reference image as published (PNG bytes), in order; ``(image_file,)`` for one.
@@ -139,9 +139,8 @@ class OpenedTemplate:
         levels: dict[str, int] = {}
         m = self.manifest
         for shard in m.shards:
-            for rep in shard["representations"]:
-                name = rep.get("name", str(rep["level"]))
-                levels[name] = levels.get(name, 0) + rep["bytes"]
+            for rep in shard.representations:
+                levels[rep.name] = levels.get(rep.name, 0) + rep.nbytes
         return {
             "template_id": self.template_id,
             "model_id": self.model_id,
@@ -280,7 +279,7 @@ async def run_template_edit(
     profile = profile if profile is not None else measure_profile(model, settings.steps)
     if profile.steps != settings.steps:  # measured once for another step count (the phone agent's): the edit's own
         profile = replace(profile, steps=settings.steps)
-    plan = plan_fetch(opened.manifest.raw, settings.policy)
+    plan = plan_fetch(opened.manifest, settings.policy)
     size = model.spec.image_size
     # a template larger than the edit keeps its own size (each reference's grid is the manifest's)
     template = opened.template_image(size * opened.ref_grids[0][0] // key.token_grid[0])
@@ -291,7 +290,7 @@ async def run_template_edit(
     async with opened.source.open() as shards:
         t0 = time.monotonic()
         run = await run_pipelined_edit(EditInputs(model, user, settings.prompt, template, backend=backend),
-                                       opened.manifest.raw, shaped_fetcher(shards, trace), plan, profile,
+                                       opened.manifest, shaped_fetcher(shards, trace), plan, profile,
                                        trace=trace, config=config,
                                        controls=RunControls(cancel=cancel, on_layer=on_layer))  # fmt: skip
     started, finished = opened.image_fetch_s

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .kv.chain import DecodedReference, decode_chain
-from .kv.manifest import Manifest
+from .kv.manifest import Manifest, Representation, Shard
 
 __all__ = ["FeedStats", "TemplateKVFeed", "layer_index", "step_of_sigma"]
 
@@ -172,35 +172,35 @@ class TemplateKVFeed:
     async def _fetch_all(self) -> None:
         decoded: dict[tuple[int, int], tuple] = {}  # (step, first layer) -> fp16 numpy K, V (residual references)
         async with self.source.open() as shards:
-            for shard in self.manifest.raw["shards"]:
+            for shard in self.manifest.shards:
                 with self._cond:
                     if self._stop:
                         return
-                step, first = int(shard.get("step", 0)), int(shard["layers"][0])
+                step, first = shard.step or 0, shard.layers[0]
                 rep = self._representation(shard)
-                ref = rep.get("ref")
-                if ref is not None and ref["mode"] == "reuse":
-                    k, v = decoded[(ref["step"], first)]
+                ref = rep.ref
+                if ref is not None and ref.mode == "reuse":
+                    k, v = decoded[(ref.step, first)]
                 else:
                     blobs = []
-                    for digest in [*rep.get("requires", []), rep["digest"]]:
+                    for digest in rep.chain_digests:
                         blobs.append(await shards.fetch_shard(digest))
                         self.stats.bytes += len(blobs[-1])
                     reference = None
                     if ref is not None:
-                        rk, rv = decoded[(ref["step"], first)]
-                        reference = DecodedReference(ref["step"], ref["digest"], rk, rv)
+                        rk, rv = decoded[(ref.step, first)]
+                        reference = DecodedReference(ref.step, ref.digest, rk, rv)
                     _, k, v = decode_chain(blobs, reference)  # (layers_in_shard, tokens, heads, head_dim) fp16
                 decoded[(step, first)] = (k, v)
                 self._publish(step, first, k, v)
 
-    def _representation(self, shard: dict) -> dict:
-        for rep in shard["representations"]:
-            if rep["name"] == self.representation:
+    def _representation(self, shard: Shard) -> Representation:
+        for rep in shard.representations:
+            if rep.name == self.representation:
                 return rep
-        names = ", ".join(r["name"] for r in shard["representations"])
+        names = ", ".join(r.name for r in shard.representations)
         raise ValueError(f"template {self.manifest.template_id} has no representation {self.representation!r} of "
-                         f"layers {shard['layers']} (it has: {names}); a 'serving' store keeps no fp16")  # fmt: skip
+                         f"layers {list(shard.layers)} (it has: {names}); a 'serving' store keeps no fp16")  # fmt: skip
 
     def _publish(self, step: int, first: int, k, v) -> None:
         with self._cond:

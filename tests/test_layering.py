@@ -149,6 +149,11 @@ ONE_HOME = (
     "parse_manifest",  # the manifest validation
     "check_references",  # the manifest's references (a template's reference images), in the one schema
     "Reference",
+    "Shard",  # the manifest's typed leaves (kv/manifest_leaves.py), built by the parse only
+    "Representation",
+    "CrossStepRef",
+    "PlannedRep",  # a representation as a fetch plan serves it (policy/ladder.py)
+    "as_manifest",
     "grids_of",  # the references' token layout (token_grid + rope_layout)
     "validate_manifest",
     "manifest_kv_mode",

@@ -9,8 +9,8 @@ Example::
 
     async with ShardClient("http://127.0.0.1:8080") as client:
         manifest = await client.get_manifest("astronaut", expected_model_id=model.model_id)   # a kv.Manifest
-        rep = manifest.shards[0]["representations"][0]
-        blob = await client.fetch_shard(rep["digest"], expected_bytes=rep["bytes"])
+        rep = manifest.shards[0].representations[0]
+        blob = await client.fetch_shard(rep.digest, expected_bytes=rep.nbytes)
 """
 
 from __future__ import annotations

@@ -12,11 +12,15 @@ corrupt (fall back) and say why.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .codec_registry import get_codec
 from .container import ShardCorruptError, ShardHeader
 from .manifest_schema import DECODED_REF_MODES
 from .names import base_level_name
+
+if TYPE_CHECKING:
+    from .manifest import Manifest, Representation
 
 __all__ = ["ShardBindingError", "ShardSlot", "check_shard_binding", "check_shard_geometry", "slot_from_manifest"]
 
@@ -58,26 +62,21 @@ class ShardSlot:
             raise ValueError(f"ShardSlot.layers must be (first, last) with 0 <= first <= last, got {self.layers}")
 
 
-def slot_from_manifest(manifest: dict, layer: int, rep: dict, step: int | None = None) -> ShardSlot:
+def slot_from_manifest(manifest: Manifest, layer: int, rep: Representation, step: int | None = None) -> ShardSlot:
     """The slot of representation ``rep`` in the manifest shard entry that holds ``layer`` (at ``step``: per-step
     manifests key their shards by (step, layers); ``None`` for a single-mode manifest)."""
-    for shard in manifest["shards"]:
-        first, last = shard["layers"]
-        if first <= layer <= last and shard.get("step") == step:
-            codec = rep.get("codec") or manifest["codec"]
-            ref = rep.get("ref")
-            reference = (ref["step"], ref["digest"]) if ref and ref.get("mode") in DECODED_REF_MODES else None
+    for shard in manifest.shards:
+        first, last = shard.layers
+        if first <= layer <= last and shard.step == step:
+            codec = rep.codec or manifest.codec
+            ref = rep.ref
+            reference = (ref.step, ref.digest) if ref is not None and ref.mode in DECODED_REF_MODES else None
             # a closed-loop twin's blob is its level's (the reference it names tells it from the open-loop one)
-            return ShardSlot(manifest["template_id"], manifest["model_id"], (first, last), codec,
-                             base_level_name(rep["name"]),
-                             token_grid=_grid(manifest.get("token_grid")), heads=manifest.get("heads"),
-                             head_dim=manifest.get("head_dim"), step=step, reference=reference)  # fmt: skip
+            return ShardSlot(manifest.template_id, manifest.model_id, (first, last), codec, base_level_name(rep.name),
+                             token_grid=manifest.token_grid, heads=manifest.heads, head_dim=manifest.head_dim,
+                             step=step, reference=reference)  # fmt: skip
     at = "" if step is None else f" at step {step}"
-    raise ValueError(f"manifest of template {manifest.get('template_id')!r} has no shard holding layer {layer}{at}")
-
-
-def _grid(grid) -> tuple[int, int] | None:
-    return None if grid is None else (grid[0], grid[1])
+    raise ValueError(f"manifest of template {manifest.template_id!r} has no shard holding layer {layer}{at}")
 
 
 def check_shard_geometry(header: ShardHeader, slot: ShardSlot) -> None:

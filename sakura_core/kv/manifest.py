@@ -57,10 +57,12 @@ reads the typed fields and never validates again.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..models.kv_types import KV_MODES
+from .manifest_leaves import BlobRef, CrossStepRef, Reference, Representation, Schedule, Shard, shard_from_json
 from .manifest_limits import ManifestLimitError, check_geometry_limits, check_steps_limit, check_value_limits
 from .manifest_schema import (
     MANIFEST_VERSION,
@@ -82,13 +84,17 @@ __all__ = [
     "MANIFEST_VERSION",
     "REF_MODES",
     "BlobRef",
+    "CrossStepRef",
     "Manifest",
     "ManifestError",
     "ManifestLimitError",
     "ModelMismatchError",
     "Reference",
+    "Representation",
     "Schedule",
     "ScheduleMismatchError",
+    "Shard",
+    "as_manifest",
     "blob_digests",
     "check_schedule",
     "manifest_kv_mode",
@@ -104,74 +110,11 @@ class ScheduleMismatchError(ValueError):
 
 
 @dataclass(frozen=True)
-class Schedule:
-    """The sampler schedule a per-step template's KV is valid for.
-
-    Attributes:
-        steps: sampler steps S.
-        timesteps: the time (0..1) of each step, t_0 .. t_{S-1}.
-        shift: the schedule's shift (> 0).
-        guidance: guidance scale, or None.
-        sampler: the sampler's name (``"flow-euler"``), or None.
-    """
-
-    steps: int
-    timesteps: tuple[float, ...]
-    shift: float
-    guidance: float | None = None
-    sampler: str | None = None
-
-    @property
-    def label(self) -> str:
-        """``"4 steps, shift 1"``."""
-        return f"{self.steps} steps, shift {self.shift:g}"
-
-
-@dataclass(frozen=True)
-class BlobRef:
-    """A blob the manifest names besides the shards (the template image): its digest and size in bytes."""
-
-    digest: str
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class Reference:
-    """One reference image of a template (:mod:`sakura_core.models.ref_layout`).
-
-    Attributes:
-        token_grid: (rows, cols) of its tokens.
-        rope_t: its RoPE time coordinate, ``10 (i + 1)`` for reference ``i``.
-        token_offset: where its tokens start in the template's token sequence (and in every shard's K/V).
-        tokens: rows * cols.
-        name: a short name (``"person"``), or None.
-        size: (S, S) pixels of the image the KV was computed from; None for a manifest without ``references``.
-        image: its PNG as a blob (the device computes on-device layers from it); None before publishing.
-    """
-
-    token_grid: tuple[int, int]
-    rope_t: int
-    token_offset: int
-    tokens: int
-    name: str | None = None
-    size: tuple[int, int] | None = None
-    image: BlobRef | None = None
-
-    def summary(self) -> dict:
-        """What a report says of it: name, size, token grid, tokens (the ones known)."""
-        out = {"name": self.name, "size": None if self.size is None else list(self.size),
-               "token_grid": list(self.token_grid), "tokens": self.tokens}  # fmt: skip
-        return {k: v for k, v in out.items() if v is not None}
-
-
-@dataclass(frozen=True)
 class Manifest:
-    """A manifest that passed the schema (built by :func:`parse_manifest` only): the header typed, the shards as in
-    the JSON.
+    """A manifest that passed the schema (built by :func:`parse_manifest` only), typed to the leaves
+    (:mod:`.manifest_leaves`); its JSON (to serve or store it) is :meth:`to_json`.
 
     Attributes:
-        raw: the JSON object as received; what the policy and the runtime lanes read shard by shard (``raw["shards"]``).
-            Do not modify it.
         model_id, template_id: hex content id of the model; the template's id.
         token_grid: (rows, cols) of the template's tokens.
         rope_layout: position-id layout of the template tokens.
@@ -183,9 +126,10 @@ class Manifest:
         references: the template's reference images in order (one for a manifest without ``references``).
         store_profile: what the store keeps of it: ``"full"`` (every representation, the fp16 included; also a
             manifest without the field) or ``"serving"`` (the rungs a client fetches: :mod:`.storage`).
+        shards: in execution order (per-step: step-major), each with its representations.
     """
 
-    raw: dict = field(repr=False, compare=False)
+    _json: dict = field(repr=False, compare=False)  # the JSON as received: only to_json() reads it
     model_id: str
     template_id: str
     token_grid: tuple[int, int]
@@ -199,15 +143,17 @@ class Manifest:
     template_image: BlobRef | None = None
     references: tuple[Reference, ...] = ()
     store_profile: str = "full"
+    shards: tuple[Shard, ...] = field(default=(), repr=False)
 
     @property
     def ref_grids(self) -> tuple[tuple[int, int], ...]:
         """Each reference's token grid, in order."""
         return tuple(r.token_grid for r in self.references)
 
-    @property
-    def shards(self) -> list[dict]:
-        return self.raw["shards"]
+    def to_json(self) -> dict:
+        """The manifest's JSON object as it was received (the wire format, every field kept): a copy, the one way
+        to the JSON past the parse (to serve, store or summarize it)."""
+        return copy.deepcopy(self._json)
 
     @property
     def schedule_label(self) -> str:
@@ -249,9 +195,16 @@ def parse_manifest(manifest: Any, *, template_id: str | None = None, model_id: s
         Reference(**{**r, "image": None if r["image"] is None else BlobRef(*r["image"])})
         for r in check_references(manifest, header["token_grid"], header["rope_layout"])
     )
-    parsed = Manifest(raw=manifest, schedule=schedule, template_image=None if image is None else BlobRef(*image),
+    shards = tuple(shard_from_json(sh) for sh in manifest["shards"])
+    parsed = Manifest(_json=manifest, shards=shards, schedule=schedule, template_image=None if image is None else BlobRef(*image),
                       references=refs, store_profile=manifest_store_profile(manifest), **header)  # fmt: skip
     return parsed.expect(template_id=template_id, model_id=model_id)
+
+
+def as_manifest(manifest: Manifest | dict) -> Manifest:
+    """``manifest`` typed: itself when parsed already, else :func:`parse_manifest` of the JSON object (where a caller
+    holds the JSON it built, a benchmark or a test)."""
+    return manifest if isinstance(manifest, Manifest) else parse_manifest(manifest)
 
 
 def validate_manifest(manifest: Any) -> None:
@@ -260,9 +213,13 @@ def validate_manifest(manifest: Any) -> None:
     parse_manifest(manifest)
 
 
-def blob_digests(manifest: dict) -> list[str]:
+def blob_digests(manifest: Manifest | dict) -> list[str]:
     """The digest of every representation that has a blob (not the zero-byte cross-step ``reuse`` ones), in manifest
-    order; the blobs their ``requires`` name are among them (a chain stays within its shard)."""
+    order; the blobs their ``requires`` name are among them (a chain stays within its shard). ``manifest``: typed, or
+    the JSON as a publisher builds it or a store check reads it (not parsed: a manifest the schema refuses still names
+    its blobs)."""
+    if isinstance(manifest, Manifest):
+        return [r.digest for shard in manifest.shards for r in shard.representations if r.digest]
     return [rep["digest"] for shard in manifest["shards"] for rep in shard["representations"] if rep.get("digest")]
 
 
@@ -280,7 +237,7 @@ def shards_for_step(manifest: dict, step: int) -> list[dict]:
 
 
 def check_schedule(
-    manifest: dict,
+    manifest: Manifest | dict,
     steps: int,
     shift: float,
     timesteps: list[float] | None = None,
@@ -294,28 +251,27 @@ def check_schedule(
     schedules and the fixes: run with the template's steps/shift, precompute the template for the request's
     schedule, or compute the template on the device.
     """
-    if manifest_kv_mode(manifest) == "single":
+    m = as_manifest(manifest)
+    sched, tid = m.schedule, m.template_id
+    if sched is None:
         return
-    sched, tid = manifest["schedule"], manifest.get("template_id")
-    if sched["steps"] != steps:
+    if sched.steps != steps:
         raise ScheduleMismatchError(
-            f"template {tid!r} was precomputed for {sched['steps']} steps (shift {sched['shift']:g}, per-step KV); "
-            f"the edit asks {steps} — set steps to {sched['steps']} or precompute the template with "
+            f"template {tid!r} was precomputed for {sched.steps} steps (shift {sched.shift:g}, per-step KV); "
+            f"the edit asks {steps} — set steps to {sched.steps} or precompute the template with "
             f"--kv-mode per-step --steps {steps}"
         )
-    theirs = f"{sched['steps']} steps, shift {sched['shift']:g}, guidance {sched.get('guidance')}"
+    theirs = f"{sched.steps} steps, shift {sched.shift:g}, guidance {sched.guidance}"
     ours = f"{steps} steps, shift {shift:g}, guidance {guidance}"
-    bad = abs(sched["shift"] - shift) > tol or sched.get("guidance") != guidance
+    bad = abs(sched.shift - shift) > tol or sched.guidance != guidance
     if not bad and timesteps is not None:
-        bad = len(timesteps) != steps or any(
-            abs(a - b) > tol for a, b in zip(timesteps, sched["timesteps"], strict=False)
-        )
+        bad = len(timesteps) != steps or any(abs(a - b) > tol for a, b in zip(timesteps, sched.timesteps, strict=False))
         if bad:
-            ours += f", t={[round(float(t), 4) for t in timesteps]} vs the template's {sched['timesteps']}"
+            ours += f", t={[round(float(t), 4) for t in timesteps]} vs the template's {list(sched.timesteps)}"
     if bad:
         raise ScheduleMismatchError(
             f"template {tid!r} holds per-step KV for {theirs}, but this request runs {ours}; "
-            f"run with --steps {sched['steps']} --shift {sched['shift']:g}, precompute the template for this schedule "
+            f"run with --steps {sched.steps} --shift {sched.shift:g}, precompute the template for this schedule "
             f"(sakura precompute --kv-mode per-step --steps {steps} --shift {shift:g}), or compute the template on the "
             "device"
         )

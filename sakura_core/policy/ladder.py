@@ -3,13 +3,15 @@ manifest (live) or from codec measurements (simulation)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
+from ..kv.manifest import Manifest, Representation, as_manifest
 from ..kv.manifest_schema import CLOSED_REF_MODE
 from ..kv.names import base_level_name
 
 __all__ = [
     "Level",
+    "PlannedRep",
     "feeds_twin",
     "fetch_as",
     "ladders_from_manifest",
@@ -78,6 +80,34 @@ class Level:
                              f"the step it reuses (ref_step, got {self.ref_step})")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class PlannedRep(Representation):
+    """A shard's representation as a ladder slot serves it (what the lanes fetch and decode): the manifest's entry
+    plus what the plan adds.
+
+    Attributes:
+        stands_for: the slot's level name when a ``serving`` store lacks that level for this shard and this (nearest)
+            representation serves it; None: it is the slot's own level.
+        closed_twin: the level's closed-loop twin (fetched in its place on its track), or None.
+        chain: the entries of its ``requires`` that the policy's ladder left out (what the fetch lane sizes those
+            blobs by; a fetch-fp16 policy's top rung from a store without fp16 is a progressive chain).
+    """
+
+    stands_for: str | None = None
+    closed_twin: Representation | None = None
+    chain: tuple[Representation, ...] = ()
+
+    @classmethod
+    def of(cls, rep: Representation, **plan) -> PlannedRep:
+        """``rep`` (a manifest entry, or a planned one) with the plan's fields ``plan`` set."""
+        return cls(**{**{f.name: getattr(rep, f.name) for f in fields(rep)}, **plan})
+
+    @property
+    def slot_name(self) -> str:
+        """The ladder slot it serves: ``stands_for``, else its own name."""
+        return self.name if self.stands_for is None else self.stands_for
+
+
 def twin_applies(level: Level, ref_held: tuple[str, bool] | None) -> bool:
     """Whether ``level`` of a shard is fetched as its closed-loop twin: it has one, and the device holds its reference
     shard as ``ref_held`` = (the name of the level held, whether that was the twin) at the same level — the twin
@@ -140,10 +170,10 @@ def shard_floor(floor, g: int) -> int:
     return floor if isinstance(floor, int) else int(floor[g])
 
 
-def self_contained_top(reps: list[dict]) -> int | None:
+def self_contained_top(reps: list[PlannedRep]) -> int | None:
     """The index of a shard's top representation (``reps``, its ladder's order) when it decodes without a reference
     (the fp16 a full store keeps), else None: a ``serving`` store keeps no self-contained level at a cross-step step."""
-    return len(reps) - 1 if reps[-1].get("ref") is None else None
+    return len(reps) - 1 if reps[-1].ref is None else None
 
 
 def levels_from(ladder: list[Level], floor: int) -> list[int]:
@@ -156,8 +186,8 @@ def levels_from(ladder: list[Level], floor: int) -> list[int]:
 
 
 def ladders_from_manifest(
-    manifest: dict, decode_bytes_per_s: float, level_psnr_db: dict[str, float] | None = None
-) -> tuple[list[list[Level]], list[list[dict]]]:
+    manifest: Manifest | dict, decode_bytes_per_s: float, level_psnr_db: dict[str, float] | None = None
+) -> tuple[list[list[Level]], list[list[PlannedRep]]]:
     """Per-shard ladders (cheapest first) for the policies, and the matching manifest representations.
 
     Single mode: one ladder per layer. Per-step mode (the per-step shard protocol of
@@ -165,53 +195,23 @@ def ladders_from_manifest(
     in another step's slot. ``level_psnr_db`` maps a level name to the output PSNR measured with every shard at that
     level (default: the manifest's ``psnr_db``); without either, the manifest's distortion orders the levels.
     """
-    L = manifest["num_layers"]
-    per_step = manifest.get("kv_mode", "single") == "per-step"
-    steps = manifest["schedule"]["steps"] if per_step else 1
+    m = as_manifest(manifest)
+    L = m.num_layers
+    per_step = m.kv_mode == "per-step"
+    steps = m.schedule.steps if m.schedule is not None else 1
     n = steps * L  # a level's output MSE is shared out over every shard
     ladders: list[list[Level] | None] = [None] * n
-    reps_out: list[list[dict] | None] = [None] * n
-    slots = _slot_names(manifest["shards"])
-    for shard in manifest["shards"]:
-        first, last = shard["layers"]
-        g = shard["step"] * L + first if per_step else first
+    reps_out: list[list[PlannedRep] | None] = [None] * n
+    slots = _slot_names(m.shards)
+    rows, cols = m.token_grid
+    for shard in m.shards:
+        first, last = shard.layers
+        g = (shard.step or 0) * L + first if per_step else first
         if first != last:
             raise ValueError(f"the live runtime fetches one layer per shard; shard {first}-{last} groups layers")
-        # a zero-byte "reuse" rung (cross-step templates) is not a fetchable level: it is not in the index ladder;
-        # a closed-loop twin goes with its level (Level.closed, the rep's "closed_twin")
-        twins = {base_level_name(r["name"]): r for r in shard["representations"]
-                 if (r.get("ref") or {}).get("mode") == CLOSED_REF_MODE}  # fmt: skip
-        reps = [
-            r for r in shard["representations"] if (r.get("ref") or {}).get("mode") not in ("reuse", CLOSED_REF_MODE)
-        ]
-        reps = sorted(reps, key=lambda r: (r["name"] == "fp16", r["level"]))
-        reps, twins = _fill_slots(reps, twins, slots)
-        rows, cols = manifest["token_grid"]
         # what every level decodes to: K and V of this shard's layers in fp16, whatever the level's size on the wire
-        fp16_bytes = (last - first + 1) * 2 * rows * cols * manifest["heads"] * manifest["head_dim"] * 2
-        by_digest = {r["digest"]: r for r in reps}
-        levels, prev_bytes = [], 0
-        for r in reps:
-            chain_bytes = sum(by_digest[d]["bytes"] for d in r.get("requires", []) if d in by_digest) + r["bytes"]
-            progressive = bool(r.get("requires"))
-            psnr = (level_psnr_db or {}).get(r["name"], r.get("psnr_db"))
-            if psnr is not None:
-                mse = 4 * 10 ** (-psnr / 10) / n
-            else:
-                mse = float(r["distortion"]) ** 2 / n
-            levels.append(
-                Level(
-                    name=r.get("stands_for", r["name"]),
-                    nbytes=chain_bytes,
-                    increment_bytes=r["bytes"] if progressive else chain_bytes,
-                    decode_s=fp16_bytes / decode_bytes_per_s,
-                    mse=mse,
-                    progressive=progressive and chain_bytes > prev_bytes,
-                    ref_step=(r.get("ref") or {}).get("step"),
-                )
-            )
-            prev_bytes = chain_bytes
-        levels, reps = _with_twins(levels, reps, twins, fp16_bytes / decode_bytes_per_s, n, level_psnr_db)
+        fp16_bytes = (last - first + 1) * 2 * rows * cols * m.heads * m.head_dim * 2
+        levels, reps = _shard_ladder(shard.representations, slots, fp16_bytes / decode_bytes_per_s, n, level_psnr_db)
         if ladders[g] is not None:
             raise ValueError(f"manifest has two shards for {_slot(g, L, per_step)}")
         ladders[g], reps_out[g] = levels, reps
@@ -223,51 +223,84 @@ def ladders_from_manifest(
     return [x for x in ladders if x is not None], [r for r in reps_out if r is not None]  # none missing: every slot
 
 
+def _mse(rep: Representation, n: int, level_psnr_db: dict[str, float] | None) -> float:
+    """A level's output MSE share per shard: from its PSNR (measured, else the manifest's), else its distortion."""
+    psnr = (level_psnr_db or {}).get(rep.name, rep.psnr_db)
+    return 4 * 10 ** (-psnr / 10) / n if psnr is not None else float(rep.distortion or 0.0) ** 2 / n
+
+
+def _shard_ladder(representations, slots: list[str], decode_s: float, n: int, level_psnr_db):
+    """One shard's levels and their planned representations. A zero-byte ``reuse`` rung (cross-step templates) is not
+    a fetchable level: it is not in the index ladder; a closed-loop twin goes with its level (``Level.closed``, the
+    representation's ``closed_twin``)."""
+    twins = {base_level_name(r.name): r for r in representations if r.ref_mode == CLOSED_REF_MODE}
+    own = [PlannedRep.of(r) for r in representations if r.ref_mode not in ("reuse", CLOSED_REF_MODE)]
+    own = sorted(own, key=lambda r: (r.name == "fp16", r.level))
+    reps = _fill_slots(own, slots)
+    by_digest = {r.digest: r for r in reps}
+    levels, prev_bytes = [], 0
+    for r in reps:
+        chain_bytes = sum(by_digest[d].nbytes for d in r.requires if d in by_digest) + r.nbytes
+        progressive = bool(r.requires)
+        levels.append(
+            Level(
+                name=r.slot_name,
+                nbytes=chain_bytes,
+                increment_bytes=r.nbytes if progressive else chain_bytes,
+                decode_s=decode_s,
+                mse=_mse(r, n, level_psnr_db),
+                progressive=progressive and chain_bytes > prev_bytes,
+                ref_step=None if r.ref is None else r.ref.step,
+            )
+        )
+        prev_bytes = chain_bytes
+    return _with_twins(levels, reps, twins, decode_s, n, level_psnr_db)
+
+
 def _name_key(name: str) -> tuple:
     """A level name's place in a ladder: the codec's level number (``sakura-l3`` -> 3), the exact fp16 last."""
     stem, _, number = name.rpartition("-l")
     return (name == "fp16", int(number) if stem and number.isdigit() else -1, name)
 
 
-def _slot_names(shards: list[dict]) -> list[str]:
+def _slot_names(shards) -> list[str]:
     """Every level name some shard offers as a rung (not ``reuse``, not a twin), in ladder order: the slots of every
     shard's ladder. A full store offers the same names in every shard; a ``serving`` one a subset per shard."""
-    names = {r["name"] for sh in shards for r in sh["representations"]
-             if (r.get("ref") or {}).get("mode") not in ("reuse", CLOSED_REF_MODE)}  # fmt: skip
+    names = {r.name for sh in shards for r in sh.representations if r.ref_mode not in ("reuse", CLOSED_REF_MODE)}
     return sorted(names, key=_name_key)
 
 
-def _fill_slots(reps: list[dict], twins: dict[str, dict], slots: list[str]) -> tuple[list[dict], dict[str, dict]]:
+def _fill_slots(reps: list[PlannedRep], slots: list[str]) -> list[PlannedRep]:
     """One representation per slot: a level the store does not hold for this shard (``serving`` profile) is served by
     the nearest one it does — the next one up, else the next one down — marked ``stands_for`` the slot's name; the
     slot keeps its own closed-loop twin where the store holds one (a twin of another level never applies: its track
     starts at step 0's level of its own name)."""
-    have = {r["name"]: r for r in reps}
+    have = {r.name: r for r in reps}
     if list(have) == slots:
-        return reps, twins
+        return reps
     out = []
     for i, name in enumerate(slots):
         if name in have:
             out.append(have[name])
             continue
         near = [slots[j] for j in [*range(i + 1, len(slots)), *range(i - 1, -1, -1)] if slots[j] in have]
-        out.append({**have[near[0]], "stands_for": name})
-    return out, twins
+        out.append(replace(have[near[0]], stands_for=name))
+    return out
 
 
-def _with_twins(levels, reps, twins: dict[str, dict], decode_s: float, n: int, level_psnr_db):
-    """``levels`` with each level's closed-loop twin as ``Level.closed``, and ``reps`` as copies carrying the twin's
-    manifest entry (``closed_twin``): what the fetch lane substitutes."""
+def _with_twins(levels, reps, twins: dict[str, Representation], decode_s: float, n: int, level_psnr_db):
+    """``levels`` with each level's closed-loop twin as ``Level.closed``, and ``reps`` carrying the twin's manifest
+    entry (``closed_twin``): what the fetch lane substitutes."""
     if not twins:
         return levels, reps
     out_levels, out_reps = [], []
     for lv, r in zip(levels, reps, strict=True):
         twin = twins.get(lv.name)
         if twin is not None:
-            psnr = (level_psnr_db or {}).get(twin["name"], twin.get("psnr_db"))
-            mse = 4 * 10 ** (-psnr / 10) / n if psnr is not None else float(twin["distortion"]) ** 2 / n
-            closed = Level(twin["name"], twin["bytes"], twin["bytes"], decode_s, mse, ref_step=twin["ref"]["step"])
-            lv, r = replace(lv, closed=closed), {**r, "closed_twin": twin}
+            assert twin.ref is not None  # a closed-loop twin (CLOSED_REF_MODE)
+            mse = _mse(twin, n, level_psnr_db)
+            closed = Level(twin.name, twin.nbytes, twin.nbytes, decode_s, mse, ref_step=twin.ref.step)
+            lv, r = replace(lv, closed=closed), replace(r, closed_twin=twin)
         out_levels.append(lv)
         out_reps.append(r)
     return out_levels, out_reps

@@ -3,9 +3,11 @@ the quality floor. Written once; the live pipeline, the phone simulation and the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
-from .ladder import Level, ladders_from_manifest, with_track_floor
+from ..kv.manifest import Manifest
+from .ladder import Level, PlannedRep, ladders_from_manifest, with_track_floor
 from .policies import POLICIES, Policy, make_policy
 
 __all__ = [
@@ -14,6 +16,7 @@ __all__ = [
     "floor_index",
     "plan_fetch",
     "policy_levels",
+    "psnr_of",
     "runnable_policies",
     "track_floor_index",
     "track_psnr",
@@ -28,12 +31,13 @@ def runnable_policies() -> list[str]:
     return [name for name, cls in POLICIES.items() if not (cls.kv_preloaded or cls.simulation_only)]
 
 
-def floor_index(ladder_names: list[str], reps: list[dict], floor_psnr_db: float = FLOOR_PSNR_DB) -> int:
-    """Index of the cheapest level whose measured output PSNR (``reps[i]["psnr_db"]``) reaches ``floor_psnr_db``;
-    the last (exact) level when none qualifies. ``ladder_names`` is cheapest first."""
-    by_name = {r["name"]: r for r in reps}
+def floor_index(
+    ladder_names: list[str], psnr_db: Mapping[str, float | None], floor_psnr_db: float = FLOOR_PSNR_DB
+) -> int:
+    """Index of the cheapest level whose measured output PSNR (``psnr_db[name]``, None or absent: not measured)
+    reaches ``floor_psnr_db``; the last (exact) level when none qualifies. ``ladder_names`` is cheapest first."""
     for i, name in enumerate(ladder_names):
-        psnr = by_name.get(name, {}).get("psnr_db")
+        psnr = psnr_db.get(name)
         if psnr is not None and psnr >= floor_psnr_db:
             return i
     return len(ladder_names) - 1
@@ -61,11 +65,12 @@ def policy_levels(names: list[str], family: str, psnr_db: dict[str, float] | Non
 
 @dataclass(frozen=True)
 class FetchPlan:
-    """The ladders (per layer, cheapest first), matching manifest entries and the floor level for one policy."""
+    """The ladders (per layer, cheapest first), matching manifest entries (typed: what the lanes fetch and decode)
+    and the floor level for one policy."""
 
     policy: Policy
     ladders: list[list[Level]]
-    reps: list[list[dict]]
+    reps: list[list[PlannedRep]]
     floor: int
 
     @property
@@ -73,7 +78,7 @@ class FetchPlan:
         return self.ladders[0][self.floor].name
 
 
-def plan_fetch(manifest: dict, policy_name: str, decode_bytes_per_s: float = 6e8) -> FetchPlan:
+def plan_fetch(manifest: Manifest | dict, policy_name: str, decode_bytes_per_s: float = 6e8) -> FetchPlan:
     """Ladders for ``policy_name`` and the quality floor: the cheapest level whose measured output PSNR (manifest
     ``psnr_db``) reaches :data:`FLOOR_PSNR_DB` — on its closed-loop twins' track where a per-step template has them
     (the levels below the open-loop floor then fetch that floor off their track: ``Level.off_track``)."""
@@ -85,34 +90,39 @@ def plan_fetch(manifest: dict, policy_name: str, decode_bytes_per_s: float = 6e8
     keep = policy_levels([lv.name for lv in ladders[0]], policy.family, track_psnr(reps))
     ladders, reps = [[lad[i] for i in keep] for lad in ladders], [_kept_reps(r, keep) for r in reps]
     names = [lv.name for lv in ladders[0]]
-    floor = floor_index(names, reps[0])
+    floor = floor_index(names, psnr_of(reps[0]))
     track = track_floor_index(names, reps)
     if track < floor:  # closed-loop twins reach the target lower: the floor on their track, the open one off it
         ladders, floor = with_track_floor(ladders, names[floor]), track
     return FetchPlan(policy, ladders, reps, floor)
 
 
-def _kept_reps(reps: list[dict], keep: list[int]) -> list[dict]:
+def psnr_of(reps: list[PlannedRep]) -> dict[str, float | None]:
+    """Each representation's measured output PSNR by its name (a ladder's, for :func:`floor_index`)."""
+    return {r.name: r.psnr_db for r in reps}
+
+
+def _kept_reps(reps: list[PlannedRep], keep: list[int]) -> list[PlannedRep]:
     """The representations at ``keep``; one whose chain requires a representation left out carries the entries of
     its chain (``chain``: what the fetch lane sizes its blobs by; the top rung a fetch-fp16 policy gets from a store
     without fp16 is a progressive chain)."""
     out = []
-    kept = {reps[i]["digest"] for i in keep}
-    by_digest = {r["digest"]: r for r in reps}
+    kept = {reps[i].digest for i in keep}
+    by_digest = {r.digest: r for r in reps}
     for i in keep:
         r = reps[i]
-        missing = [by_digest[d] for d in r.get("requires", ()) if d not in kept and d in by_digest]
-        out.append({**r, "chain": missing} if missing else r)
+        missing = tuple(by_digest[d] for d in r.requires if d not in kept and d in by_digest)
+        out.append(replace(r, chain=missing) if missing else r)
     return out
 
 
-def track_floor_index(ladder_names: list[str], reps: list[list[dict]], floor_psnr_db: float = FLOOR_PSNR_DB) -> int:
+def track_floor_index(ladder_names: list[str], reps: list[list[PlannedRep]], floor_psnr_db: float = FLOOR_PSNR_DB) -> int:
     """Like :func:`floor_index`, on each level's track PSNR (:func:`track_psnr`)."""
     psnr = track_psnr(reps)
-    return floor_index(ladder_names, [{"name": n, "psnr_db": psnr.get(n)} for n in ladder_names], floor_psnr_db)
+    return floor_index(ladder_names, psnr, floor_psnr_db)
 
 
-def track_psnr(reps: list[list[dict]]) -> dict[str, float]:
+def track_psnr(reps: list[list[PlannedRep]]) -> dict[str, float]:
     """Per ladder slot name the measured PSNR of its track: its closed-loop twins' (``closed_twin``: step 0 at the
     level, every later step its twin) where the template has them, else the level's own ``psnr_db`` (a slot a
     ``serving`` store fills with another level, ``stands_for``, has only its twin's)."""
@@ -120,10 +130,10 @@ def track_psnr(reps: list[list[dict]]) -> dict[str, float]:
     twins: dict[str, float] = {}
     for shard_reps in reps:
         for r in shard_reps:
-            slot = r.get("stands_for", r["name"])
-            twin = r.get("closed_twin")
-            if twin is not None and twin.get("psnr_db") is not None:
-                twins[slot] = twin["psnr_db"]
-            if "stands_for" not in r and r.get("psnr_db") is not None:
-                own.setdefault(slot, r["psnr_db"])
+            slot = r.slot_name
+            twin = r.closed_twin
+            if twin is not None and twin.psnr_db is not None:
+                twins[slot] = twin.psnr_db
+            if r.stands_for is None and r.psnr_db is not None:
+                own.setdefault(slot, r.psnr_db)
     return {**own, **twins}

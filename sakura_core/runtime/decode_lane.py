@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..kv.binding import check_shard_binding, check_shard_geometry, slot_from_manifest
 from ..kv.chain import ChainDecoder, DecodedReference
-from ..kv.manifest import manifest_kv_mode
-from ..policy.ladder import Level
+from ..kv.manifest import Manifest, Representation
+from ..policy.ladder import Level, PlannedRep
 from .live_state import LiveState
 from .run_log import RunLog
 from .shard_index import ShardId
@@ -37,10 +37,10 @@ class DecodeLane:
         threads: decoder threads.
     """
 
-    def __init__(self, manifest: dict, ladders: list[list[Level]], reps: list[list[dict]], st: LiveState,
+    def __init__(self, manifest: Manifest, ladders: list[list[Level]], reps: list[list[PlannedRep]], st: LiveState,
                  log: RunLog, threads: int) -> None:  # fmt: skip
         self.manifest, self.ladders, self.reps, self.st, self.log = manifest, ladders, reps, st, log
-        self.per_step = manifest_kv_mode(manifest) == "per-step"  # its shards' slots name their step
+        self.per_step = manifest.kv_mode == "per-step"  # its shards' slots name their step
         self.threads = threads
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -95,9 +95,9 @@ class DecodeLane:
             dec = ChainDecoder()
         # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not): each
         # blob's header is checked against the slot's geometry before it is decompressed, the top one's level after
-        rep = self.reps[shard.g][level]
-        twin = rep.get("closed_twin")
-        if twin is not None and digests[-1] == twin["digest"]:  # the level's closed-loop twin, fetched in its place
+        rep: Representation = self.reps[shard.g][level]
+        twin = self.reps[shard.g][level].closed_twin
+        if twin is not None and digests[-1] == twin.digest:  # the level's closed-loop twin, fetched in its place
             rep = twin
         slot = slot_from_manifest(self.manifest, shard.layer, rep, shard.step if self.per_step else None)
         for blob in blobs:  # on an error the half-advanced decoder stays dropped (popped above)
@@ -110,7 +110,7 @@ class DecodeLane:
         k, v = dec.tensors()
         with self._lock:
             self.decoders[shard] = (list(digests), dec)
-        self.log.event("decode", t0, self.st.now, shard.g, rep["name"])
+        self.log.event("decode", t0, self.st.now, shard.g, rep.name)
         return k, v
 
     def forget(self, shard: ShardId) -> None:

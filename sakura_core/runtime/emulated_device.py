@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..fetch.traces import Trace
-from ..models.ref_layout import grids_of
+from ..kv.manifest import Manifest
 from ..policy.estimator import EstimatorConfig
 from .live_profile import LiveProfile
 from .profiles import PROFILES, DeviceProfile, get_profile
@@ -36,17 +36,17 @@ EMULATED_LABEL = (
 )
 
 
-def _model_shard_bytes_fp16(manifest: dict) -> int:
+def _model_shard_bytes_fp16(manifest: Manifest) -> int:
     """One layer's template K and V of the manifest's model in fp16."""
-    rows, cols = manifest["token_grid"]
-    return 2 * rows * cols * int(manifest["heads"]) * int(manifest["head_dim"]) * 2  # K and V, 2 bytes each
+    rows, cols = manifest.token_grid
+    return 2 * rows * cols * manifest.heads * manifest.head_dim * 2  # K and V, 2 bytes each
 
 
-def profile_for_template(profile: DeviceProfile, manifest: dict) -> DeviceProfile:
+def profile_for_template(profile: DeviceProfile, manifest: Manifest) -> DeviceProfile:
     """``profile`` with its phone DiT holding as many template images as the template ``manifest`` has references
     (its ``token_grid`` / ``rope_layout``): a try-on's two references are twice the phone's template tokens and KV,
     attending to each other. A one-reference template: ``profile`` itself."""
-    refs = len(grids_of(manifest["token_grid"], manifest.get("rope_layout", "")))
+    refs = len(manifest.references)
     if refs == 1:
         return profile
     return profile.with_geometry(replace(profile.model, template_tokens=refs * profile.model.template_tokens))
@@ -82,11 +82,11 @@ class EmulatedTiming:
             raise ValueError(f"emulated timing {self}: layers >= 1, and every time and scale > 0")
 
     @classmethod
-    def for_manifest(cls, profile_name: str, manifest: dict) -> EmulatedTiming:
+    def for_manifest(cls, profile_name: str, manifest: Manifest) -> EmulatedTiming:
         """The profile's phone times for the model a template ``manifest`` was computed for; a template of several
         reference images makes the phone's template as many times larger (its tokens attend to each other)."""
         profile = profile_for_template(get_profile(profile_name), manifest)
-        layers = int(manifest["num_layers"])
+        layers = manifest.num_layers
         per = profile.model.layers / layers
         return cls(
             profile=profile.name,

@@ -22,7 +22,8 @@ import asyncio
 import threading
 
 from ..kv.chain import MissingReferenceError
-from ..policy.ladder import fetch_as, self_contained_top
+from ..kv.manifest import Representation
+from ..policy.ladder import PlannedRep, fetch_as, self_contained_top
 from .decode_lane import DecodeLane
 from .deferral import ask_deferred
 from .fetch_wire import Turn, Wire, first_of, takes_on_chunk
@@ -328,18 +329,21 @@ class FetchLane:
         """Fetch the chain of ``shard`` up to ``level``, decode it in the pool and publish the KV (``gated``: with
         :attr:`ahead`, each blob's bytes wait for the wire, :meth:`_get_blob`)."""
         st, g = self.st, shard.g
-        rep = self.reps[g][level]
-        digests = [*rep.get("requires", []), rep["digest"]]
+        planned: PlannedRep = self.reps[g][level]
+        rep: Representation = planned
+        digests = rep.chain_digests
         start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
         if not start:  # a closed-loop twin on its track, or off it the open-loop floor (policy.ladder.fetch_as)
-            await self.refs.fetched(shard, rep)
-            twin = self.held.closed_twin(shard, rep)
+            await self.refs.fetched(shard, planned)
+            twin = self.held.closed_twin(shard, planned)
             level, as_twin = fetch_as(self.ladders[g], level, twin is not None)
-            rep = twin if as_twin and twin is not None else self.reps[g][level]
-            digests = [*rep.get("requires", []), rep["digest"]]
+            planned = self.reps[g][level]
+            rep = twin if as_twin and twin is not None else planned
+            digests = rep.chain_digests
             start = self.decoder.decoded_prefix(shard, digests)
-        by_digest = {r["digest"]: r for r in (*self.reps[g], *rep.get("chain", ()), rep)}  # chain: policy_levels
-        name = rep["name"]
+        left_out = planned.chain if rep is planned else ()  # (a closed-loop twin has none)
+        by_digest = {r.digest: r for r in (*self.reps[g], *left_out, rep)}  # chain: policy_levels
+        name = rep.name
         coming = False  # the reference is made on the device (or fetched) by the end of its step: decoded then
         try:
             reference = self.held.reference_for(shard, rep)  # a residual whose reference the device lacks: not fetched
@@ -351,9 +355,9 @@ class FetchLane:
         todo = digests[start:]
         if self.reports_chunks:  # the policy sees this shard's transfer while it lasts (LiveState.link_progress)
             with st.lock:
-                st.receiving[g] = [st.now, 0.0, float(sum(by_digest[d]["bytes"] for d in todo))]
+                st.receiving[g] = [st.now, 0.0, float(sum(by_digest[d].nbytes for d in todo))]
         try:
-            chain = [await self._get_blob(d, by_digest[d]["bytes"], g, name, gated) for d in todo]
+            chain = [await self._get_blob(d, by_digest[d].nbytes, g, name, gated) for d in todo]
         finally:
             with st.lock:
                 st.receiving.pop(g, None)
@@ -368,7 +372,7 @@ class FetchLane:
             self.log.decision(st.now, g, level, f"{name} not decoded: the compute lane served the shard meanwhile")
             return
         k, v = kv
-        blobs = tuple((d, by_digest[d]["bytes"]) for d in digests)  # the chain the KV was decoded from
+        blobs = tuple((d, by_digest[d].nbytes) for d in digests)  # the chain the KV was decoded from
         if not self.held.publish(shard, k[0], v[0], level, digests[-1], name, blobs):
             self.decoder.forget(shard)  # used already (per-step): a late upgrade is not kept
         with st.lock:

@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 from ..kv.chain import DecodedReference, MissingReferenceError
+from ..kv.manifest import Representation
 from ..kv.manifest_schema import CLOSED_REF_MODE, DECODED_REF_MODES
-from ..policy.ladder import Level
+from ..policy.ladder import Level, PlannedRep
 from .shard_index import ShardGrid, ShardId
 
 __all__ = ["HeldKV"]
@@ -190,44 +191,44 @@ class HeldKV:
                     self.kept.add(shard)
         self._offered()
 
-    def reference_for(self, shard: ShardId, rep: dict) -> DecodedReference | None:
+    def reference_for(self, shard: ShardId, rep: Representation) -> DecodedReference | None:
         """The decoded reference that representation ``rep`` (a manifest entry) of ``shard`` needs: None for a
         self-contained one; the KV held of its reference shard (fetched at any level, or the device's own) for a
         cross-step residual. Raises MissingReferenceError when the device holds none."""
-        ref = rep.get("ref")
-        if ref is None or ref.get("mode") not in DECODED_REF_MODES:
+        ref = rep.ref
+        if ref is None or ref.mode not in DECODED_REF_MODES:
             return None
-        ref_shard = self.grid.at(ref["step"], shard.layer)
+        ref_shard = self.grid.at(ref.step, shard.layer)
         with self.lock:
             entry = self.kv.get(ref_shard)
             kv = entry[:2] if entry is not None else self.device_kv.get(ref_shard)
             source = self._source_digest(ref_shard)
         if kv is None:
             raise MissingReferenceError(
-                f"its level {rep['name']} is coded against step {ref['step']} layer {shard.layer}, which the device "
+                f"its level {rep.name} is coded against step {ref.step} layer {shard.layer}, which the device "
                 "does not hold (not fetched, or freed)"
             )
-        if ref["mode"] == CLOSED_REF_MODE and source != ref["digest"]:
+        if ref.mode == CLOSED_REF_MODE and source != ref.digest:
             raise MissingReferenceError(
-                f"its closed-loop level {rep['name']} is coded against one representation of step {ref['step']} "
-                f"layer {shard.layer} ({ref['digest'][:12]}…); the device holds "
+                f"its closed-loop level {rep.name} is coded against one representation of step {ref.step} "
+                f"layer {shard.layer} ({ref.digest[:12]}…); the device holds "
                 + ("its own KV of it" if source is None else f"another ({source[:12]}…)")
             )
         # (1, ref_tokens, heads, head_dim) float16: the shard's one layer, as the codec decodes it
         k, v = (np.ascontiguousarray(t.detach().to(torch.float16).reshape(1, *t.shape[-3:]).numpy()) for t in kv)
-        return DecodedReference(ref["step"], ref["digest"], k, v)
+        return DecodedReference(ref.step, ref.digest, k, v)
 
-    def closed_twin(self, shard: ShardId, rep: dict) -> dict | None:
-        """The closed-loop twin of representation ``rep`` of ``shard`` (``rep["closed_twin"]``, from
+    def closed_twin(self, shard: ShardId, rep: PlannedRep) -> Representation | None:
+        """The closed-loop twin of representation ``rep`` of ``shard`` (``rep.closed_twin``, from
         :func:`~sakura_core.policy.ladder.ladders_from_manifest`) when the device holds the one representation of
         its reference it is coded against — then it replaces ``rep`` (fewer bytes, no error carried over); else
         None."""
-        twin = rep.get("closed_twin")
-        if twin is None:
+        twin = rep.closed_twin
+        if twin is None or twin.ref is None:
             return None
-        ref = twin["ref"]
+        ref = twin.ref
         with self.lock:
-            return twin if self._source_digest(self.grid.at(ref["step"], shard.layer)) == ref["digest"] else None
+            return twin if self._source_digest(self.grid.at(ref.step, shard.layer)) == ref.digest else None
 
     def _source_digest(self, shard: ShardId) -> str | None:
         """The digest of the representation ``shard``'s fetched KV was decoded from; None when none is fetched (or

@@ -67,7 +67,7 @@ class HostLanes:
         self.source, self.manifest, self.link = source, manifest, LinkSpec.parse(link)
         self.per_step = manifest.kv_mode == "per-step"
         self.grid = ShardGrid.for_edit(layers, steps, self.per_step)
-        plan = plan_fetch(manifest.raw, policy)
+        plan = plan_fetch(manifest, policy)
         if len(plan.ladders) != len(self.grid):
             raise ValueError(f"template {manifest.template_id} has {len(plan.ladders)} shards, a {steps}-step run of "
                              f"a {layers}-layer model needs {len(self.grid)}")  # fmt: skip
@@ -80,7 +80,7 @@ class HostLanes:
         self.held = HeldKV(self.grid, plan.ladders)
         from .decode_lane import DecodeLane
 
-        self.decoder = DecodeLane(manifest.raw, plan.ladders, plan.reps, self.st, self.log, self.cfg.decode_threads)
+        self.decoder = DecodeLane(manifest, plan.ladders, plan.reps, self.st, self.log, self.cfg.decode_threads)
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

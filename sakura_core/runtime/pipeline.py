@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from ..fetch.traces import Trace
-from ..kv.manifest import check_schedule, manifest_kv_mode
+from ..kv.manifest import Manifest, as_manifest, check_schedule
 from ..policy.context import Context
 from ..policy.plan import FetchPlan
 from .backend import backend_of
@@ -109,7 +109,7 @@ class PipelinedEdit:
     def __init__(
         self,
         edit: EditInputs,
-        manifest: dict,
+        manifest: Manifest | dict,
         fetch_blob,
         plan: FetchPlan,
         profile: LiveProfile,
@@ -124,7 +124,8 @@ class PipelinedEdit:
         self.backend = backend_of(model, edit.backend)
         L = model.adapter.num_layers
         self.cfg = cfg = config or RuntimeConfig()
-        self.kv_mode = manifest_kv_mode(manifest)
+        manifest = as_manifest(manifest)  # typed once (a caller holding the JSON: a benchmark, a test)
+        self.kv_mode = manifest.kv_mode
         self.per_step = self.kv_mode == "per-step"
         self.times = edit_times(model, self.cfg.steps)  # the edit's schedule: the model's own (shift 1)
         if self.per_step:  # the KV of step s is only valid at the schedule it was computed for (the run's one check)

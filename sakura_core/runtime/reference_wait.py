@@ -16,6 +16,8 @@ import contextlib
 from collections.abc import Callable
 
 from ..kv.chain import DecodedReference, MissingReferenceError
+from ..kv.manifest import Representation
+from ..policy.ladder import PlannedRep
 from .held_kv import HeldKV
 from .live_state import LiveState
 from .shard_index import ShardGrid, ShardId
@@ -51,27 +53,27 @@ class ReferenceWait:
             if self.running.get(g) is done:
                 del self.running[g]
 
-    async def fetched(self, shard: ShardId, rep: dict) -> None:
+    async def fetched(self, shard: ShardId, rep: PlannedRep) -> None:
         """A cross-step level (or its closed-loop twin) of ``shard``: when the lane's fetch of its reference is still
         under way (requests go ahead, or its decode overlaps this transfer), wait until it has ended."""
-        ref = rep.get("ref") or (rep.get("closed_twin") or {}).get("ref")
+        ref = rep.ref or (rep.closed_twin.ref if rep.closed_twin is not None else None)
         if ref is None:
             return
-        ev = self.running.get(self.grid.at(ref["step"], shard.layer).g)
+        ev = self.running.get(self.grid.at(ref.step, shard.layer).g)
         if ev is not None:
             await ev.wait()
 
-    def coming(self, shard: ShardId, rep: dict) -> bool:
+    def coming(self, shard: ShardId, rep: Representation) -> bool:
         """The reference of ``shard``'s cross-step level ``rep`` will be held: the compute lane has not finished the
         reference's step (each layer of a step is fetched, or made on the device and kept at the step's end,
         :meth:`~sakura_core.runtime.held_kv.HeldKV.keep_references`) and not passed ``shard``."""
-        ref = rep.get("ref")
+        ref = rep.ref
         if ref is None:
             return False
         with self.st.lock:
-            return self.grid[self.st.compute_layer].step <= ref["step"] and shard.g >= self.held.released_below
+            return self.grid[self.st.compute_layer].step <= ref.step and shard.g >= self.held.released_below
 
-    async def held_reference(self, shard: ShardId, rep: dict) -> DecodedReference | None:
+    async def held_reference(self, shard: ShardId, rep: Representation) -> DecodedReference | None:
         """The reference :meth:`coming` said will come, once held; MissingReferenceError once the compute lane has
         finished its step without it, or passed ``shard``, or the edit is over."""
         while True:

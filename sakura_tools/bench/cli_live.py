@@ -275,7 +275,7 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
             tid = f"live-{codec}"
             follow = None
             async with ShardClient(url) as client:
-                manifest = (await client.get_manifest(tid)).raw
+                manifest = await client.get_manifest(tid)
                 plan = plan_fetch(manifest, name)
 
                 if link is not None:

@@ -3,6 +3,8 @@ template images (twice the template tokens and KV of one), so the simulated edit
 
 from __future__ import annotations
 
+from typed_manifests import unchecked_manifest
+
 from android_bridge.simulated import simulate_phone_job
 from sakura_core.fetch.traces import Trace
 from sakura_core.runtime.profiles import PROFILES
@@ -24,7 +26,7 @@ def test_two_references_are_twice_the_phones_template():
     profile = PROFILES["snapdragon-8-elite-cpu"]
     trace = Trace.constant(50.0, name="fixed-50")
     one, two = (
-        simulate_phone_job(_manifest(f"tpl-{n}", n), "fetch-fp16", profile, steps=4, trace=trace) for n in (1, 2)
+        simulate_phone_job(unchecked_manifest(_manifest(f"tpl-{n}", n)), "fetch-fp16", profile, steps=4, trace=trace) for n in (1, 2)
     )
     tokens = profile.model.template_tokens
     assert one["model"].endswith(f"{tokens} template tokens") and two["model"].endswith(

@@ -134,7 +134,7 @@ def _lossy(patch, model, inputs, template_id: str) -> list[dict]:
     exact = _sample(patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16").result[0], inputs, False,
                     ARGS.steps)  # fmt: skip
     out = []
-    for rep in handle.manifest.raw["shards"][0]["representations"]:
+    for rep in handle.manifest.to_json()["shards"][0]["representations"]:
         if rep["name"] == "fp16" or rep.get("psnr_db") is None or "ref" in rep:
             continue
         m = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, rep["name"]).result[0]
@@ -146,7 +146,7 @@ def _lossy(patch, model, inputs, template_id: str) -> list[dict]:
     m = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16", kv_stream=stream).result[0]
     image = _sample(m, inputs, False, ARGS.steps)
     report = json.loads(patch.SakuraTemplateKVReport.execute(m, {"samples": image}).result[0])
-    psnr = {r["name"]: r.get("psnr_db") for r in handle.manifest.raw["shards"][0]["representations"]}
+    psnr = {r["name"]: r.get("psnr_db") for r in handle.manifest.to_json()["shards"][0]["representations"]}
     out.append({"level": "sakura policy", "levels_used": report["levels_used"], "manifest_psnr_db": psnr,
                 "vs_fp16": _compare(image, exact)})  # fmt: skip
     return out

@@ -31,7 +31,7 @@ def test_template_loader_from_server(flow, demo_model, server_url):
     assert template.template_id == "face-swap-astronaut"
     assert template.server_url == server_url and template.store_dir is None
     assert template.model_id == demo_model.model_id
-    manifest = template.manifest.raw
+    manifest = template.manifest.to_json()
     assert len(manifest["shards"]) == demo_model.adapter.num_layers
     assert manifest["token_grid"] == list(demo_model.spec.grid) and manifest["template_image"]["bytes"] > 0
     assert "fp16" in {rep["name"] for rep in manifest["shards"][0]["representations"]}

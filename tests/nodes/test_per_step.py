@@ -34,7 +34,7 @@ def test_loader_shows_mode_and_schedule_and_the_sampler_checks_steps(comfy, node
         "  1. reference 1: 64 px, 16x16 = 256 tokens",
         f"from: store:{per_step_store}",
     ]}  # fmt: skip
-    manifest = template.manifest.raw
+    manifest = template.manifest.to_json()
     assert len(manifest["shards"]) == 4 * demo_model.adapter.num_layers
 
     stream = flow.make_stream(template, policy="fetch-fp16", bandwidth="fixed Mbit/s", mbit=100.0)

@@ -42,7 +42,7 @@ def _profile(model, steps):
 
 def test_check_template_is_the_one_check(opened, demo_model):
     assert edit.check_template(opened.manifest, TID, demo_model) is opened.manifest  # parsed already: not again
-    manifest = opened.manifest.raw
+    manifest = opened.manifest.to_json()
     assert edit.check_template(copy.deepcopy(manifest), TID, demo_model).template_id == TID
     assert len(manifest["references"]) == 1 and manifest["references"][0]["image"] == manifest["template_image"]
     manifest = {k: v for k, v in manifest.items() if k != "references"}  # as published before references: any grid

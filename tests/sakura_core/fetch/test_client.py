@@ -71,7 +71,7 @@ async def test_catalog_manifest_and_shards_from_the_real_app(aiohttp_server, sto
         catalog = await client.get_catalog()
         assert [t["id"] for t in catalog["templates"]] == ["tpl-a"]
         got = await client.get_manifest("tpl-a", expected_model_id=MODEL_ID)
-        assert got.raw == manifest
+        assert got.to_json() == manifest
         with pytest.raises(ModelMismatchError, match="cd" * 32):
             await client.get_manifest("tpl-a", expected_model_id="cd" * 32)
         with pytest.raises(TemplateNotFoundError):
@@ -391,7 +391,7 @@ def _good_manifest():
 )
 def test_parse_manifest_names_the_bad_field(mutate, field):
     m = _good_manifest()
-    assert parse_manifest(m, template_id="t", model_id=MODEL_ID).raw is m
+    assert parse_manifest(m, template_id="t", model_id=MODEL_ID).to_json() == m
     mutate(m)
     with pytest.raises(ManifestError, match=field.replace("[", r"\[").replace("]", r"\]")):
         parse_manifest(m)

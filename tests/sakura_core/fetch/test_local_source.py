@@ -44,8 +44,8 @@ async def test_reads_what_the_http_client_gets_from_a_server_over_the_same_store
     async with ServerSource(str(server.make_url("/"))).open() as http, StoreSource(str(store.root)).open() as local:
         assert isinstance(local, LocalShardSource)
         over_http, direct = await http.get_manifest("tpl-a"), await local.get_manifest("tpl-a")
-        assert direct == over_http and direct.raw == over_http.raw == store.get_manifest("tpl-a")
-        for rep in _reps(direct.raw):
+        assert direct == over_http and direct.to_json() == over_http.to_json() == store.get_manifest("tpl-a")
+        for rep in _reps(direct.to_json()):
             blob = await local.fetch_shard(rep["digest"], expected_bytes=rep["bytes"])
             assert blob == await http.fetch_shard(rep["digest"], expected_bytes=rep["bytes"])
         assert [t["id"] for t in (await local.get_catalog())["templates"]] == ["tpl-a"]
@@ -138,10 +138,10 @@ async def test_a_cross_step_template_reads_with_its_blob_less_reuse_rungs(tmp_pa
     store.put_manifest("tpl-xs", t.manifest)
     async with StoreSource(str(store.root)).open() as local:
         manifest = await local.get_manifest("tpl-xs", expected_model_id=MODEL_ID)
-        reuse = [r for r in _reps(manifest.raw) if (r.get("ref") or {}).get("mode") == "reuse"]
+        reuse = [r for r in _reps(manifest.to_json()) if (r.get("ref") or {}).get("mode") == "reuse"]
         assert manifest.kv_mode == "per-step" and len(reuse) == 2 and all(r["digest"] is None for r in reuse)
-        sizes = {r["digest"]: r["bytes"] for r in _reps(manifest.raw)}
-        for digest in blob_digests(manifest.raw):
+        sizes = {r["digest"]: r["bytes"] for r in _reps(manifest.to_json())}
+        for digest in blob_digests(manifest.to_json()):
             assert await local.fetch_shard(digest, expected_bytes=sizes[digest]) == t.blobs[digest]
         store.put_manifest("tpl-xs", {**t.manifest, "version": 1})  # published before shard format 2
         with pytest.raises(ManifestError, match="republish it"):

@@ -1,6 +1,7 @@
 """A shard's header must match the manifest slot it fills (template, model, layers, codec, level): issue 15 point 2."""
 
 import pytest
+from typed_manifests import unchecked_manifest
 
 from sakura_core.kv import (
     ShardBindingError,
@@ -46,9 +47,13 @@ def test_each_mismatch_is_named_and_is_a_corrupt_shard(overrides, says):
 
 
 def test_slot_from_manifest_uses_the_representation_and_its_shard_entry():
-    manifest = {"template_id": "tmpl", "model_id": MODEL_ID, "codec": "sakura",
-                "shards": [{"layers": [0, 1]}, {"layers": [2, 3]}]}  # fmt: skip
-    slot = slot_from_manifest(manifest, 3, {"name": "fp16", "codec": "fp16"})
-    assert slot == ShardSlot("tmpl", MODEL_ID, (2, 3), "fp16", "fp16")
+    fp16 = {"name": "fp16", "codec": "fp16", "level": 0, "bytes": 8, "digest": "d"}
+    manifest = unchecked_manifest({"template_id": "tmpl", "model_id": MODEL_ID, "codec": "sakura", "token_grid": [1, 2],
+                                   "heads": 3, "head_dim": 4,
+                                   "shards": [{"layers": [0, 1], "representations": [fp16]},
+                                              {"layers": [2, 3], "representations": [fp16]}]})  # fmt: skip
+    rep = manifest.shards[1].representations[0]
+    slot = slot_from_manifest(manifest, 3, rep)
+    assert slot == ShardSlot("tmpl", MODEL_ID, (2, 3), "fp16", "fp16", token_grid=(1, 2), heads=3, head_dim=4)
     with pytest.raises(ValueError, match="no shard holding layer 9"):
-        slot_from_manifest(manifest, 9, {"name": "fp16"})
+        slot_from_manifest(manifest, 9, rep)

@@ -1,11 +1,12 @@
 """The quality floor and a policy's ladders for one manifest (policy/plan.py), on a tiny hand-written manifest."""
 
 import pytest
+from typed_manifests import unchecked_manifest
 
 from sakura_core.policy.plan import FLOOR_PSNR_DB, floor_index, plan_fetch, policy_levels, runnable_policies
 
 NAMES = ["s1", "s2", "fp16"]
-REPS = [{"name": "s1", "psnr_db": 30.0}, {"name": "s2", "psnr_db": 40.0}, {"name": "fp16"}]
+PSNR_DB = {"s1": 30.0, "s2": 40.0, "fp16": None}
 
 
 def manifest() -> dict:
@@ -32,12 +33,12 @@ def manifest() -> dict:
     ],
 )
 def test_floor_is_the_cheapest_level_reaching_the_psnr(floor_db, index):
-    assert floor_index(NAMES, REPS, floor_db) == index
+    assert floor_index(NAMES, PSNR_DB, floor_db) == index
 
 
 def test_levels_without_a_measured_psnr_are_skipped():
-    assert floor_index(NAMES, [{"name": "s1"}, {"name": "s2", "psnr_db": 36.0}]) == 1
-    assert floor_index(NAMES, []) == 2
+    assert floor_index(NAMES, {"s1": None, "s2": 36.0}) == 1
+    assert floor_index(NAMES, {}) == 2
 
 
 def test_policy_levels_per_family():
@@ -58,17 +59,17 @@ def test_policy_levels_per_family():
     ],
 )
 def test_plan_fetch_keeps_the_policys_levels_and_its_floor(policy, names, floor_name):
-    plan = plan_fetch(manifest(), policy)
+    plan = plan_fetch(unchecked_manifest(manifest()), policy)
     assert plan.policy.name == policy
     assert [[lv.name for lv in lad] for lad in plan.ladders] == [names, names]
-    assert [[r["name"] for r in reps] for reps in plan.reps] == [names, names]
+    assert [[r.name for r in reps] for reps in plan.reps] == [names, names]
     assert plan.floor_name == floor_name and plan.ladders[0][plan.floor].name == floor_name
     assert plan.ladders[0][0].decode_s == pytest.approx(64 / 6e8)  # 64 B decoded at the default 6e8 B/s
 
 
 def test_plan_fetch_names_an_unknown_policy():
     with pytest.raises(ValueError, match="unknown policy 'fast'; choose from on-device"):
-        plan_fetch(manifest(), "fast")
+        plan_fetch(unchecked_manifest(manifest()), "fast")
 
 
 def test_runnable_policies_leave_out_the_preloaded_bound():

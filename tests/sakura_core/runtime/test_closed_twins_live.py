@@ -65,15 +65,15 @@ def test_held_kv_offers_a_twin_only_against_its_own_reference(setup):
     l1, l2 = names.index("sakura-l1"), names.index("sakura-l2")
     ref_shard, shard = grid.at(0, 2), grid.at(1, 2)
     rep1, kv = plan.reps[shard.g][l1], (torch.zeros(4), torch.zeros(4))
-    twin = rep1["closed_twin"]
-    assert plan.ladders[shard.g][l1].closed.name == "sakura-l1+cl" == twin["name"]
+    twin = rep1.closed_twin
+    assert plan.ladders[shard.g][l1].closed.name == "sakura-l1+cl" == twin.name
     assert held.closed_twin(shard, rep1) is None  # nothing held
-    held.publish(ref_shard, *kv, l2, plan.reps[ref_shard.g][l2]["digest"], "sakura-l2")
+    held.publish(ref_shard, *kv, l2, plan.reps[ref_shard.g][l2].digest, "sakura-l2")
     assert held.closed_twin(shard, rep1) is None  # another level held
     with pytest.raises(MissingReferenceError, match=r"closed-loop level sakura-l1\+cl .* holds another"):
         held.reference_for(shard, twin)
     held.reset()
-    held.publish(ref_shard, *kv, l1, plan.reps[ref_shard.g][l1]["digest"], "sakura-l1")
+    held.publish(ref_shard, *kv, l1, plan.reps[ref_shard.g][l1].digest, "sakura-l1")
     assert held.closed_twin(shard, rep1) is twin
     assert held.closed_twin(shard, plan.reps[shard.g][l2]) is None  # the held level's track only
     held.reset()

@@ -4,6 +4,7 @@ of no use); an upgrade whose decoder is missing for any other reason is an error
 import types
 
 import pytest
+from typed_manifests import unchecked_manifest
 
 from sakura_core.runtime.decode_lane import DecodeLane
 from sakura_core.runtime.shard_index import ShardGrid
@@ -13,7 +14,8 @@ GRID = ShardGrid(2, 2, True)
 
 def _lane() -> DecodeLane:
     st = types.SimpleNamespace(now=0.0)  # the lane reads only the clock before it decodes
-    return DecodeLane({"kv_mode": "per-step"}, [[]] * len(GRID), [[]] * len(GRID), st, log=None, threads=1)
+    manifest = unchecked_manifest({"kv_mode": "per-step", "schedule": {"steps": 2}})
+    return DecodeLane(manifest, [[]] * len(GRID), [[]] * len(GRID), st, log=None, threads=1)
 
 
 def test_an_upgrade_of_a_served_shard_decodes_nothing():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from typed_manifests import unchecked_manifest
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.runtime.emulated_device import EmulatedTiming, PacedBackend
@@ -106,7 +107,7 @@ def test_a_fixed_split_and_template_passes_are_paced():
 
 def test_phone_scale_numbers_of_the_demo_manifest():
     """The demo model (6 layers, 16x16 template tokens, 4 heads x 24) on snapdragon-8-elite-cpu, phone-dit-512."""
-    manifest = {"num_layers": 6, "token_grid": [16, 16], "heads": 4, "head_dim": 24}
+    manifest = unchecked_manifest({"num_layers": 6, "token_grid": [16, 16], "heads": 4, "head_dim": 24})
     t = EmulatedTiming.for_manifest("snapdragon-8-elite-cpu", manifest)
     assert t.phone_layers_per_layer == 4.0  # 24 phone layers / 6
     # by hand: d = 1024, 1152 request tokens (1024 image + 128 text), 1024 template tokens, 0.8e12 / 4 s FLOP/s
@@ -130,7 +131,9 @@ def test_phone_scale_numbers_of_the_demo_manifest():
 def test_two_references_make_the_phones_template_twice_as_large():
     """A two-reference demo template (its 2 x 256 tokens stacked 32x16): the phone's DiT then holds 2 x 1024 template
     tokens, attending to each other (by hand as above, with 2048 template tokens)."""
-    manifest = {"num_layers": 6, "token_grid": [32, 16], "rope_layout": "flux2-ref-t10-x2", "heads": 4, "head_dim": 24}
+    manifest = unchecked_manifest(
+        {"num_layers": 6, "token_grid": [32, 16], "rope_layout": "flux2-ref-t10-x2", "heads": 4, "head_dim": 24}
+    )
     t = EmulatedTiming.for_manifest("snapdragon-8-elite-cpu", manifest)
     d, r, tmpl, flops_s = 1024, 1152, 2048, 0.8e12 / 4.0
     cached = 26 * d**2 * r + 4 * r * (r + tmpl) * d

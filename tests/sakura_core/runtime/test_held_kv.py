@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from sakura_core.kv.chain import MissingReferenceError
+from sakura_core.kv.manifest import CrossStepRef, Representation
 from sakura_core.policy.ladder import Level
 from sakura_core.runtime.held_kv import HeldKV
 from sakura_core.runtime.shard_index import ShardGrid
@@ -29,8 +30,8 @@ def _kv(x: float):
     return torch.full((4, 2, 2), x, dtype=torch.float16), torch.full((4, 2, 2), -x, dtype=torch.float16)
 
 
-def _residual_rep(step: int) -> dict:
-    return {"name": "sakura-l0", "ref": {"mode": "residual", "step": step, "digest": "d" * 64}}
+def _residual_rep(step: int) -> Representation:
+    return Representation(0, "sakura-l0", 10, "e" * 64, ref=CrossStepRef("residual", step, "d" * 64))
 
 
 def _publish(held: HeldKV, g: int, x: float) -> None:
@@ -86,4 +87,4 @@ def test_a_residual_without_its_reference_is_refused_and_a_self_contained_level_
     held = HeldKV(GRID, _ladders(residual=True))
     with pytest.raises(MissingReferenceError, match="coded against step 1 layer 2, which the device does not hold"):
         held.reference_for(GRID[2 * L + 2], _residual_rep(1))
-    assert held.reference_for(GRID[2 * L + 2], {"name": "fp16"}) is None
+    assert held.reference_for(GRID[2 * L + 2], Representation(1, "fp16", 10, "f" * 64)) is None

@@ -26,7 +26,7 @@ STEPS = 2
 @pytest.fixture(scope="module")
 def setup(demo_model, demo_template):
     base = fp16_only_setup(demo_model, demo_template, STEPS)
-    fp16_bytes = [r[0]["bytes"] for r in base[5]]  # per layer: the one blob of its fp16 representation
+    fp16_bytes = [r[0].nbytes for r in base[5]]  # per layer: the one blob of its fp16 representation
     return (*base, fp16_bytes)
 
 

@@ -81,7 +81,7 @@ def test_per_step_ladders_are_steps_times_layers_in_execution_order(setup):
     assert len(ladders) == len(reps) == STEPS * L
     by_digest = {r["digest"]: (sh["step"], sh["layers"][0]) for sh in pre.manifest["shards"]
                  for r in sh["representations"]}  # fmt: skip
-    assert [by_digest[r[0]["digest"]] for r in reps] == [(s, i) for s in range(STEPS) for i in range(L)]
+    assert [by_digest[r[0].digest] for r in reps] == [(s, i) for s in range(STEPS) for i in range(L)]
 
 
 def test_fetch_fp16_per_step_equals_the_on_device_per_step_edit(setup):
