@@ -4,7 +4,7 @@
 #   make demo   `make venv`, then `sakura demo --out sakura-demo-out`.
 #   make test   `make venv` + the extras [test,npu,phone,cloud] (pytest, ruff, playwright, transformers; the NPU
 #               toolchain: onnx, onnxruntime, onnxruntime-qnn (emulated Hexagon HTP); adbutils; boto3 + ray), so CI
-#               runs those gates too; then ruff + pytest. `make lint` needs the same.
+#               runs those gates too; then ruff + pytest. `make lint` and `make format` need the same.
 #               Also `npm ci` in phone_web/ (the phone page's JavaScript: fzstd and onnxruntime-web, pinned by its package-lock.json), when
 #               npm is on PATH (CI has it: the conformance test fails there without it).
 # Each step has its stamp file in .venv (.installed, .installed-test); both are redone when pyproject.toml changes;
@@ -23,7 +23,7 @@ NPM_STAMP := phone_web/node_modules/.installed
 # configuration (a local wheel folder or mirror that holds torch-2.13.0+cpu gives the CPU build; PyPI the CUDA one).
 TORCH_INDEX ?=
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint format venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -53,6 +53,10 @@ test: $(TEST_STAMP) $(NPM_STAMP)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# strips the `# fmt: skip` markers that give no `# keep:` reason, then `ruff format .` (DEVELOPERS.md, Formatting)
+format: $(TEST_STAMP)
+	$(BIN)/python tests/support/format_repo.py
 
 clean:
 	rm -rf $(VENV) sakura-demo-out .pytest_cache phone_web/node_modules
