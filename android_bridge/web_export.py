@@ -87,6 +87,25 @@ def _tables(out: Path, model, ins) -> dict:
     }
 
 
+def _export_graph(graph, ins, path: Path, names: list[str], opset: int, dynamo: bool) -> tuple[dict, float]:
+    """Export ``graph`` to ``path`` and run it in onnxruntime on ``ins``: its ``model.json`` entry (with the largest
+    difference from torch) and the export's seconds."""
+    import onnxruntime as ort
+
+    t0 = time.perf_counter()
+    free = {n: {1: "template_tokens"} for n in names if n.startswith(("k_ref_", "v_ref_"))}  # 1..N references
+    torch.onnx.export(graph, ins, str(path), input_names=names, output_names=["velocity"], dynamo=dynamo,
+                      opset_version=opset, external_data=False, verbose=False, dynamic_axes=free)  # fmt: skip
+    export_s = time.perf_counter() - t0
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {n: t.numpy() for n, t in zip(names, ins, strict=True)})[0]
+    max_abs = float(np.abs(got - graph(*ins).numpy()).max())
+    graph_bytes = path.read_bytes()
+    entry = {"file": path.name, "bytes": len(graph_bytes), "sha256": hashlib.sha256(graph_bytes).hexdigest(),
+             "inputs": names, "output": "velocity", "opset": opset, "ort_cpu_vs_torch_max_abs": max_abs}  # fmt: skip
+    return entry, export_s
+
+
 @torch.no_grad()
 def export_web(
     out_dir: Path | str,
@@ -100,8 +119,6 @@ def export_web(
     """Write the page's model files into ``out_dir``; returns the index (also ``model.json``). ``split``: the hybrid
     split whose template graph is written too (layers ``< split`` computed in the page; default half the layers; 0 =
     none); ``template_layers``: write the per-layer template graphs (:mod:`.web_template_layers`) too."""
-    import onnxruntime as ort
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if model is None:
@@ -119,16 +136,7 @@ def export_web(
     kv = a.extract_template_kv(torch.cat([template, torch.zeros_like(template)], dim=-1), spec.grid)
     x = model.request_tokens(torch.randn(template.shape, generator=gen), template)
     ins = graph_inputs(model, x, model.encode_prompt("place it"), torch.tensor([0.5]), kv)
-    t0 = time.perf_counter()
-    path = out / GRAPH_NAME
-    free = {n: {1: "template_tokens"} for n in names if n.startswith(("k_ref_", "v_ref_"))}  # 1..N references
-    torch.onnx.export(graph, ins, str(path), input_names=names, output_names=["velocity"], dynamo=dynamo,
-                      opset_version=opset, external_data=False, verbose=False, dynamic_axes=free)  # fmt: skip
-    export_s = time.perf_counter() - t0
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = session.run(None, {n: t.numpy() for n, t in zip(names, ins, strict=True)})[0]
-    max_abs = float(np.abs(got - graph(*ins).numpy()).max())
-    graph_bytes = path.read_bytes()
+    graph_entry, export_s = _export_graph(graph, ins, out / GRAPH_NAME, names, opset, dynamo)
     split = a.num_layers // 2 if split is None else split
     template_graph = export_template_graph(model, out, split) if split else None  # the split graph
     layers = export_template_layers(model, out) if template_layers else None  # the template pass layer by layer
@@ -151,15 +159,7 @@ def export_web(
         "split_layers": [0] if template_graph is None else [0, split],
         "template_graph": template_graph,
         "template_layers": layers,
-        "graph": {
-            "file": GRAPH_NAME,
-            "bytes": len(graph_bytes),
-            "sha256": hashlib.sha256(graph_bytes).hexdigest(),
-            "inputs": names,
-            "output": "velocity",
-            "opset": opset,
-            "ort_cpu_vs_torch_max_abs": max_abs,
-        },  # fmt: skip
+        "graph": graph_entry,
         "tables": _tables(out, model, ins),
         **_RECIPES,
         "export_s": round(export_s, 2),

@@ -175,6 +175,25 @@ def _reference_names(names, count: int) -> list[str] | None:
     return names
 
 
+def _sized_images(model, images: list[np.ndarray], template_size: int | None) -> list[np.ndarray]:
+    """``images`` resized to ``template_size`` (default the model's edit size) when the model has a ``spec``."""
+    spec = getattr(model, "spec", None)
+    if spec is None:
+        return images
+    from sakura_core.models.edit_model import load_image
+
+    return [load_image(x, template_size or spec.image_size) for x in images]
+
+
+def _mode_kwargs(kv_mode: str, steps: int, shift: float, cross_step: bool, store_profile: str) -> dict:
+    """The codec's keyword arguments for ``kv_mode`` (the schedule only in per-step mode) and ``store_profile``."""
+    mode_kwargs = {} if kv_mode == "single" else {"kv_mode": kv_mode, "steps": steps, "shift": shift}
+    if kv_mode != "single" and not cross_step:  # the codec's default is cross-step coding
+        mode_kwargs["cross_step"] = False
+    mode_kwargs["store_profile"] = store_profile
+    return mode_kwargs
+
+
 def publish_template(
     store: Store,
     model,
@@ -234,17 +253,11 @@ def publish_template(
     names = _reference_names(reference_names, len(images))
     if source is None:
         source = (png_bytes(images[0]), "png")
-    spec = getattr(model, "spec", None)
-    if spec is not None:
-        from sakura_core.models.edit_model import load_image
-
-        images = [load_image(x, template_size or spec.image_size) for x in images]
-    mode_kwargs = {} if kv_mode == "single" else {"kv_mode": kv_mode, "steps": steps, "shift": shift}
-    if kv_mode != "single" and not cross_step:  # the codec's default is cross-step coding
-        mode_kwargs["cross_step"] = False
-    mode_kwargs["store_profile"] = store_profile
-    result = fn(model, images if len(images) > 1 else images[0], template_id, codec=codec, shard_layers=shard_layers,
-                seed=seed, progress=progress, **mode_kwargs)  # fmt: skip
+    images = _sized_images(model, images, template_size)
+    mode_kwargs = _mode_kwargs(kv_mode, steps, shift, cross_step, store_profile)
+    one = images if len(images) > 1 else images[0]
+    result = fn(model, one, template_id, codec=codec, shard_layers=shard_layers, seed=seed, progress=progress,
+                **mode_kwargs)  # fmt: skip
     manifest, blobs = _check_result(result, model.model_id, template_id)
     manifest, image_pngs = _publishable(manifest, images, names, model, annotations)
     count, total_bytes = _store_blobs(store, manifest, blobs, image_pngs, progress)

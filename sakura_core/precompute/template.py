@@ -111,13 +111,21 @@ def precompute_template(
 
     probes_used = {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes}
     coding = None if per_step is None else ("cross-step" if cross else "independent")
+    refs = _references(images, kvs[0])
     manifest = _manifest(kvs[0], template_id, ladder.name, probes_used, psnr_steps > 0, per_step, shift, coding,
-                         shards, _references(images, kvs[0]))  # fmt: skip
-    manifest, blobs = apply_store_profile(manifest, blobs, profile, ladder.progressive)
+                         shards, refs)  # fmt: skip
+    return _stored(manifest, blobs, profile, ladder.progressive, kv_mode, len(shards))
+
+
+def _stored(
+    manifest: dict, blobs: dict[str, bytes], profile: StoreProfile, progressive: bool, kv_mode: str, shards: int
+) -> PrecomputedTemplate:
+    """What ``profile`` keeps of the manifest and blobs, the manifest validated; logs the template's size."""
+    manifest, blobs = apply_store_profile(manifest, blobs, profile, progressive)
     validate_manifest(manifest)
     total = sum(len(b) for b in blobs.values())
-    logger.info("precomputed template %s (%s, store profile %s): %d shards, %d blobs, %d bytes", template_id, kv_mode,
-                manifest["store_profile"], len(shards), len(blobs), total)  # fmt: skip
+    logger.info("precomputed template %s (%s, store profile %s): %d shards, %d blobs, %d bytes",
+                manifest["template_id"], kv_mode, manifest["store_profile"], shards, len(blobs), total)  # fmt: skip
     return PrecomputedTemplate(manifest, blobs)
 
 

@@ -74,25 +74,8 @@ def add_arguments(parser) -> None:
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=4, help="edit steps (sim: for the codec measurements)")
     _add_scale_arguments(parser)
-    parser.add_argument(
-        "--ladders", metavar="DIR", help="sim: per-shard ladder files <geometry>.<kv_mode>.json: read the ones there, "
-        "measure and write the missing ones (default: measure all, keep none)"
-    )  # fmt: skip
-    parser.add_argument(
-        "--planning", default="measured", help="sim: what each policy decision costs the phone: 'measured' (its CPU "
-        "time on this host x the profile's cpu_slowdown), 'off', or a fixed number of milliseconds"
-    )  # fmt: skip
-    parser.add_argument(
-        "--prefetch-gib", type=float, help="sim, per-step KV: the most decoded KV of later steps the phone may hold "
-        "(GiB; the phone agent's prefetch room, RuntimeConfig.prefetch_kv_bytes); default: not limited"
-    )  # fmt: skip
+    _add_sim_model_arguments(parser)
     add_requests_argument(parser)
-    parser.add_argument(
-        "--store-profile", choices=STORE_PROFILES, default=DEFAULT_STORE_PROFILE, help="sim: the store profile "
-        "sakura's template is published in (sakura precompute --store-profile): serving holds the rungs its rule "
-        "keeps, a policy asking for another gets the nearest held one; full holds every rung and the fp16. The "
-        "fetch-fp16 baseline always reads a full store's fp16 (default %(default)s)"
-    )  # fmt: skip
     parser.add_argument(
         "--no-runs", action="store_true", help="sim: leave the per-run rows out of the JSON (summaries only)"
     )
@@ -105,6 +88,33 @@ def add_arguments(parser) -> None:
         "codecs' size effects; default %(default)s)"
     )  # fmt: skip
     _add_page_arguments(parser)
+    _add_live_arguments(parser)
+
+
+def _add_sim_model_arguments(parser) -> None:
+    """What the sim charges the phone for: its ladders, its planning time, its prefetch room, the store it reads."""
+    parser.add_argument(
+        "--ladders", metavar="DIR", help="sim: per-shard ladder files <geometry>.<kv_mode>.json: read the ones there, "
+        "measure and write the missing ones (default: measure all, keep none)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--planning", default="measured", help="sim: what each policy decision costs the phone: 'measured' (its CPU "
+        "time on this host x the profile's cpu_slowdown), 'off', or a fixed number of milliseconds"
+    )  # fmt: skip
+    parser.add_argument(
+        "--prefetch-gib", type=float, help="sim, per-step KV: the most decoded KV of later steps the phone may hold "
+        "(GiB; the phone agent's prefetch room, RuntimeConfig.prefetch_kv_bytes); default: not limited"
+    )  # fmt: skip
+    parser.add_argument(
+        "--store-profile", choices=STORE_PROFILES, default=DEFAULT_STORE_PROFILE, help="sim: the store profile "
+        "sakura's template is published in (sakura precompute --store-profile): serving holds the rungs its rule "
+        "keeps, a policy asking for another gets the nearest held one; full holds every rung and the fp16. The "
+        "fetch-fp16 baseline always reads a full store's fp16 (default %(default)s)"
+    )  # fmt: skip
+
+
+def _add_live_arguments(parser) -> None:
+    """``--mode live``'s own arguments."""
     parser.add_argument("--max-traces", type=int, default=3, help="live: traces to run (default %(default)s)")
     parser.add_argument("--shaping", choices=["inproc", "kernel"], default="inproc", help="live: link shaper")
     parser.add_argument("--live-cache", default=None, metavar="DIR", help="live: where the precomputed template "
