@@ -37,10 +37,10 @@ __all__ = [
 WALK_FLOOR_MBIT, WALK_CEIL_MBIT = 0.2, 400.0
 # (mean Mbit/s, per-second log sigma): slow, LTE-like and 5G-like walks, calm to very volatile
 WALKS = [(5, 0.1), (20, 0.1), (50, 0.1), (10, 0.3), (30, 0.3), (80, 0.3), (20, 0.5), (60, 0.5), (35, 0.2), (40, 0.4),
-         (1.5, 0.3), (3, 0.5), (2, 0.2), (6, 0.4), (30, 0.8), (100, 0.6)]  # fmt: skip
+         (1.5, 0.3), (3, 0.5), (2, 0.2), (6, 0.4), (30, 0.8), (100, 0.6)]  # fmt: skip # keep: a table of walks
 # (high Mbit/s, low Mbit/s, mean holding time s): links with slumps and outages (low 0)
 ON_OFF = [(50, 1, 30), (20, 0, 20), (100, 5, 60), (10, 0.5, 10), (60, 0, 15), (3, 0.2, 20), (150, 0, 20),
-          (300, 2, 10), (80, 0, 40)]  # fmt: skip
+          (300, 2, 10), (80, 0, 40)]  # fmt: skip # keep: a table of (high, low, hold s) links
 
 
 def random_walk(seed: int, mean_mbit: float, sigma: float, seconds: int = 900) -> Trace:
@@ -84,7 +84,7 @@ def development_set(seed: int = 100) -> list[Trace]:
 # 3G-like: (mean Mbit/s, per-second log sigma, outages per minute, mean outage s); the walk reverts to its mean
 # (log AR(1), 10 % a second) and is clipped to SLOW_FLOOR_MBIT .. SLOW_CEIL_MBIT
 SLOW_WALKS = [(0.5, 0.2, 0.5, 3), (0.8, 0.3, 1, 2), (1, 0.15, 0.3, 5), (1.5, 0.3, 1, 3), (2, 0.2, 0.5, 2),
-              (3, 0.3, 1, 4), (1.2, 0.4, 2, 2), (2.5, 0.1, 0.2, 8)]  # fmt: skip
+              (3, 0.3, 1, 4), (1.2, 0.4, 2, 2), (2.5, 0.1, 0.2, 8)]  # fmt: skip # keep: a table of 3G-like walks
 SLOW_FLOOR_MBIT, SLOW_CEIL_MBIT = 0.05, 8.0
 # Oboe-like: (low Mbit/s, high Mbit/s, mean segment s); each segment's rate log-uniform in [low, high]
 OBOE_LIKE = [(1, 20, 3), (2, 10, 5), (1, 5, 4), (5, 20, 8), (1, 8, 2), (3, 15, 6), (1, 20, 10), (2, 6, 3)]

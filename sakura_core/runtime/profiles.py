@@ -178,7 +178,7 @@ PROFILE_SOURCES: tuple[ProfileSource, ...] = (
     {"profile": "snapdragon-8-elite-gen-5-npu", "unit": "Hexagon NPU (SM8850), w8a16", "sd15_unet_pass_s": 0.045,
      "source": "qai-hub-models 0.65.0 perf.yaml, SD 1.5 UNet w8a16, Galaxy S26 (8 Elite Gen 5, the paper's phone)",
      "layer_overhead_s": 1e-4, "overhead_source": "assumed"},
-)  # fmt: skip
+)  # fmt: skip # keep: a table: one profile a record
 _FIXED_S = {"npu": 0.225, "gpu": 0.225, "cpu": 0.5}  # VAE encode (~0.05 s) + decode (150-200 ms)
 # Snapdragon 8 Elite (SM8750): 2 Oryon prime cores at 4.32 GHz + 6 at 3.53 GHz; the CPU profile's DiT uses all 8
 SM8750_CPU_CORES = 8

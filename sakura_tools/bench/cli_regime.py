@@ -63,7 +63,7 @@ def _argv(args) -> list[str]:
     out = ["--profile", args.profile, "--geometry", args.geometry, "--kv-mode", args.kv_mode, "--policy", args.policy,
            "--against", args.against, "--tflops", args.tflops, "--mbits", args.mbits, "--target", f"{args.target:g}",
            "--steps", str(args.steps), "--synth-layers", args.synth_layers, "--planning", args.planning,
-           "--requests", args.requests]  # fmt: skip
+           "--requests", args.requests]  # fmt: skip # keep: flags beside their values
     for flag, val in (("--ladders", args.ladders), ("--traces", args.traces)):
         if val:
             out += [flag, val]

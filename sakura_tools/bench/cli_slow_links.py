@@ -44,7 +44,8 @@ def _e2e(args, out_json: Path) -> dict:
     argv = ["--mode", "sim", "--traces", args.traces, "--policies", _POLICIES, "--profile", args.profile,
             "--kv-mode", args.kv_mode, "--geometry", args.geometry, "--starts", str(args.starts), "--steps", "4",
             "--ladders", args.ladders, "--planning", args.planning, "--requests", "ahead", "--synth-layers", "0,3",
-            "--store-profile", "serving", "--no-calibrate", "--no-regime-map", "--json", str(out_json)]  # fmt: skip
+            "--store-profile", "serving", "--no-calibrate",
+            "--no-regime-map", "--json", str(out_json)]  # fmt: skip # keep: flags beside their values
     p = argparse.ArgumentParser(prog="sakura bench e2e")
     p.add_argument("-v", "--verbose", action="store_true")
     cli_e2e.add_arguments(p)

@@ -37,7 +37,7 @@ SCALE_LADDERS = {
                 ("s4", 1 / 3, 46.0, True), ("fp16", 1.0, 99.0, False)), 1),
     "cachegen": ((("c0", 1 / 6, 26.0, False), ("c1", 1 / 4, 36.0, False)), 1),
     "fp16": ((("fp16", 1.0, 99.0, False),), 0),
-}  # fmt: skip
+}  # fmt: skip # keep: a ladder table: one rung a tuple
 
 
 def scale_ladders(shard_fp16: int, shards: int, decode_bytes_per_s: float = 6e8) -> tuple[dict, dict]:

@@ -209,7 +209,7 @@ def test_phone_run_cli_writes_the_image_and_prints_the_report(agent, cloud, user
     Image.fromarray(user_image).save(src)
     argv = ["phone", "run", "--agent", agent, "--token", PHONE_TOKEN, "--cloud", cloud.url, "--template", TEMPLATE_ID,
             "--image", str(src), "--prompt", PROMPT, "--out", str(out), "--policy", "fetch-fp16", "--steps", "3",
-            "--seed", "11", "--quiet"]  # fmt: skip
+            "--seed", "11", "--quiet"]  # fmt: skip # keep: flags beside their values
     assert main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
     assert list(printed)[0] == "summary" and printed["policy"] == "fetch-fp16" and "latency_s" in printed

@@ -38,7 +38,8 @@ def _phone_run(agent: str, cloud, image_path, out, policy: str, capsys) -> dict:
     report = out.with_suffix(".json")
     rc = main(["phone", "run", "--agent", agent, "--token", PHONE_TOKEN, "--cloud", cloud.url, "--template",
                TEMPLATE_ID, "--image", str(image_path), "--prompt", PROMPT, "--out", str(out), "--policy", policy,
-               "--steps", "2", "--seed", "5", "--report", str(report), "--quiet"])  # fmt: skip
+               "--steps", "2",
+               "--seed", "5", "--report", str(report), "--quiet"])  # fmt: skip # keep: flags beside their values
     printed = capsys.readouterr()
     assert rc == 0, printed.err
     return json.loads(report.read_text())
@@ -103,7 +104,8 @@ def test_per_step_phone_run_on_the_emulated_htp_matches_the_torch_agent(qnn_agen
         out, report = tmp_path / f"{name}.png", tmp_path / f"{name}.json"
         rc = main(["phone", "run", "--agent", qnn_agents[name], "--token", PHONE_TOKEN, "--cloud", cloud.url,
                    "--template", per_step_template, "--image", str(image_path), "--prompt", PROMPT, "--out", str(out),
-                   "--policy", policy, "--steps", "2", "--seed", "5", "--report", str(report), "--quiet"])  # fmt: skip
+                   "--policy", policy, "--steps", "2",
+                   "--seed", "5", "--report", str(report), "--quiet"])  # fmt: skip # keep: flags beside their values
         assert rc == 0, capsys.readouterr().err
         images[name] = np.asarray(Image.open(out).convert("RGB"))
         reports[name] = json.loads(report.read_text())

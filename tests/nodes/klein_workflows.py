@@ -75,7 +75,7 @@ NATIVE = {
     "BasicGuider": ([_i("model", "MODEL"), _i("conditioning", "CONDITIONING")], ["GUIDER"]),
     "SamplerCustomAdvanced": ([_i("noise", "NOISE"), _i("guider", "GUIDER"), _i("sampler", "SAMPLER"),
                                _i("sigmas", "SIGMAS"), _i("latent_image", "LATENT")], ["LATENT", "LATENT"]),
-}  # fmt: skip
+}  # fmt: skip # keep: a table: one node schema a row
 
 
 def native_schemas() -> dict:
@@ -94,7 +94,7 @@ SIZES_KLEIN = {
     "SakuraTemplateLoader": (420, 330), "SakuraAdaptiveFetch": (380, 230), "SakuraTemplateKV": (420, 160),
     "SakuraTemplateKVReport": (300, 70), "PreviewAny": (420, 300), "LoadImage": (360, 420), "SaveImage": (420, 460),
     "Note": (420, 560),
-}  # fmt: skip
+}  # fmt: skip # keep: a table of node sizes
 
 
 def setup_note(what: str, template_id: str, extra: str = "", images: str = "--image <template image>") -> str:
@@ -142,7 +142,7 @@ def _common(template_id: str, user_file: str, prefix: str) -> list[Node]:
         Node(23, "SakuraTemplateKVReport", "Sakura Template KV Report", (1820, 740),
              {"model": (12, 0), "samples": (20, 0)}),
         Node(24, "PreviewAny", "Report (JSON)", (1820, 860), {"source": (23, 0)}),
-    ]  # fmt: skip
+    ]  # fmt: skip # keep: a workflow's node table: one node a row
 
 
 def _ksampler() -> list[Node]:
@@ -153,7 +153,7 @@ def _ksampler() -> list[Node]:
         Node(20, "KSampler", "KSampler (any sampler works)", (1820, 60),
              {"model": (12, 0), "positive": (7, 0), "negative": (8, 0), "latent_image": (6, 0), "steps": 4,
               "cfg": 1.0, "sampler_name": "euler", "scheduler": "simple", "denoise": 0.85}),
-    ]  # fmt: skip
+    ]  # fmt: skip # keep: a workflow's node table: one node a row
 
 
 def face_swap() -> list[Node]:
@@ -201,7 +201,7 @@ def per_step_edit() -> list[Node]:
             "K/V from the sampler's sigma (another step count or size is refused, naming both schedules). "
             "SplitSigmas starts the edit at step 1 from your image.", "klein-edit-per-step",
             "--kv-mode per-step --steps 4")}),
-    ]  # fmt: skip
+    ]  # fmt: skip # keep: a workflow's node table: one node a row
     nodes[6].values["text"] = "place the object of the input image in the marked region of the reference image"
     return nodes
 

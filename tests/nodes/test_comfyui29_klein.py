@@ -70,7 +70,7 @@ def klein(tmp_path_factory):
     ):
         subprocess.run([sys.executable, "-m", "sakura_core.cli", "precompute", "--store", str(store), "--model", spec,
                         "--image", str(work / "ref.png"), "--id", template_id, "--store-profile", "full", *mode],
-                       check=True, cwd=REPO, timeout=900)  # fmt: skip
+                       check=True, cwd=REPO, timeout=900)  # fmt: skip # keep: flags beside their values
     model = load_edit_model(spec)
     tokens = model.template_tokens(image)  # (1, T, 128) the template pass's reference tokens
     rows, cols = model.template_grid(image)

@@ -62,7 +62,7 @@ SIZES = {
     "SakuraPipelinedSampler": (480, 330), "SakuraPhoneDevice": (380, 130), "LoadImage": (360, 420),
     "SaveImage": (400, 170), "PreviewImage": (800, 420), "PreviewAny": (480, 420), "ImageScaleBy": (360, 110),
     "Note": (420, 520),
-}  # fmt: skip
+}  # fmt: skip # keep: a table of node sizes
 ENLARGE = 8.0  # the demo model's 64 px edit shown at 512 px: ComfyUI's previews never scale an image up
 SETUP = (
     "Before Run (docs/comfyui.md, 'The shipped workflows'):\n"
@@ -99,7 +99,7 @@ def _chain(template_id: str, user_file: str, prefix: str, about: str, policy="sa
              {"image": (5, 0), "upscale_method": "nearest-exact", "scale_by": ENLARGE}),
         Node(12, "PreviewImage", f"Edited image (x{ENLARGE:g}, nearest)", (1840, 290), {"images": (11, 0)},
              size=(560, 560)),
-    ]  # fmt: skip
+    ]  # fmt: skip # keep: a workflow's node table: one node a row
     if phone:
         nodes.append(Node(9, "SakuraPhoneDevice", "Sakura Phone Device", (900, 350),
                           {"connection": PHONE_URL, "token": "", "cloud_url": ""}))  # fmt: skip

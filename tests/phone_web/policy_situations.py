@@ -57,7 +57,7 @@ _SITUATIONS = [
                                                                "got": {2: [(0, 2.0)], 3: [(0, 3.0)]}}))]),
     ("baselines-fp16", "fetch-fp16", {}, [("choose", 0, (1e6, {})), ("keep_template", 0, (1e6, {}))]),
     ("baselines-device", "on-device", {}, [("choose", 0, (1e6, {})), ("keep_template", 0, (1e6, {}))]),
-]  # fmt: skip
+]  # fmt: skip # keep: a table: one situation a row
 
 
 def situations() -> list[dict]:

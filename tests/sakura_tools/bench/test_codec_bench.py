@@ -52,7 +52,7 @@ def test_cli_writes_json(tmp_path, capsys):
             "--codecs", "fp16,sakura", "--probes", "2", "--held-out-probes", "1", "--repeats", "1",
             "--no-phone-scale", "--weights", "random",
         ]
-    )  # fmt: skip
+    )  # fmt: skip # keep: flags beside their values
     assert rc == 0
     data = json.loads(out.read_text())
     assert {r["name"] for r in data["codecs"]} == {"fp16", "sakura", "sakura-uniform"}

@@ -22,7 +22,8 @@ def test_sim_bench_writes_consistent_json_and_plots(tmp_path, capsys):
     rc = main(["bench", "e2e", "--mode", "sim", "--traces", str(traces), "--policies",
                "on-device-cached,fetch-fp16,cachegen,sakura,oracle,free-kv", "--json", str(out),
                "--plots", str(tmp_path / "plots"), "--starts", "2", "--steps", "2", "--no-calibrate",
-               "--geometry", "klein4b-512-ref1024", "--kv-mode", "single", "--ladders", str(LADDERS)])  # fmt: skip
+               "--geometry", "klein4b-512-ref1024",
+               "--kv-mode", "single", "--ladders", str(LADDERS)])  # fmt: skip # keep: flags beside their values
     assert rc == 0
     data = json.loads(out.read_text())
     assert data["mode"] == "sim" and "SIMULATION" in data["label"]

@@ -87,7 +87,7 @@ def _e2e(traces: Path, out: Path, *extra: str) -> None:
     argv = ["bench", "e2e", "--traces", str(traces), "--policies", "sakura,on-device", "--profile",
             "snapdragon-8-elite-gpu", "--kv-mode", "single", "--geometry", "phone-dit-512", "--starts", "1",
             "--ladders", str(ROOT / "docs/results/ladders"), "--planning", "1", "--no-calibrate", "--no-regime-map",
-            "--json", str(out), *extra]  # fmt: skip
+            "--json", str(out), *extra]  # fmt: skip # keep: flags beside their values
     assert main(argv) == 0
 
 
@@ -117,7 +117,8 @@ def _peak_rss_kib(tmp_path: Path, traces: Path, name: str) -> int:
     argv = ["bench", "e2e", "--traces", str(traces), "--policies", "sakura,on-device", "--profile",
             "snapdragon-8-elite-gpu", "--kv-mode", "single", "--geometry", "klein4b-512-ref1024", "--starts", "2",
             "--ladders", str(ROOT / "docs/results/ladders"), "--planning", "1", "--no-calibrate", "--no-regime-map",
-            "--events", "sakura,on-device", "--json", str(tmp_path / name)]  # fmt: skip
+            "--events", "sakura,on-device",
+            "--json", str(tmp_path / name)]  # fmt: skip # keep: flags beside their values
     out = subprocess.run([sys.executable, "-c", _RSS, *argv], cwd=ROOT, capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 

@@ -66,7 +66,7 @@ def test_the_e2e_bench_states_the_store_profile(tmp_path, capsys, monkeypatch):
     common = ["bench", "e2e", "--mode", "sim", "--traces", "sakura_core/fetch/traces", "--policies",
               "sakura,fetch-fp16", "--kv-mode", "per-step", "--geometry", "klein4b-512-ref1024", "--starts", "1",
               "--ladders", "docs/results/ladders", "--planning", "off", "--no-calibrate", "--no-runs",
-              "--no-regime-map"]  # fmt: skip
+              "--no-regime-map"]  # fmt: skip # keep: flags beside their values
     out = {}
     for profile in ("serving", "full"):
         path = tmp_path / f"{profile}.json"

@@ -95,7 +95,7 @@ def test_a_28_step_per_step_edit_runs_in_the_e2e_bench(tmp_path):
     argv = ["bench", "e2e", "--traces", str(tmp_path / "t"), "--policies", "sakura,on-device", "--profile",
             "snapdragon-8-elite-gpu", "--kv-mode", "per-step", "--geometry", "phone-dit-512", "--edit-steps", "28",
             "--starts", "1", "--ladders", str(ROOT / "docs/results/ladders"), "--planning", "1", "--no-calibrate",
-            "--no-regime-map", "--json", str(out)]  # fmt: skip
+            "--no-regime-map", "--json", str(out)]  # fmt: skip # keep: flags beside their values
     assert main(argv) == 0
     r = load_e2e(out)["results"][0]
     assert r["steps"] == 28 and r["model"]["steps"] == 28 and "--edit-steps 28" in load_e2e(out)["command"]
