@@ -73,8 +73,10 @@ def test_a_hundred_edits_leave_the_heap_within_2x(page_store, chromium, tmp_path
     Image.fromarray(load_image("chelsea", page_store[2].spec.image_size)).save(photo)
     heap = _heap_over_runs(chromium, page_store, photo, "?test-keep-kv" if leak else "", stop_over_2x=leak)
     growth = heap[-1] / heap[0]
-    print(f"heap after edit 1: {heap[0] / 1e6:.1f} MB, after edit {len(heap)}: {heap[-1] / 1e6:.1f} MB ({growth:.2f}x), "  # noqa: T201
-          f"max {max(heap) / 1e6:.1f} MB{' (every edit K/V kept)' if leak else ''}")  # fmt: skip
+    print(  # noqa: T201
+        f"heap after edit 1: {heap[0] / 1e6:.1f} MB, after edit {len(heap)}: {heap[-1] / 1e6:.1f} MB ({growth:.2f}x), "
+        f"max {max(heap) / 1e6:.1f} MB{' (every edit K/V kept)' if leak else ''}"
+    )
     if leak:
         assert growth > MAX_GROWTH, heap  # the check catches a page that keeps each edit's K/V
     else:

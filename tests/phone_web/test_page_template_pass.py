@@ -139,8 +139,10 @@ def test_the_on_device_edit_on_the_page_equals_python(page_store, chromium, tmp_
     got = state["image"]
     want = python_edit(store, model, user, SEED, template_id, split)
     psnr = psnr_uint8(got, want)
-    print(f"{template_id} split {split}: PSNR {psnr:.2f} dB, max |diff| {int(np.abs(got.astype(int) - want).max())}; "  # noqa: T201
-          f"{report['bytes_fetched']} B fetched; {report['timings_s']}")  # fmt: skip
+    print(  # noqa: T201
+        f"{template_id} split {split}: PSNR {psnr:.2f} dB, max |diff| {int(np.abs(got.astype(int) - want).max())}; "
+        f"{report['bytes_fetched']} B fetched; {report['timings_s']}"
+    )
     assert psnr >= 45.0, psnr
     assert psnr_uint8(got, python_edit(store, model, user, SEED + 1, template_id, split)) < 40.0
     # what the edit fetched: the template image and the fp16 shards of layers >= split (none for the on-device edit)

@@ -38,8 +38,14 @@ def test_layer_mapping_keeps_double_and_single_blocks_apart():
 
 def _demo(L0=6):
     # two families, 2 levels; demo shard d has ratio (2 + d) at level 0, 1 at level 1; level 0 MSE share 1e-3
-    lv = lambda j, ratio: {"name": f"l{j}", "ratio": ratio, "mse": [1e-3] * L0, "psnr_db": 30.0 + 10 * j,  # noqa: E731
-                           "progressive": True, "level": j}  # fmt: skip
+    lv = lambda j, ratio: {  # noqa: E731
+        "name": f"l{j}",
+        "ratio": ratio,
+        "mse": [1e-3] * L0,
+        "psnr_db": 30.0 + 10 * j,
+        "progressive": True,
+        "level": j,
+    }
     fams = {
         "sakura": {"codec": "sakura", "levels": [lv(0, [2.0 + d for d in range(L0)]), lv(1, [1.5] * L0)]},
         "cachegen": {"codec": "cachegen", "levels": [lv(0, [3.0] * L0), lv(1, [2.0] * L0)]},
