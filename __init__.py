@@ -35,8 +35,11 @@ def _own_packages_importable() -> None:
         _logging.getLogger(__name__).warning(
             "SAKURA: sakura_core is imported from %s, not from this node pack (%s); run `%s -m pip uninstall "
             "sakura-kv` (or `pip install -e %s`) so the nodes and the core are the same version",
-            origin, _HERE, _sys.executable, _HERE,
-        )  # fmt: skip
+            origin,
+            _HERE,
+            _sys.executable,
+            _HERE,
+        )
 
 
 def _missing_requirements() -> list[str]:

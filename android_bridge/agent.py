@@ -56,8 +56,11 @@ def _job(request: web.Request) -> Job:
     job_id = request.match_info["job_id"]
     job = state.jobs.get(job_id) if len(job_id) == 32 and all(c in "0123456789abcdef" for c in job_id) else None
     if job is None:
-        raise _error(404, f"no job {job_id[:40]!r} (finished jobs are kept for the last {state.config.jobs_kept})",
-                     "no_such_job")  # fmt: skip
+        raise _error(
+            404,
+            f"no job {job_id[:40]!r} (finished jobs are kept for the last {state.config.jobs_kept})",
+            "no_such_job",
+        )
     return job
 
 
@@ -68,10 +71,18 @@ async def _auth(request: web.Request, handler):
         if not token_matches(bearer_token(request.headers.get("Authorization")), state.config.token):
             retry_s = state.token_throttle.failed(request.remote)  # a right token is never limited
             if retry_s is not None:
-                raise _error(429, "too many wrong pairing tokens from this address; retry later with the right one",
-                             "rate_limited", {"Retry-After": f"{retry_s:.0f}"})  # fmt: skip
-            raise _error(401, "a valid pairing token is required (Authorization: Bearer <token>)", "unauthorized",
-                         {"WWW-Authenticate": 'Bearer realm="sakura-phone"'})  # fmt: skip
+                raise _error(
+                    429,
+                    "too many wrong pairing tokens from this address; retry later with the right one",
+                    "rate_limited",
+                    {"Retry-After": f"{retry_s:.0f}"},
+                )
+            raise _error(
+                401,
+                "a valid pairing token is required (Authorization: Bearer <token>)",
+                "unauthorized",
+                {"WWW-Authenticate": 'Bearer realm="sakura-phone"'},
+            )
     return await handler(request)
 
 
@@ -142,8 +153,11 @@ async def handle_submit(request: web.Request) -> web.Response:
     state = request.app[AGENT_STATE_KEY]
     cfg = state.config
     if request.content_type != CONTENT_TYPE:
-        raise _error(415, f"send the job as {CONTENT_TYPE} (android_bridge.wire), not {request.content_type!r}",
-                     "unsupported_media_type")  # fmt: skip
+        raise _error(
+            415,
+            f"send the job as {CONTENT_TYPE} (android_bridge.wire), not {request.content_type!r}",
+            "unsupported_media_type",
+        )
     if request.content_length is not None and request.content_length > cfg.max_body_bytes:
         raise web.HTTPRequestEntityTooLarge(max_size=cfg.max_body_bytes, actual_size=request.content_length)
     if state.queue is None:
@@ -158,8 +172,11 @@ async def handle_submit(request: web.Request) -> web.Response:
     image = parts.get("image")
     if image is None or image.dtype != np.uint8 or image.shape != (s, s, 3):
         got = "no 'image' part" if image is None else f"{image.dtype} {tuple(image.shape)}"
-        raise _error(400, f"the job needs an 'image' part of ({s}, {s}, 3) uint8 for {state.model.spec.name}; got {got}",
-                     "bad_image")  # fmt: skip
+        raise _error(
+            400,
+            f"the job needs an 'image' part of ({s}, {s}, 3) uint8 for {state.model.spec.name}; got {got}",
+            "bad_image",
+        )
     try:
         memory = check_budget(_geometry(state), state.profile, cfg.memory_budget_bytes).to_json()
     except OverBudgetError as e:
@@ -170,8 +187,12 @@ async def handle_submit(request: web.Request) -> web.Response:
         try:
             memory = check_budget(_geometry(state), state.profile, cfg.memory_budget_bytes, rows * cols).to_json()
         except OverBudgetError as e:
-            raise _error(422, f"template {req.template_id!r} ({rows}x{cols} tokens): {e}", "over_memory_budget",
-                         memory=e.memory.to_json()) from e  # fmt: skip
+            raise _error(
+                422,
+                f"template {req.template_id!r} ({rows}x{cols} tokens): {e}",
+                "over_memory_budget",
+                memory=e.memory.to_json(),
+            ) from e
         job = Job(job_id=uuid.uuid4().hex, request=req, image=np.array(image), memory=memory, manifest=manifest)
         state.jobs[job.job_id] = job  # no await since the place was reserved: it passes to this job
         state.queue.put_nowait(job)
@@ -180,11 +201,17 @@ async def handle_submit(request: web.Request) -> web.Response:
     state.forget_old()
     url = f"/v1/jobs/{job.job_id}"
     return web.json_response(
-        {"job_id": job.job_id, "state": job.state, "position": position, "ws_url": url,
-         "result_url": f"{url}/result", "memory": memory},
+        {
+            "job_id": job.job_id,
+            "state": job.state,
+            "position": position,
+            "ws_url": url,
+            "result_url": f"{url}/result",
+            "memory": memory,
+        },
         status=202,
         headers={"Location": url},
-    )  # fmt: skip
+    )
 
 
 async def _decode_body(state: AgentState, request: web.Request) -> tuple[dict, dict]:
@@ -272,8 +299,10 @@ async def handle_delete(request: web.Request) -> web.Response:
         state.jobs.pop(job.job_id, None)
         return web.json_response({"job_id": job.job_id, "state": "deleted"})
     _cancel(state, job, "cancelled by the host")
-    return web.json_response({"job_id": job.job_id, "state": job.state if job.finished else "cancelling"},
-                             status=200 if job.finished else 202)  # fmt: skip
+    return web.json_response(
+        {"job_id": job.job_id, "state": job.state if job.finished else "cancelling"},
+        status=200 if job.finished else 202,
+    )
 
 
 # ---- app ------------------------------------------------------------------------------------------------------
@@ -320,8 +349,9 @@ async def _lifecycle(app: web.Application):
     state.geometry = DiTGeometry.of_demo(state.model)
     state.queue = asyncio.Queue()
     state.worker = asyncio.create_task(_worker(state))
-    logger.info("phone agent ready: profile %s, model %s (%s)", state.profile.name, state.model.spec.name,
-                state.model_id[:16])  # fmt: skip
+    logger.info(
+        "phone agent ready: profile %s, model %s (%s)", state.profile.name, state.model.spec.name, state.model_id[:16]
+    )
     yield
     for job in list(state.jobs.values()):
         _cancel(state, job, "the agent is shutting down")

@@ -48,8 +48,13 @@ def admit(state: AgentState) -> None:
     """One job runs, ``queue_size`` more may wait (places held by jobs being admitted count); beyond: 429."""
     size = state.config.queue_size
     if state.unfinished() + state.admitting >= size + 1:
-        raise http_error(429, f"the phone is busy: {len(state.queued())} job(s) waiting, {state.admitting} being "
-                              f"admitted (queue size {size})", "queue_full", {"Retry-After": "5"})  # fmt: skip
+        raise http_error(
+            429,
+            f"the phone is busy: {len(state.queued())} job(s) waiting, {state.admitting} being "
+            f"admitted (queue size {size})",
+            "queue_full",
+            {"Retry-After": "5"},
+        )
 
 
 @contextmanager
@@ -68,17 +73,19 @@ async def _checked_addresses(state: AgentState, req) -> tuple[str, ...]:
     cfg = state.config
     try:
         return await asyncio.wait_for(
-            check_cloud_host(req.server_url, allow_private=cfg.private_cloud_allowed,
-                             resolve=state.resolve or system_resolve),
+            check_cloud_host(
+                req.server_url, allow_private=cfg.private_cloud_allowed, resolve=state.resolve or system_resolve
+            ),
             cfg.manifest_timeout_s,
-        )  # fmt: skip
+        )
     except CloudHostRefused as e:
         logger.info("job refused, the job's cloud_url is at fault: %s", e)
         raise http_error(400, f"bad job: {e}", "bad_job") from e
     except (OSError, asyncio.TimeoutError) as e:
         logger.info("job refused: cannot resolve the cloud host of %s (%s)", req.server_url, type(e).__name__)
-        raise http_error(502, f"cannot resolve the cloud host of {req.server_url} ({type(e).__name__})",
-                         "cloud_unreachable") from e  # fmt: skip
+        raise http_error(
+            502, f"cannot resolve the cloud host of {req.server_url} ({type(e).__name__})", "cloud_unreachable"
+        ) from e
 
 
 async def admit_template(state: AgentState, req, declared_model_id: str | None):
@@ -88,15 +95,24 @@ async def admit_template(state: AgentState, req, declared_model_id: str | None):
     not hold (409), or that does not exist (404). Only the template id and the cloud token go to the cloud."""
     held = state.model_id
     if declared_model_id is not None and declared_model_id != held:
-        raise http_error(409, f"this phone does not hold model {str(declared_model_id)[:16]}…; it holds "
-                              f"{held[:16]}… ({state.model.spec.name})", "model_not_held", held_model_id=held)  # fmt: skip
+        raise http_error(
+            409,
+            f"this phone does not hold model {str(declared_model_id)[:16]}…; it holds "
+            f"{held[:16]}… ({state.model.spec.name})",
+            "model_not_held",
+            held_model_id=held,
+        )
     req = replace(req, addresses=await _checked_addresses(state, req))
     try:
         return req, await _fetch_manifest(state, req)
     except web.HTTPException as e:
         if e.status >= 500:
-            logger.warning("job on template %r refused, the cloud at %s is at fault: %s", req.template_id,
-                           req.server_url, json.loads(e.text or "{}").get("error"))  # fmt: skip
+            logger.warning(
+                "job on template %r refused, the cloud at %s is at fault: %s",
+                req.template_id,
+                req.server_url,
+                json.loads(e.text or "{}").get("error"),
+            )
         raise
 
 
@@ -119,23 +135,36 @@ async def _fetch_manifest(state: AgentState, req):
             manifest = await asyncio.wait_for(client.get_manifest(tid), state.config.manifest_timeout_s)
         return check_against_model(manifest, tid, state.model)
     except ModelMismatchError as e:
-        raise http_error(409, f"template {tid!r} was computed for another model than the one this phone holds "
-                              f"({held[:16]}…, {state.model.spec.name}): {str(e)[:160]}", "model_not_held",
-                         held_model_id=held) from e  # fmt: skip
+        raise http_error(
+            409,
+            f"template {tid!r} was computed for another model than the one this phone holds "
+            f"({held[:16]}…, {state.model.spec.name}): {str(e)[:160]}",
+            "model_not_held",
+            held_model_id=held,
+        ) from e
     except TemplateNotFoundError as e:
         raise http_error(404, f"the cloud has no template {tid!r}", "template_not_found") from e
     except AuthError as e:
-        raise http_error(502, f"the cloud at {url} refused this phone's token (set the job's cloud_token)",
-                         "cloud_auth") from e  # fmt: skip
+        raise http_error(
+            502, f"the cloud at {url} refused this phone's token (set the job's cloud_token)", "cloud_auth"
+        ) from e
     except ManifestLimitError as e:  # our own message: the field, its value (a number) and the bound
         raise http_error(422, f"template {tid!r} is too large for this phone: {e}", "template_too_large") from e
     except ManifestError as e:  # the class only: the text may quote what the cloud sent
-        raise http_error(502, f"the cloud at {url} sent a manifest of template {tid!r} this phone cannot use "
-                              f"({type(e).__name__})", "bad_manifest") from e  # fmt: skip
+        raise http_error(
+            502,
+            f"the cloud at {url} sent a manifest of template {tid!r} this phone cannot use ({type(e).__name__})",
+            "bad_manifest",
+        ) from e
     except RedirectRefusedError as e:  # the URL asked and the Location answered; the redirect was not followed
-        raise http_error(502, f"the cloud at {url} answered HTTP {e.status} for the manifest of template {tid!r}, "
-                              f"a redirect to {e.location[:200]!r}; the agent does not follow redirects: give the "
-                              "final server URL as cloud_url", "cloud_redirect", location=e.location[:300]) from e  # fmt: skip
+        raise http_error(
+            502,
+            f"the cloud at {url} answered HTTP {e.status} for the manifest of template {tid!r}, "
+            f"a redirect to {e.location[:200]!r}; the agent does not follow redirects: give the "
+            "final server URL as cloud_url",
+            "cloud_redirect",
+            location=e.location[:300],
+        ) from e
     except (FetchError, asyncio.TimeoutError, OSError) as e:
         # the error's class only: its text may quote whatever page the URL led to
         raise http_error(502, f"cannot reach the cloud at {url} ({type(e).__name__})", "cloud_unreachable") from e

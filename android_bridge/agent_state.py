@@ -93,15 +93,19 @@ class AgentConfig:
         if self.backend not in ("torch", "qnn"):
             raise ValueError(f"backend must be 'torch' or 'qnn', got {self.backend!r}")
         if self.backend == "qnn" and (self.device != "cpu" or self.dtype not in (None, "float32", "fp32")):
-            raise ValueError(f"backend 'qnn' exports the float32 model from the CPU; drop --device {self.device} / "
-                             f"--dtype {self.dtype} (or use --backend torch)")  # fmt: skip
+            raise ValueError(
+                f"backend 'qnn' exports the float32 model from the CPU; drop --device {self.device} / "
+                f"--dtype {self.dtype} (or use --backend torch)"
+            )
         if not isinstance(self.token, str) or len(self.token) < 8 or not self.token.isprintable() or " " in self.token:
             raise ValueError("token must be at least 8 printable characters without spaces (the pairing token)")
         get_profile(self.profile)  # raises naming the choices
         if not is_loopback(self.host):
             if not self.allow_lan:
-                raise ValueError(f"host {self.host!r} is not a loopback address: the agent would be reachable from "
-                                 "the network; pass allow_lan=True (--allow-lan) to mean it")  # fmt: skip
+                raise ValueError(
+                    f"host {self.host!r} is not a loopback address: the agent would be reachable from "
+                    "the network; pass allow_lan=True (--allow-lan) to mean it"
+                )
             if len(self.token) < 16:
                 raise ValueError("a LAN-reachable agent needs a pairing token of at least 16 characters")
         if not 0 <= self.port <= 65535:
@@ -122,8 +126,10 @@ class AgentConfig:
             )
 
         if self.allow_private_cloud not in (None, True, False):
-            raise ValueError(f"allow_private_cloud must be True, False or None (= only when host is loopback), got "
-                             f"{self.allow_private_cloud!r}")  # fmt: skip
+            raise ValueError(
+                f"allow_private_cloud must be True, False or None (= only when host is loopback), got "
+                f"{self.allow_private_cloud!r}"
+            )
 
     @property
     def private_cloud_allowed(self) -> bool:

@@ -65,8 +65,15 @@ async def _run_one(state: AgentState, job: Job) -> None:
     total = job.request.steps * layers
 
     def on_layer(step: int, layer: int) -> None:  # compute thread
-        event = {"type": "progress", "step": step, "layer": layer, "steps": job.request.steps, "layers": layers,
-                 "done": step * layers + layer + 1, "total": total}  # fmt: skip
+        event = {
+            "type": "progress",
+            "step": step,
+            "layer": layer,
+            "steps": job.request.steps,
+            "layers": layers,
+            "done": step * layers + layer + 1,
+            "total": total,
+        }
         loop.call_soon_threadsafe(job.emit, event)
 
     backend: dict[str, ComputeBackend] = {"backend": state.backend} if state.backend is not None else {}  # None: torch
@@ -75,9 +82,18 @@ async def _run_one(state: AgentState, job: Job) -> None:
     edit_fn = state.edit_fn
     assert edit_fn is not None  # set by the app's start-up (agent._lifecycle) before the worker runs
     edit = asyncio.ensure_future(
-        edit_fn(state.model, job.request, job.image, profile=state.live_profile, cancel=job.cancel,
-                      on_layer=on_layer, prefetch_kv_bytes=room, manifest=job.manifest, **backend)
-    )  # fmt: skip
+        edit_fn(
+            state.model,
+            job.request,
+            job.image,
+            profile=state.live_profile,
+            cancel=job.cancel,
+            on_layer=on_layer,
+            prefetch_kv_bytes=room,
+            manifest=job.manifest,
+            **backend,
+        )
+    )
 
     def timeout() -> None:
         _cancel(state, job, f"job timeout: over {state.config.job_timeout_s:.0f} s")
@@ -175,8 +191,14 @@ def _simulate(state: AgentState, job: Job, outcome) -> dict:
             raise ValueError("no manifest was fetched for this job")
         fetch_s = sum(e["end"] - e["start"] for e in outcome.report.get("timeline", []) if e.get("lane") == "fetch")
         measured = outcome.report.get("bytes_fetched", 0) / fetch_s if fetch_s > 0 else None
-        return simulate_phone_job(job.manifest, job.request.policy, state.profile, steps=job.request.steps,
-                                  trace=job.request.link.trace(), measured_bytes_per_s=measured)  # fmt: skip
+        return simulate_phone_job(
+            job.manifest,
+            job.request.policy,
+            state.profile,
+            steps=job.request.steps,
+            trace=job.request.link.trace(),
+            measured_bytes_per_s=measured,
+        )
     except Exception as e:  # noqa: BLE001 - the simulation is an annotation; say why it is missing
         logger.info("job %s: no simulated phone latency: %s", job.job_id, e)
         return {"label": "SIMULATION unavailable", "error": f"{type(e).__name__}: {e}"}

@@ -29,28 +29,44 @@ logger = logging.getLogger(__name__)
 
 def add_arguments(parser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback)")
-    parser.add_argument("--allow-lan", action="store_true",
-                        help="permit a non-loopback --host (needs a token of >= 16 characters)")  # fmt: skip
-    parser.add_argument("--allow-private-cloud", action=argparse.BooleanOptionalAction, default=None,
-                        help="let a job's cloud be a loopback or private address (its host resolved first); default: "
-                        "only when --host is loopback. Link-local, multicast and 0.0.0.0 are always refused")  # fmt: skip
+    parser.add_argument(
+        "--allow-lan", action="store_true", help="permit a non-loopback --host (needs a token of >= 16 characters)"
+    )
+    parser.add_argument(
+        "--allow-private-cloud",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let a job's cloud be a loopback or private address (its host resolved first); default: "
+        "only when --host is loopback. Link-local, multicast and 0.0.0.0 are always refused",
+    )
     parser.add_argument("--port", type=int, default=8765, help="TCP port, 0 = any free port (default: %(default)s)")
     parser.add_argument("--profile", default="snapdragon-8-elite-npu", help=f"device profile: {', '.join(PROFILES)}")
     parser.add_argument("--token", default=None, help=f"pairing token (default: ${TOKEN_ENV})")
     parser.add_argument("--queue", type=int, default=2, help="jobs that may wait behind the running one")
-    parser.add_argument("--memory-budget-mib", type=float, default=None,
-                        help="memory one edit may use (MiB); default: the profile's (NPU session or app share)")  # fmt: skip
+    parser.add_argument(
+        "--memory-budget-mib",
+        type=float,
+        default=None,
+        help="memory one edit may use (MiB); default: the profile's (NPU session or app share)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads for the emulated phone")
     parser.add_argument("--weights", default="auto", help="demo model weights: auto, none (random init) or a path")
-    parser.add_argument("--model", default="demo",
-                        help="demo, the path of a diffusers FLUX.2 [klein] pipeline folder (model_index.json), or "
-                        "klein-files:diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR (ComfyUI's single files)")  # fmt: skip
+    parser.add_argument(
+        "--model",
+        default="demo",
+        help="demo, the path of a diffusers FLUX.2 [klein] pipeline folder (model_index.json), or "
+        "klein-files:diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR (ComfyUI's single files)",
+    )
     add_device_arguments(parser, what="the emulated phone")
     parser.add_argument("--job-timeout", type=float, default=600.0, help="seconds before a running job is cancelled")
     parser.add_argument("--no-simulation", action="store_true", help="do not add the simulated phone latency")
-    parser.add_argument("--backend", choices=("torch", "qnn"), default="torch",
-                        help="what runs the model's blocks: torch (reference) or qnn (onnxruntime-qnn HTP, CPU "
-                        "fallback disabled; EMULATED on x86) (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--backend",
+        choices=("torch", "qnn"),
+        default="torch",
+        help="what runs the model's blocks: torch (reference) or qnn (onnxruntime-qnn HTP, CPU "
+        "fallback disabled; EMULATED on x86) (default: %(default)s)",
+    )
     parser.add_argument(
         "--qnn-cache",
         default=None,
@@ -114,8 +130,11 @@ def run(args) -> int:
     def ready(port: int) -> None:
         host = f"[{config.host}]" if ":" in config.host else config.host
         htp = " on the EMULATED HTP" if config.backend == "qnn" else ""
-        print(f"phone agent listening on http://{host}:{port} profile={config.profile} backend={config.backend}{htp} "
-              "(emulated)", flush=True)  # fmt: skip
+        print(
+            f"phone agent listening on http://{host}:{port} profile={config.profile} backend={config.backend}{htp} "
+            "(emulated)",
+            flush=True,
+        )
 
     asyncio.run(serve(config, ready=ready))
     print("sakura phone-agent: stopped", flush=True)

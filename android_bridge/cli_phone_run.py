@@ -62,8 +62,16 @@ def run(args) -> int:
             print(f"sakura phone run: {problem}", file=sys.stderr)
             return 1
     try:
-        job = PhoneJob(cloud_url=args.cloud, template_id=args.template, prompt=args.prompt, steps=args.steps,
-                       seed=args.seed, policy=args.policy, bandwidth=args.bandwidth, cloud_token=args.cloud_token)  # fmt: skip
+        job = PhoneJob(
+            cloud_url=args.cloud,
+            template_id=args.template,
+            prompt=args.prompt,
+            steps=args.steps,
+            seed=args.seed,
+            policy=args.policy,
+            bandwidth=args.bandwidth,
+            cloud_token=args.cloud_token,
+        )
     except ValueError as e:  # a prompt that is not text (a lone surrogate), a bad --bandwidth
         print(f"sakura phone run: {e}", file=sys.stderr)
         return 2

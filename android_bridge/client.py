@@ -98,8 +98,9 @@ class PhoneJob:
         check_prompt(self.prompt)  # refused here, before anything goes to the phone
         spec = self.bandwidth
         if isinstance(spec, LinkSpec) and spec.kind == "trace" or isinstance(spec, str) and spec.startswith("trace:"):
-            raise ValueError(f"link {str(spec)!r} reads a file on this host; a phone job takes 'live' or "
-                             "'fixed:<Mbit/s>'")  # fmt: skip
+            raise ValueError(
+                f"link {str(spec)!r} reads a file on this host; a phone job takes 'live' or 'fixed:<Mbit/s>'"
+            )
         link = LinkSpec.parse(spec)  # raises naming the bad value
         object.__setattr__(self, "bandwidth", link.to_wire())
 
@@ -137,8 +138,12 @@ async def _raise_for(resp: aiohttp.ClientResponse, what: str) -> None:
         return
     if resp.status < 400:  # requests carry the pairing token and the user's image: never re-sent elsewhere
         where = resp.headers.get("Location", "(no Location)")
-        raise PhoneError(f"{what}: the phone agent at {resp.url} answered HTTP {resp.status} redirecting to {where}; "
-                         "redirects are not followed: point the host at the agent's own URL", resp.status, "redirect")  # fmt: skip
+        raise PhoneError(
+            f"{what}: the phone agent at {resp.url} answered HTTP {resp.status} redirecting to {where}; "
+            "redirects are not followed: point the host at the agent's own URL",
+            resp.status,
+            "redirect",
+        )
     try:
         body = await resp.json(content_type=None)
     except (ValueError, aiohttp.ContentTypeError):
@@ -165,8 +170,15 @@ class PhoneClient:
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     @classmethod
-    def connect(cls, spec: str | Transport, token: str | None = None, *, adb_client: Any | None = None,
-                timeout_s: float = 30.0, check: bool = True) -> PhoneClient:  # fmt: skip
+    def connect(
+        cls,
+        spec: str | Transport,
+        token: str | None = None,
+        *,
+        adb_client: Any | None = None,
+        timeout_s: float = 30.0,
+        check: bool = True,
+    ) -> PhoneClient:
         """Open the transport (``http://...``, ``adb[:SERIAL][@PORT]`` or a Transport) and, with ``check``, call
         :meth:`info` once so a wrong token or an unreachable phone fails here, with the reason."""
         transport = transport_from_spec(spec, adb_client=adb_client) if isinstance(spec, str) else spec
@@ -205,9 +217,10 @@ class PhoneClient:
 
     def _session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
-            base_url=self.open(), headers=self._headers, timeout=aiohttp.ClientTimeout(total=None,
-            sock_connect=self.timeout_s, sock_read=None)
-        )  # fmt: skip
+            base_url=self.open(),
+            headers=self._headers,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=None),
+        )
 
     # ---- API ------------------------------------------------------------------------------------------------
     def info(self) -> dict:
@@ -218,8 +231,14 @@ class PhoneClient:
         async with self._session() as session:
             return await self._info(session)
 
-    def run_job(self, image: np.ndarray, job: PhoneJob | None = None, *,
-                on_progress: Callable[[dict], None] | None = None, **job_fields) -> tuple[np.ndarray, dict]:  # fmt: skip
+    def run_job(
+        self,
+        image: np.ndarray,
+        job: PhoneJob | None = None,
+        *,
+        on_progress: Callable[[dict], None] | None = None,
+        **job_fields,
+    ) -> tuple[np.ndarray, dict]:
         """Run one edit on the phone; returns (edited image (S, S, 3) uint8, the phone's report).
 
         Args:
@@ -239,8 +258,14 @@ class PhoneClient:
         """Cancel the job :meth:`run_job` is running (thread-safe; the phone stops between layers)."""
         self._cancel.set()
 
-    async def arun_job(self, image: np.ndarray, job: PhoneJob | None = None, *,
-                       on_progress: Callable[[dict], None] | None = None, **job_fields) -> tuple[np.ndarray, dict]:  # fmt: skip
+    async def arun_job(
+        self,
+        image: np.ndarray,
+        job: PhoneJob | None = None,
+        *,
+        on_progress: Callable[[dict], None] | None = None,
+        **job_fields,
+    ) -> tuple[np.ndarray, dict]:
         if job is not None and job_fields:
             raise TypeError(f"pass a PhoneJob or its fields, not both (got job and {sorted(job_fields)})")
         job = job if job is not None else PhoneJob(**job_fields)
@@ -251,8 +276,13 @@ class PhoneClient:
             size = int(info["model"]["image_size"])
             user = _fit_image(image, size)
             body = encode_job_body(job.header(), {"image": user})
-            async with session.post("/v1/jobs", data=body, headers={"Content-Type": CONTENT_TYPE}, allow_redirects=False,
-                                    timeout=aiohttp.ClientTimeout(total=self.timeout_s * 2)) as resp:  # fmt: skip
+            async with session.post(
+                "/v1/jobs",
+                data=body,
+                headers={"Content-Type": CONTENT_TYPE},
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s * 2),
+            ) as resp:
                 await _raise_for(resp, f"job on template {job.template_id!r}")
                 submitted = await resp.json()
             job_id = submitted["job_id"]
@@ -266,8 +296,9 @@ class PhoneClient:
                 raise PhoneJobCancelled(f"job {job_id} cancelled: {terminal.get('reason')}", 0, "cancelled", terminal)
             if terminal["type"] == "error":
                 await self._delete(session, job_id, None)
-                raise PhoneJobFailed(f"job {job_id} failed on the phone: {terminal.get('error')}", 0,
-                                     terminal.get("code", ""), terminal)  # fmt: skip
+                raise PhoneJobFailed(
+                    f"job {job_id} failed on the phone: {terminal.get('error')}", 0, terminal.get("code", ""), terminal
+                )
             result = await self._result(session, job_id)
             await self._delete(session, job_id, None)  # the phone forgets the job and its result
             return result
@@ -336,16 +367,20 @@ class PhoneClient:
                 elif ctype == "image/png":
                     png = bytes(await part.read(decode=False))
         if report is None or png is None:
-            raise PhoneError(f"result of job {job_id}: expected a JSON report and a PNG, got "
-                             f"{'no report' if report is None else 'no image'}")  # fmt: skip
+            raise PhoneError(
+                f"result of job {job_id}: expected a JSON report and a PNG, got "
+                f"{'no report' if report is None else 'no image'}"
+            )
         try:
             image = decode_image(png, f"result image of job {job_id}")[0]
         except ValueError as e:  # not an image, past the pixel limit
             raise PhoneError(str(e)) from e
         digest = hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest()
         if report.get("image_sha256") not in (None, digest):
-            raise PhoneError(f"result of job {job_id}: image digest {digest[:16]}… does not match the report's "
-                             f"{str(report.get('image_sha256'))[:16]}…")  # fmt: skip
+            raise PhoneError(
+                f"result of job {job_id}: image digest {digest[:16]}… does not match the report's "
+                f"{str(report.get('image_sha256'))[:16]}…"
+            )
         return image, report
 
     async def _delete(self, session, job_id: str, why: str | None) -> None:

@@ -190,13 +190,13 @@ def _base_report(model, config: ExportConfig) -> dict:
             "heads": a.num_heads,
             "head_dim": a.head_dim,
             "params": sum(p.numel() for p in a.model.parameters()),
-        },  # fmt: skip
+        },
         "target": config.target,
         "shapes": {
             "text_tokens": spec.text_tokens,
             "image_tokens": spec.num_tokens,
             "template_tokens": spec.num_tokens,
-        },  # fmt: skip
+        },
         "timings_s": {},
     }
 
@@ -214,8 +214,10 @@ def _collect_samples(model, graph, config: ExportConfig, report: dict, say) -> _
         graph_err = _worst(samples.parity_of(lambda i: graph(*i).numpy()))
     report["parity"] = {"torch_export_graph_vs_torch": graph_err}
     report["timings_s"]["samples"] = round(time.perf_counter() - t0, 2)
-    say(f"samples: {len(calib)} calibration, {len(val_in)} validation steps; export graph vs torch max abs "
-        f"{graph_err['max_abs']:.2e}")  # fmt: skip
+    say(
+        f"samples: {len(calib)} calibration, {len(val_in)} validation steps; export graph vs torch max abs "
+        f"{graph_err['max_abs']:.2e}"
+    )
     return samples
 
 
@@ -226,8 +228,17 @@ def _export_fp32(graph, names: list[str], samples: _Samples, config: ExportConfi
     t0 = time.perf_counter()
     fp32 = config.out_dir / FP32_NAME
     try:
-        torch.onnx.export(graph, samples.calib[0], str(fp32), input_names=names, output_names=["velocity"],
-                          dynamo=True, opset_version=config.opset, external_data=False, verbose=False)  # fmt: skip
+        torch.onnx.export(
+            graph,
+            samples.calib[0],
+            str(fp32),
+            input_names=names,
+            output_names=["velocity"],
+            dynamo=True,
+            opset_version=config.opset,
+            external_data=False,
+            verbose=False,
+        )
     except Exception as e:  # noqa: BLE001 - the exporter raises many types; name the step
         raise ExportError(f"torch.onnx.export of the cached-KV graph failed: {e}") from e
     check_graph(fp32)
@@ -237,8 +248,10 @@ def _export_fp32(graph, names: list[str], samples: _Samples, config: ExportConfi
     report["parity"]["onnx_fp32_cpu_vs_torch"] = _worst(
         samples.parity_of(lambda i: cpu.run(None, graph_feeds(names, i))[0])
     )
-    say(f"fp32 ONNX: {sum(report['ops_fp32'].values())} nodes; ORT CPU vs torch max abs "
-        f"{report['parity']['onnx_fp32_cpu_vs_torch']['max_abs']:.2e}")  # fmt: skip
+    say(
+        f"fp32 ONNX: {sum(report['ops_fp32'].values())} nodes; ORT CPU vs torch max abs "
+        f"{report['parity']['onnx_fp32_cpu_vs_torch']['max_abs']:.2e}"
+    )
     return fp32
 
 
@@ -258,8 +271,10 @@ def _quantize_w8a16(fp32: Path, names: list[str], samples: _Samples, config: Exp
     report["parity"]["w8a16_qdq_cpu_vs_torch"] = _worst(
         samples.parity_of(lambda i: cpu_q.run(None, graph_feeds(names, i))[0])
     )
-    say(f"w8a16 QDQ: {sum(ops_qdq.values())} nodes; ORT CPU (simulated quantization) vs torch rel L2 "
-        f"{report['parity']['w8a16_qdq_cpu_vs_torch']['rel_l2']:.3e}")  # fmt: skip
+    say(
+        f"w8a16 QDQ: {sum(ops_qdq.values())} nodes; ORT CPU (simulated quantization) vs torch rel L2 "
+        f"{report['parity']['w8a16_qdq_cpu_vs_torch']['rel_l2']:.3e}"
+    )
     return qdq
 
 
@@ -277,19 +292,24 @@ def _compile_and_validate_qnn(qdq: Path, names, samples: _Samples, model, config
         stale.unlink()
     t0 = time.perf_counter()
     try:
-        qnn_session(qdq, soc_model=config.soc_model, strict=True, context_path=ctx,
-                    extra_options=config.extra_provider_options)  # fmt: skip
+        qnn_session(
+            qdq, soc_model=config.soc_model, strict=True, context_path=ctx, extra_options=config.extra_provider_options
+        )
     except Exception as e:  # noqa: BLE001 - ORT raises its own Fail types; find and report what did not fit
         report["qnn"] = {"compiled": False, "error": str(e)[:2000], **_permissive_coverage(qdq, config, out)}
         _write(out, report, names, model.spec, model.adapter, model)
-        raise ExportError(f"the QNN HTP did not take the whole graph (CPU fallback disabled): {str(e)[:500]}; "
-                          f"see {out / 'export_report.json'}") from e  # fmt: skip
+        raise ExportError(
+            f"the QNN HTP did not take the whole graph (CPU fallback disabled): {str(e)[:500]}; "
+            f"see {out / 'export_report.json'}"
+        ) from e
     report["timings_s"]["qnn_compile"] = round(time.perf_counter() - t0, 2)
     coverage = ctx_coverage(ctx)
     n_outside = sum(coverage["nodes_outside_qnn"].values())
     n_compute = sum(compute_ops.values())
-    say(f"QNN context binary for soc_model {config.soc_model}: {coverage['qnn_partitions']} partition(s), "
-        f"{n_outside} node(s) outside QNN")  # fmt: skip
+    say(
+        f"QNN context binary for soc_model {config.soc_model}: {coverage['qnn_partitions']} partition(s), "
+        f"{n_outside} node(s) outside QNN"
+    )
     _validate_on_htp(ctx, names, samples, model, config, report)
     report["qnn"] = {
         "compiled": True,
@@ -303,9 +323,11 @@ def _compile_and_validate_qnn(qdq: Path, names, samples: _Samples, model, config
         "op_coverage": (n_compute - n_outside) / n_compute if n_compute else 0.0,
         "emulated": "x86-64 libQnnHtp.so (HTP emulation): numerics, not phone timing",
     }
-    say(f"QNN HTP vs torch: max abs {report['parity']['qnn_htp_vs_torch']['max_abs']:.3e}, rel L2 "
+    say(
+        f"QNN HTP vs torch: max abs {report['parity']['qnn_htp_vs_torch']['max_abs']:.3e}, rel L2 "
         f"{report['parity']['qnn_htp_vs_torch']['rel_l2']:.3e}; whole-edit PSNR "
-        f"{report['parity']['qnn_htp_edit_psnr_db_vs_torch']} dB")  # fmt: skip
+        f"{report['parity']['qnn_htp_edit_psnr_db_vs_torch']} dB"
+    )
 
 
 def _validate_on_htp(ctx: Path, names, samples: _Samples, model, config: ExportConfig, report: dict) -> None:
@@ -320,8 +342,13 @@ def _validate_on_htp(ctx: Path, names, samples: _Samples, model, config: ExportC
     report["parity"]["qnn_htp_vs_torch"] = _worst(per_step)
     report["parity"]["qnn_htp_vs_torch_per_step"] = per_step
     # a whole edit with every step on the HTP, against the same edit in torch
-    _, _, htp_image = _edit_samples(model, *VALIDATION_EDIT, config.validation_steps, config.seed + 100,
-                                    velocity=lambda ins: htp.run(None, graph_feeds(names, ins))[0])  # fmt: skip
+    _, _, htp_image = _edit_samples(
+        model,
+        *VALIDATION_EDIT,
+        config.validation_steps,
+        config.seed + 100,
+        velocity=lambda ins: htp.run(None, graph_feeds(names, ins))[0],
+    )
     report["parity"]["qnn_htp_edit_psnr_db_vs_torch"] = round(psnr_uint8(htp_image, samples.val_image), 2)
 
 
@@ -329,8 +356,13 @@ def _permissive_coverage(qdq: Path, config: ExportConfig, out: Path) -> dict:
     """With CPU fallback allowed, which nodes stay outside QNN (for the report of a failed strict compile)."""
     probe = out / "coverage_probe_ctx.onnx"
     try:
-        qnn_session(qdq, soc_model=config.soc_model, strict=False, context_path=probe,
-                    extra_options=config.extra_provider_options)  # fmt: skip
+        qnn_session(
+            qdq,
+            soc_model=config.soc_model,
+            strict=False,
+            context_path=probe,
+            extra_options=config.extra_provider_options,
+        )
         return ctx_coverage(probe)
     except Exception as e:  # noqa: BLE001 - best effort: the strict error is reported either way
         return {"coverage_probe_error": str(e)[:1000]}

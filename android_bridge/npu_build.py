@@ -112,8 +112,16 @@ def _record_feeds(model, pairs, steps: int) -> dict[tuple[int, str], list[dict]]
         for step in range(steps):
             t = times[step].reshape(1)
             for ref_t in (None, float(t)):  # single mode (the fixed template time), per-step (the step's own)
-                out = split.forward(model.request_tokens(x, packed), txt, t, img_grid=spec.grid, ref_tokens=ref,
-                                    ref_grid=spec.grid, split_layer=L, ref_timestep=ref_t)  # fmt: skip
+                out = split.forward(
+                    model.request_tokens(x, packed),
+                    txt,
+                    t,
+                    img_grid=spec.grid,
+                    ref_tokens=ref,
+                    ref_grid=spec.grid,
+                    split_layer=L,
+                    ref_timestep=ref_t,
+                )
             x = x + (times[step + 1] - times[step]) * out.sample
     return feeds
 
@@ -127,8 +135,17 @@ def _quantize(fp32: Path, qdq: Path, calib: list[dict]) -> None:
 def _export(module, feeds: dict, out_names: list[str], path: Path, opset: int) -> None:
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     try:
-        torch.onnx.export(module, args, str(path), input_names=list(feeds), output_names=out_names, dynamo=True,
-                          opset_version=opset, external_data=False, verbose=False)  # fmt: skip
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=list(feeds),
+            output_names=out_names,
+            dynamo=True,
+            opset_version=opset,
+            external_data=False,
+            verbose=False,
+        )
     except Exception as e:  # noqa: BLE001 - the exporter raises many types; name the graph
         raise ExportError(f"torch.onnx.export of {path.name} failed: {e}") from e
     check_graph(path)
@@ -154,9 +171,17 @@ def _build_one(model, runner, layer, kind, folder: Path, config: QnnBuildConfig,
     n_out = sum(coverage["nodes_outside_qnn"].values())
     onnx_path.unlink()  # the context model + its .bin are what runs
     qdq.unlink()
-    return {"graph": name, "layer": layer, "kind": kind, "context_model": ctx.name, "nodes": sum(ops.values()),
-            "nodes_outside_qnn": n_out, "qnn_partitions": coverage["qnn_partitions"], "export_s": round(t1 - t0, 2),
-            "compile_s": round(t2 - t1, 2)}  # fmt: skip
+    return {
+        "graph": name,
+        "layer": layer,
+        "kind": kind,
+        "context_model": ctx.name,
+        "nodes": sum(ops.values()),
+        "nodes_outside_qnn": n_out,
+        "qnn_partitions": coverage["qnn_partitions"],
+        "export_s": round(t1 - t0, 2),
+        "compile_s": round(t2 - t1, 2),
+    }
 
 
 def _parity_rows(model, runner, sessions: dict, held_out: dict) -> list[dict]:
@@ -180,9 +205,15 @@ def _parity_rows(model, runner, sessions: dict, held_out: dict) -> list[dict]:
 
 def _open_sessions(model, folder: Path, config: QnnBuildConfig) -> dict:
     options = _PRECISIONS[config.precision]
-    return {(layer, kind): qnn_session(folder / f"layer{layer}_{kind}.qnn_ctx.onnx", soc_model=config.soc_model,
-                                       strict=True, extra_options=options)
-            for layer, kind in _graphs(model)}  # fmt: skip
+    return {
+        (layer, kind): qnn_session(
+            folder / f"layer{layer}_{kind}.qnn_ctx.onnx",
+            soc_model=config.soc_model,
+            strict=True,
+            extra_options=options,
+        )
+        for layer, kind in _graphs(model)
+    }
 
 
 def open_qnn_backend(model, config: QnnBuildConfig | None = None) -> QnnBackend:
@@ -232,7 +263,7 @@ def _build(model, runner, folder: Path, config: QnnBuildConfig, toolchain: str) 
             "nodes_on_htp": nodes - outside,
             "fraction_on_htp": (nodes - outside) / nodes,
             "cpu_fallback": "disabled",
-        },  # fmt: skip
+        },
         "parity_vs_torch": _parity_rows(model, runner, sessions, _record_feeds(model, [VALIDATION_EDIT], 2)),
     }
     (folder / "build.json").write_text(json.dumps(build, indent=1))

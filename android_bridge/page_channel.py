@@ -92,9 +92,14 @@ class _Page:
 class PageHub:
     """Pairing codes, paired pages and their jobs (one job per page at a time)."""
 
-    def __init__(self, config: PageHubConfig | None = None, *, clock: Callable[[], float] = time.monotonic,
-                 token_hex: Callable[[int], str] = secrets.token_hex,
-                 choice: Callable[[str], str] = secrets.choice) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: PageHubConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        token_hex: Callable[[int], str] = secrets.token_hex,
+        choice: Callable[[str], str] = secrets.choice,
+    ) -> None:
         self.config = config or PageHubConfig()
         self._clock, self._token_hex, self._choice = clock, token_hex, choice
         self._lock = threading.Condition()
@@ -132,11 +137,15 @@ class PageHub:
             now = self._clock()
             expiry = self._codes.pop(code, None)
             if expiry is None:
-                raise PairingError(f"pairing code {code!r} is not one this ComfyUI gave out, or it was used already: "
-                                   "press 'pair a phone page' on the Sakura Phone Device node for a new code")  # fmt: skip
+                raise PairingError(
+                    f"pairing code {code!r} is not one this ComfyUI gave out, or it was used already: "
+                    "press 'pair a phone page' on the Sakura Phone Device node for a new code"
+                )
             if expiry <= now:
-                raise PairingError(f"pairing code {code!r} expired {now - expiry:.0f} s ago (a code lasts "
-                                   f"{self.config.code_ttl_s:.0f} s): press 'pair a phone page' for a new one")  # fmt: skip
+                raise PairingError(
+                    f"pairing code {code!r} expired {now - expiry:.0f} s ago (a code lasts "
+                    f"{self.config.code_ttl_s:.0f} s): press 'pair a phone page' for a new one"
+                )
             while len(self._pages) >= self.config.max_pages:
                 oldest = min(self._pages.values(), key=lambda p: p.last_seen)
                 self._fail(
@@ -151,8 +160,16 @@ class PageHub:
         """The paired pages: ``{"code", "connected", "silent_s", "busy", "info"}``."""
         with self._lock:
             now = self._clock()
-            return [{"code": p.code, "connected": self._alive(p, now), "silent_s": round(now - p.last_seen, 1),
-                     "busy": p.job is not None, "info": p.info} for p in self._pages.values()]  # fmt: skip
+            return [
+                {
+                    "code": p.code,
+                    "connected": self._alive(p, now),
+                    "silent_s": round(now - p.last_seen, 1),
+                    "busy": p.job is not None,
+                    "info": p.info,
+                }
+                for p in self._pages.values()
+            ]
 
     def resolve(self, target: str) -> str:
         """The code of the page ``target`` names: ``page`` (the one connected page) or ``page:CODE``."""
@@ -167,15 +184,21 @@ class PageHub:
                 if code not in self._pages:
                     raise PairingError(f"no phone page paired with code {code!r}; paired: {', '.join(live) or 'none'}")
                 if code not in live:
-                    raise PairingError(f"phone page {code} has not polled for {now - self._pages[code].last_seen:.0f}"
-                                       " s (closed or off the network): open the page on the phone again")  # fmt: skip
+                    raise PairingError(
+                        f"phone page {code} has not polled for {now - self._pages[code].last_seen:.0f}"
+                        " s (closed or off the network): open the page on the phone again"
+                    )
                 return code
             if not live:
-                raise PairingError("no phone page is connected to this ComfyUI: open http://THIS-HOST:PORT/sakura/"
-                                   "phone on the phone and enter the code 'pair a phone page' shows")  # fmt: skip
+                raise PairingError(
+                    "no phone page is connected to this ComfyUI: open http://THIS-HOST:PORT/sakura/"
+                    "phone on the phone and enter the code 'pair a phone page' shows"
+                )
             if len(live) > 1:
-                raise PairingError(f"{len(live)} phone pages are connected ({', '.join(live)}): set the connection "
-                                   f"to page:CODE, e.g. page:{live[0]}")  # fmt: skip
+                raise PairingError(
+                    f"{len(live)} phone pages are connected ({', '.join(live)}): set the connection "
+                    f"to page:CODE, e.g. page:{live[0]}"
+                )
             return live[0]
 
     def info(self, code: str) -> dict:
@@ -268,8 +291,10 @@ class PageHub:
                     job.state, job.error = "failed", f"phone page {job.code} was unpaired during the job"
                 elif not self._alive(page, now):
                     job.state = "failed"
-                    job.error = (f"phone page {job.code} stopped answering {now - page.last_seen:.0f} s ago (the page "
-                                 "was closed, the phone slept or left the network); open it again and rerun")  # fmt: skip
+                    job.error = (
+                        f"phone page {job.code} stopped answering {now - page.last_seen:.0f} s ago (the page "
+                        "was closed, the phone slept or left the network); open it again and rerun"
+                    )
                 elif now >= job.deadline:
                     job.state, job.error = "failed", f"phone page {job.code} did not finish the job in time"
             if job.state in ("done", "failed") and page is not None and page.job is job:

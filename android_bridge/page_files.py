@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ISOLATION_HEADERS", "ORT_FILES", "PAGE_TYPES", "PHONE_WEB", "NPM_MISSING", "PageFileError", "page_file",
-           "page_html"]  # fmt: skip
+__all__ = [
+    "ISOLATION_HEADERS",
+    "ORT_FILES",
+    "PAGE_TYPES",
+    "PHONE_WEB",
+    "NPM_MISSING",
+    "PageFileError",
+    "page_file",
+    "page_html",
+]
 
 #: The checkout's page folder (absent from an installed wheel: the page is served from a checkout).
 PHONE_WEB = Path(__file__).resolve().parents[1] / "phone_web"
@@ -23,12 +31,23 @@ ISOLATION_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-cache",
 }
-PAGE_TYPES = {".html": "text/html", ".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css",
-              ".wasm": "application/wasm"}  # fmt: skip
+PAGE_TYPES = {
+    ".html": "text/html",
+    ".js": "text/javascript",
+    ".mjs": "text/javascript",
+    ".css": "text/css",
+    ".wasm": "application/wasm",
+}
 #: onnxruntime-web's files the page loads: the WASM build (its ES module, its loader and the binary), and the JSEP
 #: build that adds WebGPU (tried first where the browser offers it).
-ORT_FILES = {"ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "ort.webgpu.min.mjs",
-             "ort-wasm-simd-threaded.jsep.mjs", "ort-wasm-simd-threaded.jsep.wasm"}  # fmt: skip
+ORT_FILES = {
+    "ort.wasm.min.mjs",
+    "ort-wasm-simd-threaded.mjs",
+    "ort-wasm-simd-threaded.wasm",
+    "ort.webgpu.min.mjs",
+    "ort-wasm-simd-threaded.jsep.mjs",
+    "ort-wasm-simd-threaded.jsep.wasm",
+}
 NPM_MISSING = "the phone page's npm packages are missing: run `npm ci` in phone_web/ (node 20+)"
 _BASE_TAG = '<base href="/phone/">'
 

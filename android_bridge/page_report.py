@@ -20,14 +20,16 @@ def _timeline(timings: dict) -> list[dict]:
     events = [{"lane": "fetch", "start": 0.0, "end": fetch_s, "layer": None, "level": "fp16"}]
     at = fetch_s + float(timings.get("template_layers", 0.0))
     for step, step_s in enumerate(timings.get("per_step", [])):
-        events.append({"lane": "compute", "start": at, "end": at + float(step_s), "layer": None, "level": "fp16",
-                       "step": step})  # fmt: skip
+        events.append(
+            {"lane": "compute", "start": at, "end": at + float(step_s), "layer": None, "level": "fp16", "step": step}
+        )
         at += float(step_s)
     return events
 
 
-def page_edit_report(page: dict, image: np.ndarray, *, template: dict, link: str, policy_requested: str,
-                     connection: str, cloud_url: str) -> dict:  # fmt: skip
+def page_edit_report(
+    page: dict, image: np.ndarray, *, template: dict, link: str, policy_requested: str, connection: str, cloud_url: str
+) -> dict:
     """The report of an edit a page ran: ``page`` is the page's own report, ``image`` the (H, W, 3) result,
     ``template`` what the report says about the template, ``link`` the link's wire form."""
     timings = dict(page.get("timings_s", {}))
@@ -64,7 +66,7 @@ def page_edit_report(page: dict, image: np.ndarray, *, template: dict, link: str
             "cloud_url": cloud_url,
             "policy_requested": policy_requested,
             "timings_s": timings,
-        },  # fmt: skip
+        },
         "timeline_origin": TIMELINE_ORIGIN,
         "timeline": _timeline(timings),
     }

@@ -63,8 +63,14 @@ def _qnn_devices():
     return devices
 
 
-def qnn_session(model_path: Path, *, soc_model: str = "69", strict: bool = True, context_path: Path | None = None,
-                extra_options: dict | None = None):  # fmt: skip
+def qnn_session(
+    model_path: Path,
+    *,
+    soc_model: str = "69",
+    strict: bool = True,
+    context_path: Path | None = None,
+    extra_options: dict | None = None,
+):
     """An ORT session on the QNN HTP backend. ``strict`` disables CPU fallback (every node must run on the HTP);
     ``context_path`` also writes the compiled context binary (embed mode 0: the graph blob sits beside it)."""
     import onnxruntime as ort
@@ -158,8 +164,13 @@ def quantize_w8a16(fp32: Path, qdq: Path, calib: list[dict[str, np.ndarray]], bo
     pre = fp32.with_suffix(".pre.onnx")
     try:
         src = pre if qnn_preprocess_model(str(fp32), str(pre)) else fp32
-        qcfg = get_qnn_qdq_config(str(src), _Reader(calib), activation_type=QuantType.QUInt16,
-                                  weight_type=QuantType.QUInt8, init_overrides=overrides)  # fmt: skip
+        qcfg = get_qnn_qdq_config(
+            str(src),
+            _Reader(calib),
+            activation_type=QuantType.QUInt16,
+            weight_type=QuantType.QUInt8,
+            init_overrides=overrides,
+        )
         quantize(str(src), str(qdq), qcfg)
     finally:
         pre.unlink(missing_ok=True)

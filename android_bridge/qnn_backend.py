@@ -82,9 +82,11 @@ class SplitForward:
             or x.shape[:2] != (1, spec.num_tokens)
             or txt.shape[1] != spec.text_tokens
         ):
-            raise ValueError(f"the layer graphs are built for batch 1, grid {spec.grid} and {spec.text_tokens} text "
-                             f"tokens, got x {tuple(x.shape)}, txt {tuple(txt.shape)}, grid {img_grid}; "
-                             "use the torch backend for other geometries")  # fmt: skip
+            raise ValueError(
+                f"the layer graphs are built for batch 1, grid {spec.grid} and {spec.text_tokens} text "
+                f"tokens, got x {tuple(x.shape)}, txt {tuple(txt.shape)}, grid {img_grid}; "
+                "use the torch backend for other geometries"
+            )
         if ref_tokens is not None and (tuple(ref_grid) != tuple(spec.grid) or ref_tokens.shape[1] != spec.num_tokens):
             raise ValueError(f"the template graphs are built for template grid {spec.grid}, got {ref_grid}")
 
@@ -92,8 +94,12 @@ class SplitForward:
     def _modulations(self, t1000: torch.Tensor) -> tuple[torch.Tensor, ...]:
         m = self.adapter.model
         temb = m.time_guidance_embed(t1000, None)
-        return temb, m.double_stream_modulation_img(temb), m.double_stream_modulation_txt(temb), \
-            m.single_stream_modulation(temb)  # fmt: skip
+        return (
+            temb,
+            m.double_stream_modulation_img(temb),
+            m.double_stream_modulation_txt(temb),
+            m.single_stream_modulation(temb),
+        )
 
     @torch.no_grad()
     def _ref_stream(self, ref_tokens, ref_grid, ref_timestep, hidden=None) -> dict:
@@ -108,13 +114,27 @@ class SplitForward:
 
     def _template_layer(self, layer: int, ref: dict) -> tuple[np.ndarray, np.ndarray]:
         mod = ref["mod_img"] if layer < self.adapter.num_double else ref["mod_single"]
-        ref["h"], k, v = self._run(layer, "template", {"ref_h": ref["h"], "ref_mod": mod, "ref_cos": ref["cos"],
-                                                       "ref_sin": ref["sin"]})  # fmt: skip
+        ref["h"], k, v = self._run(
+            layer, "template", {"ref_h": ref["h"], "ref_mod": mod, "ref_cos": ref["cos"], "ref_sin": ref["sin"]}
+        )
         return k, v
 
     @torch.no_grad()
-    def forward(self, x, txt, timestep, *, img_grid, ref_tokens=None, ref_grid=None, split_layer=0, cached=None,
-                on_layer=None, ref_timestep=None, on_drop=None) -> ForwardResult:  # fmt: skip
+    def forward(
+        self,
+        x,
+        txt,
+        timestep,
+        *,
+        img_grid,
+        ref_tokens=None,
+        ref_grid=None,
+        split_layer=0,
+        cached=None,
+        on_layer=None,
+        ref_timestep=None,
+        on_drop=None,
+    ) -> ForwardResult:
         """As ``Flux2KVAdapter.forward`` (``ref_timestep``: the template tokens' time, None = the fixed one;
         ``on_drop(layer, hidden)`` when the template tokens are dropped before ``layer``)."""
         a, m = self.adapter, self.adapter.model
@@ -141,20 +161,46 @@ class SplitForward:
             if layer == a.num_double:
                 hidden = np.concatenate([enc, hidden], axis=1)  # single blocks see (txt, img)
             if layer < a.num_double:
-                hidden, enc = self._run(layer, "cached", {"hidden": hidden, "enc": enc, "mod_img": _np(mod_img),
-                                        "mod_txt": _np(mod_txt), "rope_cos": cos, "rope_sin": sin, "k_ref": k,
-                                        "v_ref": v})  # fmt: skip
+                hidden, enc = self._run(
+                    layer,
+                    "cached",
+                    {
+                        "hidden": hidden,
+                        "enc": enc,
+                        "mod_img": _np(mod_img),
+                        "mod_txt": _np(mod_txt),
+                        "rope_cos": cos,
+                        "rope_sin": sin,
+                        "k_ref": k,
+                        "v_ref": v,
+                    },
+                )
             else:
-                (hidden,) = self._run(layer, "cached", {"hidden": hidden, "mod": _np(mod_single), "rope_cos": cos,
-                                      "rope_sin": sin, "k_ref": k, "v_ref": v})  # fmt: skip
+                (hidden,) = self._run(
+                    layer,
+                    "cached",
+                    {
+                        "hidden": hidden,
+                        "mod": _np(mod_single),
+                        "rope_cos": cos,
+                        "rope_sin": sin,
+                        "k_ref": k,
+                        "v_ref": v,
+                    },
+                )
         out = m.proj_out(m.norm_out(torch.from_numpy(hidden[:, txt.shape[1] :]), temb))
         return ForwardResult(sample=out, extracted=extracted)
 
     @torch.no_grad()
     def extract_template_kv(self, ref_tokens, token_grid, ref_timestep=None) -> TemplateKV:
         """Template-only pass: the template graphs alone (the template stream never reads the request)."""
-        self._check_geometry(torch.zeros(1, self.model.spec.num_tokens), torch.zeros(1, self.model.spec.text_tokens),
-                             self.model.spec.grid, ref_tokens, token_grid)  # fmt: skip
+        self._check_geometry(
+            torch.zeros(1, self.model.spec.num_tokens),
+            torch.zeros(1, self.model.spec.text_tokens),
+            self.model.spec.grid,
+            ref_tokens,
+            token_grid,
+        )
         ref = self._ref_stream(ref_tokens, token_grid, ref_timestep)
         kv = [self._template_layer(layer, ref) for layer in range(self.adapter.num_layers)]
         stacked = torch.from_numpy(np.stack([np.stack([k[0], v[0]]) for k, v in kv]))  # (layers, 2, tok, heads, hd)
@@ -170,8 +216,9 @@ class SplitForward:
         if not 0 <= start_layer <= L:
             raise ValueError(f"start_layer must be in [0, {L}], got {start_layer}")
         if ref_hidden.ndim != 3 or ref_hidden.shape[:2] != (1, n):
-            raise ValueError(f"ref_hidden must be (1, {n}, dim) for token grid {tuple(token_grid)}, got "
-                             f"{tuple(ref_hidden.shape)}")  # fmt: skip
+            raise ValueError(
+                f"ref_hidden must be (1, {n}, dim) for token grid {tuple(token_grid)}, got {tuple(ref_hidden.shape)}"
+            )
         ref = self._ref_stream(None, token_grid, ref_timestep, hidden=ref_hidden)
         out = []
         for layer in range(start_layer, L):
@@ -183,12 +230,17 @@ class SplitForward:
 
     def layer_times(self) -> dict[str, dict[str, float]]:
         """Mean seconds per call of each layer graph: ``{"<layer>/<kind>": {"mean_s", "calls"}}``."""
-        return {f"{layer}/{kind}": {"mean_s": round(total / calls, 4), "calls": calls}
-                for (layer, kind), (total, calls) in sorted(self.layer_s.items())}  # fmt: skip
+        return {
+            f"{layer}/{kind}": {"mean_s": round(total / calls, 4), "calls": calls}
+            for (layer, kind), (total, calls) in sorted(self.layer_s.items())
+        }
 
     def describe(self) -> dict:
-        return {"backend": self.name, "where": "this host's CPU (torch modules of the per-layer graphs)",
-                "emulated_htp": False}  # fmt: skip
+        return {
+            "backend": self.name,
+            "where": "this host's CPU (torch modules of the per-layer graphs)",
+            "emulated_htp": False,
+        }
 
 
 class QnnBackend(SplitForward):

@@ -62,8 +62,11 @@ class UrlTransport:
         self.url = f"{parts.scheme}://{parts.netloc}"
         self.loopback = is_loopback(parts.hostname)
         if not self.loopback and parts.scheme == "http":
-            logger.warning("phone agent %s is off loopback over plain http: the pairing token and the image cross "
-                           "the LAN unencrypted; prefer adb forward or https", self.url)  # fmt: skip
+            logger.warning(
+                "phone agent %s is off loopback over plain http: the pairing token and the image cross "
+                "the LAN unencrypted; prefer adb forward or https",
+                self.url,
+            )
 
     def open(self) -> str:
         return self.url
@@ -119,8 +122,15 @@ class AdbTransport:
 
     kind = "adb"
 
-    def __init__(self, serial: str | None = None, remote_port: int = DEFAULT_AGENT_PORT, client: Any | None = None,
-                 *, adb_host: str = "127.0.0.1", adb_port: int = 5037):  # fmt: skip
+    def __init__(
+        self,
+        serial: str | None = None,
+        remote_port: int = DEFAULT_AGENT_PORT,
+        client: Any | None = None,
+        *,
+        adb_host: str = "127.0.0.1",
+        adb_port: int = 5037,
+    ):
         if not 0 < remote_port < 65536:
             raise TransportError(f"agent port on the phone must be in 1..65535, got {remote_port}")
         self.serial = serial
@@ -145,14 +155,16 @@ class AdbTransport:
                 known = ", ".join(d["serial"] for d in devices) or "none"
                 raise TransportError(f"no adb device {self.serial!r} (attached: {known})")
             if match[0]["state"] != "device":
-                raise TransportError(f"adb device {self.serial!r} is {match[0]['state']}; unlock it and accept "
-                                     "USB debugging")  # fmt: skip
+                raise TransportError(
+                    f"adb device {self.serial!r} is {match[0]['state']}; unlock it and accept USB debugging"
+                )
             return self.client.device(self.serial)
         if not ready:
             raise TransportError("no adb device attached and ready (check `adb devices`; accept USB debugging)")
         if len(ready) > 1:
-            raise TransportError(f"{len(ready)} adb devices attached ({', '.join(d['serial'] for d in ready)}); "
-                                 "pick one: adb:SERIAL")  # fmt: skip
+            raise TransportError(
+                f"{len(ready)} adb devices attached ({', '.join(d['serial'] for d in ready)}); pick one: adb:SERIAL"
+            )
         self.serial = ready[0]["serial"]
         return self.client.device(self.serial)
 
@@ -177,8 +189,12 @@ class AdbTransport:
         self._device, self.local_port = None, None
 
     def describe(self) -> dict:
-        return {"transport": self.kind, "serial": self.serial, "remote_port": self.remote_port,
-                "local_port": self.local_port}  # fmt: skip
+        return {
+            "transport": self.kind,
+            "serial": self.serial,
+            "remote_port": self.remote_port,
+            "local_port": self.local_port,
+        }
 
     def __enter__(self) -> str:
         return self.open()

@@ -73,8 +73,7 @@ def _time_freqs(tp) -> np.ndarray:
 def _table(out: Path, name: str, array: np.ndarray) -> dict:
     data = np.ascontiguousarray(array, dtype="<f4").tobytes()
     (out / name).write_bytes(data)
-    return {"file": name, "shape": list(array.shape), "dtype": "float32",
-            "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+    return {"file": name, "shape": list(array.shape), "dtype": "float32", "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def _tables(out: Path, model, ins) -> dict:
@@ -94,15 +93,32 @@ def _export_graph(graph, ins, path: Path, names: list[str], opset: int, dynamo: 
 
     t0 = time.perf_counter()
     free = {n: {1: "template_tokens"} for n in names if n.startswith(("k_ref_", "v_ref_"))}  # 1..N references
-    torch.onnx.export(graph, ins, str(path), input_names=names, output_names=["velocity"], dynamo=dynamo,
-                      opset_version=opset, external_data=False, verbose=False, dynamic_axes=free)  # fmt: skip
+    torch.onnx.export(
+        graph,
+        ins,
+        str(path),
+        input_names=names,
+        output_names=["velocity"],
+        dynamo=dynamo,
+        opset_version=opset,
+        external_data=False,
+        verbose=False,
+        dynamic_axes=free,
+    )
     export_s = time.perf_counter() - t0
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {n: t.numpy() for n, t in zip(names, ins, strict=True)})[0]
     max_abs = float(np.abs(got - graph(*ins).numpy()).max())
     graph_bytes = path.read_bytes()
-    entry = {"file": path.name, "bytes": len(graph_bytes), "sha256": hashlib.sha256(graph_bytes).hexdigest(),
-             "inputs": names, "output": "velocity", "opset": opset, "ort_cpu_vs_torch_max_abs": max_abs}  # fmt: skip
+    entry = {
+        "file": path.name,
+        "bytes": len(graph_bytes),
+        "sha256": hashlib.sha256(graph_bytes).hexdigest(),
+        "inputs": names,
+        "output": "velocity",
+        "opset": opset,
+        "ort_cpu_vs_torch_max_abs": max_abs,
+    }
     return entry, export_s
 
 

@@ -52,13 +52,30 @@ def export_template_graph(model, out: Path, split: int, opset: int = 21) -> dict
     template = torch.cat([patches, torch.zeros_like(patches)], dim=-1)  # a template token: patch, then zeros
     path = out / TEMPLATE_GRAPH_NAME
     t0 = time.perf_counter()
-    torch.onnx.export(TemplatePassGraph(a, spec.grid, split).eval(), (template,), str(path), input_names=["template"],
-                      output_names=names, dynamo=True, opset_version=opset, external_data=False, verbose=False)  # fmt: skip
+    torch.onnx.export(
+        TemplatePassGraph(a, spec.grid, split).eval(),
+        (template,),
+        str(path),
+        input_names=["template"],
+        output_names=names,
+        dynamo=True,
+        opset_version=opset,
+        external_data=False,
+        verbose=False,
+    )
     export_s = time.perf_counter() - t0
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"template": template.numpy()})
     ref = a.extract_template_kv(template, spec.grid)
     max_abs = max(float(np.abs(got[2 * i + j] - ref.layer(i)[j].numpy()).max()) for i in range(split) for j in (0, 1))
     data = path.read_bytes()
-    return {"file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "input": "template",
-            "outputs": names, "split_layer": split, "opset": opset, "ort_cpu_vs_torch_max_abs": max_abs,
-            "export_s": round(export_s, 2)}  # fmt: skip
+    return {
+        "file": path.name,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "input": "template",
+        "outputs": names,
+        "split_layer": split,
+        "opset": opset,
+        "ort_cpu_vs_torch_max_abs": max_abs,
+        "export_s": round(export_s, 2),
+    }

@@ -21,8 +21,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["EMBED_GRAPH_NAME", "TemplateEmbedGraph", "TemplateLayerGraph", "export_template_layers",
-           "layer_graph_name"]  # fmt: skip
+__all__ = [
+    "EMBED_GRAPH_NAME",
+    "TemplateEmbedGraph",
+    "TemplateLayerGraph",
+    "export_template_layers",
+    "layer_graph_name",
+]
 
 EMBED_GRAPH_NAME = "template_embed.onnx"
 
@@ -58,8 +63,14 @@ class TemplateLayerGraph(torch.nn.Module):
 
 def _entry(path: Path, export_s: float, max_abs: float, **fields) -> dict:
     data = path.read_bytes()
-    return {"file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), **fields,
-            "ort_cpu_vs_torch_max_abs": max_abs, "export_s": round(export_s, 2)}  # fmt: skip
+    return {
+        "file": path.name,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        **fields,
+        "ort_cpu_vs_torch_max_abs": max_abs,
+        "export_s": round(export_s, 2),
+    }
 
 
 def _export(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str], opset: int):
@@ -67,8 +78,17 @@ def _export(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str],
     import onnxruntime as ort
 
     t0 = time.perf_counter()
-    torch.onnx.export(module.eval(), args, str(path), input_names=inputs, output_names=outputs, dynamo=True,
-                      opset_version=opset, external_data=False, verbose=False)  # fmt: skip
+    torch.onnx.export(
+        module.eval(),
+        args,
+        str(path),
+        input_names=inputs,
+        output_names=outputs,
+        dynamo=True,
+        opset_version=opset,
+        external_data=False,
+        verbose=False,
+    )
     export_s = time.perf_counter() - t0
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return session.run(None, {n: a.numpy() for n, a in zip(inputs, args, strict=True)}), export_s
@@ -87,19 +107,38 @@ def export_template_layers(model, out: Path, opset: int = 21) -> dict:
     t = torch.full((1,), a.ref_fixed_timestep * 1000)
     t_freq = m.time_guidance_embed.time_proj(t).float()  # (1, timestep_guidance_channels)
     want = a.resume_template_kv(m.x_embedder(template), spec.grid, 0)  # [(k, v)] per layer, (1, tok, heads, hd)
-    (hidden,), embed_s = _export(TemplateEmbedGraph(a), (template,), out / EMBED_GRAPH_NAME, ["template"],
-                                 ["hidden"], opset)  # fmt: skip
-    embed = _entry(out / EMBED_GRAPH_NAME, embed_s, float(np.abs(hidden - m.x_embedder(template).numpy()).max()),
-                   input="template", output="hidden")  # fmt: skip
+    (hidden,), embed_s = _export(
+        TemplateEmbedGraph(a), (template,), out / EMBED_GRAPH_NAME, ["template"], ["hidden"], opset
+    )
+    embed = _entry(
+        out / EMBED_GRAPH_NAME,
+        embed_s,
+        float(np.abs(hidden - m.x_embedder(template).numpy()).max()),
+        input="template",
+        output="hidden",
+    )
     layers = []
     h = torch.from_numpy(hidden)
     for layer in range(a.num_layers):
         path = out / layer_graph_name(layer)
-        (k, v, nxt), s = _export(TemplateLayerGraph(a, spec.grid, layer), (h, t_freq), path, ["hidden", "t_freq"],
-                                 ["k", "v", "hidden_next"], opset)  # fmt: skip
+        (k, v, nxt), s = _export(
+            TemplateLayerGraph(a, spec.grid, layer),
+            (h, t_freq),
+            path,
+            ["hidden", "t_freq"],
+            ["k", "v", "hidden_next"],
+            opset,
+        )
         max_abs = max(float(np.abs(k - want[layer][0].numpy()).max()), float(np.abs(v - want[layer][1].numpy()).max()))
         layers.append(_entry(path, s, max_abs, layer=layer))
         h = torch.from_numpy(nxt)  # the next graph is checked on what this one handed over, as the page chains them
-    return {"embed": embed, "layers": layers, "inputs": ["hidden", "t_freq"], "outputs": ["k", "v", "hidden_next"],
-            "ref_timestep": a.ref_fixed_timestep, "template_tokens": spec.num_tokens, "opset": opset,
-            "bytes": embed["bytes"] + sum(x["bytes"] for x in layers)}  # fmt: skip
+    return {
+        "embed": embed,
+        "layers": layers,
+        "inputs": ["hidden", "t_freq"],
+        "outputs": ["k", "v", "hidden_next"],
+        "ref_timestep": a.ref_fixed_timestep,
+        "template_tokens": spec.num_tokens,
+        "opset": opset,
+        "bytes": embed["bytes"] + sum(x["bytes"] for x in layers),
+    }

@@ -286,11 +286,14 @@ def _cloud_url(url) -> str:
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
         raise ValueError(f"cloud_url must be an http(s) URL of a SAKURA server, got {str(url)[:100]!r}")
     if parts.query or parts.fragment or parts.username or parts.password or "?" in url or "#" in url:
-        raise ValueError(f"cloud_url must be a server's base URL without query, fragment or credentials, got "
-                         f"{str(url)[:100]!r}")  # fmt: skip
+        raise ValueError(
+            f"cloud_url must be a server's base URL without query, fragment or credentials, got {str(url)[:100]!r}"
+        )
     if not _URL_PATH.fullmatch(parts.path):
-        raise ValueError(f"cloud_url path {parts.path[:60]!r} must be empty or a plain prefix like /sakura (letters, "
-                         f"digits, '._~-' segments)")  # fmt: skip
+        raise ValueError(
+            f"cloud_url path {parts.path[:60]!r} must be empty or a plain prefix like /sakura (letters, "
+            f"digits, '._~-' segments)"
+        )
     return url
 
 

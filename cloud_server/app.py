@@ -161,9 +161,10 @@ def _check_token(request: web.Request, state: ServerState, *allowed: str | None)
     retry_after_s = state.token_throttle.failed(request.remote)
     if retry_after_s is not None:
         raise _json_error(
-            429, f"too many wrong bearer tokens from this address; retry in {retry_after_s:.0f} s with the right one",
+            429,
+            f"too many wrong bearer tokens from this address; retry in {retry_after_s:.0f} s with the right one",
             {"Retry-After": f"{retry_after_s:.0f}", NO_RETRY_HEADER: "no"},  # a client retrying the token is told
-        )  # fmt: skip
+        )
     raise _json_error(401, "a valid bearer token is required", {"WWW-Authenticate": 'Bearer realm="sakura"'})
 
 

@@ -109,8 +109,9 @@ def _resolve(base: Path, value: str) -> str:
     return str(candidate) if not os.path.isabs(value) and candidate.exists() else value
 
 
-def load_catalog(path: str | os.PathLike, *, dtype: str | None = None,
-                 store_profile: str | None = None) -> list[CatalogEntry]:  # fmt: skip
+def load_catalog(
+    path: str | os.PathLike, *, dtype: str | None = None, store_profile: str | None = None
+) -> list[CatalogEntry]:
     """Parse ``path`` into its entries (keys computed for ``dtype``); ``CatalogError`` for a bad file.
     ``store_profile``: overrides the file's ``store_profile`` (default ``serving``)."""
     path = Path(path)
@@ -138,8 +139,10 @@ def load_catalog(path: str | os.PathLike, *, dtype: str | None = None,
         store_profile=store_profile or _field(spec, "store_profile", str, str(path), DEFAULT_STORE_PROFILE),
     )
     if common["store_profile"] not in STORE_PROFILES:
-        raise CatalogError(f"catalog {path}: 'store_profile' must be one of {', '.join(STORE_PROFILES)}, got "
-                           f"{common['store_profile']!r}")  # fmt: skip
+        raise CatalogError(
+            f"catalog {path}: 'store_profile' must be one of {', '.join(STORE_PROFILES)}, got "
+            f"{common['store_profile']!r}"
+        )
     entries = []
     for i, t in enumerate(templates):
         where = f"catalog {path}: templates[{i}]"
@@ -173,8 +176,9 @@ def load_catalog(path: str | os.PathLike, *, dtype: str | None = None,
                         raise CatalogError(
                             f"{where}: entry id {tid!r}: {e}; shorten the template or model name"
                         ) from e
-                    entry = CatalogEntry(tid, _resolve(path.parent, image), source, mode, steps, shift,
-                                         template_size=size, **common)  # fmt: skip
+                    entry = CatalogEntry(
+                        tid, _resolve(path.parent, image), source, mode, steps, shift, template_size=size, **common
+                    )
                     entries.append(CatalogEntry(**{**entry.to_json(), "key": _entry_key(entry, dtype)}))
     ids = [e.template_id for e in entries]
     if len(set(ids)) != len(ids):

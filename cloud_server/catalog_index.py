@@ -201,8 +201,15 @@ class CatalogSnapshot:
         start = 0 if after is None else bisect.bisect_right(self.ids, after)
         end = min(start + limit, len(self.ids))
         nxt = self.ids[end - 1] if end < len(self.ids) and end > start else None
-        body = (b'{"model_id": ' + json.dumps(self.model_id).encode() + b', "templates": [' +
-                b", ".join(self.entries[start:end]) + b'], "next": ' + json.dumps(nxt).encode() + b"}")  # fmt: skip
+        body = (
+            b'{"model_id": '
+            + json.dumps(self.model_id).encode()
+            + b', "templates": ['
+            + b", ".join(self.entries[start:end])
+            + b'], "next": '
+            + json.dumps(nxt).encode()
+            + b"}"
+        )
         return body, _etag(body)
 
 
@@ -220,8 +227,10 @@ def parse_page_query(query: Mapping[str, str]) -> tuple[str | None, int] | None:
     if limit_text is not None:
         shown = limit_text if len(limit_text) <= 20 else limit_text[:20] + "…"
         if not (limit_text.isascii() and limit_text.isdigit() and 1 <= int(limit_text) <= MAX_PAGE_LIMIT):
-            raise ValueError(f"limit {shown!r} is not a whole number from 1 to {MAX_PAGE_LIMIT}: send e.g. "
-                             f"?limit={DEFAULT_PAGE_LIMIT} (without it a page holds {DEFAULT_PAGE_LIMIT})")  # fmt: skip
+            raise ValueError(
+                f"limit {shown!r} is not a whole number from 1 to {MAX_PAGE_LIMIT}: send e.g. "
+                f"?limit={DEFAULT_PAGE_LIMIT} (without it a page holds {DEFAULT_PAGE_LIMIT})"
+            )
         limit = int(limit_text)
     if after is not None:
         try:

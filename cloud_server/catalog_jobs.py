@@ -37,12 +37,19 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[dict], None]
 
 
-def make_job(entry: CatalogEntry, store: str, s3_endpoint: str | None, device: str, dtype: str | None, *,
-             s3_config=None) -> dict:  # fmt: skip
+def make_job(
+    entry: CatalogEntry, store: str, s3_endpoint: str | None, device: str, dtype: str | None, *, s3_config=None
+) -> dict:
     """What a worker needs for ``entry``: plain JSON (the store by URL: workers open their own connection)."""
     limits = None if s3_config is None else dataclasses.asdict(s3_config)  # plain data: a job crosses processes
-    return {"entry": entry.to_json(), "store": store, "s3_endpoint": s3_endpoint, "device": device, "dtype": dtype,
-            "s3_config": limits}  # fmt: skip
+    return {
+        "entry": entry.to_json(),
+        "store": store,
+        "s3_endpoint": s3_endpoint,
+        "device": device,
+        "dtype": dtype,
+        "s3_config": limits,
+    }
 
 
 @functools.lru_cache(maxsize=2)
@@ -65,13 +72,30 @@ def run_entry(job: dict) -> dict:
     model = _model(entry.model, job["device"], job["dtype"])
     image, source = read_template_image(entry.image)
     result = publish_template(
-        store, model, image, entry.template_id, codec=entry.codec, shard_layers=entry.shard_layers,
-        seed=entry.seed, source=source, overwrite=True, kv_mode=entry.kv_mode, steps=entry.steps,
-        shift=entry.shift, template_size=entry.template_size, annotations={"catalog_entry": entry.key},
+        store,
+        model,
+        image,
+        entry.template_id,
+        codec=entry.codec,
+        shard_layers=entry.shard_layers,
+        seed=entry.seed,
+        source=source,
+        overwrite=True,
+        kv_mode=entry.kv_mode,
+        steps=entry.steps,
+        shift=entry.shift,
+        template_size=entry.template_size,
+        annotations={"catalog_entry": entry.key},
         store_profile=entry.store_profile,
-    )  # fmt: skip
-    return {**base, "status": "published", "run_id": uuid.uuid4().hex, "shards": result.shards,
-            "bytes": result.shard_bytes, "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+    )
+    return {
+        **base,
+        "status": "published",
+        "run_id": uuid.uuid4().hex,
+        "shards": result.shards,
+        "bytes": result.shard_bytes,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 def _init_worker(threads: int) -> None:
@@ -114,8 +138,9 @@ class LocalRunner:
         """One pool over ``keys``; returns the keys to retry in a fresh pool."""
         retry = []
         ctx = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
-        with concurrent.futures.ProcessPoolExecutor(min(self.workers, len(keys)), mp_context=ctx,
-                                                    initializer=_init_worker, initargs=(self.threads,)) as pool:  # fmt: skip
+        with concurrent.futures.ProcessPoolExecutor(
+            min(self.workers, len(keys)), mp_context=ctx, initializer=_init_worker, initargs=(self.threads,)
+        ) as pool:
             futures = {pool.submit(run_entry, unique[k]): k for k in keys}
             for fut in concurrent.futures.as_completed(futures):
                 key = futures[fut]

@@ -64,8 +64,15 @@ def coordinator(namespace: str):
     return actor.options(name=COORDINATOR, namespace=namespace, lifetime="detached", get_if_exists=True).remote()
 
 
-def run_on_ray(jobs: list[dict], *, address: str, namespace: str = "sakura", progress: Progress | None = None,
-               retries: int = 3, heartbeat_s: float = 15.0) -> list[dict]:  # fmt: skip
+def run_on_ray(
+    jobs: list[dict],
+    *,
+    address: str,
+    namespace: str = "sakura",
+    progress: Progress | None = None,
+    retries: int = 3,
+    heartbeat_s: float = 15.0,
+) -> list[dict]:
     """Run ``jobs`` on the Ray cluster at ``address``; one result per job, in order."""
     import ray
 
@@ -90,8 +97,12 @@ def run_on_ray(jobs: list[dict], *, address: str, namespace: str = "sakura", pro
                     results[i] = ray.get(ref)
                 except ray.exceptions.RayError as e:
                     entry = jobs[i]["entry"]
-                    results[i] = {"template_id": entry["template_id"], "key": entry["key"], "status": "failed",
-                                  "error": f"{type(e).__name__}: {str(e)[-500:]}"}  # fmt: skip
+                    results[i] = {
+                        "template_id": entry["template_id"],
+                        "key": entry["key"],
+                        "status": "failed",
+                        "error": f"{type(e).__name__}: {str(e)[-500:]}",
+                    }
                 progress(results[i])
             if not done or time.monotonic() - last >= heartbeat_s:
                 last = time.monotonic()

@@ -47,6 +47,8 @@ def run(args) -> int:
         for path in write_user_images(folder):
             print(f"wrote {path}")
     endpoint = f" --s3-endpoint {args.s3_endpoint}" if args.s3_endpoint else ""
-    print(f"next: sakura serve --store {location}{endpoint} --port 8080   (the example workflows expect "
-          "http://127.0.0.1:8080)")  # fmt: skip
+    print(
+        f"next: sakura serve --store {location}{endpoint} --port 8080   (the example workflows expect "
+        "http://127.0.0.1:8080)"
+    )
     return 0

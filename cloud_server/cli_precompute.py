@@ -39,12 +39,22 @@ def add_arguments(parser) -> None:
         "folder (its model_index.json names Flux2KleinKVPipeline), or ComfyUI's single files as "
         "klein-files:diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR",
     )
-    parser.add_argument("--image", required=True, action="append", metavar="IMAGE",
-                        help="template image file (PNG/JPEG/WebP) or a demo sample name; repeat it (up to 4) for a "
-                        "template of several reference images, in the model's order (try-on: --image person.png "
-                        "--image garment.png)")  # fmt: skip
-    parser.add_argument("--reference-name", action="append", default=None, metavar="NAME",
-                        help="a short name per --image (shown by the nodes); default: the file stems / sample names")  # fmt: skip
+    parser.add_argument(
+        "--image",
+        required=True,
+        action="append",
+        metavar="IMAGE",
+        help="template image file (PNG/JPEG/WebP) or a demo sample name; repeat it (up to 4) for a "
+        "template of several reference images, in the model's order (try-on: --image person.png "
+        "--image garment.png)",
+    )
+    parser.add_argument(
+        "--reference-name",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a short name per --image (shown by the nodes); default: the file stems / sample names",
+    )
     parser.add_argument("--id", required=True, dest="template_id", help="template id, [a-z0-9-]{1,64}")
     parser.add_argument("--codec", default="sakura", help="codec name (default: %(default)s)")
     parser.add_argument("--shard-layers", type=int, default=1, help="consecutive layers per shard (default: 1)")
@@ -185,17 +195,23 @@ def _compare_single(store, model, image, args, manifest: dict) -> dict:
     size = args.template_size or model.spec.image_size
     t0 = time.perf_counter()
     single = precompute_template(
-        model, load_image(image, size), args.template_id, codec=args.codec, shard_layers=args.shard_layers,
+        model,
+        load_image(image, size),
+        args.template_id,
+        codec=args.codec,
+        shard_layers=args.shard_layers,
         seed=args.seed,
-    ).manifest  # fmt: skip
+    ).manifest
     cmp = compare_to_single(manifest, single)
     print(f"\nvs the single-mode template of the same image ({time.perf_counter() - t0:.1f} s), at equal PSNR:")
     print(f"  {'level':<16}{'per-step B':>12}{'PSNR dB':>9}{'single B at PSNR':>18}{'x single':>10}")
     for r in cmp["levels"]:
         sb, x = r["single_bytes_at_psnr"], r["x_single"]
         print(f"  {r['name']:<16}{r['bytes']:>12}{_f(r['psnr_db'], '.2f'):>9}{_f(sb, 'd'):>18}{_f(x, '.3f'):>10}")
-    print("  single-mode levels: " + ", ".join(f"{r['name']} {r['bytes']} B {_f(r['psnr_db'], '.2f')} dB"
-                                               for r in cmp["single_levels"]))  # fmt: skip
+    print(
+        "  single-mode levels: "
+        + ", ".join(f"{r['name']} {r['bytes']} B {_f(r['psnr_db'], '.2f')} dB" for r in cmp["single_levels"])
+    )
     fl = cmp["floor"]
     if fl["per_step"] and fl["single"]:
         print(

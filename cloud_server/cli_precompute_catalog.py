@@ -30,15 +30,24 @@ def add_arguments(parser) -> None:
     add_store_arguments(parser)
     add_s3_limit_arguments(parser)  # the driver's and every worker's S3 client
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--ray", default=None, metavar="ADDRESS",
-                       help="run the entries as tasks on this Ray cluster (e.g. 127.0.0.1:6379 or auto)")  # fmt: skip
+    where.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="run the entries as tasks on this Ray cluster (e.g. 127.0.0.1:6379 or auto)",
+    )
     where.add_argument("--workers", type=int, default=1, help="local worker processes (default: %(default)s)")
     add_device_arguments(parser)
     parser.add_argument("--namespace", default="sakura", help="Ray namespace of the coordinator (default: sakura)")
     parser.add_argument("--json", default=None, help="write the per-entry results here")
-    parser.add_argument("--store-profile", choices=STORE_PROFILES, default=None, help="what the store keeps of "
-                        "each entry: serving (the rungs a client fetches, no fp16) or full (every representation, the "
-                        "fp16 included) (default: the catalog's store_profile, else serving)")  # fmt: skip
+    parser.add_argument(
+        "--store-profile",
+        choices=STORE_PROFILES,
+        default=None,
+        help="what the store keeps of "
+        "each entry: serving (the rungs a client fetches, no fp16) or full (every representation, the "
+        "fp16 included) (default: the catalog's store_profile, else serving)",
+    )
 
 
 def _line(result: dict, done: int, total: int, t0: float) -> str:
@@ -71,8 +80,11 @@ def run(args) -> int:
         print(f"sakura precompute-catalog: {e}", file=sys.stderr)
         return 2
     where = f"Ray cluster {args.ray}" if args.ray else f"{args.workers} local worker(s)"
-    print(f"catalog {args.catalog}: {len(entries)} entries, {len(entries) - len(todo)} already published, "
-          f"{len(todo)} to precompute on {where} -> {args.store}", flush=True)  # fmt: skip
+    print(
+        f"catalog {args.catalog}: {len(entries)} entries, {len(entries) - len(todo)} already published, "
+        f"{len(todo)} to precompute on {where} -> {args.store}",
+        flush=True,
+    )
     jobs = [make_job(e, args.store, args.s3_endpoint, args.device, args.dtype, s3_config=s3_config) for e in todo]
     t0, finished = time.monotonic(), [0]
 
@@ -90,9 +102,13 @@ def run(args) -> int:
         results = LocalRunner(args.workers, progress=progress).run(jobs)
     counts = {s: sum(r["status"] == s for r in results) for s in ("published", "skipped", "failed")}
     secs = time.monotonic() - t0
-    print(f"done in {secs:.1f} s: {counts['published']} published, {counts['skipped'] + len(entries) - len(todo)} "
-          f"already there, {counts['failed']} failed", flush=True)  # fmt: skip
+    print(
+        f"done in {secs:.1f} s: {counts['published']} published, {counts['skipped'] + len(entries) - len(todo)} "
+        f"already there, {counts['failed']} failed",
+        flush=True,
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"entries": len(entries), "seconds": round(secs, 2),
-                                               "results": results}, indent=1) + "\n")  # fmt: skip
+        Path(args.json).write_text(
+            json.dumps({"entries": len(entries), "seconds": round(secs, 2), "results": results}, indent=1) + "\n"
+        )
     return 1 if counts["failed"] else 0

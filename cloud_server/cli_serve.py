@@ -43,8 +43,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--store", required=True, help="store: a folder (created if missing) or s3://BUCKET/PREFIX")
     parser.add_argument("--s3-endpoint", default=None, help=S3_ENDPOINT_HELP)
     add_s3_limit_arguments(parser)
-    parser.add_argument("--store-threads", type=int, default=32,
-                        help="threads reading the store; one object holds at most 4 (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--store-threads",
+        type=int,
+        default=32,
+        help="threads reading the store; one object holds at most 4 (default: %(default)s)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback)")
     parser.add_argument("--port", type=int, default=8080, help="TCP port, 0 = any free port (default: %(default)s)")
     parser.add_argument(
@@ -60,13 +64,22 @@ def add_arguments(parser) -> None:
         "klein-files:diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR, or none (templates of any model, "
         "read-only) (default: %(default)s)",
     )
-    parser.add_argument("--phone-model", default=None, metavar="DIR",
-                        help="the phone page's model files (`sakura export --target web --out DIR`), served at "
-                        "/phone/model/ (default: none: the page lists templates but cannot edit)")  # fmt: skip
-    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                        help="an origin (scheme://host[:port]) whose phone page may read templates, shards and the "
-                        "phone model across origins: the ComfyUI serving /sakura/phone, e.g. http://localhost:8188 "
-                        "(repeatable; default: none)")  # fmt: skip
+    parser.add_argument(
+        "--phone-model",
+        default=None,
+        metavar="DIR",
+        help="the phone page's model files (`sakura export --target web --out DIR`), served at "
+        "/phone/model/ (default: none: the page lists templates but cannot edit)",
+    )
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="an origin (scheme://host[:port]) whose phone page may read templates, shards and the "
+        "phone model across origins: the ComfyUI serving /sakura/phone, e.g. http://localhost:8188 "
+        "(repeatable; default: none)",
+    )
     add_device_arguments(parser, what="the write path's precompute jobs")
     parser.add_argument("--max-upload-mib", type=float, default=16.0, help="largest template upload (MiB)")
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (default: %(default)s)")
@@ -77,8 +90,12 @@ def add_arguments(parser) -> None:
         default=15.0,
         help="seconds an idle connection (or an unfinished request head) is kept (default: %(default)s)",
     )
-    parser.add_argument("--max-connections", type=int, default=4096,
-                        help="open connections at most, lowered below the fd limit (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=4096,
+        help="open connections at most, lowered below the fd limit (default: %(default)s)",
+    )
     add_store_profile_argument(parser)  # what an uploaded template (POST /v1/templates) keeps
 
 

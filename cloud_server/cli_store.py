@@ -25,15 +25,26 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("action", choices=("verify", "repair", "usage"),
-                        help="verify: report only; repair: also quarantine, sweep temp files and orphan shards; "
-                        "usage: bytes stored per template, KV mode and store profile")  # fmt: skip
+    parser.add_argument(
+        "action",
+        choices=("verify", "repair", "usage"),
+        help="verify: report only; repair: also quarantine, sweep temp files and orphan shards; "
+        "usage: bytes stored per template, KV mode and store profile",
+    )
     parser.add_argument("--store", required=True, help="store folder or s3://BUCKET/PREFIX")
     parser.add_argument("--s3-endpoint", default=None, help=S3_ENDPOINT_HELP)
-    parser.add_argument("--temp-age-s", type=float, default=3600.0,
-                        help="temp files older than this are stale (default: %(default)s s)")  # fmt: skip
-    parser.add_argument("--orphan-age-s", type=float, default=3600.0,
-                        help="unreferenced shards older than this are orphans (default: %(default)s s)")  # fmt: skip
+    parser.add_argument(
+        "--temp-age-s",
+        type=float,
+        default=3600.0,
+        help="temp files older than this are stale (default: %(default)s s)",
+    )
+    parser.add_argument(
+        "--orphan-age-s",
+        type=float,
+        default=3600.0,
+        help="unreferenced shards older than this are orphans (default: %(default)s s)",
+    )
     parser.add_argument("--json", default=None, help="also write the report as JSON to this path")
 
 
@@ -92,9 +103,13 @@ def run(args) -> int:
         print(f"sakura store: {e}", file=sys.stderr)
         return 2
     print(f"store {report.root}: {report.shards_checked} shards, {report.templates_checked} templates checked")
-    for label, items in (("corrupt shard", report.corrupt), ("misplaced file", report.misplaced),
-                         ("stale temp file", report.temp_files), ("orphan shard", report.orphans),
-                         ("unreadable shard", report.unreadable)):  # fmt: skip
+    for label, items in (
+        ("corrupt shard", report.corrupt),
+        ("misplaced file", report.misplaced),
+        ("stale temp file", report.temp_files),
+        ("orphan shard", report.orphans),
+        ("unreadable shard", report.unreadable),
+    ):
         for item in items:
             print(f"  {label}: {item}")
     for template_id, digests in report.missing.items():

@@ -19,8 +19,10 @@ def check_origin(origin: str) -> str:
     """``origin`` as a browser sends it (``scheme://host[:port]``, no path); ValueError naming it and the fix."""
     parts = urlsplit(origin.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
-        raise ValueError(f"allowed origin {origin!r} must be scheme://host[:port] with no path, e.g. "
-                         "http://localhost:8188 (the ComfyUI the phone page is served by)")  # fmt: skip
+        raise ValueError(
+            f"allowed origin {origin!r} must be scheme://host[:port] with no path, e.g. "
+            "http://localhost:8188 (the ComfyUI the phone page is served by)"
+        )
     return f"{parts.scheme}://{parts.netloc}".lower()
 
 
@@ -162,8 +164,10 @@ class ServerConfig:
                 f"catalog_ttl_s and shutdown_timeout_s must be >= 0, got {self.catalog_ttl_s}, {self.shutdown_timeout_s}"
             )
         if not 0 < self.idle_timeout_s <= 3600 or self.refusal_log_interval_s < 0:
-            raise ValueError(f"idle_timeout_s must be in (0, 3600] and refusal_log_interval_s >= 0, got "
-                             f"{self.idle_timeout_s}, {self.refusal_log_interval_s}")  # fmt: skip
+            raise ValueError(
+                f"idle_timeout_s must be in (0, 3600] and refusal_log_interval_s >= 0, got "
+                f"{self.idle_timeout_s}, {self.refusal_log_interval_s}"
+            )
         if not self.token_failure_window_s > 0:
             raise ValueError(f"token_failure_window_s must be > 0 seconds, got {self.token_failure_window_s}")
         if not self.codec:
@@ -178,8 +182,10 @@ class ServerConfig:
         if not 1 <= self.s3_max_attempts <= 10:
             raise ValueError(f"s3_max_attempts must be in 1..10 (1 = no retry), got {self.s3_max_attempts}")
         if self.store_threads < 1 or not 1 <= self.store_threads_per_object <= self.store_threads:
-            raise ValueError(f"store_threads must be >= 1 and store_threads_per_object in 1..store_threads, got "
-                             f"{self.store_threads}, {self.store_threads_per_object}")  # fmt: skip
+            raise ValueError(
+                f"store_threads must be >= 1 and store_threads_per_object in 1..store_threads, got "
+                f"{self.store_threads}, {self.store_threads_per_object}"
+            )
 
     @property
     def s3_config(self):

@@ -73,8 +73,9 @@ class IntervalLog:
         clock: monotonic seconds (injected by tests).
     """
 
-    def __init__(self, log: logging.Logger, prefix: str, interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+    def __init__(
+        self, log: logging.Logger, prefix: str, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ):
         if interval_s < 0:
             raise ValueError(f"interval_s must be >= 0 seconds, got {interval_s}")
         self._log, self._prefix = log, prefix

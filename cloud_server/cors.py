@@ -28,8 +28,12 @@ _PREFLIGHT_MAX_AGE_S = 600
 
 
 def _cors_headers(origin: str) -> dict[str, str]:
-    return {"Access-Control-Allow-Origin": origin, "Vary": "Origin", "Access-Control-Expose-Headers": _EXPOSE_HEADERS,
-            "Cross-Origin-Resource-Policy": "cross-origin"}  # fmt: skip
+    return {
+        "Access-Control-Allow-Origin": origin,
+        "Vary": "Origin",
+        "Access-Control-Expose-Headers": _EXPOSE_HEADERS,
+        "Cross-Origin-Resource-Policy": "cross-origin",
+    }
 
 
 def _allowed(request: web.Request) -> str | None:
@@ -47,11 +51,20 @@ async def cors_middleware(request: web.Request, handler: Callable[[web.Request],
         return await handler(request)
     asked = request.headers.get("Access-Control-Request-Method", "")
     if asked not in ("GET", "HEAD"):
-        return web.json_response({"error": f"{request.path} is read-only across origins (GET, HEAD); asked {asked!r}"},
-                                 status=403, headers={"Vary": "Origin"})  # fmt: skip
-    return web.Response(status=204, headers={**_cors_headers(origin), "Access-Control-Allow-Methods": "GET, HEAD",
-                        "Access-Control-Allow-Headers": _ALLOW_HEADERS,
-                        "Access-Control-Max-Age": str(_PREFLIGHT_MAX_AGE_S)})  # fmt: skip
+        return web.json_response(
+            {"error": f"{request.path} is read-only across origins (GET, HEAD); asked {asked!r}"},
+            status=403,
+            headers={"Vary": "Origin"},
+        )
+    return web.Response(
+        status=204,
+        headers={
+            **_cors_headers(origin),
+            "Access-Control-Allow-Methods": "GET, HEAD",
+            "Access-Control-Allow-Headers": _ALLOW_HEADERS,
+            "Access-Control-Max-Age": str(_PREFLIGHT_MAX_AGE_S),
+        },
+    )
 
 
 async def cors_on_prepare(request: web.Request, response: web.StreamResponse) -> None:

@@ -73,8 +73,15 @@ class FsckReport:
     @property
     def clean(self) -> bool:
         """Nothing found at all."""
-        return not (self.corrupt or self.misplaced or self.temp_files or self.orphans or self.missing
-                    or self.bad_manifests or self.unreadable)  # fmt: skip
+        return not (
+            self.corrupt
+            or self.misplaced
+            or self.temp_files
+            or self.orphans
+            or self.missing
+            or self.bad_manifests
+            or self.unreadable
+        )
 
     def to_json(self) -> dict:
         return {**asdict(self), "clean": self.clean}

@@ -40,8 +40,9 @@ def _file(root: Path, relative: str, types: dict) -> Path:
 def _send(path: Path) -> web.Response:
     if path.suffix == ".wasm":
         return _send_binary(path, "application/wasm")
-    return web.Response(body=path.read_bytes(), content_type=_TYPES[path.suffix], charset="utf-8",
-                        headers=ISOLATION_HEADERS)  # fmt: skip
+    return web.Response(
+        body=path.read_bytes(), content_type=_TYPES[path.suffix], charset="utf-8", headers=ISOLATION_HEADERS
+    )
 
 
 def _send_binary(path: Path, kind: str) -> web.Response:
@@ -52,8 +53,11 @@ def _model_file(request: web.Request, name: str) -> web.Response:
     """``/phone/model/NAME``: a file of the exported web model (``--phone-model``), else a 404 saying how."""
     root = request.app[STATE_KEY].config.phone_model_dir
     if root is None or not (Path(root) / "model.json").is_file():
-        raise _json_error(404, "no phone model is served: run `sakura export --target web --out DIR` and start "
-                          "`sakura serve --phone-model DIR`")  # fmt: skip
+        raise _json_error(
+            404,
+            "no phone model is served: run `sakura export --target web --out DIR` and start "
+            "`sakura serve --phone-model DIR`",
+        )
     path = _file(Path(root), name, _MODEL_TYPES)
     return _send_binary(path, _MODEL_TYPES[path.suffix])
 

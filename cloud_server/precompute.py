@@ -114,8 +114,10 @@ def _publish_manifest(store: Store, template_id: str, manifest: dict, overwrite:
     try:
         (store.put_manifest if overwrite else store.put_new_manifest)(template_id, manifest)
     except ManifestExistsError as e:
-        raise TemplateExistsError(f"template {template_id!r} was published by another writer while this one computed "
-                                  "it; pick another id or overwrite") from e  # fmt: skip
+        raise TemplateExistsError(
+            f"template {template_id!r} was published by another writer while this one computed "
+            "it; pick another id or overwrite"
+        ) from e
 
 
 def _default_precompute_fn() -> PrecomputeFn:
@@ -256,8 +258,9 @@ def publish_template(
     images = _sized_images(model, images, template_size)
     mode_kwargs = _mode_kwargs(kv_mode, steps, shift, cross_step, store_profile)
     one = images if len(images) > 1 else images[0]
-    result = fn(model, one, template_id, codec=codec, shard_layers=shard_layers, seed=seed, progress=progress,
-                **mode_kwargs)  # fmt: skip
+    result = fn(
+        model, one, template_id, codec=codec, shard_layers=shard_layers, seed=seed, progress=progress, **mode_kwargs
+    )
     manifest, blobs = _check_result(result, model.model_id, template_id)
     manifest, image_pngs = _publishable(manifest, images, names, model, annotations)
     count, total_bytes = _store_blobs(store, manifest, blobs, image_pngs, progress)
@@ -275,8 +278,9 @@ def _store_blobs(store: Store, manifest: dict, blobs: dict[str, bytes], image_pn
     digests = blob_digests(manifest)  # the reuse rung has no blob
     unused = set(blobs) - set(digests)
     if unused:
-        logger.warning("template %s: %d blob(s) not named by the manifest are not stored", manifest["template_id"],
-                       len(unused))  # fmt: skip
+        logger.warning(
+            "template %s: %d blob(s) not named by the manifest are not stored", manifest["template_id"], len(unused)
+        )
     total_bytes = 0
     for i, digest in enumerate(digests):
         if progress is not None:

@@ -41,8 +41,11 @@ def conditional_put_honoured(store) -> bool:
             store.put_object(key, b"2", if_none_match=True)
         except ObjectExistsError:
             return True
-        logger.warning("%s: the S3 server ignores If-None-Match on PUT: publishing a template id is check-then-put "
-                       "there, not atomic (two concurrent publishers of one id may both succeed)", store)  # fmt: skip
+        logger.warning(
+            "%s: the S3 server ignores If-None-Match on PUT: publishing a template id is check-then-put "
+            "there, not atomic (two concurrent publishers of one id may both succeed)",
+            store,
+        )
         return False
     finally:
         store.delete_object(key)

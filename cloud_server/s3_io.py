@@ -102,20 +102,25 @@ def s3_error(store: object, what: str, e: Exception) -> StoreError:
 
     code, status = error_code(e), _http_status(e)
     if code == "NoSuchBucket":
-        return StoreRefusedError(f"{store}: bucket does not exist; create it first (S3Store.create_bucket)",
-                                 kind="S3 bucket missing")  # fmt: skip
+        return StoreRefusedError(
+            f"{store}: bucket does not exist; create it first (S3Store.create_bucket)", kind="S3 bucket missing"
+        )
     if code in _CREDENTIAL_CODES or status == 403:
-        return StoreRefusedError(f"{store}: {what}: {code or status}; check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY",
-                                 kind="S3 access denied")  # fmt: skip
+        return StoreRefusedError(
+            f"{store}: {what}: {code or status}; check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY",
+            kind="S3 access denied",
+        )
     detail = f"{type(e).__name__}: {str(e)[:300]}"
     if isinstance(e, (bx.ConnectTimeoutError, bx.ReadTimeoutError)):
         return StoreUnavailableError(f"{store}: {what} timed out: {detail}", kind="S3 timeout")
     if isinstance(e, bx.EndpointConnectionError):
-        return StoreUnavailableError(f"{store}: {what}: the endpoint cannot be reached: {detail}",
-                                     kind="S3 endpoint unreachable")  # fmt: skip
+        return StoreUnavailableError(
+            f"{store}: {what}: the endpoint cannot be reached: {detail}", kind="S3 endpoint unreachable"
+        )
     if isinstance(e, (bx.ConnectionError, bx.ResponseStreamingError, bx.IncompleteReadError, OSError)):
-        return StoreUnavailableError(f"{store}: {what}: the connection to S3 broke: {detail}",
-                                     kind="S3 connection broken")  # fmt: skip
+        return StoreUnavailableError(
+            f"{store}: {what}: the connection to S3 broke: {detail}", kind="S3 connection broken"
+        )
     if status >= 500 or code in _BUSY_CODES:
         return StoreUnavailableError(f"{store}: {what}: S3 answered {status} {code}", kind="S3 server error")
     return StoreError(f"{store}: {what} failed: {detail}")
@@ -150,13 +155,15 @@ def read_bounded(store: object, what: str, resp: dict, max_bytes: int, deadline_
             parts.append(chunk)
             got += len(chunk)
             if time.monotonic() > end_s:
-                raise StoreUnavailableError(f"{store}: {what}: the body took longer than {deadline_s:g} s",
-                                            kind="S3 timeout")  # fmt: skip
+                raise StoreUnavailableError(
+                    f"{store}: {what}: the body took longer than {deadline_s:g} s", kind="S3 timeout"
+                )
         if got > max_bytes:
             raise StoreFaultError(f"{store}: {what} is over the limit of {max_bytes} bytes (no Content-Length)")
         if declared is not None and got != int(declared):
-            raise StoreUnavailableError(f"{store}: {what} ended at byte {got} of {declared}",
-                                        kind="S3 connection broken")  # fmt: skip
+            raise StoreUnavailableError(
+                f"{store}: {what} ended at byte {got} of {declared}", kind="S3 connection broken"
+            )
         return b"".join(parts)
     finally:
         body.close()
@@ -203,8 +210,10 @@ class S3ShardReader(io.RawIOBase):
             raise s3_error(self._store, f"reading shard object {self._key} at byte {self._pos}", e) from e
         if not data:
             self._close_body()
-            raise StoreUnavailableError(f"{self._store}: shard object {self._key} ended at byte {self._pos} of "
-                                        f"{self.size}", kind="S3 connection broken")  # fmt: skip
+            raise StoreUnavailableError(
+                f"{self._store}: shard object {self._key} ended at byte {self._pos} of {self.size}",
+                kind="S3 connection broken",
+            )
         n = len(data)
         buf[:n] = data
         self._pos += n

@@ -195,14 +195,16 @@ class S3Store(Store):
                 return None
             raise self._fail(f"HEAD {key}", e) from e
 
-    def put_object(self, key: str, data: bytes, content_type: str = "application/octet-stream", *,
-                   if_none_match: bool = False) -> None:  # fmt: skip
+    def put_object(
+        self, key: str, data: bytes, content_type: str = "application/octet-stream", *, if_none_match: bool = False
+    ) -> None:
         """One whole-object PUT with ``Content-MD5`` (never multipart: the object appears whole or not at all).
         ``if_none_match``: create only (``If-None-Match: *``); ``ObjectExistsError`` when the key exists."""
         extra = {"IfNoneMatch": "*"} if if_none_match else {}
         try:
-            self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentMD5=_md5_b64(data),
-                                    ContentType=content_type, **extra)  # fmt: skip
+            self._client.put_object(
+                Bucket=self.bucket, Key=key, Body=data, ContentMD5=_md5_b64(data), ContentType=content_type, **extra
+            )
         except self._errors as e:
             if if_none_match and error_code(e) in ("PreconditionFailed", "412"):
                 raise ObjectExistsError(f"{key} exists in {self}") from e
@@ -273,8 +275,13 @@ class S3Store(Store):
         if head is not None and head.get("ContentLength") == len(data):
             return  # content-addressed and written whole: the same bytes (``sakura store verify`` re-hashes)
         if head is not None:
-            logger.warning("%s: shard %s is %s bytes, not %d (corrupt); rewriting it", self, digest,
-                           head.get("ContentLength"), len(data))  # fmt: skip
+            logger.warning(
+                "%s: shard %s is %s bytes, not %d (corrupt); rewriting it",
+                self,
+                digest,
+                head.get("ContentLength"),
+                len(data),
+            )
         self.put_object(key, data)
 
     def has_shard(self, digest: str) -> bool:

@@ -196,8 +196,10 @@ class LocalStore(StoreReader, Store):
             if part == self.root:
                 return folder
             if part.is_symlink():
-                raise StoreFaultError(f"cannot write under {part.relative_to(self.root)}: it is a symbolic link (the "
-                                      "store never follows one; put the folder itself)")  # fmt: skip
+                raise StoreFaultError(
+                    f"cannot write under {part.relative_to(self.root)}: it is a symbolic link (the "
+                    "store never follows one; put the folder itself)"
+                )
         raise StoreFaultError(f"{folder} is not inside the store {self.root}")
 
     # ---- shards ----------------------------------------------------------------------------------------------

@@ -31,8 +31,10 @@ class StoreIO:
 
     def __init__(self, threads: int = 32, threads_per_object: int = 4):
         if threads < 1 or not 1 <= threads_per_object <= threads:
-            raise ValueError(f"StoreIO needs threads >= 1 and 1 <= threads_per_object <= threads; got {threads}, "
-                             f"{threads_per_object}")  # fmt: skip
+            raise ValueError(
+                f"StoreIO needs threads >= 1 and 1 <= threads_per_object <= threads; got {threads}, "
+                f"{threads_per_object}"
+            )
         self.threads, self.threads_per_object = threads, threads_per_object
         self._executor = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="sakura-store-io")
         self._slots: dict[str, asyncio.Semaphore] = {}

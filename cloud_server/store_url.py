@@ -72,12 +72,21 @@ def add_store_arguments(parser, *, what: str = "store") -> None:
 
 def add_s3_limit_arguments(parser) -> None:
     """``--s3-connect-timeout``, ``--s3-read-timeout``, ``--s3-attempts``: an S3 store's per-request limits."""
-    parser.add_argument("--s3-connect-timeout", type=float, default=5.0,
-                        help="seconds to connect to the S3 endpoint (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--s3-read-timeout", type=float, default=10.0,
-                        help="seconds one wait for bytes from S3 may last (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--s3-attempts", type=int, default=2,
-                        help="tries of one S3 request, the first included (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--s3-connect-timeout",
+        type=float,
+        default=5.0,
+        help="seconds to connect to the S3 endpoint (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--s3-read-timeout",
+        type=float,
+        default=10.0,
+        help="seconds one wait for bytes from S3 may last (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--s3-attempts", type=int, default=2, help="tries of one S3 request, the first included (default: %(default)s)"
+    )
 
 
 def s3_config_from_args(args):

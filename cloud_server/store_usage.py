@@ -74,16 +74,22 @@ def format_usage(usage: dict) -> str:
     head = f"{'template':<28}{'mode':<10}{'profile':<9}{'stored B':>12}{'fp16 KV B':>12}{'x fp16':>8}  floor / top"
     lines = [head]
     for r in usage["templates"]:
-        lines.append(f"{r['template_id']:<28}{r['kv_mode']:<10}{r['profile']:<9}{r['stored_bytes']:>12}"
-                     f"{r['fp16_kv_bytes']:>12}{r['x_fp16']:>8.3f}  {r['floor']} {_db(r['floor_psnr_db'])} / "
-                     f"{r['top']} {_db(r['top_psnr_db'])}")  # fmt: skip
+        lines.append(
+            f"{r['template_id']:<28}{r['kv_mode']:<10}{r['profile']:<9}{r['stored_bytes']:>12}"
+            f"{r['fp16_kv_bytes']:>12}{r['x_fp16']:>8.3f}  {r['floor']} {_db(r['floor_psnr_db'])} / "
+            f"{r['top']} {_db(r['top_psnr_db'])}"
+        )
     lines.append("totals:")
     for t in [*usage["by"], usage["total"]]:
         x = f"{t['x_fp16']:>8.3f}" if t["templates"] else f"{'-':>8}"
-        lines.append(f"  {t['kv_mode']:<10}{t['profile']:<9}{t['templates']:>5} templates{t['stored_bytes']:>14}"
-                     f"{t['fp16_kv_bytes']:>14}{x}")  # fmt: skip
-    lines.append(f"  distinct blob bytes over the store (blobs shared by templates counted once): "
-                 f"{usage['total']['distinct_bytes']}")  # fmt: skip
+        lines.append(
+            f"  {t['kv_mode']:<10}{t['profile']:<9}{t['templates']:>5} templates{t['stored_bytes']:>14}"
+            f"{t['fp16_kv_bytes']:>14}{x}"
+        )
+    lines.append(
+        f"  distinct blob bytes over the store (blobs shared by templates counted once): "
+        f"{usage['total']['distinct_bytes']}"
+    )
     for template_id, why in usage["unreadable"].items():
         lines.append(f"  template {template_id}: unreadable manifest: {why}")
     return "\n".join(lines)

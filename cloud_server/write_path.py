@@ -103,9 +103,10 @@ async def handle_upload(request: web.Request) -> web.Response:
         raise _json_error(503, "the server is shutting down")
     if state.store_write_problem is not None:  # nothing read, nothing written: the store cannot keep a template
         raise _json_error(
-            503, f"{state.store_write_problem}; make the store writable and restart the server",
+            503,
+            f"{state.store_write_problem}; make the store writable and restart the server",
             {NO_RETRY_HEADER: "no"},
-        )  # fmt: skip
+        )
     _admit(state, None)  # a full server refuses before reading a body
     template_id, data = await _read_upload(request, cfg.max_upload_bytes)
     try:

@@ -111,8 +111,10 @@ def refused_token_message(what: str, source: str, env_name: str, token_field: st
         field_fix = (
             f" (or type it into the {token_field} field, which saves it in the workflow)" if token_field else ""
         )
-        return (f"{what} requires a token (HTTP 401) and {source}: set ${env_name} in ComfyUI's environment or "
-                f"{env_name} in ComfyUI's user/{TOKENS_FILE}{field_fix}")  # fmt: skip
+        return (
+            f"{what} requires a token (HTTP 401) and {source}: set ${env_name} in ComfyUI's environment or "
+            f"{env_name} in ComfyUI's user/{TOKENS_FILE}{field_fix}"
+        )
     return f"{what} refused {source} (HTTP 401): it is not the token {what} was started with; correct it there"
 
 

@@ -75,8 +75,15 @@ class RunState:
         s = self.settings
         try:
             config = RuntimeConfig(steps=max(len(self.sigmas) - 1, 1), latency_target_s=s.latency_target_s)
-            self.lanes = HostLanes(self.handle.template_source(), self.handle.manifest, s.policy, s.link, self.layers,
-                                   config, prior_layer_s=self.prior_layer_s or PRIOR_LAYER_S)  # fmt: skip
+            self.lanes = HostLanes(
+                self.handle.template_source(),
+                self.handle.manifest,
+                s.policy,
+                s.link,
+                self.layers,
+                config,
+                prior_layer_s=self.prior_layer_s or PRIOR_LAYER_S,
+            )
         except ValueError as e:
             raise SakuraNodeError(f"template {self.handle.template_id!r}: {e}") from e
         self.carry = refs_in_sequence and self.handle.kv_mode == "single"
@@ -89,8 +96,11 @@ class RunState:
             self.feed.reset()
         if self.lanes is not None:
             self.last_report = self.lanes.report()
-            logger.info("Sakura Template KV %s: %s", self.handle.template_id, {k: self.last_report[k] for k in (
-                "policy", "bytes_fetched", "split_layer", "wait_s")})  # fmt: skip
+            logger.info(
+                "Sakura Template KV %s: %s",
+                self.handle.template_id,
+                {k: self.last_report[k] for k in ("policy", "bytes_fetched", "split_layer", "wait_s")},
+            )
             self.prior_layer_s = self.lanes.st.profile.layer_cached_s
             self.lanes.reset()
         self.feed = self.lanes = None
@@ -175,10 +185,12 @@ class DropReferences:
         st = self.state
         n = _ref_tokens(inputs["transformer_options"])
         if n and n != self.template_tokens:
-            raise SakuraNodeError(f"the conditioning's reference latents make {n} tokens, template "
-                                  f"{st.handle.template_id!r} holds {self.template_tokens}: use the reference image "
-                                  "the template was made from at its size, or drop the ReferenceLatent node (the "
-                                  "template is the reference)")  # fmt: skip
+            raise SakuraNodeError(
+                f"the conditioning's reference latents make {n} tokens, template "
+                f"{st.handle.template_id!r} holds {self.template_tokens}: use the reference image "
+                "the template was made from at its size, or drop the ReferenceLatent node (the "
+                "template is the reference)"
+            )
         if st.settings is not None and st.lanes is None:
             st._start_lanes(refs_in_sequence=n > 0)
         sigma = float(inputs["transformer_options"]["sigmas"].flatten()[0])
@@ -249,8 +261,13 @@ class TemplateAttention:
         if attn_mask is not None:
             pad = torch.zeros(*attn_mask.shape[:-1], kt.shape[2], dtype=attn_mask.dtype, device=attn_mask.device)
             attn_mask = torch.cat([attn_mask, pad if attn_mask.dtype != torch.bool else ~pad], dim=-1)
-        return {"q": q, "k": torch.cat([k, kt], dim=2), "v": torch.cat([v, vt], dim=2), "pe": None,
-                "attn_mask": attn_mask}  # fmt: skip
+        return {
+            "q": q,
+            "k": torch.cat([k, kt], dim=2),
+            "v": torch.cat([v, vt], dim=2),
+            "pe": None,
+            "attn_mask": attn_mask,
+        }
 
 
 class SelfOnlyReferences:

@@ -44,8 +44,10 @@ class Placement:
         return {"vae": self.vae, "text_encoder": self.text_encoder}
 
     def describe(self) -> str:
-        return (f"transformer {self.dtype} on {self.device}, VAE {self.vae[1]} on {self.vae[0]}, text encoder "
-                f"{self.text_encoder[1]} on {self.text_encoder[0]}")  # fmt: skip
+        return (
+            f"transformer {self.dtype} on {self.device}, VAE {self.vae[1]} on {self.vae[0]}, text encoder "
+            f"{self.text_encoder[1]} on {self.text_encoder[0]}"
+        )
 
 
 def _device_name(device) -> str:
@@ -61,8 +63,11 @@ def _dtype_name(dtype, device: str, part: str) -> str:
         return "float32"
     name = str(dtype).removeprefix("torch.")
     if name not in _EXACT:
-        logger.warning("sakura: ComfyUI chose %s for the %s; exact template KV needs bf16/fp16/fp32 weights: using "
-                       "bfloat16", name, part)  # fmt: skip
+        logger.warning(
+            "sakura: ComfyUI chose %s for the %s; exact template KV needs bf16/fp16/fp32 weights: using bfloat16",
+            name,
+            part,
+        )
         return "bfloat16"
     return name
 

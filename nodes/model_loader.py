@@ -140,8 +140,10 @@ def klein_files(diffusion_model: str, text_encoder: str, vae: str, tokenizer: st
         return KleinFiles(**paths, tokenizer=str(folder), klein_template=True)
     folders = list_transformer_folders()
     if tokenizer not in folders or not (folders[tokenizer] / "tokenizer").is_dir():
-        raise SakuraNodeError(f"tokenizer: {tokenizer!r} is not a klein folder with a tokenizer/ under models/diffusers; "
-                              f"use {COMFY_TOKENIZER!r} or one of {', '.join(_tokenizer_folders()) or 'none'}")  # fmt: skip
+        raise SakuraNodeError(
+            f"tokenizer: {tokenizer!r} is not a klein folder with a tokenizer/ under models/diffusers; "
+            f"use {COMFY_TOKENIZER!r} or one of {', '.join(_tokenizer_folders()) or 'none'}"
+        )
     return KleinFiles(**paths, tokenizer=str(folders[tokenizer] / "tokenizer"))
 
 
@@ -284,8 +286,9 @@ class SakuraModelLoader(io.ComfyNode):
             files = klein_files(
                 diffusion_model or NONE, text_encoder or NONE, vae or NONE, tokenizer or COMFY_TOKENIZER
             )
-            make_room(mm, placement, _weight_bytes([Path(files.diffusion_model), Path(files.text_encoder),
-                                                    Path(files.vae)]))  # fmt: skip
+            make_room(
+                mm, placement, _weight_bytes([Path(files.diffusion_model), Path(files.text_encoder), Path(files.vae)])
+            )
             return io.NodeOutput(_load_klein(files, files.name, placement))
         folders = list_transformer_folders()
         if model_name not in folders:

@@ -38,8 +38,9 @@ def page_info(connection: str) -> dict:
     return {"kind": "page", "code": code, **hub.info(code)}
 
 
-def _job_payload(device, stream: KVStream, user_image: np.ndarray, prompt: str, steps: int, seed: int,
-                 cloud_url: str) -> dict:  # fmt: skip
+def _job_payload(
+    device, stream: KVStream, user_image: np.ndarray, prompt: str, steps: int, seed: int, cloud_url: str
+) -> dict:
     template = stream.template
     height, width = user_image.shape[:2]
     rgba = np.concatenate([user_image, np.full((height, width, 1), 255, np.uint8)], axis=2)  # (H, W, 4)
@@ -56,8 +57,18 @@ def _job_payload(device, stream: KVStream, user_image: np.ndarray, prompt: str, 
     }
 
 
-def run_on_page(device, stream: KVStream, user_image: np.ndarray, prompt: str, *, steps: int, seed: int,
-                run: EditRun, on_tick, cloud_url: str) -> tuple[np.ndarray, dict]:  # fmt: skip
+def run_on_page(
+    device,
+    stream: KVStream,
+    user_image: np.ndarray,
+    prompt: str,
+    *,
+    steps: int,
+    seed: int,
+    run: EditRun,
+    on_tick,
+    cloud_url: str,
+) -> tuple[np.ndarray, dict]:
     """Run the edit on the page ``device.connection`` names; progress lands in ``run``; an interrupt cancels it."""
     import comfy.model_management
 
@@ -85,9 +96,18 @@ def run_on_page(device, stream: KVStream, user_image: np.ndarray, prompt: str, *
     except ValueError as e:
         raise SakuraNodeError(f"the phone page {code} sent back a bad image: {e}") from e
     image = np.frombuffer(rgba, np.uint8).reshape(result["height"], result["width"], 4)[..., :3].copy()
-    template = {"template_id": stream.template.template_id, "model_id": stream.template.model_id,
-                "server_url": stream.template.server_url}  # fmt: skip
-    report = page_edit_report(result["report"], image, template=template, link=stream.settings.link.to_wire(),
-                              policy_requested=stream.settings.policy, connection=f"page:{code}",
-                              cloud_url=cloud_url)  # fmt: skip
+    template = {
+        "template_id": stream.template.template_id,
+        "model_id": stream.template.model_id,
+        "server_url": stream.template.server_url,
+    }
+    report = page_edit_report(
+        result["report"],
+        image,
+        template=template,
+        link=stream.settings.link.to_wire(),
+        policy_requested=stream.settings.policy,
+        connection=f"page:{code}",
+        cloud_url=cloud_url,
+    )
     return image, report

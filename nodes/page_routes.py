@@ -63,11 +63,13 @@ async def _body(request: web.Request) -> dict:
     try:
         body = json.loads(await request.read() or b"{}")  # sendBeacon posts text/plain: read the bytes
     except (ValueError, UnicodeDecodeError) as e:
-        raise web.HTTPBadRequest(text=json.dumps({"error": f"the body is not JSON: {e}"}),
-                                 content_type="application/json") from e  # fmt: skip
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": f"the body is not JSON: {e}"}), content_type="application/json"
+        ) from e
     if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text=json.dumps({"error": "the body must be a JSON object"}),
-                                 content_type="application/json")  # fmt: skip
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": "the body must be a JSON object"}), content_type="application/json"
+        )
     return body
 
 
@@ -113,8 +115,14 @@ def page_routes(routes: web.RouteTableDef, hub: PageHub) -> None:
         except PairingError as e:
             return _error(403, str(e))
         cfg = hub.config
-        return web.json_response({"token": token, "code": str(body["code"]).strip().upper(),
-                                  "stale_after_s": cfg.stale_after_s, "hold_s": cfg.hold_s})  # fmt: skip
+        return web.json_response(
+            {
+                "token": token,
+                "code": str(body["code"]).strip().upper(),
+                "stale_after_s": cfg.stale_after_s,
+                "hold_s": cfg.hold_s,
+            }
+        )
 
     async def take_job(request: web.Request) -> web.Response:
         token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()

@@ -93,8 +93,9 @@ def run_on_phone(
             f"link {link.label!r} is emulated on this machine only; a phone run takes 'live' or a fixed Mbit/s"
         )
     if is_page_connection(device.connection):
-        return run_on_page(device, stream, user_image, prompt, steps=steps, seed=seed, run=run, on_tick=on_tick,
-                           cloud_url=cloud_url)  # fmt: skip
+        return run_on_page(
+            device, stream, user_image, prompt, steps=steps, seed=seed, run=run, on_tick=on_tick, cloud_url=cloud_url
+        )
     job = PhoneJob(
         cloud_url=cloud_url,
         template_id=template.template_id,

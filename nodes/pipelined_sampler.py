@@ -201,13 +201,17 @@ class SakuraPipelinedSampler(io.ComfyNode):
         if not device_timing.startswith(_EMULATED) or device_timing not in device_timings():
             raise SakuraNodeError(f"device_timing {device_timing!r} is not one of {', '.join(device_timings())}")
         if device is not None:
-            raise SakuraNodeError("device_timing emulates a phone on this machine, but a Sakura Phone Device is "
-                                  f"connected (the phone has its own timing): set device_timing to {MEASURED!r} or "
-                                  "disconnect the device")  # fmt: skip
+            raise SakuraNodeError(
+                "device_timing emulates a phone on this machine, but a Sakura Phone Device is "
+                f"connected (the phone has its own timing): set device_timing to {MEASURED!r} or "
+                "disconnect the device"
+            )
         if not kv_stream.settings.link.emulated:
-            raise SakuraNodeError(f"device_timing {device_timing!r} needs an emulated link: set the fetch node's "
-                                  "bandwidth to 'fixed Mbit/s' or 'trace file' (a live link's shards cannot be paced "
-                                  "at phone scale)")  # fmt: skip
+            raise SakuraNodeError(
+                f"device_timing {device_timing!r} needs an emulated link: set the fetch node's "
+                "bandwidth to 'fixed Mbit/s' or 'trace file' (a live link's shards cannot be paced "
+                "at phone scale)"
+            )
         from sakura_core.runtime.emulated_device import EmulatedTiming
 
         return EmulatedTiming.for_manifest(device_timing[len(_EMULATED) :], kv_stream.template.manifest)

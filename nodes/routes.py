@@ -69,8 +69,11 @@ async def list_published(server_url: str, token: str | None, token_source: str =
 
     url = server_url.strip().rstrip("/") or DEFAULT_SERVER_URL
     if not url.startswith(("http://", "https://")):
-        return {"server_url": url, "templates": [], "error": f"server_url {url!r} must start with http:// or "
-                "https://, e.g. http://127.0.0.1:8080"}  # fmt: skip
+        return {
+            "server_url": url,
+            "templates": [],
+            "error": f"server_url {url!r} must start with http:// or https://, e.g. http://127.0.0.1:8080",
+        }
     config = ClientConfig(connect_timeout_s=2.0, read_timeout_s=3.0, max_retries=0, retry_window_s=0.0)
 
     async def read() -> dict:
@@ -84,14 +87,26 @@ async def list_published(server_url: str, token: str | None, token_source: str =
         why = refused_token_message(what, token_source, READ_TOKEN_ENV, None)  # the browser never sends a token
         return {"server_url": url, "templates": [], "error": why}
     except RedirectRefusedError as e:  # never followed: the target was not configured here
-        logger.info("sakura: the SAKURA server at %s answered the catalog request with HTTP %d, a redirect to %r; "
-                    "not followed (the server's side)", url, e.status, e.location)  # fmt: skip
-        return {"server_url": url, "templates": [], "error": f"the server at {url} answered with a redirect "
-                f"(HTTP {e.status}), which this route does not follow (ComfyUI's log names where it pointed); give "
-                f"the final server's URL, listed in ${ALLOWED_URLS_ENV}"}  # fmt: skip
+        logger.info(
+            "sakura: the SAKURA server at %s answered the catalog request with HTTP %d, a redirect to %r; "
+            "not followed (the server's side)",
+            url,
+            e.status,
+            e.location,
+        )
+        return {
+            "server_url": url,
+            "templates": [],
+            "error": f"the server at {url} answered with a redirect "
+            f"(HTTP {e.status}), which this route does not follow (ComfyUI's log names where it pointed); give "
+            f"the final server's URL, listed in ${ALLOWED_URLS_ENV}",
+        }
     except (FetchError, ValueError, asyncio.TimeoutError) as e:
-        logger.info("sakura: the template catalog of %s could not be read (the server's side or the link): %s", url,
-                    str(e)[:300])  # fmt: skip
+        logger.info(
+            "sakura: the template catalog of %s could not be read (the server's side or the link): %s",
+            url,
+            str(e)[:300],
+        )
         return {
             "server_url": url,
             "templates": [],
@@ -111,10 +126,13 @@ async def templates_handler(request: web.Request) -> web.Response:
     ComfyUI's user folder, never from the browser). Only with the ``X-Sakura-Request: 1`` header (403 otherwise)."""
     if request.headers.get(REQUEST_HEADER) != "1":
         return web.json_response(
-            {"server_url": None, "templates": [], "error": f"{ROUTE} answers the SAKURA frontend only "
-             f"(header {REQUEST_HEADER}: 1)"},
+            {
+                "server_url": None,
+                "templates": [],
+                "error": f"{ROUTE} answers the SAKURA frontend only (header {REQUEST_HEADER}: 1)",
+            },
             status=403,
-        )  # fmt: skip
+        )
     try:
         token, source = resolve_token_source("", READ_TOKEN_ENV)
     except SakuraNodeError as e:
@@ -122,9 +140,16 @@ async def templates_handler(request: web.Request) -> web.Response:
     url = request.query.get("server_url", "").strip().rstrip("/") or DEFAULT_SERVER_URL
     allowed = allowed_server_urls()
     if _normal(url) not in {_normal(u) for u in allowed}:  # nothing is sent there, not even a connection
-        return web.json_response({"server_url": url, "templates": [], "error": (
-            f"server_url {url!r} is not one of the servers this ComfyUI may ask ({', '.join(allowed)}); add it to "
-            f"${ALLOWED_URLS_ENV} (comma-separated) in ComfyUI's environment, or type the template id")})  # fmt: skip
+        return web.json_response(
+            {
+                "server_url": url,
+                "templates": [],
+                "error": (
+                    f"server_url {url!r} is not one of the servers this ComfyUI may ask ({', '.join(allowed)}); add it to "
+                    f"${ALLOWED_URLS_ENV} (comma-separated) in ComfyUI's environment, or type the template id"
+                ),
+            }
+        )
     return web.json_response(await list_published(url, token, source))
 
 

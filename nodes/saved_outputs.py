@@ -34,8 +34,9 @@ def save_run_files(prefix: str, report_text: str, timeline: np.ndarray) -> list[
     try:
         folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(prefix, output_dir)
     except Exception as e:  # ComfyUI raises a bare Exception for a prefix outside the output folder
-        raise SakuraNodeError(f"save_prefix {prefix!r}: {e}; give a folder/name inside ComfyUI's output folder, "
-                              "e.g. sakura/edit") from e  # fmt: skip
+        raise SakuraNodeError(
+            f"save_prefix {prefix!r}: {e}; give a folder/name inside ComfyUI's output folder, e.g. sakura/edit"
+        ) from e
     os.makedirs(folder, exist_ok=True)
     report_path = os.path.join(folder, f"{name}_report_{counter:05}.json")
     timeline_path = os.path.join(folder, f"{name}_timeline_{counter:05}.png")

@@ -72,8 +72,9 @@ def comfy_model_key(model):
 
     dm = model.model.diffusion_model
     if not hasattr(dm, "double_blocks") or not hasattr(dm, "single_blocks") or not hasattr(dm, "params"):
-        raise SakuraNodeError(f"Sakura Template KV needs a FLUX.2 [klein] MODEL (UNETLoader of a klein file); got "
-                              f"{type(dm).__name__}")  # fmt: skip
+        raise SakuraNodeError(
+            f"Sakura Template KV needs a FLUX.2 [klein] MODEL (UNETLoader of a klein file); got {type(dm).__name__}"
+        )
     try:
         model_id = MODEL_IDS.model_id(dm)
     except ValueError as e:
@@ -90,10 +91,12 @@ def _check_template(handle, model) -> None:
 
     patched = sorted(getattr(model, "patches", None) or {})
     if patched:
-        raise SakuraNodeError(f"this MODEL carries weight patches (a LoRA or similar) on {len(patched)} weights, e.g. "
-                              f"{patched[0]!r}: template {handle.template_id!r} holds reference K/V of the plain "
-                              "weights. Remove the LoRA, or set kv_source = compute here (ComfyUI then computes the "
-                              "reference tokens with these weights)")  # fmt: skip
+        raise SakuraNodeError(
+            f"this MODEL carries weight patches (a LoRA or similar) on {len(patched)} weights, e.g. "
+            f"{patched[0]!r}: template {handle.template_id!r} holds reference K/V of the plain "
+            "weights. Remove the LoRA, or set kv_source = compute here (ComfyUI then computes the "
+            "reference tokens with these weights)"
+        )
     key = comfy_model_key(model)
     dtype = next(model.model.diffusion_model.parameters()).dtype
     try:
@@ -106,8 +109,10 @@ def _check_template(handle, model) -> None:
         ) from e
     scale = float(getattr(model.model.diffusion_model.params, "ref_index_scale", 1.0))
     if scale != REF_TIME_OFFSET:
-        raise SakuraNodeError(f"template {handle.template_id!r} places references at RoPE time {REF_TIME_OFFSET} (i + 1)"
-                              f", this MODEL at {scale:g} (i + 1): not a FLUX.2 [klein] model")  # fmt: skip
+        raise SakuraNodeError(
+            f"template {handle.template_id!r} places references at RoPE time {REF_TIME_OFFSET} (i + 1)"
+            f", this MODEL at {scale:g} (i + 1): not a FLUX.2 [klein] model"
+        )
 
 
 class SakuraTemplateKV(io.ComfyNode):
@@ -170,12 +175,19 @@ class SakuraTemplateKV(io.ComfyNode):
             settings = None
             if kv_stream is not None:
                 if kv_stream.template.template_id != template.template_id:
-                    raise SakuraNodeError(f"kv_stream fetches template {kv_stream.template.template_id!r}, the "
-                                          f"template input is {template.template_id!r}: connect the same Template KV "
-                                          "Loader to both")  # fmt: skip
+                    raise SakuraNodeError(
+                        f"kv_stream fetches template {kv_stream.template.template_id!r}, the "
+                        f"template input is {template.template_id!r}: connect the same Template KV "
+                        "Loader to both"
+                    )
                 settings = kv_stream.settings
-            state = RunState(template, representation.strip() or "fp16", settings, len(dm.double_blocks),
-                             len(dm.double_blocks) + len(dm.single_blocks))  # fmt: skip
+            state = RunState(
+                template,
+                representation.strip() or "fp16",
+                settings,
+                len(dm.double_blocks),
+                len(dm.double_blocks) + len(dm.single_blocks),
+            )
             tokens = sum(r.tokens for r in template.manifest.references)
             m.set_model_attn1_patch(TemplateAttention(state))
             m.set_model_post_input_patch(DropReferences(state, tokens))
@@ -228,8 +240,13 @@ class SakuraTemplateKVReport(io.ComfyNode):
 
         report = run_report(model)
         if report is None:
-            raise SakuraNodeError("this MODEL has run no Sakura Template KV fetch: connect the MODEL output of a "
-                                  "Sakura Template KV node (kv_source = fetched template) that the sampler used")  # fmt: skip
-        line = ", ".join(f"{k} {report[k]}" for k in ("policy", "bytes_fetched", "bytes_used", "split_layer", "wait_s",
-                                                        "waits") if k in report)  # fmt: skip
+            raise SakuraNodeError(
+                "this MODEL has run no Sakura Template KV fetch: connect the MODEL output of a "
+                "Sakura Template KV node (kv_source = fetched template) that the sampler used"
+            )
+        line = ", ".join(
+            f"{k} {report[k]}"
+            for k in ("policy", "bytes_fetched", "bytes_used", "split_layer", "wait_s", "waits")
+            if k in report
+        )
         return io.NodeOutput(json.dumps(report, indent=1), ui={"text": [f"{report['template_id']}: {line}"]})

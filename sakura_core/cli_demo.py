@@ -71,12 +71,18 @@ def run(args) -> int:
 
     run_edit(model, user, args.prompt, steps=1, kv_source=kv)  # warm-up: keep one-time start-up out of the timings
     print()
-    runs, report_runs = _exactness_runs(model, user, args.prompt, dict(steps=args.steps, seed=args.seed), {
-        "on-device": dict(split_layer=L, template_image=template, template_every_step=True),
-        "on-device-cached": dict(split_layer=L, template_image=template),
-        "hybrid": dict(split_layer=L // 2, template_image=template, kv_source=kv),
-        "fetched-kv": dict(split_layer=0, kv_source=kv),
-    })  # fmt: skip
+    runs, report_runs = _exactness_runs(
+        model,
+        user,
+        args.prompt,
+        dict(steps=args.steps, seed=args.seed),
+        {
+            "on-device": dict(split_layer=L, template_image=template, template_every_step=True),
+            "on-device-cached": dict(split_layer=L, template_image=template),
+            "hybrid": dict(split_layer=L // 2, template_image=template, kv_source=kv),
+            "fetched-kv": dict(split_layer=0, kv_source=kv),
+        },
+    )
     ref = runs["on-device"][0].tokens
 
     edited = runs["fetched-kv"][0].image
@@ -113,22 +119,37 @@ def _per_step_local(model, template, user, args) -> dict:
 
     L = model.adapter.num_layers
     t0 = time.perf_counter()
-    kv = model.adapter.extract_per_step_kv(model.template_tokens(template), model.spec.grid,
-                                           edit_times(model, args.steps)[:-1])  # fmt: skip
+    kv = model.adapter.extract_per_step_kv(
+        model.template_tokens(template), model.spec.grid, edit_times(model, args.steps)[:-1]
+    )
     t_extract = time.perf_counter() - t0
-    print(f"\nper-step KV mode — server: template KV {tuple(kv.kv.shape)} = {kv.kv.numel() * 2 / 2**20:.2f} MiB fp16 "
-          f"({args.steps} steps x {L} layers) in {t_extract:.3f} s")  # fmt: skip
+    print(
+        f"\nper-step KV mode — server: template KV {tuple(kv.kv.shape)} = {kv.kv.numel() * 2 / 2**20:.2f} MiB fp16 "
+        f"({args.steps} steps x {L} layers) in {t_extract:.3f} s"
+    )
     common = dict(steps=args.steps, seed=args.seed, kv_mode="per-step")
-    runs, rows = _exactness_runs(model, user, args.prompt, common, {
-        "on-device": dict(split_layer=L, template_image=template, template_every_step=True),
-        "hybrid": dict(split_layer=L // 2, template_image=template, kv_source=kv),
-        "fetched-kv": dict(split_layer=0, kv_source=kv),
-    })  # fmt: skip
+    runs, rows = _exactness_runs(
+        model,
+        user,
+        args.prompt,
+        common,
+        {
+            "on-device": dict(split_layer=L, template_image=template, template_every_step=True),
+            "hybrid": dict(split_layer=L // 2, template_image=template, kv_source=kv),
+            "fetched-kv": dict(split_layer=0, kv_source=kv),
+        },
+    )
     ref = runs["on-device"][0].tokens
     exact = all(r["max_abs_diff"] <= 1e-5 for r in rows)
     print(f"exact per-step KV reuse: {exact}")
-    return {"kv_shape": list(kv.kv.shape), "kv_bytes_fp16": kv.kv.numel() * 2, "server_extract_s": round(t_extract, 4),
-            "runs": rows, "exact": exact, "_on_device_tokens": ref}  # fmt: skip
+    return {
+        "kv_shape": list(kv.kv.shape),
+        "kv_bytes_fp16": kv.kv.numel() * 2,
+        "server_extract_s": round(t_extract, 4),
+        "runs": rows,
+        "exact": exact,
+        "_on_device_tokens": ref,
+    }
 
 
 def _served(model, template, user, args, exact_tokens, exact_per_step, out: Path) -> dict:
@@ -142,10 +163,22 @@ def _served(model, template, user, args, exact_tokens, exact_per_step, out: Path
 
     print(f"\nserved: cloud server on 127.0.0.1, link shaped by trace {args.trace}, compute on this CPU")
     profile = measure_profile(model, args.steps)
-    rows = run_served_demo(model, template, user, args.prompt, steps=args.steps, seed=args.seed, profile=profile,
-                           trace_name=args.trace, per_step_policies=PER_STEP_POLICIES, progress=print)  # fmt: skip
-    print(f"\n{'KV mode':<10}{'policy':<18}{'latency s':>10}{'KiB fetched':>13}{'KiB used':>10}{'PSNR dB':>9}"
-          f"{'bound s':>9}{'lat/bound':>10}  template KV (split, or what a fallback computed here)")  # fmt: skip
+    rows = run_served_demo(
+        model,
+        template,
+        user,
+        args.prompt,
+        steps=args.steps,
+        seed=args.seed,
+        profile=profile,
+        trace_name=args.trace,
+        per_step_policies=PER_STEP_POLICIES,
+        progress=print,
+    )
+    print(
+        f"\n{'KV mode':<10}{'policy':<18}{'latency s':>10}{'KiB fetched':>13}{'KiB used':>10}{'PSNR dB':>9}"
+        f"{'bound s':>9}{'lat/bound':>10}  template KV (split, or what a fallback computed here)"
+    )
     table = []
     for r in rows:  # PSNR vs the exact edit of the same KV mode (template at every step on the device)
         ref = exact_tokens if r["kv_mode"] == "single" else exact_per_step
@@ -154,11 +187,16 @@ def _served(model, template, user, args, exact_tokens, exact_per_step, out: Path
         # the pipeline bound: max(compute, transfer, decode) pure busy time of the run (the template image fetch,
         # before the run, left out)
         bound = lower_bound([e for e in r["timeline"] if e["start"] >= 0], r["latency_s"])
-        table.append({"summary": with_psnr(r["report"], psnr)["summary"]} | {k: r[k] for k in keys}
-                     | {"psnr_db": psnr, "split_layers": r["report"]["split_layers"], "lower_bound": bound})  # fmt: skip
-        print(f"{r['kv_mode']:<10}{r['policy']:<18}{r['latency_s']:>10.2f}{r['bytes_fetched'] / 1024:>13.1f}"
-              f"{r['bytes_used'] / 1024:>10.1f}{psnr:>9.1f}{bound['bound_s']:>9.2f}"
-              f"{bound['latency_over_bound']:>10.2f}  {r['ran']}")  # fmt: skip
+        table.append(
+            {"summary": with_psnr(r["report"], psnr)["summary"]}
+            | {k: r[k] for k in keys}
+            | {"psnr_db": psnr, "split_layers": r["report"]["split_layers"], "lower_bound": bound}
+        )
+        print(
+            f"{r['kv_mode']:<10}{r['policy']:<18}{r['latency_s']:>10.2f}{r['bytes_fetched'] / 1024:>13.1f}"
+            f"{r['bytes_used'] / 1024:>10.1f}{psnr:>9.1f}{bound['bound_s']:>9.2f}"
+            f"{bound['latency_over_bound']:>10.2f}  {r['ran']}"
+        )
     for kv_mode, png in (("single", "timeline.png"), ("per-step", "timeline_per_step.png")):
         i, sak = next((i, r) for i, r in enumerate(rows) if r["policy"] == "sakura" and r["kv_mode"] == kv_mode)
         if kv_mode == "single":
@@ -167,8 +205,11 @@ def _served(model, template, user, args, exact_tokens, exact_per_step, out: Path
         plot_timeline(sak["timeline"], out / png, title, sak["decisions"])
     print("PSNR: each policy's image vs the exact-KV edit (same seed); this CPU is fast, so computing the template")
     print("often wins here — `sakura bench e2e --mode sim` shows the phone-scale picture.")
-    return {"trace": args.trace, "profile": {"layer_full_s": profile.layer_full_s,
-            "layer_cached_s": profile.layer_cached_s}, "runs": table}  # fmt: skip
+    return {
+        "trace": args.trace,
+        "profile": {"layer_full_s": profile.layer_full_s, "layer_cached_s": profile.layer_cached_s},
+        "runs": table,
+    }
 
 
 def _exactness_runs(model, user, prompt: str, common: dict, variants: dict) -> tuple[dict, list[dict]]:

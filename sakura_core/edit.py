@@ -69,8 +69,9 @@ async def _get_manifest(shards, label: str, template_id: str) -> Manifest:
     except TemplateNotFoundError as e:
         catalog = await shards.get_catalog()
         ids = sorted(str(t.get("id")) for t in catalog.get("templates", []) if isinstance(t, dict))
-        raise TemplateNotFoundError(f"template {template_id!r} is not in the catalog of {label}; published there: "
-                                    f"{', '.join(ids) or 'none'}") from e  # fmt: skip
+        raise TemplateNotFoundError(
+            f"template {template_id!r} is not in the catalog of {label}; published there: {', '.join(ids) or 'none'}"
+        ) from e
 
 
 async def fetch_template_manifest(
@@ -130,8 +131,10 @@ class OpenedTemplate:
         with the pixel limits and mode-correct conversion of :func:`sakura_core.images.decode_image`)."""
         from .images import decode_image
 
-        images = [load_image(decode_image(f, f"reference {i + 1} of template {self.template_id!r}")[0], size)
-                  for i, f in enumerate(self.reference_files)]  # fmt: skip
+        images = [
+            load_image(decode_image(f, f"reference {i + 1} of template {self.template_id!r}")[0], size)
+            for i, f in enumerate(self.reference_files)
+        ]
         return images[0] if len(images) == 1 else images
 
     def summary(self) -> dict:
@@ -188,8 +191,9 @@ async def _with_image(source: TemplateSource, shards, manifest: Manifest) -> Ope
             )
         fetched.append(await shards.fetch_shard(r.image.digest, expected_bytes=r.image.nbytes))
     blobs = tuple(fetched)
-    return OpenedTemplate(source, manifest.template_id, manifest.model_id, manifest, blobs[0],
-                          (started, time.monotonic()), blobs)  # fmt: skip
+    return OpenedTemplate(
+        source, manifest.template_id, manifest.model_id, manifest, blobs[0], (started, time.monotonic()), blobs
+    )
 
 
 def runnable_policy(name: str) -> str:
@@ -263,17 +267,15 @@ async def run_template_edit(
     phone timing (``runtime.emulated_device``; needs an emulated link): compute paced to a phone profile, the link
     slowed to phone-size shards, the policy predicting with those times; the report says so.
     """
-    key = ModelKey.of(model)
-    if opened.model_id != key.model_id or not template_grid_fits(opened.ref_grids, key.token_grid):
-        raise ModelMismatchError(f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
-                         f"{list(opened.token_grid)}), the edit runs model {key.model_id[:16]} (grid "
-                         f"{list(key.token_grid)}); open the template with the model that edits")  # fmt: skip
+    key = _check_model(model, opened)
     link = LinkSpec.parse(link)
     trace = link.trace()
     if timing is not None:
         if trace is None:
-            raise ValueError("emulated phone timing needs an emulated link (fixed Mbit/s or a trace file): the live "
-                             "link's shards cannot be paced at phone scale")  # fmt: skip
+            raise ValueError(
+                "emulated phone timing needs an emulated link (fixed Mbit/s or a trace file): the live "
+                "link's shards cannot be paced at phone scale"
+            )
         trace, profile = timing.phone_scale_trace(trace), timing.live_profile(settings.steps)
         backend = timing.backend(backend_of(model, backend))
     profile = profile if profile is not None else measure_profile(model, settings.steps)
@@ -284,15 +286,54 @@ async def run_template_edit(
     # a template larger than the edit keeps its own size (each reference's grid is the manifest's)
     template = opened.template_image(size * opened.ref_grids[0][0] // key.token_grid[0])
     user = load_image(user_image, size)
-    config = RuntimeConfig(steps=settings.steps, seed=settings.seed, latency_target_s=settings.latency_target_s,
-                           prefetch_kv_bytes=prefetch_kv_bytes,
-                           estimator=timing.estimator_config() if timing is not None else None)  # fmt: skip
+    config = RuntimeConfig(
+        steps=settings.steps,
+        seed=settings.seed,
+        latency_target_s=settings.latency_target_s,
+        prefetch_kv_bytes=prefetch_kv_bytes,
+        estimator=timing.estimator_config() if timing is not None else None,
+    )
     async with opened.source.open() as shards:
         t0 = time.monotonic()
-        run = await run_pipelined_edit(EditInputs(model, user, settings.prompt, template, backend=backend),
-                                       opened.manifest, shaped_fetcher(shards, trace), plan, profile,
-                                       trace=trace, config=config,
-                                       controls=RunControls(cancel=cancel, on_layer=on_layer))  # fmt: skip
+        run = await run_pipelined_edit(
+            EditInputs(model, user, settings.prompt, template, backend=backend),
+            opened.manifest,
+            shaped_fetcher(shards, trace),
+            plan,
+            profile,
+            trace=trace,
+            config=config,
+            controls=RunControls(cancel=cancel, on_layer=on_layer),
+        )
+    report = _report(run, opened, settings, link, plan.floor_name, profile, executed_on, t0)
+    if timing is not None:
+        report = with_timing(report, timing.describe(run.bytes_fetched))
+    return EditOutcome(run.image, report, run)
+
+
+def _check_model(model: EditModel, opened: OpenedTemplate) -> ModelKey:
+    """``model``'s key; ``ModelMismatchError`` naming both when ``opened`` was opened for another model or grid."""
+    key = ModelKey.of(model)
+    if opened.model_id != key.model_id or not template_grid_fits(opened.ref_grids, key.token_grid):
+        raise ModelMismatchError(
+            f"template {opened.template_id!r} was opened for model {opened.model_id[:16]} (grid "
+            f"{list(opened.token_grid)}), the edit runs model {key.model_id[:16]} (grid "
+            f"{list(key.token_grid)}); open the template with the model that edits"
+        )
+    return key
+
+
+def _report(
+    run: RunReport,
+    opened: OpenedTemplate,
+    settings: EditSettings,
+    link: LinkSpec,
+    floor_level: str,
+    profile: LiveProfile,
+    executed_on: dict | None,
+    t0: float,
+) -> dict:
+    """The edit's report (:func:`edit_report`), the template image's fetch (``t0``: the lanes' start) an event."""
     started, finished = opened.image_fetch_s
     image_event = {
         "lane": "fetch",
@@ -301,14 +342,19 @@ async def run_template_edit(
         "layer": -1,
         "level": "template image",
     }
-    report = edit_report(
-        run, template_id=opened.template_id, template=opened.summary(), link=link, steps=settings.steps,
-        seed=settings.seed, latency_target_s=settings.latency_target_s, floor_level=plan.floor_name, profile=profile,
-        executed_on=executed_on if executed_on is not None else {"kind": "local"}, extra_events=[image_event],
-    )  # fmt: skip
-    if timing is not None:
-        report = with_timing(report, timing.describe(run.bytes_fetched))
-    return EditOutcome(run.image, report, run)
+    return edit_report(
+        run,
+        template_id=opened.template_id,
+        template=opened.summary(),
+        link=link,
+        steps=settings.steps,
+        seed=settings.seed,
+        latency_target_s=settings.latency_target_s,
+        floor_level=floor_level,
+        profile=profile,
+        executed_on=executed_on if executed_on is not None else {"kind": "local"},
+        extra_events=[image_event],
+    )
 
 
 @dataclass(frozen=True)
@@ -372,6 +418,15 @@ async def edit_from_server(
         opened = await open_checked_template(request.source, manifest)
     else:
         opened = await open_template(request.source, request.template_id, model)
-    return await run_template_edit(model, opened, user_image, request.settings, link=request.link, profile=profile,
-                                   cancel=cancel, on_layer=on_layer, backend=backend,
-                                   prefetch_kv_bytes=prefetch_kv_bytes)  # fmt: skip
+    return await run_template_edit(
+        model,
+        opened,
+        user_image,
+        request.settings,
+        link=request.link,
+        profile=profile,
+        cancel=cancel,
+        on_layer=on_layer,
+        backend=backend,
+        prefetch_kv_bytes=prefetch_kv_bytes,
+    )

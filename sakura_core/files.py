@@ -105,8 +105,11 @@ def _errno_name(e: OSError) -> str | int | None:
 def disk_fault_message(e: OSError) -> str:
     """One line for a :data:`DISK_FAULTS` error: the file, the reason and its errno name, and what to do."""
     where = f"{e.filename}: " if e.filename else ""
-    fix = ("free some space" if e.errno in (errno.ENOSPC, errno.EDQUOT)
-           else "use a folder this user can write, or fix its permissions")  # fmt: skip
+    fix = (
+        "free some space"
+        if e.errno in (errno.ENOSPC, errno.EDQUOT)
+        else "use a folder this user can write, or fix its permissions"
+    )
     return f"{where}{e.strerror} ({_errno_name(e)}): {fix}, and run it again (files are written whole or not at all)"
 
 

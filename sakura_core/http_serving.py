@@ -65,8 +65,14 @@ class TokenThrottle:
         clock: monotonic seconds (injected by tests).
     """
 
-    def __init__(self, max_failures: int = 20, window_s: float = 60.0, max_addresses: int = 4096,
-                 log_interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        max_failures: int = 20,
+        window_s: float = 60.0,
+        max_addresses: int = 4096,
+        log_interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if max_failures < 1 or window_s <= 0 or max_addresses < 1 or log_interval_s < 0:
             raise ValueError(
                 f"TokenThrottle needs max_failures >= 1, window_s > 0, max_addresses >= 1, log_interval_s >= 0; got "
@@ -106,5 +112,11 @@ class TokenThrottle:
         since = "" if self._last_log is None else f" in the last {now - self._last_log:.0f} s"
         wrong, limited = self._unlogged
         self._last_log, self._unlogged = now, [0, 0]
-        logger.warning("refused %d wrong bearer token(s)%s (%d rate limited; latest from %s; %d address(es) tracked)",
-                       wrong, since, limited, address, len(self._table))  # fmt: skip
+        logger.warning(
+            "refused %d wrong bearer token(s)%s (%d rate limited; latest from %s; %d address(es) tracked)",
+            wrong,
+            since,
+            limited,
+            address,
+            len(self._table),
+        )

@@ -66,8 +66,14 @@ def image_to_rgb8(img) -> np.ndarray:
     return np.repeat(grey[..., None], 3, axis=-1)
 
 
-def decode_image(data: bytes, what: str = "image", *, max_pixels: int = MAX_IMAGE_PIXELS,
-                 max_bytes: int = MAX_IMAGE_BYTES, formats: tuple[str, ...] | None = None):  # fmt: skip
+def decode_image(
+    data: bytes,
+    what: str = "image",
+    *,
+    max_pixels: int = MAX_IMAGE_PIXELS,
+    max_bytes: int = MAX_IMAGE_BYTES,
+    formats: tuple[str, ...] | None = None,
+):
     """``data`` (an encoded image file) as (H, W, 3) uint8 and its PIL format name (``"PNG"``, ...). The size and the
     header's width x height are checked before any pixel is decoded; ``formats``: the formats accepted (None: any)."""
     from PIL import Image, UnidentifiedImageError

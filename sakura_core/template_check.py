@@ -51,13 +51,17 @@ def check_template(manifest: Manifest | dict, template_id: str, model: EditModel
         manifest = parse_manifest(manifest, template_id=template_id, model_id=key.model_id)
     if not template_grid_fits(manifest.ref_grids, key.token_grid):
         grids = " + ".join(f"{r}x{c}" for r, c in manifest.ref_grids)
-        raise ManifestError(f"template {template_id!r} has token grid(s) {grids}, the model edits "
-                            f"{list(key.token_grid)}; precompute it at the model's resolution or larger (a square "
-                            "--template-size)")  # fmt: skip
+        raise ManifestError(
+            f"template {template_id!r} has token grid(s) {grids}, the model edits "
+            f"{list(key.token_grid)}; precompute it at the model's resolution or larger (a square "
+            "--template-size)"
+        )
     theirs = (manifest.num_layers, manifest.heads, manifest.head_dim)
     if key.geometry is not None and theirs != key.geometry:
-        raise ManifestError(f"template {template_id!r} has KV of (layers, heads, head_dim) {theirs}, the model "
-                            f"{key.geometry}: the manifest does not describe this model's KV; republish it")  # fmt: skip
+        raise ManifestError(
+            f"template {template_id!r} has KV of (layers, heads, head_dim) {theirs}, the model "
+            f"{key.geometry}: the manifest does not describe this model's KV; republish it"
+        )
     if manifest.template_image is None or any(r.image is None for r in manifest.references):
         raise ManifestError(f"template {template_id!r}: its manifest names no template_image; republish it")
     return manifest

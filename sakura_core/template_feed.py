@@ -119,8 +119,9 @@ class TemplateKVFeed:
             if self._thread is not None:
                 return
             self._started_at = time.perf_counter()
-            self._thread = threading.Thread(target=self._run, name=f"sakura-feed-{self.manifest.template_id}",
-                                            daemon=True)  # fmt: skip
+            self._thread = threading.Thread(
+                target=self._run, name=f"sakura-feed-{self.manifest.template_id}", daemon=True
+            )
             self._thread.start()
 
     # ---- the forward's side ---------------------------------------------------------------------------------------
@@ -139,8 +140,10 @@ class TemplateKVFeed:
                         self._error
                     )
                 if self._finished or self._thread is None:
-                    raise RuntimeError(f"template {self.manifest.template_id}: layer {layer} of step {step} was not "
-                                       "fetched (the feed was not started or was reset)")  # fmt: skip
+                    raise RuntimeError(
+                        f"template {self.manifest.template_id}: layer {layer} of step {step} was not "
+                        "fetched (the feed was not started or was reset)"
+                    )
                 t0 = t0 or time.perf_counter()
                 self._cond.wait(poll_s)
                 if check is not None:
@@ -199,8 +202,10 @@ class TemplateKVFeed:
             if rep.name == self.representation:
                 return rep
         names = ", ".join(r.name for r in shard.representations)
-        raise ValueError(f"template {self.manifest.template_id} has no representation {self.representation!r} of "
-                         f"layers {list(shard.layers)} (it has: {names}); a 'serving' store keeps no fp16")  # fmt: skip
+        raise ValueError(
+            f"template {self.manifest.template_id} has no representation {self.representation!r} of "
+            f"layers {list(shard.layers)} (it has: {names}); a 'serving' store keeps no fp16"
+        )
 
     def _publish(self, step: int, first: int, k, v) -> None:
         with self._cond:

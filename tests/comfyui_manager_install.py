@@ -42,8 +42,15 @@ from pathlib import Path
 __all__ = ["NODE_IDS", "InstallResult", "copy_pack", "layered_venv", "main", "manager_install", "run_check"]
 
 REPO = Path(__file__).resolve().parents[1]
-NODE_IDS = ("SakuraModelLoader", "SakuraTemplateLoader", "SakuraAdaptiveFetch", "SakuraPipelinedSampler",
-            "SakuraPhoneDevice", "SakuraTemplateKV", "SakuraTemplateKVReport")  # fmt: skip
+NODE_IDS = (
+    "SakuraModelLoader",
+    "SakuraTemplateLoader",
+    "SakuraAdaptiveFetch",
+    "SakuraPipelinedSampler",
+    "SakuraPhoneDevice",
+    "SakuraTemplateKV",
+    "SakuraTemplateKVReport",
+)
 PACK = "sakura-kv"  # the folder name a clone of the repository gets
 START_TIMEOUT_S = 300.0
 
@@ -71,8 +78,9 @@ class InstallResult:
 def _run(argv: list, cwd: Path | None = None, timeout_s: float = 900.0) -> str:
     proc = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}"
-                           f"\n{proc.stderr[-3000:]}")  # fmt: skip
+        raise RuntimeError(
+            f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc.stdout
 
 
@@ -111,8 +119,10 @@ def _requirement_names(requirements: Path) -> list[str]:
 
 
 def _missing(python: Path, names: list[str]) -> list[str]:
-    code = ("import importlib.metadata as m, json, sys\nout = []\nfor n in sys.argv[1:]:\n    try: m.version(n)\n"
-            "    except m.PackageNotFoundError: out.append(n)\nprint(json.dumps(out))")  # fmt: skip
+    code = (
+        "import importlib.metadata as m, json, sys\nout = []\nfor n in sys.argv[1:]:\n    try: m.version(n)\n"
+        "    except m.PackageNotFoundError: out.append(n)\nprint(json.dumps(out))"
+    )
     return json.loads(_run([python, "-c", code, *names]).strip())
 
 
@@ -130,11 +140,25 @@ def manager_install(python: Path, pack: Path, base_python: str, work: Path) -> l
 
 
 def _start(comfyui: Path, python: Path, base: Path, port: int) -> tuple[subprocess.Popen, list[str]]:
-    argv = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--base-directory", base,
-            "--database-url", "sqlite:///:memory:", "--disable-auto-launch", "--log-stdout"]  # fmt: skip
+    argv = [
+        python,
+        "main.py",
+        "--cpu",
+        "--listen",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--base-directory",
+        base,
+        "--database-url",
+        "sqlite:///:memory:",
+        "--disable-auto-launch",
+        "--log-stdout",
+    ]
     log: list[str] = []
-    proc = subprocess.Popen([str(a) for a in argv], cwd=comfyui, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [str(a) for a in argv], cwd=comfyui, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + START_TIMEOUT_S
     assert proc.stdout is not None
     os.set_blocking(proc.stdout.fileno(), False)

@@ -68,9 +68,11 @@ _scalars = st.one_of(
 
 def json_values(max_leaves: int = 8):
     """Any JSON value: scalars, lists and objects (shallow), or a list nested up to 3000 deep."""
-    nested = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                            st.dictionaries(st.text(max_size=5), inner, max_size=3)),
-                          max_leaves=max_leaves)  # fmt: skip
+    nested = st.recursive(
+        _scalars,
+        lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+        max_leaves=max_leaves,
+    )
     deep = st.integers(1, 3000).map(lambda n: json.loads("[" * min(n, 900) + "]" * min(n, 900)))
     return st.one_of(nested, deep)
 

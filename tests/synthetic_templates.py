@@ -95,8 +95,9 @@ def build_synthetic(
     return SyntheticTemplate(manifest, blobs)
 
 
-def build_cross_step_synthetic(template_id: str, *, model_id: str, steps: int = 2, num_layers: int = 2,
-                               nbytes: int = 2048) -> SyntheticTemplate:  # fmt: skip
+def build_cross_step_synthetic(
+    template_id: str, *, model_id: str, steps: int = 2, num_layers: int = 2, nbytes: int = 2048
+) -> SyntheticTemplate:
     """A per-step manifest coded across steps, as the codec's: step 0's shards self-contained (a base and fp16), each
     shard of step s >= 1 a zero-byte ``reuse`` rung and a residual against step s-1's fp16 (``ref``), then its own
     fp16. Random blobs (not KV): for the schema, the stores and the sources, not the codec."""
@@ -107,8 +108,16 @@ def build_cross_step_synthetic(template_id: str, *, model_id: str, steps: int = 
         blob = rng.integers(0, 256, size=size, dtype=np.uint8).tobytes()
         digest = hashlib.sha256(blob).hexdigest()
         blobs[digest] = blob
-        out = {"level": level, "name": name, "codec": "fp16" if name == "fp16" else "synthetic", "bytes": size,
-               "total_bytes": size, "distortion": distortion, "digest": digest, "requires": []}  # fmt: skip
+        out = {
+            "level": level,
+            "name": name,
+            "codec": "fp16" if name == "fp16" else "synthetic",
+            "bytes": size,
+            "total_bytes": size,
+            "distortion": distortion,
+            "digest": digest,
+            "requires": [],
+        }
         return out if ref is None else {**out, "ref": ref}
 
     shards, exact = [], {}
@@ -118,15 +127,32 @@ def build_cross_step_synthetic(template_id: str, *, model_id: str, steps: int = 
                 reps = [rep(0, "synthetic-0", nbytes, 0.05), rep(1, "fp16", 4 * nbytes, 0.0)]
             else:
                 ref = {"step": step - 1, "digest": exact[(step - 1, layer)]}
-                reuse = {"level": 0, "name": "reuse", "codec": "reuse", "bytes": 0, "total_bytes": 0,
-                         "distortion": 0.2, "digest": None, "requires": [], "ref": {"mode": "reuse", **ref}}  # fmt: skip
-                reps = [reuse, rep(1, "synthetic-0", nbytes // 4, 0.05, {"mode": "residual", **ref}),
-                        rep(2, "fp16", 4 * nbytes, 0.0)]  # fmt: skip
+                reuse = {
+                    "level": 0,
+                    "name": "reuse",
+                    "codec": "reuse",
+                    "bytes": 0,
+                    "total_bytes": 0,
+                    "distortion": 0.2,
+                    "digest": None,
+                    "requires": [],
+                    "ref": {"mode": "reuse", **ref},
+                }
+                reps = [
+                    reuse,
+                    rep(1, "synthetic-0", nbytes // 4, 0.05, {"mode": "residual", **ref}),
+                    rep(2, "fp16", 4 * nbytes, 0.0),
+                ]
             exact[(step, layer)] = reps[-1]["digest"]
             shards.append({"step": step, "layers": [layer, layer], "representations": reps})
     t = build_synthetic(template_id, model_id=model_id, num_layers=num_layers)
-    schedule = {"steps": steps, "timesteps": [1 - s / steps for s in range(steps)], "shift": 1.0, "guidance": None,
-                "sampler": "flow-euler"}  # fmt: skip
+    schedule = {
+        "steps": steps,
+        "timesteps": [1 - s / steps for s in range(steps)],
+        "shift": 1.0,
+        "guidance": None,
+        "sampler": "flow-euler",
+    }
     return SyntheticTemplate({**t.manifest, "kv_mode": "per-step", "schedule": schedule, "shards": shards}, blobs)
 
 

@@ -35,11 +35,31 @@ def _offending_lines(text: str) -> list[tuple[int, str]]:
 
 def test_the_pattern_finds_machine_paths_and_spares_the_rest():
     w, r, h, u = "/" + "work", "/" + "root", "/" + "home", "/" + "Users"
-    bad = [f"--traces {w}/shared/traces", f'"path": "{w}/x.json"', f"cd {r}/sakura", f"cd {r}",
-           f"{h}/alice/comfyui", f"({u}/bob/src)", "C:\\" + "Users\\carol\\x", f"`{w}/comfyui/input`"]  # fmt: skip
-    good = ["--traces ../shared/traces", "/tmp/h12/init.safetensors", "/usr/bin/chromium", "/etc/nginx", "/dev/null",
-            f"https://example.org{w}/x", f"$HOME{w}/comfyui", f"~{w}", f"..{r}/x", f"a{r}/b", f"{h}/",
-            "--root /tmp/x", "/proc/self"]  # fmt: skip
+    bad = [
+        f"--traces {w}/shared/traces",
+        f'"path": "{w}/x.json"',
+        f"cd {r}/sakura",
+        f"cd {r}",
+        f"{h}/alice/comfyui",
+        f"({u}/bob/src)",
+        "C:\\" + "Users\\carol\\x",
+        f"`{w}/comfyui/input`",
+    ]
+    good = [
+        "--traces ../shared/traces",
+        "/tmp/h12/init.safetensors",
+        "/usr/bin/chromium",
+        "/etc/nginx",
+        "/dev/null",
+        f"https://example.org{w}/x",
+        f"$HOME{w}/comfyui",
+        f"~{w}",
+        f"..{r}/x",
+        f"a{r}/b",
+        f"{h}/",
+        "--root /tmp/x",
+        "/proc/self",
+    ]
     assert [s for s in bad if not MACHINE_PATH.search(s)] == []
     assert [s for s in good if MACHINE_PATH.search(s)] == []
 
@@ -55,5 +75,7 @@ def test_no_tracked_file_holds_a_development_machine_path():
             continue  # binary (as git grep -I)
         text = data.decode("utf-8", "replace")
         found += [f"{rel}:{i}: {line.strip()[:160]}" for i, line in _offending_lines(text)]
-    assert not found, ("absolute paths of a development machine (use a repository-relative path, a variable or "
-                       "/tmp):\n" + "\n".join(found))  # fmt: skip
+    assert not found, (
+        "absolute paths of a development machine (use a repository-relative path, a variable or "
+        "/tmp):\n" + "\n".join(found)
+    )

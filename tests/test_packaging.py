@@ -109,8 +109,13 @@ sys.path[:] = [p for p in sys.path if not p.endswith(".pth") and Path(p or ".").
 
 def _load(root: Path, prelude: str = "", stubs: Path = STUBS) -> str:
     code = LOAD.format(stubs=str(stubs), prelude=prelude, init=str(root / "__init__.py"), root=str(root))
-    proc = subprocess.run([sys.executable, "-c", "from pathlib import Path\n" + code], capture_output=True,
-                          text=True, cwd="/", timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", "from pathlib import Path\n" + code],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().splitlines()[-1]
 

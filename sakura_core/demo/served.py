@@ -30,8 +30,9 @@ DEMO_POLICIES = ("on-device", "on-device-cached", "fetch-fp16", "cachegen", "thr
 PER_STEP_POLICIES = ("on-device", "fetch-fp16", "sakura")  # per-step mode: the template at every step on the device
 
 
-async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path, profile, policies, progress,
-                          per_step_policies=()):  # fmt: skip
+async def _serve_and_edit(
+    model, template, user, prompt, steps, seed, trace_path, profile, policies, progress, per_step_policies=()
+):
     from aiohttp import web
 
     from cloud_server.app import create_app
@@ -51,9 +52,17 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
             progress(f"server: published {tid} ({codec} ladder)")
         if per_step_policies:
             quick = functools.partial(precompute_template, held_out_probes=1)  # one held-out probe: a quick demo
-            await asyncio.to_thread(publish_template, store, model, template, "demo-template-per-step",
-                                    kv_mode="per-step", steps=steps, precompute_fn=quick,
-                                    store_profile="full")  # fmt: skip
+            await asyncio.to_thread(
+                publish_template,
+                store,
+                model,
+                template,
+                "demo-template-per-step",
+                kv_mode="per-step",
+                steps=steps,
+                precompute_fn=quick,
+                store_profile="full",
+            )
             progress(f"server: published demo-template-per-step (sakura ladder, per-step KV for {steps} steps)")
         runner = web.AppRunner(
             create_app(ServerConfig(store_dir=tmp, host="127.0.0.1", port=0, model=None)), access_log=None
@@ -73,14 +82,27 @@ async def _serve_and_edit(model, template, user, prompt, steps, seed, trace_path
                 r = out.report
                 # what the compute lane did: the split, or what a fallback computed here instead
                 ran = KVUse.of_run(out.run, model.adapter.num_layers).compute_clause()
-                rows.append({"policy": name, "kv_mode": kv_mode, "latency_s": r["latency_s"],
-                             "bytes_fetched": r["bytes_fetched"], "bytes_used": r["bytes_used"],
-                             "split_layer": r["split_layer"], "ran": ran, "fallbacks": r["fallbacks"],
-                             "image": out.image, "timeline": r["timeline"], "decisions": r["decisions"],
-                             "report": r})  # fmt: skip
-                progress(f"phone: {kv_mode:<8} {name:<17} {r['latency_s']:6.2f} s  "
-                         f"{r['bytes_fetched'] / 1024:8.1f} KiB fetched  {r['bytes_used'] / 1024:8.1f} KiB used  "
-                         f"{ran}")  # fmt: skip
+                rows.append(
+                    {
+                        "policy": name,
+                        "kv_mode": kv_mode,
+                        "latency_s": r["latency_s"],
+                        "bytes_fetched": r["bytes_fetched"],
+                        "bytes_used": r["bytes_used"],
+                        "split_layer": r["split_layer"],
+                        "ran": ran,
+                        "fallbacks": r["fallbacks"],
+                        "image": out.image,
+                        "timeline": r["timeline"],
+                        "decisions": r["decisions"],
+                        "report": r,
+                    }
+                )
+                progress(
+                    f"phone: {kv_mode:<8} {name:<17} {r['latency_s']:6.2f} s  "
+                    f"{r['bytes_fetched'] / 1024:8.1f} KiB fetched  {r['bytes_used'] / 1024:8.1f} KiB used  "
+                    f"{ran}"
+                )
         finally:
             await runner.cleanup()
     return rows
@@ -104,5 +126,5 @@ def run_served_demo(
     return asyncio.run(
         _serve_and_edit(
             model, template, user, prompt, steps, seed, trace_path, profile, policies, progress, per_step_policies
-        )  # fmt: skip
+        )
     )

@@ -23,10 +23,16 @@ class PinnedResolver(aiohttp.abc.AbstractResolver):
 
     async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list:
         return [
-            {"hostname": host, "host": a, "port": port, "family": socket.AF_INET6 if ":" in a else socket.AF_INET,
-             "proto": 0, "flags": socket.AI_NUMERICHOST}
+            {
+                "hostname": host,
+                "host": a,
+                "port": port,
+                "family": socket.AF_INET6 if ":" in a else socket.AF_INET,
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+            }
             for a in self._addresses
-        ]  # fmt: skip
+        ]
 
     async def close(self) -> None:
         return None

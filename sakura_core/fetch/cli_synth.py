@@ -17,11 +17,20 @@ _SLOW_FOLDERS = {"3G": "3g-like", "broadband": "oboe-like"}
 
 def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, help="folder to write the traces into (created; existing files kept)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="first seed (default: 100 for --set dev, 300 for --set slow: the development sets)")  # fmt: skip
-    parser.add_argument("--set", dest="which", choices=("dev", "slow"), default="dev",
-                        help="dev: random walks and on/off links (default); slow: 3G-like walks (3g-like/, class 3G) "
-                        "and Oboe-like links (oboe-like/, class broadband), with a trace_classes.json")  # fmt: skip
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="first seed (default: 100 for --set dev, 300 for --set slow: the development sets)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="which",
+        choices=("dev", "slow"),
+        default="dev",
+        help="dev: random walks and on/off links (default); slow: 3G-like walks (3g-like/, class 3G) "
+        "and Oboe-like links (oboe-like/, class broadband), with a trace_classes.json",
+    )
 
 
 def run(args) -> int:
@@ -46,6 +55,8 @@ def run(args) -> int:
         for t in traces:
             write_pensieve(t, out / f"{t.name}.log")
         n = len(traces)
-    print(f"wrote {n} traces to {out} (set {which}, seed {seed}); run them with: sakura bench e2e --mode sim "
-          f"--traces {out} ...")  # fmt: skip
+    print(
+        f"wrote {n} traces to {out} (set {which}, seed {seed}); run them with: sakura bench e2e --mode sim "
+        f"--traces {out} ..."
+    )
     return 0

@@ -288,8 +288,11 @@ class ShardClient:
                 )
                 if self._give_up(failures, waited_s) or attempts >= cfg.max_attempts:
                     problem = connection_problem(e)
-                    last = (unreachable_message("last error", self.base_url, problem) if problem is not None
-                            else f"last error: {e!r}")  # fmt: skip
+                    last = (
+                        unreachable_message("last error", self.base_url, problem)
+                        if problem is not None
+                        else f"last error: {e!r}"
+                    )
                     raise ShardUnavailableError(digest, last, attempts) from e
                 delay = self._backoff_s(max(failures, 1))
                 waited_s += delay

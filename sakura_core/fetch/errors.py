@@ -65,8 +65,10 @@ class RedirectRefusedError(FetchError):
         self.status = status
         self.location = (location or "")[:300]
         where = f"to {self.location!r}" if location else "without a Location"
-        super().__init__(f"{what}: {url} answered HTTP {status}, a redirect {where}; SAKURA clients do not follow "
-                         "redirects: give the final server URL instead")  # fmt: skip
+        super().__init__(
+            f"{what}: {url} answered HTTP {status}, a redirect {where}; SAKURA clients do not follow "
+            "redirects: give the final server URL instead"
+        )
 
 
 class TemplateNotFoundError(FetchError, LookupError):

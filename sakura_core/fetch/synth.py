@@ -46,8 +46,9 @@ ON_OFF = [(50, 1, 30), (20, 0, 20), (100, 5, 60), (10, 0.5, 10), (60, 0, 15), (3
 def random_walk(seed: int, mean_mbit: float, sigma: float, seconds: int = 900) -> Trace:
     """A per-second geometric random walk of the rate starting at ``mean_mbit`` (log steps N(0, sigma))."""
     if mean_mbit <= 0 or sigma < 0 or seconds < 2:
-        raise ValueError(f"random_walk needs mean_mbit > 0, sigma >= 0, seconds >= 2; got {mean_mbit}, {sigma}, "
-                         f"{seconds}")  # fmt: skip
+        raise ValueError(
+            f"random_walk needs mean_mbit > 0, sigma >= 0, seconds >= 2; got {mean_mbit}, {sigma}, {seconds}"
+        )
     rng = np.random.default_rng(seed)
     steps = rng.normal(0.0, sigma, seconds)
     x, lo, hi, out = np.log(mean_mbit), np.log(WALK_FLOOR_MBIT), np.log(WALK_CEIL_MBIT), np.empty(seconds)
@@ -60,8 +61,9 @@ def random_walk(seed: int, mean_mbit: float, sigma: float, seconds: int = 900) -
 def on_off(seed: int, high_mbit: float, low_mbit: float, mean_hold_s: float, seconds: float = 2000.0) -> Trace:
     """Alternating ``high_mbit`` / ``low_mbit`` periods (starting high) with exponential durations."""
     if high_mbit <= 0 or low_mbit < 0 or mean_hold_s <= 0:
-        raise ValueError(f"on_off needs high_mbit > 0, low_mbit >= 0, mean_hold_s > 0; got {high_mbit}, {low_mbit}, "
-                         f"{mean_hold_s}")  # fmt: skip
+        raise ValueError(
+            f"on_off needs high_mbit > 0, low_mbit >= 0, mean_hold_s > 0; got {high_mbit}, {low_mbit}, {mean_hold_s}"
+        )
     rng = np.random.default_rng(seed)
     durations, rates, total, high = [], [], 0.0, True
     while total < seconds:
@@ -90,14 +92,17 @@ SLOW_FLOOR_MBIT, SLOW_CEIL_MBIT = 0.05, 8.0
 OBOE_LIKE = [(1, 20, 3), (2, 10, 5), (1, 5, 4), (5, 20, 8), (1, 8, 2), (3, 15, 6), (1, 20, 10), (2, 6, 3)]
 
 
-def slow_walk(seed: int, mean_mbit: float, sigma: float, outages_per_min: float, outage_s: float,
-              seconds: int = 1200) -> Trace:  # fmt: skip
+def slow_walk(
+    seed: int, mean_mbit: float, sigma: float, outages_per_min: float, outage_s: float, seconds: int = 1200
+) -> Trace:
     """A 3G-like link: a per-second log walk reverting to ``mean_mbit`` (10 % of the gap a second, log steps
     N(0, sigma)), clipped to 0.05 .. 8 Mbit/s, with outages (rate 0) starting at ``outages_per_min`` a minute and
     lasting exponential times of mean ``outage_s``."""
     if mean_mbit <= 0 or sigma < 0 or outages_per_min < 0 or outage_s <= 0 or seconds < 2:
-        raise ValueError(f"slow_walk needs mean_mbit > 0, sigma >= 0, outages_per_min >= 0, outage_s > 0, seconds "
-                         f">= 2; got {mean_mbit}, {sigma}, {outages_per_min}, {outage_s}, {seconds}")  # fmt: skip
+        raise ValueError(
+            f"slow_walk needs mean_mbit > 0, sigma >= 0, outages_per_min >= 0, outage_s > 0, seconds "
+            f">= 2; got {mean_mbit}, {sigma}, {outages_per_min}, {outage_s}, {seconds}"
+        )
     rng = np.random.default_rng(seed)
     mu, lo, hi = np.log(mean_mbit), np.log(SLOW_FLOOR_MBIT), np.log(SLOW_CEIL_MBIT)
     x, out = mu, np.empty(seconds)
@@ -117,8 +122,10 @@ def oboe_like(seed: int, low_mbit: float, high_mbit: float, mean_segment_s: floa
     """An Oboe-like link: stable segments (exponential durations of mean ``mean_segment_s``, at least 0.5 s) each at
     a rate drawn log-uniform in [``low_mbit``, ``high_mbit``], jumping between them."""
     if not 0 < low_mbit <= high_mbit or mean_segment_s <= 0:
-        raise ValueError(f"oboe_like needs 0 < low_mbit <= high_mbit and mean_segment_s > 0; got {low_mbit}, "
-                         f"{high_mbit}, {mean_segment_s}")  # fmt: skip
+        raise ValueError(
+            f"oboe_like needs 0 < low_mbit <= high_mbit and mean_segment_s > 0; got {low_mbit}, "
+            f"{high_mbit}, {mean_segment_s}"
+        )
     rng = np.random.default_rng(seed)
     durations, rates, total = [], [], 0.0
     while total < seconds:

@@ -72,9 +72,18 @@ def slot_from_manifest(manifest: Manifest, layer: int, rep: Representation, step
             ref = rep.ref
             reference = (ref.step, ref.digest) if ref is not None and ref.mode in DECODED_REF_MODES else None
             # a closed-loop twin's blob is its level's (the reference it names tells it from the open-loop one)
-            return ShardSlot(manifest.template_id, manifest.model_id, (first, last), codec, base_level_name(rep.name),
-                             token_grid=manifest.token_grid, heads=manifest.heads, head_dim=manifest.head_dim,
-                             step=step, reference=reference)  # fmt: skip
+            return ShardSlot(
+                manifest.template_id,
+                manifest.model_id,
+                (first, last),
+                codec,
+                base_level_name(rep.name),
+                token_grid=manifest.token_grid,
+                heads=manifest.heads,
+                head_dim=manifest.head_dim,
+                step=step,
+                reference=reference,
+            )
     at = "" if step is None else f" at step {step}"
     raise ValueError(f"manifest of template {manifest.template_id!r} has no shard holding layer {layer}{at}")
 

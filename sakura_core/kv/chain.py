@@ -131,8 +131,10 @@ def _check_link(index: int, header: ShardHeader, first: ShardHeader | None, prev
         return
     assert prev is not None  # first and prev come from the same chain: both None or both set
     if header.ref_scale is not None:
-        raise ShardChainError(f"blob {index} (level {header.level}) is a refinement carrying a predictor scale: only "
-                              "a chain's base carries it")  # fmt: skip
+        raise ShardChainError(
+            f"blob {index} (level {header.level}) is a refinement carrying a predictor scale: only "
+            "a chain's base carries it"
+        )
     if header.codec != first.codec:
         raise ShardChainError(f"blob {index} is codec {header.codec!r}, the chain's base is {first.codec!r}")
     if not get_codec(first.codec).progressive:

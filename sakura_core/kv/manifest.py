@@ -196,8 +196,15 @@ def parse_manifest(manifest: Any, *, template_id: str | None = None, model_id: s
         for r in check_references(manifest, header["token_grid"], header["rope_layout"])
     )
     shards = tuple(shard_from_json(sh) for sh in manifest["shards"])
-    parsed = Manifest(_json=manifest, shards=shards, schedule=schedule, template_image=None if image is None else BlobRef(*image),
-                      references=refs, store_profile=manifest_store_profile(manifest), **header)  # fmt: skip
+    parsed = Manifest(
+        _json=manifest,
+        shards=shards,
+        schedule=schedule,
+        template_image=None if image is None else BlobRef(*image),
+        references=refs,
+        store_profile=manifest_store_profile(manifest),
+        **header,
+    )
     return parsed.expect(template_id=template_id, model_id=model_id)
 
 
@@ -265,7 +272,9 @@ def check_schedule(
     ours = f"{steps} steps, shift {shift:g}, guidance {guidance}"
     bad = abs(sched.shift - shift) > tol or sched.guidance != guidance
     if not bad and timesteps is not None:
-        bad = len(timesteps) != steps or any(abs(a - b) > tol for a, b in zip(timesteps, sched.timesteps, strict=False))
+        bad = len(timesteps) != steps or any(
+            abs(a - b) > tol for a, b in zip(timesteps, sched.timesteps, strict=False)
+        )
         if bad:
             ours += f", t={[round(float(t), 4) for t in timesteps]} vs the template's {list(sched.timesteps)}"
     if bad:

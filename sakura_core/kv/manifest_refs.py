@@ -66,8 +66,9 @@ def _check_closed_ref(rep: dict, ref: dict, ref_name: str | None, ref_names: set
     that shard has one, else ``<level>`` (step 0 roots the tracks)."""
     name = rep["name"]
     if not name.endswith(CLOSED_SUFFIX):
-        raise ManifestError(f"manifest field '{w}.name': a closed-loop representation is named '<level>"
-                            f"{CLOSED_SUFFIX}', got {name!r}")  # fmt: skip
+        raise ManifestError(
+            f"manifest field '{w}.name': a closed-loop representation is named '<level>{CLOSED_SUFFIX}', got {name!r}"
+        )
     want = name if name in ref_names else base_level_name(name)
     if ref_name != want:
         raise ManifestError(
@@ -99,8 +100,14 @@ def check_cross_step_refs(shards: list[dict]) -> None:
                 continue
             if ref["mode"] == CLOSED_REF_MODE:
                 at = (ref["step"], tuple(sh["layers"]))
-                _check_closed_ref(rep, ref, named.get((*at, ref["digest"])), names.get(at, set()),
-                                  f"shards[{i}].representations[{j}]", sh["layers"])  # fmt: skip
+                _check_closed_ref(
+                    rep,
+                    ref,
+                    named.get((*at, ref["digest"])),
+                    names.get(at, set()),
+                    f"shards[{i}].representations[{j}]",
+                    sh["layers"],
+                )
                 continue
             want = exact.get((ref["step"], tuple(sh["layers"])))
             if want != ref["digest"]:

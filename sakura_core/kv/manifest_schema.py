@@ -131,9 +131,13 @@ def check_schedule_field(schedule: Any) -> dict:
     if guidance is not None and not _is_number(guidance):
         raise ManifestError(f"manifest field 'schedule.guidance' must be a number or null, got {guidance!r}")
     sampler = schedule.get("sampler")
-    return {"steps": steps, "timesteps": tuple(float(t) for t in times), "shift": float(shift),
-            "guidance": None if guidance is None else float(guidance),
-            "sampler": sampler if isinstance(sampler, str) else None}  # fmt: skip
+    return {
+        "steps": steps,
+        "timesteps": tuple(float(t) for t in times),
+        "shift": float(shift),
+        "guidance": None if guidance is None else float(guidance),
+        "sampler": sampler if isinstance(sampler, str) else None,
+    }
 
 
 def check_blob_ref(image: Any, where: str = "template_image") -> tuple[str, int] | None:
@@ -141,8 +145,12 @@ def check_blob_ref(image: Any, where: str = "template_image") -> tuple[str, int]
     or None when absent."""
     if image is None:
         return None
-    if not (isinstance(image, dict) and is_digest(image.get("digest")) and _is_int(image.get("bytes"))
-            and image["bytes"] > 0):  # fmt: skip
+    if not (
+        isinstance(image, dict)
+        and is_digest(image.get("digest"))
+        and _is_int(image.get("bytes"))
+        and image["bytes"] > 0
+    ):
         raise ManifestError(f"manifest field {where!r} must be {{digest, bytes}} of a blob, got {image!r}")
     return image["digest"], image["bytes"]
 
@@ -170,14 +178,27 @@ def check_references(manifest: dict, token_grid: tuple[int, int], rope_layout: s
     refs = manifest.get("references")
     if refs is None:
         if len(grids) > 1:
-            raise ManifestError(f"manifest of {len(grids)} references (rope_layout {rope_layout!r}) has no "
-                                "'references' field; republish it")  # fmt: skip
+            raise ManifestError(
+                f"manifest of {len(grids)} references (rope_layout {rope_layout!r}) has no "
+                "'references' field; republish it"
+            )
         ((rows, cols),) = grids
-        return [{"name": None, "size": None, "token_grid": (rows, cols), "rope_t": REF_TIME_OFFSET, "token_offset": 0,
-                 "tokens": rows * cols, "image": template_image}]  # fmt: skip
+        return [
+            {
+                "name": None,
+                "size": None,
+                "token_grid": (rows, cols),
+                "rope_t": REF_TIME_OFFSET,
+                "token_offset": 0,
+                "tokens": rows * cols,
+                "image": template_image,
+            }
+        ]
     if not isinstance(refs, list) or len(refs) != len(grids) or len(refs) > MAX_REFERENCES:
-        raise ManifestError(f"manifest field 'references' must list the {len(grids)} reference(s) rope_layout "
-                            f"{rope_layout!r} names, got {refs!r:.200}")  # fmt: skip
+        raise ManifestError(
+            f"manifest field 'references' must list the {len(grids)} reference(s) rope_layout "
+            f"{rope_layout!r} names, got {refs!r:.200}"
+        )
     out, offset = [], 0
     for i, (ref, grid) in enumerate(zip(refs, grids, strict=True)):
         out.append(_check_reference(i, ref, grid, offset))
@@ -190,12 +211,15 @@ def check_references(manifest: dict, token_grid: tuple[int, int], rope_layout: s
 def _check_reference(i: int, ref: Any, grid: tuple[int, int], offset: int) -> dict:
     where = f"references[{i}]"
     if not isinstance(ref, dict) or any(k not in ref for k in _REFERENCE_FIELDS):
-        raise ManifestError(f"manifest field {where!r} must be an object with {', '.join(_REFERENCE_FIELDS)}, got "
-                            f"{ref!r:.200}")  # fmt: skip
+        raise ManifestError(
+            f"manifest field {where!r} must be an object with {', '.join(_REFERENCE_FIELDS)}, got {ref!r:.200}"
+        )
     size, ref_grid = ref["size"], ref["token_grid"]
     if not _pair(size) or not _pair(ref_grid) or tuple(ref_grid) != grid:
-        raise ManifestError(f"manifest field {where!r}: size {size!r} / token_grid {ref_grid!r} must be [S, S] / "
-                            f"{list(grid)} (the manifest's token_grid and rope_layout stack that grid)")  # fmt: skip
+        raise ManifestError(
+            f"manifest field {where!r}: size {size!r} / token_grid {ref_grid!r} must be [S, S] / "
+            f"{list(grid)} (the manifest's token_grid and rope_layout stack that grid)"
+        )
     expect = {"rope_t": REF_TIME_OFFSET * (i + 1), "token_offset": offset, "tokens": grid[0] * grid[1]}
     for key, want in expect.items():
         if ref[key] != want or not _is_int(ref[key]):
@@ -261,8 +285,10 @@ def _check_layer_cover(group: list[tuple[int, Any]], num_layers: int, seen_diges
         next_layer = layers[1] + 1
         exact = shard.get("exact_digest")
         if exact is not None and (step is None or not is_digest(exact)):
-            raise ManifestError(f"manifest field '{where}.exact_digest' must be 64 lowercase hex characters in a "
-                                f"per-step manifest, got {exact!r}")  # fmt: skip
+            raise ManifestError(
+                f"manifest field '{where}.exact_digest' must be 64 lowercase hex characters in a "
+                f"per-step manifest, got {exact!r}"
+            )
         _check_representations(shard.get("representations"), where, seen_digests, step)
     if next_layer != num_layers:
         raise ManifestError(

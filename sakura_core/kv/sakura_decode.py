@@ -164,8 +164,10 @@ def span_codes(dist: np.ndarray) -> np.ndarray:
     refused (ValueError: a residual that large is no cross-step residual — code that step without the predictor)."""
     dist = dist.astype(np.float32)
     if dist.size and float(dist.max()) > MAX_SPAN:
-        raise ValueError(f"a residual channel spans {float(dist.max()):.4g} from its mean, over the compact ranges' "
-                         f"{MAX_SPAN:.4g}: encode this step without the cross-step predictor")  # fmt: skip
+        raise ValueError(
+            f"a residual channel spans {float(dist.max()):.4g} from its mean, over the compact ranges' "
+            f"{MAX_SPAN:.4g}: encode this step without the cross-step predictor"
+        )
     return np.searchsorted(_SPAN, dist, side="left").astype(np.uint8)
 
 

@@ -69,8 +69,13 @@ def reconstruct(idx: np.ndarray, acc: torch.Tensor, p: Params) -> tuple[torch.Te
             _sparse_block(out_blocks[b], acc_blocks[b], widx[b], half, step[b, 0], lo[b, 0], means[b])
             continue
         centre = _centre_codes(acc_blocks[g].reshape(-1, d), widx[g].reshape(-1))  # centre + 0.5, or the code
-        _dense_blocks(out_blocks[g], centre.view(-1, t, h, d), half[g] if isinstance(half, torch.Tensor) else half,
-                      step[g], lo[g])  # fmt: skip
+        _dense_blocks(
+            out_blocks[g],
+            centre.view(-1, t, h, d),
+            half[g] if isinstance(half, torch.Tensor) else half,
+            step[g],
+            lo[g],
+        )
         _fill_dropped(out_blocks[g], w[g], means[g])
     return out[0], out[1]
 

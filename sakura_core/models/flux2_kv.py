@@ -118,8 +118,14 @@ class Flux2KVAdapter(TemplatePasses):
     def check(self, kv: TemplateKV, token_grid) -> None:
         """Refuse KV made for another model, grid, references or RoPE layout (error names both sides).
         ``token_grid``: the template's (rows, cols), or its references' grids (:mod:`.ref_layout`)."""
-        check_kv_compatible(kv.model_id, kv.token_grid, kv.rope_layout, self.model_id, stacked_grid(token_grid),
-                            rope_layout_of(token_grid))  # fmt: skip
+        check_kv_compatible(
+            kv.model_id,
+            kv.token_grid,
+            kv.rope_layout,
+            self.model_id,
+            stacked_grid(token_grid),
+            rope_layout_of(token_grid),
+        )
         if kv.num_layers != self.num_layers or kv.num_heads != self.num_heads or kv.head_dim != self.head_dim:
             raise ValueError(
                 f"template KV geometry (layers={kv.num_layers}, heads={kv.num_heads}, head_dim={kv.head_dim}) "
@@ -312,8 +318,9 @@ class Flux2KVAdapter(TemplatePasses):
             s.ref_mod_img = m.double_stream_modulation_img(ref_temb)
             s.ref_mod_single = m.single_stream_modulation(ref_temb)
             if num_tokens(ref_grid) != n_ref:
-                raise ValueError(f"ref_tokens hold {n_ref} tokens but the template's grid {ref_grid} holds "
-                                 f"{num_tokens(ref_grid)}")  # fmt: skip
+                raise ValueError(
+                    f"ref_tokens hold {n_ref} tokens but the template's grid {ref_grid} holds {num_tokens(ref_grid)}"
+                )
             rope_ref = m.pos_embed(ref_position_ids(ref_grid, device=device))
             s.rope_with_ref = (
                 torch.cat([rope_txt[0], rope_ref[0], rope_img[0]]),

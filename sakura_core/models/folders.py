@@ -48,11 +48,15 @@ class KleinFiles:
         for name in ("diffusion_model", "text_encoder", "vae"):
             path = Path(getattr(self, name))
             if path.suffix != ".safetensors":
-                raise ValueError(f"{name} {str(path)!r}: only .safetensors checkpoints are read (no pickle); "
-                                 "convert the file or use the safetensors download")  # fmt: skip
+                raise ValueError(
+                    f"{name} {str(path)!r}: only .safetensors checkpoints are read (no pickle); "
+                    "convert the file or use the safetensors download"
+                )
         if not Path(self.tokenizer).is_dir():
-            raise ValueError(f"tokenizer {self.tokenizer!r} is not a folder: give a diffusers klein folder's "
-                             "tokenizer/ (or ComfyUI's comfy/text_encoders/qwen25_tokenizer)")  # fmt: skip
+            raise ValueError(
+                f"tokenizer {self.tokenizer!r} is not a folder: give a diffusers klein folder's "
+                "tokenizer/ (or ComfyUI's comfy/text_encoders/qwen25_tokenizer)"
+            )
 
     @classmethod
     def parse(cls, source: str) -> KleinFiles:
@@ -63,13 +67,17 @@ class KleinFiles:
         for part in source[len(KLEIN_FILES_PREFIX) :].split(","):
             key, sep, value = part.partition("=")
             if not sep or key.strip() not in {"diffusion_model", "text_encoder", "vae", "tokenizer"}:
-                raise ValueError(f"klein files source: {part[:60]!r} is not key=path with key diffusion_model, "
-                                 "text_encoder, vae or tokenizer (paths may not hold commas)")  # fmt: skip
+                raise ValueError(
+                    f"klein files source: {part[:60]!r} is not key=path with key diffusion_model, "
+                    "text_encoder, vae or tokenizer (paths may not hold commas)"
+                )
             fields[key.strip()] = value.strip()
         missing = sorted({"diffusion_model", "text_encoder", "vae", "tokenizer"} - set(fields))
         if missing:
-            raise ValueError(f"klein files source names no {', '.join(missing)}: give "
-                             f"{KLEIN_FILES_PREFIX}diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR")  # fmt: skip
+            raise ValueError(
+                f"klein files source names no {', '.join(missing)}: give "
+                f"{KLEIN_FILES_PREFIX}diffusion_model=A,text_encoder=B,vae=C,tokenizer=DIR"
+            )
         return cls(
             diffusion_model=fields["diffusion_model"],
             text_encoder=fields["text_encoder"],

@@ -128,8 +128,9 @@ class LatentEditModel:
 
         s = side or self.spec.image_size
         if np.shape(image) != (s, s, 3) or np.asarray(image).dtype != np.uint8:
-            raise ValueError(f"image must be ({s}, {s}, 3) uint8 for {self.spec.name}, got {np.shape(image)}; "
-                             "use load_image()")  # fmt: skip
+            raise ValueError(
+                f"image must be ({s}, {s}, 3) uint8 for {self.spec.name}, got {np.shape(image)}; use load_image()"
+            )
         pixels = self.pipe.image_processor.preprocess(Image.fromarray(image), height=s, width=s, resize_mode="crop")
         pixels = pixels.to(self.vae.device, self.vae.dtype)
         latents = self.pipe._encode_vae_image(pixels, generator=None)  # (1, 4C, h, w)
@@ -311,9 +312,9 @@ def check_pipeline_geometry(name: str, fields: dict, vae_levels: int, text_encod
         raise ValueError(
             f"{name}: text_encoder_layers {list(layers)} (sakura_spec.json; klein's default {list(LatentSpec.text_encoder_layers)}) "
             f"must name hidden states 0..{text_encoder_depth}: this folder's text encoder has {text_encoder_depth} "
-            f"layers (text_encoder/config.json num_hidden_layers); set \"text_encoder_layers\" in its sakura_spec.json "
+            f'layers (text_encoder/config.json num_hidden_layers); set "text_encoder_layers" in its sakura_spec.json '
             f"to layers within 0..{text_encoder_depth}, or use klein's own text encoder"
-        )  # fmt: skip
+        )
     scale = 2 ** (vae_levels - 1)
     size = int(fields.get("image_size", LatentSpec.image_size))
     side = size // (2 * scale)
@@ -322,8 +323,8 @@ def check_pipeline_geometry(name: str, fields: dict, vae_levels: int, text_encod
         raise LimitError(
             f"{name}: an edit at image_size {size} is {side}x{side} = {side * side} tokens with this folder's VAE (it "
             f"downsamples {scale}x: {vae_levels} levels in vae/config.json block_out_channels; klein's VAE: 8x), over "
-            f"the limit of {MAX_EDIT_TOKENS}; set \"image_size\" <= {largest} in its sakura_spec.json, or use klein's VAE"
-        )  # fmt: skip
+            f'the limit of {MAX_EDIT_TOKENS}; set "image_size" <= {largest} in its sakura_spec.json, or use klein\'s VAE'
+        )
 
 
 def _config_json(path: Path) -> dict:

@@ -47,13 +47,18 @@ _DEVICE_RE = re.compile(r"cpu|cuda(:[0-9]{1,2})?|mps")
 
 def add_device_arguments(parser, *, what: str = "precompute") -> None:
     """``--device`` and ``--dtype`` of the model that runs ``what`` (every CLI that loads a model)."""
-    parser.add_argument("--device", default="cpu",
-                        help=f"device {what} runs the model on: cpu, cuda, cuda:N, mps (default: %(default)s)")  # fmt: skip
     parser.add_argument(
-        "--dtype", default=None, choices=sorted(DTYPES),
+        "--device",
+        default="cpu",
+        help=f"device {what} runs the model on: cpu, cuda, cuda:N, mps (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=sorted(DTYPES),
         help=f"parameter dtype for {what} (default: float32); part of the model id, so a client and the server that "
         "precomputed its templates must run the model in the same dtype",
-    )  # fmt: skip
+    )
 
 
 def check_model_source(source: str | KleinFiles) -> None:

@@ -64,8 +64,10 @@ def stacked_grid(grid) -> tuple[int, int]:
     """The ``token_grid`` a layout travels as: its grids stacked (sum of rows, the shared cols)."""
     grids = ref_grids(grid)
     if len({g for g in grids}) != 1:
-        raise ValueError(f"the references of one template must share one token grid (one image size), got {grids}; "
-                         "resize them to one template size")  # fmt: skip
+        raise ValueError(
+            f"the references of one template must share one token grid (one image size), got {grids}; "
+            "resize them to one template size"
+        )
     rows, cols = grids[0]
     return (rows * len(grids), cols)
 
@@ -79,8 +81,10 @@ def grids_of(token_grid, rope_layout: str) -> tuple[tuple[int, int], ...]:
         return ((rows, cols),)
     n = int(m.group(1))
     if n > MAX_REFERENCES or rows % n:
-        raise ValueError(f"rope_layout {rope_layout!r} with token grid {[rows, cols]}: {rows} rows do not stack "
-                         f"{n} equal references (at most {MAX_REFERENCES})")  # fmt: skip
+        raise ValueError(
+            f"rope_layout {rope_layout!r} with token grid {[rows, cols]}: {rows} rows do not stack "
+            f"{n} equal references (at most {MAX_REFERENCES})"
+        )
     return ((rows // n, cols),) * n
 
 

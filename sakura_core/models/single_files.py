@@ -81,9 +81,11 @@ def read_checkpoint(path: str | Path, what: str) -> dict[str, torch.Tensor]:
             state = {k[len(prefix) :]: v for k, v in state.items()}
     quantized = [k for k, v in state.items() if _QUANT_KEY.search(k) or v.dtype in _QUANT_DTYPES]
     if quantized:
-        raise ValueError(f"{what} checkpoint {path.name} is quantized ({quantized[0]}, "
-                         f"{state[quantized[0]].dtype}); SAKURA computes exact KV from bf16/fp16/fp32 weights: use "
-                         "the unquantized file (e.g. flux-2-klein-4b.safetensors, qwen_3_4b.safetensors)")  # fmt: skip
+        raise ValueError(
+            f"{what} checkpoint {path.name} is quantized ({quantized[0]}, "
+            f"{state[quantized[0]].dtype}); SAKURA computes exact KV from bf16/fp16/fp32 weights: use "
+            "the unquantized file (e.g. flux-2-klein-4b.safetensors, qwen_3_4b.safetensors)"
+        )
     return state
 
 
@@ -97,8 +99,9 @@ def _count(state: dict, prefix: str) -> int:
 
 def _need(state: dict, key: str, what: str) -> torch.Tensor:
     if key not in state:
-        raise ValueError(f"{what} checkpoint has no {key!r}: not a FLUX.2 [klein] {what} file in ComfyUI's (or "
-                         "diffusers') layout")  # fmt: skip
+        raise ValueError(
+            f"{what} checkpoint has no {key!r}: not a FLUX.2 [klein] {what} file in ComfyUI's (or diffusers') layout"
+        )
     return state[key]
 
 
@@ -107,8 +110,10 @@ def _transformer_to_diffusers(state: dict) -> dict:
     if "x_embedder.weight" in state:
         return state
     if "double_stream_modulation_img.lin.weight" not in state:
-        raise ValueError("diffusion model checkpoint has no double_stream_modulation_img.lin.weight: not a FLUX.2 "
-                         "transformer (FLUX.1 / other models are not KV-mode klein)")  # fmt: skip
+        raise ValueError(
+            "diffusion model checkpoint has no double_stream_modulation_img.lin.weight: not a FLUX.2 "
+            "transformer (FLUX.1 / other models are not KV-mode klein)"
+        )
     from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
 
     return convert_flux2_transformer_checkpoint_to_diffusers(dict(state))
@@ -122,7 +127,11 @@ def transformer_config(state: dict) -> dict:
     inner = int(x_in.shape[0])
     if inner % head_dim or head_dim % 4:
         raise ValueError(f"{what}: width {inner} / head_dim {head_dim} do not make whole heads and 4 RoPE axes")
-    linear_in = _need(state, "transformer_blocks.0.ff.linear_in.weight", what) if "transformer_blocks.0.ff.linear_in.weight" in state else None  # fmt: skip
+    linear_in = (
+        _need(state, "transformer_blocks.0.ff.linear_in.weight", what)
+        if "transformer_blocks.0.ff.linear_in.weight" in state
+        else None
+    )
     mlp_hidden = (int(linear_in.shape[0]) // 2) if linear_in is not None else _single_mlp_hidden(state, inner)
     out = int(_need(state, "proj_out.weight", what).shape[0])
     return {
@@ -204,12 +213,15 @@ def _load_exact(
         missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as e:  # size mismatches: the first few lines say which tensors
         lines = str(e).splitlines()
-        raise ValueError(f"{what} does not fit the architecture its tensors describe: "
-                         f"{' '.join(x.strip() for x in lines[1:3])} ...") from e  # fmt: skip
+        raise ValueError(
+            f"{what} does not fit the architecture its tensors describe: {' '.join(x.strip() for x in lines[1:3])} ..."
+        ) from e
     missing = [k for k in missing if not k.endswith(optional)]
     if missing or unexpected:
-        raise ValueError(f"{what} does not fit the architecture its tensors describe: missing {sorted(missing)[:4]}, "
-                         f"unexpected {sorted(unexpected)[:4]}")  # fmt: skip
+        raise ValueError(
+            f"{what} does not fit the architecture its tensors describe: missing {sorted(missing)[:4]}, "
+            f"unexpected {sorted(unexpected)[:4]}"
+        )
 
 
 # ---- VAE --------------------------------------------------------------------------------------------------------
@@ -242,11 +254,15 @@ def vae_config(state: dict) -> dict:
 def _vae_to_diffusers(state: dict) -> tuple[dict, dict]:
     """(diffusers state dict, config) of a VAE file in ComfyUI's layout (or diffusers' own)."""
     if "encoder.down_blocks.0.resnets.0.conv1.weight" in state:
-        raise ValueError("VAE checkpoint is in diffusers' key layout: put its folder (config.json + weights) in a "
-                         "klein pipeline folder under models/diffusers instead")  # fmt: skip
+        raise ValueError(
+            "VAE checkpoint is in diffusers' key layout: put its folder (config.json + weights) in a "
+            "klein pipeline folder under models/diffusers instead"
+        )
     renames = {"encoder.quant_conv.": "quant_conv.", "decoder.post_quant_conv.": "post_quant_conv."}
-    state = {next((new + k[len(old) :] for old, new in renames.items() if k.startswith(old)), k): v
-             for k, v in state.items()}  # fmt: skip
+    state = {
+        next((new + k[len(old) :] for old, new in renames.items() if k.startswith(old)), k): v
+        for k, v in state.items()
+    }
     for key in ("bn.running_mean", "bn.running_var"):
         _need(state, key, "VAE")
     config = vae_config(state)
@@ -307,8 +323,10 @@ def load_text_encoder_file(path: str | Path, dtype: torch.dtype = torch.float32)
     missing = sorted(expected - set(state) - ({"lm_head.weight"} if config.tie_word_embeddings else set()))
     unexpected = sorted(set(state) - expected)
     if missing or unexpected:
-        raise ValueError(f"text encoder {Path(path).name} does not fit the Qwen3 its tensors describe: missing "
-                         f"{missing[:4]}, unexpected {unexpected[:4]}")  # fmt: skip
+        raise ValueError(
+            f"text encoder {Path(path).name} does not fit the Qwen3 its tensors describe: missing "
+            f"{missing[:4]}, unexpected {unexpected[:4]}"
+        )
     model = Qwen3ForCausalLM.from_pretrained(None, config=config, state_dict=state, dtype=dtype)
     return model.eval()
 
@@ -346,8 +364,9 @@ def load_klein_files(
     text_encoder = load_text_encoder_file(files.text_encoder, per["text_encoder"])
     # klein's scheduler (its mu comes from the pipeline's empirical rule, so base/max shift do not matter)
     scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, shift=3.0, time_shift_type="exponential")
-    pipe = Flux2KleinKVPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=_tokenizer(files),
-                                transformer=transformer)  # fmt: skip
+    pipe = Flux2KleinKVPipeline(
+        scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=_tokenizer(files), transformer=transformer
+    )
     fields = read_spec_fields(spec_sidecar(files.diffusion_model))
     given = {"image_size": image_size, "text_tokens": text_tokens, "strength": strength}
     fields.update({k: v for k, v in given.items() if v is not None})

@@ -26,8 +26,7 @@ TINY_TEXT_TOKENS = 32  # written to sakura_spec.json; the pipeline default (512)
 #: A tiny klein ComfyUI 0.29 can load: its model detection fixes head_dim 128 (RoPE axes 4 x 32), 128 latent
 #: channels in and out (a 32-channel VAE latent, 2x2 packed) and 256 timestep channels; width and depth are free.
 #: Other widths and depths than the default tiny klein's (a held-out model for the ComfyUI tests).
-COMFYUI_GEOMETRY = {"heads": 2, "head_dim": 128, "double": 2, "single": 3, "latent_channels": 32,
-                    "time_channels": 256}  # fmt: skip
+COMFYUI_GEOMETRY = {"heads": 2, "head_dim": 128, "double": 2, "single": 3, "latent_channels": 32, "time_channels": 256}
 _DEFAULT_GEOMETRY = {"heads": 2, "head_dim": 8, "double": 1, "single": 2, "latent_channels": 4, "time_channels": 32}
 
 _CHAT_TEMPLATE = (
@@ -67,25 +66,45 @@ def build_tiny_klein(
     out = Path(out)
     tokenizer = _tokenizer()
     torch.manual_seed(seed)
-    te_cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=28,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=1024,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-                         tie_word_embeddings=True)  # fmt: skip
+    te_cfg = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=28,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=1024,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        tie_word_embeddings=True,
+    )
     text_encoder = Qwen3ForCausalLM(te_cfg).eval()
-    vae = AutoencoderKLFlux2(block_out_channels=(32, 32, 64, 64), down_block_types=("DownEncoderBlock2D",) * 4,
-                             up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=1, latent_channels=g["latent_channels"],
-                             norm_num_groups=32).eval()  # fmt: skip
+    vae = AutoencoderKLFlux2(
+        block_out_channels=(32, 32, 64, 64),
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        layers_per_block=1,
+        latent_channels=g["latent_channels"],
+        norm_num_groups=32,
+    ).eval()
     with torch.no_grad():  # a non-trivial batch-norm so (de)normalisation is exercised
         vae.bn.running_mean.copy_(torch.linspace(-0.2, 0.2, vae.bn.running_mean.numel()))
         vae.bn.running_var.copy_(torch.linspace(0.5, 1.5, vae.bn.running_var.numel()))
-    transformer = Flux2Transformer2DModel(in_channels=4 * g["latent_channels"], num_layers=g["double"],
-                                          num_single_layers=g["single"], attention_head_dim=g["head_dim"],
-                                          num_attention_heads=g["heads"], joint_attention_dim=3 * te_cfg.hidden_size,
-                                          timestep_guidance_channels=g["time_channels"],
-                                          axes_dims_rope=(g["head_dim"] // 4,) * 4, guidance_embeds=False).eval()  # fmt: skip
+    transformer = Flux2Transformer2DModel(
+        in_channels=4 * g["latent_channels"],
+        num_layers=g["double"],
+        num_single_layers=g["single"],
+        attention_head_dim=g["head_dim"],
+        num_attention_heads=g["heads"],
+        joint_attention_dim=3 * te_cfg.hidden_size,
+        timestep_guidance_channels=g["time_channels"],
+        axes_dims_rope=(g["head_dim"] // 4,) * 4,
+        guidance_embeds=False,
+    ).eval()
     scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, shift=3.0, time_shift_type="exponential")
-    pipe = Flux2KleinKVPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                                transformer=transformer)  # fmt: skip
+    pipe = Flux2KleinKVPipeline(
+        scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
+    )
     pipe.save_pretrained(str(out))
     spec = {"image_size": TINY_IMAGE_SIZE, "text_tokens": text_tokens, "name": "tiny-klein-kv"}
     (out / "sakura_spec.json").write_text(json.dumps(spec, indent=1) + "\n")

@@ -76,8 +76,10 @@ class Level:
 
     def __post_init__(self) -> None:
         if self.reuse and (self.ref_step is None or self.nbytes != 0):
-            raise ValueError(f"level {self.name}: a reuse rung fetches nothing (nbytes 0, got {self.nbytes}) and names "
-                             f"the step it reuses (ref_step, got {self.ref_step})")  # fmt: skip
+            raise ValueError(
+                f"level {self.name}: a reuse rung fetches nothing (nbytes 0, got {self.nbytes}) and names "
+                f"the step it reuses (ref_step, got {self.ref_step})"
+            )
 
 
 @dataclass(frozen=True)

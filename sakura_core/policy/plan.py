@@ -84,8 +84,10 @@ def plan_fetch(manifest: Manifest | dict, policy_name: str, decode_bytes_per_s: 
     (the levels below the open-loop floor then fetch that floor off their track: ``Level.off_track``)."""
     policy = make_policy(policy_name)
     if policy.simulation_only:
-        raise ValueError(f"policy {policy_name!r} is simulation-only (sakura bench e2e --mode sim); a real edit runs "
-                         f"one of {', '.join(runnable_policies())}")  # fmt: skip
+        raise ValueError(
+            f"policy {policy_name!r} is simulation-only (sakura bench e2e --mode sim); a real edit runs "
+            f"one of {', '.join(runnable_policies())}"
+        )
     ladders, reps = ladders_from_manifest(manifest, decode_bytes_per_s)
     keep = policy_levels([lv.name for lv in ladders[0]], policy.family, track_psnr(reps))
     ladders, reps = [[lad[i] for i in keep] for lad in ladders], [_kept_reps(r, keep) for r in reps]
@@ -116,7 +118,9 @@ def _kept_reps(reps: list[PlannedRep], keep: list[int]) -> list[PlannedRep]:
     return out
 
 
-def track_floor_index(ladder_names: list[str], reps: list[list[PlannedRep]], floor_psnr_db: float = FLOOR_PSNR_DB) -> int:
+def track_floor_index(
+    ladder_names: list[str], reps: list[list[PlannedRep]], floor_psnr_db: float = FLOOR_PSNR_DB
+) -> int:
     """Like :func:`floor_index`, on each level's track PSNR (:func:`track_psnr`)."""
     psnr = track_psnr(reps)
     return floor_index(ladder_names, psnr, floor_psnr_db)

@@ -144,8 +144,9 @@ class Snapshot:
         """Shards the plan ``splits`` still needs that are not requested yet."""
         return int(np.count_nonzero(self._need(splits) & np.isnan(self.known)))
 
-    def finish(self, splits, first_nbytes: float | None = None, first_dec: float | None = None,
-               upto_step: int | None = None) -> float:  # fmt: skip
+    def finish(
+        self, splits, first_nbytes: float | None = None, first_dec: float | None = None, upto_step: int | None = None
+    ) -> float:
         """Predicted end of the edit (seconds) with ``splits`` for steps cs.. (the current step's is ignored once
         the template is dropped); ``first_nbytes`` / ``first_dec``: the next undecided shard at another level;
         ``upto_step``: the end of that step instead (no tail)."""

@@ -42,8 +42,11 @@ class FetchFP16(Policy):
     def choose(self, ctx: Context, layer: int) -> Decision:
         level = ctx.ladder(layer)[0]
         if level.name != "fp16":  # a serving-profile store keeps no fp16: its nearest rung is the top one
-            return Decision(0, f"the exact level fp16 is not in this store (store profile serving): the nearest it "
-                               f"holds, {level.name} ({_mb(level.nbytes)})")  # fmt: skip
+            return Decision(
+                0,
+                f"the exact level fp16 is not in this store (store profile serving): the nearest it "
+                f"holds, {level.name} ({_mb(level.nbytes)})",
+            )
         return Decision(0, f"always the exact level {level.name} ({_mb(level.nbytes)})")
 
     def keep_template(self, ctx: Context, layer: int) -> bool:
@@ -149,8 +152,10 @@ class Throughput(Policy):
         return not self.fetch_all if self.fetch_all is not None else not ctx.ready(layer)
 
 
-POLICIES = {p.name: p for p in (OnDevice, OnDeviceCached, FetchFP16, CacheGen, Throughput, Sakura, Oracle, FreeKV,
-                                 CacheGenNoFloor)}  # fmt: skip
+POLICIES = {
+    p.name: p
+    for p in (OnDevice, OnDeviceCached, FetchFP16, CacheGen, Throughput, Sakura, Oracle, FreeKV, CacheGenNoFloor)
+}
 
 
 def make_policy(name: str) -> Policy:

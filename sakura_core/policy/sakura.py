@@ -148,9 +148,13 @@ class Sakura(Policy):
         ladder = ctx.ladder(layer)
         if rate is not None and ctx.estimator.samples == 0:
             if self._probe_skips(ctx, layer):
-                return Decision(LEVEL_COMPUTE, f"step {ctx.step_of(layer)} layer {ctx.layer_of(layer)} waits for the "
-                                "bandwidth probe (a shard of the next step: this step's cannot beat the compute "
-                                "lane without a sample)", defer=True)  # fmt: skip
+                return Decision(
+                    LEVEL_COMPUTE,
+                    f"step {ctx.step_of(layer)} layer {ctx.layer_of(layer)} waits for the "
+                    "bandwidth probe (a shard of the next step: this step's cannot beat the compute "
+                    "lane without a sample)",
+                    defer=True,
+                )
             fl = ctx.floor_of(layer)
             return Decision(fl, f"bandwidth probe (no throughput sample yet): floor level {ladder[fl].name}")
         if layer < ctx.compute_layer:
@@ -160,16 +164,26 @@ class Sakura(Policy):
         k = plan.split(step) if (step > snap.cs or ctx.template_alive) else snap.l0
         why = self._why(ctx, plan, rate)
         if lay < k:  # not now: asked again (before later shards, and while the link would idle) until compute is here
-            return Decision(LEVEL_COMPUTE, f"device computes step {step} layer {lay} for now, asked again until the "
-                            f"compute lane reaches it ({why})", defer=True)  # fmt: skip
+            return Decision(
+                LEVEL_COMPUTE,
+                f"device computes step {step} layer {lay} for now, asked again until the "
+                f"compute lane reaches it ({why})",
+                defer=True,
+            )
         if self._later_first(ctx, snap, plan, layer):
-            return Decision(LEVEL_COMPUTE, f"later layers of step {step} first: layer {lay} waits until the step's "
-                            f"later planned layers are requested (the step is {step - snap.cs} steps ahead; {why})",
-                            defer=True)  # fmt: skip
+            return Decision(
+                LEVEL_COMPUTE,
+                f"later layers of step {step} first: layer {lay} waits until the step's "
+                f"later planned layers are requested (the step is {step - snap.cs} steps ahead; {why})",
+                defer=True,
+            )
         best = self._level_under_target(ctx, layer, plan, rate)
         if best == ctx.floor_of(layer):
-            return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} (the quality floor; idle link "
-                            f"time refines it later); {why}")  # fmt: skip
+            return Decision(
+                best,
+                f"step {step} layer {lay}: level {ladder[best].name} (the quality floor; idle link "
+                f"time refines it later); {why}",
+            )
         slack = f"slack under the {ctx.latency_target_s:.2f} s target"
         return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} ({slack}); {why}")
 
@@ -326,8 +340,12 @@ class Sakura(Policy):
             if ctx.per_step and shard <= ctx.compute_layer:
                 continue  # used already (per-step KV serves one step only)
             nxt = shard + ctx.layers_per_step
-            if ctx.per_step and nxt < ctx.num_layers and nxt not in fetched and feeds_twin(ctx.ladder(shard), level,
-                                                                                           ctx.ladder(nxt)):  # fmt: skip
+            if (
+                ctx.per_step
+                and nxt < ctx.num_layers
+                and nxt not in fetched
+                and feeds_twin(ctx.ladder(shard), level, ctx.ladder(nxt))
+            ):
                 continue  # the next step's twin is coded against this level: an upgrade would leave the track
             ladder = ctx.ladder(shard)
             if level + 1 < len(ladder) and ladder[level + 1].progressive:

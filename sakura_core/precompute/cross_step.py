@@ -89,8 +89,9 @@ class StepBase:
 
     def start_track(self, step_shards: list[dict]) -> None:
         """Step 0 (self-contained levels) roots the closed-loop tracks: each level is its own track's reference."""
-        self.track_digest = {(sh["layers"][0], r["name"]): r["digest"] for sh in step_shards
-                             for r in sh["representations"]}  # fmt: skip
+        self.track_digest = {
+            (sh["layers"][0], r["name"]): r["digest"] for sh in step_shards for r in sh["representations"]
+        }
         self.track_decoded = dict(self.decoded)
 
 
@@ -145,8 +146,16 @@ def encode_residual_step(
     inputs = shard_inputs(residual, template_id, importance, shard_layers, step=step, references=refs)
     # a dropped residual unit keeps the base's value: its cost is the weighted residual itself, not k_drop
     f = (steps - step) / steps if (steps and PROPAGATION_WEIGHTS) else 1.0
-    inputs = [replace(x, k_drop=None, level_slopes=base.slopes, meta=replace(x.meta, ref_scale=scales.get(
-        x.meta.layer_first)), **_scaled_weights(x, f)) for x in inputs]  # fmt: skip
+    inputs = [
+        replace(
+            x,
+            k_drop=None,
+            level_slopes=base.slopes,
+            meta=replace(x.meta, ref_scale=scales.get(x.meta.layer_first)),
+            **_scaled_weights(x, f),
+        )
+        for x in inputs
+    ]
     exact_inputs = shard_inputs(kv, template_id, None, shard_layers, step=step)
     entries, nxt = [], StepBase(kv, base.slopes)
     twins = None
@@ -197,8 +206,9 @@ def _twin_reps(ladder, twins, i: int, first: int, base: StepBase, nxt: StepBase,
     return reps
 
 
-def _twin_blobs(ladder, kv: TemplateKV, base: StepBase, step: int, scales: dict, importance, template_id: str,
-                shard_layers: int) -> list[list[bytes]]:  # fmt: skip
+def _twin_blobs(
+    ladder, kv: TemplateKV, base: StepBase, step: int, scales: dict, importance, template_id: str, shard_layers: int
+) -> list[list[bytes]]:
     """Per level (ladder order), per shard: the direct blob of ``KV_s - a * D_j(s-1)``, ``D_j(s-1)`` the level-j
     track's decoded step s-1 (closed loop; its units weighed as step 0's)."""
     out = []
@@ -216,8 +226,15 @@ def _twin_blobs(ladder, kv: TemplateKV, base: StepBase, step: int, scales: dict,
         residual = TemplateKV(kv.kv.float() - prediction, kv.model_id, kv.token_grid, kv.rope_layout)
         refs = {first: (step - 1, base.track_digest[(first, name)]) for first in firsts}
         inputs = shard_inputs(residual, template_id, importance, shard_layers, step=step, references=refs)
-        inputs = [replace(x, k_drop=None, level_slopes=base.slopes, meta=replace(x.meta, ref_scale=scales.get(
-            x.meta.layer_first))) for x in inputs]  # fmt: skip
+        inputs = [
+            replace(
+                x,
+                k_drop=None,
+                level_slopes=base.slopes,
+                meta=replace(x.meta, ref_scale=scales.get(x.meta.layer_first)),
+            )
+            for x in inputs
+        ]
         out.append([ladder.direct_blobs(x, [level])[0] for x in inputs])
     return out
 
@@ -328,6 +345,10 @@ def compare_to_single(per_step: dict, single: dict, floor_psnr_db: float = 35.0)
     return {
         "levels": ps_rows,
         "single_levels": single_rows,
-        "floor": {"per_step": fp, "single": fs, "x_single": None if not (fp and fs) else round(fp["bytes"] / fs["bytes"], 3)},
+        "floor": {
+            "per_step": fp,
+            "single": fs,
+            "x_single": None if not (fp and fs) else round(fp["bytes"] / fs["bytes"], 3),
+        },
         "stored_bytes": {"per_step": sp, "single": ss, "x_single": round(sp / ss, 3)},
-    }  # fmt: skip
+    }

@@ -52,8 +52,10 @@ class StoreProfile:
         if self.name not in STORE_PROFILES:
             raise ValueError(f"store profile {self.name!r} is unknown: pick one of {', '.join(STORE_PROFILES)}")
         if not 0 < self.floor_psnr_db <= self.top_psnr_db:
-            raise ValueError(f"store profile: need 0 < floor_psnr_db <= top_psnr_db, got {self.floor_psnr_db} and "
-                             f"{self.top_psnr_db} dB; raise top_psnr_db or lower the floor")  # fmt: skip
+            raise ValueError(
+                f"store profile: need 0 < floor_psnr_db <= top_psnr_db, got {self.floor_psnr_db} and "
+                f"{self.top_psnr_db} dB; raise top_psnr_db or lower the floor"
+            )
 
 
 def _kind(rep: dict) -> str:
@@ -83,13 +85,19 @@ def _keep_names(shards: list[dict], profile: StoreProfile, progressive: bool) ->
         for rep in sh["representations"]:
             key = (base_level_name(rep["name"]), _kind(rep))
             cost[key] = cost.get(key, 0) + rep["bytes"]
-    return serving_rungs(_psnr_by(shards, "own"), _psnr_by(shards, "residual"), _psnr_by(shards, "closed"), cost,
-                         profile, progressive)  # fmt: skip
+    return serving_rungs(
+        _psnr_by(shards, "own"), _psnr_by(shards, "residual"), _psnr_by(shards, "closed"), cost, profile, progressive
+    )
 
 
-def serving_rungs(own: dict[str, float | None], open_loop: dict[str, float | None], twins: dict[str, float | None],
-                  cost: Mapping[tuple[str, str], float], profile: StoreProfile,
-                  progressive: bool) -> dict[str, set[str]] | None:  # fmt: skip
+def serving_rungs(
+    own: dict[str, float | None],
+    open_loop: dict[str, float | None],
+    twins: dict[str, float | None],
+    cost: Mapping[tuple[str, str], float],
+    profile: StoreProfile,
+    progressive: bool,
+) -> dict[str, set[str]] | None:
     """The rungs ``serving`` keeps, from per-level measurements alone (the store and the simulator's serving view,
     :mod:`sakura_tools.bench.serving_ladders`, choose by this one rule).
 
@@ -109,13 +117,21 @@ def serving_rungs(own: dict[str, float | None], open_loop: dict[str, float | Non
     upto = names[: names.index(top) + 1] if top is not None else names
     keep_own = set(upto if progressive else upto[names.index(floor) :])
     if not twins:
-        return {"own": keep_own, "residual": set(upto[names.index(floor) :]), "closed": set(),
-                "fp16": set() if top is not None else {"fp16"}}  # fmt: skip
+        return {
+            "own": keep_own,
+            "residual": set(upto[names.index(floor) :]),
+            "closed": set(),
+            "fp16": set() if top is not None else {"fp16"},
+        }
     open_floor = _cheapest(list(open_loop), open_loop, profile.floor_psnr_db) or list(open_loop)[-1]
     top_named: set[str] = set() if top is None else {top}  # _top gives (None, "closed") when no level reaches it
     top_twin = top_named if top_kind == "closed" else (set() if top else set(upto[-1:]))
-    return {"own": keep_own, "residual": {open_floor} | (top_named if top_kind == "residual" else set()),
-            "closed": {floor} | top_twin, "fp16": set() if top is not None else {"fp16"}}  # fmt: skip
+    return {
+        "own": keep_own,
+        "residual": {open_floor} | (top_named if top_kind == "residual" else set()),
+        "closed": {floor} | top_twin,
+        "fp16": set() if top is not None else {"fp16"},
+    }
 
 
 def _top(cost, names, track, open_loop, twins, top_db: float) -> tuple[str | None, str]:
@@ -123,8 +139,12 @@ def _top(cost, names, track, open_loop, twins, top_db: float) -> tuple[str | Non
     (``closed``) and its open-loop residuals (``residual``), whichever reaching it stores fewer bytes."""
     if not twins:
         return _cheapest(names, track, top_db), "own"
-    options = [(cost[(n, kind)], names.index(n), n, kind) for kind, psnr in (("closed", twins), ("residual", open_loop))
-               for n in names if psnr.get(n) is not None and psnr[n] >= top_db and (n, kind) in cost]  # fmt: skip
+    options = [
+        (cost[(n, kind)], names.index(n), n, kind)
+        for kind, psnr in (("closed", twins), ("residual", open_loop))
+        for n in names
+        if psnr.get(n) is not None and psnr[n] >= top_db and (n, kind) in cost
+    ]
     return (min(options)[2], min(options)[3]) if options else (None, "closed")
 
 
@@ -136,8 +156,11 @@ def apply_store_profile(manifest: dict, blobs: dict[str, bytes], profile: StoreP
         return {**manifest, "store_profile": "full"}, blobs
     keep = _keep_names(manifest["shards"], profile, progressive)
     if keep is None:
-        logger.warning("template %s: no level has a measured psnr_db, so the serving profile cannot choose its rungs: "
-                       "every representation is kept (store profile full)", manifest["template_id"])  # fmt: skip
+        logger.warning(
+            "template %s: no level has a measured psnr_db, so the serving profile cannot choose its rungs: "
+            "every representation is kept (store profile full)",
+            manifest["template_id"],
+        )
         return {**manifest, "store_profile": "full"}, blobs
     per_step = manifest.get("kv_mode") == "per-step"
     shards = [_kept_shard(sh, keep, per_step) for sh in manifest["shards"]]

@@ -112,8 +112,9 @@ def precompute_template(
     probes_used = {"seed": seed, "num_probes": config.num_probes, "held_out": held_out_probes}
     coding = None if per_step is None else ("cross-step" if cross else "independent")
     refs = _references(images, kvs[0])
-    manifest = _manifest(kvs[0], template_id, ladder.name, probes_used, psnr_steps > 0, per_step, shift, coding,
-                         shards, refs)  # fmt: skip
+    manifest = _manifest(
+        kvs[0], template_id, ladder.name, probes_used, psnr_steps > 0, per_step, shift, coding, shards, refs
+    )
     return _stored(manifest, blobs, profile, ladder.progressive, kv_mode, len(shards))
 
 
@@ -124,8 +125,15 @@ def _stored(
     manifest, blobs = apply_store_profile(manifest, blobs, profile, progressive)
     validate_manifest(manifest)
     total = sum(len(b) for b in blobs.values())
-    logger.info("precomputed template %s (%s, store profile %s): %d shards, %d blobs, %d bytes",
-                manifest["template_id"], kv_mode, manifest["store_profile"], shards, len(blobs), total)  # fmt: skip
+    logger.info(
+        "precomputed template %s (%s, store profile %s): %d shards, %d blobs, %d bytes",
+        manifest["template_id"],
+        kv_mode,
+        manifest["store_profile"],
+        shards,
+        len(blobs),
+        total,
+    )
     return PrecomputedTemplate(manifest, blobs)
 
 
@@ -136,8 +144,9 @@ def _probe_latents(model: EditModel, image: np.ndarray) -> torch.Tensor:
     return model.pack_image(image if image.shape[0] == size else load_image(image, size))
 
 
-def _manifest(kv: TemplateKV, template_id, codec, probes, psnr: bool, per_step, shift, coding, shards,
-              references: list[dict]) -> dict:  # fmt: skip
+def _manifest(
+    kv: TemplateKV, template_id, codec, probes, psnr: bool, per_step, shift, coding, shards, references: list[dict]
+) -> dict:
     """The manifest (see :mod:`sakura_core.kv.manifest`) of the encoded ``shards``; ``kv``: the first step's KV;
     ``references``: the manifest's (:func:`_references`, without images: the publisher adds them)."""
     return {
@@ -182,15 +191,35 @@ class _StepEncoder:
             if cross and s > 0:
                 assert base is not None  # step 0 set it (cross-step coding)
                 prev_exact = base.exact_digest
-                step_shards, base = encode_residual_step(self.ladder, kv, base, s, importance, held, self.template_id,
-                                                         self.shard_layers, self.blobs, len(kvs))  # fmt: skip
+                step_shards, base = encode_residual_step(
+                    self.ladder,
+                    kv,
+                    base,
+                    s,
+                    importance,
+                    held,
+                    self.template_id,
+                    self.shard_layers,
+                    self.blobs,
+                    len(kvs),
+                )
                 for sh in step_shards:
                     reuse = reuse_representation(s, sh["layers"], prev_exact, held, kv, kvs[s - 1])
                     sh["representations"].insert(0, reuse)
             else:
                 base = StepBase(kv) if cross else None
-                step_shards = _encode_step(self.ladder, kv, self.template_id, importance, held, self.shard_layers,
-                                           self.blobs, self.report, s if per_step else None, base)  # fmt: skip
+                step_shards = _encode_step(
+                    self.ladder,
+                    kv,
+                    self.template_id,
+                    importance,
+                    held,
+                    self.shard_layers,
+                    self.blobs,
+                    self.report,
+                    s if per_step else None,
+                    base,
+                )
                 if base is not None:
                     base.exact_digest = {sh["layers"][0]: _fp16_digest(sh) for sh in step_shards}
                     base.start_track(step_shards)
@@ -259,8 +288,10 @@ def _check_images(model: EditModel, template_image) -> list[np.ndarray]:
                 f"images), got {image.shape} {image.dtype}; resize it with sakura_core.models.edit_model.load_image"
             )
     if len({x.shape for x in images}) > 1:
-        raise ValueError(f"the references of one template must share one size, got {[x.shape[0] for x in images]}; "
-                         "resize them to one template size")  # fmt: skip
+        raise ValueError(
+            f"the references of one template must share one size, got {[x.shape[0] for x in images]}; "
+            "resize them to one template size"
+        )
     return images
 
 
@@ -269,8 +300,15 @@ def _references(images: list[np.ndarray], kv: TemplateKV) -> list[dict]:
     them (no images yet: the publisher adds them)."""
     out, offset = [], 0
     for i, (image, (rows, cols)) in enumerate(zip(images, kv.ref_grids, strict=True)):
-        out.append({"size": [int(image.shape[0]), int(image.shape[1])], "token_grid": [rows, cols],
-                    "rope_t": REF_TIME_OFFSET * (i + 1), "token_offset": offset, "tokens": rows * cols})  # fmt: skip
+        out.append(
+            {
+                "size": [int(image.shape[0]), int(image.shape[1])],
+                "token_grid": [rows, cols],
+                "rope_t": REF_TIME_OFFSET * (i + 1),
+                "token_offset": offset,
+                "tokens": rows * cols,
+            }
+        )
         offset += rows * cols
     return out
 

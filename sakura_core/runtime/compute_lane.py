@@ -37,8 +37,17 @@ class ComputeLane:
         user_hook: ``(step, layer)`` before each layer (the caller's progress hook), or None.
     """
 
-    def __init__(self, edit: EditInputs, kv_mode: str, parts: LaneParts, *, decoder: DecodeLane, device: DeviceKV,
-                 late: LateShards, user_hook: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        edit: EditInputs,
+        kv_mode: str,
+        parts: LaneParts,
+        *,
+        decoder: DecodeLane,
+        device: DeviceKV,
+        late: LateShards,
+        user_hook: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.model, self.backend, self.user_image, self.prompt = edit.model, edit.backend, edit.user_image, edit.prompt
         self.template_image, self.kv_mode = edit.template_image, kv_mode
         self.grid, self.ladders, self.st, self.ctx = parts.grid, parts.plan.ladders, parts.st, parts.ctx
@@ -60,16 +69,29 @@ class ComputeLane:
     def run(self) -> EditResult:
         """The edit itself (in the lane's worker thread)."""
         cfg, L = self.cfg, self.grid.layers
-        edit = functools.partial(run_edit, self.model, self.user_image, self.prompt, steps=cfg.steps, seed=cfg.seed,
-                                 template_image=self.template_image, on_layer=self.on_layer, kv_mode=self.kv_mode,
-                                 backend=self.backend)  # fmt: skip
+        edit = functools.partial(
+            run_edit,
+            self.model,
+            self.user_image,
+            self.prompt,
+            steps=cfg.steps,
+            seed=cfg.seed,
+            template_image=self.template_image,
+            on_layer=self.on_layer,
+            kv_mode=self.kv_mode,
+            backend=self.backend,
+        )
         if self.policy.kv_preloaded:
             raise ValueError("free-kv is a simulation-only bound")
         if self.policy.template_every_step:
             self.st.template_alive = True
             return edit(split_layer=L, template_every_step=True)
-        return edit(split_layer=self.keep_template, kv_source=self.kv_source, on_drop=self.device.on_drop,
-                    on_extracted=self.device.on_extracted)  # fmt: skip
+        return edit(
+            split_layer=self.keep_template,
+            kv_source=self.kv_source,
+            on_drop=self.device.on_drop,
+            on_extracted=self.device.on_extracted,
+        )
 
     # ---- the forward's hooks
 

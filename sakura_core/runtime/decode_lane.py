@@ -37,8 +37,15 @@ class DecodeLane:
         threads: decoder threads.
     """
 
-    def __init__(self, manifest: Manifest, ladders: list[list[Level]], reps: list[list[PlannedRep]], st: LiveState,
-                 log: RunLog, threads: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        manifest: Manifest,
+        ladders: list[list[Level]],
+        reps: list[list[PlannedRep]],
+        st: LiveState,
+        log: RunLog,
+        threads: int,
+    ) -> None:
         self.manifest, self.ladders, self.reps, self.st, self.log = manifest, ladders, reps, st, log
         self.per_step = manifest.kv_mode == "per-step"  # its shards' slots name their step
         self.threads = threads
@@ -68,15 +75,29 @@ class DecodeLane:
         ok = 0 < len(done) < len(digests) and digests[: len(done)] == done
         return len(done) if ok else 0
 
-    async def decode(self, shard: ShardId, level: int, digests: list[str], blobs: list[bytes], start: int = 0,
-                     reference: DecodedReference | None = None):  # fmt: skip
+    async def decode(
+        self,
+        shard: ShardId,
+        level: int,
+        digests: list[str],
+        blobs: list[bytes],
+        start: int = 0,
+        reference: DecodedReference | None = None,
+    ):
         """``(k, v)`` of ``shard`` at ``level``, decoded in the pool from ``blobs`` = ``digests[start:]`` (see
         :meth:`decode_now`)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self.decode_now, shard, level, digests, blobs, start, reference)
 
-    def decode_now(self, shard: ShardId, level: int, digests: list[str], blobs: list[bytes], start: int = 0,
-                   reference: DecodedReference | None = None):  # fmt: skip
+    def decode_now(
+        self,
+        shard: ShardId,
+        level: int,
+        digests: list[str],
+        blobs: list[bytes],
+        start: int = 0,
+        reference: DecodedReference | None = None,
+    ):
         """Decode ``blobs`` = ``digests[start:]``: with ``start`` > 0 on top of this shard's decoder, which has
         applied ``digests[:start]`` (an upgrade applies only its new blobs); else a new decoder. ``reference``: the
         decoded reference a cross-step residual adds to (``HeldKV.reference_for``), None for a self-contained level

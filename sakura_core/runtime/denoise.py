@@ -95,16 +95,24 @@ def run_edit(
         raise ValueError("running template layers on the device needs template_image")
     ref = model.template_tokens(template_image) if on_device else None
     user = model.pack_image(user_image)
-    velocity = _Velocity(model, backend_of(model, backend), _Tokens(user, model.encode_prompt(prompt), ref, ref_grid),
-                         split_layer, kv_source, template_every_step=template_every_step, per_step=per_step,
-                         hooks=_Hooks(on_layer, on_drop, on_extracted))  # fmt: skip
+    velocity = _Velocity(
+        model,
+        backend_of(model, backend),
+        _Tokens(user, model.encode_prompt(prompt), ref, ref_grid),
+        split_layer,
+        kv_source,
+        template_every_step=template_every_step,
+        per_step=per_step,
+        hooks=_Hooks(on_layer, on_drop, on_extracted),
+    )
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn(user.shape, generator=gen)
     # latent models: the user image is the flow's start; the demo model concatenates it and flows from pure noise
     start = model.edit_start(user, noise, steps)[0] if hasattr(model, "edit_start") else noise
     out = euler_sample(velocity, start, times)
-    return EditResult(tokens=out, image=model.unpack_tokens(out), device_kv=velocity.device_kv,
-                      layer_calls=velocity.calls)  # fmt: skip
+    return EditResult(
+        tokens=out, image=model.unpack_tokens(out), device_kv=velocity.device_kv, layer_calls=velocity.calls
+    )
 
 
 @dataclass(frozen=True)
@@ -132,8 +140,18 @@ class _Velocity:
     the rest from ``kv_source`` — or, after step 0 in single mode, from the KV step 0 computed here), counting the
     layers run (``calls``) and keeping step 0's device KV (``device_kv``, single mode)."""
 
-    def __init__(self, model: EditModel, compute: ComputeBackend, tokens: _Tokens, split_layer, kv_source, *,
-                 template_every_step: bool, per_step: bool, hooks: _Hooks) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: EditModel,
+        compute: ComputeBackend,
+        tokens: _Tokens,
+        split_layer,
+        kv_source,
+        *,
+        template_every_step: bool,
+        per_step: bool,
+        hooks: _Hooks,
+    ) -> None:
         self.model, self.compute, self.user, self.txt = model, compute, tokens.user, tokens.txt
         self.ref, self.ref_grid = tokens.ref, tokens.ref_grid
         self.split_layer, self.kv_source = split_layer, kv_source

@@ -30,8 +30,17 @@ class DeviceKV:
         grid, held, st, log: the shards, where the computed KV goes, the live state (clock), the timeline.
     """
 
-    def __init__(self, model: EditModel, backend: ComputeBackend, template_image: np.ndarray, times,
-                 grid: ShardGrid, held: HeldKV, st: LiveState, log: RunLog) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: EditModel,
+        backend: ComputeBackend,
+        template_image: np.ndarray,
+        times,
+        grid: ShardGrid,
+        held: HeldKV,
+        st: LiveState,
+        log: RunLog,
+    ) -> None:
         self.model, self.backend, self.template_image, self.times = model, backend, template_image, times
         self.grid, self.held, self.st, self.log = grid, held, st, log
         self.reset()

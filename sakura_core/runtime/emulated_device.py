@@ -106,13 +106,20 @@ class EmulatedTiming:
         """The throughput estimator at phone scale: its prior and its smallest sample divided by :attr:`bytes_scale`
         (a model shard is ``bytes_scale`` times smaller than the phone's, so it must still count as a sample)."""
         d = EstimatorConfig()
-        return EstimatorConfig(d.window, max(1, int(d.min_sample_bytes / self.bytes_scale)),
-                               d.prior_bytes_per_s / self.bytes_scale)  # fmt: skip
+        return EstimatorConfig(
+            d.window, max(1, int(d.min_sample_bytes / self.bytes_scale)), d.prior_bytes_per_s / self.bytes_scale
+        )
 
     def phone_scale_trace(self, trace: Trace) -> Trace:
         """``trace`` slowed by :attr:`bytes_scale` (same name, so reports name the link the user chose)."""
-        return Trace(trace.name, trace.durations_s, trace.rates_bytes_per_s / self.bytes_scale, trace.latency_ms,
-                     trace.source, trace.trace_class)  # fmt: skip
+        return Trace(
+            trace.name,
+            trace.durations_s,
+            trace.rates_bytes_per_s / self.bytes_scale,
+            trace.latency_ms,
+            trace.source,
+            trace.trace_class,
+        )
 
     def backend(self, inner, *, clock: Callable[[], float] = time.monotonic, sleep=time.sleep) -> PacedBackend:
         return PacedBackend(inner, self, clock=clock, sleep=sleep)
@@ -156,8 +163,14 @@ class PacedBackend:
         pacer = _LayerPacer(self, split_layer, ref_tokens is not None, on_layer)
         if callable(cached):
             cached = pacer.wrap_cached(cached)
-        result = self.inner.forward(*args, split_layer=pacer.split_arg(), on_layer=pacer.on_layer, cached=cached,
-                                    ref_tokens=ref_tokens, **kwargs)  # fmt: skip
+        result = self.inner.forward(
+            *args,
+            split_layer=pacer.split_arg(),
+            on_layer=pacer.on_layer,
+            cached=cached,
+            ref_tokens=ref_tokens,
+            **kwargs,
+        )
         pacer.close()
         return result
 

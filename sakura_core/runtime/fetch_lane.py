@@ -297,8 +297,9 @@ class FetchLane:
                 await self._room_for(shard)
                 with self.st.lock:
                     self._requested.add(shard.g)  # the room counts it until it is held (or has failed)
-                    self.st.in_flight[shard.g] = self.ctx.predict_ready(shard.g, self.ladders[shard.g][level],
-                                                                        self.st.estimator.robust())  # fmt: skip
+                    self.st.in_flight[shard.g] = self.ctx.predict_ready(
+                        shard.g, self.ladders[shard.g][level], self.st.estimator.robust()
+                    )
                 await self._fetch_with_fallback(shard, level)
         finally:
             with self.st.lock:

@@ -71,8 +71,16 @@ class HeldKV:
 
     # ---- the fetch lane's side
 
-    def publish(self, shard: ShardId, k: torch.Tensor, v: torch.Tensor, level: int, digest: str | None = None,
-                name: str | None = None, blobs: tuple[tuple[str, int], ...] = ()) -> bool:  # fmt: skip
+    def publish(
+        self,
+        shard: ShardId,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        level: int,
+        digest: str | None = None,
+        name: str | None = None,
+        blobs: tuple[tuple[str, int], ...] = (),
+    ) -> bool:
         """Keep ``shard``'s decoded KV at ``level`` (decoded from the representation ``digest`` called ``name``:
         the last blob of its chain; ``blobs``: the chain's ``(digest, bytes on the wire)``) unless a finer level is
         held; False when the compute lane has passed the shard already (per-step: a late upgrade is not kept). Does

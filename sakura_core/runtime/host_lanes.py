@@ -61,16 +61,27 @@ class HostLanes:
         prior_layer_s: the per-layer time the policy predicts with until :meth:`layer_time` measured one (seconds).
     """
 
-    def __init__(self, source, manifest: Manifest, policy: str, link: LinkSpec, layers: int, config: RuntimeConfig,
-                 *, prior_layer_s: float = PRIOR_LAYER_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        source,
+        manifest: Manifest,
+        policy: str,
+        link: LinkSpec,
+        layers: int,
+        config: RuntimeConfig,
+        *,
+        prior_layer_s: float = PRIOR_LAYER_S,
+    ) -> None:
         steps = config.steps
         self.source, self.manifest, self.link = source, manifest, LinkSpec.parse(link)
         self.per_step = manifest.kv_mode == "per-step"
         self.grid = ShardGrid.for_edit(layers, steps, self.per_step)
         plan = plan_fetch(manifest, policy)
         if len(plan.ladders) != len(self.grid):
-            raise ValueError(f"template {manifest.template_id} has {len(plan.ladders)} shards, a {steps}-step run of "
-                             f"a {layers}-layer model needs {len(self.grid)}")  # fmt: skip
+            raise ValueError(
+                f"template {manifest.template_id} has {len(plan.ladders)} shards, a {steps}-step run of "
+                f"a {layers}-layer model needs {len(self.grid)}"
+            )
         self.plan, self.policy = plan, plan.policy
         self.cfg = config
         profile = LiveProfile(2 * prior_layer_s, prior_layer_s, layers, steps)
@@ -123,8 +134,9 @@ class HostLanes:
             self.st.dropped_at = self.grid.layers if self.st.template_alive else 0
         self.split_layer = self.st.dropped_at  # no reference tokens in the host's sequence: every layer fetched
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True,
-                                        name=f"sakura-lanes-{self.manifest.template_id}")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), daemon=True, name=f"sakura-lanes-{self.manifest.template_id}"
+        )
         self._thread.start()
         ready.wait(timeout=30.0)
 
@@ -194,11 +206,14 @@ class HostLanes:
         if self._error is not None:
             raise RuntimeError(f"template {self.manifest.template_id}: fetch failed: {self._error}") from self._error
         if not self.held.is_held(shard):
-            raise RuntimeError(f"template {self.manifest.template_id}: {shard} could not be fetched ("
-                               f"{'; '.join(self.log.fallbacks) or 'the link gave up'})")  # fmt: skip
+            raise RuntimeError(
+                f"template {self.manifest.template_id}: {shard} could not be fetched ("
+                f"{'; '.join(self.log.fallbacks) or 'the link gave up'})"
+            )
         k, v, level, blobs = self.held.fetched_blobs(shard)
-        self.levels_used.setdefault(shard.g, []).append(self.held.source_name(shard) or
-                                                        self.plan.ladders[shard.g][level].name)  # fmt: skip
+        self.levels_used.setdefault(shard.g, []).append(
+            self.held.source_name(shard) or self.plan.ladders[shard.g][level].name
+        )
         self.used_blobs.update(blobs)
         return k, v
 
@@ -212,8 +227,9 @@ class HostLanes:
                 if check is not None:
                     check()
                 if time.perf_counter() - t0 > self.cfg.shard_wait_s:
-                    raise RuntimeError(f"template {self.manifest.template_id}: {shard} not fetched after "
-                                       f"{self.cfg.shard_wait_s:g} s")  # fmt: skip
+                    raise RuntimeError(
+                        f"template {self.manifest.template_id}: {shard} not fetched after {self.cfg.shard_wait_s:g} s"
+                    )
         finally:
             with st.lock:
                 st.stalls_done_s += st.now - st.waiting_since
@@ -230,8 +246,9 @@ class HostLanes:
             if with_template:
                 self.st.profile = dataclasses.replace(p, layer_full_s=max(seconds, p.layer_cached_s))
             else:
-                self.st.profile = dataclasses.replace(p, layer_cached_s=seconds,
-                                                      layer_full_s=max(p.layer_full_s, seconds))  # fmt: skip
+                self.st.profile = dataclasses.replace(
+                    p, layer_cached_s=seconds, layer_full_s=max(p.layer_full_s, seconds)
+                )
 
     # ---- what the run did ---------------------------------------------------------------------------------------------
     def shards_done(self) -> int:

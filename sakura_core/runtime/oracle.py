@@ -66,8 +66,9 @@ def simulate_oracle(policy: Policy, trace, profile, ladders, floors, start_s=0.0
     step's split, :func:`~sakura_core.policy.planner.best_plan`), run through the simulator (upgrades in
     the slack included), against the same policy's adaptive run with exact rates in single mode; the fastest wins."""
     fam = ladders[policy.family]
-    probe = _Sim(fixed_split_policy(0), trace, start_s, profile, fam, floors.get(policy.family, 0),
-                 config or SimConfig())  # fmt: skip
+    probe = _Sim(
+        fixed_split_policy(0), trace, start_s, profile, fam, floors.get(policy.family, 0), config or SimConfig()
+    )
     plan = best_plan(Snapshot(probe.ctx, None, track=True))  # off the twins' track a shard costs the open floor
     best = simulate(fixed_split_policy(list(plan.splits)), trace, profile, ladders, floors, start_s, config)
     if not probe.per_step:

@@ -147,11 +147,19 @@ class PipelinedEdit:
         self.decoder = DecodeLane(manifest, ladders, plan.reps, self.st, self.log, cfg.decode_threads)
         self.fetch = FetchLane(fetch_blob, parts, self.decoder)
         self.st.request_ahead = self.fetch.ahead  # Context.queued_rtt_s: the policy's view of the lane's requests
-        self.device = DeviceKV(model, self.backend, edit.template_image, self.times, grid, self.held, self.st,
-                               self.log)  # fmt: skip
+        self.device = DeviceKV(
+            model, self.backend, edit.template_image, self.times, grid, self.held, self.st, self.log
+        )
         late = LateShards(parts, self.fetch, profile.layer_cached_s)
-        self.compute = ComputeLane(replace(edit, backend=self.backend), self.kv_mode, parts, decoder=self.decoder,
-                                   device=self.device, late=late, user_hook=controls.on_layer)  # fmt: skip
+        self.compute = ComputeLane(
+            replace(edit, backend=self.backend),
+            self.kv_mode,
+            parts,
+            decoder=self.decoder,
+            device=self.device,
+            late=late,
+            user_hook=controls.on_layer,
+        )
         self.reset()
 
     def reset(self) -> None:

@@ -49,8 +49,10 @@ class ShardGrid:
 
     def __post_init__(self) -> None:
         if self.layers < 1 or self.kv_steps < 1 or (not self.per_step and self.kv_steps != 1):
-            raise ValueError(f"a shard grid needs layers >= 1 and kv_steps >= 1 (1 in single mode), got "
-                             f"{self.layers} layers, {self.kv_steps} KV steps, per_step={self.per_step}")  # fmt: skip
+            raise ValueError(
+                f"a shard grid needs layers >= 1 and kv_steps >= 1 (1 in single mode), got "
+                f"{self.layers} layers, {self.kv_steps} KV steps, per_step={self.per_step}"
+            )
 
     @classmethod
     def for_edit(cls, layers: int, steps: int, per_step: bool) -> ShardGrid:

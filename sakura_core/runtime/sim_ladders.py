@@ -62,8 +62,10 @@ class FamilyLadders:
     def __post_init__(self) -> None:
         n, m = len(self.bytes), len(self.levels)
         if m == 0 or len(self.progressive) != m or not 0 <= self.floor < m:
-            raise ValueError(f"a family needs >= 1 level, one progressive flag per level and a floor in 0..{m - 1}; "
-                             f"got {m} levels, {len(self.progressive)} flags, floor {self.floor}")  # fmt: skip
+            raise ValueError(
+                f"a family needs >= 1 level, one progressive flag per level and a floor in 0..{m - 1}; "
+                f"got {m} levels, {len(self.progressive)} flags, floor {self.floor}"
+            )
         for name in _PER_SHARD + (("reference",) if self.reference is not None else ()):
             rows = getattr(self, name)
             if len(rows) != n or any(len(r) != m for r in rows):
@@ -84,9 +86,19 @@ class FamilyLadders:
         """``ladders[g]`` for the simulator."""
         out = []
         for g in range(self.shards):
-            out.append([Level(name, int(self.bytes[g][j]), int(self.increment_bytes[g][j]), float(self.decode_s[g][j]),
-                              float(self.mse[g][j]), bool(self.progressive[j]))
-                        for j, name in enumerate(self.levels)])  # fmt: skip
+            out.append(
+                [
+                    Level(
+                        name,
+                        int(self.bytes[g][j]),
+                        int(self.increment_bytes[g][j]),
+                        float(self.decode_s[g][j]),
+                        float(self.mse[g][j]),
+                        bool(self.progressive[j]),
+                    )
+                    for j, name in enumerate(self.levels)
+                ]
+            )
         return out
 
     def as_dict(self) -> dict:
@@ -102,8 +114,13 @@ class FamilyLadders:
         try:
             rows = {name: tuple(tuple(r) for r in d[name]) for name in _PER_SHARD}
             ref = d.get("reference")
-            return cls(tuple(d["levels"]), tuple(bool(x) for x in d["progressive"]), int(d["floor"]),
-                       reference=None if ref is None else tuple(tuple(r) for r in ref), **rows)  # fmt: skip
+            return cls(
+                tuple(d["levels"]),
+                tuple(bool(x) for x in d["progressive"]),
+                int(d["floor"]),
+                reference=None if ref is None else tuple(tuple(r) for r in ref),
+                **rows,
+            )
         except (KeyError, TypeError) as e:
             raise ValueError(f"a ladder family needs levels, progressive, floor, {', '.join(_PER_SHARD)}: {e}") from e
 
@@ -133,8 +150,10 @@ class ShardLadders:
             raise ValueError(f"kv_mode must be single or per-step, got {self.kv_mode!r}")
         for name, fam in self.families.items():
             if fam.shards != want:
-                raise ValueError(f"{self.geometry} {self.kv_mode}: family {name} has {fam.shards} shards, the geometry "
-                                 f"needs {want} ({self.layers} layers x {self.steps if want > self.layers else 1})")  # fmt: skip
+                raise ValueError(
+                    f"{self.geometry} {self.kv_mode}: family {name} has {fam.shards} shards, the geometry "
+                    f"needs {want} ({self.layers} layers x {self.steps if want > self.layers else 1})"
+                )
 
     def for_simulator(
         self, floor_psnr_db: float = FLOOR_PSNR_DB
@@ -149,9 +168,16 @@ class ShardLadders:
         return {n: f.to_levels() for n, f in fams.items()}, {n: f.floor for n, f in fams.items()}
 
     def as_dict(self) -> dict:
-        return {"format": FORMAT, "version": _VERSION, "geometry": self.geometry, "kv_mode": self.kv_mode,
-                "layers": self.layers, "steps": self.steps, "source": self.source,
-                "families": {n: f.as_dict() for n, f in self.families.items()}}  # fmt: skip
+        return {
+            "format": FORMAT,
+            "version": _VERSION,
+            "geometry": self.geometry,
+            "kv_mode": self.kv_mode,
+            "layers": self.layers,
+            "steps": self.steps,
+            "source": self.source,
+            "families": {n: f.as_dict() for n, f in self.families.items()},
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> ShardLadders:
@@ -180,6 +206,13 @@ def held_to_floor(fam: FamilyLadders, exact: FamilyLadders, floor_psnr_db: float
         return tuple(tuple(row) + (x[top],) for row, x in zip(rows, extra, strict=True))
 
     ref = None if fam.reference is None else tuple(tuple(r) + (None,) for r in fam.reference)
-    return FamilyLadders(fam.levels + (name,), fam.progressive + (False,), len(fam.levels),
-                         plus(fam.bytes, exact.bytes), plus(fam.increment_bytes, exact.bytes),
-                         plus(fam.decode_s, exact.decode_s), plus(fam.mse, exact.mse), ref)  # fmt: skip
+    return FamilyLadders(
+        fam.levels + (name,),
+        fam.progressive + (False,),
+        len(fam.levels),
+        plus(fam.bytes, exact.bytes),
+        plus(fam.increment_bytes, exact.bytes),
+        plus(fam.decode_s, exact.decode_s),
+        plus(fam.mse, exact.mse),
+        ref,
+    )

@@ -404,8 +404,10 @@ class SimLink:
         held = sum(1 for g in self._pred if g >= running_end)
         shard_bytes = getattr(self.profile.model, "shard_bytes_fp16", None)  # a measured LiveProfile has no geometry
         if shard_bytes is None:
-            raise ValueError("SimConfig.prefetch_kv_bytes needs a DeviceProfile (its geometry's shard_bytes_fp16); "
-                             f"{type(self.profile).__name__} has none: simulate without prefetch_kv_bytes")  # fmt: skip
+            raise ValueError(
+                "SimConfig.prefetch_kv_bytes needs a DeviceProfile (its geometry's shard_bytes_fp16); "
+                f"{type(self.profile).__name__} has none: simulate without prefetch_kv_bytes"
+            )
         return has_prefetch_room(layer, running_end, held * shard_bytes, shard_bytes, cap)
 
     def wait_for(self, layer: int) -> float:

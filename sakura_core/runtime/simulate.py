@@ -160,8 +160,15 @@ class _Sim(SimLink, CpuShare):
 
     def _compute(self, seconds: float, layer: int, level: str) -> None:
         """The compute lane runs for ``seconds`` from ``compute_t``."""
-        self.events.append({"lane": "compute", "start": self.compute_t, "end": self.compute_t + seconds,
-                            "layer": layer, "level": level})  # fmt: skip
+        self.events.append(
+            {
+                "lane": "compute",
+                "start": self.compute_t,
+                "end": self.compute_t + seconds,
+                "layer": layer,
+                "level": level,
+            }
+        )
         if self.cores:  # the busy segments only matter where the DiT shares the CPU (settle_contention)
             self._segs.append((self.compute_t, self.compute_t + seconds))
         self.compute_t += seconds
@@ -192,8 +199,9 @@ class _Sim(SimLink, CpuShare):
             self.template_alive = False
             self.split_layer = layer
             where = f"step {layer // self.L} layer {layer % self.L}" if self.per_step else f"layer {layer}"
-            self.decisions.append({"t": self.compute_t, "layer": layer, "level": "drop",
-                                   "reason": f"template dropped at {where}"})  # fmt: skip
+            self.decisions.append(
+                {"t": self.compute_t, "layer": layer, "level": "drop", "reason": f"template dropped at {where}"}
+            )
             if self.per_step:
                 self.splits[-1] = layer % self.L
         if not self.device_all and layer not in self.device_kv_at:
@@ -219,8 +227,15 @@ class _Sim(SimLink, CpuShare):
             ready = self.wait_for(layer)
             until = min(ready, self.compute_t + recheck_s)
             if until > self.compute_t:
-                self.events.append({"lane": "stall", "start": self.compute_t, "end": until, "layer": layer,
-                                    "level": "waiting for shard"})  # fmt: skip
+                self.events.append(
+                    {
+                        "lane": "stall",
+                        "start": self.compute_t,
+                        "end": until,
+                        "layer": layer,
+                        "level": "waiting for shard",
+                    }
+                )
                 self.stall_s += until - self.compute_t
                 self.compute_t = until
             self.advance_link(self.compute_t)
@@ -243,8 +258,9 @@ class _Sim(SimLink, CpuShare):
             self.settle_contention()
             self.now = self.compute_t
             if pass_stops_after(i, L, layer, base + L, self.device_kv_at.__contains__, self._ready_now):
-                self.decisions.append({"t": self.compute_t, "layer": layer, "level": "fetched",
-                                       "reason": pass_stopped_reason(i, L)})  # fmt: skip
+                self.decisions.append(
+                    {"t": self.compute_t, "layer": layer, "level": "fetched", "reason": pass_stopped_reason(i, L)}
+                )
                 stopped = True
                 break
         # one event for the pass (its layers' events, between the link's, merged)

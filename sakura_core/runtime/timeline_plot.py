@@ -90,15 +90,31 @@ def plot_timeline(events: list[dict], path: str | Path, title: str = "", decisio
         used = {_decision_kind(d) for d in decisions}
         legend += [(label, color) for kind, (_, color, label) in _MARKS.items() if kind in used]
     handles = [plt.Rectangle((0, 0), 1, 1, color=color) for _, color in legend]
-    leg = ax.legend(handles, [name for name, _ in legend], loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3,
-              fontsize=7, frameon=False)  # fmt: skip
+    leg = ax.legend(
+        handles,
+        [name for name, _ in legend],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.25),
+        ncol=3,
+        fontsize=7,
+        frameon=False,
+    )
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the edit started")
     ax.set_title(textwrap.fill(title or "pipeline timeline", 110), fontsize=9)
     fig.tight_layout()
     if notes:  # under the legend; the saved figure grows to hold them
-        ax.annotate("\n".join(notes), xy=(0, 0), xycoords=leg, xytext=(0, -4), textcoords="offset points",
-                    va="top", ha="left", fontsize=6, family="monospace")  # fmt: skip
+        ax.annotate(
+            "\n".join(notes),
+            xy=(0, 0),
+            xycoords=leg,
+            xytext=(0, -4),
+            textcoords="offset points",
+            va="top",
+            ha="left",
+            fontsize=6,
+            family="monospace",
+        )
     fig.savefig(path, dpi=120, bbox_inches="tight" if notes else None)
     plt.close(fig)

@@ -43,8 +43,12 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--codecs", type=_csv, default=("sakura", "cachegen"), help="codecs (default: sakura,cachegen)"
     )
-    parser.add_argument("--data", choices=("demo", "gaussian"), default="demo",
-                        help="demo: the demo template's KV tiled; gaussian: N(0,1) keys, N(0,0.36) values")  # fmt: skip
+    parser.add_argument(
+        "--data",
+        choices=("demo", "gaussian"),
+        default="demo",
+        help="demo: the demo template's KV tiled; gaussian: N(0,1) keys, N(0,0.36) values",
+    )
     parser.add_argument(
         "--template", default="astronaut", help="demo template whose KV is tiled (default: %(default)s)"
     )
@@ -60,9 +64,12 @@ def add_arguments(parser) -> None:
         "--repeats", type=int, default=5, help="timed decodes per level, best kept (default: %(default)s)"
     )
     add_weights_arg(parser)
-    parser.add_argument("--no-residual", action="store_true",
-                        help="leave out SAKURA's cross-step rungs (a per-step template's step 1 coded against step 0: "
-                             "the open-loop residual chain and the closed-loop twin, reference add included)")  # fmt: skip
+    parser.add_argument(
+        "--no-residual",
+        action="store_true",
+        help="leave out SAKURA's cross-step rungs (a per-step template's step 1 coded against step 0: "
+        "the open-loop residual chain and the closed-loop twin, reference add included)",
+    )
 
 
 def measure_decode(layer_kv, codecs: tuple[str, ...], shard: dict, repeats: int) -> list[dict]:
@@ -109,16 +116,19 @@ def run(args) -> int:
 
     shard = {"tokens": args.tokens, "heads": args.heads, "head_dim": args.head_dim}
     if args.repeats < 1 or min(shard.values()) < 1 or args.tokens % 32:
-        print("sakura bench decode: --repeats, --heads, --head-dim must be >= 1, --tokens a multiple of 32",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "sakura bench decode: --repeats, --heads, --head-dim must be >= 1, --tokens a multiple of 32",
+            file=sys.stderr,
+        )
         return 2
     torch.set_num_threads(1)
     steps = None  # (step 0, step 1) of one layer for the cross-step rows
     if args.data == "gaussian":
         rng = np.random.default_rng(0)
         shape = (args.tokens, args.heads, args.head_dim)
-        layer_kv = np.stack([rng.standard_normal(shape, dtype=np.float32),
-                             0.6 * rng.standard_normal(shape, dtype=np.float32)])  # fmt: skip
+        layer_kv = np.stack(
+            [rng.standard_normal(shape, dtype=np.float32), 0.6 * rng.standard_normal(shape, dtype=np.float32)]
+        )
         if not args.no_residual:
             from .decode_residual import gaussian_steps
 
@@ -144,10 +154,22 @@ def run(args) -> int:
         from .decode_residual import measure_residual_decode
 
         rows += measure_residual_decode(*steps, shard, args.repeats, TARGET_WIRE_MBIT_S)
-    result = {"shard": shard, "fp16_bytes": 2 * 2 * args.tokens * args.heads * args.head_dim, "rows": rows,
-              "data": args.data, "template": args.template, "layer": args.layer, "repeats": args.repeats, "threads": 1,
-              "target_wire_mbit_s": TARGET_WIRE_MBIT_S, "load_before": load_before, "load_after": os.getloadavg(),
-              "cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()}  # fmt: skip
+    result = {
+        "shard": shard,
+        "fp16_bytes": 2 * 2 * args.tokens * args.heads * args.head_dim,
+        "rows": rows,
+        "data": args.data,
+        "template": args.template,
+        "layer": args.layer,
+        "repeats": args.repeats,
+        "threads": 1,
+        "target_wire_mbit_s": TARGET_WIRE_MBIT_S,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+    }
     print(format_table(result))
     atomic_write_json(args.json, result)
     print(f"\nwrote {args.json}")

@@ -27,8 +27,11 @@ __all__ = ["add_arguments", "run"]
 
 def _add_page_arguments(parser) -> None:
     """``--mode page``'s own arguments (bench/cli_page.py)."""
-    parser.add_argument("--page-traces", default=",".join(PAGE_TRACES), help="page: trace names in --traces "
-                        "(default %(default)s: `sakura traces synth`'s)")  # fmt: skip
+    parser.add_argument(
+        "--page-traces",
+        default=",".join(PAGE_TRACES),
+        help="page: trace names in --traces (default %(default)s: `sakura traces synth`'s)",
+    )
     parser.add_argument("--cpu-throttle", type=float, default=4.0, help="page: CDP CPU throttle (default %(default)s)")
 
 
@@ -64,14 +67,23 @@ def add_arguments(parser) -> None:
         help=f"sim: comma list of {', '.join(KV_MODES)} (docs/design.md); live: one of them",
     )
     parser.add_argument("--no-calibrate", action="store_true", help="sim: skip the CPU calibration of the cost model")
-    parser.add_argument("--json", "--out", dest="json", required=True, help="write results here: FILE.jsonl streams "
-                        "every run as it is simulated (bench/e2e_stream.py; memory does not grow with runs), another "
-                        "name writes one JSON at the end (runs held in memory)")  # fmt: skip
+    parser.add_argument(
+        "--json",
+        "--out",
+        dest="json",
+        required=True,
+        help="write results here: FILE.jsonl streams "
+        "every run as it is simulated (bench/e2e_stream.py; memory does not grow with runs), another "
+        "name writes one JSON at the end (runs held in memory)",
+    )
     parser.add_argument("--plots", help="folder for PNG plots")
     parser.add_argument(
-        "--starts", type=int, default=3, help="start offsets per trace, evenly spaced over its length (sim; default "
-        "%(default)s; reported figures use >= 3)"
-    )  # fmt: skip
+        "--starts",
+        type=int,
+        default=3,
+        help="start offsets per trace, evenly spaced over its length (sim; default "
+        "%(default)s; reported figures use >= 3)",
+    )
     parser.add_argument("--steps", type=int, default=4, help="edit steps (sim: for the codec measurements)")
     _add_scale_arguments(parser)
     _add_sim_model_arguments(parser)
@@ -80,13 +92,17 @@ def add_arguments(parser) -> None:
         "--no-runs", action="store_true", help="sim: leave the per-run rows out of the JSON (summaries only)"
     )
     parser.add_argument(
-        "--no-regime-map", action="store_true", help="sim: skip the regime map (link Mbit/s x device TFLOP/s; "
-        "its simulations on constant links outnumber the traces' runs)"
-    )  # fmt: skip
+        "--no-regime-map",
+        action="store_true",
+        help="sim: skip the regime map (link Mbit/s x device TFLOP/s; "
+        "its simulations on constant links outnumber the traces' runs)",
+    )
     parser.add_argument(
-        "--synth-layers", default="0,3", help="sim: demo layers synthesised at each geometry's shard size (the "
-        "codecs' size effects; default %(default)s)"
-    )  # fmt: skip
+        "--synth-layers",
+        default="0,3",
+        help="sim: demo layers synthesised at each geometry's shard size (the "
+        "codecs' size effects; default %(default)s)",
+    )
     _add_page_arguments(parser)
     _add_live_arguments(parser)
 
@@ -94,46 +110,66 @@ def add_arguments(parser) -> None:
 def _add_sim_model_arguments(parser) -> None:
     """What the sim charges the phone for: its ladders, its planning time, its prefetch room, the store it reads."""
     parser.add_argument(
-        "--ladders", metavar="DIR", help="sim: per-shard ladder files <geometry>.<kv_mode>.json: read the ones there, "
-        "measure and write the missing ones (default: measure all, keep none)"
-    )  # fmt: skip
+        "--ladders",
+        metavar="DIR",
+        help="sim: per-shard ladder files <geometry>.<kv_mode>.json: read the ones there, "
+        "measure and write the missing ones (default: measure all, keep none)",
+    )
     parser.add_argument(
-        "--planning", default="measured", help="sim: what each policy decision costs the phone: 'measured' (its CPU "
-        "time on this host x the profile's cpu_slowdown), 'off', or a fixed number of milliseconds"
-    )  # fmt: skip
+        "--planning",
+        default="measured",
+        help="sim: what each policy decision costs the phone: 'measured' (its CPU "
+        "time on this host x the profile's cpu_slowdown), 'off', or a fixed number of milliseconds",
+    )
     parser.add_argument(
-        "--prefetch-gib", type=float, help="sim, per-step KV: the most decoded KV of later steps the phone may hold "
-        "(GiB; the phone agent's prefetch room, RuntimeConfig.prefetch_kv_bytes); default: not limited"
-    )  # fmt: skip
+        "--prefetch-gib",
+        type=float,
+        help="sim, per-step KV: the most decoded KV of later steps the phone may hold "
+        "(GiB; the phone agent's prefetch room, RuntimeConfig.prefetch_kv_bytes); default: not limited",
+    )
     parser.add_argument(
-        "--store-profile", choices=STORE_PROFILES, default=DEFAULT_STORE_PROFILE, help="sim: the store profile "
+        "--store-profile",
+        choices=STORE_PROFILES,
+        default=DEFAULT_STORE_PROFILE,
+        help="sim: the store profile "
         "sakura's template is published in (sakura precompute --store-profile): serving holds the rungs its rule "
         "keeps, a policy asking for another gets the nearest held one; full holds every rung and the fp16. The "
-        "fetch-fp16 baseline always reads a full store's fp16 (default %(default)s)"
-    )  # fmt: skip
+        "fetch-fp16 baseline always reads a full store's fp16 (default %(default)s)",
+    )
 
 
 def _add_live_arguments(parser) -> None:
     """``--mode live``'s own arguments."""
     parser.add_argument("--max-traces", type=int, default=3, help="live: traces to run (default %(default)s)")
     parser.add_argument("--shaping", choices=["inproc", "kernel"], default="inproc", help="live: link shaper")
-    parser.add_argument("--live-cache", default=None, metavar="DIR", help="live: where the precomputed template "
-                        "store is kept between runs, keyed by everything it depends on (default $SAKURA_CACHE_DIR "
-                        "or ~/.cache/sakura, then live-bench)")  # fmt: skip
-    parser.add_argument("--no-live-cache", action="store_true", help="live: precompute the template afresh "
-                        "into a temporary folder (nothing kept)")  # fmt: skip
+    parser.add_argument(
+        "--live-cache",
+        default=None,
+        metavar="DIR",
+        help="live: where the precomputed template "
+        "store is kept between runs, keyed by everything it depends on (default $SAKURA_CACHE_DIR "
+        "or ~/.cache/sakura, then live-bench)",
+    )
+    parser.add_argument(
+        "--no-live-cache",
+        action="store_true",
+        help="live: precompute the template afresh into a temporary folder (nothing kept)",
+    )
 
 
 def _add_scale_arguments(parser) -> None:
     """The edit's step counts and which runs keep their events (issue 50: the bench at the scale users run)."""
     parser.add_argument(
-        "--edit-steps", help="sim: comma list of the simulated edit's step counts (default: the geometry's own, 4); "
-        "per-step KV at a count with no measured per-step ladders uses the ladder model (bench/step_ladders.py)"
-    )  # fmt: skip
+        "--edit-steps",
+        help="sim: comma list of the simulated edit's step counts (default: the geometry's own, 4); "
+        "per-step KV at a count with no measured per-step ladders uses the ladder model (bench/step_ladders.py)",
+    )
     parser.add_argument(
-        "--events", default="", help="sim: comma list of policies whose runs keep their events and decisions in the "
-        "JSON (default: none; each is ~1 MB a run at phone scale)"
-    )  # fmt: skip
+        "--events",
+        default="",
+        help="sim: comma list of policies whose runs keep their events and decisions in the "
+        "JSON (default: none; each is ~1 MB a run at phone scale)",
+    )
 
 
 REGIME_TFLOPS = [0.05, 0.2, 1.0, 3.5, 14.0, 50.0]  # device effective TFLOP/s (phone CPU .. NPU and beyond)
@@ -158,15 +194,34 @@ def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:
 
 def _argv(args) -> list[str]:
     """The sim command's options as given (the JSON records the command that made it)."""
-    keys = ("mode", "traces", "policies", "profile", "kv_mode", "geometry", "starts", "steps", "ladders", "planning",
-            "prefetch_gib", "requests", "synth_layers", "store_profile", "edit_steps", "events")  # fmt: skip
+    keys = (
+        "mode",
+        "traces",
+        "policies",
+        "profile",
+        "kv_mode",
+        "geometry",
+        "starts",
+        "steps",
+        "ladders",
+        "planning",
+        "prefetch_gib",
+        "requests",
+        "synth_layers",
+        "store_profile",
+        "edit_steps",
+        "events",
+    )
     out = []
     for k in keys:
         v = getattr(args, k, None)
         if v is not None and v != "":
             out += [f"--{k.replace('_', '-')}", str(v)]
-    flags = (("--no-calibrate", args.no_calibrate), ("--no-runs", args.no_runs),
-             ("--no-regime-map", getattr(args, "no_regime_map", False)))  # fmt: skip
+    flags = (
+        ("--no-calibrate", args.no_calibrate),
+        ("--no-runs", args.no_runs),
+        ("--no-regime-map", getattr(args, "no_regime_map", False)),
+    )
     return out + [f for f, on in flags if on]
 
 
@@ -194,8 +249,9 @@ def _calibration(model, args) -> dict | None:
 def _combos(args) -> list[tuple[str, str, str, int | None]]:
     """(kv_mode, geometry, profile, edit steps or None for the geometry's own) for every combination of the comma
     lists, each name checked."""
-    modes, geos, profs = ([x.strip() for x in a.split(",") if x.strip()] for a in (args.kv_mode, args.geometry,
-                                                                                  args.profile))  # fmt: skip
+    modes, geos, profs = (
+        [x.strip() for x in a.split(",") if x.strip()] for a in (args.kv_mode, args.geometry, args.profile)
+    )
     bad = [m for m in modes if m not in KV_MODES]
     if bad:
         raise SystemExit(f"sakura bench e2e: unknown --kv-mode {bad}; choose from {', '.join(KV_MODES)}")
@@ -242,8 +298,10 @@ def _combo_ladders(args, kv_mode, profile, lad):
     lines = []
     if data is not None:
         src = "bench/per_step_ladders.json" if "model" not in data["source"] else data["source"]["model"]
-        lines.append(f"sakura per-step ladders: cross-step coded per-step KV at {g.steps} steps ({src}: bytes and "
-                     "PSNR per level and step, trained demo model), decode time per level from the ladders above")  # fmt: skip
+        lines.append(
+            f"sakura per-step ladders: cross-step coded per-step KV at {g.steps} steps ({src}: bytes and "
+            "PSNR per level and step, trained demo model), decode time per level from the ladders above"
+        )
     if "stretched" in lad.source:
         lines.append(f"other families' per-step ladders: {lad.source['stretched']}")
     ladders, held = store_view(args, lad, ladders, kv_mode, g, measured, data)
@@ -291,8 +349,18 @@ def _simulate_combo(args, combo, traces, policies, ladders_by, sink) -> None:
     events = {p.strip() for p in (getattr(args, "events", None) or "").split(",") if p.strip()}
     plotted = bool(args.plots)
     keep = tuple(events | ({"sakura"} if plotted else set()))  # only these runs record events
-    runs = run_sim(traces, policies, profile, ladders, floors, args.starts, kv_mode=kv_mode, config=config,
-                   keep_results=keep, on_run=_on_run(sink, events, plotted))  # fmt: skip
+    runs = run_sim(
+        traces,
+        policies,
+        profile,
+        ladders,
+        floors,
+        args.starts,
+        kv_mode=kv_mode,
+        config=config,
+        keep_results=keep,
+        on_run=_on_run(sink, events, plotted),
+    )
     summary, ratios = summarize(runs)
     by_class = summarize_by_class(runs)
     for cls, part in by_class.items():
@@ -311,28 +379,44 @@ def _simulate_combo(args, combo, traces, policies, ladders_by, sink) -> None:
     if plotted:
         sub = Path(args.plots) / f"{kv_mode}.{g.name}.{profile.name}" if len(_combos(args)) > 1 else args.plots
         _plots(sub, [r for r in runs if r["policy"] != FLUID_BOUND], traces, ladders, profile, regime)
-    sink.result({
-        "profile": profile.name,
-        "profile_details": {k: getattr(profile, k) for k in _PROFILE_DETAILS},
-        "kv_mode": kv_mode,
-        "geometry": g.name,
-        "steps": g.steps,
-        "model": g.as_dict(),
-        "header": header,
-        "settings": {"starts": args.starts, "planning": config.planning, "planning_s": config.planning_s,
-                     "ladders": args.ladders, "ladder_source": lad.source},  # fmt: skip
-        "store_profile": held.profile,
-        "store_rungs": {**held.as_dict(), "fetch-fp16": "full" if held.profile == "serving" else held.profile},
-        "floors": floors,
-        "summary": summary,
-        "ratios_vs_sakura": ratios,
-        "by_class": by_class,
-        "regime_map": regime,
-    })  # fmt: skip
+    sink.result(
+        {
+            "profile": profile.name,
+            "profile_details": {k: getattr(profile, k) for k in _PROFILE_DETAILS},
+            "kv_mode": kv_mode,
+            "geometry": g.name,
+            "steps": g.steps,
+            "model": g.as_dict(),
+            "header": header,
+            "settings": {
+                "starts": args.starts,
+                "planning": config.planning,
+                "planning_s": config.planning_s,
+                "ladders": args.ladders,
+                "ladder_source": lad.source,
+            },
+            "store_profile": held.profile,
+            "store_rungs": {**held.as_dict(), "fetch-fp16": "full" if held.profile == "serving" else held.profile},
+            "floors": floors,
+            "summary": summary,
+            "ratios_vs_sakura": ratios,
+            "by_class": by_class,
+            "regime_map": regime,
+        }
+    )
 
 
-_PROFILE_DETAILS = ("soc", "effective_flop_per_s", "layer_overhead_s", "fixed_s", "layer_cached_s", "layer_full_s",
-                    "template_pass_s", "cpu_slowdown", "dit_cpu_cores")  # fmt: skip
+_PROFILE_DETAILS = (
+    "soc",
+    "effective_flop_per_s",
+    "layer_overhead_s",
+    "fixed_s",
+    "layer_cached_s",
+    "layer_full_s",
+    "template_pass_s",
+    "cpu_slowdown",
+    "dit_cpu_cores",
+)
 
 
 def run(args) -> int:
@@ -340,8 +424,10 @@ def run(args) -> int:
     calibrated) once, every combination is simulated; with one combination the JSON is that run's, with several
     it holds them under ``results``."""
     if args.mode in ("live", "page") and str(args.json).endswith(".jsonl"):
-        raise SystemExit(f"sakura bench e2e: --json {args.json}: a {args.mode} run writes one JSON (streaming is for "
-                         "sim runs); give a .json name")  # fmt: skip
+        raise SystemExit(
+            f"sakura bench e2e: --json {args.json}: a {args.mode} run writes one JSON (streaming is for "
+            "sim runs); give a .json name"
+        )
     if args.mode == "live":
         from .cli_live import run_live
 

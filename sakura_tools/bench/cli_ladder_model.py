@@ -16,12 +16,20 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--add", metavar="MANIFEST", help="a per-step template's manifest.json (store profile full) "
-                        "to add as a measurement first")  # fmt: skip
+    parser.add_argument(
+        "--add",
+        metavar="MANIFEST",
+        help="a per-step template's manifest.json (store profile full) to add as a measurement first",
+    )
     parser.add_argument("--note", default="", help="with --add: how it was measured (command, host, time)")
-    parser.add_argument("--hold-out", type=int, metavar="S", help="fit without the S-step measurement and state the "
-                        "error on it (default: fit on every one; the error is the largest count's, left out of a "
-                        "second fit)")  # fmt: skip
+    parser.add_argument(
+        "--hold-out",
+        type=int,
+        metavar="S",
+        help="fit without the S-step measurement and state the "
+        "error on it (default: fit on every one; the error is the largest count's, left out of a "
+        "second fit)",
+    )
     parser.add_argument("--out", default=str(MODEL_PATH), help="the model file (default: the shipped one)")
 
 
@@ -31,8 +39,10 @@ def run(args) -> int:
             manifest = json.loads(Path(args.add).read_text())
             data = from_manifest(manifest, {"manifest_model": manifest.get("model_id"), "measured": args.note})
         except (OSError, ValueError, KeyError, TypeError) as e:
-            print(f"sakura bench ladder-model: --add {args.add}: not a per-step manifest ({e!r}); precompute one with "
-                  "--kv-mode per-step --store-profile full")  # fmt: skip
+            print(
+                f"sakura bench ladder-model: --add {args.add}: not a per-step manifest ({e!r}); precompute one with "
+                "--kv-mode per-step --store-profile full"
+            )
             return 2
         path = DATA_PATH.with_name(f"per_step_ladders_{data['steps']}.json")
         path.write_text(json.dumps(data, indent=1) + "\n")
@@ -43,11 +53,16 @@ def run(args) -> int:
         print(f"sakura bench ladder-model: {e}")
         return 2
     h = model["heldout"]
-    print(f"fitted on {model['fit_on']} steps; held out {h['steps']} (fit on {h['fit_on']}): edit PSNR within "
-          f"{h['max_psnr_error_db']:.2f} dB, bytes over the edit within {100 * h['max_bytes_rel_error']:.1f} %")  # fmt: skip
+    print(
+        f"fitted on {model['fit_on']} steps; held out {h['steps']} (fit on {h['fit_on']}): edit PSNR within "
+        f"{h['max_psnr_error_db']:.2f} dB, bytes over the edit within {100 * h['max_bytes_rel_error']:.1f} %"
+    )
     for r in h["levels"]:
-        twin = (f"; twin {r['closed_psnr_error_db']:+.2f} dB, {100 * r['closed_bytes_rel_error']:+.1f} %"
-                if "closed_psnr_error_db" in r else "")  # fmt: skip
+        twin = (
+            f"; twin {r['closed_psnr_error_db']:+.2f} dB, {100 * r['closed_bytes_rel_error']:+.1f} %"
+            if "closed_psnr_error_db" in r
+            else ""
+        )
         print(f"  {r['name']:<10} PSNR {r['psnr_error_db']:+.2f} dB, bytes {100 * r['bytes_rel_error']:+.1f} %{twin}")
     print(f"wrote {args.out}")
     return 0

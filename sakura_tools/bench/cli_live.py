@@ -55,8 +55,20 @@ PROMPT = "place it"
 
 def start_server(store: str, host: str = "127.0.0.1", wrap=None) -> tuple[subprocess.Popen, str]:
     """Start ``sakura serve --model none`` on a free port; returns the process and its base URL."""
-    argv = [sys.executable, "-m", "sakura_core.cli", "serve", "--store", store, "--host", host, "--port", "0",
-            "--model", "none"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sakura_core.cli",
+        "serve",
+        "--store",
+        store,
+        "--host",
+        host,
+        "--port",
+        "0",
+        "--model",
+        "none",
+    ]
     if wrap is not None:
         argv = wrap(argv)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -83,8 +95,13 @@ def _plot(args, trace: str, policy: str, rep, bound: dict) -> str | None:
 
     path = Path(args.plots) / f"live.{rep.kv_mode}.{trace}.{policy}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    plot_timeline(rep.events, path, f"live, {rep.kv_mode} KV, {policy}, {trace}: {rep.latency_s:.2f} s, bound "
-                  f"{bound['bound_s']:.2f} s (x{bound['latency_over_bound']:.2f})", rep.decisions)  # fmt: skip
+    plot_timeline(
+        rep.events,
+        path,
+        f"live, {rep.kv_mode} KV, {policy}, {trace}: {rep.latency_s:.2f} s, bound "
+        f"{bound['bound_s']:.2f} s (x{bound['latency_over_bound']:.2f})",
+        rep.decisions,
+    )
     return str(path)
 
 
@@ -105,17 +122,27 @@ def run_live(args) -> int:
     policies = [p for p in select_policies(args.policies, "live")]
     steps = args.steps
     kv_mode = args.kv_mode
-    print(f"LIVE: model {spec.name} (random weights), {model.adapter.num_layers} layers, "
-          f"{model.adapter.kv_bytes(spec.num_tokens) / 2**20:.0f} MiB fp16 KV; {len(traces)} traces; "
-          f"shaping {args.shaping}")  # fmt: skip
+    print(
+        f"LIVE: model {spec.name} (random weights), {model.adapter.num_layers} layers, "
+        f"{model.adapter.kv_bytes(spec.num_tokens) / 2**20:.0f} MiB fp16 KV; {len(traces)} traces; "
+        f"shaping {args.shaping}"
+    )
     profile = measure_profile(model, steps)
     print(
         f"compute here: layer with template {profile.layer_full_s * 1000:.0f} ms, cached {profile.layer_cached_s * 1000:.0f} ms"
     )
     if kv_mode == "per-step":  # the exact edit: the template at every step, at that step's time
         L = model.adapter.num_layers
-        exact = run_edit(model, user, PROMPT, steps=steps, split_layer=L, template_image=template,
-                         template_every_step=True, kv_mode="per-step").tokens  # fmt: skip
+        exact = run_edit(
+            model,
+            user,
+            PROMPT,
+            steps=steps,
+            split_layer=L,
+            template_image=template,
+            template_every_step=True,
+            kv_mode="per-step",
+        ).tokens
     else:
         exact_kv = model.adapter.extract_template_kv(model.template_tokens(template), model.spec.grid)
         exact = run_edit(model, user, PROMPT, steps=steps, kv_source=exact_kv).tokens
@@ -123,8 +150,13 @@ def run_live(args) -> int:
     codecs = _codecs(kv_mode)
     key, inputs = store_key(model.adapter.model, asdict(spec), template, kv_mode, steps, codecs)
     with tempfile.TemporaryDirectory(prefix="sakura-live-") as tmp:
-        store_dir = template_store(key, inputs, lambda d: _publish_ladders(LocalStore(d), model, template, kv_mode,
-                                                                           steps), _cache_dir(args), tmp)  # fmt: skip
+        store_dir = template_store(
+            key,
+            inputs,
+            lambda d: _publish_ladders(LocalStore(d), model, template, kv_mode, steps),
+            _cache_dir(args),
+            tmp,
+        )
         runs = _serve_and_run(args, store_dir, model, traces, policies, profile, template, user, exact)
     _report(args, spec, model, profile, runs)
     return 0
@@ -155,8 +187,9 @@ def _publish_ladders(store, model, template, kv_mode: str = "single", steps: int
             {} if kv_mode == "single" else {"kv_mode": "per-step", "steps": steps, "held_out_probes": 1}
         )
         pre = precompute_template(model, template, f"live-{codec}", codec=codec, **kw)
-        publish_template(store, model, template, f"live-{codec}", codec=codec,
-                         precompute_fn=lambda *a, _pre=pre, **k: _pre)  # fmt: skip
+        publish_template(
+            store, model, template, f"live-{codec}", codec=codec, precompute_fn=lambda *a, _pre=pre, **k: _pre
+        )
         levels = ", ".join(f"{r['name']} {r['psnr_db']:.1f}" for r in pre.manifest["shards"][0]["representations"])
         print(f"precomputed {codec} ladder (PSNR per level: {levels})")
     print(f"precompute took {time.perf_counter() - t0:.1f} s")
@@ -200,8 +233,10 @@ def _report(args, spec, model, profile, runs: list[dict]) -> None:
     print(format_table(summary, ratios))
     sim_check = _sim_check(runs, plans, profile, args)
     eff = [r["latency_over_lower_bound"] for r in runs if r["policy"] in ("fetch-fp16", "sakura", "cachegen")]
-    print(f"\npipeline efficiency (latency / max(compute, transfer, decode)), fetching policies: median "
-          f"{statistics.median(eff):.3f}, max {max(eff):.3f}")  # fmt: skip
+    print(
+        f"\npipeline efficiency (latency / max(compute, transfer, decode)), fetching policies: median "
+        f"{statistics.median(eff):.3f}, max {max(eff):.3f}"
+    )
     out = {
         "mode": "live",
         "model": {
@@ -209,7 +244,7 @@ def _report(args, spec, model, profile, runs: list[dict]) -> None:
             "weights": "random-init",
             "layers": model.adapter.num_layers,
             "kv_bytes_fp16": model.adapter.kv_bytes(spec.num_tokens),
-        },  # fmt: skip
+        },
         "profile": {
             "name": "this-cpu",
             "layer_full_s": profile.layer_full_s,
@@ -243,15 +278,26 @@ def _sim_check(runs: list[dict], plans: dict, profile, args) -> list[dict]:
         alone = _replay(trace, replace(profile, dit_cpu_cores=0), lad, floor, ahead)
         live = by[(name, "on-device")]["latency_s"] / by[(name, "sakura")]["latency_s"]
         pred, pred_alone = sim["on-device"] / sim["sakura"], alone["on-device"] / alone["sakura"]
-        row = {"trace": name, "live_speedup": live, "sim_speedup": pred, "live_over_sim": live / pred,
-               "sim_latency_s": sim, "dit_cpu_cores": profile.dit_cpu_cores,
-               "sim_speedup_no_contention": pred_alone}  # fmt: skip
+        row = {
+            "trace": name,
+            "live_speedup": live,
+            "sim_speedup": pred,
+            "live_over_sim": live / pred,
+            "sim_latency_s": sim,
+            "dit_cpu_cores": profile.dit_cpu_cores,
+            "sim_speedup_no_contention": pred_alone,
+        }
         out.append(row)
-        shared = (f"; the DiT on all {profile.dit_cpu_cores} cores, each decode taking one: without that "
-                  f"{pred_alone:.2f}x, live / sim {live / pred_alone:.3f}" if profile.dit_cpu_cores
-                  else "; the decodes on cores the DiT leaves free")  # fmt: skip
-        print(f"sim check {name}: sakura vs on-device live {live:.2f}x, simulated {pred:.2f}x with this run's "
-              f"profile, ladders and trace (live / sim {live / pred:.3f}{shared})")  # fmt: skip
+        shared = (
+            f"; the DiT on all {profile.dit_cpu_cores} cores, each decode taking one: without that "
+            f"{pred_alone:.2f}x, live / sim {live / pred_alone:.3f}"
+            if profile.dit_cpu_cores
+            else "; the decodes on cores the DiT leaves free"
+        )
+        print(
+            f"sim check {name}: sakura vs on-device live {live:.2f}x, simulated {pred:.2f}x with this run's "
+            f"profile, ladders and trace (live / sim {live / pred:.3f}{shared})"
+        )
     return out
 
 
@@ -261,8 +307,10 @@ def _replay(trace, profile, ladders: dict, floor: int, request_ahead: bool = Tru
     from sakura_core.runtime.simulate import SimConfig, simulate
 
     cfg = SimConfig(rtt_s=RuntimeConfig().rtt_s, request_ahead=request_ahead)
-    return {p: simulate(make_policy(p), trace, profile, ladders, {"sakura": floor}, config=cfg).latency_s
-            for p in ("sakura", "on-device")}  # fmt: skip
+    return {
+        p: simulate(make_policy(p), trace, profile, ladders, {"sakura": floor}, config=cfg).latency_s
+        for p in ("sakura", "on-device")
+    }
 
 
 async def _run_all(args, model, traces, policies, profile, template, user, exact, url, link):
@@ -283,11 +331,14 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                     follow = asyncio.create_task(link.follow(trace, 0.0, stop))
                 try:
                     rep = await run_pipelined_edit(
-                        EditInputs(model, user, PROMPT, template), manifest,
-                        shaped_fetcher(client, trace if link is None else None), plan, profile, trace=trace,
-                        config=RuntimeConfig(steps=args.steps,
-                                             request_ahead=requests_ahead(args)),
-                    )  # fmt: skip
+                        EditInputs(model, user, PROMPT, template),
+                        manifest,
+                        shaped_fetcher(client, trace if link is None else None),
+                        plan,
+                        profile,
+                        trace=trace,
+                        config=RuntimeConfig(steps=args.steps, request_ahead=requests_ahead(args)),
+                    )
                 finally:
                     if follow is not None:
                         stop.set()
@@ -315,8 +366,10 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                 }
             )
             split = rep.split_layers if rep.kv_mode == "per-step" else rep.split_layer
-            print(f"{trace.name:<28} {name:<18} {rep.latency_s:7.2f} s  {rep.bytes_fetched / 2**20:7.2f} MiB  "
-                  f"KV held <= {rep.peak_kv_bytes / 2**20:.2f} MiB  split {split}  "
-                  f"PSNR {runs[-1]['psnr_db']:.1f}  bound {bound['bound_s']:.2f} s "
-                  f"(x{bound['latency_over_bound']:.2f})")  # fmt: skip
+            print(
+                f"{trace.name:<28} {name:<18} {rep.latency_s:7.2f} s  {rep.bytes_fetched / 2**20:7.2f} MiB  "
+                f"KV held <= {rep.peak_kv_bytes / 2**20:.2f} MiB  split {split}  "
+                f"PSNR {runs[-1]['psnr_db']:.1f}  bound {bound['bound_s']:.2f} s "
+                f"(x{bound['latency_over_bound']:.2f})"
+            )
     return runs

@@ -27,8 +27,11 @@ _COLUMNS = ("serving", "headers", "fp16_zstd", "byteplane_zstd", "xor_top_zstd",
 
 def add_arguments(parser) -> None:
     parser.add_argument("--json", required=True, metavar="FILE", help="write the results as JSON here")
-    parser.add_argument("--templates", default="astronaut,coffee,chelsea,rocket", help="sample images (comma list; "
-                        "default %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--templates",
+        default="astronaut,coffee,chelsea,rocket",
+        help="sample images (comma list; default %(default)s)",
+    )
     parser.add_argument("--zstd-level", type=int, default=19, help="zstd level of the candidates (default 19)")
 
 
@@ -93,12 +96,19 @@ def run(args) -> int:
     rows = {}
     print(f"{'template':<12}{'top':<11}" + "".join(f"{c:>22}" for c in _COLUMNS))
     for name in (t.strip() for t in args.templates.split(",") if t.strip()):
-        pre = precompute_template(model, load_image(name, model.spec.image_size), f"lossless-{name}",
-                                  store_profile="full")  # fmt: skip
+        pre = precompute_template(
+            model, load_image(name, model.spec.image_size), f"lossless-{name}", store_profile="full"
+        )
         rows[name] = measure(pre.manifest, pre.blobs, args.zstd_level)
         print(f"{name:<12}{rows[name]['top']:<11}" + "".join(f"{rows[name][c]:>21.4f}x" for c in _COLUMNS))
     print("x the template's uncompressed fp16 KV (single mode); bound 1/3.06 = 0.327x")
-    atomic_write_json(args.json, {"command": f"sakura bench lossless-top --templates {args.templates} --zstd-level "
-                                  f"{args.zstd_level}", "bound_x_fp16": round(1 / 3.06, 4), "templates": rows})  # fmt: skip
+    atomic_write_json(
+        args.json,
+        {
+            "command": f"sakura bench lossless-top --templates {args.templates} --zstd-level {args.zstd_level}",
+            "bound_x_fp16": round(1 / 3.06, 4),
+            "templates": rows,
+        },
+    )
     print(f"wrote {args.json}")
     return 0

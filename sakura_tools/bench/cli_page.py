@@ -45,8 +45,16 @@ def _publish(root: Path, steps: int) -> tuple[Path, Path]:
     torch.set_num_threads(1)
     model = load_demo_model()
     image = load_image("astronaut", model.spec.image_size)
-    publish_template(LocalStore(root / "store"), model, image, TEMPLATE_ID, kv_mode="per-step", steps=steps,
-                     codec="sakura", store_profile="full")  # fmt: skip
+    publish_template(
+        LocalStore(root / "store"),
+        model,
+        image,
+        TEMPLATE_ID,
+        kv_mode="per-step",
+        steps=steps,
+        codec="sakura",
+        store_profile="full",
+    )
     from PIL import Image
 
     Image.fromarray(load_image("chelsea", model.spec.image_size)).save(root / "photo.png")
@@ -102,27 +110,38 @@ def contention_cores(reports: list[dict]) -> float:
 def decode_slowdown(reports: list[dict], decode_s: dict[tuple[int, str], float]) -> float:
     """The page's decode seconds over the ladders' (``decode_s[(shard, level name)]``, the manifest's, measured where
     the template was published): the median ratio over the page's decode events; 1.0 when none matches."""
-    ratios = [(e["end"] - e["start"]) / decode_s[(e["layer"], e["level"])]
-              for r in reports for e in r["timeline"]
-              if e["lane"] == "decode" and decode_s.get((e["layer"], e["level"]), 0) > 0]  # fmt: skip
+    ratios = [
+        (e["end"] - e["start"]) / decode_s[(e["layer"], e["level"])]
+        for r in reports
+        for e in r["timeline"]
+        if e["lane"] == "decode" and decode_s.get((e["layer"], e["level"]), 0) > 0
+    ]
     return statistics.median(ratios) if ratios else 1.0
 
 
-def page_profile(reports: list[dict], layers: int, steps: int,
-                 decode_s: dict[tuple[int, str], float] | None = None) -> LiveProfile:  # fmt: skip
+def page_profile(
+    reports: list[dict], layers: int, steps: int, decode_s: dict[tuple[int, str], float] | None = None
+) -> LiveProfile:
     """The page's compute profile from its timelines: a DiT step's seconds (compute events of level "step") over the
     layers is a cached layer; a template-pass layer (the other compute events) added to it is a full layer; both the
     medians of the events no decode overlapped. The CPU the page's decode shares with the DiT: ``dit_cpu_cores``
     (:func:`contention_cores`) and ``cpu_slowdown`` (:func:`decode_slowdown`, the page's decodes vs the ladders')."""
     events = _compute_events(reports)
     if not events["step"] or not events["pass"]:
-        raise RuntimeError(f"the page's timelines hold {len(events['step'])} DiT steps and {len(events['pass'])} "
-                           "template-pass layers: the profile needs both (an on-device run computes the template "
-                           "pass)")  # fmt: skip
+        raise RuntimeError(
+            f"the page's timelines hold {len(events['step'])} DiT steps and {len(events['pass'])} "
+            "template-pass layers: the profile needs both (an on-device run computes the template "
+            "pass)"
+        )
     cached = _alone_s(events["step"]) / layers
-    return LiveProfile(cached + _alone_s(events["pass"]), cached, layers, steps,
-                       dit_cpu_cores=contention_cores(reports),
-                       cpu_slowdown=decode_slowdown(reports, decode_s or {}))  # fmt: skip
+    return LiveProfile(
+        cached + _alone_s(events["pass"]),
+        cached,
+        layers,
+        steps,
+        dit_cpu_cores=contention_cores(reports),
+        cpu_slowdown=decode_slowdown(reports, decode_s or {}),
+    )
 
 
 def _pre_lanes_s(report: dict) -> float:
@@ -160,8 +179,14 @@ def _replay(trace, profile: LiveProfile, manifest: dict, rtt_s: float) -> dict:
     for name in PAGE_POLICIES:
         plan = plan_fetch(manifest, name)
         fam = plan.policy.family
-        out[name] = simulate(plan.policy, trace, profile, {fam: plan.ladders}, {fam: plan.floor},
-                             config=SimConfig(rtt_s=rtt_s, request_ahead=False)).latency_s  # fmt: skip
+        out[name] = simulate(
+            plan.policy,
+            trace,
+            profile,
+            {fam: plan.ladders},
+            {fam: plan.floor},
+            config=SimConfig(rtt_s=rtt_s, request_ahead=False),
+        ).latency_s
     return out
 
 
@@ -172,8 +197,10 @@ def _traces(args) -> list:
     folder = Path(args.traces)
     missing = [n for n in names if not (folder / f"{n}.log").is_file()]
     if missing:
-        raise SystemExit(f"sakura bench e2e --mode page: no trace {missing} in {folder} (write them with "
-                         f"`sakura traces synth --out {folder}`, or pick others with --page-traces)")  # fmt: skip
+        raise SystemExit(
+            f"sakura bench e2e --mode page: no trace {missing} in {folder} (write them with "
+            f"`sakura traces synth --out {folder}`, or pick others with --page-traces)"
+        )
     return [load_trace(folder / f"{n}.log") for n in names]
 
 
@@ -190,8 +217,10 @@ def run_page(args) -> int:
         store_dir, model_dir = _publish(Path(tmp), steps)
         manifest = LocalStore(store_dir).get_manifest(TEMPLATE_ID)
         layers = manifest["num_layers"]
-        print(f"PAGE: web model and per-step template ({layers} layers x {steps} steps) ready in "
-              f"{time.perf_counter() - t0:.1f} s; CPU throttle {args.cpu_throttle}x; {len(traces)} traces")  # fmt: skip
+        print(
+            f"PAGE: web model and per-step template ({layers} layers x {steps} steps) ready in "
+            f"{time.perf_counter() - t0:.1f} s; CPU throttle {args.cpu_throttle}x; {len(traces)} traces"
+        )
         proc, url = start_server(str(store_dir), wrap=lambda argv: argv + ["--phone-model", str(model_dir)])
         try:
             bench = PageBench(f"{url}/phone", Path(tmp) / "photo.png", PROMPT)
@@ -215,13 +244,26 @@ def _run_all(bench, traces, steps: int, throttle: float) -> list[dict]:
         for policy in PAGE_POLICIES:
             rep = bench.edit(TEMPLATE_ID, policy, steps, trace=trace, cpu_throttle=throttle)
             latency, bound = rep["timings_s"]["total"], _bound(rep)
-            runs.append({"trace": trace.name, "policy": policy, "latency_s": latency, "bytes_fetched": rep["bytes_fetched"],
-                         "busy_s": rep["busy_s"], "pre_lanes_s": _pre_lanes_s(rep), "bound_s": bound,
-                         "latency_over_bound": latency / bound,
-                         "rtt_s": rep["rtt_s"], "split_layers": rep["split_layers"], "_report": rep})  # fmt: skip
-            print(f"{trace.name:<18} {policy:<11} {latency:7.2f} s  {rep['bytes_fetched'] / 1e6:6.2f} MB  "
-                  f"bound {bound:.2f} s (x{latency / bound:.2f}; before the lanes {_pre_lanes_s(rep):.3f} s)  "
-                  f"split {rep['split_layers']}")  # fmt: skip
+            runs.append(
+                {
+                    "trace": trace.name,
+                    "policy": policy,
+                    "latency_s": latency,
+                    "bytes_fetched": rep["bytes_fetched"],
+                    "busy_s": rep["busy_s"],
+                    "pre_lanes_s": _pre_lanes_s(rep),
+                    "bound_s": bound,
+                    "latency_over_bound": latency / bound,
+                    "rtt_s": rep["rtt_s"],
+                    "split_layers": rep["split_layers"],
+                    "_report": rep,
+                }
+            )
+            print(
+                f"{trace.name:<18} {policy:<11} {latency:7.2f} s  {rep['bytes_fetched'] / 1e6:6.2f} MB  "
+                f"bound {bound:.2f} s (x{latency / bound:.2f}; before the lanes {_pre_lanes_s(rep):.3f} s)  "
+                f"split {rep['split_layers']}"
+            )
     return runs
 
 
@@ -230,18 +272,24 @@ def _compare(runs: list[dict], traces, manifest: dict, layers: int, steps: int, 
     profile = page_profile([r["_report"] for r in runs], layers, steps, _decode_s(manifest))
     for r in runs:  # each run's page report (timeline, decisions) kept for the diagnosis
         r["report"] = r.pop("_report")
-    print(f"\npage's compute profile: DiT step {profile.layer_cached_s * layers:.3f} s, template-pass layer "
-          f"{profile.layer_full_s - profile.layer_cached_s:.3f} s (medians of the timelines, no decode beside); "
-          f"decodes share the DiT's CPU as {profile.dit_cpu_cores:.2f} cores, {profile.cpu_slowdown:.1f}x the "
-          f"ladders' decode_s")  # fmt: skip
+    print(
+        f"\npage's compute profile: DiT step {profile.layer_cached_s * layers:.3f} s, template-pass layer "
+        f"{profile.layer_full_s - profile.layer_cached_s:.3f} s (medians of the timelines, no decode beside); "
+        f"decodes share the DiT's CPU as {profile.dit_cpu_cores:.2f} cores, {profile.cpu_slowdown:.1f}x the "
+        f"ladders' decode_s"
+    )
     by = {(r["trace"], r["policy"]): r for r in runs}
     rows = []
-    print(f"{'trace':<18} {'policy':<11} {'live s':>7} {'sim s':>7} {'x bound':>7}  {'vs on-device live/sim':>22}  "
-          f"{'vs fetch-fp16 live/sim':>23}")  # fmt: skip
+    print(
+        f"{'trace':<18} {'policy':<11} {'live s':>7} {'sim s':>7} {'x bound':>7}  {'vs on-device live/sim':>22}  "
+        f"{'vs fetch-fp16 live/sim':>23}"
+    )
     for trace in traces:
         rtt = statistics.median(by[(trace.name, p)]["rtt_s"] for p in PAGE_POLICIES)
         # the simulated lanes after the serial work the page measured before its lanes (per run)
-        sim = {p: sec + by[(trace.name, p)]["pre_lanes_s"] for p, sec in _replay(trace, profile, manifest, rtt).items()}
+        sim = {
+            p: sec + by[(trace.name, p)]["pre_lanes_s"] for p, sec in _replay(trace, profile, manifest, rtt).items()
+        }
         live = {p: by[(trace.name, p)]["latency_s"] for p in PAGE_POLICIES}
         row = {"trace": trace.name, "live_latency_s": live, "sim_latency_s": sim, "sim_rtt_s": rtt}
         for base in ("on-device", "fetch-fp16"):
@@ -252,24 +300,41 @@ def _compare(runs: list[dict], traces, manifest: dict, layers: int, steps: int, 
         for p in PAGE_POLICIES:
             cells: tuple[str, ...] = ("", "")
             if p == "sakura":
-                cells = tuple(f"{row[f'speedup_vs_{b}']['live']:.2f}x / {row[f'speedup_vs_{b}']['sim']:.2f}x"
-                              for b in ("on-device", "fetch-fp16"))  # fmt: skip
-            print(f"{trace.name:<18} {p:<11} {live[p]:7.2f} {sim[p]:7.2f} {row['latency_over_bound'][p]:7.2f}  "
-                  f"{cells[0]:>22}  {cells[1]:>23}")  # fmt: skip
+                cells = tuple(
+                    f"{row[f'speedup_vs_{b}']['live']:.2f}x / {row[f'speedup_vs_{b}']['sim']:.2f}x"
+                    for b in ("on-device", "fetch-fp16")
+                )
+            print(
+                f"{trace.name:<18} {p:<11} {live[p]:7.2f} {sim[p]:7.2f} {row['latency_over_bound'][p]:7.2f}  "
+                f"{cells[0]:>22}  {cells[1]:>23}"
+            )
     targets = {
         "sakura_fastest_each_trace": all(
             r["live_latency_s"]["sakura"] < min(r["live_latency_s"]["on-device"], r["live_latency_s"]["fetch-fp16"])
             for r in rows
-        ),  # fmt: skip
+        ),
         "live_over_sim_within_20pct": all(
             abs(r[f"speedup_vs_{b}"]["live_over_sim"] - 1) <= 0.2 for r in rows for b in ("on-device", "fetch-fp16")
-        ),  # fmt: skip
+        ),
         "latency_within_1_15x_bound": all(r["latency_over_bound"] <= 1.15 for r in runs),
     }
     print(f"targets: {targets}")
-    return {"mode": "page", "template": {"id": TEMPLATE_ID, "kv_mode": "per-step", "layers": layers, "steps": steps},
-            "cpu_throttle": args.cpu_throttle, "traces": [t.name for t in traces], "policies": list(PAGE_POLICIES),
-            "profile": {"layer_full_s": profile.layer_full_s, "layer_cached_s": profile.layer_cached_s,
-                        "template_pass_s": profile.template_pass_s, "layers": layers, "steps": steps,
-                        "dit_cpu_cores": profile.dit_cpu_cores, "cpu_slowdown": profile.cpu_slowdown},
-            "runs": runs, "comparison": rows, "targets": targets}  # fmt: skip
+    return {
+        "mode": "page",
+        "template": {"id": TEMPLATE_ID, "kv_mode": "per-step", "layers": layers, "steps": steps},
+        "cpu_throttle": args.cpu_throttle,
+        "traces": [t.name for t in traces],
+        "policies": list(PAGE_POLICIES),
+        "profile": {
+            "layer_full_s": profile.layer_full_s,
+            "layer_cached_s": profile.layer_cached_s,
+            "template_pass_s": profile.template_pass_s,
+            "layers": layers,
+            "steps": steps,
+            "dit_cpu_cores": profile.dit_cpu_cores,
+            "cpu_slowdown": profile.cpu_slowdown,
+        },
+        "runs": runs,
+        "comparison": rows,
+        "targets": targets,
+    }

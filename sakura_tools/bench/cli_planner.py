@@ -30,15 +30,31 @@ def add_arguments(parser) -> None:
 
 
 def _command(args) -> str:
-    parts = ["sakura bench planner", f"--steps {args.steps}", f"--policy {args.policy}", f"--profile {args.profile}",
-             f"--geometry {args.geometry}", f"--seed {args.seed}", f"--mean-mbit {args.mean_mbit:g}"]  # fmt: skip
+    parts = [
+        "sakura bench planner",
+        f"--steps {args.steps}",
+        f"--policy {args.policy}",
+        f"--profile {args.profile}",
+        f"--geometry {args.geometry}",
+        f"--seed {args.seed}",
+        f"--mean-mbit {args.mean_mbit:g}",
+    ]
     if args.max_decisions:
         parts.append(f"--max-decisions {args.max_decisions}")
     return " ".join(parts)
 
 
-ROW_KEYS = ("steps", "layers", "decisions", "ms_per_decision_mean", "ms_per_decision_p99", "ms_per_decision_max",
-            "planning_s_per_edit", "complete", "planning_share_of_latency")  # fmt: skip
+ROW_KEYS = (
+    "steps",
+    "layers",
+    "decisions",
+    "ms_per_decision_mean",
+    "ms_per_decision_p99",
+    "ms_per_decision_max",
+    "planning_s_per_edit",
+    "complete",
+    "planning_share_of_latency",
+)
 
 
 def read_before(path: str) -> dict:
@@ -77,12 +93,16 @@ def run(args) -> int:
         return 2
     rows = []
     for s in steps:
-        rows.append(bench_case(s, args.policy, args.profile, args.geometry, args.seed, args.mean_mbit,
-                               args.max_decisions))  # fmt: skip
-        print(f"{s} steps: {rows[-1]['decisions']} decisions, {rows[-1]['ms_per_decision_mean']:.2f} ms each",
-              flush=True)  # fmt: skip
-    print(f"\nsakura bench planner: policy {args.policy}, per-step KV, {args.geometry}, {args.profile}, synthetic "
-          f"walk (seed {args.seed}, from {args.mean_mbit:g} Mbit/s); CPU time of the deciding thread on this host ({platform.processor() or platform.machine()})")  # fmt: skip
+        rows.append(
+            bench_case(s, args.policy, args.profile, args.geometry, args.seed, args.mean_mbit, args.max_decisions)
+        )
+        print(
+            f"{s} steps: {rows[-1]['decisions']} decisions, {rows[-1]['ms_per_decision_mean']:.2f} ms each", flush=True
+        )
+    print(
+        f"\nsakura bench planner: policy {args.policy}, per-step KV, {args.geometry}, {args.profile}, synthetic "
+        f"walk (seed {args.seed}, from {args.mean_mbit:g} Mbit/s); CPU time of the deciding thread on this host ({platform.processor() or platform.machine()})"
+    )
     print(format_planner_table(rows))
     out: dict[str, object] = {
         "cpu": platform.processor() or platform.machine(),

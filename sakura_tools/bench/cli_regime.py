@@ -33,20 +33,26 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mbits", default=MBITS, help="link Mbit/s, comma list (default %(default)s)")
     parser.add_argument("--target", type=float, default=1.5, help="speed-up whose cells are counted (default 1.5)")
     parser.add_argument(
-        "--planning", default="1", help="what each policy decision costs the phone, as sakura bench e2e: 'measured', "
-        "'off' or fixed milliseconds (default %(default)s: deterministic)"
-    )  # fmt: skip
+        "--planning",
+        default="1",
+        help="what each policy decision costs the phone, as sakura bench e2e: 'measured', "
+        "'off' or fixed milliseconds (default %(default)s: deterministic)",
+    )
     parser.add_argument(
-        "--ladders", metavar="DIR", help="per-shard ladder files <geometry>.<kv_mode>.json (as sakura bench e2e): "
-        "read, or measured and written (default: measured, kept nowhere)"
-    )  # fmt: skip
+        "--ladders",
+        metavar="DIR",
+        help="per-shard ladder files <geometry>.<kv_mode>.json (as sakura bench e2e): "
+        "read, or measured and written (default: measured, kept nowhere)",
+    )
     parser.add_argument("--steps", type=int, default=4, help="edit steps of the codec measurements (default 4)")
     parser.add_argument("--synth-layers", default="0,3", help="as sakura bench e2e (default %(default)s)")
     add_requests_argument(parser)
     parser.add_argument(
-        "--traces", metavar="DIR", help="also print each trace class's median link rate (the mean over each trace), "
-        "to place the classes on the map"
-    )  # fmt: skip
+        "--traces",
+        metavar="DIR",
+        help="also print each trace class's median link rate (the mean over each trace), "
+        "to place the classes on the map",
+    )
 
 
 def _floats(flag: str, text: str) -> list[float]:
@@ -106,12 +112,23 @@ def run(args) -> int:
     rates = class_rates(args.traces) if args.traces else None
     t0 = time.perf_counter()
     pair = (args.geometry, args.kv_mode)
-    lad = load_or_measure_ladders([pair], args.ladders, LadderConfig(steps=args.steps, synth_layers=synth),
-                                  load_demo_model)[pair]  # fmt: skip
+    lad = load_or_measure_ladders(
+        [pair], args.ladders, LadderConfig(steps=args.steps, synth_layers=synth), load_demo_model
+    )[pair]
     ladders, floors = sim_ladders(lad, args.kv_mode, profile.model)  # as sakura bench e2e's default
     try:
-        regime = policy_regime(profile, ladders, floors, tflops, mbits, args.policy, against, args.kv_mode, config,
-                               progress=lambda m: print(m, flush=True))  # fmt: skip
+        regime = policy_regime(
+            profile,
+            ladders,
+            floors,
+            tflops,
+            mbits,
+            args.policy,
+            against,
+            args.kv_mode,
+            config,
+            progress=lambda m: print(m, flush=True),
+        )
     except ValueError as e:
         raise SystemExit(f"sakura bench regime: {e}") from None
     print(f"planning charged: {_planning_words(config)}")
@@ -119,11 +136,19 @@ def run(args) -> int:
         print()
         print(format_policy_regime(regime, b, args.target))
     if rates:
-        print("\ntrace classes (median over the class's traces of each trace's mean rate): " + "; ".join(
-            f"{c} {r['median_mean_mbit_s']:.1f} Mbit/s ({r['traces']} traces)" for c, r in rates.items()))  # fmt: skip
-    out = {**regime, "target": args.target, "planning": _planning_words(config), "trace_classes": rates,
-           "command": "sakura bench regime " + " ".join(_argv(args)), "argv": _argv(args),
-           "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+        print(
+            "\ntrace classes (median over the class's traces of each trace's mean rate): "
+            + "; ".join(f"{c} {r['median_mean_mbit_s']:.1f} Mbit/s ({r['traces']} traces)" for c, r in rates.items())
+        )
+    out = {
+        **regime,
+        "target": args.target,
+        "planning": _planning_words(config),
+        "trace_classes": rates,
+        "command": "sakura bench regime " + " ".join(_argv(args)),
+        "argv": _argv(args),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     atomic_write_json(args.json, json.loads(json.dumps(out, default=float)))
     print(f"wrote {args.json}")
     return 0

@@ -23,8 +23,10 @@ def run(args) -> int:
     names = [args.doc] if args.doc else list(DOCS)
     missing = [n for n in names if not (root / n).is_file()]
     if missing:
-        print(f"sakura bench results: no {', '.join(str(root / n) for n in missing)} (give the repository root with "
-              "--root)")  # fmt: skip
+        print(
+            f"sakura bench results: no {', '.join(str(root / n) for n in missing)} (give the repository root with "
+            "--root)"
+        )
         return 2
     stale = []
     for name in names:

@@ -24,9 +24,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--geometry", default="klein4b-512-ref1024", help="DiT geometry (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=7, help="seed of the synthetic random-walk link")
     parser.add_argument("--mean-mbit", type=float, default=30.0, help="the walk's starting rate, Mbit/s")
-    parser.add_argument("--ladders", metavar="DIR", help="the geometry's committed per-step ladders (e.g. "
-                        "docs/results/ladders) and sakura's measured / modelled per-step ladders instead of the "
-                        "synthetic ones (bench/scale.py)")  # fmt: skip
+    parser.add_argument(
+        "--ladders",
+        metavar="DIR",
+        help="the geometry's committed per-step ladders (e.g. "
+        "docs/results/ladders) and sakura's measured / modelled per-step ladders instead of the "
+        "synthetic ones (bench/scale.py)",
+    )
     parser.add_argument("--before", metavar="JSON", help="an earlier `sakura bench scale` JSON, kept beside these")
 
 
@@ -45,8 +49,10 @@ def run(args) -> int:
     names = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in names if p not in POLICIES]
     if bad or "sakura" not in names or "oracle" not in names:
-        return _fail(f"--policies must name sakura and oracle and only known policies ({', '.join(POLICIES)}); "
-                     f"got {args.policies!r}")  # fmt: skip
+        return _fail(
+            f"--policies must name sakura and oracle and only known policies ({', '.join(POLICIES)}); "
+            f"got {args.policies!r}"
+        )
     before = None
     if args.before:
         try:
@@ -61,12 +67,16 @@ def run(args) -> int:
             return _fail(str(e))
         print(f"{s} steps: {rows[-1]['cpu_s_total']:.1f} s of CPU for {len(names)} policies and the bound", flush=True)
     cpu = platform.processor() or platform.machine()
-    print(f"\nsakura bench scale: per-step KV, {args.geometry}, {args.profile}, synthetic walk (seed {args.seed}, from "
-          f"{args.mean_mbit:g} Mbit/s), policies {','.join(names)}; CPU seconds of this process on this {cpu} host")  # fmt: skip
+    print(
+        f"\nsakura bench scale: per-step KV, {args.geometry}, {args.profile}, synthetic walk (seed {args.seed}, from "
+        f"{args.mean_mbit:g} Mbit/s), policies {','.join(names)}; CPU seconds of this process on this {cpu} host"
+    )
     print(format_scale_table(rows, before))
-    command = (f"sakura bench scale --steps {args.steps} --policies {args.policies} --profile {args.profile} "
-               f"--geometry {args.geometry} --seed {args.seed} --mean-mbit {args.mean_mbit:g}"
-               + (f" --ladders {args.ladders}" if args.ladders else ""))  # fmt: skip
+    command = (
+        f"sakura bench scale --steps {args.steps} --policies {args.policies} --profile {args.profile} "
+        f"--geometry {args.geometry} --seed {args.seed} --mean-mbit {args.mean_mbit:g}"
+        + (f" --ladders {args.ladders}" if args.ladders else "")
+    )
     out = {"cpu": cpu, "command": command, "policies": names, "ladders": args.ladders or "synthetic", "rows": rows}
     if before is not None:
         out["before"] = before

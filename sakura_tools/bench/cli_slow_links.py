@@ -24,15 +24,25 @@ _POLICIES = "sakura,oracle,on-device,on-device-cached"
 def add_arguments(parser) -> None:
     parser.add_argument("--json", required=True, metavar="FILE", help="write the table (and the e2e runs) here")
     parser.add_argument("--traces", help="folder of traces (e.g. `sakura traces synth --set slow --out DIR`)")
-    parser.add_argument("--from", dest="from_json", metavar="E2E_JSON",
-                        help="read the runs of an earlier `sakura bench e2e` JSON (with its runs) instead")  # fmt: skip
-    parser.add_argument("--profile", default="snapdragon-8-elite-cpu,snapdragon-8-elite-gpu",
-                        help="comma list of device profiles (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--from",
+        dest="from_json",
+        metavar="E2E_JSON",
+        help="read the runs of an earlier `sakura bench e2e` JSON (with its runs) instead",
+    )
+    parser.add_argument(
+        "--profile",
+        default="snapdragon-8-elite-cpu,snapdragon-8-elite-gpu",
+        help="comma list of device profiles (default: %(default)s)",
+    )
     parser.add_argument("--geometry", default="klein4b-512-ref1024", help="comma list (default: %(default)s)")
     parser.add_argument("--kv-mode", default="per-step", help="comma list (default: %(default)s)")
     parser.add_argument("--starts", type=int, default=3, help="start offsets per trace (default %(default)s)")
-    parser.add_argument("--planning", default="1",
-                        help="what a decision costs: 'measured', 'off' or ms (default %(default)s: deterministic)")  # fmt: skip
+    parser.add_argument(
+        "--planning",
+        default="1",
+        help="what a decision costs: 'measured', 'off' or ms (default %(default)s: deterministic)",
+    )
     parser.add_argument("--ladders", default="docs/results/ladders", help="ladder folder (default %(default)s)")
     parser.add_argument("--worst", type=int, default=5, help="runs furthest from the bound listed per combination")
     parser.add_argument("--e2e-output", action="store_true", help="print e2e's own output too")
@@ -67,8 +77,10 @@ def run(args) -> int:
         data = _e2e(args, out.with_suffix(".e2e.json"))
     results = data.get("results", [data])
     if any("runs" not in r for r in results):
-        print(f"sakura bench slow-links: {args.from_json or out} has no per-run rows (an e2e run with --no-runs); "
-              "rerun e2e without --no-runs")  # fmt: skip
+        print(
+            f"sakura bench slow-links: {args.from_json or out} has no per-run rows (an e2e run with --no-runs); "
+            "rerun e2e without --no-runs"
+        )
         return 2
     rows = slow_link_rows(results)
     worst = worst_runs(results, args.worst)

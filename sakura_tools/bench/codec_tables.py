@@ -15,13 +15,19 @@ def ladder_table(*datas: dict) -> str:
     from sakura_core.runtime.sim_ladders import ShardLadders
 
     lads = [ShardLadders.from_dict(d) for d in datas]
-    fp16 = [4 * int(d["source"]["shard_size"][0] * d["source"]["shard_size"][1] * d["source"]["shard_size"][2])
-            for d in datas]  # fmt: skip
-    rows = ["Command: `sakura bench e2e --mode sim --ladders docs/results/ladders` (with the e2e tables' other options) "
-            "measures a geometry's ladder file when it is missing: delete one to measure it again. Files: "
-            + ", ".join(f"`{d['_path']}`" for d in datas) + ".", "",
-            "| level | PSNR dB | " + " | ".join(f"{lad.geometry}: x smaller, MB/s" for lad in lads) + " |",
-            "|---" * (len(lads) + 2) + "|"]  # fmt: skip
+    fp16 = [
+        4 * int(d["source"]["shard_size"][0] * d["source"]["shard_size"][1] * d["source"]["shard_size"][2])
+        for d in datas
+    ]
+    rows = [
+        "Command: `sakura bench e2e --mode sim --ladders docs/results/ladders` (with the e2e tables' other options) "
+        "measures a geometry's ladder file when it is missing: delete one to measure it again. Files: "
+        + ", ".join(f"`{d['_path']}`" for d in datas)
+        + ".",
+        "",
+        "| level | PSNR dB | " + " | ".join(f"{lad.geometry}: x smaller, MB/s" for lad in lads) + " |",
+        "|---" * (len(lads) + 2) + "|",
+    ]
     first, seen = lads[0], set()
     for name, fam in first.families.items():
         for j, lv in enumerate(fam.levels):
@@ -40,12 +46,17 @@ def ladder_table(*datas: dict) -> str:
             rows.append(f"| {lv}{mark} | {p} | " + " | ".join(cells) + " |")
     src = datas[0]["source"]
     loads = [max(d["source"].get("load_average") or [float("nan")]) for d in datas]
-    sizes = "; ".join(f"{lad.geometry} {' x '.join(str(x) for x in d['source']['shard_size'])}"
-                      for lad, d in zip(lads, datas, strict=True))  # fmt: skip
-    rows += ["", f"Measured on: {src['measured_on']}. Shard (one layer: tokens x heads x head_dim, K and V): {sizes}; "
-             "the demo's layers synthesised to that size by token mixing. Decode: one thread on this "
-             f"{src.get('cpu_count', '?')}-core {src.get('host_cpu', '')} host, 1-minute load average at most "
-             f"{max(loads):.2f}."]  # fmt: skip
+    sizes = "; ".join(
+        f"{lad.geometry} {' x '.join(str(x) for x in d['source']['shard_size'])}"
+        for lad, d in zip(lads, datas, strict=True)
+    )
+    rows += [
+        "",
+        f"Measured on: {src['measured_on']}. Shard (one layer: tokens x heads x head_dim, K and V): {sizes}; "
+        "the demo's layers synthesised to that size by token mixing. Decode: one thread on this "
+        f"{src.get('cpu_count', '?')}-core {src.get('host_cpu', '')} host, 1-minute load average at most "
+        f"{max(loads):.2f}.",
+    ]
     return "\n".join(rows)
 
 
@@ -69,27 +80,40 @@ def per_step_table(data: dict, geometry: str = "klein4b-512-ref1024") -> str:
     open_floor = next((lv["name"] for lv in levels if lv["psnr_db"] >= floor_db), None)
     twin_floor = next((lv["name"] for lv in levels if lv.get("closed") and track_psnr_db(lv) >= floor_db), None)
     src = data.get("source", {})
-    rows = [f"Command: `{src['command']}`" if src.get("command") else "Command: (not recorded)", "",
-            f"| level | open loop: PSNR dB | x smaller than fp16 | GB per {geometry} edit | twins' track: PSNR dB | "
-            "x smaller | GB per edit |", "|---" * 7 + "|"]  # fmt: skip
+    rows = [
+        f"Command: `{src['command']}`" if src.get("command") else "Command: (not recorded)",
+        "",
+        f"| level | open loop: PSNR dB | x smaller than fp16 | GB per {geometry} edit | twins' track: PSNR dB | "
+        "x smaller | GB per edit |",
+        "|---" * 7 + "|",
+    ]
     for lv in levels:
         o = _edit_ratio(lv["ratio_vs_fp16"])
-        cells = [f"{lv['psnr_db']:.1f}" + (" (floor)" if lv["name"] == open_floor else ""), f"{o:.1f}x",
-                 f"{edit_fp16 / o / 1e9:.2f}"]  # fmt: skip
+        cells = [
+            f"{lv['psnr_db']:.1f}" + (" (floor)" if lv["name"] == open_floor else ""),
+            f"{o:.1f}x",
+            f"{edit_fp16 / o / 1e9:.2f}",
+        ]
         tw = lv.get("closed")
         if tw and tw.get("psnr_db") is not None:
             t = _edit_ratio([lv["ratio_vs_fp16"][0], *tw["ratio_vs_fp16"][1:]])
-            cells += [f"{tw['psnr_db']:.1f}" + (" (floor)" if lv["name"] == twin_floor else ""), f"{t:.1f}x",
-                      f"{edit_fp16 / t / 1e9:.2f}"]  # fmt: skip
+            cells += [
+                f"{tw['psnr_db']:.1f}" + (" (floor)" if lv["name"] == twin_floor else ""),
+                f"{t:.1f}x",
+                f"{edit_fp16 / t / 1e9:.2f}",
+            ]
         else:
             cells += ["-", "-", "-"]
         rows.append(f"| {lv['name']} | " + " | ".join(cells) + " |")
     reuse = data.get("reuse") or {}
-    rows += ["", f"{steps} steps; fp16 of a {geometry} edit: {edit_fp16 / 1e9:.2f} GB (every step's template KV). "
-             f"Open loop: step 0 the level's progressive chain, steps >= 1 residuals against the step before; twins' "
-             f"track: step 0 at the level, steps >= 1 its closed-loop twins; GB per edit: the demo's ratios applied to the "
-             f"geometry's fp16, as the simulator scales them. PSNR: {src.get('psnr', '?')}; "
-             f"{src.get('template', '?')} template, {src.get('layers', '?')} layers of the trained demo model."]  # fmt: skip
+    rows += [
+        "",
+        f"{steps} steps; fp16 of a {geometry} edit: {edit_fp16 / 1e9:.2f} GB (every step's template KV). "
+        f"Open loop: step 0 the level's progressive chain, steps >= 1 residuals against the step before; twins' "
+        f"track: step 0 at the level, steps >= 1 its closed-loop twins; GB per edit: the demo's ratios applied to the "
+        f"geometry's fp16, as the simulator scales them. PSNR: {src.get('psnr', '?')}; "
+        f"{src.get('template', '?')} template, {src.get('layers', '?')} layers of the trained demo model.",
+    ]
     if reuse.get("psnr_db") is not None:
         rows.append(f"The zero-byte `reuse` rung (step s-1's KV for every step s >= 1): {reuse['psnr_db']:.1f} dB.")
     return "\n".join(rows)
@@ -101,8 +125,15 @@ def _heldout_command(data: dict) -> str:
     from .heldout import HeldOutConfig, heldout_command
 
     c = data["config"]
-    cfg = HeldOutConfig(templates=tuple(c["templates"]), users=tuple(c["users"]), prompts=tuple(c["prompts"]),
-                        kv_mode=c["kv_mode"], steps=c["steps"], seed=c["seed"], floor_db=c["floor_db"])  # fmt: skip
+    cfg = HeldOutConfig(
+        templates=tuple(c["templates"]),
+        users=tuple(c["users"]),
+        prompts=tuple(c["prompts"]),
+        kv_mode=c["kv_mode"],
+        steps=c["steps"],
+        seed=c["seed"],
+        floor_db=c["floor_db"],
+    )
     return heldout_command(cfg, data["_path"])
 
 
@@ -112,9 +143,12 @@ def heldout_table(*datas: dict) -> str:
     manifest; the floor's bytes in each mode side by side."""
     rows = ["Commands: " + "; ".join(f"`{_heldout_command(d)}`" for d in datas), ""]
     modes = [d["config"]["kv_mode"] for d in datas]
-    rows += ["| template | " + " | ".join(f"{m}: floor, KB, manifest / held-out min dB" for m in modes) +
-             (f" | {modes[1]} / {modes[0]} bytes |" if len(datas) == 2 else " |"),
-             "|---" * (len(datas) + 1 + (len(datas) == 2)) + "|"]  # fmt: skip
+    rows += [
+        "| template | "
+        + " | ".join(f"{m}: floor, KB, manifest / held-out min dB" for m in modes)
+        + (f" | {modes[1]} / {modes[0]} bytes |" if len(datas) == 2 else " |"),
+        "|---" * (len(datas) + 1 + (len(datas) == 2)) + "|",
+    ]
     templates = [f["template"] for f in datas[0]["floors"]]
     for t in templates:
         cells: list[str] = []
@@ -125,8 +159,10 @@ def heldout_table(*datas: dict) -> str:
                 cells.append("no level reaches the floor")
                 nbytes.append(None)
                 continue
-            cells.append(f"{f['floor']}, {f['bytes'] / 1e3:.1f}, {f['manifest_psnr_db']:.2f} / "
-                         f"{f['heldout_min_db']:.2f}" + ("" if f["holds"] else " (falls below)"))  # fmt: skip
+            cells.append(
+                f"{f['floor']}, {f['bytes'] / 1e3:.1f}, {f['manifest_psnr_db']:.2f} / "
+                f"{f['heldout_min_db']:.2f}" + ("" if f["holds"] else " (falls below)")
+            )
             nbytes.append(f["bytes"])
         ratio = ""
         if len(datas) == 2:
@@ -135,16 +171,24 @@ def heldout_table(*datas: dict) -> str:
         rows.append(f"| {t} | " + " | ".join(cells) + ratio + " |")
     c = datas[0]["config"]
     edits = len(datas[0]["rows"][0]["heldout_psnr_db"]) if datas[0]["rows"] else 0
-    rows += ["", f"Held-out edits: each template edited by the other sample images x {len(c['prompts'])} prompts "
-             f"({edits} edits, seeds {c['seed']}-{c['seed'] + edits - 1}), {c['steps']} steps; floor: the cheapest "
-             f"level whose manifest PSNR >= {c['floor_db']:g} dB. Manifest: {c['manifest_psnr']}."]  # fmt: skip
+    rows += [
+        "",
+        f"Held-out edits: each template edited by the other sample images x {len(c['prompts'])} prompts "
+        f"({edits} edits, seeds {c['seed']}-{c['seed'] + edits - 1}), {c['steps']} steps; floor: the cheapest "
+        f"level whose manifest PSNR >= {c['floor_db']:g} dB. Manifest: {c['manifest_psnr']}.",
+    ]
     for d in datas:
         held = sum(f["holds"] for f in d["floors"])
-        fams = "; ".join(f"{fam} {v['median_diff_db']:+.2f} dB in the median, at worst {v['worst_shortfall_db']:.2f} "
-                         "dB below" if v["worst_shortfall_db"] > 0 else f"{fam} {v['median_diff_db']:+.2f} dB in the "
-                         "median, never below" for fam, v in d["families"].items())  # fmt: skip
-        rows.append(f"{d['config']['kv_mode']}: the floor holds on every held-out edit for {held} of "
-                    f"{len(d['floors'])} templates; held-out - manifest PSNR, over every level and edit: {fams}.")  # fmt: skip
+        fams = "; ".join(
+            f"{fam} {v['median_diff_db']:+.2f} dB in the median, at worst {v['worst_shortfall_db']:.2f} dB below"
+            if v["worst_shortfall_db"] > 0
+            else f"{fam} {v['median_diff_db']:+.2f} dB in the median, never below"
+            for fam, v in d["families"].items()
+        )
+        rows.append(
+            f"{d['config']['kv_mode']}: the floor holds on every held-out edit for {held} of "
+            f"{len(d['floors'])} templates; held-out - manifest PSNR, over every level and edit: {fams}."
+        )
     return "\n".join(rows)
 
 
@@ -158,22 +202,35 @@ def per_step_model_table(data: dict) -> str:
     from .step_ladders import model_data
 
     h = data["heldout"]
-    rows = [f"Command: `{data['command']}`", "",
-            f"Fitted on {', '.join(map(str, data['fit_on']))} steps; held out: {h['steps']} steps (the fit on "
-            f"{', '.join(map(str, h['fit_on']))} steps against its measurement).", "",
-            "| level | held out: PSNR error dB | bytes error | twins: PSNR error dB | twins: bytes error | "
-            "28 steps: PSNR dB (twins) | 50 steps: PSNR dB (twins) |", "|---" * 7 + "|"]  # fmt: skip
+    rows = [
+        f"Command: `{data['command']}`",
+        "",
+        f"Fitted on {', '.join(map(str, data['fit_on']))} steps; held out: {h['steps']} steps (the fit on "
+        f"{', '.join(map(str, h['fit_on']))} steps against its measurement).",
+        "",
+        "| level | held out: PSNR error dB | bytes error | twins: PSNR error dB | twins: bytes error | "
+        "28 steps: PSNR dB (twins) | 50 steps: PSNR dB (twins) |",
+        "|---" * 7 + "|",
+    ]
     at = {n: {lv["name"]: lv for lv in model_data(data, n)["levels"]} for n in (28, 50)}
 
     def psnr(lv):
         return f"{lv['psnr_db']:.1f}" + (f" ({lv['closed']['psnr_db']:.1f})" if lv.get("closed") else "")
 
     for r in h["levels"]:
-        twin = (f"{r['closed_psnr_error_db']:+.2f} | {100 * r['closed_bytes_rel_error']:+.1f} %"
-                if "closed_psnr_error_db" in r else "- | -")  # fmt: skip
-        rows.append(f"| {r['name']} | {r['psnr_error_db']:+.2f} | {100 * r['bytes_rel_error']:+.1f} % | {twin} | "
-                    f"{psnr(at[28][r['name']])} | {psnr(at[50][r['name']])} |")  # fmt: skip
-    rows += ["", f"Stated error on {h['steps']} steps: edit PSNR within {h['max_psnr_error_db']:.2f} dB, a level's bytes "
-             f"over the edit within {100 * h['max_bytes_rel_error']:.1f} %. 28 and 50 steps extrapolate beyond every "
-             "measured count; bytes error: the model's bytes over the edit / the measured - 1."]  # fmt: skip
+        twin = (
+            f"{r['closed_psnr_error_db']:+.2f} | {100 * r['closed_bytes_rel_error']:+.1f} %"
+            if "closed_psnr_error_db" in r
+            else "- | -"
+        )
+        rows.append(
+            f"| {r['name']} | {r['psnr_error_db']:+.2f} | {100 * r['bytes_rel_error']:+.1f} % | {twin} | "
+            f"{psnr(at[28][r['name']])} | {psnr(at[50][r['name']])} |"
+        )
+    rows += [
+        "",
+        f"Stated error on {h['steps']} steps: edit PSNR within {h['max_psnr_error_db']:.2f} dB, a level's bytes "
+        f"over the edit within {100 * h['max_bytes_rel_error']:.1f} %. 28 and 50 steps extrapolate beyond every "
+        "measured count; bytes error: the model's bytes over the edit / the measured - 1.",
+    ]
     return "\n".join(rows)

@@ -59,13 +59,20 @@ def _residual_input(step0: np.ndarray, step1: np.ndarray, shard: dict):
     meta = replace(cur.meta, step=1, ref_step=0, ref_digest=REF_DIGEST, ref_scale=codes)
     # the rate-distortion thresholds of step 0's own shard (a per-step template's residuals use step 0's: a residual
     # with less energy than its step takes fewer bytes at the same distortion), no token dropping
-    inp = replace(cur, k=np.ascontiguousarray(res[0]), v=np.ascontiguousarray(res[1]), meta=meta, k_drop=None,
-                  level_slopes=level_slopes([ref]))  # fmt: skip
+    inp = replace(
+        cur,
+        k=np.ascontiguousarray(res[0]),
+        v=np.ascontiguousarray(res[1]),
+        meta=meta,
+        k_drop=None,
+        level_slopes=level_slopes([ref]),
+    )
     return inp, DecodedReference(0, REF_DIGEST, ref16[0], ref16[1]), fp16_bytes
 
 
-def measure_residual_decode(step0: np.ndarray, step1: np.ndarray, shard: dict, repeats: int,
-                            target_mbit_s: float) -> list[dict]:  # fmt: skip
+def measure_residual_decode(
+    step0: np.ndarray, step1: np.ndarray, shard: dict, repeats: int, target_mbit_s: float
+) -> list[dict]:
     """One row per (family, level) of SAKURA's residual rungs: wire bytes, ratio vs fp16, decode seconds (best of
     ``repeats`` after one untimed decode, the reference add included), fp16 MB/s and wire Mbit/s."""
     from sakura_core.kv.chain import decode_chain
@@ -74,8 +81,10 @@ def measure_residual_decode(step0: np.ndarray, step1: np.ndarray, shard: dict, r
     inp, ref, fp16_bytes = _residual_input(step0, step1, shard)
     codec = get_codec("sakura")
     rows = []
-    families = (("residual", lambda lv: codec.encode(inp, level_chain(codec, lv))),
-                ("closed", lambda lv: codec.direct_blobs(inp, [lv])))  # fmt: skip
+    families = (
+        ("residual", lambda lv: codec.encode(inp, level_chain(codec, lv))),
+        ("closed", lambda lv: codec.direct_blobs(inp, [lv])),
+    )
     for family, encode in families:
         for level in codec.levels:
             blobs = encode(level)

@@ -49,8 +49,9 @@ def quality_floor(psnr_db_by_level: list[float], target_db: float) -> int:
     return best
 
 
-def sim_ladders(lad, kv_mode: str, geometry: DitGeometry, per_step_ladders: str = "measured",
-                data: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
+def sim_ladders(
+    lad, kv_mode: str, geometry: DitGeometry, per_step_ladders: str = "measured", data: dict | None = None
+) -> tuple[dict, dict]:
     """(ladders, floors) of every family as the simulator takes them for ``lad`` (a geometry's
     :class:`~sakura_core.runtime.sim_ladders.ShardLadders`); in per-step mode with ``per_step_ladders == "measured"``
     sakura's are the cross-step coded ones (:func:`cross_step_sakura`, on ``data``: default the shipped 4-step
@@ -74,14 +75,18 @@ def cross_step_sakura(lad, geometry: DitGeometry, data: dict | None = None) -> t
 
     data = load() if data is None else data
     if data["steps"] != geometry.steps:
-        raise ValueError(f"per_step_ladders.json is measured for {data['steps']} steps, {geometry.name} runs "
-                         f"{geometry.steps}: measure it for this schedule or use --per-step-ladders single")  # fmt: skip
+        raise ValueError(
+            f"per_step_ladders.json is measured for {data['steps']} steps, {geometry.name} runs "
+            f"{geometry.steps}: measure it for this schedule or use --per-step-ladders single"
+        )
     fam = lad.families["sakura"]
     speed = {name: geometry.shard_bytes_fp16 / fam.decode_s[0][j] for j, name in enumerate(fam.levels)}
     missing = [lv["name"] for lv in data["levels"] if lv["name"] not in speed]
     if missing:
-        raise ValueError(f"per_step_ladders.json names levels {missing} the {lad.geometry} ladders do not have "
-                         f"({list(fam.levels)}): re-measure the ladders (delete the file) or per_step_ladders.json")  # fmt: skip
+        raise ValueError(
+            f"per_step_ladders.json names levels {missing} the {lad.geometry} ladders do not have "
+            f"({list(fam.levels)}): re-measure the ladders (delete the file) or per_step_ladders.json"
+        )
     ladders = per_step_ladders(data, geometry.shard_bytes_fp16, geometry.layers, speed, PSNR_TARGET_DB)
     floor = quality_floor([track_psnr_db(lv) for lv in data["levels"]], PSNR_TARGET_DB)
     open_floor = quality_floor([lv["psnr_db"] for lv in data["levels"]], PSNR_TARGET_DB)
@@ -122,9 +127,20 @@ def run_sim(
         for i in range(starts_per_trace):
             start = trace.period_s * i / starts_per_trace
             bound = fluid_bound(trace, profile, ladders, floors, start)  # per-step: a prefix per step, not the edit
-            runs.append({"trace": trace.name, "trace_class": trace.trace_class or "other", "start_s": round(start, 3),
-                         "policy": FLUID_BOUND, "latency_s": bound, "bytes_fetched": 0, "psnr_db": float("nan"),
-                         "split_layer": 0, "splits": [], "peak_kv_bytes": 0})  # fmt: skip
+            runs.append(
+                {
+                    "trace": trace.name,
+                    "trace_class": trace.trace_class or "other",
+                    "start_s": round(start, 3),
+                    "policy": FLUID_BOUND,
+                    "latency_s": bound,
+                    "bytes_fetched": 0,
+                    "psnr_db": float("nan"),
+                    "split_layer": 0,
+                    "splits": [],
+                    "peak_kv_bytes": 0,
+                }
+            )
             if on_run is not None:
                 on_run(runs[-1])
             for name in policies:

@@ -25,8 +25,13 @@ def ladder_file(folder: str | Path, geometry: str, kv_mode: str) -> Path:
     return Path(folder) / f"{geometry}.{kv_mode}.json"
 
 
-def load_or_measure_ladders(pairs: list[tuple[str, str]], folder: str | None, cfg: LadderConfig, model_fn: Callable,
-                            say: Callable[[str], None] = print) -> dict[tuple[str, str], ShardLadders]:  # fmt: skip
+def load_or_measure_ladders(
+    pairs: list[tuple[str, str]],
+    folder: str | None,
+    cfg: LadderConfig,
+    model_fn: Callable,
+    say: Callable[[str], None] = print,
+) -> dict[tuple[str, str], ShardLadders]:
     """(geometry, kv_mode) -> ladders: the file in ``folder`` when there is one, else measured (on the demo model
     ``model_fn()``; once per KV mode, the size effects once per geometry) and written to ``folder``."""
     out, missing = {}, []
@@ -101,9 +106,11 @@ def load_note(source: dict) -> str | None:
         return "decode times measured at an unrecorded load average (delete the file to re-measure on a quiet machine)"
     quiet = QUIET_LOAD_PER_CORE * (source.get("cpu_count") or 2)
     if max(loads) > quiet:
-        return (f"decode times measured at load average {max(loads):.1f} (above {quiet:.1f}): every codec decodes "
-                f"slower there, which flatters sakura against the decode-bound cachegen; delete the file to re-measure "
-                f"on a quiet machine")  # fmt: skip
+        return (
+            f"decode times measured at load average {max(loads):.1f} (above {quiet:.1f}): every codec decodes "
+            f"slower there, which flatters sakura against the decode-bound cachegen; delete the file to re-measure "
+            f"on a quiet machine"
+        )
     return None
 
 
@@ -118,7 +125,9 @@ def ladder_lines(lad: ShardLadders, fp16_shard_bytes: int, slowdown: float = 1.0
         for j, lv in enumerate(fam.levels):
             r = fp16_shard_bytes / b[:, j]
             mark = "*" if j == fam.floor else ""
-            parts.append(f"{lv}{mark} {fp16_shard_bytes / b[:, j].mean():.2f}x ({r.min():.2f}-{r.max():.2f}) "
-                         f"{psnr[j]:.1f} dB {fp16_shard_bytes / d[:, j].mean() / 1e6:.0f} MB/s")  # fmt: skip
+            parts.append(
+                f"{lv}{mark} {fp16_shard_bytes / b[:, j].mean():.2f}x ({r.min():.2f}-{r.max():.2f}) "
+                f"{psnr[j]:.1f} dB {fp16_shard_bytes / d[:, j].mean() / 1e6:.0f} MB/s"
+            )
         lines.append(f"  {name}: " + "; ".join(parts))
     return lines

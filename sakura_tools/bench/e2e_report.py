@@ -23,8 +23,10 @@ def select_policies(arg: str, mode: str) -> list[str]:
 def format_table(summary: dict, ratios: dict) -> str:
     """The printed e2e table: per policy, median / p90 latency, median PSNR, latency ratios vs sakura and the median
     peak of the decoded template KV held (GiB)."""
-    head = (f"{'policy':<18}{'median s':>10}{'p90 s':>10}{'PSNR dB':>9}{'x sakura (med)':>16}{'min':>9}{'max':>9}"
-            f"{'KV GiB':>8}")  # fmt: skip
+    head = (
+        f"{'policy':<18}{'median s':>10}{'p90 s':>10}{'PSNR dB':>9}{'x sakura (med)':>16}{'min':>9}{'max':>9}"
+        f"{'KV GiB':>8}"
+    )
     lines = [head, "-" * len(head)]
     for name, s in summary.items():
         r = ratios.get(name, {})

@@ -115,13 +115,17 @@ def _records(path: Path):
     with path.open(encoding="utf-8") as fh:
         for n, text in enumerate(fh, 1):
             if not text.endswith("\n"):
-                raise E2eStreamError(f"{path}: line {n} is cut off (no newline): the run stopped while writing it; "
-                                     "rerun the command in its first line")  # fmt: skip
+                raise E2eStreamError(
+                    f"{path}: line {n} is cut off (no newline): the run stopped while writing it; "
+                    "rerun the command in its first line"
+                )
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
-                raise E2eStreamError(f"{path}: line {n} is not JSON ({e.msg} at column {e.colno}): the file is "
-                                     "corrupt; rerun the command in its first line") from e  # fmt: skip
+                raise E2eStreamError(
+                    f"{path}: line {n} is not JSON ({e.msg} at column {e.colno}): the file is "
+                    "corrupt; rerun the command in its first line"
+                ) from e
             if not isinstance(obj, dict) or "record" not in obj:
                 raise E2eStreamError(f"{path}: line {n} is not a record of a {FORMAT} file (no 'record' key)")
             yield n, obj
@@ -141,8 +145,10 @@ def load_e2e(path: str | Path, with_runs: bool = True) -> dict:
         kind = obj.pop("record")
         if head is None:
             if kind != "header" or obj.get("format") != FORMAT:
-                raise E2eStreamError(f"{path}: line {n} is not a {FORMAT} header (record {kind!r}, format "
-                                     f"{obj.get('format')!r}); write it with sakura bench e2e --json FILE.jsonl")  # fmt: skip
+                raise E2eStreamError(
+                    f"{path}: line {n} is not a {FORMAT} header (record {kind!r}, format "
+                    f"{obj.get('format')!r}); write it with sakura bench e2e --json FILE.jsonl"
+                )
             if obj.get("version") != _VERSION:
                 raise E2eStreamError(f"{path}: {FORMAT} version {obj.get('version')!r}; this code reads {_VERSION}")
             head = {k: v for k, v in obj.items() if k not in ("format", "version")}
@@ -165,9 +171,12 @@ def load_e2e(path: str | Path, with_runs: bool = True) -> dict:
     if head is None:
         raise E2eStreamError(f"{path}: empty: no {FORMAT} header; rerun sakura bench e2e --json {path}")
     if end is None:
-        raise E2eStreamError(f"{path}: cut off after {len(results)} results: no 'end' record (the run stopped before "
-                             f"it finished); rerun `{head.get('command', 'sakura bench e2e')}`")  # fmt: skip
+        raise E2eStreamError(
+            f"{path}: cut off after {len(results)} results: no 'end' record (the run stopped before "
+            f"it finished); rerun `{head.get('command', 'sakura bench e2e')}`"
+        )
     if end.get("results") != len(results):
-        raise E2eStreamError(f"{path}: the 'end' record counts {end.get('results')} results, the file holds "
-                             f"{len(results)}")  # fmt: skip
+        raise E2eStreamError(
+            f"{path}: the 'end' record counts {end.get('results')} results, the file holds {len(results)}"
+        )
     return {**head, "seconds": end.get("seconds"), "results": results}

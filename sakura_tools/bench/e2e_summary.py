@@ -31,8 +31,12 @@ def summarize_by_class(runs: list[dict]) -> dict[str, dict]:
         sub = runs if cls == "all" else [r for r in runs if r.get("trace_class", "other") == cls]
         if sub:
             summary, ratios = summarize(sub)
-            out[cls] = {"traces": len({r["trace"] for r in sub}), "summary": summary, "ratios_vs_sakura": ratios,
-                        "headline": headline(sub)}  # fmt: skip
+            out[cls] = {
+                "traces": len({r["trace"] for r in sub}),
+                "summary": summary,
+                "ratios_vs_sakura": ratios,
+                "headline": headline(sub),
+            }
     return out
 
 
@@ -118,13 +122,15 @@ def format_headline(h: dict) -> str:
     ceiling = ", ".join(f"{p} {x:.2f}x" for p, x in h.get("speedup_ceiling_median", {}).items()) or "-"
     psnr = h["sakura_psnr_db_median"]
     fb = h["fluid_bound_median_s"]
-    return "\n".join([
-        f"runs: {h['runs']} ({h['traces']} traces x >= {h['starts_per_trace']} start offsets)",
-        f"sakura / oracle (median / worst): {pair(h['sakura_vs_oracle'])}",
-        f"sakura's speed-up (median of per-run ratios): {sp}",
-        f"ceiling: the fluid bound's speed-up (no policy passes it with these bytes): {ceiling}",
-        f"sakura / best fetch-nothing policy (median / worst): {pair(h['sakura_vs_fetch_nothing'])}",
-        f"fluid lower bound: median {'-' if fb is None else f'{fb:.1f} s'}; sakura / bound {pair(h['sakura_vs_fluid'])}"
-        f"; oracle / bound {pair(h['oracle_vs_fluid'])}",
-        f"sakura PSNR median: {'-' if psnr is None or math.isnan(psnr) else f'{psnr:.1f} dB'}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"runs: {h['runs']} ({h['traces']} traces x >= {h['starts_per_trace']} start offsets)",
+            f"sakura / oracle (median / worst): {pair(h['sakura_vs_oracle'])}",
+            f"sakura's speed-up (median of per-run ratios): {sp}",
+            f"ceiling: the fluid bound's speed-up (no policy passes it with these bytes): {ceiling}",
+            f"sakura / best fetch-nothing policy (median / worst): {pair(h['sakura_vs_fetch_nothing'])}",
+            f"fluid lower bound: median {'-' if fb is None else f'{fb:.1f} s'}; sakura / bound {pair(h['sakura_vs_fluid'])}"
+            f"; oracle / bound {pair(h['oracle_vs_fluid'])}",
+            f"sakura PSNR median: {'-' if psnr is None or math.isnan(psnr) else f'{psnr:.1f} dB'}",
+        ]
+    )

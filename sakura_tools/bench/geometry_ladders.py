@@ -120,13 +120,15 @@ def demo_ladders(model: EditModel, cfg: LadderConfig, kv_mode: str, say: Callabl
     }
     for family, codec in FAMILIES.items():
         # the manifest's psnr_db (precompute's held-out edits, the lowest kept) joins this edit's in the floor
-        pre = precompute_template(model, images[0], f"bench-{family}", codec=codec, psnr_steps=cfg.steps,
-                                  kv_mode=kv_mode, steps=cfg.steps)  # fmt: skip
+        pre = precompute_template(
+            model, images[0], f"bench-{family}", codec=codec, psnr_steps=cfg.steps, kv_mode=kv_mode, steps=cfg.steps
+        )
         held_out = manifest_psnr(pre.manifest)
         reps0 = pre.manifest["shards"][0]["representations"]
         names = [r["name"] for r in sorted(reps0, key=lambda r: r["level"]) if family == "fp16" or r["name"] != "fp16"]
-        by_slot = {((sh.get("step") if kv_mode == "per-step" else None), sh["layers"][0]): sh
-                   for sh in pre.manifest["shards"]}  # fmt: skip
+        by_slot = {
+            ((sh.get("step") if kv_mode == "per-step" else None), sh["layers"][0]): sh for sh in pre.manifest["shards"]
+        }
         levels = []
         for name in names:
             dec = decode_template(pre.manifest, pre.blobs, name)
@@ -143,10 +145,20 @@ def demo_ladders(model: EditModel, cfg: LadderConfig, kv_mode: str, say: Callabl
             scale = total / sum(mses) if sum(mses) > 0 else 0.0
             shares = [m * scale for m in mses] if sum(mses) > 0 else [total / len(shards)] * len(shards)
             progressive = any(r.get("requires") for r in reps0 if r["name"] == name)
-            levels.append({"name": name, "ratio": ratios, "mse": shares, "psnr_db": psnr_all,
-                           "progressive": progressive, "level": names.index(name)})  # fmt: skip
-            say(f"{kv_mode} {family}/{name}: ratio {np.mean(ratios):.2f}x (shards {min(ratios):.2f}-{max(ratios):.2f}), "
-                f"PSNR {psnr_all:.1f} dB")  # fmt: skip
+            levels.append(
+                {
+                    "name": name,
+                    "ratio": ratios,
+                    "mse": shares,
+                    "psnr_db": psnr_all,
+                    "progressive": progressive,
+                    "level": names.index(name),
+                }
+            )
+            say(
+                f"{kv_mode} {family}/{name}: ratio {np.mean(ratios):.2f}x (shards {min(ratios):.2f}-{max(ratios):.2f}), "
+                f"PSNR {psnr_all:.1f} dB"
+            )
         levels.sort(key=lambda lv: -float(np.mean(lv["ratio"])))  # cheapest first
         out["families"][family] = {"codec": codec, "levels": levels}
     out["kv_layer0"] = [_layer_kv(e, kv_mode) for e in exacts]
@@ -223,8 +235,9 @@ def size_effects(demo: dict, geometry: DitGeometry, cfg: LadderConfig, say: Call
             src = [demo["kv_layer0"][r][dl] for r in range(refs)]
             _, t0, h0, d0 = src[0].shape  # (2, tokens, heads, head_dim)
             small = synthesize_shard(src[0], t0, h0, d0, rng)
-            big = np.concatenate([synthesize_shard(x, per_ref, geometry.heads, geometry.head_dim, rng) for x in src],
-                                 axis=1)  # fmt: skip
+            big = np.concatenate(
+                [synthesize_shard(x, per_ref, geometry.heads, geometry.head_dim, rng) for x in src], axis=1
+            )
             gl = _geometry_layer(dl, L0, geometry)
             b_small, _ = _encode(codec, small, dl, L0)
             b_real, _ = _encode(codec, src[0], dl, L0)
@@ -241,9 +254,11 @@ def size_effects(demo: dict, geometry: DitGeometry, cfg: LadderConfig, say: Call
             "decode_bytes_per_s": [float(len(s) / sum(1 / x for x in s)) for s in speeds],
             "synthesis_check": [float(np.mean(c)) for c in check],
         }
-        say(f"{geometry.name} {family}: size factor {', '.join(f'{x:.3f}' for x in out[family]['factor'])}; decode "
+        say(
+            f"{geometry.name} {family}: size factor {', '.join(f'{x:.3f}' for x in out[family]['factor'])}; decode "
             f"{', '.join(f'{x / 1e6:.0f}' for x in out[family]['decode_bytes_per_s'])} MB/s (fp16 bytes per CPU second); "
-            f"real / synthesised ratio at the demo's size {', '.join(f'{x:.3f}' for x in out[family]['synthesis_check'])}")  # fmt: skip
+            f"real / synthesised ratio at the demo's size {', '.join(f'{x:.3f}' for x in out[family]['synthesis_check'])}"
+        )
     return out
 
 
@@ -310,6 +325,7 @@ def geometry_ladders(demo: dict, effects: dict, geometry: DitGeometry, kv_mode: 
         psnr = [lv["psnr_db"] for lv in levels]
         ok = [j for j, p in enumerate(psnr) if p >= PSNR_FLOOR_DB]
         floor = ok[0] if ok else int(np.argmax(psnr))
-        fams[family] = FamilyLadders(tuple(lv["name"] for lv in levels), prog, floor,
-                                     **{k: tuple(v) for k, v in rows.items()})  # fmt: skip
+        fams[family] = FamilyLadders(
+            tuple(lv["name"] for lv in levels), prog, floor, **{k: tuple(v) for k, v in rows.items()}
+        )
     return ShardLadders(geometry.name, kv_mode, L, geometry.steps, fams, source)

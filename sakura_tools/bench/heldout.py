@@ -54,12 +54,18 @@ class HeldOutConfig:
 def heldout_command(cfg: HeldOutConfig, json_path: str, weights: str = "auto") -> str:
     """The ``sakura bench heldout`` command that runs ``cfg`` (options at their defaults left out)."""
     d, parts = HeldOutConfig(), ["sakura bench heldout", f"--kv-mode {cfg.kv_mode}"]
-    for flag, value, default, sep in (("--templates", cfg.templates, d.templates, ","),
-                                      ("--users", cfg.users, d.users, ","), ("--prompts", cfg.prompts, d.prompts, "|")):  # fmt: skip
+    for flag, value, default, sep in (
+        ("--templates", cfg.templates, d.templates, ","),
+        ("--users", cfg.users, d.users, ","),
+        ("--prompts", cfg.prompts, d.prompts, "|"),
+    ):
         if value != default:
             parts.append(f"{flag} {shlex.quote(sep.join(value))}")
-    for flag, number, number_default in (("--steps", cfg.steps, d.steps), ("--seed", cfg.seed, d.seed),
-                                         ("--floor-db", cfg.floor_db, d.floor_db)):  # fmt: skip
+    for flag, number, number_default in (
+        ("--steps", cfg.steps, d.steps),
+        ("--seed", cfg.seed, d.seed),
+        ("--floor-db", cfg.floor_db, d.floor_db),
+    ):
         if number != number_default:
             parts.append(f"{flag} {number:g}")
     if weights != "auto":
@@ -97,27 +103,44 @@ def run_heldout(
         psnr = level_psnr(model, kv, pre.manifest["shards"], pre.blobs, [r["name"] for r in levels], edits, cfg.steps)
         for r in levels:
             v = np.array(psnr[r["name"]])
-            rows.append({
-                "template": t, "name": r["name"], "family": _family(r["name"]), "bytes": r["bytes"],
-                "manifest_psnr_db": r["psnr_db"], "heldout_psnr_db": [round(float(x), 3) for x in v],
-                "heldout_min_db": round(float(v.min()), 3), "heldout_median_db": round(float(np.median(v)), 3),
-                "heldout_max_db": round(float(v.max()), 3),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "template": t,
+                    "name": r["name"],
+                    "family": _family(r["name"]),
+                    "bytes": r["bytes"],
+                    "manifest_psnr_db": r["psnr_db"],
+                    "heldout_psnr_db": [round(float(x), 3) for x in v],
+                    "heldout_min_db": round(float(v.min()), 3),
+                    "heldout_median_db": round(float(np.median(v)), 3),
+                    "heldout_max_db": round(float(v.max()), 3),
+                }
+            )
         floor = floor_level(levels, cfg.floor_db)
         name = floor and floor["name"]
         row = next((r for r in rows if r["template"] == t and r["name"] == name), None)
-        floors.append({
-            "template": t, "floor": name, "bytes": row and row["bytes"],
-            "manifest_psnr_db": row and row["manifest_psnr_db"], "heldout_min_db": row and row["heldout_min_db"],
-            "holds": bool(row and row["heldout_min_db"] >= cfg.floor_db),
-        })  # fmt: skip
+        floors.append(
+            {
+                "template": t,
+                "floor": name,
+                "bytes": row and row["bytes"],
+                "manifest_psnr_db": row and row["manifest_psnr_db"],
+                "heldout_min_db": row and row["heldout_min_db"],
+                "holds": bool(row and row["heldout_min_db"] >= cfg.floor_db),
+            }
+        )
     return {
-        "config": {**cfg.__dict__, "templates": list(cfg.templates), "users": list(cfg.users),
-                   "prompts": list(cfg.prompts), "manifest_psnr": PSNR_METRIC},
+        "config": {
+            **cfg.__dict__,
+            "templates": list(cfg.templates),
+            "users": list(cfg.users),
+            "prompts": list(cfg.prompts),
+            "manifest_psnr": PSNR_METRIC,
+        },
         "rows": rows,
         "floors": floors,
         "families": _families(rows),
-    }  # fmt: skip
+    }
 
 
 def _families(rows: list[dict]) -> dict:

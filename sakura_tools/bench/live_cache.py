@@ -36,8 +36,15 @@ KEEP = 3
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 #: the sources a published template depends on: the codecs and their formats, precompute, the model, the store
-_SOURCES = ("sakura_core/kv", "sakura_core/precompute", "sakura_core/models", "sakura_core/metrics.py",
-            "cloud_server/precompute.py", "cloud_server/store.py", "cloud_server/write_path.py")  # fmt: skip
+_SOURCES = (
+    "sakura_core/kv",
+    "sakura_core/precompute",
+    "sakura_core/models",
+    "sakura_core/metrics.py",
+    "cloud_server/precompute.py",
+    "cloud_server/store.py",
+    "cloud_server/write_path.py",
+)
 
 
 def default_live_cache_dir() -> Path:
@@ -64,8 +71,9 @@ def _weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def store_key(weights: torch.nn.Module, spec: dict, template: np.ndarray, kv_mode: str, steps: int,
-              codecs: tuple[str, ...]) -> tuple[str, dict]:  # fmt: skip
+def store_key(
+    weights: torch.nn.Module, spec: dict, template: np.ndarray, kv_mode: str, steps: int, codecs: tuple[str, ...]
+) -> tuple[str, dict]:
     """The cache key (hex) of a published store and the inputs it digests (recorded beside the store); ``weights``:
     the transformer whose KV the store holds."""
     inputs = {
@@ -83,8 +91,15 @@ def store_key(weights: torch.nn.Module, spec: dict, template: np.ndarray, kv_mod
     return key, inputs
 
 
-def template_store(key: str, inputs: dict, build: Callable[[str], None], cache_dir: Path | None, work: str,
-                   log: Callable[[str], None] = print, keep: int = KEEP) -> str:  # fmt: skip
+def template_store(
+    key: str,
+    inputs: dict,
+    build: Callable[[str], None],
+    cache_dir: Path | None,
+    work: str,
+    log: Callable[[str], None] = print,
+    keep: int = KEEP,
+) -> str:
     """A published store for ``key``, ready to serve, under ``work`` (a folder the caller removes): a hard-linked
     copy of the cached one, else ``build(folder)`` publishes it (into the cache first when ``cache_dir`` is set,
     renamed into place only once it returned; then only the ``keep`` stores used last are kept). Returns the
@@ -103,8 +118,7 @@ def template_store(key: str, inputs: dict, build: Callable[[str], None], cache_d
         tmp = tempfile.mkdtemp(prefix=f".{key}-", dir=cache_dir)
         try:
             build(os.path.join(tmp, "store"))
-            Path(tmp, "store", COMPLETE).write_text(json.dumps({"key": key, "inputs": inputs}, indent=1,
-                                                               default=str))  # fmt: skip
+            Path(tmp, "store", COMPLETE).write_text(json.dumps({"key": key, "inputs": inputs}, indent=1, default=str))
             if entry.exists() and not (entry / COMPLETE).is_file():  # a folder that is no store: a leftover
                 shutil.rmtree(entry)
             try:

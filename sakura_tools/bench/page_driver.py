@@ -14,19 +14,30 @@ from .page_link import TraceLink
 __all__ = ["CHROMIUM", "PageBench"]
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def _sync_playwright():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as e:
-        raise SystemExit(f"sakura bench e2e --mode page drives the page with playwright, which is not installed "
-                         f"({e}): pip install playwright (Chromium itself: {CHROMIUM}, or set $CHROMIUM)") from e  # fmt: skip
+        raise SystemExit(
+            f"sakura bench e2e --mode page drives the page with playwright, which is not installed "
+            f"({e}): pip install playwright (Chromium itself: {CHROMIUM}, or set $CHROMIUM)"
+        ) from e
     if not Path(CHROMIUM).is_file():
-        raise SystemExit(f"sakura bench e2e --mode page: no Chromium at {CHROMIUM} (apt-get install chromium, or set "
-                         f"$CHROMIUM to its path)")  # fmt: skip
+        raise SystemExit(
+            f"sakura bench e2e --mode page: no Chromium at {CHROMIUM} (apt-get install chromium, or set "
+            f"$CHROMIUM to its path)"
+        )
     return sync_playwright
 
 
@@ -39,9 +50,11 @@ class PageBench:
             self.browser = self._pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
             self.page = self.browser.new_page(viewport={"width": 412, "height": 915})
             self.page.goto(url)
-            self.page.wait_for_function("document.getElementById('status').dataset.ep || "
-                                        "document.getElementById('status').dataset.state === 'error'",
-                                        timeout=120_000)  # fmt: skip
+            self.page.wait_for_function(
+                "document.getElementById('status').dataset.ep || "
+                "document.getElementById('status').dataset.state === 'error'",
+                timeout=120_000,
+            )
             self._check()
             self.page.set_input_files("#photo", str(photo))
             self.page.wait_for_function("document.getElementById('input').dataset.loaded === 'true'", timeout=60_000)
@@ -58,27 +71,39 @@ class PageBench:
         if status.get_attribute("data-state") == "error":
             raise RuntimeError(f"the page failed: {status.text_content()}")
 
-    def edit(self, template_id: str, policy: str, steps: int, trace=None, cpu_throttle: float = 4.0,
-             latency_ms: float = 40.0) -> dict:  # fmt: skip
+    def edit(
+        self,
+        template_id: str,
+        policy: str,
+        steps: int,
+        trace=None,
+        cpu_throttle: float = 4.0,
+        latency_ms: float = 40.0,
+    ) -> dict:
         """One edit with ``policy`` ("on-device" | "fetch-fp16" | "sakura"); ``trace`` None: an unshaped link."""
         page = self.page
         page.fill("#steps", str(steps))
         page.select_option("#template", template_id)
-        page.wait_for_function(f"document.getElementById('level').dataset.template === {json.dumps(template_id)}",
-                               timeout=30_000)  # fmt: skip
+        page.wait_for_function(
+            f"document.getElementById('level').dataset.template === {json.dumps(template_id)}", timeout=30_000
+        )
         page.select_option("#policy", policy)
         page.evaluate("document.getElementById('status').dataset.state = 'ready'")
         done = lambda: page.evaluate(  # noqa: E731
-            "['done', 'error'].includes(document.getElementById('status').dataset.state)")  # fmt: skip
+            "['done', 'error'].includes(document.getElementById('status').dataset.state)"
+        )
         self.cdp.send("Emulation.setCPUThrottlingRate", {"rate": cpu_throttle})
         try:
             if trace is None:
                 page.click("#go")
-                page.wait_for_function("['done', 'error'].includes(document.getElementById('status').dataset.state)",
-                                       timeout=self.timeout_s * 1000)  # fmt: skip
+                page.wait_for_function(
+                    "['done', 'error'].includes(document.getElementById('status').dataset.state)",
+                    timeout=self.timeout_s * 1000,
+                )
             else:
-                TraceLink(page, self.cdp, trace, latency_ms=latency_ms).run(lambda: page.click("#go"), done,
-                                                                               timeout_s=self.timeout_s)  # fmt: skip
+                TraceLink(page, self.cdp, trace, latency_ms=latency_ms).run(
+                    lambda: page.click("#go"), done, timeout_s=self.timeout_s
+                )
         finally:
             self.cdp.send("Emulation.setCPUThrottlingRate", {"rate": 1})
         self._check()

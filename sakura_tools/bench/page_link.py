@@ -45,8 +45,15 @@ class TraceLink:
     applied: list[tuple[float, float]] = field(default_factory=list)
 
     def _send(self, rate_bytes_per_s: float) -> None:
-        self.cdp.send("Network.emulateNetworkConditions", {"offline": False, "latency": self.latency_ms,
-                      "downloadThroughput": rate_bytes_per_s, "uploadThroughput": rate_bytes_per_s})  # fmt: skip
+        self.cdp.send(
+            "Network.emulateNetworkConditions",
+            {
+                "offline": False,
+                "latency": self.latency_ms,
+                "downloadThroughput": rate_bytes_per_s,
+                "uploadThroughput": rate_bytes_per_s,
+            },
+        )
 
     def run(self, begin: Callable[[], object], done: Callable[[], bool], timeout_s: float = 180.0) -> None:
         """Shape the link segment by segment: ``begin()`` once the first segment holds (press Edit), then until
@@ -74,8 +81,10 @@ class TraceLink:
                     self.page.wait_for_timeout(self.poll_ms)
                 segment += 1
         finally:
-            self.cdp.send("Network.emulateNetworkConditions",
-                          {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})  # fmt: skip
+            self.cdp.send(
+                "Network.emulateNetworkConditions",
+                {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+            )
             self.cdp.send("Network.setCacheDisabled", {"cacheDisabled": False})
 
     def fastest_bytes_per_s(self) -> float:

@@ -63,31 +63,35 @@ def from_manifest(manifest: dict, source: dict | None = None) -> dict:
     levels = []
     for n in names:
         per = [by[n][s] for s in range(steps)]
-        levels.append({
-            "name": n,
-            "psnr_db": per[0][0].get("psnr_db"),
-            "ratio_vs_fp16": [round(len(p) * fp16 / sum(r["total_bytes"] for r in p), 4) for p in per],
-            "increment_ratio": [round(len(p) * fp16 / sum(r["bytes"] for r in p), 4) for p in per],
-            "ref_step": [(p[0].get("ref") or {}).get("step") for p in per],
-        })  # fmt: skip
+        levels.append(
+            {
+                "name": n,
+                "psnr_db": per[0][0].get("psnr_db"),
+                "ratio_vs_fp16": [round(len(p) * fp16 / sum(r["total_bytes"] for r in p), 4) for p in per],
+                "increment_ratio": [round(len(p) * fp16 / sum(r["bytes"] for r in p), 4) for p in per],
+                "ref_step": [(p[0].get("ref") or {}).get("step") for p in per],
+            }
+        )
         twin = by.get(closed_name(n))
         if twin:  # steps >= 1 only (step 0 roots the track)
             levels[-1]["closed"] = {
                 "psnr_db": twin[1][0].get("psnr_db"),
-                "ratio_vs_fp16": [None] + [round(len(twin[s]) * fp16 / sum(r["bytes"] for r in twin[s]), 4)
-                                           for s in range(1, steps)],
-            }  # fmt: skip
+                "ratio_vs_fp16": [None]
+                + [round(len(twin[s]) * fp16 / sum(r["bytes"] for r in twin[s]), 4) for s in range(1, steps)],
+            }
     reuse = by.get("reuse")
     return {
         "steps": steps,
         "coding": manifest.get("per_step_coding", "independent"),
         "source": source or {},
         "levels": levels,
-        "reuse": None if reuse is None else {
+        "reuse": None
+        if reuse is None
+        else {
             "psnr_db": next(iter(reuse.values()))[0].get("psnr_db"),
             "ref_step": [None] + [reuse[s][0]["ref"]["step"] for s in range(1, steps)],
         },
-    }  # fmt: skip
+    }
 
 
 def _twin(lv: dict, s: int, shard_fp16_bytes: int, decode_s: float, n: int) -> Level | None:
@@ -97,8 +101,14 @@ def _twin(lv: dict, s: int, shard_fp16_bytes: int, decode_s: float, n: int) -> L
     if not twin or s == 0 or twin.get("psnr_db") is None:
         return None
     nbytes = int(round(shard_fp16_bytes / twin["ratio_vs_fp16"][s]))
-    return Level(closed_name(lv["name"]), nbytes, nbytes, decode_s, 4 * 10 ** (-twin["psnr_db"] / 10) / n,
-                 ref_step=lv["ref_step"][s])  # fmt: skip
+    return Level(
+        closed_name(lv["name"]),
+        nbytes,
+        nbytes,
+        decode_s,
+        4 * 10 ** (-twin["psnr_db"] / 10) / n,
+        ref_step=lv["ref_step"][s],
+    )
 
 
 def track_psnr_db(lv: dict) -> float:
@@ -116,8 +126,13 @@ def load(path: Path | str = DATA_PATH) -> dict:
 def reuse_eligible(data: dict, reuse_floor_db: float | None) -> bool:
     """The measurement has a ``reuse`` rung whose PSNR (every shard of steps >= 1 at it) reaches ``reuse_floor_db``."""
     reuse = data.get("reuse")
-    return bool(reuse_floor_db is not None and reuse and reuse.get("psnr_db") is not None
-                and reuse["psnr_db"] >= reuse_floor_db and data["steps"] > 1)  # fmt: skip
+    return bool(
+        reuse_floor_db is not None
+        and reuse
+        and reuse.get("psnr_db") is not None
+        and reuse["psnr_db"] >= reuse_floor_db
+        and data["steps"] > 1
+    )
 
 
 def reuse_floors(data: dict, layers: int, floor: int) -> list[int]:
@@ -126,8 +141,9 @@ def reuse_floors(data: dict, layers: int, floor: int) -> list[int]:
     return [floor] * layers + [0] * ((data["steps"] - 1) * layers)
 
 
-def per_step_ladders(data: dict, shard_fp16_bytes: int, layers: int, decode_bytes_per_s: dict,
-                     reuse_floor_db: float | None = None) -> list[list[Level]]:  # fmt: skip
+def per_step_ladders(
+    data: dict, shard_fp16_bytes: int, layers: int, decode_bytes_per_s: dict, reuse_floor_db: float | None = None
+) -> list[list[Level]]:
     """Ladders of the ``steps x layers`` shards (index ``s * layers + l``) of a geometry whose one-layer shard is
     ``shard_fp16_bytes`` in fp16. ``decode_bytes_per_s``: level name -> fp16 bytes decoded per second (phone-scale
     measurement). Output MSE per shard: ``4 * 10 ** (-psnr / 10) / (steps * layers)``, as the single-mode ladders;

@@ -40,11 +40,20 @@ def level_chain(codec, level: int) -> list[int]:
     return [lv for lv in codec.levels if lv <= level] if codec.progressive else [level]
 
 
-def decode_row(codec: str, level: int, name: str, wire: int, fp16_bytes: int, seconds: float, target_mbit_s: float
-               ) -> dict:  # fmt: skip
+def decode_row(
+    codec: str, level: int, name: str, wire: int, fp16_bytes: int, seconds: float, target_mbit_s: float
+) -> dict:
     """One row of ``sakura bench decode``: wire bytes, ratio vs fp16, decode seconds, fp16 MB/s, wire Mbit/s and
     whether that meets ``target_mbit_s``."""
     mbit = 8 * wire / seconds / 1e6
-    return {"codec": codec, "level": level, "name": name, "wire_bytes": wire, "ratio_vs_fp16": fp16_bytes / wire,
-            "decode_s": seconds, "fp16_mb_s": fp16_bytes / seconds / 1e6, "wire_mbit_s": mbit,
-            "meets_target": mbit >= target_mbit_s}  # fmt: skip
+    return {
+        "codec": codec,
+        "level": level,
+        "name": name,
+        "wire_bytes": wire,
+        "ratio_vs_fp16": fp16_bytes / wire,
+        "decode_s": seconds,
+        "fp16_mb_s": fp16_bytes / seconds / 1e6,
+        "wire_mbit_s": mbit,
+        "meets_target": mbit >= target_mbit_s,
+    }

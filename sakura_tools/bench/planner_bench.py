@@ -25,8 +25,13 @@ __all__ = ["BENCH_LADDER", "DECISION_METHODS", "TimedPolicy", "bench_case", "for
 
 # (name, bytes as a fraction of the fp16 shard, output PSNR dB with every shard at it): cheapest first; the floor
 # (>= 35 dB) is "s2". Roughly the SAKURA ladder's shape at klein scale (a stated shape, not a measurement).
-BENCH_LADDER = (("s1", 1 / 10, 32.0), ("s2", 1 / 7, 37.0), ("s3", 1 / 5, 41.0), ("s4", 1 / 3, 46.0),
-                ("fp16", 1.0, 99.0))  # fmt: skip
+BENCH_LADDER = (
+    ("s1", 1 / 10, 32.0),
+    ("s2", 1 / 7, 37.0),
+    ("s3", 1 / 5, 41.0),
+    ("s4", 1 / 3, 46.0),
+    ("fp16", 1.0, 99.0),
+)
 DECISION_METHODS = ("choose", "keep_template", "recompute_late", "upgrade", "worth_asking")
 
 
@@ -82,15 +87,29 @@ def _ladders(shard_fp16: int, shards: int, decode_bytes_per_s: float = 6e8) -> t
     for name, frac, psnr in BENCH_LADDER:
         nbytes = int(shard_fp16 * frac)
         prog = name != "fp16"
-        levels.append(Level(name, nbytes, nbytes - prev if prog else nbytes, shard_fp16 / decode_bytes_per_s,
-                            4 * 10 ** (-psnr / 10) / shards, prog))  # fmt: skip
+        levels.append(
+            Level(
+                name,
+                nbytes,
+                nbytes - prev if prog else nbytes,
+                shard_fp16 / decode_bytes_per_s,
+                4 * 10 ** (-psnr / 10) / shards,
+                prog,
+            )
+        )
         prev = nbytes if prog else prev
     return {"sakura": [levels] * shards}, {"sakura": 1}
 
 
-def bench_case(steps: int, policy: str = "sakura", profile: str = "snapdragon-8-elite-cpu",
-               geometry: str = "klein4b-512-ref1024", seed: int = 7, mean_mbit: float = 30.0,
-               max_decisions: int | None = None) -> dict:  # fmt: skip
+def bench_case(
+    steps: int,
+    policy: str = "sakura",
+    profile: str = "snapdragon-8-elite-cpu",
+    geometry: str = "klein4b-512-ref1024",
+    seed: int = 7,
+    mean_mbit: float = 30.0,
+    max_decisions: int | None = None,
+) -> dict:
     """One per-step edit of ``geometry`` at ``steps`` steps with every decision timed; the row of the table."""
     prof = get_profile(profile, geometry)
     prof = prof.with_geometry(replace(prof.model, steps=steps))
@@ -118,7 +137,7 @@ def bench_case(steps: int, policy: str = "sakura", profile: str = "snapdragon-8-
         "by_method": {
             m: {"calls": len(v), "ms_mean": 1e3 * sum(v) / max(len(v), 1), "ms_max": 1e3 * max(v, default=0)}
             for m, v in timed.calls.items()
-        },  # fmt: skip
+        },
         "ms_per_decision_mean": 1e3 * planning_s / max(len(every), 1),
         "ms_per_decision_p50": 1e3 * statistics.median(every) if every else 0.0,
         "ms_per_decision_p99": 1e3 * sorted(every)[int(0.99 * (len(every) - 1))] if every else 0.0,
@@ -134,8 +153,10 @@ def bench_case(steps: int, policy: str = "sakura", profile: str = "snapdragon-8-
 
 def format_planner_table(rows: list[dict]) -> str:
     """One line per case: shards, decisions, ms per decision (mean / p99 / max), planning s per edit, share."""
-    head = (f"{'steps x layers':>15}{'decisions':>10}{'ms/dec mean':>12}{'p99':>8}{'max':>8}{'plan s/edit':>12}"
-            f"{'edit s (sim)':>13}{'plan share':>11}")  # fmt: skip
+    head = (
+        f"{'steps x layers':>15}{'decisions':>10}{'ms/dec mean':>12}{'p99':>8}{'max':>8}{'plan s/edit':>12}"
+        f"{'edit s (sim)':>13}{'plan share':>11}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         share = "-" if r["planning_share_of_latency"] is None else f"{100 * r['planning_share_of_latency']:.2f} %"

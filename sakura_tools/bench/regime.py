@@ -40,8 +40,13 @@ def regime_map(
         return {"latency_s": lat, "winner": names[order[0]], "margin": lat[order[1]] / lat[order[0]]}
 
     cells = _over_grid(profile, tflops, mbits, cell)
-    return {"tflop_per_s": list(tflops), "mbit_per_s": list(mbits), "cells": cells, "geometry": profile.model.name,
-            "kv_mode": kv_mode}  # fmt: skip
+    return {
+        "tflop_per_s": list(tflops),
+        "mbit_per_s": list(mbits),
+        "cells": cells,
+        "geometry": profile.model.name,
+        "kv_mode": kv_mode,
+    }
 
 
 def format_regime(regime: dict) -> str:
@@ -86,18 +91,34 @@ def policy_regime(
     family = make_policy(policy).family
 
     def cell(prof, trace) -> dict:
-        lat = {n: float((simulate_oracle if n == "oracle" else simulate)(make_policy(n), trace, prof, ladders, floors,
-                                                                           0.0, config).latency_s)
-               for n in names}  # fmt: skip
+        lat = {
+            n: float(
+                (simulate_oracle if n == "oracle" else simulate)(
+                    make_policy(n), trace, prof, ladders, floors, 0.0, config
+                ).latency_s
+            )
+            for n in names
+        }
         bound = fluid_bound(trace, prof, ladders, floors, 0.0, family)
-        return {"latency_s": lat, "fluid_bound_s": bound, "speedup": {b: lat[b] / lat[policy] for b in baselines},
-                "ceiling": {b: lat[b] / bound for b in baselines}}  # fmt: skip
+        return {
+            "latency_s": lat,
+            "fluid_bound_s": bound,
+            "speedup": {b: lat[b] / lat[policy] for b in baselines},
+            "ceiling": {b: lat[b] / bound for b in baselines},
+        }
 
     cells = _over_grid(profile, tflops, mbits, cell, progress)
-    return {"tflop_per_s": list(tflops), "mbit_per_s": list(mbits), "cells": cells, "policy": policy,
-            "baselines": list(baselines), "profile": profile.name,
-            "profile_tflop_per_s": profile.effective_flop_per_s / 1e12, "geometry": g.name,
-            "kv_mode": kv_mode}  # fmt: skip
+    return {
+        "tflop_per_s": list(tflops),
+        "mbit_per_s": list(mbits),
+        "cells": cells,
+        "policy": policy,
+        "baselines": list(baselines),
+        "profile": profile.name,
+        "profile_tflop_per_s": profile.effective_flop_per_s / 1e12,
+        "geometry": g.name,
+        "kv_mode": kv_mode,
+    }
 
 
 def _over_grid(profile: DeviceProfile, tflops: list[float], mbits: list[float], cell, progress=None) -> list[list]:
@@ -113,8 +134,12 @@ def _over_grid(profile: DeviceProfile, tflops: list[float], mbits: list[float], 
 
 def cells_reaching(regime: dict, baseline: str, target: float, key: str = "speedup") -> list[tuple[float, float]]:
     """(TFLOP/s, Mbit/s) of the cells where ``key`` ("speedup" or "ceiling") over ``baseline`` is >= ``target``."""
-    return [(tf, mb) for tf, row in zip(regime["tflop_per_s"], regime["cells"], strict=True)
-            for mb, c in zip(regime["mbit_per_s"], row, strict=True) if c[key][baseline] >= target]  # fmt: skip
+    return [
+        (tf, mb)
+        for tf, row in zip(regime["tflop_per_s"], regime["cells"], strict=True)
+        for mb, c in zip(regime["mbit_per_s"], row, strict=True)
+        if c[key][baseline] >= target
+    ]
 
 
 def format_policy_regime(regime: dict, baseline: str, target: float | None = None) -> str:
@@ -135,6 +160,8 @@ def format_policy_regime(regime: dict, baseline: str, target: float | None = Non
     if target is not None:
         n = len(regime["tflop_per_s"]) * len(mb)
         got, top = cells_reaching(regime, baseline, target), cells_reaching(regime, baseline, target, "ceiling")
-        lines.append(f">= {target:g}x vs {baseline}: {pol} in {len(got)} of {n} cells; within reach (ceiling >= "
-                     f"{target:g}x) in {len(top)}")  # fmt: skip
+        lines.append(
+            f">= {target:g}x vs {baseline}: {pol} in {len(got)} of {n} cells; within reach (ceiling >= "
+            f"{target:g}x) in {len(top)}"
+        )
     return "\n".join(lines)

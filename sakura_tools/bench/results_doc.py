@@ -55,11 +55,15 @@ def _runs_line(data: dict) -> str:
     per = [f"{c} {r['by_class'][c]['traces']}" for c in CLASSES if c in r["by_class"]]
     total = r["by_class"].get("all", {}).get("traces", "?")
     s = r.get("settings", {})
-    planning = {"measured": "each decision's CPU time measured on this host",
-                "fixed": f"a fixed {1e3 * s.get('planning_s', 0):g} ms per decision"}.get(s.get("planning"), "none")  # fmt: skip
-    line = (f"Runs: {total} traces of `{_option(data, '--traces') or '?'}` ({', '.join(per)}) x {s.get('starts', '?')} "
-            f"start offsets each, every policy; planning charged: {planning}; requests: "
-            f"{_option(data, '--requests') or 'ahead'}")  # fmt: skip
+    planning = {
+        "measured": "each decision's CPU time measured on this host",
+        "fixed": f"a fixed {1e3 * s.get('planning_s', 0):g} ms per decision",
+    }.get(s.get("planning"), "none")
+    line = (
+        f"Runs: {total} traces of `{_option(data, '--traces') or '?'}` ({', '.join(per)}) x {s.get('starts', '?')} "
+        f"start offsets each, every policy; planning charged: {planning}; requests: "
+        f"{_option(data, '--requests') or 'ahead'}"
+    )
     gib = _option(data, "--prefetch-gib")
     line += f"; prefetch bounded to {float(gib):g} GiB of decoded KV." if gib else "; prefetch not bounded."
     return f"{line} {profile_note(data)}"
@@ -67,9 +71,14 @@ def _runs_line(data: dict) -> str:
 
 def e2e_oracle_table(data: dict) -> str:
     """sakura / oracle per class (median / worst over every trace x start) and the worst vs fetching nothing."""
-    rows = [f"Command: {_command(data)}", "", _runs_line(data), "",
-            "| KV mode, geometry, profile | " + " | ".join(CLASSES) + " | max vs fetch-nothing |",
-            "|---" * (len(CLASSES) + 2) + "|"]  # fmt: skip
+    rows = [
+        f"Command: {_command(data)}",
+        "",
+        _runs_line(data),
+        "",
+        "| KV mode, geometry, profile | " + " | ".join(CLASSES) + " | max vs fetch-nothing |",
+        "|---" * (len(CLASSES) + 2) + "|",
+    ]
     medians, worsts, guard = [], [], []
     for r in _results(data):
         cells = []
@@ -85,14 +94,19 @@ def e2e_oracle_table(data: dict) -> str:
         guard += [worst["worst"]] if worst else []
         rows.append(f"| {_label(r)} | " + " | ".join(cells) + f" | {last} |")
     starts = min(r["settings"]["starts"] for r in _results(data))
-    rows += ["", f"Cells: sakura / oracle latency, median / worst over every trace of the class x {starts} start "
-                 "offsets; last column: the worst sakura / best fetch-nothing policy over every run."]  # fmt: skip
+    rows += [
+        "",
+        f"Cells: sakura / oracle latency, median / worst over every trace of the class x {starts} start "
+        "offsets; last column: the worst sakura / best fetch-nothing policy over every run.",
+    ]
     if medians:
         n = len(medians)
-        rows.append(f"Medians {min(medians):.2f}-{max(medians):.2f} (<= 1.10 in {sum(m <= 1.10 for m in medians)} "
-                    f"of {n} cells); worst runs up to {max(worsts):.2f} (<= 1.30 in {sum(w <= 1.30 for w in worsts)} "
-                    f"of {n}); worst vs fetch-nothing {max(guard):.3f} (<= 1.02 in {sum(g <= 1.02 for g in guard)} "
-                    f"of {len(guard)} rows).")  # fmt: skip
+        rows.append(
+            f"Medians {min(medians):.2f}-{max(medians):.2f} (<= 1.10 in {sum(m <= 1.10 for m in medians)} "
+            f"of {n} cells); worst runs up to {max(worsts):.2f} (<= 1.30 in {sum(w <= 1.30 for w in worsts)} "
+            f"of {n}); worst vs fetch-nothing {max(guard):.3f} (<= 1.02 in {sum(g <= 1.02 for g in guard)} "
+            f"of {len(guard)} rows)."
+        )
     return "\n".join(rows)
 
 
@@ -103,9 +117,12 @@ def e2e_targets_table(data: dict, classes=("4G", "5G")) -> str:
     old = any(
         NO_FLOOR in part["headline"]["speedup_median"] for r in _results(data) for part in r["by_class"].values()
     )
-    head = ("| KV mode, geometry, profile | class | vs on-device | vs cachegen | " +
-            ("vs cachegen (no floor) | " if old else "") + "vs fetch-fp16 | PSNR dB | "
-            "sakura / fluid bound | oracle / fluid bound | fluid bound s | KV held GB |")  # fmt: skip
+    head = (
+        "| KV mode, geometry, profile | class | vs on-device | vs cachegen | "
+        + ("vs cachegen (no floor) | " if old else "")
+        + "vs fetch-fp16 | PSNR dB | "
+        "sakura / fluid bound | oracle / fluid bound | fluid bound s | KV held GB |"
+    )
     rows = [f"Command: {_command(data)}", "", _runs_line(data), "", head, "|---" * (10 + old) + "|"]
     near = []
     for r in _results(data):
@@ -122,18 +139,25 @@ def e2e_targets_table(data: dict, classes=("4G", "5G")) -> str:
             bound = h["fluid_bound_median_s"]
             held = part.get("summary", {}).get("sakura", {}).get("median_peak_kv_bytes")
             near += [h["sakura_vs_fluid"]["median"]] if h.get("sakura_vs_fluid") else []
-            rows.append(f"| {_label(r)} | {cls} | {x('on-device')} | {x('cachegen')} | "
-                        + (f"{x(NO_FLOOR)} | " if old else "") + f"{x('fetch-fp16')} | "
-                        f"{h['sakura_psnr_db_median']:.1f} | {_pair(h['sakura_vs_fluid'])} | "
-                        f"{_pair(h['oracle_vs_fluid'])} | {'-' if bound is None else f'{bound:.0f}'} | "
-                        f"{'-' if held is None else f'{held / 1e9:.2f}'} |")  # fmt: skip
-    rows += ["", "Speed-ups: the median over every run of the policy's latency / sakura's; in brackets the ceiling, the "
-             "same median for the fluid lower bound in sakura's place (no policy passes it with these bytes); bounds: "
-             "median / worst; KV held: the decoded template KV sakura holds at once, median run." +
-             (f" {NO_FLOOR_NOTE}" if old else "")]  # fmt: skip
+            rows.append(
+                f"| {_label(r)} | {cls} | {x('on-device')} | {x('cachegen')} | "
+                + (f"{x(NO_FLOOR)} | " if old else "")
+                + f"{x('fetch-fp16')} | "
+                f"{h['sakura_psnr_db_median']:.1f} | {_pair(h['sakura_vs_fluid'])} | "
+                f"{_pair(h['oracle_vs_fluid'])} | {'-' if bound is None else f'{bound:.0f}'} | "
+                f"{'-' if held is None else f'{held / 1e9:.2f}'} |"
+            )
+    rows += [
+        "",
+        "Speed-ups: the median over every run of the policy's latency / sakura's; in brackets the ceiling, the "
+        "same median for the fluid lower bound in sakura's place (no policy passes it with these bytes); bounds: "
+        "median / worst; KV held: the decoded template KV sakura holds at once, median run."
+        + (f" {NO_FLOOR_NOTE}" if old else ""),
+    ]
     if near:
-        rows.append(f"sakura within 1.10x of the fluid bound (median): {sum(v <= 1.10 for v in near)} of "
-                    f"{len(near)} cells.")  # fmt: skip
+        rows.append(
+            f"sakura within 1.10x of the fluid bound (median): {sum(v <= 1.10 for v in near)} of {len(near)} cells."
+        )
     return "\n".join(rows)
 
 
@@ -143,11 +167,19 @@ PAPER = ("per-step", "klein4b-512-ref1024", "snapdragon-8-elite-cpu")
 TWO_REFERENCES = ("per-step", "klein4b-512-2ref1024", "snapdragon-8-elite-cpu")
 #: CacheGen as measured, not held to the 35 dB floor (its best level the floor): the old rule, reported once beside it.
 NO_FLOOR = "cachegen-no-floor"
-NO_FLOOR_NOTE = ("CacheGen is held to sakura's 35 dB floor: where none of its levels reaches it (per-step KV: its best "
-                 "gives 29.2 dB) it fetches fp16 or recomputes, as its rule says; cachegen (no floor): the old rule, "
-                 "its best level under the floor allowed, reported once beside it.")  # fmt: skip
-HEADLINE_TARGETS = {"on-device": 3.0, "cachegen": 1.5, "fetch-fp16": 3.0, "psnr": 35.0, "fluid": 1.10,
-                    "two-references": 4.0}  # fmt: skip
+NO_FLOOR_NOTE = (
+    "CacheGen is held to sakura's 35 dB floor: where none of its levels reaches it (per-step KV: its best "
+    "gives 29.2 dB) it fetches fp16 or recomputes, as its rule says; cachegen (no floor): the old rule, "
+    "its best level under the floor allowed, reported once beside it."
+)
+HEADLINE_TARGETS = {
+    "on-device": 3.0,
+    "cachegen": 1.5,
+    "fetch-fp16": 3.0,
+    "psnr": 35.0,
+    "fluid": 1.10,
+    "two-references": 4.0,
+}
 
 
 def _find(data: dict, key: tuple[str, str, str]) -> dict | None:
@@ -179,40 +211,59 @@ def headline_table(data: dict, classes=("4G", "5G")) -> str:
         bad = [cls for cls, v in zip(classes, vals, strict=True) if not ok(v)]
         return [fmt(v) for v in vals], "met" if not bad else f"not met ({', '.join(bad)})"
 
-    rows = [f"Command: {_command(data)}", "",
-            f"Paper regime: {PAPER[0]} KV, {PAPER[1]}, {PAPER[2]} (simulated; {', '.join(classes)} traces). "
-            + profile_note(data), "",
-            "| sakura vs | target | " + " | ".join(classes) + " | |", "|---" * (len(classes) + 3) + "|"]  # fmt: skip
-    for label, policy in (("on-device: the phone computes the template", "on-device"),
-                          ("CacheGen held to 35 dB: its codec's bytes, else fp16 or recompute", "cachegen"),
-                          ("fetch-fp16: the template KV uncompressed", "fetch-fp16")):  # fmt: skip
+    rows = [
+        f"Command: {_command(data)}",
+        "",
+        f"Paper regime: {PAPER[0]} KV, {PAPER[1]}, {PAPER[2]} (simulated; {', '.join(classes)} traces). "
+        + profile_note(data),
+        "",
+        "| sakura vs | target | " + " | ".join(classes) + " | |",
+        "|---" * (len(classes) + 3) + "|",
+    ]
+    for label, policy in (
+        ("on-device: the phone computes the template", "on-device"),
+        ("CacheGen held to 35 dB: its codec's bytes, else fp16 or recompute", "cachegen"),
+        ("fetch-fp16: the template KV uncompressed", "fetch-fp16"),
+    ):
         cells, status = speedup(paper, policy, t[policy])
         rows.append(f"| {label} | >= {t[policy]:.1f}x | " + " | ".join(cells) + f" | {status} |")
-    cells, status = plain(paper, lambda h: h["sakura_psnr_db_median"], lambda v: f"{v:.1f} dB",
-                          lambda v: v >= t["psnr"])  # fmt: skip
+    cells, status = plain(
+        paper, lambda h: h["sakura_psnr_db_median"], lambda v: f"{v:.1f} dB", lambda v: v >= t["psnr"]
+    )
     rows.append(f"| output PSNR vs exact KV (median) | >= {t['psnr']:g} dB | " + " | ".join(cells) + f" | {status} |")
-    cells, status = plain(paper, lambda h: h["sakura_vs_fluid"]["median"], lambda v: f"{v:.2f}",
-                          lambda v: v <= t["fluid"])  # fmt: skip
-    rows.append(f"| latency / fluid lower bound (median) | <= {t['fluid']:.2f} | " + " | ".join(cells) +
-                f" | {status} |")  # fmt: skip
+    cells, status = plain(
+        paper, lambda h: h["sakura_vs_fluid"]["median"], lambda v: f"{v:.2f}", lambda v: v <= t["fluid"]
+    )
+    rows.append(
+        f"| latency / fluid lower bound (median) | <= {t['fluid']:.2f} | " + " | ".join(cells) + f" | {status} |"
+    )
     if two is not None:
         cells, status = speedup(two, "on-device", t["two-references"])
-        rows.append(f"| on-device, two 1024² references ({TWO_REFERENCES[1]}) | >= {t['two-references']:.1f}x | " +
-                    " | ".join(cells) + f" | {status} |")  # fmt: skip
+        rows.append(
+            f"| on-device, two 1024² references ({TWO_REFERENCES[1]}) | >= {t['two-references']:.1f}x | "
+            + " | ".join(cells)
+            + f" | {status} |"
+        )
     old = all(NO_FLOOR in paper["by_class"][cls]["headline"]["speedup_median"] for cls in classes)
     if old:
         cells = [_speedup_cell(paper["by_class"][cls]["headline"], NO_FLOOR) for cls in classes]
-        rows.insert(rows.index(next(r for r in rows if r.startswith("| CacheGen"))) + 1,
-                    "| cachegen (no floor): the old rule, its best level under 35 dB allowed | - | " + " | ".join(cells)
-                    + " | reported once, beside the held rule |")  # fmt: skip
+        rows.insert(
+            rows.index(next(r for r in rows if r.startswith("| CacheGen"))) + 1,
+            "| cachegen (no floor): the old rule, its best level under 35 dB allowed | - | "
+            + " | ".join(cells)
+            + " | reported once, beside the held rule |",
+        )
     psnr = "; ".join(
         f"{label} {' / '.join(_psnr(paper, p, cls) for cls in classes)} dB"
         for label, p in (("CacheGen", "cachegen"), ("cachegen (no floor)", NO_FLOOR))
         if p != NO_FLOOR or old
     )
-    rows += ["", "Speed-ups: the median over every run (trace x start offset) of the baseline's latency / sakura's; in "
-             "brackets the ceiling: the same median with the fluid lower bound in sakura's place, which no policy "
-             f"passes with these bytes. Median PSNR in these runs: {psnr}." + (f" {NO_FLOOR_NOTE}" if old else "")]  # fmt: skip
+    rows += [
+        "",
+        "Speed-ups: the median over every run (trace x start offset) of the baseline's latency / sakura's; in "
+        "brackets the ceiling: the same median with the fluid lower bound in sakura's place, which no policy "
+        f"passes with these bytes. Median PSNR in these runs: {psnr}." + (f" {NO_FLOOR_NOTE}" if old else ""),
+    ]
     return "\n".join(rows)
 
 
@@ -229,21 +280,30 @@ def planner_table(data: dict, with_before: bool = True) -> str:
     the earlier planner the JSON keeps under ``before``, labelled)."""
     parts = [("before", data.get("before")), ("after", data)] if with_before and data.get("before") else [("", data)]
     label = parts[0][0] != ""
-    rows = [f"Command: {_command(data)}", "",
-            ("| planner " if label else "") + "| steps x layers | decisions | ms / decision (mean / p99 / max) | "
-            "planning s / edit | share of the edit |", "|---" * (5 + label) + "|"]  # fmt: skip
+    rows = [
+        f"Command: {_command(data)}",
+        "",
+        ("| planner " if label else "") + "| steps x layers | decisions | ms / decision (mean / p99 / max) | "
+        "planning s / edit | share of the edit |",
+        "|---" * (5 + label) + "|",
+    ]
     for name, part in parts:
         for r in (part or {}).get("rows", []):
             share = r["planning_share_of_latency"]
-            rows.append((f"| {name} " if label else "") + f"| {r['steps']} x {r['layers']} | {r['decisions']} | "
-                        f"{r['ms_per_decision_mean']:.2f} / {r['ms_per_decision_p99']:.2f} / "
-                        f"{r['ms_per_decision_max']:.2f} | {r['planning_s_per_edit']:.2f}"
-                        f"{'' if r['complete'] else ' (first decisions only)'} | "
-                        f"{'-' if share is None else f'{100 * share:.2f} %'} |")  # fmt: skip
+            rows.append(
+                (f"| {name} " if label else "") + f"| {r['steps']} x {r['layers']} | {r['decisions']} | "
+                f"{r['ms_per_decision_mean']:.2f} / {r['ms_per_decision_p99']:.2f} / "
+                f"{r['ms_per_decision_max']:.2f} | {r['planning_s_per_edit']:.2f}"
+                f"{'' if r['complete'] else ' (first decisions only)'} | "
+                f"{'-' if share is None else f'{100 * share:.2f} %'} |"
+            )
     trace = (data.get("rows") or [{}])[0].get("trace", "?")
-    rows += ["", f"Per decision: the CPU time of the deciding thread on this {data.get('cpu', '?')} host, policy "
-             f"{(data.get('rows') or [{}])[0].get('policy', '?')}, over a seeded synthetic link walk ({trace}); share: "
-             "planning over the simulated edit's latency."]  # fmt: skip
+    rows += [
+        "",
+        f"Per decision: the CPU time of the deciding thread on this {data.get('cpu', '?')} host, policy "
+        f"{(data.get('rows') or [{}])[0].get('policy', '?')}, over a seeded synthetic link walk ({trace}); share: "
+        "planning over the simulated edit's latency.",
+    ]
     return "\n".join(rows)
 
 
@@ -267,14 +327,23 @@ def regime_table(data: dict) -> str:
             rows.append(f"| {tf:g} TFLOP/s{mark} | {cells} |")
         if data.get("target") is not None:
             t, n = data["target"], len(data["tflop_per_s"]) * len(mb)
-            rows += ["", f">= {t:g}x vs {b}: {pol} in {len(cells_reaching(data, b, t))} of {n} cells, the ceiling in "
-                     f"{len(cells_reaching(data, b, t, 'ceiling'))}."]  # fmt: skip
-    rows += ["", f"Cells: {data['geometry']}, {data['kv_mode']} KV, {data['profile']} scaled to each TFLOP/s, constant "
-             f"links; the baseline's latency / {pol}'s, in brackets / the fluid lower bound's (the ceiling: no policy "
-             f"passes it with these bytes); planning charged: {data.get('planning', 'none')}."]  # fmt: skip
+            rows += [
+                "",
+                f">= {t:g}x vs {b}: {pol} in {len(cells_reaching(data, b, t))} of {n} cells, the ceiling in "
+                f"{len(cells_reaching(data, b, t, 'ceiling'))}.",
+            ]
+    rows += [
+        "",
+        f"Cells: {data['geometry']}, {data['kv_mode']} KV, {data['profile']} scaled to each TFLOP/s, constant "
+        f"links; the baseline's latency / {pol}'s, in brackets / the fluid lower bound's (the ceiling: no policy "
+        f"passes it with these bytes); planning charged: {data.get('planning', 'none')}.",
+    ]
     if data.get("trace_classes"):
-        rows.append("Trace classes (median over the class's traces of each trace's mean rate): " + "; ".join(
-            f"{c} {r['median_mean_mbit_s']:.1f} Mbit/s" for c, r in data["trace_classes"].items()) + ".")  # fmt: skip
+        rows.append(
+            "Trace classes (median over the class's traces of each trace's mean rate): "
+            + "; ".join(f"{c} {r['median_mean_mbit_s']:.1f} Mbit/s" for c, r in data["trace_classes"].items())
+            + "."
+        )
     return "\n".join(rows)
 
 
@@ -282,25 +351,37 @@ def scale_table(data: dict) -> str:
     """``sakura bench scale``: per step count, the CPU seconds of one per-step edit simulated with every policy, with
     sakura, with the oracle and of the fluid bound, and the peak RSS; the ``before`` rows in brackets."""
     old = {r["steps"]: r for r in data.get("before") or []}
-    rows = [f"Command: {_command(data)}", "",
-            "| steps x layers | every policy, CPU s | sakura s | oracle s | fluid bound s | peak RSS MiB |",
-            "|---" * 6 + "|"]  # fmt: skip
+    rows = [
+        f"Command: {_command(data)}",
+        "",
+        "| steps x layers | every policy, CPU s | sakura s | oracle s | fluid bound s | peak RSS MiB |",
+        "|---" * 6 + "|",
+    ]
     for r in data["rows"]:
         b = old.get(r["steps"])
 
         def cell(get, digits=2, r=r, b=b):
             return f"{get(r):.{digits}f}" + ("" if b is None else f" ({get(b):.{digits}f})")
 
-        rows.append(f"| {r['steps']} x {r['layers']} | {cell(lambda x: x['cpu_s_total'])} | "
-                    f"{cell(lambda x: x['cpu_s']['sakura'])} | {cell(lambda x: x['cpu_s']['oracle'])} | "
-                    f"{cell(lambda x: x['cpu_s']['fluid-bound'])} | "
-                    f"{cell(lambda x: x['peak_rss_bytes'] / 2**20, 0)} |")  # fmt: skip
-    rows += ["", f"Policies: {', '.join(data['policies'])}; CPU seconds of one process on this {data.get('cpu', '?')} "
-             "host (time.process_time), " + (
-                 "the stated synthetic ladders of bench/scale.py" if data.get("ladders", "synthetic") == "synthetic"
-                 else f"the committed per-step ladders of {data['ladders']} stretched to each step count and sakura's "
-                 "per-step ladders measured or modelled for it (bench/step_ladders.py)") + " on a seeded random-walk link"
-             + ("; in brackets: the same command before the change (`before` in the JSON)." if old else ".")]  # fmt: skip
+        rows.append(
+            f"| {r['steps']} x {r['layers']} | {cell(lambda x: x['cpu_s_total'])} | "
+            f"{cell(lambda x: x['cpu_s']['sakura'])} | {cell(lambda x: x['cpu_s']['oracle'])} | "
+            f"{cell(lambda x: x['cpu_s']['fluid-bound'])} | "
+            f"{cell(lambda x: x['peak_rss_bytes'] / 2**20, 0)} |"
+        )
+    rows += [
+        "",
+        f"Policies: {', '.join(data['policies'])}; CPU seconds of one process on this {data.get('cpu', '?')} "
+        "host (time.process_time), "
+        + (
+            "the stated synthetic ladders of bench/scale.py"
+            if data.get("ladders", "synthetic") == "synthetic"
+            else f"the committed per-step ladders of {data['ladders']} stretched to each step count and sakura's "
+            "per-step ladders measured or modelled for it (bench/step_ladders.py)"
+        )
+        + " on a seeded random-walk link"
+        + ("; in brackets: the same command before the change (`before` in the JSON)." if old else "."),
+    ]
     return "\n".join(rows)
 
 
@@ -313,7 +394,7 @@ SECTIONS: dict[str, tuple[str | tuple[str, ...], Callable[..., str]]] = {
             for g in ("phone-dit-512", "klein4b-512-ref1024", "klein4b-512-2ref1024")
         ),
         ladder_table,
-    ),  # fmt: skip
+    ),
     "per-step": ("sakura_tools/bench/per_step_ladders.json", per_step_table),
     "heldout": (("docs/results/heldout_single.json", "docs/results/heldout_per_step.json"), heldout_table),
     "per-step-model": ("sakura_tools/bench/per_step_model.json", per_step_model_table),
@@ -334,7 +415,7 @@ SECTIONS: dict[str, tuple[str | tuple[str, ...], Callable[..., str]]] = {
             for p in ("1ms_full", "1ms_serving", "measured_full", "measured_serving")
         ),
         store_profile_table,
-    ),  # fmt: skip
+    ),
 }
 
 

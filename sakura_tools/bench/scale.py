@@ -48,8 +48,16 @@ def scale_ladders(shard_fp16: int, shards: int, decode_bytes_per_s: float = 6e8)
         levels, prev = [], 0
         for name, frac, psnr, prog in spec:
             nbytes = int(shard_fp16 * frac)
-            levels.append(Level(name, nbytes, nbytes - prev if prog else nbytes, shard_fp16 / decode_bytes_per_s,
-                                4 * 10 ** (-psnr / 10) / shards, prog))  # fmt: skip
+            levels.append(
+                Level(
+                    name,
+                    nbytes,
+                    nbytes - prev if prog else nbytes,
+                    shard_fp16 / decode_bytes_per_s,
+                    4 * 10 ** (-psnr / 10) / shards,
+                    prog,
+                )
+            )
             prev = nbytes if prog else prev
         ladders[family], floors[family] = [levels] * shards, floor
     return ladders, floors
@@ -67,8 +75,10 @@ def measured_ladders(profile, ladders_dir: str | Path) -> tuple[dict, dict]:
     g = profile.model
     path = ladder_file(ladders_dir, g.name, "per-step")
     if not path.is_file():
-        raise ValueError(f"no {path}: measure it with sakura bench e2e --ladders {ladders_dir} --geometry {g.name} "
-                         "--kv-mode per-step")  # fmt: skip
+        raise ValueError(
+            f"no {path}: measure it with sakura bench e2e --ladders {ladders_dir} --geometry {g.name} "
+            "--kv-mode per-step"
+        )
     lad = stretch_ladders(ShardLadders.from_dict(json.loads(path.read_text())), g.steps)
     return sim_ladders(lad, "per-step", g, "measured", per_step_data(g.steps))
 
@@ -78,9 +88,15 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def scale_case(steps: int, policies: list[str] | None = None, profile: str = "snapdragon-8-elite-cpu",
-               geometry: str = "klein4b-512-ref1024", seed: int = 7, mean_mbit: float = 30.0,
-               ladders_dir: str | Path | None = None) -> dict:  # fmt: skip
+def scale_case(
+    steps: int,
+    policies: list[str] | None = None,
+    profile: str = "snapdragon-8-elite-cpu",
+    geometry: str = "klein4b-512-ref1024",
+    seed: int = 7,
+    mean_mbit: float = 30.0,
+    ladders_dir: str | Path | None = None,
+) -> dict:
     """One per-step edit at ``steps`` steps simulated with each of ``policies`` (default: every one) and the fluid
     bound, each timed; the row of the table."""
     prof = get_profile(profile, geometry)
@@ -100,9 +116,16 @@ def scale_case(steps: int, policies: list[str] | None = None, profile: str = "sn
         t0 = time.process_time()
         latency_s[name] = float(sim(make_policy(name), trace, prof, ladders, floors).latency_s)
         cpu_s[name] = time.process_time() - t0
-    return {"steps": steps, "layers": prof.model.layers, "shards": shards, "trace": trace.name,
-            "cpu_s": cpu_s, "latency_s": latency_s, "cpu_s_total": sum(cpu_s.values()),
-            "peak_rss_bytes": peak_rss_bytes()}  # fmt: skip
+    return {
+        "steps": steps,
+        "layers": prof.model.layers,
+        "shards": shards,
+        "trace": trace.name,
+        "cpu_s": cpu_s,
+        "latency_s": latency_s,
+        "cpu_s_total": sum(cpu_s.values()),
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
 
 
 def format_scale_table(rows: list[dict], before: list[dict] | None = None) -> str:
@@ -120,10 +143,14 @@ def format_scale_table(rows: list[dict], before: list[dict] | None = None) -> st
             now = f"{get(r):.{digits}f}"
             return format(now + (f" ({get(b):.{digits}f})" if b is not None else ""), f">{width}")
 
-        lines.append(f"{r['steps']:>9} x {r['layers']:<3}" + cell(lambda x: x["cpu_s_total"], 22)
-                     + cell(lambda x: x["cpu_s"]["sakura"], 18) + cell(lambda x: x["cpu_s"]["oracle"], 18)
-                     + cell(lambda x: x["cpu_s"]["fluid-bound"], 16)
-                     + cell(lambda x: x["peak_rss_bytes"] / 2**20, 16, 0))  # fmt: skip
+        lines.append(
+            f"{r['steps']:>9} x {r['layers']:<3}"
+            + cell(lambda x: x["cpu_s_total"], 22)
+            + cell(lambda x: x["cpu_s"]["sakura"], 18)
+            + cell(lambda x: x["cpu_s"]["oracle"], 18)
+            + cell(lambda x: x["cpu_s"]["fluid-bound"], 16)
+            + cell(lambda x: x["peak_rss_bytes"] / 2**20, 16, 0)
+        )
     if before:
         lines.append("(in brackets: the --before run)")
     return "\n".join(lines)

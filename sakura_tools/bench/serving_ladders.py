@@ -45,16 +45,22 @@ class HeldRungs:
             return "store profile full: every rung, the exact fp16 included"
         out = f"store profile serving: sakura rungs held {_listed(self.first)}"
         if self.later is not None:
-            out = (f"store profile serving: step 0 holds {_listed(self.first)}; steps >= 1 hold "
-                   f"open-loop {_listed(self.later)} and the twins of {_listed(self.twins)}")  # fmt: skip
+            out = (
+                f"store profile serving: step 0 holds {_listed(self.first)}; steps >= 1 hold "
+                f"open-loop {_listed(self.later)} and the twins of {_listed(self.twins)}"
+            )
         return out + "; a policy asking for another rung gets the nearest held one"
 
     def as_dict(self) -> dict:
         def names(x):
             return None if x is None else sorted(x, key=_order)
 
-        return {"profile": self.profile, "step0_or_single": names(self.first), "later_open_loop": names(self.later),
-                "later_twins": names(self.twins)}  # fmt: skip
+        return {
+            "profile": self.profile,
+            "step0_or_single": names(self.first),
+            "later_open_loop": names(self.later),
+            "later_twins": names(self.twins),
+        }
 
 
 def _listed(names: frozenset[str] | None) -> str:
@@ -99,8 +105,9 @@ def held_per_step(data: dict, profile: StoreProfile) -> HeldRungs:
     keep = serving_rungs(own, dict(own), twins, cost, profile, progressive=True)
     if keep is None:
         return HeldRungs("full")
-    return HeldRungs("serving", first=_kept(keep, ("own",)), later=_kept(keep, ("residual",)),
-                     twins=frozenset(keep["closed"]))  # fmt: skip
+    return HeldRungs(
+        "serving", first=_kept(keep, ("own",)), later=_kept(keep, ("residual",)), twins=frozenset(keep["closed"])
+    )
 
 
 def _view(ladder: list[Level], names: frozenset[str] | None, twins: frozenset[str] | None) -> list[Level]:
@@ -120,8 +127,16 @@ def _view(ladder: list[Level], names: frozenset[str] | None, twins: frozenset[st
             up = [k for k in held if k > j and not ladder[k].reuse]
             src = ladder[up[0] if up else max(k for k in held if not ladder[k].reuse)]
             # a stand-in upgrades nothing: fetching it costs its whole chain (as the live client's stand-ins)
-            out.append(replace(src, name=lv.name, closed=closed, off_track=lv.off_track, progressive=False,
-                               increment_bytes=src.nbytes))  # fmt: skip
+            out.append(
+                replace(
+                    src,
+                    name=lv.name,
+                    closed=closed,
+                    off_track=lv.off_track,
+                    progressive=False,
+                    increment_bytes=src.nbytes,
+                )
+            )
     return out
 
 
@@ -131,5 +146,7 @@ def serving_view(ladders: list[list[Level]], held: HeldRungs, layers: int, kv_mo
         return ladders
     if kv_mode != "per-step":
         return [_view(lad, held.first, None) for lad in ladders]
-    return [_view(lad, held.first, frozenset()) if g < layers else _view(lad, held.later, held.twins)
-            for g, lad in enumerate(ladders)]  # fmt: skip
+    return [
+        _view(lad, held.first, frozenset()) if g < layers else _view(lad, held.later, held.twins)
+        for g, lad in enumerate(ladders)
+    ]

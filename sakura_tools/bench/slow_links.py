@@ -41,11 +41,16 @@ def slow_link_rows(results: list[dict]) -> list[dict]:
             obound = [row["oracle"]["latency_s"] / row[FLUID_BOUND]["latency_s"] for row in rows if "oracle" in row]
             nothing = [row["sakura"]["latency_s"] / n for row in rows if (n := _nothing(row))]
             row = {
-                "kv_mode": res["kv_mode"], "geometry": res["geometry"], "profile": res["profile"], "class": cls,
+                "kv_mode": res["kv_mode"],
+                "geometry": res["geometry"],
+                "profile": res["profile"],
+                "class": cls,
                 "runs": len(rows),
-                "sakura_vs_bound": _pair(bound), "sakura_vs_oracle": _pair(orc), "oracle_vs_bound": _pair(obound),
+                "sakura_vs_bound": _pair(bound),
+                "sakura_vs_oracle": _pair(orc),
+                "oracle_vs_bound": _pair(obound),
                 "sakura_vs_nothing": _pair(nothing),
-            }  # fmt: skip
+            }
             row["targets_met"] = {
                 "bound_median": bool(bound) and statistics.median(bound) <= SLOW_TARGETS["bound_median"],
                 "oracle_worst": bool(orc) and max(orc) <= SLOW_TARGETS["oracle_worst"],
@@ -82,9 +87,11 @@ def format_slow_table(rows: list[dict]) -> str:
             f"{cell(r['sakura_vs_nothing'], 'nothing_worst', r)} |"
         )
     t = SLOW_TARGETS
-    lines.append(f"\nCells: median / worst over every run of the class; * a missed target (sakura / fluid bound "
-                 f"median <= {t['bound_median']}, sakura / oracle worst <= {t['oracle_worst']}, sakura / fetch-nothing "
-                 f"worst <= {t['nothing_worst']}).")  # fmt: skip
+    lines.append(
+        f"\nCells: median / worst over every run of the class; * a missed target (sakura / fluid bound "
+        f"median <= {t['bound_median']}, sakura / oracle worst <= {t['oracle_worst']}, sakura / fetch-nothing "
+        f"worst <= {t['nothing_worst']})."
+    )
     return "\n".join(lines)
 
 
@@ -97,13 +104,22 @@ def worst_runs(results: list[dict], n: int = 5) -> list[dict]:
         rows.sort(key=lambda row: row["sakura"]["latency_s"] / row[FLUID_BOUND]["latency_s"], reverse=True)
         for row in rows[:n]:
             s, b, o = row["sakura"], row[FLUID_BOUND], row.get("oracle")
-            out.append({
-                "profile": res["profile"], "trace": s["trace"], "class": s.get("trace_class", "other"),
-                "start_s": s["start_s"], "bound_s": b["latency_s"], "sakura_s": s["latency_s"],
-                "sakura_splits": s["splits"], "sakura_mb": s["bytes_fetched"] / 1e6,
-                "oracle_s": o["latency_s"] if o else None, "oracle_splits": o["splits"] if o else None,
-                "oracle_mb": o["bytes_fetched"] / 1e6 if o else None, "nothing_s": _nothing(row),
-            })  # fmt: skip
+            out.append(
+                {
+                    "profile": res["profile"],
+                    "trace": s["trace"],
+                    "class": s.get("trace_class", "other"),
+                    "start_s": s["start_s"],
+                    "bound_s": b["latency_s"],
+                    "sakura_s": s["latency_s"],
+                    "sakura_splits": s["splits"],
+                    "sakura_mb": s["bytes_fetched"] / 1e6,
+                    "oracle_s": o["latency_s"] if o else None,
+                    "oracle_splits": o["splits"] if o else None,
+                    "oracle_mb": o["bytes_fetched"] / 1e6 if o else None,
+                    "nothing_s": _nothing(row),
+                }
+            )
     return out
 
 

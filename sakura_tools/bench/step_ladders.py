@@ -86,8 +86,10 @@ def fit_model(measured: dict[int, dict]) -> dict:
     """The model above fitted on ``measured`` (step count -> per-step ladder data; at least two counts > 1)."""
     counts = sorted(measured)
     if len([c for c in counts if c > 1]) < 2:
-        raise ValueError(f"the ladder model needs measurements at two step counts > 1, got {counts}: measure another "
-                         "(sakura precompute --kv-mode per-step --steps S --store-profile full)")  # fmt: skip
+        raise ValueError(
+            f"the ladder model needs measurements at two step counts > 1, got {counts}: measure another "
+            "(sakura precompute --kv-mode per-step --steps S --store-profile full)"
+        )
     names = [lv["name"] for lv in measured[counts[0]]["levels"]]
     for c in counts:
         if [lv["name"] for lv in measured[c]["levels"]] != names:
@@ -99,16 +101,19 @@ def fit_model(measured: dict[int, dict]) -> dict:
         lv = {
             "name": name,
             "psnr_db": _line(logs, [x["psnr_db"] for x in lvs]),
-            "step0": [float(np.mean([x["ratio_vs_fp16"][0] for x in lvs])),
-                      float(np.mean([x["increment_ratio"][0] for x in lvs]))],
+            "step0": [
+                float(np.mean([x["ratio_vs_fp16"][0] for x in lvs])),
+                float(np.mean([x["increment_ratio"][0] for x in lvs])),
+            ],
             "ratio_vs_fp16": _later([(c, x["ratio_vs_fp16"]) for c, x in zip(counts, lvs, strict=True)]),
             "increment_ratio": _later([(c, x["increment_ratio"]) for c, x in zip(counts, lvs, strict=True)]),
             "referenced": all(x["ref_step"][1:] == list(range(c - 1)) for c, x in zip(counts, lvs, strict=True)),
-        }  # fmt: skip
+        }
         if all(x.get("closed") for x in lvs):
-            lv["closed"] = {"psnr_db": _line(logs, [x["closed"]["psnr_db"] for x in lvs]),
-                            "ratio_vs_fp16": _later([(c, x["closed"]["ratio_vs_fp16"])
-                                                     for c, x in zip(counts, lvs, strict=True)])}  # fmt: skip
+            lv["closed"] = {
+                "psnr_db": _line(logs, [x["closed"]["psnr_db"] for x in lvs]),
+                "ratio_vs_fp16": _later([(c, x["closed"]["ratio_vs_fp16"]) for c, x in zip(counts, lvs, strict=True)]),
+            }
         levels.append(lv)
     reuse = [measured[c].get("reuse") for c in counts]
     return {
@@ -122,8 +127,9 @@ def fit_model(measured: dict[int, dict]) -> dict:
 
 
 def _ratios(step0: float, coef: list[float], steps: int) -> list[float]:
-    return [round(step0, 4)] + [round(math.exp(coef[0] + coef[1] * math.log(steps) + coef[2] * s / steps), 4)
-                                for s in range(1, steps)]  # fmt: skip
+    return [round(step0, 4)] + [
+        round(math.exp(coef[0] + coef[1] * math.log(steps) + coef[2] * s / steps), 4) for s in range(1, steps)
+    ]
 
 
 def model_data(model: dict, steps: int) -> dict:
@@ -135,13 +141,19 @@ def model_data(model: dict, steps: int) -> dict:
     for lv in model["levels"]:
         ratio = _ratios(lv["step0"][0], lv["ratio_vs_fp16"], steps)
         inc = _ratios(lv["step0"][1], lv["increment_ratio"], steps)
-        out = {"name": lv["name"], "psnr_db": round(lv["psnr_db"][0] + lv["psnr_db"][1] * ln, 3),
-               "ratio_vs_fp16": ratio, "increment_ratio": inc,
-               "ref_step": [None] + (list(range(steps - 1)) if lv["referenced"] else [None] * (steps - 1))}  # fmt: skip
+        out = {
+            "name": lv["name"],
+            "psnr_db": round(lv["psnr_db"][0] + lv["psnr_db"][1] * ln, 3),
+            "ratio_vs_fp16": ratio,
+            "increment_ratio": inc,
+            "ref_step": [None] + (list(range(steps - 1)) if lv["referenced"] else [None] * (steps - 1)),
+        }
         if lv.get("closed"):
             c = lv["closed"]
-            out["closed"] = {"psnr_db": round(c["psnr_db"][0] + c["psnr_db"][1] * ln, 3),
-                             "ratio_vs_fp16": [None] + _ratios(1.0, c["ratio_vs_fp16"], steps)[1:]}  # fmt: skip
+            out["closed"] = {
+                "psnr_db": round(c["psnr_db"][0] + c["psnr_db"][1] * ln, 3),
+                "ratio_vs_fp16": [None] + _ratios(1.0, c["ratio_vs_fp16"], steps)[1:],
+            }
         levels.append(out)
     reuse = model.get("reuse")
     return {
@@ -150,11 +162,11 @@ def model_data(model: dict, steps: int) -> dict:
         "source": {
             "model": f"bench/step_ladders.py fitted on {model['fit_on']} steps (per_step_model.json)",
             "heldout": model.get("heldout"),
-        },  # fmt: skip
+        },
         "levels": levels,
         "reuse": None
         if reuse is None
-        else {"psnr_db": round(reuse[0] + reuse[1] * ln, 3), "ref_step": [None] + list(range(steps - 1))},  # fmt: skip
+        else {"psnr_db": round(reuse[0] + reuse[1] * ln, 3), "ref_step": [None] + list(range(steps - 1))},
     }
 
 
@@ -171,8 +183,11 @@ def heldout_check(measured: dict[int, dict], heldout: int | None = None) -> dict
     pred, meas = model_data(fit, heldout), measured[heldout]
     rows = []
     for p, m in zip(pred["levels"], meas["levels"], strict=True):
-        row = {"name": m["name"], "psnr_error_db": round(p["psnr_db"] - m["psnr_db"], 3),
-               "bytes_rel_error": round(_edit_bytes(p["ratio_vs_fp16"]) / _edit_bytes(m["ratio_vs_fp16"]) - 1, 4)}  # fmt: skip
+        row = {
+            "name": m["name"],
+            "psnr_error_db": round(p["psnr_db"] - m["psnr_db"], 3),
+            "bytes_rel_error": round(_edit_bytes(p["ratio_vs_fp16"]) / _edit_bytes(m["ratio_vs_fp16"]) - 1, 4),
+        }
         if m.get("closed") and p.get("closed"):
             row["closed_psnr_error_db"] = round(p["closed"]["psnr_db"] - m["closed"]["psnr_db"], 3)
             row["closed_bytes_rel_error"] = round(
@@ -181,8 +196,13 @@ def heldout_check(measured: dict[int, dict], heldout: int | None = None) -> dict
         rows.append(row)
     psnr = [abs(v) for r in rows for k, v in r.items() if k.endswith("psnr_error_db")]
     nbytes = [abs(v) for r in rows for k, v in r.items() if k.endswith("bytes_rel_error")]
-    return {"steps": heldout, "fit_on": fit["fit_on"], "max_psnr_error_db": max(psnr),
-            "max_bytes_rel_error": max(nbytes), "levels": rows}  # fmt: skip
+    return {
+        "steps": heldout,
+        "fit_on": fit["fit_on"],
+        "max_psnr_error_db": max(psnr),
+        "max_bytes_rel_error": max(nbytes),
+        "levels": rows,
+    }
 
 
 def write_model(
@@ -208,8 +228,10 @@ def per_step_data(steps: int, model_path: Path | str = MODEL_PATH) -> dict:
         return measured[steps]
     path = Path(model_path)
     if not path.is_file():
-        raise ValueError(f"no per-step ladders measured for {steps} steps (measured: {sorted(measured)}) and no "
-                         f"model at {path}: run `sakura bench ladder-model`")  # fmt: skip
+        raise ValueError(
+            f"no per-step ladders measured for {steps} steps (measured: {sorted(measured)}) and no "
+            f"model at {path}: run `sakura bench ladder-model`"
+        )
     model = json.loads(path.read_text())
     if model.get("format") != MODEL_FORMAT:
         raise ValueError(f"{path} is not a {MODEL_FORMAT} file; rewrite it with `sakura bench ladder-model`")
@@ -229,8 +251,13 @@ def _stretch_family(fam: FamilyLadders, layers: int, steps0: int, steps: int) ->
             rows["mse"].append(tuple(v / uses[src[s]] for v in fam.mse[g0]))
             if fam.reference is not None:
                 ref.append(tuple(None if r is None else (s - 1) * layers + layer for r in fam.reference[g0]))
-    return FamilyLadders(fam.levels, fam.progressive, fam.floor, reference=None if fam.reference is None else tuple(ref),
-                         **{k: tuple(v) for k, v in rows.items()})  # fmt: skip
+    return FamilyLadders(
+        fam.levels,
+        fam.progressive,
+        fam.floor,
+        reference=None if fam.reference is None else tuple(ref),
+        **{k: tuple(v) for k, v in rows.items()},
+    )
 
 
 def stretch_ladders(lad: ShardLadders, steps: int) -> ShardLadders:

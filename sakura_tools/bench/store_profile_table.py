@@ -22,8 +22,10 @@ def profile_note(data: dict) -> str:
     r = _first(data)
     profile = r.get("store_profile")
     if profile is None:
-        return ("Store profile: full (the run predates `--store-profile`: every rung and the fp16 held; "
-                "`--store-profile full` reproduces it).")  # fmt: skip
+        return (
+            "Store profile: full (the run predates `--store-profile`: every rung and the fp16 held; "
+            "`--store-profile full` reproduces it)."
+        )
     held = next((line for line in r.get("header", []) if line.startswith("store profile")), f"store profile {profile}")
     fp16 = " The fetch-fp16 baseline reads a full store's fp16." if profile == "serving" else ""
     return f"Store profile: {held.removeprefix('store profile ')}.{fp16}"
@@ -39,9 +41,14 @@ def store_profile_table(*runs: dict) -> str:
     if len(runs) % 2:
         raise ValueError("store_profile_table takes (full, serving) pairs of e2e JSON")
     cmds = [f"`{d['command']}`" for d in runs]
-    rows = ["Commands: " + ", ".join(cmds), "",
-            "| planning | store profile | " + " | ".join(f"{c} vs {p}" for c in _CLASSES for p in _VS)
-            + " | PSNR dB (4G / 5G) | largest change vs full |", "|---" * (4 + len(_CLASSES) * len(_VS)) + "|"]  # fmt: skip
+    rows = [
+        "Commands: " + ", ".join(cmds),
+        "",
+        "| planning | store profile | "
+        + " | ".join(f"{c} vs {p}" for c in _CLASSES for p in _VS)
+        + " | PSNR dB (4G / 5G) | largest change vs full |",
+        "|---" * (4 + len(_CLASSES) * len(_VS)) + "|",
+    ]
     worst, low = (
         0.0,
         min(_first(d)["by_class"][c]["headline"]["sakura_psnr_db_median"] for d in runs for c in _CLASSES),
@@ -56,11 +63,17 @@ def store_profile_table(*runs: dict) -> str:
             change = max(abs(v / b - 1) for v, b in zip(vals, base, strict=True))
             worst = max(worst, change)
             psnr = " / ".join(f"{r['by_class'][c]['headline']['sakura_psnr_db_median']:.1f}" for c in _CLASSES)
-            rows.append(f"| {plan} | {r.get('store_profile', 'full')} | " + " | ".join(f"{v:.3f}x" for v in vals)
-                        + f" | {psnr} | {'-' if d is full else f'{100 * change:.3f} %'} |")  # fmt: skip
+            rows.append(
+                f"| {plan} | {r.get('store_profile', 'full')} | "
+                + " | ".join(f"{v:.3f}x" for v in vals)
+                + f" | {psnr} | {'-' if d is full else f'{100 * change:.3f} %'} |"
+            )
     ok = worst <= PROFILE_TOLERANCE and low >= 35.0
-    rows += ["", f"Per-step KV, klein4b-512-ref1024, snapdragon-8-elite-cpu, simulated on the 4G and 5G traces x 3 "
-             f"starts. Target (speed-ups within {100 * PROFILE_TOLERANCE:g} % of the full store's, PSNR >= 35 dB): "
-             f"{'met' if ok else 'not met'} (largest change {100 * worst:.3f} %, lowest median PSNR {low:.1f} dB). "
-             "The fetch-fp16 baseline needs a full store: a serving store holds no fp16."]  # fmt: skip
+    rows += [
+        "",
+        f"Per-step KV, klein4b-512-ref1024, snapdragon-8-elite-cpu, simulated on the 4G and 5G traces x 3 "
+        f"starts. Target (speed-ups within {100 * PROFILE_TOLERANCE:g} % of the full store's, PSNR >= 35 dB): "
+        f"{'met' if ok else 'not met'} (largest change {100 * worst:.3f} %, lowest median PSNR {low:.1f} dB). "
+        "The fetch-fp16 baseline needs a full store: a serving store holds no fp16.",
+    ]
     return "\n".join(rows)

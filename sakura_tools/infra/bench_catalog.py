@@ -48,9 +48,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", required=True, help="write the results here")
     parser.add_argument("--templates", type=int, default=4, help="templates precomputed per worker count (default 4)")
     parser.add_argument("--workers", default="1,2", help="worker counts to compare (comma list; default 1,2)")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="precompute runs per worker count, interleaved (order reversed each repeat); the fastest "
-                        "counts: drifting background load then hits both counts alike (default 1)")  # fmt: skip
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="precompute runs per worker count, interleaved (order reversed each repeat); the fastest "
+        "counts: drifting background load then hits both counts alike (default 1)",
+    )
     parser.add_argument("--ray", default=None, metavar="ADDRESS", help="precompute on this Ray cluster instead")
     parser.add_argument("--s3", default=None, help="an S3 store to use (default: start a local radosgw)")
     parser.add_argument("--s3-endpoint", default=None, help=S3_ENDPOINT_HELP)
@@ -123,11 +127,18 @@ def _precompute(args, catalog: Path, store_url: str, endpoint: str | None, worke
     failed = [r for r in results if r["status"] != "published"]
     if failed:
         raise RuntimeError(f"{len(failed)} entries failed: {failed[0]}")
-    row = {"workers": workers, "templates": len(jobs), "wall_s": round(wall, 2),
-           "templates_per_min": round(60 * len(jobs) / wall, 2),
-           "entry_s_median": round(float(np.median([r["seconds"] for r in results])), 2)}  # fmt: skip
-    print(f"  precompute, {workers} worker(s): {len(jobs)} templates in {wall:.1f} s "
-          f"({row['templates_per_min']:.2f}/min)", flush=True)  # fmt: skip
+    row = {
+        "workers": workers,
+        "templates": len(jobs),
+        "wall_s": round(wall, 2),
+        "templates_per_min": round(60 * len(jobs) / wall, 2),
+        "entry_s_median": round(float(np.median([r["seconds"] for r in results])), 2),
+    }
+    print(
+        f"  precompute, {workers} worker(s): {len(jobs)} templates in {wall:.1f} s "
+        f"({row['templates_per_min']:.2f}/min)",
+        flush=True,
+    )
     return row
 
 
@@ -168,14 +179,23 @@ def _get_run(name: str, port: int, origin: int, digests, sizes, args) -> dict:
     origin_hits = _origin_shard_requests(origin) - before
     lat = np.asarray(run.latencies_s) * 1e3
     done = len(run.latencies_s)
-    row = {"server": name, "requests": args.requests, "completed": done, "errors": sum(run.errors.values()),
-           "req_per_s": round(done / wall, 1), "mb_per_s": round(run.bytes / wall / 1e6, 1),
-           "p50_ms": round(float(np.percentile(lat, 50)), 2) if done else None,
-           "p99_ms": round(float(np.percentile(lat, 99)), 2) if done else None,
-           "origin_shard_requests": origin_hits,
-           "cdn_hit_ratio": round(1 - origin_hits / max(done, 1), 4) if name.startswith("nginx") else None}  # fmt: skip
-    print(f"  GET {name:<14}{row['req_per_s']:>8.0f} req/s {row['mb_per_s']:>7.1f} MB/s p99 {row['p99_ms']} ms, "
-          f"errors {row['errors']}", flush=True)  # fmt: skip
+    row = {
+        "server": name,
+        "requests": args.requests,
+        "completed": done,
+        "errors": sum(run.errors.values()),
+        "req_per_s": round(done / wall, 1),
+        "mb_per_s": round(run.bytes / wall / 1e6, 1),
+        "p50_ms": round(float(np.percentile(lat, 50)), 2) if done else None,
+        "p99_ms": round(float(np.percentile(lat, 99)), 2) if done else None,
+        "origin_shard_requests": origin_hits,
+        "cdn_hit_ratio": round(1 - origin_hits / max(done, 1), 4) if name.startswith("nginx") else None,
+    }
+    print(
+        f"  GET {name:<14}{row['req_per_s']:>8.0f} req/s {row['mb_per_s']:>7.1f} MB/s p99 {row['p99_ms']} ms, "
+        f"errors {row['errors']}",
+        flush=True,
+    )
     return row
 
 
@@ -215,8 +235,10 @@ def _serving(args, work: Path, store_url: str, endpoint: str | None) -> tuple[li
 def _print_tables(pre: list[dict], gets: list[dict], ratio: float | None) -> None:
     print(f"\n{'workers':>7} {'templates':>9} {'wall s':>8} {'tpl/min':>8} {'entry s (median)':>17}")
     for r in pre:
-        print(f"{r['workers']:>7} {r['templates']:>9} {r['wall_s']:>8.1f} {r['templates_per_min']:>8.2f} "
-              f"{r['entry_s_median']:>17.1f}")  # fmt: skip
+        print(
+            f"{r['workers']:>7} {r['templates']:>9} {r['wall_s']:>8.1f} {r['templates_per_min']:>8.2f} "
+            f"{r['entry_s_median']:>17.1f}"
+        )
     if ratio is not None:
         print(f"throughput ratio {pre[-1]['workers']} vs {pre[0]['workers']} workers: {ratio:.2f}x")
     print(
@@ -224,8 +246,10 @@ def _print_tables(pre: list[dict], gets: list[dict], ratio: float | None) -> Non
     )
     for r in gets:
         hit = "-" if r["cdn_hit_ratio"] is None else f"{r['cdn_hit_ratio']:.3f}"
-        print(f"{r['server']:<14} {r['completed']:>6} {r['errors']:>6} {r['req_per_s']:>8.0f} {r['mb_per_s']:>7.1f} "
-              f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {hit:>7}")  # fmt: skip
+        print(
+            f"{r['server']:<14} {r['completed']:>6} {r['errors']:>6} {r['req_per_s']:>8.0f} {r['mb_per_s']:>7.1f} "
+            f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {hit:>7}"
+        )
 
 
 def run(args) -> int:
@@ -263,7 +287,7 @@ def run(args) -> int:
             "sizes_kib": args.sizes_kib,
             "shards": args.layers * len(args.sizes_kib.split(",")),
             "nginx": note or "proxy_cache in front of the S3-backed server",
-        },  # fmt: skip
+        },
         "precompute": pre,
         "precompute_ratio": ratio,
         "shard_gets": gets,

@@ -52,8 +52,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--layers", type=int, default=28, help="shards per manifest (default %(default)s)")
     parser.add_argument("--levels", type=int, default=5, help="representations per shard (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=5, help="warm listings per count (default %(default)s)")
-    parser.add_argument("--compare-with", default=None, metavar="DIR",
-                        help="a checkout of this repository whose `sakura serve` is measured too, side by side")  # fmt: skip
+    parser.add_argument(
+        "--compare-with",
+        default=None,
+        metavar="DIR",
+        help="a checkout of this repository whose `sakura serve` is measured too, side by side",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one listing may take (default 900)")
 
 
@@ -68,18 +72,33 @@ def synthetic_manifest(template_id: str, layers: int, levels: int, salt: str = "
             top = level == levels - 1
             digest = hashlib.sha256(f"{template_id}/{layer}/{level}/{salt}".encode()).hexdigest()
             size = 4096 * (level + 1) if not top else 65536
-            reps.append({"level": level, "name": "fp16" if top else f"sakura-{level}",
-                         "codec": "fp16" if top else "sakura", "bytes": size,
-                         "total_bytes": size if top else size + sum(r["bytes"] for r in reps),
-                         "distortion": 0.0 if top else round(0.1 / (level + 1), 4), "digest": digest,
-                         "requires": [] if top else list(chain)})  # fmt: skip
+            reps.append(
+                {
+                    "level": level,
+                    "name": "fp16" if top else f"sakura-{level}",
+                    "codec": "fp16" if top else "sakura",
+                    "bytes": size,
+                    "total_bytes": size if top else size + sum(r["bytes"] for r in reps),
+                    "distortion": 0.0 if top else round(0.1 / (level + 1), 4),
+                    "digest": digest,
+                    "requires": [] if top else list(chain),
+                }
+            )
             chain.append(digest)
         shards.append({"layers": [layer, layer], "representations": reps})
     manifest = {
-        "version": MANIFEST_VERSION, "model_id": _MODEL_ID, "template_id": template_id, "token_grid": [32, 32],
-        "rope_layout": "flux2-ref-t10", "num_layers": layers, "heads": 24, "head_dim": 128, "codec": "sakura",
-        "distortion_metric": "attn_rel_err", "shards": shards,
-    }  # fmt: skip
+        "version": MANIFEST_VERSION,
+        "model_id": _MODEL_ID,
+        "template_id": template_id,
+        "token_grid": [32, 32],
+        "rope_layout": "flux2-ref-t10",
+        "num_layers": layers,
+        "heads": 24,
+        "head_dim": 128,
+        "codec": "sakura",
+        "distortion_metric": "attn_rel_err",
+        "shards": shards,
+    }
     parse_manifest(manifest, template_id=template_id)  # the one schema: a bench of invalid manifests measures nothing
     return manifest
 
@@ -94,8 +113,18 @@ def _fill(store: LocalStore, have: int, want: int, args) -> None:
 
 # ---- one server -------------------------------------------------------------------------------------------------
 def _serve(store: LocalStore, checkout: Path, log: Path) -> tuple[subprocess.Popen, int]:
-    cmd = [sys.executable, "-m", "sakura_core.cli", "serve", "--store", str(store.root), "--port", "0",
-           "--model", "none"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "sakura_core.cli",
+        "serve",
+        "--store",
+        str(store.root),
+        "--port",
+        "0",
+        "--model",
+        "none",
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("SAKURA_TOKEN", "SAKURA_READ_TOKEN")}
     env["PYTHONPATH"] = str(checkout)
     with open(log, "wb") as err:
@@ -147,8 +176,11 @@ class _HealthProbe(threading.Thread):
 
     def summary(self) -> dict:
         lat = self.latencies_s or [0.0]
-        return {"healthz_during_cold_p50_s": round(statistics.median(lat), 4),
-                "healthz_during_cold_max_s": round(max(lat), 4), "healthz_during_cold_n": len(self.latencies_s)}  # fmt: skip
+        return {
+            "healthz_during_cold_p50_s": round(statistics.median(lat), 4),
+            "healthz_during_cold_max_s": round(max(lat), 4),
+            "healthz_during_cold_n": len(self.latencies_s),
+        }
 
 
 def _listing(port: int, timeout_s: float, n: int) -> float:
@@ -190,25 +222,43 @@ def _measure(name: str, checkout: Path, store: LocalStore, n: int, args, work: P
     finally:
         proc.terminate()
         proc.wait(30)
-    row = {"server": name, "templates": n, "body_bytes": len(body), "cold_s": round(cold, 4), "cold_503s": refused,
-           "warm_s": round(statistics.median(warm), 5), "warm_min_s": round(min(warm), 5),
-           "page_s": round(page_s, 5) if paged else None, "relisted_s": round(relisted, 4),
-           "one_changed_s": round(changed, 4), **probe.summary(), "rss_start_mib": round(rss_start / 1024, 1),
-           "rss_mib": round(rss["VmRSS"] / 1024, 1), "rss_peak_mib": round(rss["VmHWM"] / 1024, 1)}  # fmt: skip
-    print(f"  {name:<8} {n:>6} templates: cold {cold:.3f} s, warm {row['warm_s']:.4f} s, relisted "
-          f"{relisted:.3f} s, one changed {changed:.3f} s, RSS {row['rss_mib']} MiB", flush=True)  # fmt: skip
+    row = {
+        "server": name,
+        "templates": n,
+        "body_bytes": len(body),
+        "cold_s": round(cold, 4),
+        "cold_503s": refused,
+        "warm_s": round(statistics.median(warm), 5),
+        "warm_min_s": round(min(warm), 5),
+        "page_s": round(page_s, 5) if paged else None,
+        "relisted_s": round(relisted, 4),
+        "one_changed_s": round(changed, 4),
+        **probe.summary(),
+        "rss_start_mib": round(rss_start / 1024, 1),
+        "rss_mib": round(rss["VmRSS"] / 1024, 1),
+        "rss_peak_mib": round(rss["VmHWM"] / 1024, 1),
+    }
+    print(
+        f"  {name:<8} {n:>6} templates: cold {cold:.3f} s, warm {row['warm_s']:.4f} s, relisted "
+        f"{relisted:.3f} s, one changed {changed:.3f} s, RSS {row['rss_mib']} MiB",
+        flush=True,
+    )
     return row
 
 
 # ---- report -----------------------------------------------------------------------------------------------------
 def _print_table(rows: list[dict]) -> None:
-    print(f"\n{'server':<8} {'templates':>9} {'body MB':>8} {'cold s':>8} {'503s':>5} {'hz max s':>8} {'warm s':>8} "
-          f"{'page s':>8} {'relist s':>8} {'1 chg s':>8} {'RSS MiB':>8} {'peak MiB':>8}")  # fmt: skip
+    print(
+        f"\n{'server':<8} {'templates':>9} {'body MB':>8} {'cold s':>8} {'503s':>5} {'hz max s':>8} {'warm s':>8} "
+        f"{'page s':>8} {'relist s':>8} {'1 chg s':>8} {'RSS MiB':>8} {'peak MiB':>8}"
+    )
     for r in rows:
         page = "-" if r["page_s"] is None else f"{r['page_s']:.4f}"
-        print(f"{r['server']:<8} {r['templates']:>9} {r['body_bytes'] / 1e6:>8.2f} {r['cold_s']:>8.3f} "
-              f"{r['cold_503s']:>5} {r['healthz_during_cold_max_s']:>8.3f} {r['warm_s']:>8.4f} {page:>8} "
-              f"{r['relisted_s']:>8.3f} {r['one_changed_s']:>8.3f} {r['rss_mib']:>8.1f} {r['rss_peak_mib']:>8.1f}")  # fmt: skip
+        print(
+            f"{r['server']:<8} {r['templates']:>9} {r['body_bytes'] / 1e6:>8.2f} {r['cold_s']:>8.3f} "
+            f"{r['cold_503s']:>5} {r['healthz_during_cold_max_s']:>8.3f} {r['warm_s']:>8.4f} {page:>8} "
+            f"{r['relisted_s']:>8.3f} {r['one_changed_s']:>8.3f} {r['rss_mib']:>8.1f} {r['rss_peak_mib']:>8.1f}"
+        )
 
 
 def run(args) -> int:
@@ -250,7 +300,7 @@ def run(args) -> int:
             "catalog_ttl_s": _TTL_S,
             "store": "folder (temporary)",
             "servers": {name: str(path) for name, path in servers},
-        },  # fmt: skip
+        },
         "rows": rows,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -338,9 +338,13 @@ def _print_summary(runs, ratios, rss, top, targets, json_path) -> None:
             if cpu is None
             else f"{cpu:.2f}x"
         )
-        print(f"{conns:>5} conns: nginx/sakura req/s {v['nginx_over_sakura_req_per_s']:.2f}x, "
-              f"sakura/nginx server CPU per request {cpu}")  # fmt: skip
-    print(f"RSS MiB: start {rss['start']}, after first {top}-connection run "
-          f"{rss['sakura_after_first_top_level_run']}, after soak runs {rss['sakura_after_each_soak_run']}")  # fmt: skip
+        print(
+            f"{conns:>5} conns: nginx/sakura req/s {v['nginx_over_sakura_req_per_s']:.2f}x, "
+            f"sakura/nginx server CPU per request {cpu}"
+        )
+    print(
+        f"RSS MiB: start {rss['start']}, after first {top}-connection run "
+        f"{rss['sakura_after_first_top_level_run']}, after soak runs {rss['sakura_after_each_soak_run']}"
+    )
     print(f"targets: {targets}")
     print(f"wrote {json_path}")

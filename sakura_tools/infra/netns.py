@@ -112,8 +112,21 @@ class NetnsLink:
     def _tbf(self, verb: str, rate_kbit: float) -> list[str]:
         c = self.config
         rate = max(_MIN_RATE_KBIT, int(rate_kbit))
-        return ["tc", "qdisc", verb, "dev", self.ns_dev, "root", "tbf", "rate", f"{rate}kbit",
-                "burst", str(c.burst_bytes), "latency", f"{c.queue_latency_ms}ms"]  # fmt: skip
+        return [
+            "tc",
+            "qdisc",
+            verb,
+            "dev",
+            self.ns_dev,
+            "root",
+            "tbf",
+            "rate",
+            f"{rate}kbit",
+            "burst",
+            str(c.burst_bytes),
+            "latency",
+            f"{c.queue_latency_ms}ms",
+        ]
 
     def set_rate(self, bytes_per_s: float) -> None:
         """Change the download rate now."""

@@ -175,7 +175,7 @@ class RadosGateway:
                 rgw_port=self.rgw_port,
                 dir=self.dir,
                 memstore_bytes=self.memstore_mib * 2**20,
-            )  # fmt: skip
+            )
         )
         monmap = self.dir / "monmap"
         self._run(
@@ -200,8 +200,11 @@ class RadosGateway:
         self._run("ceph", "osd", "crush", "move", "localhost", "root=default")
         self._run("ceph", "osd", "crush", "add", f"osd.{osd_id}", "1.0", "host=localhost")
         self._spawn("osd", "ceph-osd", "-f", "-i", osd_id)
-        self._wait(lambda: json.loads(self._run("ceph", "osd", "dump", "--format", "json"))["osds"][0]["up"] == 1,
-                   "the OSD to come up", "osd")  # fmt: skip
+        self._wait(
+            lambda: json.loads(self._run("ceph", "osd", "dump", "--format", "json"))["osds"][0]["up"] == 1,
+            "the OSD to come up",
+            "osd",
+        )
 
     def _start_rgw(self) -> None:
         self._spawn("rgw", "radosgw", "-f", "-n", "client.rgw")
@@ -216,8 +219,21 @@ class RadosGateway:
         self._wait(answers, f"radosgw to answer on {self.endpoint_url}", "rgw")
 
     def _create_user(self) -> None:
-        self._run("radosgw-admin", "-n", "client.admin", "user", "create", "--uid", "sakura", "--display-name",
-                  "sakura tests", "--access-key", self.access_key, "--secret", self.secret_key)  # fmt: skip
+        self._run(
+            "radosgw-admin",
+            "-n",
+            "client.admin",
+            "user",
+            "create",
+            "--uid",
+            "sakura",
+            "--display-name",
+            "sakura tests",
+            "--access-key",
+            self.access_key,
+            "--secret",
+            self.secret_key,
+        )
 
     # ---- processes ------------------------------------------------------------------------------------------
     def _argv(self, prog: str, *args: str) -> list[str]:
@@ -231,8 +247,14 @@ class RadosGateway:
         tries = _CLI_TRIES if prog == "ceph" else 1
         for attempt in range(1, tries + 1):
             try:
-                out = subprocess.run(self._argv(prog, *args), capture_output=True, text=True, timeout=self.timeout_s,
-                                     stdin=subprocess.DEVNULL, cwd=self.dir)  # fmt: skip
+                out = subprocess.run(
+                    self._argv(prog, *args),
+                    capture_output=True,
+                    text=True,
+                    timeout=self.timeout_s,
+                    stdin=subprocess.DEVNULL,
+                    cwd=self.dir,
+                )
             except subprocess.TimeoutExpired as e:
                 raise RadosGatewayError(f"{prog} {' '.join(args[:3])} timed out after {self.timeout_s} s") from e
             if out.returncode == 0:
@@ -245,8 +267,9 @@ class RadosGateway:
 
     def _spawn(self, name: str, prog: str, *args: str) -> None:
         with open(self.dir / f"{name}.out", "wb") as log:  # the child keeps its own descriptor
-            self.procs[name] = subprocess.Popen(self._argv(prog, *args), stdin=subprocess.DEVNULL, stdout=log,
-                                                stderr=subprocess.STDOUT, cwd=self.dir)  # fmt: skip
+            self.procs[name] = subprocess.Popen(
+                self._argv(prog, *args), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir
+            )
 
     def log_tail(self, name: str, chars: int = 2000) -> str:
         parts = []

@@ -85,7 +85,7 @@ class RecordingCloud:
                     "path": request.path_qs,
                     "headers": list(request.headers.items()),
                     "body": body,
-                }  # fmt: skip
+                }
             )
             return await handler(request)
 
@@ -139,8 +139,21 @@ class AgentProcess:
     """``sakura phone-agent`` on a free 127.0.0.1 port, started at construction; ``url()`` waits until it listens."""
 
     def __init__(self, *extra: str):
-        argv = [sys.executable, "-m", "sakura_core.cli", "phone-agent", "--host", "127.0.0.1", "--port", "0",
-                "--token", PHONE_TOKEN, "--threads", "1", *extra]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "sakura_core.cli",
+            "phone-agent",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--token",
+            PHONE_TOKEN,
+            "--threads",
+            "1",
+            *extra,
+        ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
         self.lines: list[str] = []
         self._found: dict[str, str] = {}

@@ -62,8 +62,10 @@ class FakeEdit:
             pass
 
         outcome = Outcome()
-        outcome.image, outcome.report = out, {"policy": request.policy, "latency_s": 0.01, "bytes_fetched": 0,
-                                              "timeline": []}  # fmt: skip
+        outcome.image, outcome.report = (
+            out,
+            {"policy": request.policy, "latency_s": 0.01, "bytes_fetched": 0, "timeline": []},
+        )
         return outcome
 
 
@@ -80,8 +82,15 @@ def make_agent(aiohttp_client, demo_model):
 
 
 def _body(cloud, image, **job) -> bytes:
-    header = {"template_id": TEMPLATE_ID, "cloud_url": cloud.url, "prompt": PROMPT, "steps": 2, "seed": 5,
-              "policy": "fetch-fp16", **job}  # fmt: skip
+    header = {
+        "template_id": TEMPLATE_ID,
+        "cloud_url": cloud.url,
+        "prompt": PROMPT,
+        "steps": 2,
+        "seed": 5,
+        "policy": "fetch-fp16",
+        **job,
+    }
     return encode_job_body(header, {"image": image})
 
 

@@ -96,7 +96,7 @@ def _at(url: str) -> SimpleNamespace:
         ("http://0xa9.0xfe.0xa9.0xfe", "0xa9.0xfe.0xa9.0xfe", "ambiguous"),
         ("http://127.0.0.1.:8080", "127.0.0.1.", "ambiguous"),
     ],
-)  # fmt: skip
+)
 async def test_refused_hosts_are_never_contacted(make_agent, user_image, sessions, url, host, why):
     client, fake = await make_agent()
     resolver = _Resolver()
@@ -125,9 +125,11 @@ async def test_every_resolved_address_must_pass(make_agent, user_image, sessions
 async def test_private_clouds_need_the_setting(make_agent, user_image, counting_cloud, sessions):
     client, _ = await make_agent(allow_private_cloud=False)
     client.app[AGENT_STATE_KEY].resolve = _Resolver(lan_example=["10.1.2.3"], localhost=["127.0.0.1", "::1"])
-    for url, what in ((counting_cloud.url, "'127.0.0.1' is a loopback"),
-                      ("http://lan.example", "'lan.example' resolves to 10.1.2.3, which is a private"),
-                      ("http://localhost:9", "'localhost' resolves to 127.0.0.1, which is a loopback")):  # fmt: skip
+    for url, what in (
+        (counting_cloud.url, "'127.0.0.1' is a loopback"),
+        ("http://lan.example", "'lan.example' resolves to 10.1.2.3, which is a private"),
+        ("http://localhost:9", "'localhost' resolves to 127.0.0.1, which is a loopback"),
+    ):
         r = await _submit(client, _body(_at(url), user_image))
         got = await r.json()
         assert r.status == 400 and got["code"] == "bad_job" and what in got["error"] and SETTING in got["error"], got
@@ -163,8 +165,9 @@ async def _until(cond) -> None:
 
 # ---- redirects ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("status", [302, 307])
-async def test_a_redirecting_cloud_is_refused_and_its_target_never_asked(make_agent, aiohttp_server, user_image,
-                                                                         status):  # fmt: skip
+async def test_a_redirecting_cloud_is_refused_and_its_target_never_asked(
+    make_agent, aiohttp_server, user_image, status
+):
     pair = await redirect_pair(aiohttp_server, status)
     client, fake = await make_agent()
     r = await _submit(client, _body(_at(pair.url), user_image))
@@ -199,6 +202,8 @@ def test_the_cli_flag_sets_the_config_field():
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    got = [parser.parse_args(argv).allow_private_cloud for argv in ([], ["--allow-private-cloud"],
-                                                                    ["--no-allow-private-cloud"])]  # fmt: skip
+    got = [
+        parser.parse_args(argv).allow_private_cloud
+        for argv in ([], ["--allow-private-cloud"], ["--no-allow-private-cloud"])
+    ]
     assert got == [None, True, False]

@@ -48,8 +48,14 @@ def make_bomb() -> bytes:
     frame.append(chunker.flush())
     frame = b"".join(frame)
     job = {"template_id": TEMPLATE_ID, "cloud_url": "http://127.0.0.1:9", "prompt": PROMPT}
-    part = {"name": "image", "dtype": "uint8", "shape": list(BOMB_SHAPE), "raw_bytes": BOMB_BYTES,
-            "zstd_bytes": len(frame), "sha256": hasher.hexdigest()}  # fmt: skip
+    part = {
+        "name": "image",
+        "dtype": "uint8",
+        "shape": list(BOMB_SHAPE),
+        "raw_bytes": BOMB_BYTES,
+        "zstd_bytes": len(frame),
+        "sha256": hasher.hexdigest(),
+    }
     header = json.dumps({"job": job, "parts": [part]}).encode()
     return struct.pack("<4sHHI", MAGIC, VERSION, 0, len(header)) + header + frame
 
@@ -92,8 +98,13 @@ async def test_ten_bombs_leave_the_agent_within_300_mb_of_idle(make_agent, bomb)
         assert r.status == 400 and body["code"] == "bad_body", body
         peaks.append(_rss_bytes())
     after = _rss_bytes()
-    logger.warning("agent RSS: idle %.1f MiB, after 10 bombs %.1f MiB (max during %.1f MiB), growth %.1f MiB",
-                   idle / 2**20, after / 2**20, max(peaks) / 2**20, (after - idle) / 2**20)  # fmt: skip
+    logger.warning(
+        "agent RSS: idle %.1f MiB, after 10 bombs %.1f MiB (max during %.1f MiB), growth %.1f MiB",
+        idle / 2**20,
+        after / 2**20,
+        max(peaks) / 2**20,
+        (after - idle) / 2**20,
+    )
     assert after - idle < 300 * 2**20
     assert fake.requests == []
 
@@ -102,8 +113,12 @@ async def test_non_utf8_token_gets_401(aiohttp_server, demo_model):
     from android_bridge.agent import create_app
     from sakura_core.runtime.live_profile import LiveProfile
 
-    app = create_app(AgentConfig(token=PHONE_TOKEN, port=0), model=demo_model, edit_fn=lambda *a, **k: None,
-                     live_profile=LiveProfile(0.01, 0.005, demo_model.adapter.num_layers, 8))  # fmt: skip
+    app = create_app(
+        AgentConfig(token=PHONE_TOKEN, port=0),
+        model=demo_model,
+        edit_fn=lambda *a, **k: None,
+        live_profile=LiveProfile(0.01, 0.005, demo_model.adapter.num_layers, 8),
+    )
     server = await aiohttp_server(app)
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(
@@ -144,9 +159,16 @@ def test_device_and_dtype_are_checked_and_reach_the_model(monkeypatch):
 
 @pytest.mark.parametrize(
     "url",
-    ["http://127.0.0.1:8080/admin?x=1", "http://127.0.0.1:8080/#frag", "http://user:pw@127.0.0.1/",
-     "http://127.0.0.1/a/../b", "http://127.0.0.1/%2e%2e/", "http://127.0.0.1:0/", "http://127.0.0.1:x/"],
-)  # fmt: skip
+    [
+        "http://127.0.0.1:8080/admin?x=1",
+        "http://127.0.0.1:8080/#frag",
+        "http://user:pw@127.0.0.1/",
+        "http://127.0.0.1/a/../b",
+        "http://127.0.0.1/%2e%2e/",
+        "http://127.0.0.1:0/",
+        "http://127.0.0.1:x/",
+    ],
+)
 async def test_cloud_url_must_be_a_plain_base_url(make_agent, user_image, url):  # noqa: F811
     client, fake = await make_agent()
     body = encode_job_body({"template_id": TEMPLATE_ID, "cloud_url": url, "prompt": PROMPT}, {"image": user_image})
@@ -217,8 +239,12 @@ def agent_server(demo_model):
     from sakura_core.http_serving import bound_port
     from sakura_core.runtime.live_profile import LiveProfile
 
-    app = create_app(AgentConfig(token=PHONE_TOKEN, port=0), model=demo_model, edit_fn=lambda *a, **k: None,
-                     live_profile=LiveProfile(0.01, 0.005, demo_model.adapter.num_layers, 8))  # fmt: skip
+    app = create_app(
+        AgentConfig(token=PHONE_TOKEN, port=0),
+        model=demo_model,
+        edit_fn=lambda *a, **k: None,
+        live_profile=LiveProfile(0.01, 0.005, demo_model.adapter.num_layers, 8),
+    )
     loop = asyncio.new_event_loop()
     runner = _web.AppRunner(app, access_log=None)
     loop.run_until_complete(runner.setup())
@@ -246,9 +272,14 @@ def test_fuzz_agent_authorization_and_job_bodies(agent_server, auth, body):
     loop, port = agent_server
     req = b"GET /v1/info HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: " + auth + b"\r\n\r\n"
     assert 0 < loop.run_until_complete(_status(port, req)) < 500
-    req = (b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer " + PHONE_TOKEN.encode()
-           + b"\r\nContent-Type: application/x-sakura-job\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
-           + body)  # fmt: skip
+    req = (
+        b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer "
+        + PHONE_TOKEN.encode()
+        + b"\r\nContent-Type: application/x-sakura-job\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
     assert 0 < loop.run_until_complete(_status(port, req)) < 500
 
 

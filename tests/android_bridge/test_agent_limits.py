@@ -23,8 +23,12 @@ from .test_agent_app import _body, _submit, make_agent  # noqa: F401 - make_agen
 def _manifest(model, grid: tuple[int, int]) -> dict:
     a = model.adapter
     m = build_synthetic(TEMPLATE_ID, model_id=model.model_id, num_layers=a.num_layers).manifest
-    m.update(token_grid=list(grid), heads=a.num_heads, head_dim=a.head_dim,
-             template_image={"digest": "ab" * 32, "bytes": 1000})  # fmt: skip
+    m.update(
+        token_grid=list(grid),
+        heads=a.num_heads,
+        head_dim=a.head_dim,
+        template_image={"digest": "ab" * 32, "bytes": 1000},
+    )
     return m
 
 
@@ -90,8 +94,12 @@ async def test_a_bad_manifest_is_a_502_bad_manifest(make_agent, hostile_cloud, u
 
 
 # ---- a hypothesis fuzz of the cloud's manifest through the agent: a 202 or a 4xx/502 with a code, never a 500 -------
-_FUZZ = settings(max_examples=40, deadline=timedelta(seconds=30), derandomize=True,
-                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+_FUZZ = settings(
+    max_examples=40,
+    deadline=timedelta(seconds=30),
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 async def _submit_against(body: bytes, demo_model, user_image) -> tuple[int, dict]:
@@ -108,8 +116,12 @@ async def _submit_against(body: bytes, demo_model, user_image) -> tuple[int, dic
     cloud_app = web.Application()
     cloud_app.router.add_get("/v1/templates/{tid}/manifest", manifest)
     layers = demo_model.adapter.num_layers
-    agent_app = create_app(AgentConfig(token=PHONE_TOKEN, port=0), model=demo_model, edit_fn=FakeEdit(layers),
-                           live_profile=LiveProfile(0.01, 0.005, layers, 8))  # fmt: skip
+    agent_app = create_app(
+        AgentConfig(token=PHONE_TOKEN, port=0),
+        model=demo_model,
+        edit_fn=FakeEdit(layers),
+        live_profile=LiveProfile(0.01, 0.005, layers, 8),
+    )
     async with TestServer(cloud_app) as cloud, TestClient(TestServer(agent_app)) as agent:
         r = await _submit(agent, _body(SimpleNamespace(url=str(cloud.make_url("")).rstrip("/")), user_image))
         return r.status, await r.json()

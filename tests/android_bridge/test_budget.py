@@ -10,8 +10,17 @@ MIB = 2**20
 
 
 def test_estimate_matches_a_hand_computation():
-    g = DiTGeometry("toy", params=1000, layers=2, heads=2, head_dim=4, image_tokens=6, template_tokens=5,
-                    text_tokens=2, mlp_ratio=3.0)  # fmt: skip
+    g = DiTGeometry(
+        "toy",
+        params=1000,
+        layers=2,
+        heads=2,
+        head_dim=4,
+        image_tokens=6,
+        template_tokens=5,
+        text_tokens=2,
+        mlp_ratio=3.0,
+    )
     mem = estimate_job_memory(g, NPU)
     # D = 8, S = 8, S_kv = 13: values = 2*8*8 + 3*8*8 + 2*8*13 + 2*3*8*8 + 8*8 = 128+192+208+384+64 = 976
     assert mem.weights_bytes == 1000 * 1  # w8 on the NPU
@@ -24,12 +33,28 @@ def test_estimate_matches_a_hand_computation():
 
 
 def test_phone_class_dit_fits_and_a_9b_model_does_not():
-    phone = DiTGeometry("phone-dit", params=400_000_000, layers=24, heads=16, head_dim=64, image_tokens=1024,
-                        template_tokens=1024, text_tokens=128)  # fmt: skip
+    phone = DiTGeometry(
+        "phone-dit",
+        params=400_000_000,
+        layers=24,
+        heads=16,
+        head_dim=64,
+        image_tokens=1024,
+        template_tokens=1024,
+        text_tokens=128,
+    )
     mem = check_budget(phone, NPU)
     assert mem.kv_bytes == 96 * MIB  # docs/design.md: 96 MiB of fp16 template KV for the phone-class DiT
-    klein_9b = DiTGeometry("flux2-klein-9b", params=9_000_000_000, layers=32, heads=32, head_dim=128,
-                           image_tokens=1024, template_tokens=1024, text_tokens=512)  # fmt: skip
+    klein_9b = DiTGeometry(
+        "flux2-klein-9b",
+        params=9_000_000_000,
+        layers=32,
+        heads=32,
+        head_dim=128,
+        image_tokens=1024,
+        template_tokens=1024,
+        text_tokens=512,
+    )
     with pytest.raises(OverBudgetError, match=r"over the budget of 3840\.0 MiB .*one NPU session") as e:
         check_budget(klein_9b, NPU)
     assert e.value.memory.weights_bytes == 9_000_000_000 and not e.value.memory.fits

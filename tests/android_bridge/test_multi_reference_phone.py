@@ -29,8 +29,9 @@ def pair_cloud(tmp_path_factory, demo_model):
 
     store = LocalStore(tmp_path_factory.mktemp("pair-store"))
     refs = [load_image("astronaut", demo_model.spec.image_size), load_image("coffee", demo_model.spec.image_size)]
-    manifest = publish_template(store, demo_model, refs, TEMPLATE, reference_names=["person", "garment"],
-                                store_profile="full").manifest  # fmt: skip
+    manifest = publish_template(
+        store, demo_model, refs, TEMPLATE, reference_names=["person", "garment"], store_profile="full"
+    ).manifest
     with RecordingCloud(store) as cloud:
         yield cloud, store, manifest, refs
 
@@ -42,8 +43,15 @@ async def _job(aiohttp_server, model, cloud_url, user_image, policy):
     )
     client = PhoneClient.connect(str(server.make_url("")).rstrip("/"), PHONE_TOKEN, check=False)
     try:
-        job = PhoneJob(cloud_url=cloud_url, template_id=TEMPLATE, prompt=PROMPT, steps=STEPS, seed=0, policy=policy,
-                       bandwidth="fixed:100")  # fmt: skip
+        job = PhoneJob(
+            cloud_url=cloud_url,
+            template_id=TEMPLATE,
+            prompt=PROMPT,
+            steps=STEPS,
+            seed=0,
+            policy=policy,
+            bandwidth="fixed:100",
+        )
         return await client.arun_job(user_image, job)
     finally:
         client.close()

@@ -21,8 +21,10 @@ def step_inputs(demo_model):
     m = demo_model
     kv = m.adapter.extract_template_kv(m.template_tokens(load_image("coffee", m.spec.image_size)), m.spec.grid)
     g = torch.Generator().manual_seed(3)
-    x = m.request_tokens(torch.randn(1, m.spec.num_tokens, m.spec.patch_dim, generator=g),
-                         m.pack_image(load_image("chelsea", m.spec.image_size)))  # fmt: skip
+    x = m.request_tokens(
+        torch.randn(1, m.spec.num_tokens, m.spec.patch_dim, generator=g),
+        m.pack_image(load_image("chelsea", m.spec.image_size)),
+    )
     return x, m.encode_prompt("a red hat"), torch.tensor([0.6]), kv
 
 
@@ -52,8 +54,10 @@ def test_export_graph_matches_the_kv_adapter(demo_model, step_inputs):
 def test_w8a16_bounds_fix_what_calibration_cannot_bound_and_widen_the_rest():
     from android_bridge.qnn import INPUT_RANGE_MARGIN, w8a16_bounds
 
-    calib = [{"x": np.array([0.5, -3.0], np.float32), "k": np.array([1.0, -2.0], np.float32)},
-             {"x": np.array([1.0], np.float32), "k": np.array([-4.0], np.float32)}]  # fmt: skip
+    calib = [
+        {"x": np.array([0.5, -3.0], np.float32), "k": np.array([1.0, -2.0], np.float32)},
+        {"x": np.array([1.0], np.float32), "k": np.array([-4.0], np.float32)},
+    ]
     assert INPUT_RANGE_MARGIN == 1.5
     assert w8a16_bounds(calib, {"x": 8.0, "velocity": 8.0}) == {"x": 8.0, "k": 6.0}  # 1.5 x max |k| = 1.5 x 4
     assert w8a16_bounds(calib, {}, margin=2.0) == {"x": 6.0, "k": 8.0}
@@ -80,8 +84,10 @@ def test_quantize_w8a16_gives_uint8_weights_uint16_activations_and_the_fixed_ran
     fp32, qdq = tmp_path / "g.onnx", tmp_path / "g.w8a16.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(fp32))
     rng = np.random.default_rng(0)
-    calib = [{"a": rng.uniform(-1, 1, (2, 3)).astype(np.float32), "c": rng.uniform(-2, 2, (2, 3)).astype(np.float32)}
-             for _ in range(4)]  # fmt: skip
+    calib = [
+        {"a": rng.uniform(-1, 1, (2, 3)).astype(np.float32), "c": rng.uniform(-2, 2, (2, 3)).astype(np.float32)}
+        for _ in range(4)
+    ]
     quantize_w8a16(fp32, qdq, calib, {"a": 8.0})
     model = onnx.load(str(qdq))
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -102,8 +108,12 @@ def test_graph_checks_refuse_single_input_einsum_dynamic_shapes_and_float64(tmp_
     from android_bridge.qnn import check_graph
 
     def save(node, in_type=TensorProto.FLOAT, dims=(2, 3)):
-        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", in_type, list(dims))],
-                              [helper.make_tensor_value_info("b", in_type, None)])  # fmt: skip
+        g = helper.make_graph(
+            [node],
+            "g",
+            [helper.make_tensor_value_info("a", in_type, list(dims))],
+            [helper.make_tensor_value_info("b", in_type, None)],
+        )
         path = tmp_path / f"{node.op_type}-{in_type}-{dims}.onnx"
         onnx.save(helper.make_model(g), str(path))
         return path
@@ -126,8 +136,9 @@ def test_npu_gate_demo_dit_runs_fully_on_the_emulated_htp(tmp_path, capsys, reco
     out = tmp_path / "npu"
     threads = torch.get_num_threads()
     try:
-        rc = main(["export", "--target", "qnn", "--out", str(out), "--calibration-steps", "2",
-                   "--validation-steps", "2"])  # fmt: skip
+        rc = main(
+            ["export", "--target", "qnn", "--out", str(out), "--calibration-steps", "2", "--validation-steps", "2"]
+        )
     finally:
         torch.set_num_threads(threads)
     printed = capsys.readouterr().out
@@ -143,7 +154,11 @@ def test_npu_gate_demo_dit_runs_fully_on_the_emulated_htp(tmp_path, capsys, reco
     assert p["qnn_htp_vs_torch"]["rel_l2"] < 0.05  # w8a16 on the emulated HTP: measured ~0.006
     assert p["qnn_htp_edit_psnr_db_vs_torch"] > 35.0  # a whole edit on the HTP vs torch: measured ~55 dB
     assert "op coverage 100.0%" in printed
-    for key, value in (("op_coverage", q["op_coverage"]), ("qnn_partitions", q["qnn_partitions"]),
-                       ("htp_max_abs", p["qnn_htp_vs_torch"]["max_abs"]), ("htp_rel_l2", p["qnn_htp_vs_torch"]["rel_l2"]),
-                       ("htp_edit_psnr_db", p["qnn_htp_edit_psnr_db_vs_torch"])):  # fmt: skip
+    for key, value in (
+        ("op_coverage", q["op_coverage"]),
+        ("qnn_partitions", q["qnn_partitions"]),
+        ("htp_max_abs", p["qnn_htp_vs_torch"]["max_abs"]),
+        ("htp_rel_l2", p["qnn_htp_vs_torch"]["rel_l2"]),
+        ("htp_edit_psnr_db", p["qnn_htp_edit_psnr_db_vs_torch"]),
+    ):
         record_property(key, value)  # in the junit XML; the full numbers are in export_report.json

@@ -33,8 +33,15 @@ async def test_the_agent_calls_the_core_edit_and_reports_like_a_local_edit(
     server = await aiohttp_server(app)
     client = PhoneClient.connect(str(server.make_url("")).rstrip("/"), PHONE_TOKEN, check=False)
     try:
-        job = PhoneJob(cloud_url=cloud.url, template_id=TEMPLATE_ID, prompt=PROMPT, steps=2, seed=4,
-                       policy="fetch-fp16", bandwidth="fixed:100")  # fmt: skip
+        job = PhoneJob(
+            cloud_url=cloud.url,
+            template_id=TEMPLATE_ID,
+            prompt=PROMPT,
+            steps=2,
+            seed=4,
+            policy="fetch-fp16",
+            bandwidth="fixed:100",
+        )
         image, report = await client.arun_job(user_image, job)
     finally:
         client.close()

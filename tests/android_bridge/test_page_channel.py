@@ -63,8 +63,11 @@ def test_resolve_names_the_page_or_says_how_to_pair():
     first = hub.pair(hub.new_code()[0], {})
     assert hub.resolve("page") == "ABCDEF" and hub.resolve("page:abcdef") == "ABCDEF"
     hub.pair(hub.new_code()[0], {})
-    with pytest.raises(PairingError, match=r"2 phone pages are connected \(ABCDEF, GHJKMN\): set the connection to "
-                       r"page:CODE, e.g. page:ABCDEF"):  # fmt: skip
+    with pytest.raises(
+        PairingError,
+        match=r"2 phone pages are connected \(ABCDEF, GHJKMN\): set the connection to "
+        r"page:CODE, e.g. page:ABCDEF",
+    ):
         hub.resolve("page")
     with pytest.raises(PairingError, match="no phone page paired with code 'QQQQQQ'; paired: ABCDEF, GHJKMN"):
         hub.resolve("page:QQQQQQ")

@@ -116,8 +116,13 @@ async def test_wrong_or_missing_token_gets_401_on_every_route(agent):
     body = encode_job_body({"template_id": TEMPLATE_ID}, {"image": np.zeros((2, 2, 3), np.uint8)})
     async with aiohttp.ClientSession(agent) as s:
         for headers in ({}, {"Authorization": "Bearer wrong-token-000"}, {"Authorization": PHONE_TOKEN}):
-            for method, path, data in (("GET", "/v1/info", None), ("POST", "/v1/jobs", body), ("GET", job_path, None),
-                                       ("GET", job_path + "/result", None), ("DELETE", job_path, None)):  # fmt: skip
+            for method, path, data in (
+                ("GET", "/v1/info", None),
+                ("POST", "/v1/jobs", body),
+                ("GET", job_path, None),
+                ("GET", job_path + "/result", None),
+                ("DELETE", job_path, None),
+            ):
                 hdrs = {**headers, "Content-Type": CONTENT_TYPE} if data else headers
                 async with s.request(method, path, data=data, headers=hdrs) as r:
                     assert r.status == 401, (method, path, headers)
@@ -191,8 +196,12 @@ def test_adb_transport_dispatch_through_a_forward(agent, cloud, user_image, demo
     device = _FakeDevice("R5CW1234ABC", port)
     client = PhoneClient.connect("adb@9000", PHONE_TOKEN, adb_client=_FakeAdb(device))
     try:
-        assert client.describe() == {"transport": "adb", "serial": "R5CW1234ABC", "remote_port": 9000,
-                                     "local_port": port}  # fmt: skip
+        assert client.describe() == {
+            "transport": "adb",
+            "serial": "R5CW1234ABC",
+            "remote_port": 9000,
+            "local_port": port,
+        }
         image, report = client.run_job(user_image, _job(cloud, steps=2))
     finally:
         client.close()
@@ -275,8 +284,9 @@ def test_no_request_to_the_cloud_carries_the_user_image_or_prompt(agent, cloud, 
     assert _leaks([planted], secrets) == ["GET /x body: packed user tensor"]
 
 
-async def test_the_cloud_has_no_route_that_takes_a_posted_image_except_the_authenticated_upload(cloud, store,
-                                                                                                 user_image):  # fmt: skip
+async def test_the_cloud_has_no_route_that_takes_a_posted_image_except_the_authenticated_upload(
+    cloud, store, user_image
+):
     from PIL import Image
 
     writable = {(r.method, r.resource.canonical) for r in cloud.app.router.routes() if r.method not in ("GET", "HEAD")}
@@ -294,8 +304,12 @@ async def test_the_cloud_has_no_route_that_takes_a_posted_image_except_the_authe
                 path = path.replace(key, value)
             for method in ("POST", "PUT", "PATCH"):
                 for headers in ({}, {"Authorization": "Bearer " + PHONE_TOKEN}):
-                    async with s.request(method, path + "?id=user-photo", data=png.getvalue(),
-                                         headers={**headers, "Content-Type": "image/png"}) as r:  # fmt: skip
+                    async with s.request(
+                        method,
+                        path + "?id=user-photo",
+                        data=png.getvalue(),
+                        headers={**headers, "Content-Type": "image/png"},
+                    ) as r:
                         expected = 401 if (method, path) == ("POST", "/v1/templates") else 405
                         assert r.status == expected, (method, path, headers, r.status)
     assert sorted(p.relative_to(store.root) for p in store.root.rglob("*")) == before  # nothing was stored
@@ -322,6 +336,10 @@ async def test_ten_bomb_jobs_leave_the_agent_process_within_300_mb_of_idle(agent
             async with session.post("/v1/jobs", data=bomb, headers=headers) as resp:
                 assert resp.status == 400 and (await resp.json())["code"] == "bad_body"
     after = _vm_rss_bytes(pid)
-    logging.getLogger(__name__).warning("sakura phone-agent RSS: idle %.1f MiB, after 10 bombs %.1f MiB (%d bytes body)",
-                                        idle / 2**20, after / 2**20, len(bomb))  # fmt: skip
+    logging.getLogger(__name__).warning(
+        "sakura phone-agent RSS: idle %.1f MiB, after 10 bombs %.1f MiB (%d bytes body)",
+        idle / 2**20,
+        after / 2**20,
+        len(bomb),
+    )
     assert after - idle < 300 * 2**20

@@ -58,8 +58,9 @@ def test_info_reports_the_backend_the_emulation_and_the_op_coverage(qnn_agents):
 
 
 @pytest.mark.parametrize("policy", ["fetch-fp16", "on-device"])
-def test_phone_run_on_the_emulated_htp_matches_the_torch_agent(qnn_agents, cloud, user_image, tmp_path, policy,
-                                                               capsys, record_property):  # fmt: skip
+def test_phone_run_on_the_emulated_htp_matches_the_torch_agent(
+    qnn_agents, cloud, user_image, tmp_path, policy, capsys, record_property
+):
     image_path = tmp_path / "user.png"
     Image.fromarray(user_image).save(image_path)
     reports, images = {}, {}
@@ -92,9 +93,9 @@ def per_step_template(store, demo_model):
 
 
 @pytest.mark.parametrize("policy", ["fetch-fp16", "on-device"])
-def test_per_step_phone_run_on_the_emulated_htp_matches_the_torch_agent(qnn_agents, cloud, user_image, tmp_path,
-                                                                        per_step_template, policy, capsys,
-                                                                        record_property):  # fmt: skip
+def test_per_step_phone_run_on_the_emulated_htp_matches_the_torch_agent(
+    qnn_agents, cloud, user_image, tmp_path, per_step_template, policy, capsys, record_property
+):
     from sakura_core.cli import main
 
     image_path = tmp_path / "user.png"

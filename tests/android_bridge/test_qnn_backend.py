@@ -145,8 +145,18 @@ def _per_step_edit(model, backend, split: int, steps: int = 2):
     m, size = model, model.spec.image_size
     tpl, user = load_image("coffee", size), load_image("chelsea", size)
     kv = m.adapter.extract_per_step_kv(m.template_tokens(tpl), m.spec.grid, flow_timesteps(steps)[:-1])
-    return run_edit(m, user, "make it a watercolor", steps=steps, seed=0, split_layer=split, kv_source=kv,
-                    template_image=tpl, kv_mode="per-step", backend=backend).image  # fmt: skip
+    return run_edit(
+        m,
+        user,
+        "make it a watercolor",
+        steps=steps,
+        seed=0,
+        split_layer=split,
+        kv_source=kv,
+        template_image=tpl,
+        kv_mode="per-step",
+        backend=backend,
+    ).image
 
 
 def test_a_per_step_edit_through_the_seam_matches_the_default(demo_model):

@@ -125,8 +125,24 @@ def test_phone_run_with_no_adb_phone_ends_with_one_line_not_a_traceback(tmp_path
 
     monkeypatch.setattr(transports, "_default_adb_client", lambda host, port: Adb())  # adb runs, no phone attached
     Image.new("RGB", (32, 32), "white").save(tmp_path / "user.png")
-    argv = ["phone", "run", "--agent", "adb", "--token", "t" * 16, "--cloud", "http://127.0.0.1:9",
-            "--template", "t", "--image", str(tmp_path / "user.png"), "--prompt", "p", "--out", str(tmp_path / "o.png")]  # fmt: skip
+    argv = [
+        "phone",
+        "run",
+        "--agent",
+        "adb",
+        "--token",
+        "t" * 16,
+        "--cloud",
+        "http://127.0.0.1:9",
+        "--template",
+        "t",
+        "--image",
+        str(tmp_path / "user.png"),
+        "--prompt",
+        "p",
+        "--out",
+        str(tmp_path / "o.png"),
+    ]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "no adb device attached" in err and "Traceback" not in err

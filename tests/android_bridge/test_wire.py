@@ -47,8 +47,14 @@ def test_header_carries_sha256_of_the_raw_bytes():
     img = _image()
     header, _ = _split(encode_job_body(JOB, {"image": img}))
     (meta,) = header["parts"]
-    assert meta == {"name": "image", "dtype": "uint8", "shape": [8, 8, 3], "raw_bytes": 192,
-                    "zstd_bytes": meta["zstd_bytes"], "sha256": hashlib.sha256(img.tobytes()).hexdigest()}  # fmt: skip
+    assert meta == {
+        "name": "image",
+        "dtype": "uint8",
+        "shape": [8, 8, 3],
+        "raw_bytes": 192,
+        "zstd_bytes": meta["zstd_bytes"],
+        "sha256": hashlib.sha256(img.tobytes()).hexdigest(),
+    }
 
 
 def test_sha256_mismatch_is_refused():

@@ -49,8 +49,10 @@ def radosgw(tmp_path_factory):
 
     missing = missing_ceph_binaries()
     if missing:
-        unavailable(f"Ceph radosgw is not installed (missing {', '.join(missing)}; apt-get install ceph-mon ceph-osd "
-                    "radosgw ceph-common): S3 store tests skipped")  # fmt: skip
+        unavailable(
+            f"Ceph radosgw is not installed (missing {', '.join(missing)}; apt-get install ceph-mon ceph-osd "
+            "radosgw ceph-common): S3 store tests skipped"
+        )
     try:
         import boto3  # noqa: F401
     except ImportError:
@@ -225,8 +227,9 @@ class S3Gate:
         """``request`` sent on to S3 (less the headers named in ``drop``): its (status, headers, body)."""
         skip = _HOP | {"content-length", "expect", *drop}
         headers = {k: v for k, v in request.headers.items() if k.lower() not in skip}
-        async with self._session.request(request.method, self.upstream + request.raw_path, headers=headers,
-                                         data=body, allow_redirects=False) as r:  # fmt: skip
+        async with self._session.request(
+            request.method, self.upstream + request.raw_path, headers=headers, data=body, allow_redirects=False
+        ) as r:
             payload = await r.read()
             out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP and k.lower() != "content-length"}
             return r.status, out, payload
@@ -267,8 +270,9 @@ async def _start_serve(store_url: str, *extra: str, endpoint: str | None = None)
     if endpoint is not None:
         argv += ["--s3-endpoint", endpoint]
     env = {k: v for k, v in os.environ.items() if k not in ("SAKURA_TOKEN", "SAKURA_READ_TOKEN")}
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                env=env)  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
     line = await asyncio.wait_for(proc.stdout.readline(), 180)
     if not line.startswith(b"serving http://127.0.0.1:"):
         proc.kill()
@@ -305,8 +309,14 @@ async def sakura_serve():
 
 async def run_sakura(*argv: str, timeout_s: float = 300) -> tuple[int, str]:
     """Run ``sakura ARGV``; (exit status, stdout+stderr)."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "sakura_core.cli", *argv,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sakura_core.cli",
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
     except asyncio.TimeoutError:

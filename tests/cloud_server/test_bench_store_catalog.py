@@ -25,8 +25,22 @@ def test_the_template_images_are_distinct_crops(tmp_path):
 @pytest.mark.slow
 def test_a_small_catalog_in_s3_adds_up_and_verifies(radosgw, tmp_path, capsys):
     out = tmp_path / "store-catalog.json"
-    argv = ["bench", "store-catalog", "--templates", "6", "--workers", "1", "--steps", "2", "--json", str(out),
-            "--s3", f"s3://{S3_BUCKET}/store-catalog", "--s3-endpoint", radosgw.endpoint_url]  # fmt: skip
+    argv = [
+        "bench",
+        "store-catalog",
+        "--templates",
+        "6",
+        "--workers",
+        "1",
+        "--steps",
+        "2",
+        "--json",
+        str(out),
+        "--s3",
+        f"s3://{S3_BUCKET}/store-catalog",
+        "--s3-endpoint",
+        radosgw.endpoint_url,
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())

@@ -176,8 +176,9 @@ async def test_bad_page_parameters_are_a_400_naming_the_value(aiohttp_client, ma
 
 
 @LOCAL_ONLY  # the build runs in a worker thread whatever the store
-async def test_the_first_build_blocks_neither_the_loop_nor_other_routes(aiohttp_client, make_app, store, manifest,
-                                                                        monkeypatch):  # fmt: skip
+async def test_the_first_build_blocks_neither_the_loop_nor_other_routes(
+    aiohttp_client, make_app, store, manifest, monkeypatch
+):
     make_synthetic_template(store, "tpl-b", model_id=MODEL_ID, num_layers=2)
     release, arrived = threading.Event(), threading.Event()
     real = store.get_manifest_bytes
@@ -212,8 +213,9 @@ async def test_the_first_build_blocks_neither_the_loop_nor_other_routes(aiohttp_
 
 
 @LOCAL_ONLY
-async def test_a_warm_server_answers_its_last_catalog_during_a_long_rebuild(aiohttp_client, make_app, store,
-                                                                             manifest, monkeypatch):  # fmt: skip
+async def test_a_warm_server_answers_its_last_catalog_during_a_long_rebuild(
+    aiohttp_client, make_app, store, manifest, monkeypatch
+):
     app = make_app(catalog_ttl_s=0)
     app[STATE_KEY].catalog_index.config = CatalogConfig(ttl_s=0, wait_s=0.2)
     client = await aiohttp_client(app)

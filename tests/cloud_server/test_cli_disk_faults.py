@@ -63,16 +63,28 @@ def test_precompute_into_a_read_only_store_says_so_before_the_compute(tmp_path, 
 def test_precompute_json_into_a_read_only_folder_says_so_first(tmp_path, fast_precompute, capsys):
     (tmp_path / "out").mkdir()
     with read_only(tmp_path / "out"):
-        rc = main(["precompute", "--store", str(tmp_path / "store"), "--image", "astronaut", "--id", "tpl-1",
-                   "--json", str(tmp_path / "out" / "levels.json")])  # fmt: skip
+        rc = main(
+            [
+                "precompute",
+                "--store",
+                str(tmp_path / "store"),
+                "--image",
+                "astronaut",
+                "--id",
+                "tpl-1",
+                "--json",
+                str(tmp_path / "out" / "levels.json"),
+            ]
+        )
     err = capsys.readouterr().err
     assert rc == 1 and not fast_precompute, err
     _one_line(err, f"sakura precompute: cannot write levels.json there: {tmp_path / 'out'}: ")
     assert not LocalStore(tmp_path / "store").list_templates()
 
 
-def test_a_disk_that_fills_up_at_the_end_is_one_line_and_leaves_no_temp_file(tmp_path, fast_precompute, capsys,
-                                                                            monkeypatch):  # fmt: skip
+def test_a_disk_that_fills_up_at_the_end_is_one_line_and_leaves_no_temp_file(
+    tmp_path, fast_precompute, capsys, monkeypatch
+):
     real_fsync, calls = os.fsync, []
 
     def fsync(fd):  # the 4th file written finds the disk full (shards are written before the manifest)
@@ -108,10 +120,29 @@ def test_a_real_full_disk(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     code = _FULL_DISK.format(tests=str(TESTS), model=MODEL_ID)
-    script = ('mount -t tmpfs -o size=96k tmpfs "$1" || exit 99; shift; "$@"; echo "rc=$?"; '
-              'find "$0" -name "*.tmp" | wc -l; ls "$0/store/templates" | wc -l')  # fmt: skip
-    argv = [unshare, "-m", "sh", "-c", script, str(disk), str(disk), sys.executable, "-c", code, "precompute",
-            "--store", str(disk / "store"), "--image", "astronaut", "--id", "tpl-1"]  # fmt: skip
+    script = (
+        'mount -t tmpfs -o size=96k tmpfs "$1" || exit 99; shift; "$@"; echo "rc=$?"; '
+        'find "$0" -name "*.tmp" | wc -l; ls "$0/store/templates" | wc -l'
+    )
+    argv = [
+        unshare,
+        "-m",
+        "sh",
+        "-c",
+        script,
+        str(disk),
+        str(disk),
+        sys.executable,
+        "-c",
+        code,
+        "precompute",
+        "--store",
+        str(disk / "store"),
+        "--image",
+        "astronaut",
+        "--id",
+        "tpl-1",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if proc.returncode == 99:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()[:200]}")

@@ -35,8 +35,22 @@ def served(tmp_path):
     store = LocalStore(tmp_path / "store")
     make_synthetic_template(store, "tpl-a", model_id=MODEL_ID)
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - closed below
-    argv = [sys.executable, "-c", LAUNCH.format(n=FD_LIMIT), "serve", "--store", str(store.root), "--host",
-            "127.0.0.1", "--port", "0", "--model", "none", "--idle-timeout", str(IDLE_TIMEOUT_S)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-c",
+        LAUNCH.format(n=FD_LIMIT),
+        "serve",
+        "--store",
+        str(store.root),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--model",
+        "none",
+        "--idle-timeout",
+        str(IDLE_TIMEOUT_S),
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log)
     try:
         line = proc.stdout.readline().decode()
@@ -82,8 +96,13 @@ def test_idle_connections_at_a_low_fd_limit_leave_it_answering_with_a_bounded_lo
         for s in idle:
             s.close()
     log_bytes = os.path.getsize(log_path)
-    logger.info("%d idle connections at RLIMIT_NOFILE %d: answered after %s s, log %d bytes", len(idle), FD_LIMIT,
-                answered_s, log_bytes)  # fmt: skip
+    logger.info(
+        "%d idle connections at RLIMIT_NOFILE %d: answered after %s s, log %d bytes",
+        len(idle),
+        FD_LIMIT,
+        answered_s,
+        log_bytes,
+    )
     assert answered_s is not None, f"no answer within 60 s; log: {log_path.read_text()[-2000:]}"
     assert log_bytes < 20_000 and "Traceback" not in log_path.read_text()
 

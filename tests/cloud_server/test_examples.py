@@ -31,8 +31,15 @@ def test_examples_command(tmp_path, capsys):
 @pytest.mark.slow
 def test_examples_command_publishes_into_an_s3_store(radosgw, capsys):
     store = new_s3_store(radosgw, "examples")
-    argv = ["examples", "--store", str(store.location), "--s3-endpoint", radosgw.endpoint_url,
-            "--template", "face-swap-astronaut"]  # fmt: skip
+    argv = [
+        "examples",
+        "--store",
+        str(store.location),
+        "--s3-endpoint",
+        radosgw.endpoint_url,
+        "--template",
+        "face-swap-astronaut",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert f"face-swap-astronaut: published in {store.location}" in out
@@ -48,8 +55,15 @@ def test_examples_command_names_a_bad_store_url(capsys):
 
 
 def test_examples_command_refuses_a_missing_comfyui_folder(tmp_path, capsys):
-    argv = ["examples", "--store", str(tmp_path / "s"), "--comfyui-input", str(tmp_path / "no" / "input"),
-            "--template", "face-swap-astronaut"]  # fmt: skip
+    argv = [
+        "examples",
+        "--store",
+        str(tmp_path / "s"),
+        "--comfyui-input",
+        str(tmp_path / "no" / "input"),
+        "--template",
+        "face-swap-astronaut",
+    ]
     assert main(argv) == 2  # before computing anything
     assert not (tmp_path / "s").exists()
     assert "give ComfyUI's input folder" in capsys.readouterr().err

@@ -150,8 +150,9 @@ async def test_malformed_multipart_gets_400(aiohttp_client, make_app, store, nam
 
 async def test_unreadable_image_message_names_no_python_object(aiohttp_client, make_app):
     client = await aiohttp_client(make_app())
-    resp = await client.post("/v1/templates?id=x", data=b"\x89PNG\r\n\x1a\n" + b"\0" * 64,
-                             headers={"Content-Type": "image/png", **AUTH_W})  # fmt: skip
+    resp = await client.post(
+        "/v1/templates?id=x", data=b"\x89PNG\r\n\x1a\n" + b"\0" * 64, headers={"Content-Type": "image/png", **AUTH_W}
+    )
     error = (await resp.json())["error"]
     assert resp.status == 400 and "object at 0x" not in error and "_io." not in error, error
 
@@ -170,8 +171,10 @@ async def test_concurrent_uploads_respect_the_pending_limit(aiohttp_client, stor
     gate = threading.Event()
     client = await aiohttp_client(_gated_app(store, store_cfg, gate, max_pending_jobs=4))
     try:
-        posts = [client.post(f"/v1/templates?id=t{i}", data=_png(seed=i), headers={"Content-Type": "image/png",
-                             **AUTH_W}) for i in range(8)]  # fmt: skip
+        posts = [
+            client.post(f"/v1/templates?id=t{i}", data=_png(seed=i), headers={"Content-Type": "image/png", **AUTH_W})
+            for i in range(8)
+        ]
         statuses = sorted([r.status for r in await asyncio.gather(*posts)])
         assert statuses == [202] * 4 + [429] * 4
     finally:
@@ -182,8 +185,10 @@ async def test_concurrent_uploads_of_one_id_get_one_202(aiohttp_client, store, s
     gate = threading.Event()
     client = await aiohttp_client(_gated_app(store, store_cfg, gate))
     try:
-        posts = [client.post("/v1/templates?id=same", data=_png(seed=i), headers={"Content-Type": "image/png",
-                             **AUTH_W}) for i in range(6)]  # fmt: skip
+        posts = [
+            client.post("/v1/templates?id=same", data=_png(seed=i), headers={"Content-Type": "image/png", **AUTH_W})
+            for i in range(6)
+        ]
         statuses = sorted([r.status for r in await asyncio.gather(*posts)])
         assert statuses == [202] + [409] * 5
         # a refused upload (bad image) gives its reserved slot back
@@ -255,8 +260,9 @@ class _Fuzz:
     def __init__(self, store, store_cfg):
         self.manifest = make_synthetic_template(store, "fz", model_id=MODEL_ID, level_bytes=(100, 4096))
         self.digest = self.manifest["shards"][0]["representations"][1]["digest"]
-        cfg = ServerConfig(**store_cfg, model=None, write_token=WRITE_TOKEN, read_token=READ_TOKEN,
-                           max_pending_jobs=64)  # fmt: skip
+        cfg = ServerConfig(
+            **store_cfg, model=None, write_token=WRITE_TOKEN, read_token=READ_TOKEN, max_pending_jobs=64
+        )
         self.app = create_app(cfg, store=store, model=SyntheticModel(MODEL_ID), precompute_fn=synthetic_precompute)
         self.loop = asyncio.new_event_loop()
         from aiohttp import web
@@ -288,8 +294,10 @@ def fuzz(store, store_cfg):
 @_FUZZ
 @given(rng=_HEADER_BYTES, auth=_HEADER_BYTES)
 def test_fuzz_range_and_authorization_headers(fuzz, rng, auth):
-    req = (b"GET /v1/shards/" + fuzz.digest.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-           b"Authorization: Bearer " + READ_TOKEN.encode() + b"\r\nRange: bytes=" + rng + b"\r\n\r\n")  # fmt: skip
+    req = (
+        b"GET /v1/shards/" + fuzz.digest.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Authorization: Bearer " + READ_TOKEN.encode() + b"\r\nRange: bytes=" + rng + b"\r\n\r\n"
+    )
     assert fuzz.status(req) < 500
     req = b"GET /v1/templates HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: " + auth + b"\r\n\r\n"
     assert fuzz.status(req) < 500
@@ -297,19 +305,36 @@ def test_fuzz_range_and_authorization_headers(fuzz, rng, auth):
 
 _PART = st.one_of(
     st.binary(max_size=60),
-    st.sampled_from([b"--b\r\n", b"--b--\r\n", b"\r\n", b'Content-Disposition: form-data; name="id"\r\n',
-                     b'Content-Disposition: form-data; name="image"; filename="x.png"\r\n',
-                     b"Content-Type: multipart/mixed; boundary=c\r\n", b"--c\r\n", b"abc", _png(8)]),
-)  # fmt: skip
+    st.sampled_from(
+        [
+            b"--b\r\n",
+            b"--b--\r\n",
+            b"\r\n",
+            b'Content-Disposition: form-data; name="id"\r\n',
+            b'Content-Disposition: form-data; name="image"; filename="x.png"\r\n',
+            b"Content-Type: multipart/mixed; boundary=c\r\n",
+            b"--c\r\n",
+            b"abc",
+            _png(8),
+        ]
+    ),
+)
 
 
 @_FUZZ
 @given(parts=st.lists(_PART, max_size=10), ctype=st.sampled_from([b"boundary=b", b"boundary=", b"", b'boundary="b']))
 def test_fuzz_multipart_upload(fuzz, parts, ctype):
     body = b"".join(parts)
-    req = (b"POST /v1/templates?id=fz-up HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer "
-           + WRITE_TOKEN.encode() + b"\r\nContent-Type: multipart/form-data; " + ctype
-           + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+    req = (
+        b"POST /v1/templates?id=fz-up HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer "
+        + WRITE_TOKEN.encode()
+        + b"\r\nContent-Type: multipart/form-data; "
+        + ctype
+        + b"\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
     assert fuzz.status(req) < 500
 
 

@@ -15,8 +15,9 @@ from .conftest import MODEL_ID
 async def client(aiohttp_client, tmp_path):
     store = LocalStore(tmp_path / "store")
     make_synthetic_template(store, "tpl-a", model_id=MODEL_ID)
-    return await aiohttp_client(create_app(ServerConfig(store_dir=store.root, model=None), store=store,
-                                           model=SyntheticModel(MODEL_ID)))  # fmt: skip
+    return await aiohttp_client(
+        create_app(ServerConfig(store_dir=store.root, model=None), store=store, model=SyntheticModel(MODEL_ID))
+    )
 
 
 @pytest.mark.parametrize("path", ["/v1/templates/tpl-a/manifest", "/v1/templates"])

@@ -18,8 +18,11 @@ MODEL_ID = "ab" * 32
 @pytest.fixture
 def app(tmp_path):
     store = LocalStore(tmp_path / "store")
-    return create_app(ServerConfig(store_dir=tmp_path / "store", model=None, read_token="read-token-4567"),
-                      store=store, model=SyntheticModel(MODEL_ID))  # fmt: skip
+    return create_app(
+        ServerConfig(store_dir=tmp_path / "store", model=None, read_token="read-token-4567"),
+        store=store,
+        model=SyntheticModel(MODEL_ID),
+    )
 
 
 async def test_the_page_and_its_modules_are_served_isolated(aiohttp_client, app):
@@ -55,10 +58,18 @@ async def test_fzstd_comes_from_node_modules_or_a_clear_404(aiohttp_client, app)
 
 @pytest.mark.parametrize(
     "path",
-    ["/phone/src/../package.json", "/phone/src/%2e%2e/package.json", "/phone/package.json",
-     "/phone/src/missing.js", "/phone/node_modules/fzstd/package.json", "/phone/test/run_vectors.mjs",
-     "/phone/src/format_constants.json", "/phone/src/", "/phone/src/..%2f..%2fcloud_server%2fapp.py"],
-)  # fmt: skip
+    [
+        "/phone/src/../package.json",
+        "/phone/src/%2e%2e/package.json",
+        "/phone/package.json",
+        "/phone/src/missing.js",
+        "/phone/node_modules/fzstd/package.json",
+        "/phone/test/run_vectors.mjs",
+        "/phone/src/format_constants.json",
+        "/phone/src/",
+        "/phone/src/..%2f..%2fcloud_server%2fapp.py",
+    ],
+)
 async def test_nothing_else_is_served(aiohttp_client, app, path):
     client = await aiohttp_client(app)
     r = await client.get(path)

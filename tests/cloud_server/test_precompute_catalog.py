@@ -27,8 +27,13 @@ RAY_PORT_BASE = 46000
 
 
 def _catalog(path: Path, templates: list[tuple[str, str]], kv_modes=("single",), steps: int = 2) -> Path:
-    spec = {"version": 1, "templates": [{"name": n, "image": i} for n, i in templates], "models": {"demo": "demo"},
-            "kv_modes": list(kv_modes), "schedules": [{"steps": steps, "shift": 1.0}]}  # fmt: skip
+    spec = {
+        "version": 1,
+        "templates": [{"name": n, "image": i} for n, i in templates],
+        "models": {"demo": "demo"},
+        "kv_modes": list(kv_modes),
+        "schedules": [{"steps": steps, "shift": 1.0}],
+    }
     path.write_text(json.dumps(spec))
     return path
 
@@ -47,9 +52,21 @@ class _RayCluster:
     def _start(self, *args: str, ready_s: float = 180) -> None:
         log = open(Path(self.tmp) / f"node{len(self.procs)}.log", "wb")  # noqa: SIM115 - the child keeps it
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-        proc = subprocess.Popen([self.ray, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
-                                 "--object-store-memory=80000000", *args], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=env)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                self.ray,
+                "start",
+                "--block",
+                "--node-ip-address=127.0.0.1",
+                "--disable-usage-stats",
+                "--object-store-memory=80000000",
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
         self.procs.append(proc)
         deadline = time.monotonic() + ready_s
         path = Path(log.name)
@@ -63,8 +80,9 @@ class _RayCluster:
         raise RuntimeError(f"ray start {' '.join(args)} not ready in {ready_s} s:\n{path.read_text()[-3000:]}")
 
     def start(self) -> "_RayCluster":
-        self._start("--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=false",
-                    f"--temp-dir={self.tmp}")  # fmt: skip
+        self._start(
+            "--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=false", f"--temp-dir={self.tmp}"
+        )
         for _ in range(2):  # one at a time: two raylets registering at once time out on a busy 2-core machine
             self._start(f"--address={self.address}", "--num-cpus=1")
         return self
@@ -141,8 +159,18 @@ def ray_cluster(radosgw, skip_or_fail):
 
 
 async def _driver(catalog: Path, store, endpoint: str, *extra: str):
-    argv = [sys.executable, "-m", "sakura_core.cli", "precompute-catalog", str(catalog), "--store",
-            str(store.location), "--s3-endpoint", endpoint, *extra]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sakura_core.cli",
+        "precompute-catalog",
+        str(catalog),
+        "--store",
+        str(store.location),
+        "--s3-endpoint",
+        endpoint,
+        *extra,
+    ]
     return await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
@@ -174,8 +202,9 @@ async def test_a_six_entry_catalog_on_ray_then_a_rerun_is_a_no_op(ray_cluster, r
     store = S3Store(f"s3://sakura-tests/catalog-{os.getpid()}", endpoint_url=radosgw.endpoint_url)
     templates = [("face", "astronaut"), ("cup", "coffee"), ("cat", "chelsea")]
     catalog = _catalog(tmp_path / "catalog.json", templates, kv_modes=("single", "per-step"))
-    rc, out = await _finish(await _driver(catalog, store, s3_gate.url, "--ray", ray_cluster.address,
-                                          "--json", str(tmp_path / "run1.json")))  # fmt: skip
+    rc, out = await _finish(
+        await _driver(catalog, store, s3_gate.url, "--ray", ray_cluster.address, "--json", str(tmp_path / "run1.json"))
+    )
     assert rc == 0, out
     assert "6 entries, 0 already published, 6 to precompute" in out and "[6/6]" in out, out
     results = _results(tmp_path / "run1.json")
@@ -273,7 +302,7 @@ def test_catalog_errors_name_the_field(tmp_path):
                 "kv_modes": ["joint"],
             },
             "kv_modes",
-        ),  # fmt: skip
+        ),
     ]
     for spec, message in cases:
         bad.write_text(json.dumps(spec))
@@ -290,8 +319,12 @@ def test_entry_keys_follow_what_the_kv_depends_on(tmp_path):
     assert all(bf16[k] != base[k] for k in base)  # the dtype is part of the model
     other = {e.template_id: e.key for e in load_catalog(_catalog(tmp_path / "d.json", [("a", "coffee")]))}
     assert other["a-demo-single"] != base["a-demo-single"]
-    three = {e.template_id: e.key for e in load_catalog(_catalog(tmp_path / "e.json", [("a", "astronaut")],
-                                                                 kv_modes=("single", "per-step"), steps=3))}  # fmt: skip
+    three = {
+        e.template_id: e.key
+        for e in load_catalog(
+            _catalog(tmp_path / "e.json", [("a", "astronaut")], kv_modes=("single", "per-step"), steps=3)
+        )
+    }
     assert three["a-demo-single"] == base["a-demo-single"]  # single-mode KV fits any schedule
     assert "a-demo-ps3" in three
 
@@ -334,8 +367,9 @@ def test_a_job_carries_the_drivers_s3_limits_to_its_worker(tmp_path, monkeypatch
 
     entry = load_catalog(_catalog(tmp_path / "c.json", [("a", "astronaut")]))[0]
     limits = S3Config(connect_timeout_s=3.0, read_timeout_s=300.0, max_attempts=1)
-    job = json.loads(json.dumps(catalog_jobs.make_job(entry, "s3://b/p", "http://127.0.0.1:9", "cpu", None,
-                                                      s3_config=limits)))  # fmt: skip
+    job = json.loads(
+        json.dumps(catalog_jobs.make_job(entry, "s3://b/p", "http://127.0.0.1:9", "cpu", None, s3_config=limits))
+    )
     opened = {}
 
     def open_store(location, *, endpoint_url=None, s3_config=None):

@@ -65,9 +65,21 @@ async def test_a_writable_store_keeps_write_on(aiohttp_client, store):
 async def test_sakura_serve_prints_write_off_with_the_reason(store):
     with read_only(store.root):
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sakura_core.cli", "serve", "--store", str(store.root), "--port", "0",
-            "--model", "none", "--token", WRITE_TOKEN, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "sakura_core.cli",
+            "serve",
+            "--store",
+            str(store.root),
+            "--port",
+            "0",
+            "--model",
+            "none",
+            "--token",
+            WRITE_TOKEN,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
         finally:

@@ -72,8 +72,11 @@ async def test_kill_serve_mid_publish_leaves_the_bucket_readable(radosgw, s3_gat
     proc, port = await sakura_serve(str(store.location), "--model", "demo", "--token", TOKEN, endpoint=s3_gate.url)
     try:
         async with aiohttp.ClientSession() as session:
-            async with session.post(f"http://127.0.0.1:{port}/v1/templates?id=new-tpl", data=_png(1),
-                                    headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "image/png"}) as r:  # fmt: skip
+            async with session.post(
+                f"http://127.0.0.1:{port}/v1/templates?id=new-tpl",
+                data=_png(1),
+                headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "image/png"},
+            ) as r:
                 assert r.status == 202, await r.text()
         await asyncio.wait_for(hold.arrived.wait(), 240)
         shard_puts = [p for m, p in s3_gate.seen if m == "PUT" and "/shards/" in p]
@@ -102,9 +105,19 @@ async def test_kill_precompute_mid_manifest_put_keeps_the_old_manifest(radosgw, 
     args = ["--store", str(store.location), "--id", "tpl", "--model", "demo"]
     hold = s3_gate.hold("PUT", r"/templates/tpl/manifest\.json$", cut=True)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sakura_core.cli", "precompute", *args, "--image", "coffee", "--overwrite",
-        "--s3-endpoint", s3_gate.url, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "sakura_core.cli",
+        "precompute",
+        *args,
+        "--image",
+        "coffee",
+        "--overwrite",
+        "--s3-endpoint",
+        s3_gate.url,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     try:
         await asyncio.wait_for(hold.arrived.wait(), 240)
         await asyncio.sleep(0.5)  # half the body is at the radosgw, then the connection is cut

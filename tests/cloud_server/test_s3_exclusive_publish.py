@@ -36,8 +36,14 @@ def _race(stores: list[S3Store], template_id: str) -> tuple[list[str], set[int]]
 
     def write(i: int) -> None:
         try:
-            publish_template(stores[i], SyntheticModel(MODEL_ID), np.full((16, 16, 3), i, np.uint8), template_id,
-                             precompute_fn=precompute, annotations={"writer": i})  # fmt: skip
+            publish_template(
+                stores[i],
+                SyntheticModel(MODEL_ID),
+                np.full((16, 16, 3), i, np.uint8),
+                template_id,
+                precompute_fn=precompute,
+                annotations={"writer": i},
+            )
             outcomes[i] = "won"
         except TemplateExistsError:
             outcomes[i] = "refused"

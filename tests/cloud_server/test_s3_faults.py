@@ -28,8 +28,13 @@ def _s3_store(endpoint: str, *, quick: bool = False) -> S3Store:
         import boto3
         from botocore.config import Config
 
-        cfg = Config(connect_timeout=1, read_timeout=1, retries={"total_max_attempts": 2, "mode": "standard"},
-                     s3={"addressing_style": "path"}, request_checksum_calculation="when_required")  # fmt: skip
+        cfg = Config(
+            connect_timeout=1,
+            read_timeout=1,
+            retries={"total_max_attempts": 2, "mode": "standard"},
+            s3={"addressing_style": "path"},
+            request_checksum_calculation="when_required",
+        )
         client = boto3.session.Session().client("s3", endpoint_url=endpoint, config=cfg)
     return S3Store(f"s3://{S3_BUCKET}/faults-{uuid.uuid4().hex[:10]}", endpoint_url=endpoint, client=client)
 
@@ -122,9 +127,13 @@ async def _server_error(gate, request, body):
 
 @pytest.mark.parametrize(
     "fault, status, kind",
-    [("unreachable", 503, "S3 endpoint unreachable"), ("forbidden", 502, "S3 access denied"),
-     ("server-error", 503, "S3 server error"), ("timeout", 503, "S3 timeout")],
-)  # fmt: skip
+    [
+        ("unreachable", 503, "S3 endpoint unreachable"),
+        ("forbidden", 502, "S3 access denied"),
+        ("server-error", 503, "S3 server error"),
+        ("timeout", 503, "S3 timeout"),
+    ],
+)
 async def test_s3_faults_are_json_store_faults_on_every_route(
     radosgw, s3_gate, aiohttp_client, caplog, fault, status, kind
 ):
@@ -222,9 +231,14 @@ async def test_a_body_cut_short_by_s3_is_logged_as_a_store_fault(radosgw, s3_gat
 
 
 @pytest.mark.parametrize(
-    "field, value", [("s3_read_timeout_s", 0), ("s3_connect_timeout_s", 601), ("s3_max_attempts", 0),
-                     ("store_threads_per_object", 33)],
-)  # fmt: skip
+    "field, value",
+    [
+        ("s3_read_timeout_s", 0),
+        ("s3_connect_timeout_s", 601),
+        ("s3_max_attempts", 0),
+        ("store_threads_per_object", 33),
+    ],
+)
 def test_store_io_settings_are_validated_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         ServerConfig(store_url=f"s3://{S3_BUCKET}/x", model=None, **{field: value})

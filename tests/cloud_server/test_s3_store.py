@@ -24,9 +24,14 @@ def s3(radosgw):
 
 @pytest.mark.parametrize(
     "url, message",
-    [("s3://A_b/x", "invalid bucket"), ("s3://ab/x", "invalid bucket"), ("s3://bucket/../x", "invalid key prefix"),
-     ("s3://bucket/a//b", "invalid key prefix"), ("gs://bucket/x", "not an S3 store URL")],
-)  # fmt: skip
+    [
+        ("s3://A_b/x", "invalid bucket"),
+        ("s3://ab/x", "invalid bucket"),
+        ("s3://bucket/../x", "invalid key prefix"),
+        ("s3://bucket/a//b", "invalid key prefix"),
+        ("gs://bucket/x", "not an S3 store URL"),
+    ],
+)
 def test_bad_urls_name_the_rule(url, message):
     with pytest.raises(ValueError, match=message):
         parse_s3_url(url)
@@ -125,6 +130,5 @@ def test_cli_verify_an_s3_store(s3, radosgw, capsys):
     make_synthetic_template(s3, "tpl-a", model_id=MODEL_ID)
     args = ["--store", str(s3.location), "--s3-endpoint", radosgw.endpoint_url]
     assert main(["store", "verify", *args]) == 0 and capsys.readouterr().out.strip().endswith("clean")
-    assert main(["store", "verify", "--store", "s3://no-such-bucket-here", "--s3-endpoint",
-                 radosgw.endpoint_url]) == 2  # fmt: skip
+    assert main(["store", "verify", "--store", "s3://no-such-bucket-here", "--s3-endpoint", radosgw.endpoint_url]) == 2
     assert "does not exist" in capsys.readouterr().err

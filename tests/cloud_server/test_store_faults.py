@@ -95,8 +95,9 @@ async def test_one_corrupt_manifest_leaves_the_catalog_to_the_others(served, sto
 
 
 @pytest.mark.parametrize("fault", ["directory", "symlink-out", "no-permission"])
-async def test_an_unreadable_shard_is_a_clear_500_the_client_does_not_retry(served, store, tmp_path, fault,
-                                                                            monkeypatch):  # fmt: skip
+async def test_an_unreadable_shard_is_a_clear_500_the_client_does_not_retry(
+    served, store, tmp_path, fault, monkeypatch
+):
     from sakura_core.fetch.client import ClientConfig, ShardClient, ShardUnavailableError
 
     digest = store.get_manifest("tpl-a")["shards"][0]["representations"][0]["digest"]
@@ -156,8 +157,9 @@ def test_a_concurrent_publish_of_one_id_is_refused_unless_overwrite(store):
         publish_template(store, SyntheticModel(MODEL_ID), image, "tpl-new", precompute_fn=racing)
     first = store.get_manifest("tpl-new")
     assert first == json.loads(store.get_manifest_bytes("tpl-new"))  # the first writer's manifest stays
-    publish_template(store, SyntheticModel(MODEL_ID), image, "tpl-new", precompute_fn=synthetic_precompute,
-                     overwrite=True)  # fmt: skip
+    publish_template(
+        store, SyntheticModel(MODEL_ID), image, "tpl-new", precompute_fn=synthetic_precompute, overwrite=True
+    )
     assert store.get_manifest("tpl-new") != first
 
 
@@ -196,6 +198,7 @@ def test_verify_reports_links_and_a_linked_manifest(store, tmp_path):
     manifest.unlink()
     manifest.symlink_to(tmp_path / "m.json")
     report = fsck(store)
-    assert report.unreadable == [f"shards/{digest[:2]}/{digest}: a symbolic link (the server refuses it; put the "
-                                 "file itself)"]  # fmt: skip
+    assert report.unreadable == [
+        f"shards/{digest[:2]}/{digest}: a symbolic link (the server refuses it; put the file itself)"
+    ]
     assert report.bad_manifests["tpl-b"].startswith("StoreFaultError: manifest of template 'tpl-b' cannot be read")

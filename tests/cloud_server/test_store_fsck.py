@@ -91,10 +91,25 @@ def test_each_reference_image_is_kept(tmp_path):
         store.put_shard(images[-1]["digest"], png)
         _age(store.shard_path(images[-1]["digest"]))
     assert sorted(fsck(store).orphans) == sorted(i["digest"] for i in images)  # named by no manifest yet
-    refs = [{"name": name, "size": [64, 64], "token_grid": [16, 16], "rope_t": 10 * (i + 1), "token_offset": 256 * i,
-             "tokens": 256, "image": images[i]} for i, name in enumerate(("person", "garment"))]  # fmt: skip
-    two = {**manifest, "token_grid": [32, 16], "rope_layout": "flux2-ref-t10-x2", "template_image": images[0],
-           "references": refs}  # fmt: skip
+    refs = [
+        {
+            "name": name,
+            "size": [64, 64],
+            "token_grid": [16, 16],
+            "rope_t": 10 * (i + 1),
+            "token_offset": 256 * i,
+            "tokens": 256,
+            "image": images[i],
+        }
+        for i, name in enumerate(("person", "garment"))
+    ]
+    two = {
+        **manifest,
+        "token_grid": [32, 16],
+        "rope_layout": "flux2-ref-t10-x2",
+        "template_image": images[0],
+        "references": refs,
+    }
     store.put_manifest("tpl-a", two)
     assert fsck(store).bad_manifests == {}  # a valid manifest of two references (the schema's check)
     fsck(store, FsckConfig(repair=True))

@@ -48,8 +48,10 @@ async def test_a_linked_shard_folder_is_not_served(aiohttp_client, store, tmp_pa
     body = await r.json()
     assert r.status == 500 and r.headers["Sakura-Retry"] == "no", body  # main: 200, the bytes from outside
     shown = "shards" if linked == "shards" else f"shards/{digest[:2]}"
-    assert body["error"] == (f"shard {digest} cannot be read from the store: its folder {shown} is a symbolic link "
-                             "(the store never follows one)")  # fmt: skip
+    assert body["error"] == (
+        f"shard {digest} cannot be read from the store: its folder {shown} is a symbolic link "
+        "(the store never follows one)"
+    )
 
 
 @pytest.mark.parametrize("linked", ["templates", "templates/tpl-b"])
@@ -69,8 +71,10 @@ def test_verify_reports_folder_links_and_repair_deletes_nothing_behind_them(stor
     victim.parent.mkdir()
     victim.write_bytes(b"not the store's")
     report = fsck(store, FsckConfig(repair=True, orphan_age_s=0))
-    assert report.unreadable == ["shards: a symbolic link to a folder (never followed: the server refuses what is "
-                                 "under it; put the folder itself)"]  # fmt: skip
+    assert report.unreadable == [
+        "shards: a symbolic link to a folder (never followed: the server refuses what is "
+        "under it; put the folder itself)"
+    ]
     assert victim.exists() and not report.removed and not report.quarantined  # main: repair deleted it
     assert report.shards_checked == 0 and report.missing  # the manifests' shards are not in the store
     assert main(["store", "verify", "--store", str(store.root)]) == 1

@@ -23,8 +23,14 @@ async def client(aiohttp_client, tmp_path):
 
     store = LocalStore(tmp_path / "store")
     make_synthetic_template(store, "tpl-a", model_id=MODEL_ID)
-    cfg = ServerConfig(store_dir=store.root, model=None, write_token=WRITE_TOKEN, read_token=READ_TOKEN,
-                       max_token_failures=3, token_failure_window_s=60)  # fmt: skip
+    cfg = ServerConfig(
+        store_dir=store.root,
+        model=None,
+        write_token=WRITE_TOKEN,
+        read_token=READ_TOKEN,
+        max_token_failures=3,
+        token_failure_window_s=60,
+    )
     return await aiohttp_client(create_app(cfg, store=store, model=SyntheticModel(MODEL_ID)))
 
 

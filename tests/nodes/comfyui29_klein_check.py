@@ -47,8 +47,9 @@ from safetensors.torch import load_file  # noqa: E402
 def _pack():
     """The repository root imported as ComfyUI imports a custom-node folder."""
     repo = Path(ARGS.repo)
-    spec = importlib.util.spec_from_file_location("sakura_pack", repo / "__init__.py",
-                                                  submodule_search_locations=[str(repo)])  # fmt: skip
+    spec = importlib.util.spec_from_file_location(
+        "sakura_pack", repo / "__init__.py", submodule_search_locations=[str(repo)]
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["sakura_pack"] = module
     spec.loader.exec_module(module)
@@ -75,8 +76,9 @@ def _sample(model, inputs, with_ref: bool, steps: int):
     positive = [[inputs["context"], cond]]
     negative = [[torch.zeros_like(inputs["context"]), {}]]
     latent = torch.zeros_like(inputs["noise"])
-    return comfy.sample.sample(model, inputs["noise"], steps, 1.0, "euler", "simple", positive, negative, latent,
-                               denoise=1.0, seed=0).float()  # fmt: skip
+    return comfy.sample.sample(
+        model, inputs["noise"], steps, 1.0, "euler", "simple", positive, negative, latent, denoise=1.0, seed=0
+    ).float()
 
 
 def _sample_sigmas(model, inputs, sigmas: list[float]):
@@ -85,9 +87,17 @@ def _sample_sigmas(model, inputs, sigmas: list[float]):
 
     positive = [[inputs["context"], {"reference_latents": [inputs["ref"]]}]]
     negative = [[torch.zeros_like(inputs["context"]), {}]]
-    return comfy.sample.sample_custom(model, inputs["noise"], 1.0, comfy.samplers.sampler_object("euler"),
-                                      torch.tensor(sigmas), positive, negative, torch.zeros_like(inputs["noise"]),
-                                      seed=0).float()  # fmt: skip
+    return comfy.sample.sample_custom(
+        model,
+        inputs["noise"],
+        1.0,
+        comfy.samplers.sampler_object("euler"),
+        torch.tensor(sigmas),
+        positive,
+        negative,
+        torch.zeros_like(inputs["noise"]),
+        seed=0,
+    ).float()
 
 
 def _per_step(patch, model, inputs, template_id: str) -> dict:
@@ -97,8 +107,9 @@ def _per_step(patch, model, inputs, template_id: str) -> dict:
     fetched = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16").result[0]
     computed = patch.SakuraTemplateKV.execute(model, handle, patch.COMPUTE, "fp16").result[0]
     out = {"sigmas": sigmas}
-    out["fetched_vs_computed"] = _compare(_sample_sigmas(fetched, inputs, sigmas), _sample_sigmas(computed, inputs,
-                                                                                                  sigmas))  # fmt: skip
+    out["fetched_vs_computed"] = _compare(
+        _sample_sigmas(fetched, inputs, sigmas), _sample_sigmas(computed, inputs, sigmas)
+    )
     try:
         _sample(fetched, inputs, True, ARGS.steps + 1)
         out["other_schedule_error"] = None
@@ -108,8 +119,12 @@ def _per_step(patch, model, inputs, template_id: str) -> dict:
 
 
 # (policy, link, with a ReferenceLatent): the fetch lanes' runs, each compared with ComfyUI computing the references
-POLICY_RUNS = (("on-device", "fixed:1000", True), ("fetch-fp16", "fixed:1000", True), ("sakura", "fixed:0.5", True),
-               ("sakura", "fixed:1000", False))  # fmt: skip
+POLICY_RUNS = (
+    ("on-device", "fixed:1000", True),
+    ("fetch-fp16", "fixed:1000", True),
+    ("sakura", "fixed:0.5", True),
+    ("sakura", "fixed:1000", False),
+)
 
 
 def _policies(patch, model, inputs, handle, computed) -> list[dict]:
@@ -122,24 +137,48 @@ def _policies(patch, model, inputs, handle, computed) -> list[dict]:
         m = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16", kv_stream=stream).result[0]
         image = _sample(m, inputs, with_ref, ARGS.steps)
         report = json.loads(patch.SakuraTemplateKVReport.execute(m, {"samples": image}).result[0])
-        out.append({"policy": policy, "link": link, "reference_latent": with_ref, "vs_computed": _compare(image, computed),
-                    "report": {k: report[k] for k in ("policy", "split_layer", "levels_used", "bytes_fetched",
-                                                      "bytes_used", "waits", "computed_here", "fallbacks")}})  # fmt: skip
+        out.append(
+            {
+                "policy": policy,
+                "link": link,
+                "reference_latent": with_ref,
+                "vs_computed": _compare(image, computed),
+                "report": {
+                    k: report[k]
+                    for k in (
+                        "policy",
+                        "split_layer",
+                        "levels_used",
+                        "bytes_fetched",
+                        "bytes_used",
+                        "waits",
+                        "computed_here",
+                        "fallbacks",
+                    )
+                },
+            }
+        )
     return out
 
 
 def _lossy(patch, model, inputs, template_id: str) -> list[dict]:
     """Each lossy level of a template fetched for every shard: the edit vs the fp16 one, and the manifest's PSNR."""
     handle = _handle(ARGS.store, template_id)
-    exact = _sample(patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16").result[0], inputs, False,
-                    ARGS.steps)  # fmt: skip
+    exact = _sample(
+        patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16").result[0], inputs, False, ARGS.steps
+    )
     out = []
     for rep in handle.manifest.to_json()["shards"][0]["representations"]:
         if rep["name"] == "fp16" or rep.get("psnr_db") is None or "ref" in rep:
             continue
         m = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, rep["name"]).result[0]
-        out.append({"level": rep["name"], "manifest_psnr_db": rep["psnr_db"],
-                    "vs_fp16": _compare(_sample(m, inputs, False, ARGS.steps), exact)})  # fmt: skip
+        out.append(
+            {
+                "level": rep["name"],
+                "manifest_psnr_db": rep["psnr_db"],
+                "vs_fp16": _compare(_sample(m, inputs, False, ARGS.steps), exact),
+            }
+        )
     from sakura_pack.nodes._stream import FetchSettings, KVStream
 
     stream = KVStream(handle, FetchSettings(policy="sakura", link="fixed:1000"))  # the policy over the same ladder
@@ -147,8 +186,14 @@ def _lossy(patch, model, inputs, template_id: str) -> list[dict]:
     image = _sample(m, inputs, False, ARGS.steps)
     report = json.loads(patch.SakuraTemplateKVReport.execute(m, {"samples": image}).result[0])
     psnr = {r["name"]: r.get("psnr_db") for r in handle.manifest.to_json()["shards"][0]["representations"]}
-    out.append({"level": "sakura policy", "levels_used": report["levels_used"], "manifest_psnr_db": psnr,
-                "vs_fp16": _compare(image, exact)})  # fmt: skip
+    out.append(
+        {
+            "level": "sakura policy",
+            "levels_used": report["levels_used"],
+            "manifest_psnr_db": psnr,
+            "vs_fp16": _compare(image, exact),
+        }
+    )
     return out
 
 

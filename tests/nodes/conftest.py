@@ -98,15 +98,40 @@ def flow(run_node, node_classes):
         return template
 
     def make_stream(template, policy="sakura", bandwidth="live", mbit=20.0):
-        (stream,) = run_node(node_classes["SakuraAdaptiveFetch"], template=template, policy=policy,
-                             bandwidth=bandwidth, fixed_mbit_s=mbit, trace="norway_bus_1", trace_path="")  # fmt: skip
+        (stream,) = run_node(
+            node_classes["SakuraAdaptiveFetch"],
+            template=template,
+            policy=policy,
+            bandwidth=bandwidth,
+            fixed_mbit_s=mbit,
+            trace="norway_bus_1",
+            trace_path="",
+        )
         return stream
 
-    def sample(model, stream, image, steps=3, seed=0, device=None, save_prefix="",
-               device_timing="this machine (measured)", prompt=PROMPT):  # fmt: skip
-        return run_node(node_classes["SakuraPipelinedSampler"], model=model, kv_stream=stream, image=image,
-                        prompt=prompt, steps=steps, seed=seed, save_prefix=save_prefix, device_timing=device_timing,
-                        device=device)  # fmt: skip
+    def sample(
+        model,
+        stream,
+        image,
+        steps=3,
+        seed=0,
+        device=None,
+        save_prefix="",
+        device_timing="this machine (measured)",
+        prompt=PROMPT,
+    ):
+        return run_node(
+            node_classes["SakuraPipelinedSampler"],
+            model=model,
+            kv_stream=stream,
+            image=image,
+            prompt=prompt,
+            steps=steps,
+            seed=seed,
+            save_prefix=save_prefix,
+            device_timing=device_timing,
+            device=device,
+        )
 
     return SimpleNamespace(
         load_template=load_template, make_stream=make_stream, sample=sample, template=TEMPLATE, prompt=PROMPT
@@ -253,8 +278,21 @@ def start_comfyui(comfyui_dir: str, base: Path, examples, env: dict | None = Non
     (base / "models" / "diffusers").mkdir(parents=True)
     examples.write_user_images(base / "input")
     python = python or os.environ.get("COMFYUI_PYTHON", sys.executable)
-    argv = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(free_port()), "--base-directory",
-            str(base), "--database-url", "sqlite:///:memory:", "--disable-auto-launch", "--log-stdout"]  # fmt: skip
+    argv = [
+        python,
+        "main.py",
+        "--cpu",
+        "--listen",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "--base-directory",
+        str(base),
+        "--database-url",
+        "sqlite:///:memory:",
+        "--disable-auto-launch",
+        "--log-stdout",
+    ]
     full_env = {**os.environ, **(env or {})}
     return start_process(argv, r"To see the GUI go to: (http://\S+)", "ComfyUI", 300, Path(comfyui_dir), full_env)
 
@@ -271,8 +309,20 @@ def stop_process(proc) -> None:
 @pytest.fixture(scope="session")
 def server_url(store_dir):
     """A real ``sakura serve`` over the store, on a free loopback port."""
-    argv = [sys.executable, "-m", "sakura_core.cli", "serve", "--store", str(store_dir), "--host", "127.0.0.1",
-            "--port", "0", "--model", "demo"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sakura_core.cli",
+        "serve",
+        "--store",
+        str(store_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--model",
+        "demo",
+    ]
     proc, url, _ = start_process(argv, r"serving (http://\S+)", "sakura serve")
     try:
         yield url
@@ -283,8 +333,18 @@ def server_url(store_dir):
 @pytest.fixture(scope="session")
 def phone_url():
     """A real phone agent (the emulated phone: this host's CPU) on a free loopback port."""
-    argv = [sys.executable, "-m", "sakura_core.cli", "phone-agent", "--host", "127.0.0.1", "--port", "0",
-            "--token", PHONE_TOKEN]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sakura_core.cli",
+        "phone-agent",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--token",
+        PHONE_TOKEN,
+    ]
     proc, url, _ = start_process(argv, r"listening on (http://\S+)", "sakura phone-agent")
     try:
         yield url

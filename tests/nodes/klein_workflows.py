@@ -33,8 +33,16 @@ MODEL_FILES = (".safetensors", ".sft", ".gguf", ".ckpt", ".pt")  # a combo namin
 
 
 def _i(name, io_type, default=None, optional=False, options=None, lo=None, hi=None, seed=False):
-    return NS(id=name, io_type=io_type, default=default, optional=optional, options=options, min=lo, max=hi,
-              control_after_generate=seed)  # fmt: skip
+    return NS(
+        id=name,
+        io_type=io_type,
+        default=default,
+        optional=optional,
+        options=options,
+        min=lo,
+        max=hi,
+        control_after_generate=seed,
+    )
 
 
 def _o(io_type):
@@ -160,12 +168,22 @@ def face_swap() -> list[Node]:
     nodes = _common("klein-face-swap", "sakura-face.png", "sakura/klein-face-swap")
     nodes += [
         *_ksampler(),
-        Node(30, "Note", "About this workflow", (1380, 290), {"text": setup_note(
-            "SAKURA face swap on ComfyUI's own FLUX.2 [klein] 4B: the template 'klein-face-swap' (a scene with the "
-            "face region marked) is the reference; its attention K/V was precomputed by the SAKURA server and "
-            "replaces the reference tokens in klein's forward (Sakura Template KV). Your face image is the edit's "
-            "start (denoise 0.85).", "klein-face-swap")}),
-    ]  # fmt: skip
+        Node(
+            30,
+            "Note",
+            "About this workflow",
+            (1380, 290),
+            {
+                "text": setup_note(
+                    "SAKURA face swap on ComfyUI's own FLUX.2 [klein] 4B: the template 'klein-face-swap' (a scene with the "
+                    "face region marked) is the reference; its attention K/V was precomputed by the SAKURA server and "
+                    "replaces the reference tokens in klein's forward (Sakura Template KV). Your face image is the edit's "
+                    "start (denoise 0.85).",
+                    "klein-face-swap",
+                )
+            },
+        ),
+    ]
     return nodes
 
 
@@ -174,13 +192,23 @@ def try_on() -> list[Node]:
     nodes = _common("klein-try-on", "sakura-object.png", "sakura/klein-try-on")
     nodes += [
         *_ksampler(),
-        Node(30, "Note", "About this workflow", (1380, 290), {"text": setup_note(
-            "SAKURA try-on with two references on ComfyUI's own FLUX.2 [klein] 4B: the template 'klein-try-on' holds "
-            "the attention K/V of two reference images (a garment and a look wearing it; one KV block over both, the "
-            "references attending to each other) and replaces klein's reference tokens (Sakura Template KV). Your "
-            "photo is the edit's start (denoise 0.85); set the prompt to what to wear.", "klein-try-on",
-            images="--image <garment image> --image <look image> --reference-name garment --reference-name look")}),
-    ]  # fmt: skip
+        Node(
+            30,
+            "Note",
+            "About this workflow",
+            (1380, 290),
+            {
+                "text": setup_note(
+                    "SAKURA try-on with two references on ComfyUI's own FLUX.2 [klein] 4B: the template 'klein-try-on' holds "
+                    "the attention K/V of two reference images (a garment and a look wearing it; one KV block over both, the "
+                    "references attending to each other) and replaces klein's reference tokens (Sakura Template KV). Your "
+                    "photo is the edit's start (denoise 0.85); set the prompt to what to wear.",
+                    "klein-try-on",
+                    images="--image <garment image> --image <look image> --reference-name garment --reference-name look",
+                )
+            },
+        ),
+    ]
     nodes[6].values["text"] = "dress the person of the input image in the garment of the reference images"
     return nodes
 
@@ -214,14 +242,17 @@ KLEIN_WORKFLOWS = {
 
 
 def ui_with_sizes(nodes: list[Node], schemas: dict) -> dict:
-    nodes = [Node(n.id, n.type, n.title, n.pos, n.values, n.size or SIZES_KLEIN[n.type])
-             for n in completed(nodes, schemas)]  # fmt: skip
+    nodes = [
+        Node(n.id, n.type, n.title, n.pos, n.values, n.size or SIZES_KLEIN[n.type]) for n in completed(nodes, schemas)
+    ]
     return ui_format(nodes, schemas)
 
 
 def render_klein(schemas: dict) -> dict[Path, str]:
-    return {OUT / f"{name}.json": json.dumps(ui_with_sizes(nodes, schemas), indent=2) + "\n"
-            for name, nodes in KLEIN_WORKFLOWS.items()}  # fmt: skip
+    return {
+        OUT / f"{name}.json": json.dumps(ui_with_sizes(nodes, schemas), indent=2) + "\n"
+        for name, nodes in KLEIN_WORKFLOWS.items()
+    }
 
 
 def klein_thumbnail(title: str) -> bytes:

@@ -39,9 +39,11 @@ CHECK_TIMEOUT_S = 900
 
 
 def _files_spec(models: Path, folder: Path, name: str) -> str:
-    return (f"klein-files:diffusion_model={models}/diffusion_models/{name}.safetensors,text_encoder={models}/"
-            f"text_encoders/{name}-qwen3.safetensors,vae={models}/vae/{name}-vae.safetensors,tokenizer={folder}/"
-            "tokenizer")  # fmt: skip
+    return (
+        f"klein-files:diffusion_model={models}/diffusion_models/{name}.safetensors,text_encoder={models}/"
+        f"text_encoders/{name}-qwen3.safetensors,vae={models}/vae/{name}-vae.safetensors,tokenizer={folder}/"
+        "tokenizer"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +83,38 @@ def klein(tmp_path_factory):
         "noise": torch.randn(1, tokens.shape[-1], 4, 4, generator=gen),
     }
     save_file(inputs, str(work / "inputs.safetensors"))
-    return {"spec": spec, "other": work / "models/diffusion_models/tk46.safetensors", "store": store,
-            "inputs": work / "inputs.safetensors", "unet": work / "models/diffusion_models/tk45.safetensors",
-            "model_id": model.model_id}  # fmt: skip
+    return {
+        "spec": spec,
+        "other": work / "models/diffusion_models/tk46.safetensors",
+        "store": store,
+        "inputs": work / "inputs.safetensors",
+        "unet": work / "models/diffusion_models/tk45.safetensors",
+        "model_id": model.model_id,
+    }
 
 
 @pytest.fixture(scope="module")
 def result(klein, comfyui_python):
-    argv = [comfyui_python, str(REPO / "tests/nodes/comfyui29_klein_check.py"), "--repo", str(REPO), "--unet",
-            str(klein["unet"]), "--other-unet", str(klein["other"]), "--store", str(klein["store"]), "--template",
-            TEMPLATE, "--inputs", str(klein["inputs"]), "--per-step-template", PER_STEP,
-            "--lossy-template", LOSSY]  # fmt: skip
+    argv = [
+        comfyui_python,
+        str(REPO / "tests/nodes/comfyui29_klein_check.py"),
+        "--repo",
+        str(REPO),
+        "--unet",
+        str(klein["unet"]),
+        "--other-unet",
+        str(klein["other"]),
+        "--store",
+        str(klein["store"]),
+        "--template",
+        TEMPLATE,
+        "--inputs",
+        str(klein["inputs"]),
+        "--per-step-template",
+        PER_STEP,
+        "--lossy-template",
+        LOSSY,
+    ]
     proc = subprocess.run(argv, cwd=COMFYUI_DIR, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"check script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

@@ -28,8 +28,10 @@ pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 if not COMFYUI_DIR:
-    pytest.skip("COMFYUI_DIR is not set: the frontend test needs a ComfyUI checkout (see DEVELOPERS.md)",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "COMFYUI_DIR is not set: the frontend test needs a ComfyUI checkout (see DEVELOPERS.md)",
+        allow_module_level=True,
+    )
 if not (shutil.which(CHROMIUM) or Path(CHROMIUM).is_file()):
     pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set $CHROMIUM)", allow_module_level=True)
 sync_api = pytest.importorskip(
@@ -44,8 +46,15 @@ KLEIN_UI = {"sakura_klein_face_swap", "sakura_klein_per_step_edit", "sakura_klei
 UI = sorted(p.stem for p in (REPO / "example_workflows").glob("*.json") if p.stem not in KLEIN_UI)
 TEST_UI = ["sakura_two_references"]  # workflows.TEST_WORKFLOWS: not shipped, so not in the template browser
 SHOTS = {"sakura_face_swap_per_step", "sakura_two_references"}  # screenshots with $SAKURA_SHOTS
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]  # fmt: skip
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 RUN_TIMEOUT_S = 600.0
 SAVE_NODE, TIMELINE_NODE, REPORT_NODE = "6", "7", "8"  # ids in the generated workflows (tests/nodes/workflows.py)
 
@@ -201,8 +210,9 @@ def test_ui_workflow_runs_in_the_frontend(comfyui, page, server_url, phone_url, 
     loader = next(n for n in loaded if n["type"] == "SakuraTemplateLoader")
     assert any(w[0] == "choose a published template" for w in loader["widgets"]), loader["widgets"]  # web/sakura.js
     hidden = {(n["type"], w[0]) for n in loaded for w in n["widgets"] if w[2]}  # widgets that do not apply
-    bandwidth = next(w[1] for n in loaded if n["type"] == "SakuraAdaptiveFetch" for w in n["widgets"]
-                     if w[0] == "bandwidth")  # fmt: skip
+    bandwidth = next(
+        w[1] for n in loaded if n["type"] == "SakuraAdaptiveFetch" for w in n["widgets"] if w[0] == "bandwidth"
+    )
     expected = {("SakuraTemplateLoader", "store_dir")}
     expected |= {("SakuraAdaptiveFetch", w) for w in ("trace", "trace_path") if bandwidth != "trace file"}
     expected |= {("SakuraAdaptiveFetch", "fixed_mbit_s")} if bandwidth != "fixed Mbit/s" else set()
@@ -249,13 +259,18 @@ def test_ui_workflow_runs_in_the_frontend(comfyui, page, server_url, phone_url, 
             assert "KV mode: single" in info
     if name.endswith("on_phone"):
         assert report["executed_on"]["kind"] == "phone"
-    timing = next(w[1] for n in loaded if n["type"] == "SakuraPipelinedSampler" for w in n["widgets"]
-                  if w[0] == "device_timing")  # fmt: skip
+    timing = next(
+        w[1] for n in loaded if n["type"] == "SakuraPipelinedSampler" for w in n["widgets"] if w[0] == "device_timing"
+    )
     if timing.startswith("emulated phone"):  # the shipped workflows where fetching wins (EMULATED phone timing)
         assert "EMULATED snapdragon-8-elite-cpu timing" in report["summary"]
         assert report["executed_on"]["timing"]["profile"] == "snapdragon-8-elite-cpu"
-        fetched = [lv for levels in (report["levels_used"].values() if isinstance(report["levels_used"], dict)
-                                     else []) for lv in levels if lv.startswith("sakura-")]  # fmt: skip
+        fetched = [
+            lv
+            for levels in (report["levels_used"].values() if isinstance(report["levels_used"], dict) else [])
+            for lv in levels
+            if lv.startswith("sakura-")
+        ]
         assert fetched, f"{name}: nothing fetched: {report['summary']}"
         assert any(e["lane"] == "fetch" and e["layer"] >= 0 for e in report["timeline"])
     if name == "sakura_two_references":
@@ -312,14 +327,23 @@ def test_klein_workflow_opens_and_lacks_only_its_model_files(comfyui, page, name
     /prompt validation of what Run would queue refuses nothing but the three model files not installed."""
     result = page.evaluate(KLEIN_JS, name)
     assert result["missing"] == []
-    req = urllib.request.Request(f"{comfyui[0]}/prompt", data=json.dumps({"prompt": result["prompt"]}).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        f"{comfyui[0]}/prompt",
+        data=json.dumps({"prompt": result["prompt"]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         urllib.request.urlopen(req, timeout=30)
         raise AssertionError(f"{name}: queued, though its model files are not installed here")
     except urllib.error.HTTPError as e:
         errors = json.loads(e.read())["node_errors"]
-    found = sorted((result["prompt"][k]["class_type"], x["type"], x["extra_info"].get("input_name"))
-                   for k, v in errors.items() for x in v["errors"])  # fmt: skip
-    assert found == [("CLIPLoader", "value_not_in_list", "clip_name"), ("UNETLoader", "value_not_in_list", "unet_name"),
-                     ("VAELoader", "value_not_in_list", "vae_name")], found  # fmt: skip
+    found = sorted(
+        (result["prompt"][k]["class_type"], x["type"], x["extra_info"].get("input_name"))
+        for k, v in errors.items()
+        for x in v["errors"]
+    )
+    assert found == [
+        ("CLIPLoader", "value_not_in_list", "clip_name"),
+        ("UNETLoader", "value_not_in_list", "unet_name"),
+        ("VAELoader", "value_not_in_list", "vae_name"),
+    ], found

@@ -27,20 +27,34 @@ from .test_real_comfyui import _post, _run_wait
 pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
 
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR", "")
-require_or_skip(bool(COMFYUI_DIR), "COMFYUI_DIR is not set: this test needs a ComfyUI checkout (DEVELOPERS.md)",
-                allow_module_level=True)  # fmt: skip
+require_or_skip(
+    bool(COMFYUI_DIR),
+    "COMFYUI_DIR is not set: this test needs a ComfyUI checkout (DEVELOPERS.md)",
+    allow_module_level=True,
+)
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-require_or_skip(shutil.which(CHROMIUM) or Path(CHROMIUM).is_file(),
-                f"no Chromium at {CHROMIUM} (apt-get install chromium, or set $CHROMIUM)",
-                allow_module_level=True)  # fmt: skip
+require_or_skip(
+    shutil.which(CHROMIUM) or Path(CHROMIUM).is_file(),
+    f"no Chromium at {CHROMIUM} (apt-get install chromium, or set $CHROMIUM)",
+    allow_module_level=True,
+)
 sync_api = import_or_skip("playwright.sync_api", "the page test needs playwright (pip install 'sakura-kv[test]')")
 REPO = Path(__file__).resolve().parents[2]
-require_or_skip((REPO / "phone_web" / "node_modules" / "onnxruntime-web" / "dist" / "ort.wasm.min.mjs").is_file(),
-                "phone_web's npm packages are not installed (run `npm ci` in phone_web/)",
-                allow_module_level=True)  # fmt: skip
+require_or_skip(
+    (REPO / "phone_web" / "node_modules" / "onnxruntime-web" / "dist" / "ort.wasm.min.mjs").is_file(),
+    "phone_web's npm packages are not installed (run `npm ci` in phone_web/)",
+    allow_module_level=True,
+)
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 TEMPLATE_ID = "face-swap-astronaut"  # published with store_profile "full" (the exact fp16 rung) by store_dir
 PROMPT = "paint it in sakura pink 9"
 STEPS, SEED = 3, 5
@@ -100,8 +114,9 @@ def _paired_page(browser, url: str):
     page.wait_for_function("document.getElementById('status').dataset.state === 'pairing'", timeout=30_000)
     page.fill("#code", code.lower())
     page.click("#pairing")
-    page.wait_for_function("['paired', 'error'].includes(document.getElementById('status').dataset.state)",
-                           timeout=30_000)  # fmt: skip
+    page.wait_for_function(
+        "['paired', 'error'].includes(document.getElementById('status').dataset.state)", timeout=30_000
+    )
     assert page.evaluate("document.getElementById('status').dataset.state") == "paired", page.evaluate(
         "document.getElementById('status').textContent"
     )
@@ -123,8 +138,16 @@ def _python_edit(store_dir, model, user: np.ndarray, seed: int) -> np.ndarray:
             with f:
                 blobs[rep["digest"]] = f.read()
     kv = decode_template(manifest, blobs, "fp16")
-    return run_edit(model, user, PROMPT, steps=STEPS, seed=seed, split_layer=0, kv_source=kv,
-                    kv_mode=manifest.get("kv_mode", "single")).image  # fmt: skip
+    return run_edit(
+        model,
+        user,
+        PROMPT,
+        steps=STEPS,
+        seed=seed,
+        split_layer=0,
+        kv_source=kv,
+        kv_mode=manifest.get("kv_mode", "single"),
+    ).image
 
 
 def test_comfyui_runs_the_phone_workflow_on_a_paired_page(setup, store_dir, demo_model):

@@ -73,8 +73,7 @@ def test_template_checked_against_the_model(comfy, flow, demo_model, server_url,
         flow.sample(other, stream, torch.rand(1, 64, 64, 3))
 
 
-def test_sampler_on_device_equals_the_core_edit(flow, demo_model, server_url, user, user_uint8,
-                                                progress):  # fmt: skip
+def test_sampler_on_device_equals_the_core_edit(flow, demo_model, server_url, user, user_uint8, progress):
     """on-device: the template runs here every step, so the node's image must equal the core's run_edit exactly."""
     from sakura_core.models.edit_model import load_image
     from sakura_core.runtime.denoise import run_edit
@@ -85,8 +84,16 @@ def test_sampler_on_device_equals_the_core_edit(flow, demo_model, server_url, us
     opened = stream.join().result()  # the prefetch: sakura_core.edit.open_template
     tmpl = opened.template_image(64)
     L = demo_model.adapter.num_layers
-    expected = run_edit(demo_model, load_image(user_uint8, 64), flow.prompt, steps=3, seed=5, split_layer=L,
-                        template_image=tmpl, template_every_step=True).image  # fmt: skip
+    expected = run_edit(
+        demo_model,
+        load_image(user_uint8, 64),
+        flow.prompt,
+        steps=3,
+        seed=5,
+        split_layer=L,
+        template_image=tmpl,
+        template_every_step=True,
+    ).image
     got = (edited[0].numpy() * 255).round().astype(np.uint8)
     assert edited.shape == (1, 64, 64, 3) and edited.dtype == torch.float32
     np.testing.assert_array_equal(got, expected)
@@ -102,8 +109,7 @@ def test_sampler_on_device_equals_the_core_edit(flow, demo_model, server_url, us
     assert values == sorted(values) and {n for _, _, n in progress.updates} == {"7"}
 
 
-def test_sampler_fetch_fp16_equals_edit_from_server(flow, demo_model, server_url, user,
-                                                    user_uint8):  # fmt: skip
+def test_sampler_fetch_fp16_equals_edit_from_server(flow, demo_model, server_url, user, user_uint8):
     """fetch-fp16 always fetches every shard exactly: the node must give what the core's edit entry point gives."""
     from sakura_core.edit import EditRequest, edit_from_server
     from sakura_core.edit_report import REPORT_KEYS
@@ -189,8 +195,9 @@ def test_sampler_input_errors_are_readable(comfy, flow, demo_model, server_url):
 def test_prefetch_failure_is_readable_and_retried(comfy, flow, demo_model, server_url, user):
     """A server that went away: the sampler says so (with the template id); the next run fetches again."""
     template = flow.load_template(demo_model, server_url=server_url)
-    gone = type(template)(template.template_id, template.model_id, f"http://127.0.0.1:{free_port()}", None,
-                          manifest=template.manifest)  # fmt: skip
+    gone = type(template)(
+        template.template_id, template.model_id, f"http://127.0.0.1:{free_port()}", None, manifest=template.manifest
+    )
     stream = flow.make_stream(gone, policy="on-device")
     for attempt in (1, 2):
         with pytest.raises(comfy.nodes._common.SakuraNodeError, match=r"'face-swap-astronaut'.*unavailable"):

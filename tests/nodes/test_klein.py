@@ -39,18 +39,50 @@ def klein_store(tmp_path_factory, klein_folder):
     from sakura_core.cli import main
 
     store = tmp_path_factory.mktemp("klein-store")
-    assert main(["precompute", "--store", str(store), "--model", str(klein_folder), "--image", "astronaut",
-                 "--id", TID]) == 0  # fmt: skip
-    assert main(["precompute", "--store", str(store), "--model", str(klein_folder), "--image", "astronaut",
-                 "--id", TID_PER_STEP, "--kv-mode", "per-step", "--steps", "2"]) == 0  # fmt: skip
+    assert (
+        main(["precompute", "--store", str(store), "--model", str(klein_folder), "--image", "astronaut", "--id", TID])
+        == 0
+    )
+    assert (
+        main(
+            [
+                "precompute",
+                "--store",
+                str(store),
+                "--model",
+                str(klein_folder),
+                "--image",
+                "astronaut",
+                "--id",
+                TID_PER_STEP,
+                "--kv-mode",
+                "per-step",
+                "--steps",
+                "2",
+            ]
+        )
+        == 0
+    )
     return store
 
 
 @pytest.fixture(scope="module")
 def klein_server(klein_store, klein_folder):
     store = klein_store
-    argv = [sys.executable, "-m", "sakura_core.cli", "serve", "--store", str(store), "--host", "127.0.0.1",
-            "--port", "0", "--model", str(klein_folder)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sakura_core.cli",
+        "serve",
+        "--store",
+        str(store),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--model",
+        str(klein_folder),
+    ]
     proc, url, _ = start_process(argv, r"serving (http://\S+)", "sakura serve")
     try:
         yield url
@@ -60,8 +92,20 @@ def klein_server(klein_store, klein_folder):
 
 @pytest.fixture(scope="module")
 def klein_phone(klein_folder):
-    argv = [sys.executable, "-m", "sakura_core.cli", "phone-agent", "--host", "127.0.0.1", "--port", "0",
-            "--token", PHONE_TOKEN, "--model", str(klein_folder)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sakura_core.cli",
+        "phone-agent",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--token",
+        PHONE_TOKEN,
+        "--model",
+        str(klein_folder),
+    ]
     proc, url, _ = start_process(argv, r"listening on (http://\S+)", "sakura phone-agent")
     try:
         yield url
@@ -78,8 +122,9 @@ def test_model_loader_lists_and_loads_the_pipeline_folder(node_classes, run_node
     assert model.spec.grid == (4, 4) and model.weights_source == "folder:tiny-klein"
 
 
-def test_klein_edit_here_and_on_the_phone(comfy, node_classes, run_node, flow, diffusers_klein, klein_server,
-                                         klein_phone, user):  # fmt: skip
+def test_klein_edit_here_and_on_the_phone(
+    comfy, node_classes, run_node, flow, diffusers_klein, klein_server, klein_phone, user
+):
     (model,) = run_node(node_classes["SakuraModelLoader"], model_name="tiny-klein")
     template = flow.load_template(model, template_id=TID, server_url=klein_server)
     stream = flow.make_stream(template, policy="sakura", bandwidth="fixed Mbit/s", mbit=50.0)
@@ -97,9 +142,9 @@ def test_klein_edit_here_and_on_the_phone(comfy, node_classes, run_node, flow, d
     np.testing.assert_array_equal(there.numpy(), here.numpy())  # the same folder edits the same on the phone
 
 
-def test_klein_per_step_template_here_from_a_store_and_on_the_phone(comfy, node_classes, run_node, flow,
-                                                                    diffusers_klein, klein_store, klein_server,
-                                                                    klein_phone, user):  # fmt: skip
+def test_klein_per_step_template_here_from_a_store_and_on_the_phone(
+    comfy, node_classes, run_node, flow, diffusers_klein, klein_store, klein_server, klein_phone, user
+):
     """Refused before (ScheduleMismatchError: the checks used ``flow_timesteps``, not the folder's schedule)."""
     err = comfy.nodes._common.SakuraNodeError
     (model,) = run_node(node_classes["SakuraModelLoader"], model_name="tiny-klein")

@@ -22,8 +22,11 @@ def comfy_models(comfy, tmp_path_factory, klein_folder, klein_single_files):
     folder under models/diffusers (for its tokenizer)."""
     root = tmp_path_factory.mktemp("comfyui") / "models"
     shutil.copytree(klein_folder, root / "diffusers" / "tiny-klein")
-    kinds = {"diffusion_models": klein_single_files.diffusion_model, "text_encoders": klein_single_files.text_encoder,
-             "vae": klein_single_files.vae}  # fmt: skip
+    kinds = {
+        "diffusion_models": klein_single_files.diffusion_model,
+        "text_encoders": klein_single_files.text_encoder,
+        "vae": klein_single_files.vae,
+    }
     saved = dict(comfy.folder_paths.folder_names_and_paths)
     for kind, path in kinds.items():
         shutil.copytree(Path(path).parent, root / kind)
@@ -36,8 +39,13 @@ def comfy_models(comfy, tmp_path_factory, klein_folder, klein_single_files):
 
 
 def _inputs(names, **overrides):
-    values = dict(model_name="klein single files (below)", diffusion_model=names["diffusion_models"],
-                  text_encoder=names["text_encoders"], vae=names["vae"], tokenizer="tiny-klein")  # fmt: skip
+    values = dict(
+        model_name="klein single files (below)",
+        diffusion_model=names["diffusion_models"],
+        text_encoder=names["text_encoders"],
+        vae=names["vae"],
+        tokenizer="tiny-klein",
+    )
     return {**values, **overrides}
 
 
@@ -101,7 +109,11 @@ def test_placement_follows_comfyuis_model_management(comfy, caplog):
     comfy_placement = comfy.nodes._placement.comfy_placement
     gpu = comfy_placement(_mm("cuda:0", None, None, torch.float16))
     assert (gpu.device, gpu.dtype, gpu.vae, gpu.text_encoder) == (
-        "cuda:0", "bfloat16", ("cuda:0", "bfloat16"), ("cuda:0", "float16"))  # fmt: skip
+        "cuda:0",
+        "bfloat16",
+        ("cuda:0", "bfloat16"),
+        ("cuda:0", "float16"),
+    )
     old_gpu = comfy_placement(_mm("cuda", torch.float16, torch.float32, torch.float16, te_device="cpu"))
     assert (old_gpu.dtype, old_gpu.vae[1], old_gpu.text_encoder) == ("float16", "float32", ("cpu", "float32"))
     cpu = comfy_placement(_mm("cpu", torch.bfloat16, torch.bfloat16, torch.float16))

@@ -53,9 +53,20 @@ def test_native_klein_chain_with_the_patch(name):
     ui = _ui(name)
     by_id = {n["id"]: n for n in ui["nodes"]}
     types = {n["type"] for n in ui["nodes"]}
-    assert {"UNETLoader", "CLIPLoader", "VAELoader", "LoadImage", "VAEEncode", "CLIPTextEncode", "VAEDecode",
-            "SaveImage", "SakuraTemplateLoader", "SakuraAdaptiveFetch", "SakuraTemplateKV",
-            "SakuraTemplateKVReport"} <= types  # fmt: skip
+    assert {
+        "UNETLoader",
+        "CLIPLoader",
+        "VAELoader",
+        "LoadImage",
+        "VAEEncode",
+        "CLIPTextEncode",
+        "VAEDecode",
+        "SaveImage",
+        "SakuraTemplateLoader",
+        "SakuraAdaptiveFetch",
+        "SakuraTemplateKV",
+        "SakuraTemplateKVReport",
+    } <= types
     clip = next(n for n in ui["nodes"] if n["type"] == "CLIPLoader")
     assert clip["widgets_values"][:2] == [kw.TEXT_ENCODER, "flux2"]
     links = {link[0]: link for link in ui["links"]}
@@ -77,9 +88,14 @@ def test_note_says_what_to_download_and_precompute(name):
     notes = [n for n in _ui(name)["nodes"] if n["type"] == "Note"]
     assert len(notes) == 1
     text = notes[0]["widgets_values"][0]
-    for needed in (f"models/diffusion_models/{kw.UNET}", f"models/text_encoders/{kw.TEXT_ENCODER}",
-                   f"models/vae/{kw.VAE}", "sakura precompute --model klein-files:", "EXACT weights",
-                   "docs/comfyui.md"):  # fmt: skip
+    for needed in (
+        f"models/diffusion_models/{kw.UNET}",
+        f"models/text_encoders/{kw.TEXT_ENCODER}",
+        f"models/vae/{kw.VAE}",
+        "sakura precompute --model klein-files:",
+        "EXACT weights",
+        "docs/comfyui.md",
+    ):
         assert needed in text, f"{name}: the note lacks {needed!r}"
     template = next(n for n in _ui(name)["nodes"] if n["type"] == "SakuraTemplateLoader")["widgets_values"][0]
     assert f"--id {template} " in text
@@ -87,8 +103,10 @@ def test_note_says_what_to_download_and_precompute(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_no_overlaps(name):
-    boxes = [(n["title"], n["pos"][0], n["pos"][1] - 30, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
-             for n in _ui(name)["nodes"]]  # fmt: skip
+    boxes = [
+        (n["title"], n["pos"][0], n["pos"][1] - 30, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+        for n in _ui(name)["nodes"]
+    ]
     for i, a in enumerate(boxes):
         for b in boxes[i + 1 :]:
             assert not (a[1] < b[3] and b[1] < a[3] and a[2] < b[4] and b[2] < a[4]), f"{a[0]!r} overlaps {b[0]!r}"

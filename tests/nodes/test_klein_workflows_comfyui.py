@@ -20,14 +20,16 @@ from .ui_schema_check import problems
 pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
 
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR", "")
-require_or_skip(bool(COMFYUI_DIR), "COMFYUI_DIR is not set: this test needs ComfyUI 0.29 (DEVELOPERS.md)",
-                allow_module_level=True)  # fmt: skip
+require_or_skip(
+    bool(COMFYUI_DIR), "COMFYUI_DIR is not set: this test needs ComfyUI 0.29 (DEVELOPERS.md)", allow_module_level=True
+)
 
 
 @pytest.fixture(scope="module")
 def object_info(tmp_path_factory, examples, comfyui_python):
-    proc, url, log = start_comfyui(COMFYUI_DIR, tmp_path_factory.mktemp("comfyui-klein"), examples,
-                                   python=comfyui_python)  # fmt: skip
+    proc, url, log = start_comfyui(
+        COMFYUI_DIR, tmp_path_factory.mktemp("comfyui-klein"), examples, python=comfyui_python
+    )
     try:
         with urllib.request.urlopen(f"{url}/object_info", timeout=60) as resp:
             info = json.loads(resp.read())

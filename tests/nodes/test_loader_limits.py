@@ -23,8 +23,12 @@ TID = "tpl-hostile"
 def _valid(model) -> dict:
     a = model.adapter
     m = build_synthetic(TID, model_id=model.model_id, num_layers=a.num_layers).manifest
-    m.update(token_grid=list(model.spec.grid), heads=a.num_heads, head_dim=a.head_dim,
-             template_image={"digest": "ab" * 32, "bytes": 1000})  # fmt: skip
+    m.update(
+        token_grid=list(model.spec.grid),
+        heads=a.num_heads,
+        head_dim=a.head_dim,
+        template_image={"digest": "ab" * 32, "bytes": 1000},
+    )
     return m
 
 
@@ -63,8 +67,12 @@ def test_hostile_manifests_are_readable_node_errors(comfy, flow, demo_model, hos
         _load(flow, demo_model, hostile_store, body)
 
 
-_FUZZ = settings(max_examples=120, deadline=timedelta(seconds=20), derandomize=True,
-                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+_FUZZ = settings(
+    max_examples=120,
+    deadline=timedelta(seconds=20),
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @pytest.fixture(scope="module")

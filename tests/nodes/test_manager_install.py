@@ -14,8 +14,10 @@ pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
 
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 if not COMFYUI_DIR:
-    pytest.skip("COMFYUI_DIR is not set: the Manager-install test needs a ComfyUI checkout (see DEVELOPERS.md)",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "COMFYUI_DIR is not set: the Manager-install test needs a ComfyUI checkout (see DEVELOPERS.md)",
+        allow_module_level=True,
+    )
 
 
 def test_a_manager_install_registers_every_sakura_node(tmp_path):

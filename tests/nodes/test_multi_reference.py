@@ -25,8 +25,9 @@ def tid(workflow_defs):
 
 def test_the_loader_lists_the_references(comfy, node_classes, demo_model, pair_store, tid):
     loader = node_classes["SakuraTemplateLoader"].PREPARE_CLASS_CLONE({comfy.io.Hidden.unique_id: "2"})
-    out = loader.execute(model=demo_model, template_id=tid, source="local store", server_url="", token="",
-                         store_dir=str(pair_store))  # fmt: skip
+    out = loader.execute(
+        model=demo_model, template_id=tid, source="local store", server_url="", token="", store_dir=str(pair_store)
+    )
     text = out.ui["text"]
     assert "references: 2 (512 tokens, attending to each other), 6 layers" in text
     assert "  1. person: 64 px, 16x16 = 256 tokens" in text and "  2. garment: 64 px, 16x16 = 256 tokens" in text
@@ -58,8 +59,11 @@ def _run_api(workflow: dict, node_classes, comfy, images: dict) -> dict:
         return done[v[0]].args[v[1]] if isinstance(v, list) else v
 
     while len(done) < len(workflow):
-        ready = [k for k, n in workflow.items() if k not in done and
-                 all(v[0] in done for v in n["inputs"].values() if isinstance(v, list))]  # fmt: skip
+        ready = [
+            k
+            for k, n in workflow.items()
+            if k not in done and all(v[0] in done for v in n["inputs"].values() if isinstance(v, list))
+        ]
         assert ready, f"a cycle among {sorted(set(workflow) - set(done))}"
         for key in ready:
             node = workflow[key]
@@ -80,8 +84,9 @@ def _run_api(workflow: dict, node_classes, comfy, images: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_the_two_reference_workflow_runs_through_the_nodes(comfy, node_classes, workflow_defs, demo_model, pair_store,
-                                                           examples, tmp_path, monkeypatch, tid):  # fmt: skip
+def test_the_two_reference_workflow_runs_through_the_nodes(
+    comfy, node_classes, workflow_defs, demo_model, pair_store, examples, tmp_path, monkeypatch, tid
+):
     """The workflow as the user edits it (a local store), EMULATED phone timing over a 50 Mbit/s link: the loader
     lists both references, the sampler fetches their KV (levels used) and saves the edit's report."""
     import torch
@@ -102,8 +107,12 @@ def test_the_two_reference_workflow_runs_through_the_nodes(comfy, node_classes, 
     assert [r["name"] for r in report["template"]["references"]] == ["person", "garment"]
     assert "EMULATED snapdragon-8-elite-cpu timing" in report["summary"]
     levels = report["levels_used"]  # {layer: [level per step]}, or "none fetched"
-    fetched = [lv for names in (levels.values() if isinstance(levels, dict) else []) for lv in names
-               if lv.startswith("sakura-")]  # fmt: skip
+    fetched = [
+        lv
+        for names in (levels.values() if isinstance(levels, dict) else [])
+        for lv in names
+        if lv.startswith("sakura-")
+    ]
     assert fetched, f"nothing fetched: {report['summary']}; {json.dumps(report.get('decisions'))[:2000]}"
     assert tuple(out["6"].shape) == (1, 64, 64, 3)  # the edit at the demo model's size
     assert tuple(out["12"].shape) == (1, 512, 512, 3)  # and enlarged for viewing

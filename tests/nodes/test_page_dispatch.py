@@ -17,8 +17,9 @@ from android_bridge.page_channel import PageHub, PageHubConfig, PairingError
 
 def _stream(comfy):
     stream_mod = __import__(f"{comfy.nodes.__name__}._stream", fromlist=["KVStream"])
-    template = stream_mod.TemplateHandle(template_id="tpl", model_id="m" * 8, server_url="http://127.0.0.1:9",
-                                         store_dir=None, token="read-token")  # fmt: skip
+    template = stream_mod.TemplateHandle(
+        template_id="tpl", model_id="m" * 8, server_url="http://127.0.0.1:9", store_dir=None, token="read-token"
+    )
     return stream_mod.KVStream(template, stream_mod.FetchSettings(policy="sakura", link="fixed:10")), stream_mod
 
 
@@ -49,11 +50,20 @@ def _page(hub: PageHub, *, finish: bool = True, beats: int = 3):
             time.sleep(0.1)
         if finish:
             rgba = np.full((4, 4, 4), 200, np.uint8)
-            report = {"template_id": "tpl", "steps": beats, "seed": 1, "policy": "fp16 for every layer",
-                      "bytes_fetched": 1000, "timings_s": {"total": 0.5, "fetch_decode": 0.2, "per_step": [0.1] * beats},
-                      "executed_on": {"kind": "browser", "execution_provider": "wasm"}}  # fmt: skip
-            hub.finish(token, job["job_id"], {"width": 4, "height": 4, "report": report,
-                                              "rgba_b64": base64.b64encode(rgba.tobytes()).decode()})  # fmt: skip
+            report = {
+                "template_id": "tpl",
+                "steps": beats,
+                "seed": 1,
+                "policy": "fp16 for every layer",
+                "bytes_fetched": 1000,
+                "timings_s": {"total": 0.5, "fetch_decode": 0.2, "per_step": [0.1] * beats},
+                "executed_on": {"kind": "browser", "execution_provider": "wasm"},
+            }
+            hub.finish(
+                token,
+                job["job_id"],
+                {"width": 4, "height": 4, "report": report, "rgba_b64": base64.b64encode(rgba.tobytes()).decode()},
+            )
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -66,8 +76,9 @@ def _run(comfy, hub, on_tick=lambda run: None):
     run = stream_mod.EditRun(3, 2)
     user = np.arange(4 * 4 * 3, dtype=np.uint8).reshape(4, 4, 3)
     device = device_mod.PhoneDevice(connection="page")
-    return device_mod.run_on_phone(device, stream, user, "a prompt", steps=3, seed=1, run=run,
-                                   on_tick=lambda: on_tick(run)), run  # fmt: skip
+    return device_mod.run_on_phone(
+        device, stream, user, "a prompt", steps=3, seed=1, run=run, on_tick=lambda: on_tick(run)
+    ), run
 
 
 def test_the_page_edit_comes_back_with_progress(comfy, hub):

@@ -64,8 +64,11 @@ async def test_pairing_and_a_job_over_http(page_client):
     assert (
         bad.status == 403 and "pairing code 'XXXXXX' is not one this ComfyUI gave out" in (await bad.json())["error"]
     )
-    paired = await (await client.post("/sakura/phone/api/pair", json={"code": given["code"].lower(),
-                                                                      "info": {"browser": "Chrome"}})).json()  # fmt: skip
+    paired = await (
+        await client.post(
+            "/sakura/phone/api/pair", json={"code": given["code"].lower(), "info": {"browser": "Chrome"}}
+        )
+    ).json()
     auth = {"Authorization": f"Bearer {paired['token']}"}
     assert paired["code"] == given["code"] and paired["stale_after_s"] == 5
     assert (await client.get("/sakura/phone/api/job", headers={"Authorization": "Bearer nope"})).status == 401
@@ -81,15 +84,20 @@ async def test_pairing_and_a_job_over_http(page_client):
     taken = (await (await client.get("/sakura/phone/api/job", headers=auth)).json())["job"]
     assert taken == {"job_id": job.job_id, "prompt": "p"}
     token, job_id = paired["token"], job.job_id
-    beat = await client.post("/sakura/phone/api/beat", json={"token": token, "job_id": job_id,
-                                                             "progress": {"phase": "computed", "done": 1}})  # fmt: skip
+    beat = await client.post(
+        "/sakura/phone/api/beat", json={"token": token, "job_id": job_id, "progress": {"phase": "computed", "done": 1}}
+    )
     assert await beat.json() == {"cancel": False} and job.progress["done"] == 1
     rgba = base64.b64encode(bytes(2 * 2 * 4)).decode()
-    short = await client.post("/sakura/phone/api/result", json={"token": token, "job_id": job_id, "width": 3,
-                                                               "height": 2, "rgba_b64": rgba, "report": {}})  # fmt: skip
+    short = await client.post(
+        "/sakura/phone/api/result",
+        json={"token": token, "job_id": job_id, "width": 3, "height": 2, "rgba_b64": rgba, "report": {}},
+    )
     assert short.status == 400 and "not 3x2 RGBA (24)" in (await short.json())["error"]
-    ok = await client.post("/sakura/phone/api/result", json={"token": token, "job_id": job_id, "width": 2,
-                                                            "height": 2, "rgba_b64": rgba, "report": {"steps": 1}})  # fmt: skip
+    ok = await client.post(
+        "/sakura/phone/api/result",
+        json={"token": token, "job_id": job_id, "width": 2, "height": 2, "rgba_b64": rgba, "report": {"steps": 1}},
+    )
     assert ok.status == 200 and hub.wait(job, 0)["report"] == {"steps": 1}
 
 

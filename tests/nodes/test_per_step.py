@@ -19,21 +19,30 @@ def per_step_store(tmp_path_factory, examples, demo_model):
     return root
 
 
-def test_loader_shows_mode_and_schedule_and_the_sampler_checks_steps(comfy, node_classes, flow, demo_model,
-                                                                      per_step_store, user):  # fmt: skip
+def test_loader_shows_mode_and_schedule_and_the_sampler_checks_steps(
+    comfy, node_classes, flow, demo_model, per_step_store, user
+):
     err = comfy.nodes._common.SakuraNodeError  # the loaded pack's class
     clone = node_classes["SakuraTemplateLoader"].PREPARE_CLASS_CLONE({comfy.io.Hidden.unique_id: "7"})
-    out = clone.execute(model=demo_model, template_id=TEMPLATE, source="local store", server_url="", token="",
-                        store_dir=str(per_step_store))  # fmt: skip
+    out = clone.execute(
+        model=demo_model,
+        template_id=TEMPLATE,
+        source="local store",
+        server_url="",
+        token="",
+        store_dir=str(per_step_store),
+    )
     (template,) = out.args
     assert template.kv_mode == "per-step" and template.schedule == "4 steps, shift 1"
-    assert out.ui == {"text": [
-        f"template: {TEMPLATE}",
-        "KV mode: per-step (one KV per step and layer): 4 steps, shift 1; the sampler must run 4 steps",
-        f"references: 1 (256 tokens), {demo_model.adapter.num_layers} layers",
-        "  1. reference 1: 64 px, 16x16 = 256 tokens",
-        f"from: store:{per_step_store}",
-    ]}  # fmt: skip
+    assert out.ui == {
+        "text": [
+            f"template: {TEMPLATE}",
+            "KV mode: per-step (one KV per step and layer): 4 steps, shift 1; the sampler must run 4 steps",
+            f"references: 1 (256 tokens), {demo_model.adapter.num_layers} layers",
+            "  1. reference 1: 64 px, 16x16 = 256 tokens",
+            f"from: store:{per_step_store}",
+        ]
+    }
     manifest = template.manifest.to_json()
     assert len(manifest["shards"]) == 4 * demo_model.adapter.num_layers
 

@@ -12,8 +12,9 @@ from .conftest import free_port
 pytestmark = pytest.mark.slow
 
 
-def test_phone_device_and_dispatch(comfy, node_classes, run_node, flow, demo_model, server_url, phone_url, phone_token, user,
-                                   progress):  # fmt: skip
+def test_phone_device_and_dispatch(
+    comfy, node_classes, run_node, flow, demo_model, server_url, phone_url, phone_token, user, progress
+):
     phone = node_classes["SakuraPhoneDevice"]
     (device,) = run_node(phone, connection=phone_url, token=phone_token, cloud_url="")
     assert device.info()["model"]["id"] == demo_model.model_id
@@ -22,8 +23,7 @@ def test_phone_device_and_dispatch(comfy, node_classes, run_node, flow, demo_mod
     stream = flow.make_stream(template, policy="on-device")
     here, here_json, _ = flow.sample(demo_model, stream, user, steps=2, seed=3)
     progress.updates.clear()
-    there, report_json, timeline = flow.sample(demo_model, stream, user, steps=2, seed=3,
-                                          device=device)  # fmt: skip
+    there, report_json, timeline = flow.sample(demo_model, stream, user, steps=2, seed=3, device=device)
     report = json.loads(report_json)
     local = json.loads(here_json)
     assert list(report) == list(local)  # one report format, local and on the phone
@@ -37,12 +37,16 @@ def test_phone_device_and_dispatch(comfy, node_classes, run_node, flow, demo_mod
     assert timeline.shape[0] == 1 and progress.updates and progress.updates[-1][0] == progress.updates[-1][1]
 
 
-def test_phone_errors_are_readable(comfy, node_classes, run_node, flow, demo_model, server_url, store_dir, phone_url,
-                                   phone_token, user):  # fmt: skip
+def test_phone_errors_are_readable(
+    comfy, node_classes, run_node, flow, demo_model, server_url, store_dir, phone_url, phone_token, user
+):
     err = comfy.nodes._common.SakuraNodeError
     phone = node_classes["SakuraPhoneDevice"]
-    with pytest.raises(err, match=rf"the phone agent at {phone_url} refused the token typed into the node's token "
-                                  r"field \(HTTP 401\): it is not the token"):  # fmt: skip
+    with pytest.raises(
+        err,
+        match=rf"the phone agent at {phone_url} refused the token typed into the node's token "
+        r"field \(HTTP 401\): it is not the token",
+    ):
         run_node(phone, connection=phone_url, token="wrong-token-123", cloud_url="")
     with pytest.raises(err, match=r"cloud_url '127.0.0.1:8080' must start with http:// or https://"):
         run_node(phone, connection=phone_url, token=phone_token, cloud_url="127.0.0.1:8080")

@@ -33,8 +33,15 @@ if not COMFYUI_DIR:
 
 REPO = Path(__file__).resolve().parents[2]
 API = REPO / "example_workflows" / "api"
-NODE_IDS = {"SakuraModelLoader", "SakuraTemplateLoader", "SakuraAdaptiveFetch", "SakuraPipelinedSampler",
-            "SakuraPhoneDevice", "SakuraTemplateKV", "SakuraTemplateKVReport"}  # fmt: skip
+NODE_IDS = {
+    "SakuraModelLoader",
+    "SakuraTemplateLoader",
+    "SakuraAdaptiveFetch",
+    "SakuraPipelinedSampler",
+    "SakuraPhoneDevice",
+    "SakuraTemplateKV",
+    "SakuraTemplateKVReport",
+}
 RUN_TIMEOUT_S = 600.0
 # UI-only workflows on ComfyUI's native klein nodes (klein_workflows.py): listed, never run here, since they need the
 # real klein 4B files (a tiny klein's Qwen3 / VAE cannot be loaded by CLIPLoader / VAELoader):

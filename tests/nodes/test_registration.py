@@ -91,11 +91,25 @@ def test_fetch_settings_errors_are_readable(comfy, node_classes, run_node, tmp_p
     fetch = node_classes["SakuraAdaptiveFetch"]
     missing = tmp_path / "nope.trace"
     with pytest.raises(comfy.nodes._common.SakuraNodeError, match="nope.trace"):
-        run_node(fetch, template=handle, policy="sakura", bandwidth="trace file", fixed_mbit_s=5.0,
-                 trace="norway_bus_1", trace_path=str(missing))  # fmt: skip
+        run_node(
+            fetch,
+            template=handle,
+            policy="sakura",
+            bandwidth="trace file",
+            fixed_mbit_s=5.0,
+            trace="norway_bus_1",
+            trace_path=str(missing),
+        )
     with pytest.raises(comfy.nodes._common.SakuraNodeError, match="free-kv"):
-        run_node(fetch, template=handle, policy="free-kv", bandwidth="live", fixed_mbit_s=5.0, trace="norway_bus_1",
-                 trace_path="")  # fmt: skip
+        run_node(
+            fetch,
+            template=handle,
+            policy="free-kv",
+            bandwidth="live",
+            fixed_mbit_s=5.0,
+            trace="norway_bus_1",
+            trace_path="",
+        )
 
 
 @pytest.fixture
@@ -125,8 +139,12 @@ def diffusers_root(comfy, tmp_path, demo_model):
 
 def test_model_loader_lists_transformer_folders(node_classes, diffusers_root):
     schema = node_classes["SakuraModelLoader"].GET_SCHEMA()
-    assert schema.inputs[0].options == ["demo (embedded)", "klein single files (below)", "flux2-klein-kv/transformer",
-                                       "sakura-demo-copy"]  # fmt: skip
+    assert schema.inputs[0].options == [
+        "demo (embedded)",
+        "klein single files (below)",
+        "flux2-klein-kv/transformer",
+        "sakura-demo-copy",
+    ]
 
 
 def test_model_loader_loads_a_folder(node_classes, run_node, diffusers_root, demo_model):

@@ -29,10 +29,19 @@ def test_registered_by_the_entrypoint_only_inside_comfyui(comfy, prompt_server):
     assert asyncio.run(comfy.package.comfy_entrypoint()) is not None
     paths = [(r.method, r.path) for r in prompt_server.routes]
     api = "/sakura/phone/api"
-    assert paths == [("GET", "/sakura/templates"), ("POST", f"{api}/code"), ("GET", f"{api}/pages"),
-                     ("POST", f"{api}/pair"), ("GET", f"{api}/job"), ("POST", f"{api}/beat"), ("POST", f"{api}/result"),
-                     ("POST", f"{api}/error"), ("POST", f"{api}/bye"), ("GET", "/sakura/phone"),
-                     ("GET", "/sakura/phone/{rest:.*}")]  # fmt: skip
+    assert paths == [
+        ("GET", "/sakura/templates"),
+        ("POST", f"{api}/code"),
+        ("GET", f"{api}/pages"),
+        ("POST", f"{api}/pair"),
+        ("GET", f"{api}/job"),
+        ("POST", f"{api}/beat"),
+        ("POST", f"{api}/result"),
+        ("POST", f"{api}/error"),
+        ("POST", f"{api}/bye"),
+        ("GET", "/sakura/phone"),
+        ("GET", "/sakura/phone/{rest:.*}"),
+    ]
     assert routes.register_routes() is True  # again: no second route
     assert comfy.nodes.page_routes.register_page_routes() is True
     assert len(list(prompt_server.routes)) == len(paths)
@@ -83,8 +92,11 @@ async def test_a_failing_server_is_asked_once_and_its_page_never_echoed(comfy, a
     srv = await aiohttp_server(app)
     url = str(srv.make_url("")).rstrip("/")
     body = await comfy.nodes.routes.list_published(url, None)
-    assert body == {"server_url": url, "templates": [], "error": f"no template catalog could be read from {url} "
-                    + UNIFORM}  # fmt: skip
+    assert body == {
+        "server_url": url,
+        "templates": [],
+        "error": f"no template catalog could be read from {url} " + UNIFORM,
+    }
     assert hits == ["/v1/templates"]
 
 

@@ -20,8 +20,13 @@ def test_loader_without_a_model_hands_on_the_unchecked_manifest(flow, store_dir)
 def test_patch_refuses_a_handle_without_manifest(comfy, node_classes, run_node):
     handle = comfy.nodes._stream.TemplateHandle("x", "m", None, "/nowhere")
     with pytest.raises(comfy.nodes._common.SakuraNodeError, match="connect a Sakura Template KV Loader"):
-        run_node(node_classes["SakuraTemplateKV"], model=object(), template=handle, kv_source="fetched template",
-                 representation="fp16")  # fmt: skip
+        run_node(
+            node_classes["SakuraTemplateKV"],
+            model=object(),
+            template=handle,
+            kv_source="fetched template",
+            representation="fp16",
+        )
 
 
 def test_reference_tokens_are_dropped_only_when_they_are_the_templates(comfy):

@@ -35,8 +35,10 @@ def test_token_precedence(comfy, user_dir, monkeypatch):
 def test_the_token_source_is_named(comfy, user_dir, monkeypatch):
     source = comfy.nodes._common.resolve_token_source
     path = user_dir / "sakura_tokens.json"
-    assert source("", "SAKURA_READ_TOKEN") == (None, "no token was found (the token field, $SAKURA_READ_TOKEN and "
-                                                     f"SAKURA_READ_TOKEN in {path} are all empty)")  # fmt: skip
+    assert source("", "SAKURA_READ_TOKEN") == (
+        None,
+        f"no token was found (the token field, $SAKURA_READ_TOKEN and SAKURA_READ_TOKEN in {path} are all empty)",
+    )
     path.write_text(json.dumps({"SAKURA_READ_TOKEN": "from-file"}))
     assert source("", "SAKURA_READ_TOKEN") == ("from-file", f"SAKURA_READ_TOKEN in {path}")
     monkeypatch.setenv("SAKURA_READ_TOKEN", "from-env")
@@ -73,8 +75,22 @@ def test_shipped_workflows_carry_no_token(node_classes):
 @pytest.fixture(scope="module")
 def guarded_server(store_dir):
     """``sakura serve`` over the same store, requiring a read token."""
-    argv = [sys.executable, "-m", "sakura_core.cli", "serve", "--store", str(store_dir), "--host", "127.0.0.1",
-            "--port", "0", "--model", "demo", "--read-token", READ_TOKEN]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sakura_core.cli",
+        "serve",
+        "--store",
+        str(store_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--model",
+        "demo",
+        "--read-token",
+        READ_TOKEN,
+    ]
     proc, url, _ = start_process(argv, r"serving (http://\S+)", "sakura serve")
     try:
         yield url
@@ -83,11 +99,15 @@ def guarded_server(store_dir):
 
 
 @pytest.mark.slow
-def test_template_loader_reads_the_server_token_from_the_environment(comfy, flow, demo_model, guarded_server,
-                                                                     user_dir, monkeypatch):  # fmt: skip
+def test_template_loader_reads_the_server_token_from_the_environment(
+    comfy, flow, demo_model, guarded_server, user_dir, monkeypatch
+):
     err = comfy.nodes._common.SakuraNodeError
-    with pytest.raises(err, match=rf"server at {guarded_server} requires a token \(HTTP 401\) and no token was found "
-                                  r".*: set \$SAKURA_READ_TOKEN"):  # fmt: skip
+    with pytest.raises(
+        err,
+        match=rf"server at {guarded_server} requires a token \(HTTP 401\) and no token was found "
+        r".*: set \$SAKURA_READ_TOKEN",
+    ):
         flow.load_template(demo_model, server_url=guarded_server)
     (user_dir / "sakura_tokens.json").write_text(json.dumps({"SAKURA_READ_TOKEN": "stale-token"}))
     with pytest.raises(err, match=r"refused SAKURA_READ_TOKEN in .*sakura_tokens.json \(HTTP 401\): it is not"):
@@ -102,8 +122,9 @@ def test_template_loader_reads_the_server_token_from_the_environment(comfy, flow
 
 
 @pytest.mark.slow
-def test_phone_device_reads_the_pairing_token_from_the_user_folder(node_classes, run_node, user_dir, phone_url,
-                                                                   phone_token):  # fmt: skip
+def test_phone_device_reads_the_pairing_token_from_the_user_folder(
+    node_classes, run_node, user_dir, phone_url, phone_token
+):
     (user_dir / "sakura_tokens.json").write_text(json.dumps({"SAKURA_PHONE_TOKEN": phone_token}))
     (device,) = run_node(node_classes["SakuraPhoneDevice"], connection=phone_url, token="", cloud_url="")
     assert device.info()["model"]["id"] and phone_token not in repr(device)

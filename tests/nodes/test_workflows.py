@@ -68,8 +68,9 @@ def test_the_use_cases_are_there(gen):
     assert per_step["SakuraPipelinedSampler"]["steps"] == 4  # the schedule the template was precomputed for
     phone = [n for n in api["sakura_in_context_edit_on_phone"].values() if n["class_type"] == "SakuraPhoneDevice"]
     assert len(phone) == 1
-    sampler = next(n for n in api["sakura_in_context_edit_on_phone"].values()
-                   if n["class_type"] == "SakuraPipelinedSampler")  # fmt: skip
+    sampler = next(
+        n for n in api["sakura_in_context_edit_on_phone"].values() if n["class_type"] == "SakuraPipelinedSampler"
+    )
     assert sampler["inputs"]["device"] == ["9", 0]
     # the UI files are what ComfyUI lists: top level of example_workflows/, nodes + links
     for path in gen.OUT.glob("*.json"):
@@ -98,8 +99,11 @@ def test_api_inputs_fit_the_schemas(gen, schemas, name):
             else:
                 src, slot = value
                 src_type = wf[src]["class_type"]
-                out_type = (gen.CORE_NODES[src_type][2][slot][1] if src_type in gen.CORE_NODES
-                            else schemas[src_type].outputs[slot].io_type)  # fmt: skip
+                out_type = (
+                    gen.CORE_NODES[src_type][2][slot][1]
+                    if src_type in gen.CORE_NODES
+                    else schemas[src_type].outputs[slot].io_type
+                )
                 assert out_type == spec.io_type, f"{name}/{node_id}.{key}: {out_type} into {spec.io_type}"
 
 
@@ -166,8 +170,10 @@ def test_ui_workflow_has_thumbnail_note_and_no_overlaps(gen, name):
     notes = [n for n in ui["nodes"] if n["type"] == "Note"]
     assert len(notes) == 1 and "sakura serve" in notes[0]["widgets_values"][0]
     title_h = 30  # the frontend draws the title bar above pos
-    boxes = [(n["title"], n["pos"][0], n["pos"][1] - title_h, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
-             for n in ui["nodes"]]  # fmt: skip
+    boxes = [
+        (n["title"], n["pos"][0], n["pos"][1] - title_h, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+        for n in ui["nodes"]
+    ]
     for i, a in enumerate(boxes):
         for b in boxes[i + 1 :]:
             overlap = a[1] < b[3] and b[1] < a[3] and a[2] < b[4] and b[2] < a[4]

@@ -12,12 +12,16 @@ CONTROLS = {"fixed", "increment", "decrement", "randomize"}
 MODEL_FILES = (".safetensors", ".sft", ".gguf", ".ckpt", ".pt", ".pth", ".bin")
 # ComfyUI's own nodes of the demo-model chain as /object_info gives them (for the check without ComfyUI)
 CORE_INFO = {
-    "LoadImage": {"input": {"required": {"image": [["sakura-face.png", "sakura-object.png"], {"image_upload": True}]}},
-                  "output": ["IMAGE", "MASK"]},
-    "SaveImage": {"input": {"required": {"images": ["IMAGE"], "filename_prefix": ["STRING", {"default": "ComfyUI"}]}},
-                  "output": []},
+    "LoadImage": {
+        "input": {"required": {"image": [["sakura-face.png", "sakura-object.png"], {"image_upload": True}]}},
+        "output": ["IMAGE", "MASK"],
+    },
+    "SaveImage": {
+        "input": {"required": {"images": ["IMAGE"], "filename_prefix": ["STRING", {"default": "ComfyUI"}]}},
+        "output": [],
+    },
     "PreviewAny": {"input": {"required": {"source": ["*", {}]}}, "output": ["STRING"]},
-}  # fmt: skip
+}
 
 
 def _kind(spec: list) -> tuple[str, dict]:
@@ -113,8 +117,9 @@ def problems(ui: dict, object_info: dict) -> list[str]:
         if src_type is None or dst_type is None:
             out.append(f"link {link_id}: #{src} has no output {src_slot} or #{dst} no input {name!r}")
         elif "*" not in (src_type, dst_type) and src_type != dst_type:
-            out.append(f"link {link_id}: {nodes[src]['type']} output {src_type} into {nodes[dst]['type']}.{name} "
-                       f"({dst_type})")  # fmt: skip
+            out.append(
+                f"link {link_id}: {nodes[src]['type']} output {src_type} into {nodes[dst]['type']}.{name} ({dst_type})"
+            )
         elif link_type != src_type:
             out.append(f"link {link_id}: says {link_type}, the output is {src_type}")
     return out

@@ -75,24 +75,35 @@ MEASURED = "this machine (measured)"
 PHONE_CPU = "emulated phone: snapdragon-8-elite-cpu"
 
 
-def _chain(template_id: str, user_file: str, prefix: str, about: str, policy="sakura", bandwidth="live", mbit=20.0,
-           trace="norway_bus_1", phone: bool = False, steps: int = 8, timing: str = MEASURED) -> list[Node]:  # fmt: skip
+def _chain(
+    template_id: str,
+    user_file: str,
+    prefix: str,
+    about: str,
+    policy="sakura",
+    bandwidth="live",
+    mbit=20.0,
+    trace="norway_bus_1",
+    phone: bool = False,
+    steps: int = 8,
+    timing: str = MEASURED,
+) -> list[Node]:
     """Columns left to right: inputs (model, user image) | template, notes | fetch (+ phone) | sampler, report |
     the edited image (enlarged for viewing, saved at its size), timeline."""
     nodes = [
         Node(1, "SakuraModelLoader", "Sakura Model Loader", (40, 60), {"model_name": "demo (embedded)"}),
         Node(2, "SakuraTemplateLoader", "Sakura Template KV Loader", (440, 60),
              {"model": (1, 0), "template_id": template_id, "source": "server", "server_url": SERVER_URL,
-              "token": "", "store_dir": ""}),  # fmt: skip
+              "token": "", "store_dir": ""}),
         Node(3, "SakuraAdaptiveFetch", "Sakura Bandwidth-Adaptive Fetch", (900, 60),
              {"template": (2, 0), "policy": policy, "bandwidth": bandwidth, "fixed_mbit_s": mbit, "trace": trace,
-              "trace_path": ""}),  # fmt: skip
+              "trace_path": ""}),
         Node(4, "LoadImage", "Private user image", (40, 300), {"image": user_file, "upload": "image"}),
         Node(5, "SakuraPipelinedSampler", "Sakura Pipelined DiT Sampler", (1320, 60),
              {"model": (1, 0), "kv_stream": (3, 0), "image": (4, 0), "prompt": PROMPT, "steps": steps, "seed": 0,
               "save_prefix": prefix, "device_timing": timing}),
         Node(6, "SaveImage", "Edited image (saved at 64x64, the demo model's size)", (2240, 60),
-             {"images": (5, 0), "filename_prefix": prefix}),  # fmt: skip
+             {"images": (5, 0), "filename_prefix": prefix}),
         Node(7, "PreviewImage", "Pipeline timeline", (1840, 910), {"images": (5, 2)}),
         Node(8, "PreviewAny", "Report (JSON)", (1320, 450), {"source": (5, 1)}),
         Node(11, "ImageScaleBy", f"Enlarge x{ENLARGE:g} for viewing", (1840, 60),
@@ -101,8 +112,15 @@ def _chain(template_id: str, user_file: str, prefix: str, about: str, policy="sa
              size=(560, 560)),
     ]  # fmt: skip # keep: a workflow's node table: one node a row
     if phone:
-        nodes.append(Node(9, "SakuraPhoneDevice", "Sakura Phone Device", (900, 350),
-                          {"connection": PHONE_URL, "token": "", "cloud_url": ""}))  # fmt: skip
+        nodes.append(
+            Node(
+                9,
+                "SakuraPhoneDevice",
+                "Sakura Phone Device",
+                (900, 350),
+                {"connection": PHONE_URL, "token": "", "cloud_url": ""},
+            )
+        )
         nodes[4].values["device"] = (9, 0)
     nodes.append(Node(10, "Note", "About this workflow", (440, 450), {"text": about + "\n\n" + SETUP}))
     return nodes
@@ -131,7 +149,7 @@ WORKFLOWS = {
         "SAKURA face swap: puts the face in 'Private user image' into the marked region of the template "
         "'face-swap-astronaut'. The template's attention KV was precomputed by the SAKURA server and streams in "
         "over the live network while the DiT runs; your image and prompt never leave this machine.\n\n" + MEASURED_WHY,
-    ),  # fmt: skip
+    ),
     "sakura_in_context_edit": _chain(
         "in-context-coffee",
         "sakura-object.png",
@@ -140,7 +158,7 @@ WORKFLOWS = {
         "'in-context-coffee', with the template KV over an emulated 10 Mbit/s link.\n\n" + MEASURED_WHY,
         bandwidth="fixed Mbit/s",
         mbit=10.0,
-    ),  # fmt: skip
+    ),
     "sakura_in_context_edit_on_phone": _chain(
         "in-context-coffee",
         "sakura-object.png",
@@ -155,7 +173,7 @@ WORKFLOWS = {
         bandwidth="fixed Mbit/s",
         mbit=10.0,
         phone=True,
-    ),  # fmt: skip
+    ),
     "sakura_face_swap_per_step": _chain(
         "face-swap-astronaut-per-step",
         "sakura-face.png",
@@ -175,7 +193,7 @@ WORKFLOWS = {
         mbit=50.0,
         steps=4,
         timing=PHONE_CPU,
-    ),  # fmt: skip
+    ),
 }
 
 # a template of two reference images, as `sakura precompute --image A --image B --reference-name ...` publishes it:
@@ -197,7 +215,7 @@ TEST_WORKFLOWS = {
         mbit=50.0,
         steps=4,
         timing=PHONE_CPU,
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -222,8 +240,9 @@ def node_interface(class_type: str, schemas: dict) -> tuple[list, list, list]:
     schema = schemas[class_type]
     widget_types = {"INT", "FLOAT", "STRING", "COMBO", "BOOLEAN"}
     sockets = [(i.id, i.io_type, bool(i.optional)) for i in schema.inputs if i.io_type not in widget_types]
-    widgets = [(i.id, bool(getattr(i, "control_after_generate", False))) for i in schema.inputs
-               if i.io_type in widget_types]  # fmt: skip
+    widgets = [
+        (i.id, bool(getattr(i, "control_after_generate", False))) for i in schema.inputs if i.io_type in widget_types
+    ]
     outputs = [(o.display_name or o.io_type, o.io_type) for o in schema.outputs]
     return sockets, widgets, outputs
 
@@ -348,8 +367,9 @@ def sakura_schemas() -> dict:
     import importlib.util
 
     sys.path.insert(0, str(Path(__file__).resolve().parent / "stubs"))
-    spec = importlib.util.spec_from_file_location("sakura_custom_node", REPO / "__init__.py",
-                                                  submodule_search_locations=[str(REPO)])  # fmt: skip
+    spec = importlib.util.spec_from_file_location(
+        "sakura_custom_node", REPO / "__init__.py", submodule_search_locations=[str(REPO)]
+    )
     pkg = importlib.util.module_from_spec(spec)
     sys.modules["sakura_custom_node"] = pkg
     spec.loader.exec_module(pkg)
@@ -375,8 +395,17 @@ def thumbnail(nodes: list[Node], model) -> bytes:
     steps = by_type["SakuraPipelinedSampler"].values["steps"]
     user = load_image(user_image(by_type["LoadImage"].values["image"]), model.spec.image_size)
     L = model.adapter.num_layers
-    edited = run_edit(model, user, PROMPT, steps=steps, seed=0, split_layer=L, template_image=template,
-                      template_every_step=kv_mode == "per-step", kv_mode=kv_mode).image  # fmt: skip
+    edited = run_edit(
+        model,
+        user,
+        PROMPT,
+        steps=steps,
+        seed=0,
+        split_layer=L,
+        template_image=template,
+        template_every_step=kv_mode == "per-step",
+        kv_mode=kv_mode,
+    ).image
     canvas = Image.new("RGB", (256, 256), (24, 24, 28))
     for image, box in ((template, (4, 4, 124, 124)), (user, (4, 132, 124, 252)), (edited, (132, 68, 252, 188))):
         tile = Image.fromarray(image).resize((box[2] - box[0], box[3] - box[1]), Image.Resampling.NEAREST)

@@ -17,8 +17,10 @@ TRACE = "walk110-1.5-0.3"  # a random walk around 1.5 Mbit/s, 1 s segments: the 
 @pytest.fixture(scope="session")
 def page_store(tmp_path_factory):
     """(store, model dir, demo model, model index) of :func:`publish_page_store`."""
-    require_or_skip((WEB / "node_modules" / "onnxruntime-web" / "dist" / "ort.wasm.min.mjs").is_file(),
-                    "phone_web's npm packages are not installed (run `npm ci` in phone_web/)")  # fmt: skip
+    require_or_skip(
+        (WEB / "node_modules" / "onnxruntime-web" / "dist" / "ort.wasm.min.mjs").is_file(),
+        "phone_web's npm packages are not installed (run `npm ci` in phone_web/)",
+    )
     return publish_page_store(tmp_path_factory.mktemp("web-edit"))
 
 
@@ -36,8 +38,10 @@ def link_trace(tmp_path_factory):
 @pytest.fixture
 def chromium():
     """A headless Chromium (Debian's, driven by playwright), closed after the test."""
-    require_or_skip(shutil.which(CHROMIUM) or Path(CHROMIUM).is_file(),
-                    f"no Chromium at {CHROMIUM} (apt-get install chromium, or set $CHROMIUM)")  # fmt: skip
+    require_or_skip(
+        shutil.which(CHROMIUM) or Path(CHROMIUM).is_file(),
+        f"no Chromium at {CHROMIUM} (apt-get install chromium, or set $CHROMIUM)",
+    )
     sync_api = import_or_skip("playwright.sync_api", "the page test needs playwright (pip install 'sakura-kv[test]')")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)

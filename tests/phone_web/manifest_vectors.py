@@ -29,9 +29,17 @@ def _digest(*parts) -> str:
 def _rep(level, name, nbytes, parent=None, codec="sakura", ref=None, key=None, **extra) -> dict:
     """A representation; ``parent``: the one it refines (its chain is the parent's plus the parent)."""
     requires = [] if parent is None else [*parent["requires"], parent["digest"]]
-    out = {"level": level, "name": name, "codec": codec, "bytes": nbytes, "distortion": 0.1 / (1 + level),
-           "digest": _digest(name, level, nbytes, key, ref, *requires), "requires": requires, **extra,
-           "total_bytes": nbytes + (0 if parent is None else parent["total_bytes"])}  # fmt: skip
+    out = {
+        "level": level,
+        "name": name,
+        "codec": codec,
+        "bytes": nbytes,
+        "distortion": 0.1 / (1 + level),
+        "digest": _digest(name, level, nbytes, key, ref, *requires),
+        "requires": requires,
+        **extra,
+        "total_bytes": nbytes + (0 if parent is None else parent["total_bytes"]),
+    }
     return out if ref is None else {**out, "ref": ref}
 
 
@@ -42,11 +50,21 @@ def _ladder(key) -> list[dict]:
 
 
 def _single() -> dict:
-    return {"version": 2, "model_id": MODEL, "template_id": "conformance", "token_grid": [4, 6],
-            "rope_layout": "flux2-ref-t10", "num_layers": 2, "heads": 2, "head_dim": 16, "codec": "sakura",
-            "kv_mode": "single", "store_profile": "full",
-            "template_image": {"digest": _digest("png"), "bytes": 5000, "format": "png"},
-            "shards": [{"layers": [i, i], "representations": _ladder(i)} for i in range(2)]}  # fmt: skip
+    return {
+        "version": 2,
+        "model_id": MODEL,
+        "template_id": "conformance",
+        "token_grid": [4, 6],
+        "rope_layout": "flux2-ref-t10",
+        "num_layers": 2,
+        "heads": 2,
+        "head_dim": 16,
+        "codec": "sakura",
+        "kv_mode": "single",
+        "store_profile": "full",
+        "template_image": {"digest": _digest("png"), "bytes": 5000, "format": "png"},
+        "shards": [{"layers": [i, i], "representations": _ladder(i)} for i in range(2)],
+    }
 
 
 def _per_step() -> dict:
@@ -57,12 +75,25 @@ def _per_step() -> dict:
         prev = {r["name"]: r["digest"] for r in shards[i]["representations"]}
         ref = {"step": 0, "digest": prev["fp16"]}
         r0 = _rep(1, "sakura-l0", 300, ref={"mode": "residual", **ref}, key=(1, i))
-        reps = [{"level": 0, "name": "reuse", "codec": "reuse", "bytes": 0, "distortion": 0.2, "digest": None,
-                 "requires": [], "ref": {"mode": "reuse", **ref}},  # fmt: skip
-                r0, _rep(2, "sakura-l1", 200, r0, ref={"mode": "residual", **ref}, key=(1, i)),
-                _rep(3, "fp16", 6000, codec="fp16", key=(1, i))]  # fmt: skip
-        reps += [_rep(4 + j, f"{n}+cl", 250, ref={"mode": "closed", "step": 0, "digest": prev[n]}, key=(1, i))
-                 for j, n in enumerate(("sakura-l0", "sakura-l1"))]  # fmt: skip
+        reps = [
+            {
+                "level": 0,
+                "name": "reuse",
+                "codec": "reuse",
+                "bytes": 0,
+                "distortion": 0.2,
+                "digest": None,
+                "requires": [],
+                "ref": {"mode": "reuse", **ref},
+            },
+            r0,
+            _rep(2, "sakura-l1", 200, r0, ref={"mode": "residual", **ref}, key=(1, i)),
+            _rep(3, "fp16", 6000, codec="fp16", key=(1, i)),
+        ]
+        reps += [
+            _rep(4 + j, f"{n}+cl", 250, ref={"mode": "closed", "step": 0, "digest": prev[n]}, key=(1, i))
+            for j, n in enumerate(("sakura-l0", "sakura-l1"))
+        ]
         shards.append({"step": 1, "layers": [i, i], "representations": reps})
     schedule = {"steps": 2, "timesteps": [1.0, 0.5], "shift": 3.0, "guidance": None, "sampler": "flow-euler"}
     return {**m, "kv_mode": "per-step", "schedule": schedule, "shards": shards}
@@ -73,8 +104,18 @@ def _two_refs() -> dict:
     m.update(token_grid=[8, 6], rope_layout="flux2-ref-t10-x2")
     img = [{"digest": _digest("png", i), "bytes": 4000 + i, "format": "png"} for i in range(2)]
     m["template_image"] = img[0]
-    m["references"] = [{"name": f"ref {i}", "size": [64, 64], "token_grid": [4, 6], "rope_t": 10 * (i + 1),
-                        "token_offset": 24 * i, "tokens": 24, "image": img[i]} for i in range(2)]  # fmt: skip
+    m["references"] = [
+        {
+            "name": f"ref {i}",
+            "size": [64, 64],
+            "token_grid": [4, 6],
+            "rope_t": 10 * (i + 1),
+            "token_offset": 24 * i,
+            "tokens": 24,
+            "image": img[i],
+        }
+        for i in range(2)
+    ]
     return m
 
 
@@ -111,9 +152,14 @@ def _mutations(base: dict):
 def _limit_cases() -> list[tuple[str, dict]]:
     s, p = _single(), _per_step()
     out = []
-    for label, field, value in (("grid-rows-257", "token_grid", [257, 1]), ("grid-cols-257", "token_grid", [1, 257]),
-                                ("layers-513", "num_layers", 513), ("heads-257", "heads", 257),
-                                ("head-dim-1025", "head_dim", 1025), ("codec-empty", "codec", "")):  # fmt: skip
+    for label, field, value in (
+        ("grid-rows-257", "token_grid", [257, 1]),
+        ("grid-cols-257", "token_grid", [1, 257]),
+        ("layers-513", "num_layers", 513),
+        ("heads-257", "heads", 257),
+        ("head-dim-1025", "head_dim", 1025),
+        ("codec-empty", "codec", ""),
+    ):
         out.append((f"limit/{label}", {**s, field: value}))
     out.append(("limit/elements-2^29", {**s, "token_grid": [256, 256], "heads": 8, "head_dim": 1024}))
     out.append(("limit/elements-2^28", {**s, "token_grid": [256, 256], "heads": 4, "head_dim": 1024}))
@@ -143,10 +189,16 @@ def manifest_cases() -> list[dict]:
     for base_name, base in (("single", _single()), ("per-step", _per_step()), ("two-refs", _two_refs())):
         cases.append({"name": f"{base_name}/valid", "text": json.dumps(base)})
         cases.append({"name": f"{base_name}/other-model", "text": json.dumps(base), "options": {"modelId": "cd" * 32}})
-        cases.append({"name": f"{base_name}/other-template", "text": json.dumps(base),
-                      "options": {"templateId": "other"}})  # fmt: skip
-        cases.append({"name": f"{base_name}/asked-for", "text": json.dumps(base),
-                      "options": {"templateId": "conformance", "modelId": MODEL}})  # fmt: skip
+        cases.append(
+            {"name": f"{base_name}/other-template", "text": json.dumps(base), "options": {"templateId": "other"}}
+        )
+        cases.append(
+            {
+                "name": f"{base_name}/asked-for",
+                "text": json.dumps(base),
+                "options": {"templateId": "conformance", "modelId": MODEL},
+            }
+        )
         cases += [{"name": f"{base_name}/{label}", "text": json.dumps(m)} for label, m in _mutations(base)]
     cases += [{"name": name, "text": json.dumps(m)} for name, m in _limit_cases()]
     valid = json.dumps(_single())
@@ -168,7 +220,7 @@ def manifest_cases() -> list[dict]:
         {"name": "json/not-utf8", "bytes_hex": (valid[:20].encode() + b"\xff" + valid[20:].encode()).hex()},
         {"name": "json/exponent-int", "text": valid.replace('"num_layers": 2', '"num_layers": 2e0')},
         {"name": "json/negative-zero-version", "text": valid.replace('"version": 2', '"version": -0')},
-    ]  # fmt: skip
+    ]
     return cases
 
 
@@ -177,8 +229,9 @@ def _outcome(case: dict) -> str:
     opts = case.get("options", {})
     try:
         kwargs = {"max_bytes": opts["maxBytes"]} if "maxBytes" in opts else {}
-        parse_manifest(bounded_json(raw, "manifest", **kwargs), template_id=opts.get("templateId"),
-                       model_id=opts.get("modelId"))  # fmt: skip
+        parse_manifest(
+            bounded_json(raw, "manifest", **kwargs), template_id=opts.get("templateId"), model_id=opts.get("modelId")
+        )
     except ValueError as e:
         return type(e).__name__
     return "ok"

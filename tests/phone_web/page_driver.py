@@ -11,9 +11,26 @@ import numpy as np
 
 from sakura_tools.bench.page_driver import CHROMIUM, FLAGS
 
-__all__ = ["CHROMIUM", "FLAGS", "PER_STEP_ID", "PHOTO_NAME", "PROMPT", "SEED", "STEPS", "TEMPLATE_ID", "TWO_REF_ID", "WEB",
-           "fill_edit", "finish_edit", "open_page", "page_state", "publish_page_store", "python_edit",
-           "recording_app", "store_blobs"]  # fmt: skip
+__all__ = [
+    "CHROMIUM",
+    "FLAGS",
+    "PER_STEP_ID",
+    "PHOTO_NAME",
+    "PROMPT",
+    "SEED",
+    "STEPS",
+    "TEMPLATE_ID",
+    "TWO_REF_ID",
+    "WEB",
+    "fill_edit",
+    "finish_edit",
+    "open_page",
+    "page_state",
+    "publish_page_store",
+    "python_edit",
+    "recording_app",
+    "store_blobs",
+]
 
 WEB = Path(__file__).resolve().parents[2] / "phone_web"
 TEMPLATE_ID = "web-astronaut"
@@ -43,11 +60,13 @@ def publish_page_store(root: Path):
         image = load_image("astronaut", model.spec.image_size)
         # full: the page fetches the exact fp16 rung, which a serving store does not keep
         publish_template(store, model, image, TEMPLATE_ID, store_profile="full")
-        publish_template(store, model, image, PER_STEP_ID, kv_mode="per-step", steps=STEPS, codec="fp16",
-                         store_profile="full")  # fmt: skip
+        publish_template(
+            store, model, image, PER_STEP_ID, kv_mode="per-step", steps=STEPS, codec="fp16", store_profile="full"
+        )
         pair = [image, load_image("coffee", model.spec.image_size)]
-        publish_template(store, model, pair, TWO_REF_ID, codec="fp16", store_profile="full",
-                         reference_names=["person", "garment"])  # fmt: skip
+        publish_template(
+            store, model, pair, TWO_REF_ID, codec="fp16", store_profile="full", reference_names=["person", "garment"]
+        )
     finally:
         torch.set_num_threads(threads)
     return store, root / "model", model, json.loads((root / "model" / "model.json").read_text())
@@ -82,8 +101,17 @@ def python_edit(store, model, user: np.ndarray, seed: int, template_id: str, spl
         f, _ = store.open_shard(manifest["template_image"]["digest"])
         with f:
             template = np.asarray(Image.open(f).convert("RGB"))
-    return run_edit(model, user, PROMPT, steps=STEPS, seed=seed, split_layer=split, kv_source=kv, kv_mode=mode,
-                    template_image=template).image  # fmt: skip
+    return run_edit(
+        model,
+        user,
+        PROMPT,
+        steps=STEPS,
+        seed=seed,
+        split_layer=split,
+        kv_source=kv,
+        kv_mode=mode,
+        template_image=template,
+    ).image
 
 
 def recording_app(store, model_dir, seen: list[dict], **config):
@@ -99,8 +127,9 @@ def recording_app(store, model_dir, seen: list[dict], **config):
     @web.middleware
     async def record(request, handler):
         body = await request.read() if request.can_read_body else b""
-        seen.append({"method": request.method, "path": request.path_qs, "headers": dict(request.headers),
-                     "body": body})  # fmt: skip
+        seen.append(
+            {"method": request.method, "path": request.path_qs, "headers": dict(request.headers), "body": body}
+        )
         return await handler(request)
 
     app.middlewares.insert(0, record)
@@ -111,13 +140,16 @@ def open_page(browser, url: str):
     """A phone-sized page at ``url``, waited until the model is ready (or the page shows an error)."""
     page = browser.new_page(viewport={"width": 412, "height": 915})  # a phone's viewport
     page.goto(url)
-    page.wait_for_function("document.getElementById('status').dataset.ep || "
-                           "document.getElementById('status').dataset.state === 'error'", timeout=60_000)  # fmt: skip
+    page.wait_for_function(
+        "document.getElementById('status').dataset.ep || document.getElementById('status').dataset.state === 'error'",
+        timeout=60_000,
+    )
     return page
 
 
-def fill_edit(page, photo: Path, template_id: str, *, split: int = 0, level: str = "fp16", steps: int = STEPS,
-              seed: int = SEED) -> None:  # fmt: skip
+def fill_edit(
+    page, photo: Path, template_id: str, *, split: int = 0, level: str = "fp16", steps: int = STEPS, seed: int = SEED
+) -> None:
     """Pick the photo, template, level and split; type the prompt, steps and seed (Edit not pressed)."""
     if page.evaluate("document.getElementById('input').dataset.loaded") != "true":
         page.set_input_files("#photo", str(photo))
@@ -126,16 +158,18 @@ def fill_edit(page, photo: Path, template_id: str, *, split: int = 0, level: str
     page.fill("#steps", str(steps))
     page.fill("#seed", str(seed))
     page.select_option("#template", template_id)
-    page.wait_for_function(f"document.getElementById('level').dataset.template === {json.dumps(template_id)}",
-                           timeout=30_000)  # fmt: skip
+    page.wait_for_function(
+        f"document.getElementById('level').dataset.template === {json.dumps(template_id)}", timeout=30_000
+    )
     page.select_option("#level", level)
     page.select_option("#split", str(split))
 
 
 def finish_edit(page, timeout_ms: int = 180_000) -> None:
     """Wait for the edit under way to end (done or error)."""
-    page.wait_for_function("['done', 'error'].includes(document.getElementById('status').dataset.state)",
-                           timeout=timeout_ms)  # fmt: skip
+    page.wait_for_function(
+        "['done', 'error'].includes(document.getElementById('status').dataset.state)", timeout=timeout_ms
+    )
 
 
 def page_state(page) -> dict:
@@ -147,7 +181,7 @@ def page_state(page) -> dict:
         scroll: document.documentElement.scrollWidth,
         size: document.getElementById('result').width,
         pixels: Array.from(document.getElementById('result').getContext('2d')
-            .getImageData(0, 0, document.getElementById('result').width, document.getElementById('result').height).data)})""")  # fmt: skip
+            .getImageData(0, 0, document.getElementById('result').width, document.getElementById('result').height).data)})""")
     size = state.pop("size")
     state["image"] = np.array(state.pop("pixels"), np.uint8).reshape(size, size, 4)[..., :3]
     return state

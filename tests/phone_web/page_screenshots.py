@@ -56,8 +56,15 @@ def page_states(browser, base: str, out: Path, photo: Path) -> dict[str, dict]:
     fill_edit(page, photo, TEMPLATE_ID)
     cdp = page.context.new_cdp_session(page)
     cdp.send("Network.enable")
-    cdp.send("Network.emulateNetworkConditions", {"offline": False, "latency": 40,
-             "downloadThroughput": SLOW_BYTES_PER_S, "uploadThroughput": SLOW_BYTES_PER_S})  # fmt: skip
+    cdp.send(
+        "Network.emulateNetworkConditions",
+        {
+            "offline": False,
+            "latency": 40,
+            "downloadThroughput": SLOW_BYTES_PER_S,
+            "uploadThroughput": SLOW_BYTES_PER_S,
+        },
+    )
     page.click("#go")
     page.wait_for_function(
         "document.getElementById('phase').textContent.startsWith('fetched') "
@@ -65,8 +72,10 @@ def page_states(browser, base: str, out: Path, photo: Path) -> dict[str, dict]:
         timeout=60_000,
     )
     shown["running"] = _shot(page, out, "running")
-    cdp.send("Network.emulateNetworkConditions",
-             {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})  # fmt: skip
+    cdp.send(
+        "Network.emulateNetworkConditions",
+        {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+    )
     finish_edit(page)
     shown["result"] = _shot(page, out, "result")
     fill_edit(page, photo, PER_STEP_ID, steps=STEPS + 1)

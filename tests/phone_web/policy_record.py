@@ -47,9 +47,18 @@ def choose_code(reason: str) -> str:
 
 
 def level_json(lv: Level) -> dict:
-    return {"name": lv.name, "nbytes": lv.nbytes, "increment_bytes": lv.increment_bytes, "decode_s": lv.decode_s,
-            "mse": lv.mse, "progressive": lv.progressive, "ref_step": lv.ref_step, "reuse": lv.reuse,
-            "closed": None if lv.closed is None else level_json(lv.closed), "off_track": lv.off_track}  # fmt: skip
+    return {
+        "name": lv.name,
+        "nbytes": lv.nbytes,
+        "increment_bytes": lv.increment_bytes,
+        "decode_s": lv.decode_s,
+        "mse": lv.mse,
+        "progressive": lv.progressive,
+        "ref_step": lv.ref_step,
+        "reuse": lv.reuse,
+        "closed": None if lv.closed is None else level_json(lv.closed),
+        "off_track": lv.off_track,
+    }
 
 
 def _num(x):
@@ -102,33 +111,57 @@ class Recorder:
             of.append(table.index(j))
         p = s.profile
         e = s.estimator.config
-        return {"profile": {"layer_full_s": p.layer_full_s, "layer_cached_s": p.layer_cached_s,
-                            "template_pass_s": p.template_pass_s, "fixed_s": p.fixed_s, "steps": int(p.model.steps),
-                            "dit_cpu_cores": int(getattr(p, "dit_cpu_cores", 0))},
-                "ladders": [json.loads(t) for t in table], "ladder_of": of,
-                "floor": s.floor if isinstance(s.floor, int) else [int(x) for x in s.floor],
-                "layers_per_step": int(s.layers_per_step), "rtt_s": float(s.rtt_s),
-                "request_ahead": bool(getattr(s, "request_ahead", False)), "start_s": float(s.start_s),
-                "latency_target_s": s.latency_target_s, "has_trace": s.trace is not None,
-                "estimator_config": {"window": e.window, "min_sample_bytes": e.min_sample_bytes,
-                                     "prior_bytes_per_s": e.prior_bytes_per_s}}  # fmt: skip
+        return {
+            "profile": {
+                "layer_full_s": p.layer_full_s,
+                "layer_cached_s": p.layer_cached_s,
+                "template_pass_s": p.template_pass_s,
+                "fixed_s": p.fixed_s,
+                "steps": int(p.model.steps),
+                "dit_cpu_cores": int(getattr(p, "dit_cpu_cores", 0)),
+            },
+            "ladders": [json.loads(t) for t in table],
+            "ladder_of": of,
+            "floor": s.floor if isinstance(s.floor, int) else [int(x) for x in s.floor],
+            "layers_per_step": int(s.layers_per_step),
+            "rtt_s": float(s.rtt_s),
+            "request_ahead": bool(getattr(s, "request_ahead", False)),
+            "start_s": float(s.start_s),
+            "latency_target_s": s.latency_target_s,
+            "has_trace": s.trace is not None,
+            "estimator_config": {
+                "window": e.window,
+                "min_sample_bytes": e.min_sample_bytes,
+                "prior_bytes_per_s": e.prior_bytes_per_s,
+            },
+        }
 
     def _state(self, ctx: Context) -> dict:
         s = ctx._s
         est = ctx.estimator  # flushed to now, as the policy sees it
         prog = ctx.link_progress()
         return {
-            "now": s.now, "link_free": s.link_free, "decoder_free": s.decoder_free, "compute_layer": s.compute_layer,
-            "compute_t": float(s.compute_t), "template_alive": bool(s.template_alive), "dropped_at": int(s.dropped_at),
-            "next_layer": s.next_layer, "stalled_s": float(s.stalled_s),
+            "now": s.now,
+            "link_free": s.link_free,
+            "decoder_free": s.decoder_free,
+            "compute_layer": s.compute_layer,
+            "compute_t": float(s.compute_t),
+            "template_alive": bool(s.template_alive),
+            "dropped_at": int(s.dropped_at),
+            "next_layer": s.next_layer,
+            "stalled_s": float(s.stalled_s),
             "got": [[g, [[lv, t] for lv, t in v]] for g, v in s.got.items()],
             "in_flight": [[g, t] for g, t in s.in_flight.items()],
             "known_ready": [_num(float(x)) for x in ctx.known_ready_array()],
             "fetched_levels": [[g, lv] for g, lv in ctx.fetched_levels().items()],
             "link_progress": None if prog is None else [float(x) for x in prog],
-            "estimator": {"samples": list(est._samples), "errors": list(est._errors),
-                          "last_prediction": est._last_prediction, "pooled": list(est._pooled)},
-        }  # fmt: skip
+            "estimator": {
+                "samples": list(est._samples),
+                "errors": list(est._errors),
+                "last_prediction": est._last_prediction,
+                "pooled": list(est._pooled),
+            },
+        }
 
     def _record(self, ctx: Context, call: dict) -> dict:
         """The case of this call (its ``want`` filled in after it); past ``max_cases`` a case not kept: the sequence
@@ -155,8 +188,13 @@ class Recorder:
     def choose(self, ctx, layer):
         case = self._record(ctx, {"call": "choose", "shard": layer})
         d = self.inner.choose(ctx, layer)
-        case["want"] = {"level": d.level, "reason": d.reason, "defer": d.defer, "link_idle_until_s": d.link_idle_until_s,
-                        "code": choose_code(d.reason)}  # fmt: skip
+        case["want"] = {
+            "level": d.level,
+            "reason": d.reason,
+            "defer": d.defer,
+            "link_idle_until_s": d.link_idle_until_s,
+            "code": choose_code(d.reason),
+        }
         self._thin(case)
         return d
 

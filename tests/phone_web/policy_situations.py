@@ -67,8 +67,9 @@ def situations() -> list[dict]:
         inner = make_policy(policy)
         for attr, value in constants.items():
             setattr(inner, attr, value)
-        rec = Recorder(inner, seqs, {"world": f"situation/{name}", "trace": "constant-8", "start_s": 0.0,
-                                     "constants": constants})  # fmt: skip
+        rec = Recorder(
+            inner, seqs, {"world": f"situation/{name}", "trace": "constant-8", "start_s": 0.0, "constants": constants}
+        )
         rec.reset()
         for call, arg, (rate, state) in calls:
             ctx = _ctx(rate, **state)

@@ -44,8 +44,11 @@ PROFILES = ("snapdragon-8-elite-cpu", "snapdragon-8-elite-gpu", "snapdragon-8-el
 
 def _three_levels(fp: int) -> list[Level]:
     """A cheap base, the floor refining it progressively (~4.7x smaller than fp16), fp16 (as the simulator tests)."""
-    return [Level("l1", fp // 11, fp // 11, 0.05, 1e-3), Level("l3", fp // 5, fp // 5 - fp // 11, 0.09, 1e-6, True),
-            Level("fp16", fp, fp, 0.06, 0.0)]  # fmt: skip
+    return [
+        Level("l1", fp // 11, fp // 11, 0.05, 1e-3),
+        Level("l3", fp // 5, fp // 5 - fp // 11, 0.09, 1e-6, True),
+        Level("fp16", fp, fp, 0.06, 0.0),
+    ]
 
 
 def _twins(fp: int, steps: int, L: int, twin_div: int = 8, open_div: int = 4) -> tuple[list[list[Level]], int]:
@@ -58,9 +61,13 @@ def _twins(fp: int, steps: int, L: int, twin_div: int = 8, open_div: int = 4) ->
         ref = None if step == 0 else step - 1
         tb = fp // twin_div
         twin = None if step == 0 else Level("lo+cl", tb, tb, 0.02, 1e-5 / n, ref_step=ref)
-        out.append([Level("lo", fp // 16, fp // 16, 0.02, 1e-4 / n, ref_step=ref, closed=twin),
-                    Level("hi", fp // open_div, fp // open_div, 0.03, 2e-5 / n, ref_step=ref),
-                    Level("fp16", fp, fp, 0.06, 0.0)])  # fmt: skip
+        out.append(
+            [
+                Level("lo", fp // 16, fp // 16, 0.02, 1e-4 / n, ref_step=ref, closed=twin),
+                Level("hi", fp // open_div, fp // open_div, 0.03, 2e-5 / n, ref_step=ref),
+                Level("fp16", fp, fp, 0.06, 0.0),
+            ]
+        )
     return with_track_floor(out, "hi"), 0
 
 
@@ -96,26 +103,64 @@ def _worlds():
     S, L = base.model.steps, base.model.layers
     fp = kv_mode_view(base, "per-step").model.shard_bytes_fp16
     serving = [[Level("sakura-l6", fp // 3, fp // 3, 0.05, 1e-7)]] * (S * L)
-    yield "serving-store", base, {"fp16": serving, "sakura": [_three_levels(fp)] * (S * L)}, {"fp16": 0, "sakura": 1}, \
-        SimConfig(request_ahead=False), links[1::17], ALL  # fmt: skip
+    yield (
+        "serving-store",
+        base,
+        {"fp16": serving, "sakura": [_three_levels(fp)] * (S * L)},
+        {"fp16": 0, "sakura": 1},
+        SimConfig(request_ahead=False),
+        links[1::17],
+        ALL,
+    )
     tw, fl = _twins(fp, S, L)
-    yield "twins", base, {"sakura": tw, "fp16": [[tw[0][-1]]] * (S * L)}, {"sakura": fl, "fp16": 0}, SimConfig(), \
-        links[2::17], ALL  # fmt: skip
+    yield (
+        "twins",
+        base,
+        {"sakura": tw, "fp16": [[tw[0][-1]]] * (S * L)},
+        {"sakura": fl, "fp16": 0},
+        SimConfig(),
+        links[2::17],
+        ALL,
+    )
     # the long-edit rule (planner.track_priced): an open-loop floor 32x the twins, over 8 steps
     far = base.with_geometry(replace(base.model, steps=8))
     tw, fl = _twins(fp, 8, L, twin_div=64, open_div=2)
-    yield "twins-far", far, {"sakura": tw, "fp16": [[tw[0][-1]]] * (8 * L)}, {"sakura": fl, "fp16": 0}, SimConfig(), \
-        links[5::17], ALL  # fmt: skip
+    yield (
+        "twins-far",
+        far,
+        {"sakura": tw, "fp16": [[tw[0][-1]]] * (8 * L)},
+        {"sakura": fl, "fp16": 0},
+        SimConfig(),
+        links[5::17],
+        ALL,
+    )
     ru, fl = _reuse(fp, S, L)
-    yield "reuse", base, {"sakura": ru, "fp16": [[ru[0][-1]]] * (S * L)}, {"sakura": fl, "fp16": 0}, SimConfig(), \
-        links[3::17], ALL  # fmt: skip
+    yield (
+        "reuse",
+        base,
+        {"sakura": ru, "fp16": [[ru[0][-1]]] * (S * L)},
+        {"sakura": fl, "fp16": 0},
+        SimConfig(),
+        links[3::17],
+        ALL,
+    )
     lad = {"sakura": [_three_levels(fp)] * (S * L), "fp16": [[_three_levels(fp)[-1]]] * (S * L)}
     for target in (30.0, 1000.0):
-        yield f"target-{target:g}s", base, lad, {"sakura": 1, "fp16": 0}, SimConfig(latency_target_s=target), \
-            links[4::25], ("sakura",)  # fmt: skip
+        yield (
+            f"target-{target:g}s",
+            base,
+            lad,
+            {"sakura": 1, "fp16": 0},
+            SimConfig(latency_target_s=target),
+            links[4::25],
+            ("sakura",),
+        )
     single = kv_mode_view(base, "single")
-    dies = [Trace("dies-10", [6.0, 1e5], [10e6 / 8, 0.0]), Trace("dies-20", [3.0, 1e5], [20e6 / 8, 0.0]),
-            Trace("slumps-20", [4.0, 30.0, 1e5], [20e6 / 8, 0.05e6 / 8, 20e6 / 8])]  # fmt: skip
+    dies = [
+        Trace("dies-10", [6.0, 1e5], [10e6 / 8, 0.0]),
+        Trace("dies-20", [3.0, 1e5], [20e6 / 8, 0.0]),
+        Trace("slumps-20", [4.0, 30.0, 1e5], [20e6 / 8, 0.05e6 / 8, 20e6 / 8]),
+    ]
     lad1 = {"sakura": [_three_levels(fp)] * L, "fp16": [[_three_levels(fp)[-1]]] * L}
     yield "dying-links/single", single, lad1, {"sakura": 1, "fp16": 0}, SimConfig(), dies, ("sakura", "on-device")
     yield "dying-links/per-step", base, lad, {"sakura": 1, "fp16": 0}, SimConfig(), dies, ("sakura", "on-device")
@@ -149,14 +194,25 @@ def estimator_streams(seed: int = 47) -> list[dict]:
     out = []
     for config in (EstimatorConfig(), EstimatorConfig(window=3, min_sample_bytes=1, prior_bytes_per_s=1e5)):
         est = ThroughputEstimator(config)
-        obs = [(float(rng.choice([0, 500, 4000, 20000, 3e5, 2e6]) * rng.uniform(0.5, 1.5)), float(rng.uniform(0, 2)))
-               for _ in range(200)]  # fmt: skip
+        obs = [
+            (float(rng.choice([0, 500, 4000, 20000, 3e5, 2e6]) * rng.uniform(0.5, 1.5)), float(rng.uniform(0, 2)))
+            for _ in range(200)
+        ]
         after = []
         for nbytes, seconds in obs:
             est.observe(nbytes, seconds)
             after.append([est.harmonic(), est.robust(), est.worst(), est.samples])
-        out.append({"config": {"window": config.window, "min_sample_bytes": config.min_sample_bytes,
-                               "prior_bytes_per_s": config.prior_bytes_per_s}, "observe": obs, "after": after})  # fmt: skip
+        out.append(
+            {
+                "config": {
+                    "window": config.window,
+                    "min_sample_bytes": config.min_sample_bytes,
+                    "prior_bytes_per_s": config.prior_bytes_per_s,
+                },
+                "observe": obs,
+                "after": after,
+            }
+        )
     return out
 
 
@@ -174,10 +230,13 @@ def write_policy_vectors(out: Path) -> dict:
     observations and the numbers formatted."""
     seqs = generate()
     cases = [c for s in seqs for c in s["cases"]]
-    counts = {"sequences": len(seqs), "cases": len(cases),
-              "calls": dict(Counter(c["call"] for c in cases)),
-              "policies": dict(Counter(s["policy"] for s in seqs for _ in s["cases"])),
-              "codes": dict(Counter(c["want"]["code"] for c in cases))}  # fmt: skip
+    counts = {
+        "sequences": len(seqs),
+        "cases": len(cases),
+        "calls": dict(Counter(c["call"] for c in cases)),
+        "policies": dict(Counter(s["policy"] for s in seqs for _ in s["cases"])),
+        "codes": dict(Counter(c["want"]["code"] for c in cases)),
+    }
     streams, formats = estimator_streams(), format_cases()
     counts["estimator_observations"] = sum(len(x["observe"]) for x in streams)
     counts["formats"] = len(formats)

@@ -27,8 +27,16 @@ def write_template_vectors(out: Path) -> dict:
     templates = []
     for mode, steps in (("single", None), ("per-step", 2)):
         extra = {} if steps is None else {"steps": steps, "shift": 1.0}
-        t = precompute_template(model, image, f"web-{mode}", probes=ProbeConfig(num_probes=2), held_out_probes=1,
-                                psnr_steps=0, kv_mode=mode, **extra)  # fmt: skip
+        t = precompute_template(
+            model,
+            image,
+            f"web-{mode}",
+            probes=ProbeConfig(num_probes=2),
+            held_out_probes=1,
+            psnr_steps=0,
+            kv_mode=mode,
+            **extra,
+        )
         for digest, blob in t.blobs.items():
             (out / "blobs" / digest).write_bytes(blob)
         names = sorted({r["name"] for s in t.manifest["shards"] for r in s["representations"]})

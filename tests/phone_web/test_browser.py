@@ -28,12 +28,26 @@ sync_api = import_or_skip("playwright.sync_api", "the browser test needs playwri
 
 WEB = Path(__file__).resolve().parents[2] / "phone_web"
 ORIGIN = "http://localhost:8765"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PAGE = """<!doctype html><html><head><script type="importmap">
 {"imports": {"fzstd": "/node_modules/fzstd/esm/index.mjs"}}</script></head><body></body></html>"""
-CASES = ["g1/sakura-l8/chain", "g2/sakura-l3/direct", "g1/step1/residual-scaled/sakura-l3/ref-sakura-l1",
-         "g1/step1/sakura-l6+cl", "bad/half", "bad-chain/residual-wrong-digest", "digest/one-bit-flipped"]  # fmt: skip
+CASES = [
+    "g1/sakura-l8/chain",
+    "g2/sakura-l3/direct",
+    "g1/step1/residual-scaled/sakura-l3/ref-sakura-l1",
+    "g1/step1/sakura-l6+cl",
+    "bad/half",
+    "bad-chain/residual-wrong-digest",
+    "digest/one-bit-flipped",
+]
 
 SCRIPT = """async ({cases, manifest}) => {
   const m = await import('/src/index.js');
@@ -119,11 +133,14 @@ def test_sakura_serve_serves_a_page_that_loads_isolated(tmp_path):
             page.wait_for_function("document.getElementById('templates').children.length > 0", timeout=30_000)
             state = page.evaluate("""() => ({ready: document.getElementById('status').dataset.ready,
                 isolated: window.crossOriginIsolated, items: [...document.querySelectorAll('li')].map(
-                li => li.textContent)})""")  # fmt: skip
-            state["shard"] = page.evaluate("""async ([digest, size]) => {
+                li => li.textContent)})""")
+            state["shard"] = page.evaluate(
+                """async ([digest, size]) => {
                 const m = await import('/phone/src/index.js');
                 return m.sha256Hex(await m.fetchShard(location.origin, digest, size));
-            }""", [rep["digest"], rep["bytes"]])  # fmt: skip
+            }""",
+                [rep["digest"], rep["bytes"]],
+            )
         finally:
             browser.close()
     assert state == {"ready": "true", "isolated": True, "items": ["tpl-a (single, 4 shards)"], "shard": rep["digest"]}

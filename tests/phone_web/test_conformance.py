@@ -42,8 +42,9 @@ def vectors(tmp_path_factory) -> tuple[Path, dict]:
 
 def _run(web: Path, vector_dir: Path, runner: str = "run_vectors.mjs") -> tuple[int, dict, list[dict]]:
     """Run one of the page's vector runners from ``web`` (a phone_web folder); (exit code, summary, failures)."""
-    proc = subprocess.run([NODE, str(web / "test" / runner), str(vector_dir)], capture_output=True, text=True,
-                          timeout=300, cwd=web)  # fmt: skip
+    proc = subprocess.run(
+        [NODE, str(web / "test" / runner), str(vector_dir)], capture_output=True, text=True, timeout=300, cwd=web
+    )
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines and "summary" in lines[-1], f"runner printed no summary: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
     return proc.returncode, lines[-1], lines[:-1]
@@ -71,8 +72,9 @@ def test_the_page_error_classes_mirror_python():
         ".filter(([, c]) => typeof c === 'function' && c.prototype instanceof Error)"
         ".map(([n, c]) => [n, Object.getPrototypeOf(c).name])))))"
     )
-    proc = subprocess.run([NODE, "--input-type=module", "-e", script], capture_output=True, text=True, cwd=WEB,
-                          timeout=60, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [NODE, "--input-type=module", "-e", script], capture_output=True, text=True, cwd=WEB, timeout=60, check=True
+    )
     js = json.loads(proc.stdout)
     python = {}
     for module in (container, chain, binding, manifest_schema, manifest_limits, fetch_errors):
@@ -82,8 +84,11 @@ def test_the_page_error_classes_mirror_python():
                 python[name] = cls.__mro__[1].__name__
     python["JSONValueError"] = "Error"  # Python raises a plain ValueError there
     assert set(python) == set(js) and len(js) >= 15
-    mismatched = {n: (js[n], python[n]) for n in js if js[n] != python[n].replace("ValueError", "Error")
-                  .replace("Exception", "Error")}  # fmt: skip
+    mismatched = {
+        n: (js[n], python[n])
+        for n in js
+        if js[n] != python[n].replace("ValueError", "Error").replace("Exception", "Error")
+    }
     assert mismatched == {}
 
 
@@ -98,9 +103,17 @@ def test_vectors_cover_every_level_family_and_error_class(vectors):
     assert golden >= {"fp16", "int8", "int4", "cachegen", "sakura", "residual", "closed", "reuse", "slot"}
     errors = {c["expect"]["error"] for c in cases if "error" in c["expect"]}
     assert errors == {
-        "ShardTruncatedError", "ShardMagicError", "ShardVersionError", "ShardCorruptError", "ShardOversizedError",
-        "UnknownCodecError", "ShardChainError", "MissingReferenceError", "ShardIntegrityError", "ShardBindingError",
-    }  # fmt: skip
+        "ShardTruncatedError",
+        "ShardMagicError",
+        "ShardVersionError",
+        "ShardCorruptError",
+        "ShardOversizedError",
+        "UnknownCodecError",
+        "ShardChainError",
+        "MissingReferenceError",
+        "ShardIntegrityError",
+        "ShardBindingError",
+    }
 
 
 def test_golden_sakura_vectors_hold_every_bit_group_size(vectors):
@@ -135,8 +148,12 @@ def test_the_page_decodes_every_vector_like_python(vectors):
         f"first failures: {failures[:5]}"
     )
     n_bad = sum("error" in c["expect"] for c in index["cases"])
-    assert s == {"golden": len(index["cases"]) - n_bad, "goldenPass": len(index["cases"]) - n_bad,
-                 "bad": n_bad, "badPass": n_bad}  # fmt: skip
+    assert s == {
+        "golden": len(index["cases"]) - n_bad,
+        "goldenPass": len(index["cases"]) - n_bad,
+        "bad": n_bad,
+        "badPass": n_bad,
+    }
 
 
 def test_the_page_parses_every_manifest_like_python(vectors):
@@ -157,18 +174,33 @@ def test_the_page_parses_every_manifest_like_python(vectors):
     ("path", "old", "new", "failing"),
     [  # one rounding or one error class changed: the suite must notice
         ("src/f16.js", "(rest === 0x1000 && r & 1)", "(rest === 0x1000)", "not bit-exact"),
-        ("src/sakura_codec.js", "step[i] = fr(fr(hi[i] - lo[i]) / 255)", "step[i] = fr((hi[i] - lo[i]) / 255)",
-         "crafted/sakura-range-rounding"),
-        ("src/container.js", 'throw new ShardTruncatedError(`shard blob has ${n} bytes but its header declares',
-         'throw new ShardCorruptError(`shard blob has ${n} bytes but its header declares', "Python raises "
-         "ShardTruncatedError"),
-        ("src/manifest.js", 'const isInt = (x) => typeof x === "number" && Number.isInteger(x);',
-         "const isInt = (x) => Number.isInteger(Number(x));", "=float"),
+        (
+            "src/sakura_codec.js",
+            "step[i] = fr(fr(hi[i] - lo[i]) / 255)",
+            "step[i] = fr((hi[i] - lo[i]) / 255)",
+            "crafted/sakura-range-rounding",
+        ),
+        (
+            "src/container.js",
+            "throw new ShardTruncatedError(`shard blob has ${n} bytes but its header declares",
+            "throw new ShardCorruptError(`shard blob has ${n} bytes but its header declares",
+            "Python raises ShardTruncatedError",
+        ),
+        (
+            "src/manifest.js",
+            'const isInt = (x) => typeof x === "number" && Number.isInteger(x);',
+            "const isInt = (x) => Number.isInteger(Number(x));",
+            "=float",
+        ),
         ("src/manifest.js", 'atMost("heads", h.heads, L.MAX_HEADS);', "", "limit/heads-257"),
-        ("src/cachegen.js", "cdf[i] = Math.trunc(cumulative * scale) + i;", "cdf[i] = Math.round(cumulative * scale) + i;",
-         "cachegen-l"),
+        (
+            "src/cachegen.js",
+            "cdf[i] = Math.trunc(cumulative * scale) + i;",
+            "cdf[i] = Math.round(cumulative * scale) + i;",
+            "cachegen-l",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_decoder_that_differs_fails_the_suite(vectors, tmp_path, path, old, new, failing):
     _need_node()
     web = tmp_path / "phone_web"

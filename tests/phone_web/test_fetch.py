@@ -74,8 +74,13 @@ def test_fetch_from_a_real_server(tmp_path):
     cfg = ServerConfig(store_dir=tmp_path / "store", model=None, read_token="read-token-4567")
     app = create_app(cfg, store=store, model=SyntheticModel(MODEL_ID))
     with loopback_server(app) as base:
-        proc = subprocess.run([NODE, "--input-type=module", "-e", SCRIPT, base, rep["digest"], str(rep["bytes"]),
-                               "read-token-4567"], capture_output=True, text=True, timeout=120, cwd=WEB)  # fmt: skip
+        proc = subprocess.run(
+            [NODE, "--input-type=module", "-e", SCRIPT, base, rep["digest"], str(rep["bytes"]), "read-token-4567"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=WEB,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["whole"] == out["resumed"] == rep["digest"]

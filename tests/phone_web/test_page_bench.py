@@ -17,16 +17,30 @@ from .page_driver import WEB
 
 
 def test_the_page_bench_compares_live_with_simulated(tmp_path):
-    require_or_skip((WEB / "node_modules" / "onnxruntime-web" / "dist" / "ort.wasm.min.mjs").is_file(),
-                    "phone_web's npm packages are not installed (run `npm ci` in phone_web/)")  # fmt: skip
+    require_or_skip(
+        (WEB / "node_modules" / "onnxruntime-web" / "dist" / "ort.wasm.min.mjs").is_file(),
+        "phone_web's npm packages are not installed (run `npm ci` in phone_web/)",
+    )
     require_or_skip(shutil.which(CHROMIUM) or Path(CHROMIUM).is_file(), f"no Chromium at {CHROMIUM}")
     import_or_skip("playwright.sync_api", "the page bench needs playwright (pip install playwright)")
     from sakura_core.cli import main
 
     traces, out = tmp_path / "traces", tmp_path / "page.json"
     assert main(["traces", "synth", "--out", str(traces)]) == 0
-    argv = ["bench", "e2e", "--mode", "page", "--traces", str(traces), "--page-traces", "walk113-6-0.4",
-            "--steps", "2", "--out", str(out)]  # fmt: skip
+    argv = [
+        "bench",
+        "e2e",
+        "--mode",
+        "page",
+        "--traces",
+        str(traces),
+        "--page-traces",
+        "walk113-6-0.4",
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     rep = json.loads(out.read_text())
     assert rep["mode"] == "page" and rep["traces"] == ["walk113-6-0.4"] and rep["cpu_throttle"] == 4.0
@@ -46,8 +60,10 @@ def test_the_page_bench_compares_live_with_simulated(tmp_path):
     assert rep["profile"]["layer_full_s"] > rep["profile"]["layer_cached_s"] > 0
     # each run keeps the page's report (its timeline and decisions, for a diagnosis); the edits ran on the page
     # session's decode pool, started and warmed with the model, not on workers started cold for each edit
-    assert all(r["report"]["timeline"] and r["report"]["where"]["decode"].endswith("(the page's, warm)")
-               for r in runs.values())  # fmt: skip
+    assert all(
+        r["report"]["timeline"] and r["report"]["where"]["decode"].endswith("(the page's, warm)")
+        for r in runs.values()
+    )
     # the template image is fetched before the lanes where the template pass runs (not alongside the first shards)
     image_s = {p: r["report"]["timings_s"]["template_image"] for p, r in runs.items()}
     assert image_s["sakura"] > image_s["fetch-fp16"] and image_s["on-device"] > image_s["fetch-fp16"], image_s
@@ -58,8 +74,11 @@ def test_the_page_bench_compares_live_with_simulated(tmp_path):
         assert s["live"] == pytest.approx(runs[base]["latency_s"] / runs["sakura"]["latency_s"])
         assert s["sim"] == pytest.approx(row["sim_latency_s"][base] / row["sim_latency_s"]["sakura"])
         assert s["live_over_sim"] == pytest.approx(s["live"] / s["sim"])
-    assert set(rep["targets"]) == {"sakura_fastest_each_trace", "live_over_sim_within_20pct",
-                                   "latency_within_1_15x_bound"}  # fmt: skip
+    assert set(rep["targets"]) == {
+        "sakura_fastest_each_trace",
+        "live_over_sim_within_20pct",
+        "latency_within_1_15x_bound",
+    }
     assert rep["targets"]["latency_within_1_15x_bound"] == all(r["latency_over_bound"] <= 1.15 for r in runs.values())
 
 
@@ -74,9 +93,14 @@ def test_the_page_profile_charges_the_decodes_beside_the_dit_as_measured():
     from sakura_tools.bench.cli_page import contention_cores, page_profile
 
     shared = 0.01 * 4 / 3
-    timeline = [_event("compute", 0.0, 0.01, "template"), _event("compute", 0.01, 0.02, "template"),
-                _event("compute", 0.02, 0.02 + shared, "template"), _event("decode", 0.02, 0.02 + shared, "s2", 7),
-                _event("compute", 0.1, 0.16, "step"), _event("compute", 0.2, 0.26, "step")]  # fmt: skip
+    timeline = [
+        _event("compute", 0.0, 0.01, "template"),
+        _event("compute", 0.01, 0.02, "template"),
+        _event("compute", 0.02, 0.02 + shared, "template"),
+        _event("decode", 0.02, 0.02 + shared, "s2", 7),
+        _event("compute", 0.1, 0.16, "step"),
+        _event("compute", 0.2, 0.26, "step"),
+    ]
     report = {"timeline": timeline}
     assert contention_cores([report]) == pytest.approx(3.0)
     profile = page_profile([report], layers=6, steps=4, decode_s={(7, "s2"): shared / 4})
@@ -89,8 +113,11 @@ def test_the_page_profile_charges_the_decodes_beside_the_dit_as_measured():
     assert page_profile([alone], 6, 4).dit_cpu_cores == 0.0 and page_profile([alone], 6, 4).cpu_slowdown == 1.0
     # a decode that halts the DiT (it took twice its time alone) is one core; one that takes it three times is half
     for slower, cores in ((2, 1.0), (3, 0.5)):
-        halted = {"timeline": timeline[:2] + [_event("compute", 0.02, 0.02 + 0.01 * slower, "template"),
-                                              _event("decode", 0.02, 0.05, "s2")] + timeline[4:]}  # fmt: skip
+        halted = {
+            "timeline": timeline[:2]
+            + [_event("compute", 0.02, 0.02 + 0.01 * slower, "template"), _event("decode", 0.02, 0.05, "s2")]
+            + timeline[4:]
+        }
         assert contention_cores([halted]) == pytest.approx(cores)
 
 
@@ -105,5 +132,8 @@ def test_the_page_profile_of_a_recorded_run_shares_the_cpu():
     profile = page_profile(reports, rec["template"]["layers"], rec["template"]["steps"])
     assert profile.dit_cpu_cores > 0
     assert profile.layer_full_s > profile.layer_cached_s > 0
-    assert profile.layer_full_s - profile.layer_cached_s < rec["profile"]["layer_full_s"] - rec["profile"]["layer_cached_s"]
+    assert (
+        profile.layer_full_s - profile.layer_cached_s
+        < rec["profile"]["layer_full_s"] - rec["profile"]["layer_cached_s"]
+    )
     assert all(contention_cores([r["report"]]) == 0.0 for r in rec["runs"] if r["policy"] == "on-device")

@@ -102,8 +102,13 @@ def test_an_edit_runs_in_the_page_and_equals_python(page_store, link_trace, chro
     assert f"/v1/templates/{template_id}/manifest" in paths and "/phone/model/dit_cached_kv.onnx" in paths
     # what was fetched: the fp16 shards of layers >= split, and the template image when the page ran layers < split
     manifest = store.get_manifest(template_id)
-    want = {r["digest"] for shard in manifest["shards"] if shard["layers"][0] >= split
-            for r in shard["representations"] if r["name"] == "fp16"}  # fmt: skip
+    want = {
+        r["digest"]
+        for shard in manifest["shards"]
+        if shard["layers"][0] >= split
+        for r in shard["representations"]
+        if r["name"] == "fp16"
+    }
     want |= {manifest["template_image"]["digest"]} if split else set()
     assert {p.removeprefix("/v1/shards/") for p in paths if p.startswith("/v1/shards/")} == want
     # a single template's split 3 ran the split graph (template_kv.onnx), not the template pass
@@ -144,8 +149,12 @@ async def test_the_model_files_are_served_only_with_phone_model(page_store, aioh
     assert (await answer.json())["model_id"] == index["model_id"]
     graph = await client.get("/phone/model/dit_cached_kv.onnx")
     assert await graph.read() == (model_dir / "dit_cached_kv.onnx").read_bytes()
-    for bad in ("/phone/model/%2e%2e/%2e%2e/pyproject.toml", "/phone/model/missing.onnx", "/phone/vendor/ort/ort.mjs",
-                "/phone/vendor/ort/../../package.json"):  # fmt: skip
+    for bad in (
+        "/phone/model/%2e%2e/%2e%2e/pyproject.toml",
+        "/phone/model/missing.onnx",
+        "/phone/vendor/ort/ort.mjs",
+        "/phone/vendor/ort/../../package.json",
+    ):
         assert (await client.get(bad)).status in (400, 404), bad
     wasm = await client.get("/phone/vendor/ort/ort-wasm-simd-threaded.wasm")
     assert wasm.status == 200 and wasm.headers["Content-Type"] == "application/wasm"

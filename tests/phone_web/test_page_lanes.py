@@ -29,8 +29,21 @@ from .page_driver import (
     store_blobs,
 )
 
-CODES = {"never-fetches", "fp16-exact", "fp16-nearest", "probe", "probe-waits", "past-compute", "defer", "floor",
-         "target", "drop", "recompute", "upgrade", "device"}  # fmt: skip
+CODES = {
+    "never-fetches",
+    "fp16-exact",
+    "fp16-nearest",
+    "probe",
+    "probe-waits",
+    "past-compute",
+    "defer",
+    "floor",
+    "target",
+    "drop",
+    "recompute",
+    "upgrade",
+    "device",
+}
 
 
 SHARD_KV_BYTES = 2 * 64 * 6 * 64 * 4  # one layer's float32 K and V of the demo template: 64 tokens, 6 heads x 64
@@ -72,8 +85,9 @@ def _overlaps(timeline: list[dict], lane: str) -> bool:
     return any(e["start"] < c["end"] and c["start"] < e["end"] for e in timeline if e["lane"] == lane for c in steps)
 
 
-@pytest.mark.parametrize(("template_id", "policy"), [(TEMPLATE_ID, "sakura"), (TEMPLATE_ID, "fetch-fp16"),
-                                                   (PER_STEP_ID, "fetch-fp16")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("template_id", "policy"), [(TEMPLATE_ID, "sakura"), (TEMPLATE_ID, "fetch-fp16"), (PER_STEP_ID, "fetch-fp16")]
+)
 def test_the_lanes_edit_equals_python_and_overlap(page_store, link_trace, chromium, tmp_path, template_id, policy):
     from PIL import Image
 
@@ -227,8 +241,9 @@ def test_a_template_pass_computes_the_layers_the_policy_keeps(page_store, chromi
     photo = np.concatenate([user, np.full((*user.shape[:2], 1), 255, np.uint8)], axis=2).reshape(-1).tolist()
     with loopback_server(recording_app(store, model_dir, [])) as base:
         page = open_page(chromium, f"{base}/phone")
-        out = page.evaluate(ORACLE_PASS.replace("PROMPT_HERE", PROMPT),
-                            {"templateId": PER_STEP_ID, "policy": policy, "photo": photo})  # fmt: skip
+        out = page.evaluate(
+            ORACLE_PASS.replace("PROMPT_HERE", PROMPT), {"templateId": PER_STEP_ID, "policy": policy, "photo": photo}
+        )
     report, L = out["report"], index["layers"]
     used, splits = report["shard_levels"], report["split_layers"]
     got = np.array(out["pixels"], np.uint8).reshape(*user.shape[:2], 4)[..., :3]

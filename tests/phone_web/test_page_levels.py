@@ -56,8 +56,9 @@ def test_a_lossy_level_edit_stays_within_its_stated_psnr(page_store, chromium, t
             page.click("#go")
             finish_edit(page)
             runs[level] = page_state(page)
-            runs[level]["shards"] = {r["path"].removeprefix("/v1/shards/") for r in seen[start:]
-                                     if r["path"].startswith("/v1/shards/")}  # fmt: skip
+            runs[level]["shards"] = {
+                r["path"].removeprefix("/v1/shards/") for r in seen[start:] if r["path"].startswith("/v1/shards/")
+            }
         per_shard = page.evaluate(PER_SHARD, {"templateId": TEMPLATE_ID})
     for level, run in runs.items():
         assert run["state"] == "done", (level, run["status"])
@@ -69,8 +70,13 @@ def test_a_lossy_level_edit_stays_within_its_stated_psnr(page_store, chromium, t
     assert report["level"] == LEVEL and report["level_psnr_db"] == stated[LEVEL]
     assert report["shard_levels"] == [[LEVEL] * manifest["num_layers"]]
     # what was fetched: each shard's chain up to the level (base first), nothing of fp16
-    chains = {d for s in manifest["shards"] for r in s["representations"] if r["name"] == LEVEL
-              for d in [*r["requires"], r["digest"]]}  # fmt: skip
+    chains = {
+        d
+        for s in manifest["shards"]
+        for r in s["representations"]
+        if r["name"] == LEVEL
+        for d in [*r["requires"], r["digest"]]
+    }
     assert (
         runs[LEVEL]["shards"] == chains
         and report["bytes_fetched"] < json.loads(runs["fp16"]["report"])["bytes_fetched"] / 5

@@ -147,8 +147,13 @@ def test_the_on_device_edit_on_the_page_equals_python(page_store, chromium, tmp_
     assert psnr_uint8(got, python_edit(store, model, user, SEED + 1, template_id, split)) < 40.0
     # what the edit fetched: the template image and the fp16 shards of layers >= split (none for the on-device edit)
     manifest = store.get_manifest(template_id)
-    want = {r["digest"] for shard in manifest["shards"] if shard["layers"][0] >= split
-            for r in shard["representations"] if r["name"] == "fp16"} | {manifest["template_image"]["digest"]}  # fmt: skip
+    want = {
+        r["digest"]
+        for shard in manifest["shards"]
+        if shard["layers"][0] >= split
+        for r in shard["representations"]
+        if r["name"] == "fp16"
+    } | {manifest["template_image"]["digest"]}
     shards = [r["path"].removeprefix("/v1/shards/") for r in seen if r["path"].startswith("/v1/shards/")]
     assert set(shards) == want and len(shards) == len(want)
     if split == L:

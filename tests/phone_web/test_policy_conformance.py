@@ -21,9 +21,30 @@ ROOT = Path(__file__).resolve().parents[2]
 WEB = ROOT / "phone_web"
 NODE = shutil.which("node")
 # every rule a decision can come from: choose's reasons, the template rules, the late-shard race, upgrades
-CODES = {"never-fetches", "fp16-exact", "fp16-nearest", "probe", "probe-waits", "past-compute", "defer", "later-first", "floor",
-         "target", "always-keep", "never-keep", "cannot-pay", "plan-keeps", "regret", "outage", "drop", "wait",
-         "recompute", "upgrade", "no-upgrade", "worth-asking"}  # fmt: skip
+CODES = {
+    "never-fetches",
+    "fp16-exact",
+    "fp16-nearest",
+    "probe",
+    "probe-waits",
+    "past-compute",
+    "defer",
+    "later-first",
+    "floor",
+    "target",
+    "always-keep",
+    "never-keep",
+    "cannot-pay",
+    "plan-keeps",
+    "regret",
+    "outage",
+    "drop",
+    "wait",
+    "recompute",
+    "upgrade",
+    "no-upgrade",
+    "worth-asking",
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +55,13 @@ def vectors(tmp_path_factory) -> tuple[Path, dict]:
 
 
 def _run(vector_dir: Path, *extra: str) -> tuple[int, dict, list[dict]]:
-    proc = subprocess.run([NODE, str(WEB / "test" / "run_policy.mjs"), str(vector_dir), *extra], capture_output=True,
-                          text=True, timeout=600, cwd=WEB)  # fmt: skip
+    proc = subprocess.run(
+        [NODE, str(WEB / "test" / "run_policy.mjs"), str(vector_dir), *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=WEB,
+    )
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines and "summary" in lines[-1], f"runner printed no summary: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
     return proc.returncode, lines[-1]["summary"], lines[:-1]

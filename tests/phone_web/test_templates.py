@@ -28,8 +28,9 @@ def templates(tmp_path_factory) -> tuple[Path, dict]:
 def _run(web: Path, out: Path) -> tuple[int, dict, list]:
     require_or_skip(NODE is not None, "node is not installed (apt-get install nodejs npm)")
     require_or_skip((WEB / "node_modules" / "fzstd").is_dir(), "phone_web's npm packages are not installed (npm ci)")
-    proc = subprocess.run([NODE, str(web / "test" / "run_templates.mjs"), str(out)], capture_output=True, text=True,
-                          timeout=300, cwd=web)  # fmt: skip
+    proc = subprocess.run(
+        [NODE, str(web / "test" / "run_templates.mjs"), str(out)], capture_output=True, text=True, timeout=300, cwd=web
+    )
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     assert lines and "summary" in lines[-1], proc.stderr[-2000:]
     return proc.returncode, lines[-1]["summary"], lines[:-1]

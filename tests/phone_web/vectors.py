@@ -83,14 +83,26 @@ class _Writer:
     def array(self, a: np.ndarray) -> str:
         return self.blob(np.ascontiguousarray(a, dtype="<f2").tobytes())
 
-    def case(self, name: str, blobs: list[bytes], reference: DecodedReference | None = None, *, family: str,
-             check: tuple[str, int] | None = None, reuse: dict | None = None,
-             slot: ShardSlot | None = None) -> None:  # fmt: skip
+    def case(
+        self,
+        name: str,
+        blobs: list[bytes],
+        reference: DecodedReference | None = None,
+        *,
+        family: str,
+        check: tuple[str, int] | None = None,
+        reuse: dict | None = None,
+        slot: ShardSlot | None = None,
+    ) -> None:
         """Decode with Python and record the outcome: K and V, or the error's class name."""
         entry = {"name": name, "family": family, "blobs": [self.blob(b) for b in blobs]}
         if reference is not None:
-            entry["reference"] = {"step": reference.step, "digest": reference.digest,
-                                  "k": self.array(reference.k), "v": self.array(reference.v)}  # fmt: skip
+            entry["reference"] = {
+                "step": reference.step,
+                "digest": reference.digest,
+                "k": self.array(reference.k),
+                "v": self.array(reference.v),
+            }
         if check is not None:
             entry["check"] = {"digest": check[0], "bytes": check[1]}
         if reuse is not None:
@@ -148,9 +160,12 @@ def _slots(w: _Writer, keep: dict, cross: dict) -> None:
         "bad/residual-slot-without-reference": (cross["scaled"][:4], replace(good, step=1), None),
         "bad/twin-in-open-loop-slot": ([twin], replace(good, level_name="sakura-l1", step=1, reference=ref), d_j),
         # pushed blob by blob: the corrupt payload of blob 1 is found before blob 2's broken link
-        "bad/corrupt-payload-before-broken-link": ([c1[0], _patch(c1[1], len(c1[1]) - 12, bytes(8)), c1[2]], good,
-                                                   None),
-    }.items():  # fmt: skip
+        "bad/corrupt-payload-before-broken-link": (
+            [c1[0], _patch(c1[1], len(c1[1]) - 12, bytes(8)), c1[2]],
+            good,
+            None,
+        ),
+    }.items():
         w.case(f"slot/{name}", blobs, reference, family="slot", slot=slot)
 
 
@@ -225,9 +240,14 @@ def _cross_step(w: _Writer, rng, keep: dict) -> dict:
     x0, grid = keep[("g1", "x")], keep[("g1", "grid")]
     x1 = (0.9 * x0 + rng.normal(0, 0.05, x0.shape)).astype(np.float32)
     fp16_digest = hashlib.sha256(keep[("g1", "fp16")]).hexdigest()
-    held = {name: DecodedReference(0, fp16_digest, *_decoded(blobs)) for name, blobs in (
-        ("fp16", [keep[("g1", "fp16")]]), ("sakura-l1", keep[("g1", "chain")][:2]),
-        ("sakura-l6", keep[("g1", "chain")][:7]))}  # fmt: skip
+    held = {
+        name: DecodedReference(0, fp16_digest, *_decoded(blobs))
+        for name, blobs in (
+            ("fp16", [keep[("g1", "fp16")]]),
+            ("sakura-l1", keep[("g1", "chain")][:2]),
+            ("sakura-l6", keep[("g1", "chain")][:7]),
+        )
+    }
     codes = fit_scale_codes(x0, x1)
     a = scales_from_codes(codes, 1, x0.shape[3], x0.shape[4])  # (2, layers, 1, heads, head_dim)
     out = {"fp16_digest": fp16_digest, "held": held}
@@ -237,8 +257,7 @@ def _cross_step(w: _Writer, rng, keep: dict) -> dict:
         chain = sakura.encode(shard, list(sakura.levels))
         for j in (0, 3, 8):
             for ref_name, ref in held.items():
-                w.case(f"g1/step1/residual-{label}/sakura-l{j}/ref-{ref_name}", chain[: j + 1], ref,
-                       family="residual")  # fmt: skip
+                w.case(f"g1/step1/residual-{label}/sakura-l{j}/ref-{ref_name}", chain[: j + 1], ref, family="residual")
         out[label] = chain
     for j in (1, 6):  # closed-loop twins: coded against D_j, the track's decoded step 0 at level j
         track = keep[("g1", "chain")][: j + 1]
@@ -311,30 +330,45 @@ def _bad_container(w: _Writer, keep: dict) -> None:
     base = keep[("g1", "chain")][0]
     hs = struct.unpack_from("<H", base, 6)[0]
     bad = {
-        "empty": b"", "3-bytes": fp16[:3], "5-bytes": fp16[:5], "fixed-header-cut": fp16[:60],
-        "header-cut": fp16[:99], "last-byte-missing": fp16[:-1], "half": fp16[: len(fp16) // 2],
-        "magic": b"SKKW" + fp16[4:], "not-a-shard": b"PK\x03\x04" + bytes(200),
-        "version-1": _patch(fp16, 4, b"\x01\x00"), "version-3": _patch(fp16, 4, b"\x03\x00"),
-        "crc": fp16[:-5] + bytes([fp16[-5] ^ 1]) + fp16[-4:], "payload-bit-flip": _patch(fp16, 200, b"\x00", False),
+        "empty": b"",
+        "3-bytes": fp16[:3],
+        "5-bytes": fp16[:5],
+        "fixed-header-cut": fp16[:60],
+        "header-cut": fp16[:99],
+        "last-byte-missing": fp16[:-1],
+        "half": fp16[: len(fp16) // 2],
+        "magic": b"SKKW" + fp16[4:],
+        "not-a-shard": b"PK\x03\x04" + bytes(200),
+        "version-1": _patch(fp16, 4, b"\x01\x00"),
+        "version-3": _patch(fp16, 4, b"\x03\x00"),
+        "crc": fp16[:-5] + bytes([fp16[-5] ^ 1]) + fp16[-4:],
+        "payload-bit-flip": _patch(fp16, 200, b"\x00", False),
         "trailing-byte": _recrc(fp16[:-4] + b"\x00" + fp16[-4:]),
-        "header-size": _patch(fp16, 6, struct.pack("<H", hs + 1)), "sections-33": _patch(fp16, 92, b"\x21"),
-        "unknown-flag": _patch(fp16, 8, b"\x08"), "dtype-3": _patch(fp16, 9, b"\x03"),
-        "refines-without-parent": _patch(fp16, 8, b"\x01"), "reference-flag-alone": _patch(fp16, 8, b"\x02"),
+        "header-size": _patch(fp16, 6, struct.pack("<H", hs + 1)),
+        "sections-33": _patch(fp16, 92, b"\x21"),
+        "unknown-flag": _patch(fp16, 8, b"\x08"),
+        "dtype-3": _patch(fp16, 9, b"\x03"),
+        "refines-without-parent": _patch(fp16, 8, b"\x01"),
+        "reference-flag-alone": _patch(fp16, 8, b"\x02"),
         "scale-flag-alone": _patch(fp16, 8, b"\x04"),
-        "layers-inverted": _patch(fp16, 12, struct.pack("<HH", 3, 2)), "heads-0": _patch(fp16, 20, b"\x00\x00"),
-        "codec-not-utf8": _patch(fp16, 97, b"\xff"), "codec-upper": _patch(fp16, 97, b"F"),
-        "codec-unknown": _patch(fp16, 97, b"zp16"), "model-id-not-hex": _patch(fp16, 101, b"g"),
+        "layers-inverted": _patch(fp16, 12, struct.pack("<HH", 3, 2)),
+        "heads-0": _patch(fp16, 20, b"\x00\x00"),
+        "codec-not-utf8": _patch(fp16, 97, b"\xff"),
+        "codec-upper": _patch(fp16, 97, b"F"),
+        "codec-unknown": _patch(fp16, 97, b"zp16"),
+        "model-id-not-hex": _patch(fp16, 101, b"g"),
         "template-id-upper": _patch(fp16, 101 + 64, b"C"),
         "section-over-1gib": _patch(fp16, struct.unpack_from("<H", fp16, 6)[0] - 4, struct.pack("<I", 1 << 30)),
         "elements-over-2^28": _patch(fp16, 16, struct.pack("<HHHH", 4096, 4096, 32, 8)),
-        "fp16-nan": _patch(fp16, hs + 10, b"\x00\x7e"), "fp16-section-count": _patch(fp16, 92, b"\x01"),
+        "fp16-nan": _patch(fp16, hs + 10, b"\x00\x7e"),
+        "fp16-section-count": _patch(fp16, 92, b"\x01"),
         "int8-negative-step": _patch(int8, struct.unpack_from("<H", int8, 6)[0] + 2, b"\x00\xbc"),
         "int8-params-inf": _patch(int8, struct.unpack_from("<H", int8, 6)[0], b"\x00\x7c"),
         "int4-code-15": _patch(int4, len(int4) - 6, b"\xff"),
         "sakura-head-not-zstd": _patch(base, hs, b"\x00\x00\x00\x00"),
         "sakura-head-size": _patch(base, hs + 5, bytes([base[hs + 5] ^ 0x01])),
         "sakura-group-bytes": _patch(base, len(base) - 12, bytes(8)),
-    }  # fmt: skip
+    }
     for name, blob in bad.items():
         w.case(f"bad/{name}", [blob], family="bad-container")
 
@@ -348,17 +382,23 @@ def _bad_chains(w: _Writer, keep: dict, cross: dict) -> None:
     wrong_digest = DecodedReference(0, hashlib.sha256(c1[0]).hexdigest(), held["fp16"].k, held["fp16"].v)
     short = DecodedReference(0, held["fp16"].digest, held["fp16"].k[:, :-1], held["fp16"].v[:, :-1])
     cases = {
-        "empty-chain": ([], None), "refinement-first": (c1[1:3], None), "link-skipped": ([c1[0], c1[2]], None),
-        "out-of-order": ([c1[0], c1[2], c1[1]], None), "other-shard": ([c1[0], c2[1]], None),
-        "fp16-twice": ([fp16, fp16], None), "fp16-then-sakura": ([fp16, c1[1]], None),
+        "empty-chain": ([], None),
+        "refinement-first": (c1[1:3], None),
+        "link-skipped": ([c1[0], c1[2]], None),
+        "out-of-order": ([c1[0], c1[2], c1[1]], None),
+        "other-shard": ([c1[0], c2[1]], None),
+        "fp16-twice": ([fp16, fp16], None),
+        "fp16-then-sakura": ([fp16, c1[1]], None),
         "level-repeated": ([c1[0], _patch(c1[1], 10, b"\x00\x00")], None),
         "sakura-refinement-with-scale-flag": (scaled[:1] + [_patch(scaled[1], 8, b"\x07")], None),
         "residual-without-reference": (scaled[:3], None),
-        "residual-wrong-step": (scaled[:3], wrong_step), "residual-wrong-digest": (scaled[:3], wrong_digest),
-        "residual-short-reference": (scaled[:3], short), "self-contained-given-reference": (c1[:2], held["fp16"]),
+        "residual-wrong-step": (scaled[:3], wrong_step),
+        "residual-wrong-digest": (scaled[:3], wrong_digest),
+        "residual-short-reference": (scaled[:3], short),
+        "self-contained-given-reference": (c1[:2], held["fp16"]),
         "twin-without-reference": ([twin], None),
         "twin-reference-of-another-level": ([twin], held["sakura-l6"]),
-    }  # fmt: skip
+    }
     for name, (blobs, ref) in cases.items():
         w.case(f"bad-chain/{name}", blobs, ref, family="bad-chain")
     for name, (blob, digest, size) in {

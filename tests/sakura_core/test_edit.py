@@ -103,8 +103,11 @@ def test_run_template_edit_report_format(opened, demo_model, demo_template):
 
 def test_run_template_edit_over_a_fixed_link_fetches(opened, demo_model, demo_template):
     settings = edit.EditSettings(PROMPT, steps=1, seed=0, policy="fetch-fp16")
-    out = asyncio.run(edit.run_template_edit(demo_model, opened, demo_template, settings, link="fixed:200",
-                                             profile=_profile(demo_model, 1)))  # fmt: skip
+    out = asyncio.run(
+        edit.run_template_edit(
+            demo_model, opened, demo_template, settings, link="fixed:200", profile=_profile(demo_model, 1)
+        )
+    )
     r = out.report
     assert r["link"] == "fixed:200" and r["bytes_fetched"] > 0 and r["split_layer"] == 0
     assert set(r["levels_used"]) == {str(i) for i in range(demo_model.adapter.num_layers)}
@@ -120,8 +123,9 @@ def test_a_profile_measured_for_other_steps_predicts_the_edits_steps(opened, dem
     """The phone agent measures its profile once (8 steps) and runs jobs of any step count: the policy predicts the
     job's steps, and the report's profile says so."""
     settings = edit.EditSettings(PROMPT, steps=2, seed=0, policy="on-device-cached")
-    out = asyncio.run(edit.run_template_edit(demo_model, opened, demo_template, settings,
-                                             profile=_profile(demo_model, 8)))  # fmt: skip
+    out = asyncio.run(
+        edit.run_template_edit(demo_model, opened, demo_template, settings, profile=_profile(demo_model, 8))
+    )
     assert out.report["steps"] == out.report["profile"]["steps"] == 2
 
 
@@ -145,13 +149,30 @@ def test_settings_and_requests_name_the_bad_value():
 
 
 def test_edit_report_by_hand():
-    run = RunReport(policy="sakura", latency_s=1.234, bytes_fetched=3 * 1024, split_layer=2, image=np.zeros((2, 2, 3),
-                    np.uint8), tokens=None, events=[{"lane": "compute", "start": 0.0, "end": 1.0, "layer": 0,
-                    "level": "template"}], levels_used={3: ["int4"], 2: ["int2", "int4"]},
-                    bytes_used=2 * 1024)  # fmt: skip
-    report = edit_report(run, template_id="t", template={}, link=LinkSpec.fixed(8), steps=1, seed=0,
-                         latency_target_s=None, floor_level="int4", profile=LiveProfile(0.1, 0.05, 4, 1),
-                         executed_on={"kind": "local"}, extra_events=[{"lane": "fetch", "start": -0.5, "end": -0.1}])  # fmt: skip
+    run = RunReport(
+        policy="sakura",
+        latency_s=1.234,
+        bytes_fetched=3 * 1024,
+        split_layer=2,
+        image=np.zeros((2, 2, 3), np.uint8),
+        tokens=None,
+        events=[{"lane": "compute", "start": 0.0, "end": 1.0, "layer": 0, "level": "template"}],
+        levels_used={3: ["int4"], 2: ["int2", "int4"]},
+        bytes_used=2 * 1024,
+    )
+    report = edit_report(
+        run,
+        template_id="t",
+        template={},
+        link=LinkSpec.fixed(8),
+        steps=1,
+        seed=0,
+        latency_target_s=None,
+        floor_level="int4",
+        profile=LiveProfile(0.1, 0.05, 4, 1),
+        executed_on={"kind": "local"},
+        extra_events=[{"lane": "fetch", "start": -0.5, "end": -0.1}],
+    )
     assert tuple(report) == REPORT_KEYS
     assert report["summary"] == (
         "sakura: 1.23 s, fetched 3.0 KiB, used 2.0 KiB (layers 2-3), split at layer 2 of 4, fixed 8 Mbit/s"

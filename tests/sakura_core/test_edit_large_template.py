@@ -46,8 +46,16 @@ def test_edit_with_a_larger_template_equals_the_on_device_edit(opened, demo_mode
     settings = edit.EditSettings("place it", steps=STEPS, seed=3, policy=policy)
     profile = LiveProfile(0.01, 0.005, demo_model.adapter.num_layers, STEPS)
     out = asyncio.run(edit.run_template_edit(demo_model, o, user, settings, link="live", profile=profile))
-    ref = run_edit(demo_model, user, "place it", steps=STEPS, seed=3, split_layer=demo_model.adapter.num_layers,
-                   template_image=image, template_every_step=True).image  # fmt: skip
+    ref = run_edit(
+        demo_model,
+        user,
+        "place it",
+        steps=STEPS,
+        seed=3,
+        split_layer=demo_model.adapter.num_layers,
+        template_image=image,
+        template_every_step=True,
+    ).image
     diff = np.abs(out.image.astype(int) - ref.astype(int)).max()
     assert diff <= 1, f"{policy}: max diff {diff}/255 vs the on-device edit with the 128 px template"  # fp16 KV
     assert out.report["policy"] == policy

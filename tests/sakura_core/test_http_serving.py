@@ -12,9 +12,18 @@ from sakura_core.http_serving import bearer_token, bound_port, is_loopback, toke
 
 @pytest.mark.parametrize(
     "host, loopback",
-    [("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("localhost", True), ("0.0.0.0", False),
-     ("192.168.1.20", False), ("::", False), ("example.com", False), ("localhost.example.com", False)],
-)  # fmt: skip
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("192.168.1.20", False),
+        ("::", False),
+        ("example.com", False),
+        ("localhost.example.com", False),
+    ],
+)
 def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
 

@@ -90,8 +90,27 @@ def test_per_step_precompute_of_a_larger_template_on_the_folder(tmp_path, klein_
     from sakura_core.runtime.schedule import edit_times
 
     steps, m = 2, klein_model
-    rc = main(["precompute", "--store-profile", "full", "--store", str(tmp_path), "--model", str(klein_folder), "--image", "coffee", "--id",
-               "klein-ps", "--kv-mode", "per-step", "--steps", str(steps), "--template-size", "128"])  # fmt: skip
+    rc = main(
+        [
+            "precompute",
+            "--store-profile",
+            "full",
+            "--store",
+            str(tmp_path),
+            "--model",
+            str(klein_folder),
+            "--image",
+            "coffee",
+            "--id",
+            "klein-ps",
+            "--kv-mode",
+            "per-step",
+            "--steps",
+            str(steps),
+            "--template-size",
+            "128",
+        ]
+    )
     assert rc == 0
     store = LocalStore(tmp_path)
     manifest = store.get_manifest("klein-ps")
@@ -119,6 +138,7 @@ def test_per_step_precompute_of_a_larger_template_on_the_folder(tmp_path, klein_
         float((run_edit(m, user, PROMPT, steps=steps, kv_source=other, kv_mode="per-step").tokens - b).abs().max())
         > 10 * err
     )
-    hybrid = run_edit(m, user, PROMPT, steps=steps, kv_source=fetched, kv_mode="per-step", split_layer=2,
-                      template_image=template).tokens  # fmt: skip
+    hybrid = run_edit(
+        m, user, PROMPT, steps=steps, kv_source=fetched, kv_mode="per-step", split_layer=2, template_image=template
+    ).tokens
     assert float((hybrid - b).abs().max()) < 1e-3

@@ -28,8 +28,25 @@ def published(tmp_path_factory, klein_folder):
     from sakura_core.cli import main
 
     root = tmp_path_factory.mktemp("klein-ps-store")
-    rc = main(["precompute", "--store-profile", "full", "--store", str(root), "--model", str(klein_folder), "--image", "astronaut", "--id", TID,
-               "--kv-mode", "per-step", "--steps", str(STEPS)])  # fmt: skip
+    rc = main(
+        [
+            "precompute",
+            "--store-profile",
+            "full",
+            "--store",
+            str(root),
+            "--model",
+            str(klein_folder),
+            "--image",
+            "astronaut",
+            "--id",
+            TID,
+            "--kv-mode",
+            "per-step",
+            "--steps",
+            str(STEPS),
+        ]
+    )
     assert rc == 0
     return root, LocalStore(root)
 
@@ -50,8 +67,11 @@ def _edit(model, root, steps: int, policy: str):
     user = np.asarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3)), np.uint8)
     settings = edit.EditSettings(PROMPT, steps=steps, seed=4, policy=policy)
     profile = LiveProfile(0.01, 0.005, model.adapter.num_layers, steps)
-    return opened, user, asyncio.run(edit.run_template_edit(model, opened, user, settings, link="fixed:50",
-                                                            profile=profile))  # fmt: skip
+    return (
+        opened,
+        user,
+        asyncio.run(edit.run_template_edit(model, opened, user, settings, link="fixed:50", profile=profile)),
+    )
 
 
 def test_the_manifest_holds_the_models_own_schedule_not_the_flow_one(published, klein_model):
@@ -75,8 +95,9 @@ def test_fetched_per_step_kv_edits_as_the_stored_kv(published, klein_model):
     manifest = store.get_manifest(TID)
     kv = decode_template(manifest, _blobs(store, manifest), "fp16")
     size = klein_model.spec.image_size
-    stored = run_edit(klein_model, load_image(user, size), PROMPT, steps=STEPS, seed=4, kv_source=kv,
-                      kv_mode="per-step")  # fmt: skip
+    stored = run_edit(
+        klein_model, load_image(user, size), PROMPT, steps=STEPS, seed=4, kv_source=kv, kv_mode="per-step"
+    )
     np.testing.assert_array_equal(outcome.image, stored.image)
 
 
@@ -87,8 +108,17 @@ def test_on_device_policy_runs_the_template_at_the_models_times(published, klein
     root, _ = published
     opened, user, outcome = _edit(klein_model, root, STEPS, "on-device")
     size, L = klein_model.spec.image_size, klein_model.adapter.num_layers
-    ref = run_edit(klein_model, load_image(user, size), PROMPT, steps=STEPS, seed=4, split_layer=L,
-                   template_image=opened.template_image(size), template_every_step=True, kv_mode="per-step")  # fmt: skip
+    ref = run_edit(
+        klein_model,
+        load_image(user, size),
+        PROMPT,
+        steps=STEPS,
+        seed=4,
+        split_layer=L,
+        template_image=opened.template_image(size),
+        template_every_step=True,
+        kv_mode="per-step",
+    )
     assert outcome.report["bytes_fetched"] == 0
     assert float((outcome.run.tokens - ref.tokens).abs().max()) == 0.0
 

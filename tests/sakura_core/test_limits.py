@@ -152,7 +152,7 @@ class _Spied:
         ("heads", 4, "heads 2 (expected 4)"),
         ("head_dim", 16, "head_dim 8 (expected 16)"),
         ("token_grid", (4, 8), "token grid [4, 4] (expected [4, 8])"),
-    ],  # fmt: skip
+    ],
 )
 def test_geometry_mismatches_are_named(field, value, says):
     (blob, _) = _sakura_chain((4, 4))

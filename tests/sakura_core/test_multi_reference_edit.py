@@ -30,8 +30,27 @@ def published(tmp_path_factory, klein_folder):
     from sakura_core.cli import main
 
     root = tmp_path_factory.mktemp("pair-store")
-    rc = main(["precompute", "--store-profile", "full", "--store", str(root), "--model", str(klein_folder), "--image", "astronaut", "--image",
-               "coffee", "--reference-name", "person", "--reference-name", "garment", "--id", TID])  # fmt: skip
+    rc = main(
+        [
+            "precompute",
+            "--store-profile",
+            "full",
+            "--store",
+            str(root),
+            "--model",
+            str(klein_folder),
+            "--image",
+            "astronaut",
+            "--image",
+            "coffee",
+            "--reference-name",
+            "person",
+            "--reference-name",
+            "garment",
+            "--id",
+            TID,
+        ]
+    )
     assert rc == 0
     return root, LocalStore(root).get_manifest(TID)
 
@@ -57,7 +76,9 @@ def test_the_manifest_lists_both_references(published, klein_model):
     refs = m["references"]
     assert [r["name"] for r in refs] == ["person", "garment"]
     assert [(r["size"], r["token_grid"], r["rope_t"], r["token_offset"], r["tokens"]) for r in refs] == [
-        ([64, 64], [4, 4], 10, 0, 16), ([64, 64], [4, 4], 20, 16, 16)]  # fmt: skip
+        ([64, 64], [4, 4], 10, 0, 16),
+        ([64, 64], [4, 4], 20, 16, 16),
+    ]
     assert m["template_image"] == refs[0]["image"]
     for ref in refs:  # each image stored content-addressed, the PNG the KV was computed from
         png = _read(root, ref["image"]["digest"])
@@ -142,8 +163,19 @@ def test_fp16_model_fetched_and_hybrid_equal_the_device_exactly(tmp_path, klein_
     user = (rng.random((64, 64, 3)) * 255).astype(np.uint8)
     L = model.adapter.num_layers
     device = run_edit(model, user, PROMPT, steps=2, kv_source=fetched, split_layer=L, template_image=refs).tokens
-    diffs = {split: float((run_edit(model, user, PROMPT, steps=2, kv_source=fetched, split_layer=split,
-                                    template_image=refs).tokens - device).abs().max()) for split in (0, 1)}  # fmt: skip
+    diffs = {
+        split: float(
+            (
+                run_edit(
+                    model, user, PROMPT, steps=2, kv_source=fetched, split_layer=split, template_image=refs
+                ).tokens
+                - device
+            )
+            .abs()
+            .max()
+        )
+        for split in (0, 1)
+    }
     print(f"two references, fp16 model: fetched / hybrid vs on-device max diff {diffs}")  # noqa: T201 (-s figure)
     assert diffs == {0: 0.0, 1: 0.0}
     opened = asyncio.run(edit.open_template(StoreSource(str(tmp_path)), TID, model))

@@ -31,9 +31,24 @@ def test_sakura_phone_run_refuses_it_before_connecting(tmp_path, capsys):
 
     image = tmp_path / "u.png"
     save_png(image, __import__("numpy").zeros((8, 8, 3), "uint8"))
-    argv = ["phone", "run", "--agent", "http://127.0.0.1:9", "--token", "pairing-token-0", "--cloud",
-            "http://127.0.0.1:9", "--template", "tpl", "--image", str(image), "--prompt", "b\udcffad",
-            "--out", str(tmp_path / "o.png")]  # fmt: skip
+    argv = [
+        "phone",
+        "run",
+        "--agent",
+        "http://127.0.0.1:9",
+        "--token",
+        "pairing-token-0",
+        "--cloud",
+        "http://127.0.0.1:9",
+        "--template",
+        "tpl",
+        "--image",
+        str(image),
+        "--prompt",
+        "b\udcffad",
+        "--out",
+        str(tmp_path / "o.png"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("sakura phone run: the prompt is not valid Unicode text: character 1 is U+DCFF"), err

@@ -31,20 +31,38 @@ def _fell_back(request, layers: int, size: int) -> EditOutcome:
     shards = STEPS * layers if per_step else layers
     uses = 1 if per_step else STEPS
     run = RunReport(
-        policy=request.policy, latency_s=0.42, bytes_fetched=FETCHED, split_layer=0,
-        image=np.zeros((size, size, 3), np.uint8), tokens=None,
-        events=[{"lane": "compute", "start": 0.0, "end": 0.4, "layer": -1, "level": "fallback template pass from layer 0"},
-                {"lane": "fetch", "start": 0.0, "end": 0.42, "layer": 0, "level": "fp16"}],
-        decisions=[{"t": 0.0, "layer": 0, "level": "drop", "reason": "template dropped at layer 0"},
-                   {"t": 0.01, "layer": 0, "level": "device", "reason": LATE_FALLBACK_REASON}],
+        policy=request.policy,
+        latency_s=0.42,
+        bytes_fetched=FETCHED,
+        split_layer=0,
+        image=np.zeros((size, size, 3), np.uint8),
+        tokens=None,
+        events=[
+            {"lane": "compute", "start": 0.0, "end": 0.4, "layer": -1, "level": "fallback template pass from layer 0"},
+            {"lane": "fetch", "start": 0.0, "end": 0.42, "layer": 0, "level": "fp16"},
+        ],
+        decisions=[
+            {"t": 0.0, "layer": 0, "level": "drop", "reason": "template dropped at layer 0"},
+            {"t": 0.01, "layer": 0, "level": "device", "reason": LATE_FALLBACK_REASON},
+        ],
         fallbacks=["shard 0 late: the device computes the template KV of every layer until the link has the rest"],
         levels_used={g: ["device"] * uses for g in range(shards)},
-        kv_mode="per-step" if per_step else "single", layers_per_step=layers,
+        kv_mode="per-step" if per_step else "single",
+        layers_per_step=layers,
         split_layers=[0] * (STEPS if per_step else 1),
-    )  # fmt: skip
-    report = edit_report(run, template_id=request.template_id, template={}, link=LinkSpec.parse(request.link),
-                         steps=STEPS, seed=0, latency_target_s=None, floor_level="fp16",
-                         profile=LiveProfile(0.01, 0.005, layers, STEPS), executed_on={"kind": "local"})  # fmt: skip
+    )
+    report = edit_report(
+        run,
+        template_id=request.template_id,
+        template={},
+        link=LinkSpec.parse(request.link),
+        steps=STEPS,
+        seed=0,
+        latency_target_s=None,
+        floor_level="fp16",
+        profile=LiveProfile(0.01, 0.005, layers, STEPS),
+        executed_on={"kind": "local"},
+    )
     return EditOutcome(run.image, report, run)
 
 

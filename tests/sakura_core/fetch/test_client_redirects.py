@@ -6,8 +6,9 @@ from redirecting import redirect_pair
 
 from sakura_core.fetch.client import ClientConfig, FetchError, RedirectRefusedError, ShardClient
 
-FAST = ClientConfig(backoff_initial_s=0.001, backoff_max_s=0.01, read_timeout_s=5, connect_timeout_s=2,
-                    retry_window_s=0, max_retries=0)  # fmt: skip
+FAST = ClientConfig(
+    backoff_initial_s=0.001, backoff_max_s=0.01, read_timeout_s=5, connect_timeout_s=2, retry_window_s=0, max_retries=0
+)
 
 
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
@@ -15,8 +16,11 @@ FAST = ClientConfig(backoff_initial_s=0.001, backoff_max_s=0.01, read_timeout_s=
 async def test_a_redirect_is_an_error_and_never_followed(aiohttp_server, status, what):
     pair = await redirect_pair(aiohttp_server, status)
     async with ShardClient(pair.url, "read-token", config=FAST) as client:
-        call = {"catalog": client.get_catalog, "manifest": lambda: client.get_manifest("tpl-a"),
-                "shard": lambda: client.fetch_shard("ab" * 32)}[what]  # fmt: skip
+        call = {
+            "catalog": client.get_catalog,
+            "manifest": lambda: client.get_manifest("tpl-a"),
+            "shard": lambda: client.fetch_shard("ab" * 32),
+        }[what]
         with pytest.raises(RedirectRefusedError) as info:
             await call()
     err = info.value

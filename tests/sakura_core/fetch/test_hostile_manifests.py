@@ -63,7 +63,7 @@ async def hostile(aiohttp_server):
         ("bomb", ManifestError, "nested 50000 deep"),
         ("nan", ManifestError, "NaN is not a JSON number"),
         ("huge", ManifestLimitError, "'token_grid[0]' is 100000, over the limit"),
-    ],  # fmt: skip
+    ],
 )
 async def test_the_client_refuses_with_a_manifest_error_and_does_not_retry(hostile, kind, error, says):
     url, hits = hostile
@@ -75,8 +75,10 @@ async def test_the_client_refuses_with_a_manifest_error_and_does_not_retry(hosti
     assert hits == [kind]  # asked once: a bad manifest is not transient
 
 
-@pytest.mark.parametrize("kind, says", [("bomb", "nested 50000 deep"), ("nan", "NaN is not a JSON number"),
-                                        ("huge", "over the limit of 256")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, says",
+    [("bomb", "nested 50000 deep"), ("nan", "NaN is not a JSON number"), ("huge", "over the limit of 256")],
+)
 async def test_a_local_store_refuses_the_same_way(tmp_path, kind, says):
     store = LocalStore(tmp_path / "store")
     make_synthetic_template(store, "tpl", model_id=MODEL_ID)
@@ -87,8 +89,9 @@ async def test_a_local_store_refuses_the_same_way(tmp_path, kind, says):
 
 
 # ---- a hypothesis fuzz of manifests through the HTTP client: only the client's own errors, never a raw one -------
-_FUZZ = settings(max_examples=150, deadline=timedelta(seconds=20), derandomize=True,
-                 suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+_FUZZ = settings(
+    max_examples=150, deadline=timedelta(seconds=20), derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 async def _get_over_http(body: bytes):
@@ -103,8 +106,9 @@ async def _get_over_http(body: bytes):
     await site.start()
     port = runner.addresses[0][1]
     try:
-        async with ShardClient(f"http://127.0.0.1:{port}", config=ClientConfig(max_retries=0, retry_window_s=0.0,
-                                                                              max_attempts=1)) as client:  # fmt: skip
+        async with ShardClient(
+            f"http://127.0.0.1:{port}", config=ClientConfig(max_retries=0, retry_window_s=0.0, max_attempts=1)
+        ) as client:
             return await client.get_manifest("tpl", expected_model_id=MODEL_ID)
     finally:
         await runner.cleanup()

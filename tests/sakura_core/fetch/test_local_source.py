@@ -77,8 +77,9 @@ async def test_shards_are_verified_and_reported_per_chunk(store):
         throttled.append(n)
 
     async with LocalShardSource(store.root, config=ClientConfig(chunk_bytes=16_384)) as local:
-        blob = await local.fetch_shard(rep["digest"], expected_bytes=rep["bytes"], on_chunk=chunks.append,
-                                       throttle=throttle)  # fmt: skip
+        blob = await local.fetch_shard(
+            rep["digest"], expected_bytes=rep["bytes"], on_chunk=chunks.append, throttle=throttle
+        )
         assert len(blob) == rep["bytes"] == 70_000
         assert chunks == throttled == [16_384] * 4 + [70_000 - 4 * 16_384]
         with pytest.raises(ShardIntegrityError, match="the store holds 70000 bytes, the manifest 69999"):
@@ -100,8 +101,9 @@ def test_a_folder_that_is_no_store_says_how_to_make_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_edit_against_a_local_store_starts_no_server_and_no_http_session(tmp_path, monkeypatch, demo_model,
-                                                                             demo_template):  # fmt: skip
+def test_an_edit_against_a_local_store_starts_no_server_and_no_http_session(
+    tmp_path, monkeypatch, demo_model, demo_template
+):
     import aiohttp
     from aiohttp import web
 
@@ -122,8 +124,9 @@ def test_an_edit_against_a_local_store_starts_no_server_and_no_http_session(tmp_
     opened = asyncio.run(edit.open_template(source, "tpl-local", demo_model))
     settings = edit.EditSettings("place it", steps=1, seed=0, policy="fetch-fp16")
     profile = LiveProfile(0.01, 0.005, demo_model.adapter.num_layers, 1)
-    out = asyncio.run(edit.run_template_edit(demo_model, opened, demo_template, settings, link="fixed:200",
-                                             profile=profile))  # fmt: skip
+    out = asyncio.run(
+        edit.run_template_edit(demo_model, opened, demo_template, settings, link="fixed:200", profile=profile)
+    )
     assert out.report["bytes_fetched"] > 0 and not out.report["fallbacks"]
     assert out.report["template"]["source"] == f"store:{tmp_path}"
 

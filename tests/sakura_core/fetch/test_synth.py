@@ -74,8 +74,10 @@ def test_cli_writes_the_slow_set_in_class_folders_the_reader_classifies(tmp_path
     out = capsys.readouterr().out
     assert "wrote 16 traces" in out and "set slow, seed 300" in out
     got = load_traces(tmp_path / "slow")
-    classes = {t.trace_class for t in got if t.name.startswith("slow")}, {t.trace_class for t in got if
-                                                                          t.name.startswith("oboe")}  # fmt: skip
+    classes = (
+        {t.trace_class for t in got if t.name.startswith("slow")},
+        {t.trace_class for t in got if t.name.startswith("oboe")},
+    )
     assert classes == ({"3G"}, {"broadband"}) and len(got) == 16
     assert main(["traces", "synth", "--out", str(tmp_path / "dev")]) == 0  # the default set is unchanged
     assert "wrote 25 traces" in capsys.readouterr().out

@@ -16,8 +16,18 @@ MODEL_ID = "ab" * 32
 
 
 def _header(**overrides) -> ShardHeader:
-    fields = dict(codec="sakura", level=2, model_id=MODEL_ID, template_id="tmpl", rope_layout="r",
-                  layer_first=3, layer_last=3, token_grid=(8, 8), heads=2, head_dim=16)  # fmt: skip
+    fields = dict(
+        codec="sakura",
+        level=2,
+        model_id=MODEL_ID,
+        template_id="tmpl",
+        rope_layout="r",
+        layer_first=3,
+        layer_last=3,
+        token_grid=(8, 8),
+        heads=2,
+        head_dim=16,
+    )
     fields.update(overrides)
     return ShardHeader(**fields)
 
@@ -48,10 +58,17 @@ def test_each_mismatch_is_named_and_is_a_corrupt_shard(overrides, says):
 
 def test_slot_from_manifest_uses_the_representation_and_its_shard_entry():
     fp16 = {"name": "fp16", "codec": "fp16", "level": 0, "bytes": 8, "digest": "d"}
-    manifest = unchecked_manifest({"template_id": "tmpl", "model_id": MODEL_ID, "codec": "sakura", "token_grid": [1, 2],
-                                   "heads": 3, "head_dim": 4,
-                                   "shards": [{"layers": [0, 1], "representations": [fp16]},
-                                              {"layers": [2, 3], "representations": [fp16]}]})  # fmt: skip
+    manifest = unchecked_manifest(
+        {
+            "template_id": "tmpl",
+            "model_id": MODEL_ID,
+            "codec": "sakura",
+            "token_grid": [1, 2],
+            "heads": 3,
+            "head_dim": 4,
+            "shards": [{"layers": [0, 1], "representations": [fp16]}, {"layers": [2, 3], "representations": [fp16]}],
+        }
+    )
     rep = manifest.shards[1].representations[0]
     slot = slot_from_manifest(manifest, 3, rep)
     assert slot == ShardSlot("tmpl", MODEL_ID, (2, 3), "fp16", "fp16", token_grid=(1, 2), heads=3, head_dim=4)

@@ -47,9 +47,13 @@ def test_step_and_reference_round_trip_through_the_container():
 
 @pytest.mark.parametrize(
     "fields, problem",
-    [(dict(step=1, ref_step=1), "earlier step"), (dict(step=None, ref_step=0), "earlier step"),
-     (dict(step=2, ref_step=0, ref_digest=None), "both"), (dict(step=70000), "step")],
-)  # fmt: skip
+    [
+        (dict(step=1, ref_step=1), "earlier step"),
+        (dict(step=None, ref_step=0), "earlier step"),
+        (dict(step=2, ref_step=0, ref_digest=None), "both"),
+        (dict(step=70000), "step"),
+    ],
+)
 def test_invalid_step_or_reference_is_refused(fields, problem):
     fields = (
         {"ref_digest": REF, **fields} if "ref_digest" not in fields and fields.get("ref_step") is not None else fields
@@ -132,5 +136,7 @@ def test_binding_refuses_a_shard_of_another_step_or_reference():
             h, ShardSlot("tmpl", MODEL_ID, (3, 3), "sakura", "sakura-l2", step=2, reference=(1, "ef" * 32))
         )
     with pytest.raises(ShardBindingError, match=r"step None \(expected 2\)"):
-        check_shard_binding(dataclasses.replace(h, step=None, ref_step=None, ref_digest=None),
-                            ShardSlot("tmpl", MODEL_ID, (3, 3), "sakura", "sakura-l2", step=2, reference=None))  # fmt: skip
+        check_shard_binding(
+            dataclasses.replace(h, step=None, ref_step=None, ref_digest=None),
+            ShardSlot("tmpl", MODEL_ID, (3, 3), "sakura", "sakura-l2", step=2, reference=None),
+        )

@@ -53,7 +53,7 @@ def _mutated(manifest, fn):
                 digest=_shard(m, 0, 1)["representations"][-1]["digest"]
             ),
             "fp16 representation of step 0",
-        ),  # fmt: skip
+        ),
         (lambda m: _shard(m, 2, 0)["representations"][1]["ref"].update(step=0), "fp16 representation of step 0"),
         (lambda m: _shard(m, 1, 0)["representations"][0].pop("name"), "name' must be a non-empty string"),
     ],
@@ -73,8 +73,9 @@ def test_a_reference_needs_a_per_step_manifest():
 
 
 def test_a_version_1_manifest_is_refused_naming_the_fix(manifest):
-    with pytest.raises(ManifestError, match="'version' is 1: the template was published before shard format 2.*"
-                       "republish it"):  # fmt: skip
+    with pytest.raises(
+        ManifestError, match="'version' is 1: the template was published before shard format 2.*republish it"
+    ):
         parse_manifest({**manifest, "version": 1})
     with pytest.raises(ManifestError, match="'version' must be 2, got 3"):
         parse_manifest({**manifest, "version": 3})

@@ -136,5 +136,7 @@ def test_a_predicted_residual_base_with_corrupt_ranges_is_refused(make_shard):
         decode_chain([forged], DecodedReference(0, REF, res.k.astype(np.float16), res.v.astype(np.float16)))
     short = zstd.ZstdCompressor().compress(bytes(head[: 3 * n]))  # the six-byte layout's length is not this one's
     with pytest.raises(ShardCorruptError):
-        decode_chain([pack_shard(header, [short, *(bytes(x) for x in sections[1:])])],
-                     DecodedReference(0, REF, res.k.astype(np.float16), res.v.astype(np.float16)))  # fmt: skip
+        decode_chain(
+            [pack_shard(header, [short, *(bytes(x) for x in sections[1:])])],
+            DecodedReference(0, REF, res.k.astype(np.float16), res.v.astype(np.float16)),
+        )

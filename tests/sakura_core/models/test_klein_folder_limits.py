@@ -52,7 +52,7 @@ def test_a_vae_that_downsamples_less_is_bounded_before_loading(klein_folder, tmp
         layers_per_block=1,
         latent_channels=4,
         norm_num_groups=32,
-    ).save_pretrained(folder / "vae")  # fmt: skip  (downsamples 2x)
+    ).save_pretrained(folder / "vae")  # (downsamples 2x)
 
     def no_load(*args, **kwargs):
         raise AssertionError("weights loaded before the geometry was checked")

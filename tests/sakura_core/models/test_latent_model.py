@@ -37,11 +37,18 @@ def _diffusers_output(model, template, user, prompt, steps, seed):
     start, _ = model.edit_start(u, noise, steps)
     rows, cols = model.spec.grid
     latents = start.permute(0, 2, 1).reshape(1, -1, rows, cols)  # (1, 4C, rows, cols) as prepare_latents takes
-    out = pipe(image=Image.fromarray(template), prompt=prompt, num_inference_steps=steps, height=model.spec.image_size,
-               width=model.spec.image_size,
-               sigmas=model.sigmas_in(steps), latents=latents, output_type="np",
-               max_sequence_length=model.spec.text_tokens,
-               text_encoder_out_layers=model.spec.text_encoder_layers)  # fmt: skip
+    out = pipe(
+        image=Image.fromarray(template),
+        prompt=prompt,
+        num_inference_steps=steps,
+        height=model.spec.image_size,
+        width=model.spec.image_size,
+        sigmas=model.sigmas_in(steps),
+        latents=latents,
+        output_type="np",
+        max_sequence_length=model.spec.text_tokens,
+        text_encoder_out_layers=model.spec.text_encoder_layers,
+    )
     return out.images[0]
 
 
@@ -54,8 +61,9 @@ def test_latent_edit_with_fetched_kv_equals_diffusers(klein, split_layer, templa
     size, steps, seed, prompt = model.spec.image_size, 3, 5, "swap the face"
     template, user = _images(size, template_size)
     kv = model.adapter.extract_template_kv(model.template_tokens(template), model.template_grid(template))
-    ours = run_edit(model, user, prompt, steps=steps, seed=seed, kv_source=kv, split_layer=split_layer,
-                    template_image=template)  # fmt: skip
+    ours = run_edit(
+        model, user, prompt, steps=steps, seed=seed, kv_source=kv, split_layer=split_layer, template_image=template
+    )
     theirs = _diffusers_output(model, template, user, prompt, steps, seed)
     diff = float(np.abs(model.decode_float(ours.tokens) - theirs).max())
     print(f"split {split_layer}, template {template_size} px: max |ours - diffusers| = {diff:.3e} (images in [0, 1])")  # noqa: T201 (-s figure)

@@ -18,8 +18,9 @@ def _reference(model, template, start, prompt: str, steps: int) -> torch.Tensor:
 
     pipe, spec = model.pipe, model.spec
     s = spec.image_size
-    prompt_embeds, text_ids = pipe.encode_prompt(prompt, device="cpu", max_sequence_length=spec.text_tokens,
-                                                 text_encoder_out_layers=spec.text_encoder_layers)  # fmt: skip
+    prompt_embeds, text_ids = pipe.encode_prompt(
+        prompt, device="cpu", max_sequence_length=spec.text_tokens, text_encoder_out_layers=spec.text_encoder_layers
+    )
     pixels = pipe.image_processor.preprocess(Image.fromarray(template), height=s, width=s, resize_mode="crop")
     ref, ref_ids = pipe.prepare_image_latents([pixels], 1, None, "cpu", pipe.vae.dtype)
     rows, cols = spec.grid
@@ -30,11 +31,18 @@ def _reference(model, template, start, prompt: str, steps: int) -> torch.Tensor:
     pipe.scheduler.set_begin_index(0)
     for t in pipe.scheduler.timesteps:
         ts = t.expand(1).to(latents.dtype) / 1000
-        noise_pred, _ = pipe.transformer(hidden_states=torch.cat([ref, latents], dim=1), timestep=ts, guidance=None,
-                                         encoder_hidden_states=prompt_embeds, txt_ids=text_ids,
-                                         img_ids=torch.cat([ref_ids, latent_ids], dim=1), return_dict=False,
-                                         kv_cache_mode="extract", num_ref_tokens=ref.shape[1],
-                                         ref_fixed_timestep=float(ts))  # fmt: skip
+        noise_pred, _ = pipe.transformer(
+            hidden_states=torch.cat([ref, latents], dim=1),
+            timestep=ts,
+            guidance=None,
+            encoder_hidden_states=prompt_embeds,
+            txt_ids=text_ids,
+            img_ids=torch.cat([ref_ids, latent_ids], dim=1),
+            return_dict=False,
+            kv_cache_mode="extract",
+            num_ref_tokens=ref.shape[1],
+            ref_fixed_timestep=float(ts),
+        )
         latents = pipe.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
     return latents
 

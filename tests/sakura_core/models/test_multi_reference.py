@@ -34,8 +34,10 @@ def _diffusers_run(model, refs, user, steps, seed):
         out = forward(*args, **kwargs)
         if kwargs.get("kv_cache_mode") == "extract":
             cache = out[1]
-            captured.extend(tuple(t.clone() for t in (cache.get_double(i) if i < nd else cache.get_single(i - nd)).get())
-                            for i in range(nd + ns))  # fmt: skip
+            captured.extend(
+                tuple(t.clone() for t in (cache.get_double(i) if i < nd else cache.get_single(i - nd)).get())
+                for i in range(nd + ns)
+            )
         return out
 
     u = model.pack_image(user)
@@ -44,11 +46,18 @@ def _diffusers_run(model, refs, user, steps, seed):
     rows, cols = model.spec.grid
     transformer.forward = spy
     try:
-        out = pipe(image=[Image.fromarray(r) for r in refs], prompt=PROMPT, num_inference_steps=steps,
-                   height=model.spec.image_size, width=model.spec.image_size, sigmas=model.sigmas_in(steps),
-                   latents=start.permute(0, 2, 1).reshape(1, -1, rows, cols), output_type="np",
-                   max_sequence_length=model.spec.text_tokens,
-                   text_encoder_out_layers=model.spec.text_encoder_layers).images[0]  # fmt: skip
+        out = pipe(
+            image=[Image.fromarray(r) for r in refs],
+            prompt=PROMPT,
+            num_inference_steps=steps,
+            height=model.spec.image_size,
+            width=model.spec.image_size,
+            sigmas=model.sigmas_in(steps),
+            latents=start.permute(0, 2, 1).reshape(1, -1, rows, cols),
+            output_type="np",
+            max_sequence_length=model.spec.text_tokens,
+            text_encoder_out_layers=model.spec.text_encoder_layers,
+        ).images[0]
     finally:
         del transformer.forward  # back to the class's method
     return captured, out
@@ -73,14 +82,21 @@ def test_two_reference_kv_and_edits_equal_diffusers_exactly(klein_model, side):
     )
     diffs = {}
     for split in (0, 1, model.adapter.num_layers):  # fetched everywhere, hybrid, all on the device
-        ours = run_edit(model, user, PROMPT, steps=steps, seed=seed, kv_source=kv, split_layer=split,
-                        template_image=refs)  # fmt: skip
+        ours = run_edit(
+            model, user, PROMPT, steps=steps, seed=seed, kv_source=kv, split_layer=split, template_image=refs
+        )
         diffs[split] = float(np.abs(model.decode_float(ours.tokens) - theirs).max())
     print(f"{side} px x2: max |KV - diffusers KV| {kv_diff}; edit vs diffusers by split {diffs}")  # noqa: T201
     assert kv_diff == 0.0 and all(d == 0.0 for d in diffs.values())
     assert np.abs(theirs - theirs.mean()).max() > 1e-3  # a real image
-    one = run_edit(model, user, PROMPT, steps=steps, seed=seed,
-                   kv_source=model.adapter.extract_template_kv(model.template_tokens(refs[0]), grids[0]))  # fmt: skip
+    one = run_edit(
+        model,
+        user,
+        PROMPT,
+        steps=steps,
+        seed=seed,
+        kv_source=model.adapter.extract_template_kv(model.template_tokens(refs[0]), grids[0]),
+    )
     assert np.abs(model.decode_float(one.tokens) - theirs).max() > 1e-4  # the second reference matters
 
 
@@ -111,8 +127,9 @@ def test_the_demo_model_takes_several_references(demo_model):
     assert kv.num_tokens == 2 * m.spec.num_tokens and kv.rope_layout == "flux2-ref-t10-x2"
     user = _images(1, m.spec.image_size, seed=9)[0]
     fetched = run_edit(m, user, "place it", steps=2, kv_source=kv, template_image=refs).tokens
-    device = run_edit(m, user, "place it", steps=2, kv_source=kv, split_layer=m.adapter.num_layers,
-                      template_image=refs).tokens  # fmt: skip
+    device = run_edit(
+        m, user, "place it", steps=2, kv_source=kv, split_layer=m.adapter.num_layers, template_image=refs
+    ).tokens
     assert torch.equal(fetched, device)
 
 

@@ -14,13 +14,28 @@ import_or_skip("transformers", "the klein text encoder needs transformers (pip i
 # What ComfyUI reads to tell the three files apart (comfy/model_detection.py detect_unet_config, comfy/sd.py
 # detect_te_model and its VAE branch): present in every file we write, as in Comfy-Org's klein files.
 COMFY_DETECTS = {
-    "diffusion_model": ("double_stream_modulation_img.lin.weight", "double_blocks.0.img_attn.norm.key_norm.scale",
-                        "img_in.weight", "txt_in.weight", "single_blocks.0.linear1.weight"),
-    "text_encoder": ("model.layers.0.post_attention_layernorm.weight", "model.layers.0.self_attn.q_norm.weight",
-                     "model.embed_tokens.weight"),
-    "vae": ("decoder.conv_in.weight", "bn.running_mean", "bn.running_var", "decoder.post_quant_conv.weight",
-            "encoder.quant_conv.weight", "encoder.down.0.block.0.conv1.weight", "decoder.mid.attn_1.q.weight"),
-}  # fmt: skip
+    "diffusion_model": (
+        "double_stream_modulation_img.lin.weight",
+        "double_blocks.0.img_attn.norm.key_norm.scale",
+        "img_in.weight",
+        "txt_in.weight",
+        "single_blocks.0.linear1.weight",
+    ),
+    "text_encoder": (
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.self_attn.q_norm.weight",
+        "model.embed_tokens.weight",
+    ),
+    "vae": (
+        "decoder.conv_in.weight",
+        "bn.running_mean",
+        "bn.running_var",
+        "decoder.post_quant_conv.weight",
+        "encoder.quant_conv.weight",
+        "encoder.down.0.block.0.conv1.weight",
+        "decoder.mid.attn_1.q.weight",
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +89,9 @@ def test_single_files_edit_exactly_as_the_folder(models):
     outs = []
     for model in (folder, files):
         kv = model.adapter.extract_template_kv(model.template_tokens(template), model.template_grid(template))
-        run = run_edit(model, user, "swap the face", steps=2, seed=1, kv_source=kv, split_layer=1,
-                       template_image=template)  # fmt: skip
+        run = run_edit(
+            model, user, "swap the face", steps=2, seed=1, kv_source=kv, split_layer=1, template_image=template
+        )
         outs.append((kv.kv, model.unpack_tokens(run.tokens)))
     diff_kv = float((outs[0][0] - outs[1][0]).abs().max())
     diff_image = int(np.abs(outs[0][1].astype(int) - outs[1][1].astype(int)).max())
@@ -95,7 +111,7 @@ def test_prefixed_transformer_and_spec_string(klein_single_files, klein_model, t
     transformer = load_transformer_file(tmp_path / "prefixed.safetensors")
     assert torch.equal(transformer.x_embedder.weight, klein_model.adapter.model.x_embedder.weight)
     f = klein_single_files
-    spec = f"klein-files:diffusion_model={f.diffusion_model},text_encoder={f.text_encoder},vae={f.vae},tokenizer={f.tokenizer}"  # fmt: skip
+    spec = f"klein-files:diffusion_model={f.diffusion_model},text_encoder={f.text_encoder},vae={f.vae},tokenizer={f.tokenizer}"
     assert KleinFiles.parse(spec) == f
     check_model_source(spec)
     with pytest.raises(ValueError, match="names no tokenizer"):
@@ -153,8 +169,10 @@ def test_model_id_from_a_loaded_state_dict_is_the_files_model_id(klein_single_fi
     from sakura_core.models.loading import load_edit_model
     from sakura_core.models.single_files import read_checkpoint, transformer_state_model_id
 
-    state = {f"diffusion_model.{k}": v.to(dtype) for k, v in read_checkpoint(klein_single_files.diffusion_model,
-                                                                            "diffusion model").items()}  # fmt: skip
+    state = {
+        f"diffusion_model.{k}": v.to(dtype)
+        for k, v in read_checkpoint(klein_single_files.diffusion_model, "diffusion model").items()
+    }
     name = "bfloat16" if dtype == torch.bfloat16 else None
     assert transformer_state_model_id(state) == load_edit_model(klein_single_files, dtype=name).model_id
     changed = dict(state)

@@ -21,8 +21,18 @@ def _dropped_at(adapter, ref, split, ref_timestep=None, batch=1):
     x, txt, t = x.expand(batch, -1, -1), txt.expand(batch, -1, -1), t.expand(batch)
     seen = []
     whole = adapter.extract_template_kv(ref, GRID, ref_timestep=ref_timestep)
-    adapter.forward(x, txt, t, img_grid=GRID, ref_tokens=ref, ref_grid=GRID, split_layer=split, cached=whole,
-                    ref_timestep=ref_timestep, on_drop=lambda layer, h: seen.append((layer, h)))  # fmt: skip
+    adapter.forward(
+        x,
+        txt,
+        t,
+        img_grid=GRID,
+        ref_tokens=ref,
+        ref_grid=GRID,
+        split_layer=split,
+        cached=whole,
+        ref_timestep=ref_timestep,
+        on_drop=lambda layer, h: seen.append((layer, h)),
+    )
     return whole, seen
 
 

@@ -12,8 +12,16 @@ def _rep(digest):
 
 
 def _manifest(shards):
-    return {"template_id": "t", "kv_mode": "per-step", "num_layers": 2, "schedule": {"steps": 2}, "token_grid": [1, 1],
-            "heads": 1, "head_dim": 1, "shards": shards}  # fmt: skip
+    return {
+        "template_id": "t",
+        "kv_mode": "per-step",
+        "num_layers": 2,
+        "schedule": {"steps": 2},
+        "token_grid": [1, 1],
+        "heads": 1,
+        "head_dim": 1,
+        "shards": shards,
+    }
 
 
 def test_per_step_ladders_follow_step_then_layer():

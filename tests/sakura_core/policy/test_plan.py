@@ -15,10 +15,17 @@ def manifest() -> dict:
     for i in range(2):
         reps = [
             {"name": "s1", "level": 0, "bytes": 10, "digest": f"a{i}", "distortion": 0.03, "psnr_db": 30.0},
-            {"name": "s2", "level": 1, "bytes": 5, "digest": f"b{i}", "requires": [f"a{i}"], "distortion": 0.01,
-             "psnr_db": 40.0},
+            {
+                "name": "s2",
+                "level": 1,
+                "bytes": 5,
+                "digest": f"b{i}",
+                "requires": [f"a{i}"],
+                "distortion": 0.01,
+                "psnr_db": 40.0,
+            },
             {"name": "fp16", "level": 2, "bytes": 64, "digest": f"f{i}", "distortion": 0.0},
-        ]  # fmt: skip
+        ]
         shards.append({"layers": [i, i], "representations": reps})
     return {"num_layers": 2, "token_grid": [2, 2], "heads": 1, "head_dim": 4, "shards": shards}
 
@@ -74,5 +81,11 @@ def test_plan_fetch_names_an_unknown_policy():
 
 def test_runnable_policies_leave_out_the_preloaded_bound():
     assert runnable_policies() == [
-        "on-device", "on-device-cached", "fetch-fp16", "cachegen", "throughput", "sakura", "oracle"
-    ]  # fmt: skip
+        "on-device",
+        "on-device-cached",
+        "fetch-fp16",
+        "cachegen",
+        "throughput",
+        "sakura",
+        "oracle",
+    ]

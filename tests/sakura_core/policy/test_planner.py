@@ -156,8 +156,19 @@ def test_a_link_that_collapses_mid_step_keeps_the_template():
 def _stalled(p, now, since=2.0, before=0.0, **extra):
     """Shard 1 (template dropped at layer 1) waited for since ``since`` with 0 bytes in, after ``before`` s of
     earlier waits; ``p.recompute_late`` at ``now``."""
-    c = ctx(1e6, template_alive=False, dropped_at=1, compute_layer=1, next_layer=2, in_flight={1: 1e9},
-            compute_t=now, now=now, progress=(now, 0.0, float(MB)), stalled_s=before + now - since, **extra)  # fmt: skip
+    c = ctx(
+        1e6,
+        template_alive=False,
+        dropped_at=1,
+        compute_layer=1,
+        next_layer=2,
+        in_flight={1: 1e9},
+        compute_t=now,
+        now=now,
+        progress=(now, 0.0, float(MB)),
+        stalled_s=before + now - since,
+        **extra,
+    )
     return p.recompute_late(c, 1)
 
 
@@ -196,8 +207,17 @@ def test_patience_ends_at_the_last_ask_inside_the_edits_waiting_allowance():
     # earlier waits used the allowance up: no patience at all, the first ask gives up (waiting is hopeless)
     assert _stalled(_budget(0.065), 2.0, before=0.075)
     # but a shard predicted soon is still waited for, allowance or not (2.45 s < 3.25 s)
-    c = ctx(1e6, template_alive=False, dropped_at=1, compute_layer=1, next_layer=2, in_flight={1: 2.2},
-            compute_t=2.0, now=2.0, stalled_s=1.0)  # fmt: skip
+    c = ctx(
+        1e6,
+        template_alive=False,
+        dropped_at=1,
+        compute_layer=1,
+        next_layer=2,
+        in_flight={1: 2.2},
+        compute_t=2.0,
+        now=2.0,
+        stalled_s=1.0,
+    )
     assert not policy().recompute_late(c, 1)
 
 

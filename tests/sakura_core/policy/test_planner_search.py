@@ -26,8 +26,13 @@ class CpuCosts(Costs):
 
 def _world(rng: random.Random, uniform: bool, known: bool) -> tuple[Context, float]:
     S, L = rng.choice([2, 3, 4]), rng.choice([2, 3, 5])
-    costs = CpuCosts(layer_full_s=1.0, layer_cached_s=rng.choice([0.1, 0.25, 0.5]), template_pass_s=2.0, steps=S,
-                     dit_cpu_cores=rng.choice([0, 0, 4]))  # fmt: skip
+    costs = CpuCosts(
+        layer_full_s=1.0,
+        layer_cached_s=rng.choice([0.1, 0.25, 0.5]),
+        template_pass_s=2.0,
+        steps=S,
+        dit_cpu_cores=rng.choice([0, 0, 4]),
+    )
     ladders = []
     for _ in range(S * L):
         b = MB if uniform else int(MB * rng.choice([0.5, 1.0, 2.0]))
@@ -44,10 +49,21 @@ def _world(rng: random.Random, uniform: bool, known: bool) -> tuple[Context, flo
             elif r < 0.25:
                 in_flight[g] = now + rng.uniform(0, 5)
     alive = rng.random() < 0.6
-    world = World(estimator=_estimator(rate), profile=costs, ladders=ladders, layers_per_step=L, compute_layer=c,
-                  compute_t=now + rng.uniform(0, 1), now=now, template_alive=alive,
-                  dropped_at=L if alive else c % L, next_layer=max([c, *[g + 1 for g in (*got, *in_flight)]]),
-                  got=got, in_flight=in_flight, rtt_s=rng.choice([0.0, 0.04]))  # fmt: skip
+    world = World(
+        estimator=_estimator(rate),
+        profile=costs,
+        ladders=ladders,
+        layers_per_step=L,
+        compute_layer=c,
+        compute_t=now + rng.uniform(0, 1),
+        now=now,
+        template_alive=alive,
+        dropped_at=L if alive else c % L,
+        next_layer=max([c, *[g + 1 for g in (*got, *in_flight)]]),
+        got=got,
+        in_flight=in_flight,
+        rtt_s=rng.choice([0.0, 0.04]),
+    )
     return Context(world), rate
 
 
@@ -70,8 +86,9 @@ def test_the_cut_plans_closed_form_is_the_exact_model():
 def test_a_decode_on_the_dits_cores_costs_the_compute_lane_its_share():
     # 2 steps x 2 layers, 1e15 B/s (shards arrive at once), decode 0.4 s each, 4 cores: a fetched layer costs
     # 0.25 + 0.4 / 4 = 0.35 s. (0,0): decodes end 0.4, 0.8, 1.2, 1.6; layers end 0.75, 1.15, 1.55, 1.95 s
-    world = World(estimator=_estimator(1e15), profile=CpuCosts(dit_cpu_cores=4), ladders=[
-        [Level("q", MB, MB, 0.4, 1e-4)]] * 4)  # fmt: skip
+    world = World(
+        estimator=_estimator(1e15), profile=CpuCosts(dit_cpu_cores=4), ladders=[[Level("q", MB, MB, 0.4, 1e-4)]] * 4
+    )
     assert Snapshot(Context(world), 1e15).finish((0, 0)) == pytest.approx(1.95)
     world.profile = CpuCosts(dit_cpu_cores=0)  # not shared: 0.65, 1.05, 1.45, 1.85
     assert Snapshot(Context(world), 1e15).finish((0, 0)) == pytest.approx(1.85)

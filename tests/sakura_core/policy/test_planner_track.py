@@ -16,8 +16,9 @@ from sakura_core.runtime.oracle import fixed_split_policy
 from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, _Sim, simulate
 
-G = DitGeometry(name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32,
-                steps=6)  # fmt: skip
+G = DitGeometry(
+    name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=6
+)
 P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
 FP = G.shard_bytes_fp16
 N = G.steps * G.layers
@@ -29,9 +30,13 @@ def _ladders(twin_div: int, open_div: int) -> list[list[Level]]:
         step = g // G.layers
         ref = None if step == 0 else step - 1
         twin = None if step == 0 else Level("lo+cl", FP // twin_div, FP // twin_div, 1e-3, 1e-5 / N, ref_step=ref)
-        out.append([Level("lo", FP // 16, FP // 16, 1e-3, 1e-4 / N, ref_step=ref, closed=twin),
-                    Level("hi", FP // open_div, FP // open_div, 1e-3, 2e-5 / N, ref_step=ref),
-                    Level("fp16", FP, FP, 1e-3, 0.0)])  # fmt: skip
+        out.append(
+            [
+                Level("lo", FP // 16, FP // 16, 1e-3, 1e-4 / N, ref_step=ref, closed=twin),
+                Level("hi", FP // open_div, FP // open_div, 1e-3, 2e-5 / N, ref_step=ref),
+                Level("fp16", FP, FP, 1e-3, 0.0),
+            ]
+        )
     return with_track_floor(out, "hi")
 
 

@@ -309,12 +309,28 @@ def test_sakura_drops_the_template_when_the_shards_are_already_there():
     # shard 3 only predicted (2.10 s): the drop gains 1.0 s; if the link died now the device would wait a quarter of
     # the template pass from layer 2 (layers 2, 3: 1.0 s) and run it, then 2 cached layers: 2.0 + 0.25 + 1.0 + 1.0
     # = 4.25 s, a 0.25 s loss < 1.0 s: drop
-    c = ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0, link_free=2.1, next_layer=4, got={2: [(0, 1.05)]},
-            in_flight={3: 2.10})  # fmt: skip
+    c = ctx(
+        1e6,
+        compute_layer=2,
+        compute_t=2.0,
+        now=2.0,
+        link_free=2.1,
+        next_layer=4,
+        got={2: [(0, 1.05)]},
+        in_flight={3: 2.10},
+    )
     assert not policy("sakura").keep_template(c, 2)
     # shard 3 predicted at 3.3 s: the drop gains 0.2 s (4.0 -> 3.8 s), less than that 0.25 s: keep
-    c = ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0, link_free=3.3, next_layer=4, got={2: [(0, 1.05)]},
-            in_flight={3: 3.3})  # fmt: skip
+    c = ctx(
+        1e6,
+        compute_layer=2,
+        compute_t=2.0,
+        now=2.0,
+        link_free=3.3,
+        next_layer=4,
+        got={2: [(0, 1.05)]},
+        in_flight={3: 3.3},
+    )
     assert policy("sakura").keep_template(c, 2)
     # nothing fetched: shards 2, 3 would arrive 3.05, 4.10 s; dropping at 3 (shard 3 alone: 3.05 s) is best
     assert policy("sakura").keep_template(ctx(1e6, compute_layer=2, compute_t=2.0, now=2.0), 2)
@@ -334,8 +350,9 @@ def test_sakura_drops_the_template_when_the_shards_are_already_there():
 def test_sakura_recomputes_on_the_device_when_waiting_for_late_shards_is_slower(rate, recompute):
     p = policy("sakura")
     p.stall_budget = 1.0  # an allowance that does not bind here (the whole fetch-nothing latency)
-    assert not p.recompute_late(ctx(rate, template_alive=False, compute_layer=1, compute_t=1.0, now=1.0,
-                                    next_layer=4), 1)  # fmt: skip
+    assert not p.recompute_late(
+        ctx(rate, template_alive=False, compute_layer=1, compute_t=1.0, now=1.0, next_layer=4), 1
+    )
     c = ctx(rate, template_alive=False, compute_layer=1, compute_t=1.5, now=1.5, next_layer=4)
     assert p.recompute_late(c, 1) is recompute
 

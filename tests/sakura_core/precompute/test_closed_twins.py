@@ -18,8 +18,17 @@ STEPS, SHIFT = 3, 1.0
 
 @pytest.fixture(scope="module")
 def template(demo_model, demo_template):
-    return precompute_template(demo_model, demo_template, "astro-cl", probes=ProbeConfig(num_probes=2),
-                               held_out_probes=1, psnr_steps=0, kv_mode="per-step", steps=STEPS, shift=SHIFT)  # fmt: skip
+    return precompute_template(
+        demo_model,
+        demo_template,
+        "astro-cl",
+        probes=ProbeConfig(num_probes=2),
+        held_out_probes=1,
+        psnr_steps=0,
+        kv_mode="per-step",
+        steps=STEPS,
+        shift=SHIFT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,15 +90,21 @@ def test_a_twin_decodes_only_against_the_representation_it_names(template):
     ("mutate", "problem"),
     [
         # a twin naming another level of its reference shard, or another layer's
-        (lambda m: _rep(m, 1, 2, "sakura-l1+cl")["ref"].update(digest=_rep(m, 0, 2, "sakura-l2")["digest"]),
-         "not sakura-l1 \\(the track of sakura-l1\\) of step 0 layers \\[2, 2\\] but sakura-l2"),
-        (lambda m: _rep(m, 1, 2, "sakura-l1+cl")["ref"].update(digest=_rep(m, 0, 3, "sakura-l1")["digest"]),
-         "not sakura-l1 \\(the track"),
-        (lambda m: _rep(m, 2, 2, "sakura-l1+cl")["ref"].update(digest=_rep(m, 1, 2, "sakura-l1")["digest"]),
-         "not sakura-l1\\+cl \\(the track of sakura-l1\\) of step 1 layers \\[2, 2\\] but sakura-l1$"),  # step 1's open-loop level, not the track's twin: it is its own level's name
+        (
+            lambda m: _rep(m, 1, 2, "sakura-l1+cl")["ref"].update(digest=_rep(m, 0, 2, "sakura-l2")["digest"]),
+            "not sakura-l1 \\(the track of sakura-l1\\) of step 0 layers \\[2, 2\\] but sakura-l2",
+        ),
+        (
+            lambda m: _rep(m, 1, 2, "sakura-l1+cl")["ref"].update(digest=_rep(m, 0, 3, "sakura-l1")["digest"]),
+            "not sakura-l1 \\(the track",
+        ),
+        (
+            lambda m: _rep(m, 2, 2, "sakura-l1+cl")["ref"].update(digest=_rep(m, 1, 2, "sakura-l1")["digest"]),
+            "not sakura-l1\\+cl \\(the track of sakura-l1\\) of step 1 layers \\[2, 2\\] but sakura-l1$",
+        ),  # step 1's open-loop level, not the track's twin: it is its own level's name
         (lambda m: _rep(m, 1, 2, "sakura-l1+cl").update(name="sakura-l1-closed"), "is named '<level>\\+cl'"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_twin_reference_is_refused_naming_the_field(template, mutate, problem):
     m = copy.deepcopy(template.manifest)
     mutate(m)

@@ -13,8 +13,17 @@ STEPS, SHIFT = 2, 1.0
 
 @pytest.fixture(scope="module")
 def template(demo_model, demo_template):
-    return precompute_template(demo_model, demo_template, "astro-xs", probes=ProbeConfig(num_probes=2),
-                               held_out_probes=1, psnr_steps=0, kv_mode="per-step", steps=STEPS, shift=SHIFT)  # fmt: skip
+    return precompute_template(
+        demo_model,
+        demo_template,
+        "astro-xs",
+        probes=ProbeConfig(num_probes=2),
+        held_out_probes=1,
+        psnr_steps=0,
+        kv_mode="per-step",
+        steps=STEPS,
+        shift=SHIFT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +33,13 @@ def exact(demo_model, demo_template):
 
 
 def test_residual_levels_are_direct_blobs_carrying_the_predictor(template):
-    residuals = [r for sh in template.manifest["shards"] if sh["step"] == 1 for r in sh["representations"]
-                 if (r.get("ref") or {}).get("mode") == "residual"]  # fmt: skip
+    residuals = [
+        r
+        for sh in template.manifest["shards"]
+        if sh["step"] == 1
+        for r in sh["representations"]
+        if (r.get("ref") or {}).get("mode") == "residual"
+    ]
     assert residuals and all(r["requires"] == [] and r["total_bytes"] == r["bytes"] for r in residuals)
     headers = [parse_shard(template.blobs[r["digest"]])[0] for r in residuals]
     assert all(h.ref_scale is not None and h.parent is None and h.step == 1 for h in headers)

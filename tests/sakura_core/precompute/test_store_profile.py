@@ -110,8 +110,11 @@ def test_an_edit_through_a_serving_store_fetches_decodes_and_injects(tmp_path, t
     # fetch-fp16 asks for the exact level of every shard: it gets the store's top rung, fetched, decoded, injected
     fp16 = _edit(tmp_path, trained, image, "tpl-serving", "fetch-fp16", steps).report
     reasons = [d["reason"] for d in fp16["decisions"]]
-    said = [x for x in reasons if "the exact level fp16 is not in this store (store profile serving): the nearest "
-            "it holds, sakura-l" in x]  # fmt: skip
+    said = [
+        x
+        for x in reasons
+        if "the exact level fp16 is not in this store (store profile serving): the nearest it holds, sakura-l" in x
+    ]
     assert len(said) >= len(fp16["levels_used"]) and not any("always the exact level" in x for x in reasons)
     assert not fp16["fallbacks"], fp16["fallbacks"]
     used = [name for names in fp16["levels_used"].values() for name in names]

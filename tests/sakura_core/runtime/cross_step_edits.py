@@ -22,8 +22,9 @@ def cross_step_setup(template_id: str, steps: int):
     model = load_demo_model(weights=None)
     size = model.spec.image_size
     tpl, usr = load_image("astronaut", size), load_image("chelsea", size)
-    pre = precompute_template(model, tpl, template_id, held_out_probes=1, psnr_steps=1, kv_mode="per-step",
-                              steps=steps)  # fmt: skip
+    pre = precompute_template(
+        model, tpl, template_id, held_out_probes=1, psnr_steps=1, kv_mode="per-step", steps=steps
+    )
     profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.1, layers=model.adapter.num_layers, steps=steps)
     return model, tpl, usr, pre, profile
 
@@ -61,8 +62,13 @@ def run_levels(setup, policy, steps: int, swap=None, open_floor=None, chunks=Fal
     fetch_blob = blob_fetcher(lambda digest: pre.blobs[swap.get(digest, digest)], chunks)
 
     return asyncio.run(
-        run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                           FetchPlan(policy, plan.ladders, plan.reps, plan.floor), profile,
-                           trace=Trace.constant(50.0),
-                           config=RuntimeConfig(steps=steps, upgrades=False, **config))
-    )  # fmt: skip
+        run_pipelined_edit(
+            EditInputs(model, usr, "p", tpl),
+            pre.manifest,
+            fetch_blob,
+            FetchPlan(policy, plan.ladders, plan.reps, plan.floor),
+            profile,
+            trace=Trace.constant(50.0),
+            config=RuntimeConfig(steps=steps, upgrades=False, **config),
+        )
+    )

@@ -21,8 +21,10 @@ MBIT = 1e6 / 8  # bytes/s per Mbit/s
 
 
 def _cachegen_ladders(floor: int):
-    levels = [Level(f"c{i}", int(FP / r), int(FP / r), 0.001, m / 24) for i, (r, m) in enumerate(
-        [(8.0, 1e-2), (5.0, 1e-3), (3.0, 1e-4)])]  # fmt: skip
+    levels = [
+        Level(f"c{i}", int(FP / r), int(FP / r), 0.001, m / 24)
+        for i, (r, m) in enumerate([(8.0, 1e-2), (5.0, 1e-3), (3.0, 1e-4)])
+    ]
     return {"cachegen": [levels] * 24}, {"cachegen": floor}
 
 

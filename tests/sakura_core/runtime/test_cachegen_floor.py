@@ -21,18 +21,24 @@ MBIT = 1e6 / 8
 def _family(names, ratios, mse_total, floor, shards=L):
     """Every shard alike: level j is ``FP / ratios[j]`` bytes, the edit's MSE with every shard at it ``mse_total[j]``."""
     n = len(names)
-    return FamilyLadders(tuple(names), (False,) * n, floor,
-                         bytes=tuple(tuple(int(FP / r) for r in ratios) for _ in range(shards)),
-                         increment_bytes=tuple(tuple(int(FP / r) for r in ratios) for _ in range(shards)),
-                         decode_s=tuple((1e-3,) * n for _ in range(shards)),
-                         mse=tuple(tuple(m / shards for m in mse_total) for _ in range(shards)))  # fmt: skip
+    return FamilyLadders(
+        tuple(names),
+        (False,) * n,
+        floor,
+        bytes=tuple(tuple(int(FP / r) for r in ratios) for _ in range(shards)),
+        increment_bytes=tuple(tuple(int(FP / r) for r in ratios) for _ in range(shards)),
+        decode_s=tuple((1e-3,) * n for _ in range(shards)),
+        mse=tuple(tuple(m / shards for m in mse_total) for _ in range(shards)),
+    )
 
 
 def _lad(cachegen_mse):
     # PSNR = 10 log10(4 / mse): 1e-2 -> 26 dB, 4e-3 -> 30 dB, 4e-4 -> 40 dB; fp16 4e-8 -> 80 dB
-    fams = {"cachegen": _family(["c0", "c1"], [8.0, 5.0], cachegen_mse, floor=1),
-            "fp16": _family(["fp16"], [1.0], [4e-8], floor=0),
-            "sakura": _family(["s0", "fp16"], [10.0, 1.0], [4e-4, 4e-8], floor=0)}  # fmt: skip
+    fams = {
+        "cachegen": _family(["c0", "c1"], [8.0, 5.0], cachegen_mse, floor=1),
+        "fp16": _family(["fp16"], [1.0], [4e-8], floor=0),
+        "sakura": _family(["s0", "fp16"], [10.0, 1.0], [4e-4, 4e-8], floor=0),
+    }
     return ShardLadders("phone-dit-512", "single", L, PHONE_DIT.steps, fams)
 
 

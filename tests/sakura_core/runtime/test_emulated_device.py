@@ -64,8 +64,15 @@ class FakeInner:
 
 
 def _timing(**kw) -> EmulatedTiming:
-    base = dict(profile="snapdragon-8-elite-cpu", layers=L, phone_layers_per_layer=1.0, layer_full_s=1.0,
-                layer_cached_s=0.5, template_layer_s=0.25, bytes_scale=10.0)  # fmt: skip
+    base = dict(
+        profile="snapdragon-8-elite-cpu",
+        layers=L,
+        phone_layers_per_layer=1.0,
+        layer_full_s=1.0,
+        layer_cached_s=0.5,
+        template_layer_s=0.25,
+        bytes_scale=10.0,
+    )
     return EmulatedTiming(**{**base, **kw})
 
 
@@ -83,8 +90,13 @@ def test_layers_take_the_phone_time_from_when_their_kv_is_there():
     paced = PacedBackend(inner, _timing(), clock=clock, sleep=clock.sleep)
     hooked = []
     # the template is dropped at layer 2; layer 3's shard comes 0.7 s late
-    out = paced.forward("x", split_layer=lambda layer: layer < 2, on_layer=hooked.append,
-                        cached=_kv_waiting(clock, {3: 0.7}), ref_tokens="t")  # fmt: skip
+    out = paced.forward(
+        "x",
+        split_layer=lambda layer: layer < 2,
+        on_layer=hooked.append,
+        cached=_kv_waiting(clock, {3: 0.7}),
+        ref_tokens="t",
+    )
     assert out == "result" and hooked == [0, 1, 2, 3]
     # layer starts: 0, 1.0, 2.0 (two template layers of 1 s), 2.5 (a cached layer); layer 3 ends 0.7 + 0.5 later
     assert inner.ends == pytest.approx([0.0, 1.0, 2.0, 2.5])

@@ -18,8 +18,11 @@ FLOORS = {"sakura": 1}
 def _ladders(kv_mode: str) -> dict:
     fp = kv_mode_view(PROFILE, kv_mode).model.shard_bytes_fp16
     # shaped like the measured ladder: a cheap base, the floor (~4.7x fp16) refining it, fp16
-    ladder = [Level("l1", fp // 11, fp // 11, 0.05, 1e-3), Level("l3", fp // 5, fp // 5 - fp // 11, 0.09, 1e-6, True),
-              Level("fp16", fp, fp, 0.06, 0.0)]  # fmt: skip
+    ladder = [
+        Level("l1", fp // 11, fp // 11, 0.05, 1e-3),
+        Level("l3", fp // 5, fp // 5 - fp // 11, 0.09, 1e-6, True),
+        Level("fp16", fp, fp, 0.06, 0.0),
+    ]
     view = kv_mode_view(PROFILE, kv_mode).model
     return {"sakura": [ladder] * view.layers}
 
@@ -107,7 +110,8 @@ def test_a_slow_link_still_delivering_is_waited_on_past_what_the_pass_costs(monk
     slow = simulate(make_policy("sakura"), trace, PROFILE, ladders, FLOORS)
     assert not [e for e in slow.events if str(e["level"]).startswith("fallback template pass")]
     waited = max(e["end"] for e in slow.events if e["lane"] == "stall") - min(
-        e["start"] for e in slow.events if e["lane"] == "stall")  # fmt: skip
+        e["start"] for e in slow.events if e["lane"] == "stall"
+    )
     assert waited > PROFILE.template_pass_s  # past what the pass costs (step 1 fetched all: it resumes at layer 0)
     monkeypatch.setattr(Sakura, "_recent_rate", lambda self, ctx: None)  # a link that reports no progress
     capped = simulate(make_policy("sakura"), trace, PROFILE, ladders, FLOORS)
@@ -127,8 +131,10 @@ def test_a_link_that_slows_at_the_drop_keeps_the_edit_within_the_guard(mbit, bef
     from sakura_core.policy.sakura import Sakura
 
     ladders = _ladders("single")
-    nothing = min(simulate(make_policy(p), Trace.constant(mbit), PROFILE, ladders, FLOORS).latency_s
-                  for p in ("on-device", "on-device-cached"))  # fmt: skip
+    nothing = min(
+        simulate(make_policy(p), Trace.constant(mbit), PROFILE, ladders, FLOORS).latency_s
+        for p in ("on-device", "on-device-cached")
+    )
     steady = simulate(make_policy("sakura"), Trace.constant(mbit), PROFILE, ladders, FLOORS)
     drop = next(d for d in steady.decisions if d["level"] == "drop")["t"]
     rate = mbit * 1e6 / 8

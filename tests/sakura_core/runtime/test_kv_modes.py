@@ -8,8 +8,9 @@ from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import kv_mode_view, simulate
 
-G = DitGeometry(name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32,
-                steps=3)  # fmt: skip
+G = DitGeometry(
+    name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
+)
 P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
 
 

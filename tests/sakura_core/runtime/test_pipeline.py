@@ -170,10 +170,16 @@ def test_upgrades_refine_shards_during_later_steps(setup, manual_clock):
             step0_over.set()
             no_more.wait(60)
 
-    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                         FetchPlan(Watched(), ladders, reps, 0), slow, trace=Trace.constant(30.0),
-                         config=RuntimeConfig(steps=STEPS),
-                         controls=RunControls(on_layer=hook, clock=manual_clock))  # fmt: skip
+    edit = PipelinedEdit(
+        EditInputs(model, usr, "p", tpl),
+        pre.manifest,
+        fetch_blob,
+        FetchPlan(Watched(), ladders, reps, 0),
+        slow,
+        trace=Trace.constant(30.0),
+        config=RuntimeConfig(steps=STEPS),
+        controls=RunControls(on_layer=hook, clock=manual_clock),
+    )
     rep = asyncio.run(edit.run())
     ups = [d for d in rep.decisions if d["reason"] == "upgrade"]
     assert ups and not rep.fallbacks and no_more.is_set()

@@ -57,9 +57,18 @@ class _LateFromTheStart(_FetchAllDropAt):
 
 
 def _report(run, profile):
-    return edit_report(run, template_id="tpl", template={}, link=LinkSpec.fixed(50), steps=STEPS, seed=0,
-                       latency_target_s=None, floor_level="fp16", profile=profile,
-                       executed_on={"kind": "local"})  # fmt: skip
+    return edit_report(
+        run,
+        template_id="tpl",
+        template={},
+        link=LinkSpec.fixed(50),
+        steps=STEPS,
+        seed=0,
+        latency_target_s=None,
+        floor_level="fp16",
+        profile=profile,
+        executed_on={"kind": "local"},
+    )
 
 
 def _run_after_every_fetch(setup, policy):
@@ -79,9 +88,15 @@ def _run_after_every_fetch(setup, policy):
         if (step, layer) == (0, 0):
             assert all_here.wait(60), "the link did not deliver every shard"
 
-    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                         FetchPlan(policy, ladders, reps, 0), profile, config=RuntimeConfig(steps=STEPS),
-                         controls=RunControls(on_layer=on_layer))  # fmt: skip
+    edit = PipelinedEdit(
+        EditInputs(model, usr, "p", tpl),
+        pre.manifest,
+        fetch_blob,
+        FetchPlan(policy, ladders, reps, 0),
+        profile,
+        config=RuntimeConfig(steps=STEPS),
+        controls=RunControls(on_layer=on_layer),
+    )
     return asyncio.run(edit.run())
 
 
@@ -123,9 +138,14 @@ def test_a_fallback_after_the_split_is_what_the_summary_says(setup):
     async def never(digest, nbytes):  # the link delivers nothing before the edit is over
         await asyncio.Event().wait()
 
-    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, never,
-                         FetchPlan(_LateFromTheStart(), ladders, reps, 0), profile,
-                         config=RuntimeConfig(steps=STEPS))  # fmt: skip
+    edit = PipelinedEdit(
+        EditInputs(model, usr, "p", tpl),
+        pre.manifest,
+        never,
+        FetchPlan(_LateFromTheStart(), ladders, reps, 0),
+        profile,
+        config=RuntimeConfig(steps=STEPS),
+    )
     run = asyncio.run(edit.run())
     assert run.split_layer == 0 and run.levels_used == {layer: ["device"] * STEPS for layer in range(L)}
     assert run.bytes_fetched == 0 and run.bytes_used == 0

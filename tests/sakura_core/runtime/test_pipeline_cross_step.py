@@ -44,8 +44,9 @@ def progressive_setup(setup):
     model, tpl, usr, _, profile = setup
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cross_step, "PROGRESSIVE_RESIDUALS", True)
-        pre = precompute_template(model, tpl, "tpl-xp", held_out_probes=1, psnr_steps=1, kv_mode="per-step",
-                                  steps=STEPS)  # fmt: skip
+        pre = precompute_template(
+            model, tpl, "tpl-xp", held_out_probes=1, psnr_steps=1, kv_mode="per-step", steps=STEPS
+        )
     return model, tpl, usr, pre, profile
 
 
@@ -93,8 +94,16 @@ def test_the_devices_own_kv_of_a_layer_serves_as_the_next_steps_reference(setup)
     assert set(decodes.values()) == {1}, decodes
     step1 = rep.levels_by_step()["step 1"]  # residual levels everywhere (a late shard may come at the floor)
     assert len(step1) == model.adapter.num_layers and all(n.startswith("sakura-l") for n in step1), step1
-    on_device = run_edit(model, usr, "p", steps=STEPS, split_layer=model.adapter.num_layers, template_image=tpl,
-                         template_every_step=True, kv_mode="per-step")  # fmt: skip
+    on_device = run_edit(
+        model,
+        usr,
+        "p",
+        steps=STEPS,
+        split_layer=model.adapter.num_layers,
+        template_image=tpl,
+        template_every_step=True,
+        kv_mode="per-step",
+    )
     assert (rep.tokens - on_device.tokens).abs().max() < 0.5  # a lossy level, but never a residual used as KV
 
 
@@ -144,9 +153,14 @@ def test_a_residual_without_its_reference_is_not_decoded(setup):
     async def fetch_blob(digest, nbytes):
         return pre.blobs[digest]
 
-    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                         FetchPlan(StepLevels(1, [0, 0]), plan.ladders, plan.reps, plan.floor), profile,
-                         config=RuntimeConfig(steps=STEPS))  # fmt: skip
+    edit = PipelinedEdit(
+        EditInputs(model, usr, "p", tpl),
+        pre.manifest,
+        fetch_blob,
+        FetchPlan(StepLevels(1, [0, 0]), plan.ladders, plan.reps, plan.floor),
+        profile,
+        config=RuntimeConfig(steps=STEPS),
+    )
     L = model.adapter.num_layers
     residual = plan.reps[L + 2][1]
     with pytest.raises(MissingReferenceError, match="coded against step 0 layer 2, which the device does not hold"):
@@ -170,10 +184,17 @@ def test_a_residual_whose_manifest_names_another_reference_falls_back_and_the_re
     async def fetch_blob(digest, nbytes):
         return pre.blobs[digest]
 
-    rep = asyncio.run(run_pipelined_edit(EditInputs(model, usr, "p", tpl), manifest, fetch_blob,
-                                         FetchPlan(StepLevels(1, [0, 0]), plan.ladders, plan.reps, plan.floor),
-                                         profile, trace=Trace.constant(50.0),
-                                         config=RuntimeConfig(steps=STEPS, upgrades=False)))  # fmt: skip
+    rep = asyncio.run(
+        run_pipelined_edit(
+            EditInputs(model, usr, "p", tpl),
+            manifest,
+            fetch_blob,
+            FetchPlan(StepLevels(1, [0, 0]), plan.ladders, plan.reps, plan.floor),
+            profile,
+            trace=Trace.constant(50.0),
+            config=RuntimeConfig(steps=STEPS, upgrades=False),
+        )
+    )
     refused = [f for f in rep.fallbacks if f.startswith(f"shard {L + 2}")]
     assert refused and all("reference" in f for f in refused[:-1]), rep.fallbacks
     assert rep.levels_by_step()["step 1"][2] == "device" and len(refused) == len(rep.fallbacks)
@@ -216,7 +237,8 @@ def test_an_upgrade_of_a_residual_keeps_its_reference_once_the_device_has_freed_
     lane.decode_now(shard, l0, d0, [pre.blobs[d] for d in d0], reference=held.reference_for(shard, rep0))
     d1, rep1 = chain(l1)
     want = DecodeLane(parse_manifest(pre.manifest), plan.ladders, plan.reps, st, RunLog(), threads=1).decode_now(
-        shard, l1, d1, [pre.blobs[d] for d in d1], reference=held.reference_for(shard, rep1))  # fmt: skip
+        shard, l1, d1, [pre.blobs[d] for d in d1], reference=held.reference_for(shard, rep1)
+    )
     held.set_ready(shard)
     held.release_before(shard.g)  # the reference's only dependent is decoded: freed
     with pytest.raises(MissingReferenceError):

@@ -33,8 +33,9 @@ def setup():
     tpl, usr = load_image("astronaut", size), load_image("chelsea", size)
     pre = precompute_template(model, tpl, "tpl-ps", held_out_probes=1, psnr_steps=1, kv_mode="per-step", steps=STEPS)
     L = model.adapter.num_layers
-    on_device = run_edit(model, usr, "p", steps=STEPS, split_layer=L, template_image=tpl, template_every_step=True,
-                         kv_mode="per-step")  # fmt: skip
+    on_device = run_edit(
+        model, usr, "p", steps=STEPS, split_layer=L, template_image=tpl, template_every_step=True, kv_mode="per-step"
+    )
     fp16 = decode_template(pre.manifest, pre.blobs, "fp16")  # the exact KV as stored (fp16)
     fp16_edit = run_edit(model, usr, "p", steps=STEPS, kv_source=fp16, kv_mode="per-step")
     profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.1, layers=L, steps=STEPS)
@@ -68,9 +69,15 @@ def _run(setup, policy, corrupt=(), steps=STEPS, plan_policy="fetch-fp16"):
         return blob[:-10] + b"\x00" * 10 if digest in corrupt else blob
 
     return asyncio.run(
-        run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                           FetchPlan(policy, plan.ladders, plan.reps, plan.floor), profile,
-                           trace=Trace.constant(50.0), config=RuntimeConfig(steps=steps))  # fmt: skip
+        run_pipelined_edit(
+            EditInputs(model, usr, "p", tpl),
+            pre.manifest,
+            fetch_blob,
+            FetchPlan(policy, plan.ladders, plan.reps, plan.floor),
+            profile,
+            trace=Trace.constant(50.0),
+            config=RuntimeConfig(steps=steps),
+        )
     )
 
 
@@ -79,8 +86,9 @@ def test_per_step_ladders_are_steps_times_layers_in_execution_order(setup):
     L = model.adapter.num_layers
     ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
     assert len(ladders) == len(reps) == STEPS * L
-    by_digest = {r["digest"]: (sh["step"], sh["layers"][0]) for sh in pre.manifest["shards"]
-                 for r in sh["representations"]}  # fmt: skip
+    by_digest = {
+        r["digest"]: (sh["step"], sh["layers"][0]) for sh in pre.manifest["shards"] for r in sh["representations"]
+    }
     assert [by_digest[r[0].digest] for r in reps] == [(s, i) for s in range(STEPS) for i in range(L)]
 
 
@@ -172,8 +180,13 @@ def test_a_deferred_shard_is_asked_again_and_fetched_when_wanted(setup):
     lv = [Level("fp16", 1000, 1000, 1e-3, 0.0, False)]
     n = prof.model.layers
     sim_pol = _Defer(n // 4 + 2, no=2)
-    sim = simulate(sim_pol, Trace.constant(50.0), get_profile("snapdragon-8-elite-cpu", "phone-dit-512"),
-                   {"fp16": [lv] * n}, {"fp16": 0})  # fmt: skip
+    sim = simulate(
+        sim_pol,
+        Trace.constant(50.0),
+        get_profile("snapdragon-8-elite-cpu", "phone-dit-512"),
+        {"fp16": [lv] * n},
+        {"fp16": 0},
+    )
     assert [d["level"] for d in sim.decisions if d["layer"] == n // 4 + 2] == [LEVEL_COMPUTE, 0] and sim_pol.asked == 3
 
 
@@ -205,8 +218,12 @@ def _run_with_late_shard(setup, policy, release: threading.Event, clock):
     is set (by the policy: what it saw decides when); the report."""
     model, tpl, usr, pre, *_, profile = setup
     plan = plan_fetch(pre.manifest, "fetch-fp16")
-    slow = {r["digest"] for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 2
-            for r in sh["representations"]}  # fmt: skip
+    slow = {
+        r["digest"]
+        for sh in pre.manifest["shards"]
+        if sh["step"] == 1 and sh["layers"][0] == 2
+        for r in sh["representations"]
+    }
 
     async def fetch_blob(digest, nbytes):
         if digest in slow:
@@ -214,12 +231,17 @@ def _run_with_late_shard(setup, policy, release: threading.Event, clock):
         return pre.blobs[digest]
 
     return asyncio.run(
-        run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                           FetchPlan(policy, plan.ladders, plan.reps, plan.floor), profile,
-                           trace=Trace.constant(50.0),
-                           config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
-                           controls=RunControls(clock=clock))
-    )  # fmt: skip
+        run_pipelined_edit(
+            EditInputs(model, usr, "p", tpl),
+            pre.manifest,
+            fetch_blob,
+            FetchPlan(policy, plan.ladders, plan.reps, plan.floor),
+            profile,
+            trace=Trace.constant(50.0),
+            config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
+            controls=RunControls(clock=clock),
+        )
+    )
 
 
 def _stall_of(rep, g: int) -> dict:
@@ -295,13 +317,28 @@ def _watched_edit(setup, policy, all_first=False, chunks=False, **config):
         h = edit.held
         with h.lock:  # a consistent look (the fetch lane publishes meanwhile)
             ahead = h.held_from_bytes(edit.grid.step_end(edit.compute.step))  # after the step the lane is in
-            seen.append((step, layer, {s.g for s in h.kv}, {s.g for s in edit.decoder.decoders},
-                         set(edit.device.dropped), h.held_bytes(), h.kv_bytes, ahead))  # fmt: skip
+            seen.append(
+                (
+                    step,
+                    layer,
+                    {s.g for s in h.kv},
+                    {s.g for s in edit.decoder.decoders},
+                    set(edit.device.dropped),
+                    h.held_bytes(),
+                    h.kv_bytes,
+                    ahead,
+                )
+            )
 
-    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                         FetchPlan(policy, plan.ladders, plan.reps, plan.floor), profile,
-                         config=RuntimeConfig(steps=STEPS, **config),
-                         controls=RunControls(on_layer=look))  # fmt: skip
+    edit = PipelinedEdit(
+        EditInputs(model, usr, "p", tpl),
+        pre.manifest,
+        fetch_blob,
+        FetchPlan(policy, plan.ladders, plan.reps, plan.floor),
+        profile,
+        config=RuntimeConfig(steps=STEPS, **config),
+        controls=RunControls(on_layer=look),
+    )
     return edit, seen
 
 
@@ -336,8 +373,9 @@ def test_prefetch_for_later_steps_stays_within_its_memory(setup, shards, chunks)
     model, *_, fp16_edit, _ = setup
     L = model.adapter.num_layers
     shard = 2 * model.spec.num_tokens * model.adapter.num_heads * model.adapter.head_dim * 2
-    edit, seen = _watched_edit(setup, make_policy("fetch-fp16"), chunks=chunks, prefetch_kv_bytes=shards * shard,
-                               request_ahead=chunks)  # fmt: skip
+    edit, seen = _watched_edit(
+        setup, make_policy("fetch-fp16"), chunks=chunks, prefetch_kv_bytes=shards * shard, request_ahead=chunks
+    )
     rep = asyncio.run(edit.run())
     assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5 and rep.split_layers == [0] * STEPS
     assert all(ahead <= shards * shard for *_, ahead in seen)
@@ -357,8 +395,12 @@ def test_live_sakura_sees_a_stalled_transfer_and_does_not_wait_it_out(setup, man
     abandoned. Without the progress it waits out ``shard_wait_s`` (60 s) for that shard."""
     model, tpl, usr, pre, on_device, _, profile = setup
     plan = plan_fetch(pre.manifest, "fetch-fp16")
-    stalled = {r["digest"] for sh in pre.manifest["shards"] if sh["step"] == 1 and sh["layers"][0] == 3
-               for r in sh["representations"]}  # fmt: skip
+    stalled = {
+        r["digest"]
+        for sh in pre.manifest["shards"]
+        if sh["step"] == 1 and sh["layers"][0] == 3
+        for r in sh["representations"]
+    }
 
     async def fetch_blob(digest, nbytes, on_chunk=None):
         blob, report = pre.blobs[digest], on_chunk or (lambda n: None)
@@ -370,12 +412,17 @@ def test_live_sakura_sees_a_stalled_transfer_and_does_not_wait_it_out(setup, man
         return blob
 
     rep = asyncio.run(
-        run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                           FetchPlan(make_policy("sakura"), plan.ladders, plan.reps, plan.floor),
-                           profile, trace=Trace.constant(50.0),
-                           config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
-                           controls=RunControls(clock=manual_clock))
-    )  # fmt: skip
+        run_pipelined_edit(
+            EditInputs(model, usr, "p", tpl),
+            pre.manifest,
+            fetch_blob,
+            FetchPlan(make_policy("sakura"), plan.ladders, plan.reps, plan.floor),
+            profile,
+            trace=Trace.constant(50.0),
+            config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
+            controls=RunControls(clock=manual_clock),
+        )
+    )
     assert rep.latency_s < 10.0 and not any("not ready after" in f for f in rep.fallbacks)
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3
     L = model.adapter.num_layers
@@ -407,11 +454,16 @@ def test_the_lane_sends_its_next_request_while_a_transfer_arrives_one_on_the_wir
     for ahead, takes_turns in ((True, True), (False, True), (True, False)):
         log.clear()
         rep = asyncio.run(
-            run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                               FetchPlan(make_policy("fetch-fp16"), plan.ladders, plan.reps, plan.floor),
-                               profile, trace=Trace.constant(50.0),
-                               config=RuntimeConfig(steps=STEPS, request_ahead=ahead))
-        )  # fmt: skip
+            run_pipelined_edit(
+                EditInputs(model, usr, "p", tpl),
+                pre.manifest,
+                fetch_blob,
+                FetchPlan(make_policy("fetch-fp16"), plan.ladders, plan.reps, plan.floor),
+                profile,
+                trace=Trace.constant(50.0),
+                config=RuntimeConfig(steps=STEPS, request_ahead=ahead),
+            )
+        )
         assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5
         on_wire: set[str] = set()
         pending: set[str] = set()  # requested, not ended

@@ -45,10 +45,16 @@ def _run(setup, manifest, blobs, policy="fetch-fp16", config=None, cancel=None):
         return blobs[digest]
 
     return asyncio.run(
-        run_pipelined_edit(EditInputs(model, usr, "p", tpl), manifest, fetch_blob,
-                           FetchPlan(make_policy(policy), ladders, reps, 0), profile,
-                           trace=Trace.constant(50.0), config=config or RuntimeConfig(steps=STEPS),
-                           controls=RunControls(cancel=cancel))  # fmt: skip
+        run_pipelined_edit(
+            EditInputs(model, usr, "p", tpl),
+            manifest,
+            fetch_blob,
+            FetchPlan(make_policy(policy), ladders, reps, 0),
+            profile,
+            trace=Trace.constant(50.0),
+            config=config or RuntimeConfig(steps=STEPS),
+            controls=RunControls(cancel=cancel),
+        )
     )
 
 
@@ -99,10 +105,17 @@ def test_cancel_is_honoured_while_waiting_for_a_shard(setup, manual_clock):
         model, tpl, usr, _pre, _other, profile = setup
         ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
         try:
-            asyncio.run(run_pipelined_edit(EditInputs(model, usr, "p", tpl), pre.manifest, never,
-                                           FetchPlan(CancelWhileWaiting(), ladders, reps, 0), profile,
-                                           config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
-                                           controls=RunControls(cancel=cancel, clock=manual_clock)))  # fmt: skip
+            asyncio.run(
+                run_pipelined_edit(
+                    EditInputs(model, usr, "p", tpl),
+                    pre.manifest,
+                    never,
+                    FetchPlan(CancelWhileWaiting(), ladders, reps, 0),
+                    profile,
+                    config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
+                    controls=RunControls(cancel=cancel, clock=manual_clock),
+                )
+            )
         except Cancelled as e:
             outcome["cancelled"] = str(e)
             outcome["at_s"] = manual_clock.now()

@@ -40,9 +40,15 @@ def _edit(setup, corrupt_once=()):
             return blob[:-10] + b"\x00" * 10
         return blob
 
-    return PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                         FetchPlan(make_policy("fetch-fp16"), ladders, reps, 0), profile,
-                         trace=Trace.constant(MBIT), config=RuntimeConfig(steps=STEPS))  # fmt: skip
+    return PipelinedEdit(
+        EditInputs(model, usr, "p", tpl),
+        pre.manifest,
+        fetch_blob,
+        FetchPlan(make_policy("fetch-fp16"), ladders, reps, 0),
+        profile,
+        trace=Trace.constant(MBIT),
+        config=RuntimeConfig(steps=STEPS),
+    )
 
 
 def _summary(rep):
@@ -143,9 +149,14 @@ async def test_a_fetch_the_compute_lane_asked_for_ends_with_the_run(setup):
                 raise
         return pre.blobs[digest]
 
-    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                         FetchPlan(_SkipTwo(), ladders, reps, 0), profile,
-                         config=RuntimeConfig(steps=STEPS))  # fmt: skip
+    edit = PipelinedEdit(
+        EditInputs(model, usr, "p", tpl),
+        pre.manifest,
+        fetch_blob,
+        FetchPlan(_SkipTwo(), ladders, reps, 0),
+        profile,
+        config=RuntimeConfig(steps=STEPS),
+    )
     rep = await edit.run()
     fallbacks = list(rep.fallbacks)
     release.set()
@@ -172,9 +183,14 @@ async def test_cancelling_the_run_stops_its_compute_thread(setup):
     async def never(digest, nbytes):
         await asyncio.Event().wait()
 
-    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, never,
-                         FetchPlan(Patient(), ladders, reps, 0), profile,
-                         config=RuntimeConfig(steps=STEPS, shard_wait_s=600))  # fmt: skip
+    edit = PipelinedEdit(
+        EditInputs(model, usr, "p", tpl),
+        pre.manifest,
+        never,
+        FetchPlan(Patient(), ladders, reps, 0),
+        profile,
+        config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
+    )
     task = asyncio.create_task(edit.run())
     await asyncio.wait_for(waiting.wait(), 60)  # the compute lane waits for shard 0
     task.cancel()
@@ -193,9 +209,15 @@ def test_a_live_link_without_a_trace_is_not_given_a_made_up_one(setup):
     async def fetch_blob(digest, nbytes):
         return pre.blobs[digest]
 
-    edit = PipelinedEdit(EditInputs(model, usr, "p", tpl), pre.manifest, fetch_blob,
-                         FetchPlan(make_policy("cachegen"), ladders, reps, 0), profile, trace=None,
-                         config=RuntimeConfig(steps=STEPS))  # fmt: skip
+    edit = PipelinedEdit(
+        EditInputs(model, usr, "p", tpl),
+        pre.manifest,
+        fetch_blob,
+        FetchPlan(make_policy("cachegen"), ladders, reps, 0),
+        profile,
+        trace=None,
+        config=RuntimeConfig(steps=STEPS),
+    )
     assert not edit.ctx.has_trace
     edit.st.estimator.observe(1e6, 0.5)  # one sample: 2e6 B/s
     assert edit.ctx.link_rate_now() == pytest.approx(edit.st.estimator.harmonic())

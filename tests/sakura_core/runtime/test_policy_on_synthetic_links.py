@@ -18,8 +18,11 @@ from sakura_core.runtime.simulate import kv_mode_view, simulate
 PROFILE = get_profile("snapdragon-8-elite-cpu", "klein4b-512-ref1024")
 FP = kv_mode_view(PROFILE, "per-step").model.shard_bytes_fp16
 # a 3-level ladder shaped like the measured one: a cheap base, the floor (~4.7x fp16) refining it, fp16
-LADDER = [Level("l1", FP // 11, FP // 11, 0.05, 1e-3), Level("l3", FP // 5, FP // 5 - FP // 11, 0.09, 1e-6, True),
-          Level("fp16", FP, FP, 0.06, 0.0)]  # fmt: skip
+LADDER = [
+    Level("l1", FP // 11, FP // 11, 0.05, 1e-3),
+    Level("l3", FP // 5, FP // 5 - FP // 11, 0.09, 1e-6, True),
+    Level("fp16", FP, FP, 0.06, 0.0),
+]
 LADDERS, FLOORS = {"sakura": [LADDER] * 100}, {"sakura": 1}
 
 

@@ -29,8 +29,13 @@ def test_layer_costs_are_flops_over_speed_plus_overhead_hand_derived():
 
 def test_profiles_derive_their_speed_from_the_published_sd15_time():
     # by hand: 0.8 TFLOP per SD 1.5 UNet pass / the published pass time (58 ms, 0.23 s, 4 s, 76 ms, 45 ms)
-    want_tflop_s = {"snapdragon-8-elite-npu": 13.793, "snapdragon-8-elite-gpu": 3.4783, "snapdragon-8-elite-cpu": 0.2,
-                    "snapdragon-8-gen-3-npu": 10.526, "snapdragon-8-elite-gen-5-npu": 17.778}  # fmt: skip
+    want_tflop_s = {
+        "snapdragon-8-elite-npu": 13.793,
+        "snapdragon-8-elite-gpu": 3.4783,
+        "snapdragon-8-elite-cpu": 0.2,
+        "snapdragon-8-gen-3-npu": 10.526,
+        "snapdragon-8-elite-gen-5-npu": 17.778,
+    }
     assert SD15_UNET_FLOPS == 0.8e12
     assert {name: p.effective_flop_per_s / 1e12 for name, p in PROFILES.items()} == pytest.approx(want_tflop_s, 1e-4)
     assert all(src["source"] for src in PROFILE_SOURCES)

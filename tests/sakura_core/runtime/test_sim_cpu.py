@@ -15,8 +15,9 @@ from sakura_core.runtime.profiles import PROFILES
 from sakura_core.runtime.simulate import SimConfig, simulate
 
 # 2 layers, 1 step (single mode), template tokens == request tokens: a cached layer costs c, a full one 2c + ...
-GEO = DitGeometry(name="tiny", layers=2, heads=1, head_dim=64, image_tokens=64, template_tokens=64, text_tokens=0,
-                  steps=1)  # fmt: skip
+GEO = DitGeometry(
+    name="tiny", layers=2, heads=1, head_dim=64, image_tokens=64, template_tokens=64, text_tokens=0, steps=1
+)
 CPU = replace(PROFILES["snapdragon-8-elite-cpu"].with_geometry(GEO), fixed_s=0.0, layer_overhead_s=1.0)
 MB = 1_000_000
 
@@ -46,8 +47,9 @@ def test_a_fetch_decision_delays_its_request():
     # arrives. Charging 0.5 s per decision: shard 0 leaves at 0.5 and arrives at 1.54, shard 1 leaves at 2.04 (its
     # decision after the first arrival) and arrives 3.08; layers (cached 1.0 s + the tiny FLOPs) start at arrival
     lad, fl = _ladders(0.0)
-    r = simulate(make_policy("fetch-fp16"), Trace.constant(8), CPU, lad, fl,
-                 config=SimConfig(planning="fixed", planning_s=0.5))  # fmt: skip
+    r = simulate(
+        make_policy("fetch-fp16"), Trace.constant(8), CPU, lad, fl, config=SimConfig(planning="fixed", planning_s=0.5)
+    )
     fetches = [e for e in r.events if e["lane"] == "fetch"]
     assert [round(e["end"], 6) for e in fetches] == [1.54, 3.08]
 
@@ -85,12 +87,17 @@ def test_the_fluid_bound_by_hand_and_below_every_policy():
     prof = replace(CPU.with_geometry(geo), layer_overhead_s=1.0)
     lad = {"sakura": [[Level("q", MB, MB, 0.0, 1e-4)]] * 4}
     assert prof.layer_cached_s == pytest.approx(1.0, abs=1e-3)
-    assert fluid_bound(Trace.constant(8), prof, lad, {"sakura": 0}) == pytest.approx(
-        4 * prof.layer_cached_s, rel=1e-6)  # fmt: skip
+    assert fluid_bound(Trace.constant(8), prof, lad, {"sakura": 0}) == pytest.approx(4 * prof.layer_cached_s, rel=1e-6)
     # at 2 Mbit/s (4.0 s a shard): fetching only the last one: 3 full + 1 cached vs its arrival 4.0 + 0
     b = fluid_bound(Trace.constant(2), prof, lad, {"sakura": 0})
-    assert b == pytest.approx(min(4 * prof.layer_full_s, 3 * prof.layer_full_s + prof.layer_cached_s,
-                                  max(2 * prof.layer_full_s + 2 * prof.layer_cached_s, 8.0)), rel=1e-6)  # fmt: skip
+    assert b == pytest.approx(
+        min(
+            4 * prof.layer_full_s,
+            3 * prof.layer_full_s + prof.layer_cached_s,
+            max(2 * prof.layer_full_s + 2 * prof.layer_cached_s, 8.0),
+        ),
+        rel=1e-6,
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -133,8 +140,11 @@ def test_the_fluid_bound_under_every_fixed_split_of_a_per_step_edit(seed):
     lads = [[Level("a", int(MB * rng.uniform(0.2, 3)), MB, 0.01, 1e-4)] for _ in range(6)]
     ladders, floors = {"sakura": lads}, {"sakura": 0}
     bound = fluid_bound(trace, prof, ladders, floors, 3.0)
-    runs = [simulate(fixed_split_policy([a, b]), trace, prof, ladders, floors, 3.0).latency_s
-            for a in range(4) for b in range(4)]  # fmt: skip
+    runs = [
+        simulate(fixed_split_policy([a, b]), trace, prof, ladders, floors, 3.0).latency_s
+        for a in range(4)
+        for b in range(4)
+    ]
     assert min(runs) >= bound - 1e-9
     assert simulate_oracle(make_policy("oracle"), trace, prof, ladders, floors, 3.0).latency_s >= bound - 1e-9
 

@@ -49,8 +49,9 @@ def test_physical_bounds_hold_on_every_trace(trace):
     for name, r in res.items():
         assert r.latency_s >= res["free-kv"].latency_s - 1e-9, name
         # the template is dropped once, where the result says (never when the device ran every layer)
-        assert [d["layer"] for d in r.decisions if d["level"] == "drop"] == ([r.split_layer] if r.split_layer < 24
-                                                                              else []), name  # fmt: skip
+        assert [d["layer"] for d in r.decisions if d["level"] == "drop"] == (
+            [r.split_layer] if r.split_layer < 24 else []
+        ), name
         # bytes cross the link only for a decision to fetch a level, and every decision says why
         fetches = [d for d in r.decisions if isinstance(d["level"], int) and d["level"] >= 0]
         assert (r.bytes_fetched > 0) == bool(fetches) and all(d["reason"] for d in r.decisions), name

@@ -11,8 +11,9 @@ from sakura_core.runtime.oracle import fixed_split_policy
 from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, simulate
 
-G = DitGeometry(name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32,
-                steps=3)  # fmt: skip
+G = DitGeometry(
+    name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
+)
 P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
 FP = G.shard_bytes_fp16
 N = 12
@@ -41,8 +42,14 @@ def test_fetch_as_takes_the_twin_on_its_track_and_the_open_floor_off_it():
     assert fetch_as(lad, 1, True) == fetch_as(lad, 1, False) == (1, False)  # no twin
     plain = _ladder(1)  # no track floor: a twin larger than its level is not worth it
     assert fetch_as(plain, 0, True) == (0, False)
-    cheap = [plain[0].__class__(**{**plain[0].__dict__, "closed": plain[0].closed.__class__(
-        **{**plain[0].closed.__dict__, "nbytes": FP // 32})})]  # fmt: skip
+    cheap = [
+        plain[0].__class__(
+            **{
+                **plain[0].__dict__,
+                "closed": plain[0].closed.__class__(**{**plain[0].closed.__dict__, "nbytes": FP // 32}),
+            }
+        )
+    ]
     assert fetch_as(cheap, 0, True) == (0, True)
     assert lad[0].expected_nbytes == FP // 8 and plain[0].expected_nbytes == FP // 16
     assert fetch_bytes(lad, 0, True) == FP // 8 and fetch_bytes(lad, 0, False) == FP // 4  # never lo's own FP // 16
@@ -141,8 +148,12 @@ def test_the_fluid_bound_prices_a_track_floor_as_its_twin_or_the_open_floor():
     assert fewest_fetch_bytes(ladders[G.layers], 0) == FP // 8  # not lo's own FP // 16
     trace = Trace.constant(20)
     bound = fluid_bound(trace, P, {"sakura": ladders}, {"sakura": 0})
-    runs = [simulate(fixed_split_policy([a, b, c]), trace, P, {"sakura": ladders}, {"sakura": 0}).latency_s
-            for a in (0, 2, 4) for b in (0, 2, 4) for c in (0, 4)]  # fmt: skip
+    runs = [
+        simulate(fixed_split_policy([a, b, c]), trace, P, {"sakura": ladders}, {"sakura": 0}).latency_s
+        for a in (0, 2, 4)
+        for b in (0, 2, 4)
+        for c in (0, 4)
+    ]
     assert min(runs) >= bound - 1e-9
     loose = {"sakura": [[lv.__class__(**{**lv.__dict__, "off_track": None}) for lv in lad] for lad in ladders]}
     assert fluid_bound(trace, P, loose, {"sakura": 0}) < bound  # priced at lo's own bytes, as before
@@ -157,12 +168,22 @@ def test_the_benchs_fluid_bound_is_under_every_run_of_a_per_step_edit():
 
     from sakura_tools.bench.e2e import FLUID_BOUND, run_sim
 
-    free = [[replace(lv, decode_s=0.0, closed=lv.closed and replace(lv.closed, decode_s=0.0)) for lv in lad]
-            for lad in LADDERS]  # fmt: skip
+    free = [
+        [replace(lv, decode_s=0.0, closed=lv.closed and replace(lv.closed, decode_s=0.0)) for lv in lad]
+        for lad in LADDERS
+    ]
     ladders = {"sakura": with_track_floor(free, "hi")}
     for mbit in (20, 30, 40, 60):
-        runs = run_sim([Trace.constant(mbit)], ["sakura", "oracle", "on-device"], P, ladders, {"sakura": 0}, 1,
-                       kv_mode="per-step", config=SimConfig(rtt_s=0.0))  # fmt: skip
+        runs = run_sim(
+            [Trace.constant(mbit)],
+            ["sakura", "oracle", "on-device"],
+            P,
+            ladders,
+            {"sakura": 0},
+            1,
+            kv_mode="per-step",
+            config=SimConfig(rtt_s=0.0),
+        )
         bound = next(r["latency_s"] for r in runs if r["policy"] == FLUID_BOUND)
         for r in runs:
             assert r["latency_s"] >= bound - 1e-9, (mbit, r["policy"], r["latency_s"], bound)

@@ -8,8 +8,9 @@ from sakura_core.runtime.oracle import fixed_split_policy
 from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, simulate
 
-G = DitGeometry(name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32,
-                steps=2)  # fmt: skip
+G = DitGeometry(
+    name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=2
+)
 P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
 FP = G.shard_bytes_fp16
 EXACT = Level("fp16", FP, FP, 1e-3, 0.0)

@@ -10,8 +10,9 @@ from sakura_core.runtime.oracle import fixed_split_policy, simulate_oracle
 from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, simulate
 
-G = DitGeometry(name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32,
-                steps=3)  # fmt: skip
+G = DitGeometry(
+    name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
+)
 P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
 F, C = P.layer_full_s, P.layer_cached_s  # ~10.3 ms, ~4.6 ms
 FP = G.shard_bytes_fp16
@@ -192,8 +193,9 @@ def test_sakura_probes_with_the_next_steps_first_shard_in_per_step_mode():
     probe = next(d for d in r.decisions if "bandwidth probe (no" in d["reason"])
     assert probe["layer"] == 4
     # single mode: every shard serves every step, shard 0 is the probe as before
-    single = simulate(make_policy("sakura"), Trace.constant(20), P, {"sakura": LADDERS["sakura"][:4]}, FLOORS,
-                      config=NO_RTT)  # fmt: skip
+    single = simulate(
+        make_policy("sakura"), Trace.constant(20), P, {"sakura": LADDERS["sakura"][:4]}, FLOORS, config=NO_RTT
+    )
     assert _first_fetch(single) == 0
 
 

@@ -76,5 +76,20 @@ def test_a_negative_room_is_refused_by_the_config_and_the_cli(tmp_path):
     with pytest.raises(ValueError, match="prefetch_kv_bytes must be >= 0"):
         SimConfig(prefetch_kv_bytes=-1)
     with pytest.raises(SystemExit, match="--prefetch-gib must be >= 0 GiB, got -1.0"):
-        main(["bench", "e2e", "--mode", "sim", "--prefetch-gib", "-1", "--no-calibrate", "--kv-mode", "per-step",
-              "--ladders", str(LADDERS), "--json", str(tmp_path / "x.json")])  # fmt: skip
+        main(
+            [
+                "bench",
+                "e2e",
+                "--mode",
+                "sim",
+                "--prefetch-gib",
+                "-1",
+                "--no-calibrate",
+                "--kv-mode",
+                "per-step",
+                "--ladders",
+                str(LADDERS),
+                "--json",
+                str(tmp_path / "x.json"),
+            ]
+        )

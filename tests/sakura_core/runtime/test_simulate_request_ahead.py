@@ -14,8 +14,9 @@ from sakura_core.runtime.geometry import DitGeometry
 from sakura_core.runtime.profiles import PROFILES, get_profile
 from sakura_core.runtime.simulate import SimConfig, _Sim, simulate
 
-GEO = DitGeometry(name="tiny4", layers=4, heads=1, head_dim=64, image_tokens=64, template_tokens=64, text_tokens=0,
-                  steps=1)  # fmt: skip
+GEO = DitGeometry(
+    name="tiny4", layers=4, heads=1, head_dim=64, image_tokens=64, template_tokens=64, text_tokens=0, steps=1
+)
 CPU = replace(PROFILES["snapdragon-8-elite-cpu"].with_geometry(GEO), fixed_s=0.0, layer_overhead_s=1.0)
 MB = 1_000_000
 LADDERS = {"fp16": [[Level("q", MB, MB, 0.0, 1e-4)]] * 4}
@@ -23,8 +24,14 @@ FLOORS = {"fp16": 0}
 
 
 def _fetches(ahead: bool) -> list[dict]:
-    r = simulate(make_policy("fetch-fp16"), Trace.constant(8), CPU, LADDERS, FLOORS,
-                 config=SimConfig(rtt_s=0.04, request_ahead=ahead))  # fmt: skip
+    r = simulate(
+        make_policy("fetch-fp16"),
+        Trace.constant(8),
+        CPU,
+        LADDERS,
+        FLOORS,
+        config=SimConfig(rtt_s=0.04, request_ahead=ahead),
+    )
     return [e for e in r.events if e["lane"] == "fetch"]
 
 
@@ -50,8 +57,14 @@ def test_short_transfers_keep_several_requests_ahead():
     # 20 ms a shard; the window (80 kB) sends shards 2 and 3 with shard 1 (at 0.06, the probe's arrival), and the
     # transfers follow back to back
     lad = {"fp16": [[Level("q", 20_000, 20_000, 0.0, 1e-4)]] * 4}
-    r = simulate(make_policy("fetch-fp16"), Trace.constant(8), CPU, lad, FLOORS,
-                 config=SimConfig(rtt_s=0.04, request_ahead=True))  # fmt: skip
+    r = simulate(
+        make_policy("fetch-fp16"),
+        Trace.constant(8),
+        CPU,
+        lad,
+        FLOORS,
+        config=SimConfig(rtt_s=0.04, request_ahead=True),
+    )
     ends = [round(e["end"], 6) for e in r.events if e["lane"] == "fetch"]
     assert ends == [0.06, 0.12, 0.14, 0.16]  # the probe, the one after it (its round trip), then back to back
     assert [round(e["start"], 6) for e in r.events if e["lane"] == "fetch"] == [0.0, 0.06, 0.06, 0.06]
@@ -59,8 +72,15 @@ def test_short_transfers_keep_several_requests_ahead():
 
 def test_the_policy_is_charged_a_queued_round_trip_only_when_requests_go_one_at_a_time():
     for ahead, queued in ((False, 0.04), (True, 0.0)):
-        sim = _Sim(make_policy("fetch-fp16"), Trace.constant(8), 0.0, CPU, LADDERS["fp16"], 0,
-                   SimConfig(rtt_s=0.04, request_ahead=ahead))  # fmt: skip
+        sim = _Sim(
+            make_policy("fetch-fp16"),
+            Trace.constant(8),
+            0.0,
+            CPU,
+            LADDERS["fp16"],
+            0,
+            SimConfig(rtt_s=0.04, request_ahead=ahead),
+        )
         ctx = Context(sim)
         assert ctx.rtt_s == 0.04 and ctx.queued_rtt_s == queued
         assert ctx.first_byte_t() == pytest.approx(0.04)  # an idle link: a round trip either way
@@ -119,7 +139,6 @@ def test_an_upgrade_on_its_way_is_not_asked_for_again(ahead):
     path = Path(__file__).parents[3] / "docs" / "results" / "ladders" / "phone-dit-512.per-step.json"
     lad, fl = ShardLadders.from_dict(json.loads(path.read_text())).for_simulator()
     prof = get_profile("snapdragon-8-elite-cpu", "phone-dit-512")  # a fast link: the idle link upgrades
-    r = simulate(make_policy("sakura"), Trace.constant(2000), prof, lad, fl,
-                 config=SimConfig(request_ahead=ahead))  # fmt: skip
+    r = simulate(make_policy("sakura"), Trace.constant(2000), prof, lad, fl, config=SimConfig(request_ahead=ahead))
     ups = [(d["layer"], d["level"]) for d in r.decisions if d["reason"] == "upgrade"]
     assert ups and len(ups) == len(set(ups))

@@ -19,8 +19,9 @@ from sakura_core.runtime.simulate import SimConfig, simulate
 from sakura_tools.bench.e2e import PSNR_TARGET_DB, cross_step_sakura
 from sakura_tools.bench.per_step_ladders import load
 
-G = DitGeometry(name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32,
-                steps=3)  # fmt: skip
+G = DitGeometry(
+    name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
+)
 P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
 FP = G.shard_bytes_fp16
 EXACT = Level("fp16", FP, FP, 1e-3, 0.0)
@@ -33,8 +34,10 @@ def _reuse(step: int, mse: float = 2e-6) -> Level:
 
 
 def _ladders(ref_step=None):
-    later = [[_reuse(s) if ref_step is None else Level("reuse", 0, 0, 0.0, 2e-6, ref_step=ref_step, reuse=True), Q,
-              EXACT] for s in (1, 2)]  # fmt: skip
+    later = [
+        [_reuse(s) if ref_step is None else Level("reuse", 0, 0, 0.0, 2e-6, ref_step=ref_step, reuse=True), Q, EXACT]
+        for s in (1, 2)
+    ]
     return {"sakura": [[Q, EXACT]] * 4 + [later[0]] * 4 + [later[1]] * 4}
 
 

@@ -47,6 +47,10 @@ def test_a_well_overlapped_run_is_near_its_bound():
 
 def test_merge_and_subtract():
     assert merge_spans([(2, 3), (0, 1), (0.5, 1.5), (4, 4)]) == [(0, 1.5), (2, 3)]
-    ev = [{"lane": "compute", "start": 0, "end": 10}, {"lane": "stall", "start": 2, "end": 3},
-          {"lane": "stall", "start": 2.5, "end": 4}, {"lane": "stall", "start": 9, "end": 12}]  # fmt: skip
+    ev = [
+        {"lane": "compute", "start": 0, "end": 10},
+        {"lane": "stall", "start": 2, "end": 3},
+        {"lane": "stall", "start": 2.5, "end": 4},
+        {"lane": "stall", "start": 9, "end": 12},
+    ]
     assert lane_busy_s(ev, "compute", minus=("stall",)) == pytest.approx(10 - 2 - 1)

@@ -59,8 +59,12 @@ def test_decisions_get_a_row_and_the_drops_and_fallbacks_their_reasons(tmp_path,
     ]
     plot_timeline(events, tmp_path / "d.png", title="t", decisions=decisions)
     assert seen["rows"][-1] == "decisions"
-    assert {"decision: fetch", "decision: template dropped", "decision: fallback",
-            "decision: device computes (for now)"} <= set(seen["labels"])  # fmt: skip
+    assert {
+        "decision: fetch",
+        "decision: template dropped",
+        "decision: fallback",
+        "decision: device computes (for now)",
+    } <= set(seen["labels"])
     notes = seen["notes"][0]
     # at most 6 notes, the drop and the fallback always among them, in time order
     assert len(notes.splitlines()) == 6 and seen["numbers"] == ["1", "2", "3", "4", "5", "6"]

@@ -83,8 +83,10 @@ def test_live_bench_replays_its_traces_in_the_simulator(tmp_path, capsys):
     profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.05, layers=4, steps=2)
     ladders = [[Level("s1", 20_000, 20_000, 0.001, 1e-6, False)] for _ in range(8)]  # per-step: 2 x 4 shards
     name = load_traces(tmp_path)[0].name
-    runs = [{"trace": name, "policy": "on-device", "latency_s": 1.6}, {"trace": name, "policy": "sakura",
-                                                                        "latency_s": 0.8}]  # fmt: skip
+    runs = [
+        {"trace": name, "policy": "on-device", "latency_s": 1.6},
+        {"trace": name, "policy": "sakura", "latency_s": 0.8},
+    ]
     out = _sim_check(runs, {name: (ladders, 0)}, profile, argparse.Namespace(traces=str(tmp_path)))
     assert len(out) == 1 and out[0]["trace"] == name and out[0]["live_speedup"] == pytest.approx(2.0)
     sim = out[0]["sim_latency_s"]

@@ -6,16 +6,25 @@ from sakura_tools.bench.e2e import summarize_by_class
 
 
 def _run(trace, cls, policy, latency):
-    return {"trace": trace, "trace_class": cls, "start_s": 0.0, "policy": policy, "latency_s": latency,
-            "psnr_db": 40.0}  # fmt: skip
+    return {
+        "trace": trace,
+        "trace_class": cls,
+        "start_s": 0.0,
+        "policy": policy,
+        "latency_s": latency,
+        "psnr_db": 40.0,
+    }
 
 
 def test_summary_is_per_class_and_ratios_are_against_sakura_of_the_same_run():
     runs = [
-        _run("a", "3G", "sakura", 10.0), _run("a", "3G", "on-device-cached", 10.0),
-        _run("b", "5G", "sakura", 2.0), _run("b", "5G", "on-device-cached", 8.0),
-        _run("c", "5G", "sakura", 4.0), _run("c", "5G", "on-device-cached", 8.0),
-    ]  # fmt: skip
+        _run("a", "3G", "sakura", 10.0),
+        _run("a", "3G", "on-device-cached", 10.0),
+        _run("b", "5G", "sakura", 2.0),
+        _run("b", "5G", "on-device-cached", 8.0),
+        _run("c", "5G", "sakura", 4.0),
+        _run("c", "5G", "on-device-cached", 8.0),
+    ]
     out = summarize_by_class(runs)
     assert list(out) == ["3G", "5G", "all"]
     assert out["3G"]["ratios_vs_sakura"]["on-device-cached"]["median_ratio_vs_sakura"] == pytest.approx(1.0)
@@ -28,10 +37,15 @@ def test_the_ceiling_is_the_fluid_bounds_speed_up_per_run_and_the_headline_print
     from sakura_tools.bench.e2e_summary import FLUID_BOUND, format_headline, headline
 
     runs = [
-        _run("a", "4G", "sakura", 10.0), _run("a", "4G", "cachegen", 12.0), _run("a", "4G", FLUID_BOUND, 8.0),
-        _run("b", "4G", "sakura", 5.0), _run("b", "4G", "cachegen", 9.0), _run("b", "4G", FLUID_BOUND, 3.0),
-        _run("c", "4G", "sakura", 4.0), _run("c", "4G", "cachegen", 4.0),  # no bound run: no ceiling from c
-    ]  # fmt: skip
+        _run("a", "4G", "sakura", 10.0),
+        _run("a", "4G", "cachegen", 12.0),
+        _run("a", "4G", FLUID_BOUND, 8.0),
+        _run("b", "4G", "sakura", 5.0),
+        _run("b", "4G", "cachegen", 9.0),
+        _run("b", "4G", FLUID_BOUND, 3.0),
+        _run("c", "4G", "sakura", 4.0),
+        _run("c", "4G", "cachegen", 4.0),  # no bound run: no ceiling from c
+    ]
     h = headline(runs)
     assert h["speedup_median"]["cachegen"] == pytest.approx(1.2)  # median of 1.2, 1.8, 1.0
     assert h["speedup_ceiling_median"]["cachegen"] == pytest.approx((12 / 8 + 9 / 3) / 2)  # 1.5 and 3.0

@@ -56,9 +56,11 @@ def _demo(L0=6):
 
 def test_a_geometry_ladder_from_the_two_measurements():
     g = get_geometry("phone-dit-512")  # 24 layers: 4 per demo layer
-    eff = {"sakura": {"factor": [2.0, 1.0], "decode_bytes_per_s": [1e8, 5e7]},
-           "cachegen": {"factor": [1.5, 1.5], "decode_bytes_per_s": [1e7, 1e7]},
-           "fp16": {"factor": [1.0], "decode_bytes_per_s": [1e9]}}  # fmt: skip
+    eff = {
+        "sakura": {"factor": [2.0, 1.0], "decode_bytes_per_s": [1e8, 5e7]},
+        "cachegen": {"factor": [1.5, 1.5], "decode_bytes_per_s": [1e7, 1e7]},
+        "fp16": {"factor": [1.0], "decode_bytes_per_s": [1e9]},
+    }
     lad = geometry_ladders(_demo(), eff, g, "single", {})
     s = lad.families["sakura"]
     fp = g.shard_bytes_fp16

@@ -43,8 +43,10 @@ def test_on_the_manifests_own_edit_the_bench_gives_the_manifests_psnr(demo_model
         spread = max(spread, max(own) - min(own))
     assert spread > 0.1  # the edits differ: the minimum is not one edit's figure repeated
     (floor,) = res["floors"]
-    expect = min((r for r in res["rows"] if r["manifest_psnr_db"] >= cfg.floor_db and r["name"] != "fp16"),
-                 key=lambda r: r["bytes"])  # fmt: skip
+    expect = min(
+        (r for r in res["rows"] if r["manifest_psnr_db"] >= cfg.floor_db and r["name"] != "fp16"),
+        key=lambda r: r["bytes"],
+    )
     assert floor["floor"] == expect["name"] and floor["holds"] == (expect["heldout_min_db"] >= cfg.floor_db)
 
 
@@ -72,8 +74,24 @@ def test_cli_refuses_a_template_without_another_user(tmp_path, capsys):
 @pytest.mark.slow
 def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "h.json"
-    args = ["bench", "heldout", "--json", str(out), "--templates", "rocket", "--users", "chelsea", "--prompts",
-            "a cat|a dog", "--kv-mode", "single", "--steps", "2", "--weights", "random"]  # fmt: skip
+    args = [
+        "bench",
+        "heldout",
+        "--json",
+        str(out),
+        "--templates",
+        "rocket",
+        "--users",
+        "chelsea",
+        "--prompts",
+        "a cat|a dog",
+        "--kv-mode",
+        "single",
+        "--steps",
+        "2",
+        "--weights",
+        "random",
+    ]
     assert cli.main(args) == 0
     res = json.loads(out.read_text())
     printed = capsys.readouterr().out

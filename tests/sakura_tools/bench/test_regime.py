@@ -13,8 +13,9 @@ from sakura_core.runtime.sim_ladders import ShardLadders
 from sakura_tools.bench.regime import cells_reaching, format_policy_regime, format_regime, policy_regime, regime_map
 from sakura_tools.bench.results_doc import regime_table
 
-G = DitGeometry(name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32,
-                steps=3)  # fmt: skip
+G = DitGeometry(
+    name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
+)
 
 
 def _ladders(g):
@@ -103,8 +104,22 @@ def test_policy_regime_refuses_mismatched_ladders_and_bad_axes():
 
 def test_bench_regime_cli_writes_the_map_and_the_results_doc_renders_it(tmp_path, capsys):
     out = tmp_path / "regime.json"
-    argv = ["bench", "regime", "--geometry", "phone-dit-512", "--kv-mode", "single", "--ladders", str(LADDERS),
-            "--tflops", "0.2,3.5", "--mbits", "3,300", "--json", str(out)]  # fmt: skip
+    argv = [
+        "bench",
+        "regime",
+        "--geometry",
+        "phone-dit-512",
+        "--kv-mode",
+        "single",
+        "--ladders",
+        str(LADDERS),
+        "--tflops",
+        "0.2,3.5",
+        "--mbits",
+        "3,300",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     data = json.loads(out.read_text())
     assert data["command"].startswith("sakura bench regime ") and data["kv_mode"] == "single"

@@ -43,22 +43,29 @@ def test_the_single_view_drops_fp16_and_the_rungs_above_the_top():
 
 def test_a_missing_rung_is_served_by_the_nearest_held_one_and_twins_only_where_held():
     twin = _lv("sakura-l1+cl", 50)
-    ladder = [_lv("sakura-l0", 80), _lv("sakura-l1", 100, twin), _lv("sakura-l2", 200), _lv("sakura-l3", 400),
-              _lv("fp16", 1000)]  # fmt: skip
+    ladder = [
+        _lv("sakura-l0", 80),
+        _lv("sakura-l1", 100, twin),
+        _lv("sakura-l2", 200),
+        _lv("sakura-l3", 400),
+        _lv("fp16", 1000),
+    ]
     held = held_single([lv.name for lv in ladder], [30, 36, 46, 50, 80], False, StoreProfile("serving"))
     assert held.first == {"sakura-l1", "sakura-l2"}
     (view,) = serving_view([ladder], held, layers=1, kv_mode="single")
     assert [lv.name for lv in view] == [lv.name for lv in ladder]  # every slot keeps its index and name
     assert [lv.nbytes for lv in view] == [100, 100, 200, 200, 200]  # l0 -> l1 (up), l3 and fp16 -> l2 (down)
     assert view[1].closed == twin and view[0].closed is None
-    per_step_held = held.__class__("serving", first=frozenset({"sakura-l1"}), later=frozenset({"sakura-l2"}),
-                                   twins=frozenset({"sakura-l1"}))  # fmt: skip
+    per_step_held = held.__class__(
+        "serving", first=frozenset({"sakura-l1"}), later=frozenset({"sakura-l2"}), twins=frozenset({"sakura-l1"})
+    )
     step0, step1 = serving_view([ladder, ladder], per_step_held, layers=1, kv_mode="per-step")
     assert step0[1].closed is None  # step 0 roots the track: no twin
     # l1's open loop is not held: l2 stands in, the twin stays
     assert step1[1].closed == twin and step1[1].nbytes == 200
-    assert serving_view([ladder], held_single([lv.name for lv in ladder], [30] * 5, False,
-                                              StoreProfile("full")), 1, "single") == [ladder]  # fmt: skip
+    assert serving_view(
+        [ladder], held_single([lv.name for lv in ladder], [30] * 5, False, StoreProfile("full")), 1, "single"
+    ) == [ladder]
 
 
 def test_the_e2e_bench_states_the_store_profile(tmp_path, capsys, monkeypatch):

@@ -12,11 +12,22 @@ from sakura_tools.bench.slow_links import format_slow_table, slow_link_rows, wor
 def _runs():
     rows = []
     # two 3G runs: sakura 110 / 100 (bound 100, oracle 105, on-device 200); 102 / 100 (oracle 100, on-device 101)
-    for trace, lat in (("a", {"fluid-bound": 100, "sakura": 110, "oracle": 105, "on-device": 200}),
-                       ("b", {"fluid-bound": 100, "sakura": 102, "oracle": 100, "on-device": 101})):  # fmt: skip
+    for trace, lat in (
+        ("a", {"fluid-bound": 100, "sakura": 110, "oracle": 105, "on-device": 200}),
+        ("b", {"fluid-bound": 100, "sakura": 102, "oracle": 100, "on-device": 101}),
+    ):
         for policy, s in lat.items():
-            rows.append({"trace": trace, "trace_class": "3G", "start_s": 0.0, "policy": policy, "latency_s": s,
-                         "splits": [25, 0], "bytes_fetched": 10**6})  # fmt: skip
+            rows.append(
+                {
+                    "trace": trace,
+                    "trace_class": "3G",
+                    "start_s": 0.0,
+                    "policy": policy,
+                    "latency_s": s,
+                    "splits": [25, 0],
+                    "bytes_fetched": 10**6,
+                }
+            )
     return [{"kv_mode": "per-step", "geometry": "g", "profile": "snapdragon-8-elite-cpu", "runs": rows}]
 
 

@@ -114,8 +114,23 @@ def test_bench_scale_times_an_edit_on_the_committed_ladders(tmp_path, capsys):
     lat = row["latency_s"]
     assert lat["fluid-bound"] <= lat["oracle"] + 1e-9 and lat["fluid-bound"] <= lat["sakura"] + 1e-9
     out = tmp_path / "s.json"
-    assert main(["bench", "scale", "--steps", "8", "--policies", "sakura,oracle", "--ladders", str(tmp_path),
-                 "--json", str(out)]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                "scale",
+                "--steps",
+                "8",
+                "--policies",
+                "sakura,oracle",
+                "--ladders",
+                str(tmp_path),
+                "--json",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert "no " in capsys.readouterr().out and not out.exists()
 
 

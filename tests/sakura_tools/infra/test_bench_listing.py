@@ -23,8 +23,20 @@ def test_synthetic_manifests_pass_the_schema_and_differ_by_salt():
 
 def test_bench_listing_serves_every_count_and_writes_its_json(tmp_path, capsys):
     out = tmp_path / "listing.json"
-    argv = ["bench", "listing", "--json", str(out), "--counts", "2,5", "--layers", "2", "--levels", "2",
-            "--repeats", "2"]  # fmt: skip
+    argv = [
+        "bench",
+        "listing",
+        "--json",
+        str(out),
+        "--counts",
+        "2,5",
+        "--layers",
+        "2",
+        "--levels",
+        "2",
+        "--repeats",
+        "2",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     rows = json.loads(out.read_text())["rows"]

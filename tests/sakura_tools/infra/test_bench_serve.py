@@ -14,14 +14,32 @@ from sakura_tools.infra.nginx import find_nginx
 def test_bench_serve_runs_both_servers_and_writes_its_json(tmp_path, capsys):
     require_or_skip(find_nginx() is not None, "nginx is not installed (apt-get install nginx-light; .ci/run does)")
     out = tmp_path / "serve.json"
-    argv = ["bench", "serve", "--json", str(out), "--connections", "2,4", "--requests", "40", "--sizes-kib", "16,32",
-            "--layers", "2", "--soak", "1"]  # fmt: skip
+    argv = [
+        "bench",
+        "serve",
+        "--json",
+        str(out),
+        "--connections",
+        "2,4",
+        "--requests",
+        "40",
+        "--sizes-kib",
+        "16,32",
+        "--layers",
+        "2",
+        "--soak",
+        "1",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     runs = report["runs"]
-    assert sorted((r["server"], r["connections"]) for r in runs) == [("nginx", 2), ("nginx", 4), ("sakura", 2),
-                                                                        ("sakura", 4)]  # fmt: skip
+    assert sorted((r["server"], r["connections"]) for r in runs) == [
+        ("nginx", 2),
+        ("nginx", 4),
+        ("sakura", 2),
+        ("sakura", 4),
+    ]
     for r in [*runs, *report["soak_runs"]]:
         assert (r["completed"], r["errors"]) == (40, 0), r
         assert r["req_per_s"] > 0 and r["p50_ms"] <= r["p99_ms"]

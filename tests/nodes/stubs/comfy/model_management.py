@@ -42,8 +42,9 @@ def get_torch_device():
     return torch.device("cuda") if emulate_gpu else torch.device("cpu")
 
 
-def unet_dtype(device=None, model_params=0, supported_dtypes=(torch.float16, torch.bfloat16, torch.float32),
-               weight_dtype=None):  # fmt: skip
+def unet_dtype(
+    device=None, model_params=0, supported_dtypes=(torch.float16, torch.bfloat16, torch.float32), weight_dtype=None
+):
     if device is None or torch.device(device).type == "cpu":
         return torch.float32
     return supported_dtypes[0]

@@ -38,8 +38,17 @@ class Input:
 
 
 class WidgetInput(Input):
-    def __init__(self, id, display_name=None, optional=False, tooltip=None, lazy=None, default=None,
-                 socketless=None, force_input=None):  # fmt: skip
+    def __init__(
+        self,
+        id,
+        display_name=None,
+        optional=False,
+        tooltip=None,
+        lazy=None,
+        default=None,
+        socketless=None,
+        force_input=None,
+    ):
         super().__init__(id, display_name, optional, tooltip, lazy)
         self.default = default
         self.socketless = socketless
@@ -84,9 +93,22 @@ class Int:
     class Input(WidgetInput):
         io_type = "INT"
 
-        def __init__(self, id, display_name=None, optional=False, tooltip=None, lazy=None, default=None, min=None,
-                     max=None, step=None, control_after_generate=None, display_mode=None, socketless=None,
-                     force_input=None):  # fmt: skip
+        def __init__(
+            self,
+            id,
+            display_name=None,
+            optional=False,
+            tooltip=None,
+            lazy=None,
+            default=None,
+            min=None,
+            max=None,
+            step=None,
+            control_after_generate=None,
+            display_mode=None,
+            socketless=None,
+            force_input=None,
+        ):
             super().__init__(id, display_name, optional, tooltip, lazy, default, socketless, force_input)
             self.min, self.max, self.step = min, max, step
             self.control_after_generate = control_after_generate
@@ -100,9 +122,22 @@ class Float:
     class Input(WidgetInput):
         io_type = "FLOAT"
 
-        def __init__(self, id, display_name=None, optional=False, tooltip=None, lazy=None, default=None, min=None,
-                     max=None, step=None, round=None, display_mode=None, socketless=None,
-                     force_input=None):  # fmt: skip
+        def __init__(
+            self,
+            id,
+            display_name=None,
+            optional=False,
+            tooltip=None,
+            lazy=None,
+            default=None,
+            min=None,
+            max=None,
+            step=None,
+            round=None,
+            display_mode=None,
+            socketless=None,
+            force_input=None,
+        ):
             super().__init__(id, display_name, optional, tooltip, lazy, default, socketless, force_input)
             self.min, self.max, self.step, self.round = min, max, step, round
 
@@ -115,9 +150,20 @@ class String:
     class Input(WidgetInput):
         io_type = "STRING"
 
-        def __init__(self, id, display_name=None, optional=False, tooltip=None, lazy=None, multiline=False,
-                     placeholder=None, default=None, dynamic_prompts=None, socketless=None,
-                     force_input=None):  # fmt: skip
+        def __init__(
+            self,
+            id,
+            display_name=None,
+            optional=False,
+            tooltip=None,
+            lazy=None,
+            multiline=False,
+            placeholder=None,
+            default=None,
+            dynamic_prompts=None,
+            socketless=None,
+            force_input=None,
+        ):
             super().__init__(id, display_name, optional, tooltip, lazy, default, socketless, force_input)
             self.multiline = multiline
             self.placeholder = placeholder
@@ -131,8 +177,19 @@ class Boolean:
     class Input(WidgetInput):
         io_type = "BOOLEAN"
 
-        def __init__(self, id, display_name=None, optional=False, tooltip=None, lazy=None, default=None,
-                     label_on=None, label_off=None, socketless=None, force_input=None):  # fmt: skip
+        def __init__(
+            self,
+            id,
+            display_name=None,
+            optional=False,
+            tooltip=None,
+            lazy=None,
+            default=None,
+            label_on=None,
+            label_off=None,
+            socketless=None,
+            force_input=None,
+        ):
             super().__init__(id, display_name, optional, tooltip, lazy, default, socketless, force_input)
 
     Output = _type("BOOLEAN").Output
@@ -144,9 +201,21 @@ class Combo:
     class Input(WidgetInput):
         io_type = "COMBO"
 
-        def __init__(self, id, options=None, display_name=None, optional=False, tooltip=None, lazy=None,
-                     default=None, control_after_generate=None, upload=None, image_folder=None, remote=None,
-                     socketless=None):  # fmt: skip
+        def __init__(
+            self,
+            id,
+            options=None,
+            display_name=None,
+            optional=False,
+            tooltip=None,
+            lazy=None,
+            default=None,
+            control_after_generate=None,
+            upload=None,
+            image_folder=None,
+            remote=None,
+            socketless=None,
+        ):
             if isinstance(options, type) and issubclass(options, Enum):
                 options = [v.value for v in options]
             super().__init__(id, display_name, optional, tooltip, lazy, default, socketless)
