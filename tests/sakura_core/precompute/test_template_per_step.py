@@ -114,8 +114,7 @@ def test_schedule_check_refuses_another_schedule_naming_both(per_step, exact, de
         check_schedule(m, STEPS, 1.0)
     with pytest.raises(ScheduleMismatchError, match="t="):
         check_schedule(m, STEPS, SHIFT, [1.0, 0.5, 0.1])
-    single = {k: v for k, v in m.items() if k not in ("kv_mode", "schedule")}
-    check_schedule(single, 50, 7.0)  # single-mode KV fits any schedule
+    check_schedule(_single_manifest(per_step), 50, 7.0)  # single-mode KV fits any schedule
     with pytest.raises(Exception, match="4 steps"):  # the edit refuses per-step KV of another schedule
         run_edit(
             demo_model,
