@@ -87,7 +87,7 @@ def test_a_psnr_must_be_a_finite_number(psnr):
     with pytest.raises(ManifestError, match=r"'shards\[1\].representations\[0\].psnr_db' must be a finite number"):
         parse_manifest(m)
     m["shards"][1]["representations"][0]["psnr_db"] = 31.25
-    assert parse_manifest(m).shards[1]["representations"][0]["psnr_db"] == 31.25
+    assert parse_manifest(m).shards[1].representations[0].psnr_db == 31.25
 
 
 def test_every_shard_offers_the_same_ladder():
