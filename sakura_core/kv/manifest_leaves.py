@@ -175,11 +175,18 @@ def _representation_from_json(rep: dict) -> Representation:
         digest=rep.get("digest"),
         requires=tuple(rep.get("requires") or ()),
         codec=rep.get("codec"),
-        distortion=None if dist is None else float(dist),
+        distortion=_number_or_none(dist),  # a reuse rung's is not checked by the schema (nothing decoded)
         total_bytes=rep.get("total_bytes"),
-        psnr_db=None if psnr is None else float(psnr),
+        psnr_db=_number_or_none(psnr),
         ref=None if ref is None else CrossStepRef(ref["mode"], ref["step"], ref["digest"]),
     )
+
+
+def _number_or_none(value: Any) -> float | None:
+    """``value`` as a float when it is a number (not a bool), else None (a field the schema leaves unchecked)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def shard_from_json(shard: Any) -> Shard:
