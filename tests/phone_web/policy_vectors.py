@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -123,7 +122,7 @@ def _worlds():
         ALL,
     )
     # the long-edit rule (planner.track_priced): an open-loop floor 32x the twins, over 8 steps
-    far = base.with_geometry(replace(base.model, steps=8))
+    far = base.with_geometry(base.model.with_fields(steps=8))
     tw, fl = _twins(fp, 8, L, twin_div=64, open_div=2)
     yield (
         "twins-far",

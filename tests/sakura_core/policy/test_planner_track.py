@@ -13,13 +13,13 @@ from sakura_core.policy.ladder import Level, with_track_floor
 from sakura_core.policy.planner import TRACK_RATIO, Snapshot, best_plan, track_priced
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.oracle import fixed_split_policy
-from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, _Sim, simulate
 
-G = DitGeometry(
+G = DitGeometry.of(
     name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=6
 )
-P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
+P = DeviceProfile("dev", "soc", DeviceCompute(2e11, 0.1, layer_overhead_s=1e-3), DeviceMemory(0), model=G)
 FP = G.shard_bytes_fp16
 N = G.steps * G.layers
 

@@ -13,16 +13,16 @@ from sakura_core.policy.ladder import Level, levels_from
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.geometry import GEOMETRIES
 from sakura_core.runtime.oracle import fixed_split_policy
-from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry
 from sakura_core.runtime.sim_ladders import ShardLadders
 from sakura_core.runtime.simulate import SimConfig, simulate
 from sakura_tools.bench.e2e import PSNR_TARGET_DB, cross_step_sakura
 from sakura_tools.bench.per_step_ladders import load
 
-G = DitGeometry(
+G = DitGeometry.of(
     name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
 )
-P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
+P = DeviceProfile("dev", "soc", DeviceCompute(2e11, 0.1, layer_overhead_s=1e-3), DeviceMemory(0), model=G)
 FP = G.shard_bytes_fp16
 EXACT = Level("fp16", FP, FP, 1e-3, 0.0)
 Q = Level("q", FP // 6, FP // 6, 1e-3, 1e-5)
