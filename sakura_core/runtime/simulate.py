@@ -362,7 +362,7 @@ class _Sim(SimLink, CpuShare):
 def _slowed(lv, slowdown: float):
     """``lv`` (and its closed-loop twin) decoded ``slowdown`` times slower."""
     closed = None if lv.closed is None else replace(lv.closed, decode_s=lv.closed.decode_s * slowdown)
-    return replace(lv, decode_s=lv.decode_s * slowdown, closed=closed)
+    return replace(lv, decode_s=lv.decode_s * slowdown).with_links(closed=closed)
 
 
 def simulate(

@@ -9,7 +9,7 @@ world (twins fp16 / 8, open floor fp16 / 4: 2x, as the serving store at 4 steps)
 import pytest
 
 from sakura_core.fetch.traces import Trace
-from sakura_core.policy.ladder import Level, with_track_floor
+from sakura_core.policy.ladder import CrossStepLinks, Level, with_track_floor
 from sakura_core.policy.planner import TRACK_RATIO, Snapshot, best_plan, track_priced
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.oracle import fixed_split_policy
@@ -29,11 +29,15 @@ def _ladders(twin_div: int, open_div: int) -> list[list[Level]]:
     for g in range(N):
         step = g // G.layers
         ref = None if step == 0 else step - 1
-        twin = None if step == 0 else Level("lo+cl", FP // twin_div, FP // twin_div, 1e-3, 1e-5 / N, ref_step=ref)
+        twin = (
+            None
+            if step == 0
+            else Level("lo+cl", FP // twin_div, FP // twin_div, 1e-3, 1e-5 / N, links=CrossStepLinks(ref_step=ref))
+        )
         out.append(
             [
-                Level("lo", FP // 16, FP // 16, 1e-3, 1e-4 / N, ref_step=ref, closed=twin),
-                Level("hi", FP // open_div, FP // open_div, 1e-3, 2e-5 / N, ref_step=ref),
+                Level("lo", FP // 16, FP // 16, 1e-3, 1e-4 / N, links=CrossStepLinks(ref_step=ref, closed=twin)),
+                Level("hi", FP // open_div, FP // open_div, 1e-3, 2e-5 / N, links=CrossStepLinks(ref_step=ref)),
                 Level("fp16", FP, FP, 1e-3, 0.0),
             ]
         )

@@ -9,7 +9,7 @@ import pytest
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.metrics import psnr_from_mse
-from sakura_core.policy.ladder import Level, levels_from
+from sakura_core.policy.ladder import CrossStepLinks, Level, levels_from
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.geometry import GEOMETRIES
 from sakura_core.runtime.oracle import fixed_split_policy
@@ -30,12 +30,18 @@ NO_RTT = SimConfig(rtt_s=0.0)
 
 
 def _reuse(step: int, mse: float = 2e-6) -> Level:
-    return Level("reuse", 0, 0, 0.0, mse, ref_step=step - 1, reuse=True)
+    return Level("reuse", 0, 0, 0.0, mse, links=CrossStepLinks(ref_step=step - 1, reuse=True))
 
 
 def _ladders(ref_step=None):
     later = [
-        [_reuse(s) if ref_step is None else Level("reuse", 0, 0, 0.0, 2e-6, ref_step=ref_step, reuse=True), Q, EXACT]
+        [
+            _reuse(s)
+            if ref_step is None
+            else Level("reuse", 0, 0, 0.0, 2e-6, links=CrossStepLinks(ref_step=ref_step, reuse=True)),
+            Q,
+            EXACT,
+        ]
         for s in (1, 2)
     ]
     return {"sakura": [[Q, EXACT]] * 4 + [later[0]] * 4 + [later[1]] * 4}
