@@ -1,5 +1,7 @@
 """FLOP cost model: hand-derived FLOP counts, profile speeds from their published sources, geometry KV sizes."""
 
+from dataclasses import replace
+
 import pytest
 
 from sakura_core.runtime.geometry import GEOMETRIES, DitGeometry, get_geometry
@@ -69,3 +71,23 @@ def test_bad_values_name_the_fix():
         get_geometry("x")
     with pytest.raises(ValueError, match="double_layers"):
         DitGeometry.of(layers=2, double_layers=3)
+
+
+def test_the_records_are_built_from_parts_and_keep_their_flat_published_form():
+    k = get_geometry("klein4b-512-ref1024")
+    assert k.shape.layers == k.layers and k.tokens.template_tokens == k.template_tokens
+    assert list(k.as_dict()) == [  # the e2e JSON's ``model``: the flat keys in the order the committed files hold
+        *("name", "layers", "heads", "head_dim", "image_tokens", "template_tokens", "text_tokens", "steps"),
+        *("mlp_ratio", "double_layers", "references", "description", "width", "kv_bytes_fp16"),
+    ]
+    short = k.with_fields(steps=2, template_tokens=1024)
+    assert short == DitGeometry(k.name, k.shape, replace(k.tokens, template_tokens=1024), 2, k.description)
+    assert DitGeometry.of(**{n: v for n, v in k.as_dict().items() if n not in ("width", "kv_bytes_fp16")}) == k
+    with pytest.raises(ValueError, match="no field layerz; its fields are"):
+        k.with_fields(layerz=3)
+    cpu = PROFILES["snapdragon-8-elite-cpu"]
+    q = cpu.with_fields(dit_cpu_cores=0, npu_session_bytes=1, link_mbit_s=5.0)
+    assert (q.compute.dit_cpu_cores, q.memory.npu_session_bytes, q.link_mbit_s) == (0, 1, 5.0)
+    assert (q.dit_cpu_cores, q.npu_session_bytes, q.fixed_s, q.model) == (0, 1, cpu.fixed_s, cpu.model)
+    with pytest.raises(ValueError, match="profile snapdragon-8-elite-cpu: no field layers"):
+        cpu.with_fields(layers=3)
