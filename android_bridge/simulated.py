@@ -11,7 +11,6 @@ is labelled as simulated.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.kv.manifest import Manifest, as_manifest
@@ -93,7 +92,7 @@ def simulate_phone_job(
             trace = Trace.constant(profile.link_mbit_s, name=f"{profile.name}-typical")
     manifest = as_manifest(manifest)
     profile = profile_for_template(profile, manifest)  # several references: as many phone template images
-    profile = profile.with_geometry(replace(profile.model, steps=steps))  # the job's steps, not the geometry's
+    profile = profile.with_geometry(profile.model.with_fields(steps=steps))  # the job's steps, not the geometry's
     policy = make_policy(policy_name)
     ladder, floor = phone_ladder(manifest, profile, fp16_only=policy.family == "fp16")
     ladders = {policy.family: ladder}

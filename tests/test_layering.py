@@ -287,12 +287,6 @@ INIT_PENDING = {
     "live-only fields (image, levels, timeline) as one part",
     "sakura_core.runtime.sim_types.SimResult": "LaneResult's 8 shared fields + the simulator's own: next, its "
     "quality and stall figures as one part",
-    "sakura_core.policy.ladder.Level": "a rung's 10 measured figures, built in 70+ places; next, its cross-step "
-    "fields (ref_step, reuse, closed, off_track) as one part",
-    "sakura_core.runtime.geometry.DitGeometry": "a published geometry record (--geometry, the e2e JSON); next, its "
-    "fields split into block shape and token counts",
-    "sakura_core.runtime.profiles.DeviceProfile": "a published profile record (--profile, the e2e JSON); next, its "
-    "fields split into compute and memory parts",
 }
 
 

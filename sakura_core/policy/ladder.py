@@ -4,12 +4,14 @@ manifest (live) or from codec measurements (simulation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from ..kv.manifest import Manifest, Representation, as_manifest
 from ..kv.manifest_schema import CLOSED_REF_MODE
 from ..kv.names import base_level_name
 
 __all__ = [
+    "CrossStepLinks",
     "Level",
     "PlannedRep",
     "feeds_twin",
@@ -24,16 +26,11 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Level:
-    """One representation of a shard.
+class CrossStepLinks:
+    """A level's links to other steps and levels (a part of :class:`Level`; the default: none, a self-contained
+    level).
 
     Attributes:
-        name: level name (e.g. "s2", "fp16").
-        nbytes: bytes to fetch for this level from nothing (base + all enhancements up to it).
-        increment_bytes: bytes beyond the previous level when ``progressive`` (else == nbytes).
-        decode_s: seconds to decode this level (whole chain).
-        mse: output MSE (images in [-1, 1]) if every layer used this level, divided by the layer count.
-        progressive: refines the previous level (an upgrade fetches only ``increment_bytes``).
         ref_step: a cross-step residual's reference: the step whose same layer must be decoded (or computed on the
             device) before this level decodes; ``None`` for a self-contained level.
         reuse: the zero-byte ``reuse`` rung of a cross-step template: nothing is fetched or decoded, the KV is the
@@ -47,16 +44,55 @@ class Level:
             the open-loop floor. ``None``: this level itself serves either way (:func:`fetch_as`).
     """
 
+    ref_step: int | None = None
+    reuse: bool = False
+    closed: Level | None = None
+    off_track: int | None = None
+
+
+@dataclass(frozen=True)
+class Level:
+    """One representation of a shard. The links' fields read flat too (``lv.ref_step``, ``lv.closed``: read-only
+    views of ``links``); :meth:`with_links` sets them.
+
+    Attributes:
+        name: level name (e.g. "s2", "fp16").
+        nbytes: bytes to fetch for this level from nothing (base + all enhancements up to it).
+        increment_bytes: bytes beyond the previous level when ``progressive`` (else == nbytes).
+        decode_s: seconds to decode this level (whole chain).
+        mse: output MSE (images in [-1, 1]) if every layer used this level, divided by the layer count.
+        progressive: refines the previous level (an upgrade fetches only ``increment_bytes``).
+        links: its cross-step reference, ``reuse`` flag, closed-loop twin and open-loop floor
+            (:class:`CrossStepLinks`).
+    """
+
     name: str
     nbytes: int
     increment_bytes: int
     decode_s: float
     mse: float
     progressive: bool = False
-    ref_step: int | None = None
-    reuse: bool = False
-    closed: Level | None = None
-    off_track: int | None = None
+    links: CrossStepLinks = CrossStepLinks()
+
+    @property
+    def ref_step(self) -> int | None:
+        return self.links.ref_step
+
+    @property
+    def reuse(self) -> bool:
+        return self.links.reuse
+
+    @property
+    def closed(self) -> Level | None:
+        return self.links.closed
+
+    @property
+    def off_track(self) -> int | None:
+        return self.links.off_track
+
+    def with_links(self, **changes: Any) -> Level:
+        """This level with the :class:`CrossStepLinks` fields ``changes`` set (``lv.with_links(off_track=3)``)."""
+        return replace(self, links=replace(self.links, **changes))
 
     @property
     def expected_nbytes(self) -> int:
@@ -162,7 +198,9 @@ def with_track_floor(ladders: list[list[Level]], open_floor: str) -> list[list[L
     out = []
     for lad in ladders:
         at = next(j for j, lv in enumerate(lad) if lv.name == open_floor)
-        out.append([replace(lv, off_track=at) if lv.closed is not None and j < at else lv for j, lv in enumerate(lad)])
+        out.append(
+            [lv.with_links(off_track=at) if lv.closed is not None and j < at else lv for j, lv in enumerate(lad)]
+        )
     return out
 
 
@@ -252,7 +290,7 @@ def _shard_ladder(representations, slots: list[str], decode_s: float, n: int, le
                 decode_s=decode_s,
                 mse=_mse(r, n, level_psnr_db),
                 progressive=progressive and chain_bytes > prev_bytes,
-                ref_step=None if r.ref is None else r.ref.step,
+                links=CrossStepLinks(ref_step=None if r.ref is None else r.ref.step),
             )
         )
         prev_bytes = chain_bytes
@@ -301,8 +339,10 @@ def _with_twins(levels, reps, twins: dict[str, Representation], decode_s: float,
         if twin is not None:
             assert twin.ref is not None  # a closed-loop twin (CLOSED_REF_MODE)
             mse = _mse(twin, n, level_psnr_db)
-            closed = Level(twin.name, twin.nbytes, twin.nbytes, decode_s, mse, ref_step=twin.ref.step)
-            lv, r = replace(lv, closed=closed), replace(r, closed_twin=twin)
+            closed = Level(
+                twin.name, twin.nbytes, twin.nbytes, decode_s, mse, links=CrossStepLinks(ref_step=twin.ref.step)
+            )
+            lv, r = lv.with_links(closed=closed), replace(r, closed_twin=twin)
         out_levels.append(lv)
         out_reps.append(r)
     return out_levels, out_reps

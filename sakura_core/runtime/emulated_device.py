@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..fetch.traces import Trace
 from ..kv.manifest import Manifest
@@ -49,7 +49,7 @@ def profile_for_template(profile: DeviceProfile, manifest: Manifest) -> DevicePr
     refs = len(manifest.references)
     if refs == 1:
         return profile
-    return profile.with_geometry(replace(profile.model, template_tokens=refs * profile.model.template_tokens))
+    return profile.with_geometry(profile.model.with_fields(template_tokens=refs * profile.model.template_tokens))
 
 
 @dataclass(frozen=True)

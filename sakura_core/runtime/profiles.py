@@ -21,9 +21,10 @@ more than the CPU deserves. The VAE (encode + decode) is ``fixed_s``, outside th
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from .geometry import GEOMETRIES, PHONE_DIT, DitGeometry, PhoneDiT, get_geometry
+from .record_fields import split_fields
 
 __all__ = [
     "CPU_SLOWDOWN_SOURCE",
@@ -33,6 +34,8 @@ __all__ = [
     "PROFILE_SOURCES",
     "ProfileSource",
     "SD15_UNET_FLOPS",
+    "DeviceCompute",
+    "DeviceMemory",
     "DeviceProfile",
     "DitGeometry",
     "PhoneDiT",
@@ -46,22 +49,13 @@ SD15_UNET_FLOPS = 0.8e12  # one SD 1.5 UNet pass at 512^2 (64x64 latent), FLOPs
 
 
 @dataclass(frozen=True)
-class DeviceProfile:
-    """A phone's compute speed and memory budget.
+class DeviceCompute:
+    """How fast a phone computes (a part of :class:`DeviceProfile`).
 
     Attributes:
-        name: profile id.
-        soc: system-on-chip and compute unit.
         effective_flop_per_s: FLOP/s the DiT's layers run at on this unit (see PROFILE_SOURCES).
         fixed_s: per-edit work outside the DiT (VAE encode of the user image + decode), seconds.
-        npu_session_bytes: memory one NPU session may hold (0 = no NPU).
-        model: the DiT geometry it runs.
         layer_overhead_s: fixed cost per layer call (dispatch, sync), seconds; assumed, see the module doc.
-        host_budget_bytes: memory the editing app may use on the application processor when the model runs there
-            (no NPU): phones have 8-16 GB of RAM shared with the OS and other apps; 4 GiB is a safe share.
-        weight_bytes_per_param: bytes per weight where the DiT runs (w8a16 on the NPU: 1; fp16 elsewhere: 2).
-        activation_bytes: bytes per activation / KV value where the DiT runs (a16 or fp16: 2).
-        link_mbit_s: typical downlink of the phone (Mbit/s), the default link of phone-scale simulations.
         cpu_slowdown: seconds the phone's application CPU (one big core) takes for a second of single-thread work
             (decode, planning) on the host that measured it; assumed, see :data:`CPU_SLOWDOWN_SOURCE`.
         dit_cpu_cores: cores the DiT runs on when it runs on the application CPU (0 = it runs on the GPU / NPU):
@@ -69,19 +63,51 @@ class DeviceProfile:
             (cores - busy) / cores), as the simulator models it.
     """
 
-    name: str
-    soc: str
     effective_flop_per_s: float
     fixed_s: float
-    npu_session_bytes: int
-    model: DitGeometry = PHONE_DIT
     layer_overhead_s: float = 0.0
+    cpu_slowdown: float = 1.0
+    dit_cpu_cores: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What a phone may hold, and at what width (a part of :class:`DeviceProfile`).
+
+    Attributes:
+        npu_session_bytes: memory one NPU session may hold (0 = no NPU).
+        host_budget_bytes: memory the editing app may use on the application processor when the model runs there
+            (no NPU): phones have 8-16 GB of RAM shared with the OS and other apps; 4 GiB is a safe share.
+        weight_bytes_per_param: bytes per weight where the DiT runs (w8a16 on the NPU: 1; fp16 elsewhere: 2).
+        activation_bytes: bytes per activation / KV value where the DiT runs (a16 or fp16: 2).
+    """
+
+    npu_session_bytes: int
     host_budget_bytes: int = 4 * _GIB
     weight_bytes_per_param: int = 2
     activation_bytes: int = 2
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """A phone's compute speed and memory budget. The parts' fields read flat too (``p.effective_flop_per_s``,
+    ``p.npu_session_bytes``: read-only views of its parts); :meth:`with_fields` takes the flat names.
+
+    Attributes:
+        name: profile id.
+        soc: system-on-chip and compute unit.
+        compute: how fast it computes (:class:`DeviceCompute`).
+        memory: what it may hold (:class:`DeviceMemory`).
+        model: the DiT geometry it runs.
+        link_mbit_s: typical downlink of the phone (Mbit/s), the default link of phone-scale simulations.
+    """
+
+    name: str
+    soc: str
+    compute: DeviceCompute
+    memory: DeviceMemory
+    model: DitGeometry = PHONE_DIT
     link_mbit_s: float = 20.0
-    cpu_slowdown: float = 1.0
-    dit_cpu_cores: int = 0
 
     def __post_init__(self) -> None:
         if not self.effective_flop_per_s > 0 or self.fixed_s < 0 or self.layer_overhead_s < 0:
@@ -104,13 +130,56 @@ class DeviceProfile:
                 f"profile {self.name}: weight_bytes_per_param and activation_bytes must be >= 1 and link_mbit_s > 0"
             )
 
+    def with_fields(self, **changes: Any) -> DeviceProfile:
+        """This profile with the flat fields ``changes`` set (``p.with_fields(dit_cpu_cores=0)``)."""
+        compute, memory, own = split_fields(
+            f"profile {self.name}", changes, DeviceCompute, DeviceMemory, DeviceProfile
+        )
+        return replace(self, compute=replace(self.compute, **compute), memory=replace(self.memory, **memory), **own)
+
+    @property
+    def effective_flop_per_s(self) -> float:
+        return self.compute.effective_flop_per_s
+
+    @property
+    def fixed_s(self) -> float:
+        return self.compute.fixed_s
+
+    @property
+    def layer_overhead_s(self) -> float:
+        return self.compute.layer_overhead_s
+
+    @property
+    def cpu_slowdown(self) -> float:
+        return self.compute.cpu_slowdown
+
+    @property
+    def dit_cpu_cores(self) -> int:
+        return self.compute.dit_cpu_cores
+
+    @property
+    def npu_session_bytes(self) -> int:
+        return self.memory.npu_session_bytes
+
+    @property
+    def host_budget_bytes(self) -> int:
+        return self.memory.host_budget_bytes
+
+    @property
+    def weight_bytes_per_param(self) -> int:
+        return self.memory.weight_bytes_per_param
+
+    @property
+    def activation_bytes(self) -> int:
+        return self.memory.activation_bytes
+
     def with_geometry(self, model: DitGeometry) -> DeviceProfile:
         """The same device running another DiT."""
         return replace(self, model=model)
 
     def with_speed(self, effective_flop_per_s: float) -> DeviceProfile:
         """The same profile at another effective FLOP/s (regime maps)."""
-        return replace(self, effective_flop_per_s=effective_flop_per_s)
+        return replace(self, compute=replace(self.compute, effective_flop_per_s=effective_flop_per_s))
 
     @property
     def has_npu(self) -> bool:
@@ -191,16 +260,14 @@ CPU_SLOWDOWN_SOURCE = (
 def _profile(src: ProfileSource) -> DeviceProfile:
     name = src["profile"]
     npu = name.endswith("-npu")
-    return DeviceProfile(
-        name=name,
-        soc=src["unit"],
+    compute = DeviceCompute(
         effective_flop_per_s=_sd15(src["sd15_unet_pass_s"]),
         fixed_s=_FIXED_S[name.rsplit("-", 1)[1]],
-        npu_session_bytes=int(3.75 * _GIB) if npu else 0,
         layer_overhead_s=src["layer_overhead_s"],
-        weight_bytes_per_param=1 if npu else 2,
         dit_cpu_cores=SM8750_CPU_CORES if name.endswith("-cpu") else 0,
     )
+    memory = DeviceMemory(npu_session_bytes=int(3.75 * _GIB) if npu else 0, weight_bytes_per_param=1 if npu else 2)
+    return DeviceProfile(name=name, soc=src["unit"], compute=compute, memory=memory)
 
 
 PROFILES = {src["profile"]: _profile(src) for src in PROFILE_SOURCES}

@@ -63,7 +63,7 @@ def kv_mode_view(profile: DeviceProfile, kv_mode: str) -> DeviceProfile:
     if kv_mode != "per-step":
         raise ValueError(f"unknown kv_mode {kv_mode!r}; choose one of {', '.join(KV_MODES)}")
     g = profile.model
-    flat = replace(g, name=f"{g.name}/per-step", layers=g.layers * g.steps, steps=1, double_layers=0)
+    flat = g.with_fields(name=f"{g.name}/per-step", layers=g.layers * g.steps, steps=1, double_layers=0)
     return profile.with_geometry(flat)
 
 
@@ -362,7 +362,7 @@ class _Sim(SimLink, CpuShare):
 def _slowed(lv, slowdown: float):
     """``lv`` (and its closed-loop twin) decoded ``slowdown`` times slower."""
     closed = None if lv.closed is None else replace(lv.closed, decode_s=lv.closed.decode_s * slowdown)
-    return replace(lv, decode_s=lv.decode_s * slowdown, closed=closed)
+    return replace(lv, decode_s=lv.decode_s * slowdown).with_links(closed=closed)
 
 
 def simulate(

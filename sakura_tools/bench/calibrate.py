@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from sakura_core.runtime.geometry import DitGeometry
+from sakura_core.runtime.geometry import BlockShape, DitGeometry, TokenCounts
 
 from .timing import best_time_s
 
@@ -25,18 +25,15 @@ __all__ = ["calibrate_cpu", "demo_geometry", "fit_cost_model", "format_calibrati
 def demo_geometry(model, name: str = "demo") -> DitGeometry:
     """The cost model's view of a demo-architecture model (``EditModel``)."""
     a, spec = model.adapter, model.spec
-    return DitGeometry(
-        name=name,
+    shape = BlockShape(
         layers=a.num_layers,
-        double_layers=a.num_double,
         heads=a.num_heads,
         head_dim=a.head_dim,
-        image_tokens=spec.num_tokens,
-        template_tokens=spec.num_tokens,
-        text_tokens=spec.text_tokens,
         mlp_ratio=float(a.model.config.mlp_ratio),
-        description="the demo model as the cost model sees it",
+        double_layers=a.num_double,
     )
+    tokens = TokenCounts(image_tokens=spec.num_tokens, template_tokens=spec.num_tokens, text_tokens=spec.text_tokens)
+    return DitGeometry(name=name, shape=shape, tokens=tokens, description="the demo model as the cost model sees it")
 
 
 def _wide_variant(model, heads: int, head_dim: int):

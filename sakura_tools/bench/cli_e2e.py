@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from sakura_core.fetch.traces import scan_traces
@@ -334,7 +333,7 @@ def _simulate_combo(args, combo, traces, policies, ladders_by, sink) -> None:
     kv_mode, geometry, name, steps = combo
     profile = get_profile(name, geometry)
     if steps is not None and steps != profile.model.steps:
-        profile = profile.with_geometry(replace(profile.model, steps=steps))
+        profile = profile.with_geometry(profile.model.with_fields(steps=steps))
     g = profile.model
     print(
         f"\n===== {kv_mode} KV, {g.name}, {g.steps} steps, {profile.name} ({profile.effective_flop_per_s / 1e12:.2f} "

@@ -31,7 +31,7 @@ import json
 from pathlib import Path
 
 from sakura_core.kv.names import closed_name
-from sakura_core.policy.ladder import Level
+from sakura_core.policy.ladder import CrossStepLinks, Level
 
 __all__ = [
     "DATA_PATH",
@@ -107,7 +107,7 @@ def _twin(lv: dict, s: int, shard_fp16_bytes: int, decode_s: float, n: int) -> L
         nbytes,
         decode_s,
         4 * 10 ** (-twin["psnr_db"] / 10) / n,
-        ref_step=lv["ref_step"][s],
+        links=CrossStepLinks(ref_step=lv["ref_step"][s]),
     )
 
 
@@ -157,7 +157,9 @@ def per_step_ladders(
         ladder, prev = [], 0
         if reuse is not None and s > 0:
             mse = 4 * 10 ** (-reuse["psnr_db"] / 10) / ((steps - 1) * layers)
-            ladder.append(Level("reuse", 0, 0, 0.0, mse, ref_step=reuse["ref_step"][s], reuse=True))
+            ladder.append(
+                Level("reuse", 0, 0, 0.0, mse, links=CrossStepLinks(ref_step=reuse["ref_step"][s], reuse=True))
+            )
         for lv in data["levels"]:
             nbytes = int(round(shard_fp16_bytes / lv["ratio_vs_fp16"][s]))
             inc = int(round(shard_fp16_bytes / lv["increment_ratio"][s]))
@@ -171,8 +173,9 @@ def per_step_ladders(
                     decode_s=decode_s,
                     mse=4 * 10 ** (-lv["psnr_db"] / 10) / n,
                     progressive=prog,
-                    ref_step=lv["ref_step"][s],
-                    closed=_twin(lv, s, shard_fp16_bytes, decode_s, n),
+                    links=CrossStepLinks(
+                        ref_step=lv["ref_step"][s], closed=_twin(lv, s, shard_fp16_bytes, decode_s, n)
+                    ),
                 )
             )
             prev = nbytes

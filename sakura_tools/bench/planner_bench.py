@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
 
 from sakura_core.fetch.synth import random_walk
 from sakura_core.policy.ladder import Level
@@ -112,7 +111,7 @@ def bench_case(
 ) -> dict:
     """One per-step edit of ``geometry`` at ``steps`` steps with every decision timed; the row of the table."""
     prof = get_profile(profile, geometry)
-    prof = prof.with_geometry(replace(prof.model, steps=steps))
+    prof = prof.with_geometry(prof.model.with_fields(steps=steps))
     flat = kv_mode_view(prof, "per-step").model
     ladders, floors = _ladders(prof.model.shard_bytes_fp16, flat.layers)
     trace = random_walk(seed, mean_mbit, 0.3, seconds=900)

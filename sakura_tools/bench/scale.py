@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import resource
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from sakura_core.fetch.synth import random_walk
@@ -100,7 +99,7 @@ def scale_case(
     """One per-step edit at ``steps`` steps simulated with each of ``policies`` (default: every one) and the fluid
     bound, each timed; the row of the table."""
     prof = get_profile(profile, geometry)
-    prof = prof.with_geometry(replace(prof.model, steps=steps))
+    prof = prof.with_geometry(prof.model.with_fields(steps=steps))
     shards = kv_mode_view(prof, "per-step").model.layers
     if ladders_dir is None:
         ladders, floors = scale_ladders(prof.model.shard_bytes_fp16, shards)

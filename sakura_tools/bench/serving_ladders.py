@@ -122,19 +122,14 @@ def _view(ladder: list[Level], names: frozenset[str] | None, twins: frozenset[st
     for j, lv in enumerate(ladder):
         closed = lv.closed if twins is None or lv.name in twins else None
         if j in held:
-            out.append(replace(lv, closed=closed))
+            out.append(lv.with_links(closed=closed))
         else:
             up = [k for k in held if k > j and not ladder[k].reuse]
             src = ladder[up[0] if up else max(k for k in held if not ladder[k].reuse)]
             # a stand-in upgrades nothing: fetching it costs its whole chain (as the live client's stand-ins)
             out.append(
-                replace(
-                    src,
-                    name=lv.name,
-                    closed=closed,
-                    off_track=lv.off_track,
-                    progressive=False,
-                    increment_bytes=src.nbytes,
+                replace(src, name=lv.name, progressive=False, increment_bytes=src.nbytes).with_links(
+                    closed=closed, off_track=lv.off_track
                 )
             )
     return out

@@ -3,7 +3,7 @@
 import pytest
 
 from android_bridge.budget import DiTGeometry, OverBudgetError, check_budget, estimate_job_memory
-from sakura_core.runtime.profiles import PROFILES, DeviceProfile
+from sakura_core.runtime.profiles import PROFILES, DeviceCompute, DeviceMemory, DeviceProfile
 
 NPU, CPU = PROFILES["snapdragon-8-elite-npu"], PROFILES["snapdragon-8-elite-cpu"]
 MIB = 2**20
@@ -75,8 +75,8 @@ def test_invalid_geometry_and_profile_values_are_named():
     with pytest.raises(ValueError, match="layers"):
         DiTGeometry("x", params=1, layers=0, heads=1, head_dim=1, image_tokens=1, template_tokens=0, text_tokens=0)
     with pytest.raises(ValueError, match="host_budget_bytes"):
-        DeviceProfile("p", "soc", 0.1, 0.0, 0, host_budget_bytes=0)
+        DeviceProfile("p", "soc", DeviceCompute(0.1, 0.0), DeviceMemory(0, host_budget_bytes=0))
     with pytest.raises(ValueError, match="weight_bytes_per_param"):
-        DeviceProfile("p", "soc", 0.1, 0.0, 0, weight_bytes_per_param=0)
+        DeviceProfile("p", "soc", DeviceCompute(0.1, 0.0), DeviceMemory(0, weight_bytes_per_param=0))
     assert NPU.has_npu and NPU.memory_budget_bytes == NPU.npu_session_bytes
     assert not CPU.has_npu and CPU.memory_budget_bytes == CPU.host_budget_bytes

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import numpy as np
 from sakura_core.fetch.synth import development_set
 from sakura_core.fetch.traces import Trace
 from sakura_core.policy.estimator import EstimatorConfig, ThroughputEstimator
-from sakura_core.policy.ladder import Level, with_track_floor
+from sakura_core.policy.ladder import CrossStepLinks, Level, with_track_floor
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.profiles import get_profile
 from sakura_core.runtime.simulate import SimConfig, kv_mode_view, simulate
@@ -60,11 +59,11 @@ def _twins(fp: int, steps: int, L: int, twin_div: int = 8, open_div: int = 4) ->
         step = g // L
         ref = None if step == 0 else step - 1
         tb = fp // twin_div
-        twin = None if step == 0 else Level("lo+cl", tb, tb, 0.02, 1e-5 / n, ref_step=ref)
+        twin = None if step == 0 else Level("lo+cl", tb, tb, 0.02, 1e-5 / n, links=CrossStepLinks(ref_step=ref))
         out.append(
             [
-                Level("lo", fp // 16, fp // 16, 0.02, 1e-4 / n, ref_step=ref, closed=twin),
-                Level("hi", fp // open_div, fp // open_div, 0.03, 2e-5 / n, ref_step=ref),
+                Level("lo", fp // 16, fp // 16, 0.02, 1e-4 / n, links=CrossStepLinks(ref_step=ref, closed=twin)),
+                Level("hi", fp // open_div, fp // open_div, 0.03, 2e-5 / n, links=CrossStepLinks(ref_step=ref)),
                 Level("fp16", fp, fp, 0.06, 0.0),
             ]
         )
@@ -80,7 +79,9 @@ def _reuse(fp: int, steps: int, L: int) -> tuple[list[list[Level]], list[int]]:
         if step == 0:
             out.append([q, exact])
         else:
-            out.append([Level("reuse", 0, 0, 0.0, 2e-6, ref_step=step - 1, reuse=True), q, exact])
+            out.append(
+                [Level("reuse", 0, 0, 0.0, 2e-6, links=CrossStepLinks(ref_step=step - 1, reuse=True)), q, exact]
+            )
         floor.append(0)
     return out, floor
 
@@ -123,7 +124,7 @@ def _worlds():
         ALL,
     )
     # the long-edit rule (planner.track_priced): an open-loop floor 32x the twins, over 8 steps
-    far = base.with_geometry(replace(base.model, steps=8))
+    far = base.with_geometry(base.model.with_fields(steps=8))
     tw, fl = _twins(fp, 8, L, twin_div=64, open_div=2)
     yield (
         "twins-far",

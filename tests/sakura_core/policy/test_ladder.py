@@ -3,7 +3,7 @@
 import pytest
 from typed_manifests import unchecked_manifest
 
-from sakura_core.policy.ladder import ladders_from_manifest
+from sakura_core.policy.ladder import CrossStepLinks, Level, ladders_from_manifest
 
 
 def manifest(layers=(0, 1), psnr=True) -> dict:
@@ -56,3 +56,14 @@ def test_grouped_or_missing_shards_are_explained():
         ladders_from_manifest(unchecked_manifest(m), 640)
     with pytest.raises(ValueError, match=r"lacks shards for layers \[1\]"):
         ladders_from_manifest(unchecked_manifest(manifest(layers=(0,))), 640)
+
+
+def test_a_levels_cross_step_links_are_one_part_read_flat_and_set_by_with_links():
+    twin = Level("lo+cl", 4, 4, 0.0, 1e-5, links=CrossStepLinks(ref_step=0))
+    lv = Level("lo", 8, 8, 0.0, 1e-4, links=CrossStepLinks(ref_step=0, closed=twin))
+    assert (lv.ref_step, lv.reuse, lv.closed, lv.off_track) == (0, False, twin, None)
+    floored = lv.with_links(off_track=2)
+    assert floored.links == CrossStepLinks(ref_step=0, closed=twin, off_track=2) and floored.nbytes == lv.nbytes
+    assert floored.expected_nbytes == 4 and lv.expected_nbytes == 8  # below the open-loop floor: planned as the twin
+    with pytest.raises(ValueError, match="reuse rung fetches nothing"):
+        Level("reuse", 8, 8, 0.0, 1e-4, links=CrossStepLinks(ref_step=0, reuse=True))

@@ -9,17 +9,17 @@ world (twins fp16 / 8, open floor fp16 / 4: 2x, as the serving store at 4 steps)
 import pytest
 
 from sakura_core.fetch.traces import Trace
-from sakura_core.policy.ladder import Level, with_track_floor
+from sakura_core.policy.ladder import CrossStepLinks, Level, with_track_floor
 from sakura_core.policy.planner import TRACK_RATIO, Snapshot, best_plan, track_priced
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.oracle import fixed_split_policy
-from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, _Sim, simulate
 
-G = DitGeometry(
+G = DitGeometry.of(
     name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=6
 )
-P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
+P = DeviceProfile("dev", "soc", DeviceCompute(2e11, 0.1, layer_overhead_s=1e-3), DeviceMemory(0), model=G)
 FP = G.shard_bytes_fp16
 N = G.steps * G.layers
 
@@ -29,11 +29,15 @@ def _ladders(twin_div: int, open_div: int) -> list[list[Level]]:
     for g in range(N):
         step = g // G.layers
         ref = None if step == 0 else step - 1
-        twin = None if step == 0 else Level("lo+cl", FP // twin_div, FP // twin_div, 1e-3, 1e-5 / N, ref_step=ref)
+        twin = (
+            None
+            if step == 0
+            else Level("lo+cl", FP // twin_div, FP // twin_div, 1e-3, 1e-5 / N, links=CrossStepLinks(ref_step=ref))
+        )
         out.append(
             [
-                Level("lo", FP // 16, FP // 16, 1e-3, 1e-4 / N, ref_step=ref, closed=twin),
-                Level("hi", FP // open_div, FP // open_div, 1e-3, 2e-5 / N, ref_step=ref),
+                Level("lo", FP // 16, FP // 16, 1e-3, 1e-4 / N, links=CrossStepLinks(ref_step=ref, closed=twin)),
+                Level("hi", FP // open_div, FP // open_div, 1e-3, 2e-5 / N, links=CrossStepLinks(ref_step=ref)),
                 Level("fp16", FP, FP, 1e-3, 0.0),
             ]
         )

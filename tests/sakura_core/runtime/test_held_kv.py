@@ -6,7 +6,7 @@ import torch
 
 from sakura_core.kv.chain import MissingReferenceError
 from sakura_core.kv.manifest import CrossStepRef, Representation
-from sakura_core.policy.ladder import Level
+from sakura_core.policy.ladder import CrossStepLinks, Level
 from sakura_core.runtime.held_kv import HeldKV
 from sakura_core.runtime.shard_index import ShardGrid
 
@@ -20,7 +20,7 @@ def _ladders(residual: bool) -> list[list[Level]]:
     for shard in GRID:
         exact = Level("fp16", 100, 100, 0.0, 0.0)
         if residual and shard.step >= 1:
-            out.append([Level("sakura-l0", 10, 10, 0.0, 1e-3, ref_step=shard.step - 1), exact])
+            out.append([Level("sakura-l0", 10, 10, 0.0, 1e-3, links=CrossStepLinks(ref_step=shard.step - 1)), exact])
         else:
             out.append([exact])
     return out

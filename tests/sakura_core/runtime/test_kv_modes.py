@@ -5,13 +5,13 @@ import pytest
 from sakura_core.fetch.traces import Trace
 from sakura_core.policy.ladder import Level
 from sakura_core.policy.policies import make_policy
-from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import kv_mode_view, simulate
 
-G = DitGeometry(
+G = DitGeometry.of(
     name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
 )
-P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
+P = DeviceProfile("dev", "soc", DeviceCompute(2e11, 0.1, layer_overhead_s=1e-3), DeviceMemory(0), model=G)
 
 
 def _ladders(profile):

@@ -1,8 +1,6 @@
 """What the simulated phone's CPU pays besides the DiT (planning charged per decision, decode threads on the DiT's
 cores) and the fluid lower bound, on small worlds with every number by hand."""
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -15,10 +13,10 @@ from sakura_core.runtime.profiles import PROFILES
 from sakura_core.runtime.simulate import SimConfig, simulate
 
 # 2 layers, 1 step (single mode), template tokens == request tokens: a cached layer costs c, a full one 2c + ...
-GEO = DitGeometry(
+GEO = DitGeometry.of(
     name="tiny", layers=2, heads=1, head_dim=64, image_tokens=64, template_tokens=64, text_tokens=0, steps=1
 )
-CPU = replace(PROFILES["snapdragon-8-elite-cpu"].with_geometry(GEO), fixed_s=0.0, layer_overhead_s=1.0)
+CPU = PROFILES["snapdragon-8-elite-cpu"].with_geometry(GEO).with_fields(fixed_s=0.0, layer_overhead_s=1.0)
 MB = 1_000_000
 
 
@@ -33,7 +31,7 @@ def test_planning_charged_per_decision_delays_the_lane_that_decided():
     # the DiT has the cores to itself, and costs it 0.2 / 8 when it shares them (the planning thread overlaps it)
     lad, fl = _ladders(0.0)
     cfg = SimConfig(planning="fixed", planning_s=0.1)
-    alone = replace(CPU, dit_cpu_cores=0)
+    alone = CPU.with_fields(dit_cpu_cores=0)
     free = simulate(make_policy("on-device-cached"), Trace.constant(8), alone, lad, fl)
     paid = simulate(make_policy("on-device-cached"), Trace.constant(8), alone, lad, fl, config=cfg)
     assert paid.latency_s == pytest.approx(free.latency_s + 0.2)
@@ -63,17 +61,17 @@ def test_decode_threads_slow_the_dit_on_its_cores():
     decodes = [e for e in r.events if e["lane"] == "decode"]
     overlap = decodes[1]["end"] - decodes[1]["start"]
     assert r.contention_s == pytest.approx(overlap / 8)
-    npu = replace(CPU, dit_cpu_cores=0)
+    npu = CPU.with_fields(dit_cpu_cores=0)
     r0 = simulate(make_policy("fetch-fp16"), Trace.constant(800), npu, lad, fl)
     assert r0.contention_s == 0.0 and r.latency_s == pytest.approx(r0.latency_s + overlap / 8)
     # a measured, fractional figure (the phone page's, `sakura bench e2e --mode page`) is charged as it is
-    page = simulate(make_policy("fetch-fp16"), Trace.constant(800), replace(CPU, dit_cpu_cores=1.5), lad, fl)
+    page = simulate(make_policy("fetch-fp16"), Trace.constant(800), CPU.with_fields(dit_cpu_cores=1.5), lad, fl)
     assert page.contention_s == pytest.approx(overlap / 1.5)
 
 
 def test_the_cpu_slowdown_scales_decode_and_planning():
     lad, fl = _ladders(0.8)
-    slow = replace(CPU, cpu_slowdown=2.0, dit_cpu_cores=0)
+    slow = CPU.with_fields(cpu_slowdown=2.0, dit_cpu_cores=0)
     r = simulate(make_policy("fetch-fp16"), Trace.constant(800), slow, lad, fl)
     d = [e["end"] - e["start"] for e in r.events if e["lane"] == "decode"]
     assert d == pytest.approx([1.6, 1.6])
@@ -83,8 +81,8 @@ def test_the_fluid_bound_by_hand_and_below_every_policy():
     # 4 layers (per-step: 2 steps x 2), full 3.0 s, cached 1.0 s (overhead 1 s dominates), 1 MB shards at 8 Mbit/s
     # (1.0 s each, no RTT in the bound): m = 4: compute 4.0, link max_i (i + (4 - i)) = 4.0 -> 4.0;
     # m = 3: compute 3 + 3 = 6.0; so 4.0 s
-    geo = replace(GEO, steps=2)
-    prof = replace(CPU.with_geometry(geo), layer_overhead_s=1.0)
+    geo = GEO.with_fields(steps=2)
+    prof = CPU.with_geometry(geo).with_fields(layer_overhead_s=1.0)
     lad = {"sakura": [[Level("q", MB, MB, 0.0, 1e-4)]] * 4}
     assert prof.layer_cached_s == pytest.approx(1.0, abs=1e-3)
     assert fluid_bound(Trace.constant(8), prof, lad, {"sakura": 0}) == pytest.approx(4 * prof.layer_cached_s, rel=1e-6)
@@ -104,7 +102,7 @@ def test_the_fluid_bound_by_hand_and_below_every_policy():
 def test_no_policy_beats_the_fluid_bound(seed):
     rng = np.random.default_rng(seed)
     trace = Trace(f"r{seed}", np.full(300, 1.0), rng.uniform(0.0, 60.0, 300) * 1e6 / 8)
-    prof = PROFILES["snapdragon-8-elite-cpu"].with_geometry(replace(GEO, layers=6, steps=3, heads=4))
+    prof = PROFILES["snapdragon-8-elite-cpu"].with_geometry(GEO.with_fields(layers=6, steps=3, heads=4))
     lads = [[Level("a", int(MB * rng.uniform(0.5, 2)), MB, 0.01, 1e-4)] for _ in range(18)]
     ladders, floors = {"sakura": lads, "fp16": lads, "cachegen": lads}, {"sakura": 0, "fp16": 0, "cachegen": 0}
     bound = fluid_bound(trace, prof, ladders, floors, 5.0)
@@ -119,8 +117,8 @@ def test_the_fluid_bound_keeps_the_template_pass_a_prefix():
     # one step of 2 layers: layer 0's shard 1 MB, layer 1's 100 MB at 8 Mbit/s (1 MB/s). Fetching only the small
     # shard would need the device to compute layer 1 without layer 0's template hidden state: no split does that.
     # Splits: k = 2 (all on the device) 2 full; k = 1: full + max(cached, arrival of 100 MB); k = 0: both fetched
-    geo = replace(GEO, steps=1)
-    prof = replace(CPU.with_geometry(geo), layer_overhead_s=1.0)
+    geo = GEO.with_fields(steps=1)
+    prof = CPU.with_geometry(geo).with_fields(layer_overhead_s=1.0)
     F, C = prof.layer_full_s, prof.layer_cached_s
     lad = {"sakura": [[Level("q", MB, MB, 0.0, 1e-4)], [Level("q", 100 * MB, 100 * MB, 0.0, 1e-4)]]}
     expect = min(2 * F, C + max(F, 100.0), 2 * C + max(0.0, 1.0 - C, 101.0 - 2 * C))
@@ -136,7 +134,7 @@ def test_the_fluid_bound_under_every_fixed_split_of_a_per_step_edit(seed):
     varying link with uneven shards."""
     rng = np.random.default_rng(seed)
     trace = Trace(f"r{seed}", np.full(200, 1.0), rng.uniform(0.0, 40.0, 200) * 1e6 / 8)
-    prof = PROFILES["snapdragon-8-elite-cpu"].with_geometry(replace(GEO, layers=3, steps=2, heads=4))
+    prof = PROFILES["snapdragon-8-elite-cpu"].with_geometry(GEO.with_fields(layers=3, steps=2, heads=4))
     lads = [[Level("a", int(MB * rng.uniform(0.2, 3)), MB, 0.01, 1e-4)] for _ in range(6)]
     ladders, floors = {"sakura": lads}, {"sakura": 0}
     bound = fluid_bound(trace, prof, ladders, floors, 3.0)
@@ -152,7 +150,7 @@ def test_the_fluid_bound_under_every_fixed_split_of_a_per_step_edit(seed):
 def test_the_fluid_bound_refuses_the_flattened_per_step_profile():
     from sakura_core.runtime.simulate import kv_mode_view
 
-    prof = PROFILES["snapdragon-8-elite-cpu"].with_geometry(replace(GEO, layers=2, steps=2))
+    prof = PROFILES["snapdragon-8-elite-cpu"].with_geometry(GEO.with_fields(layers=2, steps=2))
     lad = {"sakura": [[Level("q", MB, MB, 0.0, 1e-4)]] * 4}
     with pytest.raises(ValueError, match="flattened per-step profile"):
         fluid_bound(Trace.constant(8), kv_mode_view(prof, "per-step"), lad, {"sakura": 0})

@@ -6,15 +6,23 @@ import pytest
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.metrics import psnr_from_mse
-from sakura_core.policy.ladder import Level, feeds_twin, fetch_as, fetch_bytes, twin_applies, with_track_floor
+from sakura_core.policy.ladder import (
+    CrossStepLinks,
+    Level,
+    feeds_twin,
+    fetch_as,
+    fetch_bytes,
+    twin_applies,
+    with_track_floor,
+)
 from sakura_core.runtime.oracle import fixed_split_policy
-from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, simulate
 
-G = DitGeometry(
+G = DitGeometry.of(
     name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
 )
-P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
+P = DeviceProfile("dev", "soc", DeviceCompute(2e11, 0.1, layer_overhead_s=1e-3), DeviceMemory(0), model=G)
 FP = G.shard_bytes_fp16
 N = 12
 
@@ -23,10 +31,10 @@ def _ladder(step: int) -> list[Level]:
     """lo (open quality below the target; at steps >= 1 a twin of 1/8 fp16 with 10x less error), hi (the open-loop
     floor), fp16."""
     ref = None if step == 0 else step - 1
-    twin = None if step == 0 else Level("lo+cl", FP // 8, FP // 8, 1e-3, 1e-5 / N, ref_step=ref)
+    twin = None if step == 0 else Level("lo+cl", FP // 8, FP // 8, 1e-3, 1e-5 / N, links=CrossStepLinks(ref_step=ref))
     return [
-        Level("lo", FP // 16, FP // 16, 1e-3, 1e-4 / N, ref_step=ref, closed=twin),
-        Level("hi", FP // 4, FP // 4, 1e-3, 2e-5 / N, ref_step=ref),
+        Level("lo", FP // 16, FP // 16, 1e-3, 1e-4 / N, links=CrossStepLinks(ref_step=ref, closed=twin)),
+        Level("hi", FP // 4, FP // 4, 1e-3, 2e-5 / N, links=CrossStepLinks(ref_step=ref)),
         Level("fp16", FP, FP, 1e-3, 0.0),
     ]
 
@@ -42,14 +50,7 @@ def test_fetch_as_takes_the_twin_on_its_track_and_the_open_floor_off_it():
     assert fetch_as(lad, 1, True) == fetch_as(lad, 1, False) == (1, False)  # no twin
     plain = _ladder(1)  # no track floor: a twin larger than its level is not worth it
     assert fetch_as(plain, 0, True) == (0, False)
-    cheap = [
-        plain[0].__class__(
-            **{
-                **plain[0].__dict__,
-                "closed": plain[0].closed.__class__(**{**plain[0].closed.__dict__, "nbytes": FP // 32}),
-            }
-        )
-    ]
+    cheap = [plain[0].with_links(closed=plain[0].closed.__class__(**{**plain[0].closed.__dict__, "nbytes": FP // 32}))]
     assert fetch_as(cheap, 0, True) == (0, True)
     assert lad[0].expected_nbytes == FP // 8 and plain[0].expected_nbytes == FP // 16
     assert fetch_bytes(lad, 0, True) == FP // 8 and fetch_bytes(lad, 0, False) == FP // 4  # never lo's own FP // 16
@@ -66,7 +67,9 @@ def test_twin_applies_on_the_same_level_and_track():
 def test_an_upgrade_of_a_tracks_reference_is_flagged():
     assert feeds_twin(_ladder(0), 0, _ladder(1))  # step 0 at lo: step 1's lo twin decodes against it
     assert not feeds_twin(_ladder(0), 1, _ladder(1))  # hi has no twin
-    assert not feeds_twin(_ladder(0), 0, [Level("lo", 1, 1, 0.0, 0.0, ref_step=0)])  # no twin there
+    assert not feeds_twin(
+        _ladder(0), 0, [Level("lo", 1, 1, 0.0, 0.0, links=CrossStepLinks(ref_step=0))]
+    )  # no twin there
 
 
 @pytest.mark.parametrize(("splits", "off_track_shards"), [(0, 0), ([1, 0, 0], 2)])
@@ -155,7 +158,7 @@ def test_the_fluid_bound_prices_a_track_floor_as_its_twin_or_the_open_floor():
         for c in (0, 4)
     ]
     assert min(runs) >= bound - 1e-9
-    loose = {"sakura": [[lv.__class__(**{**lv.__dict__, "off_track": None}) for lv in lad] for lad in ladders]}
+    loose = {"sakura": [[lv.with_links(off_track=None) for lv in lad] for lad in ladders]}
     assert fluid_bound(trace, P, loose, {"sakura": 0}) < bound  # priced at lo's own bytes, as before
 
 
@@ -169,7 +172,7 @@ def test_the_benchs_fluid_bound_is_under_every_run_of_a_per_step_edit():
     from sakura_tools.bench.e2e import FLUID_BOUND, run_sim
 
     free = [
-        [replace(lv, decode_s=0.0, closed=lv.closed and replace(lv.closed, decode_s=0.0)) for lv in lad]
+        [replace(lv, decode_s=0.0).with_links(closed=lv.closed and replace(lv.closed, decode_s=0.0)) for lv in lad]
         for lad in LADDERS
     ]
     ladders = {"sakura": with_track_floor(free, "hi")}

@@ -2,20 +2,20 @@
 step it names); without a decoded reference the shard's exact level is fetched instead, and the decision says so."""
 
 from sakura_core.fetch.traces import Trace
-from sakura_core.policy.ladder import Level
+from sakura_core.policy.ladder import CrossStepLinks, Level
 from sakura_core.policy.policies import Decision, Policy
 from sakura_core.runtime.oracle import fixed_split_policy
-from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, simulate
 
-G = DitGeometry(
+G = DitGeometry.of(
     name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=2
 )
-P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
+P = DeviceProfile("dev", "soc", DeviceCompute(2e11, 0.1, layer_overhead_s=1e-3), DeviceMemory(0), model=G)
 FP = G.shard_bytes_fp16
 EXACT = Level("fp16", FP, FP, 1e-3, 0.0)
 BASE = [Level("q", FP // 6, FP // 6, 1e-3, 1e-5), EXACT]
-RESIDUAL = [Level("q", FP // 20, FP // 20, 1e-3, 1e-5, ref_step=0), EXACT]
+RESIDUAL = [Level("q", FP // 20, FP // 20, 1e-3, 1e-5, links=CrossStepLinks(ref_step=0)), EXACT]
 LADDERS = {"sakura": [BASE] * 4 + [RESIDUAL] * 4}
 NO_RTT = SimConfig(rtt_s=0.0)
 
@@ -39,7 +39,10 @@ def test_the_devices_own_kv_of_a_layer_serves_as_a_reference():
 
 
 def test_a_residual_whose_reference_was_never_decided_is_fetched_exact():
-    ladders = {"sakura": [BASE] * 4 + [[Level("q", FP // 20, FP // 20, 1e-3, 1e-5, ref_step=1), EXACT]] * 4}
+    ladders = {
+        "sakura": [BASE] * 4
+        + [[Level("q", FP // 20, FP // 20, 1e-3, 1e-5, links=CrossStepLinks(ref_step=1)), EXACT]] * 4
+    }
     r = simulate(fixed_split_policy([0, 0]), Trace.constant(1000.0), P, ladders, {"sakura": 0}, config=NO_RTT)
     fallback = [d for d in r.decisions if "needs shard" in str(d["reason"])]  # names step 1 itself: never there
     assert [d["layer"] for d in fallback] == [4, 5, 6, 7] and all("fetching it exact" in d["reason"] for d in fallback)

@@ -4,16 +4,16 @@ split, later steps prefetched), on a small model where every latency is a sum of
 import pytest
 
 from sakura_core.fetch.traces import Trace
-from sakura_core.policy.ladder import Level
+from sakura_core.policy.ladder import CrossStepLinks, Level
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_policy
 from sakura_core.runtime.oracle import fixed_split_policy, simulate_oracle
-from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, simulate
 
-G = DitGeometry(
+G = DitGeometry.of(
     name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
 )
-P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
+P = DeviceProfile("dev", "soc", DeviceCompute(2e11, 0.1, layer_overhead_s=1e-3), DeviceMemory(0), model=G)
 F, C = P.layer_full_s, P.layer_cached_s  # ~10.3 ms, ~4.6 ms
 FP = G.shard_bytes_fp16
 Q = Level("q", FP // 6, FP // 6, 1e-3, 1e-4 / 12)
@@ -203,7 +203,7 @@ def test_a_cross_step_floor_is_not_the_probe_the_running_steps_last_shard_is():
     # steps 1-2 are cross-step residuals against the step before: step 1 layer 0's reference (step 0 layer 0) is not
     # on the device at the start, so probing it would fetch its exact level; the probe is step 0's last shard
     def residual(step):
-        return Level("q-res", FP // 20, FP // 20, 1e-3, 1e-4 / 12, ref_step=step - 1)
+        return Level("q-res", FP // 20, FP // 20, 1e-3, 1e-4 / 12, links=CrossStepLinks(ref_step=step - 1))
 
     lads = {"sakura": [LADDERS["sakura"][0]] * 4 + [[residual(g // 4), LADDERS["sakura"][0][1]] for g in range(4, 12)]}
     r = simulate(make_policy("sakura"), Trace.constant(20), P, lads, FLOORS, config=NO_RTT)
@@ -217,7 +217,7 @@ def test_the_probe_stays_in_the_step_when_no_later_step_has_bytes_to_sample():
     # every shard of steps 1-2 is a zero-byte reuse rung: only step 0's shards can give a sample; its last one (not
     # its first, which the compute lane starts on at once)
     def reuse(step):
-        return Level("reuse", 0, 0, 0.0, 1e-3, reuse=True, ref_step=step - 1)
+        return Level("reuse", 0, 0, 0.0, 1e-3, links=CrossStepLinks(reuse=True, ref_step=step - 1))
 
     lads = {"sakura": [LADDERS["sakura"][0]] * 4 + [[reuse(g // 4), LADDERS["sakura"][0][1]] for g in range(4, 12)]}
     r = simulate(make_policy("sakura"), Trace.constant(20), P, lads, FLOORS, config=NO_RTT)

@@ -2,8 +2,6 @@
 ``RuntimeConfig.request_ahead``), on a small world with every number by hand, and what the policy's predictions
 charge for round trips in each mode."""
 
-from dataclasses import replace
-
 import pytest
 
 from sakura_core.fetch.traces import Trace
@@ -14,10 +12,10 @@ from sakura_core.runtime.geometry import DitGeometry
 from sakura_core.runtime.profiles import PROFILES, get_profile
 from sakura_core.runtime.simulate import SimConfig, _Sim, simulate
 
-GEO = DitGeometry(
+GEO = DitGeometry.of(
     name="tiny4", layers=4, heads=1, head_dim=64, image_tokens=64, template_tokens=64, text_tokens=0, steps=1
 )
-CPU = replace(PROFILES["snapdragon-8-elite-cpu"].with_geometry(GEO), fixed_s=0.0, layer_overhead_s=1.0)
+CPU = PROFILES["snapdragon-8-elite-cpu"].with_geometry(GEO).with_fields(fixed_s=0.0, layer_overhead_s=1.0)
 MB = 1_000_000
 LADDERS = {"fp16": [[Level("q", MB, MB, 0.0, 1e-4)]] * 4}
 FLOORS = {"fp16": 0}

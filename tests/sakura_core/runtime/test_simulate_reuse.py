@@ -9,20 +9,20 @@ import pytest
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.metrics import psnr_from_mse
-from sakura_core.policy.ladder import Level, levels_from
+from sakura_core.policy.ladder import CrossStepLinks, Level, levels_from
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.geometry import GEOMETRIES
 from sakura_core.runtime.oracle import fixed_split_policy
-from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry
 from sakura_core.runtime.sim_ladders import ShardLadders
 from sakura_core.runtime.simulate import SimConfig, simulate
 from sakura_tools.bench.e2e import PSNR_TARGET_DB, cross_step_sakura
 from sakura_tools.bench.per_step_ladders import load
 
-G = DitGeometry(
+G = DitGeometry.of(
     name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
 )
-P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
+P = DeviceProfile("dev", "soc", DeviceCompute(2e11, 0.1, layer_overhead_s=1e-3), DeviceMemory(0), model=G)
 FP = G.shard_bytes_fp16
 EXACT = Level("fp16", FP, FP, 1e-3, 0.0)
 Q = Level("q", FP // 6, FP // 6, 1e-3, 1e-5)
@@ -30,12 +30,18 @@ NO_RTT = SimConfig(rtt_s=0.0)
 
 
 def _reuse(step: int, mse: float = 2e-6) -> Level:
-    return Level("reuse", 0, 0, 0.0, mse, ref_step=step - 1, reuse=True)
+    return Level("reuse", 0, 0, 0.0, mse, links=CrossStepLinks(ref_step=step - 1, reuse=True))
 
 
 def _ladders(ref_step=None):
     later = [
-        [_reuse(s) if ref_step is None else Level("reuse", 0, 0, 0.0, 2e-6, ref_step=ref_step, reuse=True), Q, EXACT]
+        [
+            _reuse(s)
+            if ref_step is None
+            else Level("reuse", 0, 0, 0.0, 2e-6, links=CrossStepLinks(ref_step=ref_step, reuse=True)),
+            Q,
+            EXACT,
+        ]
         for s in (1, 2)
     ]
     return {"sakura": [[Q, EXACT]] * 4 + [later[0]] * 4 + [later[1]] * 4}

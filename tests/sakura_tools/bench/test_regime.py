@@ -8,12 +8,12 @@ import pytest
 
 from sakura_core.cli import main
 from sakura_core.policy.ladder import Level
-from sakura_core.runtime.profiles import DeviceProfile, DitGeometry, get_profile
+from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry, get_profile
 from sakura_core.runtime.sim_ladders import ShardLadders
 from sakura_tools.bench.regime import cells_reaching, format_policy_regime, format_regime, policy_regime, regime_map
 from sakura_tools.bench.results_doc import regime_table
 
-G = DitGeometry(
+G = DitGeometry.of(
     name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
 )
 
@@ -46,9 +46,9 @@ def _single_mode_margins_by_hand(r, prof):
 
 
 def test_winners_follow_link_rate_and_device_speed():
-    prof = DeviceProfile("dev", "soc", 1e12, 0.0, 0, model=G)
+    prof = DeviceProfile("dev", "soc", DeviceCompute(1e12, 0.0), DeviceMemory(0), model=G)
     for mode in ("single", "per-step"):
-        g = G if mode == "single" else DitGeometry(**{**G.__dict__, "layers": 12, "steps": 1})
+        g = G if mode == "single" else G.with_fields(layers=12, steps=1)
         lad, fl = _ladders(g)
         r = regime_map(prof, lad, fl, tflops=[0.01, 100.0], mbits=[0.1, 10000.0], kv_mode=mode)
         assert r["cells"][1][0]["winner"] == "compute"  # fast device, slow link

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from sakura_core.cli import main
-from sakura_core.policy.ladder import Level
+from sakura_core.policy.ladder import CrossStepLinks, Level
 from sakura_core.precompute.store_profile import StoreProfile
 from sakura_tools.bench.per_step_ladders import load
 from sakura_tools.bench.serving_ladders import held_per_step, held_single, serving_view
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _lv(name: str, nbytes: int, closed: Level | None = None) -> Level:
-    return Level(name, nbytes, nbytes, 0.01, 10.0 / nbytes, progressive=False, closed=closed)
+    return Level(name, nbytes, nbytes, 0.01, 10.0 / nbytes, progressive=False, links=CrossStepLinks(closed=closed))
 
 
 def test_the_per_step_view_holds_what_a_serving_store_keeps():
