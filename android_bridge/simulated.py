@@ -14,7 +14,7 @@ import logging
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.kv.manifest import Manifest, as_manifest
-from sakura_core.policy.ladder import Level, ladders_from_manifest
+from sakura_core.policy.ladder import Level, rungs_from_manifest
 from sakura_core.policy.plan import floor_index, policy_levels, psnr_of
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.emulated_device import profile_for_template
@@ -40,15 +40,15 @@ def _manifest_fp16_shard_bytes(manifest: Manifest) -> int:
 
 def phone_ladder(manifest: Manifest, profile: DeviceProfile, fp16_only: bool = False) -> tuple[list[list[Level]], int]:
     """Per phone layer, the manifest's levels scaled to the phone DiT's shard size; and the quality floor index."""
-    ladders, reps = ladders_from_manifest(manifest, _DECODE_BYTES_PER_S)
+    rungs = rungs_from_manifest(manifest, _DECODE_BYTES_PER_S)
     if fp16_only:
-        (idx,) = policy_levels([lv.name for lv in ladders[0]], "fp16")
-        ladders, reps = [[lad[idx]] for lad in ladders], [[r[idx]] for r in reps]
+        (idx,) = policy_levels([r.level.name for r in rungs[0]], "fp16")
+        rungs = [[lad[idx]] for lad in rungs]
     scale = profile.model.shard_bytes_fp16 / _manifest_fp16_shard_bytes(manifest)
-    demo_layers, phone_layers = len(ladders), profile.model.layers
+    demo_layers, phone_layers = len(rungs), profile.model.layers
     out = []
     for layer in range(phone_layers):
-        src = ladders[layer * demo_layers // phone_layers]  # spread the demo's layers over the phone's
+        src = rungs[layer * demo_layers // phone_layers]  # spread the demo's layers over the phone's
         out.append(
             [
                 Level(
@@ -59,10 +59,10 @@ def phone_ladder(manifest: Manifest, profile: DeviceProfile, fp16_only: bool = F
                     mse=lv.mse * demo_layers / phone_layers,
                     progressive=lv.progressive,
                 )
-                for lv in src
+                for lv in (r.level for r in src)
             ]
         )
-    return out, floor_index([lv.name for lv in out[0]], psnr_of(reps[0]))
+    return out, floor_index([lv.name for lv in out[0]], psnr_of(rungs[0]))
 
 
 def simulate_phone_job(

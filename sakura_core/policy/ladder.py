@@ -14,10 +14,13 @@ __all__ = [
     "CrossStepLinks",
     "Level",
     "PlannedRep",
+    "Rung",
     "feeds_twin",
     "fetch_as",
-    "ladders_from_manifest",
     "levels_from",
+    "levels_of",
+    "rungs_from_manifest",
+    "rungs_with_track_floor",
     "self_contained_top",
     "shard_floor",
     "twin_applies",
@@ -146,6 +149,20 @@ class PlannedRep(Representation):
         return self.name if self.stands_for is None else self.stands_for
 
 
+@dataclass(frozen=True)
+class Rung:
+    """One rung of a shard's ladder as a plan serves it: the :class:`Level` the policies reason about and the
+    :class:`PlannedRep` (its manifest entry) the lanes fetch and decode for it."""
+
+    level: Level
+    rep: PlannedRep
+
+
+def levels_of(rungs: list[list[Rung]]) -> list[list[Level]]:
+    """The policies' view of per-shard ``rungs``: each shard's levels, in the same order."""
+    return [[r.level for r in ladder] for ladder in rungs]
+
+
 def twin_applies(level: Level, ref_held: tuple[str, bool] | None) -> bool:
     """Whether ``level`` of a shard is fetched as its closed-loop twin: it has one, and the device holds its reference
     shard as ``ref_held`` = (the name of the level held, whether that was the twin) at the same level — the twin
@@ -198,10 +215,23 @@ def with_track_floor(ladders: list[list[Level]], open_floor: str) -> list[list[L
     out = []
     for lad in ladders:
         at = next(j for j, lv in enumerate(lad) if lv.name == open_floor)
-        out.append(
-            [lv.with_links(off_track=at) if lv.closed is not None and j < at else lv for j, lv in enumerate(lad)]
-        )
+        out.append([_off_track(lv, j, at) for j, lv in enumerate(lad)])
     return out
+
+
+def rungs_with_track_floor(rungs: list[list[Rung]], open_floor: str) -> list[list[Rung]]:
+    """:func:`with_track_floor` on the levels of per-shard ``rungs`` (their manifest entries unchanged)."""
+    out = []
+    for lad in rungs:
+        at = next(j for j, r in enumerate(lad) if r.level.name == open_floor)
+        out.append([replace(r, level=_off_track(r.level, j, at)) for j, r in enumerate(lad)])
+    return out
+
+
+def _off_track(lv: Level, j: int, at: int) -> Level:
+    """Level ``lv`` (at ladder index ``j``) fetched off its twins' track at index ``at`` when it has a twin below
+    ``at``; else as it is."""
+    return lv.with_links(off_track=at) if lv.closed is not None and j < at else lv
 
 
 def shard_floor(floor, g: int) -> int:
@@ -210,10 +240,10 @@ def shard_floor(floor, g: int) -> int:
     return floor if isinstance(floor, int) else int(floor[g])
 
 
-def self_contained_top(reps: list[PlannedRep]) -> int | None:
-    """The index of a shard's top representation (``reps``, its ladder's order) when it decodes without a reference
-    (the fp16 a full store keeps), else None: a ``serving`` store keeps no self-contained level at a cross-step step."""
-    return len(reps) - 1 if reps[-1].ref is None else None
+def self_contained_top(ladder: list[Rung]) -> int | None:
+    """The index of a shard's top rung (``ladder``) when its representation decodes without a reference (the fp16 a
+    full store keeps), else None: a ``serving`` store keeps no self-contained level at a cross-step step."""
+    return len(ladder) - 1 if ladder[-1].rep.ref is None else None
 
 
 def levels_from(ladder: list[Level], floor: int) -> list[int]:
@@ -225,10 +255,11 @@ def levels_from(ladder: list[Level], floor: int) -> list[int]:
     return [j for j in range(floor, len(ladder)) if j == floor or ladder[j].mse <= ladder[floor].mse]
 
 
-def ladders_from_manifest(
+def rungs_from_manifest(
     manifest: Manifest | dict, decode_bytes_per_s: float, level_psnr_db: dict[str, float] | None = None
-) -> tuple[list[list[Level]], list[list[PlannedRep]]]:
-    """Per-shard ladders (cheapest first) for the policies, and the matching manifest representations.
+) -> list[list[Rung]]:
+    """Per-shard ladders (cheapest first) of rungs: each a level for the policies with its manifest representation
+    (:func:`levels_of`: the policies' view).
 
     Single mode: one ladder per layer. Per-step mode (the per-step shard protocol of
     :mod:`sakura_core.policy.context`): one per (step, layer), at index ``g = step * L + layer`` — never a step's KV
@@ -240,8 +271,7 @@ def ladders_from_manifest(
     per_step = m.kv_mode == "per-step"
     steps = m.schedule.steps if m.schedule is not None else 1
     n = steps * L  # a level's output MSE is shared out over every shard
-    ladders: list[list[Level] | None] = [None] * n
-    reps_out: list[list[PlannedRep] | None] = [None] * n
+    ladders: list[list[Rung] | None] = [None] * n
     slots = _slot_names(m.shards)
     rows, cols = m.token_grid
     for shard in m.shards:
@@ -251,16 +281,16 @@ def ladders_from_manifest(
             raise ValueError(f"the live runtime fetches one layer per shard; shard {first}-{last} groups layers")
         # what every level decodes to: K and V of this shard's layers in fp16, whatever the level's size on the wire
         fp16_bytes = (last - first + 1) * 2 * rows * cols * m.heads * m.head_dim * 2
-        levels, reps = _shard_ladder(shard.representations, slots, fp16_bytes / decode_bytes_per_s, n, level_psnr_db)
+        rungs = _shard_ladder(shard.representations, slots, fp16_bytes / decode_bytes_per_s, n, level_psnr_db)
         if ladders[g] is not None:
             raise ValueError(f"manifest has two shards for {_slot(g, L, per_step)}")
-        ladders[g], reps_out[g] = levels, reps
+        ladders[g] = rungs
     missing = [g for g, x in enumerate(ladders) if x is None]
     if missing and not per_step:
         raise ValueError(f"manifest lacks shards for layers {missing}")
     if missing:
         raise ValueError(f"manifest lacks shards for {', '.join(_slot(g, L, True) for g in missing)}")
-    return [x for x in ladders if x is not None], [r for r in reps_out if r is not None]  # none missing: every slot
+    return [x for x in ladders if x is not None]  # none missing: every slot
 
 
 def _mse(rep: Representation, n: int, level_psnr_db: dict[str, float] | None) -> float:
@@ -269,8 +299,8 @@ def _mse(rep: Representation, n: int, level_psnr_db: dict[str, float] | None) ->
     return 4 * 10 ** (-psnr / 10) / n if psnr is not None else float(rep.distortion or 0.0) ** 2 / n
 
 
-def _shard_ladder(representations, slots: list[str], decode_s: float, n: int, level_psnr_db):
-    """One shard's levels and their planned representations. A zero-byte ``reuse`` rung (cross-step templates) is not
+def _shard_ladder(representations, slots: list[str], decode_s: float, n: int, level_psnr_db) -> list[Rung]:
+    """One shard's rungs: its levels and their planned representations. A zero-byte ``reuse`` rung (cross-step templates) is not
     a fetchable level: it is not in the index ladder; a closed-loop twin goes with its level (``Level.closed``, the
     representation's ``closed_twin``)."""
     twins = {base_level_name(r.name): r for r in representations if r.ref_mode == CLOSED_REF_MODE}
@@ -278,23 +308,22 @@ def _shard_ladder(representations, slots: list[str], decode_s: float, n: int, le
     own = sorted(own, key=lambda r: (r.name == "fp16", r.level))
     reps = _fill_slots(own, slots)
     by_digest = {r.digest: r for r in reps}
-    levels, prev_bytes = [], 0
+    rungs, prev_bytes = [], 0
     for r in reps:
         chain_bytes = sum(by_digest[d].nbytes for d in r.requires if d in by_digest) + r.nbytes
         progressive = bool(r.requires)
-        levels.append(
-            Level(
-                name=r.slot_name,
-                nbytes=chain_bytes,
-                increment_bytes=r.nbytes if progressive else chain_bytes,
-                decode_s=decode_s,
-                mse=_mse(r, n, level_psnr_db),
-                progressive=progressive and chain_bytes > prev_bytes,
-                links=CrossStepLinks(ref_step=None if r.ref is None else r.ref.step),
-            )
+        level = Level(
+            name=r.slot_name,
+            nbytes=chain_bytes,
+            increment_bytes=r.nbytes if progressive else chain_bytes,
+            decode_s=decode_s,
+            mse=_mse(r, n, level_psnr_db),
+            progressive=progressive and chain_bytes > prev_bytes,
+            links=CrossStepLinks(ref_step=None if r.ref is None else r.ref.step),
         )
+        rungs.append(Rung(level, r))
         prev_bytes = chain_bytes
-    return _with_twins(levels, reps, twins, decode_s, n, level_psnr_db)
+    return _with_twins(rungs, twins, decode_s, n, level_psnr_db)
 
 
 def _name_key(name: str) -> tuple:
@@ -328,24 +357,22 @@ def _fill_slots(reps: list[PlannedRep], slots: list[str]) -> list[PlannedRep]:
     return out
 
 
-def _with_twins(levels, reps, twins: dict[str, Representation], decode_s: float, n: int, level_psnr_db):
-    """``levels`` with each level's closed-loop twin as ``Level.closed``, and ``reps`` carrying the twin's manifest
-    entry (``closed_twin``): what the fetch lane substitutes."""
+def _with_twins(rungs: list[Rung], twins: dict[str, Representation], decode_s: float, n: int, level_psnr_db):
+    """``rungs`` with each level's closed-loop twin as ``Level.closed``, and its representation carrying the twin's
+    manifest entry (``closed_twin``): what the fetch lane substitutes."""
     if not twins:
-        return levels, reps
-    out_levels, out_reps = [], []
-    for lv, r in zip(levels, reps, strict=True):
-        twin = twins.get(lv.name)
+        return rungs
+    out = []
+    for rung in rungs:
+        twin = twins.get(rung.level.name)
         if twin is not None:
             assert twin.ref is not None  # a closed-loop twin (CLOSED_REF_MODE)
             mse = _mse(twin, n, level_psnr_db)
-            closed = Level(
-                twin.name, twin.nbytes, twin.nbytes, decode_s, mse, links=CrossStepLinks(ref_step=twin.ref.step)
-            )
-            lv, r = lv.with_links(closed=closed), replace(r, closed_twin=twin)
-        out_levels.append(lv)
-        out_reps.append(r)
-    return out_levels, out_reps
+            links = CrossStepLinks(ref_step=twin.ref.step)
+            closed = Level(twin.name, twin.nbytes, twin.nbytes, decode_s, mse, links=links)
+            rung = Rung(rung.level.with_links(closed=closed), replace(rung.rep, closed_twin=twin))
+        out.append(rung)
+    return out
 
 
 def _slot(g: int, L: int, per_step: bool) -> str:

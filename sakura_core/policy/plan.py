@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from ..kv.manifest import Manifest
-from .ladder import Level, PlannedRep, ladders_from_manifest, with_track_floor
+from .ladder import Level, Rung, levels_of, rungs_from_manifest, rungs_with_track_floor
 from .policies import POLICIES, Policy, make_policy
 
 __all__ = [
@@ -65,21 +66,31 @@ def policy_levels(names: list[str], family: str, psnr_db: dict[str, float] | Non
 
 @dataclass(frozen=True)
 class FetchPlan:
-    """The ladders (per layer, cheapest first), matching manifest entries (typed: what the lanes fetch and decode)
-    and the floor level for one policy."""
+    """The rungs the policy may fetch (per shard, cheapest first: each a level and the manifest entry the lanes fetch
+    and decode for it) and the floor level for one policy.
+
+    Attributes:
+        policy: the policy.
+        rungs: per shard (flat index) its ladder of :class:`~sakura_core.policy.ladder.Rung`.
+        floor: the index of the cheapest level the policy may pick.
+    """
 
     policy: Policy
-    ladders: list[list[Level]]
-    reps: list[list[PlannedRep]]
+    rungs: list[list[Rung]]
     floor: int
+
+    @cached_property
+    def ladders(self) -> list[list[Level]]:
+        """The policies' view: per shard its levels (:func:`~sakura_core.policy.ladder.levels_of`)."""
+        return levels_of(self.rungs)
 
     @property
     def floor_name(self) -> str:
-        return self.ladders[0][self.floor].name
+        return self.rungs[0][self.floor].level.name
 
 
 def plan_fetch(manifest: Manifest | dict, policy_name: str, decode_bytes_per_s: float = 6e8) -> FetchPlan:
-    """Ladders for ``policy_name`` and the quality floor: the cheapest level whose measured output PSNR (manifest
+    """Rungs for ``policy_name`` and the quality floor: the cheapest level whose measured output PSNR (manifest
     ``psnr_db``) reaches :data:`FLOOR_PSNR_DB` — on its closed-loop twins' track where a per-step template has them
     (the levels below the open-loop floor then fetch that floor off their track: ``Level.off_track``)."""
     policy = make_policy(policy_name)
@@ -88,52 +99,51 @@ def plan_fetch(manifest: Manifest | dict, policy_name: str, decode_bytes_per_s: 
             f"policy {policy_name!r} is simulation-only (sakura bench e2e --mode sim); a real edit runs "
             f"one of {', '.join(runnable_policies())}"
         )
-    ladders, reps = ladders_from_manifest(manifest, decode_bytes_per_s)
-    keep = policy_levels([lv.name for lv in ladders[0]], policy.family, track_psnr(reps))
-    ladders, reps = [[lad[i] for i in keep] for lad in ladders], [_kept_reps(r, keep) for r in reps]
-    names = [lv.name for lv in ladders[0]]
-    floor = floor_index(names, psnr_of(reps[0]))
-    track = track_floor_index(names, reps)
+    rungs = rungs_from_manifest(manifest, decode_bytes_per_s)
+    keep = policy_levels([r.level.name for r in rungs[0]], policy.family, track_psnr(rungs))
+    rungs = [_kept_rungs(ladder, keep) for ladder in rungs]
+    names = [r.level.name for r in rungs[0]]
+    floor = floor_index(names, psnr_of(rungs[0]))
+    track = track_floor_index(names, rungs)
     if track < floor:  # closed-loop twins reach the target lower: the floor on their track, the open one off it
-        ladders, floor = with_track_floor(ladders, names[floor]), track
-    return FetchPlan(policy, ladders, reps, floor)
+        rungs, floor = rungs_with_track_floor(rungs, names[floor]), track
+    return FetchPlan(policy, rungs, floor)
 
 
-def psnr_of(reps: list[PlannedRep]) -> dict[str, float | None]:
-    """Each representation's measured output PSNR by its name (a ladder's, for :func:`floor_index`)."""
-    return {r.name: r.psnr_db for r in reps}
+def psnr_of(ladder: list[Rung]) -> dict[str, float | None]:
+    """Each rung's measured output PSNR (its representation's) by its representation's name (a ladder's, for
+    :func:`floor_index`)."""
+    return {r.rep.name: r.rep.psnr_db for r in ladder}
 
 
-def _kept_reps(reps: list[PlannedRep], keep: list[int]) -> list[PlannedRep]:
-    """The representations at ``keep``; one whose chain requires a representation left out carries the entries of
-    its chain (``chain``: what the fetch lane sizes its blobs by; the top rung a fetch-fp16 policy gets from a store
-    without fp16 is a progressive chain)."""
+def _kept_rungs(ladder: list[Rung], keep: list[int]) -> list[Rung]:
+    """The rungs at ``keep``; one whose representation's chain requires a representation left out carries the entries
+    of its chain (``chain``: what the fetch lane sizes its blobs by; the top rung a fetch-fp16 policy gets from a
+    store without fp16 is a progressive chain)."""
     out = []
-    kept = {reps[i].digest for i in keep}
-    by_digest = {r.digest: r for r in reps}
+    kept = {ladder[i].rep.digest for i in keep}
+    by_digest = {r.rep.digest: r.rep for r in ladder}
     for i in keep:
-        r = reps[i]
-        missing = tuple(by_digest[d] for d in r.requires if d not in kept and d in by_digest)
-        out.append(replace(r, chain=missing) if missing else r)
+        r = ladder[i]
+        missing = tuple(by_digest[d] for d in r.rep.requires if d not in kept and d in by_digest)
+        out.append(replace(r, rep=replace(r.rep, chain=missing)) if missing else r)
     return out
 
 
-def track_floor_index(
-    ladder_names: list[str], reps: list[list[PlannedRep]], floor_psnr_db: float = FLOOR_PSNR_DB
-) -> int:
+def track_floor_index(ladder_names: list[str], rungs: list[list[Rung]], floor_psnr_db: float = FLOOR_PSNR_DB) -> int:
     """Like :func:`floor_index`, on each level's track PSNR (:func:`track_psnr`)."""
-    psnr = track_psnr(reps)
+    psnr = track_psnr(rungs)
     return floor_index(ladder_names, psnr, floor_psnr_db)
 
 
-def track_psnr(reps: list[list[PlannedRep]]) -> dict[str, float]:
+def track_psnr(rungs: list[list[Rung]]) -> dict[str, float]:
     """Per ladder slot name the measured PSNR of its track: its closed-loop twins' (``closed_twin``: step 0 at the
     level, every later step its twin) where the template has them, else the level's own ``psnr_db`` (a slot a
     ``serving`` store fills with another level, ``stands_for``, has only its twin's)."""
     own: dict[str, float] = {}
     twins: dict[str, float] = {}
-    for shard_reps in reps:
-        for r in shard_reps:
+    for ladder in rungs:
+        for r in (rung.rep for rung in ladder):
             slot = r.slot_name
             twin = r.closed_twin
             if twin is not None and twin.psnr_db is not None:

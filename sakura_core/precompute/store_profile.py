@@ -16,7 +16,7 @@ A template none of whose levels reaches ``top_psnr_db`` keeps its fp16 as the to
 still name their reference by the reference shard's fp16 digest, which a serving manifest records per shard as
 ``exact_digest`` (the exact KV's name: the residual decodes against whatever the client holds of it). A client asking
 for a level the store does not hold gets the nearest one it does (:func:`sakura_core.policy.ladder.
-ladders_from_manifest`).
+rungs_from_manifest`).
 """
 
 from __future__ import annotations

@@ -18,14 +18,14 @@ from collections.abc import Callable
 from .decode_lane import DecodeLane
 from .denoise import EditResult, run_edit
 from .device_kv import DeviceKV
-from .lane_parts import EditInputs, LaneParts
+from .lane_parts import EditInputs, LaneParts, PartsView
 from .late_shards import LateShards
 from .pipeline_config import Cancelled
 
 __all__ = ["ComputeLane"]
 
 
-class ComputeLane:
+class ComputeLane(PartsView):
     """The edit and its per-layer hooks (see the module docstring); :meth:`reset` before each run.
 
     Args:
@@ -50,9 +50,7 @@ class ComputeLane:
     ) -> None:
         self.model, self.backend, self.user_image, self.prompt = edit.model, edit.backend, edit.user_image, edit.prompt
         self.template_image, self.kv_mode = edit.template_image, kv_mode
-        self.grid, self.ladders, self.st, self.ctx = parts.grid, parts.plan.ladders, parts.st, parts.ctx
-        self.policy, self.cfg, self.cancel, self.log = parts.plan.policy, parts.config, parts.cancel, parts.log
-        self.held, self.decoder, self.device, self.late = parts.held, decoder, device, late
+        self.parts, self.decoder, self.device, self.late = parts, decoder, device, late
         self.user_hook = user_hook
         self.reset()
 

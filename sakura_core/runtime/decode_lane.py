@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..kv.binding import check_shard_binding, check_shard_geometry, slot_from_manifest
 from ..kv.chain import ChainDecoder, DecodedReference
 from ..kv.manifest import Manifest, Representation
-from ..policy.ladder import Level, PlannedRep
+from ..policy.ladder import Rung
 from .live_state import LiveState
 from .run_log import RunLog
 from .shard_index import ShardId
@@ -31,7 +31,7 @@ class DecodeLane:
 
     Args:
         manifest: the template's manifest (each decoded shard is checked against its slot there).
-        ladders/reps: per shard (flat index), the levels and their manifest entries.
+        rungs: per shard (flat index), its ladder: the levels and their manifest entries.
         st: the run's live state (its clock times the decode events).
         log: the run's timeline.
         threads: decoder threads.
@@ -40,13 +40,12 @@ class DecodeLane:
     def __init__(
         self,
         manifest: Manifest,
-        ladders: list[list[Level]],
-        reps: list[list[PlannedRep]],
+        rungs: list[list[Rung]],
         st: LiveState,
         log: RunLog,
         threads: int,
     ) -> None:
-        self.manifest, self.ladders, self.reps, self.st, self.log = manifest, ladders, reps, st, log
+        self.manifest, self.rungs, self.st, self.log = manifest, rungs, st, log
         self.per_step = manifest.kv_mode == "per-step"  # its shards' slots name their step
         self.threads = threads
         self._lock = threading.Lock()
@@ -116,8 +115,8 @@ class DecodeLane:
             dec = ChainDecoder()
         # the blob must be the one this slot needs, not just the one the manifest names (a corrupt shard if not): each
         # blob's header is checked against the slot's geometry before it is decompressed, the top one's level after
-        rep: Representation = self.reps[shard.g][level]
-        twin = self.reps[shard.g][level].closed_twin
+        rep: Representation = self.rungs[shard.g][level].rep
+        twin = self.rungs[shard.g][level].rep.closed_twin
         if twin is not None and digests[-1] == twin.digest:  # the level's closed-loop twin, fetched in its place
             rep = twin
         slot = slot_from_manifest(self.manifest, shard.layer, rep, shard.step if self.per_step else None)

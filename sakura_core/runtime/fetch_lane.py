@@ -27,7 +27,7 @@ from ..policy.ladder import PlannedRep, fetch_as, self_contained_top
 from .decode_lane import DecodeLane
 from .deferral import ask_deferred
 from .fetch_wire import Turn, Wire, first_of, takes_on_chunk
-from .lane_parts import LaneParts
+from .lane_parts import LaneParts, PartsView
 from .lane_rules import ask_in_order, ask_upgrade, has_prefetch_room, link_passed
 from .reference_wait import ReferenceWait
 from .shard_index import ShardId
@@ -37,7 +37,7 @@ __all__ = ["IDLE_POLL_S", "FetchLane", "takes_on_chunk"]
 IDLE_POLL_S = 0.02  # how often an idle fetch lane asks again about deferred shards (seconds)
 
 
-class FetchLane:
+class FetchLane(PartsView):
     """The link of one edit (see the module docstring); :meth:`reset` before each run, :meth:`run` is the lane.
 
     Args:
@@ -50,10 +50,7 @@ class FetchLane:
 
     def __init__(self, fetch_blob, parts: LaneParts, decoder: DecodeLane) -> None:
         self.fetch_blob, self.reports_chunks = fetch_blob, takes_on_chunk(fetch_blob)
-        plan = parts.plan
-        self.grid, self.ladders, self.reps, self.floor = parts.grid, plan.ladders, plan.reps, plan.floor
-        self.st, self.ctx, self.policy, self.held, self.decoder = parts.st, parts.ctx, plan.policy, parts.held, decoder
-        self.log, self.cfg, self.cancel = parts.log, parts.config, parts.cancel
+        self.parts, self.decoder = parts, decoder
         self.reset()
 
     def reset(self) -> None:
@@ -312,7 +309,7 @@ class FetchLane:
         try:
             await self._fetch_level(shard, level, gated)
         except Exception as e:  # noqa: BLE001 - every failure has the same fallback, and it is reported
-            retry = self_contained_top(self.reps[shard.g]) if isinstance(e, MissingReferenceError) else self.floor
+            retry = self_contained_top(self.rungs[shard.g]) if isinstance(e, MissingReferenceError) else self.floor
             if retry is not None and level != retry:
                 name = self.ladders[shard.g][level].name
                 what = "its self-contained exact level" if retry != self.floor else "the floor level"
@@ -330,7 +327,7 @@ class FetchLane:
         """Fetch the chain of ``shard`` up to ``level``, decode it in the pool and publish the KV (``gated``: with
         :attr:`ahead`, each blob's bytes wait for the wire, :meth:`_get_blob`)."""
         st, g = self.st, shard.g
-        planned: PlannedRep = self.reps[g][level]
+        planned: PlannedRep = self.rungs[g][level].rep
         rep: Representation = planned
         digests = rep.chain_digests
         start = self.decoder.decoded_prefix(shard, digests)  # an upgrade fetches only the blobs its decoder lacks
@@ -338,12 +335,12 @@ class FetchLane:
             await self.refs.fetched(shard, planned)
             twin = self.held.closed_twin(shard, planned)
             level, as_twin = fetch_as(self.ladders[g], level, twin is not None)
-            planned = self.reps[g][level]
+            planned = self.rungs[g][level].rep
             rep = twin if as_twin and twin is not None else planned
             digests = rep.chain_digests
             start = self.decoder.decoded_prefix(shard, digests)
         left_out = planned.chain if rep is planned else ()  # (a closed-loop twin has none)
-        by_digest = {r.digest: r for r in (*self.reps[g], *left_out, rep)}  # chain: policy_levels
+        by_digest = {r.digest: r for r in (*(x.rep for x in self.rungs[g]), *left_out, rep)}  # chain: policy_levels
         name = rep.name
         coming = False  # the reference is made on the device (or fetched) by the end of its step: decoded then
         try:
@@ -364,7 +361,7 @@ class FetchLane:
                 st.receiving.pop(g, None)
         with st.lock:  # its bytes are here: decoded once the decoder has run (what the simulator's view shows)
             if g in st.in_flight:
-                st.in_flight[g] = st.now + self.ladders[g][level].decode_s
+                st.in_flight[g] = st.now + self.rungs[g][level].level.decode_s
         self._wire.landed(g)  # the link may go on (one request at a time): this shard's transfer has ended
         if coming:
             reference = await self.refs.held_reference(shard, rep)

@@ -228,7 +228,7 @@ class HeldKV:
 
     def closed_twin(self, shard: ShardId, rep: PlannedRep) -> Representation | None:
         """The closed-loop twin of representation ``rep`` of ``shard`` (``rep.closed_twin``, from
-        :func:`~sakura_core.policy.ladder.ladders_from_manifest`) when the device holds the one representation of
+        :func:`~sakura_core.policy.ladder.rungs_from_manifest`) when the device holds the one representation of
         its reference it is coded against — then it replaces ``rep`` (fewer bytes, no error carried over); else
         None."""
         twin = rep.closed_twin

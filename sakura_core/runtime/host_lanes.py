@@ -91,7 +91,7 @@ class HostLanes:
         self.held = HeldKV(self.grid, plan.ladders)
         from .decode_lane import DecodeLane
 
-        self.decoder = DecodeLane(manifest, plan.ladders, plan.reps, self.st, self.log, self.cfg.decode_threads)
+        self.decoder = DecodeLane(manifest, plan.rungs, self.st, self.log, self.cfg.decode_threads)
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -1,7 +1,8 @@
 """The named parts a pipelined edit is built from, so that each lane's constructor takes a handful of them rather
 than a long list: :class:`EditInputs` (what the compute lane edits), :class:`RunControls` (how the caller drives the
 run) and :class:`LaneParts` (what the lanes of one run share: the shards, the fetch plan, the live state and the
-policy's view of it, the KV held, the log, the settings and the cancel flag)."""
+policy's view of it, the KV held, the log, the settings and the cancel flag). A lane holds the parts and reads them
+through :class:`PartsView`'s names, so each lives once."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import numpy as np
 
 from ..models.edit_model import EditModel
 from ..policy.context import Context
+from ..policy.ladder import Level, Rung
 from ..policy.plan import FetchPlan
+from ..policy.policies import Policy
 from .backend import ComputeBackend
 from .clock import Clock
 from .held_kv import HeldKV
@@ -23,7 +26,7 @@ from .pipeline_config import CancelFlag, RuntimeConfig
 from .run_log import RunLog
 from .shard_index import ShardGrid
 
-__all__ = ["EditInputs", "LaneParts", "RunControls"]
+__all__ = ["EditInputs", "LaneParts", "PartsView", "RunControls"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class LaneParts:
 
     Attributes:
         grid: the run's shards (:class:`~sakura_core.runtime.shard_index.ShardGrid`).
-        plan: the policy, its ladders (per shard, cheapest first), their manifest entries and the floor level.
+        plan: the policy, its rungs (per shard, cheapest first: each a level and its manifest entry) and the floor.
         st, ctx: the live state (with the clock) and the policy's view of it.
         held: the shards' state and their KV.
         log, config, cancel: the run's timeline, settings and cancel flag.
@@ -71,3 +74,60 @@ class LaneParts:
     log: RunLog
     config: RuntimeConfig
     cancel: CancelFlag
+
+
+class PartsView:
+    """The names a lane reads the run's shared :class:`LaneParts` by (``self.parts``, set by the lane's constructor):
+    properties, not copies, so every field lives once in the parts."""
+
+    parts: LaneParts
+
+    @property
+    def grid(self) -> ShardGrid:
+        return self.parts.grid
+
+    @property
+    def plan(self) -> FetchPlan:
+        return self.parts.plan
+
+    @property
+    def policy(self) -> Policy:
+        return self.parts.plan.policy
+
+    @property
+    def rungs(self) -> list[list[Rung]]:
+        """Per shard its ladder of rungs (each a level and the manifest entry fetched for it)."""
+        return self.parts.plan.rungs
+
+    @property
+    def ladders(self) -> list[list[Level]]:
+        """Per shard its levels (the policies' view of :attr:`rungs`)."""
+        return self.parts.plan.ladders
+
+    @property
+    def floor(self) -> int:
+        return self.parts.plan.floor
+
+    @property
+    def st(self) -> LiveState:
+        return self.parts.st
+
+    @property
+    def ctx(self) -> Context:
+        return self.parts.ctx
+
+    @property
+    def held(self) -> HeldKV:
+        return self.parts.held
+
+    @property
+    def log(self) -> RunLog:
+        return self.parts.log
+
+    @property
+    def cfg(self) -> RuntimeConfig:
+        return self.parts.config
+
+    @property
+    def cancel(self) -> CancelFlag:
+        return self.parts.cancel

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .deferral import LATE_FALLBACK_REASON
 from .fetch_lane import FetchLane
-from .lane_parts import LaneParts
+from .lane_parts import LaneParts, PartsView
 from .pipeline_config import Cancelled
 from .shard_index import ShardId
 
@@ -17,7 +17,7 @@ __all__ = ["LateShards"]
 CANCEL_POLL_S = 0.05  # how often a wait for a shard checks the cancel flag (seconds)
 
 
-class LateShards:
+class LateShards(PartsView):
     """How the compute lane waits for a late shard (it keeps no state of its own between waits).
 
     Args:
@@ -28,9 +28,7 @@ class LateShards:
     """
 
     def __init__(self, parts: LaneParts, fetch: FetchLane, layer_cached_s: float) -> None:
-        self.grid, self.st, self.ctx, self.policy = parts.grid, parts.st, parts.ctx, parts.plan.policy
-        self.held, self.fetch = parts.held, fetch
-        self.log, self.cfg, self.cancel = parts.log, parts.config, parts.cancel
+        self.parts, self.fetch = parts, fetch
         self.poll_s = min(max(layer_cached_s, 0.01), parts.config.shard_wait_s)
 
     def wait_for(self, shard: ShardId, step: int) -> None:

@@ -95,8 +95,9 @@ class PipelinedEdit:
             ``fetch.link.shaped_fetcher``); with ``on_chunk``, called with each chunk's size, the policy sees a
             transfer while it lasts (a stalled one too), as in the simulator; a fetcher awaits what ``on_chunk``
             returns when it is awaitable (the wire turn of ``RuntimeConfig.request_ahead``, as ShardClient does).
-        plan: the policy, its ladders and their manifest entries (:func:`~sakura_core.policy.plan.plan_fetch`, or
-            built from :func:`ladders_from_manifest`) and the floor: the cheapest level the policy may pick.
+        plan: the policy, its rungs (levels and their manifest entries: :func:`~sakura_core.policy.plan.plan_fetch`,
+            or built from :func:`~sakura_core.policy.ladder.rungs_from_manifest`) and the floor: the cheapest level
+            the policy may pick.
         profile: measured per-layer compute times.
         trace: the link's trace, for the policies that read it (cachegen's rule, the oracle); None on a live
             link: those rules then use the estimator's rate (``Context.has_trace``).
@@ -144,7 +145,7 @@ class PipelinedEdit:
         self.log = RunLog()
         self.held = HeldKV(grid, ladders)
         parts = LaneParts(grid, plan, self.st, self.ctx, self.held, self.log, cfg, stop)
-        self.decoder = DecodeLane(manifest, ladders, plan.reps, self.st, self.log, cfg.decode_threads)
+        self.decoder = DecodeLane(manifest, plan.rungs, self.st, self.log, cfg.decode_threads)
         self.fetch = FetchLane(fetch_blob, parts, self.decoder)
         self.st.request_ahead = self.fetch.ahead  # Context.queued_rtt_s: the policy's view of the lane's requests
         self.device = DeviceKV(

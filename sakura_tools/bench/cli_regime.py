@@ -95,14 +95,14 @@ def class_rates(folder: str) -> dict[str, dict]:
 def run(args) -> int:
     from sakura_core.models.edit_model import load_demo_model
 
-    from .cli_e2e import _sim_config
     from .e2e import sim_ladders
+    from .e2e_args import sim_config
     from .e2e_ladders import load_or_measure_ladders
     from .geometry_ladders import LadderConfig
     from .regime import format_policy_regime, policy_regime
 
     tflops, mbits = _floats("--tflops", args.tflops), _floats("--mbits", args.mbits)
-    config = _sim_config(args, "sakura bench regime")
+    config = sim_config(args, "sakura bench regime")
     against = tuple(x.strip() for x in args.against.split(",") if x.strip())
     try:
         profile = get_profile(args.profile, args.geometry)

@@ -6,7 +6,7 @@ the measurements the simulated ladders are made of: single mode, each level's PS
 per-step, the cross-step measurement (``per_step_ladders.json``: each level's open-loop PSNR, its closed-loop twins'
 PSNR and every step's bytes). A ladder slot the store does not hold is served by the nearest rung it does — the next
 one up, else the next one down — under the slot's name, as the live client's
-:func:`~sakura_core.policy.ladder.ladders_from_manifest` does; a closed-loop twin stays only where the store holds
+:func:`~sakura_core.policy.ladder.rungs_from_manifest` does; a closed-loop twin stays only where the store holds
 it. So a policy asking for a missing rung gets the nearest held one, and every index (the floors) keeps its meaning.
 
 Only sakura's family changes: CacheGen's ladder is its own template's, and the fetch-fp16 baseline reads the exact

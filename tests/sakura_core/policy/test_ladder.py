@@ -1,9 +1,9 @@
-"""ladders_from_manifest on a tiny hand-written manifest: order, chain bytes, decode time, distortion, errors."""
+"""rungs_from_manifest on a tiny hand-written manifest: order, chain bytes, decode time, distortion, errors."""
 
 import pytest
 from typed_manifests import unchecked_manifest
 
-from sakura_core.policy.ladder import CrossStepLinks, Level, ladders_from_manifest
+from sakura_core.policy.ladder import CrossStepLinks, Level, levels_of, rungs_from_manifest
 
 
 def manifest(layers=(0, 1), psnr=True) -> dict:
@@ -23,9 +23,9 @@ def manifest(layers=(0, 1), psnr=True) -> dict:
 
 
 def test_levels_are_cheapest_first_with_chain_bytes_and_decode_time():
-    ladders, reps = ladders_from_manifest(unchecked_manifest(manifest()), decode_bytes_per_s=640)
-    s1, s2, fp16 = ladders[1]
-    assert [r.name for r in reps[1]] == ["s1", "s2", "fp16"]
+    rungs = rungs_from_manifest(unchecked_manifest(manifest()), decode_bytes_per_s=640)
+    s1, s2, fp16 = levels_of(rungs)[1]
+    assert [r.rep.name for r in rungs[1]] == ["s1", "s2", "fp16"]
     assert (s1.nbytes, s1.increment_bytes, s1.progressive) == (10, 10, False)
     assert (s2.nbytes, s2.increment_bytes, s2.progressive) == (15, 5, True)  # 10 B base + 5 B enhancement
     assert (fp16.nbytes, fp16.increment_bytes, fp16.progressive) == (64, 64, False)
@@ -34,18 +34,18 @@ def test_levels_are_cheapest_first_with_chain_bytes_and_decode_time():
 
 def test_distortion_from_psnr_then_from_the_manifest_distortion():
     # PSNR p dB over images in [-1, 1] (peak-to-peak 2, so MSE = 4 x 10^(-p/10)), spread over 2 layers
-    ladders, _ = ladders_from_manifest(unchecked_manifest(manifest()), 640)
+    ladders = levels_of(rungs_from_manifest(unchecked_manifest(manifest()), 640))
     assert [lv.mse for lv in ladders[0]] == pytest.approx([4e-3 / 2, 4e-4 / 2, 0.0])  # 30 dB, 40 dB, distortion 0
-    ladders, _ = ladders_from_manifest(unchecked_manifest(manifest()), 640, level_psnr_db={"s1": 20.0})
+    ladders = levels_of(rungs_from_manifest(unchecked_manifest(manifest()), 640, level_psnr_db={"s1": 20.0}))
     assert ladders[0][0].mse == pytest.approx(4e-2 / 2)  # the measured 20 dB wins over the manifest's 30 dB
-    ladders, _ = ladders_from_manifest(unchecked_manifest(manifest(psnr=False)), 640)
+    ladders = levels_of(rungs_from_manifest(unchecked_manifest(manifest(psnr=False)), 640))
     assert ladders[0][0].mse == pytest.approx(0.03**2 / 2)  # no PSNR anywhere: distortion^2 per layer
 
 
 def test_an_empty_enhancement_is_not_progressive():
     m = manifest()
     m["shards"][0]["representations"][1]["bytes"] = 0  # s2 adds nothing to s1's 10 B
-    ladders, _ = ladders_from_manifest(unchecked_manifest(m), 640)
+    ladders = levels_of(rungs_from_manifest(unchecked_manifest(m), 640))
     assert ladders[0][1].nbytes == 10 and not ladders[0][1].progressive
 
 
@@ -53,9 +53,9 @@ def test_grouped_or_missing_shards_are_explained():
     m = manifest()
     m["shards"][0]["layers"] = [0, 1]
     with pytest.raises(ValueError, match="one layer per shard; shard 0-1 groups layers"):
-        ladders_from_manifest(unchecked_manifest(m), 640)
+        rungs_from_manifest(unchecked_manifest(m), 640)
     with pytest.raises(ValueError, match=r"lacks shards for layers \[1\]"):
-        ladders_from_manifest(unchecked_manifest(manifest(layers=(0,))), 640)
+        rungs_from_manifest(unchecked_manifest(manifest(layers=(0,))), 640)
 
 
 def test_a_levels_cross_step_links_are_one_part_read_flat_and_set_by_with_links():

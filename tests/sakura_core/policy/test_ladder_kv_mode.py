@@ -4,7 +4,7 @@ in another step's slot."""
 import pytest
 from typed_manifests import unchecked_manifest
 
-from sakura_core.policy import ladders_from_manifest
+from sakura_core.policy import rungs_from_manifest
 
 
 def _rep(digest):
@@ -27,11 +27,11 @@ def _manifest(shards):
 def test_per_step_ladders_follow_step_then_layer():
     # shards listed out of order: the ladders still come out at g = step * L + layer
     shards = [{"step": s, "layers": [i, i], "representations": [_rep(f"{s}{i}")]} for s in (1, 0) for i in (1, 0)]
-    ladders, reps = ladders_from_manifest(unchecked_manifest(_manifest(shards)), 1e9)
-    assert [r[0].digest for r in reps] == ["00", "01", "10", "11"] and len(ladders) == 4
+    rungs = rungs_from_manifest(unchecked_manifest(_manifest(shards)), 1e9)
+    assert [lad[0].rep.digest for lad in rungs] == ["00", "01", "10", "11"]
 
 
 def test_a_missing_step_shard_is_named():
     shards = [{"step": 0, "layers": [i, i], "representations": [_rep(f"0{i}")]} for i in (0, 1)]
     with pytest.raises(ValueError, match="step 1 layer 0, step 1 layer 1"):
-        ladders_from_manifest(unchecked_manifest(_manifest(shards)), 1e9)
+        rungs_from_manifest(unchecked_manifest(_manifest(shards)), 1e9)

@@ -69,7 +69,7 @@ def test_plan_fetch_keeps_the_policys_levels_and_its_floor(policy, names, floor_
     plan = plan_fetch(unchecked_manifest(manifest()), policy)
     assert plan.policy.name == policy
     assert [[lv.name for lv in lad] for lad in plan.ladders] == [names, names]
-    assert [[r.name for r in reps] for reps in plan.reps] == [names, names]
+    assert [[r.rep.name for r in lad] for lad in plan.rungs] == [names, names]
     assert plan.floor_name == floor_name and plan.ladders[0][plan.floor].name == floor_name
     assert plan.ladders[0][0].decode_s == pytest.approx(64 / 6e8)  # 64 B decoded at the default 6e8 B/s
 

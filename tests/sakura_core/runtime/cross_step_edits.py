@@ -6,7 +6,7 @@ import dataclasses
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.models.edit_model import load_demo_model, load_image
-from sakura_core.policy.ladder import with_track_floor
+from sakura_core.policy.ladder import rungs_with_track_floor
 from sakura_core.policy.plan import FetchPlan, plan_fetch
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy
 from sakura_core.precompute import precompute_template
@@ -56,7 +56,7 @@ def run_levels(setup, policy, steps: int, swap=None, open_floor=None, chunks=Fal
     model, tpl, usr, pre, profile = setup
     plan = plan_fetch(pre.manifest, "sakura")
     if open_floor is not None:
-        plan = dataclasses.replace(plan, ladders=with_track_floor(plan.ladders, open_floor))
+        plan = dataclasses.replace(plan, rungs=rungs_with_track_floor(plan.rungs, open_floor))
     swap = swap or {}
 
     fetch_blob = blob_fetcher(lambda digest: pre.blobs[swap.get(digest, digest)], chunks)
@@ -66,7 +66,7 @@ def run_levels(setup, policy, steps: int, swap=None, open_floor=None, chunks=Fal
             EditInputs(model, usr, "p", tpl),
             pre.manifest,
             fetch_blob,
-            FetchPlan(policy, plan.ladders, plan.reps, plan.floor),
+            FetchPlan(policy, plan.rungs, plan.floor),
             profile,
             trace=Trace.constant(50.0),
             config=RuntimeConfig(steps=steps, upgrades=False, **config),

@@ -64,18 +64,18 @@ def test_held_kv_offers_a_twin_only_against_its_own_reference(setup):
     names = [lv.name for lv in plan.ladders[L]]
     l1, l2 = names.index("sakura-l1"), names.index("sakura-l2")
     ref_shard, shard = grid.at(0, 2), grid.at(1, 2)
-    rep1, kv = plan.reps[shard.g][l1], (torch.zeros(4), torch.zeros(4))
+    rep1, kv = plan.rungs[shard.g][l1].rep, (torch.zeros(4), torch.zeros(4))
     twin = rep1.closed_twin
     assert plan.ladders[shard.g][l1].closed.name == "sakura-l1+cl" == twin.name
     assert held.closed_twin(shard, rep1) is None  # nothing held
-    held.publish(ref_shard, *kv, l2, plan.reps[ref_shard.g][l2].digest, "sakura-l2")
+    held.publish(ref_shard, *kv, l2, plan.rungs[ref_shard.g][l2].rep.digest, "sakura-l2")
     assert held.closed_twin(shard, rep1) is None  # another level held
     with pytest.raises(MissingReferenceError, match=r"closed-loop level sakura-l1\+cl .* holds another"):
         held.reference_for(shard, twin)
     held.reset()
-    held.publish(ref_shard, *kv, l1, plan.reps[ref_shard.g][l1].digest, "sakura-l1")
+    held.publish(ref_shard, *kv, l1, plan.rungs[ref_shard.g][l1].rep.digest, "sakura-l1")
     assert held.closed_twin(shard, rep1) is twin
-    assert held.closed_twin(shard, plan.reps[shard.g][l2]) is None  # the held level's track only
+    assert held.closed_twin(shard, plan.rungs[shard.g][l2].rep) is None  # the held level's track only
     held.reset()
     held.hold_device({ref_shard: kv})  # the device's own KV: exact, but not the representation the twin needs
     assert held.closed_twin(shard, rep1) is None

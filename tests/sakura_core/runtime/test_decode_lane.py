@@ -15,7 +15,7 @@ GRID = ShardGrid(2, 2, True)
 def _lane() -> DecodeLane:
     st = types.SimpleNamespace(now=0.0)  # the lane reads only the clock before it decodes
     manifest = unchecked_manifest({"kv_mode": "per-step", "schedule": {"steps": 2}})
-    return DecodeLane(manifest, [[]] * len(GRID), [[]] * len(GRID), st, log=None, threads=1)
+    return DecodeLane(manifest, [[]] * len(GRID), st, log=None, threads=1)
 
 
 def test_an_upgrade_of_a_served_shard_decodes_nothing():

@@ -9,7 +9,7 @@ import pytest
 from sakura_core.fetch.shaper import ShaperConfig, TraceShaper
 from sakura_core.fetch.traces import Trace
 from sakura_core.models.edit_model import load_demo_model, load_image
-from sakura_core.policy.ladder import ladders_from_manifest
+from sakura_core.policy.ladder import levels_of, rungs_from_manifest
 from sakura_core.policy.plan import FetchPlan
 from sakura_core.policy.policies import make_policy
 from sakura_core.precompute import precompute_template
@@ -37,10 +37,10 @@ def setup():
 
 def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False, on_layer=None, log=None):
     model, tpl, usr, pre, exact, profile = setup
-    ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
+    rungs = rungs_from_manifest(pre.manifest, 6e8)
     if fp16_only:
-        idx = [lv.name for lv in ladders[0]].index("fp16")
-        ladders, reps = [[lad[idx]] for lad in ladders], [[r[idx]] for r in reps]
+        idx = [r.level.name for r in rungs[0]].index("fp16")
+        rungs = [[lad[idx]] for lad in rungs]
     shaper = TraceShaper(Trace.constant(mbit), ShaperConfig(rtt_s=0.0))
 
     async def fetch_blob(digest, nbytes):
@@ -57,7 +57,7 @@ def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False, o
             EditInputs(model, usr, "p", tpl),
             pre.manifest,
             fetch_blob,
-            FetchPlan(make_policy(policy), ladders, reps, 0),
+            FetchPlan(make_policy(policy), rungs, 0),
             profile,
             trace=Trace.constant(mbit),
             config=RuntimeConfig(steps=STEPS),
@@ -69,7 +69,7 @@ def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False, o
 def test_ladder_decode_cost_follows_the_decoded_size_not_the_wire_size(setup):
     model, *_ = setup
     pre = setup[3]
-    ladders, _ = ladders_from_manifest(pre.manifest, 1e8)
+    ladders = levels_of(rungs_from_manifest(pre.manifest, 1e8))
     a = model.adapter
     fp16 = 2 * model.spec.num_tokens * a.num_heads * a.head_dim * 2  # one layer's K and V in fp16
     assert {lv.decode_s for lv in ladders[0]} == {fp16 / 1e8}
@@ -141,7 +141,7 @@ def test_upgrades_refine_shards_during_later_steps(setup, manual_clock):
     model, tpl, usr, pre, exact, _ = setup
     L = model.adapter.num_layers
     slow = LiveProfile(layer_full_s=0.4, layer_cached_s=0.2, layers=L, steps=STEPS)  # device slow: fetching pays
-    ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
+    rungs = rungs_from_manifest(pre.manifest, 6e8)
     step0_over, no_more = threading.Event(), threading.Event()
     log, edit = [], None
 
@@ -174,7 +174,7 @@ def test_upgrades_refine_shards_during_later_steps(setup, manual_clock):
         EditInputs(model, usr, "p", tpl),
         pre.manifest,
         fetch_blob,
-        FetchPlan(Watched(), ladders, reps, 0),
+        FetchPlan(Watched(), rungs, 0),
         slow,
         trace=Trace.constant(30.0),
         config=RuntimeConfig(steps=STEPS),
@@ -185,7 +185,7 @@ def test_upgrades_refine_shards_during_later_steps(setup, manual_clock):
     assert ups and not rep.fallbacks and no_more.is_set()
     # an upgrade fetches only its new blobs: the shard's decoder holds the chain before them (no blob twice)
     assert len(log) == len(set(log)) and sum(len(pre.blobs[d]) for d in log) == rep.bytes_fetched
-    names = [lv.name for lv in ladders[0]]
+    names = [r.level.name for r in rungs[0]]
     upgraded = {d["layer"] for d in ups}
     # every upgraded layer that was fetched was used at a higher level in the later steps than at step 0
     # (incremental chain decode), and none at a lower one

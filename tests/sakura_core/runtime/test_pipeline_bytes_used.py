@@ -26,7 +26,7 @@ STEPS = 2
 @pytest.fixture(scope="module")
 def setup(demo_model, demo_template):
     base = fp16_only_setup(demo_model, demo_template, STEPS)
-    fp16_bytes = [r[0].nbytes for r in base[5]]  # per layer: the one blob of its fp16 representation
+    fp16_bytes = [lad[0].rep.nbytes for lad in base[4]]  # per layer: the one blob of its fp16 representation
     return (*base, fp16_bytes)
 
 
@@ -74,7 +74,7 @@ def _report(run, profile):
 def _run_after_every_fetch(setup, policy):
     """Run ``policy`` with the compute lane held before its first layer until the link has delivered every shard:
     what is fetched does not depend on how fast this machine computes."""
-    model, tpl, usr, pre, ladders, reps, profile, _ = setup
+    model, tpl, usr, pre, rungs, profile, _ = setup
     L = model.adapter.num_layers
     delivered, all_here = [], threading.Event()
 
@@ -92,7 +92,7 @@ def _run_after_every_fetch(setup, policy):
         EditInputs(model, usr, "p", tpl),
         pre.manifest,
         fetch_blob,
-        FetchPlan(policy, ladders, reps, 0),
+        FetchPlan(policy, rungs, 0),
         profile,
         config=RuntimeConfig(steps=STEPS),
         controls=RunControls(on_layer=on_layer),
@@ -102,7 +102,7 @@ def _run_after_every_fetch(setup, policy):
 
 def test_kv_fetched_and_never_used_is_fetched_not_used(setup):
     """The face-swap example on a fast CPU: the link brought KV, the template ran through every layer."""
-    fp16_bytes, profile = setup[7], setup[6]
+    fp16_bytes, profile = setup[6], setup[5]
     L = len(fp16_bytes)
     run = _run_after_every_fetch(setup, _FetchAllDropAt(L))
     assert run.bytes_fetched == sum(fp16_bytes) and run.bytes_used == 0 and run.split_layer == L
@@ -117,7 +117,7 @@ def test_kv_fetched_and_never_used_is_fetched_not_used(setup):
 
 
 def test_shards_fetched_below_the_split_are_not_counted_as_used(setup):
-    fp16_bytes, profile = setup[7], setup[6]
+    fp16_bytes, profile = setup[6], setup[5]
     L = len(fp16_bytes)
     run = _run_after_every_fetch(setup, _FetchAllDropAt(3))
     assert run.split_layer == 3 and sorted(run.levels_used) == list(range(3, L))
@@ -132,7 +132,7 @@ def test_shards_fetched_below_the_split_are_not_counted_as_used(setup):
 def test_a_fallback_after_the_split_is_what_the_summary_says(setup):
     """`make demo`'s sakura row: the split was planned at layer 0, the shards were late and the device computed
     every layer — the summary says so, not only "split at layer 0"."""
-    model, tpl, usr, pre, ladders, reps, profile, _ = setup
+    model, tpl, usr, pre, rungs, profile, _ = setup
     L = model.adapter.num_layers
 
     async def never(digest, nbytes):  # the link delivers nothing before the edit is over
@@ -142,7 +142,7 @@ def test_a_fallback_after_the_split_is_what_the_summary_says(setup):
         EditInputs(model, usr, "p", tpl),
         pre.manifest,
         never,
-        FetchPlan(_LateFromTheStart(), ladders, reps, 0),
+        FetchPlan(_LateFromTheStart(), rungs, 0),
         profile,
         config=RuntimeConfig(steps=STEPS),
     )

@@ -157,15 +157,15 @@ def test_a_residual_without_its_reference_is_not_decoded(setup):
         EditInputs(model, usr, "p", tpl),
         pre.manifest,
         fetch_blob,
-        FetchPlan(StepLevels(1, [0, 0]), plan.ladders, plan.reps, plan.floor),
+        FetchPlan(StepLevels(1, [0, 0]), plan.rungs, plan.floor),
         profile,
         config=RuntimeConfig(steps=STEPS),
     )
     L = model.adapter.num_layers
-    residual = plan.reps[L + 2][1]
+    residual = plan.rungs[L + 2][1].rep
     with pytest.raises(MissingReferenceError, match="coded against step 0 layer 2, which the device does not hold"):
         edit.held.reference_for(edit.grid[L + 2], residual)  # nothing decoded yet: it would not be fetched
-    assert edit.held.reference_for(edit.grid[L + 2], plan.reps[L + 2][-1]) is None  # the exact level needs none
+    assert edit.held.reference_for(edit.grid[L + 2], plan.rungs[L + 2][-1].rep) is None  # the exact level needs none
 
 
 def test_a_residual_whose_manifest_names_another_reference_falls_back_and_the_report_says_so(setup):
@@ -189,7 +189,7 @@ def test_a_residual_whose_manifest_names_another_reference_falls_back_and_the_re
             EditInputs(model, usr, "p", tpl),
             manifest,
             fetch_blob,
-            FetchPlan(StepLevels(1, [0, 0]), plan.ladders, plan.reps, plan.floor),
+            FetchPlan(StepLevels(1, [0, 0]), plan.rungs, plan.floor),
             profile,
             trace=Trace.constant(50.0),
             config=RuntimeConfig(steps=STEPS, upgrades=False),
@@ -220,23 +220,23 @@ def test_an_upgrade_of_a_residual_keeps_its_reference_once_the_device_has_freed_
     L = pre.manifest["num_layers"]
     grid = ShardGrid.for_edit(L, STEPS, True)
     held, st = HeldKV(grid, plan.ladders), types.SimpleNamespace(now=0.0)
-    lane = DecodeLane(parse_manifest(pre.manifest), plan.ladders, plan.reps, st, RunLog(), threads=1)
+    lane = DecodeLane(parse_manifest(pre.manifest), plan.rungs, st, RunLog(), threads=1)
     names = [lv.name for lv in plan.ladders[L]]
     l0, l1, exact = names.index("sakura-l0"), names.index("sakura-l1"), len(names) - 1
     ref_shard, shard = grid.at(0, 0), grid.at(1, 0)
-    exact_rep = plan.reps[ref_shard.g][exact]
+    exact_rep = plan.rungs[ref_shard.g][exact].rep
     k, v = lane.decode_now(ref_shard, exact, [exact_rep.digest], [pre.blobs[exact_rep.digest]])
     held.publish(ref_shard, k[0], v[0], exact)
     held.set_ready(ref_shard)
 
     def chain(level):
-        rep = plan.reps[shard.g][level]
+        rep = plan.rungs[shard.g][level].rep
         return rep.chain_digests, rep
 
     d0, rep0 = chain(l0)
     lane.decode_now(shard, l0, d0, [pre.blobs[d] for d in d0], reference=held.reference_for(shard, rep0))
     d1, rep1 = chain(l1)
-    want = DecodeLane(parse_manifest(pre.manifest), plan.ladders, plan.reps, st, RunLog(), threads=1).decode_now(
+    want = DecodeLane(parse_manifest(pre.manifest), plan.rungs, st, RunLog(), threads=1).decode_now(
         shard, l1, d1, [pre.blobs[d] for d in d1], reference=held.reference_for(shard, rep1)
     )
     held.set_ready(shard)

@@ -10,7 +10,7 @@ import pytest
 from sakura_core.fetch.traces import Trace
 from sakura_core.kv import ScheduleMismatchError, decode_template
 from sakura_core.models.edit_model import load_demo_model, load_image
-from sakura_core.policy.ladder import Level, ladders_from_manifest
+from sakura_core.policy.ladder import Level, rungs_from_manifest
 from sakura_core.policy.plan import FetchPlan, plan_fetch
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_policy
 from sakura_core.precompute import precompute_template
@@ -73,7 +73,7 @@ def _run(setup, policy, corrupt=(), steps=STEPS, plan_policy="fetch-fp16"):
             EditInputs(model, usr, "p", tpl),
             pre.manifest,
             fetch_blob,
-            FetchPlan(policy, plan.ladders, plan.reps, plan.floor),
+            FetchPlan(policy, plan.rungs, plan.floor),
             profile,
             trace=Trace.constant(50.0),
             config=RuntimeConfig(steps=steps),
@@ -84,12 +84,12 @@ def _run(setup, policy, corrupt=(), steps=STEPS, plan_policy="fetch-fp16"):
 def test_per_step_ladders_are_steps_times_layers_in_execution_order(setup):
     model, _, _, pre, *_ = setup
     L = model.adapter.num_layers
-    ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
-    assert len(ladders) == len(reps) == STEPS * L
+    rungs = rungs_from_manifest(pre.manifest, 6e8)
+    assert len(rungs) == STEPS * L
     by_digest = {
         r["digest"]: (sh["step"], sh["layers"][0]) for sh in pre.manifest["shards"] for r in sh["representations"]
     }
-    assert [by_digest[r[0].digest] for r in reps] == [(s, i) for s in range(STEPS) for i in range(L)]
+    assert [by_digest[lad[0].rep.digest] for lad in rungs] == [(s, i) for s in range(STEPS) for i in range(L)]
 
 
 def test_fetch_fp16_per_step_equals_the_on_device_per_step_edit(setup):
@@ -235,7 +235,7 @@ def _run_with_late_shard(setup, policy, release: threading.Event, clock):
             EditInputs(model, usr, "p", tpl),
             pre.manifest,
             fetch_blob,
-            FetchPlan(policy, plan.ladders, plan.reps, plan.floor),
+            FetchPlan(policy, plan.rungs, plan.floor),
             profile,
             trace=Trace.constant(50.0),
             config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
@@ -334,7 +334,7 @@ def _watched_edit(setup, policy, all_first=False, chunks=False, **config):
         EditInputs(model, usr, "p", tpl),
         pre.manifest,
         fetch_blob,
-        FetchPlan(policy, plan.ladders, plan.reps, plan.floor),
+        FetchPlan(policy, plan.rungs, plan.floor),
         profile,
         config=RuntimeConfig(steps=STEPS, **config),
         controls=RunControls(on_layer=look),
@@ -416,7 +416,7 @@ def test_live_sakura_sees_a_stalled_transfer_and_does_not_wait_it_out(setup, man
             EditInputs(model, usr, "p", tpl),
             pre.manifest,
             fetch_blob,
-            FetchPlan(make_policy("sakura"), plan.ladders, plan.reps, plan.floor),
+            FetchPlan(make_policy("sakura"), plan.rungs, plan.floor),
             profile,
             trace=Trace.constant(50.0),
             config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
@@ -458,7 +458,7 @@ def test_the_lane_sends_its_next_request_while_a_transfer_arrives_one_on_the_wir
                 EditInputs(model, usr, "p", tpl),
                 pre.manifest,
                 fetch_blob,
-                FetchPlan(make_policy("fetch-fp16"), plan.ladders, plan.reps, plan.floor),
+                FetchPlan(make_policy("fetch-fp16"), plan.rungs, plan.floor),
                 profile,
                 trace=Trace.constant(50.0),
                 config=RuntimeConfig(steps=STEPS, request_ahead=ahead),

@@ -10,7 +10,7 @@ import pytest
 
 from sakura_core.fetch.traces import Trace
 from sakura_core.models.edit_model import load_demo_model, load_image
-from sakura_core.policy.ladder import ladders_from_manifest
+from sakura_core.policy.ladder import rungs_from_manifest
 from sakura_core.policy.plan import FetchPlan
 from sakura_core.policy.policies import make_policy
 from sakura_core.precompute import precompute_template
@@ -39,7 +39,7 @@ def _fp16(manifest, layer) -> dict:
 
 def _run(setup, manifest, blobs, policy="fetch-fp16", config=None, cancel=None):
     model, tpl, usr, _pre, _other, profile = setup
-    ladders, reps = ladders_from_manifest(manifest, 6e8)
+    rungs = rungs_from_manifest(manifest, 6e8)
 
     async def fetch_blob(digest, nbytes):
         return blobs[digest]
@@ -49,7 +49,7 @@ def _run(setup, manifest, blobs, policy="fetch-fp16", config=None, cancel=None):
             EditInputs(model, usr, "p", tpl),
             manifest,
             fetch_blob,
-            FetchPlan(make_policy(policy), ladders, reps, 0),
+            FetchPlan(make_policy(policy), rungs, 0),
             profile,
             trace=Trace.constant(50.0),
             config=config or RuntimeConfig(steps=STEPS),
@@ -103,14 +103,14 @@ def test_cancel_is_honoured_while_waiting_for_a_shard(setup, manual_clock):
             await asyncio.Event().wait()
 
         model, tpl, usr, _pre, _other, profile = setup
-        ladders, reps = ladders_from_manifest(pre.manifest, 6e8)
+        rungs = rungs_from_manifest(pre.manifest, 6e8)
         try:
             asyncio.run(
                 run_pipelined_edit(
                     EditInputs(model, usr, "p", tpl),
                     pre.manifest,
                     never,
-                    FetchPlan(CancelWhileWaiting(), ladders, reps, 0),
+                    FetchPlan(CancelWhileWaiting(), rungs, 0),
                     profile,
                     config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
                     controls=RunControls(cancel=cancel, clock=manual_clock),

@@ -28,7 +28,7 @@ def setup(demo_model, demo_template):
 def _edit(setup, corrupt_once=()):
     """A fetch-fp16 edit (deterministic decisions) over a fixed 50 Mbit/s link; ``corrupt_once`` digests arrive
     corrupted the first time they are fetched."""
-    model, tpl, usr, pre, ladders, reps, profile = setup
+    model, tpl, usr, pre, rungs, profile = setup
     shaper = TraceShaper(Trace.constant(MBIT), ShaperConfig(rtt_s=0.0))
     pending = set(corrupt_once)
 
@@ -44,7 +44,7 @@ def _edit(setup, corrupt_once=()):
         EditInputs(model, usr, "p", tpl),
         pre.manifest,
         fetch_blob,
-        FetchPlan(make_policy("fetch-fp16"), ladders, reps, 0),
+        FetchPlan(make_policy("fetch-fp16"), rungs, 0),
         profile,
         trace=Trace.constant(MBIT),
         config=RuntimeConfig(steps=STEPS),
@@ -135,7 +135,7 @@ class _SkipTwo(Policy):
 async def test_a_fetch_the_compute_lane_asked_for_ends_with_the_run(setup):
     """The compute lane asks for shard 2 (the fetch lane skipped it), then gives up on it: that fetch is the run's
     and ends with it — it used to go on after run() returned and append a fallback to the returned report."""
-    model, tpl, usr, pre, ladders, reps, profile = setup
+    model, tpl, usr, pre, rungs, profile = setup
     two = {r["digest"] for r in pre.manifest["shards"][2]["representations"]}
     release, seen = asyncio.Event(), {}
 
@@ -153,7 +153,7 @@ async def test_a_fetch_the_compute_lane_asked_for_ends_with_the_run(setup):
         EditInputs(model, usr, "p", tpl),
         pre.manifest,
         fetch_blob,
-        FetchPlan(_SkipTwo(), ladders, reps, 0),
+        FetchPlan(_SkipTwo(), rungs, 0),
         profile,
         config=RuntimeConfig(steps=STEPS),
     )
@@ -169,7 +169,7 @@ async def test_a_fetch_the_compute_lane_asked_for_ends_with_the_run(setup):
 async def test_cancelling_the_run_stops_its_compute_thread(setup):
     """A run cancelled as a task (the agent shutting down) stops its compute thread too, instead of leaving it to
     wait ``shard_wait_s`` for a shard no one fetches any more and then run the rest of the edit."""
-    model, tpl, usr, pre, ladders, reps, profile = setup
+    model, tpl, usr, pre, rungs, profile = setup
     waiting = asyncio.Event()
     threads = []
     loop = asyncio.get_running_loop()
@@ -187,7 +187,7 @@ async def test_cancelling_the_run_stops_its_compute_thread(setup):
         EditInputs(model, usr, "p", tpl),
         pre.manifest,
         never,
-        FetchPlan(Patient(), ladders, reps, 0),
+        FetchPlan(Patient(), rungs, 0),
         profile,
         config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
     )
@@ -204,7 +204,7 @@ async def test_cancelling_the_run_stops_its_compute_thread(setup):
 def test_a_live_link_without_a_trace_is_not_given_a_made_up_one(setup):
     # the real link (no trace): the policy must see no trace, and a rate-reading rule the estimator's rate, not a
     # constant stand-in link
-    model, tpl, usr, pre, ladders, reps, profile = setup
+    model, tpl, usr, pre, rungs, profile = setup
 
     async def fetch_blob(digest, nbytes):
         return pre.blobs[digest]
@@ -213,7 +213,7 @@ def test_a_live_link_without_a_trace_is_not_given_a_made_up_one(setup):
         EditInputs(model, usr, "p", tpl),
         pre.manifest,
         fetch_blob,
-        FetchPlan(make_policy("cachegen"), ladders, reps, 0),
+        FetchPlan(make_policy("cachegen"), rungs, 0),
         profile,
         trace=None,
         config=RuntimeConfig(steps=STEPS),

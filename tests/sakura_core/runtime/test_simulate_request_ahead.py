@@ -91,7 +91,7 @@ def test_the_policy_is_charged_a_queued_round_trip_only_when_requests_go_one_at_
 def test_the_bench_flag_chooses_the_mode_and_the_command_records_it():
     import argparse
 
-    from sakura_tools.bench import cli_e2e, cli_regime
+    from sakura_tools.bench import cli_e2e, cli_regime, e2e_args
 
     for mod in (cli_e2e, cli_regime):
         parser = argparse.ArgumentParser()
@@ -99,7 +99,7 @@ def test_the_bench_flag_chooses_the_mode_and_the_command_records_it():
         base = ["--json", "out.json"]
         for flag, ahead in ((["--requests", "sequential"], False), ([], True), (["--requests", "ahead"], True)):
             args = parser.parse_args(base + flag)
-            assert cli_e2e._sim_config(args).request_ahead is ahead
+            assert e2e_args.sim_config(args).request_ahead is ahead
             argv = mod._argv(args)
             assert argv[argv.index("--requests") + 1] == ("ahead" if ahead else "sequential")
         with pytest.raises(SystemExit):

@@ -111,7 +111,7 @@ def test_one_command_rewrites_every_document_with_generated_tables(tmp_path, cap
 
 
 def test_the_headline_reports_cachegen_held_to_the_floor_and_the_old_rule_beside_it():
-    from sakura_tools.bench.results_doc import headline_table
+    from sakura_tools.bench.e2e_tables import headline_table
 
     data = json.loads((ROOT / SECTIONS["e2e-ci"][0]).read_text())  # per-step klein cpu, with cachegen-no-floor
     out = headline_table(data, classes=("3G", "4G"))
