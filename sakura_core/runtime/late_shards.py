@@ -31,7 +31,7 @@ class LateShards:
         self.grid, self.st, self.ctx, self.policy = parts.grid, parts.st, parts.ctx, parts.plan.policy
         self.held, self.fetch = parts.held, fetch
         self.log, self.cfg, self.cancel = parts.log, parts.config, parts.cancel
-        self.poll_s = min(max(layer_cached_s, 0.01), parts.config.shard_wait_s)
+        self.poll_s = min(max(layer_cached_s, 0.01), parts.config.live.shard_wait_s)
 
     def wait_for(self, shard: ShardId, step: int) -> None:
         """Block the compute lane (at ``step``) until ``shard`` is ready (a stall in the timeline) or it is given up
@@ -51,7 +51,7 @@ class LateShards:
 
     def _wait_or_give_up(self, shard: ShardId, step: int, t0: float) -> None:
         """Until the shard is ready, the policy gives up on it, or ``shard_wait_s`` has passed."""
-        st, wait_s = self.st, self.cfg.shard_wait_s
+        st, wait_s = self.st, self.cfg.live.shard_wait_s
         while not self._wait_or_cancel(shard, min(self.poll_s, t0 + wait_s - st.now)):
             if self.cancel.is_set():
                 raise Cancelled(f"edit cancelled at step {step}, layer {shard.layer} while waiting for its shard")
