@@ -226,10 +226,8 @@ class HostLanes:
             while not ready.wait(0.1) and self._error is None:
                 if check is not None:
                     check()
-                if time.perf_counter() - t0 > self.cfg.live.shard_wait_s:
-                    raise RuntimeError(
-                        f"template {self.manifest.template_id}: {shard} not fetched after {self.cfg.live.shard_wait_s:g} s"
-                    )
+                if time.perf_counter() - t0 > (wait_s := self.cfg.live.shard_wait_s):
+                    raise RuntimeError(f"template {self.manifest.template_id}: {shard} not fetched after {wait_s:g} s")
         finally:
             with st.lock:
                 st.stalls_done_s += st.now - st.waiting_since

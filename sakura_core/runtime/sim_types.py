@@ -21,9 +21,9 @@ class SimConfig(LaneConfig):
         ``recompute_late``) the compute lane; on a profile whose DiT shares the CPU, planning on the link side also
         takes a core from it.
     planning_s: seconds per decision with ``planning="fixed"``.
-    events: record the run's timeline (``SimResult.events``: one entry per fetch, decode, compute span and stall).
-        False keeps none (the figures are the same): a bench keeps them only where it draws them, since a slow-link
-        fetch-fp16 edit on the GPU profile logs ~10^6 waits (hundreds of MB a run).
+    events: record the run's timeline (``SimResult.result.events``: one entry per fetch, decode, compute span and
+        stall). False keeps none (the figures are the same): a bench keeps them only where it draws them, since a
+        slow-link fetch-fp16 edit on the GPU profile logs ~10^6 waits (hundreds of MB a run).
     """
 
     planning: str = "off"

@@ -134,7 +134,7 @@ def test_a_link_that_slows_at_the_drop_keeps_the_edit_within_the_guard(mbit, bef
 
     ladders = _ladders("single")
     nothing = min(
-        simulate(make_policy(p), Trace.constant(mbit), PROFILE, ladders, FLOORS).latency_s
+        simulate(make_policy(p), Trace.constant(mbit), PROFILE, ladders, FLOORS).result.latency_s
         for p in ("on-device", "on-device-cached")
     )
     steady = simulate(make_policy("sakura"), Trace.constant(mbit), PROFILE, ladders, FLOORS)

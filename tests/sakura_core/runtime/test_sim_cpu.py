@@ -114,7 +114,7 @@ def test_no_policy_beats_the_fluid_bound(seed):
         sim = simulate_oracle if name == "oracle" else simulate
         if name == "free-kv":
             continue  # preloaded KV: not bound by the link
-        assert sim(make_policy(name), trace, prof, ladders, floors, 5.0).latency_s >= bound - 1e-9, name
+        assert sim(make_policy(name), trace, prof, ladders, floors, 5.0).result.latency_s >= bound - 1e-9, name
 
 
 def test_the_fluid_bound_keeps_the_template_pass_a_prefix():
@@ -143,12 +143,12 @@ def test_the_fluid_bound_under_every_fixed_split_of_a_per_step_edit(seed):
     ladders, floors = {"sakura": lads}, {"sakura": 0}
     bound = fluid_bound(trace, prof, ladders, floors, 3.0)
     runs = [
-        simulate(fixed_split_policy([a, b]), trace, prof, ladders, floors, 3.0).latency_s
+        simulate(fixed_split_policy([a, b]), trace, prof, ladders, floors, 3.0).result.latency_s
         for a in range(4)
         for b in range(4)
     ]
     assert min(runs) >= bound - 1e-9
-    assert simulate_oracle(make_policy("oracle"), trace, prof, ladders, floors, 3.0).latency_s >= bound - 1e-9
+    assert simulate_oracle(make_policy("oracle"), trace, prof, ladders, floors, 3.0).result.latency_s >= bound - 1e-9
 
 
 def test_the_fluid_bound_refuses_the_flattened_per_step_profile():

@@ -135,6 +135,6 @@ def test_latency_target_buys_quality_with_slack_and_is_cachegens_slo():
     assert relaxed.psnr_db > strict.psnr_db
     assert relaxed.result.latency_s <= target
     slow = Trace.constant(1)
-    assert run("cachegen", slow).bytes_fetched == 0  # default SLO (the template pass): recompute
+    assert run("cachegen", slow).result.bytes_fetched == 0  # default SLO (the template pass): recompute
     cg = simulate(make_policy("cachegen"), slow, CPU, LADDERS, FLOORS, config=SimConfig(latency_target_s=2000))
     assert cg.result.bytes_fetched > 0  # a generous SLO: its rule fetches
