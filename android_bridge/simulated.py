@@ -98,7 +98,8 @@ def simulate_phone_job(
     ladders = {policy.family: ladder}
     floors = {policy.family: floor}
     sim = simulate_oracle if policy.name == "oracle" else simulate
-    result = sim(policy, trace, profile, ladders, floors)
+    run = sim(policy, trace, profile, ladders, floors)
+    result = run.result
     return {
         "label": SIMULATION_LABEL,
         "profile": profile.name,
@@ -111,5 +112,5 @@ def simulate_phone_job(
         "latency_s": round(float(result.latency_s), 4),
         "split_layer": int(result.split_layer),
         "bytes_fetched": int(result.bytes_fetched),
-        "stall_s": round(float(result.stall_s), 4),
+        "stall_s": round(float(run.stall_s), 4),
     }

@@ -70,11 +70,12 @@ class RunState:
 
     def _start_lanes(self, refs_in_sequence: bool) -> None:
         from sakura_core.runtime.host_lanes import PRIOR_LAYER_S, HostLanes
-        from sakura_core.runtime.pipeline_config import RuntimeConfig
+        from sakura_core.runtime.pipeline_config import LiveSettings, RuntimeConfig
 
         s = self.settings
         try:
-            config = RuntimeConfig(steps=max(len(self.sigmas) - 1, 1), latency_target_s=s.latency_target_s)
+            steps = max(len(self.sigmas) - 1, 1)
+            config = RuntimeConfig(latency_target_s=s.latency_target_s, live=LiveSettings(steps=steps))
             self.lanes = HostLanes(
                 self.handle.template_source(),
                 self.handle.manifest,

@@ -36,7 +36,7 @@ from .runtime.backend import backend_of
 from .runtime.emulated_device import EmulatedTiming
 from .runtime.lane_parts import EditInputs, RunControls
 from .runtime.live_profile import LiveProfile, measure_profile
-from .runtime.pipeline import RunReport, RuntimeConfig, run_pipelined_edit
+from .runtime.pipeline import LiveSettings, RunReport, RuntimeConfig, run_pipelined_edit
 from .template_check import ModelKey, check_template, template_grid_fits
 
 __all__ = [
@@ -287,11 +287,13 @@ async def run_template_edit(
     template = opened.template_image(size * opened.ref_grids[0][0] // key.token_grid[0])
     user = load_image(user_image, size)
     config = RuntimeConfig(
-        steps=settings.steps,
-        seed=settings.seed,
         latency_target_s=settings.latency_target_s,
         prefetch_kv_bytes=prefetch_kv_bytes,
-        estimator=timing.estimator_config() if timing is not None else None,
+        live=LiveSettings(
+            steps=settings.steps,
+            seed=settings.seed,
+            estimator=timing.estimator_config() if timing is not None else None,
+        ),
     )
     async with opened.source.open() as shards:
         t0 = time.monotonic()
@@ -307,7 +309,7 @@ async def run_template_edit(
         )
     report = _report(run, opened, settings, link, plan.floor_name, profile, executed_on, t0)
     if timing is not None:
-        report = with_timing(report, timing.describe(run.bytes_fetched))
+        report = with_timing(report, timing.describe(run.result.bytes_fetched))
     return EditOutcome(run.image, report, run)
 
 

@@ -75,15 +75,15 @@ class KVUse:
     @classmethod
     def of_run(cls, run, layers: int) -> KVUse:
         """The KV use of a pipelined run (``sakura_core.runtime.pipeline.RunReport``) of a ``layers``-layer model."""
-        levels = getattr(run, "levels_used", {}) or {}
-        per_step = getattr(run, "kv_mode", "single") == "per-step" and len(getattr(run, "split_layers", [])) > 1
-        reasons = [d["reason"] for d in getattr(run, "decisions", []) if d.get("level") == "device"]
+        result, levels = run.result, run.levels_used
+        per_step = run.kv_mode == "per-step" and len(result.split_layers) > 1
+        reasons = [d["reason"] for d in result.decisions if d.get("level") == "device"]
         return cls(
-            bytes_fetched=int(run.bytes_fetched),
-            bytes_used=int(getattr(run, "bytes_used", 0)),
+            bytes_fetched=int(result.bytes_fetched),
+            bytes_used=int(run.bytes_used),
             layers=layers,
-            split_layer=int(run.split_layer),
-            split_layers=tuple(run.split_layers) if per_step else (),
+            split_layer=int(result.split_layer),
+            split_layers=tuple(result.split_layers) if per_step else (),
             fetched=tuple(sorted(g for g, names in levels.items() if set(names) - {"device", "template"})),
             computed_here=tuple(sorted(g for g, names in levels.items() if "device" in names)),
             fallback_reasons=tuple(dict.fromkeys(reasons)),
@@ -175,8 +175,8 @@ def _levels_used(run) -> dict[str, list[str]] | str:
     """Single mode: ``{"layer": [level per step]}``; per-step mode: ``{"step s": [level per layer]}``; ``"none
     fetched"`` when no layer took injected KV and nothing was fetched, ``"none used"`` when KV was fetched."""
     if not run.levels_used:
-        return "none used" if run.bytes_fetched else "none fetched"
-    if getattr(run, "kv_mode", "single") == "per-step":
+        return "none used" if run.result.bytes_fetched else "none fetched"
+    if run.kv_mode == "per-step":
         return run.levels_by_step()
     return {str(layer): list(names) for layer, names in sorted(run.levels_used.items())}
 
@@ -207,22 +207,22 @@ def edit_report(
         psnr_db: the edited image's PSNR against a reference, when the caller knows one.
     """
     layers = int(profile.layers)
-    image = np.ascontiguousarray(run.image)
+    image, result = np.ascontiguousarray(run.image), run.result
     use = KVUse.of_run(run, layers)
     report = {
-        "summary": summary_line(run.policy, run.latency_s, use, link.label, psnr_db),
-        "policy": run.policy,
+        "summary": summary_line(result.policy, result.latency_s, use, link.label, psnr_db),
+        "policy": result.policy,
         "template_id": template_id,
-        "latency_s": run.latency_s,
-        "bytes_fetched": run.bytes_fetched,
+        "latency_s": result.latency_s,
+        "bytes_fetched": result.bytes_fetched,
         "bytes_used": use.bytes_used,
-        "peak_kv_bytes": int(getattr(run, "peak_kv_bytes", 0)),
-        "split_layer": run.split_layer,
+        "peak_kv_bytes": int(result.peak_kv_bytes),
+        "split_layer": result.split_layer,
         "levels_used": _levels_used(run),
-        "kv_mode": getattr(run, "kv_mode", "single"),
-        "split_layers": list(getattr(run, "split_layers", [])),
+        "kv_mode": run.kv_mode,
+        "split_layers": list(result.split_layers),
         "floor_level": floor_level,
-        "decisions": run.decisions,
+        "decisions": result.decisions,
         "fallbacks": run.fallbacks,
         "link": link.to_wire(),
         "steps": steps,
@@ -238,7 +238,7 @@ def edit_report(
         "image_sha256": hashlib.sha256(image.tobytes()).hexdigest(),
         "executed_on": executed_on,
         "timeline_origin": TIMELINE_ORIGIN,
-        "timeline": [*extra_events, *run.events],
+        "timeline": [*extra_events, *result.events],
     }
     return report
 

@@ -280,14 +280,7 @@ MAX_INIT_PARAMETERS = 8
 INIT_RULE_PACKAGES = ("sakura_core.runtime", "sakura_core.policy")
 #: Records still over the limit, each with why it is left (issue 51's target: none left). Remove an entry once its
 #: class is within the limit: the test fails on an entry that no longer needs it.
-INIT_PENDING = {
-    "sakura_core.runtime.pipeline_config.RuntimeConfig": "LaneConfig's 5 lane settings (shared with SimConfig) + the "
-    "live run's 5 (steps, seed, decode threads, shard wait, estimator): next, RuntimeConfig(lane=LaneConfig(...))",
-    "sakura_core.runtime.pipeline_config.RunReport": "LaneResult's 8 shared fields + the live run's own: next, the "
-    "live-only fields (image, levels, timeline) as one part",
-    "sakura_core.runtime.sim_types.SimResult": "LaneResult's 8 shared fields + the simulator's own: next, its "
-    "quality and stall figures as one part",
-}
+INIT_PENDING: dict[str, str] = {}
 
 
 def _is_dataclass(node: ast.ClassDef) -> bool:

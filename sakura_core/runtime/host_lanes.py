@@ -56,8 +56,8 @@ class HostLanes:
         policy: the fetch policy's name (``sakura_core.policy.plan.runnable_policies``).
         link: the link (``LinkSpec``: live, or emulated at a fixed rate / by a trace).
         layers: the host model's layers.
-        config: the run's settings: its denoising ``steps``, ``latency_target_s`` (seconds or None) and
-            ``shard_wait_s`` (the longest wait for one shard before the run stops naming it, seconds).
+        config: the run's settings: its ``latency_target_s`` (seconds or None), its denoising ``live.steps`` and
+            ``live.shard_wait_s`` (the longest wait for one shard before the run stops naming it, seconds).
         prior_layer_s: the per-layer time the policy predicts with until :meth:`layer_time` measured one (seconds).
     """
 
@@ -72,7 +72,7 @@ class HostLanes:
         *,
         prior_layer_s: float = PRIOR_LAYER_S,
     ) -> None:
-        steps = config.steps
+        steps = config.live.steps
         self.source, self.manifest, self.link = source, manifest, LinkSpec.parse(link)
         self.per_step = manifest.kv_mode == "per-step"
         self.grid = ShardGrid.for_edit(layers, steps, self.per_step)
@@ -91,7 +91,7 @@ class HostLanes:
         self.held = HeldKV(self.grid, plan.ladders)
         from .decode_lane import DecodeLane
 
-        self.decoder = DecodeLane(manifest, plan.rungs, self.st, self.log, self.cfg.decode_threads)
+        self.decoder = DecodeLane(manifest, plan.rungs, self.st, self.log, self.cfg.live.decode_threads)
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -226,10 +226,8 @@ class HostLanes:
             while not ready.wait(0.1) and self._error is None:
                 if check is not None:
                     check()
-                if time.perf_counter() - t0 > self.cfg.shard_wait_s:
-                    raise RuntimeError(
-                        f"template {self.manifest.template_id}: {shard} not fetched after {self.cfg.shard_wait_s:g} s"
-                    )
+                if time.perf_counter() - t0 > (wait_s := self.cfg.live.shard_wait_s):
+                    raise RuntimeError(f"template {self.manifest.template_id}: {shard} not fetched after {wait_s:g} s")
         finally:
             with st.lock:
                 st.stalls_done_s += st.now - st.waiting_since
@@ -275,6 +273,6 @@ class HostLanes:
             "decisions": [dict(d, t=round(d["t"], 4)) for d in self.log.decisions],
             "fallbacks": list(self.log.fallbacks),
             "link": self.link.to_wire(),
-            "steps": self.cfg.steps,
+            "steps": self.cfg.live.steps,
             "latency_target_s": self.cfg.latency_target_s,
         }

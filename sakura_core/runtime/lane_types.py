@@ -2,7 +2,7 @@
 protocol settings, validated once; :class:`~sakura_core.runtime.pipeline_config.RuntimeConfig` and
 :class:`~sakura_core.runtime.sim_types.SimConfig` are it plus their own) and :class:`LaneResult` (what both report
 of a run; :class:`~sakura_core.runtime.pipeline_config.RunReport` and :class:`~sakura_core.runtime.sim_types.SimResult`
-are it plus their own)."""
+hold it as their ``result``, beside their own)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ class LateShards(PartsView):
 
     def __init__(self, parts: LaneParts, fetch: FetchLane, layer_cached_s: float) -> None:
         self.parts, self.fetch = parts, fetch
-        self.poll_s = min(max(layer_cached_s, 0.01), parts.config.shard_wait_s)
+        self.poll_s = min(max(layer_cached_s, 0.01), parts.config.live.shard_wait_s)
 
     def wait_for(self, shard: ShardId, step: int) -> None:
         """Block the compute lane (at ``step``) until ``shard`` is ready (a stall in the timeline) or it is given up
@@ -49,7 +49,7 @@ class LateShards(PartsView):
 
     def _wait_or_give_up(self, shard: ShardId, step: int, t0: float) -> None:
         """Until the shard is ready, the policy gives up on it, or ``shard_wait_s`` has passed."""
-        st, wait_s = self.st, self.cfg.shard_wait_s
+        st, wait_s = self.st, self.cfg.live.shard_wait_s
         while not self._wait_or_cancel(shard, min(self.poll_s, t0 + wait_s - st.now)):
             if self.cancel.is_set():
                 raise Cancelled(f"edit cancelled at step {step}, layer {shard.layer} while waiting for its shard")

@@ -41,7 +41,7 @@ class LiveState:
         self.profile, self.trace, self.ladders, self.floor = profile, trace, ladders, floor
         self.L = len(ladders)
         self.layers_per_step = layers_per_step or len(ladders)  # see PolicyState.layers_per_step
-        self.estimator, self.rtt_s = ThroughputEstimator(config.estimator), config.rtt_s
+        self.estimator, self.rtt_s = ThroughputEstimator(config.live.estimator), config.rtt_s
         self.latency_target_s = config.latency_target_s
         self.request_ahead = False  # the fetch lane sends requests ahead (the pipeline sets it; Context.queued_rtt_s)
         self.start_s = 0.0  # the live link starts its trace at the edit's start

@@ -73,9 +73,9 @@ def simulate_oracle(policy: Policy, trace, profile, ladders, floors, start_s=0.0
     best = simulate(fixed_split_policy(list(plan.splits)), trace, profile, ladders, floors, start_s, config)
     if not probe.per_step:
         r = simulate(policy, trace, profile, ladders, floors, start_s, config)
-        if r.latency_s < best.latency_s - 1e-9:
+        if r.result.latency_s < best.result.latency_s - 1e-9:
             best = r
-    best.policy = policy.name
+    best.result.policy = policy.name
     return best
 
 

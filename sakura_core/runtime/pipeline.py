@@ -28,7 +28,7 @@ reads (:class:`~sakura_core.runtime.live_state.LiveState`, with the clock) and t
 (step, layer, and the flat ``g`` the policy protocol uses).
 
 Threads: a run uses the caller's event loop (the fetch lane and the transfers), one worker thread of its own for the
-compute lane, and the decode pool (``RuntimeConfig.decode_threads``); it starts no event loop. The policy is asked
+compute lane, and the decode pool (``LiveSettings.decode_threads``); it starts no event loop. The policy is asked
 from the loop (the fetch lane) and from the compute thread (the forward's hooks: ``keep_template``, and
 ``recompute_late`` while a shard is late), always under ``LiveState.lock`` and at one frozen moment per batch of
 link decisions; HeldKV and the decode lane each guard their own state with their own lock, taken after
@@ -55,15 +55,16 @@ from .device_kv import DeviceKV
 from .fetch_lane import FetchLane
 from .held_kv import HeldKV
 from .lane_parts import EditInputs, LaneParts, RunControls
+from .lane_types import LaneResult
 from .late_shards import LateShards
 from .live_profile import LiveProfile
 from .live_state import LiveState
-from .pipeline_config import Cancelled, RunReport, RuntimeConfig
+from .pipeline_config import Cancelled, LiveSettings, RunReport, RuntimeConfig
 from .run_log import RunLog
 from .schedule import edit_times
 from .shard_index import ShardGrid
 
-__all__ = ["Cancelled", "PipelinedEdit", "RunReport", "RuntimeConfig", "run_pipelined_edit"]
+__all__ = ["Cancelled", "LiveSettings", "PipelinedEdit", "RunReport", "RuntimeConfig", "run_pipelined_edit"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,12 +129,12 @@ class PipelinedEdit:
         manifest = as_manifest(manifest)  # typed once (a caller holding the JSON: a benchmark, a test)
         self.kv_mode = manifest.kv_mode
         self.per_step = self.kv_mode == "per-step"
-        self.times = edit_times(model, self.cfg.steps)  # the edit's schedule: the model's own (shift 1)
+        self.times = edit_times(model, self.cfg.live.steps)  # the edit's schedule: the model's own (shift 1)
         if self.per_step:  # the KV of step s is only valid at the schedule it was computed for (the run's one check)
-            check_schedule(manifest, self.cfg.steps, 1.0, timesteps=[float(t) for t in self.times[:-1]])
-        self.grid = grid = ShardGrid.for_edit(L, cfg.steps, self.per_step)  # shards: g = step * L + layer
+            check_schedule(manifest, self.cfg.live.steps, 1.0, timesteps=[float(t) for t in self.times[:-1]])
+        self.grid = grid = ShardGrid.for_edit(L, cfg.live.steps, self.per_step)  # shards: g = step * L + layer
         if len(ladders) != len(grid):
-            what = f"{cfg.steps} steps x {L} layers" if self.per_step else f"{L} layers"
+            what = f"{cfg.live.steps} steps x {L} layers" if self.per_step else f"{L} layers"
             raise ValueError(f"{len(ladders)} shard ladders for a {self.kv_mode} template, the edit needs {what}")
         self.policy = policy
         self.cancel = controls.cancel or threading.Event()
@@ -145,7 +146,7 @@ class PipelinedEdit:
         self.log = RunLog()
         self.held = HeldKV(grid, ladders)
         parts = LaneParts(grid, plan, self.st, self.ctx, self.held, self.log, cfg, stop)
-        self.decoder = DecodeLane(manifest, plan.rungs, self.st, self.log, cfg.decode_threads)
+        self.decoder = DecodeLane(manifest, plan.rungs, self.st, self.log, cfg.live.decode_threads)
         self.fetch = FetchLane(fetch_blob, parts, self.decoder)
         self.st.request_ahead = self.fetch.ahead  # Context.queued_rtt_s: the policy's view of the lane's requests
         self.device = DeviceKV(
@@ -192,24 +193,27 @@ class PipelinedEdit:
             compute.shutdown(wait=False)
         return self._report(result)
 
-    def _report(self, result) -> RunReport:
+    def _report(self, out) -> RunReport:
         compute, every_step = self.compute, self.policy.template_every_step
-        return RunReport(
+        result = LaneResult(
             policy=self.policy.name,
             latency_s=self.st.now,
             bytes_fetched=self.fetch.bytes_fetched,
-            bytes_used=sum(compute.used_blobs.values()),
             split_layer=compute.split_layer if not every_step else self.grid.layers,
-            image=result.image,
-            tokens=result.tokens,
+            split_layers=list(compute.split_layers) if not every_step else [],
             events=self.log.events,
             decisions=self.log.decisions,
+            peak_kv_bytes=self.held.peak_kv_bytes,
+        )
+        return RunReport(
+            result,
+            image=out.image,
+            tokens=out.tokens,
             fallbacks=self.log.fallbacks,
             levels_used=compute.levels_used,
             kv_mode=self.kv_mode,
             layers_per_step=self.grid.layers,
-            peak_kv_bytes=self.held.peak_kv_bytes,
-            split_layers=list(compute.split_layers) if not every_step else [],
+            bytes_used=sum(compute.used_blobs.values()),
         )
 
 

@@ -12,7 +12,7 @@ import torch
 from ..policy.estimator import EstimatorConfig
 from .lane_types import LaneConfig, LaneResult
 
-__all__ = ["CancelFlag", "Cancelled", "RunReport", "RuntimeConfig"]
+__all__ = ["CancelFlag", "Cancelled", "LiveSettings", "RunReport", "RuntimeConfig"]
 
 
 class Cancelled(RuntimeError):
@@ -26,9 +26,8 @@ class CancelFlag(Protocol):
 
 
 @dataclass(frozen=True)
-class RuntimeConfig(LaneConfig):
-    """The lanes' settings (:class:`~sakura_core.runtime.lane_types.LaneConfig`, as the simulator's) and the live
-    run's own. Attributes:
+class LiveSettings:
+    """The live run's own settings (what the simulator has no use for). Attributes:
     steps: denoising steps.
     seed: noise seed.
     decode_threads: decoder pool size.
@@ -44,7 +43,6 @@ class RuntimeConfig(LaneConfig):
     estimator: EstimatorConfig | None = None
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.steps < 1 or self.decode_threads < 1 or self.shard_wait_s <= 0:
             raise ValueError(
                 f"steps and decode_threads must be >= 1 and shard_wait_s > 0, got {self.steps}, "
@@ -52,16 +50,27 @@ class RuntimeConfig(LaneConfig):
             )
 
 
+@dataclass(frozen=True)
+class RuntimeConfig(LaneConfig):
+    """The lanes' settings (:class:`~sakura_core.runtime.lane_types.LaneConfig`, as the simulator's) and the live
+    run's own (``live``: :class:`LiveSettings`, e.g. ``RuntimeConfig(live=LiveSettings(steps=4), upgrades=False)``)."""
+
+    live: LiveSettings = field(default_factory=LiveSettings)
+
+
 @dataclass
-class RunReport(LaneResult):
-    """One pipelined run: what a simulated one reports too (:class:`~sakura_core.runtime.lane_types.LaneResult`;
-    ``split_layers`` is empty when the template ran everywhere) and the live run's own. ``levels_used`` maps a shard
+class RunReport:
+    """One pipelined run: ``result``, what a simulated one reports too
+    (:class:`~sakura_core.runtime.lane_types.LaneResult`; its ``split_layers`` is empty when the template ran
+    everywhere), and the live run's own: the edited ``image`` and its ``tokens``, the ``fallbacks`` logged, the
+    levels each shard ran with, the KV mode and the bytes used. ``levels_used`` maps a shard
     (the layer in single mode; ``g = step * L + layer`` in per-step mode) to the levels the compute lane used
     ("device" = computed here after a failed shard, "template" = the template tokens ran on the device at that
     (step, layer)); ``bytes_used`` is the part of ``bytes_fetched`` whose KV the compute lane injected: the bytes of
     every blob a KV it injected was decoded from (each once) — not a shard fetched and then computed here, nor an
     upgrade that came after the shard's last use, nor a failed try."""
 
+    result: LaneResult
     image: np.ndarray
     tokens: torch.Tensor
     fallbacks: list[str] = field(default_factory=list)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .lane_types import LaneConfig, LaneResult
 
-__all__ = ["PLANNING_MODES", "DiscardedEvents", "SimConfig", "SimResult"]
+__all__ = ["PLANNING_MODES", "CpuCharges", "DiscardedEvents", "SimConfig", "SimResult"]
 
 PLANNING_MODES = ("off", "measured", "fixed")
 
@@ -21,9 +21,9 @@ class SimConfig(LaneConfig):
         ``recompute_late``) the compute lane; on a profile whose DiT shares the CPU, planning on the link side also
         takes a core from it.
     planning_s: seconds per decision with ``planning="fixed"``.
-    events: record the run's timeline (``SimResult.events``: one entry per fetch, decode, compute span and stall).
-        False keeps none (the figures are the same): a bench keeps them only where it draws them, since a slow-link
-        fetch-fp16 edit on the GPU profile logs ~10^6 waits (hundreds of MB a run).
+    events: record the run's timeline (``SimResult.result.events``: one entry per fetch, decode, compute span and
+        stall). False keeps none (the figures are the same): a bench keeps them only where it draws them, since a
+        slow-link fetch-fp16 edit on the GPU profile logs ~10^6 waits (hundreds of MB a run).
     """
 
     planning: str = "off"
@@ -45,20 +45,33 @@ class DiscardedEvents(list):
         pass
 
 
-@dataclass
-class SimResult(LaneResult):
-    """A simulated run: what a live one reports too (:class:`~sakura_core.runtime.lane_types.LaneResult`) and the
-    simulator's own figures."""
+@dataclass(frozen=True)
+class CpuCharges:
+    """What a simulated run charged the phone's CPU besides the DiT's own compute. Attributes:
+    planning_s: seconds of the phone's time charged for the policy's decisions (``SimConfig.planning``).
+    decisions_timed: policy calls charged.
+    contention_s: seconds the DiT lost to decode / planning threads on its cores.
+    """
 
+    planning_s: float = 0.0
+    decisions_timed: int = 0
+    contention_s: float = 0.0
+
+
+@dataclass
+class SimResult:
+    """A simulated run: ``result``, what a live one reports too (:class:`~sakura_core.runtime.lane_types.LaneResult`),
+    and the simulator's own figures: the ``trace`` and the ``start_s`` in it the edit began at, the output's
+    ``psnr_db``, the compute lane's ``stall_s`` (seconds waiting for KV) and what it charged the ``cpu``."""
+
+    result: LaneResult
     trace: str
     start_s: float
     psnr_db: float
     stall_s: float
-    planning_s: float = 0.0  # seconds of the phone's time charged for the policy's decisions
-    decisions_timed: int = 0  # policy calls charged
-    contention_s: float = 0.0  # seconds the DiT lost to decode / planning threads on its cores
+    cpu: CpuCharges = field(default_factory=CpuCharges)
 
     @property
     def splits(self) -> list[int]:
-        """The split of every step (``split_layers``; ``[split_layer]`` in single mode)."""
-        return self.split_layers
+        """The split of every step (``result.split_layers``; ``[split_layer]`` in single mode)."""
+        return self.result.split_layers

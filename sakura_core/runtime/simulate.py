@@ -41,12 +41,13 @@ from ..policy.ladder import Level
 from ..policy.policies import Policy
 from .deferral import LATE_FALLBACK_REASON, pass_stopped_reason
 from .lane_rules import pass_makes, pass_stops_after
+from .lane_types import LaneResult
 from .live_profile import LiveProfile
 from .profiles import DeviceProfile
 from .sim_cpu import CpuShare, PlanClock
 from .sim_ladders import CACHEGEN_NO_FLOOR
 from .sim_link import SimLink
-from .sim_types import DiscardedEvents, SimConfig, SimResult
+from .sim_types import CpuCharges, DiscardedEvents, SimConfig, SimResult
 
 __all__ = ["KV_MODES", "RECHECK_MIN_S", "SimConfig", "SimResult", "kv_mode_view", "simulate"]
 
@@ -303,22 +304,23 @@ class _Sim(SimLink, CpuShare):
         for layer, levels in self.used.items():
             for j in levels:
                 mse += self._mse_share(layer, j) / len(levels)
-        return SimResult(
+        result = LaneResult(
             policy=self.policy.name,
-            trace=self.trace.name,
-            start_s=self.start_s,
             latency_s=self.compute_t + self.profile.fixed_s,
             bytes_fetched=self.bytes,
-            psnr_db=psnr_from_mse(mse),
             split_layer=self.split_layer,
-            stall_s=self.stall_s,
             split_layers=list(self.splits),
             events=self.events,
             decisions=self.decisions,
             peak_kv_bytes=self._peak_kv_bytes(),
-            planning_s=self.policy.total_s,
-            decisions_timed=self.policy.calls,
-            contention_s=self.contention_s,
+        )
+        return SimResult(
+            result,
+            trace=self.trace.name,
+            start_s=self.start_s,
+            psnr_db=psnr_from_mse(mse),
+            stall_s=self.stall_s,
+            cpu=CpuCharges(self.policy.total_s, self.policy.calls, self.contention_s),
         )
 
     def _mse_share(self, g: int, j: int) -> float:

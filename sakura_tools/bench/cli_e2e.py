@@ -31,10 +31,17 @@ def _plots(plots_dir, runs, traces, ladders, profile, regime) -> None:
     plots.mkdir(parents=True, exist_ok=True)
     sak = [r for r in runs if r["policy"] == "sakura"]
     pick = sorted(sak, key=lambda r: r["latency_s"])[len(sak) // 2]["_result"]
-    plot_timeline(pick.events, plots / "timeline.png", f"sakura on {pick.trace} (sim, {profile.name})", pick.decisions)
+    plot_timeline(
+        pick.result.events,
+        plots / "timeline.png",
+        f"sakura on {pick.trace} (sim, {profile.name})",
+        pick.result.decisions,
+    )
     trace = next(t for t in traces if t.name == pick.trace)
     names = [lv.name for lv in ladders["sakura"][0]]
-    plot_trace_levels(trace, pick.decisions, names, plots / "trace_levels.png", pick.start_s, pick.latency_s)
+    plot_trace_levels(
+        trace, pick.result.decisions, names, plots / "trace_levels.png", pick.start_s, pick.result.latency_s
+    )
     if regime is not None:
         plot_regime_map(regime, plots / "regime_map.png")
     print(f"plots: {plots}/timeline.png, trace_levels.png{', regime_map.png' if regime is not None else ''}")
@@ -126,7 +133,7 @@ def _on_run(sink, events: set[str], plotted: bool):
         res = row.get("_result")
         out = {k: v for k, v in row.items() if not k.startswith("_")}
         if res is not None and row["policy"] in events:
-            out["events"], out["decisions"] = res.events, res.decisions
+            out["events"], out["decisions"] = res.result.events, res.result.decisions
         sink.run(out)
         if not (plotted and row["policy"] == "sakura"):
             row.pop("_result", None)

@@ -41,7 +41,7 @@ from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.lane_parts import EditInputs
 from sakura_core.runtime.live_profile import measure_profile
-from sakura_core.runtime.pipeline import RuntimeConfig, run_pipelined_edit
+from sakura_core.runtime.pipeline import LiveSettings, RuntimeConfig, run_pipelined_edit
 from sakura_core.runtime.timeline import lower_bound
 
 from .e2e_report import format_table, select_policies
@@ -96,11 +96,11 @@ def _plot(args, trace: str, policy: str, rep, bound: dict) -> str | None:
     path = Path(args.plots) / f"live.{rep.kv_mode}.{trace}.{policy}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     plot_timeline(
-        rep.events,
+        rep.result.events,
         path,
-        f"live, {rep.kv_mode} KV, {policy}, {trace}: {rep.latency_s:.2f} s, bound "
+        f"live, {rep.kv_mode} KV, {policy}, {trace}: {rep.result.latency_s:.2f} s, bound "
         f"{bound['bound_s']:.2f} s (x{bound['latency_over_bound']:.2f})",
-        rep.decisions,
+        rep.result.decisions,
     )
     return str(path)
 
@@ -308,7 +308,7 @@ def _replay(trace, profile, ladders: dict, floor: int, request_ahead: bool = Tru
 
     cfg = SimConfig(rtt_s=RuntimeConfig().rtt_s, request_ahead=request_ahead)
     return {
-        p: simulate(make_policy(p), trace, profile, ladders, {"sakura": floor}, config=cfg).latency_s
+        p: simulate(make_policy(p), trace, profile, ladders, {"sakura": floor}, config=cfg).result.latency_s
         for p in ("sakura", "on-device")
     }
 
@@ -337,38 +337,39 @@ async def _run_all(args, model, traces, policies, profile, template, user, exact
                         plan,
                         profile,
                         trace=trace,
-                        config=RuntimeConfig(steps=args.steps, request_ahead=requests_ahead(args)),
+                        config=RuntimeConfig(request_ahead=requests_ahead(args), live=LiveSettings(steps=args.steps)),
                     )
                 finally:
                     if follow is not None:
                         stop.set()
                         await follow
-            bound = lower_bound(rep.events, rep.latency_s)  # pure busy time: stalls are not compute
+            res = rep.result
+            bound = lower_bound(res.events, res.latency_s)  # pure busy time: stalls are not compute
             timeline = _plot(args, trace.name, name, rep, bound)
             runs.append(
                 {
                     "trace": trace.name,
                     "start_s": 0.0,
                     "policy": name,
-                    "latency_s": rep.latency_s,
-                    "bytes_fetched": rep.bytes_fetched,
-                    "peak_kv_bytes": rep.peak_kv_bytes,
+                    "latency_s": res.latency_s,
+                    "bytes_fetched": res.bytes_fetched,
+                    "peak_kv_bytes": res.peak_kv_bytes,
                     "psnr_db": psnr_db(rep.tokens, exact),
-                    "split_layer": rep.split_layer,
+                    "split_layer": res.split_layer,
                     "lower_bound_s": bound["bound_s"],
                     "latency_over_lower_bound": bound["latency_over_bound"],
                     "busy_s": {k: bound[k] for k in ("compute_busy_s", "fetch_busy_s", "decode_busy_s", "stall_s")},
                     "fallbacks": rep.fallbacks,
                     "kv_mode": rep.kv_mode,
-                    "split_layers": rep.split_layers,
+                    "split_layers": res.split_layers,
                     "timeline_png": timeline,
                     "_plan": (plan.ladders, plan.floor),  # for the simulator replay (not written)
                 }
             )
-            split = rep.split_layers if rep.kv_mode == "per-step" else rep.split_layer
+            split = res.split_layers if rep.kv_mode == "per-step" else res.split_layer
             print(
-                f"{trace.name:<28} {name:<18} {rep.latency_s:7.2f} s  {rep.bytes_fetched / 2**20:7.2f} MiB  "
-                f"KV held <= {rep.peak_kv_bytes / 2**20:.2f} MiB  split {split}  "
+                f"{trace.name:<28} {name:<18} {res.latency_s:7.2f} s  {res.bytes_fetched / 2**20:7.2f} MiB  "
+                f"KV held <= {res.peak_kv_bytes / 2**20:.2f} MiB  split {split}  "
                 f"PSNR {runs[-1]['psnr_db']:.1f}  bound {bound['bound_s']:.2f} s "
                 f"(x{bound['latency_over_bound']:.2f})"
             )

@@ -186,7 +186,7 @@ def _replay(trace, profile: LiveProfile, manifest: dict, rtt_s: float) -> dict:
             {fam: plan.ladders},
             {fam: plan.floor},
             config=SimConfig(rtt_s=rtt_s, request_ahead=False),
-        ).latency_s
+        ).result.latency_s
     return out
 
 

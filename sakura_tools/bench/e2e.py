@@ -153,15 +153,15 @@ def run_sim(
                         "trace_class": trace.trace_class or "other",
                         "start_s": round(start, 3),
                         "policy": name,
-                        "latency_s": float(r.latency_s),
-                        "bytes_fetched": int(r.bytes_fetched),
+                        "latency_s": float(r.result.latency_s),
+                        "bytes_fetched": int(r.result.bytes_fetched),
                         "psnr_db": float(r.psnr_db),
-                        "split_layer": int(r.split_layer),
+                        "split_layer": int(r.result.split_layer),
                         "splits": [int(k) for k in r.splits],  # one per step in per-step mode
-                        "peak_kv_bytes": int(r.peak_kv_bytes),  # decoded template KV held at once, at most
-                        "planning_s": float(r.planning_s),  # the phone's time charged for the decisions
-                        "decisions": int(r.decisions_timed),
-                        "contention_s": float(r.contention_s),  # the DiT's loss to decode / planning threads
+                        "peak_kv_bytes": int(r.result.peak_kv_bytes),  # decoded template KV held at once, at most
+                        "planning_s": float(r.cpu.planning_s),  # the phone's time charged for the decisions
+                        "decisions": int(r.cpu.decisions_timed),
+                        "contention_s": float(r.cpu.contention_s),  # the DiT's loss to decode / planning threads
                     }
                 )
                 if name in keep_results:

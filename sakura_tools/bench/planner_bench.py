@@ -119,7 +119,7 @@ def bench_case(
     t0 = time.perf_counter()
     latency_s, complete = None, True
     try:
-        latency_s = simulate(timed, trace, prof, ladders, floors).latency_s
+        latency_s = simulate(timed, trace, prof, ladders, floors).result.latency_s
     except _Abort:
         complete = False
     wall_s = time.perf_counter() - t0

@@ -32,9 +32,9 @@ def regime_map(
 
     def cell(prof, trace) -> dict:
         lat = [
-            simulate(POLICIES["on-device-cached"](), trace, prof, ladders, floors).latency_s,
-            simulate(fixed_split_policy(0), trace, prof, ladders, floors).latency_s,
-            min(simulate(fixed_split_policy(k), trace, prof, ladders, floors).latency_s for k in range(1, L)),
+            simulate(POLICIES["on-device-cached"](), trace, prof, ladders, floors).result.latency_s,
+            simulate(fixed_split_policy(0), trace, prof, ladders, floors).result.latency_s,
+            min(simulate(fixed_split_policy(k), trace, prof, ladders, floors).result.latency_s for k in range(1, L)),
         ]
         order = sorted(range(3), key=lat.__getitem__)
         return {"latency_s": lat, "winner": names[order[0]], "margin": lat[order[1]] / lat[order[0]]}
@@ -95,7 +95,7 @@ def policy_regime(
             n: float(
                 (simulate_oracle if n == "oracle" else simulate)(
                     make_policy(n), trace, prof, ladders, floors, 0.0, config
-                ).latency_s
+                ).result.latency_s
             )
             for n in names
         }

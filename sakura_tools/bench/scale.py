@@ -113,7 +113,7 @@ def scale_case(
     for name in policies or list(POLICIES):
         sim = simulate_oracle if name == "oracle" else simulate
         t0 = time.process_time()
-        latency_s[name] = float(sim(make_policy(name), trace, prof, ladders, floors).latency_s)
+        latency_s[name] = float(sim(make_policy(name), trace, prof, ladders, floors).result.latency_s)
         cpu_s[name] = time.process_time() - t0
     return {
         "steps": steps,

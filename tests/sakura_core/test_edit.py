@@ -14,6 +14,7 @@ from sakura_core.edit_report import REPORT_KEYS, KVUse, edit_report, summary_lin
 from sakura_core.fetch.errors import ManifestError, ModelMismatchError, TemplateNotFoundError
 from sakura_core.fetch.link import LinkSpec
 from sakura_core.fetch.sources import StoreSource
+from sakura_core.runtime.lane_types import LaneResult
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import RunReport
 
@@ -149,14 +150,17 @@ def test_settings_and_requests_name_the_bad_value():
 
 
 def test_edit_report_by_hand():
-    run = RunReport(
+    result = LaneResult(
         policy="sakura",
         latency_s=1.234,
         bytes_fetched=3 * 1024,
         split_layer=2,
+        events=[{"lane": "compute", "start": 0.0, "end": 1.0, "layer": 0, "level": "template"}],
+    )
+    run = RunReport(
+        result,
         image=np.zeros((2, 2, 3), np.uint8),
         tokens=None,
-        events=[{"lane": "compute", "start": 0.0, "end": 1.0, "layer": 0, "level": "template"}],
         levels_used={3: ["int4"], 2: ["int2", "int4"]},
         bytes_used=2 * 1024,
     )

@@ -4,29 +4,31 @@ derived by hand)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from sakura_core.edit_report import REPORT_KEYS, KVUse, edit_report
 from sakura_core.fetch.link import LinkSpec
 from sakura_core.runtime.deferral import LATE_FALLBACK_REASON
+from sakura_core.runtime.lane_types import LaneResult
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import RunReport
 
 LATE = {"t": 0.3, "layer": 0, "level": "device", "reason": LATE_FALLBACK_REASON}
 
 
+RESULT_FIELDS = {f.name for f in dataclasses.fields(LaneResult)}
+
+
 def _report(layers: int = 4, steps: int = 2, **run) -> dict:
-    fields = dict(
-        policy="sakura",
-        latency_s=1.234,
-        bytes_fetched=0,
-        split_layer=layers,
-        image=np.zeros((2, 2, 3), np.uint8),
-        tokens=None,
-    )
+    """The report of a hand-built run: ``run`` holds fields of the run's ``LaneResult`` and of the ``RunReport``."""
+    result = dict(policy="sakura", latency_s=1.234, bytes_fetched=0, split_layer=layers)
+    result.update((k, v) for k, v in run.items() if k in RESULT_FIELDS)
+    own = {k: v for k, v in run.items() if k not in RESULT_FIELDS}
     return edit_report(
-        RunReport(**{**fields, **run}),
+        RunReport(LaneResult(**result), image=np.zeros((2, 2, 3), np.uint8), tokens=None, **own),
         template_id="t",
         template={},
         link=LinkSpec.fixed(8),

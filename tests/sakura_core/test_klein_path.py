@@ -63,7 +63,7 @@ def test_edit_with_a_policy_runs_and_fp16_kv_matches_exact(store, klein_model, p
         assert err == 0.0  # the device computed the template itself: exact
     elif policy == "fetch-fp16":
         assert err < 1e-3  # fp16 storage of the KV only
-        assert run.bytes_fetched > 0
+        assert run.result.bytes_fetched > 0
     else:  # sakura may fetch or compute (its choice depends on the measured link); what it fetches keeps the floor
         psnr_of = {r.name: r.psnr_db for sh in opened.manifest.shards for r in sh.representations}
         used = {name for names in run.levels_used.values() for name in names}

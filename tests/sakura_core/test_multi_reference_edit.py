@@ -96,7 +96,7 @@ def test_fetched_kv_edits_as_the_device_does_with_both_images(published, klein_m
     opened = asyncio.run(edit.open_template(StoreSource(str(root)), TID, klein_model))
     fetched = _run(klein_model, opened, "fetch-fp16")
     device = _run(klein_model, opened, "on-device-cached")
-    assert fetched.run.bytes_fetched > 0 and device.run.bytes_fetched == 0 and not fetched.run.fallbacks
+    assert fetched.run.result.bytes_fetched > 0 and device.run.result.bytes_fetched == 0 and not fetched.run.fallbacks
     err = float((fetched.run.tokens - device.run.tokens).abs().max())
     print(f"two references, fp32 model: fetched fp16 KV vs on-device max diff {err:.3e}")  # noqa: T201 (-s figure)
     assert 0 < err < 1e-4  # fp16 storage of fp32 KV only

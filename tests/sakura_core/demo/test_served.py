@@ -17,6 +17,7 @@ from sakura_core.edit import EditOutcome
 from sakura_core.edit_report import edit_report
 from sakura_core.fetch.link import LinkSpec
 from sakura_core.runtime.deferral import LATE_FALLBACK_REASON
+from sakura_core.runtime.lane_types import LaneResult
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.pipeline import RunReport
 
@@ -30,13 +31,12 @@ def _fell_back(request, layers: int, size: int) -> EditOutcome:
     per_step = request.template_id.endswith("per-step")
     shards = STEPS * layers if per_step else layers
     uses = 1 if per_step else STEPS
-    run = RunReport(
+    result = LaneResult(
         policy=request.policy,
         latency_s=0.42,
         bytes_fetched=FETCHED,
         split_layer=0,
-        image=np.zeros((size, size, 3), np.uint8),
-        tokens=None,
+        split_layers=[0] * (STEPS if per_step else 1),
         events=[
             {"lane": "compute", "start": 0.0, "end": 0.4, "layer": -1, "level": "fallback template pass from layer 0"},
             {"lane": "fetch", "start": 0.0, "end": 0.42, "layer": 0, "level": "fp16"},
@@ -45,11 +45,15 @@ def _fell_back(request, layers: int, size: int) -> EditOutcome:
             {"t": 0.0, "layer": 0, "level": "drop", "reason": "template dropped at layer 0"},
             {"t": 0.01, "layer": 0, "level": "device", "reason": LATE_FALLBACK_REASON},
         ],
+    )
+    run = RunReport(
+        result,
+        image=np.zeros((size, size, 3), np.uint8),
+        tokens=None,
         fallbacks=["shard 0 late: the device computes the template KV of every layer until the link has the rest"],
         levels_used={g: ["device"] * uses for g in range(shards)},
         kv_mode="per-step" if per_step else "single",
         layers_per_step=layers,
-        split_layers=[0] * (STEPS if per_step else 1),
     )
     report = edit_report(
         run,

@@ -102,5 +102,5 @@ def test_a_long_edit_on_a_slow_link_finishes_sooner_with_the_rule():
     ladders = {"sakura": FAR}
     with_rule = simulate(make_policy("sakura"), trace, P, ladders, {"sakura": 0}, config=SimConfig())
     without = simulate(NoRule(), trace, P, ladders, {"sakura": 0}, config=SimConfig())
-    assert with_rule.latency_s < without.latency_s
-    assert with_rule.bytes_fetched < without.bytes_fetched
+    assert with_rule.result.latency_s < without.result.latency_s
+    assert with_rule.result.bytes_fetched < without.result.bytes_fetched

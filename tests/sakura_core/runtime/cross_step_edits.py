@@ -12,7 +12,7 @@ from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy
 from sakura_core.precompute import precompute_template
 from sakura_core.runtime.lane_parts import EditInputs
 from sakura_core.runtime.live_profile import LiveProfile
-from sakura_core.runtime.pipeline import RuntimeConfig, run_pipelined_edit
+from sakura_core.runtime.pipeline import LiveSettings, RuntimeConfig, run_pipelined_edit
 
 from .fetchers import blob_fetcher
 
@@ -69,6 +69,6 @@ def run_levels(setup, policy, steps: int, swap=None, open_floor=None, chunks=Fal
             FetchPlan(policy, plan.rungs, plan.floor),
             profile,
             trace=Trace.constant(50.0),
-            config=RuntimeConfig(steps=steps, upgrades=False, **config),
+            config=RuntimeConfig(upgrades=False, **config, live=LiveSettings(steps=steps)),
         )
     )

@@ -38,20 +38,20 @@ def test_cachegen_reads_the_link_at_the_simulators_clock_with_the_start_offset()
     trace = _dead_then_fast(30.0, 1000.0)
     # the edit starts 40 s into the trace, where the link is fast: the old code read rate_at(0) == 0 and recomputed
     r = simulate(make_policy("cachegen"), trace, CPU, ladders, floors, start_s=40.0)
-    assert r.bytes_fetched > 0
-    assert r.split_layer == 0
-    assert r.decisions[0]["level"] == 2
+    assert r.result.bytes_fetched > 0
+    assert r.result.split_layer == 0
+    assert r.result.decisions[0]["level"] == 2
 
 
 def test_cachegen_recompute_decisions_advance_the_link_clock():
     ladders, floors = _cachegen_ladders(0)
     # dead for 3 s, then fast: the first chunks are recomputed, later ones decided on the fast rate and fetched
     r = simulate(make_policy("cachegen"), _dead_then_fast(3.0, 1000.0), CPU, ladders, floors)
-    levels = [d["level"] for d in r.decisions if d["level"] != "drop"]
+    levels = [d["level"] for d in r.result.decisions if d["level"] != "drop"]
     assert levels[0] == LEVEL_COMPUTE
-    assert r.bytes_fetched > 0  # old: one sample at t=0 decided every chunk -> recompute all, 0 bytes
-    assert 0 < r.split_layer < 24
-    times = [d["t"] for d in r.decisions if d["level"] != "drop"]
+    assert r.result.bytes_fetched > 0  # old: one sample at t=0 decided every chunk -> recompute all, 0 bytes
+    assert 0 < r.result.split_layer < 24
+    times = [d["t"] for d in r.result.decisions if d["level"] != "drop"]
     assert times[1] > times[0]  # the second chunk is decided later than the first
 
 
@@ -63,9 +63,9 @@ def test_cachegen_is_held_to_the_quality_floor():
     assert FP / 5 / rate > budget
     trace = Trace.constant(rate / MBIT)
     free = simulate(make_policy("cachegen"), trace, CPU, *_cachegen_ladders(0))
-    assert {d["level"] for d in free.decisions if d["level"] != "drop"} == {0}
+    assert {d["level"] for d in free.result.decisions if d["level"] != "drop"} == {0}
     held = simulate(make_policy("cachegen"), trace, CPU, *_cachegen_ladders(1))
-    assert all(d["level"] != 0 for d in held.decisions)  # old: level 0 (below the floor) everywhere
+    assert all(d["level"] != 0 for d in held.result.decisions)  # old: level 0 (below the floor) everywhere
 
 
 def test_bench_floor_rule_is_the_cheapest_level_meeting_the_target():

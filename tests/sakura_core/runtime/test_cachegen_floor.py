@@ -63,7 +63,7 @@ def test_the_simulator_gets_the_held_cachegen_and_the_old_rule_beside_it():
 def _levels(result, ladder) -> set[str]:
     """The level names (or "compute") a run's decisions chose."""
     out = set()
-    for d in result.decisions:
+    for d in result.result.decisions:
         if d["level"] == LEVEL_COMPUTE:
             out.add("compute")
         elif isinstance(d["level"], int):
@@ -80,7 +80,7 @@ def test_held_cachegen_fetches_fp16_or_recomputes_never_a_level_under_the_floor(
     old = simulate(make_policy(CACHEGEN_NO_FLOOR), mid, CPU, ladders, floors)
     held = simulate(make_policy("cachegen"), mid, CPU, ladders, floors)
     assert _levels(old, ladders[CACHEGEN_NO_FLOOR][0]) == {"c1"} and old.psnr_db < 35.0
-    assert _levels(held, ladders["cachegen"][0]) == {"compute"} and held.bytes_fetched == 0
+    assert _levels(held, ladders["cachegen"][0]) == {"compute"} and held.result.bytes_fetched == 0
     # fp16 fits the budget: the held rule fetches it, at the exact level's PSNR
     fast = Trace.constant(FP / (0.5 * budget) / MBIT)
     held = simulate(make_policy("cachegen"), fast, CPU, ladders, floors)

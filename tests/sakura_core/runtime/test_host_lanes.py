@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sakura_core.runtime.host_lanes import HostLanes
-from sakura_core.runtime.pipeline_config import RuntimeConfig
+from sakura_core.runtime.pipeline_config import LiveSettings, RuntimeConfig
 
 from ..conftest import FP16_TEMPLATE_ID
 
@@ -24,7 +24,7 @@ def published(published_fp16):
 
 def _lanes(published, policy: str) -> HostLanes:
     source, manifest = published
-    config = RuntimeConfig(steps=STEPS, shard_wait_s=60.0)
+    config = RuntimeConfig(live=LiveSettings(steps=STEPS, shard_wait_s=60.0))
     return HostLanes(source, manifest, policy, "fixed:1000", manifest.num_layers, config)
 
 
@@ -91,7 +91,9 @@ def test_a_layer_left_to_compute_is_fetched_when_the_host_cannot_compute_it(publ
 def test_a_template_of_another_shape_is_named(published):
     source, manifest = published
     with pytest.raises(ValueError, match=f"template {TEMPLATE_ID} has {manifest.num_layers} shards"):
-        HostLanes(source, manifest, "sakura", "live", manifest.num_layers + 1, RuntimeConfig(steps=STEPS))
+        HostLanes(
+            source, manifest, "sakura", "live", manifest.num_layers + 1, RuntimeConfig(live=LiveSettings(steps=STEPS))
+        )
 
 
 def test_a_source_that_cannot_be_opened_fails_the_layer_naming_it(published, tmp_path):
@@ -99,7 +101,9 @@ def test_a_source_that_cannot_be_opened_fails_the_layer_naming_it(published, tmp
 
     _, manifest = published
     gone = StoreSource(str(tmp_path / "gone"))
-    lanes = HostLanes(gone, manifest, "fetch-fp16", "live", manifest.num_layers, RuntimeConfig(steps=STEPS))
+    lanes = HostLanes(
+        gone, manifest, "fetch-fp16", "live", manifest.num_layers, RuntimeConfig(live=LiveSettings(steps=STEPS))
+    )
     lanes.start(template_in_sequence=False)
     try:
         with pytest.raises(RuntimeError, match=f"template {TEMPLATE_ID}: fetch failed"):

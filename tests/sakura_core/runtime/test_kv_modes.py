@@ -38,17 +38,17 @@ def test_per_step_view_has_steps_x_layers_shards_and_one_step():
 
 def test_on_device_pays_the_template_every_step_in_per_step_mode():
     v = kv_mode_view(P, "per-step")
-    single_cached = _run("on-device-cached", P).latency_s
-    per_step = _run("on-device-cached", v).latency_s
+    single_cached = _run("on-device-cached", P).result.latency_s
+    per_step = _run("on-device-cached", v).result.latency_s
     # single: one template pass (step 0 runs the template), cached after; per-step: the template at every step
     assert single_cached == pytest.approx(4 * P.layer_full_s + 2 * 4 * P.layer_cached_s + 0.1)
     assert per_step == pytest.approx(12 * P.layer_full_s + 0.1)
-    assert per_step == pytest.approx(_run("on-device", v).latency_s)
-    assert _run("fetch-fp16", v).bytes_fetched == 3 * _run("fetch-fp16", P).bytes_fetched
+    assert per_step == pytest.approx(_run("on-device", v).result.latency_s)
+    assert _run("fetch-fp16", v).result.bytes_fetched == 3 * _run("fetch-fp16", P).result.bytes_fetched
 
 
 def test_fetching_pays_more_in_per_step_mode():
     single, per = P, kv_mode_view(P, "per-step")
-    gain_single = _run("on-device-cached", single).latency_s / _run("free-kv", single).latency_s
-    gain_per = _run("on-device-cached", per).latency_s / _run("free-kv", per).latency_s
+    gain_single = _run("on-device-cached", single).result.latency_s / _run("free-kv", single).result.latency_s
+    gain_per = _run("on-device-cached", per).result.latency_s / _run("free-kv", per).result.latency_s
     assert gain_per > gain_single

@@ -15,13 +15,15 @@ WALKS = [(0.8, 0.3, 1, 2), (1.5, 0.3, 1, 3), (1.2, 0.4, 2, 2), (2, 0.2, 0.5, 2)]
 
 def _fetches(r) -> list[tuple[int, int]]:
     """(step, layer) of every fetch, in the order they took the wire."""
-    return [divmod(e["layer"], L) for e in r.events if e["lane"] == "fetch"]
+    return [divmod(e["layer"], L) for e in r.result.events if e["lane"] == "fetch"]
 
 
 def _stranded_s(r) -> float:
     """Link seconds spent on shards the edit did not use (below their step's split)."""
     return sum(
-        e["end"] - e["start"] for e in r.events if e["lane"] == "fetch" and e["layer"] % L < r.splits[e["layer"] // L]
+        e["end"] - e["start"]
+        for e in r.result.events
+        if e["lane"] == "fetch" and e["layer"] % L < r.splits[e["layer"] // L]
     )
 
 
@@ -30,7 +32,7 @@ def test_the_last_step_is_fetched_from_its_last_layer_down_while_it_is_two_steps
     last = [lay for step, lay in _fetches(r) if step == 3]
     assert last[:5] == [24, 23, 22, 21, 20]  # last first (in execution order the first would be its split, 14)
     assert r.splits[3] == min(last) and r.splits[1:3] == [25, 25]
-    waits = [d for d in r.decisions if str(d["reason"]).startswith("later layers of step 3 first")]
+    waits = [d for d in r.result.decisions if str(d["reason"]).startswith("later layers of step 3 first")]
     assert waits and all(d["level"] == -1 for d in waits)
 
 
@@ -39,7 +41,7 @@ def test_in_execution_order_when_the_rule_is_off():
     pol.later_first_from = 10**6  # the rule before: every step in execution order
     r = simulate(pol, Trace.constant(1.5), PROFILE, LADDERS, FLOORS)
     last = [lay for step, lay in _fetches(r) if step == 3]
-    assert last == sorted(last) and not any("later layers" in str(d["reason"]) for d in r.decisions)
+    assert last == sorted(last) and not any("later layers" in str(d["reason"]) for d in r.result.decisions)
 
 
 def test_it_strands_less_link_time_and_ends_sooner_on_fresh_slow_walks():
@@ -52,8 +54,8 @@ def test_it_strands_less_link_time_and_ends_sooner_on_fresh_slow_walks():
         old.later_first_from = 10**6
         o = simulate(old, trace, PROFILE, LADDERS, FLOORS)
         stranded, before = stranded + _stranded_s(r), before + _stranded_s(o)
-        latency.append(r.latency_s)
-        old_latency.append(o.latency_s)
+        latency.append(r.result.latency_s)
+        old_latency.append(o.result.latency_s)
     assert stranded < 0.6 * before  # measured: 863 s of link stranded against 1742 s in execution order
     assert sum(latency) < 0.99 * sum(old_latency) and all(
         a <= 1.01 * b for a, b in zip(latency, old_latency, strict=True)

@@ -39,5 +39,7 @@ def test_the_replay_of_a_live_run_charges_decode_contention():
     shared = LiveProfile(layer_full_s=2.0, layer_cached_s=1.0, layers=2, steps=1, dit_cpu_cores=2)
     r0 = simulate(make_policy("fetch-fp16"), Trace.constant(800), alone, ladders, floors)
     r = simulate(make_policy("fetch-fp16"), Trace.constant(800), shared, ladders, floors)
-    assert r0.contention_s == 0.0
-    assert r.contention_s == pytest.approx(0.25) and r.latency_s == pytest.approx(r0.latency_s + 0.25)
+    assert r0.cpu.contention_s == 0.0
+    assert r.cpu.contention_s == pytest.approx(0.25) and r.result.latency_s == pytest.approx(
+        r0.result.latency_s + 0.25
+    )

@@ -16,7 +16,7 @@ from sakura_core.precompute import precompute_template
 from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.lane_parts import EditInputs, RunControls
 from sakura_core.runtime.live_profile import LiveProfile
-from sakura_core.runtime.pipeline import Cancelled, PipelinedEdit, RuntimeConfig, run_pipelined_edit
+from sakura_core.runtime.pipeline import Cancelled, LiveSettings, PipelinedEdit, RuntimeConfig, run_pipelined_edit
 
 STEPS = 3
 
@@ -60,7 +60,7 @@ def _run(setup, policy, mbit=50.0, corrupt=None, cancel=None, fp16_only=False, o
             FetchPlan(make_policy(policy), rungs, 0),
             profile,
             trace=Trace.constant(mbit),
-            config=RuntimeConfig(steps=STEPS),
+            config=RuntimeConfig(live=LiveSettings(steps=STEPS)),
             controls=RunControls(cancel=cancel, on_layer=on_layer),
         )
     )
@@ -79,15 +79,15 @@ def test_fetch_fp16_pipeline_reproduces_the_exact_edit(setup):
     rep = _run(setup, "fetch-fp16", fp16_only=True)
     exact = setup[4]
     assert (rep.tokens - exact).abs().max() < 2e-3  # fp16 storage of the KV only
-    assert rep.split_layer == 0 and rep.bytes_fetched > 0
-    lanes = {e["lane"] for e in rep.events}
+    assert rep.result.split_layer == 0 and rep.result.bytes_fetched > 0
+    lanes = {e["lane"] for e in rep.result.events}
     assert {"fetch", "decode", "compute"} <= lanes
-    assert all(e["end"] >= e["start"] for e in rep.events)
+    assert all(e["end"] >= e["start"] for e in rep.result.events)
 
 
 def test_on_device_cached_fetches_nothing_and_is_exact(setup):
     rep = _run(setup, "on-device-cached")
-    assert rep.bytes_fetched == 0 and rep.split_layer == setup[0].adapter.num_layers
+    assert rep.result.bytes_fetched == 0 and rep.result.split_layer == setup[0].adapter.num_layers
     assert (rep.tokens - setup[4]).abs().max() <= 1e-5
 
 
@@ -97,9 +97,9 @@ def test_sakura_fetches_splits_and_meets_the_levels_measured_psnr(setup):
     rep = _run(setup, "sakura", mbit=20.0)
     L = setup[0].adapter.num_layers
     # the device as the policy sees it is slow (0.1-0.2 s a layer) and a shard is ~10 KB at 20 Mbit/s: fetch pays
-    assert rep.bytes_fetched > 0 and rep.split_layer < L
-    assert any(isinstance(d["level"], int) and d["level"] >= 0 for d in rep.decisions)
-    assert rep.decisions and all(d["reason"] for d in rep.decisions)
+    assert rep.result.bytes_fetched > 0 and rep.result.split_layer < L
+    assert any(isinstance(d["level"], int) and d["level"] >= 0 for d in rep.result.decisions)
+    assert rep.result.decisions and all(d["reason"] for d in rep.result.decisions)
     assert not rep.fallbacks
     # the edit is at least as good as every layer at the worst level it used (that level's measured PSNR)
     psnr = {r["name"]: r["psnr_db"] for r in setup[3].manifest["shards"][0]["representations"]}
@@ -177,14 +177,14 @@ def test_upgrades_refine_shards_during_later_steps(setup, manual_clock):
         FetchPlan(Watched(), rungs, 0),
         slow,
         trace=Trace.constant(30.0),
-        config=RuntimeConfig(steps=STEPS),
+        config=RuntimeConfig(live=LiveSettings(steps=STEPS)),
         controls=RunControls(on_layer=hook, clock=manual_clock),
     )
     rep = asyncio.run(edit.run())
-    ups = [d for d in rep.decisions if d["reason"] == "upgrade"]
+    ups = [d for d in rep.result.decisions if d["reason"] == "upgrade"]
     assert ups and not rep.fallbacks and no_more.is_set()
     # an upgrade fetches only its new blobs: the shard's decoder holds the chain before them (no blob twice)
-    assert len(log) == len(set(log)) and sum(len(pre.blobs[d]) for d in log) == rep.bytes_fetched
+    assert len(log) == len(set(log)) and sum(len(pre.blobs[d]) for d in log) == rep.result.bytes_fetched
     names = [r.level.name for r in rungs[0]]
     upgraded = {d["layer"] for d in ups}
     # every upgraded layer that was fetched was used at a higher level in the later steps than at step 0

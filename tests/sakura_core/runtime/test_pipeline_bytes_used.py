@@ -16,7 +16,7 @@ from sakura_core.policy.plan import FetchPlan
 from sakura_core.policy.policies import Decision, Policy
 from sakura_core.runtime.deferral import LATE_FALLBACK_REASON
 from sakura_core.runtime.lane_parts import EditInputs, RunControls
-from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig
+from sakura_core.runtime.pipeline import LiveSettings, PipelinedEdit, RuntimeConfig
 
 from .fp16_setup import fp16_only_setup
 
@@ -94,7 +94,7 @@ def _run_after_every_fetch(setup, policy):
         fetch_blob,
         FetchPlan(policy, rungs, 0),
         profile,
-        config=RuntimeConfig(steps=STEPS),
+        config=RuntimeConfig(live=LiveSettings(steps=STEPS)),
         controls=RunControls(on_layer=on_layer),
     )
     return asyncio.run(edit.run())
@@ -105,11 +105,11 @@ def test_kv_fetched_and_never_used_is_fetched_not_used(setup):
     fp16_bytes, profile = setup[6], setup[5]
     L = len(fp16_bytes)
     run = _run_after_every_fetch(setup, _FetchAllDropAt(L))
-    assert run.bytes_fetched == sum(fp16_bytes) and run.bytes_used == 0 and run.split_layer == L
+    assert run.result.bytes_fetched == sum(fp16_bytes) and run.bytes_used == 0 and run.result.split_layer == L
     report = _report(run, profile)
     kib = sum(fp16_bytes) / 1024
     assert report["summary"] == (
-        f"fetch-all: {run.latency_s:.2f} s, fetched {kib:.1f} KiB, used none: computing was faster here (every "
+        f"fetch-all: {run.result.latency_s:.2f} s, fetched {kib:.1f} KiB, used none: computing was faster here (every "
         "layer computed here), fixed 50 Mbit/s"
     )
     assert report["bytes_fetched"] == sum(fp16_bytes) and report["bytes_used"] == 0
@@ -120,11 +120,11 @@ def test_shards_fetched_below_the_split_are_not_counted_as_used(setup):
     fp16_bytes, profile = setup[6], setup[5]
     L = len(fp16_bytes)
     run = _run_after_every_fetch(setup, _FetchAllDropAt(3))
-    assert run.split_layer == 3 and sorted(run.levels_used) == list(range(3, L))
-    assert run.bytes_fetched == sum(fp16_bytes) and run.bytes_used == sum(fp16_bytes[3:])
+    assert run.result.split_layer == 3 and sorted(run.levels_used) == list(range(3, L))
+    assert run.result.bytes_fetched == sum(fp16_bytes) and run.bytes_used == sum(fp16_bytes[3:])
     report = _report(run, profile)
     assert L > 4 and report["summary"] == (
-        f"fetch-all: {run.latency_s:.2f} s, fetched {sum(fp16_bytes) / 1024:.1f} KiB, used "
+        f"fetch-all: {run.result.latency_s:.2f} s, fetched {sum(fp16_bytes) / 1024:.1f} KiB, used "
         f"{sum(fp16_bytes[3:]) / 1024:.1f} KiB (layers 3-{L - 1}), split at layer 3 of {L}, fixed 50 Mbit/s"
     )
 
@@ -144,13 +144,13 @@ def test_a_fallback_after_the_split_is_what_the_summary_says(setup):
         never,
         FetchPlan(_LateFromTheStart(), rungs, 0),
         profile,
-        config=RuntimeConfig(steps=STEPS),
+        config=RuntimeConfig(live=LiveSettings(steps=STEPS)),
     )
     run = asyncio.run(edit.run())
-    assert run.split_layer == 0 and run.levels_used == {layer: ["device"] * STEPS for layer in range(L)}
-    assert run.bytes_fetched == 0 and run.bytes_used == 0
+    assert run.result.split_layer == 0 and run.levels_used == {layer: ["device"] * STEPS for layer in range(L)}
+    assert run.result.bytes_fetched == 0 and run.bytes_used == 0
     report = _report(run, profile)
     assert report["summary"] == (
-        f"fetch-all: {run.latency_s:.2f} s, nothing fetched, planned split at layer 0 of {L}; fell back: every "
+        f"fetch-all: {run.result.latency_s:.2f} s, nothing fetched, planned split at layer 0 of {L}; fell back: every "
         f"layer computed here ({LATE_FALLBACK_REASON}), fixed 50 Mbit/s"
     )

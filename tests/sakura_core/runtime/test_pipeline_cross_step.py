@@ -21,7 +21,7 @@ from sakura_core.runtime.decode_lane import DecodeLane
 from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.held_kv import HeldKV
 from sakura_core.runtime.lane_parts import EditInputs
-from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig, run_pipelined_edit
+from sakura_core.runtime.pipeline import LiveSettings, PipelinedEdit, RuntimeConfig, run_pipelined_edit
 from sakura_core.runtime.run_log import RunLog
 from sakura_core.runtime.shard_index import ShardGrid
 
@@ -90,7 +90,7 @@ def test_the_devices_own_kv_of_a_layer_serves_as_the_next_steps_reference(setup)
     assert not rep.fallbacks, rep.fallbacks
     # one fetch per shard: a shard the fetch lane chose (waiting for room while step 0 computes) is not asked for a
     # second time by the compute lane (a second fetch raced the first to its decoder and reference, and lost)
-    decodes = Counter(e["layer"] for e in rep.events if e["lane"] == "decode")
+    decodes = Counter(e["layer"] for e in rep.result.events if e["lane"] == "decode")
     assert set(decodes.values()) == {1}, decodes
     step1 = rep.levels_by_step()["step 1"]  # residual levels everywhere (a late shard may come at the floor)
     assert len(step1) == model.adapter.num_layers and all(n.startswith("sakura-l") for n in step1), step1
@@ -122,7 +122,7 @@ def test_a_residual_fetched_before_the_device_made_its_reference_waits_for_it(se
         if timing is None or attempt == 2:
             break
     assert timing is None, timing
-    decodes = Counter(e["layer"] for e in rep.events if e["lane"] == "decode")
+    decodes = Counter(e["layer"] for e in rep.result.events if e["lane"] == "decode")
     assert set(decodes.values()) == {1}, decodes  # one fetch and decode per shard: no exact refetch
     step1 = rep.levels_by_step()["step 1"]
     assert len(step1) == L and all(n.startswith("sakura-l") for n in step1), step1
@@ -132,15 +132,15 @@ def _residual_wait_timing(rep, L: int) -> tuple | None:
     """None when a residual came before its reference, was decoded only once the reference was made, and the link
     went on meanwhile (every shard's fetch started before the reference was made); else what was seen."""
     # step 0's KV is handed over once its last layer has run: after that layer's compute started
-    last = next(e["start"] for e in rep.events if e["lane"] == "compute" and e["layer"] == L - 1)
-    fetched = {e["layer"]: e["end"] for e in rep.events if e["lane"] == "fetch"}
+    last = next(e["start"] for e in rep.result.events if e["lane"] == "compute" and e["layer"] == L - 1)
+    fetched = {e["layer"]: e["end"] for e in rep.result.events if e["lane"] == "fetch"}
     early = [g for g in (L, L + 1) if fetched[g] < last]
     if not early:  # the case under test: a residual came before its reference was made
         return ("no early residual", fetched, last)
-    decoded = {e["layer"]: e["start"] for e in rep.events if e["lane"] == "decode"}
+    decoded = {e["layer"]: e["start"] for e in rep.result.events if e["lane"] == "decode"}
     assert all(decoded[g] >= last for g in early), (decoded, last)  # never decoded before its reference (any run)
     started = {}
-    for e in rep.events:
+    for e in rep.result.events:
         if e["lane"] == "fetch":
             started[e["layer"]] = min(started.get(e["layer"], e["start"]), e["start"])
     return None if max(started.values()) < last else ("a fetch started after the reference", started, last)
@@ -159,7 +159,7 @@ def test_a_residual_without_its_reference_is_not_decoded(setup):
         fetch_blob,
         FetchPlan(StepLevels(1, [0, 0]), plan.rungs, plan.floor),
         profile,
-        config=RuntimeConfig(steps=STEPS),
+        config=RuntimeConfig(live=LiveSettings(steps=STEPS)),
     )
     L = model.adapter.num_layers
     residual = plan.rungs[L + 2][1].rep
@@ -192,7 +192,7 @@ def test_a_residual_whose_manifest_names_another_reference_falls_back_and_the_re
             FetchPlan(StepLevels(1, [0, 0]), plan.rungs, plan.floor),
             profile,
             trace=Trace.constant(50.0),
-            config=RuntimeConfig(steps=STEPS, upgrades=False),
+            config=RuntimeConfig(upgrades=False, live=LiveSettings(steps=STEPS)),
         )
     )
     refused = [f for f in rep.fallbacks if f.startswith(f"shard {L + 2}")]

@@ -46,7 +46,7 @@ def _pass_with_link_back(edit_setup, monkeypatch, clock, last_made: int | None):
 
 
 def _stopped_after(rep, layer: int) -> list:
-    return [d for d in rep.decisions if f"fallback pass stopped after layer {layer}" in str(d["reason"])]
+    return [d for d in rep.result.decisions if f"fallback pass stopped after layer {layer}" in str(d["reason"])]
 
 
 def test_a_live_fallback_pass_stops_before_the_late_layer_once_the_link_delivers_it(
@@ -94,7 +94,7 @@ def test_a_live_fallback_pass_runs_to_the_end_while_the_link_has_not_delivered(
     pol.release = _NeverBefore(made, L - 1)  # the late shard (and the link behind it) only once the pass is done
     rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
     assert made == list(range(L))
-    assert not any("fallback pass stopped" in str(d["reason"]) for d in rep.decisions)
+    assert not any("fallback pass stopped" in str(d["reason"]) for d in rep.result.decisions)
     assert rep.levels_by_step()["step 1"] == ["fp16", "fp16"] + ["device"] * (L - 2)
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3
 
@@ -148,7 +148,7 @@ def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_
     rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
     assert pol.asked_late and pol.asked_late[0] == L + 2
     # asked after one poll of the wait (not after shard_wait_s), and the device took over then
-    gave_up = next(d for d in rep.decisions if d["level"] == "device")
+    gave_up = next(d for d in rep.result.decisions if d["level"] == "device")
     assert gave_up["layer"] == L + 2 and "template pass on the device is sooner" in gave_up["reason"]
     assert gave_up["t"] - _stall_of(rep, L + 2)["start"] == pytest.approx(POLL_S)
     by_step = rep.levels_by_step()
@@ -158,5 +158,5 @@ def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_
     assert by_step["step 2"] == ["fp16"] * L  # the next step fetches again
     # the device's template pass resumes where step 1 dropped the template tokens, not from layer 0
     assert resumed == [step1_split]
-    assert any(e["level"] == f"fallback template pass from layer {step1_split} (step 1)" for e in rep.events)
+    assert any(e["level"] == f"fallback template pass from layer {step1_split} (step 1)" for e in rep.result.events)
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3  # step 1's own KV computed here: still right

@@ -17,7 +17,7 @@ from sakura_core.precompute import precompute_template
 from sakura_core.runtime.denoise import run_edit
 from sakura_core.runtime.lane_parts import EditInputs, RunControls
 from sakura_core.runtime.live_profile import LiveProfile
-from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig, run_pipelined_edit
+from sakura_core.runtime.pipeline import LiveSettings, PipelinedEdit, RuntimeConfig, run_pipelined_edit
 from sakura_core.runtime.profiles import get_profile
 from sakura_core.runtime.simulate import kv_mode_view, simulate
 
@@ -76,7 +76,7 @@ def _run(setup, policy, corrupt=(), steps=STEPS, plan_policy="fetch-fp16"):
             FetchPlan(policy, plan.rungs, plan.floor),
             profile,
             trace=Trace.constant(50.0),
-            config=RuntimeConfig(steps=steps),
+            config=RuntimeConfig(live=LiveSettings(steps=steps)),
         )
     )
 
@@ -96,7 +96,7 @@ def test_fetch_fp16_per_step_equals_the_on_device_per_step_edit(setup):
     *_, on_device, fp16_edit, _ = setup
     rep = _run(setup, make_policy("fetch-fp16"))
     L = setup[0].adapter.num_layers
-    assert rep.kv_mode == "per-step" and rep.split_layers == [0] * STEPS and not rep.fallbacks
+    assert rep.kv_mode == "per-step" and rep.result.split_layers == [0] * STEPS and not rep.fallbacks
     assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5  # the stored fp16 KV of every step, exactly
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3  # fp16 storage of the KV only
     assert sorted(rep.levels_used) == list(range(STEPS * L))
@@ -105,20 +105,20 @@ def test_fetch_fp16_per_step_equals_the_on_device_per_step_edit(setup):
 
 def test_on_device_policy_runs_the_template_at_every_step_at_its_time(setup):
     rep = _run(setup, make_policy("on-device"))
-    assert rep.bytes_fetched == 0 and (rep.tokens - setup[4].tokens).abs().max() <= 1e-5
+    assert rep.result.bytes_fetched == 0 and (rep.tokens - setup[4].tokens).abs().max() <= 1e-5
 
 
 def test_hybrid_split_is_decided_per_step(setup):
     L = setup[0].adapter.num_layers
     splits = [L, 1, 0][:STEPS]
     rep = _run(setup, _SplitAt(splits))
-    assert rep.split_layers == splits and not rep.fallbacks
+    assert rep.result.split_layers == splits and not rep.fallbacks
     assert (rep.tokens - setup[4].tokens).abs().max() < 2e-3
     by_step = rep.levels_by_step()
     assert by_step["step 0"] == ["template"] * L
     assert by_step["step 1"] == ["template"] + ["fp16"] * (L - 1)
     # step 0 computed everything: none of its shards crossed the link
-    fetched = {e["layer"] for e in rep.events if e["lane"] == "fetch"}
+    fetched = {e["layer"] for e in rep.result.events if e["lane"] == "fetch"}
     assert fetched == set(range(L + 1, STEPS * L))
 
 
@@ -130,7 +130,7 @@ def test_corrupt_per_step_shard_falls_back_to_that_steps_template_kv(setup):
     rep = _run(setup, make_policy("fetch-fp16"), corrupt={digest})
     assert any(f"shard {L + 1}" in f for f in rep.fallbacks)
     assert rep.levels_by_step()["step 1"][1] == "device"
-    assert any(e["level"] == "fallback template pass from layer 0 (step 1)" for e in rep.events)
+    assert any(e["level"] == "fallback template pass from layer 0 (step 1)" for e in rep.result.events)
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3  # step 1's own KV computed here: still right
 
 
@@ -169,10 +169,10 @@ def test_a_deferred_shard_is_asked_again_and_fetched_when_wanted(setup):
     target = L + 2  # step 1, layer 2
     pol = _Defer(target, no=2)
     rep = _run(setup, pol)
-    asks = [d for d in rep.decisions if d["layer"] == target]
+    asks = [d for d in rep.result.decisions if d["layer"] == target]
     # deferred on the first ask (logged), again on the second (not logged: nothing changed), fetched on the third
     assert [d["level"] for d in asks] == [LEVEL_COMPUTE, 0] and pol.asked == 3
-    fetched = [e["layer"] for e in rep.events if e["lane"] == "fetch"]
+    fetched = [e["layer"] for e in rep.result.events if e["lane"] == "fetch"]
     assert target in fetched and fetched.index(target) > fetched.index(target + 1)  # asked again after later ones
     assert rep.levels_by_step()["step 1"][2] == "fp16" and not rep.fallbacks
     # the simulator plays the same protocol: the same decisions for that shard
@@ -187,18 +187,21 @@ def test_a_deferred_shard_is_asked_again_and_fetched_when_wanted(setup):
         {"fp16": [lv] * n},
         {"fp16": 0},
     )
-    assert [d["level"] for d in sim.decisions if d["layer"] == n // 4 + 2] == [LEVEL_COMPUTE, 0] and sim_pol.asked == 3
+    assert [d["level"] for d in sim.result.decisions if d["layer"] == n // 4 + 2] == [
+        LEVEL_COMPUTE,
+        0,
+    ] and sim_pol.asked == 3
 
 
 def test_a_shard_deferred_for_ever_is_computed_and_the_lane_ends(setup):
     L = setup[0].adapter.num_layers
     target = L + 2
     rep = _run(setup, _Defer(target, no=None))
-    assert target not in {e["layer"] for e in rep.events if e["lane"] == "fetch"}
+    assert target not in {e["layer"] for e in rep.result.events if e["lane"] == "fetch"}
     assert rep.levels_by_step()["step 1"][2] == "template"  # the device ran the template through that layer
     assert not rep.fallbacks
     # asked again while compute had not reached it, never after
-    assert len([d for d in rep.decisions if d["layer"] == target]) >= 1
+    assert len([d for d in rep.result.decisions if d["layer"] == target]) >= 1
 
 
 POLL_S = 0.1  # how often the compute lane asks the policy while it waits: the profile's cached-layer time
@@ -238,14 +241,14 @@ def _run_with_late_shard(setup, policy, release: threading.Event, clock):
             FetchPlan(policy, plan.rungs, plan.floor),
             profile,
             trace=Trace.constant(50.0),
-            config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
+            config=RuntimeConfig(live=LiveSettings(steps=STEPS, shard_wait_s=60.0)),
             controls=RunControls(clock=clock),
         )
     )
 
 
 def _stall_of(rep, g: int) -> dict:
-    return next(e for e in rep.events if e["lane"] == "stall" and e["layer"] == g)
+    return next(e for e in rep.result.events if e["lane"] == "stall" and e["layer"] == g)
 
 
 class _LateThenDevice(_SplitAt):
@@ -291,12 +294,14 @@ def test_the_live_pipeline_tells_the_policy_how_long_the_edit_has_waited(setup, 
     rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
     late = [(now, stalled) for g, now, stalled in pol.seen if g == L + 2]
     stall = _stall_of(rep, L + 2)
-    earlier = sum(e["end"] - e["start"] for e in rep.events if e["lane"] == "stall" and e["end"] <= stall["start"])
+    earlier = sum(
+        e["end"] - e["start"] for e in rep.result.events if e["lane"] == "stall" and e["end"] <= stall["start"]
+    )
     assert len(late) >= 3
     for k, (now, stalled) in enumerate(late[:3], start=1):
         assert now - stall["start"] == pytest.approx(k * POLL_S)  # asked every cached-layer time of the wait
         assert stalled == pytest.approx(earlier + now - stall["start"])  # the wait in progress is counted as it runs
-    stalls = sum(e["end"] - e["start"] for e in rep.events if e["lane"] == "stall")
+    stalls = sum(e["end"] - e["start"] for e in rep.result.events if e["lane"] == "stall")
     assert stalls >= late[-1][1] and stall["end"] - stall["start"] >= 3 * POLL_S - 1e-9  # the timeline
     assert rep.levels_by_step()["step 1"] == ["fp16"] * L  # it waited: the shard was used
 
@@ -336,7 +341,7 @@ def _watched_edit(setup, policy, all_first=False, chunks=False, **config):
         fetch_blob,
         FetchPlan(policy, plan.rungs, plan.floor),
         profile,
-        config=RuntimeConfig(steps=STEPS, **config),
+        config=RuntimeConfig(**config, live=LiveSettings(steps=STEPS)),
         controls=RunControls(on_layer=look),
     )
     return edit, seen
@@ -360,7 +365,8 @@ def test_a_shards_kv_is_freed_once_the_compute_lane_has_passed_it(setup):
     held = edit.held
     assert {s.g for s in held.kv} <= {STEPS * L - 1} and held.kv_bytes == len(held.kv) * shard
     assert (
-        max(x[5] for x in seen) <= rep.peak_kv_bytes <= STEPS * L * shard and rep.peak_kv_bytes == held.peak_kv_bytes
+        max(x[5] for x in seen) <= rep.result.peak_kv_bytes <= STEPS * L * shard
+        and rep.result.peak_kv_bytes == held.peak_kv_bytes
     )
 
 
@@ -377,9 +383,9 @@ def test_prefetch_for_later_steps_stays_within_its_memory(setup, shards, chunks)
         setup, make_policy("fetch-fp16"), chunks=chunks, prefetch_kv_bytes=shards * shard, request_ahead=chunks
     )
     rep = asyncio.run(edit.run())
-    assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5 and rep.split_layers == [0] * STEPS
+    assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5 and rep.result.split_layers == [0] * STEPS
     assert all(ahead <= shards * shard for *_, ahead in seen)
-    assert rep.peak_kv_bytes <= (L + shards) * shard  # one step plus the prefetch room
+    assert rep.result.peak_kv_bytes <= (L + shards) * shard  # one step plus the prefetch room
     unlimited, seen = _watched_edit(setup, make_policy("fetch-fp16"), all_first=True)
     asyncio.run(unlimited.run())
     assert seen[0][-1] == (STEPS - 1) * L * shard  # without the limit the link runs ahead: every later step held
@@ -419,11 +425,11 @@ def test_live_sakura_sees_a_stalled_transfer_and_does_not_wait_it_out(setup, man
             FetchPlan(make_policy("sakura"), plan.rungs, plan.floor),
             profile,
             trace=Trace.constant(50.0),
-            config=RuntimeConfig(steps=STEPS, shard_wait_s=60.0),
+            config=RuntimeConfig(live=LiveSettings(steps=STEPS, shard_wait_s=60.0)),
             controls=RunControls(clock=manual_clock),
         )
     )
-    assert rep.latency_s < 10.0 and not any("not ready after" in f for f in rep.fallbacks)
+    assert rep.result.latency_s < 10.0 and not any("not ready after" in f for f in rep.fallbacks)
     assert (rep.tokens - on_device.tokens).abs().max() < 2e-3
     L = model.adapter.num_layers
     assert "fp16" not in rep.levels_used.get(L + 3, ["-"])  # the stalled shard was never used
@@ -461,7 +467,7 @@ def test_the_lane_sends_its_next_request_while_a_transfer_arrives_one_on_the_wir
                 FetchPlan(make_policy("fetch-fp16"), plan.rungs, plan.floor),
                 profile,
                 trace=Trace.constant(50.0),
-                config=RuntimeConfig(steps=STEPS, request_ahead=ahead),
+                config=RuntimeConfig(request_ahead=ahead, live=LiveSettings(steps=STEPS)),
             )
         )
         assert (rep.tokens - fp16_edit.tokens).abs().max() <= 1e-5

@@ -16,7 +16,7 @@ from sakura_core.policy.policies import make_policy
 from sakura_core.precompute import precompute_template
 from sakura_core.runtime.lane_parts import EditInputs, RunControls
 from sakura_core.runtime.live_profile import LiveProfile
-from sakura_core.runtime.pipeline import Cancelled, RuntimeConfig, run_pipelined_edit
+from sakura_core.runtime.pipeline import Cancelled, LiveSettings, RuntimeConfig, run_pipelined_edit
 
 STEPS = 2
 
@@ -52,7 +52,7 @@ def _run(setup, manifest, blobs, policy="fetch-fp16", config=None, cancel=None):
             FetchPlan(make_policy(policy), rungs, 0),
             profile,
             trace=Trace.constant(50.0),
-            config=config or RuntimeConfig(steps=STEPS),
+            config=config or RuntimeConfig(live=LiveSettings(steps=STEPS)),
             controls=RunControls(cancel=cancel),
         )
     )
@@ -112,7 +112,7 @@ def test_cancel_is_honoured_while_waiting_for_a_shard(setup, manual_clock):
                     never,
                     FetchPlan(CancelWhileWaiting(), rungs, 0),
                     profile,
-                    config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
+                    config=RuntimeConfig(live=LiveSettings(steps=STEPS, shard_wait_s=600)),
                     controls=RunControls(cancel=cancel, clock=manual_clock),
                 )
             )

@@ -12,7 +12,7 @@ from sakura_core.fetch.traces import Trace
 from sakura_core.policy.plan import FetchPlan
 from sakura_core.policy.policies import LEVEL_COMPUTE, Decision, Policy, make_policy
 from sakura_core.runtime.lane_parts import EditInputs
-from sakura_core.runtime.pipeline import PipelinedEdit, RuntimeConfig
+from sakura_core.runtime.pipeline import LiveSettings, PipelinedEdit, RuntimeConfig
 
 from .fp16_setup import fp16_only_setup
 
@@ -47,19 +47,19 @@ def _edit(setup, corrupt_once=()):
         FetchPlan(make_policy("fetch-fp16"), rungs, 0),
         profile,
         trace=Trace.constant(MBIT),
-        config=RuntimeConfig(steps=STEPS),
+        config=RuntimeConfig(live=LiveSettings(steps=STEPS)),
     )
 
 
 def _summary(rep):
     """Everything in a report that does not depend on wall-clock timing (stalls and times do)."""
     return {
-        "policy": rep.policy,
-        "bytes": rep.bytes_fetched,
-        "split": rep.split_layer,
+        "policy": rep.result.policy,
+        "bytes": rep.result.bytes_fetched,
+        "split": rep.result.split_layer,
         # the fetch and compute lanes log from their own threads: their interleaving is timing, not behaviour
-        "decisions": sorted((d["layer"], str(d["level"]), d["reason"]) for d in rep.decisions),
-        "events": sorted((e["lane"], e["layer"], e["level"]) for e in rep.events if e["lane"] != "stall"),
+        "decisions": sorted((d["layer"], str(d["level"]), d["reason"]) for d in rep.result.decisions),
+        "events": sorted((e["lane"], e["layer"], e["level"]) for e in rep.result.events if e["lane"] != "stall"),
         "fallbacks": list(rep.fallbacks),
         "levels_used": {k: list(v) for k, v in rep.levels_used.items()},
     }
@@ -72,7 +72,7 @@ def test_two_runs_of_one_instance_equal_two_fresh_instances(setup):
     b1 = asyncio.run(_edit(setup).run())
     b2 = asyncio.run(_edit(setup).run())
     L = setup[0].adapter.num_layers
-    assert a1.bytes_fetched > 0 and a1.split_layer == 0 and len(a1.levels_used) == L
+    assert a1.result.bytes_fetched > 0 and a1.result.split_layer == 0 and len(a1.levels_used) == L
     for rep in (a2, b1, b2):
         assert _summary(rep) == _summary(a1)
         assert torch.equal(rep.tokens, a1.tokens)
@@ -93,7 +93,7 @@ def test_reset_clears_every_lane(setup):
     L = setup[0].adapter.num_layers
     assert edit.fetch.bytes_fetched == 0 and edit.compute.split_layer == L and edit.compute.span_key is None
     assert edit.st.next_layer == 0 and not edit.st.got and not edit.st.base_done and edit.st.template_alive
-    assert first.events and first.decisions  # the report keeps its own lists
+    assert first.result.events and first.result.decisions  # the report keeps its own lists
 
 
 def test_a_failed_shard_does_not_leak_into_the_next_run(setup):
@@ -103,15 +103,15 @@ def test_a_failed_shard_does_not_leak_into_the_next_run(setup):
     first = asyncio.run(edit.run())
     first_summary = _summary(first)
     assert any("shard 2" in f for f in first.fallbacks) and first.levels_used[2][0] == "device"
-    assert any(e["level"].startswith("fallback template pass") for e in first.events)
+    assert any(e["level"].startswith("fallback template pass") for e in first.result.events)
 
     second = asyncio.run(edit.run())  # the link now delivers shard 2 intact: the run must fetch and use it
     assert not second.fallbacks and not edit.held.failed and not edit.held.device_kv
     assert set(second.levels_used[2]) == {"fp16"}
-    assert not any(e["level"].startswith("fallback template pass") for e in second.events)
+    assert not any(e["level"].startswith("fallback template pass") for e in second.result.events)
     # every blob fetched again, none served from run 1 (run 1 may have fetched less: a shard its fallback pass made
     # before the fetch lane reached it is not fetched; when it is, timing decides)
-    assert second.bytes_fetched >= first.bytes_fetched
+    assert second.result.bytes_fetched >= first.result.bytes_fetched
     assert _summary(first) == first_summary  # run 2 appended nothing to run 1's report
     assert _summary(second) == _summary(asyncio.run(_edit(setup).run()))
 
@@ -155,7 +155,7 @@ async def test_a_fetch_the_compute_lane_asked_for_ends_with_the_run(setup):
         fetch_blob,
         FetchPlan(_SkipTwo(), rungs, 0),
         profile,
-        config=RuntimeConfig(steps=STEPS),
+        config=RuntimeConfig(live=LiveSettings(steps=STEPS)),
     )
     rep = await edit.run()
     fallbacks = list(rep.fallbacks)
@@ -189,7 +189,7 @@ async def test_cancelling_the_run_stops_its_compute_thread(setup):
         never,
         FetchPlan(Patient(), rungs, 0),
         profile,
-        config=RuntimeConfig(steps=STEPS, shard_wait_s=600),
+        config=RuntimeConfig(live=LiveSettings(steps=STEPS, shard_wait_s=600)),
     )
     task = asyncio.create_task(edit.run())
     await asyncio.wait_for(waiting.wait(), 60)  # the compute lane waits for shard 0
@@ -216,7 +216,7 @@ def test_a_live_link_without_a_trace_is_not_given_a_made_up_one(setup):
         FetchPlan(make_policy("cachegen"), rungs, 0),
         profile,
         trace=None,
-        config=RuntimeConfig(steps=STEPS),
+        config=RuntimeConfig(live=LiveSettings(steps=STEPS)),
     )
     assert not edit.ctx.has_trace
     edit.st.estimator.observe(1e6, 0.5)  # one sample: 2e6 B/s

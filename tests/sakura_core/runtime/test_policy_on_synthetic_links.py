@@ -35,9 +35,9 @@ def test_sakura_tracks_the_oracle_and_never_loses_to_on_device_on_fresh_random_w
         sakura = simulate(make_policy("sakura"), trace, PROFILE, LADDERS, FLOORS)
         oracle = simulate_oracle(make_policy("oracle"), trace, PROFILE, LADDERS, FLOORS)
         device = simulate(make_policy("on-device"), trace, PROFILE, LADDERS, FLOORS)
-        assert sakura.latency_s <= 1.02 * device.latency_s, trace.name
+        assert sakura.result.latency_s <= 1.02 * device.result.latency_s, trace.name
         assert sakura.psnr_db >= 35.0, trace.name
-        ratios.append(sakura.latency_s / oracle.latency_s)
+        ratios.append(sakura.result.latency_s / oracle.result.latency_s)
     assert statistics.median(ratios) <= 1.10 and max(ratios) <= 1.4, ratios
 
 
@@ -48,14 +48,14 @@ def test_a_link_that_dies_after_the_drop_costs_at_most_two_percent_over_fetching
     # costs what fetching nothing costs plus that wait. (Restarting the pass from layer 0 would cost 1.10-1.21x.)
     ladders = {"sakura": [LADDER] * PROFILE.model.layers}
     steady = simulate(make_policy("sakura"), Trace.constant(mbit), PROFILE, ladders, FLOORS)
-    drop = next(d for d in steady.decisions if d["level"] == "drop")
+    drop = next(d for d in steady.result.decisions if d["level"] == "drop")
     dies = Trace("dies", [drop["t"] + 3.0, 1e5], [mbit * 1e6 / 8, 0.0])
     sakura = simulate(make_policy("sakura"), dies, PROFILE, ladders, FLOORS)
     nothing = simulate(make_policy("on-device-cached"), dies, PROFILE, ladders, FLOORS)
     k = sakura.splits[0]
     assert k == steady.splits[0] >= 5  # dropped as on the steady link, after several template layers
-    assert [e["level"] for e in sakura.events if "fallback" in str(e["level"])] == [
+    assert [e["level"] for e in sakura.result.events if "fallback" in str(e["level"])] == [
         f"fallback template pass from layer {k}"
     ]
-    assert sakura.stall_s <= 0.015 * nothing.latency_s + PROFILE.layer_cached_s  # the allowance (+ one poll)
-    assert sakura.latency_s <= 1.02 * nothing.latency_s
+    assert sakura.stall_s <= 0.015 * nothing.result.latency_s + PROFILE.layer_cached_s  # the allowance (+ one poll)
+    assert sakura.result.latency_s <= 1.02 * nothing.result.latency_s

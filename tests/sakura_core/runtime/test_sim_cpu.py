@@ -34,10 +34,12 @@ def test_planning_charged_per_decision_delays_the_lane_that_decided():
     alone = CPU.with_fields(dit_cpu_cores=0)
     free = simulate(make_policy("on-device-cached"), Trace.constant(8), alone, lad, fl)
     paid = simulate(make_policy("on-device-cached"), Trace.constant(8), alone, lad, fl, config=cfg)
-    assert paid.latency_s == pytest.approx(free.latency_s + 0.2)
-    assert paid.decisions_timed == 4 and paid.planning_s == pytest.approx(0.4)
+    assert paid.result.latency_s == pytest.approx(free.result.latency_s + 0.2)
+    assert paid.cpu.decisions_timed == 4 and paid.cpu.planning_s == pytest.approx(0.4)
     shared = simulate(make_policy("on-device-cached"), Trace.constant(8), CPU, lad, fl, config=cfg)
-    assert shared.contention_s == pytest.approx(0.2 / 8) and shared.latency_s == pytest.approx(paid.latency_s + 0.025)
+    assert shared.cpu.contention_s == pytest.approx(0.2 / 8) and shared.result.latency_s == pytest.approx(
+        paid.result.latency_s + 0.025
+    )
 
 
 def test_a_fetch_decision_delays_its_request():
@@ -48,7 +50,7 @@ def test_a_fetch_decision_delays_its_request():
     r = simulate(
         make_policy("fetch-fp16"), Trace.constant(8), CPU, lad, fl, config=SimConfig(planning="fixed", planning_s=0.5)
     )
-    fetches = [e for e in r.events if e["lane"] == "fetch"]
+    fetches = [e for e in r.result.events if e["lane"] == "fetch"]
     assert [round(e["end"], 6) for e in fetches] == [1.54, 3.08]
 
 
@@ -58,22 +60,22 @@ def test_decode_threads_slow_the_dit_on_its_cores():
     # loses 0.8 / 8 cores = 0.1 s before layer 1. The NPU profile's DiT shares nothing.
     lad, fl = _ladders(0.8)
     r = simulate(make_policy("fetch-fp16"), Trace.constant(800), CPU, lad, fl)
-    decodes = [e for e in r.events if e["lane"] == "decode"]
+    decodes = [e for e in r.result.events if e["lane"] == "decode"]
     overlap = decodes[1]["end"] - decodes[1]["start"]
-    assert r.contention_s == pytest.approx(overlap / 8)
+    assert r.cpu.contention_s == pytest.approx(overlap / 8)
     npu = CPU.with_fields(dit_cpu_cores=0)
     r0 = simulate(make_policy("fetch-fp16"), Trace.constant(800), npu, lad, fl)
-    assert r0.contention_s == 0.0 and r.latency_s == pytest.approx(r0.latency_s + overlap / 8)
+    assert r0.cpu.contention_s == 0.0 and r.result.latency_s == pytest.approx(r0.result.latency_s + overlap / 8)
     # a measured, fractional figure (the phone page's, `sakura bench e2e --mode page`) is charged as it is
     page = simulate(make_policy("fetch-fp16"), Trace.constant(800), CPU.with_fields(dit_cpu_cores=1.5), lad, fl)
-    assert page.contention_s == pytest.approx(overlap / 1.5)
+    assert page.cpu.contention_s == pytest.approx(overlap / 1.5)
 
 
 def test_the_cpu_slowdown_scales_decode_and_planning():
     lad, fl = _ladders(0.8)
     slow = CPU.with_fields(cpu_slowdown=2.0, dit_cpu_cores=0)
     r = simulate(make_policy("fetch-fp16"), Trace.constant(800), slow, lad, fl)
-    d = [e["end"] - e["start"] for e in r.events if e["lane"] == "decode"]
+    d = [e["end"] - e["start"] for e in r.result.events if e["lane"] == "decode"]
     assert d == pytest.approx([1.6, 1.6])
 
 
@@ -110,7 +112,7 @@ def test_no_policy_beats_the_fluid_bound(seed):
         sim = simulate_oracle if name == "oracle" else simulate
         if name == "free-kv":
             continue  # preloaded KV: not bound by the link
-        assert sim(make_policy(name), trace, prof, ladders, floors, 5.0).latency_s >= bound - 1e-9, name
+        assert sim(make_policy(name), trace, prof, ladders, floors, 5.0).result.latency_s >= bound - 1e-9, name
 
 
 def test_the_fluid_bound_keeps_the_template_pass_a_prefix():
@@ -125,7 +127,7 @@ def test_the_fluid_bound_keeps_the_template_pass_a_prefix():
     assert fluid_bound(Trace.constant(8), prof, lad, {"sakura": 0}) == pytest.approx(expect, rel=1e-6)
     assert expect == pytest.approx(2 * F)  # the small shard alone buys nothing: it is layer 0's
     on_device = simulate(make_policy("on-device"), Trace.constant(8), prof, lad, {"sakura": 0})
-    assert on_device.latency_s == pytest.approx(expect, rel=1e-6)  # the bound is tight here
+    assert on_device.result.latency_s == pytest.approx(expect, rel=1e-6)  # the bound is tight here
 
 
 @pytest.mark.parametrize("seed", [4, 5])
@@ -139,12 +141,12 @@ def test_the_fluid_bound_under_every_fixed_split_of_a_per_step_edit(seed):
     ladders, floors = {"sakura": lads}, {"sakura": 0}
     bound = fluid_bound(trace, prof, ladders, floors, 3.0)
     runs = [
-        simulate(fixed_split_policy([a, b]), trace, prof, ladders, floors, 3.0).latency_s
+        simulate(fixed_split_policy([a, b]), trace, prof, ladders, floors, 3.0).result.latency_s
         for a in range(4)
         for b in range(4)
     ]
     assert min(runs) >= bound - 1e-9
-    assert simulate_oracle(make_policy("oracle"), trace, prof, ladders, floors, 3.0).latency_s >= bound - 1e-9
+    assert simulate_oracle(make_policy("oracle"), trace, prof, ladders, floors, 3.0).result.latency_s >= bound - 1e-9
 
 
 def test_the_fluid_bound_refuses_the_flattened_per_step_profile():

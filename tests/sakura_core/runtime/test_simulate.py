@@ -47,26 +47,28 @@ def _varying(seed):
 def test_physical_bounds_hold_on_every_trace(trace):
     res = {name: run(name, trace) for name in POLICIES}
     for name, r in res.items():
-        assert r.latency_s >= res["free-kv"].latency_s - 1e-9, name
+        assert r.result.latency_s >= res["free-kv"].result.latency_s - 1e-9, name
         # the template is dropped once, where the result says (never when the device ran every layer)
-        assert [d["layer"] for d in r.decisions if d["level"] == "drop"] == (
-            [r.split_layer] if r.split_layer < 24 else []
+        assert [d["layer"] for d in r.result.decisions if d["level"] == "drop"] == (
+            [r.result.split_layer] if r.result.split_layer < 24 else []
         ), name
         # bytes cross the link only for a decision to fetch a level, and every decision says why
-        fetches = [d for d in r.decisions if isinstance(d["level"], int) and d["level"] >= 0]
-        assert (r.bytes_fetched > 0) == bool(fetches) and all(d["reason"] for d in r.decisions), name
-    assert res["fetch-fp16"].bytes_fetched == 24 * FP and res["fetch-fp16"].split_layer == 0  # each shard once
-    assert res["on-device"].bytes_fetched == res["on-device-cached"].bytes_fetched == 0
-    assert res["oracle"].latency_s <= res["sakura"].latency_s + 1e-9
-    assert res["sakura"].latency_s <= res["on-device-cached"].latency_s + 1e-9
-    assert res["on-device-cached"].latency_s < res["on-device"].latency_s
+        fetches = [d for d in r.result.decisions if isinstance(d["level"], int) and d["level"] >= 0]
+        assert (r.result.bytes_fetched > 0) == bool(fetches) and all(d["reason"] for d in r.result.decisions), name
+    assert (
+        res["fetch-fp16"].result.bytes_fetched == 24 * FP and res["fetch-fp16"].result.split_layer == 0
+    )  # each shard once
+    assert res["on-device"].result.bytes_fetched == res["on-device-cached"].result.bytes_fetched == 0
+    assert res["oracle"].result.latency_s <= res["sakura"].result.latency_s + 1e-9
+    assert res["sakura"].result.latency_s <= res["on-device-cached"].result.latency_s + 1e-9
+    assert res["on-device-cached"].result.latency_s < res["on-device"].result.latency_s
 
 
 def test_fast_link_on_a_slow_device_fetches_almost_everything():
     r = run("sakura", Trace.constant(500))
     free = run("free-kv", Trace.constant(500))
-    assert r.split_layer <= 2
-    assert r.latency_s < 1.05 * free.latency_s
+    assert r.result.split_layer <= 2
+    assert r.result.latency_s < 1.05 * free.result.latency_s
     assert r.psnr_db >= 35
 
 
@@ -76,42 +78,44 @@ def test_slow_link_computes_and_npu_never_fetches():
     # at most the last shards are worth it; the bandwidth probe (one floor shard) is decoded on the DiT's cores,
     # which costs the CPU profile's DiT the shard's decode time / 8 cores and nothing else
     probe = LADDERS["sakura"][0][FLOORS["sakura"]].decode_s / CPU.dit_cpu_cores
-    assert slow.split_layer >= 20 and slow.latency_s <= cached.latency_s + probe + 1e-9
-    assert slow.contention_s == pytest.approx(probe)
+    assert slow.result.split_layer >= 20 and slow.result.latency_s <= cached.result.latency_s + probe + 1e-9
+    assert slow.cpu.contention_s == pytest.approx(probe)
     npu = run("sakura", Trace.constant(50), NPU)
-    assert npu.split_layer == 24
+    assert npu.result.split_layer == 24
 
 
 def test_hybrid_split_beats_both_extremes_on_a_middling_link():
     trace = Trace.constant(2)
     r, cached, fetch = run("oracle", trace), run("on-device-cached", trace), run("fetch-fp16", trace)
-    assert 0 < r.split_layer < 24
-    assert r.latency_s < cached.latency_s and r.latency_s < fetch.latency_s
+    assert 0 < r.result.split_layer < 24
+    assert r.result.latency_s < cached.result.latency_s and r.result.latency_s < fetch.result.latency_s
 
 
 def test_runs_are_deterministic_and_decisions_have_reasons():
     a, b = run("sakura", _varying(3), start_s=7.0), run("sakura", _varying(3), start_s=7.0)
-    assert a.latency_s == b.latency_s and a.decisions == b.decisions
-    assert all(d["reason"] for d in a.decisions)
+    assert a.result.latency_s == b.result.latency_s and a.result.decisions == b.result.decisions
+    assert all(d["reason"] for d in a.result.decisions)
 
 
 def test_sakura_upgrades_progressively_while_later_steps_run():
     r = run("sakura", Trace.constant(8))
-    assert any(d["reason"] == "upgrade" for d in r.decisions)
+    assert any(d["reason"] == "upgrade" for d in r.result.decisions)
     from sakura_core.runtime.simulate import SimConfig
 
     no_up = simulate(make_policy("sakura"), Trace.constant(8), CPU, LADDERS, FLOORS, config=SimConfig(upgrades=False))
     assert r.psnr_db > no_up.psnr_db
-    assert r.latency_s == pytest.approx(no_up.latency_s)  # upgrades use idle link time only
+    assert r.result.latency_s == pytest.approx(no_up.result.latency_s)  # upgrades use idle link time only
 
 
 def test_cachegen_rule_picks_high_levels_on_fast_links_and_recomputes_on_slow_ones():
     fast = run("cachegen", Trace.constant(1000))
-    assert fast.split_layer == 0
-    assert all(d["level"] == 2 for d in fast.decisions if d["level"] != "drop")
-    assert [d["layer"] for d in fast.decisions if d["level"] == "drop"] == [0]  # the template dropped at layer 0
+    assert fast.result.split_layer == 0
+    assert all(d["level"] == 2 for d in fast.result.decisions if d["level"] != "drop")
+    assert [d["layer"] for d in fast.result.decisions if d["level"] == "drop"] == [
+        0
+    ]  # the template dropped at layer 0
     slow = run("cachegen", Trace.constant(0.5))
-    assert slow.split_layer == 24 and slow.bytes_fetched == 0
+    assert slow.result.split_layer == 24 and slow.result.bytes_fetched == 0
 
 
 def test_unknown_policy_is_explained():
@@ -124,13 +128,13 @@ def test_latency_target_buys_quality_with_slack_and_is_cachegens_slo():
 
     trace = Trace.constant(8)
     strict = simulate(make_policy("sakura"), trace, CPU, LADDERS, FLOORS, config=SimConfig(upgrades=False))
-    target = strict.latency_s * 1.3
+    target = strict.result.latency_s * 1.3
     relaxed = simulate(
         make_policy("sakura"), trace, CPU, LADDERS, FLOORS, config=SimConfig(upgrades=False, latency_target_s=target)
     )
     assert relaxed.psnr_db > strict.psnr_db
-    assert relaxed.latency_s <= target
+    assert relaxed.result.latency_s <= target
     slow = Trace.constant(1)
-    assert run("cachegen", slow).bytes_fetched == 0  # default SLO (the template pass): recompute
+    assert run("cachegen", slow).result.bytes_fetched == 0  # default SLO (the template pass): recompute
     cg = simulate(make_policy("cachegen"), slow, CPU, LADDERS, FLOORS, config=SimConfig(latency_target_s=2000))
-    assert cg.bytes_fetched > 0  # a generous SLO: its rule fetches
+    assert cg.result.bytes_fetched > 0  # a generous SLO: its rule fetches

@@ -78,8 +78,8 @@ def test_the_simulator_fetches_twins_on_the_track_and_the_open_floor_off_it(spli
     r = simulate(fixed_split_policy(splits), Trace.constant(1000), P, ladders, {"sakura": 0}, config=SimConfig())
     fetched_step0 = G.layers - (1 if off_track_shards else 0)
     twins = 2 * G.layers - off_track_shards
-    assert r.bytes_fetched == fetched_step0 * (FP // 16) + twins * (FP // 8) + off_track_shards * (FP // 4)
-    names = [e["level"] for e in r.events if e["lane"] == "fetch"]
+    assert r.result.bytes_fetched == fetched_step0 * (FP // 16) + twins * (FP // 8) + off_track_shards * (FP // 4)
+    names = [e["level"] for e in r.result.events if e["lane"] == "fetch"]
     assert names.count("lo+cl") == twins and names.count("hi") == off_track_shards
     # on the track, step 0's shards too count at the track's error (the device's layer: exact)
     mse = fetched_step0 * 1e-5 / N + twins * 1e-5 / N + off_track_shards * 2e-5 / N
@@ -152,7 +152,7 @@ def test_the_fluid_bound_prices_a_track_floor_as_its_twin_or_the_open_floor():
     trace = Trace.constant(20)
     bound = fluid_bound(trace, P, {"sakura": ladders}, {"sakura": 0})
     runs = [
-        simulate(fixed_split_policy([a, b, c]), trace, P, {"sakura": ladders}, {"sakura": 0}).latency_s
+        simulate(fixed_split_policy([a, b, c]), trace, P, {"sakura": ladders}, {"sakura": 0}).result.latency_s
         for a in (0, 2, 4)
         for b in (0, 2, 4)
         for c in (0, 4)

@@ -26,16 +26,16 @@ def _sim(splits, mbit=1000.0):
 
 def test_a_residual_decodes_after_its_reference_and_costs_only_its_bytes():
     r = _sim([0, 0])
-    assert r.bytes_fetched == 4 * BASE[0].nbytes + 4 * RESIDUAL[0].nbytes
-    dec = {e["layer"]: e for e in r.events if e["lane"] == "decode"}
+    assert r.result.bytes_fetched == 4 * BASE[0].nbytes + 4 * RESIDUAL[0].nbytes
+    dec = {e["layer"]: e for e in r.result.events if e["lane"] == "decode"}
     assert all(dec[4 + i]["start"] >= dec[i]["end"] for i in range(4))
-    assert not [d for d in r.decisions if "needs shard" in str(d["reason"])]
+    assert not [d for d in r.result.decisions if "needs shard" in str(d["reason"])]
 
 
 def test_the_devices_own_kv_of_a_layer_serves_as_a_reference():
     r = _sim([2, 0])  # step 0 computes layers 0-1 on the device: step 1's residuals of layers 0-1 decode against it
-    assert not [d for d in r.decisions if "needs shard" in str(d["reason"])]
-    assert r.bytes_fetched == 2 * BASE[0].nbytes + 4 * RESIDUAL[0].nbytes
+    assert not [d for d in r.result.decisions if "needs shard" in str(d["reason"])]
+    assert r.result.bytes_fetched == 2 * BASE[0].nbytes + 4 * RESIDUAL[0].nbytes
 
 
 def test_a_residual_whose_reference_was_never_decided_is_fetched_exact():
@@ -44,9 +44,9 @@ def test_a_residual_whose_reference_was_never_decided_is_fetched_exact():
         + [[Level("q", FP // 20, FP // 20, 1e-3, 1e-5, links=CrossStepLinks(ref_step=1)), EXACT]] * 4
     }
     r = simulate(fixed_split_policy([0, 0]), Trace.constant(1000.0), P, ladders, {"sakura": 0}, config=NO_RTT)
-    fallback = [d for d in r.decisions if "needs shard" in str(d["reason"])]  # names step 1 itself: never there
+    fallback = [d for d in r.result.decisions if "needs shard" in str(d["reason"])]  # names step 1 itself: never there
     assert [d["layer"] for d in fallback] == [4, 5, 6, 7] and all("fetching it exact" in d["reason"] for d in fallback)
-    assert r.bytes_fetched == 4 * BASE[0].nbytes + 4 * EXACT.nbytes
+    assert r.result.bytes_fetched == 4 * BASE[0].nbytes + 4 * EXACT.nbytes
 
 
 class _LateThenResidual(Policy):
@@ -67,5 +67,7 @@ class _LateThenResidual(Policy):
 
 def test_a_fallback_passs_kv_serves_as_the_next_steps_reference():
     r = simulate(_LateThenResidual(), Trace.constant(0.05), P, LADDERS, {"sakura": 0}, config=NO_RTT)
-    assert any(d["level"] == "device" for d in r.decisions)  # step 0's KV came from the device's pass
-    assert not [d for d in r.decisions if "needs shard" in str(d["reason"])]  # step 1's residuals decode against it
+    assert any(d["level"] == "device" for d in r.result.decisions)  # step 0's KV came from the device's pass
+    assert not [
+        d for d in r.result.decisions if "needs shard" in str(d["reason"])
+    ]  # step 1's residuals decode against it

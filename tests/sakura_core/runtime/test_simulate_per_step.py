@@ -30,7 +30,7 @@ def test_on_device_runs_the_template_at_every_step():
     for name in ("on-device", "on-device-cached", "sakura"):
         # 0.1 Mbit/s: a floor shard (87 kB) takes ~7 s, the whole edit ~0.22 s on the device
         r = _sim(make_policy(name), Trace.constant(0.1))
-        assert r.latency_s == pytest.approx(12 * F + 0.1), name
+        assert r.result.latency_s == pytest.approx(12 * F + 0.1), name
         assert r.splits == [4, 4, 4], name
 
 
@@ -39,8 +39,8 @@ def test_one_split_per_step_and_only_the_fetched_steps_pay_bytes():
     # at 1000 Mbit/s (0.7 ms each + 1 ms decode) while step 0 computes: no stall
     r = _sim(fixed_split_policy([4, 0, 4]), Trace.constant(1000))
     assert r.splits == [4, 0, 4] and r.stall_s == 0.0
-    assert r.latency_s == pytest.approx(8 * F + 4 * C + 0.1)
-    assert r.bytes_fetched == 4 * Q.nbytes
+    assert r.result.latency_s == pytest.approx(8 * F + 4 * C + 0.1)
+    assert r.result.bytes_fetched == 4 * Q.nbytes
 
 
 def test_later_steps_are_prefetched_while_earlier_steps_compute():
@@ -48,9 +48,11 @@ def test_later_steps_are_prefetched_while_earlier_steps_compute():
     # so only shard 0 is waited for and step 1's shards are on the link before step 1 starts
     r = _sim(fixed_split_policy(0), Trace.constant(1000))
     first = Q.nbytes / 125e6 + 1e-3
-    assert r.latency_s == pytest.approx(first + 12 * C + 0.1)
-    step1_start = min(e["start"] for e in r.events if e["lane"] == "compute" and e["layer"] == 4)
-    assert all(e["start"] < step1_start for e in r.events if e["lane"] == "fetch" and e["layer"] in (4, 5, 6, 7))
+    assert r.result.latency_s == pytest.approx(first + 12 * C + 0.1)
+    step1_start = min(e["start"] for e in r.result.events if e["lane"] == "compute" and e["layer"] == 4)
+    assert all(
+        e["start"] < step1_start for e in r.result.events if e["lane"] == "fetch" and e["layer"] in (4, 5, 6, 7)
+    )
 
 
 class _DeferOnce(Policy):
@@ -74,12 +76,12 @@ class _DeferOnce(Policy):
 def test_deferred_shards_are_asked_again_before_later_shards():
     # a deferred shard has the earliest deadline of those not requested: the next link decision asks it again first
     r = _sim(_DeferOnce(), Trace.constant(1000))
-    asked = [d["layer"] for d in r.decisions if d["level"] != "drop"]
+    asked = [d["layer"] for d in r.result.decisions if d["level"] != "drop"]
     for g in (8, 9, 10, 11):
         first = asked.index(g)
         assert asked.count(g) == 2 and asked[first + 1] == g
-    assert [d["level"] for d in r.decisions if d["layer"] == 8] == [LEVEL_COMPUTE, FLOORS["sakura"], "drop"]
-    assert r.splits == [0, 0, 0] and r.bytes_fetched == 12 * Q.nbytes
+    assert [d["level"] for d in r.result.decisions if d["layer"] == 8] == [LEVEL_COMPUTE, FLOORS["sakura"], "drop"]
+    assert r.splits == [0, 0, 0] and r.result.bytes_fetched == 12 * Q.nbytes
 
 
 class _DeferNextLayer(Policy):
@@ -104,10 +106,12 @@ def test_a_shard_deferred_while_the_lane_runs_the_layer_before_it_is_still_fetch
     # (shards 2, 3, ... fetched during layer 0) the lane has not reached layer 1, so the deferred shard 1 is asked
     # again, not dropped (it was: the drop at layer 1 then waited for nothing but a template pass)
     r = _sim(_DeferNextLayer(), Trace.constant(1000))
-    asked = [d["level"] for d in r.decisions if d["layer"] == 1]
+    asked = [d["level"] for d in r.result.decisions if d["layer"] == 1]
     assert asked[0] == LEVEL_COMPUTE and FLOORS["sakura"] in asked
-    assert min(e["start"] for e in r.events if e["lane"] == "fetch" and e["layer"] == 1) < F  # while layer 0 ran
-    assert r.splits[0] == 1 and not any("fallback" in str(e["level"]) for e in r.events)
+    assert (
+        min(e["start"] for e in r.result.events if e["lane"] == "fetch" and e["layer"] == 1) < F
+    )  # while layer 0 ran
+    assert r.splits[0] == 1 and not any("fallback" in str(e["level"]) for e in r.result.events)
 
 
 def test_sakura_against_the_oracle_and_on_device_per_step():
@@ -116,8 +120,10 @@ def test_sakura_against_the_oracle_and_on_device_per_step():
         s = _sim(make_policy("sakura"), tr)
         o = simulate_oracle(make_policy("oracle"), tr, P, LADDERS, FLOORS, config=NO_RTT)
         dev = _sim(make_policy("on-device"), tr)
-        assert o.latency_s <= s.latency_s * 1.02, mbit
-        assert s.latency_s <= 1.10 * o.latency_s and s.latency_s <= 1.02 * dev.latency_s, mbit
+        assert o.result.latency_s <= s.result.latency_s * 1.02, mbit
+        assert s.result.latency_s <= 1.10 * o.result.latency_s and s.result.latency_s <= 1.02 * dev.result.latency_s, (
+            mbit
+        )
 
 
 def test_a_0_kbit_stall_costs_sakura_at_most_2_percent_over_on_device():
@@ -125,7 +131,7 @@ def test_a_0_kbit_stall_costs_sakura_at_most_2_percent_over_on_device():
     tr = Trace("stall", [0.02, 100.0], [50e6 / 8, 0.0])
     s = _sim(make_policy("sakura"), tr)
     dev = _sim(make_policy("on-device"), tr)
-    assert s.latency_s <= 1.02 * dev.latency_s
+    assert s.result.latency_s <= 1.02 * dev.result.latency_s
 
 
 def test_the_ladder_count_names_the_kv_mode():
@@ -158,30 +164,30 @@ def test_a_late_shard_resumes_the_template_pass_where_the_step_dropped_it():
     # (layers 2, 3: half a template pass), not from layer 0
     pol = _DropAtTwoThenGiveUp()
     r = _sim(pol, Trace("dead", [100.0, 0.001], [0.0, 1e3]))
-    passes = [e for e in r.events if e["lane"] == "compute" and "fallback" in str(e["level"])]
+    passes = [e for e in r.result.events if e["lane"] == "compute" and "fallback" in str(e["level"])]
     assert [e["level"] for e in passes] == ["fallback template pass from layer 2"] * 3
     assert all(e["end"] - e["start"] == pytest.approx(P.template_pass_s / 2) for e in passes)
     assert pol.resume_s == [pytest.approx(P.template_pass_s / 2)] * 3 and r.splits == [2, 2, 2]
-    assert r.latency_s == pytest.approx(3 * (2 * F + P.template_pass_s / 2 + 2 * C) + P.fixed_s)
+    assert r.result.latency_s == pytest.approx(3 * (2 * F + P.template_pass_s / 2 + 2 * C) + P.fixed_s)
 
 
 def test_the_kv_held_is_counted_as_the_live_pipeline_frees_it():
     # splits 4, 0, 4 at 1000 Mbit/s: shards 4..7 are decoded by ~5 ms, step 1 starts at 4 F (~41 ms): all four
     # are held at once, then freed as step 1 passes them
     r = _sim(fixed_split_policy([4, 0, 4]), Trace.constant(1000))
-    assert r.peak_kv_bytes == 4 * FP
+    assert r.result.peak_kv_bytes == 4 * FP
     # split 0 everywhere: shard g is decoded at 0.7 ms + (g + 1) ms and freed once the compute lane is past it
     # (first + (g + 1) C); at the last decode, the shards already passed are gone
     r = _sim(fixed_split_policy(0), Trace.constant(1000))
     first = Q.nbytes / 125e6 + 1e-3
     last = Q.nbytes / 125e6 + 12e-3
     passed = sum(first + (g + 1) * C <= last for g in range(12))
-    assert 0 < passed < 12 and r.peak_kv_bytes == (12 - passed) * FP
-    assert _sim(make_policy("on-device"), Trace.constant(1000)).peak_kv_bytes == 0  # nothing fetched
+    assert 0 < passed < 12 and r.result.peak_kv_bytes == (12 - passed) * FP
+    assert _sim(make_policy("on-device"), Trace.constant(1000)).result.peak_kv_bytes == 0  # nothing fetched
 
 
 def _first_fetch(r):
-    return min((e for e in r.events if e["lane"] == "fetch"), key=lambda e: e["start"])["layer"]
+    return min((e for e in r.result.events if e["lane"] == "fetch"), key=lambda e: e["start"])["layer"]
 
 
 def test_sakura_probes_with_the_next_steps_first_shard_in_per_step_mode():
@@ -189,8 +195,8 @@ def test_sakura_probes_with_the_next_steps_first_shard_in_per_step_mode():
     # only by step 0) was wasted; the next step's first shard is used by every plan that drops there
     r = _sim(make_policy("sakura"), Trace.constant(20))
     assert _first_fetch(r) == 4  # step 1 layer 0
-    assert 0 not in [e["layer"] for e in r.events if e["lane"] == "fetch"]  # compute was past it: never fetched
-    probe = next(d for d in r.decisions if "bandwidth probe (no" in d["reason"])
+    assert 0 not in [e["layer"] for e in r.result.events if e["lane"] == "fetch"]  # compute was past it: never fetched
+    probe = next(d for d in r.result.decisions if "bandwidth probe (no" in d["reason"])
     assert probe["layer"] == 4
     # single mode: every shard serves every step, shard 0 is the probe as before
     single = simulate(
@@ -207,10 +213,10 @@ def test_a_cross_step_floor_is_not_the_probe_the_running_steps_last_shard_is():
 
     lads = {"sakura": [LADDERS["sakura"][0]] * 4 + [[residual(g // 4), LADDERS["sakura"][0][1]] for g in range(4, 12)]}
     r = simulate(make_policy("sakura"), Trace.constant(20), P, lads, FLOORS, config=NO_RTT)
-    probe = next(d for d in r.decisions if "bandwidth probe (no" in d["reason"])
+    probe = next(d for d in r.result.decisions if "bandwidth probe (no" in d["reason"])
     assert probe["layer"] == 3 and _first_fetch(r) == 3
-    assert not [d for d in r.decisions if d["reason"].startswith("fallback")]  # no exact level fetched for it
-    assert 0 not in [e["layer"] for e in r.events if e["lane"] == "fetch"]
+    assert not [d for d in r.result.decisions if d["reason"].startswith("fallback")]  # no exact level fetched for it
+    assert 0 not in [e["layer"] for e in r.result.events if e["lane"] == "fetch"]
 
 
 def test_the_probe_stays_in_the_step_when_no_later_step_has_bytes_to_sample():

@@ -28,7 +28,7 @@ def phone_dit():
 
 def _step_starts(r, L: int, steps: int) -> list[float]:
     """When the compute lane entered each step (its first compute or stall on a shard of that step; step 0 at 0)."""
-    lane = [e for e in r.events if e["lane"] in ("compute", "stall")]
+    lane = [e for e in r.result.events if e["lane"] in ("compute", "stall")]
     return [0.0] + [min(e["start"] for e in lane if s * L <= e["layer"] < (s + 1) * L) for s in range(1, steps)]
 
 
@@ -36,7 +36,7 @@ def _later_held_peak(r, L: int) -> int:
     """The most shards of later steps than the running one held decoded at once (a shard from its decode's end)."""
     starts = _step_starts(r, L, len(r.splits))
     decoded = {}
-    for e in r.events:
+    for e in r.result.events:
         if e["lane"] == "decode":
             decoded.setdefault(e["layer"], e["end"])
     peak = 0
@@ -53,14 +53,16 @@ def test_no_room_means_no_shard_before_its_step_and_ample_room_changes_nothing(p
     free = simulate(fixed_split_policy(0), fast, prof, lad, fl, 0.0, SimConfig())
     assert _later_held_peak(free, L) > 10
     roomy = simulate(fixed_split_policy(0), fast, prof, lad, fl, 0.0, SimConfig(prefetch_kv_bytes=10**15))
-    assert roomy.latency_s == free.latency_s and roomy.events == free.events  # room never short: the same run
+    assert (
+        roomy.result.latency_s == free.result.latency_s and roomy.result.events == free.result.events
+    )  # room never short: the same run
     none = simulate(fixed_split_policy(0), fast, prof, lad, fl, 0.0, SimConfig(prefetch_kv_bytes=0))
     starts = _step_starts(none, L, steps)
-    for e in none.events:
+    for e in none.result.events:
         if e["lane"] == "fetch":
             assert e["start"] >= starts[e["layer"] // L] - 1e-9, e  # requested once its step runs, not before
-    assert _later_held_peak(none, L) == 0 and none.latency_s >= free.latency_s - 1e-9
-    assert none.peak_kv_bytes < free.peak_kv_bytes
+    assert _later_held_peak(none, L) == 0 and none.result.latency_s >= free.result.latency_s - 1e-9
+    assert none.result.peak_kv_bytes < free.result.peak_kv_bytes
 
 
 @pytest.mark.parametrize("shards", [1, 3])

@@ -30,7 +30,7 @@ def _fetches(ahead: bool) -> list[dict]:
         FLOORS,
         config=SimConfig(rtt_s=0.04, request_ahead=ahead),
     )
-    return [e for e in r.events if e["lane"] == "fetch"]
+    return [e for e in r.result.events if e["lane"] == "fetch"]
 
 
 def test_one_request_at_a_time_pays_a_round_trip_each():
@@ -63,9 +63,9 @@ def test_short_transfers_keep_several_requests_ahead():
         FLOORS,
         config=SimConfig(rtt_s=0.04, request_ahead=True),
     )
-    ends = [round(e["end"], 6) for e in r.events if e["lane"] == "fetch"]
+    ends = [round(e["end"], 6) for e in r.result.events if e["lane"] == "fetch"]
     assert ends == [0.06, 0.12, 0.14, 0.16]  # the probe, the one after it (its round trip), then back to back
-    assert [round(e["start"], 6) for e in r.events if e["lane"] == "fetch"] == [0.0, 0.06, 0.06, 0.06]
+    assert [round(e["start"], 6) for e in r.result.events if e["lane"] == "fetch"] == [0.0, 0.06, 0.06, 0.06]
 
 
 def test_the_policy_is_charged_a_queued_round_trip_only_when_requests_go_one_at_a_time():
@@ -122,7 +122,7 @@ def test_the_oracles_exact_model_times_a_plan_as_the_simulator_runs_it(ahead, kb
     snap = Snapshot(probe.ctx, None)
     for plan in ((0,), (1,), (2,), (3,)):
         ran = simulate(fixed_split_policy(list(plan)), trace, CPU, {"sakura": lad}, {"sakura": 0}, config=cfg)
-        assert snap.finish(plan) == pytest.approx(ran.latency_s, abs=1e-6), plan
+        assert snap.finish(plan) == pytest.approx(ran.result.latency_s, abs=1e-6), plan
 
 
 @pytest.mark.parametrize("ahead", [False, True])
@@ -138,5 +138,5 @@ def test_an_upgrade_on_its_way_is_not_asked_for_again(ahead):
     lad, fl = ShardLadders.from_dict(json.loads(path.read_text())).for_simulator()
     prof = get_profile("snapdragon-8-elite-cpu", "phone-dit-512")  # a fast link: the idle link upgrades
     r = simulate(make_policy("sakura"), Trace.constant(2000), prof, lad, fl, config=SimConfig(request_ahead=ahead))
-    ups = [(d["layer"], d["level"]) for d in r.decisions if d["reason"] == "upgrade"]
+    ups = [(d["layer"], d["level"]) for d in r.result.decisions if d["reason"] == "upgrade"]
     assert ups and len(ups) == len(set(ups))

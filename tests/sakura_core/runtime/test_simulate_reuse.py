@@ -52,22 +52,22 @@ FLOORS = {"sakura": [0] * 4 + [0] * 8}  # step 0 at q, steps 1-2 at the reuse ru
 
 def test_a_reuse_rung_fetches_nothing_and_costs_its_share_of_the_error():
     r = simulate(fixed_split_policy(0), Trace.constant(100.0), P, _ladders(), FLOORS, config=NO_RTT)
-    assert r.bytes_fetched == 4 * Q.nbytes  # step 0 only
-    fetched = sorted(e["layer"] for e in r.events if e["lane"] == "fetch")
+    assert r.result.bytes_fetched == 4 * Q.nbytes  # step 0 only
+    fetched = sorted(e["layer"] for e in r.result.events if e["lane"] == "fetch")
     assert fetched == [0, 1, 2, 3]
     assert r.psnr_db == pytest.approx(psnr_from_mse(4 * 1e-5 + 8 * 2e-6))
 
 
 def test_a_reuse_rung_is_ready_no_sooner_than_its_reference():
     r = simulate(fixed_split_policy(0), Trace.constant(100.0), P, _ladders(), FLOORS, config=NO_RTT)
-    dec = {e["layer"]: e for e in r.events if e["lane"] == "decode"}
+    dec = {e["layer"]: e for e in r.result.events if e["lane"] == "decode"}
     assert all(dec[4 + i]["end"] >= dec[i]["end"] and dec[8 + i]["end"] >= dec[4 + i]["end"] for i in range(4))
 
 
 def test_a_reuse_rung_without_its_reference_is_fetched_exact():
     r = simulate(fixed_split_policy(0), Trace.constant(100.0), P, _ladders(ref_step=2), FLOORS, config=NO_RTT)
     # step 1's rung names step 2 (never there when step 1 is decided): exact; step 2's rung reuses step 2: exact too
-    assert r.bytes_fetched == 4 * Q.nbytes + 8 * EXACT.nbytes
+    assert r.result.bytes_fetched == 4 * Q.nbytes + 8 * EXACT.nbytes
 
 
 def test_sakura_drops_the_later_steps_template_for_the_free_rung():
@@ -76,8 +76,11 @@ def test_sakura_drops_the_later_steps_template_for_the_free_rung():
     with_reuse = simulate(make_policy("sakura"), link, P, _ladders(), FLOORS, config=NO_RTT)
     assert min(base.splits[1:]) > 0  # without the rung the device computes part of the later steps' template
     assert with_reuse.splits[1:] == [0, 0]  # with it every later layer takes the rung
-    assert with_reuse.latency_s < base.latency_s and with_reuse.bytes_fetched < base.bytes_fetched
-    assert {e["level"] for e in with_reuse.events if e["lane"] == "decode" and e["layer"] >= 4} == {"reuse"}
+    assert (
+        with_reuse.result.latency_s < base.result.latency_s
+        and with_reuse.result.bytes_fetched < base.result.bytes_fetched
+    )
+    assert {e["level"] for e in with_reuse.result.events if e["lane"] == "decode" and e["layer"] >= 4} == {"reuse"}
 
 
 def _geometry_ladders(geometry) -> ShardLadders:
@@ -110,7 +113,9 @@ def test_the_free_rung_costs_no_round_trip_in_the_plan():
     # a 50 ms RTT is 5 template layers: a plan that charged the rung a round trip would keep the template
     cfg = SimConfig(rtt_s=0.05)
     r = simulate(make_policy("sakura"), Trace.constant(50.0), P, _ladders(), FLOORS, config=cfg)
-    assert r.splits[2] == 0 and r.bytes_fetched == Q.nbytes  # the probe; then the rung for every later layer used
+    assert (
+        r.splits[2] == 0 and r.result.bytes_fetched == Q.nbytes
+    )  # the probe; then the rung for every later layer used
 
 
 def test_above_a_reuse_floor_only_levels_no_worse_than_the_rung_may_be_picked():

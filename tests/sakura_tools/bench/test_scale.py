@@ -39,7 +39,7 @@ def test_run_sim_keeps_a_runs_events_only_where_asked():
     assert not any("_result" in r for r in runs)  # old: every run held its SimResult (events, decisions)
     runs = run_sim([trace], ["sakura", "on-device"], prof, ladders, floors, 1, keep_results=("sakura",))
     kept = [r["policy"] for r in runs if "_result" in r]
-    assert kept == ["sakura"] and next(r for r in runs if r["policy"] == "sakura")["_result"].events
+    assert kept == ["sakura"] and next(r for r in runs if r["policy"] == "sakura")["_result"].result.events
 
 
 def test_a_run_that_keeps_no_events_gives_the_same_figures():
@@ -51,5 +51,9 @@ def test_a_run_that_keeps_no_events_gives_the_same_figures():
     slow = Trace.constant(0.5)  # fetch-fp16 waits ~10^3 rechecks for its shards
     full = simulate(make_policy("fetch-fp16"), slow, prof, ladders, floors, config=SimConfig())
     none = simulate(make_policy("fetch-fp16"), slow, prof, ladders, floors, config=SimConfig(events=False))
-    assert len(full.events) > 1000 and none.events == []
-    assert (none.latency_s, none.bytes_fetched, none.decisions) == (full.latency_s, full.bytes_fetched, full.decisions)
+    assert len(full.result.events) > 1000 and none.result.events == []
+    assert (none.result.latency_s, none.result.bytes_fetched, none.result.decisions) == (
+        full.result.latency_s,
+        full.result.bytes_fetched,
+        full.result.decisions,
+    )
