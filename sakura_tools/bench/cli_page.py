@@ -23,6 +23,8 @@ from sakura_core.files import atomic_write_json
 from sakura_core.policy.plan import plan_fetch
 from sakura_core.runtime.live_profile import LiveProfile
 
+from .requests_flag import requests_ahead
+
 __all__ = ["contention_cores", "decode_slowdown", "page_profile", "run_page"]
 
 PAGE_POLICIES = ("on-device", "fetch-fp16", "sakura")
@@ -224,7 +226,9 @@ def run_page(args) -> int:
         )
         proc, url = start_server(str(store_dir), wrap=lambda argv: argv + ["--phone-model", str(model_dir)])
         try:
-            bench = PageBench(f"{url}/phone", Path(tmp) / "photo.png", PROMPT)
+            # --requests sequential: the page's fetch lane one request at a time (?requests=sequential)
+            query = "" if requests_ahead(args) else "?requests=sequential"
+            bench = PageBench(f"{url}/phone{query}", Path(tmp) / "photo.png", PROMPT)
             try:
                 bench.edit(TEMPLATE_ID, "sakura", steps)  # warm-up (unshaped, not counted): ORT's sessions compiled
                 runs = _run_all(bench, traces, steps, args.cpu_throttle)
