@@ -85,8 +85,12 @@ def _room_cases(g: int, running_end: int, later: int, size: int | None, cap: int
 
 
 def _levels(fp: int) -> list[Level]:
-    return [Level("l1", fp // 11, fp // 11, 0.05, 1e-3), Level("l3", fp // 5, fp // 5 - fp // 11, 0.09, 1e-6, True),
-            Level("fp16", fp, fp, 0.06, 0.0)]  # fmt: skip
+    """A cheap base, the floor refining it, fp16 (as the policy vectors' three levels)."""
+    return [
+        Level("l1", fp // 11, fp // 11, 0.05, 1e-3),
+        Level("l3", fp // 5, fp // 5 - fp // 11, 0.09, 1e-6, True),
+        Level("fp16", fp, fp, 0.06, 0.0),
+    ]
 
 
 def generate() -> list[dict]:
