@@ -62,12 +62,13 @@ export class Wire {
     this._wake();
   }
 
-  /** ``n`` more bytes came: the turn the fetcher must await at its first chunk, else undefined. */
+  /** ``n`` more bytes came: the turn the fetcher must await before reading on while the shard does not hold the
+   *  wire (every blob of its chain: each awaits it at its first chunk), else undefined. */
   received(turn, n) {
     turn.left = Math.max(turn.left - n, 0);
     if (turn.grantedT !== null) turn.after += n;
     this._wake();
-    if (turn.held) return undefined;
+    if (turn.acquired) return undefined;
     turn.offered = true;
     return turn;
   }
@@ -126,6 +127,7 @@ export class Turn {
     this.offered = false; // onChunk returned it
     this.held = false; // the fetcher awaited it
     this.closed = false;
+    this.acquired = false; // it holds (or held) the wire
     this.grantedT = null; // when a transfer that waited for the wire got it
     this.after = 0; // its bytes received since (what the estimator is given: those before shared the wire)
     this._taken = null;
@@ -143,6 +145,7 @@ export class Turn {
     const entry = st.receiving.get(this.g);
     if (queued && entry) entry[0] = QUEUED; // waiting: no transfer in progress to the policy (linkProgress)
     await this.wire._acquire(this);
+    this.acquired = true;
     if (this.closed) { // ended (failed) while it waited: the wire goes on
       this.wire._release(this);
       return;
