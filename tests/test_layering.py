@@ -190,6 +190,8 @@ ONE_HOME = (
     "pass_stops_after",  # when the fallback pass stops
     "pass_can_stop",
     "ahead_window_bytes",  # how far requests go ahead of the wire
+    "request_gate",  # whether the next request may go ahead now
+    "prefetch_room",  # the prefetch-budget room check, with its reason
 )
 #: Names of the second homes that were removed: defining one again brings the duplicate back.
 RETIRED = ("_is_loopback", "_bearer", "_token_ok", "check_manifest", "check_request_schedule", "_TEMPLATE_ID_RE")

@@ -1,6 +1,8 @@
 """The pieces of the fetch protocol the simulator and the live runtime share: asking the policy again about the
 shards it deferred ("not now"), the reason a late-shard fallback is logged with, when that fallback template pass
-stops early (:func:`pass_can_stop`), and how far requests go ahead of the wire (:func:`ahead_window_bytes`)."""
+stops early (:func:`pass_can_stop`), and how far requests go ahead of the wire (:func:`ahead_window_bytes`, and the
+gate on the next request, :func:`request_gate`; the page's ``phone_web/src/lanes/lane_rules.js`` has the same, held
+to this one by conformance vectors)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ __all__ = [
     "ask_deferred",
     "pass_can_stop",
     "pass_stopped_reason",
+    "request_gate",
 ]
 
 LATE_FALLBACK_REASON = "shards late: template pass on the device is sooner"
@@ -33,6 +36,19 @@ def ahead_window_bytes(estimator, rtt_s: float) -> float | None:
     if not estimator.samples:
         return None
     return AHEAD_WINDOW_RTTS * rtt_s * estimator.harmonic()
+
+
+def request_gate(estimator, rtt_s: float, left_bytes: float) -> tuple[bool, str]:
+    """Whether the fetch lane's next request may leave now, requests going ahead (``request_ahead``), and the
+    reason: "probe" (no estimator sample yet: no window, the first request is the bandwidth probe and the next one
+    waits for its end), "within-window" (``left_bytes``, the bytes requested and not yet received, are at most
+    :func:`ahead_window_bytes`: it leaves) or "beyond-window" (it waits for more of them to arrive)."""
+    window = ahead_window_bytes(estimator, rtt_s)
+    if window is None:
+        return False, "probe"
+    if left_bytes <= window:
+        return True, "within-window"
+    return False, "beyond-window"
 
 
 def pass_can_stop(late: int, end: int, made: Callable[[int], bool], ready: Callable[[int], bool]) -> bool:

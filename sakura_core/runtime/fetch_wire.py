@@ -4,7 +4,7 @@ at a time, first in first out, while their requests (and round trips) go ahead o
 A blob's :class:`Turn` is the awaitable the lane's ``on_chunk`` returns at the blob's first chunk (the fetcher awaits
 it: ``ShardClient.fetch_shard`` does); it holds :class:`Wire`'s lock until the blob has ended. :meth:`Wire.until_window`
 is when the lane may send its next request: the blobs requested and not yet received within
-:func:`~sakura_core.runtime.deferral.ahead_window_bytes`. A fetcher that does not await its turns reads on: the wire
+:func:`~sakura_core.runtime.deferral.ahead_window_bytes` (:func:`~sakura_core.runtime.deferral.request_gate`). A fetcher that does not await its turns reads on: the wire
 says so (``ungated``) and the lane goes back to one request at a time."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 
-from .deferral import ahead_window_bytes
+from .deferral import request_gate
 from .live_state import QUEUED, LiveState
 
 __all__ = ["Turn", "Wire", "first_of", "takes_on_chunk"]
@@ -102,8 +102,7 @@ class Wire:
         there is no window: the request is the bandwidth probe, and this waits for its end."""
         await first_of(task, sent.wait())
         while not task.done() and not self.ungated:
-            window = ahead_window_bytes(self.st.estimator, self.st.rtt_s)
-            if window is not None and sum(t.left for t in self.turns) <= window:
+            if request_gate(self.st.estimator, self.st.rtt_s, sum(t.left for t in self.turns))[0]:
                 return
             self.progress.clear()
             await first_of(task, self.progress.wait())

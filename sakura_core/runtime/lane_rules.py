@@ -5,7 +5,8 @@ pure function of what its caller passes: the caller keeps its own state (the liv
 simulation's) and acts on the answer.
 
 - :func:`ask_in_order`: the in-order base ask of the next shard and what the lane does with the answer.
-- :func:`has_prefetch_room`: whether a later step's shard may be fetched within ``LaneConfig.prefetch_kv_bytes``.
+- :func:`has_prefetch_room`: whether a later step's shard may be fetched within ``LaneConfig.prefetch_kv_bytes``
+  (:func:`prefetch_room`: the same with its reason; the page's ``phone_web/src/lanes/lane_rules.js`` has both).
 - :func:`link_passed`: whether the link went past a shard without fetching it (the compute lane then has it
   fetched at the floor level when it needs it).
 - :func:`ask_upgrade`: the progressive upgrade the policy asks for on the idle link, once the base fetches are done.
@@ -23,11 +24,13 @@ from ..policy.policies import LEVEL_COMPUTE, Decision, Policy
 from .deferral import pass_can_stop
 
 __all__ = [
+    "ROOM_GOES",
     "InOrderAction",
     "ask_in_order",
     "ask_upgrade",
     "has_prefetch_room",
     "link_passed",
+    "prefetch_room",
     "pass_makes",
     "pass_stops_after",
 ]
@@ -53,15 +56,30 @@ def ask_in_order(policy: Policy, ctx: Context, g: int, made_on_device: bool) -> 
     return "fetch", d
 
 
+#: :func:`prefetch_room`'s reasons that let the shard be fetched now (the others, "size-unknown" and "no-room", wait)
+ROOM_GOES = frozenset({"no-cap", "running-step", "room"})
+
+
+def prefetch_room(g: int, running_end: int, later_bytes: int, shard_bytes: int | None, cap: int | None) -> str:
+    """:func:`has_prefetch_room` with its reason: "no-cap" (no limit), "running-step" (a shard of the running step),
+    "size-unknown" (no shard decoded yet: it waits), "room" (within the cap) or "no-room" (it waits);
+    :data:`ROOM_GOES` are those that fetch."""
+    if cap is None:
+        return "no-cap"
+    if g < running_end:
+        return "running-step"
+    if shard_bytes is None:
+        return "size-unknown"
+    return "room" if later_bytes + shard_bytes <= cap else "no-room"
+
+
 def has_prefetch_room(g: int, running_end: int, later_bytes: int, shard_bytes: int | None, cap: int | None) -> bool:
     """Per-step mode's prefetch room (``LaneConfig.prefetch_kv_bytes`` = ``cap``): a shard of the running step (flat
     index ``g`` below ``running_end``, the step's end) is always fetched; a later step's shard only while the KV of
     the later steps' shards requested so far (``later_bytes``: held, and requested and not yet held) plus its own
     (``shard_bytes``; None while no shard has been decoded and the size is not known: it waits) stays within
     ``cap``. None: no limit."""
-    if cap is None or g < running_end:
-        return True
-    return shard_bytes is not None and later_bytes + shard_bytes <= cap
+    return prefetch_room(g, running_end, later_bytes, shard_bytes, cap) in ROOM_GOES
 
 
 def link_passed(g: int, base_done: bool, next_layer: int) -> bool:

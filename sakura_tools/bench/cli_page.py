@@ -7,8 +7,8 @@ Per trace and policy: the page's latency (its report's total), bytes, and the bu
 before the lanes, measured: the manifest's wait and the template image, then the largest of the lanes' busy seconds,
 ``report.busy_s``: fetch, decode, compute less its stalls). Then the same trace is replayed in the simulator with the
 page's measured profile (:func:`page_profile`: a DiT step's and a template-pass layer's seconds alone, and the CPU
-the page's decodes take from its DiT) and the served ladders, one request at a time as the page's fetch lane sends
-them, plus each run's measured time before the lanes; the live and simulated speed-ups of sakura over on-device and
+the page's decodes take from its DiT) and the served ladders, the requests as the page's fetch lane sent them (its
+report's ``request_ahead``: ahead of the wire by default, as Python's lanes), plus each run's measured time before the lanes; the live and simulated speed-ups of sakura over on-device and
 fetch-fp16 are printed side by side and written as JSON, each run with the page's report (timeline, decisions).
 """
 
@@ -22,6 +22,8 @@ from pathlib import Path
 from sakura_core.files import atomic_write_json
 from sakura_core.policy.plan import plan_fetch
 from sakura_core.runtime.live_profile import LiveProfile
+
+from .requests_flag import requests_ahead
 
 __all__ = ["contention_cores", "decode_slowdown", "page_profile", "run_page"]
 
@@ -170,9 +172,10 @@ def _decode_s(manifest: dict) -> dict[tuple[int, str], float]:
     return out
 
 
-def _replay(trace, profile: LiveProfile, manifest: dict, rtt_s: float) -> dict:
-    """Simulated lanes' latency of each policy on ``trace`` with the page's ``profile`` and the served ladders; the
-    page's fetch lane sends one request at a time (``request_ahead`` off, as its policy plans)."""
+def _replay(trace, profile: LiveProfile, manifest: dict, rtt_s: float, ahead: dict[str, bool]) -> dict:
+    """Simulated lanes' latency of each policy on ``trace`` with the page's ``profile`` and the served ladders; each
+    policy's requests as the page's fetch lane sent them (``ahead``: policy -> the report's ``request_ahead``, the
+    page's setting at the edit's end: requests ahead of the wire, or one at a time)."""
     from sakura_core.runtime.simulate import SimConfig, simulate
 
     out = {}
@@ -185,7 +188,7 @@ def _replay(trace, profile: LiveProfile, manifest: dict, rtt_s: float) -> dict:
             profile,
             {fam: plan.ladders},
             {fam: plan.floor},
-            config=SimConfig(rtt_s=rtt_s, request_ahead=False),
+            config=SimConfig(rtt_s=rtt_s, request_ahead=ahead[name]),
         ).result.latency_s
     return out
 
@@ -223,7 +226,9 @@ def run_page(args) -> int:
         )
         proc, url = start_server(str(store_dir), wrap=lambda argv: argv + ["--phone-model", str(model_dir)])
         try:
-            bench = PageBench(f"{url}/phone", Path(tmp) / "photo.png", PROMPT)
+            # --requests sequential: the page's fetch lane one request at a time (?requests=sequential)
+            query = "" if requests_ahead(args) else "?requests=sequential"
+            bench = PageBench(f"{url}/phone{query}", Path(tmp) / "photo.png", PROMPT)
             try:
                 bench.edit(TEMPLATE_ID, "sakura", steps)  # warm-up (unshaped, not counted): ORT's sessions compiled
                 runs = _run_all(bench, traces, steps, args.cpu_throttle)
@@ -255,6 +260,7 @@ def _run_all(bench, traces, steps: int, throttle: float) -> list[dict]:
                     "bound_s": bound,
                     "latency_over_bound": latency / bound,
                     "rtt_s": rep["rtt_s"],
+                    "request_ahead": bool(rep.get("request_ahead", False)),  # a page before requests ahead: off
                     "split_layers": rep["split_layers"],
                     "_report": rep,
                 }
@@ -287,11 +293,19 @@ def _compare(runs: list[dict], traces, manifest: dict, layers: int, steps: int, 
     for trace in traces:
         rtt = statistics.median(by[(trace.name, p)]["rtt_s"] for p in PAGE_POLICIES)
         # the simulated lanes after the serial work the page measured before its lanes (per run)
+        ahead = {p: by[(trace.name, p)]["request_ahead"] for p in PAGE_POLICIES}
         sim = {
-            p: sec + by[(trace.name, p)]["pre_lanes_s"] for p, sec in _replay(trace, profile, manifest, rtt).items()
+            p: sec + by[(trace.name, p)]["pre_lanes_s"]
+            for p, sec in _replay(trace, profile, manifest, rtt, ahead).items()
         }
         live = {p: by[(trace.name, p)]["latency_s"] for p in PAGE_POLICIES}
-        row = {"trace": trace.name, "live_latency_s": live, "sim_latency_s": sim, "sim_rtt_s": rtt}
+        row = {
+            "trace": trace.name,
+            "live_latency_s": live,
+            "sim_latency_s": sim,
+            "sim_rtt_s": rtt,
+            "request_ahead": ahead,
+        }
         for base in ("on-device", "fetch-fp16"):
             lv, sm = live[base] / live["sakura"], sim[base] / sim["sakura"]
             row[f"speedup_vs_{base}"] = {"live": lv, "sim": sm, "live_over_sim": lv / sm}

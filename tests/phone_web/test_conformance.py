@@ -1,7 +1,9 @@
 """The phone page decodes like Python, bit for bit: the conformance vectors (``vectors.py``: golden shards of every
 codec level and family, bad ones of every kind) decoded by ``phone_web/src`` under node, against Python's decoded
 float16 and Python's error classes; a decoder with one rounding changed fails; the page's shared numbers are
-generated from sakura_core."""
+generated from sakura_core. The page's fetch-lane gates (``gate_vectors.py``: the request-ahead window and gate, the
+prefetch room, as the simulator asks them over synthetic links) answer as Python's on every case, every reason
+present; a gate with one comparison or constant changed fails."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from sakura_core.kv import web_constants
 from sakura_core.kv.container import parse_shard
 from sakura_core.kv.sakura_decode import WIDTHS, meta_size
 
+from .gate_vectors import GATE_FILE, write_gate_vectors
 from .manifest_vectors import write_manifest_vectors
 from .vectors import write_vectors
 
@@ -214,3 +217,48 @@ def test_a_decoder_that_differs_fails_the_suite(vectors, tmp_path, path, old, ne
     code, _, failures = _run(web, vectors[0], "run_manifests.mjs" if "manifest" in path else "run_vectors.mjs")
     assert code == 1 and failures
     assert any(failing in json.dumps(f) for f in failures), failures[:3]
+
+
+# every reason a gate answers with: the request-ahead gate's (deferral.request_gate), the prefetch room's
+# (lane_rules.prefetch_room)
+GATE_REASONS = {"probe", "within-window", "beyond-window", "no-cap", "running-step", "size-unknown", "room", "no-room"}
+
+
+@pytest.fixture(scope="module")
+def gate_vectors(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("gates")
+    return out, write_gate_vectors(out)
+
+
+def test_the_page_gates_requests_like_python(gate_vectors):
+    _need_node()
+    folder, counts = gate_vectors
+    code, summary, diffs = _run(WEB, folder, "run_gate.mjs")
+    s = summary["summary"]
+    assert code == 0 and diffs == [] and s["pass"] == s["cases"] == counts["cases"], diffs[:5]
+    assert counts["calls"]["gate"] >= 500 and counts["calls"]["room"] >= 500
+    assert set(s["reasons"]) == set(counts["reasons"]) == GATE_REASONS
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [  # one comparison or constant of the page's gates changed: the suite must notice
+        ("if (leftBytes <= window)", "if (leftBytes < window)", "beyond-window"),
+        ("AHEAD_WINDOW_RTTS = 2.0", "AHEAD_WINDOW_RTTS = 2.5", "within-window"),
+        ("laterBytes + shardBytes <= cap", "laterBytes + shardBytes < cap", "no-room"),
+        ("if (shardBytes === null) return", "if (shardBytes === undefined) return", "size-unknown"),
+    ],
+)
+def test_a_gate_that_differs_fails_the_suite(gate_vectors, tmp_path, old, new, reason):
+    _need_node()
+    web = tmp_path / "phone_web"
+    shutil.copytree(WEB / "src", web / "src")
+    shutil.copytree(WEB / "test", web / "test")
+    shutil.copy(WEB / "package.json", web / "package.json")
+    rules = web / "src" / "lanes" / "lane_rules.js"
+    source = rules.read_text()
+    assert source.count(old) == 1
+    rules.write_text(source.replace(old, new))
+    code, summary, diffs = _run(web, gate_vectors[0], "run_gate.mjs")
+    assert code == 1 and diffs and summary["summary"]["pass"] < summary["summary"]["cases"]
+    assert (gate_vectors[0] / GATE_FILE).is_file() and any(reason in json.dumps(d) for d in diffs), diffs[:3]

@@ -3,7 +3,9 @@
 step's KV at the level reported, the lanes overlapped, per-step KV freed, the prefetch within its budget (and beyond
 it without one), decisions with reason codes, the template kept per layer and the late-shard race won by a resumed
 template pass, a shard's chain requested in one round trip, the compute profile measured (the template pass included)
-and handed to the next edit of a page session, on-device fetching nothing (and refused without a template pass)."""
+and handed to the next edit of a page session, on-device fetching nothing (and refused without a template pass), and
+requests ahead (the default): on a link with a round trip, the wire goes from one shard to the next without idling
+(one request at a time it idles a round trip between them), and a fetcher that does not await its turns turns it off."""
 
 from __future__ import annotations
 
@@ -26,4 +28,4 @@ def test_the_lanes_run_every_scenario():
     assert lines and "summary" in lines[-1], proc.stdout[-2000:] + proc.stderr[-2000:]
     failed = [x for x in lines[:-1] if not x["ok"]]
     assert proc.returncode == 0 and not failed, failed
-    assert lines[-1]["summary"]["scenarios"] == 10
+    assert lines[-1]["summary"]["scenarios"] == 12

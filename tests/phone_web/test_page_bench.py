@@ -68,6 +68,9 @@ def test_the_page_bench_compares_live_with_simulated(tmp_path):
     image_s = {p: r["report"]["timings_s"]["template_image"] for p, r in runs.items()}
     assert image_s["sakura"] > image_s["fetch-fp16"] and image_s["on-device"] > image_s["fetch-fp16"], image_s
     (row,) = rep["comparison"]
+    # the page's fetch lane sends its requests ahead (fetch_wire.js), and the replay sends them as the page did
+    assert all(r["request_ahead"] is True and r["report"]["request_ahead"] is True for r in runs.values())
+    assert row["request_ahead"] == {p: r["request_ahead"] for p, r in runs.items()}
     assert sorted(row["sim_latency_s"]) == sorted(runs) and all(v > 0 for v in row["sim_latency_s"].values())
     for base in ("on-device", "fetch-fp16"):
         s = row[f"speedup_vs_{base}"]

@@ -3,12 +3,18 @@
 // device computes it", "not now" = deferred, or stop); a deferred shard is asked about again (worthAsking, then
 // choose) before later shards and while the link would idle, until the compute lane reaches it; once every shard is
 // decided, progressive upgrades on the idle link as the policy says (upgrade: only the refinement's blobs are
-// fetched, the chain decoded again). One shard at a time (its chain's blobs requested together, one round trip): a
-// shard's decode (the pool) overlaps the next transfer. Each transfer is streamed: its progress is the policy's linkProgress, its end an estimator sample. Per-step KV:
+// fetched, the chain decoded again). A shard's chain's blobs are requested together (one round trip); its decode (the
+// pool) overlaps the next transfer. Requests go ahead (requestAhead, as Python's RuntimeConfig.request_ahead;
+// fetch_wire.js): the next shard's request leaves once the bytes requested and not yet received pass requestGate
+// (lane_rules.js), so its round trip passes while the transfers before it arrive, and the transfers take the wire one
+// at a time; without it, one shard at a time (the next request once this transfer has ended). Each transfer is
+// streamed: its progress is the policy's linkProgress, its end an estimator sample. Per-step KV:
 // a shard of a later step than the running one waits until the KV held for later steps, with the shards requested
 // and not yet held, leaves room for it under the memory budget. A failed shard is retried at the floor, then left to
 // the device. The compute lane asks for a shard it needs and the lane skipped through fetchSkipped(g) only.
 import { LEVEL_COMPUTE } from "../policy/index.js";
+import { Wire } from "./fetch_wire.js";
+import { hasPrefetchRoom } from "./lane_rules.js";
 
 export const IDLE_POLL_S = 0.02; // how often an idle lane asks again about deferred shards (seconds)
 
@@ -16,11 +22,13 @@ export class FetchLane {
   /** plan: pageLadders(); fetchBlob(digest, bytes, onChunk) -> Uint8Array; pool: a DecodePool; slotOf(g, rep): the
    *  shard's manifest slot; budgetBytes: the prefetch bound (per-step KV); shardBytes: one shard's float32 K/V. */
   /** rttFromFirstByte: the link's round trip (st.rttS) becomes the first transfer's time to its first byte (a page
-   *  whose manifest came earlier, maybe over another link, measures the edit's own link so). */
+   *  whose manifest came earlier, maybe over another link, measures the edit's own link so). requestAhead: requests
+   *  go ahead of the wire (fetchBlob must await what onChunk returns, as fetchShard does; one that does not turns it
+   *  off, see ahead). */
   constructor({ plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades = true,
-    rttFromFirstByte = false }) {
+    rttFromFirstByte = false, requestAhead = true }) {
     Object.assign(this, { plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades,
-      rttFromFirstByte });
+      rttFromFirstByte, requestAhead });
     this.n = plan.ladders.length;
     this.reset();
   }
@@ -36,6 +44,12 @@ export class FetchLane {
     this.chains = new Map(); // g -> {digests, blobs}: what a shard's KV was decoded from (an upgrade extends it)
     this.released = 0; // shards before this were served and freed (per-step KV)
     this._rttMeasured = !this.rttFromFirstByte;
+    this.wire = new Wire(this.st); // requestAhead: the wire the lane's transfers take in turn
+  }
+
+  /** Whether the lane sends requests ahead of the wire (requestAhead, with a fetcher that awaits its turns). */
+  get ahead() {
+    return this.requestAhead && !this.wire.ungated;
   }
 
   async run() {
@@ -134,7 +148,7 @@ export class FetchLane {
     await this._roomFor(g);
     this.log.decision(st.now, g, level, "upgrade", "upgrade");
     try {
-      await this._fetchLevel(g, level, () => {});
+      await this._fetchLevel(g, level);
     } catch (e) {
       this.log.fallback(`upgrade of shard ${g} to ${this.plan.ladders[g][level].name} failed: ${e.message}`);
       return null;
@@ -150,7 +164,8 @@ export class FetchLane {
     if (!(st.baseDone || st.nextLayer > g)) return false;
     this.deferred = this.deferred.filter((x) => x !== g);
     this._claimed.add(g);
-    this._track(this._withFallback(g, this.plan.floor[g], () => {}).finally(() => this._claimed.delete(g)));
+    // not gated: the compute lane waits for it, it does not queue for the wire
+    this._track(this._withFallback(g, this.plan.floor[g], false).finally(() => this._claimed.delete(g)));
     return true;
   }
 
@@ -168,16 +183,18 @@ export class FetchLane {
       if (g < end || this.held.isReady(g)) return;
       let coming = 0;
       for (const x of this._requested) if (x >= end && !this.held.isReady(x)) coming += 1;
-      if (this.held.heldFrom(end) + (coming + 1) * this.shardBytes <= this.budgetBytes) return;
+      const later = this.held.heldFrom(end) + coming * this.shardBytes;
+      if (hasPrefetchRoom(g, end, later, this.shardBytes, this.budgetBytes)) return;
       await this.timers.sleep(IDLE_POLL_S);
     }
   }
 
   /** A shard the policy chose: fetched once there is room for it; returns once its transfer has ended (its decode
-   *  goes on beside the next transfer). */
+   *  goes on beside the next transfer) or, with ahead, once its request has left and the bytes requested ahead pass
+   *  requestGate (before the estimator's first sample there is no window: the probe's transfer ends first). */
   async _fetchBase(g, level) {
-    let landed;
-    const transferEnded = new Promise((r) => { landed = r; });
+    const ahead = this.ahead;
+    const { sent, landed } = this.wire.expect(g);
     const task = this._track((async () => {
       try {
         await this._roomFor(g);
@@ -186,26 +203,34 @@ export class FetchLane {
         const lv = this.plan.ladders[g][level];
         const st = this.st;
         st.inFlight.set(g, st.now + this.ctx.rttS + lv.nbytes / st.estimator.robust() + lv.decodeS);
-        await this._withFallback(g, level, landed);
+        await this._withFallback(g, level);
       } finally {
         this._claimed.delete(g);
         this._requested.delete(g);
-        landed();
       }
     })());
-    await Promise.race([task, transferEnded]);
+    task.done = false;
+    const ended = () => { task.done = true; };
+    task.then(ended, ended);
+    try {
+      if (ahead) await this.wire.untilWindow(task, sent);
+      if (!task.done && !this.ahead) await Promise.race([task, landed]); // one request at a time
+    } finally {
+      this.wire.forget(g);
+    }
   }
 
-  async _withFallback(g, level, landed) {
+  /** gated: with ahead, the transfer takes its turn on the wire (_fetchLevel). */
+  async _withFallback(g, level, gated = true) {
     try {
-      await this._fetchLevel(g, level, landed);
+      await this._fetchLevel(g, level, gated);
     } catch (e) {
       const floor = this.plan.floor[g];
       let err = e;
       if (level !== floor) {
         this.log.fallback(`shard ${g} level ${this.plan.ladders[g][level].name}: ${e.message}; retrying at the floor level`);
         try {
-          await this._fetchLevel(g, floor, landed);
+          await this._fetchLevel(g, floor, gated);
           return;
         } catch (e2) {
           err = e2;
@@ -218,8 +243,9 @@ export class FetchLane {
     }
   }
 
-  /** Fetch the chain of shard g up to ``level`` (the blobs its held chain lacks), decode it in the pool, publish. */
-  async _fetchLevel(g, level, landed) {
+  /** Fetch the chain of shard g up to ``level`` (the blobs its held chain lacks), decode it in the pool, publish.
+   *  gated and ahead: the chain's bytes wait for the wire (one turn for the shard, fetch_wire.js). */
+  async _fetchLevel(g, level, gated = true) {
     const st = this.st;
     const rep = this.plan.reps[g][level];
     const name = rep.name;
@@ -232,27 +258,30 @@ export class FetchLane {
     const entry = [st.now, 0, todo.reduce((s, d) => s + sizes.get(d), 0)];
     st.receiving.set(g, entry);
     let fresh;
+    const turn = gated && this.ahead ? this.wire.open(g, entry[2]) : null;
+    const t0 = st.now;
     try { // the chain's blobs requested together: one round trip for the shard, as the policy plans it (queuedRttS)
-      const t0 = st.now;
       const onChunk = (n) => {
         if (!this._rttMeasured) { this._rttMeasured = true; st.rttS = Math.min(st.now - t0, 1.0); }
         entry[1] += n;
+        return turn === null ? undefined : this.wire.received(turn, n); // the fetcher awaits its turn
       };
       fresh = await Promise.all(todo.map((d) => this.fetchBlob(d, sizes.get(d), onChunk)));
-      const t1 = st.now;
-      const nbytes = fresh.reduce((s, b) => s + b.byteLength, 0);
-      st.estimator.observe(nbytes, t1 - t0); // one transfer: the shard's bytes over its time
-      this.bytesFetched += nbytes;
-      this.log.event("fetch", t0, t1, g, name);
     } finally {
+      if (turn !== null) this.wire.close(turn);
       st.receiving.delete(g);
     }
+    const t1 = st.now;
+    const nbytes = fresh.reduce((s, b) => s + b.byteLength, 0);
+    const began = this.wire.observe(turn, t0, t1, nbytes); // one transfer: the shard's bytes over its time
+    this.bytesFetched += nbytes;
+    this.log.event("fetch", began, t1, g, name);
     if (st.inFlight.has(g)) st.inFlight.set(g, st.now + this.plan.ladders[g][level].decodeS);
-    landed();
+    this.wire.landed(g); // the link may go on (one request at a time): this shard's transfer has ended
     const blobs = [...have.blobs.slice(0, start), ...fresh];
-    const t0 = st.now;
+    const d0 = st.now;
     const kv = await this.pool.decode(blobs, this.slotOf(g, rep));
-    this.log.event("decode", t0, st.now, g, name);
+    this.log.event("decode", d0, st.now, g, name);
     if (this.stopped || g < this.released) return; // the edit is over, or the compute lane passed the shard
     this.chains.set(g, { digests, blobs });
     this.held.publish(st.now, g, { k: kv.k, v: kv.v, level, name });

@@ -4,6 +4,7 @@
 // receiving, linkFree, decoderFree), the compute lane its position (computeLayer, computeT, templateAlive,
 // droppedAt) and the stalls. JavaScript runs one lane's code at a time, so no lock is needed.
 import { ThroughputEstimator } from "../policy/index.js";
+import { QUEUED } from "./fetch_wire.js";
 
 export const wallClock = () => performance.now() / 1000;
 
@@ -29,7 +30,7 @@ export class LiveState {
     this.latencyTargetS = latencyTargetS;
     this.estimator = new ThroughputEstimator(estimatorConfig);
     this.hasTrace = false; // a live link: the policies use the estimator's rate
-    this.requestAhead = false; // one request at a time (Context.queuedRttS)
+    this.requestAhead = false; // the fetch lane sends requests ahead (PipelinedEdit sets it; Context.queuedRttS)
     this.startS = 0.0;
     this.clock = clock;
     this._frozen = null;
@@ -45,7 +46,8 @@ export class LiveState {
     this.baseDone = false;
     this.got = new Map(); // shard -> [[level, decoded at s], ...]
     this.inFlight = new Map(); // shard -> predicted ready s
-    this.receiving = new Map(); // shard -> [requested at s, bytes received, bytes]
+    this.receiving = new Map(); // shard -> [requested at s (QUEUED: waiting for the wire), bytes received, bytes]
+    this.onWire = null; // requests ahead: the shard whose bytes hold the wire (see linkProgress)
     this.templateAlive = true;
     this.droppedAt = this.layersPerStep;
     this.stallsDoneS = 0.0;
@@ -73,13 +75,26 @@ export class LiveState {
     return this.stallsDoneS + (this.waitingSince === null ? 0.0 : Math.max(this.now - this.waitingSince, 0.0));
   }
 
-  /** The transfer in progress: [seconds since requested, bytes received, its size] of the earliest, or null. */
+  /** The transfer in progress, as the simulator's: [seconds since requested, bytes received, its size] of the shard
+   *  whose bytes hold the wire (requests sent ahead wait behind it: QUEUED, not in progress), else of the earliest
+   *  shard being received (Python's min of the entries); null when none is. */
   linkProgress() {
-    let entry = null;
-    for (const e of this.receiving.values()) if (entry === null || e[0] < entry[0]) entry = e;
+    let entry = this.onWire === null ? null : (this.receiving.get(this.onWire) ?? null);
+    if (entry === null || entry[0] === QUEUED) {
+      entry = null;
+      for (const e of this.receiving.values()) {
+        if (e[0] !== QUEUED && (entry === null || before(e, entry))) entry = e;
+      }
+    }
     if (entry === null) return null;
     return [this.now - entry[0], Math.min(entry[1], entry[2]), entry[2]];
   }
 
   flushObservations() {} // transfers are observed when they complete
+}
+
+/** Python's list order: the first element that differs decides. */
+function before(a, b) {
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return a[i] < b[i];
+  return false;
 }

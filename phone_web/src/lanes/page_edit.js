@@ -34,7 +34,7 @@ export async function loadTemplatePassIfAny({ base, index, ort, providers }) {
 
 export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, seed, model, run, token = null, policy,
   memoryBudgetBytes = null, onEvent = () => {}, onProgress = () => {}, templatePass = undefined, modelBase = "model/",
-  profile = null, measured = null, pool = null, manifestFetch = null }) {
+  profile = null, measured = null, pool = null, manifestFetch = null, requestAhead = true }) {
   const { index } = model;
   const t0 = now();
   // the page's prefetch (manifestFetch: fetchManifestBytes's promise, started while the model loaded) or a GET now
@@ -84,7 +84,7 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
     computeStep: async (step, kv) => { await dit.step(step, kv); onProgress("computed", step + 1, steps); },
     templatePass: tp.pass, templateTokens: tokensOf, profile, measured,
     tokens: raw.token_grid[0] * raw.token_grid[1], heads: index.heads, headDim: index.head_dim,
-    rttFromFirstByte: manifestFetch !== null });
+    rttFromFirstByte: manifestFetch !== null, requestAhead });
   let lanes;
   try {
     lanes = await edit.run();
@@ -112,6 +112,7 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
     manifest_prefetched: manifestFetch !== null,
     manifest_get_s: got.seconds,
     rtt_s: lanes.rtt_s,
+    request_ahead: lanes.request_ahead, // the fetch lane's requests went ahead of the wire (else one at a time)
     template_pass: tp.why,
     timings_s: { manifest: tImage - t0, template_image: tLanes - tImage, lanes: done - tLanes, total: done - t0, per_step: lanes.per_step_s },
     where: { fetch: "main thread (streaming fetch)", decode: `${lanesPool.inThread ? "main thread" : `${lanesPool.size} module worker(s)`}${ownPool ? "" : " (the page's, warm)"}`,

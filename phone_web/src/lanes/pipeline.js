@@ -26,11 +26,12 @@ export class PipelinedEdit {
    *  trip; profile: the costs planned with at first (null: from `measured`); measured: the page session's
    *  MeasuredProfile (measured_profile.js; null: a fresh one, this edit's own), fed every step and template-pass
    *  layer; timers: the lanes' time (live_state.js realTimers; tests a virtual one); onEvent(kind, entry): each event /
-   *  decision as it is logged; rttFromFirstByte: rttS replaced by the first transfer's time to its first byte. */
+   *  decision as it is logged; rttFromFirstByte: rttS replaced by the first transfer's time to its first byte;
+   *  requestAhead: the fetch lane's requests go ahead of the wire (fetch_lane.js; false: one request at a time). */
   constructor({ raw, policy, fetchBlob, pool, slotOf, computeStep, templatePass = null, templateTokens = null,
     times, steps, tokens, heads, headDim, budgetBytes = defaultBudgetBytes(), rttS = 0.05, profile = null,
     measured = null, latencyTargetS = null, timers = realTimers, onEvent = () => {}, upgrades = true, shardWaitS = 120,
-    rttFromFirstByte = false }) {
+    rttFromFirstByte = false, requestAhead = true }) {
     this.policy = typeof policy === "string" ? makePolicy(policy) : policy;
     if (this.policy.templateEveryStep && templatePass === null) {
       throw new Error(`policy ${this.policy.name} computes every layer's template KV on the device, which needs per-layer ` +
@@ -52,7 +53,7 @@ export class PipelinedEdit {
     this.held = new HeldKV(L, this.shardBytes, timers);
     this.fetch = new FetchLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held, pool,
       log: this.log, fetchBlob, slotOf, budgetBytes: this.plan.perStep ? budgetBytes : null, shardBytes: this.shardBytes, timers, upgrades,
-      rttFromFirstByte });
+      rttFromFirstByte, requestAhead });
     this.compute = new ComputeLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held,
       fetch: this.fetch, log: this.log, computeStep, templatePass, templateTokens, times, steps, shardWaitS,
       measured: this.measured });
@@ -62,6 +63,7 @@ export class PipelinedEdit {
   async run() {
     for (const x of [this.st, this.log, this.held, this.fetch, this.compute]) x.reset();
     this.policy.reset();
+    this.st.requestAhead = this.fetch.ahead; // Context.queuedRttS: the policy's view of the lane's requests
     const link = this.fetch.run();
     let linkError = null;
     link.catch((e) => { // the lane broke (a bug, not a failed shard: those fall back inside it): nothing more comes
@@ -89,6 +91,7 @@ export class PipelinedEdit {
       latency_s: st.now,
       kv_mode: this.plan.perStep ? "per-step" : "single",
       rtt_s: st.rttS,
+      request_ahead: this.fetch.ahead, // at the end: false if the fetcher turned out not to await its turns
       layers_per_step: this.plan.layers,
       split_layers: this.compute.splitLayers,
       levels_used: this.compute.levelsUsed,
