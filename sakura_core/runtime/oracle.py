@@ -79,11 +79,16 @@ def simulate_oracle(policy: Policy, trace, profile, ladders, floors, start_s=0.0
     return best
 
 
-def fluid_bound(trace, profile, ladders, floors, start_s: float = 0.0, family: str = "sakura") -> float:
+def fluid_bound(
+    trace, profile, ladders, floors, start_s: float = 0.0, family: str = "sakura", pre_lanes_s: float = 0.0
+) -> float:
     """The fluid lower bound on the edit's latency (seconds; see the module docstring) for ``family``'s floor
     shards. ``profile`` and ``ladders`` as :func:`~sakura_core.runtime.simulate.simulate` takes them (the shard count
     gives the KV mode); not ``kv_mode_view``'s flattened per-step profile, whose one step would stretch the device's
-    prefix over the whole edit (a constraint no policy has: the bound went over the oracle)."""
+    prefix over the whole edit (a constraint no policy has: the bound went over the oracle). ``pre_lanes_s``: seconds
+    before the lanes start (the template image, :func:`~sakura_core.runtime.pre_lanes.template_image_s`, as the
+    simulator charges ``SimConfig.template_image_bytes``): the link is read from there and the bound counts them."""
+    start_s, lead = start_s + pre_lanes_s, pre_lanes_s
     lads, floor = ladders[family], floors.get(family, 0)
     g = profile.model
     if g.name.endswith("/per-step"):
@@ -113,7 +118,7 @@ def fluid_bound(trace, profile, ladders, floors, start_s: float = 0.0, family: s
             ends = (L - k) * C + np.maximum(t + k * F, link)
             found += list(zip(ends.tolist(), (b + cum[-1] - cum[k]).tolist(), strict=True))
         states = _pareto(found)
-    return float(min(t for t, _ in states) + tail)
+    return float(lead + min(t for t, _ in states) + tail)
 
 
 def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

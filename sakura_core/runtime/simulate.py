@@ -42,6 +42,7 @@ from ..policy.policies import Policy
 from .deferral import LATE_FALLBACK_REASON, pass_stopped_reason
 from .lane_rules import pass_makes, pass_stops_after
 from .live_profile import LiveProfile
+from .pre_lanes import template_image_s
 from .profiles import DeviceProfile
 from .sim_cpu import CpuShare, PlanClock
 from .sim_ladders import CACHEGEN_NO_FLOOR
@@ -71,7 +72,7 @@ class _Sim(SimLink, CpuShare):
     def __init__(self, policy, trace, start_s, profile, ladders, floor, config):
         slowdown = float(getattr(profile, "cpu_slowdown", 1.0))
         self.policy = PlanClock(policy, config.planning, config.planning_s, slowdown)
-        self.trace, self.start_s, self.profile = trace, start_s, profile
+        self.trace, self.profile = trace, profile
         if slowdown != 1.0:  # decode runs on the phone's CPU: its measured times scale with it
             ladders = [[_slowed(lv, slowdown) for lv in lad] for lad in ladders]
         self._init_cpu_share(float(getattr(profile, "dit_cpu_cores", 0)))
@@ -85,6 +86,8 @@ class _Sim(SimLink, CpuShare):
         self.request_ahead = config.request_ahead  # see Context.queued_rtt_s
         self.latency_target_s = config.latency_target_s
         self.estimator = ThroughputEstimator()
+        self._start0, self.pre_lanes_s = start_s, self._template_image(trace, start_s, config.template_image_bytes)
+        self.start_s = start_s + self.pre_lanes_s  # the lanes read the trace from where the template image ended
         self.pending_obs: list[tuple[float, int, float]] = []
         self.now = 0.0
         self.link_free = 0.0  # when the fetch lane makes its next decision (its next request may leave)
@@ -121,6 +124,14 @@ class _Sim(SimLink, CpuShare):
         self.room_wait: tuple[int, int] | None = None  # (shard, level) chosen, waiting for prefetch room
         self.device_kv_at: dict[int, float] = {}  # shard -> when a fallback pass made its KV on the device
         self.ctx = Context(self)
+
+    def _template_image(self, trace: Trace, start_s: float, nbytes: int) -> float:
+        """Seconds the template image takes before the lanes start (``SimConfig.template_image_bytes``), the
+        estimator seeded with it as the live edit seeds it (``ThroughputEstimator.seed``)."""
+        seconds = template_image_s(trace, start_s, nbytes, self.rtt_s)
+        if seconds > 0:
+            self.estimator.seed(nbytes, seconds, self.rtt_s)
+        return seconds
 
     @property
     def stalled_s(self) -> float:
@@ -306,8 +317,8 @@ class _Sim(SimLink, CpuShare):
         return SimResult(
             policy=self.policy.name,
             trace=self.trace.name,
-            start_s=self.start_s,
-            latency_s=self.compute_t + self.profile.fixed_s,
+            start_s=self._start0,
+            latency_s=self.pre_lanes_s + self.compute_t + self.profile.fixed_s,
             bytes_fetched=self.bytes,
             psnr_db=psnr_from_mse(mse),
             split_layer=self.split_layer,
@@ -319,6 +330,7 @@ class _Sim(SimLink, CpuShare):
             planning_s=self.policy.total_s,
             decisions_timed=self.policy.calls,
             contention_s=self.contention_s,
+            pre_lanes_s=self.pre_lanes_s,
         )
 
     def _mse_share(self, g: int, j: int) -> float:
