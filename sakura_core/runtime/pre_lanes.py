@@ -1,7 +1,7 @@
 """What an edit transfers before its lanes start, on a trace: the template image (``sakura_core.edit.open_template``
-fetches it, and the manifest, before the pipelined edit begins). The simulator (``SimConfig.template_image_bytes``),
-the oracle and the fluid bound charge it the same way, from the trace's start, so their latencies stay comparable to
-a live edit's and to each other."""
+fetches it, and the manifest, before the pipelined edit begins). The simulator (``simulate``'s
+``template_image_bytes``), the oracle and the fluid bound charge it the same way, from the trace's start, so their
+latencies stay comparable to a live edit's and to each other."""
 
 from __future__ import annotations
 

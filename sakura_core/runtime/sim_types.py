@@ -24,22 +24,14 @@ class SimConfig(LaneConfig):
     events: record the run's timeline (``SimResult.events``: one entry per fetch, decode, compute span and stall).
         False keeps none (the figures are the same): a bench keeps them only where it draws them, since a slow-link
         fetch-fp16 edit on the GPU profile logs ~10^6 waits (hundreds of MB a run).
-    template_image_bytes: the template image the edit fetches before its lanes start, as the live edit does
-        (``sakura_core.edit.open_template``): one request at the trace's ``start_s``, its bytes a round trip later
-        at the trace's rate; the lanes start once it has arrived (the trace is read from there), its seconds are in
-        the latency, and it seeds the throughput estimator (``ThroughputEstimator.seed``). 0: no image modelled
-        (the lanes start at ``start_s`` on the prior).
     """
 
     planning: str = "off"
     planning_s: float = 0.0
     events: bool = True
-    template_image_bytes: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.template_image_bytes < 0:
-            raise ValueError(f"template_image_bytes must be >= 0 (0: none), got {self.template_image_bytes}")
         if self.planning not in PLANNING_MODES:
             raise ValueError(f"planning must be one of {', '.join(PLANNING_MODES)}, got {self.planning!r}")
         if self.planning_s < 0:

@@ -69,7 +69,7 @@ def kv_mode_view(profile: DeviceProfile, kv_mode: str) -> DeviceProfile:
 
 
 class _Sim(SimLink, CpuShare):
-    def __init__(self, policy, trace, start_s, profile, ladders, floor, config):
+    def __init__(self, policy, trace, start_s, profile, ladders, floor, config, image_bytes=0):
         slowdown = float(getattr(profile, "cpu_slowdown", 1.0))
         self.policy = PlanClock(policy, config.planning, config.planning_s, slowdown)
         self.trace, self.profile = trace, profile
@@ -86,7 +86,7 @@ class _Sim(SimLink, CpuShare):
         self.request_ahead = config.request_ahead  # see Context.queued_rtt_s
         self.latency_target_s = config.latency_target_s
         self.estimator = ThroughputEstimator()
-        self._start0, self.pre_lanes_s = start_s, self._template_image(trace, start_s, config.template_image_bytes)
+        self._start0, self.pre_lanes_s = start_s, self._template_image(trace, start_s, image_bytes)
         self.start_s = start_s + self.pre_lanes_s  # the lanes read the trace from where the template image ended
         self.pending_obs: list[tuple[float, int, float]] = []
         self.now = 0.0
@@ -126,7 +126,7 @@ class _Sim(SimLink, CpuShare):
         self.ctx = Context(self)
 
     def _template_image(self, trace: Trace, start_s: float, nbytes: int) -> float:
-        """Seconds the template image takes before the lanes start (``SimConfig.template_image_bytes``), the
+        """Seconds the template image takes before the lanes start (``simulate``'s ``template_image_bytes``), the
         estimator seeded with it as the live edit seeds it (``ThroughputEstimator.seed``)."""
         seconds = template_image_s(trace, start_s, nbytes, self.rtt_s)
         if seconds > 0:
@@ -385,8 +385,17 @@ def simulate(
     floors: dict[str, int],
     start_s: float = 0.0,
     config: SimConfig | None = None,
+    template_image_bytes: int = 0,
 ) -> SimResult:
-    """Simulate one edit with ``policy``; ``ladders[family][layer]`` lists that shard's levels, cheapest first."""
+    """Simulate one edit with ``policy``; ``ladders[family][layer]`` lists that shard's levels, cheapest first.
+    ``template_image_bytes``: the template image the edit fetches before its lanes start, as the live edit does
+    (``sakura_core.edit.open_template``): one request at the trace's ``start_s``, its bytes a round trip later at the
+    trace's rate (:func:`~sakura_core.runtime.pre_lanes.template_image_s`); the lanes start once it has arrived (the
+    trace is read from there), its seconds are in the latency (``SimResult.pre_lanes_s``), and it seeds the
+    throughput estimator (``ThroughputEstimator.seed``). 0: no image modelled (the lanes start at ``start_s`` on the
+    estimator's prior)."""
+    if template_image_bytes < 0:
+        raise ValueError(f"template_image_bytes must be >= 0 (0: none), got {template_image_bytes}")
     family = policy.family
     if family == CACHEGEN_NO_FLOOR and family not in ladders:  # ladders built by hand: one cachegen, floor as given
         family = "cachegen"
@@ -398,4 +407,5 @@ def simulate(
             f"{family} ladder has {len(ladders[family])} shards; the model needs {g.layers} (single KV mode) or "
             f"{g.layers * g.steps} (per-step: steps x layers); build the ladders for kv_mode_view(profile, kv_mode)"
         )
-    return _Sim(policy, trace, start_s, profile, ladders[family], floors.get(family, 0), config or SimConfig()).run()
+    fam, floor = ladders[family], floors.get(family, 0)
+    return _Sim(policy, trace, start_s, profile, fam, floor, config or SimConfig(), template_image_bytes).run()

@@ -49,7 +49,7 @@ SCALE_LADDERS = {
 }  # fmt: skip # keep: a ladder table: one rung a tuple
 
 
-#: the template image each case fetches before its lanes (``SimConfig.template_image_bytes``): a 1024 x 1024
+#: the template image each case fetches before its lanes (``simulate``'s ``template_image_bytes``): a 1024 x 1024
 #: photograph as PNG (~1.5 bytes a pixel), the reference of the ref1024 geometries. A stated size, not a measurement.
 TEMPLATE_IMAGE_BYTES = 1536 * 1024
 
@@ -125,14 +125,17 @@ def scale_case(
     trace = random_walk(seed, mean_mbit, 0.3, seconds=900)
     cpu_s, latency_s = {}, {}
     t0 = time.process_time()
-    config = SimConfig(template_image_bytes=template_image_bytes)
+    config = SimConfig()
     pre_lanes_s = template_image_s(trace, 0.0, template_image_bytes, max(config.rtt_s, 2 * trace.latency_ms / 1000))
     latency_s["fluid-bound"] = fluid_bound(trace, prof, ladders, floors, pre_lanes_s=pre_lanes_s)
     cpu_s["fluid-bound"] = time.process_time() - t0
     for name in policies or list(POLICIES):
         sim = simulate_oracle if name == "oracle" else simulate
         t0 = time.process_time()
-        latency_s[name] = float(sim(make_policy(name), trace, prof, ladders, floors, config=config).latency_s)
+        r = sim(
+            make_policy(name), trace, prof, ladders, floors, config=config, template_image_bytes=template_image_bytes
+        )
+        latency_s[name] = float(r.latency_s)
         cpu_s[name] = time.process_time() - t0
     return {
         "steps": steps,

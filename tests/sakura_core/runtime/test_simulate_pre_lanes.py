@@ -1,4 +1,4 @@
-"""The template image before the lanes (``SimConfig.template_image_bytes``): the simulator fetches it from the
+"""The template image before the lanes (``simulate``'s ``template_image_bytes``): the simulator fetches it from the
 trace's start as the live edit does, starts the lanes once it is in, charges its time in the latency, and seeds the
 estimator with it; the oracle and the fluid bound charge it the same way."""
 
@@ -35,7 +35,7 @@ def test_the_image_is_charged_in_the_latency_of_every_policy_and_the_lanes_start
     for name in ("on-device", "sakura"):
         bare = simulate(make_policy(name), trace, P, LADDERS, FLOORS, config=SimConfig(rtt_s=0.05))
         img = simulate(
-            make_policy(name), trace, P, LADDERS, FLOORS, config=SimConfig(rtt_s=0.05, template_image_bytes=IMAGE)
+            make_policy(name), trace, P, LADDERS, FLOORS, config=SimConfig(rtt_s=0.05), template_image_bytes=IMAGE
         )
         assert img.pre_lanes_s == pytest.approx(1.05) and bare.pre_lanes_s == 0.0
         assert img.start_s == 0.0  # the edit's own start on the trace, not the lanes'
@@ -46,7 +46,7 @@ def test_the_image_is_charged_in_the_latency_of_every_policy_and_the_lanes_start
 def test_the_image_seeds_the_estimator_so_the_first_decision_is_no_bandwidth_probe():
     trace = Trace.constant(8.0)
     bare = simulate(make_policy("sakura"), trace, P, LADDERS, FLOORS)
-    img = simulate(make_policy("sakura"), trace, P, LADDERS, FLOORS, config=SimConfig(template_image_bytes=IMAGE))
+    img = simulate(make_policy("sakura"), trace, P, LADDERS, FLOORS, template_image_bytes=IMAGE)
     assert "bandwidth probe" in bare.decisions[0]["reason"]
     assert not any("probe" in d["reason"] for d in img.decisions)
     assert any("at 8.00 Mbit/s" in d["reason"] for d in img.decisions[:3])  # the image's rate, round trip off
@@ -54,10 +54,9 @@ def test_the_image_seeds_the_estimator_so_the_first_decision_is_no_bandwidth_pro
 
 def test_the_oracle_and_the_bound_see_the_same_image():
     trace = Trace.constant(0.5)
-    cfg = SimConfig(template_image_bytes=IMAGE)
-    pre = template_image_s(trace, 0.0, IMAGE, cfg.rtt_s)
+    pre = template_image_s(trace, 0.0, IMAGE, SimConfig().rtt_s)
     bare = simulate_oracle(make_policy("sakura"), trace, P, LADDERS, FLOORS)
-    img = simulate_oracle(make_policy("sakura"), trace, P, LADDERS, FLOORS, config=cfg)
+    img = simulate_oracle(make_policy("sakura"), trace, P, LADDERS, FLOORS, template_image_bytes=IMAGE)
     assert img.pre_lanes_s == pytest.approx(pre) and img.latency_s == pytest.approx(bare.latency_s + pre)
     bound = fluid_bound(trace, P, LADDERS, FLOORS)
     assert fluid_bound(trace, P, LADDERS, FLOORS, pre_lanes_s=pre) == pytest.approx(bound + pre)
@@ -66,4 +65,4 @@ def test_the_oracle_and_the_bound_see_the_same_image():
 
 def test_a_negative_image_is_refused():
     with pytest.raises(ValueError, match="template_image_bytes must be >= 0"):
-        SimConfig(template_image_bytes=-1)
+        simulate(make_policy("sakura"), Trace.constant(1.0), P, LADDERS, FLOORS, template_image_bytes=-1)
