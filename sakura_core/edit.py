@@ -137,6 +137,15 @@ class OpenedTemplate:
         ]
         return images[0] if len(images) == 1 else images
 
+    def pre_lanes(self) -> tuple[tuple[int, float], ...]:
+        """The image fetch as the estimator's seed (``RuntimeConfig.pre_lanes``): its bytes and seconds, a transfer
+        over the edit's link made just before the lanes (several references: their requests one after another, one
+        sample, so only one of their round trips is taken off: the seed errs slow). Only for the live link: an
+        emulated one paces the lanes' shards only, so the image never crossed it."""
+        started, finished = self.image_fetch_s
+        nbytes = sum(len(f) for f in self.reference_files)
+        return ((nbytes, finished - started),) if nbytes > 0 and finished > started else ()
+
     def summary(self) -> dict:
         """What a report says about the template: ids, source, geometry, bytes per level and the image fetch."""
         levels: dict[str, int] = {}
@@ -293,6 +302,7 @@ async def run_template_edit(
             steps=settings.steps,
             seed=settings.seed,
             estimator=timing.estimator_config() if timing is not None else None,
+            pre_lanes=opened.pre_lanes() if trace is None else (),
         ),
     )
     async with opened.source.open() as shards:

@@ -121,7 +121,10 @@ function layersOf(parts, index, split, tokens) {
 /** The template's tokens as the template graphs take them: its image (a blob like the shards) decoded and packed
  * (patch, then zeros), (1, image tokens, in_channels) float32; and the image's bytes on the wire. */
 export async function templateTokens(origin, image, index, token) {
-  const blob = await fetchShard(origin, image.digest, image.bytes, { token });
+  const t0 = now();
+  let firstByteS = null; // its round trip as measured: request to first chunk (the estimator's seed takes it off)
+  const blob = await fetchShard(origin, image.digest, image.bytes, { token, onChunk: () => { firstByteS ??= now() - t0; } });
+  const seconds = now() - t0;
   const bitmap = await createImageBitmap(new Blob([blob], { type: "image/png" }),
     { colorSpaceConversion: "none", premultiplyAlpha: "none" });
   const s = index.image_size;
@@ -132,7 +135,7 @@ export async function templateTokens(origin, image, index, token) {
   const pd = index.in_channels / 2;
   const tokens = new Float32Array(index.image_tokens * 2 * pd);
   for (let i = 0; i < index.image_tokens; i++) tokens.set(patches.subarray(i * pd, (i + 1) * pd), i * 2 * pd);
-  return { tokens, bytes: blob.byteLength };
+  return { tokens, bytes: blob.byteLength, seconds, firstByteS: firstByteS ?? seconds };
 }
 
 /** The template's own K/V for layers < split, computed here: one run of the template graph on its tokens. */

@@ -117,7 +117,15 @@ for (const seq of sequences) {
 // the estimator fed the same observations, and numbers written as Python's :.2f
 for (const stream of estimator) {
   const c = stream.config;
-  const est = new ThroughputEstimator(new EstimatorConfig({ window: c.window, minSampleBytes: c.min_sample_bytes, priorBytesPerS: c.prior_bytes_per_s }));
+  const est = new ThroughputEstimator(new EstimatorConfig({ window: c.window, minSampleBytes: c.min_sample_bytes,
+    priorBytesPerS: c.prior_bytes_per_s, seedRttShare: c.seed_rtt_share }));
+  (stream.seed ?? []).forEach(([nbytes, seconds, rttS], i) => { // transfers before the lanes, first
+    est.seed(nbytes, seconds, rttS);
+    const got = [est.harmonic(), est.robust(), est.worst(), est.samples];
+    counts.cases += 1;
+    if (JSON.stringify(got) === JSON.stringify(stream.after_seed[i])) counts.pass += 1;
+    else console.log(JSON.stringify({ estimatorSeed: i, want: stream.after_seed[i], got }));
+  });
   stream.observe.forEach(([nbytes, seconds], i) => {
     est.observe(nbytes, seconds);
     const got = [est.harmonic(), est.robust(), est.worst(), est.samples];

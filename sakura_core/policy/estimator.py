@@ -16,21 +16,26 @@ class EstimatorConfig:
         transfers are pooled (their bytes over their summed time) until they reach it, so a run of small shards
         still moves the estimate off the prior.
     prior_bytes_per_s: estimate before any sample (conservative: 0.5 Mbit/s).
+    seed_rtt_share: the most of a pre-lane transfer's time :meth:`ThroughputEstimator.seed` takes for its round
+        trip (0.5: a seed is at most twice its raw bytes over seconds).
     """
 
     window: int = 5
     min_sample_bytes: int = 16 * 1024
     prior_bytes_per_s: float = 0.5e6 / 8
+    seed_rtt_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
         if self.prior_bytes_per_s <= 0:
             raise ValueError(f"prior_bytes_per_s must be > 0, got {self.prior_bytes_per_s}")
+        if not 0.0 <= self.seed_rtt_share < 1.0:
+            raise ValueError(f"seed_rtt_share must be in [0, 1), got {self.seed_rtt_share}")
 
 
 class ThroughputEstimator:
-    """``observe(nbytes, seconds)`` per transfer; ``harmonic()`` and the error-discounted ``robust()`` estimates."""
+    """``observe(nbytes, seconds)`` per transfer (``seed(...)`` for one made before the lanes); ``harmonic()`` and the error-discounted ``robust()`` estimates."""
 
     def __init__(self, config: EstimatorConfig | None = None):
         self.config = config or EstimatorConfig()
@@ -60,6 +65,21 @@ class ThroughputEstimator:
             self._errors.append(abs(self._last_prediction - rate) / rate)
         self._samples.append(rate)
         self._last_prediction = self.harmonic()
+
+    def seed(self, nbytes: float, seconds: float, rtt_s: float) -> None:
+        """A transfer made before the lanes start (the manifest, the template image: one request each, alone on the
+        link) as a sample, so the first plan is made on the link rather than on the prior. Its ``seconds`` (request
+        to last byte) include the round trip ``rtt_s`` before its first byte, which the lanes' samples do not
+        count as throughput: it is taken off, but at most ``seed_rtt_share`` of the time, since a transfer of a
+        round trip or two is latency more than bytes (TCP's slow start, the round trip's own error) and its bytes
+        over what is left would overstate the link. So a seed is at most 1 / (1 - seed_rtt_share) times its raw
+        rate, and a small one pools with the next as any small transfer does (``min_sample_bytes``). As a sample,
+        the first lane sample's error against it counts in :meth:`robust` (a seed that misjudged the link makes the
+        estimate more cautious, as any other sample's does)."""
+        if nbytes <= 0 or seconds <= 0:
+            return
+        rtt = min(max(rtt_s, 0.0), self.config.seed_rtt_share * seconds)
+        self.observe(nbytes, seconds - rtt)
 
     def harmonic(self) -> float:
         """Harmonic mean of the recent samples in bytes/s (the prior before any sample)."""

@@ -42,6 +42,7 @@ class LiveState:
         self.L = len(ladders)
         self.layers_per_step = layers_per_step or len(ladders)  # see PolicyState.layers_per_step
         self.estimator, self.rtt_s = ThroughputEstimator(config.live.estimator), config.rtt_s
+        self.pre_lanes = config.live.pre_lanes  # transfers before the lanes: the estimator's seed at every reset
         self.latency_target_s = config.latency_target_s
         self.request_ahead = False  # the fetch lane sends requests ahead (the pipeline sets it; Context.queued_rtt_s)
         self.start_s = 0.0  # the live link starts its trace at the edit's start
@@ -51,8 +52,11 @@ class LiveState:
         self.reset()
 
     def reset(self) -> None:
-        """A fresh edit: the clock starts at 0 now, the estimator has no samples, nothing is fetched or computed."""
+        """A fresh edit: the clock starts at 0 now, the estimator has only the transfers made before the lanes
+        (``RuntimeConfig.pre_lanes``; none: no sample), nothing is fetched or computed."""
         self.estimator.reset()
+        for nbytes, seconds in self.pre_lanes:
+            self.estimator.seed(nbytes, seconds, self.rtt_s)
         self.t0 = self.clock.now()
         self.link_free = 0.0
         self.decoder_free = 0.0

@@ -60,30 +60,48 @@ def fixed_split_policy(split: int | list[int]) -> Policy:
     return _FixedSplit(split)
 
 
-def simulate_oracle(policy: Policy, trace, profile, ladders, floors, start_s=0.0, config=None) -> SimResult:
+def simulate_oracle(
+    policy: Policy, trace, profile, ladders, floors, start_s=0.0, config=None, template_image_bytes: int = 0
+) -> SimResult:
     """The oracle: knows the trace. The best per-step split vector under exact transfer times and bytes (a layer
     computed at a step takes it off the twins' track: the open-loop floor's bytes after; coordinate descent over each
     step's split, :func:`~sakura_core.policy.planner.best_plan`), run through the simulator (upgrades in
-    the slack included), against the same policy's adaptive run with exact rates in single mode; the fastest wins."""
+    the slack included), against the same policy's adaptive run with exact rates in single mode; the fastest wins.
+    ``template_image_bytes``: the image before the lanes, as :func:`~sakura_core.runtime.simulate.simulate` takes it
+    (the oracle's plan starts where the lanes start)."""
     fam = ladders[policy.family]
     probe = _Sim(
-        fixed_split_policy(0), trace, start_s, profile, fam, floors.get(policy.family, 0), config or SimConfig()
+        fixed_split_policy(0),
+        trace,
+        start_s,
+        profile,
+        fam,
+        floors.get(policy.family, 0),
+        config or SimConfig(),
+        template_image_bytes,
     )
     plan = best_plan(Snapshot(probe.ctx, None, track=True))  # off the twins' track a shard costs the open floor
-    best = simulate(fixed_split_policy(list(plan.splits)), trace, profile, ladders, floors, start_s, config)
+    img = template_image_bytes
+    best = simulate(fixed_split_policy(list(plan.splits)), trace, profile, ladders, floors, start_s, config, img)
     if not probe.per_step:
-        r = simulate(policy, trace, profile, ladders, floors, start_s, config)
+        r = simulate(policy, trace, profile, ladders, floors, start_s, config, img)
         if r.result.latency_s < best.result.latency_s - 1e-9:
             best = r
     best.result.policy = policy.name
     return best
 
 
-def fluid_bound(trace, profile, ladders, floors, start_s: float = 0.0, family: str = "sakura") -> float:
+def fluid_bound(
+    trace, profile, ladders, floors, start_s: float = 0.0, family: str = "sakura", pre_lanes_s: float = 0.0
+) -> float:
     """The fluid lower bound on the edit's latency (seconds; see the module docstring) for ``family``'s floor
     shards. ``profile`` and ``ladders`` as :func:`~sakura_core.runtime.simulate.simulate` takes them (the shard count
     gives the KV mode); not ``kv_mode_view``'s flattened per-step profile, whose one step would stretch the device's
-    prefix over the whole edit (a constraint no policy has: the bound went over the oracle)."""
+    prefix over the whole edit (a constraint no policy has: the bound went over the oracle). ``pre_lanes_s``: seconds
+    before the lanes start (the template image, :func:`~sakura_core.runtime.pre_lanes.template_image_s`, as the
+    simulator charges ``simulate(..., template_image_bytes=...)``): the link is read from there, the bound counts
+    them."""
+    start_s, lead = start_s + pre_lanes_s, pre_lanes_s
     lads, floor = ladders[family], floors.get(family, 0)
     g = profile.model
     if g.name.endswith("/per-step"):
@@ -113,7 +131,7 @@ def fluid_bound(trace, profile, ladders, floors, start_s: float = 0.0, family: s
             ends = (L - k) * C + np.maximum(t + k * F, link)
             found += list(zip(ends.tolist(), (b + cum[-1] - cum[k]).tolist(), strict=True))
         states = _pareto(found)
-    return float(min(t for t, _ in states) + tail)
+    return float(lead + min(t for t, _ in states) + tail)
 
 
 def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -34,6 +34,10 @@ class LiveSettings:
     shard_wait_s: longest wait for one shard before the device computes the template KV itself.
     estimator: the throughput estimator's settings (None = its defaults); EMULATED phone timing scales its prior
         and smallest sample to the model's shard bytes (``runtime.emulated_device``).
+    pre_lanes: the transfers the edit made on its link before the lanes start, ``(bytes, seconds)`` each, request to
+        last byte (``sakura_core.edit``: the template image): they seed the estimator at the edit's start
+        (``ThroughputEstimator.seed``, a round trip ``rtt_s`` off each), so the first plan is made on the link, not
+        on the prior. Empty: none (the estimator starts on its prior).
     """
 
     steps: int = 8
@@ -41,8 +45,12 @@ class LiveSettings:
     decode_threads: int = 1
     shard_wait_s: float = 120.0
     estimator: EstimatorConfig | None = None
+    pre_lanes: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        bad = [t for t in self.pre_lanes if len(t) != 2 or not (t[0] >= 0 and t[1] >= 0)]
+        if bad:
+            raise ValueError(f"pre_lanes must be (bytes >= 0, seconds >= 0) pairs, got {bad[0]!r}")
         if self.steps < 1 or self.decode_threads < 1 or self.shard_wait_s <= 0:
             raise ValueError(
                 f"steps and decode_threads must be >= 1 and shard_wait_s > 0, got {self.steps}, "

@@ -62,7 +62,8 @@ class CpuCharges:
 class SimResult:
     """A simulated run: ``result``, what a live one reports too (:class:`~sakura_core.runtime.lane_types.LaneResult`),
     and the simulator's own figures: the ``trace`` and the ``start_s`` in it the edit began at, the output's
-    ``psnr_db``, the compute lane's ``stall_s`` (seconds waiting for KV) and what it charged the ``cpu``."""
+    ``psnr_db``, the compute lane's ``stall_s`` (seconds waiting for KV), what it charged the ``cpu`` and the ``pre_lanes_s`` before
+    the lanes started."""
 
     result: LaneResult
     trace: str
@@ -70,6 +71,7 @@ class SimResult:
     psnr_db: float
     stall_s: float
     cpu: CpuCharges = field(default_factory=CpuCharges)
+    pre_lanes_s: float = 0.0  # seconds before the lanes started (the template image; in the result's latency_s)
 
     @property
     def splits(self) -> list[int]:

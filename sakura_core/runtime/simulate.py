@@ -43,6 +43,7 @@ from .deferral import LATE_FALLBACK_REASON, pass_stopped_reason
 from .lane_rules import pass_makes, pass_stops_after
 from .lane_types import LaneResult
 from .live_profile import LiveProfile
+from .pre_lanes import template_image_s
 from .profiles import DeviceProfile
 from .sim_cpu import CpuShare, PlanClock
 from .sim_ladders import CACHEGEN_NO_FLOOR
@@ -69,10 +70,10 @@ def kv_mode_view(profile: DeviceProfile, kv_mode: str) -> DeviceProfile:
 
 
 class _Sim(SimLink, CpuShare):
-    def __init__(self, policy, trace, start_s, profile, ladders, floor, config):
+    def __init__(self, policy, trace, start_s, profile, ladders, floor, config, image_bytes=0):
         slowdown = float(getattr(profile, "cpu_slowdown", 1.0))
         self.policy = PlanClock(policy, config.planning, config.planning_s, slowdown)
-        self.trace, self.start_s, self.profile = trace, start_s, profile
+        self.trace, self.profile = trace, profile
         if slowdown != 1.0:  # decode runs on the phone's CPU: its measured times scale with it
             ladders = [[_slowed(lv, slowdown) for lv in lad] for lad in ladders]
         self._init_cpu_share(float(getattr(profile, "dit_cpu_cores", 0)))
@@ -86,6 +87,8 @@ class _Sim(SimLink, CpuShare):
         self.request_ahead = config.request_ahead  # see Context.queued_rtt_s
         self.latency_target_s = config.latency_target_s
         self.estimator = ThroughputEstimator()
+        self._start0, self.pre_lanes_s = start_s, self._template_image(trace, start_s, image_bytes)
+        self.start_s = start_s + self.pre_lanes_s  # the lanes read the trace from where the template image ended
         self.pending_obs: list[tuple[float, int, float]] = []
         self.now = 0.0
         self.link_free = 0.0  # when the fetch lane makes its next decision (its next request may leave)
@@ -122,6 +125,14 @@ class _Sim(SimLink, CpuShare):
         self.room_wait: tuple[int, int] | None = None  # (shard, level) chosen, waiting for prefetch room
         self.device_kv_at: dict[int, float] = {}  # shard -> when a fallback pass made its KV on the device
         self.ctx = Context(self)
+
+    def _template_image(self, trace: Trace, start_s: float, nbytes: int) -> float:
+        """Seconds the template image takes before the lanes start (``simulate``'s ``template_image_bytes``), the
+        estimator seeded with it as the live edit seeds it (``ThroughputEstimator.seed``)."""
+        seconds = template_image_s(trace, start_s, nbytes, self.rtt_s)
+        if seconds > 0:
+            self.estimator.seed(nbytes, seconds, self.rtt_s)
+        return seconds
 
     @property
     def stalled_s(self) -> float:
@@ -306,7 +317,7 @@ class _Sim(SimLink, CpuShare):
                 mse += self._mse_share(layer, j) / len(levels)
         result = LaneResult(
             policy=self.policy.name,
-            latency_s=self.compute_t + self.profile.fixed_s,
+            latency_s=self.pre_lanes_s + self.compute_t + self.profile.fixed_s,
             bytes_fetched=self.bytes,
             split_layer=self.split_layer,
             split_layers=list(self.splits),
@@ -317,10 +328,11 @@ class _Sim(SimLink, CpuShare):
         return SimResult(
             result,
             trace=self.trace.name,
-            start_s=self.start_s,
+            start_s=self._start0,
             psnr_db=psnr_from_mse(mse),
             stall_s=self.stall_s,
             cpu=CpuCharges(self.policy.total_s, self.policy.calls, self.contention_s),
+            pre_lanes_s=self.pre_lanes_s,
         )
 
     def _mse_share(self, g: int, j: int) -> float:
@@ -375,8 +387,17 @@ def simulate(
     floors: dict[str, int],
     start_s: float = 0.0,
     config: SimConfig | None = None,
+    template_image_bytes: int = 0,
 ) -> SimResult:
-    """Simulate one edit with ``policy``; ``ladders[family][layer]`` lists that shard's levels, cheapest first."""
+    """Simulate one edit with ``policy``; ``ladders[family][layer]`` lists that shard's levels, cheapest first.
+    ``template_image_bytes``: the template image the edit fetches before its lanes start, as the live edit does
+    (``sakura_core.edit.open_template``): one request at the trace's ``start_s``, its bytes a round trip later at the
+    trace's rate (:func:`~sakura_core.runtime.pre_lanes.template_image_s`); the lanes start once it has arrived (the
+    trace is read from there), its seconds are in the latency (``SimResult.pre_lanes_s``), and it seeds the
+    throughput estimator (``ThroughputEstimator.seed``). 0: no image modelled (the lanes start at ``start_s`` on the
+    estimator's prior)."""
+    if template_image_bytes < 0:
+        raise ValueError(f"template_image_bytes must be >= 0 (0: none), got {template_image_bytes}")
     family = policy.family
     if family == CACHEGEN_NO_FLOOR and family not in ladders:  # ladders built by hand: one cachegen, floor as given
         family = "cachegen"
@@ -388,4 +409,5 @@ def simulate(
             f"{family} ladder has {len(ladders[family])} shards; the model needs {g.layers} (single KV mode) or "
             f"{g.layers * g.steps} (per-step: steps x layers); build the ladders for kv_mode_view(profile, kv_mode)"
         )
-    return _Sim(policy, trace, start_s, profile, ladders[family], floors.get(family, 0), config or SimConfig()).run()
+    fam, floor = ladders[family], floors.get(family, 0)
+    return _Sim(policy, trace, start_s, profile, fam, floor, config or SimConfig(), template_image_bytes).run()

@@ -11,7 +11,7 @@ from pathlib import Path
 from sakura_core.files import atomic_write_json
 from sakura_core.policy.policies import POLICIES
 
-from .scale import format_scale_table, scale_case
+from .scale import TEMPLATE_IMAGE_BYTES, format_scale_table, scale_case
 
 __all__ = ["add_arguments", "run"]
 
@@ -31,6 +31,13 @@ def add_arguments(parser) -> None:
         "docs/results/ladders) and sakura's measured / modelled per-step ladders instead of the "
         "synthetic ones (bench/scale.py)",
     )
+    parser.add_argument(
+        "--template-image-kb",
+        type=float,
+        default=TEMPLATE_IMAGE_BYTES / 1024,
+        help="KiB of the template image each edit fetches before its lanes, seeding its estimator (0: none; "
+        "default: %(default)g)",
+    )
     parser.add_argument("--before", metavar="JSON", help="an earlier `sakura bench scale` JSON, kept beside these")
 
 
@@ -44,6 +51,8 @@ def run(args) -> int:
         steps = [int(s) for s in args.steps.split(",") if s.strip()]
     except ValueError:
         return _fail(f"--steps must be a comma list of integers, got {args.steps!r}")
+    if not args.template_image_kb >= 0:
+        return _fail(f"--template-image-kb must be >= 0 (0: no image), got {args.template_image_kb}")
     if not steps or min(steps) < 1:
         return _fail(f"--steps needs step counts >= 1, got {args.steps!r}")
     names = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -62,7 +71,10 @@ def run(args) -> int:
     rows = []
     for s in steps:
         try:
-            rows.append(scale_case(s, names, args.profile, args.geometry, args.seed, args.mean_mbit, args.ladders))
+            image = int(args.template_image_kb * 1024)
+            rows.append(
+                scale_case(s, names, args.profile, args.geometry, args.seed, args.mean_mbit, args.ladders, image)
+            )
         except ValueError as e:
             return _fail(str(e))
         print(f"{s} steps: {rows[-1]['cpu_s_total']:.1f} s of CPU for {len(names)} policies and the bound", flush=True)
@@ -76,6 +88,7 @@ def run(args) -> int:
         f"sakura bench scale --steps {args.steps} --policies {args.policies} --profile {args.profile} "
         f"--geometry {args.geometry} --seed {args.seed} --mean-mbit {args.mean_mbit:g}"
         + (f" --ladders {args.ladders}" if args.ladders else "")
+        + f" --template-image-kb {args.template_image_kb:g}"
     )
     out = {"cpu": cpu, "command": command, "policies": names, "ladders": args.ladders or "synthetic", "rows": rows}
     if before is not None:

@@ -24,10 +24,19 @@ from sakura_core.fetch.synth import random_walk
 from sakura_core.policy.ladder import Level
 from sakura_core.policy.policies import POLICIES, make_policy
 from sakura_core.runtime.oracle import fluid_bound, simulate_oracle
+from sakura_core.runtime.pre_lanes import template_image_s
 from sakura_core.runtime.profiles import get_profile
-from sakura_core.runtime.simulate import kv_mode_view, simulate
+from sakura_core.runtime.simulate import SimConfig, kv_mode_view, simulate
 
-__all__ = ["SCALE_LADDERS", "format_scale_table", "measured_ladders", "peak_rss_bytes", "scale_case", "scale_ladders"]
+__all__ = [
+    "SCALE_LADDERS",
+    "TEMPLATE_IMAGE_BYTES",
+    "format_scale_table",
+    "measured_ladders",
+    "peak_rss_bytes",
+    "scale_case",
+    "scale_ladders",
+]
 
 # family -> ((name, bytes as a fraction of the fp16 shard, edit PSNR dB with every shard at it, progressive), ...),
 # cheapest first, and the floor's index (the cheapest level >= 35 dB). A stated shape, not a measurement.
@@ -37,6 +46,11 @@ SCALE_LADDERS = {
     "cachegen": ((("c0", 1 / 6, 26.0, False), ("c1", 1 / 4, 36.0, False)), 1),
     "fp16": ((("fp16", 1.0, 99.0, False),), 0),
 }  # fmt: skip # keep: a ladder table: one rung a tuple
+
+
+#: the template image each case fetches before its lanes (``simulate``'s ``template_image_bytes``): a 1024 x 1024
+#: photograph as PNG (~1.5 bytes a pixel), the reference of the ref1024 geometries. A stated size, not a measurement.
+TEMPLATE_IMAGE_BYTES = 1536 * 1024
 
 
 def scale_ladders(shard_fp16: int, shards: int, decode_bytes_per_s: float = 6e8) -> tuple[dict, dict]:
@@ -95,9 +109,11 @@ def scale_case(
     seed: int = 7,
     mean_mbit: float = 30.0,
     ladders_dir: str | Path | None = None,
+    template_image_bytes: int = TEMPLATE_IMAGE_BYTES,
 ) -> dict:
     """One per-step edit at ``steps`` steps simulated with each of ``policies`` (default: every one) and the fluid
-    bound, each timed; the row of the table."""
+    bound, each timed; the row of the table. Every run (the oracle's and the bound included) fetches the template
+    image of ``template_image_bytes`` before its lanes (0: none), which seeds its estimator."""
     prof = get_profile(profile, geometry)
     prof = prof.with_geometry(prof.model.with_fields(steps=steps))
     shards = kv_mode_view(prof, "per-step").model.layers
@@ -108,18 +124,24 @@ def scale_case(
     trace = random_walk(seed, mean_mbit, 0.3, seconds=900)
     cpu_s, latency_s = {}, {}
     t0 = time.process_time()
-    latency_s["fluid-bound"] = fluid_bound(trace, prof, ladders, floors)
+    config = SimConfig()
+    pre_lanes_s = template_image_s(trace, 0.0, template_image_bytes, max(config.rtt_s, 2 * trace.latency_ms / 1000))
+    latency_s["fluid-bound"] = fluid_bound(trace, prof, ladders, floors, pre_lanes_s=pre_lanes_s)
     cpu_s["fluid-bound"] = time.process_time() - t0
     for name in policies or list(POLICIES):
         sim = simulate_oracle if name == "oracle" else simulate
         t0 = time.process_time()
-        latency_s[name] = float(sim(make_policy(name), trace, prof, ladders, floors).result.latency_s)
+        r = sim(
+            make_policy(name), trace, prof, ladders, floors, config=config, template_image_bytes=template_image_bytes
+        )
+        latency_s[name] = float(r.result.latency_s)
         cpu_s[name] = time.process_time() - t0
     return {
         "steps": steps,
         "layers": prof.model.layers,
         "shards": shards,
         "trace": trace.name,
+        "template_image_bytes": template_image_bytes,
         "cpu_s": cpu_s,
         "latency_s": latency_s,
         "cpu_s_total": sum(cpu_s.values()),

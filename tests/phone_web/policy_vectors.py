@@ -190,15 +190,30 @@ def _plain(x):
 
 def estimator_streams(seed: int = 47) -> list[dict]:
     """Observation streams (bytes, seconds: small transfers pooled, zeros ignored) with Python's estimates after each
-    observation (harmonic, robust, worst, samples), for two configurations."""
+    observation (harmonic, robust, worst, samples), for three configurations; each stream first seeded with transfers
+    made before the lanes (bytes, seconds, round trip: ``ThroughputEstimator.seed``; none for the first, a manifest
+    and an image, small and round-trip bound ones too, for the others), the estimates after each seed given."""
     rng = np.random.default_rng(seed)
     out = []
-    for config in (EstimatorConfig(), EstimatorConfig(window=3, min_sample_bytes=1, prior_bytes_per_s=1e5)):
+    configs = (
+        EstimatorConfig(),
+        EstimatorConfig(window=3, min_sample_bytes=1, prior_bytes_per_s=1e5),
+        EstimatorConfig(min_sample_bytes=64 * 1024, seed_rtt_share=0.3),
+    )
+    for i, config in enumerate(configs):
         est = ThroughputEstimator(config)
+        seeds = [
+            (float(rng.choice([0, 3000, 40000, 1.5e6]) * rng.uniform(0.5, 1.5)), float(rng.uniform(0, 3)), rtt)
+            for rtt in (0.0, 0.04, 0.3, 2.0)[: 2 * i]
+        ]
         obs = [
             (float(rng.choice([0, 500, 4000, 20000, 3e5, 2e6]) * rng.uniform(0.5, 1.5)), float(rng.uniform(0, 2)))
             for _ in range(200)
         ]
+        after_seed = []
+        for nbytes, seconds, rtt in seeds:
+            est.seed(nbytes, seconds, rtt)
+            after_seed.append([est.harmonic(), est.robust(), est.worst(), est.samples])
         after = []
         for nbytes, seconds in obs:
             est.observe(nbytes, seconds)
@@ -209,7 +224,10 @@ def estimator_streams(seed: int = 47) -> list[dict]:
                     "window": config.window,
                     "min_sample_bytes": config.min_sample_bytes,
                     "prior_bytes_per_s": config.prior_bytes_per_s,
+                    "seed_rtt_share": config.seed_rtt_share,
                 },
+                "seed": seeds,
+                "after_seed": after_seed,
                 "observe": obs,
                 "after": after,
             }
@@ -240,6 +258,7 @@ def write_policy_vectors(out: Path) -> dict:
     }
     streams, formats = estimator_streams(), format_cases()
     counts["estimator_observations"] = sum(len(x["observe"]) for x in streams)
+    counts["estimator_seeds"] = sum(len(x["seed"]) for x in streams)
     counts["formats"] = len(formats)
     out.mkdir(parents=True, exist_ok=True)
     data = {"counts": counts, "sequences": seqs, "estimator": streams, "formats": formats}

@@ -1,8 +1,8 @@
 """The page's fetch policies decide like Python's: every recorded call of ``on-device``, ``fetch-fp16`` and ``sakura``
 (``policy_vectors.py``: simulated edits over synthetic links, single and per-step KV, three profiles, and the Python
 policy tests' situations) replayed through ``phone_web/src/policy`` under node gives the same level, defer, split,
-recompute, upgrade and reason (text and code); every reason code is present; the page's estimator fed the same
-observations estimates the same, and its numbers read as Python's ``:.2f`` (exact ties included); a changed rule constant in the page
+recompute, upgrade and reason (text and code); every reason code is present; the page's estimator seeded with the
+same transfers before the lanes and fed the same observations estimates the same, and its numbers read as Python's ``:.2f`` (exact ties included); a changed rule constant in the page
 or a changed recorded decision fails."""
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def test_the_page_policy_decides_like_python_on_every_recorded_case(vectors):
     folder, counts = vectors
     rc, summary, diffs = _run(folder)
     assert counts["cases"] >= 500
-    assert summary["cases"] == counts["cases"] + counts["estimator_observations"] + counts["formats"]
+    assert counts["estimator_seeds"] >= 4  # the page's estimator seeded by transfers before the lanes, as Python's
+    want = counts["cases"] + counts["estimator_observations"] + counts["estimator_seeds"] + counts["formats"]
+    assert summary["cases"] == want
     assert rc == 0 and summary["pass"] == summary["cases"], diffs[:5]
     assert set(counts["codes"]) == CODES, (
         f"missing {CODES - set(counts['codes'])}, unknown {set(counts['codes']) - CODES}"

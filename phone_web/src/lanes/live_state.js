@@ -20,8 +20,10 @@ export const realTimers = Object.freeze({
 
 export class LiveState {
   /** profile: {layerFullS, layerCachedS, templatePassS, fixedS, steps, ditCpuCores}; ladders, floor: the fetch plan;
-   *  rttS: the link's round trip (seconds); clock: () -> seconds. */
-  constructor({ profile, ladders, floor, layersPerStep, rttS, latencyTargetS = null, estimatorConfig, clock = wallClock }) {
+   *  rttS: the link's round trip (seconds); clock: () -> seconds; preLanes: [bytes, seconds, round trip] of each
+   *  transfer made before the lanes: the estimator's seed at every reset (live_state.py's pre_lanes). */
+  constructor({ profile, ladders, floor, layersPerStep, rttS, latencyTargetS = null, estimatorConfig, clock = wallClock,
+    preLanes = [] }) {
     this.profile = profile;
     this.ladders = ladders;
     this.floor = floor;
@@ -29,6 +31,7 @@ export class LiveState {
     this.rttS = rttS;
     this.latencyTargetS = latencyTargetS;
     this.estimator = new ThroughputEstimator(estimatorConfig);
+    this.preLanes = preLanes;
     this.hasTrace = false; // a live link: the policies use the estimator's rate
     this.requestAhead = false; // the fetch lane sends requests ahead (PipelinedEdit sets it; Context.queuedRttS)
     this.startS = 0.0;
@@ -39,6 +42,7 @@ export class LiveState {
 
   reset() {
     this.estimator.reset();
+    for (const [nbytes, seconds, rttS] of this.preLanes) this.estimator.seed(nbytes, seconds, rttS);
     this.t0 = this.clock();
     this.linkFree = 0.0;
     this.decoderFree = 0.0;

@@ -55,9 +55,10 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
     : { pass: templatePass, why: templatePass === null ? "none given" : "given" };
   if (tp.pass !== null && refs > 1) tp = { pass: null, why: `${refs} references: the template pass takes one image, every layer is fetched` };
   let imageBytes = 0;
+  let imageFetch = null; // { bytes, seconds, firstByteS } of the template image's fetch
   let tokensOnce = null;
   const tokensOf = () => {
-    tokensOnce ??= templateTokens(origin, raw.template_image, index, token).then((x) => { imageBytes = x.bytes; return x.tokens; });
+    tokensOnce ??= templateTokens(origin, raw.template_image, index, token).then((x) => { imageBytes = x.bytes; imageFetch = x; return x.tokens; });
     return tokensOnce;
   };
   const L = raw.num_layers;
@@ -78,13 +79,16 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
   const policyName = typeof policy === "string" ? policy : policy.name;
   if (tp.pass !== null && policyName !== "fetch-fp16") await tokensOf();
   const tLanes = now();
+  // the image fetched before the lanes seeds the estimator (its measured round trip, request to first byte, taken
+  // off: estimator.js seed), so step 0 is planned on this link, not on the prior
+  const preLanes = imageFetch === null ? [] : [[imageFetch.bytes, imageFetch.seconds, imageFetch.firstByteS]];
   const edit = new PipelinedEdit({ raw, policy, pool: lanesPool, times: dit.times, steps, rttS, budgetBytes: budget, onEvent: shown,
     fetchBlob: (digest, nbytes, onChunk) => fetchShard(origin, digest, nbytes, { token, onChunk }),
     slotOf: (g, rep) => slotFromManifest(raw, g % L, rep, perStep ? Math.floor(g / L) : null),
     computeStep: async (step, kv) => { await dit.step(step, kv); onProgress("computed", step + 1, steps); },
     templatePass: tp.pass, templateTokens: tokensOf, profile, measured,
     tokens: raw.token_grid[0] * raw.token_grid[1], heads: index.heads, headDim: index.head_dim,
-    rttFromFirstByte: manifestFetch !== null, requestAhead });
+    rttFromFirstByte: manifestFetch !== null, requestAhead, preLanes });
   let lanes;
   try {
     lanes = await edit.run();

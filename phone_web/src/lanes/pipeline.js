@@ -27,11 +27,12 @@ export class PipelinedEdit {
    *  MeasuredProfile (measured_profile.js; null: a fresh one, this edit's own), fed every step and template-pass
    *  layer; timers: the lanes' time (live_state.js realTimers; tests a virtual one); onEvent(kind, entry): each event /
    *  decision as it is logged; rttFromFirstByte: rttS replaced by the first transfer's time to its first byte;
-   *  requestAhead: the fetch lane's requests go ahead of the wire (fetch_lane.js; false: one request at a time). */
+   *  requestAhead: the fetch lane's requests go ahead of the wire (fetch_lane.js; false: one request at a time).
+   *  preLanes: [bytes, seconds, round trip] of each transfer made before the lanes, seeding the estimator. */
   constructor({ raw, policy, fetchBlob, pool, slotOf, computeStep, templatePass = null, templateTokens = null,
     times, steps, tokens, heads, headDim, budgetBytes = defaultBudgetBytes(), rttS = 0.05, profile = null,
     measured = null, latencyTargetS = null, timers = realTimers, onEvent = () => {}, upgrades = true, shardWaitS = 120,
-    rttFromFirstByte = false, requestAhead = true }) {
+    rttFromFirstByte = false, requestAhead = true, preLanes = [] }) {
     this.policy = typeof policy === "string" ? makePolicy(policy) : policy;
     if (this.policy.templateEveryStep && templatePass === null) {
       throw new Error(`policy ${this.policy.name} computes every layer's template KV on the device, which needs per-layer ` +
@@ -48,7 +49,8 @@ export class PipelinedEdit {
     }
     this.measured = measured ?? new MeasuredProfile();
     this.st = new LiveState({ profile: profile ?? this.measured.profileFor(L, steps, templatePass !== null), ladders: this.plan.ladders,
-      floor: this.plan.floor, layersPerStep: L, rttS, latencyTargetS, estimatorConfig: new EstimatorConfig(), clock: timers.now });
+      floor: this.plan.floor, layersPerStep: L, rttS, latencyTargetS, estimatorConfig: new EstimatorConfig(), clock: timers.now,
+      preLanes });
     this.ctx = new Context(this.st);
     this.held = new HeldKV(L, this.shardBytes, timers);
     this.fetch = new FetchLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held, pool,

@@ -2,14 +2,17 @@
 // mean of the last `window` samples, RobustMPC's error-discounted estimate and the worst of both. Rates in bytes/s.
 
 /** window: samples in the harmonic mean; minSampleBytes: smaller transfers are pooled until they reach it;
- *  priorBytesPerS: the estimate before any sample (0.5 Mbit/s). */
+ *  priorBytesPerS: the estimate before any sample (0.5 Mbit/s); seedRttShare: the most of a pre-lane transfer's time
+ *  seed() takes for its round trip. */
 export class EstimatorConfig {
-  constructor({ window = 5, minSampleBytes = 16 * 1024, priorBytesPerS = 0.5e6 / 8 } = {}) {
+  constructor({ window = 5, minSampleBytes = 16 * 1024, priorBytesPerS = 0.5e6 / 8, seedRttShare = 0.5 } = {}) {
     if (!(window >= 1)) throw new RangeError(`window must be >= 1, got ${window}`);
     if (!(priorBytesPerS > 0)) throw new RangeError(`priorBytesPerS must be > 0, got ${priorBytesPerS}`);
+    if (!(seedRttShare >= 0 && seedRttShare < 1)) throw new RangeError(`seedRttShare must be in [0, 1), got ${seedRttShare}`);
     this.window = window;
     this.minSampleBytes = minSampleBytes;
     this.priorBytesPerS = priorBytesPerS;
+    this.seedRttShare = seedRttShare;
     Object.freeze(this);
   }
 }
@@ -56,6 +59,15 @@ export class ThroughputEstimator {
     if (this._lastPrediction !== null) _push(this._errors, Math.abs(this._lastPrediction - rate) / rate, this.config.window);
     _push(this._samples, rate, this.config.window);
     this._lastPrediction = this.harmonic();
+  }
+
+  /** A transfer made before the lanes (the manifest, the template image) as a sample, its round trip taken off but
+   *  at most seedRttShare of its time (estimator.py's seed: a transfer of a round trip or two is latency more than
+   *  bytes). */
+  seed(nbytes, seconds, rttS) {
+    if (nbytes <= 0 || seconds <= 0) return;
+    const rtt = Math.min(Math.max(rttS, 0.0), this.config.seedRttShare * seconds);
+    this.observe(nbytes, seconds - rtt);
   }
 
   /** Harmonic mean of the recent samples (the prior before any). */

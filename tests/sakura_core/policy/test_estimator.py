@@ -33,3 +33,39 @@ def test_small_transfers_are_pooled_into_one_sample_once_they_reach_the_minimum(
 def test_config_is_validated():
     with pytest.raises(ValueError, match="window must be >= 1"):
         EstimatorConfig(window=0)
+
+
+def test_a_transfer_before_the_lanes_seeds_a_sample_with_its_round_trip_taken_off():
+    e = ThroughputEstimator(EstimatorConfig(min_sample_bytes=1000))
+    e.seed(200_000, 1.1, 0.1)  # one round trip, then 1 s of bytes
+    assert e.samples == 1 and e.harmonic() == pytest.approx(200_000 / 1.0)
+    assert e.robust() == e.harmonic()  # no lane sample yet: no error to discount by
+    e.observe(100_000, 1.0)  # the lanes' first sample: half the seed, its error counts in robust()
+    assert e.robust() == pytest.approx(e.harmonic() / (1 + abs(200_000 - 100_000) / 100_000))
+
+
+def test_a_seed_mostly_round_trip_is_bounded_at_twice_its_raw_rate():
+    e = ThroughputEstimator(EstimatorConfig(min_sample_bytes=1000))
+    e.seed(50_000, 0.11, 0.1)  # 10 ms of bytes after a 100 ms round trip: 5 MB/s would be latency's guess
+    assert e.harmonic() == pytest.approx(50_000 / 0.055)  # the round trip taken off half the time at most
+    tight = ThroughputEstimator(EstimatorConfig(min_sample_bytes=1000, seed_rtt_share=0.0))
+    tight.seed(50_000, 0.11, 0.1)
+    assert tight.harmonic() == pytest.approx(50_000 / 0.11)  # share 0: the raw rate, round trip and all
+
+
+def test_a_small_seed_pools_with_the_next_and_an_empty_one_is_nothing():
+    e = ThroughputEstimator(EstimatorConfig(min_sample_bytes=10_000))
+    e.seed(0, 1.0, 0.05)
+    e.seed(4_000, 0.0, 0.05)
+    assert e.samples == 0
+    e.seed(4_000, 0.2, 0.05)  # the manifest: below the minimum, pooled (its round trip off)
+    assert e.samples == 0 and e.harmonic() == EstimatorConfig().prior_bytes_per_s
+    e.seed(8_000, 0.45, 0.05)  # a small image: with the pool it reaches the minimum
+    assert e.samples == 1 and e.harmonic() == pytest.approx(12_000 / (0.15 + 0.4))
+    e.reset()
+    assert e.samples == 0  # a reset forgets the seed
+
+
+def test_the_seed_share_is_validated():
+    with pytest.raises(ValueError, match="seed_rtt_share must be in"):
+        EstimatorConfig(seed_rtt_share=1.0)

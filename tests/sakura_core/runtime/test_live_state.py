@@ -9,7 +9,7 @@ from sakura_core.policy.context import Context
 from sakura_core.policy.ladder import Level
 from sakura_core.runtime.live_profile import LiveProfile
 from sakura_core.runtime.live_state import LiveState
-from sakura_core.runtime.pipeline_config import RuntimeConfig
+from sakura_core.runtime.pipeline_config import LiveSettings, RuntimeConfig
 
 
 def _state():
@@ -50,3 +50,27 @@ def test_with_requests_ahead_the_transfer_on_the_wire_is_in_progress_not_one_que
         del st.receiving[1]
         assert st.link_progress() is None
         assert Context(st).slowed(1e6) == pytest.approx(1e6)
+
+
+def test_the_transfers_before_the_lanes_seed_the_estimator_at_every_reset():
+    ladders = [[Level("fp16", 1_000_000, 1_000_000, 0.0, 0.0)] for _ in range(4)]
+    profile = LiveProfile(layer_full_s=0.2, layer_cached_s=0.1, layers=4, steps=1)
+    config = RuntimeConfig(
+        rtt_s=0.05, live=LiveSettings(pre_lanes=((400_000, 0.45),))
+    )  # the template image: 0.4 s after its trip
+    st = LiveState(profile, None, ladders, 0, config)
+    assert st.estimator.samples == 1 and st.estimator.harmonic() == pytest.approx(1e6)
+    st.estimator.observe(500_000, 1.0)
+    st.reset()  # a fresh edit: the lanes' samples forgotten, the seed kept
+    assert st.estimator.samples == 1 and st.estimator.harmonic() == pytest.approx(1e6)
+    assert LiveState(profile, None, ladders, 0, RuntimeConfig()).estimator.samples == 0  # none: the prior
+    with pytest.raises(ValueError, match="pre_lanes must be"):
+        LiveSettings(pre_lanes=((-1, 0.5),))
+
+
+def test_an_opened_template_seeds_with_its_image_fetch():
+    from sakura_core.edit import OpenedTemplate
+
+    opened = OpenedTemplate(None, "t", "m", None, b"x" * 1000, (10.0, 10.5), (b"x" * 1000, b"y" * 500))
+    assert opened.pre_lanes() == ((1500, 0.5),)  # both references, one transfer's round trip taken off later
+    assert OpenedTemplate(None, "t", "m", None, b"x", (0.0, 0.0)).pre_lanes() == ()  # not timed: no seed
