@@ -9,13 +9,13 @@ from sakura_core.policy.ladder import Level
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.oracle import fluid_bound, simulate_oracle
 from sakura_core.runtime.pre_lanes import template_image_s
-from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, simulate
 
-G = DitGeometry(
+G = DitGeometry.of(
     name="small", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32, steps=3
 )
-P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G, layer_overhead_s=1e-3)
+P = DeviceProfile("dev", "soc", DeviceCompute(2e11, 0.1, layer_overhead_s=1e-3), DeviceMemory(0), model=G)
 FP = G.shard_bytes_fp16
 Q = Level("q", FP // 6, FP // 6, 1e-3, 1e-4 / 12)
 LADDERS = {"sakura": [[Q, Level("fp16", FP, FP, 1e-3, 0.0)]] * 12}
@@ -47,9 +47,9 @@ def test_the_image_seeds_the_estimator_so_the_first_decision_is_no_bandwidth_pro
     trace = Trace.constant(8.0)
     bare = simulate(make_policy("sakura"), trace, P, LADDERS, FLOORS)
     img = simulate(make_policy("sakura"), trace, P, LADDERS, FLOORS, template_image_bytes=IMAGE)
-    assert "bandwidth probe" in bare.decisions[0]["reason"]
-    assert not any("probe" in d["reason"] for d in img.decisions)
-    assert any("at 8.00 Mbit/s" in d["reason"] for d in img.decisions[:3])  # the image's rate, round trip off
+    assert "bandwidth probe" in bare.result.decisions[0]["reason"]
+    assert not any("probe" in d["reason"] for d in img.result.decisions)
+    assert any("at 8.00 Mbit/s" in d["reason"] for d in img.result.decisions[:3])  # the image's rate, round trip off
 
 
 def test_the_oracle_and_the_bound_see_the_same_image():
