@@ -65,7 +65,7 @@ class RunState:
         if self.settings is None:
             from sakura_core.template_feed import TemplateKVFeed
 
-            self.feed = TemplateKVFeed(self.handle.template_source(), self.handle.manifest, self.representation)
+            self.feed = TemplateKVFeed(self.handle.source, self.handle.manifest, self.representation)
             self.feed.start()
 
     def _start_lanes(self, refs_in_sequence: bool) -> None:
@@ -76,7 +76,7 @@ class RunState:
         try:
             config = RuntimeConfig(steps=max(len(self.sigmas) - 1, 1), latency_target_s=s.latency_target_s)
             self.lanes = HostLanes(
-                self.handle.template_source(),
+                self.handle.source,
                 self.handle.manifest,
                 s.policy,
                 s.link,

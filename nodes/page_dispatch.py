@@ -41,12 +41,12 @@ def page_info(connection: str) -> dict:
 def _job_payload(
     device, stream: KVStream, user_image: np.ndarray, prompt: str, steps: int, seed: int, cloud_url: str
 ) -> dict:
-    template = stream.template
+    template, server = stream.template, stream.template.server
     height, width = user_image.shape[:2]
     rgba = np.concatenate([user_image, np.full((height, width, 1), 255, np.uint8)], axis=2)  # (H, W, 4)
     return {
         "cloud_url": cloud_url,
-        "cloud_token": template.token,
+        "cloud_token": server.token if server is not None else None,
         "template_id": template.template_id,
         "model_id": template.model_id,
         "prompt": prompt,
@@ -99,7 +99,7 @@ def run_on_page(
     template = {
         "template_id": stream.template.template_id,
         "model_id": stream.template.model_id,
-        "server_url": stream.template.server_url,
+        "server_url": stream.template.server.url if stream.template.server is not None else None,
     }
     report = page_edit_report(
         result["report"],
