@@ -149,20 +149,24 @@ def test_sampler_from_a_local_store_with_the_adaptive_policy(flow, demo_model, s
 
 
 def test_the_sampler_calls_the_core_edit(comfy, flow, demo_model, server_url, user, monkeypatch):
-    """No orchestration in the node: its edit is one call of sakura_core.edit.run_template_edit (spied here)."""
-    from sakura_core import edit
+    """No orchestration in the node: its edit is one call of sakura_core.edit.run_template_edit (spied here), with
+    the edit's one settings object, whose policy name was checked once (counted here) on its way from the fetch node
+    to the lanes."""
+    from sakura_core import edit, edit_settings
 
-    calls = []
-    real = edit.run_template_edit
+    calls, checked = [], []
+    real, real_check = edit.run_template_edit, edit_settings.runnable_policy
 
     async def spy(model, opened, user_image, settings, **kwargs):
         calls.append((opened.template_id, settings))
         return await real(model, opened, user_image, settings, **kwargs)
 
     monkeypatch.setattr(edit, "run_template_edit", spy)
+    monkeypatch.setattr(edit_settings, "runnable_policy", lambda name: checked.append(name) or real_check(name))
     template = flow.load_template(demo_model, server_url=server_url)
     stream = flow.make_stream(template, policy="fetch-fp16", bandwidth="fixed Mbit/s", mbit=40.0)
     _, report_json, _ = flow.sample(demo_model, stream, user, steps=1, seed=2)
+    assert checked == ["fetch-fp16"]  # the fetch node's settings; the sampler did not check the name again
     fetch = edit.FetchSettings("fetch-fp16", "fixed:40")
     assert calls == [(flow.template, edit.EditSettings(flow.prompt, 1, 2, fetch))]
     assert str(calls[0][1].link) == "fixed:40"
