@@ -94,17 +94,14 @@ def run_on_phone(
         raise SakuraNodeError(
             f"link {link.label!r} is emulated on this machine only; a phone run takes 'live' or a fixed Mbit/s"
         )
-    prompt, steps, seed = settings.prompt, settings.steps, settings.seed
     if is_page_connection(device.connection):
-        return run_on_page(
-            device, stream, user_image, prompt, steps=steps, seed=seed, run=run, on_tick=on_tick, cloud_url=cloud_url
-        )
+        return run_on_page(device, stream, user_image, settings, run=run, on_tick=on_tick, cloud_url=cloud_url)
     job = PhoneJob(
         cloud_url=cloud_url,
         template_id=template.template_id,
-        prompt=prompt,
-        steps=steps,
-        seed=seed,
+        prompt=settings.prompt,
+        steps=settings.steps,
+        seed=settings.seed,
         policy=settings.policy,
         bandwidth=link.to_wire(),
         cloud_token=server.token if server is not None else None,
