@@ -74,7 +74,7 @@ async def _checked_addresses(state: AgentState, req) -> tuple[str, ...]:
     try:
         return await asyncio.wait_for(
             check_cloud_host(
-                req.server_url, allow_private=cfg.private_cloud_allowed, resolve=state.resolve or system_resolve
+                req.source.url, allow_private=cfg.private_cloud_allowed, resolve=state.resolve or system_resolve
             ),
             cfg.manifest_timeout_s,
         )
@@ -82,9 +82,9 @@ async def _checked_addresses(state: AgentState, req) -> tuple[str, ...]:
         logger.info("job refused, the job's cloud_url is at fault: %s", e)
         raise http_error(400, f"bad job: {e}", "bad_job") from e
     except (OSError, asyncio.TimeoutError) as e:
-        logger.info("job refused: cannot resolve the cloud host of %s (%s)", req.server_url, type(e).__name__)
+        logger.info("job refused: cannot resolve the cloud host of %s (%s)", req.source.url, type(e).__name__)
         raise http_error(
-            502, f"cannot resolve the cloud host of {req.server_url} ({type(e).__name__})", "cloud_unreachable"
+            502, f"cannot resolve the cloud host of {req.source.url} ({type(e).__name__})", "cloud_unreachable"
         ) from e
 
 
@@ -102,7 +102,7 @@ async def admit_template(state: AgentState, req, declared_model_id: str | None):
             "model_not_held",
             held_model_id=held,
         )
-    req = replace(req, addresses=await _checked_addresses(state, req))
+    req = replace(req, source=replace(req.source, addresses=await _checked_addresses(state, req)))
     try:
         return req, await _fetch_manifest(state, req)
     except web.HTTPException as e:
@@ -110,7 +110,7 @@ async def admit_template(state: AgentState, req, declared_model_id: str | None):
             logger.warning(
                 "job on template %r refused, the cloud at %s is at fault: %s",
                 req.template_id,
-                req.server_url,
+                req.source.url,
                 json.loads(e.text or "{}").get("error"),
             )
         raise
@@ -124,14 +124,13 @@ async def _fetch_manifest(state: AgentState, req):
         ManifestError,
         ModelMismatchError,
         RedirectRefusedError,
-        ShardClient,
         TemplateNotFoundError,
     )
     from sakura_core.kv.manifest import ManifestLimitError
 
-    held, tid, url = state.model_id, req.template_id, req.server_url
+    held, tid, url = state.model_id, req.template_id, req.source.url
     try:
-        async with ShardClient(url, req.token, addresses=req.addresses) as client:
+        async with req.source.open() as client:
             manifest = await asyncio.wait_for(client.get_manifest(tid), state.config.manifest_timeout_s)
         return check_against_model(manifest, tid, state.model)
     except ModelMismatchError as e:

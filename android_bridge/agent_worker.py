@@ -62,14 +62,14 @@ async def _run_one(state: AgentState, job: Job) -> None:
 
     loop = asyncio.get_running_loop()
     layers = state.model.adapter.num_layers
-    total = job.request.steps * layers
+    total = job.request.settings.steps * layers
 
     def on_layer(step: int, layer: int) -> None:  # compute thread
         event = {
             "type": "progress",
             "step": step,
             "layer": layer,
-            "steps": job.request.steps,
+            "steps": job.request.settings.steps,
             "layers": layers,
             "done": step * layers + layer + 1,
             "total": total,
@@ -125,7 +125,7 @@ async def _run_one(state: AgentState, job: Job) -> None:
             if code == "internal":
                 logger.exception("job %s failed, the agent is at fault", job.job_id)
             else:
-                side = "the job" if code in ("bad_job", "model_not_held") else f"the cloud at {job.request.server_url}"
+                side = "the job" if code in ("bad_job", "model_not_held") else f"the cloud at {job.request.source.url}"
                 logger.info("job %s failed (%s), %s is at fault: %s", job.job_id, code, side, str(e)[:300])
             _finish(job, "failed", error=f"{type(e).__name__}: {e}", code=code)
     else:
@@ -193,10 +193,10 @@ def _simulate(state: AgentState, job: Job, outcome) -> dict:
         measured = outcome.report.get("bytes_fetched", 0) / fetch_s if fetch_s > 0 else None
         return simulate_phone_job(
             job.manifest,
-            job.request.policy,
+            job.request.settings.policy,
             state.profile,
-            steps=job.request.steps,
-            trace=job.request.link.trace(),
+            steps=job.request.settings.steps,
+            trace=job.request.settings.link.trace(),
             measured_bytes_per_s=measured,
         )
     except Exception as e:  # noqa: BLE001 - the simulation is an annotation; say why it is missing

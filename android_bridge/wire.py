@@ -28,8 +28,6 @@ from urllib.parse import urlsplit
 import numpy as np
 import zstandard
 
-from sakura_core.limits import check_prompt
-
 __all__ = [
     "edit_request_from_header",
     "CONTENT_TYPE",
@@ -300,7 +298,7 @@ def _cloud_url(url) -> str:
 def edit_request_from_header(job: dict):
     """The job header (decoded JSON) as a validated ``sakura_core.edit.EditRequest``; ``ValueError`` names the bad
     field."""
-    from sakura_core.edit import EditRequest
+    from sakura_core.edit import EditRequest, EditSettings, FetchSettings, ServerSource
     from sakura_core.fetch.link import LinkSpec
     from sakura_core.kv.names import TEMPLATE_ID_FORM, is_template_id
 
@@ -312,27 +310,14 @@ def edit_request_from_header(job: dict):
     if not is_template_id(template_id):
         raise ValueError(f"template_id must match {TEMPLATE_ID_FORM}, got {str(template_id)[:80]!r}")
     url = _cloud_url(job["cloud_url"])
-    check_prompt(job["prompt"])  # text of at most MAX_PROMPT_CHARS that encodes as UTF-8, else a LimitError
-    steps, seed = job.get("steps", 8), job.get("seed", 0)
-    for name, value in (("steps", steps), ("seed", seed)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-    if not 1 <= steps <= _MAX_STEPS:
-        raise ValueError(f"steps must be in 1..{_MAX_STEPS}, got {steps}")
-    if not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be in 0..2**63-1, got {seed}")
     bandwidth = job.get("bandwidth")
     if isinstance(bandwidth, str) and bandwidth.strip().startswith("trace:"):  # checked before a file is touched
         raise ValueError("bandwidth 'trace:<path>' reads a file on the phone; send 'live' or 'fixed:<Mbit/s>'")
-    link = LinkSpec.parse(bandwidth)
+    # the edit's one settings object: prompt, steps, seed, policy, link and latency target checked there, once
+    fetch = FetchSettings(policy=job.get("policy", "sakura"), link=LinkSpec.parse(bandwidth))
+    settings = EditSettings(job["prompt"], job.get("steps", 8), job.get("seed", 0), fetch)
+    if settings.steps > _MAX_STEPS:
+        raise ValueError(f"steps must be in 1..{_MAX_STEPS}, got {settings.steps}")
     token = job.get("cloud_token")
-    return EditRequest(
-        server_url=url.rstrip("/"),
-        template_id=template_id,
-        prompt=job["prompt"],
-        steps=steps,
-        seed=seed,
-        policy=job.get("policy", "sakura"),
-        link=link,
-        token=token if isinstance(token, str) and token else None,
-    )
+    source = ServerSource(url.rstrip("/"), token if isinstance(token, str) and token else None)
+    return EditRequest(source, template_id, settings)

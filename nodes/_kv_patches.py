@@ -65,7 +65,7 @@ class RunState:
         if self.settings is None:
             from sakura_core.template_feed import TemplateKVFeed
 
-            self.feed = TemplateKVFeed(self.handle.template_source(), self.handle.manifest, self.representation)
+            self.feed = TemplateKVFeed(self.handle.source, self.handle.manifest, self.representation)
             self.feed.start()
 
     def _start_lanes(self, refs_in_sequence: bool) -> None:
@@ -77,7 +77,7 @@ class RunState:
             steps = max(len(self.sigmas) - 1, 1)
             config = RuntimeConfig(latency_target_s=s.latency_target_s, live=LiveSettings(steps=steps))
             self.lanes = HostLanes(
-                self.handle.template_source(),
+                self.handle.source,
                 self.handle.manifest,
                 s.policy,
                 s.link,

@@ -1,8 +1,8 @@
 """What flows between the Sakura nodes: the template handle, the KV stream and the per-run state of one edit.
 
 ``KVStream`` is the ``SAKURA_KV_STREAM`` value. The fetch node creates it and calls :meth:`KVStream.start`, which
-opens the template in a background thread (``sakura_core.edit.open_template``: the checked manifest and the
-template image, which the device computes template layers from and falls back to when a shard fails) while the
+opens the template in a background thread (``sakura_core.template_open.open_checked_template``: the template image of
+the checked manifest, which the device computes template layers from and falls back to when a shard fails) while the
 rest of the graph runs. The sampler joins that prefetch and calls ``sakura_core.edit.run_template_edit``, whose
 fetch lane streams the shards the policy picks while the device computes. Nothing here orchestrates the edit.
 """
@@ -14,12 +14,13 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from sakura_core.fetch.link import LinkSpec
+from sakura_core.edit_settings import FetchSettings
+from sakura_core.fetch.sources import ServerSource, TemplateSource
 from sakura_core.kv.manifest import Manifest
 
 from ._common import start_async
 
-__all__ = ["EditRun", "FetchSettings", "KVStream", "TemplateHandle"]
+__all__ = ["EditRun", "KVStream", "TemplateHandle"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,27 +32,21 @@ class TemplateHandle:
     Attributes:
         template_id: the template's id.
         model_id: content id of the model the manifest was checked against.
-        server_url: SAKURA server (or CDN) base URL; ``None`` for a local store.
-        store_dir: local store folder (read directly); ``None`` for a server.
-        token: bearer token of the server's read path (never shown in reprs or reports).
+        source: where the template is served: a ``ServerSource`` (a SAKURA server or CDN, with its read token) or a
+            ``StoreSource`` (a local store folder read directly); ``sakura_core.fetch.sources``.
         manifest: the manifest as the loader fetched and checked it against the model (a typed
             ``sakura_core.kv.Manifest``, parsed once); None only for a handle nothing was loaded into.
     """
 
     template_id: str
     model_id: str
-    server_url: str | None
-    store_dir: str | None
-    token: str | None = field(default=None, repr=False)
+    source: TemplateSource
     manifest: Manifest | None = field(default=None, repr=False)
 
-    def __post_init__(self) -> None:
-        if (self.server_url is None) == (self.store_dir is None):
-            raise ValueError("a template comes from exactly one of server_url and store_dir")
-
     @property
-    def source(self) -> str:
-        return self.server_url if self.server_url is not None else f"store:{self.store_dir}"
+    def server(self) -> ServerSource | None:
+        """The server the template is served from (its URL and read token); None for a local store."""
+        return self.source if isinstance(self.source, ServerSource) else None
 
     @property
     def loaded_manifest(self) -> Manifest:
@@ -75,42 +70,12 @@ class TemplateHandle:
 
     def describe(self) -> str:
         """One line for the UI: ``"face-swap-astronaut: per-step KV, 4 steps, shift 1 (from http://...)"``."""
-        return f"{self.template_id}: {self.kv_mode} KV, {self.schedule} (from {self.source})"
-
-    def template_source(self):
-        """Where the edit fetches from: a ``ServerSource`` or a ``StoreSource`` (``sakura_core.fetch.sources``: the
-        store folder read directly)."""
-        from sakura_core.fetch.sources import ServerSource, StoreSource
-
-        if self.server_url is not None:
-            return ServerSource(self.server_url, self.token)
-        return StoreSource(self.store_dir)
-
-
-@dataclass(frozen=True)
-class FetchSettings:
-    """How a run fetches its KV.
-
-    Attributes:
-        policy: fetch policy name (one of :func:`runnable_policies`).
-        link: the link (a ``LinkSpec``: the real link, or emulated at a fixed rate / by a trace, paced in the client);
-            its string form ("live", "fixed:<Mbit/s>", "trace:<path>") is parsed (and a trace file read) once, here.
-        latency_target_s: the edit's latency target in seconds, or None.
-    """
-
-    policy: str = "sakura"
-    link: LinkSpec = field(default_factory=LinkSpec.live)
-    latency_target_s: float | None = None
-
-    def __post_init__(self) -> None:
-        from sakura_core.edit import runnable_policy
-
-        runnable_policy(self.policy)  # raises with the choices named
-        object.__setattr__(self, "link", LinkSpec.parse(self.link))  # raises with the bad value named
+        return f"{self.template_id}: {self.kv_mode} KV, {self.schedule} (from {self.source.label})"
 
 
 class KVStream:
-    """``SAKURA_KV_STREAM``: a template, fetch settings, and the background opening of the template.
+    """``SAKURA_KV_STREAM``: a template, its fetch settings (``sakura_core.edit_settings.FetchSettings``: the
+    sampler's ``EditSettings`` holds them), and the background opening of the template.
 
     The prefetch result (an immutable ``sakura_core.edit.OpenedTemplate``) is shared by every sampler run that gets
     this stream (ComfyUI reuses a cached output); a prefetch that failed is started again by the next :meth:`join`.
@@ -142,10 +107,10 @@ class KVStream:
         return self.start()
 
     async def _prefetch(self):
-        from sakura_core.edit import open_checked_template
+        from sakura_core.template_open import open_checked_template
 
         t = self.template  # its manifest was checked against the model by the Template KV Loader: only the image
-        return await open_checked_template(t.template_source(), t.manifest)
+        return await open_checked_template(t.source, t.loaded_manifest)
 
 
 class EditRun:

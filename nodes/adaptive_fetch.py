@@ -8,11 +8,12 @@ from pathlib import Path
 
 from comfy_api.latest import io
 
+from sakura_core.edit_settings import FetchSettings
 from sakura_core.fetch.link import LinkSpec
 from sakura_core.policy.plan import runnable_policies
 
 from ._common import CATEGORY, SakuraKVStream, SakuraNodeError, SakuraTemplate
-from ._stream import FetchSettings, KVStream
+from ._stream import KVStream
 
 __all__ = ["LIVE", "FIXED", "TRACE", "SakuraAdaptiveFetch", "bundled_traces"]
 

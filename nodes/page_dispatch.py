@@ -12,6 +12,7 @@ import numpy as np
 
 from android_bridge.page_channel import PageChannelError, PairingError
 from android_bridge.page_report import page_edit_report
+from sakura_core.edit_settings import EditSettings
 
 from ._common import POLL_S, SakuraNodeError
 from ._stream import EditRun, KVStream
@@ -38,21 +39,19 @@ def page_info(connection: str) -> dict:
     return {"kind": "page", "code": code, **hub.info(code)}
 
 
-def _job_payload(
-    device, stream: KVStream, user_image: np.ndarray, prompt: str, steps: int, seed: int, cloud_url: str
-) -> dict:
-    template = stream.template
+def _job_payload(device, stream: KVStream, user_image: np.ndarray, settings: EditSettings, cloud_url: str) -> dict:
+    template, server = stream.template, stream.template.server
     height, width = user_image.shape[:2]
     rgba = np.concatenate([user_image, np.full((height, width, 1), 255, np.uint8)], axis=2)  # (H, W, 4)
     return {
         "cloud_url": cloud_url,
-        "cloud_token": template.token,
+        "cloud_token": server.token if server is not None else None,
         "template_id": template.template_id,
         "model_id": template.model_id,
-        "prompt": prompt,
-        "steps": steps,
-        "seed": seed,
-        "policy": stream.settings.policy,
+        "prompt": settings.prompt,
+        "steps": settings.steps,
+        "seed": settings.seed,
+        "policy": settings.policy,
         "image": {"width": width, "height": height, "rgba_b64": base64.b64encode(rgba.tobytes()).decode()},
     }
 
@@ -61,21 +60,20 @@ def run_on_page(
     device,
     stream: KVStream,
     user_image: np.ndarray,
-    prompt: str,
+    settings: EditSettings,
     *,
-    steps: int,
-    seed: int,
     run: EditRun,
     on_tick,
     cloud_url: str,
 ) -> tuple[np.ndarray, dict]:
-    """Run the edit on the page ``device.connection`` names; progress lands in ``run``; an interrupt cancels it."""
+    """Run the edit (``settings``: the sampler's, validated) on the page ``device.connection`` names; progress lands
+    in ``run``; an interrupt cancels it."""
     import comfy.model_management
 
     hub = page_hub()
     info = page_info(device.connection)
     code = info["code"]
-    payload = _job_payload(device, stream, user_image, prompt, steps, seed, cloud_url)
+    payload = _job_payload(device, stream, user_image, settings, cloud_url)
     try:
         job = hub.submit(code, payload, PAGE_JOB_TIMEOUT_S)
     except (PageChannelError, PairingError) as e:
@@ -99,14 +97,14 @@ def run_on_page(
     template = {
         "template_id": stream.template.template_id,
         "model_id": stream.template.model_id,
-        "server_url": stream.template.server_url,
+        "server_url": stream.template.server.url if stream.template.server is not None else None,
     }
     report = page_edit_report(
         result["report"],
         image,
         template=template,
-        link=stream.settings.link.to_wire(),
-        policy_requested=stream.settings.policy,
+        link=settings.link.to_wire(),
+        policy_requested=settings.policy,
         connection=f"page:{code}",
         cloud_url=cloud_url,
     )

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from comfy_api.latest import io
 
+from sakura_core.edit_settings import EditSettings
+
 from ._common import (
     CATEGORY,
     PHONE_TOKEN_ENV,
@@ -70,41 +72,39 @@ def run_on_phone(
     device: PhoneDevice,
     stream: KVStream,
     user_image: np.ndarray,
-    prompt: str,
+    settings: EditSettings,
     *,
-    steps: int,
-    seed: int,
     run: EditRun,
     on_tick: Callable[[], None],
 ) -> tuple[np.ndarray, dict]:
-    """Run the edit on the phone; progress lands in ``run`` (``on_tick`` shows it); an interrupt cancels the job."""
+    """Run the edit (``settings``: the sampler's, validated) on the phone; progress lands in ``run`` (``on_tick``
+    shows it); an interrupt cancels the job."""
     from android_bridge import PhoneError, PhoneJob, TransportError
 
     template = stream.template
-    cloud_url = device.cloud_url.strip() or template.server_url
+    server = template.server
+    cloud_url = device.cloud_url.strip() or (server.url if server is not None else None)
     if cloud_url is None:
         raise SakuraNodeError(
             f"template {template.template_id!r} comes from a local store, which the phone cannot reach; serve the "
             "store with `sakura serve` and load the template from that server"
         )
-    link = stream.settings.link
+    link = settings.link
     if link.kind == "trace":
         raise SakuraNodeError(
             f"link {link.label!r} is emulated on this machine only; a phone run takes 'live' or a fixed Mbit/s"
         )
     if is_page_connection(device.connection):
-        return run_on_page(
-            device, stream, user_image, prompt, steps=steps, seed=seed, run=run, on_tick=on_tick, cloud_url=cloud_url
-        )
+        return run_on_page(device, stream, user_image, settings, run=run, on_tick=on_tick, cloud_url=cloud_url)
     job = PhoneJob(
         cloud_url=cloud_url,
         template_id=template.template_id,
-        prompt=prompt,
-        steps=steps,
-        seed=seed,
-        policy=stream.settings.policy,
+        prompt=settings.prompt,
+        steps=settings.steps,
+        seed=settings.seed,
+        policy=settings.policy,
         bandwidth=link.to_wire(),
-        cloud_token=template.token,
+        cloud_token=server.token if server is not None else None,
         model_id=template.model_id,
     )
 

@@ -160,13 +160,15 @@ class SakuraPipelinedSampler(io.ComfyNode):
     ) -> io.NodeOutput:
         import comfy.utils
 
+        from sakura_core.edit_settings import EditSettings
         from sakura_core.fetch.client import FetchError
-        from sakura_core.limits import check_prompt
+        from sakura_core.limits import LimitError
 
-        try:
-            check_prompt(prompt)  # before anything runs: a lone surrogate would fail in the tokenizer
+        try:  # the edit's one settings object, validated before anything runs (a lone surrogate would fail later)
+            settings = EditSettings(prompt, steps, seed, kv_stream.settings)
         except ValueError as e:
-            raise SakuraNodeError(f"{e} (widget 'prompt')") from e
+            widget = "'prompt'" if isinstance(e, LimitError) else "'steps' or 'seed'"
+            raise SakuraNodeError(f"{e} (widget {widget})") from e
         user = image_from_comfy(image, "image")
         timing = cls._timing(device_timing, kv_stream, device)
         run = EditRun(steps, model.adapter.num_layers)
@@ -179,11 +181,9 @@ class SakuraPipelinedSampler(io.ComfyNode):
             if device is not None:
                 from .phone_device import run_on_phone
 
-                edited, report = run_on_phone(
-                    device, kv_stream, user, prompt, steps=steps, seed=seed, run=run, on_tick=tick
-                )
+                edited, report = run_on_phone(device, kv_stream, user, settings, run=run, on_tick=tick)
             else:
-                edited, report = cls._run_here(model, kv_stream, user, prompt, steps, seed, run, tick, timing)
+                edited, report = cls._run_here(model, kv_stream, user, settings, run, tick, timing)
             bar.update_absolute(run.total, run.total)
         except (FetchError, ValueError) as e:
             raise SakuraNodeError(f"edit against template {kv_stream.template.template_id!r} failed: {e}") from e
@@ -217,30 +217,19 @@ class SakuraPipelinedSampler(io.ComfyNode):
         return EmulatedTiming.for_manifest(device_timing[len(_EMULATED) :], kv_stream.template.manifest)
 
     @classmethod
-    def _run_here(cls, model, kv_stream, user, prompt, steps, seed, run, tick, timing=None):
+    def _run_here(cls, model, kv_stream, user, settings, run, tick, timing=None):
         from sakura_core import edit
+        from sakura_core.kv.manifest import ModelMismatchError
 
-        template = kv_stream.template
-        if template.model_id != model.model_id:
-            raise SakuraNodeError(
-                f"template {template.template_id!r} was loaded for model {template.model_id[:16]}, but the sampler "
-                f"got model {model.model_id[:16]}; connect the same Sakura Model Loader to both nodes"
-            )
-        fetch = kv_stream.settings
-        settings = edit.EditSettings(prompt, steps, seed, fetch.policy, fetch.latency_target_s)
         opened = wait_interruptible(kv_stream.join())
         future = start_async(
             lambda: edit.run_template_edit(
-                model,
-                opened,
-                user,
-                settings,
-                link=fetch.link,
-                cancel=run.cancel,
-                on_layer=run.on_layer,
-                timing=timing,
+                model, opened, user, settings, cancel=run.cancel, on_layer=run.on_layer, timing=timing
             ),
             name="sakura-edit",
         )
-        outcome = wait_interruptible(future, on_tick=tick, on_interrupt=run.cancel.set)
+        try:
+            outcome = wait_interruptible(future, on_tick=tick, on_interrupt=run.cancel.set)
+        except ModelMismatchError as e:  # the one check that the model edits is the one the template was loaded for
+            raise SakuraNodeError(f"{e} (in the graph: connect the same Sakura Model Loader to both nodes)") from e
         return outcome.image, outcome.report

@@ -1,5 +1,5 @@
 """Sakura Template KV Loader: pick a published template from a SAKURA server's catalog (or a local store folder)
-and check its manifest against the model (``sakura_core.edit.fetch_template_manifest``); outputs the
+and check its manifest against the model (``sakura_core.template_open.fetch_template_manifest``); outputs the
 ``SAKURA_TEMPLATE`` handle and shows the template's KV mode and schedule (a per-step template serves only the step
 count it was precomputed for)."""
 
@@ -54,7 +54,7 @@ def template_info(handle: TemplateHandle) -> list[str]:
         mode,
         f"references: {len(refs)} ({total} tokens{together}), {manifest.num_layers} layers",
         *(f"  {_reference_label(i, r)}" for i, r in enumerate(refs)),
-        f"from: {handle.source}",
+        f"from: {handle.source.label}",
     ]
 
 
@@ -127,34 +127,29 @@ class SakuraTemplateLoader(io.ComfyNode):
         token: str = "",
         store_dir: str = "",
     ) -> io.NodeOutput:
-        from sakura_core.edit import fetch_template_manifest
         from sakura_core.fetch.client import AuthError, FetchError
+        from sakura_core.fetch.sources import ServerSource, StoreSource, TemplateSource
+        from sakura_core.template_open import fetch_template_manifest
 
         template_id = template_id.strip()
         read_token, token_source = resolve_token_source(token, READ_TOKEN_ENV)
-        where: tuple[str | None, str | None]  # (server_url, store_dir)
+        where: TemplateSource
         if source == SERVER:
-            where = (check_server_url("server_url", server_url), None)
+            where = ServerSource(check_server_url("server_url", server_url), read_token)
         elif source == STORE:
             if not store_dir.strip():
                 raise SakuraNodeError("source is 'local store' but store_dir is empty: give the store folder")
-            where = (None, str(Path(store_dir.strip()).expanduser().resolve()))
+            where = StoreSource(str(Path(store_dir.strip()).expanduser().resolve()))
         else:
             raise SakuraNodeError(f"source must be {SERVER!r} or {STORE!r}, got {source!r}")
-        handle = TemplateHandle(
-            template_id=template_id,
-            model_id=model.model_id if model else "",
-            server_url=where[0],
-            store_dir=where[1],
-            token=read_token,
-        )
+        handle = TemplateHandle(template_id=template_id, model_id=model.model_id if model else "", source=where)
         try:
             manifest = run_async(
-                lambda: fetch_template_manifest(handle.template_source(), template_id, model),
+                lambda: fetch_template_manifest(where, template_id, model),
                 name="sakura-template-loader",
             )
         except AuthError as e:
-            what = f"the SAKURA server at {handle.source}"
+            what = f"the SAKURA server at {where.label}"
             raise SakuraNodeError(
                 f"template {template_id!r}: {refused_token_message(what, token_source, READ_TOKEN_ENV, 'token')}"
             ) from e

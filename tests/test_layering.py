@@ -169,6 +169,10 @@ ONE_HOME = (
     "validate_digest",
     "check_template",  # a template against the model
     "runnable_policy",  # a policy name an edit can run
+    "EditSettings",  # the edit's one settings object (sakura_core/edit_settings.py)
+    "FetchSettings",
+    "EditRequest",
+    "OpenedTemplate",
     "is_loopback",  # the loopback test
     "bearer_token",  # the bearer check
     "token_matches",

@@ -17,7 +17,7 @@ from importlib import resources
 
 import numpy as np
 
-from ..edit import EditRequest, edit_from_server
+from ..edit import EditRequest, EditSettings, FetchSettings, ServerSource, edit_from_server
 from ..edit_report import KVUse
 from ..fetch.link import LinkSpec
 from ..models.edit_model import EditModel
@@ -77,7 +77,8 @@ async def _serve_and_edit(
             for kv_mode, name in runs:
                 tid = "demo-template-cachegen" if name == "cachegen" else "demo-template"
                 tid = "demo-template-per-step" if kv_mode == "per-step" else tid
-                req = EditRequest(url, tid, prompt, steps=steps, seed=seed, policy=name, link=link)
+                settings = EditSettings(prompt, steps, seed, FetchSettings(name, link))
+                req = EditRequest(ServerSource(url), tid, settings)
                 out = await edit_from_server(model, req, user, profile=profile)
                 r = out.report
                 # what the compute lane did: the split, or what a fallback computed here instead

@@ -43,7 +43,7 @@ class FakeEdit:
 
         def work():
             self.started.set()
-            for step in range(request.steps):
+            for step in range(request.settings.steps):
                 for layer in range(self.layers):
                     if cancel.is_set():
                         raise Cancelled(f"edit cancelled at step {step}, layer {layer}")
@@ -54,7 +54,7 @@ class FakeEdit:
                                 raise Cancelled("edit cancelled while gated")
             if self.fail is not None:
                 raise self.fail
-            return np.full_like(image, request.seed % 256)
+            return np.full_like(image, request.settings.seed % 256)
 
         out = await asyncio.to_thread(work)
 
@@ -64,7 +64,7 @@ class FakeEdit:
         outcome = Outcome()
         outcome.image, outcome.report = (
             out,
-            {"policy": request.policy, "latency_s": 0.01, "bytes_fetched": 0, "timeline": []},
+            {"policy": request.settings.policy, "latency_s": 0.01, "bytes_fetched": 0, "timeline": []},
         )
         return outcome
 
@@ -133,7 +133,7 @@ async def test_job_lifecycle_progress_result_and_forget(make_agent, cloud, user_
     last = [e for e in events if e["type"] == "progress"][-1]
     assert last["done"] == last["total"] == 2 * demo_model.adapter.num_layers
     request, image = fake.requests[0]
-    assert request.prompt == PROMPT and request.server_url == cloud.url and np.array_equal(image, user_image)
+    assert request.settings.prompt == PROMPT and request.source.url == cloud.url and np.array_equal(image, user_image)
     # the room the job's memory estimate leaves under the budget is lent to KV prefetched for later steps
     mem = sub["memory"]
     assert fake.prefetch == [mem["budget_bytes"] - mem["total_bytes"]] and fake.prefetch[0] > 0
@@ -161,7 +161,7 @@ async def test_every_step_count_in_the_report_is_the_jobs(make_agent, cloud, use
     client, fake = await make_agent()
     sub = await (await _submit(client, _body(cloud, user_image, steps=steps))).json()
     events = await _events(client, sub["job_id"])
-    assert events[-1]["type"] == "done" and fake.requests[0][0].steps == steps
+    assert events[-1]["type"] == "done" and fake.requests[0][0].settings.steps == steps
     r = await client.get(sub["result_url"], headers=AUTH)
     report = await (await aiohttp.MultipartReader.from_response(r).next()).json()
     sim = report["executed_on"]["simulated_phone"]
@@ -190,7 +190,7 @@ async def test_one_job_at_a_time_bounded_queue_and_cancel(make_agent, cloud, use
     fake.gate.set()
     third = await (await _submit(client, _body(cloud, user_image, seed=3))).json()  # the queue is free again
     assert (await _events(client, third["job_id"]))[-1]["type"] == "done"
-    assert [req.seed for req, _ in fake.requests] == [1, 3]  # the cancelled queued job never ran
+    assert [req.settings.seed for req, _ in fake.requests] == [1, 3]  # the cancelled queued job never ran
 
 
 async def test_result_before_done_is_409_and_a_failed_job_reports_why(make_agent, cloud, user_image, demo_model):
@@ -221,7 +221,8 @@ async def test_bad_requests_are_refused_with_a_reason(make_agent, cloud, user_im
     r = await _submit(client, encode_job_body({"template_id": TEMPLATE_ID, "cloud_url": cloud.url, "prompt": "x"}, {}))
     assert r.status == 400 and (await r.json())["code"] == "bad_image"
     for job, match in (
-        ({"steps": 0}, "steps must be in"),
+        ({"steps": 0}, "steps must be >= 1, got 0"),
+        ({"steps": 1001}, "steps must be in 1..1000"),
         ({"cloud_url": "ftp://127.0.0.1/"}, "http"),
         ({"bandwidth": "trace:/etc/passwd"}, "reads a file on the phone"),
         ({"policy": "free-kv"}, "cannot run"),

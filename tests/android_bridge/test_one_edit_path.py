@@ -24,7 +24,7 @@ async def test_the_agent_calls_the_core_edit_and_reports_like_a_local_edit(
     real = edit.run_template_edit
 
     async def spy(model, opened, user, settings, **kwargs):
-        calls.append((opened.template_id, settings, str(kwargs["link"])))
+        calls.append((opened.template_id, settings))
         return await real(model, opened, user, settings, **kwargs)
 
     monkeypatch.setattr(edit, "run_template_edit", spy)
@@ -45,9 +45,10 @@ async def test_the_agent_calls_the_core_edit_and_reports_like_a_local_edit(
         image, report = await client.arun_job(user_image, job)
     finally:
         client.close()
-    assert calls == [(TEMPLATE_ID, edit.EditSettings(PROMPT, 2, 4, "fetch-fp16"), "fixed:100")]
+    settings = edit.EditSettings(PROMPT, 2, 4, edit.FetchSettings("fetch-fp16", "fixed:100"))
+    assert calls == [(TEMPLATE_ID, settings)] and str(calls[0][1].link) == "fixed:100"
 
-    request = edit.EditRequest(cloud.url, TEMPLATE_ID, PROMPT, steps=2, seed=4, policy="fetch-fp16", link="fixed:100")
+    request = edit.EditRequest(edit.ServerSource(cloud.url), TEMPLATE_ID, settings)
     local = await edit.edit_from_server(demo_model, request, user_image, profile=profile)
     assert len(calls) == 2  # the local edit went through the same function
     assert tuple(report) == tuple(local.report) == REPORT_KEYS

@@ -28,14 +28,16 @@ def _local_edit(model, cloud_url: str, image, *, steps: int, seed: int, policy: 
     """The same job run here, in this process, with the same core edit the phone runs; returns the outcome."""
     import torch
 
-    from sakura_core.edit import EditRequest, edit_from_server
+    from sakura_core.edit import EditRequest, EditSettings, FetchSettings, ServerSource, edit_from_server
     from sakura_core.runtime.live_profile import LiveProfile
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the agent runs with --threads 1
     try:
         profile = LiveProfile(0.01, 0.005, model.adapter.num_layers, steps)
-        request = EditRequest(cloud_url, TEMPLATE_ID, PROMPT, steps=steps, seed=seed, policy=policy)
+        request = EditRequest(
+            ServerSource(cloud_url), TEMPLATE_ID, EditSettings(PROMPT, steps, seed, FetchSettings(policy))
+        )
         return asyncio.run(edit_from_server(model, request, image, profile=profile))
     finally:
         torch.set_num_threads(threads)

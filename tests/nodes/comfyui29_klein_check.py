@@ -68,7 +68,7 @@ def _handle(store: str, template_id: str):
             return await shards.get_manifest(template_id)
 
     m = asyncio.run(manifest())
-    return TemplateHandle(template_id=template_id, model_id=m.model_id, server_url=None, store_dir=store, manifest=m)
+    return TemplateHandle(template_id=template_id, model_id=m.model_id, source=StoreSource(store), manifest=m)
 
 
 def _sample(model, inputs, with_ref: bool, steps: int):
@@ -129,7 +129,9 @@ POLICY_RUNS = (
 
 def _policies(patch, model, inputs, handle, computed) -> list[dict]:
     """The patch with a Bandwidth-Adaptive Fetch's settings: each policy's edit vs the computed one, its report."""
-    from sakura_pack.nodes._stream import FetchSettings, KVStream
+    from sakura_pack.nodes._stream import KVStream
+
+    from sakura_core.edit_settings import FetchSettings
 
     out = []
     for policy, link, with_ref in POLICY_RUNS:
@@ -179,7 +181,9 @@ def _lossy(patch, model, inputs, template_id: str) -> list[dict]:
                 "vs_fp16": _compare(_sample(m, inputs, False, ARGS.steps), exact),
             }
         )
-    from sakura_pack.nodes._stream import FetchSettings, KVStream
+    from sakura_pack.nodes._stream import KVStream
+
+    from sakura_core.edit_settings import FetchSettings
 
     stream = KVStream(handle, FetchSettings(policy="sakura", link="fixed:1000"))  # the policy over the same ladder
     m = patch.SakuraTemplateKV.execute(model, handle, patch.FETCHED, "fp16", kv_stream=stream).result[0]

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from sakura_core.fetch.sources import ServerSource
+
 pytestmark = pytest.mark.slow
 
 
@@ -29,7 +31,7 @@ def test_model_loader_demo(node_classes, run_node, demo_model):
 def test_template_loader_from_server(flow, demo_model, server_url):
     template = flow.load_template(demo_model, server_url=server_url + "/")
     assert template.template_id == "face-swap-astronaut"
-    assert template.server_url == server_url and template.store_dir is None
+    assert template.source == ServerSource(server_url) and template.server is not None
     assert template.model_id == demo_model.model_id
     manifest = template.manifest.to_json()
     assert len(manifest["shards"]) == demo_model.adapter.num_layers
@@ -111,7 +113,7 @@ def test_sampler_on_device_equals_the_core_edit(flow, demo_model, server_url, us
 
 def test_sampler_fetch_fp16_equals_edit_from_server(flow, demo_model, server_url, user, user_uint8):
     """fetch-fp16 always fetches every shard exactly: the node must give what the core's edit entry point gives."""
-    from sakura_core.edit import EditRequest, edit_from_server
+    from sakura_core.edit import EditRequest, EditSettings, FetchSettings, edit_from_server
     from sakura_core.edit_report import REPORT_KEYS
     from sakura_core.models.edit_model import load_image
     from sakura_core.runtime.live_profile import measure_profile
@@ -124,9 +126,8 @@ def test_sampler_fetch_fp16_equals_edit_from_server(flow, demo_model, server_url
     assert report["bytes_fetched"] >= demo_model.adapter.kv_bytes(demo_model.spec.num_tokens)
     assert all(levels == ["fp16", "fp16"] for levels in report["levels_used"].values())
     u = load_image(user_uint8, 64)
-    request = EditRequest(
-        server_url, flow.template, flow.prompt, steps=2, seed=1, policy="fetch-fp16", link="fixed:50"
-    )
+    settings = EditSettings(flow.prompt, 2, 1, FetchSettings("fetch-fp16", "fixed:50"))
+    request = EditRequest(ServerSource(server_url), flow.template, settings)
     core = asyncio.run(edit_from_server(demo_model, request, u, profile=measure_profile(demo_model, 2)))
     np.testing.assert_array_equal((edited[0].numpy() * 255).round().astype(np.uint8), core.image)
     assert tuple(report) == tuple(core.report) == REPORT_KEYS  # one report format
@@ -135,7 +136,7 @@ def test_sampler_fetch_fp16_equals_edit_from_server(flow, demo_model, server_url
 
 def test_sampler_from_a_local_store_with_the_adaptive_policy(flow, demo_model, store_dir, user):
     template = flow.load_template(demo_model, source="local store", store_dir=str(store_dir))
-    assert template.server_url is None
+    assert template.server is None and template.source.label.startswith("store:")
     stream = flow.make_stream(template, policy="sakura", bandwidth="trace file")
     edited, report_json, _ = flow.sample(demo_model, stream, user, steps=2)
     report = json.loads(report_json)
@@ -148,21 +149,27 @@ def test_sampler_from_a_local_store_with_the_adaptive_policy(flow, demo_model, s
 
 
 def test_the_sampler_calls_the_core_edit(comfy, flow, demo_model, server_url, user, monkeypatch):
-    """No orchestration in the node: its edit is one call of sakura_core.edit.run_template_edit (spied here)."""
-    from sakura_core import edit
+    """No orchestration in the node: its edit is one call of sakura_core.edit.run_template_edit (spied here), with
+    the edit's one settings object, whose policy name was checked once (counted here) on its way from the fetch node
+    to the lanes."""
+    from sakura_core import edit, edit_settings
 
-    calls = []
-    real = edit.run_template_edit
+    calls, checked = [], []
+    real, real_check = edit.run_template_edit, edit_settings.runnable_policy
 
     async def spy(model, opened, user_image, settings, **kwargs):
-        calls.append((opened.template_id, settings, str(kwargs["link"])))
+        calls.append((opened.template_id, settings))
         return await real(model, opened, user_image, settings, **kwargs)
 
     monkeypatch.setattr(edit, "run_template_edit", spy)
+    monkeypatch.setattr(edit_settings, "runnable_policy", lambda name: checked.append(name) or real_check(name))
     template = flow.load_template(demo_model, server_url=server_url)
     stream = flow.make_stream(template, policy="fetch-fp16", bandwidth="fixed Mbit/s", mbit=40.0)
     _, report_json, _ = flow.sample(demo_model, stream, user, steps=1, seed=2)
-    assert calls == [(flow.template, edit.EditSettings(flow.prompt, 1, 2, "fetch-fp16"), "fixed:40")]
+    assert checked == ["fetch-fp16"]  # the fetch node's settings; the sampler did not check the name again
+    fetch = edit.FetchSettings("fetch-fp16", "fixed:40")
+    assert calls == [(flow.template, edit.EditSettings(flow.prompt, 1, 2, fetch))]
+    assert str(calls[0][1].link) == "fixed:40"
     assert json.loads(report_json)["executed_on"] == {"kind": "local"}
 
 
@@ -196,7 +203,7 @@ def test_prefetch_failure_is_readable_and_retried(comfy, flow, demo_model, serve
     """A server that went away: the sampler says so (with the template id); the next run fetches again."""
     template = flow.load_template(demo_model, server_url=server_url)
     gone = type(template)(
-        template.template_id, template.model_id, f"http://127.0.0.1:{free_port()}", None, manifest=template.manifest
+        template.template_id, template.model_id, ServerSource(f"http://127.0.0.1:{free_port()}"), template.manifest
     )
     stream = flow.make_stream(gone, policy="on-device")
     for attempt in (1, 2):

@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 
 from android_bridge.page_channel import PageHub, PageHubConfig, PairingError
+from sakura_core.edit_settings import EditSettings, FetchSettings
+from sakura_core.fetch.sources import ServerSource
 
 
 def _stream(comfy):
     stream_mod = __import__(f"{comfy.nodes.__name__}._stream", fromlist=["KVStream"])
-    template = stream_mod.TemplateHandle(
-        template_id="tpl", model_id="m" * 8, server_url="http://127.0.0.1:9", store_dir=None, token="read-token"
-    )
-    return stream_mod.KVStream(template, stream_mod.FetchSettings(policy="sakura", link="fixed:10")), stream_mod
+    source = ServerSource("http://127.0.0.1:9", "read-token")
+    template = stream_mod.TemplateHandle(template_id="tpl", model_id="m" * 8, source=source)
+    return stream_mod.KVStream(template, FetchSettings(policy="sakura", link="fixed:10")), stream_mod
 
 
 @pytest.fixture
@@ -76,9 +77,8 @@ def _run(comfy, hub, on_tick=lambda run: None):
     run = stream_mod.EditRun(3, 2)
     user = np.arange(4 * 4 * 3, dtype=np.uint8).reshape(4, 4, 3)
     device = device_mod.PhoneDevice(connection="page")
-    return device_mod.run_on_phone(
-        device, stream, user, "a prompt", steps=3, seed=1, run=run, on_tick=lambda: on_tick(run)
-    ), run
+    settings = EditSettings("a prompt", 3, 1, stream.settings)
+    return device_mod.run_on_phone(device, stream, user, settings, run=run, on_tick=lambda: on_tick(run)), run
 
 
 def test_the_page_edit_comes_back_with_progress(comfy, hub):

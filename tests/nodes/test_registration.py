@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sakura_core.fetch.sources import ServerSource
+
 REPO = Path(__file__).resolve().parents[2]
 
 EXPECTED = {
@@ -87,7 +89,7 @@ def test_fetch_offers_every_runnable_policy(node_classes):
 
 
 def test_fetch_settings_errors_are_readable(comfy, node_classes, run_node, tmp_path):
-    handle = comfy.nodes._stream.TemplateHandle("t", "m" * 64, "http://127.0.0.1:9", None)
+    handle = comfy.nodes._stream.TemplateHandle("t", "m" * 64, ServerSource("http://127.0.0.1:9"))
     fetch = node_classes["SakuraAdaptiveFetch"]
     missing = tmp_path / "nope.trace"
     with pytest.raises(comfy.nodes._common.SakuraNodeError, match="nope.trace"):

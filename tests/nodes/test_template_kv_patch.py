@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sakura_core.fetch.sources import StoreSource
+
 
 @pytest.mark.slow  # the session's example store
 def test_loader_without_a_model_hands_on_the_unchecked_manifest(flow, store_dir):
@@ -18,7 +20,7 @@ def test_loader_without_a_model_hands_on_the_unchecked_manifest(flow, store_dir)
 
 
 def test_patch_refuses_a_handle_without_manifest(comfy, node_classes, run_node):
-    handle = comfy.nodes._stream.TemplateHandle("x", "m", None, "/nowhere")
+    handle = comfy.nodes._stream.TemplateHandle("x", "m", StoreSource("/nowhere"))
     with pytest.raises(comfy.nodes._common.SakuraNodeError, match="connect a Sakura Template KV Loader"):
         run_node(
             node_classes["SakuraTemplateKV"],

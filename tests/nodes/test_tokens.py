@@ -117,7 +117,7 @@ def test_template_loader_reads_the_server_token_from_the_environment(
         flow.load_template(demo_model, server_url=guarded_server)
     monkeypatch.setenv("SAKURA_READ_TOKEN", READ_TOKEN)
     template = flow.load_template(demo_model, server_url=guarded_server)
-    assert template.template_id == TEMPLATE and template.token == READ_TOKEN
+    assert template.template_id == TEMPLATE and template.source.token == READ_TOKEN
     assert READ_TOKEN not in repr(template)
 
 

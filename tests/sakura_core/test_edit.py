@@ -9,7 +9,7 @@ import copy
 import numpy as np
 import pytest
 
-from sakura_core import edit
+from sakura_core import edit, template_open
 from sakura_core.edit_report import REPORT_KEYS, KVUse, edit_report, summary_line, with_psnr
 from sakura_core.fetch.errors import ManifestError, ModelMismatchError, TemplateNotFoundError
 from sakura_core.fetch.link import LinkSpec
@@ -76,7 +76,7 @@ def test_unknown_template_lists_the_catalog(source, demo_model):
     with pytest.raises(
         TemplateNotFoundError, match=rf"'nope' is not in the catalog of store:.*; published there: {TID}"
     ):
-        asyncio.run(edit.fetch_template_manifest(source, "nope", demo_model))
+        asyncio.run(template_open.fetch_template_manifest(source, "nope", demo_model))
 
 
 def test_a_folder_that_is_no_store_says_how_to_make_one(tmp_path, demo_model):
@@ -86,7 +86,7 @@ def test_a_folder_that_is_no_store_says_how_to_make_one(tmp_path, demo_model):
 
 def test_run_template_edit_report_format(opened, demo_model, demo_template):
     user = np.full_like(demo_template, 128)
-    settings = edit.EditSettings(PROMPT, steps=2, seed=3, policy="on-device-cached")
+    settings = edit.EditSettings(PROMPT, steps=2, seed=3, fetch=edit.FetchSettings("on-device-cached"))
     out = asyncio.run(edit.run_template_edit(demo_model, opened, user, settings, profile=_profile(demo_model, 2)))
     r = out.report
     assert tuple(r) == REPORT_KEYS and next(iter(r)) == "summary" and list(r)[-1] == "timeline"
@@ -103,11 +103,9 @@ def test_run_template_edit_report_format(opened, demo_model, demo_template):
 
 
 def test_run_template_edit_over_a_fixed_link_fetches(opened, demo_model, demo_template):
-    settings = edit.EditSettings(PROMPT, steps=1, seed=0, policy="fetch-fp16")
+    settings = edit.EditSettings(PROMPT, steps=1, seed=0, fetch=edit.FetchSettings("fetch-fp16", "fixed:200"))
     out = asyncio.run(
-        edit.run_template_edit(
-            demo_model, opened, demo_template, settings, link="fixed:200", profile=_profile(demo_model, 1)
-        )
+        edit.run_template_edit(demo_model, opened, demo_template, settings, profile=_profile(demo_model, 1))
     )
     r = out.report
     assert r["link"] == "fixed:200" and r["bytes_fetched"] > 0 and r["split_layer"] == 0
@@ -123,7 +121,7 @@ def test_run_template_edit_over_a_fixed_link_fetches(opened, demo_model, demo_te
 def test_a_profile_measured_for_other_steps_predicts_the_edits_steps(opened, demo_model, demo_template):
     """The phone agent measures its profile once (8 steps) and runs jobs of any step count: the policy predicts the
     job's steps, and the report's profile says so."""
-    settings = edit.EditSettings(PROMPT, steps=2, seed=0, policy="on-device-cached")
+    settings = edit.EditSettings(PROMPT, steps=2, seed=0, fetch=edit.FetchSettings("on-device-cached"))
     out = asyncio.run(
         edit.run_template_edit(demo_model, opened, demo_template, settings, profile=_profile(demo_model, 8))
     )
@@ -139,13 +137,20 @@ def test_run_template_edit_refuses_another_model(opened, demo_model, demo_templa
 
 def test_settings_and_requests_name_the_bad_value():
     with pytest.raises(ValueError, match="policy 'free-kv' cannot run an edit; choose one of"):
-        edit.EditSettings(PROMPT, policy="free-kv")
+        edit.FetchSettings("free-kv")
     with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
         edit.EditSettings(PROMPT, steps=0)
+    with pytest.raises(ValueError, match="seed must be in 0..2\\*\\*63-1, got -1"):
+        edit.EditSettings(PROMPT, seed=-1)
+    with pytest.raises(ValueError, match="steps must be an integer, got True"):
+        edit.EditSettings(PROMPT, steps=True)
+    with pytest.raises(ValueError, match="latency_target_s must be > 0 seconds or None, got 0"):
+        edit.FetchSettings(latency_target_s=0)
     with pytest.raises(ValueError, match="'fixed:x'"):
-        edit.EditRequest("http://127.0.0.1:9", TID, PROMPT, link="fixed:x")
-    request = edit.EditRequest("http://127.0.0.1:9/", TID, PROMPT, link="fixed:5", token="secret-token")
-    assert request.link == LinkSpec.fixed(5) and request.source.url == "http://127.0.0.1:9"
+        edit.FetchSettings(link="fixed:x")  # the string form is parsed, here
+    settings = edit.EditSettings(PROMPT, fetch=edit.FetchSettings(link="fixed:5"))
+    request = edit.EditRequest(edit.ServerSource("http://127.0.0.1:9/", "secret-token"), TID, settings)
+    assert request.settings.link == LinkSpec.fixed(5) and request.source.url == "http://127.0.0.1:9"
     assert "secret-token" not in repr(request) and "secret-token" not in repr(request.source)
 
 

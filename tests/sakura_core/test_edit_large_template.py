@@ -43,9 +43,9 @@ def test_a_larger_template_keeps_its_own_grid(opened, demo_model):
 def test_edit_with_a_larger_template_equals_the_on_device_edit(opened, demo_model, policy):
     o, image = opened
     user = load_image("chelsea", demo_model.spec.image_size)
-    settings = edit.EditSettings("place it", steps=STEPS, seed=3, policy=policy)
+    settings = edit.EditSettings("place it", steps=STEPS, seed=3, fetch=edit.FetchSettings(policy, "live"))
     profile = LiveProfile(0.01, 0.005, demo_model.adapter.num_layers, STEPS)
-    out = asyncio.run(edit.run_template_edit(demo_model, o, user, settings, link="live", profile=profile))
+    out = asyncio.run(edit.run_template_edit(demo_model, o, user, settings, profile=profile))
     ref = run_edit(
         demo_model,
         user,

@@ -33,9 +33,9 @@ def store(tmp_path_factory, klein_folder):
 def _edit(model, store, policy: str, steps: int = 2):
     opened = asyncio.run(edit.open_template(StoreSource(str(store)), TID, model))
     user = np.asarray(np.random.default_rng(1).integers(0, 256, (80, 96, 3)), np.uint8)  # resized on the device
-    settings = edit.EditSettings(PROMPT, steps=steps, seed=4, policy=policy)
+    settings = edit.EditSettings(PROMPT, steps=steps, seed=4, fetch=edit.FetchSettings(policy, "fixed:50"))
     profile = LiveProfile(0.01, 0.005, model.adapter.num_layers, steps)
-    outcome = asyncio.run(edit.run_template_edit(model, opened, user, settings, link="fixed:50", profile=profile))
+    outcome = asyncio.run(edit.run_template_edit(model, opened, user, settings, profile=profile))
     return opened, user, outcome
 
 

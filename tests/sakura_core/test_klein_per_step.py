@@ -65,12 +65,12 @@ def _edit(model, root, steps: int, policy: str):
 
     opened = asyncio.run(edit.open_template(StoreSource(str(root)), TID, model))
     user = np.asarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3)), np.uint8)
-    settings = edit.EditSettings(PROMPT, steps=steps, seed=4, policy=policy)
+    settings = edit.EditSettings(PROMPT, steps=steps, seed=4, fetch=edit.FetchSettings(policy, "fixed:50"))
     profile = LiveProfile(0.01, 0.005, model.adapter.num_layers, steps)
     return (
         opened,
         user,
-        asyncio.run(edit.run_template_edit(model, opened, user, settings, link="fixed:50", profile=profile)),
+        asyncio.run(edit.run_template_edit(model, opened, user, settings, profile=profile)),
     )
 
 

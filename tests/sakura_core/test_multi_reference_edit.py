@@ -65,9 +65,9 @@ def _read(root, digest: str) -> bytes:
 
 def _run(model, opened, policy: str, steps: int = 2):
     user = np.asarray(np.random.default_rng(2).integers(0, 256, (64, 64, 3)), np.uint8)
-    settings = edit.EditSettings(PROMPT, steps=steps, seed=4, policy=policy)
+    settings = edit.EditSettings(PROMPT, steps=steps, seed=4, fetch=edit.FetchSettings(policy, "fixed:50"))
     profile = LiveProfile(0.01, 0.005, model.adapter.num_layers, steps)
-    return asyncio.run(edit.run_template_edit(model, opened, user, settings, link="fixed:50", profile=profile))
+    return asyncio.run(edit.run_template_edit(model, opened, user, settings, profile=profile))
 
 
 def test_the_manifest_lists_both_references(published, klein_model):

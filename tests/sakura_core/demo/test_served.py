@@ -15,7 +15,6 @@ from sakura_core import cli_demo
 from sakura_core.demo import served
 from sakura_core.edit import EditOutcome
 from sakura_core.edit_report import edit_report
-from sakura_core.fetch.link import LinkSpec
 from sakura_core.runtime.deferral import LATE_FALLBACK_REASON
 from sakura_core.runtime.lane_types import LaneResult
 from sakura_core.runtime.live_profile import LiveProfile
@@ -32,7 +31,7 @@ def _fell_back(request, layers: int, size: int) -> EditOutcome:
     shards = STEPS * layers if per_step else layers
     uses = 1 if per_step else STEPS
     result = LaneResult(
-        policy=request.policy,
+        policy=request.settings.policy,
         latency_s=0.42,
         bytes_fetched=FETCHED,
         split_layer=0,
@@ -59,7 +58,7 @@ def _fell_back(request, layers: int, size: int) -> EditOutcome:
         run,
         template_id=request.template_id,
         template={},
-        link=LinkSpec.parse(request.link),
+        link=request.settings.link,
         steps=STEPS,
         seed=0,
         latency_target_s=None,

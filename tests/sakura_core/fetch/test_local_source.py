@@ -122,11 +122,9 @@ def test_an_edit_against_a_local_store_starts_no_server_and_no_http_session(
     monkeypatch.setattr(aiohttp.ClientSession, "__init__", refuse)
     source = StoreSource(str(tmp_path))
     opened = asyncio.run(edit.open_template(source, "tpl-local", demo_model))
-    settings = edit.EditSettings("place it", steps=1, seed=0, policy="fetch-fp16")
+    settings = edit.EditSettings("place it", steps=1, seed=0, fetch=edit.FetchSettings("fetch-fp16", "fixed:200"))
     profile = LiveProfile(0.01, 0.005, demo_model.adapter.num_layers, 1)
-    out = asyncio.run(
-        edit.run_template_edit(demo_model, opened, demo_template, settings, link="fixed:200", profile=profile)
-    )
+    out = asyncio.run(edit.run_template_edit(demo_model, opened, demo_template, settings, profile=profile))
     assert out.report["bytes_fetched"] > 0 and not out.report["fallbacks"]
     assert out.report["template"]["source"] == f"store:{tmp_path}"
 

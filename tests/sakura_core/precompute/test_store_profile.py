@@ -90,9 +90,9 @@ def _edit(root, model, image, template_id, policy, steps):
     from sakura_core.runtime.live_profile import LiveProfile
 
     opened = asyncio.run(edit.open_template(StoreSource(str(root)), template_id, model))
-    settings = edit.EditSettings("place it", steps=steps, seed=0, policy=policy)
+    settings = edit.EditSettings("place it", steps=steps, seed=0, fetch=edit.FetchSettings(policy, "fixed:200"))
     profile = LiveProfile(0.01, 0.005, model.adapter.num_layers, steps)
-    return asyncio.run(edit.run_template_edit(model, opened, image, settings, link="fixed:200", profile=profile))
+    return asyncio.run(edit.run_template_edit(model, opened, image, settings, profile=profile))
 
 
 @pytest.mark.slow

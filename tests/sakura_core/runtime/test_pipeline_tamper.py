@@ -137,7 +137,7 @@ async def test_a_tampered_manifest_json_on_the_server_is_reported_by_the_edit(se
     from cloud_server.config import ServerConfig
     from cloud_server.precompute import publish_template
     from cloud_server.store import LocalStore
-    from sakura_core.edit import EditRequest, edit_from_server
+    from sakura_core.edit import EditRequest, EditSettings, FetchSettings, ServerSource, edit_from_server
 
     model, tpl, usr, pre, other, profile = setup
     store = LocalStore(tmp_path / "store")
@@ -153,7 +153,7 @@ async def test_a_tampered_manifest_json_on_the_server_is_reported_by_the_edit(se
     url = str(server.make_url("")).rstrip("/")
 
     async def edit(policy):
-        request = EditRequest(server_url=url, template_id="tpl", prompt="p", steps=STEPS, policy=policy)
+        request = EditRequest(ServerSource(url), "tpl", EditSettings("p", STEPS, fetch=FetchSettings(policy)))
         return await edit_from_server(model, request, usr, profile=profile)
 
     tampered, on_device = await edit("fetch-fp16"), await edit("on-device-cached")
