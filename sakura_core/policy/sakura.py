@@ -9,6 +9,7 @@ from .base import LEVEL_COMPUTE, Decision, Policy, _at
 from .context import Context
 from .ladder import feeds_twin
 from .planner import Plan, Snapshot, best_plan, track_priced
+from .reroot import chain_of
 
 __all__ = ["Oracle", "Sakura"]
 
@@ -186,6 +187,14 @@ class Sakura(Policy):
             )
         slack = f"slack under the {ctx.latency_target_s:.2f} s target"
         return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} ({slack}); {why}")
+
+    def reroot_chain(self, ctx: Context, layer: int) -> list[int]:
+        """Under the long-edit rule, on an estimated rate: the chain that puts shard ``layer``'s layer back on its
+        twins' track (:func:`~sakura_core.policy.reroot.chain_of`: where it and the twin cost less than the
+        open-loop floor); the exact-transfer search (the oracle's) keeps its plans as they were."""
+        if not ctx.reroots or self.rate(ctx) is None or not track_priced(ctx):
+            return []
+        return chain_of(ctx, layer, ~np.isnan(ctx.known_ready_array()))
 
     def _later_first(self, ctx: Context, snap: Snapshot, plan: Plan, layer: int) -> bool:
         """Per-step KV: shard ``layer`` at or above its step's planned split, its step ``later_first_from`` or more
