@@ -40,7 +40,10 @@ def chain_of(ctx: Context, g: int, requested: np.ndarray) -> list[int]:
     if ctx.floor_reuses()[chain].any():
         return []
     nb = ctx.floor_arrays()[0]
-    if float(nb[chain].sum()) + float(nb[g]) >= float(ctx.floor_off_track_bytes()[g]):
+    total = 0.0
+    for c in chain:  # in order, one by one: as the page's port
+        total += float(nb[c])
+    if total + float(nb[g]) >= float(ctx.floor_off_track_bytes()[g]):
         return []
     return chain[::-1]
 
