@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from sakura_core.fetch.traces import Trace
+from sakura_core.policy.planner import Snapshot
 from sakura_core.policy.policies import make_policy
 from sakura_core.policy.reroot import chain_bytes, chain_of
 from sakura_core.runtime.sim_link import SimLink
 from sakura_core.runtime.simulate import SimConfig, simulate
 
-from .test_planner_track import FAR, NEAR, G, P, _ctx
+from .test_planner_track import FAR, FP, NEAR, G, P, _ctx
 
 L, S = G.layers, G.steps
 
@@ -48,6 +49,16 @@ def test_no_chain_where_it_costs_more_than_the_open_loop_floor():
     req = np.zeros(S * L, dtype=bool)
     assert chain_of(ctx, L, req) == [0]  # 1/16 + 1/8 < 1/4
     assert chain_of(ctx, 3 * L, req) == []
+
+
+def test_the_planner_prices_the_chain_where_the_runtime_re_roots():
+    """A plan computing layer 0 at step 0: with re-roots its step-1 shard costs the chain (step 0's root) and the
+    twin, and step 2 is back on the track; without, both cost the open-loop floor (fp16 / 2)."""
+    plan = [1] + [0] * (S - 1)
+    on = Snapshot(_ctx(FAR), 1e6, track=True)._planned_bytes(plan)
+    assert on[L] == FP // 16 + FP // 64 and on[2 * L] == FP // 64 and on[L + 1] == FP // 64
+    off = Snapshot(_ctx(FAR, reroots=False), 1e6, track=True)._planned_bytes(plan)
+    assert off[L] == FP // 2 and off[2 * L] == FP // 2
 
 
 def _slow_start() -> Trace:
