@@ -27,6 +27,7 @@ function staticOf(st) {
     startS: st.start_s,
     latencyTargetS: st.latency_target_s,
     hasTrace: st.has_trace,
+    reroots: Boolean(st.reroots),
     estimatorConfig: new EstimatorConfig({ window: e.window, minSampleBytes: e.min_sample_bytes, priorBytesPerS: e.prior_bytes_per_s }),
   };
 }
@@ -76,6 +77,10 @@ function answer(policy, ctx, c) {
     case "upgrade": {
       const up = policy.upgrade(ctx);
       return { upgrade: up, code: up === null ? "no-upgrade" : "upgrade" };
+    }
+    case "reroot_chain": {
+      const chain = policy.rerootChain(ctx, c.shard);
+      return { chain, code: chain.length ? "reroot" : "no-reroot" };
     }
     case "worth_asking":
       return { shards: policy.worthAsking(ctx, c.shards), code: "worth-asking" };

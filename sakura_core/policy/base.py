@@ -87,6 +87,13 @@ class Policy:
         """``(layer, level)`` to refine with its progressive enhancement, or None."""
         return None
 
+    def reroot_chain(self, ctx: Context, layer: int) -> list[int]:
+        """Shard ``layer`` is about to be fetched at its floor: shards the compute lane may have passed to fetch
+        first (in order, each at its floor), only as references that put the layer back on its twins' track
+        (:mod:`sakura_core.policy.reroot`). Asked only by a runtime that fetches them (``Context.reroots``).
+        Default: none."""
+        return []
+
     def worth_asking(self, ctx: Context, shards: list[int]) -> list[int]:
         """Of the deferred ``shards`` (in order), those worth asking ``choose`` about again now: a policy may leave
         out shards its ``choose`` would defer again at this moment (an optimisation that never changes a decision:

@@ -114,6 +114,13 @@ class Context:
                 out[layer] = not requested[ref]
         return out
 
+    @property
+    def reroots(self) -> bool:
+        """The runtime fetches a shard's re-root chain before it where the policy names one
+        (:meth:`~sakura_core.policy.base.Policy.reroot_chain`; the simulator does): plans may price it. A state
+        without the attribute (the live lanes) does not."""
+        return bool(getattr(self._s, "reroots", False))
+
     def floor_reuses(self) -> np.ndarray:
         """(shards,) bool: the shard's floor is a ``reuse`` rung (no request, no round trip, no decode)."""
         self.floor_arrays()  # made there, with the floor arrays

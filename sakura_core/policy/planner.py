@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .context import Context
+from .reroot import chain_bytes
 
 __all__ = ["TRACK_RATIO", "Plan", "Snapshot", "best_plan", "track_priced"]
 
@@ -104,6 +105,9 @@ class Snapshot:
         # step (their reference computed, or held at another level) and, in a plan, those it computes (finish())
         self.nb_off = ctx.floor_off_track_bytes()
         self.off0 = ctx.off_track(self.cs, ~np.isnan(known)) if (self.per_step and track) else None
+        # re-roots (sakura's plans under the long-edit rule, where the runtime fetches them: Context.reroots): a
+        # layer off its track comes back on it by its chain from the last step requested (:mod:`.reroot`)
+        self.req0 = ~np.isnan(known) if (self.off0 is not None and rate is not None and ctx.reroots) else None
         known[: self.c] = np.nan
         prog = ctx.link_progress()
         if prog is not None and rate is not None:  # in-flight shards: no sooner than the link's progress allows
@@ -178,6 +182,8 @@ class Snapshot:
         there it costs the open-loop floor's bytes (:meth:`Context.floor_off_track_bytes`)."""
         if self.off0 is None or not self.off0.size:
             return self.nb
+        if self.req0 is not None:
+            return self._rerooted_bytes(splits)
         k = np.array(splits, dtype=int)
         if not self.alive:
             k[0] = self.l0
@@ -189,6 +195,21 @@ class Snapshot:
         nb = self.nb.copy()
         tail = nb[self.cs * self.L :].reshape(-1, self.L)
         tail[off] = self.nb_off[self.cs * self.L :].reshape(-1, self.L)[off]
+        return nb
+
+    def _rerooted_bytes(self, splits) -> np.ndarray:
+        """(N,) floor bytes under the plan ``splits`` where off-track layers are re-rooted (``req0`` set): a shard
+        whose layer was not requested at the step before costs the cheaper of the open-loop floor and its twin plus
+        the chain back to the last step requested (:func:`~sakura_core.policy.reroot.chain_bytes`, the plan's
+        fetches counted as requested); a layer at the current step held off the track (another level) the open-loop
+        floor."""
+        assert self.req0 is not None and self.off0 is not None
+        chain = chain_bytes(self.nb, self.req0 | self._need(splits), self.S)
+        nb = np.where(chain > 0, np.minimum(self.nb_off, self.nb + chain), self.nb)
+        if self.cs > 0:  # off at the current step with its reference requested: held at another level
+            held_off = self.off0 & self.req0[(self.cs - 1) * self.L : self.cs * self.L]
+            row = slice(self.cs * self.L, (self.cs + 1) * self.L)
+            nb[row] = np.where(held_off, self.nb_off[row], nb[row])
         return nb
 
     def _arrivals(self, nb: np.ndarray, idx: np.ndarray) -> np.ndarray:

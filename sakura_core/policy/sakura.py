@@ -9,6 +9,7 @@ from .base import LEVEL_COMPUTE, Decision, Policy, _at
 from .context import Context
 from .ladder import feeds_twin
 from .planner import Plan, Snapshot, best_plan, track_priced
+from .reroot import chain_of
 
 __all__ = ["Oracle", "Sakura"]
 
@@ -23,7 +24,9 @@ class Sakura(Policy):
       complete, so an estimation error is corrected at the next decision. Long edits: where the open-loop floor
       costs more than ``planner.TRACK_RATIO`` (4) times the closed-loop twins (28 / 50 steps on the serving store),
       plans are priced on the twins' track (a layer the device computes costs its later steps the open-loop floor)
-      and one split held for every step (the held-split family) competes with the cuts.
+      and one split held for every step (the held-split family) competes with the cuts. Where the runtime fetches
+      re-root chains (``Context.reroots``: the simulator), a layer off its track is priced and fetched back on it by
+      its chain from the last step requested or step 0 (``reroot_chain``, :mod:`.reroot`).
     * Probe: with no throughput sample yet the first shard is fetched at the floor level (free: compute keeps the
       template until a shard is ready).
     * Fetch lane: a shard below its step's planned split is deferred ("not now": the runtime asks again before later
@@ -186,6 +189,14 @@ class Sakura(Policy):
             )
         slack = f"slack under the {ctx.latency_target_s:.2f} s target"
         return Decision(best, f"step {step} layer {lay}: level {ladder[best].name} ({slack}); {why}")
+
+    def reroot_chain(self, ctx: Context, layer: int) -> list[int]:
+        """Under the long-edit rule, on an estimated rate: the chain that puts shard ``layer``'s layer back on its
+        twins' track (:func:`~sakura_core.policy.reroot.chain_of`: where it and the twin cost less than the
+        open-loop floor); the exact-transfer search (the oracle's) keeps its plans as they were."""
+        if not ctx.reroots or self.rate(ctx) is None or not track_priced(ctx):
+            return []
+        return chain_of(ctx, layer, ~np.isnan(ctx.known_ready_array()))
 
     def _later_first(self, ctx: Context, snap: Snapshot, plan: Plan, layer: int) -> bool:
         """Per-step KV: shard ``layer`` at or above its step's planned split, its step ``later_first_from`` or more

@@ -69,6 +69,10 @@ class PlanClock(Policy):
     def worth_asking(self, ctx, shards):
         return self._call("worth_asking", ctx, shards)
 
+    def reroot_chain(self, ctx, layer):
+        # not charged: part of the fetch decision just made (its plan is the one choose made)
+        return self.inner.reroot_chain(ctx, layer)
+
 
 class CpuShare:
     """Mixin of the simulation: the compute lane's busy segments, other threads' busy intervals, and the settling

@@ -95,6 +95,9 @@ class SimLink:
     device_kv_at: dict[int, float]
     cpu_busy: Callable[[str, float, float], None]  # CpuShare's
 
+    # the link fetches a shard's re-root chain where the policy names one (Context.reroots)
+    reroots = True
+
     @property
     def got(self) -> Mapping[int, list[tuple[int, float]]]:
         """Levels decoded by ``now`` (the policy's view; see the module docstring): a read-only view, O(1) a key."""
@@ -314,7 +317,7 @@ class SimLink:
             self.room_wait = None
             self.link_free = max(self.link_free, self.step_started_t)  # room came when the lane entered this step
             self.now = self.link_free
-            self._transfer(layer, level, self.ladders[layer][level].nbytes, "base")
+            self._transfer_rooted(layer, level)
             return True
         if self.deferred and self._retry_deferred():  # a deferred shard the policy now wants goes first
             return True
@@ -389,9 +392,21 @@ class SimLink:
         """Fetch a shard the policy chose, once there is prefetch room for it (:meth:`_has_room`; the live lane's
         ``_room_for``): until then the link waits with it."""
         if self._has_room(layer):
-            self._transfer(layer, level, self.ladders[layer][level].nbytes, "base")
+            self._transfer_rooted(layer, level)
         else:
             self.room_wait = (layer, level)
+
+    def _transfer_rooted(self, layer: int, level: int) -> None:
+        """Fetch shard ``layer`` at ``level``; at its floor, first the re-root chain the policy names (shards the
+        compute lane may have passed, each at its floor, decoded only as the next one's reference:
+        :mod:`sakura_core.policy.reroot`), so the shard comes as its closed-loop twin."""
+        if self.per_step and level == shard_floor(self.floor, layer):
+            for g in self.policy.reroot_chain(self.ctx, layer):
+                fl = shard_floor(self.floor, g)
+                why = f"re-root: shard {g} as the reference of shard {layer}'s twins' track"
+                self.decisions.append({"t": self.now, "layer": g, "level": fl, "reason": why})
+                self._transfer(g, fl, self.ladders[g][fl].nbytes, "base")
+        self._transfer(layer, level, self.ladders[layer][level].nbytes, "base")
 
     def _has_room(self, layer: int) -> bool:
         """``SimConfig.prefetch_kv_bytes`` (per-step mode): a shard of a later step than the running one may be

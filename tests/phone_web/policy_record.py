@@ -129,6 +129,7 @@ class Recorder:
             "start_s": float(s.start_s),
             "latency_target_s": s.latency_target_s,
             "has_trace": s.trace is not None,
+            "reroots": bool(getattr(s, "reroots", False)),
             "estimator_config": {
                 "window": e.window,
                 "min_sample_bytes": e.min_sample_bytes,
@@ -176,9 +177,10 @@ class Recorder:
 
     def _thin(self, case: dict) -> None:
         """Drop ``case`` (just decided) when its sequence has ``REPEATS`` of its code already and the call changed
-        no per-run state of the policy (a baseline's, or sakura's deferral before the probe: no plan made), so the
-        calls kept still replay as they ran."""
-        if "state" not in case or (isinstance(self.inner, Sakura) and case["want"]["code"] != "probe-waits"):
+        no per-run state of the policy (a baseline's, or sakura's deferral before the probe, or its re-root rule: no
+        plan made), so the calls kept still replay as they ran."""
+        stateless = ("probe-waits", "reroot", "no-reroot")
+        if "state" not in case or (isinstance(self.inner, Sakura) and case["want"]["code"] not in stateless):
             return
         seen = self.seen.setdefault(case["want"]["code"], 0)
         self.seen[case["want"]["code"]] = seen + 1
@@ -219,6 +221,13 @@ class Recorder:
         case["want"] = {"upgrade": None if up is None else list(up), "code": "no-upgrade" if up is None else "upgrade"}
         self._thin(case)
         return up
+
+    def reroot_chain(self, ctx, layer):
+        case = self._record(ctx, {"call": "reroot_chain", "shard": layer})
+        out = self.inner.reroot_chain(ctx, layer)
+        case["want"] = {"chain": [int(g) for g in out], "code": "reroot" if out else "no-reroot"}
+        self._thin(case)
+        return out
 
     def worth_asking(self, ctx, shards):
         case = self._record(ctx, {"call": "worth_asking", "shards": list(shards)})

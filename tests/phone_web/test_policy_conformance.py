@@ -1,7 +1,7 @@
 """The page's fetch policies decide like Python's: every recorded call of ``on-device``, ``fetch-fp16`` and ``sakura``
 (``policy_vectors.py``: simulated edits over synthetic links, single and per-step KV, three profiles, and the Python
 policy tests' situations) replayed through ``phone_web/src/policy`` under node gives the same level, defer, split,
-recompute, upgrade and reason (text and code); every reason code is present; the page's estimator seeded with the
+recompute, upgrade, re-root chain and reason (text and code); every reason code is present; the page's estimator seeded with the
 same transfers before the lanes and fed the same observations estimates the same, and its numbers read as Python's ``:.2f`` (exact ties included); a changed rule constant in the page
 or a changed recorded decision fails."""
 
@@ -44,6 +44,8 @@ CODES = {
     "upgrade",
     "no-upgrade",
     "worth-asking",
+    "reroot",
+    "no-reroot",
 }
 
 

@@ -1,7 +1,7 @@
 // The fetch-policy protocol, as sakura_core/policy/base.py and policies.py: Decision, the Policy base (fetch nothing)
 // and the baselines the page runs (on-device, fetch-fp16). A policy answers choose(ctx, shard) (a level index,
 // LEVEL_COMPUTE, or null = stop fetching, each with its reason), keepTemplate(ctx, shard), upgrade(ctx),
-// worthAsking(ctx, shards) and recomputeLate(ctx, shard); it is deterministic given what it is shown.
+// worthAsking(ctx, shards), recomputeLate(ctx, shard) and rerootChain(ctx, shard); it is deterministic given what it is shown.
 import { fixed } from "./pyfloat.js";
 
 export const LEVEL_COMPUTE = -1; // pseudo level: the device computes this shard's template KV
@@ -45,6 +45,10 @@ export class Policy {
 
   /** Of the deferred shards, those worth asking choose() about again now (default: all). */
   worthAsking(_ctx, shards) { return shards; }
+
+  /** Shards to fetch before `layer` (at its floor), only as references that put its layer back on its twins' track
+   *  (asked only where the runtime fetches them: ctx.reroots); default none. */
+  rerootChain(_ctx, _layer) { return []; }
 
   /** The template is dropped and the shard is not ready: run a template pass on the device instead? */
   recomputeLate(_ctx, _layer) { return false; }

@@ -36,6 +36,8 @@ export class Context {
     return this._s.estimator;
   }
   get hasTrace() { return Boolean(this._s.hasTrace); }
+  /** The runtime fetches a shard's re-root chain where the policy names one (rerootChain): plans may price it. */
+  get reroots() { return Boolean(this._s.reroots); }
   ladder(layer) { return this._s.ladders[layer]; }
 
   /** [bytes as planned, decode seconds] of every shard's floor level (Float64Arrays, made once). */

@@ -4,6 +4,7 @@
 // the best "cut" plan (closed form, cutTable) or the previous plan, which wins ties. Same float operations, in the
 // same order, as the numpy code (cumulative sums left to right, running maxima).
 import { argmin, pyMax } from "./pyfloat.js";
+import { chainBytes } from "./reroot.js";
 
 const NEG = -Infinity;
 // the long-edit rule (TRACK_RATIO in planner.py): price the twins' track where the open-loop floor costs more
@@ -91,6 +92,8 @@ export class Snapshot {
     // off the twins' track a shard costs the open-loop floor's bytes: the layers off it now, and those a plan computes
     this.nbOff = ctx.floorOffTrackBytes();
     this.off0 = this.perStep && track ? ctx.offTrack(this.cs, Array.from(known, (k) => !Number.isNaN(k))) : null;
+    // re-roots where the runtime fetches them (ctx.reroots): a layer off its track comes back by its chain (reroot.js)
+    this.req0 = this.off0 !== null && ctx.reroots ? Array.from(known, (k) => !Number.isNaN(k)) : null;
     known.fill(NaN, 0, this.c);
     const prog = ctx.linkProgress();
     if (prog !== null) {
@@ -190,6 +193,7 @@ export class Snapshot {
    *  step after the first one that computes it on, and where off0 says. */
   _plannedBytes(splits) {
     if (this.off0 === null) return this.nb;
+    if (this.req0 !== null) return this._rerootedBytes(splits);
     const L = this.L;
     const k = splits.slice();
     if (!this.alive) k[0] = this.l0;
@@ -205,6 +209,22 @@ export class Snapshot {
       before = Math.max(before, k[i]);
     }
     return nb === null ? this.nb : nb;
+  }
+
+  /** Floor bytes under the plan `splits` with off-track layers re-rooted (planner.py _rerooted_bytes): the cheaper
+   *  of the open-loop floor and the twin plus its chain; a current-step layer held at another level: open-loop. */
+  _rerootedBytes(splits) {
+    const need = this._need(splits);
+    const req = this.req0.map((r, g) => r || need[g]);
+    const chain = chainBytes(this.nb, req, this.S);
+    const nb = Float64Array.from(this.nb, (x, g) => (chain[g] > 0 ? Math.min(this.nbOff[g], x + chain[g]) : x));
+    if (this.cs > 0) {
+      const L = this.L;
+      for (let l = 0; l < L; l++) {
+        if (this.off0[l] && this.req0[(this.cs - 1) * L + l]) nb[this.cs * L + l] = this.nbOff[this.cs * L + l];
+      }
+    }
+    return nb;
   }
 
   /** The best cut plan for each current-step split in k0s, for both cut families: [[cuts, finishes], ...]. */

@@ -7,6 +7,7 @@
 import { Decision, LEVEL_COMPUTE, Policy } from "./base.js";
 import { expectedNbytes, feedsTwin } from "./ladder.js";
 import { bestPlan, Snapshot, trackPriced } from "./planner.js";
+import { chainOf } from "./reroot.js";
 import { fixed, pyMax, pyMin } from "./pyfloat.js";
 
 export class Sakura extends Policy {
@@ -101,6 +102,13 @@ export class Sakura extends Policy {
       if (!ctx.templateAlive && step === snap.cs) k = snap.l0;
       return (g < ctx.computeLayer || g % snap.L >= k) && !this._laterFirst(ctx, snap, plan, g);
     });
+  }
+
+  /** Under the long-edit rule, where the runtime fetches re-roots: the chain that puts shard `layer`'s layer back on
+   *  its twins' track (reroot.js chainOf; sakura.py reroot_chain). */
+  rerootChain(ctx, layer) {
+    if (!ctx.reroots || !trackPriced(ctx)) return [];
+    return chainOf(ctx, layer, Array.from(ctx.knownReadyArray(), (k) => !Number.isNaN(k)));
   }
 
   /** Per-step KV: a shard at or above its step's planned split, its step laterFirstFrom or more steps ahead of the

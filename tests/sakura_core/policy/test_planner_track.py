@@ -14,6 +14,7 @@ from sakura_core.policy.planner import TRACK_RATIO, Snapshot, best_plan, track_p
 from sakura_core.policy.policies import make_policy
 from sakura_core.runtime.oracle import fixed_split_policy
 from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry
+from sakura_core.runtime.sim_link import SimLink
 from sakura_core.runtime.simulate import SimConfig, _Sim, simulate
 
 G = DitGeometry.of(
@@ -47,9 +48,12 @@ def _ladders(twin_div: int, open_div: int) -> list[list[Level]]:
 NEAR, FAR = _ladders(8, 4), _ladders(64, 2)
 
 
-def _ctx(ladders):
-    """The context at the edit's start (compute at shard 0, the template alive, nothing fetched)."""
-    return _Sim(fixed_split_policy(0), Trace.constant(8), 0.0, P, ladders, 0, SimConfig()).ctx
+def _ctx(ladders, reroots: bool = True):
+    """The context at the edit's start (compute at shard 0, the template alive, nothing fetched); ``reroots``: the
+    runtime fetches re-root chains (the simulator does; the live lanes do not)."""
+    sim = _Sim(fixed_split_policy(0), Trace.constant(8), 0.0, P, ladders, 0, SimConfig())
+    sim.reroots = reroots
+    return sim.ctx
 
 
 def test_the_rule_holds_where_the_open_floor_costs_more_than_track_ratio_times_the_twins():
@@ -70,9 +74,10 @@ def test_sakura_prices_the_track_only_under_the_rule():
 @pytest.mark.parametrize("rate", [7.92e5, 1.58e6, 3.17e6])
 def test_the_held_split_is_chosen_where_the_track_is_cheap(rate):
     """On the far world the best cut computes step 0 (or more) on the device and fetches every later shard: each
-    layer it computed then costs the open-loop floor, 32x its twin. Priced on the track the planner holds one split
-    for every step instead, and predicts (exactly, with the track's bytes) a far earlier finish."""
-    ctx = _ctx(FAR)
+    layer it computed then costs the open-loop floor, 32x its twin (where the runtime does not re-root it: the live
+    lanes). Priced on the track the planner holds one split for every step instead, and predicts (exactly, with the
+    track's bytes) a far earlier finish."""
+    ctx = _ctx(FAR, reroots=False)
     track = Snapshot(ctx, rate, track=True)
     cut = best_plan(Snapshot(ctx, rate))  # the planner before the rule
     held = best_plan(track)
@@ -89,9 +94,11 @@ def test_on_the_near_world_plans_are_unchanged():
         assert best_plan(sakura.snapshot(ctx, rate)) == best_plan(Snapshot(ctx, rate))
 
 
-def test_a_long_edit_on_a_slow_link_finishes_sooner_with_the_rule():
-    """The whole edit, simulated: sakura on the far world against sakura with the rule switched off (the planner
-    pricing every shard on its track): it keeps the layers on their track and ends no later."""
+def test_a_long_edit_on_a_slow_link_finishes_sooner_with_the_rule(monkeypatch):
+    """The whole edit, simulated without re-roots (as the live lanes run it): sakura on the far world against sakura
+    with the rule switched off (the planner pricing every shard on its track): it keeps the layers on their track
+    and ends no later."""
+    monkeypatch.setattr(SimLink, "reroots", False)
 
     class NoRule(type(make_policy("sakura"))):
         @staticmethod

@@ -87,11 +87,14 @@ def test_the_simulator_fetches_twins_on_the_track_and_the_open_floor_off_it(spli
 
 
 def _probe_snapshot(rate: float | None = 1e6):
+    """A track-priced snapshot at the edit's start, where the runtime does not re-root (the live lanes; the
+    simulator's re-roots: tests/sakura_core/policy/test_reroot.py)."""
     from sakura_core.policy.planner import Snapshot
     from sakura_core.runtime.simulate import _Sim
 
     ladders = with_track_floor(LADDERS, "hi")
     sim = _Sim(fixed_split_policy(0), Trace.constant(8), 0.0, P, ladders, 0, SimConfig())
+    sim.reroots = False
     return sim, Snapshot(sim.ctx, rate, track=True)
 
 
