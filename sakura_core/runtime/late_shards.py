@@ -1,8 +1,9 @@
 """:class:`LateShards`: the compute lane waiting for a shard that is not decoded yet — a stall (counted in
 ``LiveState.stalled_s``), asking the policy at the wait's start and every cached-layer time after whether a template
 pass on the device is sooner (``recompute_late``, by the simulator's rule: :func:`~.lane_rules.late_wait_until`),
-giving up on the link for the step, or, after ``shard_wait_s``, on the shard. A shard the fetch lane skipped is fetched at the floor first (a policy may not foresee a drop). The waits run
-on the live state's clock, so a test's clock controls them."""
+giving up on the link for the step, or, after ``shard_wait_s``, on the shard. A shard the fetch lane skipped is
+fetched at the floor first (a policy may not foresee a drop). The waits run on the live state's clock, so a test's
+clock controls them."""
 
 from __future__ import annotations
 
