@@ -196,6 +196,13 @@ ONE_HOME = (
     "ahead_window_bytes",  # how far requests go ahead of the wire
     "request_gate",  # whether the next request may go ahead now
     "prefetch_room",  # the prefetch-budget room check, with its reason
+    "ask_keep_template",  # the split, not asked at a shard the policy computes for good
+    "late_recheck_s",  # a late shard's waits: asked at the wait's start, then every cached-layer time
+    "late_wait_until",
+    "late_gives_up",  # ... and given up on after shard_wait_s
+    "RECHECK_MIN_S",
+    "drop_made",  # a shard a fallback pass made leaves the deferred and asked-for shards
+    "decode_span",  # a landed shard's decode: the ready time the policy sees
 )
 #: Names of the second homes that were removed: defining one again brings the duplicate back.
 RETIRED = ("_is_loopback", "_bearer", "_token_ok", "check_manifest", "check_request_schedule", "_TEMPLATE_ID_RE")

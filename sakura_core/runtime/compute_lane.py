@@ -19,6 +19,7 @@ from .decode_lane import DecodeLane
 from .denoise import EditResult, run_edit
 from .device_kv import DeviceKV
 from .lane_parts import EditInputs, LaneParts, PartsView
+from .lane_rules import ask_keep_template
 from .late_shards import LateShards
 from .pipeline_config import Cancelled
 
@@ -120,7 +121,7 @@ class ComputeLane(PartsView):
         st, shard = self.st, self.grid.at(self.step, layer)
         with st.lock:
             st.compute_layer, st.compute_t = shard.g, st.now
-            keep = self.policy.keep_template(self.ctx, shard.g)
+            keep = ask_keep_template(self.policy, self.ctx, shard.g, st.computed)
             if not keep:
                 st.template_alive = False
                 st.dropped_at = layer

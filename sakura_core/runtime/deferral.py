@@ -1,8 +1,9 @@
 """The pieces of the fetch protocol the simulator and the live runtime share: asking the policy again about the
-shards it deferred ("not now"), the reason a late-shard fallback is logged with, when that fallback template pass
-stops early (:func:`pass_can_stop`), and how far requests go ahead of the wire (:func:`ahead_window_bytes`, and the
-gate on the next request, :func:`request_gate`; the page's ``phone_web/src/lanes/lane_rules.js`` has the same, held
-to this one by conformance vectors)."""
+shards it deferred ("not now", :func:`ask_deferred`), which of them a fallback template pass made (:func:`drop_made`),
+the reason a late-shard fallback is logged with, when that fallback template pass stops early
+(:func:`pass_can_stop`), and how far requests go ahead of the wire (:func:`ahead_window_bytes`, and the gate on the
+next request, :func:`request_gate`; the page's ``phone_web/src/lanes/lane_rules.js`` has the same, held to this one by
+conformance vectors)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ __all__ = [
     "LATE_FALLBACK_REASON",
     "ahead_window_bytes",
     "ask_deferred",
+    "drop_made",
     "pass_can_stop",
     "pass_stopped_reason",
     "request_gate",
@@ -68,21 +70,30 @@ def pass_stopped_reason(layer: int, end: int) -> str:
     return f"fallback pass stopped after layer {layer} of {end}: every shard still needed is decoded or made by it"
 
 
+def drop_made(shards: list[int], made: Callable[[int], bool]) -> None:
+    """A shard a fallback template pass made (``made``: the device holds its KV) leaves ``shards`` (in place): the
+    shards the policy deferred, and the ones the compute lane asked the link for; it is neither asked about again
+    nor fetched (the lanes call this before they ask or fetch)."""
+    shards[:] = [g for g in shards if not made(g)]
+
+
 def ask_deferred(
-    policy: Policy, ctx: Context, deferred: list[int], first_unreached: int
+    policy: Policy, ctx: Context, deferred: list[int], first_unreached: int, computed: set[int]
 ) -> tuple[int, Decision] | None:
     """Ask ``policy`` again about each shard of ``deferred`` the compute lane has not reached (``>= first_unreached``:
     the live lane's ``compute_layer`` is the layer it runs, so one past it; the simulator's is the layer it is about
     to start, not reached while the link catches up to that start), in order; the first it now wants leaves the list
     and is returned with its decision. ``deferred`` is updated in place: shards already reached, and shards the
-    policy now computes for good (no ``defer``), are dropped. Only the shards :meth:`Policy.worth_asking` keeps are
-    asked (those it leaves out, its ``choose`` would defer again)."""
+    policy now computes for good (no ``defer``: added to ``computed``, see
+    :func:`~sakura_core.runtime.lane_rules.ask_keep_template`), are dropped. Only the shards
+    :meth:`Policy.worth_asking` keeps are asked (those it leaves out, its ``choose`` would defer again)."""
     deferred[:] = [g for g in deferred if g >= first_unreached]
     for g in policy.worth_asking(ctx, list(deferred)):
         d = policy.choose(ctx, g)
         if d.level is None or d.level == LEVEL_COMPUTE:
             if not d.defer:
                 deferred.remove(g)
+                computed.add(g)
             continue
         deferred.remove(g)
         return g, d

@@ -25,10 +25,10 @@ from ..kv.chain import MissingReferenceError
 from ..kv.manifest import Representation
 from ..policy.ladder import PlannedRep, fetch_as, self_contained_top
 from .decode_lane import DecodeLane
-from .deferral import ask_deferred
+from .fetch_later import LaterAsks
 from .fetch_wire import Turn, Wire, first_of, takes_on_chunk
-from .lane_parts import LaneParts, PartsView
-from .lane_rules import ask_in_order, ask_upgrade, has_prefetch_room, link_passed
+from .lane_parts import LaneParts
+from .lane_rules import ask_in_order, decode_span, has_prefetch_room, link_passed
 from .reference_wait import ReferenceWait
 from .shard_index import ShardId
 
@@ -37,7 +37,7 @@ __all__ = ["IDLE_POLL_S", "FetchLane", "takes_on_chunk"]
 IDLE_POLL_S = 0.02  # how often an idle fetch lane asks again about deferred shards (seconds)
 
 
-class FetchLane(PartsView):
+class FetchLane(LaterAsks):
     """The link of one edit (see the module docstring); :meth:`reset` before each run, :meth:`run` is the lane.
 
     Args:
@@ -149,57 +149,12 @@ class FetchLane(PartsView):
             if action != "fetch":
                 if action == "defer":
                     self.deferred.append(g)
+                else:  # "compute"
+                    st.computed.add(g)
                 return None
             assert d.level is not None
             self._claimed.add(g)
             return self.grid[g], d.level
-
-    def _signature(self) -> tuple:
-        """What a deferral depends on besides the clock: compute position, decisions, transfers, samples."""
-        st = self.st
-        done = sum(len(v) for v in st.got.values())
-        return (st.compute_layer, st.template_alive, st.next_layer, done, len(st.in_flight), st.estimator.samples)
-
-    def _ask_deferred(self) -> tuple[ShardId, int] | None:
-        """Ask the policy again about each deferred shard the compute lane has not reached (the caller holds the
-        lock and a frozen moment); ``(shard, level)`` for the first it wants. The same protocol as the simulator's;
-        not asked again until something has happened (a layer, a decision, a transfer) since the last "not now"."""
-        st = self.st
-        self.deferred[:] = [g for g in self.deferred if self.held.device(self.grid[g]) is None]
-        if not self.deferred:
-            return None
-        sig = self._signature()
-        if sig == self._deferred_sig:
-            return None
-        pick = ask_deferred(self.policy, self.ctx, self.deferred, st.compute_layer + 1)  # the lane runs compute_layer
-        if pick is None:
-            self._deferred_sig = sig
-            return None
-        g, d = pick
-        assert d.level is not None  # ask_deferred returns only a decision to fetch a level
-        self._deferred_sig = None
-        self._claimed.add(g)
-        self.log.decision(st.now, g, d.level, d.reason)
-        return self.grid[g], d.level
-
-    async def _upgrade_once(self) -> bool | None:
-        """One progressive enhancement the policy asks for on the idle link: True once fetched, False when it asks
-        for none now, None when it failed (upgrades are optional: the failure is reported and upgrading stops)."""
-        st = self.st
-        with st.lock:
-            st.link_free = st.now
-            up = ask_upgrade(self.policy, self.ctx, self.cfg.upgrades, st.base_done)
-        if up is None:
-            return False
-        shard, level = self.grid[up[0]], up[1]
-        await self._room_for(shard)
-        self.log.decision(st.now, shard.g, level, "upgrade")
-        try:
-            await self._fetch_level(shard, level)
-        except Exception as e:  # noqa: BLE001 - an upgrade is optional: report and stop upgrading
-            self.log.fallback(f"upgrade of {shard} to {self.ladders[shard.g][level].name} failed: {e}")
-            return None
-        return True
 
     # ---- what the compute lane may ask (from its thread)
 
@@ -361,7 +316,7 @@ class FetchLane(PartsView):
                 st.receiving.pop(g, None)
         with st.lock:  # its bytes are here: decoded once the decoder has run (what the simulator's view shows)
             if g in st.in_flight:
-                st.in_flight[g] = st.now + self.rungs[g][level].level.decode_s
+                st.in_flight[g] = decode_span(st.now, self.rungs[g][level].level.decode_s, st.decoder_free)[1]
         self._wire.landed(g)  # the link may go on (one request at a time): this shard's transfer has ended
         if coming:
             reference = await self.refs.held_reference(shard, rep)

@@ -34,6 +34,7 @@ from ..policy.plan import plan_fetch
 from .fetch_lane import FetchLane, takes_on_chunk
 from .held_kv import HeldKV
 from .lane_parts import LaneParts
+from .lane_rules import ask_keep_template
 from .live_profile import LiveProfile
 from .live_state import LiveState
 from .pipeline_config import RuntimeConfig
@@ -178,7 +179,7 @@ class HostLanes:
             if not st.template_alive:
                 return False
             st.compute_layer, st.compute_t = shard.g, st.now
-            keep = self.policy.keep_template(self.ctx, shard.g)
+            keep = ask_keep_template(self.policy, self.ctx, shard.g, st.computed)
             if not keep:
                 st.template_alive, st.dropped_at, self.split_layer = False, layer, layer
         if not keep:

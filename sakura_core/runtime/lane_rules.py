@@ -5,6 +5,12 @@ pure function of what its caller passes: the caller keeps its own state (the liv
 simulation's) and acts on the answer.
 
 - :func:`ask_in_order`: the in-order base ask of the next shard and what the lane does with the answer.
+- :func:`ask_keep_template`: the split, asked before each layer while the template runs (not at a shard the policy
+  computes for good).
+- :func:`decode_span`: when a shard whose bytes have landed is decoded (the ready time the policy sees then).
+- :func:`late_recheck_s`, :func:`late_wait_until` and :func:`late_gives_up`: a compute lane waiting for a late shard
+  asks ``recompute_late`` at the wait's start and again every cached-layer time, and gives up on the shard after
+  ``shard_wait_s``.
 - :func:`has_prefetch_room`: whether a later step's shard may be fetched within ``LaneConfig.prefetch_kv_bytes``
   (:func:`prefetch_room`: the same with its reason; the page's ``phone_web/src/lanes/lane_rules.js`` has both).
 - :func:`link_passed`: whether the link went past a shard without fetching it (the compute lane then has it
@@ -16,6 +22,7 @@ simulation's) and acts on the answer.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -24,11 +31,17 @@ from ..policy.policies import LEVEL_COMPUTE, Decision, Policy
 from .deferral import pass_can_stop
 
 __all__ = [
+    "RECHECK_MIN_S",
     "ROOM_GOES",
     "InOrderAction",
     "ask_in_order",
+    "ask_keep_template",
+    "decode_span",
     "ask_upgrade",
     "has_prefetch_room",
+    "late_gives_up",
+    "late_recheck_s",
+    "late_wait_until",
     "link_passed",
     "prefetch_room",
     "pass_makes",
@@ -40,6 +53,10 @@ __all__ = [
 #: "defer" (not now: asked again later, :func:`~sakura_core.runtime.deferral.ask_deferred`), "fetch" (at the
 #: decision's level)
 InOrderAction = Literal["made", "stop", "compute", "defer", "fetch"]
+
+#: a compute lane waiting for a late shard asks ``recompute_late`` again every cached-layer time, but no more often
+#: than this (a client's timer; on a very fast device a multi-second stall would otherwise be millions of asks)
+RECHECK_MIN_S = 1e-3
 
 
 def ask_in_order(policy: Policy, ctx: Context, g: int, made_on_device: bool) -> tuple[InOrderAction, Decision | None]:
@@ -71,6 +88,25 @@ def prefetch_room(g: int, running_end: int, later_bytes: int, shard_bytes: int |
     if shard_bytes is None:
         return "size-unknown"
     return "room" if later_bytes + shard_bytes <= cap else "no-room"
+
+
+def ask_keep_template(policy: Policy, ctx: Context, g: int, computed: set[int]) -> bool:
+    """The split: whether the device keeps computing the template tokens at shard ``g`` (asked before each layer
+    while they run). At a shard the policy computes for good (``computed``: asked in order, it said "compute"; or,
+    deferred, it said so when asked again, :func:`~sakura_core.runtime.deferral.ask_deferred`) the template is kept
+    without asking: no KV of it is coming, and the call (a plan, charged as planning time) is spared."""
+    return g in computed or policy.keep_template(ctx, g)
+
+
+def decode_span(
+    landed_s: float, decode_s: float, decoder_free_s: float, reference_s: float = 0.0
+) -> tuple[float, float]:
+    """When a shard whose bytes landed at ``landed_s`` is decoded: ``(start, end)``, its decode starting once its
+    bytes are here, the decoder is free (``decoder_free_s``) and its reference is decoded (``reference_s``, a
+    cross-step residual's), and taking ``decode_s``. The end is the shard's ready time the policy sees from then on
+    (``in_flight``)."""
+    start = max(landed_s, decoder_free_s, reference_s)
+    return start, start + decode_s
 
 
 def has_prefetch_room(g: int, running_end: int, later_bytes: int, shard_bytes: int | None, cap: int | None) -> bool:
@@ -110,3 +146,23 @@ def pass_stops_after(
     :func:`~sakura_core.runtime.deferral.pass_can_stop` (every shard from ``late`` to ``end`` made or decoded);
     after the step's last layer it has ended anyway, and the device holds the whole step's KV."""
     return layer + 1 < layers and pass_can_stop(late, end, made, ready)
+
+
+def late_recheck_s(layer_cached_s: float) -> float:
+    """How often a compute lane waiting for a late shard asks ``recompute_late``: every cached-layer time (what the
+    policies' patience is counted in), at least :data:`RECHECK_MIN_S` apart."""
+    return max(layer_cached_s, RECHECK_MIN_S)
+
+
+def late_wait_until(t0: float, now: float, recheck_s: float, wait_s: float = math.inf) -> float:
+    """A compute lane waiting since ``t0`` for a shard asks ``recompute_late`` at the wait's start and, while the
+    policy says wait (asked at ``now``), again ``recheck_s`` later (:func:`late_recheck_s`): it waits for the shard
+    until the returned time, no later than ``t0 + wait_s`` (``RuntimeConfig.shard_wait_s``; the simulator sets no
+    limit), where it gives up on the shard (:func:`late_gives_up`)."""
+    return min(now + recheck_s, t0 + wait_s)
+
+
+def late_gives_up(t0: float, now: float, wait_s: float = math.inf) -> bool:
+    """The compute lane has waited ``wait_s`` since ``t0`` for a shard (``RuntimeConfig.shard_wait_s``): it gives up
+    on it without asking the policy again (the device computes its KV)."""
+    return now - t0 >= wait_s

@@ -1,14 +1,16 @@
 """:class:`LateShards`: the compute lane waiting for a shard that is not decoded yet — a stall (counted in
-``LiveState.stalled_s``), asking the policy every cached-layer time whether a template pass on the device is sooner
-(``recompute_late``, as in the simulator), giving up on the link for the step, or, after ``shard_wait_s``, on the
-shard. A shard the fetch lane skipped is fetched at the floor first (a policy may not foresee a drop). The waits run
-on the live state's clock, so a test's clock controls them."""
+``LiveState.stalled_s``), asking the policy at the wait's start and every cached-layer time after whether a template
+pass on the device is sooner (``recompute_late``, by the simulator's rule: :func:`~.lane_rules.late_wait_until`),
+giving up on the link for the step, or, after ``shard_wait_s``, on the shard. A shard the fetch lane skipped is
+fetched at the floor first (a policy may not foresee a drop). The waits run on the live state's clock, so a test's
+clock controls them."""
 
 from __future__ import annotations
 
 from .deferral import LATE_FALLBACK_REASON
 from .fetch_lane import FetchLane
 from .lane_parts import LaneParts, PartsView
+from .lane_rules import late_gives_up, late_recheck_s, late_wait_until
 from .pipeline_config import Cancelled
 from .shard_index import ShardId
 
@@ -29,7 +31,7 @@ class LateShards(PartsView):
 
     def __init__(self, parts: LaneParts, fetch: FetchLane, layer_cached_s: float) -> None:
         self.parts, self.fetch = parts, fetch
-        self.poll_s = min(max(layer_cached_s, 0.01), parts.config.live.shard_wait_s)
+        self.poll_s = late_recheck_s(layer_cached_s)
 
     def wait_for(self, shard: ShardId, step: int) -> None:
         """Block the compute lane (at ``step``) until ``shard`` is ready (a stall in the timeline) or it is given up
@@ -48,22 +50,25 @@ class LateShards(PartsView):
         self.log.event("stall", t0, st.now, shard.g, f"step {step}")
 
     def _wait_or_give_up(self, shard: ShardId, step: int, t0: float) -> None:
-        """Until the shard is ready, the policy gives up on it, or ``shard_wait_s`` has passed."""
+        """Until the shard is ready, the policy gives up on it (asked at the wait's start and every ``poll_s`` after:
+        :func:`~.lane_rules.late_wait_until`), or ``shard_wait_s`` has passed (:func:`~.lane_rules.late_gives_up`)."""
         st, wait_s = self.st, self.cfg.live.shard_wait_s
-        while not self._wait_or_cancel(shard, min(self.poll_s, t0 + wait_s - st.now)):
-            if self.cancel.is_set():
-                raise Cancelled(f"edit cancelled at step {step}, layer {shard.layer} while waiting for its shard")
-            if st.now - t0 >= wait_s:
+        while not self.held.is_ready(shard):
+            if late_gives_up(t0, st.now, wait_s):
                 self.log.fallback(f"{shard} not ready after {wait_s}s; computing it on the device")
                 self.log.decision(st.now, shard.g, "device", f"{shard} not ready after {wait_s:g} s")
                 self.held.give_up(shard)
-                break
+                return
             with st.lock:
                 st.compute_t = st.now
                 late = self.policy.recompute_late(self.ctx, shard.g)
             if late:
                 self._give_up_on_link(shard, step)
-                break
+                return
+            if self._wait_or_cancel(shard, late_wait_until(t0, st.now, self.poll_s, wait_s) - st.now):
+                return
+            if self.cancel.is_set():
+                raise Cancelled(f"edit cancelled at step {step}, layer {shard.layer} while waiting for its shard")
 
     def _wait_or_cancel(self, shard: ShardId, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` (on the live state's clock) for ``shard``, returning early (False) once the edit

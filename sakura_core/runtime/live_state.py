@@ -62,6 +62,7 @@ class LiveState:
         self.decoder_free = 0.0
         self.next_layer = 0
         self.base_done = False
+        self.computed: set[int] = set()  # shards the policy computes for good (lane_rules.ask_keep_template)
         self.got: dict[int, list[tuple[int, float]]] = {}
         self.in_flight: dict[int, float] = {}
         # shards being received: shard -> [requested at, bytes received, bytes] (kept only when the fetcher reports

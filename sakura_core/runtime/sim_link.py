@@ -1,26 +1,22 @@
 """The simulator's link: the fetch lane (one transfer at a time over the trace, requests sent ahead of it within a
-window unless ``SimConfig.request_ahead`` is off, the decoder behind it, deferred shards
-asked again while the link would idle, upgrades) and what a policy may know of it (levels decoded by now, predicted
-ready times, the transfer in progress). A mixin of :class:`~sakura_core.runtime.simulate._Sim`, as
-:class:`~sakura_core.runtime.fetch_lane.FetchLane` is of the live pipeline; the state lives on the simulation."""
+window unless ``SimConfig.request_ahead`` is off, the decoder behind it, deferred shards asked again while the link
+would idle, upgrades). What a policy may know of it (levels decoded by now, predicted ready times, the transfer in
+progress) is :class:`~sakura_core.runtime.sim_view.SimView`, which it extends. A mixin of
+:class:`~sakura_core.runtime.simulate._Sim`, as :class:`~sakura_core.runtime.fetch_lane.FetchLane` is of the live
+pipeline; the state lives on the simulation."""
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..policy.ladder import fetch_as, shard_floor, twin_applies
-from .deferral import ahead_window_bytes, ask_deferred
-from .lane_rules import ask_in_order, ask_upgrade, has_prefetch_room, link_passed
+from .deferral import ahead_window_bytes, ask_deferred, drop_made
+from .lane_rules import ask_in_order, ask_upgrade, decode_span, has_prefetch_room, link_passed
+from .sim_view import SimView
 
 if TYPE_CHECKING:
-    from ..fetch.traces import Trace
     from ..policy.context import Context
-    from ..policy.estimator import ThroughputEstimator
-    from ..policy.ladder import Level
     from .live_profile import LiveProfile
     from .profiles import DeviceProfile
     from .sim_cpu import PlanClock
@@ -29,46 +25,19 @@ if TYPE_CHECKING:
 __all__ = ["SimLink"]
 
 
-class _GotView(Mapping):
-    """``got`` as a policy sees it at ``now``: a shard's levels decoded by then (shards with none are absent)."""
-
-    def __init__(self, got: dict[int, list[tuple[int, float]]], now: float):
-        self._got, self._now = got, now
-
-    def __getitem__(self, g: int) -> list[tuple[int, float]]:
-        v = self._got[g]
-        if not v or v[0][1] > self._now:
-            raise KeyError(g)
-        return [x for x in v if x[1] <= self._now]
-
-    def __iter__(self) -> Iterator[int]:
-        return (g for g, v in self._got.items() if v and v[0][1] <= self._now)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-class SimLink:
+class SimLink(SimView):
     """Mixin: the link half of a simulated edit (``_got``, ``_pred``, ``link_free``, ``decoder_free``, ``estimator``,
     ``pending_obs``, ``next_layer``, ``deferred``, ``forced``, ...)."""
 
     # the simulation's state this mixin reads and writes (set in ``_Sim.__init__``; times in seconds, sizes bytes)
     policy: PlanClock
-    trace: Trace
-    start_s: float
     profile: DeviceProfile | LiveProfile  # a measured live profile: the phone page's replays
-    ladders: list[list[Level]]
     floor: int
     config: SimConfig
     N: int  # shards
     L: int  # shards of one step
     per_step: bool
-    rtt_s: float
-    estimator: ThroughputEstimator
     ctx: Context
-    pending_obs: list[tuple[float, int, float]]
-    now: float
-    link_free: float
     wire_free: float
     _wire_q: list[tuple[float, int, float]]  # transfers not arrived: (first byte, bytes, arrival)
     decoder_free: float
@@ -76,16 +45,9 @@ class SimLink:
     base_done: bool
     forced: list[int]
     skipped: set[int]
+    computed: set[int]  # the policy computes them for good (lane_rules.ask_keep_template)
     deferred: list[int]
-    _got: dict[int, list[tuple[int, float]]]  # layer -> [(level, ready_t)] in fetch order
     twins: set[tuple[int, int]]
-    _pred: dict[int, tuple[float, int, float]]
-    _wire0: dict[int, float]
-    _first_ready: np.ndarray  # (N,) when each shard's first level is decoded
-    _pending: list[int]
-    _req_t0: list[float]
-    _req_g: list[int]
-    compute_t: float
     compute_layer: int
     step_started_t: float
     bytes: int
@@ -97,93 +59,6 @@ class SimLink:
 
     # the link fetches a shard's re-root chain where the policy names one (Context.reroots)
     reroots = True
-
-    @property
-    def got(self) -> Mapping[int, list[tuple[int, float]]]:
-        """Levels decoded by ``now`` (the policy's view; see the module docstring): a read-only view, O(1) a key."""
-        return _GotView(self._got, self.now + 1e-12)
-
-    def fetched_levels(self) -> dict[int, int]:
-        """``Context.fetched_levels``: each shard's highest level requested, decoded by now or not (``got`` shows
-        the decoded ones only; an upgrade on its way must not be asked for again)."""
-        return {g: max(j for j, _ in v) for g, v in self._got.items() if v}
-
-    def known_ready_array(self) -> np.ndarray:
-        """``Context.known_ready`` of every shard at once (NaN where None), without a dict per shard."""
-        now = self.now + 1e-12
-        first = self._first_ready
-        out = np.where(first <= now, first, np.nan)
-        for g, t in self.in_flight.items():
-            out[g] = t
-        return out
-
-    def _pending_now(self, now: float) -> list[int]:
-        """Shards requested and not decoded by ``now``, in request order (those decoded before every later
-        ``now`` can be, leave the list for good: ``now`` is always >= min(link_free, compute_t))."""
-        floor = min(self.link_free, self.compute_t)  # link decisions come at link_free, compute ones at compute_t
-        self._pending = [g for g in self._pending if self._first_ready[g] > floor]
-        return [g for g in self._pending if self._first_ready[g] > now]
-
-    @property
-    def in_flight(self) -> dict[int, float]:
-        """Requested, not decoded by ``now``: its decode end once it has arrived, else a prediction from what a
-        client knows (request times and sizes, the bytes of the transfer in progress received so far) at the robust
-        estimate, lowered to the in-progress rate when that transfer is overdue; never the true future arrival."""
-        now = self.now + 1e-12
-        out: dict[int, float] = {}
-        rate = None
-        t = now
-        for g in self._pending_now(now):
-            t0, nbytes, arrive = self._pred[g]
-            got = self._got[g]
-            if arrive <= now:
-                out[g] = got[0][1]
-                continue
-            if rate is None:
-                self.flush_observations()
-                rate = self.estimator.robust()
-                prog = self.link_progress()
-                if prog is not None and prog[0] > self.rtt_s + prog[2] / rate:  # overdue: the link slowed
-                    rate = min(rate, max(prog[1], 1.0) / max(prog[0] - self.rtt_s, 1e-3))
-            wire0 = self._wire0[g]
-            if wire0 <= now:  # its bytes are arriving (a client sees its first bytes)
-                t = now + (nbytes - self._received(wire0, now, nbytes)) / rate
-            else:  # sent, its bytes not started (or queued behind the transfer in progress)
-                t = max(t, t0) + nbytes / rate
-            out[g] = t + self.ladders[g][got[0][0]].decode_s
-        return out
-
-    def link_progress(self) -> tuple[float, float, float] | None:
-        """The transfer in progress at ``now``: (seconds since it was requested, bytes received so far, its size),
-        or None when the link is idle (what a client's read loop knows). The wire carries one transfer at a time:
-        the last request sent by ``now``, or while that one (sent ahead) waits its turn, the one arriving."""
-        now = self.now
-        i = bisect.bisect_right(self._req_t0, now + self.rtt_s) - 1
-        if i < 0:
-            return None
-        while i > 0 and now < self._wire0[self._req_g[i]]:  # sent ahead, queued: one before it is arriving
-            i -= 1
-        g = self._req_g[i]
-        _, nbytes, arrive = self._pred[g]
-        wire0 = self._wire0[g]
-        if not wire0 - self.rtt_s <= now < arrive:
-            return None
-        return now - (wire0 - self.rtt_s), self._received(wire0, now, nbytes), float(nbytes)
-
-    def _received(self, wire0: float, now: float, nbytes: int) -> float:
-        """Bytes of a transfer whose bytes started at ``wire0`` received by ``now`` (what a client's read loop counts)."""
-        if now <= wire0:
-            return 0.0
-        got = self.trace.delivered(self.start_s + now) - self.trace.delivered(self.start_s + wire0)
-        return float(min(max(got, 0.0), nbytes))
-
-    def flush_observations(self) -> None:
-        """Feed the estimator the transfers that have completed by ``now`` (never one from the future)."""
-        done = [o for o in self.pending_obs if o[0] <= self.now + 1e-12]
-        if done:
-            self.pending_obs = [o for o in self.pending_obs if o[0] > self.now + 1e-12]
-            for _, nbytes, seconds in sorted(done):
-                self.estimator.observe(nbytes, seconds)
 
     # the trace is read at start_s + t
     def _reference_ready(self, layer: int, level: int) -> tuple[int, float]:
@@ -253,8 +128,8 @@ class SimLink:
             self._req_t0.append(sent + self.rtt_s)
             self._req_g.append(layer)
         lv = self.ladders[layer][level].fetched(twin)
-        dec0 = max(arrive, self.decoder_free, ref_done)
-        dec1 = dec0 + (lv.decode_s if kind == "base" else lv.decode_s - self.ladders[layer][level - 1].decode_s)
+        decode_s = lv.decode_s if kind == "base" else lv.decode_s - self.ladders[layer][level - 1].decode_s
+        dec0, dec1 = decode_span(arrive, decode_s, self.decoder_free, ref_done)
         self.decoder_free = dec1
         self.cpu_busy("decode", dec0, dec1)
         if layer not in self._got:
@@ -302,7 +177,8 @@ class SimLink:
     def _link_step(self) -> bool:
         """One link action at ``link_free``; False when the link has nothing to do."""
         self.now = self.link_free
-        self.forced[:] = [g for g in self.forced if g not in self.device_kv_at]  # a fallback pass made it meanwhile
+        for shards in (self.forced, self.deferred):  # a fallback pass made one meanwhile: not fetched, not asked
+            drop_made(shards, self.device_kv_at.__contains__)
         if self.forced:
             layer = self.forced.pop(0)
             fl = shard_floor(self.floor, layer)
@@ -339,6 +215,8 @@ class SimLink:
                 self.skipped.add(layer)
                 if action == "defer":
                     self.deferred.append(layer)
+                else:  # "compute"
+                    self.computed.add(layer)
                 if d.link_idle_until_s is not None:  # the policy's next decision waits (the link stays idle)
                     self.link_free = max(self.link_free, d.link_idle_until_s)
             else:
@@ -376,7 +254,7 @@ class SimLink:
         if self.room_wait is not None:
             return False
         self.now = self.link_free
-        pick = ask_deferred(self.policy, self.ctx, self.deferred, self.compute_layer)  # about to start, not reached
+        pick = ask_deferred(self.policy, self.ctx, self.deferred, self.compute_layer, self.computed)  # about to start
         self._charge_link()
         if pick is None:
             return False

@@ -40,7 +40,7 @@ from ..policy.estimator import ThroughputEstimator
 from ..policy.ladder import Level
 from ..policy.policies import Policy
 from .deferral import LATE_FALLBACK_REASON, pass_stopped_reason
-from .lane_rules import pass_makes, pass_stops_after
+from .lane_rules import ask_keep_template, late_recheck_s, late_wait_until, pass_makes, pass_stops_after
 from .lane_types import LaneResult
 from .live_profile import LiveProfile
 from .pre_lanes import template_image_s
@@ -50,11 +50,7 @@ from .sim_ladders import CACHEGEN_NO_FLOOR
 from .sim_link import SimLink
 from .sim_types import CpuCharges, DiscardedEvents, SimConfig, SimResult
 
-__all__ = ["KV_MODES", "RECHECK_MIN_S", "SimConfig", "SimResult", "kv_mode_view", "simulate"]
-
-# a waiting compute lane asks recompute_late again every cached-layer time, but no more often than this (a client's
-# timer; on a very fast device a multi-second stall would otherwise be millions of asks)
-RECHECK_MIN_S = 1e-3
+__all__ = ["KV_MODES", "SimConfig", "SimResult", "kv_mode_view", "simulate"]
 
 
 def kv_mode_view(profile: DeviceProfile, kv_mode: str) -> DeviceProfile:
@@ -99,6 +95,7 @@ class _Sim(SimLink, CpuShare):
         self.base_done = False
         self.forced: list[int] = []
         self.skipped: set[int] = set()
+        self.computed: set[int] = set()  # the policy computes them for good (lane_rules.ask_keep_template)
         self.deferred: list[int] = []  # skipped "for now": asked again when the link would idle
         self._got: dict[int, list[tuple[int, float]]] = {}  # layer -> [(level, ready_t)] in fetch order
         self.twins: set[tuple[int, int]] = set()  # (shard, level) fetched as the level's closed-loop twin
@@ -203,7 +200,7 @@ class _Sim(SimLink, CpuShare):
         self.settle_contention()
         self.now = self.compute_t
         if self.template_alive:
-            keep = (layer in self.skipped and layer not in self.deferred) or pol.keep_template(self.ctx, layer)
+            keep = ask_keep_template(pol, self.ctx, layer, self.computed)
             self._charge_compute(layer)
             if keep:
                 self._compute(p.layer_full_s, layer, "template")
@@ -225,10 +222,10 @@ class _Sim(SimLink, CpuShare):
         self._compute(p.layer_cached_s, layer, "cached")
 
     def _wait_or_recompute(self, layer: int) -> None:
-        """The compute lane needs shard ``layer``: while it is not decoded, ask the policy (again every cached-layer
-        time of waiting, at least :data:`RECHECK_MIN_S` apart, as a live client would) whether a template pass on the
-        device is sooner; else stall."""
-        recheck_s = max(self.profile.layer_cached_s, RECHECK_MIN_S)
+        """The compute lane needs shard ``layer``: while it is not decoded, ask the policy (at the wait's start and
+        again every cached-layer time of waiting, as the live lane: :func:`~.lane_rules.late_wait_until`) whether a
+        template pass on the device is sooner; else stall. The simulator sets no ``shard_wait_s``."""
+        t0, recheck_s = self.compute_t, late_recheck_s(self.profile.layer_cached_s)
         while not self.ready_by(layer, self.compute_t):
             self.now = self.compute_t
             late = self.policy.recompute_late(self.ctx, layer)
@@ -237,7 +234,7 @@ class _Sim(SimLink, CpuShare):
                 self._fallback_pass(layer)
                 return
             ready = self.wait_for(layer)
-            until = min(ready, self.compute_t + recheck_s)
+            until = min(ready, late_wait_until(t0, self.compute_t, recheck_s))
             if until > self.compute_t:
                 self.events.append(
                     {

@@ -298,11 +298,11 @@ def test_the_live_pipeline_tells_the_policy_how_long_the_edit_has_waited(setup, 
         e["end"] - e["start"] for e in rep.result.events if e["lane"] == "stall" and e["end"] <= stall["start"]
     )
     assert len(late) >= 3
-    for k, (now, stalled) in enumerate(late[:3], start=1):
-        assert now - stall["start"] == pytest.approx(k * POLL_S)  # asked every cached-layer time of the wait
+    for k, (now, stalled) in enumerate(late[:3]):  # at the wait's start, then every cached-layer time of the wait
+        assert now - stall["start"] == pytest.approx(k * POLL_S, abs=1e-9)  # (lane_rules.late_wait_until)
         assert stalled == pytest.approx(earlier + now - stall["start"])  # the wait in progress is counted as it runs
     stalls = sum(e["end"] - e["start"] for e in rep.result.events if e["lane"] == "stall")
-    assert stalls >= late[-1][1] and stall["end"] - stall["start"] >= 3 * POLL_S - 1e-9  # the timeline
+    assert stalls >= late[-1][1] and stall["end"] - stall["start"] >= 2 * POLL_S - 1e-9  # the timeline
     assert rep.levels_by_step()["step 1"] == ["fp16"] * L  # it waited: the shard was used
 
 

@@ -118,9 +118,13 @@ def test_a_failed_shard_does_not_leak_into_the_next_run(setup):
 
 class _SkipTwo(Policy):
     """Shard 2 left to the device (no defer) although the template is dropped at layer 0: the compute lane asks
-    for it; the policy gives up waiting at once (the device is sooner)."""
+    for it; the policy gives up waiting one poll into the wait (asked at its start, then the asked-for fetch is on
+    its way), the device being sooner."""
 
     name, family = "skip-two", "fp16"
+
+    def __init__(self):
+        self.late_asks = 0
 
     def choose(self, ctx, g):
         return Decision(LEVEL_COMPUTE, "the device computes it") if g == 2 else Decision(0, "fp16")
@@ -129,7 +133,8 @@ class _SkipTwo(Policy):
         return False
 
     def recompute_late(self, ctx, g):
-        return True
+        self.late_asks += 1
+        return self.late_asks > 1
 
 
 async def test_a_fetch_the_compute_lane_asked_for_ends_with_the_run(setup):
