@@ -18,7 +18,7 @@ from sakura_core.runtime.lane_rules import (
     late_recheck_s,
     late_wait_until,
 )
-from sakura_core.runtime.profiles import DeviceProfile, DitGeometry
+from sakura_core.runtime.profiles import DeviceCompute, DeviceMemory, DeviceProfile, DitGeometry
 from sakura_core.runtime.simulate import SimConfig, simulate
 
 
@@ -85,8 +85,8 @@ def test_a_late_shard_is_asked_about_every_cached_layer_time_and_given_up_after_
     assert not late_gives_up(10.0, 1e9) and late_wait_until(0.0, 0.0, 1.0, math.inf) == 1.0
 
 
-G = DitGeometry(name="tiny", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32)
-P = DeviceProfile("dev", "soc", 2e11, 0.1, 0, model=G)  # single KV mode: one shard a layer
+G = DitGeometry.of(name="tiny", layers=4, heads=4, head_dim=64, image_tokens=256, template_tokens=512, text_tokens=32)
+P = DeviceProfile("dev", "soc", DeviceCompute(2e11, 0.1), DeviceMemory(0), model=G)  # single KV mode: one shard a layer
 FP = G.shard_bytes_fp16
 LADDERS = {"sakura": [[Level("q", FP // 6, FP // 6, 1e-3, 1e-5)]] * G.layers}
 
@@ -107,7 +107,7 @@ def test_the_simulator_asks_about_a_late_shard_at_the_wait_s_start_then_every_ca
     pol = _Late()
     r = simulate(pol, Trace.constant(0.5), P, LADDERS, {"sakura": 0}, config=SimConfig(rtt_s=0.0))
     asks = [t for g, t in pol.late_asked if g == 0]
-    stall = next(e for e in r.events if e["lane"] == "stall" and e["layer"] == 0)
+    stall = next(e for e in r.result.events if e["lane"] == "stall" and e["layer"] == 0)
     recheck = late_recheck_s(P.layer_cached_s)
     assert len(asks) >= 3 and asks[0] == pytest.approx(stall["start"])
     assert [b - a for a, b in zip(asks, asks[1:], strict=False)] == pytest.approx([recheck] * (len(asks) - 1))
@@ -118,4 +118,4 @@ def test_the_simulator_never_asks_the_split_at_a_shard_the_policy_computes_for_g
     # once shard 3 is requested): the split is asked at shard 3 only, and drops there
     pol = _Asked(compute={0, 1}, defer={2}, keep=lambda g: g < 3)
     r = simulate(pol, Trace.constant(1000), P, LADDERS, {"sakura": 0}, config=SimConfig(rtt_s=0.0))
-    assert pol.deferred_asked == [2] and pol.kept_asked == [3] and r.split_layer == 3
+    assert pol.deferred_asked == [2] and pol.kept_asked == [3] and r.result.split_layer == 3
