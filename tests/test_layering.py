@@ -273,6 +273,17 @@ def test_nodes_and_the_core_never_import_the_server():
     assert bad == []
 
 
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_over_400_lines():
+    """A module holds one concern: past 400 lines (after `make format`) it holds more; split it along a seam."""
+    long = {
+        name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, "split these modules along a seam (one concern each)"
+
+
 MAX_FUNCTION_LINES = 80
 
 

@@ -33,7 +33,6 @@ from dataclasses import replace
 import numpy as np
 
 from ..fetch.traces import Trace
-from ..metrics import psnr_from_mse
 from ..models.kv_types import KV_MODES
 from ..policy.context import Context
 from ..policy.estimator import ThroughputEstimator
@@ -41,14 +40,13 @@ from ..policy.ladder import Level
 from ..policy.policies import Policy
 from .deferral import LATE_FALLBACK_REASON, pass_stopped_reason
 from .lane_rules import ask_keep_template, late_recheck_s, late_wait_until, pass_makes, pass_stops_after
-from .lane_types import LaneResult
 from .live_profile import LiveProfile
 from .pre_lanes import template_image_s
 from .profiles import DeviceProfile
-from .sim_cpu import CpuShare, PlanClock
+from .sim_cpu import PlanClock
 from .sim_ladders import CACHEGEN_NO_FLOOR
-from .sim_link import SimLink
-from .sim_types import CpuCharges, DiscardedEvents, SimConfig, SimResult
+from .sim_outcome import SimOutcome
+from .sim_types import DiscardedEvents, SimConfig, SimResult
 
 __all__ = ["KV_MODES", "SimConfig", "SimResult", "kv_mode_view", "simulate"]
 
@@ -65,7 +63,7 @@ def kv_mode_view(profile: DeviceProfile, kv_mode: str) -> DeviceProfile:
     return profile.with_geometry(flat)
 
 
-class _Sim(SimLink, CpuShare):
+class _Sim(SimOutcome):
     def __init__(self, policy, trace, start_s, profile, ladders, floor, config, image_bytes=0):
         slowdown = float(getattr(profile, "cpu_slowdown", 1.0))
         self.policy = PlanClock(policy, config.planning, config.planning_s, slowdown)
@@ -305,69 +303,6 @@ class _Sim(SimLink, CpuShare):
         if level is None:
             raise RuntimeError(f"simulation: shard {layer} runs at t={self.compute_t:.4f} s with no level decoded")
         return level
-
-    def _result(self) -> SimResult:
-        self.settle_contention()  # the threads that overlapped the last layer (no new transfer after the edit)
-        mse = 0.0
-        for layer, levels in self.used.items():
-            for j in levels:
-                mse += self._mse_share(layer, j) / len(levels)
-        result = LaneResult(
-            policy=self.policy.name,
-            latency_s=self.pre_lanes_s + self.compute_t + self.profile.fixed_s,
-            bytes_fetched=self.bytes,
-            split_layer=self.split_layer,
-            split_layers=list(self.splits),
-            events=self.events,
-            decisions=self.decisions,
-            peak_kv_bytes=self._peak_kv_bytes(),
-        )
-        return SimResult(
-            result,
-            trace=self.trace.name,
-            start_s=self._start0,
-            psnr_db=psnr_from_mse(mse),
-            stall_s=self.stall_s,
-            cpu=CpuCharges(self.policy.total_s, self.policy.calls, self.contention_s),
-            pre_lanes_s=self.pre_lanes_s,
-        )
-
-    def _mse_share(self, g: int, j: int) -> float:
-        """Shard ``g``'s share of the output MSE at level ``j``: its closed-loop track's (the twin's share, measured
-        with step 0 at the level and every later step its twin) when it is on that track — a twin, or the step-0
-        level whose next step's twin was fetched against it — else the level's own (open loop)."""
-        lv = self.ladders[g][j]
-        if (g, j) in self.twins:
-            return lv.fetched(True).mse
-        nxt = g + self.L
-        if self.per_step and g < self.L and nxt < self.N:  # by name: a reuse rung in front shifts later ladders
-            twin = next(
-                (i for i, x in enumerate(self.ladders[nxt]) if x.name == lv.name and (nxt, i) in self.twins), None
-            )
-            if twin is not None:
-                return self.ladders[nxt][twin].fetched(True).mse
-        return lv.mse
-
-    def _peak_kv_bytes(self) -> int:
-        """The most decoded template KV held at once, as the live pipeline counts it: a fetched shard from its first
-        decode, a fallback pass's KV from the pass, until the compute lane is past the shard (per-step mode) or the
-        edit ends (single mode: every step uses it); one shard's K and V in fp16."""
-        end = self.compute_t
-        spans = [(min(t for _, t in got), g) for g, got in self._got.items()]
-        spans += [(t, g) for g, t in self.device_kv_at.items()]
-        edges = []
-        for t0, g in spans:
-            t1 = self.passed.get(g, end) if self.per_step else end
-            if t0 < t1:
-                edges += [(t0, 1), (t1, -1)]
-        held = peak = 0
-        for _, d in sorted(edges):  # at one time a release (-1) comes before a hold (+1)
-            held += d
-            peak = max(peak, held)
-        shard = getattr(self.profile.model, "shard_bytes_fp16", None)
-        if shard is None:  # a measured live profile has no geometry: the ladder's fp16 level, if it has one
-            shard = next((lv.nbytes for lv in self.ladders[0] if lv.name == "fp16"), 0) if self.ladders else 0
-        return peak * int(shard)
 
 
 def _slowed(lv, slowdown: float):
