@@ -62,7 +62,7 @@ class TraceShaper:
 
     @property
     def rtt_s(self) -> float:
-        return max(self.config.rtt_s, 2 * self.trace.latency_ms / 1000)
+        return self.trace.round_trip_s(self.config.rtt_s)
 
     def _elapsed(self) -> float:
         now = self._clock()

@@ -101,6 +101,11 @@ class Trace:
     def bytes_between(self, t0_s: float, t1_s: float) -> float:
         return self.delivered(t1_s) - self.delivered(t0_s)
 
+    def round_trip_s(self, least_s: float) -> float:
+        """The round trip a request on this link costs: ``least_s`` (the configured least, ``LaneConfig.rtt_s``) or
+        twice the trace's one-way latency when that is more."""
+        return max(least_s, 2 * self.latency_ms / 1000)
+
     def finish_time(self, start_s: float, nbytes: float) -> float:
         """When a transfer of ``nbytes`` that starts at ``start_s`` (and has the link to itself) completes."""
         if nbytes <= 0:

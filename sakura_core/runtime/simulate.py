@@ -77,7 +77,7 @@ class _Sim(SimOutcome):
         self.per_step = S > 1 and self.N == S * L
         self.L = L if self.per_step else self.N  # shards of one step
         self.layers_per_step = self.L  # see PolicyState.layers_per_step
-        self.rtt_s = max(config.rtt_s, 2 * trace.latency_ms / 1000)
+        self.rtt_s = trace.round_trip_s(config.rtt_s)
         self.request_ahead = config.request_ahead  # see Context.queued_rtt_s
         self.latency_target_s = config.latency_target_s
         self.estimator = ThroughputEstimator()

@@ -125,7 +125,7 @@ def scale_case(
     cpu_s, latency_s = {}, {}
     t0 = time.process_time()
     config = SimConfig()
-    pre_lanes_s = template_image_s(trace, 0.0, template_image_bytes, max(config.rtt_s, 2 * trace.latency_ms / 1000))
+    pre_lanes_s = template_image_s(trace, 0.0, template_image_bytes, trace.round_trip_s(config.rtt_s))
     latency_s["fluid-bound"] = fluid_bound(trace, prof, ladders, floors, pre_lanes_s=pre_lanes_s)
     cpu_s["fluid-bound"] = time.process_time() - t0
     for name in policies or list(POLICIES):
