@@ -136,14 +136,14 @@ function fakes(vt, { bytesPerS = 4e5, hang = null, stepS = 0.03, rttS = 0, fifo 
 }
 
 async function edit(policy, { steps = 3, perStep = true, pass = false, budgetBytes = null, link = {}, profile = null,
-  measured = null, requestAhead = true, rttS = 0.01 } = {}) {
+  measured = null, requestAhead = true, rttS = 0.01, preLanes = [] } = {}) {
   const raw = manifest(perStep ? steps : null);
   const vt = new VirtualTime();
   const f = fakes(vt, link);
   const e = new PipelinedEdit({ raw, policy, timers: vt, fetchBlob: f.fetchBlob, pool: f.pool, computeStep: f.computeStep,
     slotOf: (g, rep) => ({ layers: [g % L, g % L], step: perStep ? Math.floor(g / L) : null, levelName: rep.name }),
     templatePass: pass ? f.pass : null, templateTokens: async () => new Float32Array(4), times: [1, 0.66, 0.33, 0],
-    steps, tokens: TOKENS, heads: HEADS, headDim: HD, budgetBytes, rttS, profile, measured, requestAhead });
+    steps, tokens: TOKENS, heads: HEADS, headDim: HD, budgetBytes, rttS, profile, measured, requestAhead, preLanes });
   const report = await vt.drive(e.run());
   return { raw, f, report, e };
 }
@@ -236,6 +236,7 @@ const codesOf = (r) => new Set(r.decisions.map((d) => d.code));
     "the template dropped, coded": codes.has("drop") && codes.has("probe-waits"),
     "each step's layers after its split fetched": r.levels_used.every((ls, s) => ls.every((n, l) => (l < r.split_layers[s]) === (n === "template"))),
     "every fetch a level the policy chose": chosen,
+    "the policy's asks timed": r.policy_calls >= r.decisions.length && r.policy_s > 0 && b.report.policy_calls === r.policy_calls,
     "deterministic": JSON.stringify(r.timeline) === JSON.stringify(b.report.timeline),
   });
 }
@@ -262,6 +263,36 @@ const codesOf = (r) => new Set(r.decisions.map((d) => d.code));
     "the template pass: its layers measured": close(p.templatePassS, 0.01 * L) && close(p.layerFullS, 0.08 / L + 0.01),
     "the next edit starts from them": close(next.templatePassS, 0.01 * L) && close(next.layerCachedS, 0.08 / L),
     "a fresh session guesses": new MeasuredProfile().profileFor(L, 3, true).layerCachedS === 0.05,
+  });
+}
+
+{ // the decode rate measured (the fake pool decodes a shard in 0.01 s): the session's MeasuredProfile keeps it per
+  // level, and the next edit's ladders give the levels decoded the measured seconds, the others the default rate
+  const measured = new MeasuredProfile();
+  const first = await edit("fetch-fp16", { measured, link: { bytesPerS: 4e6 } });
+  const second = await edit("sakura", { measured, link: { bytesPerS: 4e6 } });
+  const fp16Bytes = shardBytes / 2;
+  const rates = measured.decodeRates();
+  const level = (e, name) => e.plan.ladders[0].find((lv) => lv.name === name);
+  const close = (a, b) => Math.abs(a - b) < 1e-9;
+  check("measured decode rate", { rates }, {
+    "fp16 decoded at its measured rate": close(rates.fp16, fp16Bytes / 0.01),
+    "a fresh edit's ladders: the default rate": close(level(first.e, "fp16").decodeS, fp16Bytes / 6e8),
+    "the next edit plans fp16 with it": close(level(second.e, "fp16").decodeS, 0.01),
+    "levels not decoded before it keep the default": ["sakura-l1", "sakura-l2"].every((n) => close(level(second.e, n).decodeS, fp16Bytes / 6e8)),
+    "the second edit's decodes measured too": close(rates["sakura-l2"] ?? 0, fp16Bytes / 0.01),
+    "an untimed decode is no sample": (() => { const m = new MeasuredProfile(); m.observeDecode("x", 10, 0); return !("x" in m.decodeRates()); })(),
+  });
+}
+
+{ // a small template image before the lanes (9 KB in 0.1 s, its first byte at 0.05 s: under the 16 KiB the lanes'
+  // samples pool to) seeds the estimator all the same, so step 0 is planned on it: no bandwidth probe
+  const probe = await edit("sakura", { pass: true, link: { bytesPerS: 2e5 } });
+  const seeded = await edit("sakura", { pass: true, link: { bytesPerS: 2e5 }, preLanes: [[9000, 0.1, 0.05]] });
+  check("a small image seeds step 0", { probe: [...codesOf(probe.report)], seeded: [...codesOf(seeded.report)] }, {
+    "unseeded: step 0 waits for the probe": codesOf(probe.report).has("probe-waits"),
+    "seeded: no probe": !codesOf(seeded.report).has("probe-waits") && !codesOf(seeded.report).has("probe"),
+    "the seed is the estimator's sample": seeded.e.st.estimator.samples >= 1,
   });
 }
 

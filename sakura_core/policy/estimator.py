@@ -59,6 +59,10 @@ class ThroughputEstimator:
             if nbytes < self.config.min_sample_bytes:
                 self._pooled = (nbytes, seconds)
                 return
+        self._take(nbytes, seconds)
+
+    def _take(self, nbytes: float, seconds: float) -> None:
+        """``nbytes`` over ``seconds`` as a sample (what was pooled is in it or given up)."""
         self._pooled = (0.0, 0.0)
         rate = nbytes / seconds
         if self._last_prediction is not None:
@@ -73,13 +77,16 @@ class ThroughputEstimator:
         count as throughput: it is taken off, but at most ``seed_rtt_share`` of the time, since a transfer of a
         round trip or two is latency more than bytes (TCP's slow start, the round trip's own error) and its bytes
         over what is left would overstate the link. So a seed is at most 1 / (1 - seed_rtt_share) times its raw
-        rate, and a small one pools with the next as any small transfer does (``min_sample_bytes``). As a sample,
-        the first lane sample's error against it counts in :meth:`robust` (a seed that misjudged the link makes the
-        estimate more cautious, as any other sample's does)."""
+        rate. A seed is a sample of its own whatever its size (with what small transfers were pooled before it):
+        unlike a lane's small shard, whose time is mostly the round trip, its round trip is measured and taken off,
+        and a small one reads the link low (a transfer within its slow start), which keeps the first plan cautious
+        rather than leaving it on the prior. As a sample, the first lane sample's error against it counts in
+        :meth:`robust` (a seed that misjudged the link makes the estimate more cautious, as any other sample's
+        does)."""
         if nbytes <= 0 or seconds <= 0:
             return
         rtt = min(max(rtt_s, 0.0), self.config.seed_rtt_share * seconds)
-        self.observe(nbytes, seconds - rtt)
+        self._take(self._pooled[0] + nbytes, self._pooled[1] + seconds - rtt)
 
     def harmonic(self) -> float:
         """Harmonic mean of the recent samples in bytes/s (the prior before any sample)."""

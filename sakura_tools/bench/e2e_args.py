@@ -4,6 +4,8 @@ geometry, profile and step count a sim run covers (:func:`parse_combos`) and its
 
 from __future__ import annotations
 
+import argparse
+
 from sakura_core.kv.storage import DEFAULT_STORE_PROFILE, STORE_PROFILES
 from sakura_core.policy.policies import POLICIES
 from sakura_core.runtime.profiles import GEOMETRIES, PROFILES, get_profile
@@ -23,6 +25,19 @@ def _add_page_arguments(parser) -> None:
         help="page: trace names in --traces (default %(default)s: `sakura traces synth`'s)",
     )
     parser.add_argument("--cpu-throttle", type=float, default=4.0, help="page: CDP CPU throttle (default %(default)s)")
+    parser.add_argument(
+        "--page-repeats",
+        type=_positive_int,
+        default=3,
+        help="page: edits per trace and policy, interleaved; the median one is compared (default %(default)s)",
+    )
+
+
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
 
 
 def add_arguments(parser) -> None:

@@ -28,4 +28,4 @@ def test_the_lanes_run_every_scenario():
     assert lines and "summary" in lines[-1], proc.stdout[-2000:] + proc.stderr[-2000:]
     failed = [x for x in lines[:-1] if not x["ok"]]
     assert proc.returncode == 0 and not failed, failed
-    assert lines[-1]["summary"]["scenarios"] == 12
+    assert lines[-1]["summary"]["scenarios"] == 14

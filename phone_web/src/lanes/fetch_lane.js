@@ -20,15 +20,16 @@ export const IDLE_POLL_S = 0.02; // how often an idle lane asks again about defe
 
 export class FetchLane {
   /** plan: pageLadders(); fetchBlob(digest, bytes, onChunk) -> Uint8Array; pool: a DecodePool; slotOf(g, rep): the
-   *  shard's manifest slot; budgetBytes: the prefetch bound (per-step KV); shardBytes: one shard's float32 K/V. */
+   *  shard's manifest slot; budgetBytes: the prefetch bound (per-step KV); shardBytes: one shard's float32 K/V;
+   *  measured: the page session's MeasuredProfile, told each decode's seconds (null: none kept). */
   /** rttFromFirstByte: the link's round trip (st.rttS) becomes the first transfer's time to its first byte (a page
    *  whose manifest came earlier, maybe over another link, measures the edit's own link so). requestAhead: requests
    *  go ahead of the wire (fetchBlob must await what onChunk returns, as fetchShard does; one that does not turns it
    *  off, see ahead). */
   constructor({ plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades = true,
-    rttFromFirstByte = false, requestAhead = true }) {
+    rttFromFirstByte = false, requestAhead = true, measured = null }) {
     Object.assign(this, { plan, st, ctx, policy, held, pool, log, fetchBlob, slotOf, budgetBytes, shardBytes, timers, upgrades,
-      rttFromFirstByte, requestAhead });
+      rttFromFirstByte, requestAhead, measured });
     this.n = plan.ladders.length;
     this.reset();
   }
@@ -282,6 +283,7 @@ export class FetchLane {
     const d0 = st.now;
     const kv = await this.pool.decode(blobs, this.slotOf(g, rep));
     this.log.event("decode", d0, st.now, g, name);
+    this.measured?.observeDecode(name, this.shardBytes / 2, st.now - d0); // the next edit plans with this rate
     if (this.stopped || g < this.released) return; // the edit is over, or the compute lane passed the shard
     this.chains.set(g, { digests, blobs });
     this.held.publish(st.now, g, { k: kv.k, v: kv.v, level, name });

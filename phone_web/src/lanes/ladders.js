@@ -29,8 +29,10 @@ export function floorIndex(reps, floorPsnrDb = FLOOR_PSNR_DB) {
   return i < 0 ? reps.length - 1 : i;
 }
 
-/** {ladders, reps, floor (one per shard), layers, steps, perStep} of ``raw`` (the manifest JSON) for ``family``. */
-export function pageLadders(raw, family, decodeBytesPerS = DECODE_BYTES_PER_S) {
+/** {ladders, reps, floor (one per shard), layers, steps, perStep} of ``raw`` (the manifest JSON) for ``family``; a
+ *  level's decodeS is a shard's fp16 K/V bytes at ``decodeRates[name]`` (bytes/s: the page's measured rate,
+ *  MeasuredProfile.decodeRates), DECODE_BYTES_PER_S where the page has not decoded the level yet. */
+export function pageLadders(raw, family, decodeRates = {}) {
   const L = raw.num_layers;
   const perStep = (raw.kv_mode ?? "single") === "per-step";
   const steps = perStep ? raw.schedule.steps : 1;
@@ -56,7 +58,7 @@ export function pageLadders(raw, family, decodeBytesPerS = DECODE_BYTES_PER_S) {
       const progressive = (r.requires ?? []).length > 0;
       const mse = r.psnr_db !== undefined && r.psnr_db !== null ? (4 * 10 ** (-r.psnr_db / 10)) / n : (Number(r.distortion ?? 0) ** 2) / n;
       levels.push(Object.freeze({ name: r.name, nbytes: chain, incrementBytes: progressive ? r.bytes : chain,
-        decodeS: fp16Bytes / decodeBytesPerS, mse, progressive: progressive && chain > prev, refStep: null, reuse: false,
+        decodeS: fp16Bytes / (decodeRates[r.name] ?? DECODE_BYTES_PER_S), mse, progressive: progressive && chain > prev, refStep: null, reuse: false,
         closed: null, offTrack: null }));
       prev = chain;
     }

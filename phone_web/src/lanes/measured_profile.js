@@ -1,5 +1,6 @@
 // The compute costs the page measures (the policy's profile, policy/context.js): a DiT step's seconds and a template-
-// pass layer's seconds, the medians of the latest few of each. A page keeps one for its session (made at model load)
+// pass layer's seconds, the medians of the latest few of each; and its decode rate per level name (a shard's fp16 K/V
+// bytes over the decode lane's seconds), which the next edit's ladders take as their levels' decodeS (ladders.js). A page keeps one for its session (made at model load)
 // and hands it to every edit, so an edit's policy plans with the device's measured costs from its first decision
 // (not a guess); an edit given none starts from DEFAULT_LAYER_S a layer and measures as it runs. The profile the
 // policy reads follows LiveProfile (sakura_core/runtime/live_profile.py): a cached layer is a DiT step over the
@@ -27,12 +28,26 @@ export class MeasuredProfile {
   reset() {
     this.stepS = []; // the latest DiT steps' seconds
     this.passLayerS = []; // the latest template-pass layers' seconds
+    this.decodeRate = new Map(); // level name -> the latest decodes' fp16 K/V bytes per second
   }
 
   get measured() { return this.stepS.length > 0 || this.passLayerS.length > 0; }
 
   observeStep(s) { this._keep(this.stepS, s); }
   observePassLayer(s) { this._keep(this.passLayerS, s); }
+
+  /** A decode of a level `name` shard: `fp16Bytes` of K/V (fp16) in `s` seconds of the decode lane. */
+  observeDecode(name, fp16Bytes, s) {
+    if (!(fp16Bytes > 0)) throw new RangeError(`a decoded shard's fp16 bytes must be > 0, got ${fp16Bytes}`);
+    if (!(s > 0)) return; // a decode the clock could not time (0 s) says nothing of the rate
+    if (!this.decodeRate.has(name)) this.decodeRate.set(name, []);
+    this._keep(this.decodeRate.get(name), fp16Bytes / s);
+  }
+
+  /** {level name: the median measured decode rate (fp16 bytes/s)} of the levels decoded so far. */
+  decodeRates() {
+    return Object.fromEntries([...this.decodeRate].map(([name, rates]) => [name, median(rates)]));
+  }
 
   _keep(list, s) {
     if (!(s >= 0)) throw new RangeError(`a measured compute time must be >= 0 seconds, got ${s}`);

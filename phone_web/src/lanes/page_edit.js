@@ -125,6 +125,8 @@ export async function runLanesEdit({ origin, templateId, rgba, prompt, steps, se
     stalled_s: lanes.stalled_s,
     memory: lanes.memory,
     decisions: lanes.decisions,
+    policy_s: lanes.policy_s, // the policy's asks, seconds on the page's thread
+    policy_calls: lanes.policy_calls,
     fallbacks: lanes.fallbacks,
     timeline: lanes.timeline,
     executed_on: executedOn(run),

@@ -10,6 +10,7 @@ import { HeldKV } from "./held_kv.js";
 import { pageLadders } from "./ladders.js";
 import { LiveState, realTimers } from "./live_state.js";
 import { MeasuredProfile } from "./measured_profile.js";
+import { timedPolicy } from "./policy_time.js";
 import { busyS, RunLog } from "./timeline.js";
 
 /** The prefetch budget when none is given: 1/16 of the device memory the browser reports (navigator.deviceMemory,
@@ -24,8 +25,8 @@ export class PipelinedEdit {
    *  slot); slotOf(g, rep); computeStep(step, kv); templatePass / templateTokens: see ComputeLane; times: flow times;
    *  steps; tokens, heads, headDim: one shard's K/V geometry; budgetBytes (null: unbounded); rttS: the link's round
    *  trip; profile: the costs planned with at first (null: from `measured`); measured: the page session's
-   *  MeasuredProfile (measured_profile.js; null: a fresh one, this edit's own), fed every step and template-pass
-   *  layer; timers: the lanes' time (live_state.js realTimers; tests a virtual one); onEvent(kind, entry): each event /
+   *  MeasuredProfile (measured_profile.js; null: a fresh one, this edit's own), fed every step, template-pass
+   *  layer and decode (the ladders' decode seconds are its rates); timers: the lanes' time (live_state.js realTimers; tests a virtual one); onEvent(kind, entry): each event /
    *  decision as it is logged; rttFromFirstByte: rttS replaced by the first transfer's time to its first byte;
    *  requestAhead: the fetch lane's requests go ahead of the wire (fetch_lane.js; false: one request at a time).
    *  preLanes: [bytes, seconds, round trip] of each transfer made before the lanes, seeding the estimator. */
@@ -33,12 +34,14 @@ export class PipelinedEdit {
     times, steps, tokens, heads, headDim, budgetBytes = defaultBudgetBytes(), rttS = 0.05, profile = null,
     measured = null, latencyTargetS = null, timers = realTimers, onEvent = () => {}, upgrades = true, shardWaitS = 120,
     rttFromFirstByte = false, requestAhead = true, preLanes = [] }) {
-    this.policy = typeof policy === "string" ? makePolicy(policy) : policy;
+    this.policySpent = { s: 0, calls: 0 }; // the policy's asks: wall seconds on the page's thread, and how many
+    this.policy = timedPolicy(typeof policy === "string" ? makePolicy(policy) : policy, this.policySpent);
     if (this.policy.templateEveryStep && templatePass === null) {
       throw new Error(`policy ${this.policy.name} computes every layer's template KV on the device, which needs per-layer ` +
         "template graphs this model's files lack (template_pass.js); choose fetch-fp16 or sakura, or export the model again");
     }
-    this.plan = pageLadders(raw, this.policy.family);
+    this.measured = measured ?? new MeasuredProfile();
+    this.plan = pageLadders(raw, this.policy.family, this.measured.decodeRates()); // decodes as fast as measured
     const L = this.plan.layers;
     this.shardBytes = 2 * tokens * heads * headDim * 4; // float32 K and V of one layer
     this.budgetBytes = budgetBytes;
@@ -47,7 +50,6 @@ export class PipelinedEdit {
       const inner = this.log[kind].bind(this.log);
       this.log[kind] = (...args) => { inner(...args); const list = kind === "event" ? this.log.events : this.log.decisions; onEvent(kind, list[list.length - 1]); };
     }
-    this.measured = measured ?? new MeasuredProfile();
     this.st = new LiveState({ profile: profile ?? this.measured.profileFor(L, steps, templatePass !== null), ladders: this.plan.ladders,
       floor: this.plan.floor, layersPerStep: L, rttS, latencyTargetS, estimatorConfig: new EstimatorConfig(), clock: timers.now,
       preLanes });
@@ -55,7 +57,7 @@ export class PipelinedEdit {
     this.held = new HeldKV(L, this.shardBytes, timers);
     this.fetch = new FetchLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held, pool,
       log: this.log, fetchBlob, slotOf, budgetBytes: this.plan.perStep ? budgetBytes : null, shardBytes: this.shardBytes, timers, upgrades,
-      rttFromFirstByte, requestAhead });
+      rttFromFirstByte, requestAhead, measured: this.measured });
     this.compute = new ComputeLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held,
       fetch: this.fetch, log: this.log, computeStep, templatePass, templateTokens, times, steps, shardWaitS,
       measured: this.measured });
@@ -65,6 +67,7 @@ export class PipelinedEdit {
   async run() {
     for (const x of [this.st, this.log, this.held, this.fetch, this.compute]) x.reset();
     this.policy.reset();
+    Object.assign(this.policySpent, { s: 0, calls: 0 });
     this.st.requestAhead = this.fetch.ahead; // Context.queuedRttS: the policy's view of the lane's requests
     const link = this.fetch.run();
     let linkError = null;
@@ -108,6 +111,8 @@ export class PipelinedEdit {
         peak_held_bytes: this.held.peakHeldBytes, peak_prefetch_bytes: this.held.peakPrefetchBytes,
         held_bytes_at_end: this.held.heldBytes, held_samples: this.held.samples },
       per_step_s: this.compute.stepS,
+      policy_s: this.policySpent.s, // the policy's asks' seconds on the page's thread (policy_time.js)
+      policy_calls: this.policySpent.calls,
     };
   }
 }

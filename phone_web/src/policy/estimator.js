@@ -54,6 +54,11 @@ export class ThroughputEstimator {
         return;
       }
     }
+    this._take(nbytes, seconds);
+  }
+
+  /** nbytes over seconds as a sample (what was pooled is in it or given up). */
+  _take(nbytes, seconds) {
     this._pooled = [0.0, 0.0];
     const rate = nbytes / seconds;
     if (this._lastPrediction !== null) _push(this._errors, Math.abs(this._lastPrediction - rate) / rate, this.config.window);
@@ -63,11 +68,11 @@ export class ThroughputEstimator {
 
   /** A transfer made before the lanes (the manifest, the template image) as a sample, its round trip taken off but
    *  at most seedRttShare of its time (estimator.py's seed: a transfer of a round trip or two is latency more than
-   *  bytes). */
+   *  bytes); a sample of its own whatever its size, with what small transfers were pooled before it. */
   seed(nbytes, seconds, rttS) {
     if (nbytes <= 0 || seconds <= 0) return;
     const rtt = Math.min(Math.max(rttS, 0.0), this.config.seedRttShare * seconds);
-    this.observe(nbytes, seconds - rtt);
+    this._take(this._pooled[0] + nbytes, this._pooled[1] + seconds - rtt);
   }
 
   /** Harmonic mean of the recent samples (the prior before any). */

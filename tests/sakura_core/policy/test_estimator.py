@@ -53,15 +53,18 @@ def test_a_seed_mostly_round_trip_is_bounded_at_twice_its_raw_rate():
     assert tight.harmonic() == pytest.approx(50_000 / 0.11)  # share 0: the raw rate, round trip and all
 
 
-def test_a_small_seed_pools_with_the_next_and_an_empty_one_is_nothing():
+def test_a_small_seed_is_a_sample_of_its_own_and_an_empty_one_is_nothing():
     e = ThroughputEstimator(EstimatorConfig(min_sample_bytes=10_000))
     e.seed(0, 1.0, 0.05)
     e.seed(4_000, 0.0, 0.05)
     assert e.samples == 0
-    e.seed(4_000, 0.2, 0.05)  # the manifest: below the minimum, pooled (its round trip off)
-    assert e.samples == 0 and e.harmonic() == EstimatorConfig().prior_bytes_per_s
-    e.seed(8_000, 0.45, 0.05)  # a small image: with the pool it reaches the minimum
-    assert e.samples == 1 and e.harmonic() == pytest.approx(12_000 / (0.15 + 0.4))
+    e.seed(4_000, 0.2, 0.05)  # the manifest: below the lanes' minimum, a sample all the same (its round trip off)
+    assert e.samples == 1 and e.harmonic() == pytest.approx(4_000 / 0.15)
+    e.observe(3_000, 0.1)  # a lane's small shard still pools
+    assert e.samples == 1
+    e.seed(8_000, 0.45, 0.05)  # a seed after it takes the pool with it
+    assert e.samples == 2 and e.robust() < e.harmonic()
+    assert 2 / e.harmonic() == pytest.approx(0.15 / 4_000 + (0.1 + 0.4) / 11_000)
     e.reset()
     assert e.samples == 0  # a reset forgets the seed
 
