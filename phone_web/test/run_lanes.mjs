@@ -6,6 +6,7 @@
 // run), so a scenario gives the same timeline on any host. Prints one JSON line per scenario ({name, ok, failures,
 // figures}); exits 1 on any failure.
 //   node test/run_lanes.mjs
+import { f16Table } from "../src/f16.js";
 import { MeasuredProfile } from "../src/lanes/measured_profile.js";
 import { PipelinedEdit } from "../src/lanes/pipeline.js";
 import { lanesOverlap } from "../src/lanes/timeline.js";
@@ -73,6 +74,35 @@ function manifest(steps = null) {
     kv_mode: steps ? "per-step" : "single", ...(steps ? { schedule: { steps } } : {}), shards };
 }
 
+/** A per-step manifest of cross-step levels (as publish_template's per-step sakura, full store): step 0 as
+ *  manifest(); each later step a zero-byte reuse rung on the step before, sakura-l1 (30 dB) and sakura-l2 (36 dB) as
+ *  residuals on it (one blob each), fp16, and closed-loop twins sakura-l1+cl (37 dB: the track floor) and
+ *  sakura-l2+cl, coded against the step before's same level (step 0's, then the twin). */
+function crossManifest(steps) {
+  const raw = manifest(steps);
+  const own = (s, l, name) => raw.shards[(s * L) + l].representations.find((r) => r.name === name);
+  let d = 10000;
+  for (let s = 1; s < steps; s++) {
+    for (let l = 0; l < L; l++) {
+      const prev = (name) => own(s - 1, l, s === 1 ? name.replace("+cl", "") : name).digest;
+      const residual = (mode, step, digest) => ({ ref: { mode, step, digest } });
+      const fp16 = own(s - 1, l, "fp16").digest;
+      raw.shards[s * L + l].representations = [
+        { name: "reuse", codec: "reuse", level: 0, digest: null, bytes: 0, requires: [], psnr_db: 25, ...residual("reuse", s - 1, fp16) },
+        { name: "sakura-l1", codec: "sakura", level: 1, digest: hex(++d), bytes: 1500, requires: [], psnr_db: 30, ...residual("residual", s - 1, fp16) },
+        { name: "sakura-l2", codec: "sakura", level: 2, digest: hex(++d), bytes: 2500, requires: [], psnr_db: 36, ...residual("residual", s - 1, fp16) },
+        { name: "fp16", codec: "fp16", level: 3, digest: hex(++d), bytes: 40000, requires: [], psnr_db: null },
+        { name: "sakura-l1+cl", codec: "sakura", level: 4, digest: hex(++d), bytes: 1000, requires: [], psnr_db: 37, ...residual("closed", s - 1, prev("sakura-l1+cl")) },
+        { name: "sakura-l2+cl", codec: "sakura", level: 5, digest: hex(++d), bytes: 1200, requires: [], psnr_db: 40, ...residual("closed", s - 1, prev("sakura-l2+cl")) },
+      ];
+    }
+  }
+  return raw;
+}
+
+/** What a cross-step level adds to its reference in the fake decoder (integers: exact in float16). */
+const delta = (step, name) => 100 * step + { "sakura-l1": 1, "sakura-l2": 2, "sakura-l1+cl": 4, "sakura-l2+cl": 5 }[name];
+
 /** The value a decoded shard holds: which layer, step and level it is. */
 const mark = (layer, step, name) => 1000 * (step ?? 0) + 10 * layer + { "sakura-l1": 1, "sakura-l2": 2, fp16: 3 }[name];
 
@@ -115,9 +145,12 @@ function fakes(vt, { bytesPerS = 4e5, hang = null, stepS = 0.03, rttS = 0, fifo 
     }
     return new Uint8Array(bytes);
   };
-  const pool = { decode: async (blobs, slot) => {
+  const decodes = []; // {step, layer, name, ref: the reference's value (float16 bits widened) or null, value}
+  const pool = { decode: async (blobs, slot, reference = null) => {
     await sleep(0.01);
-    const x = mark(slot.layers[0], slot.step, slot.levelName);
+    const ref = reference === null ? null : f16Table()[reference.k[0]];
+    const x = ref === null ? mark(slot.layers[0], slot.step, slot.levelName) : ref + delta(slot.step, slot.levelName);
+    decodes.push({ step: slot.step, layer: slot.layers[0], name: slot.levelName, ref, value: x, refStep: reference?.step ?? null });
     return { k: new Float32Array(PER).fill(x), v: new Float32Array(PER).fill(-x) };
   } };
   const seen = [];
@@ -132,12 +165,12 @@ function fakes(vt, { bytesPerS = 4e5, hang = null, stepS = 0.03, rttS = 0, fifo 
       return { layer, k: new Float32Array(PER).fill(-(layer + 1)), v: new Float32Array(PER).fill(layer + 1) };
     }, dispose() { this.disposed = true; } };
   } };
-  return { requested, requestedAt, fetchBlob, pool, seen, computeStep, pass, busy: wire?.busy ?? null };
+  return { requested, requestedAt, fetchBlob, pool, seen, computeStep, pass, busy: wire?.busy ?? null, decodes };
 }
 
 async function edit(policy, { steps = 3, perStep = true, pass = false, budgetBytes = null, link = {}, profile = null,
-  measured = null, requestAhead = true, rttS = 0.01, preLanes = [] } = {}) {
-  const raw = manifest(perStep ? steps : null);
+  measured = null, requestAhead = true, rttS = 0.01, preLanes = [], cross = false } = {}) {
+  const raw = cross ? crossManifest(steps) : manifest(perStep ? steps : null);
   const vt = new VirtualTime();
   const f = fakes(vt, link);
   const e = new PipelinedEdit({ raw, policy, timers: vt, fetchBlob: f.fetchBlob, pool: f.pool, computeStep: f.computeStep,
@@ -341,6 +374,62 @@ const codesOf = (r) => new Set(r.decisions.map((d) => d.code));
   check("requests ahead with a fetcher that does not await its turns", { request_ahead: report.request_ahead }, {
     "ahead turned off": report.request_ahead === false,
     "every shard fetched and computed": fetches.length === 12 && report.levels_used.flat().every((n) => n === "fp16"),
+  });
+}
+
+/** Cross-step checks of a per-step edit: every residual or twin decoded against its reference as the device held it
+ *  (the value step s-1 computed that layer with: fetched or the template pass's), the KV each step computed with the
+ *  reference's plus the residual, a twin only against the representation it names. */
+function crossChecks(f, report) {
+  const used = report.levels_used;
+  const cross = f.decodes.filter((x) => x.ref !== null);
+  // what the device held of (step, layer): the decodes of it and the template pass's KV, by value
+  const heldAs = (x) => f.decodes.filter((y) => y.step === x.step - 1 && y.layer === x.layer && y.value === x.ref);
+  const ownRef = cross.every((x) => x.refStep === x.step - 1 && (heldAs(x).length > 0 || x.ref === -(x.layer + 1)));
+  const sum = cross.every((x) => x.value === x.ref + delta(x.step, x.name));
+  const twinTrack = cross.filter((x) => x.name.endsWith("+cl"))
+    .every((x) => heldAs(x).some((y) => y.name === (x.step === 1 ? x.name.replace("+cl", "") : x.name)));
+  const stepKV = f.seen.every((ks, s) => ks.every((k, l) => {
+    const n = used[s][l];
+    if (n === "template") return k === -(l + 1);
+    const last = f.decodes.filter((x) => x.step === s && x.layer === l).at(-1);
+    return last !== undefined && k === last.value && last.name === n;
+  }));
+  return { cross, conds: {
+    "each residual / twin decoded against its reference as the device held it": ownRef,
+    "its KV the reference's plus the residual": sum,
+    "a twin only on its track": twinTrack,
+    "each step computed with the KV decoded at the level it reports": stepKV,
+    "nothing held after the edit": report.memory.held_bytes_at_end === 0,
+  } };
+}
+
+{ // sakura, per-step cross-step template, no pass: steps >= 1 fetch residuals / closed-loop twins (a few KB, not the
+  // 40 KB fp16), each decoded with its reference; the reuse rung is no rung (as Python's ladders); nothing left held
+  const { raw, f, report, e } = await edit("sakura", { cross: true, link: { bytesPerS: 2e5 } });
+  const { cross, conds } = crossChecks(f, report);
+  const laterFp16 = raw.shards.filter((s) => s.step > 0).map((s) => s.representations.find((r) => r.name === "fp16").digest);
+  check("sakura per-step cross-step levels", { used: report.levels_used, bytes: report.bytes_fetched, cross: cross.length }, {
+    ...conds,
+    "cross-step levels fetched": cross.length >= L,
+    "twins fetched on their track": cross.some((x) => x.name.endsWith("+cl")),
+    "the floor on the twins' track, the open-loop floor off it": report.floor[L] === "sakura-l1" && e.plan.ladders[L][0].offTrack === 1,
+    "no reuse rung offered": e.plan.ladders.every((lad) => lad.every((lv) => lv.name !== "reuse" && !lv.reuse)),
+    "no later-step fp16 fetched": !f.requested.some((d) => laterFp16.includes(d)),
+  });
+}
+
+{ // the same with a template pass on a slow link: layers the device computed at a step are the references of the next
+  // step's residuals (kept past the step, freed once decoded), the rest as above
+  const profile = { layerFullS: 0.05, layerCachedS: 0.01, templatePassS: 0.16, fixedS: 0, steps: 3, ditCpuCores: 1 };
+  const { f, report } = await edit("sakura", { cross: true, pass: true, profile, link: { bytesPerS: 1e5 } });
+  const { cross, conds } = crossChecks(f, report);
+  const onDevice = cross.filter((x) => x.ref < 0); // against the template pass's KV (-(layer + 1))
+  check("sakura per-step cross-step levels with a pass", { used: report.levels_used, splits: report.split_layers, on_device: onDevice.length }, {
+    ...conds,
+    "the template ran for some layers": report.levels_used.flat().includes("template"),
+    "a residual decoded against the device's KV": onDevice.length > 0 || !report.levels_used.slice(0, -1).some((ls, s) =>
+      ls.some((n, l) => n === "template" && report.levels_used[s + 1][l] !== "template")),
   });
 }
 
