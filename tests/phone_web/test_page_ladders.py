@@ -2,7 +2,9 @@
 equals Python's (:func:`sakura_core.policy.plan.plan_fetch`) on a real per-step template of the demo model (sakura
 codec, full store, as ``sakura bench e2e --mode page`` publishes it): per shard every level with its cross-step links
 (reference step, closed-loop twin, open-loop floor off the twins' track), the representations fetched for it, and the
-floor — for sakura and fetch-fp16."""
+floor — for sakura and fetch-fp16; and the page's lanes on that template (``phone_web/test/run_lanes_real.mjs``: its real
+decoders, a fake link and DiT step) fetch cross-step levels at steps >= 1 and compute every step with the KV the
+fixed-level decoder (``src/template.js``, bit-exact with Python's) gives at the levels they report."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ NODE = shutil.which("node")
 
 @pytest.fixture(scope="module")
 def per_step_manifest(tmp_path_factory) -> Path:
-    """The manifest of the per-step sakura template (3 steps), written as JSON."""
+    """The manifest of the per-step sakura template (3 steps), written as JSON beside its store (``store/``)."""
     import torch
 
     from cloud_server.precompute import publish_template
@@ -99,3 +101,15 @@ def test_the_page_ladders_equal_python_plan_fetch(per_step_manifest, policy):
         later = plan.rungs[len(plan.rungs) // 3 * 2]
         assert any(r.level.ref_step is not None for r in later) and any(r.level.closed for r in later)
         assert any(r.level.off_track is not None for r in later)
+
+
+def test_the_page_lanes_decode_cross_step_levels_with_their_reference(per_step_manifest):
+    require_or_skip((WEB / "node_modules" / "fzstd").is_dir(), "phone_web's npm packages are not installed (npm ci)")
+    store = per_step_manifest.parent / "store"
+    proc = subprocess.run(
+        [NODE, "test/run_lanes_real.mjs", str(store), "ladders"], capture_output=True, text=True, timeout=300, cwd=WEB
+    )
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    print(lines[-1]["figures"])  # noqa: T201 - the levels used and the bytes fetched (pytest -s)
+    assert proc.returncode == 0 and lines[-1]["ok"], lines[-1]
