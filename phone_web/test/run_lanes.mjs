@@ -2,9 +2,10 @@
 // pipelined edit under node and checks what the lanes must do — the policy's levels fetched in execution order, the
 // KV each step computed with (its own step's, its level, the device's where the template ran), the lanes overlapped,
 // per-step KV freed once its step is done, the prefetch under the budget, every decision with a reason code, the
-// late-shard race, a per-step template's cross-step levels decoded with their reference (fakes: lane_fakes.mjs). Every wait runs on a virtual clock (VirtualTime: the earliest timer fires once nothing else can
-// run), so a scenario gives the same timeline on any host. Prints one JSON line per scenario ({name, ok, failures,
-// figures}); exits 1 on any failure.
+// late-shard race, a per-step template's cross-step levels decoded with their reference (the fakes: lane_fakes.mjs).
+// Every wait runs on a virtual clock (VirtualTime: the earliest timer fires once nothing else can run), so a scenario
+// gives the same timeline on any host. Prints one JSON line per scenario ({name, ok, failures, figures}); exits 1 on
+// any failure.
 //   node test/run_lanes.mjs
 import { MeasuredProfile } from "../src/lanes/measured_profile.js";
 import { lanesOverlap } from "../src/lanes/timeline.js";
