@@ -2,151 +2,14 @@
 // pipelined edit under node and checks what the lanes must do — the policy's levels fetched in execution order, the
 // KV each step computed with (its own step's, its level, the device's where the template ran), the lanes overlapped,
 // per-step KV freed once its step is done, the prefetch under the budget, every decision with a reason code, the
-// late-shard race. Every wait runs on a virtual clock (VirtualTime: the earliest timer fires once nothing else can
-// run), so a scenario gives the same timeline on any host. Prints one JSON line per scenario ({name, ok, failures,
-// figures}); exits 1 on any failure.
+// late-shard race, a per-step template's cross-step levels decoded with their reference (the fakes: lane_fakes.mjs).
+// Every wait runs on a virtual clock (VirtualTime: the earliest timer fires once nothing else can run), so a scenario
+// gives the same timeline on any host. Prints one JSON line per scenario ({name, ok, failures, figures}); exits 1 on
+// any failure.
 //   node test/run_lanes.mjs
 import { MeasuredProfile } from "../src/lanes/measured_profile.js";
-import { PipelinedEdit } from "../src/lanes/pipeline.js";
 import { lanesOverlap } from "../src/lanes/timeline.js";
-
-const L = 4;
-const TOKENS = 8;
-const HEADS = 2;
-const HD = 4;
-const PER = TOKENS * HEADS * HD; // one layer's K (or V) values
-
-/** Virtual time for the lanes (their `timers`): a timer fires when every promise that can settle has settled. */
-class VirtualTime {
-  constructor() {
-    this.t = 0;
-    this.queue = [];
-    this.seq = 0;
-    this.now = () => this.t;
-    this.sleep = (s) => new Promise((r) => this.after(s, r));
-  }
-
-  after(s, fn) {
-    const e = { at: this.t + Math.max(0, s), seq: this.seq++, fn, live: true };
-    this.queue.push(e);
-    return () => { e.live = false; };
-  }
-
-  /** Run ``promise`` to its end, firing the timers in time order. */
-  async drive(promise) {
-    let done = false;
-    let value;
-    let error = null;
-    promise.then((v) => { done = true; value = v; }, (e) => { done = true; error = e; });
-    while (!done) {
-      await new Promise((r) => setImmediate(r)); // every microtask settled
-      if (done) break;
-      this.queue = this.queue.filter((e) => e.live).sort((a, b) => a.at - b.at || a.seq - b.seq);
-      if (!this.queue.length) throw new Error("the lanes wait on nothing: a deadlock");
-      const e = this.queue.shift();
-      this.t = Math.max(this.t, e.at);
-      e.fn();
-    }
-    if (error !== null) throw error;
-    return value;
-  }
-}
-const hex = (n) => n.toString(16).padStart(64, "0");
-
-/** A manifest of L one-layer shards (per step with ``steps``): sakura-l1 (30 dB), sakura-l2 (36 dB, refines l1),
- *  fp16; digests hex of a counter; sizes in bytes. */
-function manifest(steps = null) {
-  let d = 0;
-  const shards = [];
-  for (let s = 0; s < (steps ?? 1); s++) {
-    for (let l = 0; l < L; l++) {
-      const l1 = hex(++d);
-      const l2 = hex(++d);
-      shards.push({ layers: [l, l], ...(steps ? { step: s } : {}), representations: [
-        { name: "fp16", codec: "fp16", level: 0, digest: hex(++d), bytes: 40000, requires: [], psnr_db: null },
-        { name: "sakura-l1", codec: "sakura", level: 1, digest: l1, bytes: 6000, requires: [], psnr_db: 30 },
-        { name: "sakura-l2", codec: "sakura", level: 2, digest: l2, bytes: 6000, requires: [l1], psnr_db: 36 },
-      ] });
-    }
-  }
-  return { template_id: "fake", model_id: "m", num_layers: L, token_grid: [TOKENS, 1], heads: HEADS, head_dim: HD,
-    kv_mode: steps ? "per-step" : "single", ...(steps ? { schedule: { steps } } : {}), shards };
-}
-
-/** The value a decoded shard holds: which layer, step and level it is. */
-const mark = (layer, step, name) => 1000 * (step ?? 0) + 10 * layer + { "sakura-l1": 1, "sakura-l2": 2, fp16: 3 }[name];
-
-/** A link whose server sends the requested blobs one after another at ``bytesPerS`` (first in, first out: one TCP
- *  connection's worth), each request's first byte a round trip ``rttS`` after it left; ``busy`` lists when the wire
- *  carried each blob. The reader's chunks come as the bytes arrive, or once the lane lets it read on (its turn). */
-function fifoLink(vt, { bytesPerS, rttS }) {
-  let wireFree = 0;
-  const busy = [];
-  const until = (t) => vt.sleep(Math.max(0, t - vt.t));
-  const fetchBlob = async (digest, bytes, onChunk) => {
-    const start = Math.max(vt.t + rttS, wireFree);
-    const end = start + bytes / bytesPerS;
-    wireFree = end;
-    busy.push([start, end]);
-    for (let i = 1; i <= 4; i++) {
-      await until(start + (i * (end - start)) / 4);
-      await onChunk(bytes / 4);
-    }
-    return new Uint8Array(bytes);
-  };
-  return { fetchBlob, busy };
-}
-
-function fakes(vt, { bytesPerS = 4e5, hang = null, stepS = 0.03, rttS = 0, fifo = false, awaitsTurns = true } = {}) {
-  const sleep = vt.sleep;
-  const requested = [];
-  const requestedAt = new Map(); // digest -> the virtual time it was requested
-  const wire = fifo ? fifoLink(vt, { bytesPerS, rttS }) : null;
-  const fetchBlob = async (digest, bytes, onChunk) => {
-    requested.push(digest);
-    requestedAt.set(digest, vt.t);
-    if (wire !== null) return wire.fetchBlob(digest, bytes, onChunk);
-    if (rttS > 0) await sleep(rttS); // each request's round trip
-    const total = digest === hang ? 3.0 : bytes / bytesPerS; // one blob stalls (a late shard)
-    for (let i = 0; i < 4; i++) {
-      await sleep(total / 4);
-      const turn = onChunk(bytes / 4); // the wire's turn (requests ahead): fetchShard awaits it before reading on
-      if (awaitsTurns) await turn;
-    }
-    return new Uint8Array(bytes);
-  };
-  const pool = { decode: async (blobs, slot) => {
-    await sleep(0.01);
-    const x = mark(slot.layers[0], slot.step, slot.levelName);
-    return { k: new Float32Array(PER).fill(x), v: new Float32Array(PER).fill(-x) };
-  } };
-  const seen = [];
-  const computeStep = async (step, kv) => {
-    seen.push(kv.map((x) => x.k[0]));
-    await sleep(stepS);
-  };
-  const pass = { layers: L, async begin(tokens, time) {
-    return { nextLayer: 0, disposed: false, async next() {
-      await sleep(0.01);
-      const layer = this.nextLayer++;
-      return { layer, k: new Float32Array(PER).fill(-(layer + 1)), v: new Float32Array(PER).fill(layer + 1) };
-    }, dispose() { this.disposed = true; } };
-  } };
-  return { requested, requestedAt, fetchBlob, pool, seen, computeStep, pass, busy: wire?.busy ?? null };
-}
-
-async function edit(policy, { steps = 3, perStep = true, pass = false, budgetBytes = null, link = {}, profile = null,
-  measured = null, requestAhead = true, rttS = 0.01, preLanes = [] } = {}) {
-  const raw = manifest(perStep ? steps : null);
-  const vt = new VirtualTime();
-  const f = fakes(vt, link);
-  const e = new PipelinedEdit({ raw, policy, timers: vt, fetchBlob: f.fetchBlob, pool: f.pool, computeStep: f.computeStep,
-    slotOf: (g, rep) => ({ layers: [g % L, g % L], step: perStep ? Math.floor(g / L) : null, levelName: rep.name }),
-    templatePass: pass ? f.pass : null, templateTokens: async () => new Float32Array(4), times: [1, 0.66, 0.33, 0],
-    steps, tokens: TOKENS, heads: HEADS, headDim: HD, budgetBytes, rttS, profile, measured, requestAhead, preLanes });
-  const report = await vt.drive(e.run());
-  return { raw, f, report, e };
-}
+import { delta, edit, L, manifest, mark, PER } from "./lane_fakes.mjs";
 
 const results = [];
 function check(name, figures, conds) {
@@ -341,6 +204,62 @@ const codesOf = (r) => new Set(r.decisions.map((d) => d.code));
   check("requests ahead with a fetcher that does not await its turns", { request_ahead: report.request_ahead }, {
     "ahead turned off": report.request_ahead === false,
     "every shard fetched and computed": fetches.length === 12 && report.levels_used.flat().every((n) => n === "fp16"),
+  });
+}
+
+/** Cross-step checks of a per-step edit: every residual or twin decoded against its reference as the device held it
+ *  (the value step s-1 computed that layer with: fetched or the template pass's), the KV each step computed with the
+ *  reference's plus the residual, a twin only against the representation it names. */
+function crossChecks(f, report) {
+  const used = report.levels_used;
+  const cross = f.decodes.filter((x) => x.ref !== null);
+  // what the device held of (step, layer): the decodes of it and the template pass's KV, by value
+  const heldAs = (x) => f.decodes.filter((y) => y.step === x.step - 1 && y.layer === x.layer && y.value === x.ref);
+  const ownRef = cross.every((x) => x.refStep === x.step - 1 && (heldAs(x).length > 0 || x.ref === -(x.layer + 1)));
+  const sum = cross.every((x) => x.value === x.ref + delta(x.step, x.name));
+  const twinTrack = cross.filter((x) => x.name.endsWith("+cl"))
+    .every((x) => heldAs(x).some((y) => y.name === (x.step === 1 ? x.name.replace("+cl", "") : x.name)));
+  const stepKV = f.seen.every((ks, s) => ks.every((k, l) => {
+    const n = used[s][l];
+    if (n === "template") return k === -(l + 1);
+    const last = f.decodes.filter((x) => x.step === s && x.layer === l).at(-1);
+    return last !== undefined && k === last.value && last.name === n;
+  }));
+  return { cross, conds: {
+    "each residual / twin decoded against its reference as the device held it": ownRef,
+    "its KV the reference's plus the residual": sum,
+    "a twin only on its track": twinTrack,
+    "each step computed with the KV decoded at the level it reports": stepKV,
+    "nothing held after the edit": report.memory.held_bytes_at_end === 0,
+  } };
+}
+
+{ // sakura, per-step cross-step template, no pass: steps >= 1 fetch residuals / closed-loop twins (a few KB, not the
+  // 40 KB fp16), each decoded with its reference; the reuse rung is no rung (as Python's ladders); nothing left held
+  const { raw, f, report, e } = await edit("sakura", { cross: true, link: { bytesPerS: 2e5 } });
+  const { cross, conds } = crossChecks(f, report);
+  const laterFp16 = raw.shards.filter((s) => s.step > 0).map((s) => s.representations.find((r) => r.name === "fp16").digest);
+  check("sakura per-step cross-step levels", { used: report.levels_used, bytes: report.bytes_fetched, cross: cross.length }, {
+    ...conds,
+    "cross-step levels fetched": cross.length >= L,
+    "twins fetched on their track": cross.some((x) => x.name.endsWith("+cl")),
+    "the floor on the twins' track, the open-loop floor off it": report.floor[L] === "sakura-l1" && e.plan.ladders[L][0].offTrack === 1,
+    "no reuse rung offered": e.plan.ladders.every((lad) => lad.every((lv) => lv.name !== "reuse" && !lv.reuse)),
+    "no later-step fp16 fetched": !f.requested.some((d) => laterFp16.includes(d)),
+  });
+}
+
+{ // the same with a template pass on a slow link: layers the device computed at a step are the references of the next
+  // step's residuals (kept past the step, freed once decoded), the rest as above
+  const profile = { layerFullS: 0.05, layerCachedS: 0.01, templatePassS: 0.16, fixedS: 0, steps: 3, ditCpuCores: 1 };
+  const { f, report } = await edit("sakura", { cross: true, pass: true, profile, link: { bytesPerS: 1e5 } });
+  const { cross, conds } = crossChecks(f, report);
+  const onDevice = cross.filter((x) => x.ref < 0); // against the template pass's KV (-(layer + 1))
+  check("sakura per-step cross-step levels with a pass", { used: report.levels_used, splits: report.split_layers, on_device: onDevice.length }, {
+    ...conds,
+    "the template ran for some layers": report.levels_used.flat().includes("template"),
+    "a residual decoded against the device's KV": onDevice.length > 0 || !report.levels_used.slice(0, -1).some((ls, s) =>
+      ls.some((n, l) => n === "template" && report.levels_used[s + 1][l] !== "template")),
   });
 }
 

@@ -5,7 +5,10 @@ it without one), decisions with reason codes, the template kept per layer and th
 template pass, a shard's chain requested in one round trip, the compute profile measured (the template pass included)
 and handed to the next edit of a page session, on-device fetching nothing (and refused without a template pass), and
 requests ahead (the default): on a link with a round trip, the wire goes from one shard to the next without idling
-(one request at a time it idles a round trip between them), and a fetcher that does not await its turns turns it off."""
+(one request at a time it idles a round trip between them), a fetcher that does not await its turns turns it off, and
+a per-step template's cross-step levels: residuals and closed-loop twins decoded with their reference as the device
+holds it (fetched, or made by the template pass), twins only on their track, no reuse rung, nothing held after the
+edit."""
 
 from __future__ import annotations
 
@@ -28,4 +31,4 @@ def test_the_lanes_run_every_scenario():
     assert lines and "summary" in lines[-1], proc.stdout[-2000:] + proc.stderr[-2000:]
     failed = [x for x in lines[:-1] if not x["ok"]]
     assert proc.returncode == 0 and not failed, failed
-    assert lines[-1]["summary"]["scenarios"] == 14
+    assert lines[-1]["summary"]["scenarios"] == 16

@@ -44,6 +44,7 @@ export class ComputeLane {
       this.log.event("compute", t0, this.st.now, this._g(step, this.L - 1), "step");
       if (this._run !== null) this._run.dispose();
       this._run = null;
+      if (this.plan.perStep) this._keepReferences(step, kv);
       this.stepS.push(this.st.now - s0);
       this.measured.observeStep(this.st.now - t0);
       this._profile();
@@ -202,8 +203,15 @@ export class ComputeLane {
       const l = this._run.nextLayer;
       const kv = await this._passLayer(step, l, "template (late)");
       const g = this._g(step, l);
-      if (l >= late && !this.held.isReady(g)) this.held.device.set(g, kv);
+      if (l >= late && !this.held.isReady(g)) this.held.holdDevice(this.st.now, g, kv);
     }
+  }
+
+  /** The layers of ``step`` the device computed (template pass): kept while a later step's level references them. */
+  _keepReferences(step, kv) {
+    const made = new Map();
+    this.levelsUsed[step].forEach((n, l) => { if (n === "template" && kv[l] !== null) made.set(this._g(step, l), kv[l]); });
+    this.held.keepReferences(this.st.now, made);
   }
 
   /** Per-step KV: the shards before g served their step: freed (KV, chains). */

@@ -36,9 +36,11 @@ export class DecodePool {
     return new DecodePool({ size, makeWorker: () => new Worker(url, { type: "module" }) });
   }
 
-  decode(blobs, slot) {
+  /** reference: a cross-step level's decoded reference ({step, digest, k, v}: float16 bits; HeldKV.referenceFor) or
+   *  null. */
+  decode(blobs, slot, reference = null) {
     if (this.inThread) {
-      const run = this._chain.then(async () => (await import("./decode_job.js")).decodeJob(blobs, slot));
+      const run = this._chain.then(async () => (await import("./decode_job.js")).decodeJob(blobs, slot, reference));
       this._chain = run.catch(() => {});
       return run;
     }
@@ -46,7 +48,8 @@ export class DecodePool {
       const id = this._next++;
       const copies = blobs.map((b) => b.slice().buffer); // the worker gets its own copy (the lane keeps the chain)
       this._jobs.set(id, { resolve, reject });
-      this._queue.push({ id, blobs: copies, slot });
+      const ref = reference === null ? null : { ...reference, k: reference.k.slice(), v: reference.v.slice() }; // its own copy
+      this._queue.push({ id, blobs: copies, slot, reference: ref, moved: ref === null ? copies : [...copies, ref.k.buffer, ref.v.buffer] });
       this._pump();
     });
   }
@@ -68,7 +71,8 @@ export class DecodePool {
     while (this._idle.length && this._queue.length) {
       const w = this._idle.shift();
       const job = this._queue.shift();
-      w.postMessage(job, job.blobs);
+      const { moved = job.blobs, ...message } = job;
+      w.postMessage(message, moved);
     }
   }
 

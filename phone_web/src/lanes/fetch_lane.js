@@ -12,11 +12,25 @@
 // a shard of a later step than the running one waits until the KV held for later steps, with the shards requested
 // and not yet held, leaves room for it under the memory budget. A failed shard is retried at the floor, then left to
 // the device. The compute lane asks for a shard it needs and the lane skipped through fetchSkipped(g) only.
+// Cross-step levels (per-step templates; Python's fetch_lane.py): a level whose closed-loop twin's reference the
+// device holds (HeldKV.closedTwin) is fetched as that twin, one below the open-loop floor off its track at that floor
+// (ladder.js fetchAs); a residual decodes with its reference as the device holds it (HeldKV.referenceFor), waiting
+// for the lane's own fetch of it or for the device to make it at its step's end; one whose reference the device
+// neither holds nor will make is not fetched: its self-contained exact level is.
 import { LEVEL_COMPUTE } from "../policy/index.js";
+import { fetchAs } from "../policy/ladder.js";
 import { Wire } from "./fetch_wire.js";
 import { hasPrefetchRoom } from "./lane_rules.js";
 
 export const IDLE_POLL_S = 0.02; // how often an idle lane asks again about deferred shards (seconds)
+
+const chainOf = (rep) => [...(rep.requires ?? []), rep.digest];
+/** How many of ``want``'s first blobs ``have`` holds already. */
+function prefix(have, want) {
+  let i = 0;
+  while (i < have.length && i < want.length && have[i] === want[i]) i += 1;
+  return i;
+}
 
 export class FetchLane {
   /** plan: pageLadders(); fetchBlob(digest, bytes, onChunk) -> Uint8Array; pool: a DecodePool; slotOf(g, rep): the
@@ -226,12 +240,15 @@ export class FetchLane {
     try {
       await this._fetchLevel(g, level, gated);
     } catch (e) {
-      const floor = this.plan.floor[g];
+      const reps = this.plan.reps[g];
+      const top = (reps[reps.length - 1].ref ?? null) === null ? reps.length - 1 : null; // ladder.py self_contained_top
+      const retry = e.name === "MissingReferenceError" ? top : this.plan.floor[g];
       let err = e;
-      if (level !== floor) {
-        this.log.fallback(`shard ${g} level ${this.plan.ladders[g][level].name}: ${e.message}; retrying at the floor level`);
+      if (retry !== null && level !== retry) {
+        const what = retry === this.plan.floor[g] ? "the floor level" : "its self-contained exact level";
+        this.log.fallback(`shard ${g} level ${this.plan.ladders[g][level].name}: ${e.message}; retrying at ${what}`);
         try {
-          await this._fetchLevel(g, floor, gated);
+          await this._fetchLevel(g, retry, gated);
           return;
         } catch (e2) {
           err = e2;
@@ -246,15 +263,33 @@ export class FetchLane {
 
   /** Fetch the chain of shard g up to ``level`` (the blobs its held chain lacks), decode it in the pool, publish.
    *  gated and ahead: the chain's bytes wait for the wire (one turn for the shard, fetch_wire.js). */
-  async _fetchLevel(g, level, gated = true) {
+  async _fetchLevel(g, levelAsked, gated = true) {
     const st = this.st;
-    const rep = this.plan.reps[g][level];
+    let level = levelAsked;
+    let rep = this.plan.reps[g][level];
+    const have = this.chains.get(g) ?? { digests: [], blobs: [], reference: null };
+    let start = prefix(have.digests, chainOf(rep));
+    if (!start) { // a closed-loop twin on its track, or off it the open-loop floor (policy/ladder.js fetchAs)
+      await this._referenceFetched(g, rep);
+      const twin = this.held.closedTwin(g, rep);
+      let asTwin;
+      [level, asTwin] = fetchAs(this.plan.ladders[g], level, twin !== null);
+      rep = asTwin && twin !== null ? twin : this.plan.reps[g][level];
+      start = prefix(have.digests, chainOf(rep));
+    }
     const name = rep.name;
-    const digests = [...(rep.requires ?? []), rep.digest];
-    const have = this.chains.get(g) ?? { digests: [], blobs: [] };
-    let start = 0;
-    while (start < have.digests.length && start < digests.length && have.digests[start] === digests[start]) start += 1;
-    const sizes = new Map(this.plan.reps[g].map((r) => [r.digest, r.bytes]));
+    const digests = chainOf(rep);
+    let reference = have.reference; // an upgrade decodes against the reference its chain was decoded against
+    let coming = false; // the reference is made on the device (or fetched) by the end of its step: decoded then
+    if (!start) {
+      try {
+        reference = this.held.referenceFor(g, rep);
+      } catch (e) {
+        coming = e.name === "MissingReferenceError" && this._referenceComing(g, rep);
+        if (!coming) throw e;
+      }
+    }
+    const sizes = new Map([...this.plan.reps[g], rep].map((r) => [r.digest, r.bytes]));
     const todo = digests.slice(start);
     const entry = [st.now, 0, todo.reduce((s, d) => s + sizes.get(d), 0)];
     st.receiving.set(g, entry);
@@ -280,17 +315,52 @@ export class FetchLane {
     if (st.inFlight.has(g)) st.inFlight.set(g, st.now + this.plan.ladders[g][level].decodeS);
     this.wire.landed(g); // the link may go on (one request at a time): this shard's transfer has ended
     const blobs = [...have.blobs.slice(0, start), ...fresh];
+    if (coming) reference = await this._heldReference(g, rep);
     const d0 = st.now;
-    const kv = await this.pool.decode(blobs, this.slotOf(g, rep));
+    const kv = await this.pool.decode(blobs, this.slotOf(g, rep), reference);
     this.log.event("decode", d0, st.now, g, name);
     this.measured?.observeDecode(name, this.shardBytes / 2, st.now - d0); // the next edit plans with this rate
     if (this.stopped || g < this.released) return; // the edit is over, or the compute lane passed the shard
-    this.chains.set(g, { digests, blobs });
-    this.held.publish(st.now, g, { k: kv.k, v: kv.v, level, name });
+    this.chains.set(g, { digests, blobs, reference });
+    this.held.publish(st.now, g, { k: kv.k, v: kv.v, level, name, digest: digests[digests.length - 1] });
     if (!st.got.has(g)) st.got.set(g, []);
     st.got.get(g).push([level, st.now]);
     st.inFlight.delete(g);
     st.decoderFree = st.now;
+  }
+
+  /** The reference shard of ``rep`` (a cross-step level or its twin) of shard g, or null. */
+  _refShard(g, rep) {
+    const ref = rep.ref ?? rep.closedTwin?.ref ?? null;
+    return ref === null || ref.mode === "reuse" ? null : ref.step * this.plan.layers + (g % this.plan.layers);
+  }
+
+  /** The lane's own fetch of the reference of ``rep`` still under way: waited for (the level, or its twin, is
+   *  chosen against the reference the device will hold; reference_wait.py fetched). */
+  async _referenceFetched(g, rep) {
+    const x = this._refShard(g, rep);
+    if (x !== null && this._claimed.has(x) && !this.held.isReady(x)) await this.held.waitReady(x);
+  }
+
+  /** The reference of ``rep`` will be held: the compute lane has not finished its step (each layer of a step is
+   *  fetched, or made on the device and kept at the step's end) and has not passed shard g. */
+  _referenceComing(g, rep) {
+    const ref = rep.ref;
+    const L = this.plan.layers;
+    return ref !== null && ref !== undefined && Math.floor(this.st.computeLayer / L) <= ref.step && g >= this.released;
+  }
+
+  /** The reference _referenceComing said will come, once held; MissingReferenceError once the compute lane has
+   *  finished its step without it (or the edit is over). */
+  async _heldReference(g, rep) {
+    for (;;) {
+      try {
+        return this.held.referenceFor(g, rep);
+      } catch (e) {
+        if (e.name !== "MissingReferenceError" || this.stopped || !this._referenceComing(g, rep)) throw e;
+      }
+      await this.timers.sleep(IDLE_POLL_S);
+    }
   }
 
   /** Per-step KV: shards before g served their step: their chains are dropped (never upgraded again). */

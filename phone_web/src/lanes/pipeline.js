@@ -54,7 +54,7 @@ export class PipelinedEdit {
       floor: this.plan.floor, layersPerStep: L, rttS, latencyTargetS, estimatorConfig: new EstimatorConfig(), clock: timers.now,
       preLanes });
     this.ctx = new Context(this.st);
-    this.held = new HeldKV(L, this.shardBytes, timers);
+    this.held = new HeldKV(L, this.shardBytes, timers, this.plan.perStep ? this.plan.ladders : []);
     this.fetch = new FetchLane({ plan: this.plan, st: this.st, ctx: this.ctx, policy: this.policy, held: this.held, pool,
       log: this.log, fetchBlob, slotOf, budgetBytes: this.plan.perStep ? budgetBytes : null, shardBytes: this.shardBytes, timers, upgrades,
       rttFromFirstByte, requestAhead, measured: this.measured });
