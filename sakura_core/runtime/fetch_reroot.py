@@ -6,7 +6,8 @@ so the shard then comes as its closed-loop twin. A chain shard the compute lane 
 (:meth:`~sakura_core.runtime.held_kv.HeldKV.hold_chain`) and freed once the next one is decoded; one it has not
 passed is published as any fetched shard (it is that step's KV). A chain shard that fails (corrupt, missing) or
 whose own reference is no longer held on the track ends the chain: the shard comes as its open-loop floor, as a
-shard off its track always does, and the run's fallbacks say so."""
+shard off its track always does, and the run's fallbacks say so; a failed chain shard the compute lane has not
+passed is left to the device, as any failed shard."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ class RerootChains(PartsView):
                     await self._fetch_level(shard, fl, as_chain=True)
             except Exception as e:  # noqa: BLE001 - every failure ends the chain the same way, and it is reported
                 self._chain_ends(chain[i:], f"re-root of {target}: {shard} level {self.ladders[c][fl].name}: {e}")
+                if c >= self.held.released_below:  # not passed: the compute lane uses the device's KV for it
+                    self.held.fail(shard)
                 return self._drop_chain(kept)
             self._drop_chain(kept)  # decoded: the one before it served as its reference
             kept = [shard]
