@@ -190,6 +190,7 @@ ONE_HOME = (
     "has_prefetch_room",  # the prefetch-budget room check
     "link_passed",  # a shard the link went past: fetched at the floor when the compute lane needs it
     "ask_upgrade",  # upgrades on the idle link
+    "ask_reroot_chain",  # the re-root chain fetched before a shard at its floor
     "pass_makes",  # the layers a fallback template pass keeps
     "pass_stops_after",  # when the fallback pass stops
     "pass_can_stop",

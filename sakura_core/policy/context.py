@@ -117,8 +117,8 @@ class Context:
     @property
     def reroots(self) -> bool:
         """The runtime fetches a shard's re-root chain before it where the policy names one
-        (:meth:`~sakura_core.policy.base.Policy.reroot_chain`; the simulator does): plans may price it. A state
-        without the attribute (the live lanes) does not."""
+        (:meth:`~sakura_core.policy.base.Policy.reroot_chain`; the simulator and the live lanes do): plans may price
+        it. A state without the attribute does not."""
         return bool(getattr(self._s, "reroots", False))
 
     def floor_reuses(self) -> np.ndarray:

@@ -5,8 +5,10 @@ the last step held on the track (or from step 0, the tracks' root) puts it back:
 the reference of the next one, and the shard the plan needs is then fetched as its twin. At 28 / 50 steps a chain is
 the step-0 floor (~5 MB) plus ~0.5-1.6 MB a step, where the open-loop floor costs ~24 MB every step.
 
-:func:`chain_of` is the runtime rule (which shards to fetch before a shard; the simulator fetches them where the
-state says ``reroots``), :func:`chain_bytes` the planner's price of it for a whole plan at once."""
+:func:`chain_of` is the runtime rule (which shards to fetch before a shard; the simulator and the live lanes fetch
+them where the state says ``reroots``, both through
+:func:`~sakura_core.runtime.lane_rules.ask_reroot_chain`), :func:`chain_bytes` the planner's price of it for a whole
+plan at once."""
 
 from __future__ import annotations
 

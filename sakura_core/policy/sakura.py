@@ -25,8 +25,8 @@ class Sakura(Policy):
       costs more than ``planner.TRACK_RATIO`` (4) times the closed-loop twins (28 / 50 steps on the serving store),
       plans are priced on the twins' track (a layer the device computes costs its later steps the open-loop floor)
       and one split held for every step (the held-split family) competes with the cuts. Where the runtime fetches
-      re-root chains (``Context.reroots``: the simulator), a layer off its track is priced and fetched back on it by
-      its chain from the last step requested or step 0 (``reroot_chain``, :mod:`.reroot`).
+      re-root chains (``Context.reroots``: the simulator and the live lanes), a layer off its track is priced and
+      fetched back on it by its chain from the last step requested or step 0 (``reroot_chain``, :mod:`.reroot`).
     * Probe: with no throughput sample yet the first shard is fetched at the floor level (free: compute keeps the
       template until a shard is ready).
     * Fetch lane: a shard below its step's planned split is deferred ("not now": the runtime asks again before later

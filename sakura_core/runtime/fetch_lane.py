@@ -7,7 +7,8 @@ failed shard is retried at the floor level, then left to the device (the compute
 A cross-step residual whose reference the device neither holds nor will make (:mod:`.reference_wait`) is not
 fetched: its self-contained exact level is, and the report says so. A level whose closed-loop twin's reference the
 device holds (:meth:`~sakura_core.runtime.held_kv.HeldKV.closed_twin`) is fetched as that twin, one below the
-open-loop floor without it at that floor (:func:`~sakura_core.policy.ladder.fetch_as`).
+open-loop floor without it at that floor (:func:`~sakura_core.policy.ladder.fetch_as`). Before a shard at its floor,
+the re-root chain the policy names is fetched first (:mod:`.fetch_reroot`), as the simulator does.
 
 The lane owns what it fetched (``bytes_fetched``), the shards deferred, and the fetches the compute lane asked for;
 it writes the link's part of the live state (``next_layer``, ``in_flight``, ``got``, ``receiving``, ...), decodes
@@ -26,6 +27,7 @@ from ..kv.manifest import Representation
 from ..policy.ladder import PlannedRep, fetch_as, self_contained_top
 from .decode_lane import DecodeLane
 from .fetch_later import LaterAsks
+from .fetch_reroot import RerootChains
 from .fetch_wire import Turn, Wire, first_of, takes_on_chunk
 from .lane_parts import LaneParts
 from .lane_rules import ask_in_order, decode_span, has_prefetch_room, link_passed
@@ -37,7 +39,7 @@ __all__ = ["IDLE_POLL_S", "FetchLane", "takes_on_chunk"]
 IDLE_POLL_S = 0.02  # how often an idle fetch lane asks again about deferred shards (seconds)
 
 
-class FetchLane(LaterAsks):
+class FetchLane(LaterAsks, RerootChains):
     """The link of one edit (see the module docstring); :meth:`reset` before each run, :meth:`run` is the lane.
 
     Args:
@@ -247,12 +249,17 @@ class FetchLane(LaterAsks):
         try:
             with self.refs.fetching(shard.g):
                 await self._room_for(shard)
-                with self.st.lock:
+                with self.st.lock, self.st.frozen_now():
                     self._requested.add(shard.g)  # the room counts it until it is held (or has failed)
                     self.st.in_flight[shard.g] = self.ctx.predict_ready(
                         shard.g, self.ladders[shard.g][level], self.st.estimator.robust()
                     )
-                await self._fetch_with_fallback(shard, level)
+                    chain = self._chain_for(shard, level)  # a re-root: its chain first (fetch_reroot)
+                kept = await self._fetch_chain(chain, shard) if chain else []
+                try:
+                    await self._fetch_with_fallback(shard, level)
+                finally:
+                    self._drop_chain(kept)
         finally:
             with self.st.lock:
                 self._claimed.discard(shard.g)
@@ -278,9 +285,10 @@ class FetchLane(LaterAsks):
             self.log.decision(self.st.now, shard.g, "device", f"{shard} could not be fetched ({type(e).__name__})")
             self.held.fail(shard)
 
-    async def _fetch_level(self, shard: ShardId, level: int, gated: bool = True) -> None:
+    async def _fetch_level(self, shard: ShardId, level: int, gated: bool = True, as_chain: bool = False) -> None:
         """Fetch the chain of ``shard`` up to ``level``, decode it in the pool and publish the KV (``gated``: with
-        :attr:`ahead`, each blob's bytes wait for the wire, :meth:`_get_blob`)."""
+        :attr:`ahead`, each blob's bytes wait for the wire, :meth:`_get_blob`). ``as_chain``: a re-root chain shard,
+        whose KV is held apart when the compute lane has passed it (:meth:`HeldKV.hold_chain`)."""
         st, g = self.st, shard.g
         planned: PlannedRep = self.rungs[g][level].rep
         rep: Representation = planned
@@ -328,6 +336,8 @@ class FetchLane(LaterAsks):
         blobs = tuple((d, by_digest[d].nbytes) for d in digests)  # the chain the KV was decoded from
         if not self.held.publish(shard, k[0], v[0], level, digests[-1], name, blobs):
             self.decoder.forget(shard)  # used already (per-step): a late upgrade is not kept
+            if as_chain:  # a passed re-root chain shard: only the next one's reference
+                self.held.hold_chain(shard, k[0], v[0], digests[-1])
         with st.lock:
             st.got.setdefault(g, []).append((level, st.now))
             st.in_flight.pop(g, None)

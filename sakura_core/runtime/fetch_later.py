@@ -30,7 +30,7 @@ class LaterAsks(PartsView):
 
     async def _room_for(self, shard: ShardId) -> None: ...  # FetchLane's
 
-    async def _fetch_level(self, shard: ShardId, level: int, gated: bool = True) -> None: ...  # FetchLane's
+    async def _fetch_level(self, shard: ShardId, level: int, gated: bool = True, as_chain: bool = False) -> None: ...
 
     def _signature(self) -> tuple:
         """What a deferral depends on besides the clock: compute position, decisions, transfers, samples."""

@@ -14,6 +14,10 @@ step s': :meth:`keep_references`); a closed-loop twin only against the one repre
 records which representation each fetched KV was decoded from; :meth:`closed_twin`). :meth:`reference_for` gives it
 (or raises :class:`~sakura_core.kv.chain.MissingReferenceError`); a passed shard stays held only while a shard that
 may still be fetched at a residual level against it is not decoded (:meth:`release_before`).
+
+Re-roots (:mod:`sakura_core.policy.reroot`): a chain shard the compute lane has passed is decoded only as the next
+one's reference; the fetch lane keeps its KV apart (:meth:`hold_chain`, counted in ``kv_bytes``) until the next one
+is decoded, then frees it (:meth:`drop_chain`).
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class HeldKV:
         self.shard_kv_nbytes = 0  # one decoded shard's K and V (0 until one is decoded)
         self.released_below = 0  # per-step: shards with g below this served their (step, layer): their KV is freed
         self.kept: set[ShardId] = set()  # passed shards still held as the reference of a shard not decoded yet
+        # re-root chain shards the compute lane has passed: (k, v, digest), only the next chain shard's reference
+        self.chain_kv: dict[ShardId, tuple[torch.Tensor, torch.Tensor, str]] = {}
 
     # ---- the fetch lane's side
 
@@ -96,6 +102,21 @@ class HeldKV:
                 self.shard_kv_nbytes = k.nbytes + v.nbytes
                 self._count(added=(k, v), removed=old[:2] if old is not None else ())
             return True
+
+    def hold_chain(self, shard: ShardId, k: torch.Tensor, v: torch.Tensor, digest: str) -> None:
+        """Keep a passed re-root chain shard's KV (decoded from representation ``digest``) as the reference of the
+        next one (:meth:`reference_for`, :meth:`closed_twin`) until :meth:`drop_chain`."""
+        with self.lock:
+            old = self.chain_kv.pop(shard, None)
+            self.chain_kv[shard] = (k, v, digest)
+            self._count(added=(k, v), removed=old[:2] if old is not None else ())
+
+    def drop_chain(self, shard: ShardId) -> None:
+        """Free a re-root chain shard's KV (:meth:`hold_chain`): the next one is decoded, or the chain has ended."""
+        with self.lock:
+            old = self.chain_kv.pop(shard, None)
+            if old is not None:
+                self._count(removed=old[:2])
 
     def set_ready(self, shard: ShardId) -> None:
         self.ready[shard].set()
@@ -208,7 +229,7 @@ class HeldKV:
             return None
         ref_shard = self.grid.at(ref.step, shard.layer)
         with self.lock:
-            entry = self.kv.get(ref_shard)
+            entry = self.kv.get(ref_shard) or self.chain_kv.get(ref_shard)
             kv = entry[:2] if entry is not None else self.device_kv.get(ref_shard)
             source = self._source_digest(ref_shard)
         if kv is None:
@@ -240,8 +261,11 @@ class HeldKV:
 
     def _source_digest(self, shard: ShardId) -> str | None:
         """The digest of the representation ``shard``'s fetched KV was decoded from; None when none is fetched (or
-        the device made it) or the publisher did not say (the caller holds the lock)."""
-        return self.source[shard][0] if shard in self.kv else None
+        the device made it) or the publisher did not say (the caller holds the lock). A re-root chain shard's is its chain entry's."""
+        if shard in self.kv:
+            return self.source[shard][0]
+        chain = self.chain_kv.get(shard)
+        return chain[2] if chain is not None else None
 
     def source_name(self, shard: ShardId) -> str | None:
         """The name of the representation ``shard``'s fetched KV was decoded from (None: not said)."""
@@ -259,7 +283,7 @@ class HeldKV:
     def held_bytes(self) -> int:
         """The KV held now, counted tensor by tensor (what ``kv_bytes`` must equal)."""
         with self.lock:
-            kv = sum(k.nbytes + v.nbytes for k, v, _ in self.kv.values())
+            kv = sum(k.nbytes + v.nbytes for k, v, _ in (*self.kv.values(), *self.chain_kv.values()))
             return kv + sum(k.nbytes + v.nbytes for k, v in self.device_kv.values())
 
     def _count(self, added=(), removed=()) -> None:

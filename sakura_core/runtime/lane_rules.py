@@ -16,6 +16,8 @@ simulation's) and acts on the answer.
 - :func:`link_passed`: whether the link went past a shard without fetching it (the compute lane then has it
   fetched at the floor level when it needs it).
 - :func:`ask_upgrade`: the progressive upgrade the policy asks for on the idle link, once the base fetches are done.
+- :func:`ask_reroot_chain`: the re-root chain fetched before a shard chosen at its floor (per-step KV), each chain
+  shard with the decision's reason.
 - :func:`pass_makes` and :func:`pass_stops_after`: which layers a fallback template pass keeps, and after which it
   stops (:func:`~sakura_core.runtime.deferral.pass_can_stop`, never after the step's last layer).
 """
@@ -38,6 +40,7 @@ __all__ = [
     "ask_keep_template",
     "decode_span",
     "ask_upgrade",
+    "ask_reroot_chain",
     "has_prefetch_room",
     "late_gives_up",
     "late_recheck_s",
@@ -131,6 +134,18 @@ def ask_upgrade(policy: Policy, ctx: Context, upgrades: bool, base_done: bool) -
     if not upgrades or not base_done:
         return None
     return policy.upgrade(ctx)
+
+
+def ask_reroot_chain(policy: Policy, ctx: Context, g: int, level: int) -> list[tuple[int, str]]:
+    """Shard ``g`` is about to be fetched at ``level``: the re-root chain fetched before it, in order, each shard at
+    its floor with the reason logged for it (:meth:`~sakura_core.policy.base.Policy.reroot_chain`, asked only in
+    per-step mode for a shard fetched at its floor, where its twin may serve: :mod:`sakura_core.policy.reroot`).
+    Each chain shard is decoded only as the next one's reference; ``g`` then comes as its closed-loop twin."""
+    if not ctx.per_step or level != ctx.floor_of(g):
+        return []
+    return [
+        (c, f"re-root: shard {c} as the reference of shard {g}'s twins' track") for c in policy.reroot_chain(ctx, g)
+    ]
 
 
 def pass_makes(layer: int, late_layer: int) -> bool:

@@ -27,6 +27,9 @@ class LiveState:
     what ``now`` reads (seconds since the last :meth:`reset`) and the waits of the compute lane use. ``config``: the
     run's settings (its round trip, latency target and throughput estimator's settings)."""
 
+    # the fetch lane fetches a shard's re-root chain where the policy names one (Context.reroots; fetch_reroot)
+    reroots = True
+
     def __init__(
         self,
         profile: ComputeCosts,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..policy.ladder import fetch_as, shard_floor, twin_applies
 from .deferral import ahead_window_bytes, ask_deferred, drop_made
-from .lane_rules import ask_in_order, ask_upgrade, decode_span, has_prefetch_room, link_passed
+from .lane_rules import ask_in_order, ask_reroot_chain, ask_upgrade, decode_span, has_prefetch_room, link_passed
 from .sim_view import SimView
 
 if TYPE_CHECKING:
@@ -278,12 +278,10 @@ class SimLink(SimView):
         """Fetch shard ``layer`` at ``level``; at its floor, first the re-root chain the policy names (shards the
         compute lane may have passed, each at its floor, decoded only as the next one's reference:
         :mod:`sakura_core.policy.reroot`), so the shard comes as its closed-loop twin."""
-        if self.per_step and level == shard_floor(self.floor, layer):
-            for g in self.policy.reroot_chain(self.ctx, layer):
-                fl = shard_floor(self.floor, g)
-                why = f"re-root: shard {g} as the reference of shard {layer}'s twins' track"
-                self.decisions.append({"t": self.now, "layer": g, "level": fl, "reason": why})
-                self._transfer(g, fl, self.ladders[g][fl].nbytes, "base")
+        for g, why in ask_reroot_chain(self.policy, self.ctx, layer, level):
+            fl = shard_floor(self.floor, g)
+            self.decisions.append({"t": self.now, "layer": g, "level": fl, "reason": why})
+            self._transfer(g, fl, self.ladders[g][fl].nbytes, "base")
         self._transfer(layer, level, self.ladders[layer][level].nbytes, "base")
 
     def _has_room(self, layer: int) -> bool:
