@@ -127,6 +127,7 @@ class Snapshot:
         self.layer = np.arange(self.N) % self.L
         self.step = np.arange(self.N) // self.L if self.per_step else np.zeros(self.N, dtype=int)
         self._ksuf: np.ndarray | None = None
+        self._chain: tuple[np.ndarray, np.ndarray, list[float]] | None = None  # the last exact chain: _exact_chain
 
     def lows(self) -> list[int]:
         """Smallest split each plan step may take (the current step cannot undo layers already run)."""
@@ -221,10 +222,25 @@ class Snapshot:
         gaps = rtts[sent].astype(float)
         lead = np.asarray(self.lead_rtts[: gaps.size], dtype=float)
         gaps[: lead.size] += lead  # the chain's first requests may still pay their round trips
-        ends = self.ctx.transfer_chain(self.link0, gaps, nb[sent])
+        ends = self._exact_chain(gaps, nb[sent])
         out = np.full(nb.size, self.link0)
         out[sent] = ends
         return np.maximum.accumulate(out)  # a reuse rung: when the request before it ended (ends never decrease)
+
+    def _exact_chain(self, gaps: np.ndarray, nb: np.ndarray) -> list[float]:
+        """:meth:`Context.transfer_chain` from ``link0`` of requests with round trips ``gaps`` and bytes ``nb``, the
+        ends of the longest prefix the last call shares reused: a transfer's end depends only on the one before it
+        and its own gap and bytes, so they are the same floats (the oracle's coordinate descent changes one step's
+        split at a time: the steps before it keep their transfers)."""
+        m, prev = 0, self._chain
+        if prev is not None:
+            n = min(gaps.size, prev[0].size)
+            differ = np.flatnonzero((gaps[:n] != prev[0][:n]) | (nb[:n] != prev[1][:n]))
+            m = int(differ[0]) if differ.size else n
+        start = prev[2][m - 1] if m and prev is not None else self.link0
+        ends = (prev[2][:m] if m and prev is not None else []) + self.ctx.transfer_chain(start, gaps[m:], nb[m:])
+        self._chain = (gaps, nb, ends)
+        return ends
 
     def cut_table(self, k0s) -> list[tuple[np.ndarray, np.ndarray]]:
         """The best cut plan for each current-step split in ``k0s`` (constant rate only), for both cut families
