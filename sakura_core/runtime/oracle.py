@@ -118,28 +118,29 @@ def fluid_bound(
     states = [(0.0, 0.0)]  # Pareto front of (the compute lane's time, bytes fetched) at a step's end
     k = np.arange(L + 1)
     j = np.arange(1, L + 1)
+    firsts = np.concatenate([[0], np.cumsum(L - k[:-1])[:-1]])  # where split k's pairs start (k < L)
     for s in range(S):
         cum = np.concatenate([[0.0], np.cumsum(nbytes[s])])
         # split k fetches layers k..L-1 in order: the j-th layer (j > k) arrives once cum[j] - cum[k] more bytes have
         # come, and the lane's end is (L - k) C + max(t + k F, max_{j > k} (arrive_j - (j - k) C))
         later = j[None, :] > k[:, None]  # (splits, layers)
-        extra = np.where(later, cum[None, 1:] - cum[k][:, None], 0.0)
-        found = []
-        for t, b in states:
-            arrive = trace.finish_times(start_s, b + extra) - start_s
-            link = np.where(later, arrive - (j[None, :] - k[:, None]) * C, -np.inf).max(axis=1)
-            ends = (L - k) * C + np.maximum(t + k * F, link)
-            found += list(zip(ends.tolist(), (b + cum[-1] - cum[k]).tolist(), strict=True))
-        states = _pareto(found)
+        extra = (cum[None, 1:] - cum[k][:, None])[later]  # the (split, layer) pairs with j > k, split by split
+        lag = ((j[None, :] - k[:, None]) * C)[later]
+        # every state at once ((states, 1) against the pairs): the same float operations element by element
+        t, b = (np.array(x)[:, None] for x in zip(*states, strict=True))
+        arrive = trace.finish_times(start_s, b + extra) - start_s
+        link = np.full((len(states), L + 1), -np.inf)  # split L fetches nothing
+        link[:, :L] = np.maximum.reduceat(arrive - lag, firsts, axis=1)
+        ends = (L - k) * C + np.maximum(t + k * F, link)  # (states, splits)
+        states = _pareto(ends.ravel(), (b + cum[-1] - cum[k]).ravel())
     return float(lead + min(t for t, _ in states) + tail)
 
 
-def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def _pareto(times: np.ndarray, nbytes: np.ndarray) -> list[tuple[float, float]]:
     """The (time, bytes) points no other point beats in both (an earlier lane and fewer bytes on the link ahead of
-    the next step's shards can only help)."""
-    out, least = [], np.inf
-    for t, b in sorted(points):
-        if b < least:
-            out.append((t, b))
-            least = b
-    return out
+    the next step's shards can only help), in time order (ties: fewer bytes first; a repeat kept once)."""
+    order = np.lexsort((nbytes, times))
+    t, b = times[order], nbytes[order]
+    least = np.concatenate([[np.inf], np.minimum.accumulate(b)[:-1]])  # the fewest bytes of the points before
+    keep = b < least
+    return list(zip(t[keep].tolist(), b[keep].tolist(), strict=True))
