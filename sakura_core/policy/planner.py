@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .context import Context
-from .reroot import chain_bytes
+from .reroot import chain_bytes, step_sums
 
 __all__ = ["TRACK_RATIO", "Plan", "Snapshot", "best_plan", "track_priced"]
 
@@ -127,6 +127,8 @@ class Snapshot:
         self.layer = np.arange(self.N) % self.L
         self.step = np.arange(self.N) // self.L if self.per_step else np.zeros(self.N, dtype=int)
         self._ksuf: np.ndarray | None = None
+        self._last_need: tuple[tuple, np.ndarray] | None = None  # _need's last plan and its answer
+        self._sums: np.ndarray | None = None  # step_sums of nb for _rerooted_bytes (nb is fixed)
         self._chain: tuple[np.ndarray, np.ndarray, list[float]] | None = None  # the last exact chain: _exact_chain
 
     def lows(self) -> list[int]:
@@ -136,13 +138,18 @@ class Snapshot:
         return lo
 
     def _need(self, splits) -> np.ndarray:
-        """(N,) bool: shards the plan ``splits`` fetches (from the compute position on)."""
-        k = np.array(splits, dtype=int)
+        """(N,) bool: shards the plan ``splits`` fetches (from the compute position on); the last plan's kept (a
+        finish asks twice: for the lane and for the plan's bytes). Read-only."""
+        key = tuple(splits)
+        if self._last_need is not None and self._last_need[0] == key:
+            return self._last_need[1]
+        k = np.array(key, dtype=int)
         if not self.alive:
             k[0] = self.l0
         kk = np.concatenate([np.full(self.cs, self.L), k])  # earlier steps: nothing needed
         need = self.layer >= kk[self.step]
         need[: self.c] = False
+        self._last_need = (key, need)
         return need
 
     def pending(self, splits) -> int:
@@ -205,7 +212,9 @@ class Snapshot:
         fetches counted as requested); a layer at the current step held off the track (another level) the open-loop
         floor."""
         assert self.req0 is not None and self.off0 is not None
-        chain = chain_bytes(self.nb, self.req0 | self._need(splits), self.S)
+        if self._sums is None:
+            self._sums = step_sums(self.nb, self.S)
+        chain = chain_bytes(self.nb, self.req0 | self._need(splits), self.S, self._sums)
         nb = np.where(chain > 0, np.minimum(self.nb_off, self.nb + chain), self.nb)
         if self.cs > 0:  # off at the current step with its reference requested: held at another level
             held_off = self.off0 & self.req0[(self.cs - 1) * self.L : self.cs * self.L]
