@@ -154,22 +154,27 @@ class Trace:
         t, out = float(start_s), []
         for gap, b in zip(gaps, sizes, strict=True):
             s = offset_s + (t + gap)
-            if b > 0:  # finish_time of b bytes from s (np.interp's segment and formula for the bytes by s)
-                cycles, off = divmod(max(s, 0.0), period)
+            if b > 0:  # finish_time of b bytes from s (np.interp's segment and formula for the bytes by s); the
+                # clamps and maxima as comparisons, each picking what min / max would (no call in the loop)
+                cycles, off = divmod(s if not 0.0 > s else 0.0, period)
                 if off >= last_edge:
                     got = last_cum
                 else:  # edges[j] <= off < edges[j + 1]
-                    j = min(max(after(edges, off) - 1, 0), n - 2)
+                    j = after(edges, off) - 1
+                    j = 0 if j < 0 else (n - 2 if j > n - 2 else j)
                     got = (cum[j + 1] - cum[j]) / (edges[j + 1] - edges[j]) * (off - edges[j]) + cum[j]
                 target = cycles * pbytes + got + b
                 k = floor(target / pbytes)
                 rem = target - k * pbytes
                 if rem == 0 and k > 0:
                     k, rem = k - 1, pbytes
-                i = min(max(before(cum, rem), 1), n - 1)
+                i = before(cum, rem)
+                i = 1 if i < 1 else (n - 1 if i > n - 1 else i)
                 c0, c1, e0, e1 = cum[i - 1], cum[i], edges[i - 1], edges[i]
                 f = e0 + (rem - c0) / (c1 - c0) * (e1 - e0) if c1 > c0 else e1
-                s = max(s, k * period + f)
+                end = k * period + f
+                if end > s:
+                    s = end
             t = s - offset_s
             out.append(t)
         return out
