@@ -115,7 +115,7 @@ def fluid_bound(
     tail = profile.fixed_s + (0.0 if per_step else (g.steps - 1) * g.layers * C)
     nbytes = np.array([float(fewest_fetch_bytes(lad, shard_floor(floor, g))) for g, lad in enumerate(lads)])
     nbytes = nbytes.reshape(S, L)
-    states = [(0.0, 0.0)]  # Pareto front of (the compute lane's time, bytes fetched) at a step's end
+    ts, bs = np.zeros(1), np.zeros(1)  # Pareto front of (the compute lane's time, bytes fetched) at a step's end
     k = np.arange(L + 1)
     j = np.arange(1, L + 1)
     firsts = np.concatenate([[0], np.cumsum(L - k[:-1])[:-1]])  # where split k's pairs start (k < L)
@@ -126,21 +126,26 @@ def fluid_bound(
         later = j[None, :] > k[:, None]  # (splits, layers)
         extra = (cum[None, 1:] - cum[k][:, None])[later]  # the (split, layer) pairs with j > k, split by split
         lag = ((j[None, :] - k[:, None]) * C)[later]
-        # every state at once ((states, 1) against the pairs): the same float operations element by element
-        t, b = (np.array(x)[:, None] for x in zip(*states, strict=True))
-        arrive = trace.finish_times(start_s, b + extra) - start_s
-        link = np.full((len(states), L + 1), -np.inf)  # split L fetches nothing
-        link[:, :L] = np.maximum.reduceat(arrive - lag, firsts, axis=1)
-        ends = (L - k) * C + np.maximum(t + k * F, link)  # (states, splits)
-        states = _pareto(ends.ravel(), (b + cum[-1] - cum[k]).ravel())
-    return float(lead + min(t for t, _ in states) + tail)
+        ends = np.empty((ts.size, L + 1))
+        for r in range(0, ts.size, _ROWS):  # the states a block at a time ((rows, 1) against the pairs)
+            t, b = ts[r : r + _ROWS, None], bs[r : r + _ROWS, None]
+            arrive = trace.finish_times(start_s, b + extra) - start_s
+            link = np.full((t.shape[0], L + 1), -np.inf)  # split L fetches nothing
+            link[:, :L] = np.maximum.reduceat(arrive - lag, firsts, axis=1)
+            ends[r : r + _ROWS] = (L - k) * C + np.maximum(t + k * F, link)
+        ts, bs = _pareto(ends.ravel(), (bs[:, None] + cum[-1] - cum[k]).ravel())
+    return float(lead + ts.min() + tail)
 
 
-def _pareto(times: np.ndarray, nbytes: np.ndarray) -> list[tuple[float, float]]:
+#: states of the fluid bound's front priced in one block (numpy work element by element, memory bounded)
+_ROWS = 256
+
+
+def _pareto(times: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The (time, bytes) points no other point beats in both (an earlier lane and fewer bytes on the link ahead of
     the next step's shards can only help), in time order (ties: fewer bytes first; a repeat kept once)."""
     order = np.lexsort((nbytes, times))
     t, b = times[order], nbytes[order]
     least = np.concatenate([[np.inf], np.minimum.accumulate(b)[:-1]])  # the fewest bytes of the points before
     keep = b < least
-    return list(zip(t[keep].tolist(), b[keep].tolist(), strict=True))
+    return t[keep], b[keep]
