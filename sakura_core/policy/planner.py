@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .context import Context
+from .exact_chain import ExactChain, lead_rtts
 from .reroot import chain_bytes, step_sums
 
 __all__ = ["TRACK_RATIO", "Plan", "Snapshot", "best_plan", "track_priced"]
@@ -122,14 +123,14 @@ class Snapshot:
         # requests leave back to back from link0, each paying its queued round trip (rtts): none with requests sent
         # ahead, but the chain's first requests may still pay theirs (lead_rtts; exact transfer times only)
         self.link0 = max(ctx.now, ctx.link_busy_until())
-        self.lead_rtts = _lead_rtts(ctx)
+        self.lead_rtts = lead_rtts(ctx)
         self.nl = ctx.decided_upto if fetch_from is None else fetch_from
         self.layer = np.arange(self.N) % self.L
         self.step = np.arange(self.N) // self.L if self.per_step else np.zeros(self.N, dtype=int)
         self._ksuf: np.ndarray | None = None
         self._last_need: tuple[tuple, np.ndarray] | None = None  # _need's last plan and its answer
         self._sums: np.ndarray | None = None  # step_sums of nb for _rerooted_bytes (nb is fixed)
-        self._chain: tuple[np.ndarray, np.ndarray, list[float]] | None = None  # the last exact chain: _exact_chain
+        self._chain = ExactChain(ctx, self.link0)  # exact transfer times (rate None): the last chain's ends reused
 
     def lows(self) -> list[int]:
         """Smallest split each plan step may take (the current step cannot undo layers already run)."""
@@ -231,25 +232,10 @@ class Snapshot:
         gaps = rtts[sent].astype(float)
         lead = np.asarray(self.lead_rtts[: gaps.size], dtype=float)
         gaps[: lead.size] += lead  # the chain's first requests may still pay their round trips
-        ends = self._exact_chain(gaps, nb[sent])
+        ends = self._chain.ends(gaps, nb[sent])
         out = np.full(nb.size, self.link0)
         out[sent] = ends
         return np.maximum.accumulate(out)  # a reuse rung: when the request before it ended (ends never decrease)
-
-    def _exact_chain(self, gaps: np.ndarray, nb: np.ndarray) -> list[float]:
-        """:meth:`Context.transfer_chain` from ``link0`` of requests with round trips ``gaps`` and bytes ``nb``, the
-        ends of the longest prefix the last call shares reused: a transfer's end depends only on the one before it
-        and its own gap and bytes, so they are the same floats (the oracle's coordinate descent changes one step's
-        split at a time: the steps before it keep their transfers)."""
-        m, prev = 0, self._chain
-        if prev is not None:
-            n = min(gaps.size, prev[0].size)
-            differ = np.flatnonzero((gaps[:n] != prev[0][:n]) | (nb[:n] != prev[1][:n]))
-            m = int(differ[0]) if differ.size else n
-        start = prev[2][m - 1] if m and prev is not None else self.link0
-        ends = (prev[2][:m] if m and prev is not None else []) + self.ctx.transfer_chain(start, gaps[m:], nb[m:])
-        self._chain = (gaps, nb, ends)
-        return ends
 
     def cut_table(self, k0s) -> list[tuple[np.ndarray, np.ndarray]]:
         """The best cut plan for each current-step split in ``k0s`` (constant rate only), for both cut families
@@ -327,20 +313,6 @@ class Snapshot:
                 k = min(k, int(ks[s].argmax()))  # where the step's known suffix starts
             out.append(k)
         return tuple(out)
-
-
-def _lead_rtts(ctx: Context) -> tuple[float, ...]:
-    """With requests sent ahead (:attr:`Context.queued_rtt_s` < the round trip), the round trips the chain's first
-    requests still pay over the queued one: a request to an idle link pays its own; before the estimator's first
-    sample the request after the bandwidth probe leaves only once the probe has arrived (the lanes' rule). The
-    exact-transfer search (the oracle's) charges them; with an estimated rate they are left out (at most two round
-    trips: the closed-form cut table has no per-request offsets)."""
-    q, rtt = ctx.queued_rtt_s, ctx.rtt_s
-    if q >= rtt:
-        return ()
-    busy = ctx.link_busy_until() > ctx.now
-    n = (0 if busy else 1) + (1 if ctx.estimator.samples == 0 else 0)
-    return (rtt - q,) * n
 
 
 def best_plan(snap: Snapshot, init: tuple[int, ...] | None = None, rounds: int = 2) -> Plan:
