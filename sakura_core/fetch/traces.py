@@ -143,36 +143,41 @@ class Trace:
         the one before it completes and carries ``nbytes[i]``; when each completes. Times are on a clock that reads
         the trace at ``offset_s + t`` (an edit's clock): each is ``finish_time(offset_s + t0, b) - offset_s``, the
         same arithmetic on Python floats with a binary search over the period, so the oracle's exact plan
-        evaluations make one call per plan instead of one :meth:`finish_time` per shard (equal: tested)."""
+        evaluations make one call per plan instead of one :meth:`finish_time` per shard (equal: tested). The loop
+        body is written out (no call per transfer): the oracle's search runs it millions of times."""
         edges, cum = self._edges_list, self._cum_list
         period, pbytes, n = self.period_s, self.period_bytes, len(cum)
+        last_edge, last_cum = edges[-1], cum[-1]
+        after, before, floor = bisect.bisect_right, bisect.bisect_left, math.floor
+        gaps = gaps_s.tolist() if isinstance(gaps_s, np.ndarray) else [float(g) for g in gaps_s]
+        sizes = nbytes.tolist() if isinstance(nbytes, np.ndarray) else [float(b) for b in nbytes]
         t, out = float(start_s), []
-        for gap, b in zip(gaps_s, nbytes, strict=True):
-            s = offset_s + (t + float(gap))
-            if b > 0:
-                s = self._finish_from(s, float(b), edges, cum, period, pbytes, n)
+        for gap, b in zip(gaps, sizes, strict=True):
+            s = offset_s + (t + gap)
+            if b > 0:  # finish_time of b bytes from s (np.interp's segment and formula for the bytes by s); the
+                # clamps and maxima as comparisons, each picking what min / max would (no call in the loop)
+                cycles, off = divmod(s if not 0.0 > s else 0.0, period)
+                if off >= last_edge:
+                    got = last_cum
+                else:  # edges[j] <= off < edges[j + 1]
+                    j = after(edges, off) - 1
+                    j = 0 if j < 0 else (n - 2 if j > n - 2 else j)
+                    got = (cum[j + 1] - cum[j]) / (edges[j + 1] - edges[j]) * (off - edges[j]) + cum[j]
+                target = cycles * pbytes + got + b
+                k = floor(target / pbytes)
+                rem = target - k * pbytes
+                if rem == 0 and k > 0:
+                    k, rem = k - 1, pbytes
+                i = before(cum, rem)
+                i = 1 if i < 1 else (n - 1 if i > n - 1 else i)
+                c0, c1, e0, e1 = cum[i - 1], cum[i], edges[i - 1], edges[i]
+                f = e0 + (rem - c0) / (c1 - c0) * (e1 - e0) if c1 > c0 else e1
+                end = k * period + f
+                if end > s:
+                    s = end
             t = s - offset_s
             out.append(t)
         return out
-
-    @staticmethod
-    def _finish_from(s: float, b: float, edges: list, cum: list, period: float, pbytes: float, n: int) -> float:
-        """:meth:`finish_time` of ``b`` > 0 bytes from ``s`` on Python floats (``edges``/``cum`` as lists)."""
-        cycles, off = divmod(max(s, 0.0), period)
-        if off >= edges[-1]:
-            got = cum[-1]
-        else:  # np.interp's segment and formula: edges[j] <= off < edges[j + 1]
-            j = min(max(bisect.bisect_right(edges, off) - 1, 0), n - 2)
-            got = (cum[j + 1] - cum[j]) / (edges[j + 1] - edges[j]) * (off - edges[j]) + cum[j]
-        target = cycles * pbytes + got + b
-        k = math.floor(target / pbytes)
-        rem = target - k * pbytes
-        if rem == 0 and k > 0:
-            k, rem = k - 1, pbytes
-        i = min(max(bisect.bisect_left(cum, rem), 1), n - 1)
-        c0, c1, e0, e1 = cum[i - 1], cum[i], edges[i - 1], edges[i]
-        f = e0 + (rem - c0) / (c1 - c0) * (e1 - e0) if c1 > c0 else e1
-        return max(s, k * period + f)
 
     def window(self, start_s: float, duration_s: float, step_s: float = 1.0) -> np.ndarray:
         """Mean rate (bytes/s) in consecutive ``step_s`` windows from ``start_s`` (for plots and the oracle)."""

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .context import Context
-from .reroot import chain_bytes
+from .exact_chain import ExactChain, lead_rtts
+from .reroot import chain_bytes, step_sums
 
 __all__ = ["TRACK_RATIO", "Plan", "Snapshot", "best_plan", "track_priced"]
 
@@ -122,11 +123,14 @@ class Snapshot:
         # requests leave back to back from link0, each paying its queued round trip (rtts): none with requests sent
         # ahead, but the chain's first requests may still pay theirs (lead_rtts; exact transfer times only)
         self.link0 = max(ctx.now, ctx.link_busy_until())
-        self.lead_rtts = _lead_rtts(ctx)
+        self.lead_rtts = lead_rtts(ctx)
         self.nl = ctx.decided_upto if fetch_from is None else fetch_from
         self.layer = np.arange(self.N) % self.L
         self.step = np.arange(self.N) // self.L if self.per_step else np.zeros(self.N, dtype=int)
         self._ksuf: np.ndarray | None = None
+        self._last_need: tuple[tuple, np.ndarray] | None = None  # _need's last plan and its answer
+        self._sums: np.ndarray | None = None  # step_sums of nb for _rerooted_bytes (nb is fixed)
+        self._chain = ExactChain(ctx, self.link0)  # exact transfer times (rate None): the last chain's ends reused
 
     def lows(self) -> list[int]:
         """Smallest split each plan step may take (the current step cannot undo layers already run)."""
@@ -135,13 +139,18 @@ class Snapshot:
         return lo
 
     def _need(self, splits) -> np.ndarray:
-        """(N,) bool: shards the plan ``splits`` fetches (from the compute position on)."""
-        k = np.array(splits, dtype=int)
+        """(N,) bool: shards the plan ``splits`` fetches (from the compute position on); the last plan's kept (a
+        finish asks twice: for the lane and for the plan's bytes). Read-only."""
+        key = tuple(splits)
+        if self._last_need is not None and self._last_need[0] == key:
+            return self._last_need[1]
+        k = np.array(key, dtype=int)
         if not self.alive:
             k[0] = self.l0
         kk = np.concatenate([np.full(self.cs, self.L), k])  # earlier steps: nothing needed
         need = self.layer >= kk[self.step]
         need[: self.c] = False
+        self._last_need = (key, need)
         return need
 
     def pending(self, splits) -> int:
@@ -204,7 +213,9 @@ class Snapshot:
         fetches counted as requested); a layer at the current step held off the track (another level) the open-loop
         floor."""
         assert self.req0 is not None and self.off0 is not None
-        chain = chain_bytes(self.nb, self.req0 | self._need(splits), self.S)
+        if self._sums is None:
+            self._sums = step_sums(self.nb, self.S)
+        chain = chain_bytes(self.nb, self.req0 | self._need(splits), self.S, self._sums)
         nb = np.where(chain > 0, np.minimum(self.nb_off, self.nb + chain), self.nb)
         if self.cs > 0:  # off at the current step with its reference requested: held at another level
             held_off = self.off0 & self.req0[(self.cs - 1) * self.L : self.cs * self.L]
@@ -221,7 +232,7 @@ class Snapshot:
         gaps = rtts[sent].astype(float)
         lead = np.asarray(self.lead_rtts[: gaps.size], dtype=float)
         gaps[: lead.size] += lead  # the chain's first requests may still pay their round trips
-        ends = self.ctx.transfer_chain(self.link0, gaps, nb[sent])
+        ends = self._chain.ends(gaps, nb[sent])
         out = np.full(nb.size, self.link0)
         out[sent] = ends
         return np.maximum.accumulate(out)  # a reuse rung: when the request before it ended (ends never decrease)
@@ -302,20 +313,6 @@ class Snapshot:
                 k = min(k, int(ks[s].argmax()))  # where the step's known suffix starts
             out.append(k)
         return tuple(out)
-
-
-def _lead_rtts(ctx: Context) -> tuple[float, ...]:
-    """With requests sent ahead (:attr:`Context.queued_rtt_s` < the round trip), the round trips the chain's first
-    requests still pay over the queued one: a request to an idle link pays its own; before the estimator's first
-    sample the request after the bandwidth probe leaves only once the probe has arrived (the lanes' rule). The
-    exact-transfer search (the oracle's) charges them; with an estimated rate they are left out (at most two round
-    trips: the closed-form cut table has no per-request offsets)."""
-    q, rtt = ctx.queued_rtt_s, ctx.rtt_s
-    if q >= rtt:
-        return ()
-    busy = ctx.link_busy_until() > ctx.now
-    n = (0 if busy else 1) + (1 if ctx.estimator.samples == 0 else 0)
-    return (rtt - q,) * n
 
 
 def best_plan(snap: Snapshot, init: tuple[int, ...] | None = None, rounds: int = 2) -> Plan:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .context import Context
 
-__all__ = ["chain_bytes", "chain_of"]
+__all__ = ["chain_bytes", "chain_of", "step_sums"]
 
 
 def chain_of(ctx: Context, g: int, requested: np.ndarray) -> list[int]:
@@ -50,14 +50,23 @@ def chain_of(ctx: Context, g: int, requested: np.ndarray) -> list[int]:
     return chain[::-1]
 
 
-def chain_bytes(nb: np.ndarray, requested: np.ndarray, steps: int) -> np.ndarray:
+def chain_bytes(nb: np.ndarray, requested: np.ndarray, steps: int, cum: np.ndarray | None = None) -> np.ndarray:
     """(shards,) for every shard the on-track floor bytes of the chain that re-roots its layer before it (the same
     layer at the steps since the last one in ``requested``, back to step 0 when none is; 0 where the step before is
     requested). ``nb``: the on-track floor bytes; ``requested``: (shards,) bool, what is fetched by then (decoded, on
-    the way, or planned). Steps x layers numpy work."""
+    the way, or planned); ``cum``: :func:`step_sums` of ``nb`` when the caller keeps it (a plan search prices many
+    plans on the same bytes). Steps x layers numpy work."""
+    if cum is None:
+        cum = step_sums(nb, steps)
+    req = requested.reshape(steps, -1)
+    last = np.maximum.accumulate(np.where(req, np.arange(steps)[:, None], -1), axis=0)
+    start = np.zeros(req.shape, dtype=np.intp)  # the first step of each chain: after the last requested before it
+    start[1:] = last[:-1] + 1
+    return (cum[:-1] - cum[start, np.arange(req.shape[1])[None, :]]).reshape(-1)
+
+
+def step_sums(nb: np.ndarray, steps: int) -> np.ndarray:
+    """(steps + 1, layers): row ``s`` the bytes of each layer's shards at the steps before ``s`` (:func:`chain_bytes`
+    reads it)."""
     nbg = nb.reshape(steps, -1)
-    cum = np.vstack([np.zeros((1, nbg.shape[1])), np.cumsum(nbg, axis=0)])  # cum[s]: bytes of steps < s
-    s_idx = np.arange(steps)[:, None]
-    last = np.maximum.accumulate(np.where(requested.reshape(steps, -1), s_idx, -1), axis=0)
-    prev = np.vstack([np.full((1, nbg.shape[1]), -1), last[:-1]])  # the last requested strictly before each step
-    return (cum[:-1] - np.take_along_axis(cum, prev + 1, axis=0)).reshape(-1)
+    return np.vstack([np.zeros((1, nbg.shape[1])), np.cumsum(nbg, axis=0)])

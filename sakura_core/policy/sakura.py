@@ -347,16 +347,12 @@ class Sakura(Policy):
                 return None
         best, best_gain = None, 0.0
         fetched = ctx.fetched_levels()
+        per_step, used, L, n = ctx.per_step, ctx.compute_layer, ctx.layers_per_step, ctx.num_layers  # read once
         for shard, level in fetched.items():
-            if ctx.per_step and shard <= ctx.compute_layer:
+            if per_step and shard <= used:
                 continue  # used already (per-step KV serves one step only)
-            nxt = shard + ctx.layers_per_step
-            if (
-                ctx.per_step
-                and nxt < ctx.num_layers
-                and nxt not in fetched
-                and feeds_twin(ctx.ladder(shard), level, ctx.ladder(nxt))
-            ):
+            nxt = shard + L
+            if per_step and nxt < n and nxt not in fetched and feeds_twin(ctx.ladder(shard), level, ctx.ladder(nxt)):
                 continue  # the next step's twin is coded against this level: an upgrade would leave the track
             ladder = ctx.ladder(shard)
             if level + 1 < len(ladder) and ladder[level + 1].progressive:

@@ -115,31 +115,37 @@ def fluid_bound(
     tail = profile.fixed_s + (0.0 if per_step else (g.steps - 1) * g.layers * C)
     nbytes = np.array([float(fewest_fetch_bytes(lad, shard_floor(floor, g))) for g, lad in enumerate(lads)])
     nbytes = nbytes.reshape(S, L)
-    states = [(0.0, 0.0)]  # Pareto front of (the compute lane's time, bytes fetched) at a step's end
+    ts, bs = np.zeros(1), np.zeros(1)  # Pareto front of (the compute lane's time, bytes fetched) at a step's end
     k = np.arange(L + 1)
     j = np.arange(1, L + 1)
+    firsts = np.concatenate([[0], np.cumsum(L - k[:-1])[:-1]])  # where split k's pairs start (k < L)
     for s in range(S):
         cum = np.concatenate([[0.0], np.cumsum(nbytes[s])])
         # split k fetches layers k..L-1 in order: the j-th layer (j > k) arrives once cum[j] - cum[k] more bytes have
         # come, and the lane's end is (L - k) C + max(t + k F, max_{j > k} (arrive_j - (j - k) C))
         later = j[None, :] > k[:, None]  # (splits, layers)
-        extra = np.where(later, cum[None, 1:] - cum[k][:, None], 0.0)
-        found = []
-        for t, b in states:
+        extra = (cum[None, 1:] - cum[k][:, None])[later]  # the (split, layer) pairs with j > k, split by split
+        lag = ((j[None, :] - k[:, None]) * C)[later]
+        ends = np.empty((ts.size, L + 1))
+        for r in range(0, ts.size, _ROWS):  # the states a block at a time ((rows, 1) against the pairs)
+            t, b = ts[r : r + _ROWS, None], bs[r : r + _ROWS, None]
             arrive = trace.finish_times(start_s, b + extra) - start_s
-            link = np.where(later, arrive - (j[None, :] - k[:, None]) * C, -np.inf).max(axis=1)
-            ends = (L - k) * C + np.maximum(t + k * F, link)
-            found += list(zip(ends.tolist(), (b + cum[-1] - cum[k]).tolist(), strict=True))
-        states = _pareto(found)
-    return float(lead + min(t for t, _ in states) + tail)
+            link = np.full((t.shape[0], L + 1), -np.inf)  # split L fetches nothing
+            link[:, :L] = np.maximum.reduceat(arrive - lag, firsts, axis=1)
+            ends[r : r + _ROWS] = (L - k) * C + np.maximum(t + k * F, link)
+        ts, bs = _pareto(ends.ravel(), (bs[:, None] + cum[-1] - cum[k]).ravel())
+    return float(lead + ts.min() + tail)
 
 
-def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+#: states of the fluid bound's front priced in one block (numpy work element by element, memory bounded)
+_ROWS = 256
+
+
+def _pareto(times: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The (time, bytes) points no other point beats in both (an earlier lane and fewer bytes on the link ahead of
-    the next step's shards can only help)."""
-    out, least = [], np.inf
-    for t, b in sorted(points):
-        if b < least:
-            out.append((t, b))
-            least = b
-    return out
+    the next step's shards can only help), in time order (ties: fewer bytes first; a repeat kept once)."""
+    order = np.lexsort((nbytes, times))
+    t, b = times[order], nbytes[order]
+    least = np.concatenate([[np.inf], np.minimum.accumulate(b)[:-1]])  # the fewest bytes of the points before
+    keep = b < least
+    return t[keep], b[keep]

@@ -68,7 +68,7 @@ class SimView:
     def fetched_levels(self) -> dict[int, int]:
         """``Context.fetched_levels``: each shard's highest level requested, decoded by now or not (``got`` shows
         the decoded ones only; an upgrade on its way must not be asked for again)."""
-        return {g: max(j for j, _ in v) for g, v in self._got.items() if v}
+        return {g: v[0][0] if len(v) == 1 else max(j for j, _ in v) for g, v in self._got.items() if v}
 
     def known_ready_array(self) -> np.ndarray:
         """``Context.known_ready`` of every shard at once (NaN where None), without a dict per shard."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from sakura_core.fetch.traces import Trace
 from sakura_core.policy.context import Context
 from sakura_core.policy.ladder import Level
 from sakura_core.policy.planner import Snapshot, best_plan
@@ -24,7 +25,7 @@ class CpuCosts(Costs):
     dit_cpu_cores: int = 0  # > 0: the DiT shares the CPU with decoding (a decode costs it decode_s / cores)
 
 
-def _world(rng: random.Random, uniform: bool, known: bool) -> tuple[Context, float]:
+def _world(rng: random.Random, uniform: bool, known: bool, trace: Trace | None = None) -> tuple[Context, float]:
     S, L = rng.choice([2, 3, 4]), rng.choice([2, 3, 5])
     costs = CpuCosts(
         layer_full_s=1.0,
@@ -64,6 +65,8 @@ def _world(rng: random.Random, uniform: bool, known: bool) -> tuple[Context, flo
         in_flight=in_flight,
         rtt_s=rng.choice([0.0, 0.04]),
     )
+    if trace is not None:
+        world.trace = trace
     return Context(world), rate
 
 
@@ -81,6 +84,25 @@ def test_the_cut_plans_closed_form_is_the_exact_model():
         for use_known, (cuts, finishes) in zip((False, True), snap.cut_table(k0s), strict=True):
             for k0, i, f in zip(k0s, cuts, finishes, strict=True):
                 assert f == pytest.approx(snap.finish(snap.cut_splits(k0, int(i), use_known)), abs=1e-9)
+
+
+def test_exact_finishes_reusing_the_last_chain_equal_a_fresh_snapshots():
+    # the exact-transfer search (rate None) reuses the previous evaluation's transfer ends over the requests both
+    # share: one snapshot evaluating split vectors one after another (neighbours, as the coordinate descent makes
+    # them, and unrelated ones, with another level for the next shard) gives each the fresh snapshot's finish
+    rng = random.Random(5)
+    walk = Trace("walk", np.array([0.3, 0.5, 0.2, 1.0, 0.4]), np.array([4e5, 0.0, 2e6, 7e5, 1.2e6]))
+    for _ in range(150):
+        c, _ = _world(rng, uniform=rng.random() < 0.5, known=True, trace=walk)
+        track = rng.random() < 0.5
+        snap = Snapshot(c, None, track=track)
+        v = [rng.randrange(lo, snap.L + 1) for lo in snap.lows()]
+        for _ in range(12):
+            i = rng.randrange(len(v))
+            v[i] = rng.randrange(snap.lows()[i], snap.L + 1)
+            first = rng.choice([None, 0.5 * MB, 3 * MB])
+            want = Snapshot(c, None, track=track).finish(tuple(v), first)
+            assert snap.finish(tuple(v), first) == want
 
 
 def test_a_decode_on_the_dits_cores_costs_the_compute_lane_its_share():

@@ -61,6 +61,19 @@ def test_the_planner_prices_the_chain_where_the_runtime_re_roots():
     assert off[L] == FP // 2 and off[2 * L] == FP // 2
 
 
+def test_one_snapshot_prices_plan_after_plan_as_fresh_ones_do():
+    # a snapshot keeps the step sums of its floor bytes and the last plan's needed shards across evaluations: plans
+    # one after another (a step's split changed at a time, as the search makes them) are priced as on a new snapshot
+    rng = np.random.default_rng(6)
+    snap, plan = Snapshot(_ctx(FAR), 1e6, track=True), [0] * S
+    for _ in range(40):
+        plan[int(rng.integers(S))] = int(rng.integers(L + 1))
+        fresh = Snapshot(_ctx(FAR), 1e6, track=True)
+        assert snap._planned_bytes(plan).tolist() == fresh._planned_bytes(plan).tolist()
+        assert snap.finish(plan) == fresh.finish(plan)
+    assert chain_bytes(np.arange(1.0, S * L + 1), np.zeros(S * L, dtype=bool), S)[-1] == sum(range(L, S * L, L))
+
+
 def _slow_start() -> Trace:
     """2 Mbit/s for 30 ms (step 0 runs on the device while its shards are on their way), then 25 Mbit/s."""
     return Trace("slow-start", np.array([0.03, 1e5]), np.array([2e6 / 8, 25e6 / 8]))
