@@ -295,7 +295,9 @@ function probeSkips(ctx, layer) {
   return layer !== probeShard(ctx, step * L, L);
 }
 
-/** The shard the per-step bandwidth probe fetches when the running step starts at shard `first`. */
+/** The shard the per-step bandwidth probe fetches when the running step starts at shard `first`: the next step's first
+ * shard with bytes (a cross-step residual too: its reference is what the compute lane computes now), else the running
+ * step's last shard with bytes, else `first` (sakura.py's _probe_shard). */
 function probeShard(ctx, first, L) {
   const reuse = ctx.floorReuses();
   const n = ctx.numLayers;
@@ -306,7 +308,7 @@ function probeShard(ctx, first, L) {
       break;
     }
   }
-  if (nxt !== null && ctx.ladder(nxt)[ctx.floorOf(nxt)].refStep === null) return nxt;
+  if (nxt !== null) return nxt;
   for (let g = first + L - 1; g > first; g--) if (!reuse[g]) return g;
   return first;
 }
