@@ -215,13 +215,15 @@ class Sakura(Policy):
         """Per-step KV: the probe is not the first shard of the step the compute lane is in while its template is
         alive. That shard is what the compute lane starts on at once (the template kept: a per-step shard serves its
         own step only, so that fetch was wasted bytes). The next step's first shard with bytes is the probe, a
-        cross-step residual floor too: its reference, the running step's same layer, is the one the compute lane
-        computes now (the residual's decode waits for the device's KV of it; its transfer does not). The running
-        step's last shard is not the probe while a later step has bytes: step 0's shards cost 2-4x a later step's
-        residuals (klein at 4 steps: 5 MB against 1.3-3 MB), and on slow links (3G-like, phone CPU) the plan seldom
-        uses it, so the probe spent tens of seconds of link time on a shard no plan wanted (the comparison on
-        synthetic slow links: ``sakura bench slow-links``, docs/results.md). Nothing is skipped when no other shard
-        has bytes to sample."""
+        cross-step residual too where it costs no more than the running step's last shard (:func:`_probe_shard`):
+        its reference, the running step's same layer, is the one the compute lane computes now (the residual's
+        decode waits for the device's KV of it; its transfer does not), so a twins'-track floor is fetched at its
+        open-loop floor. Step 0's shards cost 2-4x a later step's residuals (klein at 4 steps: 5 MB against 1.3-3
+        MB), and on slow links (3G-like, phone CPU) the plan seldom uses the running step's last shard, so that
+        probe spent tens of seconds of link time on a shard no plan wanted (the comparison on synthetic slow links:
+        ``sakura bench slow-links``, docs/results.md); on long edits the open-loop floor costs 25-31x the twins and
+        the running step's last shard stays the probe. Nothing is skipped when no other shard has bytes to
+        sample."""
         if not ctx.per_step or not ctx.template_alive:
             return False
         step, L = ctx.step_of(layer), ctx.layers_per_step
@@ -389,10 +391,16 @@ class Oracle(Sakura):
 
 def _probe_shard(ctx: Context, first: int, L: int) -> int:
     """The shard the per-step bandwidth probe fetches when the running step starts at shard ``first`` (see
-    :meth:`Sakura._probe_skips`): the next step's first shard with bytes (any later step's: the first with bytes
-    after the running step), else the running step's last shard with bytes after ``first``, else ``first``."""
+    :meth:`Sakura._probe_skips`): the next step's first shard with bytes (the first with bytes after the running
+    step) where its floor decodes on its own or, a cross-step residual, costs off its twins' track (its reference is
+    computed on the device, so a twin floor is fetched at the open-loop one) no more than the running step's last
+    shard with bytes after ``first``; else that last shard; else ``first``."""
     reuse, n = ctx.floor_reuses(), ctx.num_layers
     nxt = next((g for g in range(first + L, n) if not reuse[g]), None)
-    if nxt is not None:
+    last = next((g for g in range(first + L - 1, first, -1) if not reuse[g]), None)
+    if nxt is None:
+        return first if last is None else last
+    self_contained = ctx.ladder(nxt)[ctx.floor_of(nxt)].ref_step is None
+    if self_contained or last is None or ctx.floor_off_track_bytes()[nxt] <= ctx.floor_arrays()[0][last]:
         return nxt
-    return next((g for g in range(first + L - 1, first, -1) if not reuse[g]), first)
+    return last
