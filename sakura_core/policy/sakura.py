@@ -9,6 +9,7 @@ from .base import LEVEL_COMPUTE, Decision, Policy, _at
 from .context import Context
 from .ladder import feeds_twin
 from .planner import Plan, Snapshot, best_plan, track_priced
+from .probe import probe_shard
 from .reroot import chain_of
 
 __all__ = ["Oracle", "Sakura"]
@@ -215,7 +216,7 @@ class Sakura(Policy):
         """Per-step KV: the probe is not the first shard of the step the compute lane is in while its template is
         alive. That shard is what the compute lane starts on at once (the template kept: a per-step shard serves its
         own step only, so that fetch was wasted bytes). The next step's first shard with bytes is the probe, a
-        cross-step residual too where it costs no more than the running step's last shard (:func:`_probe_shard`):
+        cross-step residual too where it costs no more than the running step's last shard (``probe.probe_shard``):
         its reference, the running step's same layer, is the one the compute lane computes now (the residual's
         decode waits for the device's KV of it; its transfer does not), so a twins'-track floor is fetched at its
         open-loop floor. Step 0's shards cost 2-4x a later step's residuals (klein at 4 steps: 5 MB against 1.3-3
@@ -229,7 +230,7 @@ class Sakura(Policy):
         step, L = ctx.step_of(layer), ctx.layers_per_step
         if step != ctx.step_of(ctx.compute_layer):
             return False
-        return layer != _probe_shard(ctx, step * L, L)
+        return layer != probe_shard(ctx, step * L, L)
 
     def _level_under_target(self, ctx: Context, layer: int, plan: Plan, rate: float | None) -> int:
         """The highest level that keeps the predicted finish under the user's latency target, at the estimate and at
@@ -387,20 +388,3 @@ class Oracle(Sakura):
 
     def drop_rate(self, ctx: Context) -> float | None:
         return None if ctx.has_trace else super().drop_rate(ctx)
-
-
-def _probe_shard(ctx: Context, first: int, L: int) -> int:
-    """The shard the per-step bandwidth probe fetches when the running step starts at shard ``first`` (see
-    :meth:`Sakura._probe_skips`): the next step's first shard with bytes (the first with bytes after the running
-    step) where its floor decodes on its own or, a cross-step residual, costs off its twins' track (its reference is
-    computed on the device, so a twin floor is fetched at the open-loop one) no more than the running step's last
-    shard with bytes after ``first``; else that last shard; else ``first``."""
-    reuse, n = ctx.floor_reuses(), ctx.num_layers
-    nxt = next((g for g in range(first + L, n) if not reuse[g]), None)
-    last = next((g for g in range(first + L - 1, first, -1) if not reuse[g]), None)
-    if nxt is None:
-        return first if last is None else last
-    self_contained = ctx.ladder(nxt)[ctx.floor_of(nxt)].ref_step is None
-    if self_contained or last is None or ctx.floor_off_track_bytes()[nxt] <= ctx.floor_arrays()[0][last]:
-        return nxt
-    return last

@@ -297,7 +297,7 @@ function probeSkips(ctx, layer) {
 
 /** The shard the per-step bandwidth probe fetches when the running step starts at shard `first`: the next step's first
  * shard with bytes where its floor decodes on its own or costs off its twins' track no more than the running step's
- * last shard with bytes; else that last shard; else `first` (sakura.py's _probe_shard). */
+ * last shard with bytes; else that last shard; else `first` (policy/probe.py's probe_shard). */
 function probeShard(ctx, first, L) {
   const reuse = ctx.floorReuses();
   const n = ctx.numLayers;
