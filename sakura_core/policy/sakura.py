@@ -9,6 +9,7 @@ from .base import LEVEL_COMPUTE, Decision, Policy, _at
 from .context import Context
 from .ladder import feeds_twin
 from .planner import Plan, Snapshot, best_plan, track_priced
+from .probe import probe_shard
 from .reroot import chain_of
 
 __all__ = ["Oracle", "Sakura"]
@@ -28,7 +29,7 @@ class Sakura(Policy):
       re-root chains (``Context.reroots``: the simulator and the live lanes), a layer off its track is priced and
       fetched back on it by its chain from the last step requested or step 0 (``reroot_chain``, :mod:`.reroot`).
     * Probe: with no throughput sample yet the first shard is fetched at the floor level (free: compute keeps the
-      template until a shard is ready).
+      template until a shard is ready); per-step KV, the next step's first shard with bytes (``_probe_skips``).
     * Fetch lane: a shard below its step's planned split is deferred ("not now": the runtime asks again before later
       shards and while the link would idle, until the compute lane reaches it — so a link that turns out faster
       moves the split earlier); otherwise the quality floor, or under a latency target the highest level that
@@ -214,17 +215,22 @@ class Sakura(Policy):
     def _probe_skips(ctx: Context, layer: int) -> bool:
         """Per-step KV: the probe is not the first shard of the step the compute lane is in while its template is
         alive. That shard is what the compute lane starts on at once (the template kept: a per-step shard serves its
-        own step only, so that fetch was wasted bytes). The next step's first shard with bytes is the probe when its
-        floor decodes on its own (it is used by every plan that drops there); a cross-step residual floor is not
-        (its reference, this step's same layer, is not on the device before the compute lane has made it: it
-        would be fetched at its exact level), and then the running step's last shard with bytes is (used by every
-        plan that drops anywhere in the step). Nothing is skipped when no other shard has bytes to sample."""
+        own step only, so that fetch was wasted bytes). The next step's first shard with bytes is the probe, a
+        cross-step residual too where it costs no more than the running step's last shard (``probe.probe_shard``):
+        its reference, the running step's same layer, is the one the compute lane computes now (the residual's
+        decode waits for the device's KV of it; its transfer does not), so a twins'-track floor is fetched at its
+        open-loop floor. Step 0's shards cost 2-4x a later step's residuals (klein at 4 steps: 5 MB against 1.3-3
+        MB), and on slow links (3G-like, phone CPU) the plan seldom uses the running step's last shard, so that
+        probe spent tens of seconds of link time on a shard no plan wanted (the comparison on synthetic slow links:
+        ``sakura bench slow-links``, docs/results.md); on long edits the open-loop floor costs 25-31x the twins and
+        the running step's last shard stays the probe. Nothing is skipped when no other shard has bytes to
+        sample."""
         if not ctx.per_step or not ctx.template_alive:
             return False
         step, L = ctx.step_of(layer), ctx.layers_per_step
         if step != ctx.step_of(ctx.compute_layer):
             return False
-        return layer != _probe_shard(ctx, step * L, L)
+        return layer != probe_shard(ctx, step * L, L)
 
     def _level_under_target(self, ctx: Context, layer: int, plan: Plan, rate: float | None) -> int:
         """The highest level that keeps the predicted finish under the user's latency target, at the estimate and at
@@ -378,14 +384,3 @@ class Oracle(Sakura):
 
     def drop_rate(self, ctx: Context) -> float | None:
         return None if ctx.has_trace else super().drop_rate(ctx)
-
-
-def _probe_shard(ctx: Context, first: int, L: int) -> int:
-    """The shard the per-step bandwidth probe fetches when the running step starts at shard ``first`` (see
-    :meth:`Sakura._probe_skips`): the next step's first shard with bytes if its floor is self-contained, else
-    the running step's last shard with bytes after ``first``, else ``first``."""
-    reuse, n = ctx.floor_reuses(), ctx.num_layers
-    nxt = next((g for g in range(first + L, n) if not reuse[g]), None)
-    if nxt is not None and ctx.ladder(nxt)[ctx.floor_of(nxt)].ref_step is None:
-        return nxt
-    return next((g for g in range(first + L - 1, first, -1) if not reuse[g]), first)

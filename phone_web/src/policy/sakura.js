@@ -295,7 +295,9 @@ function probeSkips(ctx, layer) {
   return layer !== probeShard(ctx, step * L, L);
 }
 
-/** The shard the per-step bandwidth probe fetches when the running step starts at shard `first`. */
+/** The shard the per-step bandwidth probe fetches when the running step starts at shard `first`: the next step's first
+ * shard with bytes where its floor decodes on its own or costs off its twins' track no more than the running step's
+ * last shard with bytes; else that last shard; else `first` (policy/probe.py's probe_shard). */
 function probeShard(ctx, first, L) {
   const reuse = ctx.floorReuses();
   const n = ctx.numLayers;
@@ -306,7 +308,15 @@ function probeShard(ctx, first, L) {
       break;
     }
   }
-  if (nxt !== null && ctx.ladder(nxt)[ctx.floorOf(nxt)].refStep === null) return nxt;
-  for (let g = first + L - 1; g > first; g--) if (!reuse[g]) return g;
-  return first;
+  let last = null;
+  for (let g = first + L - 1; g > first; g--) {
+    if (!reuse[g]) {
+      last = g;
+      break;
+    }
+  }
+  if (nxt === null) return last === null ? first : last;
+  const selfContained = ctx.ladder(nxt)[ctx.floorOf(nxt)].refStep === null;
+  if (selfContained || last === null || ctx.floorOffTrackBytes()[nxt] <= ctx.floorArrays()[0][last]) return nxt;
+  return last;
 }

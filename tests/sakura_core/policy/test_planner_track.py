@@ -111,3 +111,14 @@ def test_a_long_edit_on_a_slow_link_finishes_sooner_with_the_rule(monkeypatch):
     without = simulate(NoRule(), trace, P, ladders, {"sakura": 0}, config=SimConfig())
     assert with_rule.result.latency_s < without.result.latency_s
     assert with_rule.result.bytes_fetched < without.result.bytes_fetched
+
+
+def test_on_the_far_world_the_probe_stays_in_the_running_step():
+    """The next step's first shard is the probe only where it costs no more than the running step's last one as it
+    would be fetched: here its reference is computed on the device, so its twin floor goes at the open-loop floor
+    (8x step 0's last shard), and the probe is step 0's last shard."""
+    r = simulate(make_policy("sakura"), Trace.constant(25), P, {"sakura": FAR}, {"sakura": 0}, config=SimConfig())
+    probe = next(d for d in r.result.decisions if "bandwidth probe (no" in d["reason"])
+    assert probe["layer"] == P.model.layers - 1
+    first = min((e for e in r.result.events if e["lane"] == "fetch"), key=lambda e: e["start"])
+    assert first["layer"] == P.model.layers - 1 and first["level"] == "lo"

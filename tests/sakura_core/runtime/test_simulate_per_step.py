@@ -205,16 +205,18 @@ def test_sakura_probes_with_the_next_steps_first_shard_in_per_step_mode():
     assert _first_fetch(single) == 0
 
 
-def test_a_cross_step_floor_is_not_the_probe_the_running_steps_last_shard_is():
-    # steps 1-2 are cross-step residuals against the step before: step 1 layer 0's reference (step 0 layer 0) is not
-    # on the device at the start, so probing it would fetch its exact level; the probe is step 0's last shard
+def test_a_cross_step_floor_of_the_next_step_is_the_probe_at_its_floor():
+    # steps 1-2 are cross-step residuals against the step before: step 1 layer 0's reference (step 0 layer 0) is the
+    # layer the compute lane computes now, so the residual is fetched at its floor (its decode waits for the
+    # device's KV, no exact level fetched), not the running step's last shard (on slow links the running step's
+    # shards cost several times a later step's residuals and the plan seldom uses them)
     def residual(step):
         return Level("q-res", FP // 20, FP // 20, 1e-3, 1e-4 / 12, links=CrossStepLinks(ref_step=step - 1))
 
     lads = {"sakura": [LADDERS["sakura"][0]] * 4 + [[residual(g // 4), LADDERS["sakura"][0][1]] for g in range(4, 12)]}
     r = simulate(make_policy("sakura"), Trace.constant(20), P, lads, FLOORS, config=NO_RTT)
     probe = next(d for d in r.result.decisions if "bandwidth probe (no" in d["reason"])
-    assert probe["layer"] == 3 and _first_fetch(r) == 3
+    assert probe["layer"] == 4 and probe["level"] == 0 and _first_fetch(r) == 4
     assert not [d for d in r.result.decisions if d["reason"].startswith("fallback")]  # no exact level fetched for it
     assert 0 not in [e["layer"] for e in r.result.events if e["lane"] == "fetch"]
 
