@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from ci_deps import require_or_skip
 
+from .policy_record import level_json
+
 WEB = Path(__file__).resolve().parents[2] / "phone_web"
 NODE = shutil.which("node")
 
@@ -55,23 +57,6 @@ def _same_floats(lv: dict | None) -> dict | None:
     return {**lv, "mse": float(f"{lv['mse']:.12e}"), "closed": _same_floats(lv["closed"])}
 
 
-def _level(lv) -> dict | None:
-    if lv is None:
-        return None
-    return {
-        "name": lv.name,
-        "nbytes": lv.nbytes,
-        "increment_bytes": lv.increment_bytes,
-        "decode_s": lv.decode_s,
-        "mse": lv.mse,
-        "progressive": lv.progressive,
-        "ref_step": lv.ref_step,
-        "reuse": lv.reuse,
-        "closed": _level(lv.closed),
-        "off_track": lv.off_track,
-    }
-
-
 @pytest.mark.parametrize("policy", ["sakura", "fetch-fp16"])
 def test_the_page_ladders_equal_python_plan_fetch(per_step_manifest, policy):
     from sakura_core.policy.plan import plan_fetch
@@ -88,7 +73,7 @@ def test_the_page_ladders_equal_python_plan_fetch(per_step_manifest, policy):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     page = json.loads(proc.stdout)
-    want = [[_level(r.level) for r in ladder] for ladder in plan.rungs]
+    want = [[level_json(r.level) for r in ladder] for ladder in plan.rungs]
     reps = [
         [{"digest": r.rep.digest, "twin": r.rep.closed_twin.digest if r.rep.closed_twin else None} for r in ladder]
         for ladder in plan.rungs
