@@ -146,7 +146,9 @@ def test_a_late_shard_makes_the_live_pipeline_ask_the_policy_and_run_that_steps_
     # the late shard (and the link behind it) comes once the pass is done: it runs to the step's end
     pol.release = types.SimpleNamespace(set=lambda: None, is_set=done.is_set)
     rep = _run_with_late_shard(setup, pol, pol.release, manual_clock)
-    assert pol.asked_late and pol.asked_late[0] == L + 2
+    # (a step-0 shard a loaded host's fetch thread delivers late is asked about too, and kept waiting for: the first
+    # ask past step 0 is the late shard's)
+    assert [g for g in pol.asked_late if g >= L][:1] == [L + 2], pol.asked_late
     # asked at the wait's start, as the simulator asks (lane_rules.late_wait_until; not after shard_wait_s), and the
     # device took over then
     gave_up = next(d for d in rep.result.decisions if d["level"] == "device")
