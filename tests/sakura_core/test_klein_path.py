@@ -53,7 +53,10 @@ def test_edit_with_a_policy_runs_and_fp16_kv_matches_exact(store, klein_model, p
     opened, user, outcome = _edit(klein_model, store, policy)
     run = outcome.run
     assert outcome.image.shape == (64, 64, 3) and outcome.image.dtype == np.uint8
-    assert not run.fallbacks, run.fallbacks
+    # sakura may race a late shard with the device (its choice on the measured link, logged as a fallback); no other
+    # fallback is allowed, nor any for the fixed policies
+    raced = [f for f in run.fallbacks if policy == "sakura" and "(policy: sooner than waiting)" in f]
+    assert len(run.fallbacks) == len(raced), run.fallbacks
     size = klein_model.spec.image_size
     template = opened.template_image(size)
     exact_kv = klein_model.adapter.extract_template_kv(klein_model.template_tokens(template), klein_model.spec.grid)
