@@ -1,8 +1,8 @@
 // The compute costs the page measures (the policy's profile, policy/context.js): a DiT step's seconds and a template-
 // pass layer's seconds, the medians of the latest few of each; and its decode rate per level name (a shard's fp16 K/V
-// bytes over the decode lane's seconds), which the next edit's ladders take as their levels' decodeS (ladders.js). A page keeps one for its session (made at model load)
-// and hands it to every edit, so an edit's policy plans with the device's measured costs from its first decision
-// (not a guess); an edit given none starts from DEFAULT_LAYER_S a layer and measures as it runs. The profile the
+// bytes over the decode lane's seconds), which the next edit's ladders take as their levels' decodeS (ladders.js).
+// A page keeps one for its session (made at model load) and hands it to every edit, so an edit's policy plans with
+// the device's measured costs from its first decision (not a guess); an edit given none starts from DEFAULT_LAYER_S a layer and measures as it runs. The profile the
 // policy reads follows LiveProfile (sakura_core/runtime/live_profile.py): a cached layer is a DiT step over the
 // layers, a full layer that plus a template-pass layer, the template pass every layer's pass seconds.
 

@@ -26,8 +26,8 @@ export class PipelinedEdit {
    *  steps; tokens, heads, headDim: one shard's K/V geometry; budgetBytes (null: unbounded); rttS: the link's round
    *  trip; profile: the costs planned with at first (null: from `measured`); measured: the page session's
    *  MeasuredProfile (measured_profile.js; null: a fresh one, this edit's own), fed every step, template-pass
-   *  layer and decode (the ladders' decode seconds are its rates); timers: the lanes' time (live_state.js realTimers; tests a virtual one); onEvent(kind, entry): each event /
-   *  decision as it is logged; rttFromFirstByte: rttS replaced by the first transfer's time to its first byte;
+   *  layer and decode (the ladders' decode seconds are its rates); timers: the lanes' time (live_state.js
+   *  realTimers; tests a virtual one); onEvent(kind, entry): each event / decision as it is logged; rttFromFirstByte: rttS replaced by the first transfer's time to its first byte;
    *  requestAhead: the fetch lane's requests go ahead of the wire (fetch_lane.js; false: one request at a time).
    *  preLanes: [bytes, seconds, round trip] of each transfer made before the lanes, seeding the estimator. */
   constructor({ raw, policy, fetchBlob, pool, slotOf, computeStep, templatePass = null, templateTokens = null,
